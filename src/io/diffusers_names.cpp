@@ -1,0 +1,90 @@
+#include "io/diffusers_names.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+
+namespace kiln::io {
+namespace {
+
+constexpr ModelComponent kComponents[] = {ModelComponent::Unet, ModelComponent::Vae, ModelComponent::TextEncoder,
+                                          ModelComponent::TextEncoder2};
+
+bool starts_with(std::string_view s, std::string_view prefix) { return s.substr(0, prefix.size()) == prefix; }
+
+// "unet/down_blocks.3.resnets.1.conv1.weight", "down_blocks." -> 3
+std::optional<int> index_after(std::string_view name, std::string_view marker) {
+    const size_t at = name.find(marker);
+    if (at == std::string_view::npos) return std::nullopt;
+    const char* digits = name.data() + at + marker.size();
+    if (at + marker.size() >= name.size() || *digits < '0' || *digits > '9') return std::nullopt;
+    return static_cast<int>(std::strtol(digits, nullptr, 10));
+}
+
+}  // namespace
+
+std::optional<ModelFamily> detect_diffusers_family(const std::vector<TensorInfo>& tensors) {
+    std::optional<int64_t> text_width;
+    for (const TensorInfo& t : tensors) {
+        if (starts_with(t.name, "text_encoder_2/")) return ModelFamily::SDXL;
+        if (t.name == "text_encoder/text_model.embeddings.token_embedding.weight" && t.shape.size() == 2) {
+            text_width = t.shape[1];
+        }
+    }
+    if (text_width == 768) return ModelFamily::SD1;
+    if (text_width == 1024) return ModelFamily::SD2;
+    // No text encoder: the UNet's cross-attention width decides.
+    for (const TensorInfo& t : tensors) {
+        if (starts_with(t.name, "unet/") && t.name.find("attn2.to_k.weight") != std::string::npos && t.shape.size() == 2) {
+            if (t.shape[1] == 768) return ModelFamily::SD1;
+            if (t.shape[1] == 1024) return ModelFamily::SD2;
+            if (t.shape[1] == 2048) return ModelFamily::SDXL;
+        }
+    }
+    return std::nullopt;
+}
+
+UnetLayout detect_unet_layout(const std::vector<TensorInfo>& tensors) {
+    UnetLayout layout;
+    int levels = 0, layers = 0;
+    unsigned attention = 0;
+    for (const TensorInfo& t : tensors) {
+        if (!starts_with(t.name, "unet/down_blocks.")) continue;
+        const auto level = index_after(t.name, "down_blocks.");
+        if (!level || *level > 31) continue;
+        levels = std::max(levels, *level + 1);
+        if (auto resnet = index_after(t.name, ".resnets.")) layers = std::max(layers, *resnet + 1);
+        if (t.name.find(".attentions.") != std::string::npos) attention |= 1u << *level;
+    }
+    if (levels > 0) {
+        layout.levels = levels;
+        layout.layers_per_block = std::max(layers, 1);
+        layout.attention_levels = attention;
+    }
+    return layout;
+}
+
+void rename_diffusers_tensors(ModelFamily family, std::vector<TensorInfo>& tensors) {
+    const NameMap map(family, detect_unet_layout(tensors));
+    for (TensorInfo& t : tensors) {
+        for (ModelComponent component : kComponents) {
+            const std::string folder = std::string(diffusers_folder(component)) + "/";
+            if (!starts_with(t.name, folder)) continue;
+            const std::string_view raw = std::string_view(t.name).substr(folder.size());
+            auto mapping = map.diffusers_to_ldm(component, raw);
+            if (!mapping) break;
+            if (mapping->op == NameMapping::Op::Same) {
+                if (vae_attention_needs_reshape(mapping->name) && t.shape.size() == 2) {
+                    t.shape.push_back(1);
+                    t.shape.push_back(1);
+                }
+                t.name = mapping->name;
+            } else {
+                t.name = std::string(ldm_prefix(family, component)) + std::string(raw);
+            }
+            break;
+        }
+    }
+}
+
+}  // namespace kiln::io

@@ -1,0 +1,30 @@
+// Turns the tensors of a diffusers folder (named "unet/down_blocks.0...",
+// "vae/encoder...", "text_encoder/text_model...") into kiln's internal ldm
+// names, so a diffusers folder and a single-file checkpoint of the same model
+// list the same tensors. The family (SD1, SD2, SDXL) and the UNet's block
+// layout are read from the tensors themselves.
+#pragma once
+
+#include <optional>
+#include <vector>
+
+#include "io/name_map.h"
+#include "io/tensor_info.h"
+
+namespace kiln::io {
+
+// SDXL if there is a text_encoder_2; SD2 if the text encoder is 1024 wide;
+// SD1 if 768 wide; nullopt for other pipelines (their names stay as they are).
+std::optional<ModelFamily> detect_diffusers_family(const std::vector<TensorInfo>& tensors);
+// Levels, resnets per level and attention levels from "unet/down_blocks.*" names.
+UnetLayout detect_unet_layout(const std::vector<TensorInfo>& tensors);
+
+// Renames every "component/name" tensor that has a one-to-one ldm name, and
+// gives VAE mid-attention weights their ldm 1x1-conv shape (the bytes are the
+// same). Tensors whose ldm form needs their data combined or transposed
+// (OpenCLIP's fused q/k/v, its text projection) keep their diffusers name
+// under the component's ldm prefix; name_map.h says how to assemble them.
+// Names nobody maps (extras) stay "component/name".
+void rename_diffusers_tensors(ModelFamily family, std::vector<TensorInfo>& tensors);
+
+}  // namespace kiln::io

@@ -1,0 +1,22 @@
+// GGUF through ggml's own gguf parser: every ggml tensor type (quantized ones
+// included) and every metadata key/value, arrays of strings included.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "io/tensor_info.h"
+#include "util/result.h"
+
+namespace kiln::io {
+
+// Parses a GGUF file held in [data, data + size) without reading tensor
+// data. Tensor shapes are returned outermost first (GGUF's ne[] reversed).
+// Errors start with `label` and carry ggml's reason when it gives one.
+Result<ParsedFile> parse_gguf(const uint8_t* data, size_t size, const std::string& label);
+
+// True when the bytes start with the GGUF magic.
+bool looks_like_gguf(const uint8_t* data, size_t size);
+
+}  // namespace kiln::io

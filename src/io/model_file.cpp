@@ -1,0 +1,216 @@
+#include "io/model_file.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+
+#include "io/ckpt.h"
+#include "io/diffusers_names.h"
+#include "io/gguf_file.h"
+#include "io/safetensors.h"
+
+namespace fs = std::filesystem;
+
+namespace kiln::io {
+namespace {
+
+bool has_suffix(std::string_view s, std::string_view suffix) {
+    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+bool is_weight_file_name(const std::string& name) {
+    for (const char* ext : {".safetensors", ".gguf", ".ckpt", ".pt", ".pth", ".bin"}) {
+        if (has_suffix(name, ext)) return true;
+    }
+    return false;
+}
+
+Result<nlohmann::json> read_json_file(const std::string& path) {
+    std::ifstream in(path);
+    if (!in) return Error{path + ": cannot open"};
+    nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) return Error{path + ": malformed JSON"};
+    return j;
+}
+
+// Which weight files of a diffusers component folder make up the component:
+// an index file's shards, else the single best weight file (safetensors over
+// .bin, full precision over variants such as .fp16).
+Result<std::vector<std::string>> component_weight_files(const std::string& folder) {
+    std::vector<std::string> names;
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(folder, ec)) {
+        if (entry.is_regular_file()) names.push_back(entry.path().filename().string());
+    }
+    if (ec) return Error{folder + ": cannot list folder: " + ec.message()};
+    std::sort(names.begin(), names.end());
+
+    for (const std::string& name : names) {
+        if (!has_suffix(name, ".safetensors.index.json") && !has_suffix(name, ".bin.index.json")) continue;
+        const std::string index_path = folder + "/" + name;
+        auto index = read_json_file(index_path);
+        if (!index.ok()) return index.error();
+        auto map_it = index->find("weight_map");
+        if (map_it == index->end() || !map_it->is_object()) return Error{index_path + ": no \"weight_map\" object"};
+        std::set<std::string> shards;
+        for (auto it = map_it->begin(); it != map_it->end(); ++it) {
+            if (!it->is_string()) return Error{index_path + ": weight_map value for '" + it.key() + "' is not a string"};
+            const std::string shard = it->get<std::string>();
+            if (shard.find('/') != std::string::npos || shard == "..") {
+                return Error{index_path + ": shard name '" + shard + "' must be a file in the same folder"};
+            }
+            shards.insert(shard);
+        }
+        std::vector<std::string> files;
+        for (const std::string& shard : shards) files.push_back(folder + "/" + shard);
+        return files;
+    }
+
+    auto rank = [](const std::string& name) {
+        int r = has_suffix(name, ".safetensors") ? 0 : 10;
+        if (name.find(".fp16.") != std::string::npos || name.find(".bf16.") != std::string::npos) r += 1;
+        return r;
+    };
+    std::vector<std::string> candidates;
+    for (const std::string& name : names) {
+        if (is_weight_file_name(name)) candidates.push_back(name);
+    }
+    if (candidates.empty()) return Error{folder + ": no weight file (.safetensors, .bin, ...) in the folder"};
+    std::stable_sort(candidates.begin(), candidates.end(),
+                     [&](const std::string& a, const std::string& b) { return rank(a) < rank(b); });
+    // A file split into parts is one component; the parts come in together.
+    return expand_split_parts(folder + "/" + candidates.front());
+}
+
+}  // namespace
+
+Result<ParsedFile> parse_model_bytes(const uint8_t* data, size_t size, const std::string& label) {
+    if (looks_like_gguf(data, size)) return parse_gguf(data, size, label);
+    if (size >= 4 && std::memcmp(data, "PK\x03\x04", 4) == 0) return parse_ckpt(data, size, label);
+    if (size >= 2 && data[0] == 0x80 && data[1] <= 5) return parse_ckpt(data, size, label);  // legacy torch pickle
+    if (has_suffix(label, ".gguf")) return parse_gguf(data, size, label);
+    for (const char* ext : {".ckpt", ".pt", ".pth", ".bin"}) {
+        if (has_suffix(label, ext)) return parse_ckpt(data, size, label);
+    }
+    if (has_suffix(label, ".safetensors") || (size >= 9 && data[8] == '{')) return parse_safetensors(data, size, label);
+    return Error{label + ": unrecognised model format (expected safetensors, GGUF or a PyTorch checkpoint)"};
+}
+
+Result<std::vector<std::string>> expand_split_parts(const std::string& path) {
+    static const std::regex kSplit(R"((.*)-(\d{5})-of-(\d{5})(\.[A-Za-z0-9]+)$)");
+    std::smatch m;
+    if (!std::regex_match(path, m, kSplit)) return std::vector<std::string>{path};
+    const int count = std::stoi(m[3].str());
+    if (count < 1) return Error{path + ": split file claims 0 parts"};
+    std::vector<std::string> parts;
+    for (int i = 1; i <= count; ++i) {
+        char part[32];
+        std::snprintf(part, sizeof part, "-%05d-of-%05d", i, count);
+        std::string p = m[1].str() + part + m[4].str();
+        if (!fs::exists(p)) {
+            return Error{p + ": missing part " + std::to_string(i) + " of " + std::to_string(count) + " of " + path};
+        }
+        parts.push_back(std::move(p));
+    }
+    return parts;
+}
+
+Status ModelFile::add_file(const std::string& path, const std::string& component) {
+    for (const SourceFile& s : sources_) {
+        if (fs::equivalent(s.path, path)) return Status::Ok();  // a part named twice is read once
+    }
+    auto map = MappedFile::open(path);
+    if (!map.ok()) return map.error();
+    auto parsed = parse_model_bytes((*map)->data(), (*map)->size(), path);
+    if (!parsed.ok()) return parsed.error();
+
+    const size_t source = sources_.size();
+    sources_.push_back(SourceFile{path, parsed->format, *map, component});
+    for (auto& [key, value] : parsed->metadata) metadata_.emplace(key, value);
+    for (TensorInfo& t : parsed->tensors) {
+        t.source = source;
+        if (!component.empty()) t.name = component + "/" + t.name;
+        auto [it, inserted] = by_name_.emplace(t.name, tensors_.size());
+        if (!inserted) {
+            return Error{path + ": tensor '" + t.name + "' is also defined in " + sources_[tensors_[it->second].source].path};
+        }
+        tensors_.push_back(std::move(t));
+    }
+    return Status::Ok();
+}
+
+Status ModelFile::add_component_folder(const std::string& folder, const std::string& component) {
+    auto files = component_weight_files(folder);
+    if (!files.ok()) return files.error();
+    for (const std::string& f : *files) KILN_TRY(add_file(f, component));
+    return Status::Ok();
+}
+
+Status ModelFile::add_folder(const std::string& path) {
+    const std::string index_path = path + "/model_index.json";
+    if (!fs::exists(index_path)) {
+        // A bare component folder (e.g. a diffusers `vae/` given on its own).
+        return add_component_folder(path, "");
+    }
+    auto index = read_json_file(index_path);
+    if (!index.ok()) return index.error();
+    if (!index->is_object()) return Error{index_path + ": not a JSON object"};
+    diffusers_ = true;
+    if (auto cls = index->find("_class_name"); cls != index->end() && cls->is_string()) {
+        metadata_.emplace("diffusers.pipeline", MetaValue::of_string(cls->get<std::string>()));
+    }
+    size_t components = 0;
+    for (auto it = index->begin(); it != index->end(); ++it) {
+        // Components are entries ["library", "ClassName"]; tokenizers and
+        // schedulers have no weights.
+        if (it.key().empty() || it.key()[0] == '_' || !it->is_array() || it->size() != 2) continue;
+        if (!(*it)[0].is_string() || (*it)[0].get<std::string>() == "null") continue;
+        const std::string sub = path + "/" + it.key();
+        if (it.key().find('/') != std::string::npos || !fs::is_directory(sub)) continue;
+        if (it.key().rfind("tokenizer", 0) == 0 || it.key() == "scheduler" || it.key() == "feature_extractor") continue;
+        KILN_TRY(add_component_folder(sub, it.key()));
+        ++components;
+    }
+    if (components == 0) return Error{index_path + ": lists no component folder with weights"};
+    if (auto family = detect_diffusers_family(tensors_)) {
+        rename_diffusers_tensors(*family, tensors_);
+        by_name_.clear();
+        for (size_t i = 0; i < tensors_.size(); ++i) {
+            if (!by_name_.emplace(tensors_[i].name, i).second) {
+                return Error{path + ": two tensors map to the internal name '" + tensors_[i].name + "'"};
+            }
+        }
+    }
+    return Status::Ok();
+}
+
+Result<ModelFile> ModelFile::open(const std::vector<std::string>& paths) {
+    if (paths.empty()) return Error{"no model file given"};
+    ModelFile model;
+    for (const std::string& path : paths) {
+        std::error_code ec;
+        if (fs::is_directory(path, ec)) {
+            KILN_TRY(model.add_folder(path));
+            continue;
+        }
+        if (!fs::exists(path, ec)) return Error{path + ": no such file or folder"};
+        auto parts = expand_split_parts(path);
+        if (!parts.ok()) return parts.error();
+        for (const std::string& part : *parts) KILN_TRY(model.add_file(part, ""));
+    }
+    return model;
+}
+
+const TensorInfo* ModelFile::find(std::string_view name) const {
+    auto it = by_name_.find(std::string(name));
+    return it == by_name_.end() ? nullptr : &tensors_[it->second];
+}
+
+const uint8_t* ModelFile::data(const TensorInfo& tensor) const { return sources_[tensor.source].map->data() + tensor.offset; }
+
+}  // namespace kiln::io

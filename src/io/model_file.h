@@ -1,0 +1,68 @@
+// One logical model from one file, several files, split files
+// (`name-00001-of-00003.safetensors`), or a diffusers folder. Lists every
+// tensor (name, dtype, shape, byte range) from the headers alone and serves a
+// tensor's bytes on demand from a read-only mmap of its file.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "io/mapped_file.h"
+#include "io/tensor_info.h"
+#include "util/result.h"
+
+namespace kiln::io {
+
+struct SourceFile {
+    std::string path;
+    FileFormat format = FileFormat::Safetensors;
+    std::shared_ptr<MappedFile> map;
+    // The diffusers subfolder it came from ("unet", "vae", "text_encoder"),
+    // empty for single-file models.
+    std::string component;
+};
+
+class ModelFile {
+  public:
+    // Opens every path (file or folder) as one model. A folder must be a
+    // diffusers folder (model_index.json) or a component folder holding
+    // weights; a split file pulls in all its parts. Fails with the first
+    // problem: a missing or broken file, a missing part, or a tensor name that
+    // two files both define.
+    static Result<ModelFile> open(const std::vector<std::string>& paths);
+
+    const std::vector<SourceFile>& sources() const { return sources_; }
+    const std::vector<TensorInfo>& tensors() const { return tensors_; }
+    // Metadata of all files; on a key clash the first file's value stays.
+    const Metadata& metadata() const { return metadata_; }
+    bool is_diffusers() const { return diffusers_; }
+
+    // nullptr if there is no tensor of that name.
+    const TensorInfo* find(std::string_view name) const;
+    // The tensor's bytes inside the mapping; valid while this ModelFile lives.
+    const uint8_t* data(const TensorInfo& tensor) const;
+
+  private:
+    Status add_file(const std::string& path, const std::string& component);
+    Status add_folder(const std::string& path);
+    Status add_component_folder(const std::string& folder, const std::string& component);
+
+    std::vector<SourceFile> sources_;
+    std::vector<TensorInfo> tensors_;
+    std::unordered_map<std::string, size_t> by_name_;
+    Metadata metadata_;
+    bool diffusers_ = false;
+};
+
+// Parses one file's bytes by its format (detected from the magic bytes, then
+// the extension). Errors start with `label`.
+Result<ParsedFile> parse_model_bytes(const uint8_t* data, size_t size, const std::string& label);
+
+// For `dir/name-00002-of-00003.ext`: every part's path in order, and an error
+// naming the first part that does not exist. For other paths: just `path`.
+Result<std::vector<std::string>> expand_split_parts(const std::string& path);
+
+}  // namespace kiln::io

@@ -1,0 +1,167 @@
+#include "io/model_summary.h"
+
+#include <algorithm>
+
+namespace kiln::io {
+namespace {
+
+bool starts_with(std::string_view s, std::string_view prefix) { return s.substr(0, prefix.size()) == prefix; }
+bool contains(std::string_view s, std::string_view part) { return s.find(part) != std::string_view::npos; }
+
+// A rule: tensors whose name starts with `prefix` belong to component `name`.
+// First match wins, so longer prefixes come first.
+struct ComponentRule {
+    const char* prefix;
+    const char* name;
+    ComponentKind kind;
+};
+
+constexpr ComponentRule kRules[] = {
+    // Single-file (ldm / sgm) checkpoints.
+    {"model.diffusion_model.", "diffusion_model", ComponentKind::DiffusionModel},
+    {"first_stage_model.", "vae", ComponentKind::Vae},
+    {"cond_stage_model.transformer.", "clip_l", ComponentKind::TextEncoder},
+    {"cond_stage_model.model.", "open_clip_h", ComponentKind::TextEncoder},
+    {"conditioner.embedders.0.transformer.", "clip_l", ComponentKind::TextEncoder},
+    {"conditioner.embedders.1.model.", "open_clip_g", ComponentKind::TextEncoder},
+    {"text_encoders.clip_l.", "clip_l", ComponentKind::TextEncoder},
+    {"text_encoders.clip_g.", "clip_g", ComponentKind::TextEncoder},
+    {"text_encoders.t5xxl.", "t5xxl", ComponentKind::TextEncoder},
+    // Diffusers folders (ModelFile prefixes each tensor with its subfolder).
+    {"unet/", "unet", ComponentKind::DiffusionModel},
+    {"transformer/", "transformer", ComponentKind::DiffusionModel},
+    {"vae/", "vae", ComponentKind::Vae},
+    {"text_encoder/", "text_encoder", ComponentKind::TextEncoder},
+    {"text_encoder_2/", "text_encoder_2", ComponentKind::TextEncoder},
+    {"text_encoder_3/", "text_encoder_3", ComponentKind::TextEncoder},
+};
+
+// Files that hold one module without a prefix: a standalone VAE, UNet or text
+// encoder (what --vae, --diffusion-model and --clip_l take).
+const char* bare_component(std::string_view name, ComponentKind* kind) {
+    // Text encoders first: T5's "encoder.block." would otherwise look like a VAE.
+    if (starts_with(name, "text_model.") || starts_with(name, "transformer.resblocks.") ||
+        starts_with(name, "token_embedding") || starts_with(name, "positional_embedding") ||
+        starts_with(name, "text_projection") || starts_with(name, "encoder.block.") || starts_with(name, "shared.")) {
+        *kind = ComponentKind::TextEncoder;
+        return "text_encoder";
+    }
+    if (starts_with(name, "encoder.") || starts_with(name, "decoder.") || starts_with(name, "quant_conv") ||
+        starts_with(name, "post_quant_conv")) {
+        *kind = ComponentKind::Vae;
+        return "vae";
+    }
+    if (starts_with(name, "input_blocks.") || starts_with(name, "middle_block.") || starts_with(name, "output_blocks.") ||
+        starts_with(name, "time_embed.") || starts_with(name, "down_blocks.") || starts_with(name, "up_blocks.") ||
+        starts_with(name, "mid_block.") || starts_with(name, "double_blocks.") || starts_with(name, "single_blocks.") ||
+        starts_with(name, "joint_blocks.") || starts_with(name, "transformer_blocks.") || starts_with(name, "blocks.") ||
+        starts_with(name, "label_emb.") || starts_with(name, "out.") || starts_with(name, "conv_in.") ||
+        starts_with(name, "conv_out.") || starts_with(name, "time_embedding.") || starts_with(name, "conv_norm_out.")) {
+        *kind = ComponentKind::DiffusionModel;
+        return "diffusion_model";
+    }
+    *kind = ComponentKind::Other;
+    return "other";
+}
+
+const TensorInfo* find_suffix(const ModelFile& model, std::string_view suffix) {
+    for (const TensorInfo& t : model.tensors()) {
+        if (t.name.size() >= suffix.size() && t.name.compare(t.name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+            return &t;
+        }
+    }
+    return nullptr;
+}
+
+bool any_name_contains(const ModelFile& model, std::string_view part) {
+    return std::any_of(model.tensors().begin(), model.tensors().end(),
+                       [&](const TensorInfo& t) { return contains(t.name, part); });
+}
+
+std::string detect_family(const ModelFile& model) {
+    if (any_name_contains(model, "double_blocks.")) return "Flux";
+    if (any_name_contains(model, "joint_blocks.")) return "SD3";
+    if (any_name_contains(model, "label_emb.") || any_name_contains(model, "add_embedding.") ||
+        any_name_contains(model, "conditioner.embedders.1.")) {
+        return "SDXL";
+    }
+    // The UNet's first convolution says how many latent channels go in (9 for
+    // inpainting); the cross-attention key projection says the context width
+    // (768: CLIP ViT-L, SD1; 1024: OpenCLIP ViT-H, SD2).
+    const TensorInfo* conv_in = find_suffix(model, "input_blocks.0.0.weight");
+    if (!conv_in) conv_in = find_suffix(model, "unet/conv_in.weight");
+    const TensorInfo* attn2_k = find_suffix(model, "transformer_blocks.0.attn2.to_k.weight");
+    std::string family;
+    if (attn2_k && attn2_k->shape.size() == 2) {
+        if (attn2_k->shape[1] == 768) family = "SD1.x";
+        if (attn2_k->shape[1] == 1024) family = "SD2.x";
+    }
+    if (family.empty()) {
+        if (any_name_contains(model, "cond_stage_model.model.")) return "SD2.x";
+        if (any_name_contains(model, "cond_stage_model.transformer.")) return "SD1.x";
+        if (conv_in || attn2_k) return "UNet (unknown context width)";
+        bool vae_only = !model.tensors().empty();
+        for (const TensorInfo& t : model.tensors()) {
+            ComponentKind kind;
+            bare_component(t.name, &kind);
+            vae_only = vae_only && kind == ComponentKind::Vae;
+        }
+        return vae_only ? "VAE" : "unknown";
+    }
+    if (conv_in && conv_in->shape.size() == 4 && conv_in->shape[1] == 9) family += " inpainting";
+    return family;
+}
+
+}  // namespace
+
+const char* component_kind_name(ComponentKind kind) {
+    switch (kind) {
+        case ComponentKind::DiffusionModel: return "diffusion model";
+        case ComponentKind::TextEncoder: return "text encoder";
+        case ComponentKind::Vae: return "VAE";
+        case ComponentKind::Other: return "other";
+    }
+    return "?";
+}
+
+ModelSummary summarize_model(const ModelFile& model) {
+    ModelSummary summary;
+    summary.family = detect_family(model);
+    std::map<std::string, ComponentSummary> by_name;
+    std::vector<std::string> order;
+    for (const TensorInfo& t : model.tensors()) {
+        std::string name, prefix;
+        ComponentKind kind = ComponentKind::Other;
+        bool matched = false;
+        for (const ComponentRule& rule : kRules) {
+            if (starts_with(t.name, rule.prefix)) {
+                name = rule.name;
+                prefix = rule.prefix;
+                kind = rule.kind;
+                matched = true;
+                break;
+            }
+        }
+        if (!matched) name = bare_component(t.name, &kind);
+        auto [it, inserted] = by_name.try_emplace(name);
+        ComponentSummary& c = it->second;
+        if (inserted) {
+            c.kind = kind;
+            c.name = name;
+            c.prefix = prefix;
+            order.push_back(name);
+        }
+        ++c.tensor_count;
+        c.bytes += t.nbytes;
+        c.parameters += t.element_count();
+        ++c.dtype_counts[dtype_name(t.dtype)];
+        ++summary.tensor_count;
+        summary.bytes += t.nbytes;
+    }
+    for (const std::string& name : order) summary.components.push_back(by_name[name]);
+    std::stable_sort(summary.components.begin(), summary.components.end(),
+                     [](const ComponentSummary& a, const ComponentSummary& b) { return a.kind < b.kind; });
+    return summary;
+}
+
+}  // namespace kiln::io

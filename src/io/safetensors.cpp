@@ -1,0 +1,156 @@
+#include "io/safetensors.h"
+
+#include <algorithm>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <set>
+
+namespace kiln::io {
+namespace {
+
+using json = nlohmann::json;
+
+uint64_t read_u64_le(const uint8_t* p) {
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
+    return v;
+}
+
+Result<TensorInfo> parse_entry(const std::string& name, const json& entry, uint64_t data_start, uint64_t data_size,
+                               const std::string& label) {
+    const std::string where = label + ": tensor '" + name + "'";
+    if (!entry.is_object()) return Error{where + ": entry is not a JSON object"};
+    auto dtype_it = entry.find("dtype");
+    auto shape_it = entry.find("shape");
+    auto offsets_it = entry.find("data_offsets");
+    if (dtype_it == entry.end() || !dtype_it->is_string()) return Error{where + ": missing or non-string \"dtype\""};
+    if (shape_it == entry.end() || !shape_it->is_array()) return Error{where + ": missing or non-array \"shape\""};
+    if (offsets_it == entry.end() || !offsets_it->is_array() || offsets_it->size() != 2) {
+        return Error{where + ": \"data_offsets\" must be an array of two integers"};
+    }
+
+    TensorInfo info;
+    info.name = name;
+    const auto& dtype_name_str = dtype_it->get_ref<const std::string&>();
+    auto dtype = dtype_from_safetensors(dtype_name_str);
+    if (!dtype) return Error{where + ": unknown dtype '" + dtype_name_str + "'"};
+    info.dtype = *dtype;
+
+    int64_t elements = 1;
+    for (const json& dim : *shape_it) {
+        if (!dim.is_number_unsigned() || dim.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+            return Error{where + ": shape " + shape_it->dump() + " has a dimension that is not a non-negative integer"};
+        }
+        const auto d = dim.get<int64_t>();
+        if (d != 0 && elements > std::numeric_limits<int64_t>::max() / d) {
+            return Error{where + ": shape " + shape_it->dump() + " has too many elements"};
+        }
+        elements *= d;
+        info.shape.push_back(d);
+    }
+
+    const json& begin_j = (*offsets_it)[0];
+    const json& end_j = (*offsets_it)[1];
+    if (!begin_j.is_number_unsigned() || !end_j.is_number_unsigned()) {
+        return Error{where + ": \"data_offsets\" must be non-negative integers"};
+    }
+    const auto begin = begin_j.get<uint64_t>();
+    const auto end = end_j.get<uint64_t>();
+    if (begin > end) {
+        return Error{where + ": data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
+                     "] end before they begin"};
+    }
+    if (end > data_size) {
+        return Error{where + ": data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
+                     "] are out of bounds: the data section is " + std::to_string(data_size) + " bytes"};
+    }
+    const auto expected = dtype_byte_size(info.dtype, elements);
+    if (!expected || *expected != end - begin) {
+        return Error{where + ": shape " + info.shape_string() + " of " + dtype_name_str + " needs " +
+                     (expected ? std::to_string(*expected) : std::string("an impossible number of")) +
+                     " bytes but data_offsets span " + std::to_string(end - begin)};
+    }
+    info.offset = data_start + begin;
+    info.nbytes = end - begin;
+    return info;
+}
+
+Status check_no_overlap(std::vector<TensorInfo> tensors, const std::string& label) {
+    std::sort(tensors.begin(), tensors.end(),
+              [](const TensorInfo& a, const TensorInfo& b) { return a.offset < b.offset; });
+    const TensorInfo* previous = nullptr;
+    for (const TensorInfo& t : tensors) {
+        if (t.nbytes == 0) continue;  // empty tensors occupy no bytes
+        if (previous && t.offset < previous->offset + previous->nbytes) {
+            return Error{label + ": tensors '" + previous->name + "' and '" + t.name + "' overlap in the data section"};
+        }
+        previous = &t;
+    }
+    return Status::Ok();
+}
+
+}  // namespace
+
+Result<ParsedFile> parse_safetensors(const uint8_t* data, size_t size, const std::string& label) {
+    if (size < 8) {
+        return Error{label + ": truncated: " + std::to_string(size) +
+                     " bytes, too short for the 8-byte safetensors header length"};
+    }
+    const uint64_t header_len = read_u64_le(data);
+    if (header_len > size - 8) {
+        return Error{label + ": header length " + std::to_string(header_len) + " is larger than the file (" +
+                     std::to_string(size) + " bytes): truncated or not a safetensors file"};
+    }
+    if (header_len > kSafetensorsMaxHeaderBytes) {
+        return Error{label + ": header length " + std::to_string(header_len) + " exceeds the " +
+                     std::to_string(kSafetensorsMaxHeaderBytes) + "-byte limit"};
+    }
+
+    // nlohmann keeps the last of duplicate keys; the callback sees every key
+    // of the top-level object so duplicates can be reported.
+    std::set<std::string> seen;
+    std::string duplicate;
+    json::parser_callback_t on_event = [&](int depth, json::parse_event_t event, json& parsed) {
+        if (event == json::parse_event_t::key && depth == 1 && duplicate.empty()) {
+            const auto& key = parsed.get_ref<const std::string&>();
+            if (!seen.insert(key).second) duplicate = key;
+        }
+        return true;
+    };
+    const char* header = reinterpret_cast<const char*>(data + 8);
+    json root = json::parse(header, header + header_len, on_event, /*allow_exceptions=*/false);
+    if (root.is_discarded()) {
+        // Re-parse for the message; only on the error path.
+        try {
+            const json reparsed = json::parse(header, header + header_len);
+            (void)reparsed;
+        } catch (const json::exception& e) {
+            return Error{label + ": malformed JSON header: " + e.what()};
+        }
+        return Error{label + ": malformed JSON header"};
+    }
+    if (!root.is_object()) return Error{label + ": JSON header is not an object"};
+    if (!duplicate.empty()) return Error{label + ": duplicate tensor name '" + duplicate + "' in the header"};
+
+    ParsedFile parsed;
+    parsed.format = FileFormat::Safetensors;
+    const uint64_t data_start = 8 + header_len;
+    const uint64_t data_size = size - data_start;
+    for (auto it = root.begin(); it != root.end(); ++it) {
+        if (it.key() == "__metadata__") {
+            if (!it->is_object()) return Error{label + ": \"__metadata__\" is not an object"};
+            for (auto m = it->begin(); m != it->end(); ++m) {
+                if (!m->is_string()) return Error{label + ": __metadata__ value '" + m.key() + "' is not a string"};
+                parsed.metadata[m.key()] = MetaValue::of_string(m->get<std::string>());
+            }
+            continue;
+        }
+        auto info = parse_entry(it.key(), *it, data_start, data_size, label);
+        if (!info.ok()) return info.error();
+        parsed.tensors.push_back(std::move(info).value());
+    }
+    KILN_TRY(check_no_overlap(parsed.tensors, label));
+    return parsed;
+}
+
+}  // namespace kiln::io

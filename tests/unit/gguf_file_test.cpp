@@ -1,0 +1,149 @@
+#include "io/gguf_file.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+
+#include "gguf.h"
+#include "io/model_file.h"
+#include "test_files.h"
+
+namespace kiln::io {
+namespace {
+
+struct GgufTensorSpec {
+    const char* name;
+    ggml_type type;
+    std::vector<int64_t> ne;  // ggml order, innermost first
+};
+
+// Writes a GGUF with the given tensors (data byte i of tensor t = t + i) and
+// one metadata key of every GGUF type, through ggml's own writer.
+std::string write_gguf_file(const test::TempDir& dir, const std::vector<GgufTensorSpec>& specs) {
+    ggml_init_params params{16 * 1024 * 1024, nullptr, false};
+    std::unique_ptr<ggml_context, void (*)(ggml_context*)> ctx(ggml_init(params), ggml_free);
+    std::unique_ptr<gguf_context, void (*)(gguf_context*)> gguf(gguf_init_empty(), gguf_free);
+    gguf_set_val_u8(gguf.get(), "k.u8", 200);
+    gguf_set_val_i8(gguf.get(), "k.i8", -100);
+    gguf_set_val_u16(gguf.get(), "k.u16", 60000);
+    gguf_set_val_i16(gguf.get(), "k.i16", -30000);
+    gguf_set_val_u32(gguf.get(), "k.u32", 4000000000u);
+    gguf_set_val_i32(gguf.get(), "k.i32", -2000000000);
+    gguf_set_val_f32(gguf.get(), "k.f32", 0.5f);
+    gguf_set_val_u64(gguf.get(), "k.u64", 18000000000000000000ull);
+    gguf_set_val_i64(gguf.get(), "k.i64", -9000000000000000000ll);
+    gguf_set_val_f64(gguf.get(), "k.f64", 0.25);
+    gguf_set_val_bool(gguf.get(), "k.bool", true);
+    gguf_set_val_str(gguf.get(), "general.name", "tiny");
+    const char* vocab[] = {"a</w>", "red</w>", "circle</w>"};
+    gguf_set_arr_str(gguf.get(), "tokenizer.vocab", vocab, 3);
+    const int32_t ints[] = {7, 8, 9};
+    gguf_set_arr_data(gguf.get(), "k.ints", GGUF_TYPE_INT32, ints, 3);
+    for (size_t t = 0; t < specs.size(); ++t) {
+        const auto& s = specs[t];
+        ggml_tensor* tensor = ggml_new_tensor(ctx.get(), s.type, static_cast<int>(s.ne.size()), s.ne.data());
+        ggml_set_name(tensor, s.name);
+        auto* bytes = static_cast<uint8_t*>(tensor->data);
+        for (size_t i = 0; i < ggml_nbytes(tensor); ++i) bytes[i] = static_cast<uint8_t>(t + i);
+        // Keep f16/quant scales finite: the bytes are only compared, never decoded.
+        gguf_add_tensor(gguf.get(), tensor);
+    }
+    const std::string path = dir.file("model.gguf");
+    EXPECT_TRUE(gguf_write_to_file(gguf.get(), path.c_str(), false));
+    return path;
+}
+
+TEST(Gguf, ListsQuantizedTensorsWithReversedShapeAndAllMetadata) {
+    test::TempDir dir;
+    const std::vector<GgufTensorSpec> specs = {
+        {"model.diffusion_model.input_blocks.0.0.weight", GGML_TYPE_F16, {3, 3, 4, 32}},
+        {"a.q4_0", GGML_TYPE_Q4_0, {64, 2}},
+        {"a.q8_0", GGML_TYPE_Q8_0, {32, 3}},
+        {"a.q4_k", GGML_TYPE_Q4_K, {256, 2}},
+        {"a.f32", GGML_TYPE_F32, {5}},
+    };
+    const std::string path = write_gguf_file(dir, specs);
+    auto model = ModelFile::open({path});
+    ASSERT_TRUE(model.ok()) << model.error().message;
+    ASSERT_EQ(model->tensors().size(), specs.size());
+    EXPECT_EQ(model->sources()[0].format, FileFormat::Gguf);
+
+    const TensorInfo* conv = model->find("model.diffusion_model.input_blocks.0.0.weight");
+    ASSERT_NE(conv, nullptr);
+    EXPECT_EQ(conv->dtype, DType::F16);
+    EXPECT_EQ(conv->shape, (std::vector<int64_t>{32, 4, 3, 3}));
+    EXPECT_EQ(conv->nbytes, 32u * 4 * 3 * 3 * 2);
+
+    const TensorInfo* q4k = model->find("a.q4_k");
+    ASSERT_NE(q4k, nullptr);
+    EXPECT_EQ(dtype_name(q4k->dtype), "Q4_K");
+    EXPECT_EQ(q4k->shape, (std::vector<int64_t>{2, 256}));
+    EXPECT_EQ(q4k->nbytes, 2 * ggml_row_size(GGML_TYPE_Q4_K, 256));
+    EXPECT_EQ(dtype_name(model->find("a.q4_0")->dtype), "Q4_0");
+
+    // Bytes served through the mapping are the ones written (tensor index 3 -> bytes 3, 4, ...).
+    const uint8_t* data = model->data(*q4k);
+    for (size_t i = 0; i < q4k->nbytes; ++i) ASSERT_EQ(data[i], static_cast<uint8_t>(3 + i)) << i;
+
+    const Metadata& m = model->metadata();
+    EXPECT_EQ(m.at("k.u8").u, 200u);
+    EXPECT_EQ(m.at("k.i8").i, -100);
+    EXPECT_EQ(m.at("k.u16").u, 60000u);
+    EXPECT_EQ(m.at("k.i16").i, -30000);
+    EXPECT_EQ(m.at("k.u32").u, 4000000000u);
+    EXPECT_EQ(m.at("k.i32").i, -2000000000);
+    EXPECT_FLOAT_EQ(static_cast<float>(m.at("k.f32").f), 0.5f);
+    EXPECT_EQ(m.at("k.u64").u, 18000000000000000000ull);
+    EXPECT_EQ(m.at("k.i64").i, -9000000000000000000ll);
+    EXPECT_DOUBLE_EQ(m.at("k.f64").f, 0.25);
+    EXPECT_TRUE(m.at("k.bool").b);
+    EXPECT_EQ(m.at("general.name").str, "tiny");
+    ASSERT_EQ(m.at("tokenizer.vocab").array.size(), 3u);
+    EXPECT_EQ(m.at("tokenizer.vocab").array[2].str, "circle</w>");
+    EXPECT_EQ(m.at("tokenizer.vocab").to_string(), "[\"a</w>\", \"red</w>\", \"circle</w>\"]");
+    EXPECT_EQ(m.at("k.ints").to_string(), "[7, 8, 9]");
+}
+
+TEST(Gguf, TruncatedFileIsAnErrorNamingTheFile) {
+    test::TempDir dir;
+    const std::string path = write_gguf_file(dir, {{"w", GGML_TYPE_F32, {1024}}});
+    auto bytes = test::read_bytes(path);
+    bytes.resize(bytes.size() - 100);
+    auto result = parse_gguf(bytes.data(), bytes.size(), "cut.gguf");
+    ASSERT_FALSE(result.ok());
+    EXPECT_EQ(result.error().message.rfind("cut.gguf: ", 0), 0u) << result.error().message;
+
+    bytes.resize(40);  // inside the metadata
+    result = parse_gguf(bytes.data(), bytes.size(), "cut.gguf");
+    ASSERT_FALSE(result.ok());
+    EXPECT_NE(result.error().message.find("cut.gguf: invalid GGUF file"), std::string::npos) << result.error().message;
+}
+
+TEST(Gguf, WrongMagicAndBadVersion) {
+    std::vector<uint8_t> bytes = {'G', 'G', 'U', 'X', 3, 0, 0, 0};
+    auto result = parse_gguf(bytes.data(), bytes.size(), "x.gguf");
+    ASSERT_FALSE(result.ok());
+    EXPECT_EQ(result.error().message, "x.gguf: not a GGUF file (no GGUF magic)");
+
+    bytes = {'G', 'G', 'U', 'F'};
+    test::put_u32(bytes, 99);  // version
+    test::put_u64(bytes, 0);
+    test::put_u64(bytes, 0);
+    result = parse_gguf(bytes.data(), bytes.size(), "x.gguf");
+    ASSERT_FALSE(result.ok());
+    EXPECT_NE(result.error().message.find("version"), std::string::npos) << result.error().message;
+}
+
+TEST(Gguf, ImplausibleTensorCountIsRejectedWithoutAllocating) {
+    std::vector<uint8_t> bytes = {'G', 'G', 'U', 'F'};
+    test::put_u32(bytes, 3);
+    test::put_u64(bytes, 1ull << 60);  // tensors
+    test::put_u64(bytes, 0);           // kv
+    auto result = parse_gguf(bytes.data(), bytes.size(), "x.gguf");
+    ASSERT_FALSE(result.ok());
+    EXPECT_EQ(result.error().message.rfind("x.gguf: invalid GGUF file", 0), 0u) << result.error().message;
+}
+
+}  // namespace
+}  // namespace kiln::io

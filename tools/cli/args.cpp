@@ -1,0 +1,269 @@
+#include "args.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cmath>
+#include <cstdlib>
+#include <functional>
+#include <sstream>
+
+namespace kiln::cli {
+namespace {
+
+// One flag: its names, what its value looks like, its help line, and how a
+// value is stored. `apply` returns an error message for a bad value.
+struct Flag {
+    const char* short_name;  // "-m" or nullptr
+    const char* long_name;   // "--model"
+    const char* value_name;  // "PATH"; nullptr for a switch
+    const char* help;
+    std::function<std::optional<std::string>(Options&, const std::string&)> apply;
+};
+
+std::optional<std::string> to_int(const std::string& text, long long min, long long max, long long* out) {
+    errno = 0;
+    char* end = nullptr;
+    const long long v = std::strtoll(text.c_str(), &end, 10);
+    if (text.empty() || *end != '\0' || errno == ERANGE) return "expected an integer, got '" + text + "'";
+    if (v < min || v > max) {
+        return "expected an integer from " + std::to_string(min) + " to " + std::to_string(max) + ", got " + text;
+    }
+    *out = v;
+    return std::nullopt;
+}
+
+auto int_setter(int Options::*field, long long min, long long max) {
+    return [field, min, max](Options& o, const std::string& v) -> std::optional<std::string> {
+        long long parsed = 0;
+        if (auto err = to_int(v, min, max, &parsed)) return err;
+        o.*field = static_cast<int>(parsed);
+        return std::nullopt;
+    };
+}
+
+auto string_setter(std::string Options::*field) {
+    return [field](Options& o, const std::string& v) -> std::optional<std::string> {
+        o.*field = v;
+        return std::nullopt;
+    };
+}
+
+auto path_setter(std::string Options::*field) {
+    return [field](Options& o, const std::string& v) -> std::optional<std::string> {
+        if (v.empty()) return std::string("expected a path, got an empty string");
+        o.*field = v;
+        return std::nullopt;
+    };
+}
+
+const std::vector<Flag>& flags() {
+    static const std::vector<Flag> table = {
+        {"-M", "--mode", "MODE", "run mode: img_gen (default) or convert",
+         [](Options& o, const std::string& v) -> std::optional<std::string> {
+             if (v == "img_gen" || v == "txt2img" || v == "img2img") {
+                 o.command = Command::Generate;
+             } else if (v == "convert") {
+                 o.command = Command::Convert;
+             } else if (v == "vid_gen" || v == "upscale" || v == "metadata") {
+                 return "mode '" + v + "' is not available in this version of kiln";
+             } else {
+                 return "unknown mode '" + v + "' (valid: img_gen, convert)";
+             }
+             return std::nullopt;
+         }},
+        {"-m", "--model", "PATH", "model: a checkpoint (.safetensors, .gguf, .ckpt) or a diffusers folder",
+         path_setter(&Options::model)},
+        {nullptr, "--diffusion-model", "PATH", "standalone diffusion model (UNet/transformer) weights",
+         path_setter(&Options::diffusion_model)},
+        {nullptr, "--vae", "PATH", "standalone VAE weights", path_setter(&Options::vae)},
+        {nullptr, "--clip_l", "PATH", "standalone CLIP-L text encoder weights", path_setter(&Options::clip_l)},
+        {nullptr, "--clip_g", "PATH", "standalone CLIP-G text encoder weights", path_setter(&Options::clip_g)},
+        {nullptr, "--t5xxl", "PATH", "standalone T5-XXL text encoder weights", path_setter(&Options::t5xxl)},
+        {nullptr, "--tokenizer", "PATH", "tokenizer data (tokenizer.json, vocab.json + merges.txt, or a folder)",
+         path_setter(&Options::tokenizer)},
+        {nullptr, "--type", "TYPE", "weight type to compute with: f32, f16, bf16, q8_0, q5_0, q5_1, q4_0, q4_1, q2_K..q6_K",
+         string_setter(&Options::weight_type)},
+        {"-p", "--prompt", "TEXT", "the prompt", string_setter(&Options::prompt)},
+        {"-n", "--negative-prompt", "TEXT", "the negative prompt", string_setter(&Options::negative_prompt)},
+        {"-o", "--output", "PATH", "output image (default output.png); with -M convert, the GGUF to write",
+         path_setter(&Options::output)},
+        {"-i", "--init-img", "PATH", "initial image for image-to-image", path_setter(&Options::init_image)},
+        {"-W", "--width", "N", "image width in pixels (default: the model's)", int_setter(&Options::width, 64, 16384)},
+        {"-H", "--height", "N", "image height in pixels (default: the model's)", int_setter(&Options::height, 64, 16384)},
+        {nullptr, "--steps", "N", "denoising steps (default: the model's)", int_setter(&Options::steps, 1, 10000)},
+        {"-b", "--batch-count", "N", "number of images to generate", int_setter(&Options::batch_count, 1, 10000)},
+        {"-t", "--threads", "N", "CPU threads (default: physical cores)", int_setter(&Options::threads, 1, 1024)},
+        {"-s", "--seed", "N", "RNG seed; -1 picks one at random (default 42)",
+         [](Options& o, const std::string& v) -> std::optional<std::string> {
+             long long parsed = 0;
+             if (auto err = to_int(v, -1, LLONG_MAX, &parsed)) return err;
+             o.seed = parsed;
+             return std::nullopt;
+         }},
+        {nullptr, "--cfg-scale", "X", "classifier-free guidance scale (default 7.0)",
+         [](Options& o, const std::string& v) -> std::optional<std::string> {
+             char* end = nullptr;
+             const float f = std::strtof(v.c_str(), &end);
+             if (v.empty() || *end != '\0' || !std::isfinite(f) || f < 0) {
+                 return "expected a non-negative number, got '" + v + "'";
+             }
+             o.cfg_scale = f;
+             return std::nullopt;
+         }},
+        {nullptr, "--sampling-method", "NAME", "sampler (default: the model's)", string_setter(&Options::sampling_method)},
+        {"-v", "--verbose", nullptr, "verbose logging (same as --log-level verbose)",
+         [](Options& o, const std::string&) -> std::optional<std::string> {
+             o.log_level = LogLevel::Verbose;
+             return std::nullopt;
+         }},
+        {nullptr, "--log-level", "LEVEL", "debug, verbose, info (default), warn or error",
+         [](Options& o, const std::string& v) -> std::optional<std::string> {
+             auto level = parse_log_level(v);
+             if (!level) return "unknown log level '" + v + "' (valid: debug, verbose, info, warn, error)";
+             o.log_level = *level;
+             return std::nullopt;
+         }},
+        {nullptr, "--color", nullptr, "colour the log level tags",
+         [](Options& o, const std::string&) -> std::optional<std::string> {
+             o.color = true;
+             return std::nullopt;
+         }},
+        {"-h", "--help", nullptr, "show this help",
+         [](Options& o, const std::string&) -> std::optional<std::string> {
+             o.command = Command::Help;
+             return std::nullopt;
+         }},
+        {nullptr, "--version", nullptr, "print the version",
+         [](Options& o, const std::string&) -> std::optional<std::string> {
+             o.command = Command::Version;
+             return std::nullopt;
+         }},
+    };
+    return table;
+}
+
+// `kiln info` has options of its own.
+const std::vector<Flag>& info_flags() {
+    static const std::vector<Flag> table = {
+        {nullptr, "--tensors", nullptr, "list every tensor: name, dtype, shape, byte range",
+         [](Options& o, const std::string&) -> std::optional<std::string> {
+             o.info_list_tensors = true;
+             return std::nullopt;
+         }},
+    };
+    return table;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+    std::vector<size_t> row(b.size() + 1);
+    for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+    for (size_t i = 1; i <= a.size(); ++i) {
+        size_t diagonal = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= b.size(); ++j) {
+            const size_t above = row[j];
+            row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+            diagonal = above;
+        }
+    }
+    return row[b.size()];
+}
+
+std::string suggestion_for(const std::string& unknown, const std::vector<const Flag*>& candidates) {
+    std::string best;
+    size_t best_distance = SIZE_MAX;
+    for (const Flag* f : candidates) {
+        const size_t d = edit_distance(unknown, f->long_name);
+        if (d < best_distance) {
+            best_distance = d;
+            best = f->long_name;
+        }
+    }
+    if (!best.empty() && best_distance <= std::max<size_t>(2, unknown.size() / 3)) return "did you mean '" + best + "'?";
+    return "see 'kiln --help'";
+}
+
+const Flag* find_flag(const std::string& name, const std::vector<const Flag*>& candidates) {
+    for (const Flag* f : candidates) {
+        if ((f->short_name && name == f->short_name) || name == f->long_name) return f;
+    }
+    return nullptr;
+}
+
+}  // namespace
+
+std::variant<Options, UsageError> parse_args(const std::vector<std::string>& args) {
+    Options options;
+    std::vector<const Flag*> known;
+    for (const Flag& f : flags()) known.push_back(&f);
+
+    size_t i = 0;
+    if (!args.empty() && args[0] == "info") {
+        options.command = Command::Info;
+        for (const Flag& f : info_flags()) known.push_back(&f);
+        i = 1;
+    }
+    for (; i < args.size(); ++i) {
+        std::string arg = args[i];
+        if (arg.size() < 2 || arg[0] != '-' || arg == "--") {
+            if (options.command == Command::Info) {
+                options.info_paths.push_back(arg);
+                continue;
+            }
+            return UsageError{"unexpected argument '" + arg + "'",
+                              arg == "info" ? "'info' must come first: kiln info FILE..." : "see 'kiln --help'"};
+        }
+        std::optional<std::string> inline_value;
+        if (const auto eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string::npos) {
+            inline_value = arg.substr(eq + 1);
+            arg = arg.substr(0, eq);
+        }
+        const Flag* flag = find_flag(arg, known);
+        if (!flag) return UsageError{"unknown option '" + arg + "'", suggestion_for(arg, known)};
+        std::string value;
+        if (flag->value_name) {
+            if (inline_value) {
+                value = *inline_value;
+            } else if (i + 1 < args.size()) {
+                value = args[++i];
+            } else {
+                return UsageError{std::string(flag->long_name) + ": missing value " + flag->value_name,
+                                  "see 'kiln --help'"};
+            }
+        } else if (inline_value) {
+            return UsageError{std::string(flag->long_name) + " takes no value", "see 'kiln --help'"};
+        }
+        if (auto err = flag->apply(options, value)) {
+            return UsageError{std::string(flag->long_name) + ": " + *err, "see 'kiln --help'"};
+        }
+    }
+    if (options.command == Command::Info && options.info_paths.empty()) {
+        return UsageError{"info: no file or folder given", "usage: kiln info [--tensors] FILE|FOLDER..."};
+    }
+    return options;
+}
+
+std::string help_text() {
+    std::ostringstream out;
+    out << "usage: kiln [options]                 generate an image\n"
+           "       kiln -M convert -m MODEL -o OUT.gguf [--type TYPE]\n"
+           "       kiln info [--tensors] FILE|FOLDER...\n\n"
+           "options:\n";
+    auto print = [&](const std::vector<Flag>& table) {
+        for (const Flag& f : table) {
+            std::string names = f.short_name ? std::string(f.short_name) + ", " : "    ";
+            names += f.long_name;
+            if (f.value_name) names += std::string(" ") + f.value_name;
+            out << "  " << names;
+            for (size_t pad = names.size(); pad < 30; ++pad) out << ' ';
+            out << ' ' << f.help << '\n';
+        }
+    };
+    print(flags());
+    out << "\ninfo options:\n";
+    print(info_flags());
+    return out.str();
+}
+
+}  // namespace kiln::cli

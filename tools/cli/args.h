@@ -1,0 +1,71 @@
+// The `kiln` command line: flag names follow stable-diffusion.cpp's sd-cli
+// for everything that exists, so an sd-cli user's commands carry over.
+#pragma once
+
+#include <optional>
+#include <variant>
+#include <string>
+#include <vector>
+
+#include "util/log.h"
+#include "util/result.h"
+
+namespace kiln::cli {
+
+enum class Command {
+    Generate,  // -M img_gen (default)
+    Convert,   // -M convert: rewrite a model as GGUF, optionally re-quantised with --type
+    Info,      // kiln info FILE|FOLDER...
+    Help,      // -h/--help
+    Version,   // --version
+};
+
+struct Options {
+    Command command = Command::Generate;
+
+    // Model files.
+    std::string model;  // -m/--model: a full checkpoint or a diffusers folder
+    std::string diffusion_model;
+    std::string vae;
+    std::string clip_l;
+    std::string clip_g;
+    std::string t5xxl;
+    std::string tokenizer;
+    std::string weight_type;  // --type, validated by the io layer
+
+    // Generation.
+    std::string prompt;
+    std::string negative_prompt;
+    std::string output = "output.png";
+    std::string init_image;
+    int width = 0;   // 0: the model's default
+    int height = 0;  // 0: the model's default
+    int steps = 0;   // 0: the model's default
+    int batch_count = 1;
+    int threads = 0;  // 0: all physical cores
+    int64_t seed = 42;
+    float cfg_scale = 7.0f;
+    std::string sampling_method;
+
+    // `kiln info`.
+    std::vector<std::string> info_paths;
+    bool info_list_tensors = false;
+
+    // Logging; the last of -v/--verbose/--log-level wins.
+    LogLevel log_level = LogLevel::Info;
+    bool color = false;
+};
+
+// A command-line mistake: printed with the hint, exit code 2.
+struct UsageError {
+    std::string message;
+    std::string hint;  // "did you mean '--vae'?" or "see 'kiln --help'"
+};
+
+// Parses argv[1..]. Never exits or prints.
+std::variant<Options, UsageError> parse_args(const std::vector<std::string>& args);
+
+// The full --help text.
+std::string help_text();
+
+}  // namespace kiln::cli

@@ -1,0 +1,113 @@
+#include "cli.h"
+
+#include <cstdio>
+#include <iostream>
+
+#include "args.h"
+#include "default_model.h"
+#include "info_command.h"
+#include "io/gguf_writer.h"
+#include "io/model_file.h"
+#include "io/tensor_convert.h"
+#include "util/log.h"
+
+namespace kiln::cli {
+namespace {
+
+std::vector<std::string> model_paths(const Options& o) {
+    std::vector<std::string> paths;
+    for (const std::string* p : {&o.model, &o.diffusion_model, &o.clip_l, &o.clip_g, &o.t5xxl, &o.vae}) {
+        if (!p->empty()) paths.push_back(*p);
+    }
+    return paths;
+}
+
+int run_convert(const Options& options) {
+    const auto paths = model_paths(options);
+    if (paths.empty()) {
+        KILN_LOG_ERROR("convert: no model given (use -m MODEL, or --diffusion-model/--vae/--clip_l ...)");
+        return kExitUsage;
+    }
+    io::GgufWriteOptions write_options;
+    if (!options.weight_type.empty()) {
+        auto type = io::parse_weight_type(options.weight_type);
+        if (!type.ok()) {
+            KILN_LOG_ERROR("%s", type.error().message.c_str());
+            return kExitUsage;
+        }
+        write_options.type = *type;
+    }
+    auto model = io::ModelFile::open(paths);
+    if (!model.ok()) {
+        KILN_LOG_ERROR("%s", model.error().message.c_str());
+        return kExitFailure;
+    }
+    write_options.progress = [](size_t done, size_t total) {
+        if (done == total || done % 64 == 0) KILN_LOG_VERBOSE("convert: %zu/%zu tensors", done, total);
+    };
+    KILN_LOG_INFO("convert: writing %zu tensors to %s%s%s", model->tensors().size(), options.output.c_str(),
+                  write_options.type ? " as " : "", write_options.type ? ggml_type_name(*write_options.type) : "");
+    if (auto status = io::write_gguf(*model, options.output, write_options); !status.ok()) {
+        KILN_LOG_ERROR("%s", status.error().message.c_str());
+        return kExitFailure;
+    }
+    KILN_LOG_INFO("convert: done");
+    return kExitOk;
+}
+
+// Image generation arrives with the SD1 pipeline; until then kiln checks the
+// request and says what it would run, and writes nothing.
+int run_generate(const Options& options) {
+    std::vector<std::string> paths = model_paths(options);
+    if (paths.empty()) {
+        auto found = find_default_model();
+        if (!found) {
+            std::string searched;
+            for (const std::string& c : default_model_candidates()) searched += "\n  " + c;
+            KILN_LOG_WARN("no -m given and the default model %s is not built yet; searched:%s", kDefaultModelFile,
+                          searched.c_str());
+        } else {
+            paths.push_back(*found);
+        }
+    }
+    if (!paths.empty()) {
+        auto model = io::ModelFile::open(paths);
+        if (!model.ok()) {
+            KILN_LOG_ERROR("%s", model.error().message.c_str());
+            return kExitFailure;
+        }
+    }
+    KILN_LOG_INFO("kiln %s: image generation is not implemented yet; this job would be:", KILN_VERSION);
+    KILN_LOG_INFO("  prompt: \"%s\"%s%s", options.prompt.c_str(), options.negative_prompt.empty() ? "" : ", negative: ",
+                  options.negative_prompt.empty() ? "" : ("\"" + options.negative_prompt + "\"").c_str());
+    KILN_LOG_INFO("  model: %s", paths.empty() ? "(default model, not built yet)" : paths.front().c_str());
+    KILN_LOG_INFO("  seed %lld, cfg scale %.2f, %d image(s) -> %s", static_cast<long long>(options.seed),
+                  static_cast<double>(options.cfg_scale), options.batch_count, options.output.c_str());
+    KILN_LOG_INFO("  no image was written.");
+    return kExitOk;
+}
+
+}  // namespace
+
+int run_cli(const std::vector<std::string>& args) {
+    auto parsed = parse_args(args);
+    if (auto* usage = std::get_if<UsageError>(&parsed)) {
+        KILN_LOG_ERROR("%s (%s)", usage->message.c_str(), usage->hint.c_str());
+        return kExitUsage;
+    }
+    const Options& options = std::get<Options>(parsed);
+    log_set_level(options.log_level);
+    log_set_color(options.color);
+    log_capture_ggml();
+
+    switch (options.command) {
+        case Command::Help: std::cout << help_text(); return kExitOk;
+        case Command::Version: std::cout << "kiln " << KILN_VERSION << " (ggml " << KILN_GGML_COMMIT << ")\n"; return kExitOk;
+        case Command::Info: return run_info(options, std::cout);
+        case Command::Convert: return run_convert(options);
+        case Command::Generate: return run_generate(options);
+    }
+    return kExitFailure;
+}
+
+}  // namespace kiln::cli

@@ -1,0 +1,34 @@
+#include "format.h"
+
+#include <cstdio>
+
+namespace kiln::cli {
+
+std::string human_bytes(uint64_t bytes) {
+    static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double value = static_cast<double>(bytes);
+    int unit = 0;
+    while (value >= 1024.0 && unit < 4) {
+        value /= 1024.0;
+        ++unit;
+    }
+    char buf[32];
+    if (unit == 0) {
+        std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(bytes));
+    } else {
+        std::snprintf(buf, sizeof buf, "%.2f %s", value, kUnits[unit]);
+    }
+    return buf;
+}
+
+std::string grouped(uint64_t value) {
+    std::string digits = std::to_string(value);
+    std::string out;
+    for (size_t i = 0; i < digits.size(); ++i) {
+        if (i && (digits.size() - i) % 3 == 0) out += ',';
+        out += digits[i];
+    }
+    return out;
+}
+
+}  // namespace kiln::cli
