@@ -25,7 +25,7 @@ void print_components(const io::ModelSummary& summary, std::ostream& out) {
     for (const io::ComponentSummary& c : summary.components) {
         out << "  " << io::component_kind_name(c.kind) << ": " << c.name;
         if (!c.prefix.empty()) out << " (" << c.prefix << "*)";
-        out << "\n    " << c.tensor_count << " tensors, " << grouped(static_cast<uint64_t>(c.parameters))
+        out << "\n    " << c.tensor_count << (c.tensor_count == 1 ? " tensor, " : " tensors, ") << grouped(static_cast<uint64_t>(c.parameters))
             << " parameters, " << human_bytes(c.bytes) << " (" << grouped(c.bytes) << " bytes); dtypes:";
         for (const auto& [dtype, count] : c.dtype_counts) out << ' ' << dtype << " x" << count;
         out << '\n';

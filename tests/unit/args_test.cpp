@@ -1,0 +1,109 @@
+#include "args.h"
+
+#include <gtest/gtest.h>
+
+namespace kiln::cli {
+namespace {
+
+Options parse_ok(const std::vector<std::string>& args) {
+    auto parsed = parse_args(args);
+    if (auto* e = std::get_if<UsageError>(&parsed)) {
+        ADD_FAILURE() << "unexpected usage error: " << e->message;
+        return {};
+    }
+    return std::get<Options>(parsed);
+}
+
+UsageError parse_error(const std::vector<std::string>& args) {
+    auto parsed = parse_args(args);
+    if (auto* e = std::get_if<UsageError>(&parsed)) return *e;
+    ADD_FAILURE() << "expected a usage error";
+    return {};
+}
+
+TEST(Args, SdCliFlagsShortAndLong) {
+    const Options o = parse_ok({"-m", "sd15.safetensors", "--vae", "vae.safetensors", "--clip_l", "clip.safetensors", "-p",
+                                "a red circle", "-n", "blurry", "-o", "out.png", "-W", "512", "-H", "768", "--steps", "20",
+                                "-s", "-1", "--cfg-scale", "4.5", "-b", "2", "-t", "2", "--sampling-method", "euler_a",
+                                "--diffusion-model", "unet.gguf", "--type", "q8_0"});
+    EXPECT_EQ(o.command, Command::Generate);
+    EXPECT_EQ(o.model, "sd15.safetensors");
+    EXPECT_EQ(o.vae, "vae.safetensors");
+    EXPECT_EQ(o.clip_l, "clip.safetensors");
+    EXPECT_EQ(o.diffusion_model, "unet.gguf");
+    EXPECT_EQ(o.prompt, "a red circle");
+    EXPECT_EQ(o.negative_prompt, "blurry");
+    EXPECT_EQ(o.output, "out.png");
+    EXPECT_EQ(o.width, 512);
+    EXPECT_EQ(o.height, 768);
+    EXPECT_EQ(o.steps, 20);
+    EXPECT_EQ(o.seed, -1);
+    EXPECT_FLOAT_EQ(o.cfg_scale, 4.5f);
+    EXPECT_EQ(o.batch_count, 2);
+    EXPECT_EQ(o.threads, 2);
+    EXPECT_EQ(o.sampling_method, "euler_a");
+    EXPECT_EQ(o.weight_type, "q8_0");
+    EXPECT_EQ(parse_ok({"--model=x.gguf"}).model, "x.gguf");
+}
+
+TEST(Args, Modes) {
+    EXPECT_EQ(parse_ok({"-M", "convert"}).command, Command::Convert);
+    EXPECT_EQ(parse_ok({"--mode", "img_gen"}).command, Command::Generate);
+    EXPECT_EQ(parse_error({"-M", "paint"}).message, "--mode: unknown mode 'paint' (valid: img_gen, convert)");
+    EXPECT_EQ(parse_error({"-M", "vid_gen"}).message, "--mode: mode 'vid_gen' is not available in this version of kiln");
+}
+
+TEST(Args, LastLoggingOptionWins) {
+    EXPECT_EQ(parse_ok({}).log_level, LogLevel::Info);
+    EXPECT_EQ(parse_ok({"-v"}).log_level, LogLevel::Verbose);
+    EXPECT_EQ(parse_ok({"--verbose", "--log-level", "error"}).log_level, LogLevel::Error);
+    EXPECT_EQ(parse_ok({"--log-level", "debug", "-v"}).log_level, LogLevel::Verbose);
+    EXPECT_EQ(parse_ok({"--log-level", "WARN"}).log_level, LogLevel::Warn);
+    EXPECT_TRUE(parse_ok({"--color"}).color);
+    EXPECT_EQ(parse_error({"--log-level", "loud"}).message,
+              "--log-level: unknown log level 'loud' (valid: debug, verbose, info, warn, error)");
+}
+
+TEST(Args, UnknownFlagSuggestsTheClosestOne) {
+    UsageError e = parse_error({"--vea", "x"});
+    EXPECT_EQ(e.message, "unknown option '--vea'");
+    EXPECT_EQ(e.hint, "did you mean '--vae'?");
+    EXPECT_EQ(parse_error({"--cfg_scale", "7"}).hint, "did you mean '--cfg-scale'?");
+    EXPECT_EQ(parse_error({"--completely-unrelated-thing"}).hint, "see 'kiln --help'");
+}
+
+TEST(Args, BadValues) {
+    EXPECT_EQ(parse_error({"--steps", "abc"}).message, "--steps: expected an integer, got 'abc'");
+    EXPECT_EQ(parse_error({"--steps", "0"}).message, "--steps: expected an integer from 1 to 10000, got 0");
+    EXPECT_EQ(parse_error({"-W", "12x"}).message, "--width: expected an integer, got '12x'");
+    EXPECT_EQ(parse_error({"--cfg-scale", "nan"}).message, "--cfg-scale: expected a non-negative number, got 'nan'");
+    EXPECT_EQ(parse_error({"-s", "-2"}).message, "--seed: expected an integer from -1 to 9223372036854775807, got -2");
+    EXPECT_EQ(parse_error({"-s", "99999999999999999999"}).message, "--seed: expected an integer, got '99999999999999999999'");
+    EXPECT_EQ(parse_error({"-m"}).message, "--model: missing value PATH");
+    EXPECT_EQ(parse_error({"-m", ""}).message, "--model: expected a path, got an empty string");
+    EXPECT_EQ(parse_error({"--color=yes"}).message, "--color takes no value");
+    EXPECT_EQ(parse_error({"stray"}).message, "unexpected argument 'stray'");
+}
+
+TEST(Args, InfoCommand) {
+    const Options o = parse_ok({"info", "--tensors", "a.safetensors", "folder", "-v"});
+    EXPECT_EQ(o.command, Command::Info);
+    EXPECT_TRUE(o.info_list_tensors);
+    EXPECT_EQ(o.info_paths, (std::vector<std::string>{"a.safetensors", "folder"}));
+    EXPECT_EQ(o.log_level, LogLevel::Verbose);
+    EXPECT_EQ(parse_error({"info"}).message, "info: no file or folder given");
+    EXPECT_EQ(parse_error({"--tensors"}).message, "unknown option '--tensors'");
+    EXPECT_EQ(parse_error({"-v", "info", "x"}).hint, "'info' must come first: kiln info FILE...");
+}
+
+TEST(Args, HelpListsEveryFlag) {
+    const std::string help = help_text();
+    for (const char* flag : {"--model", "--diffusion-model", "--vae", "--clip_l", "--mode", "--help", "--log-level",
+                             "--verbose", "--color", "--type", "--tensors"}) {
+        EXPECT_NE(help.find(flag), std::string::npos) << flag;
+    }
+    EXPECT_EQ(parse_ok({"-h"}).command, Command::Help);
+}
+
+}  // namespace
+}  // namespace kiln::cli

@@ -1,0 +1,137 @@
+#include "io/tensor_convert.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+
+#include "io/gguf_writer.h"
+#include "io/model_file.h"
+#include "test_files.h"
+
+namespace kiln::io {
+namespace {
+
+TEST(TensorConvert, F8E4M3DecodesExactly) {
+    EXPECT_EQ(f8_e4m3_to_f32(0x38), 1.0f);
+    EXPECT_EQ(f8_e4m3_to_f32(0xB8), -1.0f);
+    EXPECT_EQ(f8_e4m3_to_f32(0x7E), 448.0f);  // largest finite
+    EXPECT_EQ(f8_e4m3_to_f32(0x01), std::ldexp(1.0f, -9));  // smallest subnormal
+    EXPECT_EQ(f8_e4m3_to_f32(0x3C), 1.5f);
+    EXPECT_EQ(f8_e4m3_to_f32(0x00), 0.0f);
+    EXPECT_TRUE(std::isnan(f8_e4m3_to_f32(0x7F)));
+    EXPECT_TRUE(std::isnan(f8_e4m3_to_f32(0xFF)));
+}
+
+TEST(TensorConvert, F8E5M2DecodesExactly) {
+    EXPECT_EQ(f8_e5m2_to_f32(0x3C), 1.0f);
+    EXPECT_EQ(f8_e5m2_to_f32(0x7B), 57344.0f);
+    EXPECT_EQ(f8_e5m2_to_f32(0x01), std::ldexp(1.0f, -16));
+    EXPECT_TRUE(std::isinf(f8_e5m2_to_f32(0x7C)));
+    EXPECT_EQ(f8_e5m2_to_f32(0xC0), -2.0f);
+}
+
+TEST(TensorConvert, ParsesWeightTypes) {
+    EXPECT_EQ(parse_weight_type("q8_0").value(), GGML_TYPE_Q8_0);
+    EXPECT_EQ(parse_weight_type("Q4_K").value(), GGML_TYPE_Q4_K);
+    EXPECT_EQ(parse_weight_type("f16").value(), GGML_TYPE_F16);
+    auto bad = parse_weight_type("q9_9");
+    ASSERT_FALSE(bad.ok());
+    EXPECT_EQ(bad.error().message.rfind("--type: unknown weight type 'q9_9' (valid: f32, f16, bf16, q8_0", 0), 0u)
+        << bad.error().message;
+}
+
+TEST(TensorConvert, ComputeTypeKeepsVectorsAndOddRowsUnquantized) {
+    TensorInfo matrix{"w", DType::F16, {64, 64}};
+    TensorInfo bias{"b", DType::F32, {64}};
+    TensorInfo odd{"o", DType::F32, {4, 33}};
+    TensorInfo f8{"f", DType::F8_E4M3, {4, 4}};
+    EXPECT_EQ(compute_type(matrix), GGML_TYPE_F16);
+    EXPECT_EQ(compute_type(matrix, GGML_TYPE_Q8_0), GGML_TYPE_Q8_0);
+    EXPECT_EQ(compute_type(bias, GGML_TYPE_Q8_0), GGML_TYPE_F32);
+    EXPECT_EQ(compute_type(odd, GGML_TYPE_Q4_0), GGML_TYPE_F32);
+    EXPECT_EQ(compute_type(f8), GGML_TYPE_F16);
+    EXPECT_EQ(compute_type(TensorInfo{"d", DType::F64, {2}}), GGML_TYPE_F32);
+    EXPECT_EQ(compute_type(TensorInfo{"m", DType::BOOL, {2}}), GGML_TYPE_I32);
+}
+
+TEST(TensorConvert, QuantizeRoundTripStaysClose) {
+    TensorInfo t{"w", DType::F32, {4, 64}};
+    std::vector<float> values(256);
+    for (size_t i = 0; i < values.size(); ++i) values[i] = std::sin(static_cast<float>(i) * 0.1f);
+    t.nbytes = values.size() * 4;
+    auto q = convert_tensor(t, reinterpret_cast<const uint8_t*>(values.data()), GGML_TYPE_Q8_0);
+    ASSERT_TRUE(q.ok()) << q.error().message;
+    EXPECT_EQ(q->size(), 4 * ggml_row_size(GGML_TYPE_Q8_0, 64));
+    std::vector<float> back(256);
+    ggml_get_type_traits(GGML_TYPE_Q8_0)->to_float(q->data(), back.data(), 256);
+    for (size_t i = 0; i < values.size(); ++i) EXPECT_NEAR(back[i], values[i], 0.01f) << i;
+}
+
+TEST(TensorConvert, RejectsRowsThatDoNotFillBlocks) {
+    TensorInfo t{"w", DType::F32, {2, 33}};
+    t.nbytes = 66 * 4;
+    std::vector<float> values(66, 1.0f);
+    auto q = convert_tensor(t, reinterpret_cast<const uint8_t*>(values.data()), GGML_TYPE_Q8_0);
+    ASSERT_FALSE(q.ok());
+    EXPECT_EQ(q.error().message, "tensor 'w': 66 elements do not fill whole q8_0 blocks");
+}
+
+// -M convert's writer: F8 widens to F16 exactly, matrices quantize, biases
+// stay F32, and the file reads back through the GGUF parser.
+TEST(GgufWriter, ConvertsTensorByTensorAndReadsBack) {
+    test::TempDir dir;
+    std::vector<uint8_t> f8 = {0x38, 0xB8, 0x7E, 0x01};
+    std::vector<uint8_t> weight = test::f32_bytes(64 * 32);
+    const std::string in = dir.write(
+        "in.safetensors",
+        test::build_safetensors({{"first_stage_model.decoder.conv_in.weight", "F32", {32, 64}, weight},
+                                 {"first_stage_model.decoder.conv_in.bias", "F32", {32}, test::f32_bytes(32)},
+                                 {"scale", "F8_E4M3", {2, 2}, f8}},
+                                {{"modelspec.title", "tiny"}}));
+    auto model = ModelFile::open({in});
+    ASSERT_TRUE(model.ok()) << model.error().message;
+    const std::string out = dir.file("out.gguf");
+    size_t last_progress = 0;
+    GgufWriteOptions options;
+    options.type = GGML_TYPE_Q8_0;
+    options.progress = [&](size_t done, size_t total) {
+        EXPECT_EQ(total, 3u);
+        last_progress = done;
+    };
+    auto status = write_gguf(*model, out, options);
+    ASSERT_TRUE(status.ok()) << status.error().message;
+    EXPECT_EQ(last_progress, 3u);
+
+    auto converted = ModelFile::open({out});
+    ASSERT_TRUE(converted.ok()) << converted.error().message;
+    EXPECT_EQ(converted->metadata().at("modelspec.title").str, "tiny");
+    const TensorInfo* w = converted->find("first_stage_model.decoder.conv_in.weight");
+    ASSERT_NE(w, nullptr);
+    EXPECT_EQ(w->dtype, DType(GGML_TYPE_Q8_0));
+    EXPECT_EQ(w->shape, (std::vector<int64_t>{32, 64}));
+    EXPECT_EQ(converted->find("first_stage_model.decoder.conv_in.bias")->dtype, DType::F32);
+    const TensorInfo* scale = converted->find("scale");
+    ASSERT_EQ(scale->dtype, DType::F16);
+    const auto* halves = reinterpret_cast<const ggml_fp16_t*>(converted->data(*scale));
+    EXPECT_EQ(ggml_fp16_to_fp32(halves[0]), 1.0f);
+    EXPECT_EQ(ggml_fp16_to_fp32(halves[1]), -1.0f);
+    EXPECT_EQ(ggml_fp16_to_fp32(halves[2]), 448.0f);
+    EXPECT_EQ(ggml_fp16_to_fp32(halves[3]), std::ldexp(1.0f, -9));
+    EXPECT_FALSE(std::ifstream(out + ".part").good());
+}
+
+TEST(GgufWriter, UnwritableOutputLeavesNoFile) {
+    test::TempDir dir;
+    const std::string in = dir.write("in.safetensors", test::build_safetensors({{"a", "F32", {2}, test::f32_bytes(2)}}));
+    auto model = ModelFile::open({in});
+    ASSERT_TRUE(model.ok());
+    const std::string out = dir.file("no/such/dir") + "/x/out.gguf";
+    auto status = write_gguf(*model, out, {});
+    ASSERT_FALSE(status.ok());
+    EXPECT_EQ(status.error().message.rfind(out + ": cannot create: ", 0), 0u) << status.error().message;
+}
+
+}  // namespace
+}  // namespace kiln::io
