@@ -41,3 +41,12 @@ add_compile_definitions(GGML_MAX_NAME=128)
 
 # ggml is a dependency: its own warnings are not ours to fix.
 add_subdirectory("${KILN_GGML_DIR}" "${CMAKE_BINARY_DIR}/ggml" EXCLUDE_FROM_ALL)
+
+# Treat ggml's headers as system headers so kiln's stricter warnings (-Wshadow,
+# -Wconversion) apply to kiln's code only.
+foreach(ggml_target ggml ggml-base)
+    get_target_property(ggml_includes ${ggml_target} INTERFACE_INCLUDE_DIRECTORIES)
+    if(ggml_includes)
+        set_target_properties(${ggml_target} PROPERTIES INTERFACE_SYSTEM_INCLUDE_DIRECTORIES "${ggml_includes}")
+    endif()
+endforeach()
