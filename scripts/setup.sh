@@ -14,6 +14,7 @@ PACKAGES=(
     build-essential cmake pkg-config git
     libopenblas-dev          # ggml's BLAS backend (KILN_BLAS)
     nlohmann-json3-dev       # JSON headers (safetensors, model_index.json)
+    libpng-dev libjpeg62-turbo-dev libwebp-dev zlib1g-dev  # image files (src/image)
     libgtest-dev libgmock-dev googletest
     clang libclang-rt-14-dev # libFuzzer targets in tests/fuzz
 )

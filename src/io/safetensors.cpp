@@ -16,6 +16,27 @@ uint64_t read_u64_le(const uint8_t* p) {
     return v;
 }
 
+// A shape for error messages. Not json::dump(): that recurses once per
+// nesting level, and a header nesting arrays 100k deep inside "shape" (200 KB,
+// far below the header limit) overflowed the stack. Nested values print as
+// their JSON type, long values and long shapes are cut.
+std::string shape_text(const json& shape) {
+    std::string s = "[";
+    size_t i = 0;
+    for (const json& dim : shape) {
+        if (i) s += ", ";
+        if (i == 8) {
+            s += "... (" + std::to_string(shape.size()) + " dimensions)";
+            break;
+        }
+        std::string d = dim.is_structured() ? std::string("<") + dim.type_name() + ">" : dim.dump();
+        if (d.size() > 40) d = d.substr(0, 40) + "...";
+        s += d;
+        ++i;
+    }
+    return s + "]";
+}
+
 Result<TensorInfo> parse_entry(const std::string& name, const json& entry, uint64_t data_start, uint64_t data_size,
                                const std::string& label) {
     const std::string where = label + ": tensor '" + name + "'";
@@ -39,11 +60,11 @@ Result<TensorInfo> parse_entry(const std::string& name, const json& entry, uint6
     int64_t elements = 1;
     for (const json& dim : *shape_it) {
         if (!dim.is_number_unsigned() || dim.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-            return Error{where + ": shape " + shape_it->dump() + " has a dimension that is not a non-negative integer"};
+            return Error{where + ": shape " + shape_text(*shape_it) + " has a dimension that is not a non-negative integer"};
         }
         const auto d = dim.get<int64_t>();
         if (d != 0 && elements > std::numeric_limits<int64_t>::max() / d) {
-            return Error{where + ": shape " + shape_it->dump() + " has too many elements"};
+            return Error{where + ": shape " + shape_text(*shape_it) + " has too many elements"};
         }
         elements *= d;
         info.shape.push_back(d);

@@ -108,7 +108,10 @@ ggml_type compute_type(const TensorInfo& tensor, std::optional<ggml_type> reques
         case DType::BOOL: natural = GGML_TYPE_I32; break;
         default: natural = dtype_to_ggml(tensor.dtype).value_or(GGML_TYPE_F32); break;
     }
-    if (!requested || !dtype_is_float(tensor.dtype) || tensor.shape.size() < 2) return natural;
+    if (!dtype_is_float(tensor.dtype)) return natural;
+    // Vectors (biases, norms) are tiny and sensitive: always F32.
+    if (tensor.shape.size() < 2) return GGML_TYPE_F32;
+    if (!requested) return natural;
     const int64_t row = tensor.shape.back();
     if (row % ggml_blck_size(*requested) != 0) return natural;
     return *requested;

@@ -22,10 +22,11 @@ Result<ggml_type> parse_weight_type(std::string_view name);
 // The names parse_weight_type accepts, comma-separated.
 std::string weight_type_names();
 
-// The ggml type `tensor` is held in for compute. With `requested`, float
-// tensors of two or more dimensions whose rows fill whole quantization blocks
-// take the requested type; vectors (biases, norms) and odd-sized rows keep
-// their plain float type, as quantizing them saves nothing and costs accuracy.
+// The ggml type `tensor` is held in for compute. Float vectors (biases,
+// norms) are always F32: they are tiny, and ggml's element-wise ops want F32.
+// With `requested`, float tensors of two or more dimensions whose rows fill
+// whole quantization blocks take the requested type; odd-sized rows keep
+// their plain float type.
 ggml_type compute_type(const TensorInfo& tensor, std::optional<ggml_type> requested = std::nullopt);
 
 // Converts the tensor's bytes (`tensor.nbytes` at `src`) to `target`. Errors

@@ -53,6 +53,7 @@ TEST(TensorConvert, ComputeTypeKeepsVectorsAndOddRowsUnquantized) {
     EXPECT_EQ(compute_type(odd, GGML_TYPE_Q4_0), GGML_TYPE_F32);
     EXPECT_EQ(compute_type(f8), GGML_TYPE_F16);
     EXPECT_EQ(compute_type(TensorInfo{"d", DType::F64, {2}}), GGML_TYPE_F32);
+    EXPECT_EQ(compute_type(TensorInfo{"h", DType::F16, {64}}), GGML_TYPE_F32);
     EXPECT_EQ(compute_type(TensorInfo{"m", DType::BOOL, {2}}), GGML_TYPE_I32);
 }
 

@@ -1,0 +1,79 @@
+// Image files: PNG, JPEG and WebP, read by content and written by extension.
+// Every failure (missing, empty, truncated or corrupt file, unsupported
+// format, oversized image, unwritable path) is an Error whose message starts
+// with the file's path; the codecs' own error exits are caught, so a bad file
+// never aborts the process or leaks memory.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "image/image.h"
+#include "util/result.h"
+
+namespace kiln::image {
+
+enum class ImageFormat { Png, Jpeg, WebP };
+
+// "PNG", "JPEG", "WebP".
+const char* image_format_name(ImageFormat format);
+
+// The format whose signature starts `data`, or nullopt.
+std::optional<ImageFormat> detect_image_format(const uint8_t* data, size_t size);
+
+// Largest image file read_image accepts (a 16384x16384 RGBA PNG of noise fits).
+constexpr size_t kMaxImageFileBytes = size_t(1) << 30;
+
+// Decodes a PNG, JPEG or WebP file, chosen by its signature, never by its
+// name. The result is 8-bit RGB, or RGBA when the file has an alpha channel
+// or transparency (PNG tRNS): palette, grey, grey+alpha, 1/2/4-bit and
+// 16-bit PNGs are converted (16-bit rounded to 8), grey JPEGs become RGB and
+// CMYK JPEGs are converted to RGB. Interlaced PNGs and progressive JPEGs are
+// read. Animated WebP is rejected; EXIF orientation is not applied. Strict
+// about damage: a file that ends early, fails a CRC or whose entropy-coded
+// data is corrupt is an error, not a partly grey picture. Images larger than
+// kMaxDimension on either side are rejected before their pixels are
+// allocated.
+Result<Image> read_image(const std::string& path);
+
+// read_image on bytes already in memory (an HTTP body, a fuzzer input);
+// errors start with `label`.
+Result<Image> decode_image(const uint8_t* data, size_t size, const std::string& label);
+
+struct ImageWriteOptions {
+    // JPEG and WebP quality, 1..100.
+    int quality = 90;
+    // WebP only: lossless instead of lossy (quality then sets the effort).
+    bool lossless = false;
+    // Text for the file. PNG: each entry a tEXt chunk (iTXt when the value is
+    // not plain ASCII), before the image data. JPEG and WebP: only the
+    // "parameters" entry is kept, in EXIF UserComment as A1111 writes it;
+    // other keys are dropped. Keywords are 1..79 printable ASCII characters
+    // without leading, trailing or doubled spaces; values hold no NUL bytes.
+    std::map<std::string, std::string> text;
+};
+
+// The output format for a path's extension (case-insensitive: .png, .jpg,
+// .jpeg, .webp); otherwise an error naming the extension and the valid ones.
+Result<ImageFormat> format_for_path(const std::string& path);
+
+// Encodes `image` (1, 3 or 4 channels) in `format`. JPEG drops alpha (as
+// A1111 does); grey images are written as grey PNG/JPEG and as RGB WebP.
+Result<std::vector<uint8_t>> encode_image(const Image& image, ImageFormat format, const ImageWriteOptions& options,
+                                          const std::string& label = "image");
+
+// Writes `image` to `path` in the format its extension names. The file
+// appears only complete: the bytes go to `path + ".part"`, are flushed to
+// disk and then renamed over `path`; on any failure the .part file is
+// removed and `path` is left as it was.
+Status write_image(const std::string& path, const Image& image, const ImageWriteOptions& options = {});
+
+// The whole file, with read_image's checks and messages for missing, empty,
+// directory and oversized files (over `max_bytes`).
+Result<std::vector<uint8_t>> read_file_bytes(const std::string& path, size_t max_bytes = kMaxImageFileBytes);
+
+}  // namespace kiln::image

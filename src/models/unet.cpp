@@ -1,0 +1,297 @@
+#include "models/unet.h"
+
+#include "nn/attention.h"
+#include "nn/layers.h"
+
+namespace kiln::models {
+namespace {
+
+struct ResBlock {
+    nn::Norm in_norm, out_norm;
+    nn::Conv2d in_conv, out_conv;
+    nn::Linear emb;
+    std::optional<nn::Conv2d> skip;
+};
+
+struct TransformerBlock {
+    nn::Norm norm1, norm2, norm3;
+    nn::Linear q1, k1, v1, out1;  // self-attention
+    nn::Linear q2, k2, v2, out2;  // cross-attention over the context
+    nn::Linear ff_in, ff_out;     // GEGLU feed-forward
+};
+
+struct SpatialTransformer {
+    nn::Norm norm;
+    nn::Conv2d proj_in_conv, proj_out_conv;  // SD1
+    nn::Linear proj_in_linear, proj_out_linear;  // SD2
+    std::vector<TransformerBlock> blocks;
+};
+
+// One entry of input_blocks / output_blocks: a resnet, optionally a
+// transformer, optionally a down- or upsampling convolution.
+struct UnetBlock {
+    std::optional<ResBlock> res;
+    std::optional<SpatialTransformer> attn;
+    std::optional<nn::Conv2d> down;
+    std::optional<nn::Conv2d> up;
+};
+
+ResBlock declare_res(runtime::ModuleWeights& w, const std::string& p, int64_t in, int64_t out, int64_t emb_dim) {
+    ResBlock r;
+    r.in_norm = nn::declare_norm(w, p + "in_layers.0", in);
+    r.in_conv = nn::declare_conv2d(w, p + "in_layers.2", in, out, 3, 1, 1);
+    r.emb = nn::declare_linear(w, p + "emb_layers.1", emb_dim, out);
+    r.out_norm = nn::declare_norm(w, p + "out_layers.0", out);
+    r.out_conv = nn::declare_conv2d(w, p + "out_layers.3", out, out, 3, 1, 1);
+    if (in != out) r.skip = nn::declare_conv2d(w, p + "skip_connection", in, out, 1);
+    return r;
+}
+
+SpatialTransformer declare_transformer(runtime::ModuleWeights& w, const std::string& p, int64_t ch, const UnetConfig& c) {
+    SpatialTransformer t;
+    t.norm = nn::declare_norm(w, p + "norm", ch);
+    if (c.linear_projection) {
+        t.proj_in_linear = nn::declare_linear(w, p + "proj_in", ch, ch);
+        t.proj_out_linear = nn::declare_linear(w, p + "proj_out", ch, ch);
+    } else {
+        t.proj_in_conv = nn::declare_conv2d(w, p + "proj_in", ch, ch, 1);
+        t.proj_out_conv = nn::declare_conv2d(w, p + "proj_out", ch, ch, 1);
+    }
+    for (int d = 0; d < c.transformer_depth; ++d) {
+        const std::string b = p + "transformer_blocks." + std::to_string(d) + ".";
+        TransformerBlock tb;
+        tb.norm1 = nn::declare_norm(w, b + "norm1", ch);
+        tb.norm2 = nn::declare_norm(w, b + "norm2", ch);
+        tb.norm3 = nn::declare_norm(w, b + "norm3", ch);
+        tb.q1 = nn::declare_linear(w, b + "attn1.to_q", ch, ch, false);
+        tb.k1 = nn::declare_linear(w, b + "attn1.to_k", ch, ch, false);
+        tb.v1 = nn::declare_linear(w, b + "attn1.to_v", ch, ch, false);
+        tb.out1 = nn::declare_linear(w, b + "attn1.to_out.0", ch, ch);
+        tb.q2 = nn::declare_linear(w, b + "attn2.to_q", ch, ch, false);
+        tb.k2 = nn::declare_linear(w, b + "attn2.to_k", c.context_dim, ch, false);
+        tb.v2 = nn::declare_linear(w, b + "attn2.to_v", c.context_dim, ch, false);
+        tb.out2 = nn::declare_linear(w, b + "attn2.to_out.0", ch, ch);
+        tb.ff_in = nn::declare_linear(w, b + "ff.net.0.proj", ch, ch * 8);
+        tb.ff_out = nn::declare_linear(w, b + "ff.net.2", ch * 4, ch);
+        t.blocks.push_back(tb);
+    }
+    return t;
+}
+
+ggml_tensor* apply_res(ggml_context* ctx, const ResBlock& r, ggml_tensor* x, ggml_tensor* emb) {
+    ggml_tensor* h = nn::conv2d(ctx, r.in_conv, ggml_silu(ctx, nn::group_norm(ctx, r.in_norm, x)));
+    ggml_tensor* e = nn::linear(ctx, r.emb, ggml_silu(ctx, emb));  // [out, B]
+    h = ggml_add(ctx, h, ggml_reshape_4d(ctx, e, 1, 1, e->ne[0], e->ne[1]));
+    h = nn::conv2d(ctx, r.out_conv, ggml_silu(ctx, nn::group_norm(ctx, r.out_norm, h)));
+    return ggml_add(ctx, r.skip ? nn::conv2d(ctx, *r.skip, x) : x, h);
+}
+
+ggml_tensor* apply_transformer(ggml_context* ctx, const SpatialTransformer& t, ggml_tensor* x, ggml_tensor* context,
+                               const UnetConfig& c, bool flash) {
+    const int64_t W = x->ne[0], H = x->ne[1], C = x->ne[2], B = x->ne[3];
+    ggml_tensor* h = nn::group_norm(ctx, t.norm, x, 32, 1e-6f);
+    auto to_tokens = [&](ggml_tensor* img) {  // [W, H, C, B] -> [C, W*H, B]
+        return ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_3d(ctx, img, W * H, C, B), 1, 0, 2, 3));
+    };
+    auto to_image = [&](ggml_tensor* tokens) {  // [C, W*H, B] -> [W, H, C, B]
+        return ggml_reshape_4d(ctx, ggml_cont(ctx, ggml_permute(ctx, tokens, 1, 0, 2, 3)), W, H, C, B);
+    };
+    h = c.linear_projection ? nn::linear(ctx, t.proj_in_linear, to_tokens(h)) : to_tokens(nn::conv2d(ctx, t.proj_in_conv, h));
+    const nn::AttentionOptions attn{static_cast<int>(c.heads), false, flash};
+    for (const TransformerBlock& b : t.blocks) {
+        ggml_tensor* n = nn::layer_norm(ctx, b.norm1, h);
+        h = ggml_add(ctx, h, nn::linear(ctx, b.out1, nn::attention(ctx, nn::linear(ctx, b.q1, n), nn::linear(ctx, b.k1, n),
+                                                                    nn::linear(ctx, b.v1, n), attn)));
+        n = nn::layer_norm(ctx, b.norm2, h);
+        h = ggml_add(ctx, h, nn::linear(ctx, b.out2, nn::attention(ctx, nn::linear(ctx, b.q2, n), nn::linear(ctx, b.k2, context),
+                                                                    nn::linear(ctx, b.v2, context), attn)));
+        n = nn::layer_norm(ctx, b.norm3, h);
+        ggml_tensor* proj = nn::linear(ctx, b.ff_in, n);  // [8C, T, B]: value half, then gate half
+        const int64_t inner = proj->ne[0] / 2;
+        ggml_tensor* value = ggml_view_3d(ctx, proj, inner, proj->ne[1], proj->ne[2], proj->nb[1], proj->nb[2], 0);
+        ggml_tensor* gate = ggml_view_3d(ctx, proj, inner, proj->ne[1], proj->ne[2], proj->nb[1], proj->nb[2],
+                                         inner * ggml_element_size(proj));
+        ggml_tensor* ff = ggml_mul(ctx, ggml_cont(ctx, value), ggml_gelu_erf(ctx, ggml_cont(ctx, gate)));
+        h = ggml_add(ctx, h, nn::linear(ctx, b.ff_out, ff));
+    }
+    h = c.linear_projection ? to_image(nn::linear(ctx, t.proj_out_linear, h)) : nn::conv2d(ctx, t.proj_out_conv, to_image(h));
+    return ggml_add(ctx, h, x);
+}
+
+int64_t metadata_int(const io::ModelFile& file, const std::string& key, int64_t fallback) {
+    auto it = file.metadata().find(key);
+    if (it == file.metadata().end()) return fallback;
+    const io::MetaValue& v = it->second;
+    switch (v.kind) {
+        case io::MetaValue::Kind::Int: return v.i;
+        case io::MetaValue::Kind::UInt: return static_cast<int64_t>(v.u);
+        case io::MetaValue::Kind::String: return std::atoll(v.str.c_str());
+        default: return fallback;
+    }
+}
+
+}  // namespace
+
+struct Unet::Blocks {
+    nn::Linear time1, time2;
+    nn::Conv2d conv_in;
+    std::vector<UnetBlock> input;   // input_blocks.1..
+    UnetBlock mid_res1, mid_res2;
+    SpatialTransformer mid_attn;
+    std::vector<UnetBlock> output;  // output_blocks.0..
+    nn::Norm out_norm;
+    nn::Conv2d conv_out;
+};
+
+Unet::Unet() = default;
+Unet::~Unet() = default;
+
+Result<std::unique_ptr<Unet>> Unet::create(const io::ModelFile& file, const std::string& prefix,
+                                           std::optional<ggml_type> weight_type) {
+    std::unique_ptr<Unet> unet(new Unet());
+    UnetConfig& c = unet->config_;
+    auto find = [&](const std::string& name) { return file.find(prefix + name); };
+    const io::TensorInfo* conv_in = find("input_blocks.0.0.weight");
+    const io::TensorInfo* conv_out = find("out.2.weight");
+    const io::TensorInfo* time1 = find("time_embed.0.weight");
+    if (!conv_in || conv_in->shape.size() != 4 || !conv_out || conv_out->shape.size() != 4 || !time1 ||
+        time1->shape.size() != 2) {
+        return Error{"no SD UNet under '" + prefix + "' (input_blocks.0.0, out.2 or time_embed.0 missing or malformed)"};
+    }
+    c.model_channels = conv_in->shape[0];
+    c.in_channels = conv_in->shape[1];
+    c.out_channels = conv_out->shape[0];
+    c.time_embed_dim = time1->shape[0];
+
+    // Walk input_blocks: resnets give each level's channels, "op" convs end a level.
+    std::vector<int> res_per_level(1, 0);
+    c.level_attention.assign(1, false);
+    c.level_channels.assign(1, c.model_channels);
+    for (int k = 1;; ++k) {
+        const std::string p = "input_blocks." + std::to_string(k) + ".";
+        if (find(p + "0.op.weight")) {
+            res_per_level.push_back(0);
+            c.level_attention.push_back(false);
+            c.level_channels.push_back(c.level_channels.back());
+            continue;
+        }
+        const io::TensorInfo* res = find(p + "0.in_layers.2.weight");
+        if (!res) break;
+        c.level_channels.back() = res->shape[0];
+        ++res_per_level.back();
+        if (const io::TensorInfo* proj = find(p + "1.proj_in.weight")) {
+            c.level_attention.back() = true;
+            c.linear_projection = proj->shape.size() == 2;
+            if (const io::TensorInfo* k2 = find(p + "1.transformer_blocks.0.attn2.to_k.weight")) c.context_dim = k2->shape[1];
+            int depth = 0;
+            while (find(p + "1.transformer_blocks." + std::to_string(depth) + ".norm1.weight")) ++depth;
+            c.transformer_depth = depth;
+        }
+    }
+    c.res_blocks = res_per_level.front();
+    for (int r : res_per_level) {
+        if (r != c.res_blocks || r == 0) return Error{"UNet under '" + prefix + "': levels have different numbers of resnets"};
+    }
+    c.heads = metadata_int(file, "kiln.unet.heads", c.context_dim == 768 ? 8 : 0);
+    if (c.heads <= 0) c.heads = std::max<int64_t>(1, c.model_channels / 64);
+
+    unet->weights_ = std::make_unique<runtime::ModuleWeights>(file, prefix, weight_type);
+    KILN_TRY(unet->declare());
+    return unet;
+}
+
+Status Unet::declare() {
+    const UnetConfig& c = config_;
+    runtime::ModuleWeights& w = *weights_;
+    blocks_ = std::make_unique<Blocks>();
+    Blocks& b = *blocks_;
+    b.time1 = nn::declare_linear(w, "time_embed.0", c.model_channels, c.time_embed_dim);
+    b.time2 = nn::declare_linear(w, "time_embed.2", c.time_embed_dim, c.time_embed_dim);
+    b.conv_in = nn::declare_conv2d(w, "input_blocks.0.0", c.in_channels, c.model_channels, 3, 1, 1);
+
+    const int levels = static_cast<int>(c.level_channels.size());
+    std::vector<int64_t> skip_channels{c.model_channels};
+    int64_t ch = c.model_channels;
+    int k = 1;
+    for (int level = 0; level < levels; ++level) {
+        for (int r = 0; r < c.res_blocks; ++r, ++k) {
+            const std::string p = "input_blocks." + std::to_string(k) + ".";
+            UnetBlock block;
+            block.res = declare_res(w, p + "0.", ch, c.level_channels[level], c.time_embed_dim);
+            ch = c.level_channels[level];
+            if (c.level_attention[level]) block.attn = declare_transformer(w, p + "1.", ch, c);
+            b.input.push_back(std::move(block));
+            skip_channels.push_back(ch);
+        }
+        if (level + 1 < levels) {
+            UnetBlock block;
+            block.down = nn::declare_conv2d(w, "input_blocks." + std::to_string(k) + ".0.op", ch, ch, 3, 2, 1);
+            b.input.push_back(std::move(block));
+            skip_channels.push_back(ch);
+            ++k;
+        }
+    }
+    b.mid_res1.res = declare_res(w, "middle_block.0.", ch, ch, c.time_embed_dim);
+    b.mid_attn = declare_transformer(w, "middle_block.1.", ch, c);
+    b.mid_res2.res = declare_res(w, "middle_block.2.", ch, ch, c.time_embed_dim);
+
+    k = 0;
+    for (int level = levels - 1; level >= 0; --level) {
+        for (int r = 0; r <= c.res_blocks; ++r, ++k) {
+            const std::string p = "output_blocks." + std::to_string(k) + ".";
+            UnetBlock block;
+            const int64_t skip = skip_channels.back();
+            skip_channels.pop_back();
+            block.res = declare_res(w, p + "0.", ch + skip, c.level_channels[level], c.time_embed_dim);
+            ch = c.level_channels[level];
+            int index = 1;
+            if (c.level_attention[level]) block.attn = declare_transformer(w, p + std::to_string(index++) + ".", ch, c);
+            if (level > 0 && r == c.res_blocks) {
+                block.up = nn::declare_conv2d(w, p + std::to_string(index) + ".conv", ch, ch, 3, 1, 1);
+            }
+            b.output.push_back(std::move(block));
+        }
+    }
+    b.out_norm = nn::declare_norm(w, "out.0", ch);
+    b.conv_out = nn::declare_conv2d(w, "out.2", ch, c.out_channels, 3, 1, 1);
+    return Status::Ok();
+}
+
+ggml_tensor* Unet::build(ggml_context* ctx, ggml_tensor* x, ggml_tensor* timesteps, ggml_tensor* context,
+                         bool flash_attention) const {
+    const UnetConfig& c = config_;
+    const Blocks& b = *blocks_;
+    ggml_tensor* emb = ggml_timestep_embedding(ctx, timesteps, static_cast<int>(c.model_channels), 10000);
+    emb = nn::linear(ctx, b.time2, ggml_silu(ctx, nn::linear(ctx, b.time1, emb)));
+
+    std::vector<ggml_tensor*> skips;
+    ggml_tensor* h = nn::mark_cut(nn::conv2d(ctx, b.conv_in, x), "input_blocks.0");
+    skips.push_back(h);
+    for (size_t i = 0; i < b.input.size(); ++i) {
+        const UnetBlock& block = b.input[i];
+        if (block.down) {
+            h = nn::conv2d(ctx, *block.down, h);
+        } else {
+            h = apply_res(ctx, *block.res, h, emb);
+            if (block.attn) h = apply_transformer(ctx, *block.attn, h, context, c, flash_attention);
+        }
+        h = nn::mark_cut(h, "input_blocks." + std::to_string(i + 1));
+        skips.push_back(h);
+    }
+    h = apply_res(ctx, *b.mid_res1.res, h, emb);
+    h = apply_transformer(ctx, b.mid_attn, h, context, c, flash_attention);
+    h = nn::mark_cut(apply_res(ctx, *b.mid_res2.res, h, emb), "middle_block");
+    for (size_t i = 0; i < b.output.size(); ++i) {
+        const UnetBlock& block = b.output[i];
+        h = ggml_concat(ctx, h, skips.back(), 2);
+        skips.pop_back();
+        h = apply_res(ctx, *block.res, h, emb);
+        if (block.attn) h = apply_transformer(ctx, *block.attn, h, context, c, flash_attention);
+        if (block.up) h = nn::conv2d(ctx, *block.up, nn::upsample_nearest_2x(ctx, h));
+        h = nn::mark_cut(h, "output_blocks." + std::to_string(i));
+    }
+    h = ggml_silu(ctx, nn::group_norm(ctx, b.out_norm, h));
+    return nn::conv2d(ctx, b.conv_out, h);
+}
+
+}  // namespace kiln::models

@@ -1,0 +1,210 @@
+#include "models/vae.h"
+
+#include <cmath>
+
+#include "nn/attention.h"
+#include "nn/layers.h"
+
+namespace kiln::models {
+namespace {
+
+constexpr float kEps = 1e-6f;
+
+struct ResnetBlock {
+    nn::Norm norm1, norm2;
+    nn::Conv2d conv1, conv2;
+    std::optional<nn::Conv2d> shortcut;
+};
+
+struct AttnBlock {
+    nn::Norm norm;
+    nn::Conv2d q, k, v, proj;
+};
+
+struct Mid {
+    ResnetBlock block1, block2;
+    std::optional<AttnBlock> attn;
+};
+
+ResnetBlock declare_resnet(runtime::ModuleWeights& w, const std::string& p, int64_t in, int64_t out) {
+    ResnetBlock r;
+    r.norm1 = nn::declare_norm(w, p + "norm1", in);
+    r.conv1 = nn::declare_conv2d(w, p + "conv1", in, out, 3, 1, 1);
+    r.norm2 = nn::declare_norm(w, p + "norm2", out);
+    r.conv2 = nn::declare_conv2d(w, p + "conv2", out, out, 3, 1, 1);
+    if (in != out) r.shortcut = nn::declare_conv2d(w, p + "nin_shortcut", in, out, 1);
+    return r;
+}
+
+Mid declare_mid(runtime::ModuleWeights& w, const std::string& p, int64_t ch, bool attention) {
+    Mid m;
+    m.block1 = declare_resnet(w, p + "mid.block_1.", ch, ch);
+    if (attention) {
+        AttnBlock a;
+        a.norm = nn::declare_norm(w, p + "mid.attn_1.norm", ch);
+        a.q = nn::declare_conv2d(w, p + "mid.attn_1.q", ch, ch, 1);
+        a.k = nn::declare_conv2d(w, p + "mid.attn_1.k", ch, ch, 1);
+        a.v = nn::declare_conv2d(w, p + "mid.attn_1.v", ch, ch, 1);
+        a.proj = nn::declare_conv2d(w, p + "mid.attn_1.proj_out", ch, ch, 1);
+        m.attn = a;
+    }
+    m.block2 = declare_resnet(w, p + "mid.block_2.", ch, ch);
+    return m;
+}
+
+ggml_tensor* apply_resnet(ggml_context* ctx, const ResnetBlock& r, ggml_tensor* x) {
+    ggml_tensor* h = nn::conv2d(ctx, r.conv1, ggml_silu(ctx, nn::group_norm(ctx, r.norm1, x, 32, kEps)));
+    h = nn::conv2d(ctx, r.conv2, ggml_silu(ctx, nn::group_norm(ctx, r.norm2, h, 32, kEps)));
+    return ggml_add(ctx, r.shortcut ? nn::conv2d(ctx, *r.shortcut, x) : x, h);
+}
+
+ggml_tensor* apply_attn(ggml_context* ctx, const AttnBlock& a, ggml_tensor* x) {
+    const int64_t W = x->ne[0], H = x->ne[1], C = x->ne[2], B = x->ne[3];
+    ggml_tensor* h = nn::group_norm(ctx, a.norm, x, 32, kEps);
+    auto tokens = [&](ggml_tensor* img) {  // [W, H, C, B] -> [C, W*H, B]
+        return ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_3d(ctx, img, W * H, C, B), 1, 0, 2, 3));
+    };
+    ggml_tensor* out = nn::attention(ctx, tokens(nn::conv2d(ctx, a.q, h)), tokens(nn::conv2d(ctx, a.k, h)),
+                                     tokens(nn::conv2d(ctx, a.v, h)), nn::AttentionOptions{1, false, false});
+    out = ggml_reshape_4d(ctx, ggml_cont(ctx, ggml_permute(ctx, out, 1, 0, 2, 3)), W, H, C, B);
+    return ggml_add(ctx, x, nn::conv2d(ctx, a.proj, out));
+}
+
+ggml_tensor* apply_mid(ggml_context* ctx, const Mid& m, ggml_tensor* x) {
+    x = apply_resnet(ctx, m.block1, x);
+    if (m.attn) x = apply_attn(ctx, *m.attn, x);
+    return apply_resnet(ctx, m.block2, x);
+}
+
+}  // namespace
+
+struct Vae::Blocks {
+    // Encoder.
+    nn::Conv2d enc_in;
+    std::vector<std::vector<ResnetBlock>> down;
+    std::vector<std::optional<nn::Conv2d>> downsample;
+    Mid enc_mid;
+    nn::Norm enc_norm;
+    nn::Conv2d enc_out, quant;
+    // Decoder.
+    nn::Conv2d post_quant, dec_in;
+    Mid dec_mid;
+    std::vector<std::vector<ResnetBlock>> up;  // indexed by ldm level (up.0 is the full-resolution level)
+    std::vector<std::optional<nn::Conv2d>> upsample;
+    nn::Norm dec_norm;
+    nn::Conv2d dec_out;
+};
+
+Vae::Vae() = default;
+Vae::~Vae() = default;
+
+Result<std::unique_ptr<Vae>> Vae::create(const io::ModelFile& file, const std::string& prefix,
+                                         std::optional<ggml_type> weight_type) {
+    std::unique_ptr<Vae> vae(new Vae());
+    VaeConfig& c = vae->config_;
+    auto find = [&](const std::string& name) { return file.find(prefix + name); };
+    const io::TensorInfo* dec_in = find("decoder.conv_in.weight");
+    const io::TensorInfo* dec_out = find("decoder.conv_out.weight");
+    if (!dec_in || dec_in->shape.size() != 4 || !dec_out || dec_out->shape.size() != 4) {
+        return Error{"no VAE decoder under '" + prefix + "' (decoder.conv_in or decoder.conv_out missing or malformed)"};
+    }
+    c.latent_channels = dec_in->shape[1];
+    c.image_channels = dec_out->shape[0];
+    // Levels and their channels from the decoder (always present): up.i.block.0.conv1 out channels.
+    for (int level = 0;; ++level) {
+        const io::TensorInfo* conv = find("decoder.up." + std::to_string(level) + ".block.0.conv1.weight");
+        if (!conv) break;
+        c.level_channels.push_back(conv->shape[0]);
+    }
+    if (c.level_channels.empty()) return Error{"VAE under '" + prefix + "' has no decoder levels"};
+    int blocks = 0;
+    while (find("decoder.up.0.block." + std::to_string(blocks) + ".conv1.weight")) ++blocks;
+    c.res_blocks = blocks - 1;
+    if (c.res_blocks < 1) return Error{"VAE under '" + prefix + "': decoder levels need at least 2 resnets"};
+    c.has_encoder = find("encoder.conv_in.weight") != nullptr;
+    c.mid_attention = find("decoder.mid.attn_1.q.weight") != nullptr;
+    vae->weights_ = std::make_unique<runtime::ModuleWeights>(file, prefix, weight_type);
+    vae->declare();
+    return vae;
+}
+
+void Vae::declare() {
+    const VaeConfig& c = config_;
+    runtime::ModuleWeights& w = *weights_;
+    blocks_ = std::make_unique<Blocks>();
+    Blocks& b = *blocks_;
+    const int levels = static_cast<int>(c.level_channels.size());
+    const int64_t top = c.level_channels.back();
+    if (c.has_encoder) {
+        b.enc_in = nn::declare_conv2d(w, "encoder.conv_in", c.image_channels, c.level_channels[0], 3, 1, 1);
+        int64_t ch = c.level_channels[0];
+        for (int level = 0; level < levels; ++level) {
+            std::vector<ResnetBlock> blocks;
+            for (int j = 0; j < c.res_blocks; ++j) {
+                blocks.push_back(declare_resnet(w, "encoder.down." + std::to_string(level) + ".block." + std::to_string(j) + ".",
+                                                ch, c.level_channels[level]));
+                ch = c.level_channels[level];
+            }
+            b.down.push_back(std::move(blocks));
+            if (level + 1 < levels) {
+                b.downsample.push_back(nn::declare_conv2d(w, "encoder.down." + std::to_string(level) + ".downsample.conv", ch, ch, 3, 2, 0));
+            } else {
+                b.downsample.push_back(std::nullopt);
+            }
+        }
+        b.enc_mid = declare_mid(w, "encoder.", top, c.mid_attention);
+        b.enc_norm = nn::declare_norm(w, "encoder.norm_out", top);
+        b.enc_out = nn::declare_conv2d(w, "encoder.conv_out", top, 2 * c.latent_channels, 3, 1, 1);
+        b.quant = nn::declare_conv2d(w, "quant_conv", 2 * c.latent_channels, 2 * c.latent_channels, 1);
+    }
+    b.post_quant = nn::declare_conv2d(w, "post_quant_conv", c.latent_channels, c.latent_channels, 1);
+    b.dec_in = nn::declare_conv2d(w, "decoder.conv_in", c.latent_channels, top, 3, 1, 1);
+    b.dec_mid = declare_mid(w, "decoder.", top, c.mid_attention);
+    b.up.resize(levels);
+    b.upsample.resize(levels);
+    int64_t ch = top;
+    for (int level = levels - 1; level >= 0; --level) {
+        for (int j = 0; j <= c.res_blocks; ++j) {
+            b.up[level].push_back(declare_resnet(w, "decoder.up." + std::to_string(level) + ".block." + std::to_string(j) + ".",
+                                                 ch, c.level_channels[level]));
+            ch = c.level_channels[level];
+        }
+        if (level > 0) b.upsample[level] = nn::declare_conv2d(w, "decoder.up." + std::to_string(level) + ".upsample.conv", ch, ch, 3, 1, 1);
+    }
+    b.dec_norm = nn::declare_norm(w, "decoder.norm_out", ch);
+    b.dec_out = nn::declare_conv2d(w, "decoder.conv_out", ch, c.image_channels, 3, 1, 1);
+}
+
+ggml_tensor* Vae::build_decoder(ggml_context* ctx, ggml_tensor* latent) const {
+    const Blocks& b = *blocks_;
+    ggml_tensor* h = nn::conv2d(ctx, b.dec_in, nn::conv2d(ctx, b.post_quant, latent));
+    h = nn::mark_cut(apply_mid(ctx, b.dec_mid, h), "decoder.mid");
+    for (int level = static_cast<int>(b.up.size()) - 1; level >= 0; --level) {
+        for (const ResnetBlock& r : b.up[level]) h = apply_resnet(ctx, r, h);
+        if (b.upsample[level]) h = nn::conv2d(ctx, *b.upsample[level], nn::upsample_nearest_2x(ctx, h));
+        h = nn::mark_cut(h, "decoder.up." + std::to_string(level));
+    }
+    h = ggml_silu(ctx, nn::group_norm(ctx, b.dec_norm, h, 32, kEps));
+    return nn::conv2d(ctx, b.dec_out, h);
+}
+
+ggml_tensor* Vae::build_encoder(ggml_context* ctx, ggml_tensor* image) const {
+    const Blocks& b = *blocks_;
+    ggml_tensor* h = nn::conv2d(ctx, b.enc_in, image);
+    for (size_t level = 0; level < b.down.size(); ++level) {
+        for (const ResnetBlock& r : b.down[level]) h = apply_resnet(ctx, r, h);
+        if (b.downsample[level]) {
+            // ldm pads right and bottom by one, then convolves with stride 2 and no padding.
+            h = nn::conv2d(ctx, *b.downsample[level], ggml_pad(ctx, h, 1, 1, 0, 0));
+        }
+        h = nn::mark_cut(h, "encoder.down." + std::to_string(level));
+    }
+    h = nn::mark_cut(apply_mid(ctx, b.enc_mid, h), "encoder.mid");
+    h = ggml_silu(ctx, nn::group_norm(ctx, b.enc_norm, h, 32, kEps));
+    h = nn::conv2d(ctx, b.quant, nn::conv2d(ctx, b.enc_out, h));
+    // Moments: the first latent_channels are the mean.
+    const int64_t zc = config_.latent_channels;
+    return ggml_cont(ctx, ggml_view_4d(ctx, h, h->ne[0], h->ne[1], zc, h->ne[3], h->nb[1], h->nb[2], h->nb[3], 0));
+}
+
+}  // namespace kiln::models

@@ -1,0 +1,53 @@
+// AutoencoderKL (ldm naming: encoder.*, decoder.*, quant_conv, post_quant_conv).
+// Channels per level, resnets per level and the latent width are read from
+// the weights. The latent scale factor (0.18215 for SD1/SD2) is applied by the
+// pipeline, not here.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "io/model_file.h"
+#include "runtime/module_weights.h"
+#include "util/result.h"
+
+namespace kiln::models {
+
+struct VaeConfig {
+    int64_t image_channels = 3;
+    int64_t latent_channels = 4;
+    std::vector<int64_t> level_channels;  // encoder level i (decoder mirrors it)
+    int res_blocks = 2;                   // encoder resnets per level (decoder has one more)
+    bool has_encoder = true;
+    bool mid_attention = true;
+    // Image pixels per latent pixel along each side: 2^(levels-1).
+    int downscale() const { return 1 << (level_channels.size() - 1); }
+};
+
+class Vae {
+  public:
+    static Result<std::unique_ptr<Vae>> create(const io::ModelFile& file, const std::string& prefix,
+                                               std::optional<ggml_type> weight_type);
+    ~Vae();
+    const VaeConfig& config() const { return config_; }
+    runtime::ModuleWeights& weights() { return *weights_; }
+
+    // latent: ne [w, h, latent_channels, B] (unscaled) -> image ne [W, H, 3, B] in [-1, 1].
+    ggml_tensor* build_decoder(ggml_context* ctx, ggml_tensor* latent) const;
+    // image: ne [W, H, 3, B] in [-1, 1] -> the latent distribution's mean ne [w, h, latent_channels, B].
+    // Requires config().has_encoder.
+    ggml_tensor* build_encoder(ggml_context* ctx, ggml_tensor* image) const;
+
+  private:
+    struct Blocks;
+    Vae();
+    void declare();
+
+    VaeConfig config_;
+    std::unique_ptr<runtime::ModuleWeights> weights_;
+    std::unique_ptr<Blocks> blocks_;
+};
+
+}  // namespace kiln::models

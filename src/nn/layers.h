@@ -1,0 +1,56 @@
+// ggml building blocks shared by every model: linear, 2-D convolution, layer
+// and group norm, activations. Each block is a small struct of weight
+// tensors, declared once from a ModuleWeights (which checks the shapes) and
+// applied in graph builders.
+//
+// Layout: activations are ggml tensors with ne = [features, tokens, batch] for
+// sequences and ne = [W, H, C, N] for images, as ggml's conv ops expect.
+#pragma once
+
+#include <string>
+
+#include "ggml.h"
+#include "runtime/module_weights.h"
+
+namespace kiln::nn {
+
+struct Linear {
+    ggml_tensor* weight = nullptr;  // ne [in, out]
+    ggml_tensor* bias = nullptr;    // ne [out] or null
+};
+Linear declare_linear(runtime::ModuleWeights& w, const std::string& name, int64_t in, int64_t out, bool bias = true);
+// x: ne [in, ...] -> ne [out, ...]
+ggml_tensor* linear(ggml_context* ctx, const Linear& layer, ggml_tensor* x);
+
+struct Conv2d {
+    ggml_tensor* weight = nullptr;  // ne [kw, kh, in, out]
+    ggml_tensor* bias = nullptr;    // ne [out] or null
+    int stride = 1;
+    int padding = 0;
+};
+Conv2d declare_conv2d(runtime::ModuleWeights& w, const std::string& name, int64_t in, int64_t out, int kernel,
+                      int stride = 1, int padding = 0);
+// x: ne [W, H, in, N] -> ne [W', H', out, N]
+ggml_tensor* conv2d(ggml_context* ctx, const Conv2d& layer, ggml_tensor* x);
+
+struct Norm {
+    ggml_tensor* weight = nullptr;
+    ggml_tensor* bias = nullptr;
+};
+Norm declare_norm(runtime::ModuleWeights& w, const std::string& name, int64_t channels);
+// Normalises over ne0 (features).
+ggml_tensor* layer_norm(ggml_context* ctx, const Norm& norm, ggml_tensor* x, float eps = 1e-5f);
+// x: ne [W, H, C, N]; normalises each of `groups` channel groups.
+ggml_tensor* group_norm(ggml_context* ctx, const Norm& norm, ggml_tensor* x, int groups = 32, float eps = 1e-5f);
+
+// x * sigmoid(1.702 x): CLIP ViT-L's activation.
+ggml_tensor* quick_gelu(ggml_context* ctx, ggml_tensor* x);
+
+// Nearest-neighbour 2x upsampling of ne [W, H, C, N].
+ggml_tensor* upsample_nearest_2x(ggml_context* ctx, ggml_tensor* x);
+
+// Names `x` "cut:<name>": a block boundary where the runtime may cut the
+// graph into segments (DESIGN.md, the memory system).
+ggml_tensor* mark_cut(ggml_tensor* x, const std::string& name);
+
+}  // namespace kiln::nn

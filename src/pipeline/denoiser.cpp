@@ -1,0 +1,111 @@
+#include "pipeline/denoiser.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <utility>
+
+namespace kiln::pipeline {
+
+Scalings get_scalings(Prediction prediction, float sigma) {
+    const double s = sigma;
+    const double norm = std::sqrt(s * s + 1.0);
+    Scalings out;
+    out.c_in = static_cast<float>(1.0 / norm);
+    switch (prediction) {
+        case Prediction::Eps:  // k-diffusion DiscreteEpsDDPMDenoiser: x + eps * c_out
+            out.c_skip = 1.0f;
+            out.c_out = -sigma;
+            break;
+        case Prediction::V:  // k-diffusion DiscreteVDDPMDenoiser
+            out.c_skip = static_cast<float>(1.0 / (s * s + 1.0));
+            out.c_out = static_cast<float>(-s / norm);
+            break;
+    }
+    return out;
+}
+
+std::vector<float> denoised_from_output(Prediction prediction, float sigma, const std::vector<float>& x,
+                                        const std::vector<float>& model_output) {
+    const Scalings sc = get_scalings(prediction, sigma);
+    std::vector<float> out(x.size());
+    for (size_t i = 0; i < x.size(); ++i) out[i] = sc.c_skip * x[i] + sc.c_out * model_output[i];
+    return out;
+}
+
+DiscreteSchedule::DiscreteSchedule(std::vector<float> alphas_cumprod) : alphas_cumprod_(std::move(alphas_cumprod)) {
+    sigmas_.resize(alphas_cumprod_.size());
+    log_sigmas_.resize(alphas_cumprod_.size());
+    for (size_t t = 0; t < alphas_cumprod_.size(); ++t) {
+        // k-diffusion: ((1 - alphas_cumprod) / alphas_cumprod) ** 0.5 on the float32 buffer, in float32.
+        const float a = alphas_cumprod_[t];
+        sigmas_[t] = std::sqrt((1.0f - a) / a);
+        log_sigmas_[t] = std::log(sigmas_[t]);
+    }
+}
+
+DiscreteSchedule DiscreteSchedule::scaled_linear(double beta_start, double beta_end, int timesteps) {
+    // ldm: torch.linspace(beta_start ** 0.5, beta_end ** 0.5, T, dtype=float64) ** 2, then np.cumprod(1 - betas).
+    // torch.linspace fills the first half from the start and the second half from the end; done the same way here
+    // so that the double values (and so their float32 roundings) agree.
+    const int n = std::max(timesteps, 2);
+    const double start = std::sqrt(beta_start);
+    const double end = std::sqrt(beta_end);
+    const double step = (end - start) / (n - 1);
+    std::vector<float> alphas_cumprod(static_cast<size_t>(n));
+    double product = 1.0;
+    for (int t = 0; t < n; ++t) {
+        const double root = t < n / 2 ? start + step * t : end - step * (n - 1 - t);
+        product *= 1.0 - root * root;
+        alphas_cumprod[static_cast<size_t>(t)] = static_cast<float>(product);
+    }
+    return DiscreteSchedule(std::move(alphas_cumprod));
+}
+
+const DiscreteSchedule& DiscreteSchedule::stable_diffusion() {
+    static const DiscreteSchedule schedule = scaled_linear();
+    return schedule;
+}
+
+Result<DiscreteSchedule> DiscreteSchedule::from_alphas_cumprod(std::vector<float> alphas_cumprod) {
+    if (alphas_cumprod.size() < 2) {
+        return Error{"alphas_cumprod: need at least 2 timesteps, got " + std::to_string(alphas_cumprod.size())};
+    }
+    for (size_t t = 0; t < alphas_cumprod.size(); ++t) {
+        const float a = alphas_cumprod[t];
+        if (!(a > 0.0f && a < 1.0f)) {
+            return Error{"alphas_cumprod: value " + std::to_string(a) + " at timestep " + std::to_string(t) +
+                         " is not in (0, 1)"};
+        }
+        if (t > 0 && !(a < alphas_cumprod[t - 1])) {
+            return Error{"alphas_cumprod: not decreasing at timestep " + std::to_string(t)};
+        }
+    }
+    return DiscreteSchedule(std::move(alphas_cumprod));
+}
+
+float DiscreteSchedule::sigma_to_t(float sigma) const {
+    const double log_sigma = std::log(static_cast<double>(sigma));
+    // low_idx = (number of table entries <= log_sigma) - 1, kept inside [0, T-2] (k-diffusion: the argmax of the
+    // cumulative sum of dists >= 0, clamped).
+    const auto above = std::upper_bound(log_sigmas_.begin(), log_sigmas_.end(), log_sigma,
+                                        [](double value, float entry) { return value < static_cast<double>(entry); });
+    const long count = static_cast<long>(above - log_sigmas_.begin());
+    const long low_idx = std::min(std::max(count - 1, 0L), static_cast<long>(log_sigmas_.size()) - 2);
+    const double low = log_sigmas_[static_cast<size_t>(low_idx)];
+    const double high = log_sigmas_[static_cast<size_t>(low_idx + 1)];
+    const double w = std::clamp((low - log_sigma) / (low - high), 0.0, 1.0);
+    return static_cast<float>((1.0 - w) * static_cast<double>(low_idx) + w * static_cast<double>(low_idx + 1));
+}
+
+float DiscreteSchedule::t_to_sigma(float t) const {
+    const double tt = std::clamp(static_cast<double>(t), 0.0, static_cast<double>(log_sigmas_.size() - 1));
+    const double low_t = std::floor(tt);
+    const size_t low_idx = static_cast<size_t>(low_t);
+    const size_t high_idx = static_cast<size_t>(std::ceil(tt));
+    const double w = tt - low_t;
+    const double log_sigma = (1.0 - w) * log_sigmas_[low_idx] + w * log_sigmas_[high_idx];
+    return static_cast<float>(std::exp(log_sigma));
+}
+
+}  // namespace kiln::pipeline

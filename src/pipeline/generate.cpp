@@ -1,0 +1,229 @@
+#include "pipeline/generate.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "pipeline/conditioner.h"
+#include "pipeline/samplers.h"
+#include "pipeline/schedulers.h"
+#include "runtime/graph_session.h"
+
+namespace kiln::pipeline {
+namespace {
+
+struct Plan {
+    int width, height, steps, latent_w, latent_h;
+    float cfg;
+    SamplerKind sampler;
+    SchedulerKind scheduler;
+};
+
+Result<Plan> plan_request(const StableDiffusionModel& model, const GenerationRequest& r) {
+    Plan p;
+    const ModelDefaults& d = model.defaults();
+    p.width = r.width > 0 ? r.width : d.width;
+    p.height = r.height > 0 ? r.height : d.height;
+    p.steps = r.steps != 0 ? r.steps : d.steps;
+    p.cfg = r.cfg_scale >= 0 ? r.cfg_scale : d.cfg_scale;
+    if (r.width < 0 || r.height < 0) return Error{"width and height must be positive"};
+    if (p.steps < 1) return Error{"steps must be at least 1, got " + std::to_string(p.steps)};
+    if (!(p.cfg >= 0) || !std::isfinite(p.cfg)) return Error{"cfg scale must be a non-negative number"};
+    if (r.batch_count < 1) return Error{"batch count must be at least 1"};
+    // The VAE divides by its stride, the UNet by 2 per extra level.
+    const int vae_stride = model.vae().config().downscale();
+    const int unet_stride = 1 << (model.unet().config().level_channels.size() - 1);
+    const int stride = vae_stride * unet_stride;
+    if (p.width % stride != 0 || p.height % stride != 0) {
+        return Error{"width and height must be multiples of " + std::to_string(stride) + " for this model, got " +
+                     std::to_string(p.width) + "x" + std::to_string(p.height)};
+    }
+    if (p.width > image::kMaxDimension || p.height > image::kMaxDimension) {
+        return Error{"width and height must be at most " + std::to_string(image::kMaxDimension)};
+    }
+    p.latent_w = p.width / vae_stride;
+    p.latent_h = p.height / vae_stride;
+    auto sampler = parse_sampler(r.sampler.empty() ? d.sampler : r.sampler);
+    if (!sampler.ok()) return sampler.error();
+    p.sampler = *sampler;
+    auto scheduler = parse_scheduler(r.scheduler.empty() ? d.scheduler : r.scheduler);
+    if (!scheduler.ok()) return scheduler.error();
+    p.scheduler = *scheduler;
+    if (r.init_image && !(r.strength > 0.0f && r.strength <= 1.0f)) {
+        return Error{"strength must be in (0, 1], got " + std::to_string(r.strength)};
+    }
+    return p;
+}
+
+// One UNet evaluation of a batch: the conditional pass and, with CFG, the
+// unconditional one, as one batch of two so every weight is read once.
+Result<std::vector<float>> run_unet(StableDiffusionModel& model, const std::vector<float>& x, float sigma, const Plan& p,
+                                    const Conditioning& cond, const Conditioning* uncond, bool flash) {
+    const models::UnetConfig& uc = model.unet().config();
+    const Scalings s = get_scalings(model.prediction(), sigma);
+    const float t = DiscreteSchedule::stable_diffusion().sigma_to_t(sigma);
+    const int64_t batch = uncond ? 2 : 1;
+    const int64_t plane = static_cast<int64_t>(p.latent_w) * p.latent_h;
+    const int64_t latent_values = plane * uc.out_channels;
+
+    std::vector<float> input(static_cast<size_t>(plane * uc.in_channels * batch), 0.0f);
+    for (int64_t b = 0; b < batch; ++b) {
+        float* dst = input.data() + b * plane * uc.in_channels;
+        for (int64_t i = 0; i < latent_values; ++i) dst[i] = x[static_cast<size_t>(i)] * s.c_in;
+        // A 9-channel inpainting UNet without a mask: mask 1 (repaint all), masked image 0.
+        if (uc.in_channels > uc.out_channels) std::fill(dst + latent_values, dst + latent_values + plane, 1.0f);
+    }
+    std::vector<float> timesteps(static_cast<size_t>(batch), t);
+    std::vector<float> context(cond.hidden);
+    if (uncond) context.insert(context.end(), uncond->hidden.begin(), uncond->hidden.end());
+
+    runtime::GraphSession session;
+    ggml_tensor* xin = session.input(GGML_TYPE_F32, {p.latent_w, p.latent_h, uc.in_channels, batch}, input.data(), "x");
+    ggml_tensor* tin = session.input(GGML_TYPE_F32, {batch}, timesteps.data(), "timesteps");
+    ggml_tensor* cin = session.input(GGML_TYPE_F32, {cond.width, cond.tokens, batch}, context.data(), "context");
+    ggml_tensor* out = model.unet().build(session.ctx(), xin, tin, cin, flash);
+    KILN_TRY(session.run(model.compute(), out));
+    std::vector<float> output = runtime::GraphSession::read(out);
+
+    std::vector<float> guided(static_cast<size_t>(latent_values));
+    for (int64_t i = 0; i < latent_values; ++i) {
+        const float c = output[static_cast<size_t>(i)];
+        guided[static_cast<size_t>(i)] = uncond ? output[static_cast<size_t>(latent_values + i)] +
+                                                      p.cfg * (c - output[static_cast<size_t>(latent_values + i)])
+                                                : c;
+    }
+    return denoised_from_output(model.prediction(), sigma, x, guided);
+}
+
+Result<image::Image> decode_latent(StableDiffusionModel& model, const std::vector<float>& latent, const Plan& p) {
+    std::vector<float> z(latent);
+    for (float& v : z) v /= model.latent_scale();
+    const models::VaeConfig& vc = model.vae().config();
+    runtime::GraphSession session;
+    ggml_tensor* zin = session.input(GGML_TYPE_F32, {p.latent_w, p.latent_h, vc.latent_channels, 1}, z.data(), "latent");
+    ggml_tensor* out = model.vae().build_decoder(session.ctx(), zin);
+    KILN_TRY(session.run(model.compute(), out));
+    const std::vector<float> pixels = runtime::GraphSession::read(out);  // [W, H, 3] planar in [-1, 1]
+    image::Image img = image::make_image(p.width, p.height, 3);
+    const size_t plane = static_cast<size_t>(p.width) * p.height;
+    for (size_t i = 0; i < plane; ++i) {
+        for (size_t ch = 0; ch < 3; ++ch) {
+            const float v = std::clamp((pixels[ch * plane + i] + 1.0f) * 0.5f, 0.0f, 1.0f);
+            img.pixels[i * 3 + ch] = static_cast<uint8_t>(std::lround(v * 255.0f));
+        }
+    }
+    return img;
+}
+
+Result<std::vector<float>> encode_image(StableDiffusionModel& model, const image::Image& source, const Plan& p) {
+    auto rgb = image::convert_channels(source, 3);
+    if (!rgb.ok()) return rgb.error();
+    image::Image img = std::move(rgb).value();
+    if (img.width != p.width || img.height != p.height) {
+        auto resized = image::resize_image(img, p.width, p.height);
+        if (!resized.ok()) return resized.error();
+        img = std::move(resized).value();
+    }
+    const size_t plane = static_cast<size_t>(p.width) * p.height;
+    std::vector<float> pixels(plane * 3);
+    for (size_t i = 0; i < plane; ++i) {
+        for (size_t ch = 0; ch < 3; ++ch) pixels[ch * plane + i] = img.pixels[i * 3 + ch] / 127.5f - 1.0f;
+    }
+    runtime::GraphSession session;
+    ggml_tensor* in = session.input(GGML_TYPE_F32, {p.width, p.height, 3, 1}, pixels.data(), "image");
+    ggml_tensor* out = model.vae().build_encoder(session.ctx(), in);
+    KILN_TRY(session.run(model.compute(), out));
+    std::vector<float> latent = runtime::GraphSession::read(out);
+    for (float& v : latent) v *= model.latent_scale();
+    return latent;
+}
+
+}  // namespace
+
+std::string a1111_sampler_name(const std::string& sampler) {
+    static const std::pair<const char*, const char*> kNames[] = {
+        {"euler", "Euler"},         {"euler_a", "Euler a"},     {"heun", "Heun"},
+        {"dpm2", "DPM2"},           {"dpm++2s_a", "DPM++ 2S a"}, {"dpm++2m", "DPM++ 2M"},
+        {"dpm++2mv2", "DPM++ 2M v2"}, {"ipndm", "iPNDM"},       {"lcm", "LCM"},
+        {"ddim_trailing", "DDIM"},  {"tcd", "TCD"},
+    };
+    for (const auto& [kiln_name, a1111] : kNames) {
+        if (sampler == kiln_name) return a1111;
+    }
+    return sampler;
+}
+
+Result<std::vector<GeneratedImage>> generate(StableDiffusionModel& model, const GenerationRequest& request,
+                                             const StepCallback& on_step) {
+    auto planned = plan_request(model, request);
+    if (!planned.ok()) return planned.error();
+    const Plan& p = *planned;
+
+    const bool use_cfg = p.cfg != 1.0f;
+    const size_t chunks = std::max(prompt_chunk_count(model, request.prompt),
+                                   use_cfg ? prompt_chunk_count(model, request.negative_prompt) : size_t(1));
+    auto cond = encode_prompt(model, request.prompt, request.clip_skip, chunks);
+    if (!cond.ok()) return cond.error();
+    std::optional<Conditioning> uncond;
+    if (use_cfg) {
+        auto encoded = encode_prompt(model, request.negative_prompt, request.clip_skip, chunks);
+        if (!encoded.ok()) return encoded.error();
+        uncond = std::move(encoded).value();
+    }
+
+    auto all_sigmas = get_sigmas(p.scheduler, p.steps, DiscreteSchedule::stable_diffusion());
+    if (!all_sigmas.ok()) return all_sigmas.error();
+    std::vector<float> sigmas = *all_sigmas;
+    std::optional<std::vector<float>> init_latent;
+    if (request.init_image) {
+        if (!model.vae().config().has_encoder) return Error{"this model's VAE has no encoder: image-to-image needs one"};
+        auto encoded = encode_image(model, *request.init_image, p);
+        if (!encoded.ok()) return encoded.error();
+        init_latent = std::move(encoded).value();
+        // Run only the last `strength` of the schedule, as A1111 and sd.cpp do.
+        const int skip = p.steps - std::max(1, static_cast<int>(std::lround(static_cast<float>(p.steps) * request.strength)));
+        sigmas.erase(sigmas.begin(), sigmas.begin() + skip);
+    }
+
+    const size_t latent_size = static_cast<size_t>(p.latent_w) * p.latent_h * model.unet().config().out_channels;
+    std::vector<GeneratedImage> results;
+    for (int i = 0; i < request.batch_count; ++i) {
+        const int64_t seed = request.seed + i;
+        std::unique_ptr<Rng> rng = make_rng(request.rng, static_cast<uint64_t>(seed));
+        std::vector<float> x = rng->randn(latent_size);
+        for (size_t k = 0; k < x.size(); ++k) {
+            x[k] = x[k] * sigmas.front() + (init_latent ? (*init_latent)[k] : 0.0f);
+        }
+        DenoiseFn denoise = [&](const std::vector<float>& xt, float sigma, int) {
+            return run_unet(model, xt, sigma, p, *cond, uncond ? &*uncond : nullptr, request.flash_attention);
+        };
+        ProgressFn progress = [&](int step, int total) {
+            if (on_step) on_step(i, step, total);
+        };
+        auto latent = sample(p.sampler, denoise, std::move(x), sigmas, *rng, default_eta(p.sampler), progress);
+        if (!latent.ok()) return latent.error();
+        auto img = decode_latent(model, *latent, p);
+        if (!img.ok()) return img.error();
+
+        GeneratedImage g;
+        g.image = std::move(img).value();
+        image::GenerationInfo& info = g.info;
+        info.prompt = request.prompt;
+        info.negative_prompt = request.negative_prompt;
+        info.steps = p.steps;
+        info.sampler = a1111_sampler_name(std::string(sampler_name(p.sampler)));
+        info.scheduler = std::string(scheduler_name(p.scheduler));
+        info.cfg_scale = p.cfg;
+        info.seed = seed;
+        info.width = p.width;
+        info.height = p.height;
+        info.model = model.name();
+        if (request.init_image) info.extra.emplace_back("Denoising strength", std::to_string(request.strength));
+        if (request.clip_skip > 1) info.extra.emplace_back("Clip skip", std::to_string(request.clip_skip));
+        info.extra.emplace_back("RNG", std::string(rng_kind_name(request.rng)));
+        info.extra.emplace_back("Version", std::string("kiln ") + KILN_VERSION);
+        results.push_back(std::move(g));
+    }
+    return results;
+}
+
+}  // namespace kiln::pipeline

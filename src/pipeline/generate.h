@@ -1,0 +1,56 @@
+// Text-to-image and image-to-image for SD1.x / SD2.x: prompt -> conditioning ->
+// sampler loop with classifier-free guidance -> VAE decode -> image.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "image/image.h"
+#include "image/png_metadata.h"
+#include "pipeline/rng.h"
+#include "pipeline/sd_model.h"
+#include "util/result.h"
+
+namespace kiln::pipeline {
+
+struct GenerationRequest {
+    std::string prompt;
+    std::string negative_prompt;
+    int width = 0;     // 0: the model's default
+    int height = 0;    // 0: the model's default
+    int steps = 0;     // 0: the model's default
+    float cfg_scale = -1.0f;  // < 0: the model's default; 1 disables the unconditional pass
+    int64_t seed = 42;        // image i of a batch uses seed + i
+    int batch_count = 1;
+    std::string sampler;      // "": the model's default
+    std::string scheduler;    // "": the model's default
+    RngKind rng = RngKind::Cuda;  // stable-diffusion.cpp's default
+    int clip_skip = 0;            // <= 0: the model's default
+    bool flash_attention = false;
+    // Image-to-image: the starting image (resized to width x height) and how
+    // much of the schedule to run (1 = all of it, like txt2img).
+    std::optional<image::Image> init_image;
+    float strength = 0.75f;
+};
+
+struct GeneratedImage {
+    image::Image image;           // RGB
+    image::GenerationInfo info;   // for the PNG "parameters" chunk
+};
+
+// Called after each denoising step of each image: (image index, step, total steps).
+using StepCallback = std::function<void(int image, int step, int total)>;
+
+// Errors (each names the parameter and the valid range or names): width or
+// height not a positive multiple of the model's latent stride, steps < 1,
+// negative cfg, unknown sampler or scheduler, strength outside (0, 1],
+// out of memory, and a failed graph.
+Result<std::vector<GeneratedImage>> generate(StableDiffusionModel& model, const GenerationRequest& request,
+                                             const StepCallback& on_step = nullptr);
+
+// A1111's display name of a kiln sampler ("euler_a" -> "Euler a").
+std::string a1111_sampler_name(const std::string& sampler);
+
+}  // namespace kiln::pipeline

@@ -1,0 +1,172 @@
+#include "pipeline/sd_model.h"
+
+#include <filesystem>
+
+#include "io/model_summary.h"
+#include "util/log.h"
+
+namespace fs = std::filesystem;
+
+namespace kiln::pipeline {
+namespace {
+
+const io::MetaValue* meta(const io::ModelFile& file, const std::string& key) {
+    auto it = file.metadata().find(key);
+    return it == file.metadata().end() ? nullptr : &it->second;
+}
+
+std::string meta_string(const io::ModelFile& file, const std::string& key, const std::string& fallback) {
+    const io::MetaValue* v = meta(file, key);
+    return v ? v->to_string() : fallback;
+}
+
+double meta_number(const io::ModelFile& file, const std::string& key, double fallback) {
+    const io::MetaValue* v = meta(file, key);
+    if (!v) return fallback;
+    switch (v->kind) {
+        case io::MetaValue::Kind::Int: return static_cast<double>(v->i);
+        case io::MetaValue::Kind::UInt: return static_cast<double>(v->u);
+        case io::MetaValue::Kind::Float: return v->f;
+        case io::MetaValue::Kind::String: return std::atof(v->str.c_str());
+        default: return fallback;
+    }
+}
+
+// The module prefixes of a single-file SD checkpoint, or of a standalone
+// module file (no prefix).
+struct Located {
+    const io::ModelFile* file = nullptr;
+    std::string prefix;
+};
+
+// Files given later (--diffusion-model, --clip_l, --vae) win over -m, so the
+// search runs from the last file back.
+Located locate(const std::vector<std::unique_ptr<io::ModelFile>>& files, const std::vector<std::string>& probes) {
+    for (auto it = files.rbegin(); it != files.rend(); ++it) {
+        const auto& f = *it;
+        for (const std::string& probe : probes) {
+            for (const io::TensorInfo& t : f->tensors()) {
+                if (t.name.size() >= probe.size() && t.name.compare(t.name.size() - probe.size(), probe.size(), probe) == 0) {
+                    return Located{f.get(), t.name.substr(0, t.name.size() - probe.size())};
+                }
+            }
+        }
+    }
+    return {};
+}
+
+Result<std::unique_ptr<ClipTokenizer>> load_tokenizer(const ModelPaths& paths,
+                                                      const std::vector<std::unique_ptr<io::ModelFile>>& files) {
+    if (!paths.tokenizer.empty()) {
+        auto t = ClipTokenizer::load(paths.tokenizer);
+        if (!t.ok()) return t.error();
+        return std::make_unique<ClipTokenizer>(std::move(t).value());
+    }
+    for (const auto& f : files) {
+        const io::MetaValue* tokens = meta(*f, "tokenizer.ggml.tokens");
+        const io::MetaValue* merges = meta(*f, "tokenizer.ggml.merges");
+        if (tokens && merges && tokens->kind == io::MetaValue::Kind::Array && merges->kind == io::MetaValue::Kind::Array) {
+            std::vector<std::string> token_list, merge_list;
+            for (const auto& v : tokens->array) token_list.push_back(v.str);
+            for (const auto& v : merges->array) merge_list.push_back(v.str);
+            auto t = ClipTokenizer::from_tokens_and_merges(std::move(token_list), merge_list, f->sources().front().path);
+            if (!t.ok()) return t.error();
+            return std::make_unique<ClipTokenizer>(std::move(t).value());
+        }
+        // A diffusers folder keeps its tokenizer next to the text encoder.
+        for (const io::SourceFile& s : f->sources()) {
+            if (s.component != "text_encoder") continue;
+            const fs::path folder = fs::path(s.path).parent_path().parent_path() / "tokenizer";
+            if (fs::is_directory(folder)) {
+                auto t = ClipTokenizer::load(folder.string());
+                if (!t.ok()) return t.error();
+                return std::make_unique<ClipTokenizer>(std::move(t).value());
+            }
+        }
+    }
+    return Error{"the model carries no tokenizer: pass --tokenizer PATH (a CLIP tokenizer.json, vocab.json with "
+                 "merges.txt, a diffusers tokenizer/ folder, or open_clip's bpe_simple_vocab_16e6.txt)"};
+}
+
+}  // namespace
+
+Result<std::unique_ptr<StableDiffusionModel>> StableDiffusionModel::load(const ModelPaths& paths, const ModelOptions& options) {
+    std::unique_ptr<StableDiffusionModel> m(new StableDiffusionModel());
+    std::vector<std::string> groups;
+    for (const std::string& p : paths.model) groups.push_back(p);
+    for (const std::string* p : {&paths.diffusion_model, &paths.clip_l, &paths.vae}) {
+        if (!p->empty()) groups.push_back(*p);
+    }
+    if (groups.empty()) return Error{"no model given: pass -m MODEL"};
+    for (const std::string& path : groups) {
+        auto file = io::ModelFile::open({path});
+        if (!file.ok()) return file.error();
+        m->files_.push_back(std::make_unique<io::ModelFile>(std::move(file).value()));
+    }
+    const io::ModelFile& main = *m->files_.front();
+    m->name_ = fs::path(groups.front()).stem().string();
+    const io::ModelSummary summary = io::summarize_model(main);
+    m->family_ = summary.family;
+
+    const Located unet_at = locate(m->files_, {"input_blocks.0.0.weight"});
+    const Located clip_at = locate(m->files_, {"text_model.embeddings.token_embedding.weight", "token_embedding.weight"});
+    const Located vae_at = locate(m->files_, {"decoder.conv_in.weight"});
+
+    const std::string where = groups.size() == 1 ? groups.front() : "the given model files";
+    if (!unet_at.file) {
+        return Error{where + ": no SD1/SD2 UNet found (family: " + summary.family + "); pass --diffusion-model"};
+    }
+    if (!clip_at.file) return Error{where + ": no CLIP text encoder found; pass --clip_l"};
+    if (!vae_at.file) return Error{where + ": no VAE found; pass --vae"};
+
+    auto unet = models::Unet::create(*unet_at.file, unet_at.prefix, options.weight_type);
+    if (!unet.ok()) return Error{unet_at.file->sources().front().path + ": " + unet.error().message};
+    auto clip = models::ClipTextEncoder::create(*clip_at.file, clip_at.prefix, options.weight_type);
+    if (!clip.ok()) return Error{clip_at.file->sources().front().path + ": " + clip.error().message};
+    auto vae = models::Vae::create(*vae_at.file, vae_at.prefix, options.weight_type);
+    if (!vae.ok()) return Error{vae_at.file->sources().front().path + ": " + vae.error().message};
+    if ((*clip)->config().width != (*unet)->config().context_dim) {
+        return Error{"the text encoder's width " + std::to_string((*clip)->config().width) +
+                     " does not match the UNet's context width " + std::to_string((*unet)->config().context_dim)};
+    }
+    if ((*vae)->config().latent_channels != (*unet)->config().out_channels) {
+        return Error{"the VAE's latent channels do not match the UNet's output channels"};
+    }
+    m->unet_ = std::move(unet).value();
+    m->clip_ = std::move(clip).value();
+    m->vae_ = std::move(vae).value();
+
+    const bool open_clip = m->clip_->config().naming == models::ClipTextConfig::Naming::OpenClip;
+    m->default_clip_skip_ = open_clip ? 2 : 1;
+    m->pad_token_ = open_clip ? 0 : -1;
+    m->latent_scale_ = static_cast<float>(meta_number(main, "kiln.vae.scale_factor", 0.18215));
+    const std::string prediction = meta_string(main, "kiln.prediction", "eps");
+    m->prediction_ = options.prediction.value_or(prediction == "v" ? Prediction::V : Prediction::Eps);
+    ModelDefaults& d = m->defaults_;
+    d.width = static_cast<int>(meta_number(main, "kiln.default.width", d.width));
+    d.height = static_cast<int>(meta_number(main, "kiln.default.height", d.height));
+    d.steps = static_cast<int>(meta_number(main, "kiln.default.steps", d.steps));
+    d.cfg_scale = static_cast<float>(meta_number(main, "kiln.default.cfg_scale", d.cfg_scale));
+    d.sampler = meta_string(main, "kiln.default.sampler", d.sampler);
+    d.scheduler = meta_string(main, "kiln.default.scheduler", d.scheduler);
+
+    auto tokenizer = load_tokenizer(paths, m->files_);
+    if (!tokenizer.ok()) return tokenizer.error();
+    m->tokenizer_ = std::move(tokenizer).value();
+    if (m->tokenizer_->vocab_size() > m->clip_->config().vocab) {
+        return Error{"the tokenizer has " + std::to_string(m->tokenizer_->vocab_size()) +
+                     " tokens but the text encoder only " + std::to_string(m->clip_->config().vocab)};
+    }
+
+    auto compute = runtime::CpuCompute::create(options.threads);
+    if (!compute.ok()) return compute.error();
+    m->compute_ = std::move(compute).value();
+    for (runtime::ModuleWeights* w : {&m->clip_->weights(), &m->unet_->weights(), &m->vae_->weights()}) {
+        KILN_TRY(w->load(m->compute_->cpu()));
+    }
+    KILN_LOG_VERBOSE("loaded %s (%s): text encoder %zu tensors, UNet %zu, VAE %zu", m->name_.c_str(), m->family_.c_str(),
+                     m->clip_->weights().count(), m->unet_->weights().count(), m->vae_->weights().count());
+    return m;
+}
+
+}  // namespace kiln::pipeline

@@ -1,0 +1,56 @@
+#include "runtime/cpu_compute.h"
+
+#include <cstdlib>
+#include <thread>
+#include <vector>
+
+#include "ggml-cpu.h"
+#if __has_include("ggml-blas.h")
+#include "ggml-blas.h"
+#endif
+
+namespace kiln::runtime {
+
+// Graphs of the full-size UNet hold tens of thousands of nodes.
+constexpr size_t kMaxGraphNodes = 65536;
+
+Result<std::unique_ptr<CpuCompute>> CpuCompute::create(int threads) {
+    std::unique_ptr<CpuCompute> c(new CpuCompute());
+    c->threads_ = threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    c->cpu_ = ggml_backend_cpu_init();
+    if (!c->cpu_) return Error{"cannot initialise ggml's CPU backend"};
+    ggml_backend_cpu_set_n_threads(c->cpu_, c->threads_);
+    std::vector<ggml_backend_t> backends;
+#ifdef GGML_USE_BLAS
+    c->blas_ = getenv("KILN_NO_BLAS") ? nullptr : ggml_backend_blas_init();
+    if (c->blas_) {
+        ggml_backend_blas_set_n_threads(c->blas_, c->threads_);
+        backends.push_back(c->blas_);
+    }
+#endif
+    backends.push_back(c->cpu_);  // the scheduler's last backend must be the CPU
+    c->sched_ = ggml_backend_sched_new(backends.data(), nullptr, static_cast<int>(backends.size()), kMaxGraphNodes,
+                                       /*parallel=*/false, /*op_offload=*/false);
+    if (!c->sched_) return Error{"cannot create the ggml scheduler"};
+    return c;
+}
+
+CpuCompute::~CpuCompute() {
+    if (sched_) ggml_backend_sched_free(sched_);
+    if (blas_) ggml_backend_free(blas_);
+    if (cpu_) ggml_backend_free(cpu_);
+}
+
+Status CpuCompute::compute(ggml_cgraph* graph, const std::function<void()>& upload_inputs) {
+    ggml_backend_sched_reset(sched_);
+    if (!ggml_backend_sched_alloc_graph(sched_, graph)) {
+        return Error{"out of memory allocating the compute buffers of a graph of " + std::to_string(ggml_graph_n_nodes(graph)) +
+                     " nodes"};
+    }
+    if (upload_inputs) upload_inputs();
+    const ggml_status status = ggml_backend_sched_graph_compute(sched_, graph);
+    if (status != GGML_STATUS_SUCCESS) return Error{std::string("graph compute failed: ") + ggml_status_to_string(status)};
+    return Status::Ok();
+}
+
+}  // namespace kiln::runtime

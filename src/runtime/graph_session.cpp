@@ -1,0 +1,53 @@
+#include "runtime/graph_session.h"
+
+#include <cstring>
+
+#include "ggml-backend.h"
+
+namespace kiln::runtime {
+
+GraphSession::GraphSession(size_t max_nodes) : max_nodes_(max_nodes) {
+    const size_t bytes = ggml_tensor_overhead() * max_nodes + ggml_graph_overhead_custom(max_nodes, false);
+    ggml_init_params params{bytes, nullptr, /*no_alloc=*/true};
+    ctx_ = ggml_init(params);
+}
+
+GraphSession::~GraphSession() {
+    if (ctx_) ggml_free(ctx_);
+}
+
+ggml_tensor* GraphSession::input(ggml_type type, const std::vector<int64_t>& ne, const void* data, const char* name) {
+    ggml_tensor* t = ggml_new_tensor(ctx_, type, static_cast<int>(ne.size()), ne.data());
+    ggml_set_input(t);
+    if (name) ggml_set_name(t, name);
+    const auto* bytes = static_cast<const uint8_t*>(data);
+    inputs_.emplace_back(t, std::vector<uint8_t>(bytes, bytes + ggml_nbytes(t)));
+    return t;
+}
+
+Status GraphSession::run(CpuCompute& compute, ggml_tensor* output, bool keep_cuts) {
+    graph_ = ggml_new_graph_custom(ctx_, max_nodes_, false);
+    ggml_set_output(output);
+    ggml_build_forward_expand(graph_, output);
+    if (keep_cuts) {
+        for (int i = 0; i < ggml_graph_n_nodes(graph_); ++i) {
+            ggml_tensor* node = ggml_graph_node(graph_, i);
+            if (std::strncmp(node->name, "cut:", 4) == 0) ggml_set_output(node);
+        }
+    }
+    return compute.compute(graph_, [this] {
+        for (auto& [tensor, data] : inputs_) ggml_backend_tensor_set(tensor, data.data(), 0, data.size());
+    });
+}
+
+ggml_tensor* GraphSession::find(const std::string& name) const {
+    return graph_ ? ggml_graph_get_tensor(graph_, name.c_str()) : nullptr;
+}
+
+std::vector<float> GraphSession::read(const ggml_tensor* tensor) {
+    std::vector<float> out(static_cast<size_t>(ggml_nelements(tensor)));
+    ggml_backend_tensor_get(tensor, out.data(), 0, out.size() * sizeof(float));
+    return out;
+}
+
+}  // namespace kiln::runtime

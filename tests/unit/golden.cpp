@@ -1,0 +1,80 @@
+#include "golden.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+namespace kiln::test {
+
+std::string golden_path(const std::string& relative) { return std::string(KILN_GOLDEN_DIR) + "/" + relative; }
+
+FixtureTensor fixture_tensor(const io::ModelFile& file, const std::string& name) {
+    FixtureTensor out;
+    const io::TensorInfo* t = file.find(name);
+    if (!t) {
+        ADD_FAILURE() << "fixture tensor '" << name << "' missing";
+        return out;
+    }
+    out.shape = t->shape;
+    const int64_t n = t->element_count();
+    out.values.resize(static_cast<size_t>(n));
+    const uint8_t* data = file.data(*t);
+    if (t->dtype == io::DType::F32) {
+        std::memcpy(out.values.data(), data, static_cast<size_t>(n) * 4);
+    } else if (t->dtype == io::DType::I32) {
+        for (int64_t i = 0; i < n; ++i) {
+            int32_t v;
+            std::memcpy(&v, data + 4 * i, 4);
+            out.values[static_cast<size_t>(i)] = static_cast<float>(v);
+        }
+    } else {
+        ADD_FAILURE() << "fixture tensor '" << name << "' has dtype " << io::dtype_name(t->dtype);
+    }
+    return out;
+}
+
+double relative_error(const std::vector<float>& actual, const std::vector<float>& expected) {
+    if (actual.size() != expected.size()) return INFINITY;
+    double max_diff = 0, max_ref = 0;
+    for (size_t i = 0; i < actual.size(); ++i) {
+        max_diff = std::max(max_diff, std::fabs(static_cast<double>(actual[i]) - expected[i]));
+        max_ref = std::max(max_ref, std::fabs(static_cast<double>(expected[i])));
+        if (std::isnan(actual[i])) return INFINITY;
+    }
+    return max_diff / std::max(max_ref, 1e-6);
+}
+
+Records load_sampling_records(const std::string& file) {
+    Records records;
+    const std::string path = golden_path("sampling/" + file);
+    std::ifstream in(path);
+    EXPECT_TRUE(in.good()) << "cannot open " << path;
+    std::string line;
+    while (std::getline(in, line)) {
+        if (line.empty() || line[0] == '#') continue;
+        std::istringstream fields(line);
+        std::string name;
+        size_t count = 0;
+        fields >> name >> count;
+        std::vector<double> values(count);
+        for (double& v : values) fields >> v;
+        EXPECT_FALSE(fields.fail()) << "bad record " << name;
+        records[name] = std::move(values);
+    }
+    return records;
+}
+
+const std::vector<double>& record(const Records& records, const std::string& name) {
+    static const std::vector<double> kEmpty;
+    auto it = records.find(name);
+    if (it == records.end()) {
+        ADD_FAILURE() << "missing fixture record " << name;
+        return kEmpty;
+    }
+    return it->second;
+}
+
+}  // namespace kiln::test

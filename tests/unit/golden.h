@@ -1,0 +1,36 @@
+// Golden fixtures written by training/make_model_fixtures.py (PyTorch
+// reference modules): loading them and comparing kiln's numbers with them.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "io/model_file.h"
+
+namespace kiln::test {
+
+// tests/golden/<relative>
+std::string golden_path(const std::string& relative);
+
+// A fixture tensor's values as float (F32 or I32 in the file) and its shape
+// (PyTorch order). Fails the current test if missing.
+struct FixtureTensor {
+    std::vector<float> values;
+    std::vector<int64_t> shape;
+};
+FixtureTensor fixture_tensor(const io::ModelFile& file, const std::string& name);
+
+// max |actual - expected| / max(max |expected|, 1e-6): the error relative to
+// the reference's scale.
+double relative_error(const std::vector<float>& actual, const std::vector<float>& expected);
+
+// Text fixtures of tests/golden/sampling: "<name> <count> <values...>" per
+// line, '#' comments (training/make_sampling_fixtures.py).
+using Records = std::map<std::string, std::vector<double>>;
+Records load_sampling_records(const std::string& file);
+// The record called `name`; fails the current test (and returns an empty
+// vector) if there is none.
+const std::vector<double>& record(const Records& records, const std::string& name);
+
+}  // namespace kiln::test
