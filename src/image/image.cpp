@@ -214,7 +214,8 @@ Result<Image> resize_image(const Image& image, int width, int height, ResizeFilt
             }
             std::vector<float> acc(mid_row);
             for (int y = 0; y < height; ++y) {
-                resample_column(y, cy, mid_row, [&](int sy) { return mid.data() + sy * mid_row; }, acc.data());
+                resample_column(
+                    y, cy, mid_row, [&](int sy) { return mid.data() + sy * mid_row; }, acc.data());
                 store_row(acc.data(), width, ch, out.pixel(0, y));
             }
         } else {

@@ -26,7 +26,9 @@ struct Image {
     std::vector<uint8_t> pixels;
 
     size_t row_bytes() const { return static_cast<size_t>(width) * static_cast<size_t>(channels); }
-    uint8_t* pixel(int x, int y) { return pixels.data() + static_cast<size_t>(y) * row_bytes() + static_cast<size_t>(x) * channels; }
+    uint8_t* pixel(int x, int y) {
+        return pixels.data() + static_cast<size_t>(y) * row_bytes() + static_cast<size_t>(x) * channels;
+    }
     const uint8_t* pixel(int x, int y) const {
         return pixels.data() + static_cast<size_t>(y) * row_bytes() + static_cast<size_t>(x) * channels;
     }

@@ -63,9 +63,9 @@ std::string describe_unknown(const uint8_t* data, size_t size) {
         size_t n;
         const char* name;
     };
-    static const Known known[] = {{"GIF87a", 6, "GIF"},      {"GIF89a", 6, "GIF"},     {"BM", 2, "BMP"},
-                                  {"II*\0", 4, "TIFF"},      {"MM\0*", 4, "TIFF"},     {"\0\0\0\x0c" "jP  ", 8, "JPEG 2000"},
-                                  {"8BPS", 4, "Photoshop"},  {"qoif", 4, "QOI"},       {"\x76\x2f\x31\x01", 4, "OpenEXR"}};
+    static const Known known[] = {{"GIF87a", 6, "GIF"},     {"GIF89a", 6, "GIF"}, {"BM", 2, "BMP"},
+                                  {"II*\0", 4, "TIFF"},     {"MM\0*", 4, "TIFF"}, {"\0\0\0\x0cjP  ", 8, "JPEG 2000"},
+                                  {"8BPS", 4, "Photoshop"}, {"qoif", 4, "QOI"},   {"\x76\x2f\x31\x01", 4, "OpenEXR"}};
     for (const Known& k : known) {
         if (starts_with(data, size, k.magic, k.n)) {
             return std::string("unsupported image format ") + k.name + " (kiln reads PNG, JPEG and WebP)";
@@ -84,6 +84,7 @@ std::string describe_unknown(const uint8_t* data, size_t size) {
 struct CodecError {
     char message[256] = {};
     bool truncated = false;
+    bool unsupported = false;  // valid but beyond what the codec build handles (e.g. 12-bit JPEG)
 };
 
 struct PngSource {
@@ -99,7 +100,7 @@ void png_error_cb(png_structp png, png_const_charp message) {
 }
 
 void png_warning_cb(png_structp, png_const_charp message) {
-    // Typical: "iCCP: known incorrect sRGB profile". Harmless to the pixels.
+    // E.g. a CRC error in a skipped ancillary chunk: harmless to the pixels.
     KILN_LOG_DEBUG("libpng: %s", message);
 }
 
@@ -191,8 +192,8 @@ Result<Image> decode_png(const uint8_t* data, size_t size, const std::string& la
     // Deflate packs at most about 1032 bytes into one, so a file too small to
     // hold its image is cut short; saying so now saves allocating up to 1 GiB
     // of pixels for a few bytes of header.
-    const uint64_t file_row_bits = uint64_t(layout.width) * png_get_channels(guard.png, guard.info) *
-                                   png_get_bit_depth(guard.png, guard.info);
+    const uint64_t file_row_bits =
+        uint64_t(layout.width) * png_get_channels(guard.png, guard.info) * png_get_bit_depth(guard.png, guard.info);
     const uint64_t raw_bytes = uint64_t(layout.height) * ((file_row_bits + 7) / 8 + 1);
     if (raw_bytes / 1032 > size) {
         return Error{label + ": truncated PNG (" + std::to_string(size) + " bytes cannot hold a " +
@@ -200,7 +201,8 @@ Result<Image> decode_png(const uint8_t* data, size_t size, const std::string& la
     }
     if (!png_transform_step(guard.png, guard.info, &layout)) return png_failure(label, err);
     if ((layout.channels != 3 && layout.channels != 4) || layout.row_bytes != size_t(layout.width) * layout.channels) {
-        return Error{label + ": unsupported PNG layout (" + std::to_string(layout.channels) + " channels after conversion)"};
+        return Error{label + ": unsupported PNG layout (" + std::to_string(layout.channels) +
+                     " channels after conversion)"};
     }
 
     Image image = make_image(static_cast<int>(layout.width), static_cast<int>(layout.height), layout.channels);
@@ -223,6 +225,9 @@ void jpeg_error_exit_cb(j_common_ptr cinfo) {
     char buffer[JMSG_LENGTH_MAX];
     (*cinfo->err->format_message)(cinfo, buffer);
     std::snprintf(err->error.message, sizeof(err->error.message), "%s", buffer);
+    const int code = cinfo->err->msg_code;
+    err->error.unsupported = code == JERR_BAD_PRECISION || code == JERR_NOTIMPL || code == JERR_NOT_COMPILED ||
+                             code == JERR_CONVERSION_NOTIMPL;
     std::longjmp(err->jump, 1);
 }
 
@@ -298,6 +303,7 @@ bool jpeg_pixels_step(jpeg_decompress_struct* cinfo, JpegError* err, uint8_t* pi
 
 Error jpeg_failure(const std::string& label, const JpegError& err) {
     if (err.error.truncated) return Error{label + ": truncated JPEG (the file ends before the image does)"};
+    if (err.error.unsupported) return Error{label + ": unsupported JPEG: " + err.error.message};
     return Error{label + ": corrupt JPEG: " + err.error.message};
 }
 
@@ -341,15 +347,17 @@ std::string webp_status_text(VP8StatusCode status) {
 }
 
 Error webp_failure(const std::string& label, VP8StatusCode status) {
-    if (status == VP8_STATUS_NOT_ENOUGH_DATA) return Error{label + ": truncated WebP (the file ends before the image does)"};
+    if (status == VP8_STATUS_NOT_ENOUGH_DATA) {
+        return Error{label + ": truncated WebP (the file ends before the image does)"};
+    }
     return Error{label + ": corrupt WebP: " + webp_status_text(status)};
 }
 
 uint32_t le32(const uint8_t* p) { return p[0] | (p[1] << 8) | (p[2] << 16) | (uint32_t(p[3]) << 24); }
 
 Result<Image> decode_webp(const uint8_t* data, size_t size, const std::string& label) {
-    // libwebp decodes what it has of a cut lossy stream without complaint;
-    // the RIFF header states the full length, so compare.
+    // libwebp can decode a stream cut a little short of its end without
+    // complaint; the RIFF header states the full length, so compare.
     const uint64_t riff_end = uint64_t(le32(data + 4)) + 8;
     if (riff_end > size) {
         return Error{label + ": truncated WebP (the RIFF header says " + std::to_string(riff_end) +
@@ -434,7 +442,8 @@ bool is_ascii(const std::string& s) {
     return std::all_of(s.begin(), s.end(), [](char c) { return static_cast<unsigned char>(c) < 0x80; });
 }
 
-Result<std::vector<uint8_t>> encode_png(const Image& image, const ImageWriteOptions& options, const std::string& label) {
+Result<std::vector<uint8_t>> encode_png(const Image& image, const ImageWriteOptions& options,
+                                        const std::string& label) {
     std::vector<png_text> texts;
     for (const auto& [key, value] : options.text) {
         KILN_TRY(check_text_entry(label, key, value));
@@ -515,8 +524,9 @@ Result<std::vector<uint8_t>> encode_jpeg(const Image& image, const ImageWriteOpt
         app1.insert(app1.end(), tiff.begin(), tiff.end());
         if (app1.size() > kMaxJpegSegment) {
             // Losing the image over its caption would be worse.
-            KILN_LOG_WARN("%s: generation parameters too long for JPEG EXIF (%zu bytes, limit %zu); written without them",
-                          label.c_str(), app1.size(), kMaxJpegSegment);
+            KILN_LOG_WARN(
+                "%s: generation parameters too long for JPEG EXIF (%zu bytes, limit %zu); written without them",
+                label.c_str(), app1.size(), kMaxJpegSegment);
             app1.clear();
         }
     }
@@ -598,7 +608,8 @@ Result<std::vector<uint8_t>> encode_webp(const Image& image, const ImageWriteOpt
         imported = WebPPictureImportRGB(&g.picture, rgb->pixels.data(), static_cast<int>(rgb->row_bytes()));
     }
     if (!imported) return Error{label + ": WebP encoder failed: out of memory"};
-    if (!WebPEncode(&config, &g.picture)) return Error{label + ": WebP encoder failed: " + webp_encode_error(g.picture.error_code)};
+    if (!WebPEncode(&config, &g.picture))
+        return Error{label + ": WebP encoder failed: " + webp_encode_error(g.picture.error_code)};
     std::vector<uint8_t> out(g.writer.mem, g.writer.mem + g.writer.size);
 
     auto it = options.text.find(kParametersKeyword);

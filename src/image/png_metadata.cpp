@@ -90,7 +90,8 @@ std::string latin1_to_utf8(const uint8_t* data, size_t size) {
 std::string utf16_to_utf8(const uint8_t* data, size_t size, bool big_endian) {
     std::string out;
     auto unit = [&](size_t i) -> uint32_t {
-        return big_endian ? (uint32_t(data[2 * i]) << 8) | data[2 * i + 1] : (uint32_t(data[2 * i + 1]) << 8) | data[2 * i];
+        return big_endian ? (uint32_t(data[2 * i]) << 8) | data[2 * i + 1]
+                          : (uint32_t(data[2 * i + 1]) << 8) | data[2 * i];
     };
     const size_t n = size / 2;
     for (size_t i = 0; i < n; ++i) {
@@ -280,12 +281,34 @@ std::vector<std::pair<std::string, std::string>> find_params(const std::string& 
 
 // A1111's create_infotext order; keys not listed come between "Tiling" and
 // "Version", where A1111 splices extra_generation_params in.
-const char* const kA1111KeyOrder[] = {
-    "Steps", "Sampler", "Schedule type", "CFG scale", "Image CFG scale", "Seed", "Face restoration", "Size",
-    "Model hash", "Model", "FP8 weight", "Cache FP16 weight for LoRA", "VAE hash", "VAE", "Variation seed",
-    "Variation seed strength", "Seed resize from", "Denoising strength", "Conditional mask weight", "Clip skip",
-    "ENSD", "Token merging ratio", "Token merging ratio hr", "Init image hash", "RNG", "Tiling",
-    /* extra_generation_params */ "Version", "User"};
+const char* const kA1111KeyOrder[] = {"Steps",
+                                      "Sampler",
+                                      "Schedule type",
+                                      "CFG scale",
+                                      "Image CFG scale",
+                                      "Seed",
+                                      "Face restoration",
+                                      "Size",
+                                      "Model hash",
+                                      "Model",
+                                      "FP8 weight",
+                                      "Cache FP16 weight for LoRA",
+                                      "VAE hash",
+                                      "VAE",
+                                      "Variation seed",
+                                      "Variation seed strength",
+                                      "Seed resize from",
+                                      "Denoising strength",
+                                      "Conditional mask weight",
+                                      "Clip skip",
+                                      "ENSD",
+                                      "Token merging ratio",
+                                      "Token merging ratio hr",
+                                      "Init image hash",
+                                      "RNG",
+                                      "Tiling",
+                                      /* extra_generation_params */ "Version",
+                                      "User"};
 
 double key_rank(const std::string& key) {
     const size_t count = std::size(kA1111KeyOrder);
@@ -296,23 +319,23 @@ double key_rank(const std::string& key) {
 }
 
 // Shortest fixed-point text that reads back as the same float: 7 -> "7",
-// 7.5 -> "7.5", 0.1f -> "0.1".
+// 7.5 -> "7.5", 0.1f -> "0.1". to_chars, unlike printf, ignores the locale.
 std::string format_float(float v) {
     char buf[64];
-    for (int decimals = 0; decimals <= 9; ++decimals) {
-        std::snprintf(buf, sizeof(buf), "%.*f", decimals, static_cast<double>(v));
-        if (std::strtof(buf, nullptr) == v) return buf;
-    }
-    std::snprintf(buf, sizeof(buf), "%.9g", static_cast<double>(v));
-    return buf;
+    const std::to_chars_result r = std::to_chars(buf, buf + sizeof(buf), v, std::chars_format::fixed);
+    return std::string(buf, r.ec == std::errc() ? r.ptr : buf);
 }
 
+// Sets `out` only when all of `s` is one number (from_chars alone would
+// also take the "20" of "20abc").
 template <class T>
 bool parse_number(const std::string& s, T& out) {
-    if (s.empty()) return false;
+    T value{};
     const char* end = s.data() + s.size();
-    auto [p, ec] = std::from_chars(s.data(), end, out);
-    return ec == std::errc() && p == end;
+    auto [p, ec] = std::from_chars(s.data(), end, value);
+    if (s.empty() || ec != std::errc() || p != end) return false;
+    out = value;
+    return true;
 }
 
 bool parse_size(const std::string& s, int& w, int& h) {
@@ -322,7 +345,10 @@ bool parse_size(const std::string& s, int& w, int& h) {
     auto digits = [](const std::string& t) {
         return !t.empty() && std::all_of(t.begin(), t.end(), [](char c) { return c >= '0' && c <= '9'; });
     };
-    return digits(a) && digits(b) && parse_number(a, w) && parse_number(b, h);
+    int pw = 0, ph = 0;
+    if (!digits(a) || !digits(b) || !parse_number(a, pw) || !parse_number(b, ph)) return false;
+    w = pw, h = ph;
+    return true;
 }
 
 }  // namespace
@@ -396,7 +422,9 @@ GenerationInfo parse_a1111_parameters(const std::string& text) {
         } else if (key == "Schedule type") {
             info.scheduler = value;
         } else if (key == "CFG scale") {
-            taken = parse_number(value, info.cfg_scale) && std::isfinite(info.cfg_scale);
+            float cfg = 0.0f;
+            taken = parse_number(value, cfg) && std::isfinite(cfg);
+            if (taken) info.cfg_scale = cfg;
         } else if (key == "Seed") {
             taken = parse_number(value, info.seed);
         } else if (key == "Size") {
@@ -415,7 +443,9 @@ GenerationInfo parse_a1111_parameters(const std::string& text) {
 
 namespace {
 
-uint32_t be32(const uint8_t* p) { return (uint32_t(p[0]) << 24) | (uint32_t(p[1]) << 16) | (uint32_t(p[2]) << 8) | p[3]; }
+uint32_t be32(const uint8_t* p) {
+    return (uint32_t(p[0]) << 24) | (uint32_t(p[1]) << 16) | (uint32_t(p[2]) << 8) | p[3];
+}
 
 constexpr size_t kMaxInflatedText = size_t(16) << 20;
 
@@ -477,7 +507,8 @@ Result<std::pair<std::string, std::string>> decode_text_chunk(const std::string&
         if (!z) return Error{what + " '" + keyword + "' is cut short"};
         p = z + 1;
     }
-    if (!compressed) return std::make_pair(keyword, std::string(reinterpret_cast<const char*>(p), static_cast<size_t>(end - p)));
+    if (!compressed)
+        return std::make_pair(keyword, std::string(reinterpret_cast<const char*>(p), static_cast<size_t>(end - p)));
     Result<std::string> text = inflate_text(p, static_cast<size_t>(end - p), what + " '" + keyword + "'");
     if (!text) return text.error();
     return std::make_pair(keyword, std::move(*text));
@@ -491,12 +522,14 @@ Result<std::map<std::string, std::string>> parse_png_text(const uint8_t* data, s
     std::map<std::string, std::string> text;
     size_t pos = 8;
     for (;;) {
-        if (size - pos < 12) return Error{label + ": truncated PNG (chunk at byte " + std::to_string(pos) + " is cut short)"};
+        if (size - pos < 12)
+            return Error{label + ": truncated PNG (chunk at byte " + std::to_string(pos) + " is cut short)"};
         const uint32_t length = be32(data + pos);
         const std::string type(reinterpret_cast<const char*>(data + pos + 4), 4);
         if (length > 0x7FFFFFFFu) return Error{label + ": corrupt PNG (chunk length " + std::to_string(length) + ")"};
         if (size - pos - 12 < length) {
-            return Error{label + ": truncated PNG (" + type + " chunk at byte " + std::to_string(pos) + " is cut short)"};
+            return Error{label + ": truncated PNG (" + type + " chunk at byte " + std::to_string(pos) +
+                         " is cut short)"};
         }
         const uint8_t* body = data + pos + 8;
         if (type == "tEXt" || type == "zTXt" || type == "iTXt") {
@@ -673,10 +706,12 @@ std::optional<std::string> jpeg_user_comment(const uint8_t* data, size_t size) {
 }
 
 std::optional<std::string> webp_user_comment(const uint8_t* data, size_t size) {
-    const size_t riff_end = std::min<size_t>(size, size_t(data[4] | (data[5] << 8) | (data[6] << 16) | (uint32_t(data[7]) << 24)) + 8);
+    const size_t riff_end =
+        std::min<size_t>(size, size_t(data[4] | (data[5] << 8) | (data[6] << 16) | (uint32_t(data[7]) << 24)) + 8);
     size_t pos = 12;
     while (pos + 8 <= riff_end) {
-        const uint32_t length = data[pos + 4] | (data[pos + 5] << 8) | (data[pos + 6] << 16) | (uint32_t(data[pos + 7]) << 24);
+        const uint32_t length =
+            data[pos + 4] | (data[pos + 5] << 8) | (data[pos + 6] << 16) | (uint32_t(data[pos + 7]) << 24);
         if (riff_end - pos - 8 < length) break;
         if (std::memcmp(data + pos, "EXIF", 4) == 0) return parse_exif_user_comment(data + pos + 8, length);
         pos += 8 + static_cast<size_t>(length) + (length & 1);

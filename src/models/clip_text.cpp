@@ -60,7 +60,7 @@ void ClipTextEncoder::declare() {
     const int64_t W = c.width;
     if (c.naming == ClipTextConfig::Naming::HuggingFace) {
         token_embedding_ = w.require("embeddings.token_embedding.weight", {c.vocab, W});
-        position_embedding_ = w.require("embeddings.position_embedding.weight", {c.context, W});
+        position_embedding_ = w.require_f32("embeddings.position_embedding.weight", {c.context, W});
         for (int64_t i = 0; i < c.layers; ++i) {
             auto layer = std::make_shared<Layer>();
             const std::string p = "encoder.layers." + std::to_string(i) + ".";
@@ -78,7 +78,7 @@ void ClipTextEncoder::declare() {
         final_norm_bias_ = w.require("final_layer_norm.bias", {W});
     } else {
         token_embedding_ = w.require("token_embedding.weight", {c.vocab, W});
-        position_embedding_ = w.require("positional_embedding", {c.context, W});
+        position_embedding_ = w.require_f32("positional_embedding", {c.context, W});
         for (int64_t i = 0; i < c.layers; ++i) {
             auto layer = std::make_shared<Layer>();
             const std::string p = "transformer.resblocks." + std::to_string(i) + ".";

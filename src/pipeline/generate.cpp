@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <cmath>
 
-#include "pipeline/conditioner.h"
-#include "pipeline/samplers.h"
 #include "pipeline/schedulers.h"
 #include "runtime/graph_session.h"
 
@@ -56,14 +54,16 @@ Result<Plan> plan_request(const StableDiffusionModel& model, const GenerationReq
 
 // One UNet evaluation of a batch: the conditional pass and, with CFG, the
 // unconditional one, as one batch of two so every weight is read once.
-Result<std::vector<float>> run_unet(StableDiffusionModel& model, const std::vector<float>& x, float sigma, const Plan& p,
-                                    const Conditioning& cond, const Conditioning* uncond, bool flash) {
+Result<std::vector<float>> run_unet(StableDiffusionModel& model, const std::vector<float>& x, float sigma,
+                                    const SamplingRun& p, const Conditioning& cond, const Conditioning* uncond) {
     const models::UnetConfig& uc = model.unet().config();
     const Scalings s = get_scalings(model.prediction(), sigma);
     const float t = DiscreteSchedule::stable_diffusion().sigma_to_t(sigma);
     const int64_t batch = uncond ? 2 : 1;
-    const int64_t plane = static_cast<int64_t>(p.latent_w) * p.latent_h;
+    const int64_t plane = p.latent_w * p.latent_h;
     const int64_t latent_values = plane * uc.out_channels;
+    if (static_cast<int64_t>(x.size()) != latent_values) return Error{"latent has the wrong size for the UNet"};
+    if (uncond && uncond->tokens != cond.tokens) return Error{"conditional and unconditional contexts differ in length"};
 
     std::vector<float> input(static_cast<size_t>(plane * uc.in_channels * batch), 0.0f);
     for (int64_t b = 0; b < batch; ++b) {
@@ -80,7 +80,7 @@ Result<std::vector<float>> run_unet(StableDiffusionModel& model, const std::vect
     ggml_tensor* xin = session.input(GGML_TYPE_F32, {p.latent_w, p.latent_h, uc.in_channels, batch}, input.data(), "x");
     ggml_tensor* tin = session.input(GGML_TYPE_F32, {batch}, timesteps.data(), "timesteps");
     ggml_tensor* cin = session.input(GGML_TYPE_F32, {cond.width, cond.tokens, batch}, context.data(), "context");
-    ggml_tensor* out = model.unet().build(session.ctx(), xin, tin, cin, flash);
+    ggml_tensor* out = model.unet().build(session.ctx(), xin, tin, cin, p.flash_attention);
     KILN_TRY(session.run(model.compute(), out));
     std::vector<float> output = runtime::GraphSession::read(out);
 
@@ -88,7 +88,7 @@ Result<std::vector<float>> run_unet(StableDiffusionModel& model, const std::vect
     for (int64_t i = 0; i < latent_values; ++i) {
         const float c = output[static_cast<size_t>(i)];
         guided[static_cast<size_t>(i)] = uncond ? output[static_cast<size_t>(latent_values + i)] +
-                                                      p.cfg * (c - output[static_cast<size_t>(latent_values + i)])
+                                                      p.cfg_scale * (c - output[static_cast<size_t>(latent_values + i)])
                                                 : c;
     }
     return denoised_from_output(model.prediction(), sigma, x, guided);
@@ -139,6 +139,15 @@ Result<std::vector<float>> encode_image(StableDiffusionModel& model, const image
 
 }  // namespace
 
+Result<std::vector<float>> sample_latent(StableDiffusionModel& model, const SamplingRun& run, std::vector<float> x,
+                                         const Conditioning& cond, const Conditioning* uncond, Rng& rng,
+                                         const ProgressFn& progress) {
+    DenoiseFn denoise = [&](const std::vector<float>& xt, float sigma, int) {
+        return run_unet(model, xt, sigma, run, cond, run.cfg_scale != 1.0f ? uncond : nullptr);
+    };
+    return sample(run.sampler, denoise, std::move(x), run.sigmas, rng, run.eta, progress);
+}
+
 std::string a1111_sampler_name(const std::string& sampler) {
     static const std::pair<const char*, const char*> kNames[] = {
         {"euler", "Euler"},         {"euler_a", "Euler a"},     {"heun", "Heun"},
@@ -184,6 +193,14 @@ Result<std::vector<GeneratedImage>> generate(StableDiffusionModel& model, const 
         sigmas.erase(sigmas.begin(), sigmas.begin() + skip);
     }
 
+    SamplingRun run;
+    run.latent_w = p.latent_w;
+    run.latent_h = p.latent_h;
+    run.cfg_scale = p.cfg;
+    run.sampler = p.sampler;
+    run.sigmas = sigmas;
+    run.eta = default_eta(p.sampler);
+    run.flash_attention = request.flash_attention;
     const size_t latent_size = static_cast<size_t>(p.latent_w) * p.latent_h * model.unet().config().out_channels;
     std::vector<GeneratedImage> results;
     for (int i = 0; i < request.batch_count; ++i) {
@@ -193,13 +210,10 @@ Result<std::vector<GeneratedImage>> generate(StableDiffusionModel& model, const 
         for (size_t k = 0; k < x.size(); ++k) {
             x[k] = x[k] * sigmas.front() + (init_latent ? (*init_latent)[k] : 0.0f);
         }
-        DenoiseFn denoise = [&](const std::vector<float>& xt, float sigma, int) {
-            return run_unet(model, xt, sigma, p, *cond, uncond ? &*uncond : nullptr, request.flash_attention);
-        };
         ProgressFn progress = [&](int step, int total) {
             if (on_step) on_step(i, step, total);
         };
-        auto latent = sample(p.sampler, denoise, std::move(x), sigmas, *rng, default_eta(p.sampler), progress);
+        auto latent = sample_latent(model, run, std::move(x), *cond, uncond ? &*uncond : nullptr, *rng, progress);
         if (!latent.ok()) return latent.error();
         auto img = decode_latent(model, *latent, p);
         if (!img.ok()) return img.error();

@@ -9,7 +9,9 @@
 
 #include "image/image.h"
 #include "image/png_metadata.h"
+#include "pipeline/conditioner.h"
 #include "pipeline/rng.h"
+#include "pipeline/samplers.h"
 #include "pipeline/sd_model.h"
 #include "util/result.h"
 
@@ -49,6 +51,25 @@ using StepCallback = std::function<void(int image, int step, int total)>;
 // out of memory, and a failed graph.
 Result<std::vector<GeneratedImage>> generate(StableDiffusionModel& model, const GenerationRequest& request,
                                              const StepCallback& on_step = nullptr);
+
+// The sampling loop alone, for callers that bring their own conditioning
+// and starting latent (tests compare it with the reference sampler).
+struct SamplingRun {
+    int64_t latent_w = 0;
+    int64_t latent_h = 0;
+    float cfg_scale = 7.0f;  // 1: no unconditional pass
+    SamplerKind sampler = SamplerKind::EulerA;
+    std::vector<float> sigmas;  // from get_sigmas, possibly shortened for img2img
+    float eta = 1.0f;
+    bool flash_attention = false;
+};
+
+// Runs the sampler from `x` (noise * sigmas[0], plus the init latent for
+// img2img) with CFG over `cond`/`uncond` (uncond may be null when cfg is 1)
+// and returns the final latent (scaled, before the VAE).
+Result<std::vector<float>> sample_latent(StableDiffusionModel& model, const SamplingRun& run, std::vector<float> x,
+                                         const Conditioning& cond, const Conditioning* uncond, Rng& rng,
+                                         const ProgressFn& progress = nullptr);
 
 // A1111's display name of a kiln sampler ("euler_a" -> "Euler a").
 std::string a1111_sampler_name(const std::string& sampler);

@@ -35,6 +35,15 @@ ggml_tensor* ModuleWeights::optional(const std::string& name, const std::vector<
 }
 
 ggml_tensor* ModuleWeights::require(const std::string& name, const std::vector<int64_t>& shape) {
+    return declare(name, shape, std::nullopt);
+}
+
+ggml_tensor* ModuleWeights::require_f32(const std::string& name, const std::vector<int64_t>& shape) {
+    return declare(name, shape, GGML_TYPE_F32);
+}
+
+ggml_tensor* ModuleWeights::declare(const std::string& name, const std::vector<int64_t>& shape,
+                                    std::optional<ggml_type> force_type) {
     const std::string full = prefix_ + name;
     const io::TensorInfo* t = file_.find(full);
     std::vector<int64_t> actual = shape;
@@ -50,7 +59,7 @@ ggml_tensor* ModuleWeights::require(const std::string& name, const std::vector<i
             t = nullptr;
         } else {
             actual = t->shape;
-            type = io::compute_type(*t, weight_type_);
+            type = force_type ? *force_type : io::compute_type(*t, weight_type_);
         }
     }
     if (actual.size() > GGML_MAX_DIMS) {

@@ -30,6 +30,9 @@ class ModuleWeights {
     // On a problem, records an error (reported by load()) and returns a
     // placeholder of the expected shape so declaration can go on.
     ggml_tensor* require(const std::string& name, const std::vector<int64_t>& shape);
+    // As require(), held in F32 whatever the file and --type say: for tensors
+    // used in element-wise ops (ggml adds F32 only), such as position embeddings.
+    ggml_tensor* require_f32(const std::string& name, const std::vector<int64_t>& shape);
     // As require(), or nullptr when the file does not have the tensor.
     ggml_tensor* optional(const std::string& name, const std::vector<int64_t>& shape);
     bool has(const std::string& name) const;
@@ -43,6 +46,8 @@ class ModuleWeights {
     size_t count() const { return declared_.size(); }
 
   private:
+    ggml_tensor* declare(const std::string& name, const std::vector<int64_t>& shape, std::optional<ggml_type> force_type);
+
     const io::ModelFile& file_;
     std::string prefix_;
     std::optional<ggml_type> weight_type_;

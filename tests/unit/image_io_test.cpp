@@ -1,6 +1,10 @@
+#include "image/image_io.h"
+
+#include <gtest/gtest.h>
 #include <png.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <csetjmp>
 #include <cstdio>
@@ -9,12 +13,7 @@
 #include <filesystem>
 #include <random>
 
-#include <zlib.h>
-
-#include <gtest/gtest.h>
-
 #include "image/image.h"
-#include "image/image_io.h"
 #include "image/png_metadata.h"
 #include "test_files.h"
 
@@ -320,8 +319,7 @@ TEST(ImageIo, ReadsPalettePngsWithAndWithoutTransparency) {
     Result<Image> alpha = read_image(write_png_spec(dir, "pal_trns.png", pal));
     ASSERT_TRUE(alpha.ok()) << alpha.error().message;
     EXPECT_EQ(alpha->channels, 4);
-    EXPECT_EQ(alpha->pixels,
-              (std::vector<uint8_t>{255, 0, 0, 255, 0, 255, 0, 128, 0, 0, 255, 255, 0, 0, 255, 255}));
+    EXPECT_EQ(alpha->pixels, (std::vector<uint8_t>{255, 0, 0, 255, 0, 255, 0, 128, 0, 0, 255, 255, 0, 0, 255, 255}));
 }
 
 TEST(ImageIo, Reads16BitPngsRoundedTo8Bits) {
@@ -626,15 +624,14 @@ TEST(A1111Parameters, ParsesAnA1111String) {
     EXPECT_EQ(info.width, 512);
     EXPECT_EQ(info.height, 768);
     EXPECT_EQ(info.model, "v1-5-pruned-emaonly");
-    const std::vector<std::pair<std::string, std::string>> extra = {
-        {"Model hash", "6ce0161689"},
-        {"Denoising strength", "0.52"},
-        {"Clip skip", "2"},
-        {"Hires upscale", "2"},
-        {"Hires upscaler", "R-ESRGAN 4x+"},
-        {"Lora hashes", "add_detail: 7c6bad76eb54"},
-        {"TI hashes", "easynegative: c74b4e810b03"},
-        {"Version", "v1.10.1"}};
+    const std::vector<std::pair<std::string, std::string>> extra = {{"Model hash", "6ce0161689"},
+                                                                    {"Denoising strength", "0.52"},
+                                                                    {"Clip skip", "2"},
+                                                                    {"Hires upscale", "2"},
+                                                                    {"Hires upscaler", "R-ESRGAN 4x+"},
+                                                                    {"Lora hashes", "add_detail: 7c6bad76eb54"},
+                                                                    {"TI hashes", "easynegative: c74b4e810b03"},
+                                                                    {"Version", "v1.10.1"}};
     EXPECT_EQ(info.extra, extra);
 }
 
@@ -661,10 +658,13 @@ TEST(A1111Parameters, TextThatIsNotA1111IsThePrompt) {
     EXPECT_EQ(b.prompt, "first\nStyle: noir, Mood: calm");
     EXPECT_EQ(b.steps, 0);
     // A value that does not parse as its field stays in extra.
-    GenerationInfo c = parse_a1111_parameters("p\nSteps: many, Seed: 5, Size: big");
+    GenerationInfo c = parse_a1111_parameters("p\nSteps: 20abc, Seed: 5, Size: 64x, CFG scale: nan");
     EXPECT_EQ(c.seed, 5);
     EXPECT_EQ(c.steps, 0);
-    EXPECT_EQ(c.extra, (std::vector<std::pair<std::string, std::string>>{{"Steps", "many"}, {"Size", "big"}}));
+    EXPECT_EQ(c.width, 0);
+    EXPECT_EQ(c.cfg_scale, 0.0f);
+    EXPECT_EQ(c.extra, (std::vector<std::pair<std::string, std::string>>{
+                           {"Steps", "20abc"}, {"Size", "64x"}, {"CFG scale", "nan"}}));
     EXPECT_EQ(parse_a1111_parameters(""), GenerationInfo{});
 }
 

@@ -59,16 +59,18 @@ auto path_setter(std::string Options::*field) {
 
 const std::vector<Flag>& flags() {
     static const std::vector<Flag> table = {
-        {"-M", "--mode", "MODE", "run mode: img_gen (default) or convert",
+        {"-M", "--mode", "MODE", "run mode: img_gen (default), convert, or metadata (print an image's parameters)",
          [](Options& o, const std::string& v) -> std::optional<std::string> {
              if (v == "img_gen" || v == "txt2img" || v == "img2img") {
                  o.command = Command::Generate;
              } else if (v == "convert") {
                  o.command = Command::Convert;
-             } else if (v == "vid_gen" || v == "upscale" || v == "metadata") {
+             } else if (v == "metadata") {
+                 o.command = Command::Metadata;
+             } else if (v == "vid_gen" || v == "upscale") {
                  return "mode '" + v + "' is not available in this version of kiln";
              } else {
-                 return "unknown mode '" + v + "' (valid: img_gen, convert)";
+                 return "unknown mode '" + v + "' (valid: img_gen, convert, metadata)";
              }
              return std::nullopt;
          }},
@@ -88,9 +90,18 @@ const std::vector<Flag>& flags() {
         {"-n", "--negative-prompt", "TEXT", "the negative prompt", string_setter(&Options::negative_prompt)},
         {"-o", "--output", "PATH", "output image (default output.png); with -M convert, the GGUF to write",
          path_setter(&Options::output)},
-        {"-i", "--init-img", "PATH", "initial image for image-to-image", path_setter(&Options::init_image)},
-        {"-W", "--width", "N", "image width in pixels (default: the model's)", int_setter(&Options::width, 64, 16384)},
-        {"-H", "--height", "N", "image height in pixels (default: the model's)", int_setter(&Options::height, 64, 16384)},
+        {"-i", "--init-img", "PATH", "initial image for image-to-image (with -M metadata: the image to read)",
+         path_setter(&Options::init_image)},
+        {nullptr, "--strength", "X", "image-to-image: share of the schedule to run, in (0, 1] (default 0.75)",
+         [](Options& o, const std::string& v) -> std::optional<std::string> {
+             char* end = nullptr;
+             const float f = std::strtof(v.c_str(), &end);
+             if (v.empty() || *end != '\0' || !(f > 0.0f && f <= 1.0f)) return "expected a number in (0, 1], got '" + v + "'";
+             o.strength = f;
+             return std::nullopt;
+         }},
+        {"-W", "--width", "N", "image width in pixels (default: the model's)", int_setter(&Options::width, 8, 16384)},
+        {"-H", "--height", "N", "image height in pixels (default: the model's)", int_setter(&Options::height, 8, 16384)},
         {nullptr, "--steps", "N", "denoising steps (default: the model's)", int_setter(&Options::steps, 1, 10000)},
         {"-b", "--batch-count", "N", "number of images to generate", int_setter(&Options::batch_count, 1, 10000)},
         {"-t", "--threads", "N", "CPU threads (default: physical cores)", int_setter(&Options::threads, 1, 1024)},
@@ -101,7 +112,7 @@ const std::vector<Flag>& flags() {
              o.seed = parsed;
              return std::nullopt;
          }},
-        {nullptr, "--cfg-scale", "X", "classifier-free guidance scale (default 7.0)",
+        {nullptr, "--cfg-scale", "X", "classifier-free guidance scale (default: the model's)",
          [](Options& o, const std::string& v) -> std::optional<std::string> {
              char* end = nullptr;
              const float f = std::strtof(v.c_str(), &end);
@@ -109,9 +120,29 @@ const std::vector<Flag>& flags() {
                  return "expected a non-negative number, got '" + v + "'";
              }
              o.cfg_scale = f;
+             o.cfg_scale_given = true;
              return std::nullopt;
          }},
-        {nullptr, "--sampling-method", "NAME", "sampler (default: the model's)", string_setter(&Options::sampling_method)},
+        {nullptr, "--sampling-method", "NAME",
+         "sampler: euler, euler_a, heun, dpm2, dpm++2s_a, dpm++2m, dpm++2mv2, ipndm, lcm, ddim_trailing, tcd",
+         string_setter(&Options::sampling_method)},
+        {nullptr, "--scheduler", "NAME", "sigma schedule: discrete, karras, exponential, ays, sgm_uniform, simple",
+         string_setter(&Options::scheduler)},
+        {nullptr, "--rng", "NAME", "noise generator: cuda (torch CUDA's Philox, default) or cpu (torch CPU's mt19937)",
+         string_setter(&Options::rng)},
+        {nullptr, "--clip-skip", "N", "text encoder layer to use, counted from the end (default: the model's)",
+         int_setter(&Options::clip_skip, 1, 12)},
+        {nullptr, "--prediction", "TYPE", "what the model predicts: eps or v (default: the model's)",
+         [](Options& o, const std::string& v) -> std::optional<std::string> {
+             if (v != "eps" && v != "v") return "unknown prediction '" + v + "' (valid: eps, v)";
+             o.prediction = v;
+             return std::nullopt;
+         }},
+        {nullptr, "--diffusion-fa", nullptr, "use flash attention in the diffusion model",
+         [](Options& o, const std::string&) -> std::optional<std::string> {
+             o.diffusion_fa = true;
+             return std::nullopt;
+         }},
         {"-v", "--verbose", nullptr, "verbose logging (same as --log-level verbose)",
          [](Options& o, const std::string&) -> std::optional<std::string> {
              o.log_level = LogLevel::Verbose;
@@ -248,6 +279,7 @@ std::string help_text() {
     std::ostringstream out;
     out << "usage: kiln [options]                 generate an image\n"
            "       kiln -M convert -m MODEL -o OUT.gguf [--type TYPE]\n"
+           "       kiln -M metadata -i IMAGE\n"
            "       kiln info [--tensors] FILE|FOLDER...\n\n"
            "options:\n";
     auto print = [&](const std::vector<Flag>& table) {

@@ -15,6 +15,7 @@ namespace kiln::cli {
 enum class Command {
     Generate,  // -M img_gen (default)
     Convert,   // -M convert: rewrite a model as GGUF, optionally re-quantised with --type
+    Metadata,  // -M metadata -i IMAGE: print the generation parameters stored in an image
     Info,      // kiln info FILE|FOLDER...
     Help,      // -h/--help
     Version,   // --version
@@ -45,7 +46,14 @@ struct Options {
     int threads = 0;  // 0: all physical cores
     int64_t seed = 42;
     float cfg_scale = 7.0f;
+    bool cfg_scale_given = false;  // else the model's default
     std::string sampling_method;
+    std::string scheduler;
+    std::string rng = "cuda";
+    std::string prediction;  // "", "eps" or "v"
+    int clip_skip = 0;       // 0: the model's default
+    float strength = 0.75f;
+    bool diffusion_fa = false;
 
     // `kiln info`.
     std::vector<std::string> info_paths;

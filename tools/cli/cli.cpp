@@ -4,7 +4,7 @@
 #include <iostream>
 
 #include "args.h"
-#include "default_model.h"
+#include "generate_command.h"
 #include "info_command.h"
 #include "io/gguf_writer.h"
 #include "io/model_file.h"
@@ -55,38 +55,6 @@ int run_convert(const Options& options) {
     return kExitOk;
 }
 
-// Image generation arrives with the SD1 pipeline; until then kiln checks the
-// request and says what it would run, and writes nothing.
-int run_generate(const Options& options) {
-    std::vector<std::string> paths = model_paths(options);
-    if (paths.empty()) {
-        auto found = find_default_model();
-        if (!found) {
-            std::string searched;
-            for (const std::string& c : default_model_candidates()) searched += "\n  " + c;
-            KILN_LOG_WARN("no -m given and the default model %s is not built yet; searched:%s", kDefaultModelFile,
-                          searched.c_str());
-        } else {
-            paths.push_back(*found);
-        }
-    }
-    if (!paths.empty()) {
-        auto model = io::ModelFile::open(paths);
-        if (!model.ok()) {
-            KILN_LOG_ERROR("%s", model.error().message.c_str());
-            return kExitFailure;
-        }
-    }
-    KILN_LOG_INFO("kiln %s: image generation is not implemented yet; this job would be:", KILN_VERSION);
-    KILN_LOG_INFO("  prompt: \"%s\"%s%s", options.prompt.c_str(), options.negative_prompt.empty() ? "" : ", negative: ",
-                  options.negative_prompt.empty() ? "" : ("\"" + options.negative_prompt + "\"").c_str());
-    KILN_LOG_INFO("  model: %s", paths.empty() ? "(default model, not built yet)" : paths.front().c_str());
-    KILN_LOG_INFO("  seed %lld, cfg scale %.2f, %d image(s) -> %s", static_cast<long long>(options.seed),
-                  static_cast<double>(options.cfg_scale), options.batch_count, options.output.c_str());
-    KILN_LOG_INFO("  no image was written.");
-    return kExitOk;
-}
-
 }  // namespace
 
 int run_cli(const std::vector<std::string>& args) {
@@ -106,6 +74,7 @@ int run_cli(const std::vector<std::string>& args) {
         case Command::Info: return run_info(options, std::cout);
         case Command::Convert: return run_convert(options);
         case Command::Generate: return run_generate(options);
+        case Command::Metadata: return run_metadata(options);
     }
     return kExitFailure;
 }

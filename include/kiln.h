@@ -1,0 +1,116 @@
+/*
+ * kiln's C API: load a Stable Diffusion model once, generate images from it,
+ * save them with their parameters. Every front-end (the kiln CLI, the server)
+ * is a client of this header.
+ *
+ * Conventions:
+ * - Functions that can fail return 0 on success and -1 on failure; when
+ *   `error` is not NULL, *error receives a message naming what was wrong
+ *   (free it with kiln_free_string). A failed call leaves no partial result.
+ * - Strings passed in are UTF-8 and only read during the call.
+ * - A kiln_context may be used by one thread at a time.
+ */
+#ifndef KILN_H
+#define KILN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    KILN_LOG_DEBUG = 0,
+    KILN_LOG_VERBOSE = 1,
+    KILN_LOG_INFO = 2,
+    KILN_LOG_WARN = 3,
+    KILN_LOG_ERROR = 4,
+} kiln_log_level;
+
+/* Process-wide: messages below `level` are dropped. */
+void kiln_set_log_level(kiln_log_level level);
+/* Process-wide: colour the level tags of kiln's own log output. */
+void kiln_set_log_color(int enabled);
+
+typedef struct {
+    const char* model_path;           /* -m: checkpoint or diffusers folder */
+    const char* diffusion_model_path; /* --diffusion-model, or NULL */
+    const char* vae_path;             /* --vae, or NULL */
+    const char* clip_l_path;          /* --clip_l, or NULL */
+    const char* tokenizer_path;       /* --tokenizer, or NULL (use the model's) */
+    const char* weight_type;          /* --type ("f32", "q8_0", ...), or NULL to keep the file's */
+    const char* prediction;           /* "eps", "v", or NULL (the model's) */
+    int n_threads;                    /* <= 0: all cores */
+} kiln_context_params;
+
+void kiln_context_params_init(kiln_context_params* params);
+
+typedef struct kiln_context kiln_context;
+
+/* Loads the model. NULL on failure. */
+kiln_context* kiln_context_create(const kiln_context_params* params, char** error);
+void kiln_context_free(kiln_context* ctx);
+
+/* The model's defaults, for front-ends that show them. */
+typedef struct {
+    int width, height, steps;
+    float cfg_scale;
+    char sampler[32];
+    char scheduler[32];
+    char family[64];
+} kiln_model_info;
+void kiln_context_info(const kiln_context* ctx, kiln_model_info* info);
+
+/* An 8-bit image, rows from the top, channels interleaved (3 = RGB). */
+typedef struct {
+    uint32_t width, height, channels;
+    uint8_t* data;
+    char* parameters; /* A1111 "parameters" text; NULL if none */
+} kiln_image;
+
+/* Called after each denoising step: image index in the batch, steps done, total. */
+typedef void (*kiln_progress_callback)(int image, int step, int steps, void* user_data);
+
+typedef struct {
+    const char* prompt;
+    const char* negative_prompt;
+    int width, height, steps;  /* 0: the model's default */
+    float cfg_scale;           /* < 0: the model's default */
+    int64_t seed;              /* image i uses seed + i */
+    int batch_count;
+    const char* sampler;       /* NULL: the model's default */
+    const char* scheduler;     /* NULL: the model's default */
+    const char* rng;           /* "cuda" (default) or "cpu" */
+    int clip_skip;             /* <= 0: the model's default */
+    int flash_attention;       /* --diffusion-fa */
+    const kiln_image* init_image; /* image-to-image, or NULL */
+    float strength;               /* with init_image: share of the schedule to run, (0, 1] */
+    kiln_progress_callback progress;
+    void* progress_user_data;
+} kiln_generation_params;
+
+void kiln_generation_params_init(kiln_generation_params* params);
+
+/* Generates params->batch_count images into *images (free with kiln_images_free). */
+int kiln_generate(kiln_context* ctx, const kiln_generation_params* params, kiln_image** images, int* n_images,
+                  char** error);
+void kiln_images_free(kiln_image* images, int n_images);
+
+/* Writes `image` as PNG, JPEG or WebP, chosen by the extension; PNG carries
+ * image->parameters as an A1111 "parameters" text chunk. The file appears
+ * only when complete. */
+int kiln_image_save(const kiln_image* image, const char* path, char** error);
+/* Reads an image file (PNG, JPEG, WebP) as RGB; free with kiln_images_free(image, 1). */
+int kiln_image_load(const char* path, kiln_image** image, char** error);
+/* The generation parameters stored in an image file, as text. */
+int kiln_image_read_parameters(const char* path, char** text, char** error);
+
+void kiln_free_string(char* text);
+const char* kiln_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KILN_H */

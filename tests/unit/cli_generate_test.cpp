@@ -1,0 +1,137 @@
+// `kiln` generating images end to end: the real binary, the tiny golden SD1
+// model, the tokenizer fixture, real image files.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <fstream>
+
+#include "golden.h"
+#include "image/image_io.h"
+#include "test_files.h"
+
+namespace kiln {
+namespace {
+
+using test::run_command;
+using test::TempDir;
+
+std::string kiln_with_model(const std::string& args) {
+    return std::string(KILN_BIN) + " -m " + test::golden_path("models/sd1_tiny.safetensors") + " --tokenizer " +
+           KILN_FIXTURES_DIR + "/tiny_tokenizer " + args;
+}
+
+bool exists(const std::string& path) { return std::ifstream(path).good(); }
+
+TEST(CliGenerate, WritesAnImageOfTheRequestedSizeWithItsParameters) {
+    TempDir dir;
+    const std::string out = dir.file("out.png");
+    auto r = run_command(kiln_with_model("-p \"a red circle\" -n blurry -W 48 -H 32 --steps 3 -s 5 --cfg-scale 4 -o " + out));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    auto img = image::read_image(out);
+    ASSERT_TRUE(img.ok()) << img.error().message;
+    EXPECT_EQ(img->width, 48);
+    EXPECT_EQ(img->height, 32);
+    EXPECT_EQ(img->channels, 3);
+
+    auto meta = run_command(std::string(KILN_BIN) + " -M metadata -i " + out);
+    ASSERT_EQ(meta.exit_code, 0) << meta.err;
+    EXPECT_EQ(meta.out,
+              "a red circle\nNegative prompt: blurry\nSteps: 3, Sampler: Euler a, Schedule type: discrete, CFG scale: 4, "
+              "Seed: 5, Size: 48x32, Model: sd1_tiny, RNG: cuda, Version: kiln " KILN_VERSION "\n");
+}
+
+TEST(CliGenerate, SameSeedSameImageOtherSeedOtherImage) {
+    TempDir dir;
+    const std::string common = "-p \"a red circle\" -W 32 -H 32 --steps 2 --sampling-method euler ";
+    ASSERT_EQ(run_command(kiln_with_model(common + "-s 1 -o " + dir.file("a.png"))).exit_code, 0);
+    ASSERT_EQ(run_command(kiln_with_model(common + "-s 1 -o " + dir.file("b.png"))).exit_code, 0);
+    ASSERT_EQ(run_command(kiln_with_model(common + "-s 2 -o " + dir.file("c.png"))).exit_code, 0);
+    auto a = image::read_image(dir.file("a.png"));
+    auto b = image::read_image(dir.file("b.png"));
+    auto c = image::read_image(dir.file("c.png"));
+    ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+    EXPECT_EQ(a->pixels, b->pixels);
+    EXPECT_NE(a->pixels, c->pixels);
+}
+
+TEST(CliGenerate, BatchesNumberTheirFilesAndSeeds) {
+    TempDir dir;
+    auto r = run_command(kiln_with_model("-p x -W 32 -H 32 --steps 1 -b 2 -s 10 -o " + dir.file("img_%03d.png")));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    ASSERT_TRUE(exists(dir.file("img_000.png")));
+    ASSERT_TRUE(exists(dir.file("img_001.png")));
+    auto meta = run_command(std::string(KILN_BIN) + " -M metadata -i " + dir.file("img_001.png"));
+    EXPECT_NE(meta.out.find("Seed: 11,"), std::string::npos) << meta.out;
+}
+
+TEST(CliGenerate, JpegAndWebpOutputs) {
+    TempDir dir;
+    for (const char* name : {"o.jpg", "o.webp"}) {
+        auto r = run_command(kiln_with_model("-p x -W 32 -H 32 --steps 1 -o " + dir.file(name)));
+        ASSERT_EQ(r.exit_code, 0) << r.err;
+        auto img = image::read_image(dir.file(name));
+        ASSERT_TRUE(img.ok()) << img.error().message;
+        EXPECT_EQ(img->width, 32);
+    }
+}
+
+TEST(CliGenerate, ImageToImageStartsFromTheGivenImage) {
+    TempDir dir;
+    ASSERT_EQ(run_command(kiln_with_model("-p x -W 32 -H 32 --steps 2 -o " + dir.file("init.png"))).exit_code, 0);
+    auto r = run_command(kiln_with_model("-p x -W 32 -H 32 --steps 4 --strength 0.5 -i " + dir.file("init.png") + " -o " +
+                                         dir.file("out.png")));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    auto meta = run_command(std::string(KILN_BIN) + " -M metadata -i " + dir.file("out.png"));
+    EXPECT_NE(meta.out.find("Denoising strength: 0.5"), std::string::npos) << meta.out;
+}
+
+// Each bad request: one error line naming the problem, a non-zero exit, no file.
+TEST(CliGenerate, BadRequestsFailCleanlyWithoutOutput) {
+    TempDir dir;
+    const std::string out = dir.file("out.png");
+    struct Case {
+        std::string args;
+        int exit_code;
+        std::string message;
+    };
+    const std::vector<Case> cases = {
+        {"-W 30 -H 32", 1, "width and height must be multiples of 4 for this model, got 30x32"},
+        {"--steps 0", 2, "--steps: expected an integer from 1 to 10000, got 0"},
+        {"--cfg-scale -1", 2, "--cfg-scale: expected a non-negative number, got '-1'"},
+        {"--sampling-method fast", 1, "euler, euler_a, heun"},
+        {"--scheduler weird", 1, "discrete, karras"},
+        {"--rng gpu", 1, "--rng: unknown RNG 'gpu' (valid: cpu, cuda)"},
+        {"-i " + dir.file("missing.png"), 1, "missing.png"},
+        {"--strength 1.5", 2, "--strength: expected a number in (0, 1], got '1.5'"},
+    };
+    for (const Case& c : cases) {
+        auto r = run_command(kiln_with_model("-p x -W 32 -H 32 --steps 1 " + c.args + " -o " + out));
+        EXPECT_EQ(r.exit_code, c.exit_code) << c.args << ": " << r.err;
+        EXPECT_NE(r.err.find(c.message), std::string::npos) << c.args << ": " << r.err;
+        EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << c.args << ": " << r.err;
+        EXPECT_FALSE(exists(out)) << c.args;
+    }
+    auto r = run_command(kiln_with_model("-p x -W 32 -H 32 --steps 1 -o " + dir.file("out.bmp")));
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_NE(r.err.find("unsupported image extension"), std::string::npos) << r.err;
+}
+
+TEST(CliGenerate, ModelThatIsNoKnownFamilyIsAClearError) {
+    TempDir dir;
+    const std::string junk = dir.write("junk.safetensors", test::build_safetensors({{"foo.weight", "F32", {2}, test::f32_bytes(2)}}));
+    auto r = run_command(std::string(KILN_BIN) + " -m " + junk + " -p x -o " + dir.file("out.png"));
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_EQ(r.err, "error: " + junk + ": no SD1/SD2 UNet found (family: unknown); pass --diffusion-model\n");
+    EXPECT_FALSE(exists(dir.file("out.png")));
+}
+
+TEST(CliGenerate, CheckpointWithoutTokenizerSaysWhatToPass) {
+    TempDir dir;
+    auto r = run_command(std::string(KILN_BIN) + " -m " + test::golden_path("models/sd1_tiny.safetensors") + " -p x -o " +
+                         dir.file("out.png"));
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(r.err.find("pass --tokenizer PATH"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace kiln

@@ -1,0 +1,197 @@
+#include "generate_command.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+
+#include "cli.h"
+#include "default_model.h"
+#include "kiln.h"
+#include "util/log.h"
+
+namespace kiln::cli {
+namespace {
+
+// Owns a C API error string.
+struct ErrorText {
+    char* text = nullptr;
+    ~ErrorText() { kiln_free_string(text); }
+    const char* c_str() const { return text ? text : "unknown error"; }
+};
+
+bool has_image_extension(const std::string& path) {
+    const auto dot = path.rfind('.');
+    if (dot == std::string::npos) return false;
+    std::string ext = path.substr(dot);
+    for (char& c : ext) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return ext == ".png" || ext == ".jpg" || ext == ".jpeg" || ext == ".webp";
+}
+
+// Progress on a terminal: one line per step, redrawn in place.
+struct Progress {
+    bool terminal = isatty(STDOUT_FILENO) != 0;
+    int images = 1;
+    std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+    int last_image = -1;
+
+    static void on_step(int image, int step, int steps, void* user_data) {
+        auto* self = static_cast<Progress*>(user_data);
+        const auto now = std::chrono::steady_clock::now();
+        if (image != self->last_image) {
+            self->last_image = image;
+            self->start = now;
+        }
+        const double elapsed = std::chrono::duration<double>(now - self->start).count();
+        const double rate = elapsed > 0 ? step / elapsed : 0.0;
+        const double eta = rate > 0 ? (steps - step) / rate : 0.0;
+        if (self->terminal) {
+            std::printf("\r  image %d/%d  step %d/%d  %.2f it/s  ETA %.0fs   ", image + 1, self->images, step, steps, rate, eta);
+            if (step == steps) std::printf("\n");
+            std::fflush(stdout);
+        } else if (step == steps) {
+            KILN_LOG_VERBOSE("image %d/%d: %d steps, %.2f it/s", image + 1, self->images, steps, rate);
+        }
+    }
+};
+
+}  // namespace
+
+std::string output_path(const std::string& pattern, int index, int count) {
+    if (pattern.find('%') != std::string::npos) {
+        char buf[4096];
+        std::snprintf(buf, sizeof buf, pattern.c_str(), index);
+        return buf;
+    }
+    if (count <= 1 || index == 0) return pattern;
+    const auto dot = pattern.rfind('.');
+    const auto slash = pattern.rfind('/');
+    const std::string suffix = "_" + std::to_string(index + 1);
+    if (dot == std::string::npos || (slash != std::string::npos && dot < slash)) return pattern + suffix;
+    return pattern.substr(0, dot) + suffix + pattern.substr(dot);
+}
+
+int run_generate(const Options& options) {
+    // Check what can be checked before the (slow) model load.
+    if (!has_image_extension(options.output)) {
+        KILN_LOG_ERROR("%s: unsupported image extension (valid: .png, .jpg, .jpeg, .webp)", options.output.c_str());
+        return kExitUsage;
+    }
+    const std::string::size_type percent = options.output.find('%');
+    if (percent != std::string::npos && options.output.find('%', percent + 1) != std::string::npos) {
+        KILN_LOG_ERROR("%s: the output pattern may hold one %%d-style field", options.output.c_str());
+        return kExitUsage;
+    }
+
+    std::string model = options.model;
+    if (model.empty() && options.diffusion_model.empty()) {
+        auto found = find_default_model();
+        if (!found) {
+            KILN_LOG_ERROR("no model given and the default model %s was not found; pass -m MODEL", kDefaultModelFile);
+            return kExitFailure;
+        }
+        model = *found;
+    }
+
+    kiln_context_params cp;
+    kiln_context_params_init(&cp);
+    cp.model_path = model.empty() ? nullptr : model.c_str();
+    cp.diffusion_model_path = options.diffusion_model.empty() ? nullptr : options.diffusion_model.c_str();
+    cp.vae_path = options.vae.empty() ? nullptr : options.vae.c_str();
+    cp.clip_l_path = options.clip_l.empty() ? nullptr : options.clip_l.c_str();
+    cp.tokenizer_path = options.tokenizer.empty() ? nullptr : options.tokenizer.c_str();
+    cp.weight_type = options.weight_type.empty() ? nullptr : options.weight_type.c_str();
+    cp.prediction = options.prediction.empty() ? nullptr : options.prediction.c_str();
+    cp.n_threads = options.threads;
+
+    kiln_image* init = nullptr;
+    if (!options.init_image.empty()) {
+        ErrorText error;
+        if (kiln_image_load(options.init_image.c_str(), &init, &error.text) != 0) {
+            KILN_LOG_ERROR("%s", error.c_str());
+            return kExitFailure;
+        }
+    }
+
+    ErrorText load_error;
+    KILN_LOG_VERBOSE("loading %s", model.empty() ? options.diffusion_model.c_str() : model.c_str());
+    kiln_context* ctx = kiln_context_create(&cp, &load_error.text);
+    if (!ctx) {
+        kiln_images_free(init, init ? 1 : 0);
+        KILN_LOG_ERROR("%s", load_error.c_str());
+        return kExitFailure;
+    }
+
+    int64_t seed = options.seed;
+    if (seed < 0) {
+        seed = static_cast<int64_t>(std::random_device{}() & 0x7fffffff);
+        KILN_LOG_INFO("seed: %lld", static_cast<long long>(seed));
+    }
+    Progress progress;
+    progress.images = options.batch_count;
+    kiln_generation_params gp;
+    kiln_generation_params_init(&gp);
+    gp.prompt = options.prompt.c_str();
+    gp.negative_prompt = options.negative_prompt.c_str();
+    gp.width = options.width;
+    gp.height = options.height;
+    gp.steps = options.steps;
+    gp.cfg_scale = options.cfg_scale_given ? options.cfg_scale : -1.0f;
+    gp.seed = seed;
+    gp.batch_count = options.batch_count;
+    gp.sampler = options.sampling_method.empty() ? nullptr : options.sampling_method.c_str();
+    gp.scheduler = options.scheduler.empty() ? nullptr : options.scheduler.c_str();
+    gp.rng = options.rng.c_str();
+    gp.clip_skip = options.clip_skip;
+    gp.flash_attention = options.diffusion_fa ? 1 : 0;
+    gp.init_image = init;
+    gp.strength = options.strength;
+    gp.progress = &Progress::on_step;
+    gp.progress_user_data = &progress;
+
+    kiln_image* images = nullptr;
+    int count = 0;
+    ErrorText gen_error;
+    const int rc = kiln_generate(ctx, &gp, &images, &count, &gen_error.text);
+    kiln_images_free(init, init ? 1 : 0);
+    kiln_context_free(ctx);
+    if (rc != 0) {
+        if (progress.terminal) std::printf("\n");
+        KILN_LOG_ERROR("%s", gen_error.c_str());
+        return kExitFailure;
+    }
+    int exit_code = kExitOk;
+    for (int i = 0; i < count; ++i) {
+        const std::string path = output_path(options.output, i, count);
+        ErrorText error;
+        if (kiln_image_save(&images[i], path.c_str(), &error.text) != 0) {
+            KILN_LOG_ERROR("%s", error.c_str());
+            exit_code = kExitFailure;
+            continue;
+        }
+        KILN_LOG_INFO("saved %s (%ux%u)", path.c_str(), images[i].width, images[i].height);
+    }
+    kiln_images_free(images, count);
+    return exit_code;
+}
+
+int run_metadata(const Options& options) {
+    if (options.init_image.empty()) {
+        KILN_LOG_ERROR("metadata: no image given (kiln -M metadata -i IMAGE)");
+        return kExitUsage;
+    }
+    char* text = nullptr;
+    ErrorText error;
+    if (kiln_image_read_parameters(options.init_image.c_str(), &text, &error.text) != 0) {
+        KILN_LOG_ERROR("%s", error.c_str());
+        return kExitFailure;
+    }
+    std::printf("%s\n", text);
+    kiln_free_string(text);
+    return kExitOk;
+}
+
+}  // namespace kiln::cli

@@ -1,0 +1,18 @@
+// `kiln [-M img_gen] -p PROMPT ...`: text-to-image and image-to-image through
+// the C API (include/kiln.h), with a progress line per step and the images
+// written with their parameters.
+#pragma once
+
+#include "args.h"
+
+namespace kiln::cli {
+
+int run_generate(const Options& options);
+// `kiln -M metadata -i IMAGE`: prints the parameters stored in the image.
+int run_metadata(const Options& options);
+
+// "out_%03d.png" with index 2 -> "out_002.png"; without a pattern, batches
+// get "_<index + 1>" before the extension from the second image on.
+std::string output_path(const std::string& pattern, int index, int count);
+
+}  // namespace kiln::cli

@@ -1,0 +1,290 @@
+#!/usr/bin/python3
+"""Trains kiln-tiny: VAE, then UNet + CLIP text encoder on eps-prediction.
+
+    /usr/bin/python3 training/train_tiny.py [--out /tmp/kiln-train] [--seed 0]
+        [--vae-steps N] [--unet-steps N] [--batch N] [--pool N]
+
+Stages (each resumes from what --out already holds):
+  1. VAE (ldm AutoencoderKL): MSE + KL_WEIGHT * KL on freshly drawn batches;
+     checkpoint vae_ckpt.pt, result vae.pt, loss_vae.csv.
+  2. latent pool: POOL images drawn, encoded (posterior mean); the latent
+     scale factor = 1 / std of those latents (SD's 0.18215 plays this role);
+     pool.pt.
+  3. UNet + CLIP jointly: SD's scaled-linear DDPM schedule (beta
+     0.00085..0.012, 1000 steps), uniform t, eps-prediction MSE, 10% of the
+     captions replaced by "" (classifier-free guidance), AdamW with warm-up
+     and cosine decay, EMA of the weights (what is exported); checkpoint
+     unet_ckpt.pt every --ckpt-every steps, loss_unet.csv, result final.pt.
+
+Every random draw comes from generators seeded by (seed, stage, step), so a
+resumed run continues exactly as an uninterrupted one would (up to float
+summation order).
+"""
+
+import argparse
+import copy
+import csv
+import math
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import shapes_dataset as ds  # noqa: E402
+import tiny_model as tm  # noqa: E402
+import tiny_tokenizer  # noqa: E402
+
+KL_WEIGHT = 1e-5
+CAPTION_DROPOUT = 0.10
+
+
+def log(msg):
+    print(time.strftime("%H:%M:%S ") + msg, flush=True)
+
+
+def fmt_time(s):
+    s = int(max(s, 0))
+    return "%d:%02d:%02d" % (s // 3600, s // 60 % 60, s % 60)
+
+
+def lr_at(step, total, base, warmup):
+    if step < warmup:
+        return base * (step + 1) / warmup
+    p = (step - warmup) / max(1, total - warmup)
+    return base * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(p, 1.0))))
+
+
+def save_atomic(obj, path):
+    tmp = path + ".tmp"
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+class CsvLog:
+    def __init__(self, path, header, resume_step):
+        rows = []
+        if os.path.exists(path) and resume_step > 0:
+            with open(path) as f:
+                r = csv.reader(f)
+                next(r, None)
+                rows = [row for row in r if int(row[0]) < resume_step]
+        self.f = open(path, "w", newline="")
+        self.w = csv.writer(self.f)
+        self.w.writerow(header)
+        self.w.writerows(rows)
+        self.f.flush()
+
+    def add(self, row):
+        self.w.writerow(row)
+
+    def flush(self):
+        self.f.flush()
+
+
+def vae_loss(vae, x, gen):
+    moments = vae.quant_conv(vae.encoder(x, {}))
+    mean, logvar = moments.chunk(2, dim=1)
+    logvar = logvar.clamp(-30.0, 20.0)
+    z = mean + torch.exp(0.5 * logvar) * torch.randn(mean.shape, generator=gen)
+    rec, _ = vae.decode(z)
+    mse = F.mse_loss(rec, x)
+    kl = 0.5 * (mean.pow(2) + logvar.exp() - 1.0 - logvar).mean()
+    return mse + KL_WEIGHT * kl, mse, kl
+
+
+def train_vae(args, out):
+    final = os.path.join(out, "vae.pt")
+    if os.path.exists(final):
+        log("stage 1: %s exists, skipping" % final)
+        return
+    torch.manual_seed(args.seed)
+    vae = tm.make_vae()
+    opt = torch.optim.Adam(vae.parameters(), lr=args.vae_lr)
+    start = 0
+    ckpt_path = os.path.join(out, "vae_ckpt.pt")
+    if os.path.exists(ckpt_path):
+        ck = torch.load(ckpt_path)
+        vae.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["opt"])
+        start = ck["step"]
+        log("stage 1: resuming at step %d" % start)
+    log("stage 1: VAE %d params, %d steps, batch %d" % (tm.count(vae), args.vae_steps, args.vae_batch))
+    csvlog = CsvLog(os.path.join(out, "loss_vae.csv"), ["step", "loss", "mse", "kl", "lr", "seconds"], start)
+    t0 = time.time()
+    for step in range(start, args.vae_steps):
+        lr = lr_at(step, args.vae_steps, args.vae_lr, 50)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        x, _, _ = ds.batch([args.seed, 1, step], args.vae_batch)
+        gen = torch.Generator().manual_seed(args.seed * 7919 + 1_000_000 + step)
+        loss, mse, kl = vae_loss(vae, torch.from_numpy(x), gen)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
+        opt.step()
+        el = time.time() - t0
+        csvlog.add([step, "%.6f" % loss.item(), "%.6f" % mse.item(), "%.5f" % kl.item(), "%.3g" % lr, "%.1f" % el])
+        done = step + 1 - start
+        if step % 20 == 0 or step == args.vae_steps - 1:
+            ips = done / el
+            log("vae  step %5d/%d  loss %.5f  mse %.5f  kl %.3f  %.2f it/s  ETA %s" % (
+                step + 1, args.vae_steps, loss.item(), mse.item(), kl.item(), ips,
+                fmt_time((args.vae_steps - step - 1) / ips)))
+            csvlog.flush()
+        if (step + 1) % args.ckpt_every == 0:
+            save_atomic({"model": vae.state_dict(), "opt": opt.state_dict(), "step": step + 1}, ckpt_path)
+    csvlog.flush()
+    save_atomic({"model": vae.state_dict(), "config": tm.CONFIG["vae"]}, final)
+    log("stage 1 done in %s" % fmt_time(time.time() - t0))
+
+
+@torch.no_grad()
+def make_pool(args, out):
+    path = os.path.join(out, "pool.pt")
+    if os.path.exists(path):
+        log("stage 2: %s exists, skipping" % path)
+        return
+    vae = tm.make_vae()
+    vae.load_state_dict(torch.load(os.path.join(out, "vae.pt"))["model"])
+    vae.eval()
+    t0 = time.time()
+    lat, caps, mses = [], [], []
+    chunk = 250
+    for i in range(0, args.pool, chunk):
+        x, c, _ = ds.batch([args.seed, 2, i], min(chunk, args.pool - i))
+        x = torch.from_numpy(x)
+        mean, _ = vae.encode(x)
+        if i < 1000:
+            rec, _ = vae.decode(mean)
+            mses.append(F.mse_loss(rec, x).item())
+        lat.append(mean)
+        caps.extend(c)
+    lat = torch.cat(lat)
+    std = lat.std().item()
+    scale = 1.0 / std
+    log("stage 2: pool %d latents in %.0f s; latent mean %.4f std %.4f -> scale factor %.5f; "
+        "recon mse (first 1000) %.5f" % (len(caps), time.time() - t0, lat.mean().item(), std, scale,
+                                        float(np.mean(mses))))
+    save_atomic({"latents": lat * scale, "captions": caps, "scale_factor": scale}, path)
+
+
+def train_unet(args, out):
+    final = os.path.join(out, "final.pt")
+    if os.path.exists(final):
+        log("stage 3: %s exists, skipping" % final)
+        return
+    tok = tiny_tokenizer.default()
+    pool = torch.load(os.path.join(out, "pool.pt"))
+    lat = pool["latents"]
+    cap_ids = {}
+    for c in set(pool["captions"]) | {""}:
+        cap_ids[c] = torch.tensor(tok(c), dtype=torch.long)
+    pool_tokens = torch.stack([cap_ids[c] for c in pool["captions"]])
+    empty = cap_ids[""]
+
+    torch.manual_seed(args.seed + 1)
+    clip = tm.make_clip(len(tok.tokens))
+    unet = tm.make_unet(tm.CONFIG["clip"]["width"])
+    params = list(clip.parameters()) + list(unet.parameters())
+    opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0, betas=(0.9, 0.99))
+    ema_clip, ema_unet = copy.deepcopy(clip), copy.deepcopy(unet)
+    for p in list(ema_clip.parameters()) + list(ema_unet.parameters()):
+        p.requires_grad_(False)
+    start = 0
+    ckpt_path = os.path.join(out, "unet_ckpt.pt")
+    if os.path.exists(ckpt_path):
+        ck = torch.load(ckpt_path)
+        clip.load_state_dict(ck["clip"])
+        unet.load_state_dict(ck["unet"])
+        ema_clip.load_state_dict(ck["ema_clip"])
+        ema_unet.load_state_dict(ck["ema_unet"])
+        opt.load_state_dict(ck["opt"])
+        start = ck["step"]
+        log("stage 3: resuming at step %d" % start)
+    acp = tm.alphas_cumprod()
+    log("stage 3: CLIP %d params, UNet %d params, %d steps, batch %d, pool %d" % (
+        tm.count(clip), tm.count(unet), args.unet_steps, args.batch, len(lat)))
+    csvlog = CsvLog(os.path.join(out, "loss_unet.csv"), ["step", "loss", "lr", "seconds"], start)
+    t0 = time.time()
+    ema_params = list(ema_clip.parameters()) + list(ema_unet.parameters())
+    smooth = None
+    for step in range(start, args.unet_steps):
+        lr = lr_at(step, args.unet_steps, args.lr, 200)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        gen = torch.Generator().manual_seed(args.seed * 7919 + 3_000_000 + step)
+        idx = torch.randint(0, len(lat), (args.batch,), generator=gen)
+        x0 = lat[idx]
+        tokens = pool_tokens[idx].clone()
+        drop = torch.rand(args.batch, generator=gen) < CAPTION_DROPOUT
+        tokens[drop] = empty
+        t = torch.randint(0, 1000, (args.batch,), generator=gen)
+        noise = torch.randn(x0.shape, generator=gen)
+        a = acp[t].view(-1, 1, 1, 1)
+        xt = a.sqrt() * x0 + (1 - a).sqrt() * noise
+        ctx = clip(tokens)
+        pred, _ = unet(xt, t.float(), ctx)
+        loss = F.mse_loss(pred, noise)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        decay = min(args.ema, (1 + step) / (10 + step))
+        with torch.no_grad():
+            torch._foreach_mul_(ema_params, decay)
+            torch._foreach_add_(ema_params, params, alpha=1 - decay)
+        el = time.time() - t0
+        smooth = loss.item() if smooth is None else 0.98 * smooth + 0.02 * loss.item()
+        csvlog.add([step, "%.6f" % loss.item(), "%.3g" % lr, "%.1f" % el])
+        done = step + 1 - start
+        if step % 25 == 0 or step == args.unet_steps - 1:
+            ips = done / el
+            log("unet step %5d/%d  loss %.4f (avg %.4f)  lr %.2e  %.2f it/s  ETA %s" % (
+                step + 1, args.unet_steps, loss.item(), smooth, lr, ips,
+                fmt_time((args.unet_steps - step - 1) / ips)))
+            csvlog.flush()
+        if (step + 1) % args.ckpt_every == 0 or step == args.unet_steps - 1:
+            save_atomic({"clip": clip.state_dict(), "unet": unet.state_dict(), "ema_clip": ema_clip.state_dict(),
+                         "ema_unet": ema_unet.state_dict(), "opt": opt.state_dict(), "step": step + 1}, ckpt_path)
+    csvlog.flush()
+    vae = torch.load(os.path.join(out, "vae.pt"))["model"]
+    save_atomic({"clip": ema_clip.state_dict(), "unet": ema_unet.state_dict(), "vae": vae,
+                 "scale_factor": pool["scale_factor"], "tokens": tok.tokens, "merges": tok.merges,
+                 "config": tm.CONFIG, "steps": args.unet_steps, "seed": args.seed}, final)
+    log("stage 3 done in %s; wrote %s" % (fmt_time(time.time() - t0), final))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="/tmp/kiln-train", help="run folder (checkpoints, CSVs, results)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--vae-steps", type=int, default=600)
+    ap.add_argument("--vae-batch", type=int, default=32)
+    ap.add_argument("--vae-lr", type=float, default=2e-3)
+    ap.add_argument("--pool", type=int, default=20000, help="images encoded for the UNet stage")
+    ap.add_argument("--unet-steps", type=int, default=3000)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--lr", type=float, default=6e-4)
+    ap.add_argument("--ema", type=float, default=0.998)
+    ap.add_argument("--ckpt-every", type=int, default=200)
+    ap.add_argument("--stage", choices=["all", "vae", "pool", "unet"], default="all")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    os.makedirs(args.out, exist_ok=True)
+    log("args: " + " ".join("%s=%s" % kv for kv in sorted(vars(args).items())))
+    if args.stage in ("all", "vae"):
+        train_vae(args, args.out)
+    if args.stage in ("all", "pool"):
+        make_pool(args, args.out)
+    if args.stage in ("all", "unet"):
+        train_unet(args, args.out)
+
+
+if __name__ == "__main__":
+    main()
