@@ -185,7 +185,8 @@ def main():
 
     sigma0 = float(fx["sigmas.discrete"][0])
     x0 = torch.from_numpy(noise0 * np.float32(sigma0)).reshape(LATENT_SHAPE).double()
-    fx["denoised0.discrete"] = make_denoiser(unet, schedule, cond, uncond, torch.float64, [0])(x0, sigma0).float().contiguous()
+    first = make_denoiser(unet, schedule, cond, uncond, torch.float64, [0])
+    fx["denoised0.discrete"] = first(x0, sigma0).float().contiguous()
 
     stats = {}
     for sampler, scheduler in CASES:

@@ -16,7 +16,9 @@ using test::run_command;
 using test::TempDir;
 
 std::string kiln_with_model(const std::string& args) {
-    return std::string(KILN_BIN) + " -m " + test::golden_path("models/sd1_tiny.safetensors") + " --tokenizer " +
+    // One thread: ctest runs tests in parallel, and ggml's spinning thread pool
+    // slows down badly when its threads outnumber the free cores.
+    return std::string(KILN_BIN) + " -t 1 -m " + test::golden_path("models/sd1_tiny.safetensors") + " --tokenizer " +
            KILN_FIXTURES_DIR + "/tiny_tokenizer " + args;
 }
 
