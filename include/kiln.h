@@ -86,6 +86,7 @@ typedef struct {
     int flash_attention;       /* --diffusion-fa */
     const kiln_image* init_image; /* image-to-image, or NULL */
     float strength;               /* with init_image: share of the schedule to run, (0, 1] */
+    const kiln_image* mask;       /* inpainting (needs init_image): white repaints, black keeps; or NULL */
     kiln_progress_callback progress;
     void* progress_user_data;
 } kiln_generation_params;

@@ -160,6 +160,11 @@ int kiln_generate(kiln_context* ctx, const kiln_generation_params* params, kiln_
             if (!img.ok()) return fail(error, "init image: " + img.error().message);
             r.init_image = std::move(img).value();
         }
+        if (params->mask) {
+            auto img = import_image(params->mask);
+            if (!img.ok()) return fail(error, "mask: " + img.error().message);
+            r.mask = std::move(img).value();
+        }
         kiln::pipeline::StepCallback on_step;
         if (params->progress) {
             on_step = [params](int image, int step, int total) { params->progress(image, step, total, params->progress_user_data); };

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 
 #include "pipeline/schedulers.h"
 #include "runtime/graph_session.h"
@@ -46,6 +48,7 @@ Result<Plan> plan_request(const StableDiffusionModel& model, const GenerationReq
     auto scheduler = parse_scheduler(r.scheduler.empty() ? d.scheduler : r.scheduler);
     if (!scheduler.ok()) return scheduler.error();
     p.scheduler = *scheduler;
+    if (r.mask && !r.init_image) return Error{"--mask needs an init image (-i)"};
     if (r.init_image && !(r.strength > 0.0f && r.strength <= 1.0f)) {
         return Error{"strength must be in (0, 1], got " + std::to_string(r.strength)};
     }
@@ -69,8 +72,14 @@ Result<std::vector<float>> run_unet(StableDiffusionModel& model, const std::vect
     for (int64_t b = 0; b < batch; ++b) {
         float* dst = input.data() + b * plane * uc.in_channels;
         for (int64_t i = 0; i < latent_values; ++i) dst[i] = x[static_cast<size_t>(i)] * s.c_in;
-        // A 9-channel inpainting UNet without a mask: mask 1 (repaint all), masked image 0.
-        if (uc.in_channels > uc.out_channels) std::fill(dst + latent_values, dst + latent_values + plane, 1.0f);
+        if (uc.in_channels > uc.out_channels) {
+            if (!p.concat.empty()) {
+                std::copy(p.concat.begin(), p.concat.end(), dst + latent_values);
+            } else {
+                // No mask: repaint everything (mask 1, masked image 0).
+                std::fill(dst + latent_values, dst + latent_values + plane, 1.0f);
+            }
+        }
     }
     std::vector<float> timesteps(static_cast<size_t>(batch), t);
     std::vector<float> context(cond.hidden);
@@ -137,13 +146,90 @@ Result<std::vector<float>> encode_image(StableDiffusionModel& model, const image
     return latent;
 }
 
+// "0.5", "0.75": the shortest form that reads back the same, as A1111 prints.
+std::string format_number(float value) {
+    char buf[32];
+    for (int precision = 1; precision < 10; ++precision) {
+        std::snprintf(buf, sizeof buf, "%.*g", precision, static_cast<double>(value));
+        if (std::strtof(buf, nullptr) == value) break;
+    }
+    return buf;
+}
+
+// A grey mask in [0, 1] (1 = repaint) resized to width x height.
+Result<std::vector<float>> mask_plane(const image::Image& mask, int width, int height) {
+    auto grey = image::convert_channels(mask, 1);
+    if (!grey.ok()) return Error{"mask: " + grey.error().message};
+    image::Image m = std::move(grey).value();
+    if (m.width != width || m.height != height) {
+        auto resized = image::resize_image(m, width, height, image::ResizeFilter::Bilinear);
+        if (!resized.ok()) return Error{"mask: " + resized.error().message};
+        m = std::move(resized).value();
+    }
+    std::vector<float> plane(m.pixels.size());
+    for (size_t i = 0; i < plane.size(); ++i) plane[i] = m.pixels[i] / 255.0f;
+    return plane;
+}
+
+// Fills run.concat (9-channel inpainting UNet: mask, masked-image latent) or
+// run.keep_weight / keep_latent (regular UNet: latent masking).
+Status prepare_inpainting(StableDiffusionModel& model, const image::Image& init, const image::Image& mask,
+                          const std::vector<float>& init_latent, const Plan& p, SamplingRun& run) {
+    auto latent_mask = mask_plane(mask, p.latent_w, p.latent_h);
+    if (!latent_mask.ok()) return latent_mask.error();
+    const models::UnetConfig& uc = model.unet().config();
+    const size_t plane = static_cast<size_t>(p.latent_w) * p.latent_h;
+    if (uc.in_channels == uc.out_channels) {
+        run.keep_weight.resize(init_latent.size());
+        for (size_t k = 0; k < init_latent.size(); ++k) run.keep_weight[k] = 1.0f - (*latent_mask)[k % plane];
+        run.keep_latent = init_latent;
+        return Status::Ok();
+    }
+    if (uc.in_channels != 2 * uc.out_channels + 1) {
+        return Error{"the UNet has " + std::to_string(uc.in_channels) + " input channels: not an inpainting UNet kiln knows"};
+    }
+    // The masked image: the init image with the repainted area set to 0 (grey
+    // in [-1, 1]) where the mask is at least half on, as diffusers prepares it.
+    auto pixel_mask = mask_plane(mask, p.width, p.height);
+    if (!pixel_mask.ok()) return pixel_mask.error();
+    auto rgb = image::convert_channels(init, 3);
+    if (!rgb.ok()) return rgb.error();
+    image::Image masked = std::move(rgb).value();
+    if (masked.width != p.width || masked.height != p.height) {
+        auto resized = image::resize_image(masked, p.width, p.height);
+        if (!resized.ok()) return resized.error();
+        masked = std::move(resized).value();
+    }
+    for (size_t i = 0; i < pixel_mask->size(); ++i) {
+        if ((*pixel_mask)[i] >= 0.5f) {
+            for (int ch = 0; ch < 3; ++ch) masked.pixels[i * 3 + static_cast<size_t>(ch)] = 128;
+        }
+    }
+    auto masked_latent = encode_image(model, masked, p);
+    if (!masked_latent.ok()) return masked_latent.error();
+    run.concat = *latent_mask;
+    run.concat.insert(run.concat.end(), masked_latent->begin(), masked_latent->end());
+    return Status::Ok();
+}
+
 }  // namespace
 
 Result<std::vector<float>> sample_latent(StableDiffusionModel& model, const SamplingRun& run, std::vector<float> x,
                                          const Conditioning& cond, const Conditioning* uncond, Rng& rng,
                                          const ProgressFn& progress) {
-    DenoiseFn denoise = [&](const std::vector<float>& xt, float sigma, int) {
-        return run_unet(model, xt, sigma, run, cond, run.cfg_scale != 1.0f ? uncond : nullptr);
+    const size_t extra = static_cast<size_t>(run.latent_w * run.latent_h *
+                                             (model.unet().config().in_channels - model.unet().config().out_channels));
+    if (!run.concat.empty() && run.concat.size() != extra) return Error{"inpainting inputs have the wrong size"};
+    if (run.keep_weight.size() != run.keep_latent.size() || (!run.keep_weight.empty() && run.keep_weight.size() != x.size())) {
+        return Error{"latent mask has the wrong size"};
+    }
+    DenoiseFn denoise = [&](const std::vector<float>& xt, float sigma, int) -> Result<std::vector<float>> {
+        auto denoised = run_unet(model, xt, sigma, run, cond, run.cfg_scale != 1.0f ? uncond : nullptr);
+        if (!denoised.ok() || run.keep_weight.empty()) return denoised;
+        // Latent masking (sd.cpp, A1111): the kept region follows the init image.
+        std::vector<float>& d = *denoised;
+        for (size_t k = 0; k < d.size(); ++k) d[k] = d[k] + run.keep_weight[k] * (run.keep_latent[k] - d[k]);
+        return denoised;
     };
     return sample(run.sampler, denoise, std::move(x), run.sigmas, rng, run.eta, progress);
 }
@@ -194,6 +280,11 @@ Result<std::vector<GeneratedImage>> generate(StableDiffusionModel& model, const 
     }
 
     SamplingRun run;
+    if (request.mask) {
+        if (!init_latent) return Error{"--mask needs an init image (-i)"};
+        auto prepared = prepare_inpainting(model, *request.init_image, *request.mask, *init_latent, p, run);
+        if (!prepared.ok()) return prepared.error();
+    }
     run.latent_w = p.latent_w;
     run.latent_h = p.latent_h;
     run.cfg_scale = p.cfg;
@@ -231,7 +322,8 @@ Result<std::vector<GeneratedImage>> generate(StableDiffusionModel& model, const 
         info.width = p.width;
         info.height = p.height;
         info.model = model.name();
-        if (request.init_image) info.extra.emplace_back("Denoising strength", std::to_string(request.strength));
+        if (request.init_image) info.extra.emplace_back("Denoising strength", format_number(request.strength));
+        if (request.mask) info.extra.emplace_back("Mask", "yes");
         if (request.clip_skip > 1) info.extra.emplace_back("Clip skip", std::to_string(request.clip_skip));
         info.extra.emplace_back("RNG", std::string(rng_kind_name(request.rng)));
         info.extra.emplace_back("Version", std::string("kiln ") + KILN_VERSION);

@@ -35,6 +35,10 @@ struct GenerationRequest {
     // much of the schedule to run (1 = all of it, like txt2img).
     std::optional<image::Image> init_image;
     float strength = 0.75f;
+    // Inpainting (needs init_image): white repaints, black keeps (A1111's
+    // convention); resized to the image. A 9-channel inpainting UNet sees the
+    // mask and the masked image; a regular UNet keeps the unmasked latent.
+    std::optional<image::Image> mask;
 };
 
 struct GeneratedImage {
@@ -62,6 +66,14 @@ struct SamplingRun {
     std::vector<float> sigmas;  // from get_sigmas, possibly shortened for img2img
     float eta = 1.0f;
     bool flash_attention = false;
+    // Extra UNet input channels after the latent (an inpainting UNet's mask
+    // and masked-image latent), in_channels - out_channels planes; empty
+    // fills them with "repaint everything" (mask 1, masked image 0).
+    std::vector<float> concat;
+    // Latent masking for a regular UNet: where keep_weight is 1 the
+    // denoised estimate is replaced by keep_latent (the init image).
+    std::vector<float> keep_weight;
+    std::vector<float> keep_latent;
 };
 
 // Runs the sampler from `x` (noise * sigmas[0], plus the init latent for

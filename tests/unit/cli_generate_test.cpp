@@ -87,6 +87,44 @@ TEST(CliGenerate, ImageToImageStartsFromTheGivenImage) {
     EXPECT_NE(meta.out.find("Denoising strength: 0.5"), std::string::npos) << meta.out;
 }
 
+std::string write_mask(const TempDir& dir, const std::string& name, uint8_t value) {
+    image::Image mask = image::make_image(32, 32, 1, value);
+    const std::string path = dir.file(name);
+    EXPECT_TRUE(image::write_image(path, mask).ok());
+    return path;
+}
+
+// Latent masking with a regular UNet: an all-black mask keeps everything, so
+// the seed cannot matter; an all-white one repaints everything, so it must.
+TEST(CliGenerate, InpaintingWithARegularUnetKeepsTheBlackArea) {
+    TempDir dir;
+    ASSERT_EQ(run_command(kiln_with_model("-p x -W 32 -H 32 --steps 2 -o " + dir.file("init.png"))).exit_code, 0);
+    const std::string keep = write_mask(dir, "keep.png", 0);
+    const std::string repaint = write_mask(dir, "repaint.png", 255);
+    auto run = [&](const std::string& mask, int seed, const std::string& out) {
+        auto r = run_command(kiln_with_model("-p x -W 32 -H 32 --steps 3 --strength 1 -i " + dir.file("init.png") +
+                                             " --mask " + mask + " -s " + std::to_string(seed) + " -o " + dir.file(out)));
+        EXPECT_EQ(r.exit_code, 0) << r.err;
+        return image::read_image(dir.file(out)).value().pixels;
+    };
+    EXPECT_EQ(run(keep, 1, "k1.png"), run(keep, 2, "k2.png"));
+    EXPECT_NE(run(repaint, 1, "r1.png"), run(repaint, 2, "r2.png"));
+}
+
+TEST(CliGenerate, InpaintingUnetTakesTheMaskAndMaskedImage) {
+    TempDir dir;
+    ASSERT_EQ(run_command(kiln_with_model("-p x -W 32 -H 32 --steps 2 -o " + dir.file("init.png"))).exit_code, 0);
+    const std::string inpaint_unet = test::golden_path("models/sd1_inpaint_tiny.safetensors");
+    auto r = run_command(kiln_with_model("--diffusion-model " + inpaint_unet + " -p x -W 32 -H 32 --steps 2 --strength 1 -i " +
+                                         dir.file("init.png") + " --mask " + write_mask(dir, "m.png", 255) + " -o " +
+                                         dir.file("out.png")));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_TRUE(image::read_image(dir.file("out.png")).ok());
+    r = run_command(kiln_with_model("-p x -W 32 -H 32 --steps 1 --mask " + dir.file("m.png") + " -o " + dir.file("x.png")));
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(r.err.find("--mask needs an init image (-i)"), std::string::npos) << r.err;
+}
+
 // Each bad request: one error line naming the problem, a non-zero exit, no file.
 TEST(CliGenerate, BadRequestsFailCleanlyWithoutOutput) {
     TempDir dir;

@@ -92,6 +92,7 @@ const std::vector<Flag>& flags() {
          path_setter(&Options::output)},
         {"-i", "--init-img", "PATH", "initial image for image-to-image (with -M metadata: the image to read)",
          path_setter(&Options::init_image)},
+        {nullptr, "--mask", "PATH", "inpainting mask for -i: white repaints, black keeps", path_setter(&Options::mask)},
         {nullptr, "--strength", "X", "image-to-image: share of the schedule to run, in (0, 1] (default 0.75)",
          [](Options& o, const std::string& v) -> std::optional<std::string> {
              char* end = nullptr;

@@ -39,6 +39,7 @@ struct Options {
     std::string negative_prompt;
     std::string output = "output.png";
     std::string init_image;
+    std::string mask;
     int width = 0;   // 0: the model's default
     int height = 0;  // 0: the model's default
     int steps = 0;   // 0: the model's default

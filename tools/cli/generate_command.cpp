@@ -116,11 +116,22 @@ int run_generate(const Options& options) {
         }
     }
 
+    kiln_image* mask = nullptr;
+    if (!options.mask.empty()) {
+        ErrorText error;
+        if (kiln_image_load(options.mask.c_str(), &mask, &error.text) != 0) {
+            kiln_images_free(init, init ? 1 : 0);
+            KILN_LOG_ERROR("%s", error.c_str());
+            return kExitFailure;
+        }
+    }
+
     ErrorText load_error;
     KILN_LOG_VERBOSE("loading %s", model.empty() ? options.diffusion_model.c_str() : model.c_str());
     kiln_context* ctx = kiln_context_create(&cp, &load_error.text);
     if (!ctx) {
         kiln_images_free(init, init ? 1 : 0);
+        kiln_images_free(mask, mask ? 1 : 0);
         KILN_LOG_ERROR("%s", load_error.c_str());
         return kExitFailure;
     }
@@ -149,6 +160,7 @@ int run_generate(const Options& options) {
     gp.flash_attention = options.diffusion_fa ? 1 : 0;
     gp.init_image = init;
     gp.strength = options.strength;
+    gp.mask = mask;
     gp.progress = &Progress::on_step;
     gp.progress_user_data = &progress;
 
@@ -157,6 +169,7 @@ int run_generate(const Options& options) {
     ErrorText gen_error;
     const int rc = kiln_generate(ctx, &gp, &images, &count, &gen_error.text);
     kiln_images_free(init, init ? 1 : 0);
+    kiln_images_free(mask, mask ? 1 : 0);
     kiln_context_free(ctx);
     if (rc != 0) {
         if (progress.terminal) std::printf("\n");
