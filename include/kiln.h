@@ -39,6 +39,7 @@ typedef struct {
     const char* vae_path;             /* --vae, or NULL */
     const char* clip_l_path;          /* --clip_l, or NULL */
     const char* tokenizer_path;       /* --tokenizer, or NULL (use the model's) */
+    const char* embeddings_dir;       /* --embd-dir: textual-inversion embeddings, or NULL */
     const char* weight_type;          /* --type ("f32", "q8_0", ...), or NULL to keep the file's */
     const char* prediction;           /* "eps", "v", or NULL (the model's) */
     int n_threads;                    /* <= 0: all cores */

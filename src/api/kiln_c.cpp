@@ -73,6 +73,7 @@ kiln_context* kiln_context_create(const kiln_context_params* params, char** erro
         paths.vae = str(params->vae_path);
         paths.clip_l = str(params->clip_l_path);
         paths.tokenizer = str(params->tokenizer_path);
+        paths.embeddings = str(params->embeddings_dir);
         kiln::pipeline::ModelOptions options;
         options.threads = params->n_threads;
         if (params->weight_type) {

@@ -95,10 +95,17 @@ void ClipTextEncoder::declare() {
     }
 }
 
-ggml_tensor* ClipTextEncoder::build(ggml_context* ctx, ggml_tensor* tokens, int clip_skip) const {
+ggml_tensor* ClipTextEncoder::build(ggml_context* ctx, ggml_tensor* tokens, int clip_skip,
+                                    ggml_tensor* extra_embeddings) const {
     const ClipTextConfig& c = config_;
     const int64_t n = tokens->ne[0], batch = tokens->ne[1];
-    ggml_tensor* x = ggml_get_rows(ctx, token_embedding_, ggml_reshape_1d(ctx, tokens, n * batch));  // [W, n*B]
+    ggml_tensor* table = token_embedding_;
+    if (extra_embeddings) {
+        // Textual-inversion vectors continue the vocabulary's table.
+        if (table->type != GGML_TYPE_F32) table = ggml_cast(ctx, table, GGML_TYPE_F32);
+        table = ggml_concat(ctx, table, extra_embeddings, 1);
+    }
+    ggml_tensor* x = ggml_get_rows(ctx, table, ggml_reshape_1d(ctx, tokens, n * batch));  // [W, n*B]
     x = ggml_reshape_3d(ctx, x, c.width, n, batch);
     x = ggml_add(ctx, x, ggml_view_2d(ctx, position_embedding_, c.width, n, position_embedding_->nb[1], 0));
 

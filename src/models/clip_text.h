@@ -38,8 +38,10 @@ class ClipTextEncoder {
 
     // tokens: I32 ne [context, batch]. clip_skip 1 = last layer, 2 = penultimate, ...;
     // the final layer norm is applied to the chosen layer's output (as SD does).
-    // Returns ne [width, context, batch].
-    ggml_tensor* build(ggml_context* ctx, ggml_tensor* tokens, int clip_skip) const;
+    // extra_embeddings: F32 ne [width, n] rows for token ids vocab..vocab+n-1
+    // (textual inversion), or null. Returns ne [width, context, batch].
+    ggml_tensor* build(ggml_context* ctx, ggml_tensor* tokens, int clip_skip,
+                       ggml_tensor* extra_embeddings = nullptr) const;
 
   private:
     struct Layer;

@@ -44,7 +44,13 @@ Result<Conditioning> encode_prompt(StableDiffusionModel& model, const std::strin
     for (const auto& chunk : chunks.tokens) ids.insert(ids.end(), chunk.begin(), chunk.end());
     runtime::GraphSession session;
     ggml_tensor* tokens = session.input(GGML_TYPE_I32, {static_cast<int64_t>(length), batch}, ids.data(), "tokens");
-    ggml_tensor* out = clip.build(session.ctx(), tokens, skip);
+    const EmbeddingTable& extra = model.embeddings();
+    ggml_tensor* extra_rows = nullptr;
+    if (extra.rows() > 0) {
+        extra_rows = session.input(GGML_TYPE_F32, {extra.width, static_cast<int64_t>(extra.rows())}, extra.vectors.data(),
+                                   "embeddings");
+    }
+    ggml_tensor* out = clip.build(session.ctx(), tokens, skip, extra_rows);
     KILN_TRY(session.run(model.compute(), out));
 
     Conditioning c;

@@ -158,6 +158,19 @@ Result<std::unique_ptr<StableDiffusionModel>> StableDiffusionModel::load(const M
                      " tokens but the text encoder only " + std::to_string(m->clip_->config().vocab)};
     }
 
+    if (!paths.embeddings.empty()) {
+        if (m->tokenizer_->vocab_size() != m->clip_->config().vocab) {
+            return Error{"textual-inversion embeddings need the tokenizer's vocabulary (" +
+                         std::to_string(m->tokenizer_->vocab_size()) + " tokens) to match the text encoder's (" +
+                         std::to_string(m->clip_->config().vocab) + ")"};
+        }
+        auto table = load_embeddings(paths.embeddings, m->clip_->config().width, *m->tokenizer_);
+        if (!table.ok()) return table.error();
+        m->embeddings_ = std::move(table).value();
+        KILN_LOG_VERBOSE("textual inversion: %zu embeddings, %zu vectors", m->tokenizer_->embeddings().size(),
+                         m->embeddings_.rows());
+    }
+
     auto compute = runtime::CpuCompute::create(options.threads);
     if (!compute.ok()) return compute.error();
     m->compute_ = std::move(compute).value();

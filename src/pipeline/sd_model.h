@@ -14,6 +14,7 @@
 #include "models/vae.h"
 #include "pipeline/clip_tokenizer.h"
 #include "pipeline/denoiser.h"
+#include "pipeline/embeddings.h"
 #include "runtime/cpu_compute.h"
 #include "util/result.h"
 
@@ -25,6 +26,7 @@ struct ModelPaths {
     std::string vae;                 // --vae
     std::string clip_l;              // --clip_l
     std::string tokenizer;           // --tokenizer
+    std::string embeddings;          // --embd-dir: textual-inversion embeddings
 };
 
 struct ModelOptions {
@@ -61,6 +63,8 @@ class StableDiffusionModel {
     int32_t pad_token() const { return pad_token_; }
 
     const ClipTokenizer& tokenizer() const { return *tokenizer_; }
+    // Textual-inversion vectors for token ids from the vocabulary's end on.
+    const EmbeddingTable& embeddings() const { return embeddings_; }
     const models::ClipTextEncoder& text_encoder() const { return *clip_; }
     const models::Unet& unet() const { return *unet_; }
     const models::Vae& vae() const { return *vae_; }
@@ -77,6 +81,7 @@ class StableDiffusionModel {
     int default_clip_skip_ = 1;
     int32_t pad_token_ = 49407;
     std::unique_ptr<ClipTokenizer> tokenizer_;
+    EmbeddingTable embeddings_;
     std::unique_ptr<models::ClipTextEncoder> clip_;
     std::unique_ptr<models::Unet> unet_;
     std::unique_ptr<models::Vae> vae_;

@@ -84,6 +84,8 @@ const std::vector<Flag>& flags() {
         {nullptr, "--t5xxl", "PATH", "standalone T5-XXL text encoder weights", path_setter(&Options::t5xxl)},
         {nullptr, "--tokenizer", "PATH", "tokenizer data (tokenizer.json, vocab.json + merges.txt, or a folder)",
          path_setter(&Options::tokenizer)},
+        {nullptr, "--embd-dir", "PATH", "folder of textual-inversion embeddings (.pt, .safetensors); use a file's name in the prompt",
+         path_setter(&Options::embeddings_dir)},
         {nullptr, "--type", "TYPE", "weight type to compute with: f32, f16, bf16, q8_0, q5_0, q5_1, q4_0, q4_1, q2_K..q6_K",
          string_setter(&Options::weight_type)},
         {"-p", "--prompt", "TEXT", "the prompt", string_setter(&Options::prompt)},

@@ -32,6 +32,7 @@ struct Options {
     std::string clip_g;
     std::string t5xxl;
     std::string tokenizer;
+    std::string embeddings_dir;  // --embd-dir
     std::string weight_type;  // --type, validated by the io layer
 
     // Generation.

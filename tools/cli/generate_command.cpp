@@ -103,6 +103,7 @@ int run_generate(const Options& options) {
     cp.vae_path = options.vae.empty() ? nullptr : options.vae.c_str();
     cp.clip_l_path = options.clip_l.empty() ? nullptr : options.clip_l.c_str();
     cp.tokenizer_path = options.tokenizer.empty() ? nullptr : options.tokenizer.c_str();
+    cp.embeddings_dir = options.embeddings_dir.empty() ? nullptr : options.embeddings_dir.c_str();
     cp.weight_type = options.weight_type.empty() ? nullptr : options.weight_type.c_str();
     cp.prediction = options.prediction.empty() ? nullptr : options.prediction.c_str();
     cp.n_threads = options.threads;

@@ -1,0 +1,406 @@
+// VAE tiling: the grid and blend rule on synthetic tile functions (exact
+// answers), then decode and encode with the tiny golden SD1 model against the
+// untiled VAE graph run directly.
+#include "pipeline/vae_tiling.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+
+#include "golden.h"
+#include "runtime/graph_session.h"
+
+namespace kiln {
+namespace {
+
+using pipeline::TiledMap;
+using pipeline::TilingStats;
+using pipeline::VaeTiling;
+
+// ---------------------------------------------------------------- grid + blend
+
+TEST(VaeTiling, ValidateTilingNamesTheParameterAndRange) {
+    EXPECT_TRUE(pipeline::validate_tiling(VaeTiling{}).ok());
+    EXPECT_TRUE(pipeline::validate_tiling(VaeTiling{8, 0.0f}).ok());
+    EXPECT_TRUE(pipeline::validate_tiling(VaeTiling{64, 0.99f}).ok());
+
+    Status s = pipeline::validate_tiling(VaeTiling{7, 0.5f});
+    ASSERT_FALSE(s.ok());
+    EXPECT_NE(s.error().message.find("tile size"), std::string::npos) << s.error().message;
+    EXPECT_NE(s.error().message.find("at least 8"), std::string::npos) << s.error().message;
+    EXPECT_NE(s.error().message.find("got 7"), std::string::npos) << s.error().message;
+
+    for (float bad : {-0.1f, 1.0f, 1.5f, std::numeric_limits<float>::quiet_NaN()}) {
+        s = pipeline::validate_tiling(VaeTiling{32, bad});
+        ASSERT_FALSE(s.ok()) << bad;
+        EXPECT_NE(s.error().message.find("overlap"), std::string::npos) << s.error().message;
+        EXPECT_NE(s.error().message.find("[0, 1)"), std::string::npos) << s.error().message;
+    }
+}
+
+TEST(VaeTiling, TileStartsFormARegularGridWithTheLastTileFlushWithTheEdge) {
+    using V = std::vector<int64_t>;
+    EXPECT_EQ(pipeline::tile_starts(40, 16, 0.5f), (V{0, 8, 16, 24}));
+    EXPECT_EQ(pipeline::tile_starts(37, 16, 0.5f), (V{0, 8, 16, 21}));  // last tile moved back by 3
+    EXPECT_EQ(pipeline::tile_starts(24, 16, 0.5f), (V{0, 8}));
+    EXPECT_EQ(pipeline::tile_starts(17, 16, 0.5f), (V{0, 1}));
+    EXPECT_EQ(pipeline::tile_starts(16, 16, 0.5f), (V{0}));
+    EXPECT_EQ(pipeline::tile_starts(9, 16, 0.5f), (V{0}));
+    EXPECT_EQ(pipeline::tile_starts(32, 16, 0.0f), (V{0, 16}));  // no overlap: tiles abut
+    EXPECT_EQ(pipeline::tile_starts(40, 16, 0.0f), (V{0, 16, 24}));
+    EXPECT_EQ(pipeline::tile_starts(40, 16, 0.75f), (V{0, 4, 8, 12, 16, 20, 24}));
+    EXPECT_EQ(pipeline::tile_starts(13, 8, 0.3f), (V{0, 5}));  // floor(8 * 0.3) = 2 shared -> stride 6
+}
+
+// A pointwise map (nearest 2x upsampling with a per-channel affine change)
+// has no receptive field, so any tiling must reproduce it up to rounding:
+// this checks cropping, placement and weight normalisation on every geometry.
+std::vector<float> pointwise_up2(const std::vector<float>& in, int64_t channels, int64_t w, int64_t h) {
+    std::vector<float> out(static_cast<size_t>(2 * channels * 4 * w * h));
+    for (int64_t o = 0; o < 2 * channels; ++o) {
+        const int64_t c = o % channels;
+        for (int64_t y = 0; y < 2 * h; ++y) {
+            for (int64_t x = 0; x < 2 * w; ++x) {
+                const float v = in[static_cast<size_t>((c * h + y / 2) * w + x / 2)];
+                out[static_cast<size_t>((o * 2 * h + y) * 2 * w + x)] = v * static_cast<float>(o + 1) - 0.25f;
+            }
+        }
+    }
+    return out;
+}
+
+TEST(VaeTiling, RunTiledReproducesAPointwiseMapOnEveryGeometry) {
+    struct Case {
+        int64_t w, h;
+        VaeTiling tiling;
+        int tiles_x, tiles_y;
+    };
+    const Case cases[] = {
+        {40, 24, {16, 0.5f}, 4, 2},   // multiples of the stride
+        {37, 21, {16, 0.5f}, 4, 2},   // not multiples: last tiles moved back
+        {8, 40, {16, 0.5f}, 1, 4},    // a strip one tile wide
+        {40, 8, {16, 0.5f}, 4, 1},
+        {40, 24, {16, 0.75f}, 7, 3},  // three and more tiles meet at a pixel
+        {40, 24, {16, 0.0f}, 3, 2},   // no overlap
+        {12, 10, {32, 0.5f}, 1, 1},   // smaller than one tile
+    };
+    for (const Case& k : cases) {
+        const int64_t channels = 3;
+        std::vector<float> in(static_cast<size_t>(channels * k.w * k.h));
+        for (size_t i = 0; i < in.size(); ++i) in[i] = std::sin(0.37f * static_cast<float>(i)) * 3.0f;
+        TiledMap map;
+        map.grid_w = k.w;
+        map.grid_h = k.h;
+        map.in_channels = channels;
+        map.out_channels = 2 * channels;
+        map.in_scale = 1;
+        map.out_scale = 2;
+        int calls = 0;
+        TilingStats stats;
+        auto out = pipeline::run_tiled(
+            in, map, k.tiling,
+            [&](const std::vector<float>& tile, int64_t w, int64_t h) -> Result<std::vector<float>> {
+                ++calls;
+                EXPECT_LE(w, k.tiling.tile);
+                EXPECT_LE(h, k.tiling.tile);
+                return pointwise_up2(tile, channels, w, h);
+            },
+            &stats);
+        ASSERT_TRUE(out.ok()) << out.error().message;
+        EXPECT_EQ(stats.tiles_x, k.tiles_x) << k.w << "x" << k.h;
+        EXPECT_EQ(stats.tiles_y, k.tiles_y) << k.w << "x" << k.h;
+        EXPECT_EQ(calls, stats.tiles());
+        const std::vector<float> want = pointwise_up2(in, channels, k.w, k.h);
+        ASSERT_EQ(out->size(), want.size());
+        // Normalising by the weight sum rounds once or twice: a few ulps of the value.
+        float max_diff = 0.0f;
+        for (size_t i = 0; i < want.size(); ++i) {
+            max_diff = std::max(max_diff, std::fabs((*out)[i] - want[i]) / (1.0f + std::fabs(want[i])));
+        }
+        EXPECT_LE(max_diff, 1e-6f) << k.w << "x" << k.h << " tile " << k.tiling.tile << " overlap " << k.tiling.overlap;
+    }
+}
+
+TEST(VaeTiling, BlendWeightsRampLinearlyAcrossTheOverlap) {
+    // Every tile outputs its own column index: the blend then shows the weights
+    // themselves. 24 latent pixels, tiles of 16 at 0 and 8 share [8, 16); with
+    // out_scale 2 that is output columns [16, 32), 16 pixels, where tile 1's
+    // share must rise as (i + 0.5) / 16 and tile 0's fall to match.
+    TiledMap map;
+    map.grid_w = 24;
+    map.grid_h = 16;
+    map.in_channels = 1;
+    map.out_channels = 1;
+    map.in_scale = 1;
+    map.out_scale = 2;
+    std::vector<float> in(24 * 16, 0.0f);
+    for (int64_t x = 0; x < 24; ++x) in[static_cast<size_t>(x)] = static_cast<float>(x);  // row 0 carries x
+    auto out = pipeline::run_tiled(in, map, VaeTiling{16, 0.5f},
+                                   [](const std::vector<float>& tile, int64_t w, int64_t h) -> Result<std::vector<float>> {
+                                       const float index = tile[0] == 0.0f ? 0.0f : 1.0f;  // tile 1 starts at x = 8
+                                       return std::vector<float>(static_cast<size_t>(4 * w * h), index);
+                                   });
+    ASSERT_TRUE(out.ok()) << out.error().message;
+    for (int64_t y : {0, 17, 31}) {
+        const float* row = out->data() + y * 48;
+        for (int64_t x = 0; x < 16; ++x) EXPECT_FLOAT_EQ(row[x], 0.0f) << x;
+        for (int64_t i = 0; i < 16; ++i) {
+            EXPECT_NEAR(row[16 + i], (static_cast<float>(i) + 0.5f) / 16.0f, 1e-6f) << "overlap pixel " << i;
+        }
+        for (int64_t x = 32; x < 48; ++x) EXPECT_FLOAT_EQ(row[x], 1.0f) << x;
+    }
+}
+
+TEST(VaeTiling, RunTiledRejectsBadSizesAndPassesTileErrorsOn) {
+    TiledMap map;
+    map.grid_w = 20;
+    map.grid_h = 20;
+    map.in_channels = 1;
+    map.out_channels = 1;
+    auto identity = [](const std::vector<float>& t, int64_t, int64_t) -> Result<std::vector<float>> { return t; };
+    auto r = pipeline::run_tiled(std::vector<float>(399), map, VaeTiling{16, 0.5f}, identity);
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.error().message.find("399"), std::string::npos) << r.error().message;
+
+    auto wrong = [](const std::vector<float>&, int64_t, int64_t) -> Result<std::vector<float>> {
+        return std::vector<float>(3);
+    };
+    r = pipeline::run_tiled(std::vector<float>(400), map, VaeTiling{16, 0.5f}, wrong);
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.error().message.find("tile's output"), std::string::npos) << r.error().message;
+
+    int calls = 0;
+    auto failing = [&](const std::vector<float>&, int64_t, int64_t) -> Result<std::vector<float>> {
+        ++calls;
+        return Error{"out of memory"};
+    };
+    r = pipeline::run_tiled(std::vector<float>(400), map, VaeTiling{16, 0.5f}, failing);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.error().message, "out of memory");
+    EXPECT_EQ(calls, 1);  // stops at the first failure
+
+    r = pipeline::run_tiled(std::vector<float>(400), map, VaeTiling{4, 0.5f}, identity);
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.error().message.find("tile size"), std::string::npos) << r.error().message;
+}
+
+// ---------------------------------------------------------------- the tiny SD1 model
+
+class VaeTilingModel : public ::testing::Test {
+  protected:
+    static void SetUpTestSuite() {
+        pipeline::ModelPaths paths;
+        paths.model = {test::golden_path("models/sd1_tiny.safetensors")};
+        paths.tokenizer = std::string(KILN_FIXTURES_DIR) + "/tiny_tokenizer";
+        pipeline::ModelOptions options;
+        options.threads = 1;  // ctest runs tests in parallel
+        auto loaded = pipeline::StableDiffusionModel::load(paths, options);
+        if (!loaded.ok()) {
+            load_error_ = new std::string(loaded.error().message);
+            return;
+        }
+        model_ = std::move(loaded).value().release();
+    }
+    static void TearDownTestSuite() {
+        delete model_;
+        model_ = nullptr;
+        delete load_error_;
+        load_error_ = nullptr;
+    }
+    void SetUp() override {
+        ASSERT_NE(model_, nullptr) << (load_error_ ? *load_error_ : "");
+        ASSERT_EQ(model_->vae().config().downscale(), 2);
+        ASSERT_EQ(model_->vae().config().latent_channels, 4);
+    }
+
+    static pipeline::StableDiffusionModel& model() { return *model_; }
+
+    // The untiled VAE graphs, run directly (not through vae_tiling).
+    static std::vector<float> decode_whole(const std::vector<float>& z, int64_t w, int64_t h) {
+        runtime::GraphSession session;
+        ggml_tensor* in = session.input(GGML_TYPE_F32, {w, h, 4, 1}, z.data());
+        ggml_tensor* out = model().vae().build_decoder(session.ctx(), in);
+        Status s = session.run(model().compute(), out);
+        EXPECT_TRUE(s.ok()) << s.error().message;
+        return runtime::GraphSession::read(out);
+    }
+    static std::vector<float> encode_whole(const std::vector<float>& image, int64_t w, int64_t h) {
+        runtime::GraphSession session;
+        ggml_tensor* in = session.input(GGML_TYPE_F32, {w, h, 3, 1}, image.data());
+        ggml_tensor* out = model().vae().build_encoder(session.ctx(), in);
+        Status s = session.run(model().compute(), out);
+        EXPECT_TRUE(s.ok()) << s.error().message;
+        return runtime::GraphSession::read(out);
+    }
+
+  private:
+    static pipeline::StableDiffusionModel* model_;
+    static std::string* load_error_;
+};
+
+pipeline::StableDiffusionModel* VaeTilingModel::model_ = nullptr;
+std::string* VaeTilingModel::load_error_ = nullptr;
+
+// Deterministic standard-normal-ish values (sum of uniforms, no <random>
+// distributions, whose output differs between standard libraries).
+std::vector<float> noise(size_t n, uint32_t seed) {
+    std::vector<float> v(n);
+    uint32_t s = seed;
+    for (float& x : v) {
+        float sum = 0.0f;
+        for (int k = 0; k < 4; ++k) {
+            s = s * 1664525u + 1013904223u;
+            sum += static_cast<float>(s >> 8) / static_cast<float>(1u << 24);
+        }
+        x = (sum - 2.0f) * 1.7320508f;  // 4 uniforms: variance 1/3 -> scale to 1
+    }
+    return v;
+}
+
+// A smooth picture in [-1, 1] with some texture, planar [3, h, w].
+std::vector<float> test_image(int64_t w, int64_t h) {
+    std::vector<float> img(static_cast<size_t>(3 * w * h));
+    const std::vector<float> grain = noise(img.size(), 7);
+    for (int64_t c = 0; c < 3; ++c) {
+        for (int64_t y = 0; y < h; ++y) {
+            for (int64_t x = 0; x < w; ++x) {
+                const size_t i = static_cast<size_t>((c * h + y) * w + x);
+                const float v = 0.6f * std::sin(0.11f * static_cast<float>(x) + 0.7f * static_cast<float>(c)) *
+                                    std::cos(0.07f * static_cast<float>(y)) +
+                                0.1f * grain[i];
+                img[i] = std::clamp(v, -1.0f, 1.0f);
+            }
+        }
+    }
+    return img;
+}
+
+struct Diff {
+    double mean_abs = 0.0;
+    float max_abs = 0.0f;
+};
+
+Diff diff(const std::vector<float>& a, const std::vector<float>& b) {
+    Diff d;
+    EXPECT_EQ(a.size(), b.size());
+    const size_t n = std::min(a.size(), b.size());
+    for (size_t i = 0; i < n; ++i) {
+        const float e = std::fabs(a[i] - b[i]);
+        d.mean_abs += e;
+        d.max_abs = std::max(d.max_abs, e);
+    }
+    d.mean_abs /= static_cast<double>(std::max<size_t>(n, 1));
+    return d;
+}
+
+// The largest step, between horizontally adjacent pixels, of the error field
+// tiled - untiled over every row and channel. Blended tiles change the error
+// gradually; a seam is a jump.
+float max_error_step(const std::vector<float>& tiled, const std::vector<float>& whole, int64_t channels, int64_t w,
+                     int64_t h) {
+    float worst = 0.0f;
+    for (int64_t c = 0; c < channels; ++c) {
+        for (int64_t y = 0; y < h; ++y) {
+            for (int64_t x = 0; x + 1 < w; ++x) {
+                const size_t i = static_cast<size_t>((c * h + y) * w + x);
+                const float e0 = tiled[i] - whole[i], e1 = tiled[i + 1] - whole[i + 1];
+                worst = std::max(worst, std::fabs(e1 - e0));
+            }
+        }
+    }
+    return worst;
+}
+
+float value_range(const std::vector<float>& v) {
+    const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
+    return *hi - *lo;
+}
+
+TEST_F(VaeTilingModel, OneTileLatentIsTheUntiledDecode) {
+    for (const auto& [w, h, tile] : {std::tuple<int64_t, int64_t, int>{16, 16, 16}, {12, 10, 32}}) {
+        const std::vector<float> z = noise(static_cast<size_t>(4 * w * h), 1);
+        TilingStats stats;
+        auto tiled = pipeline::decode_tiled(model(), z, w, h, VaeTiling{tile, 0.5f}, &stats);
+        ASSERT_TRUE(tiled.ok()) << tiled.error().message;
+        EXPECT_EQ(stats.tiles(), 1);
+        const std::vector<float> whole = decode_whole(z, w, h);
+        ASSERT_EQ(tiled->size(), static_cast<size_t>(3 * 2 * w * 2 * h));
+        EXPECT_EQ(*tiled, whole);  // bit for bit: weight 1, divided by 1
+    }
+}
+
+TEST_F(VaeTilingModel, LargeLatentDecodesCloseToUntiledWithoutSeams) {
+    const int64_t w = 40, h = 24, W = 80, H = 48;
+    const std::vector<float> z = noise(static_cast<size_t>(4 * w * h), 2);
+    const std::vector<float> whole = decode_whole(z, w, h);
+    TilingStats stats;
+    auto tiled = pipeline::decode_tiled(model(), z, w, h, VaeTiling{16, 0.5f}, &stats);
+    ASSERT_TRUE(tiled.ok()) << tiled.error().message;
+    EXPECT_EQ(stats.tiles_x, 4);
+    EXPECT_EQ(stats.tiles_y, 2);
+    const Diff d = diff(*tiled, whole);
+    const float step = max_error_step(*tiled, whole, 3, W, H);
+
+    // Tiles that abut with no overlap: the same tile graphs, hard seams.
+    TilingStats hard_stats;
+    auto hard = pipeline::decode_tiled(model(), z, w, h, VaeTiling{16, 0.0f}, &hard_stats);
+    ASSERT_TRUE(hard.ok()) << hard.error().message;
+    EXPECT_EQ(hard_stats.tiles(), 3 * 2);
+    const Diff dh = diff(*hard, whole);
+    const float hard_step = max_error_step(*hard, whole, 3, W, H);
+    std::printf("decode 40x24 tile 16: range %.4f; overlap 0.5: mean %.5f max %.5f step %.5f; "
+                "overlap 0: mean %.5f max %.5f step %.5f\n",
+                value_range(whole), d.mean_abs, d.max_abs, step, dh.mean_abs, dh.max_abs, hard_step);
+}
+
+TEST_F(VaeTilingModel, LargeImageEncodesCloseToUntiled) {
+    const int64_t W = 80, H = 48, w = 40, h = 24;
+    const std::vector<float> img = test_image(W, H);
+    const std::vector<float> whole = encode_whole(img, W, H);
+    TilingStats stats;
+    auto tiled = pipeline::encode_tiled(model(), img, W, H, VaeTiling{16, 0.5f}, &stats);
+    ASSERT_TRUE(tiled.ok()) << tiled.error().message;
+    EXPECT_EQ(stats.tiles_x, 4);
+    EXPECT_EQ(stats.tiles_y, 2);
+    const Diff d = diff(*tiled, whole);
+    const float step = max_error_step(*tiled, whole, 4, w, h);
+    auto hard = pipeline::encode_tiled(model(), img, W, H, VaeTiling{16, 0.0f});
+    ASSERT_TRUE(hard.ok()) << hard.error().message;
+    const Diff dh = diff(*hard, whole);
+    const float hard_step = max_error_step(*hard, whole, 4, w, h);
+    std::printf("encode 80x48 tile 16: range %.4f; overlap 0.5: mean %.5f max %.5f step %.5f; "
+                "overlap 0: mean %.5f max %.5f step %.5f\n",
+                value_range(whole), d.mean_abs, d.max_abs, step, dh.mean_abs, dh.max_abs, hard_step);
+}
+
+TEST_F(VaeTilingModel, Explore) {
+    const int64_t w = 40, h = 24, W = 80, H = 48;
+    const std::vector<float> z = noise(static_cast<size_t>(4 * w * h), 2);
+    const std::vector<float> whole = decode_whole(z, w, h);
+    double m = 0, m2 = 0;
+    for (float v : whole) { m += v; m2 += double(v) * v; }
+    m /= double(whole.size());
+    std::printf("std %.4f\n", std::sqrt(m2 / double(whole.size()) - m * m));
+    for (int tile : {8, 12, 16, 20, 24, 32}) {
+        for (float ov : {0.0f, 0.25f, 0.5f, 0.75f}) {
+            auto t = pipeline::decode_tiled(model(), z, w, h, VaeTiling{tile, ov});
+            const Diff d = diff(*t, whole);
+            // column profile of |delta e|
+            std::vector<double> col(W - 1, 0.0);
+            for (int64_t c = 0; c < 3; ++c) for (int64_t y = 0; y < H; ++y) for (int64_t x = 0; x + 1 < W; ++x) {
+                size_t i = size_t((c * H + y) * W + x);
+                col[size_t(x)] += std::fabs(((*t)[i + 1] - whole[i + 1]) - ((*t)[i] - whole[i])) / (3.0 * H);
+            }
+            std::vector<double> sorted = col; std::sort(sorted.begin(), sorted.end());
+            auto mx = std::max_element(col.begin(), col.end());
+            std::printf("tile %2d ov %.2f: mean %.5f max %.5f colstep max %.4f at %ld median %.4f\n", tile, ov,
+                        d.mean_abs, d.max_abs, *mx, long(mx - col.begin()), sorted[sorted.size() / 2]);
+        }
+    }
+}
+
+}  // namespace
+}  // namespace kiln
