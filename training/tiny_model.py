@@ -4,8 +4,8 @@ SD noise schedule.
 
 Sizes (every channel count a multiple of 32 for GroupNorm(32)):
   CLIP text (HF naming, quick_gelu): vocab = tokenizer size (577), width 128,
-      3 layers, 4 heads, MLP 512, 77 positions.
-  UNet (ldm, SD1 conv proj_in/out): in/out 4, model_channels 64,
+      2 layers, 4 heads, MLP 512, 77 positions.
+  UNet (ldm, SD1 conv proj_in/out): in/out 4, model_channels 32,
       channel_mult (1, 2, 2), 1 res block per level, attention at levels 1, 2
       (8x8 and 4x4 latents) and the middle, 4 heads, depth 1, context 128.
   VAE (ldm AutoencoderKL): ch 32, ch_mult (1, 2, 2), 1 res block, z 4:
@@ -24,8 +24,8 @@ from reference.unet import UNet  # noqa: E402
 from reference.vae import AutoencoderKL  # noqa: E402
 
 CONFIG = {
-    "clip": dict(width=128, layers=3, heads=4, intermediate=512, positions=77),
-    "unet": dict(in_channels=4, out_channels=4, model_channels=64, channel_mult=(1, 2, 2), num_res_blocks=1,
+    "clip": dict(width=128, layers=2, heads=4, intermediate=512, positions=77),
+    "unet": dict(in_channels=4, out_channels=4, model_channels=32, channel_mult=(1, 2, 2), num_res_blocks=1,
                  attention_levels=(1, 2), num_heads=4, transformer_depth=1, use_linear_in_transformer=False),
     "vae": dict(ch=32, ch_mult=(1, 2, 2), num_res_blocks=1, image_channels=3, z_channels=4, embed_dim=4),
 }

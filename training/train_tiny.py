@@ -121,6 +121,11 @@ def train_vae(args, out):
         for g in opt.param_groups:
             g["lr"] = lr
         x, _, _ = ds.batch([args.seed, 1, step], args.vae_batch)
+        if step < int(args.vae_steps * args.vae_crop_share):
+            # fully convolutional: most steps see random 32x32 crops (4x cheaper)
+            rng = np.random.default_rng([args.seed, 11, step])
+            oy, ox = rng.integers(0, 33, size=2)
+            x = np.ascontiguousarray(x[:, :, oy:oy + 32, ox:ox + 32])
         gen = torch.Generator().manual_seed(args.seed * 7919 + 1_000_000 + step)
         loss, mse, kl = vae_loss(vae, torch.from_numpy(x), gen)
         opt.zero_grad(set_to_none=True)
@@ -184,8 +189,15 @@ def train_unet(args, out):
     cap_ids = {}
     for c in set(pool["captions"]) | {""}:
         cap_ids[c] = torch.tensor(tok(c), dtype=torch.long)
-    pool_tokens = torch.stack([cap_ids[c] for c in pool["captions"]])
+    uniq = sorted(set(pool["captions"]))
+    uniq_tokens = torch.stack([cap_ids[c] for c in uniq])
+    members = [[] for _ in uniq]
+    pos = {c: i for i, c in enumerate(uniq)}
+    for i, c in enumerate(pool["captions"]):
+        members[pos[c]].append(i)
+    members = [torch.tensor(m) for m in members]
     empty = cap_ids[""]
+    n_groups = args.batch // args.group
 
     torch.manual_seed(args.seed + 1)
     clip = tm.make_clip(len(tok.tokens))
@@ -218,16 +230,20 @@ def train_unet(args, out):
         for g in opt.param_groups:
             g["lr"] = lr
         gen = torch.Generator().manual_seed(args.seed * 7919 + 3_000_000 + step)
-        idx = torch.randint(0, len(lat), (args.batch,), generator=gen)
+        # n_groups captions, args.group pool images of each: the text encoder
+        # runs once per caption.
+        caps = torch.randint(0, len(uniq), (n_groups,), generator=gen)
+        idx = torch.cat([members[c][torch.randint(0, len(members[c]), (args.group,), generator=gen)]
+                         for c in caps.tolist()])
         x0 = lat[idx]
-        tokens = pool_tokens[idx].clone()
-        drop = torch.rand(args.batch, generator=gen) < CAPTION_DROPOUT
+        tokens = uniq_tokens[caps].clone()
+        drop = torch.rand(n_groups, generator=gen) < CAPTION_DROPOUT
         tokens[drop] = empty
-        t = torch.randint(0, 1000, (args.batch,), generator=gen)
+        t = torch.randint(0, 1000, (len(idx),), generator=gen)
         noise = torch.randn(x0.shape, generator=gen)
         a = acp[t].view(-1, 1, 1, 1)
         xt = a.sqrt() * x0 + (1 - a).sqrt() * noise
-        ctx = clip(tokens)
+        ctx = clip(tokens).repeat_interleave(args.group, dim=0)
         pred, _ = unet(xt, t.float(), ctx)
         loss = F.mse_loss(pred, noise)
         opt.zero_grad(set_to_none=True)
@@ -263,12 +279,16 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="/tmp/kiln-train", help="run folder (checkpoints, CSVs, results)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--vae-steps", type=int, default=600)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads (1: on a shared 2-core machine 2 threads ran ~10x slower)")
+    ap.add_argument("--vae-steps", type=int, default=500)
     ap.add_argument("--vae-batch", type=int, default=32)
     ap.add_argument("--vae-lr", type=float, default=2e-3)
-    ap.add_argument("--pool", type=int, default=20000, help="images encoded for the UNet stage")
-    ap.add_argument("--unet-steps", type=int, default=3000)
+    ap.add_argument("--vae-crop-share", type=float, default=0.88,
+                    help="share of the VAE steps trained on random 32x32 crops (the rest at 64x64)")
+    ap.add_argument("--group", type=int, default=4, help="images per caption in a UNet batch")
+    ap.add_argument("--pool", type=int, default=8000, help="images encoded for the UNet stage")
+    ap.add_argument("--unet-steps", type=int, default=1800)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--lr", type=float, default=6e-4)
     ap.add_argument("--ema", type=float, default=0.998)

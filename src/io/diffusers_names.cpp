@@ -41,6 +41,13 @@ std::optional<ModelFamily> detect_diffusers_family(const std::vector<TensorInfo>
             if (t.shape[1] == 2048) return ModelFamily::SDXL;
         }
     }
+    // Unusual widths (small models): SD2's UNet projects into its
+    // transformers with linear layers, SD1's with 1x1 convolutions.
+    for (const TensorInfo& t : tensors) {
+        if (starts_with(t.name, "unet/") && t.name.size() > 15 && t.name.compare(t.name.size() - 15, 15, ".proj_in.weight") == 0) {
+            return t.shape.size() == 2 ? ModelFamily::SD2 : ModelFamily::SD1;
+        }
+    }
     return std::nullopt;
 }
 

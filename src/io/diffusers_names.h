@@ -14,7 +14,9 @@
 namespace kiln::io {
 
 // SDXL if there is a text_encoder_2; SD2 if the text encoder is 1024 wide;
-// SD1 if 768 wide; nullopt for other pipelines (their names stay as they are).
+// SD1 if 768 wide; for other widths, SD2 if the UNet's transformer
+// projections are linear, SD1 if they are convolutions; nullopt for other
+// pipelines (their names stay as they are).
 std::optional<ModelFamily> detect_diffusers_family(const std::vector<TensorInfo>& tensors);
 // Levels, resnets per level and attention levels from "unet/down_blocks.*" names.
 UnetLayout detect_unet_layout(const std::vector<TensorInfo>& tensors);

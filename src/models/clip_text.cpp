@@ -83,7 +83,17 @@ void ClipTextEncoder::declare() {
             auto layer = std::make_shared<Layer>();
             const std::string p = "transformer.resblocks." + std::to_string(i) + ".";
             layer->norm1 = nn::declare_norm(w, p + "ln_1", W);
-            layer->in_proj = {w.require(p + "attn.in_proj_weight", {3 * W, W}), w.require(p + "attn.in_proj_bias", {3 * W})};
+            const std::string hf = "text_model.encoder.layers." + std::to_string(i) + ".self_attn.";
+            if (!w.has(p + "attn.in_proj_weight") && w.has(hf + "q_proj.weight")) {
+                // A diffusers OpenCLIP keeps q, k, v apart (io/diffusers_names.h
+                // leaves them under their HF names): no need to fuse them.
+                layer->q = nn::declare_linear(w, hf + "q_proj", W, W);
+                layer->k = nn::declare_linear(w, hf + "k_proj", W, W);
+                layer->v = nn::declare_linear(w, hf + "v_proj", W, W);
+            } else {
+                layer->in_proj = {w.require(p + "attn.in_proj_weight", {3 * W, W}),
+                                  w.require(p + "attn.in_proj_bias", {3 * W})};
+            }
             layer->out = nn::declare_linear(w, p + "attn.out_proj", W, W);
             layer->norm2 = nn::declare_norm(w, p + "ln_2", W);
             layer->fc1 = nn::declare_linear(w, p + "mlp.c_fc", W, c.intermediate);
@@ -115,7 +125,7 @@ ggml_tensor* ClipTextEncoder::build(ggml_context* ctx, ggml_tensor* tokens, int 
         const Layer& l = *layers_[i];
         ggml_tensor* h = nn::layer_norm(ctx, l.norm1, x);
         ggml_tensor *q, *k, *v;
-        if (c.naming == ClipTextConfig::Naming::HuggingFace) {
+        if (!l.in_proj.weight) {
             q = nn::linear(ctx, l.q, h);
             k = nn::linear(ctx, l.k, h);
             v = nn::linear(ctx, l.v, h);

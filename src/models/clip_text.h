@@ -35,6 +35,7 @@ class ClipTextEncoder {
 
     const ClipTextConfig& config() const { return config_; }
     runtime::ModuleWeights& weights() { return *weights_; }
+    const runtime::ModuleWeights& weights() const { return *weights_; }
 
     // tokens: I32 ne [context, batch]. clip_skip 1 = last layer, 2 = penultimate, ...;
     // the final layer norm is applied to the chosen layer's output (as SD does).

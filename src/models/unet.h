@@ -38,6 +38,7 @@ class Unet {
     ~Unet();
     const UnetConfig& config() const { return config_; }
     runtime::ModuleWeights& weights() { return *weights_; }
+    const runtime::ModuleWeights& weights() const { return *weights_; }
 
     // x: ne [W, H, in_channels, B] (latent, already scaled by c_in);
     // timesteps: F32 ne [B]; context: ne [context_dim, tokens, B].

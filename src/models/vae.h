@@ -33,6 +33,7 @@ class Vae {
     ~Vae();
     const VaeConfig& config() const { return config_; }
     runtime::ModuleWeights& weights() { return *weights_; }
+    const runtime::ModuleWeights& weights() const { return *weights_; }
 
     // latent: ne [w, h, latent_channels, B] (unscaled) -> image ne [W, H, 3, B] in [-1, 1].
     ggml_tensor* build_decoder(ggml_context* ctx, ggml_tensor* latent) const;

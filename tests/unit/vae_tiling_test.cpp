@@ -377,28 +377,22 @@ TEST_F(VaeTilingModel, LargeImageEncodesCloseToUntiled) {
 }
 
 TEST_F(VaeTilingModel, Explore) {
-    const int64_t w = 40, h = 24, W = 80, H = 48;
+    const int64_t w = 40, h = 24, W = 80;
     const std::vector<float> z = noise(static_cast<size_t>(4 * w * h), 2);
     const std::vector<float> whole = decode_whole(z, w, h);
-    double m = 0, m2 = 0;
-    for (float v : whole) { m += v; m2 += double(v) * v; }
-    m /= double(whole.size());
-    std::printf("std %.4f\n", std::sqrt(m2 / double(whole.size()) - m * m));
-    for (int tile : {8, 12, 16, 20, 24, 32}) {
-        for (float ov : {0.0f, 0.25f, 0.5f, 0.75f}) {
-            auto t = pipeline::decode_tiled(model(), z, w, h, VaeTiling{tile, ov});
-            const Diff d = diff(*t, whole);
-            // column profile of |delta e|
-            std::vector<double> col(W - 1, 0.0);
-            for (int64_t c = 0; c < 3; ++c) for (int64_t y = 0; y < H; ++y) for (int64_t x = 0; x + 1 < W; ++x) {
-                size_t i = size_t((c * H + y) * W + x);
-                col[size_t(x)] += std::fabs(((*t)[i + 1] - whole[i + 1]) - ((*t)[i] - whole[i])) / (3.0 * H);
-            }
-            std::vector<double> sorted = col; std::sort(sorted.begin(), sorted.end());
-            auto mx = std::max_element(col.begin(), col.end());
-            std::printf("tile %2d ov %.2f: mean %.5f max %.5f colstep max %.4f at %ld median %.4f\n", tile, ov,
-                        d.mean_abs, d.max_abs, *mx, long(mx - col.begin()), sorted[sorted.size() / 2]);
-        }
+    // crop at x 8..24, y 0..16 (latent), alone
+    for (auto [cx, cy] : {std::pair<int64_t,int64_t>{8, 0}, {16, 8}, {0, 0}}) {
+    std::vector<float> crop(4 * 16 * 16);
+    for (int64_t c = 0; c < 4; ++c) for (int64_t y = 0; y < 16; ++y) for (int64_t x = 0; x < 16; ++x)
+        crop[size_t((c * 16 + y) * 16 + x)] = z[size_t((c * h + y + cy) * w + x + cx)];
+    const std::vector<float> d = decode_whole(crop, 16, 16);
+    double all = 0, centre = 0; int nc = 0;
+    for (int64_t c = 0; c < 3; ++c) for (int64_t y = 0; y < 32; ++y) for (int64_t x = 0; x < 32; ++x) {
+        double e = std::fabs(d[size_t((c * 32 + y) * 32 + x)] - whole[size_t((c * 48 + y + 2*cy) * W + x + 2*cx)]);
+        all += e;
+        if (x >= 8 && x < 24 && y >= 8 && y < 24) { centre += e; ++nc; }
+    }
+    std::printf("crop %ld,%ld alone: mean %.5f centre mean %.5f\n", long(cx), long(cy), all / (3 * 32 * 32), centre / nc);
     }
 }
 
