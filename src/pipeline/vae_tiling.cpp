@@ -10,15 +10,17 @@
 namespace kiln::pipeline {
 namespace {
 
-// Smaller tiles than this leave the VAE's convolutions mostly looking at the
-// zero padding of the tile edge (sd.cpp does not go below it either).
+// In smaller tiles the VAE's convolutions would mostly see the zero padding
+// at the tile's edges, and the blend would have next to nothing to work with.
 constexpr int kMinTile = 8;
 
 // Blend weights of each tile along one axis, in output pixels: a linear ramp
 // across the overlap with the previous tile, 1 in the middle, a ramp down
-// across the overlap with the next tile. Ramps sample pixel centres
-// ((i + 0.5) / overlap), so two tiles sharing an overlap of n pixels weigh
-// i + 0.5 and n - i - 0.5 there: their sum is 1 and no pixel weighs 0.
+// across the overlap with the next tile. Ramps sample pixel centres, so at
+// pixel i of an overlap of n pixels the two tiles weigh (n - i - 0.5) / n and
+// (i + 0.5) / n: they sum to 1 and no pixel of a tile weighs 0. Where more than
+// two tiles meet (overlap > 0.5) a tile takes the lower of its two ramps and
+// run_tiled's normalisation keeps the average exact.
 struct AxisWeights {
     std::vector<std::vector<float>> per_tile;  // per tile: tile length * scale weights
     std::vector<float> sum;                    // per output pixel: the sum over the tiles covering it
@@ -148,12 +150,13 @@ Result<std::vector<float>> run_tiled(const std::vector<float>& input, const Tile
     return out;
 }
 
-Result<std::vector<float>> decode_tiled(StableDiffusionModel& model, const std::vector<float>& latent,
-                                        int64_t latent_w, int64_t latent_h, const VaeTiling& tiling,
-                                        TilingStats* stats) {
+Result<std::vector<float>> decode_tiled(StableDiffusionModel& model, const std::vector<float>& latent, int64_t latent_w,
+                                        int64_t latent_h, const VaeTiling& tiling, TilingStats* stats) {
     KILN_TRY(validate_tiling(tiling));
     const models::VaeConfig& vc = model.vae().config();
-    if (latent_w < 1 || latent_h < 1) return Error{"VAE decode: the latent size " + dims(latent_w, latent_h) + " is empty"};
+    if (latent_w < 1 || latent_h < 1) {
+        return Error{"VAE decode: the latent size " + dims(latent_w, latent_h) + " is empty"};
+    }
     TiledMap map;
     map.grid_w = latent_w;
     map.grid_h = latent_h;

@@ -68,9 +68,8 @@ Result<std::vector<float>> run_tiled(const std::vector<float>& input, const Tile
 // divided by the latent scale) -> image planar [3, H, W] in about [-1, 1]
 // (not clamped), H and W being latent_h and latent_w times the VAE's
 // downscale. Errors: invalid tiling, a latent of the wrong size, a failed graph.
-Result<std::vector<float>> decode_tiled(StableDiffusionModel& model, const std::vector<float>& latent,
-                                        int64_t latent_w, int64_t latent_h, const VaeTiling& tiling,
-                                        TilingStats* stats = nullptr);
+Result<std::vector<float>> decode_tiled(StableDiffusionModel& model, const std::vector<float>& latent, int64_t latent_w,
+                                        int64_t latent_h, const VaeTiling& tiling, TilingStats* stats = nullptr);
 
 // image: planar [3, height, width] in [-1, 1] -> the latent distribution's
 // mean, planar [latent_channels, height / d, width / d] (unscaled), d being

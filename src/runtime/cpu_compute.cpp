@@ -5,6 +5,8 @@
 #include <vector>
 
 #include "ggml-cpu.h"
+#include "runtime/host_memory.h"
+#include "util/format.h"
 #if __has_include("ggml-blas.h")
 #include "ggml-blas.h"
 #endif
@@ -42,8 +44,21 @@ CpuCompute::~CpuCompute() {
 }
 
 Status CpuCompute::compute(ggml_cgraph* graph, const std::function<void()>& upload_inputs) {
-    ggml_backend_sched_reset(sched_);
-    if (!ggml_backend_sched_alloc_graph(sched_, graph)) {
+    // Measure first: a failed allocation inside ggml's allocator leaves the
+    // scheduler unusable (and unsafe to free), while a measured graph that
+    // does not fit is a plain error and the next job still runs.
+    std::vector<size_t> sizes(static_cast<size_t>(ggml_backend_sched_get_n_backends(sched_)), 0);
+    ggml_backend_sched_reserve_size(sched_, graph, sizes.data());
+    uint64_t needed = 0;
+    for (size_t s : sizes) needed = needed + s < needed ? UINT64_MAX : needed + s;
+    const uint64_t available = host_available_bytes();
+    if (needed > available) {
+        return Error{"out of memory: this step needs " + human_bytes(needed) + " of compute buffers, " +
+                     human_bytes(available) + " is available (try a smaller image or --vae-tiling)"};
+    }
+    // The measure released the buffers it would have to grow; reserve them
+    // for real before allocating the graph in them.
+    if (!ggml_backend_sched_reserve(sched_, graph) || !ggml_backend_sched_alloc_graph(sched_, graph)) {
         return Error{"out of memory allocating the compute buffers of a graph of " + std::to_string(ggml_graph_n_nodes(graph)) +
                      " nodes"};
     }

@@ -143,9 +143,11 @@ TEST(CliGenerate, BadRequestsFailCleanlyWithoutOutput) {
         {"--rng gpu", 1, "--rng: unknown RNG 'gpu' (valid: cpu, cuda)"},
         {"-i " + dir.file("missing.png"), 1, "missing.png"},
         {"--strength 1.5", 2, "--strength: expected a number in (0, 1], got '1.5'"},
+        // Self-attention over 2048 x 2048 latent pixels cannot be allocated: a clean error, not a crash.
+        {"-W 8192 -H 8192", 1, "out of memory: this step needs"},
     };
     for (const Case& c : cases) {
-        auto r = run_command(kiln_with_model("-p x -W 32 -H 32 --steps 1 " + c.args + " -o " + out));
+        auto r = run_command(kiln_with_model("-p x -W 32 -H 32 --steps 1 -b 2 " + c.args + " -o " + out));
         EXPECT_EQ(r.exit_code, c.exit_code) << c.args << ": " << r.err;
         EXPECT_NE(r.err.find(c.message), std::string::npos) << c.args << ": " << r.err;
         EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << c.args << ": " << r.err;

@@ -9,6 +9,9 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <string>
+#include <tuple>
+#include <vector>
 
 #include "golden.h"
 #include "runtime/graph_session.h"
@@ -82,7 +85,7 @@ TEST(VaeTiling, RunTiledReproducesAPointwiseMapOnEveryGeometry) {
         {40, 24, {16, 0.5f}, 4, 2},   // multiples of the stride
         {37, 21, {16, 0.5f}, 4, 2},   // not multiples: last tiles moved back
         {8, 40, {16, 0.5f}, 1, 4},    // a strip one tile wide
-        {40, 8, {16, 0.5f}, 4, 1},
+        {40, 8, {16, 0.5f}, 4, 1},    // and across
         {40, 24, {16, 0.75f}, 7, 3},  // three and more tiles meet at a pixel
         {40, 24, {16, 0.0f}, 3, 2},   // no overlap
         {12, 10, {32, 0.5f}, 1, 1},   // smaller than one tile
@@ -138,11 +141,12 @@ TEST(VaeTiling, BlendWeightsRampLinearlyAcrossTheOverlap) {
     map.out_scale = 2;
     std::vector<float> in(24 * 16, 0.0f);
     for (int64_t x = 0; x < 24; ++x) in[static_cast<size_t>(x)] = static_cast<float>(x);  // row 0 carries x
-    auto out = pipeline::run_tiled(in, map, VaeTiling{16, 0.5f},
-                                   [](const std::vector<float>& tile, int64_t w, int64_t h) -> Result<std::vector<float>> {
-                                       const float index = tile[0] == 0.0f ? 0.0f : 1.0f;  // tile 1 starts at x = 8
-                                       return std::vector<float>(static_cast<size_t>(4 * w * h), index);
-                                   });
+    auto out =
+        pipeline::run_tiled(in, map, VaeTiling{16, 0.5f},
+                            [](const std::vector<float>& tile, int64_t w, int64_t h) -> Result<std::vector<float>> {
+                                const float index = tile[0] == 0.0f ? 0.0f : 1.0f;  // tile 1 starts at x = 8
+                                return std::vector<float>(static_cast<size_t>(4 * w * h), index);
+                            });
     ASSERT_TRUE(out.ok()) << out.error().message;
     for (int64_t y : {0, 17, 31}) {
         const float* row = out->data() + y * 48;
@@ -296,27 +300,54 @@ Diff diff(const std::vector<float>& a, const std::vector<float>& b) {
     return d;
 }
 
-// The largest step, between horizontally adjacent pixels, of the error field
-// tiled - untiled over every row and channel. Blended tiles change the error
-// gradually; a seam is a jump.
-float max_error_step(const std::vector<float>& tiled, const std::vector<float>& whole, int64_t channels, int64_t w,
-                     int64_t h) {
-    float worst = 0.0f;
+// Seams: the error field e = tiled - untiled changes gradually under a blend
+// and jumps at a hard tile edge. Average |e(p + 1) - e(p)| over every line
+// across `axis` (0: steps between columns, 1: between rows) and channel, and
+// return the worst position's average over the median one: about 1 with no
+// seam, several times that where tiles abut.
+double seam_ratio(const std::vector<float>& tiled, const std::vector<float>& whole, int64_t channels, int64_t w,
+                  int64_t h, int axis) {
+    const int64_t positions = axis == 0 ? w - 1 : h - 1;
+    std::vector<double> step(static_cast<size_t>(positions), 0.0);
     for (int64_t c = 0; c < channels; ++c) {
         for (int64_t y = 0; y < h; ++y) {
-            for (int64_t x = 0; x + 1 < w; ++x) {
+            for (int64_t x = 0; x < w; ++x) {
+                const int64_t p = axis == 0 ? x : y;
+                if (p + 1 >= (axis == 0 ? w : h)) continue;
                 const size_t i = static_cast<size_t>((c * h + y) * w + x);
-                const float e0 = tiled[i] - whole[i], e1 = tiled[i + 1] - whole[i + 1];
-                worst = std::max(worst, std::fabs(e1 - e0));
+                const size_t j = i + static_cast<size_t>(axis == 0 ? 1 : w);
+                step[static_cast<size_t>(p)] += std::fabs((tiled[j] - whole[j]) - (tiled[i] - whole[i]));
             }
         }
     }
-    return worst;
+    std::vector<double> sorted = step;
+    std::sort(sorted.begin(), sorted.end());
+    return sorted.back() / std::max(sorted[sorted.size() / 2], 1e-12);
 }
 
-float value_range(const std::vector<float>& v) {
-    const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
-    return *hi - *lo;
+double stddev(const std::vector<float>& v) {
+    double m = 0.0, m2 = 0.0;
+    for (float x : v) {
+        m += x;
+        m2 += static_cast<double>(x) * x;
+    }
+    m /= static_cast<double>(v.size());
+    return std::sqrt(m2 / static_cast<double>(v.size()) - m * m);
+}
+
+// Planar [channels, ch, cw] window at (x0, y0) of planar [channels, h, w].
+std::vector<float> crop(const std::vector<float>& v, int64_t channels, int64_t w, int64_t h, int64_t x0, int64_t y0,
+                        int64_t cw, int64_t chh) {
+    std::vector<float> out(static_cast<size_t>(channels * cw * chh));
+    for (int64_t c = 0; c < channels; ++c) {
+        for (int64_t y = 0; y < chh; ++y) {
+            for (int64_t x = 0; x < cw; ++x) {
+                out[static_cast<size_t>((c * chh + y) * cw + x)] =
+                    v[static_cast<size_t>((c * h + y0 + y) * w + x0 + x)];
+            }
+        }
+    }
+    return out;
 }
 
 TEST_F(VaeTilingModel, OneTileLatentIsTheUntiledDecode) {
@@ -332,6 +363,14 @@ TEST_F(VaeTilingModel, OneTileLatentIsTheUntiledDecode) {
     }
 }
 
+// The tiny VAE has random weights, two group norms per resnet and a mid-block
+// attention over all pixels, and about 19 3x3 convolutions (a receptive field
+// of roughly +-15 latent pixels): a 16-pixel tile does not see what the whole
+// latent sees, so tiled and untiled differ well beyond rounding. Measured on
+// this 40x24 latent (decoded std 0.62): one 16x16 tile decoded alone is off by
+// 0.19 on average (0.08 in its centre); the blended result by 0.087 (max 0.66);
+// abutting tiles without overlap by 0.125 (max 1.80); tiles of 32 by 0.018.
+// The bounds below leave ~35% headroom over those for other BLAS builds.
 TEST_F(VaeTilingModel, LargeLatentDecodesCloseToUntiledWithoutSeams) {
     const int64_t w = 40, h = 24, W = 80, H = 48;
     const std::vector<float> z = noise(static_cast<size_t>(4 * w * h), 2);
@@ -341,22 +380,61 @@ TEST_F(VaeTilingModel, LargeLatentDecodesCloseToUntiledWithoutSeams) {
     ASSERT_TRUE(tiled.ok()) << tiled.error().message;
     EXPECT_EQ(stats.tiles_x, 4);
     EXPECT_EQ(stats.tiles_y, 2);
-    const Diff d = diff(*tiled, whole);
-    const float step = max_error_step(*tiled, whole, 3, W, H);
 
-    // Tiles that abut with no overlap: the same tile graphs, hard seams.
+    // The top-left 8x8 latent pixels belong to tile (0, 0) alone: there the
+    // result is that tile's own decode, exactly.
+    const std::vector<float> tile00 = decode_whole(crop(z, 4, w, h, 0, 0, 16, 16), 16, 16);
+    for (int64_t c = 0; c < 3; ++c) {
+        for (int64_t y = 0; y < 16; ++y) {
+            for (int64_t x = 0; x < 16; ++x) {
+                ASSERT_EQ((*tiled)[static_cast<size_t>((c * H + y) * W + x)],
+                          tile00[static_cast<size_t>((c * 32 + y) * 32 + x)])
+                    << c << " " << y << " " << x;
+            }
+        }
+    }
+
+    // What one interior tile gets wrong on its own: the blend must do better.
+    const std::vector<float> tile10 = decode_whole(crop(z, 4, w, h, 8, 0, 16, 16), 16, 16);
+    const Diff lone = diff(tile10, crop(whole, 3, W, H, 16, 0, 32, 32));
+    const Diff d = diff(*tiled, whole);
+    EXPECT_LT(d.mean_abs, 0.12) << "decoded std " << stddev(whole);
+    EXPECT_LT(d.mean_abs, 0.6 * lone.mean_abs);
+    EXPECT_LT(d.max_abs, 0.9f);
+
+    // Overlap 0: tiles at x = 0, 16, 24 (the last moved back to the edge), so a
+    // hard edge at latent x = 16; in y the two tiles at 0 and 8 still blend.
     TilingStats hard_stats;
     auto hard = pipeline::decode_tiled(model(), z, w, h, VaeTiling{16, 0.0f}, &hard_stats);
     ASSERT_TRUE(hard.ok()) << hard.error().message;
     EXPECT_EQ(hard_stats.tiles(), 3 * 2);
     const Diff dh = diff(*hard, whole);
-    const float hard_step = max_error_step(*hard, whole, 3, W, H);
-    std::printf("decode 40x24 tile 16: range %.4f; overlap 0.5: mean %.5f max %.5f step %.5f; "
-                "overlap 0: mean %.5f max %.5f step %.5f\n",
-                value_range(whole), d.mean_abs, d.max_abs, step, dh.mean_abs, dh.max_abs, hard_step);
+    EXPECT_LT(d.mean_abs, dh.mean_abs);
+    EXPECT_LT(d.max_abs, dh.max_abs);
+    const double seam_x = seam_ratio(*tiled, whole, 3, W, H, 0), seam_y = seam_ratio(*tiled, whole, 3, W, H, 1);
+    const double hard_x = seam_ratio(*hard, whole, 3, W, H, 0);
+    EXPECT_LT(seam_x, 2.0);
+    EXPECT_LT(seam_y, 2.0);
+    EXPECT_GT(hard_x, 3.0);  // the metric does see a seam
+
+    // Larger tiles converge on the untiled decode.
+    auto big = pipeline::decode_tiled(model(), z, w, h, VaeTiling{32, 0.5f});
+    ASSERT_TRUE(big.ok()) << big.error().message;
+    const Diff db = diff(*big, whole);
+    EXPECT_LT(db.mean_abs, 0.5 * d.mean_abs);
+
+    std::printf(
+        "decode 40x24, std %.3f: lone tile mean %.4f; tile 16/0.5 mean %.4f max %.4f seams %.2f %.2f; "
+        "16/0 mean %.4f max %.4f seam x %.2f; 32/0.5 mean %.4f max %.4f\n",
+        stddev(whole), lone.mean_abs, d.mean_abs, d.max_abs, seam_x, seam_y, dh.mean_abs, dh.max_abs, hard_x,
+        db.mean_abs, db.max_abs);
 }
 
-TEST_F(VaeTilingModel, LargeImageEncodesCloseToUntiled) {
+// Encoding has the same non-locality (measured, latent std 0.47: one 16x16
+// tile alone off by 0.199 on average, blended 0.131 (max 1.04), abutting
+// 0.159 (max 2.06), tiles of 32 0.034). The latent's error field is noisier
+// than the image's and the hard seam smaller against it (ratio 3.1 vs 5.1).
+TEST_F(VaeTilingModel, LargeImageEncodesCloseToUntiledWithoutSeams) {
     const int64_t W = 80, H = 48, w = 40, h = 24;
     const std::vector<float> img = test_image(W, H);
     const std::vector<float> whole = encode_whole(img, W, H);
@@ -365,35 +443,109 @@ TEST_F(VaeTilingModel, LargeImageEncodesCloseToUntiled) {
     ASSERT_TRUE(tiled.ok()) << tiled.error().message;
     EXPECT_EQ(stats.tiles_x, 4);
     EXPECT_EQ(stats.tiles_y, 2);
+    ASSERT_EQ(tiled->size(), static_cast<size_t>(4 * w * h));
+
+    const std::vector<float> tile00 = encode_whole(crop(img, 3, W, H, 0, 0, 32, 32), 32, 32);
+    for (int64_t c = 0; c < 4; ++c) {
+        for (int64_t y = 0; y < 8; ++y) {
+            for (int64_t x = 0; x < 8; ++x) {
+                ASSERT_EQ((*tiled)[static_cast<size_t>((c * h + y) * w + x)],
+                          tile00[static_cast<size_t>((c * 16 + y) * 16 + x)])
+                    << c << " " << y << " " << x;
+            }
+        }
+    }
+    const std::vector<float> tile10 = encode_whole(crop(img, 3, W, H, 16, 0, 32, 32), 32, 32);
+    const Diff lone = diff(tile10, crop(whole, 4, w, h, 8, 0, 16, 16));
     const Diff d = diff(*tiled, whole);
-    const float step = max_error_step(*tiled, whole, 4, w, h);
+    EXPECT_LT(d.mean_abs, 0.18) << "latent std " << stddev(whole);
+    EXPECT_LT(d.mean_abs, 0.8 * lone.mean_abs);
+    EXPECT_LT(d.max_abs, 1.4f);
+
     auto hard = pipeline::encode_tiled(model(), img, W, H, VaeTiling{16, 0.0f});
     ASSERT_TRUE(hard.ok()) << hard.error().message;
     const Diff dh = diff(*hard, whole);
-    const float hard_step = max_error_step(*hard, whole, 4, w, h);
-    std::printf("encode 80x48 tile 16: range %.4f; overlap 0.5: mean %.5f max %.5f step %.5f; "
-                "overlap 0: mean %.5f max %.5f step %.5f\n",
-                value_range(whole), d.mean_abs, d.max_abs, step, dh.mean_abs, dh.max_abs, hard_step);
+    EXPECT_LT(d.mean_abs, dh.mean_abs);
+    EXPECT_LT(d.max_abs, dh.max_abs);
+    const double seam_x = seam_ratio(*tiled, whole, 4, w, h, 0), seam_y = seam_ratio(*tiled, whole, 4, w, h, 1);
+    const double hard_x = seam_ratio(*hard, whole, 4, w, h, 0);
+    EXPECT_LT(seam_x, 2.0);
+    EXPECT_LT(seam_y, 2.0);
+    EXPECT_GT(hard_x, 2.5);
+
+    auto big = pipeline::encode_tiled(model(), img, W, H, VaeTiling{32, 0.5f});
+    ASSERT_TRUE(big.ok()) << big.error().message;
+    const Diff db = diff(*big, whole);
+    EXPECT_LT(db.mean_abs, 0.5 * d.mean_abs);
+
+    std::printf(
+        "encode 80x48, latent std %.3f: lone tile mean %.4f; tile 16/0.5 mean %.4f max %.4f seams %.2f %.2f; "
+        "16/0 mean %.4f max %.4f seam x %.2f; 32/0.5 mean %.4f max %.4f\n",
+        stddev(whole), lone.mean_abs, d.mean_abs, d.max_abs, seam_x, seam_y, dh.mean_abs, dh.max_abs, hard_x,
+        db.mean_abs, db.max_abs);
 }
 
-TEST_F(VaeTilingModel, Explore) {
-    const int64_t w = 40, h = 24, W = 80;
-    const std::vector<float> z = noise(static_cast<size_t>(4 * w * h), 2);
-    const std::vector<float> whole = decode_whole(z, w, h);
-    // crop at x 8..24, y 0..16 (latent), alone
-    for (auto [cx, cy] : {std::pair<int64_t,int64_t>{8, 0}, {16, 8}, {0, 0}}) {
-    std::vector<float> crop(4 * 16 * 16);
-    for (int64_t c = 0; c < 4; ++c) for (int64_t y = 0; y < 16; ++y) for (int64_t x = 0; x < 16; ++x)
-        crop[size_t((c * 16 + y) * 16 + x)] = z[size_t((c * h + y + cy) * w + x + cx)];
-    const std::vector<float> d = decode_whole(crop, 16, 16);
-    double all = 0, centre = 0; int nc = 0;
-    for (int64_t c = 0; c < 3; ++c) for (int64_t y = 0; y < 32; ++y) for (int64_t x = 0; x < 32; ++x) {
-        double e = std::fabs(d[size_t((c * 32 + y) * 32 + x)] - whole[size_t((c * 48 + y + 2*cy) * W + x + 2*cx)]);
-        all += e;
-        if (x >= 8 && x < 24 && y >= 8 && y < 24) { centre += e; ++nc; }
+// Sizes that are not multiples of the tile or the stride (last tile moved
+// back), and strips narrower than one tile (one tile across, several along).
+// Measured (decode / encode mean error): 0.077 / 0.116, 0.087 / 0.192,
+// 0.086 / 0.201, 0.075 / 0.207; seam ratios up to 1.70 / 2.08 (short lines
+// give noisier per-position averages than the 40x24 case).
+TEST_F(VaeTilingModel, HandlesOddSizesAndStrips) {
+    struct Case {
+        int64_t w, h;
+        int tiles_x, tiles_y;
+    };
+    for (const Case& k : {Case{37, 21, 4, 2}, Case{8, 40, 1, 4}, Case{40, 8, 4, 1}, Case{9, 33, 1, 4}}) {
+        SCOPED_TRACE(std::to_string(k.w) + "x" + std::to_string(k.h) + " latent");
+        const std::vector<float> z = noise(static_cast<size_t>(4 * k.w * k.h), 3);
+        const std::vector<float> whole = decode_whole(z, k.w, k.h);
+        TilingStats stats;
+        auto tiled = pipeline::decode_tiled(model(), z, k.w, k.h, VaeTiling{16, 0.5f}, &stats);
+        ASSERT_TRUE(tiled.ok()) << tiled.error().message;
+        EXPECT_EQ(stats.tiles_x, k.tiles_x);
+        EXPECT_EQ(stats.tiles_y, k.tiles_y);
+        ASSERT_EQ(tiled->size(), whole.size());
+        const Diff d = diff(*tiled, whole);
+        EXPECT_LT(d.mean_abs, 0.12);
+        EXPECT_LT(seam_ratio(*tiled, whole, 3, 2 * k.w, 2 * k.h, 0), 2.5);
+        EXPECT_LT(seam_ratio(*tiled, whole, 3, 2 * k.w, 2 * k.h, 1), 2.5);
+
+        const std::vector<float> img = test_image(2 * k.w, 2 * k.h);
+        const std::vector<float> ewhole = encode_whole(img, 2 * k.w, 2 * k.h);
+        auto etiled = pipeline::encode_tiled(model(), img, 2 * k.w, 2 * k.h, VaeTiling{16, 0.5f}, &stats);
+        ASSERT_TRUE(etiled.ok()) << etiled.error().message;
+        EXPECT_EQ(stats.tiles_x, k.tiles_x);
+        EXPECT_EQ(stats.tiles_y, k.tiles_y);
+        ASSERT_EQ(etiled->size(), ewhole.size());
+        const Diff e = diff(*etiled, ewhole);
+        EXPECT_LT(e.mean_abs, 0.3);
+        EXPECT_LT(seam_ratio(*etiled, ewhole, 4, k.w, k.h, 0), 2.75);
+        EXPECT_LT(seam_ratio(*etiled, ewhole, 4, k.w, k.h, 1), 2.75);
     }
-    std::printf("crop %ld,%ld alone: mean %.5f centre mean %.5f\n", long(cx), long(cy), all / (3 * 32 * 32), centre / nc);
-    }
+}
+
+TEST_F(VaeTilingModel, RejectsBadInput) {
+    const VaeTiling tiling{16, 0.5f};
+    auto r = pipeline::decode_tiled(model(), std::vector<float>(4 * 20 * 20 - 1), 20, 20, tiling);
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.error().message.find("1599 values"), std::string::npos) << r.error().message;
+    r = pipeline::decode_tiled(model(), {}, 0, 20, tiling);
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.error().message.find("0x20"), std::string::npos) << r.error().message;
+    r = pipeline::decode_tiled(model(), std::vector<float>(4 * 20 * 20), 20, 20, VaeTiling{16, 1.0f});
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.error().message.find("overlap"), std::string::npos) << r.error().message;
+
+    r = pipeline::encode_tiled(model(), std::vector<float>(3 * 41 * 40), 41, 40, tiling);
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.error().message.find("multiples of 2"), std::string::npos) << r.error().message;
+    EXPECT_NE(r.error().message.find("41x40"), std::string::npos) << r.error().message;
+    r = pipeline::encode_tiled(model(), std::vector<float>(3 * 40 * 40 + 1), 40, 40, tiling);
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.error().message.find("4801 values"), std::string::npos) << r.error().message;
+    r = pipeline::encode_tiled(model(), std::vector<float>(3 * 40 * 40), 40, 40, VaeTiling{7, 0.5f});
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.error().message.find("tile size"), std::string::npos) << r.error().message;
 }
 
 }  // namespace

@@ -2,7 +2,7 @@
 
 #include <filesystem>
 
-#include "format.h"
+#include "util/format.h"
 #include "io/model_file.h"
 #include "io/model_summary.h"
 #include "util/log.h"

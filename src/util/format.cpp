@@ -1,8 +1,8 @@
-#include "format.h"
+#include "util/format.h"
 
 #include <cstdio>
 
-namespace kiln::cli {
+namespace kiln {
 
 std::string human_bytes(uint64_t bytes) {
     static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -31,4 +31,4 @@ std::string grouped(uint64_t value) {
     return out;
 }
 
-}  // namespace kiln::cli
+}  // namespace kiln

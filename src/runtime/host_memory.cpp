@@ -1,0 +1,29 @@
+#include "runtime/host_memory.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+
+namespace kiln::runtime {
+
+uint64_t host_available_bytes() {
+    if (std::FILE* f = std::fopen("/proc/meminfo", "r")) {
+        char line[256];
+        unsigned long long kib = 0;
+        bool found = false;
+        while (std::fgets(line, sizeof line, f)) {
+            if (std::sscanf(line, "MemAvailable: %llu kB", &kib) == 1) {
+                found = true;
+                break;
+            }
+        }
+        std::fclose(f);
+        if (found) return static_cast<uint64_t>(kib) * 1024;
+    }
+    const long pages = sysconf(_SC_AVPHYS_PAGES);
+    const long page_size = sysconf(_SC_PAGESIZE);
+    return pages > 0 && page_size > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size) : UINT64_MAX;
+}
+
+}  // namespace kiln::runtime

@@ -1,0 +1,195 @@
+#!/usr/bin/python3
+"""Samples kiln-tiny with a PyTorch reference sampler and plots the training.
+
+    /usr/bin/python3 training/sample_grid.py [--run /tmp/kiln-train] [--cfg 5] [--steps 20]
+
+Writes training/plots/:
+  samples_grid.png         every colour (rows) x shape (columns) on a white
+                           background, --seeds samples each (side by side)
+  samples_backgrounds.png  the same on black and on gray
+  loss_vae.png, loss_unet.png  from the run's loss CSVs
+
+Sampling: k-diffusion's Euler ancestral (training/reference/sampling.py) over
+SD's discrete sigma schedule (scaled-linear betas 0.00085..0.012, 1000 steps),
+eps-prediction denoiser with classifier-free guidance against the empty
+prompt, weights rounded to what the GGUF stores (F16 matrices). Also prints a
+crude pixel-statistics accuracy (foreground hue, background, shape from the
+fill ratio of the foreground's bounding box).
+"""
+
+import argparse
+import csv
+import os
+import sys
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import shapes_dataset as ds  # noqa: E402
+import tiny_model as tm  # noqa: E402
+import tiny_tokenizer  # noqa: E402
+from reference import sampling  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PLOTS = os.path.join(ROOT, "training", "plots")
+
+
+def f16_round(sd):
+    return {k: (v.half().float() if v.dim() >= 2 else v.float()) for k, v in sd.items()}
+
+
+class Model:
+    def __init__(self, run):
+        ck = torch.load(os.path.join(run, "final.pt"))
+        self.tok = tiny_tokenizer.Tokenizer(ck["tokens"], ck["merges"])
+        self.clip = tm.make_clip(len(ck["tokens"]), ck["config"]["clip"]).eval()
+        self.unet = tm.make_unet(ck["config"]["clip"]["width"], ck["config"]["unet"]).eval()
+        self.vae = tm.make_vae(ck["config"]["vae"]).eval()
+        self.clip.load_state_dict(f16_round(ck["clip"]))
+        self.unet.load_state_dict(f16_round(ck["unet"]))
+        self.vae.load_state_dict(f16_round(ck["vae"]))
+        self.scale = ck["scale_factor"]
+        self.schedule = sampling.DiscreteSchedule(sampling.scaled_linear_alphas_cumprod())
+
+    @torch.no_grad()
+    def generate(self, prompts, seeds, cfg=5.0, steps=20, sampler="euler_a", scheduler="discrete"):
+        n = len(prompts)
+        cond = self.clip(torch.tensor([self.tok(p) for p in prompts]))
+        uncond = self.clip(torch.tensor([self.tok("")])).expand(n, -1, -1)
+        ctx = torch.cat([cond, uncond])
+        gens = [torch.Generator().manual_seed(s) for s in seeds]
+
+        def noise():
+            return torch.stack([torch.randn(4, 16, 16, generator=g) for g in gens])
+
+        def model(x, sigma):
+            _, c_out, c_in = sampling.get_scalings("eps", sigma)
+            t = torch.full((2 * n,), self.schedule.sigma_to_t(sigma))
+            xin = torch.cat([x, x]).float() * c_in
+            eps, _ = self.unet(xin, t, ctx)
+            e_c, e_u = eps[:n], eps[n:]
+            return x + c_out * (e_u + cfg * (e_c - e_u)).double()
+
+        sigmas = sampling.get_sigmas(scheduler, steps, self.schedule)
+        x = noise().double() * sigmas[0]
+        x = sampling.SAMPLERS[sampler](model, x, sigmas, noise=lambda: noise().double())
+        img, _ = self.vae.decode(x.float() / self.scale)
+        return ds.to_uint8(img.numpy())
+
+
+# ------------------------------------------------------------ crude classifier
+
+def classify(img):
+    """(colour, background, shape) guessed from pixel statistics of a uint8 HWC image."""
+    x = img.astype(np.float64)
+    border = np.concatenate([x[0], x[-1], x[:, 0], x[:, -1]])
+    bgc = np.median(border, axis=0)
+    bg = min(ds.BACKGROUNDS, key=lambda k: np.sum((np.array(ds.BACKGROUNDS[k]) - bgc) ** 2))
+    fgmask = np.sqrt(((x - np.array(ds.BACKGROUNDS[bg])) ** 2).sum(-1)) > 80
+    if fgmask.sum() < 20:
+        return None, bg, None
+    fgc = np.median(x[fgmask], axis=0)
+    colour = min(ds.COLOURS, key=lambda k: np.sum((np.array(ds.COLOURS[k]) - fgc) ** 2))
+    ys, xs = np.nonzero(fgmask)
+    box = (ys.max() - ys.min() + 1) * (xs.max() - xs.min() + 1)
+    fill = fgmask.sum() / box
+    # fill ratios of the drawn shapes: square 1, circle pi/4, triangle 1/2, star ~0.35
+    shape = min({"square": 0.97, "circle": 0.785, "triangle": 0.5, "star": 0.33}.items(),
+                key=lambda kv: abs(kv[1] - fill))[0]
+    return colour, bg, shape
+
+
+def tile(images, cols):
+    rows = [np.concatenate(images[i:i + cols], axis=1) for i in range(0, len(images), cols)]
+    return np.concatenate(rows, axis=0)
+
+
+def save_png(arr, path, scale=3):
+    from PIL import Image
+
+    Image.fromarray(arr).resize((arr.shape[1] * scale, arr.shape[0] * scale), Image.NEAREST).save(path)
+
+
+def plot_losses(run):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    for name, col, title in (("vae", "mse", "VAE reconstruction MSE (images in [-1, 1])"),
+                             ("unet", "loss", "UNet + CLIP eps-prediction MSE")):
+        path = os.path.join(run, "loss_%s.csv" % name)
+        if not os.path.exists(path):
+            continue
+        with open(path) as f:
+            rows = list(csv.DictReader(f))
+        step = np.array([int(r["step"]) for r in rows])
+        y = np.array([float(r[col]) for r in rows])
+        k = 25
+        smooth = np.convolve(y, np.ones(k) / k, mode="valid")
+        fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+        ax.plot(step, y, lw=0.5, alpha=0.4, label="per step")
+        ax.plot(step[k - 1:], smooth, lw=1.5, label="mean of %d" % k)
+        ax.set_yscale("log")
+        ax.set_xlabel("step")
+        ax.set_title(title)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(os.path.join(PLOTS, "loss_%s.png" % name))
+        plt.close(fig)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run", default="/tmp/kiln-train")
+    ap.add_argument("--cfg", type=float, default=5.0)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--sampler", default="euler_a")
+    ap.add_argument("--scheduler", default="discrete")
+    ap.add_argument("--seeds", type=int, default=2)
+    ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    os.makedirs(PLOTS, exist_ok=True)
+    m = Model(args.run)
+
+    total = ok = 0
+    per = {"colour": 0, "background": 0, "shape": 0}
+    for bgs, fname in ((["white"], "samples_grid.png"), (["black", "gray"], "samples_backgrounds.png")):
+        prompts, seeds, labels = [], [], []
+        for bg in bgs:
+            for colour in ds.COLOUR_NAMES:
+                for shape in ds.SHAPES:
+                    for s in range(args.seeds):
+                        prompts.append(ds.caption(shape, colour, bg))
+                        seeds.append(1000 + s)
+                        labels.append((colour, bg, shape))
+        imgs = m.generate(prompts, seeds, cfg=args.cfg, steps=args.steps, sampler=args.sampler,
+                          scheduler=args.scheduler)
+        for img, lab in zip(imgs, labels):
+            got = classify(img)
+            total += 1
+            ok += got == lab
+            per["colour"] += got[0] == lab[0]
+            per["background"] += got[1] == lab[1]
+            per["shape"] += got[2] == lab[2]
+        pad = np.full((64, 8, 3), 200, np.uint8)
+        cells = []
+        for i in range(0, len(imgs), args.seeds):
+            cells.append(np.concatenate(list(imgs[i:i + args.seeds]) + [pad], axis=1))
+        grid = tile(cells, len(ds.SHAPES))
+        save_png(grid, os.path.join(PLOTS, fname))
+        print("wrote %s (%d images: rows %s, columns %s)" % (fname, len(imgs), "x".join(
+            [",".join(bgs), ",".join(ds.COLOUR_NAMES)]), ",".join(ds.SHAPES)))
+    print("pixel classifier: all three right %d/%d (%.0f%%); colour %d, background %d, shape %d" % (
+        ok, total, 100.0 * ok / total, per["colour"], per["background"], per["shape"]))
+    if not args.no_plots:
+        plot_losses(args.run)
+        print("wrote loss plots to %s" % PLOTS)
+
+
+if __name__ == "__main__":
+    main()
