@@ -23,6 +23,20 @@ Result<Plan> plan_request(const StableDiffusionModel& model, const GenerationReq
     const ModelDefaults& d = model.defaults();
     p.width = r.width > 0 ? r.width : d.width;
     p.height = r.height > 0 ? r.height : d.height;
+    if (r.init_image) {
+        // Image-to-image works at the init image's size (stable-diffusion.cpp's rule).
+        const image::Image& init = *r.init_image;
+        if ((r.width > 0 && r.width != init.width) || (r.height > 0 && r.height != init.height)) {
+            return Error{"init image is " + std::to_string(init.width) + "x" + std::to_string(init.height) +
+                         " but the requested size is " + std::to_string(p.width) + "x" + std::to_string(p.height)};
+        }
+        p.width = init.width;
+        p.height = init.height;
+        if (r.mask && (r.mask->width != init.width || r.mask->height != init.height)) {
+            return Error{"mask is " + std::to_string(r.mask->width) + "x" + std::to_string(r.mask->height) +
+                         " but the init image is " + std::to_string(init.width) + "x" + std::to_string(init.height)};
+        }
+    }
     p.steps = r.steps != 0 ? r.steps : d.steps;
     p.cfg = r.cfg_scale >= 0 ? r.cfg_scale : d.cfg_scale;
     if (r.width < 0 || r.height < 0) return Error{"width and height must be positive"};

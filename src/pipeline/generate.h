@@ -31,12 +31,13 @@ struct GenerationRequest {
     RngKind rng = RngKind::Cuda;  // stable-diffusion.cpp's default
     int clip_skip = 0;            // <= 0: the model's default
     bool flash_attention = false;
-    // Image-to-image: the starting image (resized to width x height) and how
-    // much of the schedule to run (1 = all of it, like txt2img).
+    // Image-to-image: the starting image (its size is the output size; a
+    // different width or height is an error) and how much of the schedule to
+    // run (1 = all of it, like txt2img).
     std::optional<image::Image> init_image;
     float strength = 0.75f;
     // Inpainting (needs init_image): white repaints, black keeps (A1111's
-    // convention); resized to the image. A 9-channel inpainting UNet sees the
+    // convention), the init image's size. A 9-channel inpainting UNet sees the
     // mask and the masked image; a regular UNet keeps the unmasked latent.
     std::optional<image::Image> mask;
 };

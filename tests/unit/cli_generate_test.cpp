@@ -129,6 +129,9 @@ TEST(CliGenerate, InpaintingUnetTakesTheMaskAndMaskedImage) {
 TEST(CliGenerate, BadRequestsFailCleanlyWithoutOutput) {
     TempDir dir;
     const std::string out = dir.file("out.png");
+    ASSERT_TRUE(image::write_image(dir.file("small.png"), image::make_image(16, 16, 3, 128)).ok());
+    ASSERT_TRUE(image::write_image(dir.file("init.png"), image::make_image(32, 32, 3, 128)).ok());
+    dir.write("notes.png", std::string("this is not an image"));
     struct Case {
         std::string args;
         int exit_code;
@@ -142,6 +145,9 @@ TEST(CliGenerate, BadRequestsFailCleanlyWithoutOutput) {
         {"--scheduler weird", 1, "discrete, karras"},
         {"--rng gpu", 1, "--rng: unknown RNG 'gpu' (valid: cpu, cuda)"},
         {"-i " + dir.file("missing.png"), 1, "missing.png"},
+        {"-i " + dir.file("small.png"), 1, "init image is 16x16 but the requested size is 32x32"},
+        {"-i " + dir.file("init.png") + " --mask " + dir.file("small.png"), 1, "mask is 16x16 but the init image is 32x32"},
+        {"-i " + dir.file("notes.png"), 1, "notes.png"},
         {"--strength 1.5", 2, "--strength: expected a number in (0, 1], got '1.5'"},
         // Self-attention over 2048 x 2048 latent pixels cannot be allocated: a clean error, not a crash.
         {"-W 8192 -H 8192", 1, "out of memory: this step needs"},
