@@ -88,6 +88,9 @@ typedef struct {
     const kiln_image* init_image; /* image-to-image, or NULL */
     float strength;               /* with init_image: share of the schedule to run, (0, 1] */
     const kiln_image* mask;       /* inpainting (needs init_image): white repaints, black keeps; or NULL */
+    int vae_tiling;               /* decode/encode the VAE in tiles */
+    int vae_tile_size;            /* latent pixels per tile side (default 32) */
+    float vae_tile_overlap;       /* share of a tile overlapping its neighbour, [0, 1) (default 0.5) */
     kiln_progress_callback progress;
     void* progress_user_data;
 } kiln_generation_params;

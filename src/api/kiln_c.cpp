@@ -130,6 +130,8 @@ void kiln_generation_params_init(kiln_generation_params* params) {
     params->seed = 42;
     params->batch_count = 1;
     params->strength = 0.75f;
+    params->vae_tile_size = 32;
+    params->vae_tile_overlap = 0.5f;
 }
 
 int kiln_generate(kiln_context* ctx, const kiln_generation_params* params, kiln_image** images, int* n_images,
@@ -161,6 +163,7 @@ int kiln_generate(kiln_context* ctx, const kiln_generation_params* params, kiln_
             if (!img.ok()) return fail(error, "init image: " + img.error().message);
             r.init_image = std::move(img).value();
         }
+        if (params->vae_tiling) r.vae_tiling = kiln::pipeline::VaeTiling{params->vae_tile_size, params->vae_tile_overlap};
         if (params->mask) {
             auto img = import_image(params->mask);
             if (!img.ok()) return fail(error, "mask: " + img.error().message);

@@ -6,6 +6,8 @@
 #include <cstdlib>
 
 #include "pipeline/schedulers.h"
+#include "pipeline/vae_tiling.h"
+#include "util/log.h"
 #include "runtime/graph_session.h"
 
 namespace kiln::pipeline {
@@ -63,6 +65,7 @@ Result<Plan> plan_request(const StableDiffusionModel& model, const GenerationReq
     if (!scheduler.ok()) return scheduler.error();
     p.scheduler = *scheduler;
     if (r.mask && !r.init_image) return Error{"--mask needs an init image (-i)"};
+    if (r.vae_tiling) KILN_TRY(validate_tiling(*r.vae_tiling));
     if (r.init_image && !(r.strength > 0.0f && r.strength <= 1.0f)) {
         return Error{"strength must be in (0, 1], got " + std::to_string(r.strength)};
     }
@@ -117,15 +120,32 @@ Result<std::vector<float>> run_unet(StableDiffusionModel& model, const std::vect
     return denoised_from_output(model.prediction(), sigma, x, guided);
 }
 
-Result<image::Image> decode_latent(StableDiffusionModel& model, const std::vector<float>& latent, const Plan& p) {
+// The VAE decoder or encoder on planar floats, whole or tiled. Without
+// tiling, a graph that does not fit is retried once tiled, with a warning
+// (DESIGN.md: a VAE that runs out of memory falls back to tiling).
+Result<std::vector<float>> run_vae(StableDiffusionModel& model, bool decode, const std::vector<float>& input, int64_t w,
+                                   int64_t h, const std::optional<VaeTiling>& tiling) {
+    if (tiling) {
+        return decode ? decode_tiled(model, input, w, h, *tiling) : encode_tiled(model, input, w, h, *tiling);
+    }
+    const int64_t channels = decode ? model.vae().config().latent_channels : model.vae().config().image_channels;
+    runtime::GraphSession session;
+    ggml_tensor* in = session.input(GGML_TYPE_F32, {w, h, channels, 1}, input.data(), decode ? "latent" : "image");
+    ggml_tensor* out = decode ? model.vae().build_decoder(session.ctx(), in) : model.vae().build_encoder(session.ctx(), in);
+    Status status = session.run(model.compute(), out);
+    if (status.ok()) return runtime::GraphSession::read(out);
+    if (status.error().message.rfind("out of memory", 0) != 0) return status.error();
+    KILN_LOG_WARN("VAE %s: %s; retrying with tiling", decode ? "decode" : "encode", status.error().message.c_str());
+    return run_vae(model, decode, input, w, h, VaeTiling{});
+}
+
+Result<image::Image> decode_latent(StableDiffusionModel& model, const std::vector<float>& latent, const Plan& p,
+                                   const std::optional<VaeTiling>& tiling) {
     std::vector<float> z(latent);
     for (float& v : z) v /= model.latent_scale();
-    const models::VaeConfig& vc = model.vae().config();
-    runtime::GraphSession session;
-    ggml_tensor* zin = session.input(GGML_TYPE_F32, {p.latent_w, p.latent_h, vc.latent_channels, 1}, z.data(), "latent");
-    ggml_tensor* out = model.vae().build_decoder(session.ctx(), zin);
-    KILN_TRY(session.run(model.compute(), out));
-    const std::vector<float> pixels = runtime::GraphSession::read(out);  // [W, H, 3] planar in [-1, 1]
+    auto decoded = run_vae(model, /*decode=*/true, z, p.latent_w, p.latent_h, tiling);
+    if (!decoded.ok()) return decoded.error();
+    const std::vector<float>& pixels = *decoded;  // [W, H, 3] planar in [-1, 1]
     image::Image img = image::make_image(p.width, p.height, 3);
     const size_t plane = static_cast<size_t>(p.width) * p.height;
     for (size_t i = 0; i < plane; ++i) {
@@ -137,7 +157,8 @@ Result<image::Image> decode_latent(StableDiffusionModel& model, const std::vecto
     return img;
 }
 
-Result<std::vector<float>> encode_image(StableDiffusionModel& model, const image::Image& source, const Plan& p) {
+Result<std::vector<float>> encode_image(StableDiffusionModel& model, const image::Image& source, const Plan& p,
+                                        const std::optional<VaeTiling>& tiling) {
     auto rgb = image::convert_channels(source, 3);
     if (!rgb.ok()) return rgb.error();
     image::Image img = std::move(rgb).value();
@@ -151,11 +172,9 @@ Result<std::vector<float>> encode_image(StableDiffusionModel& model, const image
     for (size_t i = 0; i < plane; ++i) {
         for (size_t ch = 0; ch < 3; ++ch) pixels[ch * plane + i] = img.pixels[i * 3 + ch] / 127.5f - 1.0f;
     }
-    runtime::GraphSession session;
-    ggml_tensor* in = session.input(GGML_TYPE_F32, {p.width, p.height, 3, 1}, pixels.data(), "image");
-    ggml_tensor* out = model.vae().build_encoder(session.ctx(), in);
-    KILN_TRY(session.run(model.compute(), out));
-    std::vector<float> latent = runtime::GraphSession::read(out);
+    auto encoded = run_vae(model, /*decode=*/false, pixels, p.width, p.height, tiling);
+    if (!encoded.ok()) return encoded.error();
+    std::vector<float> latent = std::move(encoded).value();
     for (float& v : latent) v *= model.latent_scale();
     return latent;
 }
@@ -188,7 +207,8 @@ Result<std::vector<float>> mask_plane(const image::Image& mask, int width, int h
 // Fills run.concat (9-channel inpainting UNet: mask, masked-image latent) or
 // run.keep_weight / keep_latent (regular UNet: latent masking).
 Status prepare_inpainting(StableDiffusionModel& model, const image::Image& init, const image::Image& mask,
-                          const std::vector<float>& init_latent, const Plan& p, SamplingRun& run) {
+                          const std::vector<float>& init_latent, const Plan& p, const std::optional<VaeTiling>& tiling,
+                          SamplingRun& run) {
     auto latent_mask = mask_plane(mask, p.latent_w, p.latent_h);
     if (!latent_mask.ok()) return latent_mask.error();
     const models::UnetConfig& uc = model.unet().config();
@@ -219,7 +239,7 @@ Status prepare_inpainting(StableDiffusionModel& model, const image::Image& init,
             for (int ch = 0; ch < 3; ++ch) masked.pixels[i * 3 + static_cast<size_t>(ch)] = 128;
         }
     }
-    auto masked_latent = encode_image(model, masked, p);
+    auto masked_latent = encode_image(model, masked, p, tiling);
     if (!masked_latent.ok()) return masked_latent.error();
     run.concat = *latent_mask;
     run.concat.insert(run.concat.end(), masked_latent->begin(), masked_latent->end());
@@ -285,7 +305,7 @@ Result<std::vector<GeneratedImage>> generate(StableDiffusionModel& model, const 
     std::optional<std::vector<float>> init_latent;
     if (request.init_image) {
         if (!model.vae().config().has_encoder) return Error{"this model's VAE has no encoder: image-to-image needs one"};
-        auto encoded = encode_image(model, *request.init_image, p);
+        auto encoded = encode_image(model, *request.init_image, p, request.vae_tiling);
         if (!encoded.ok()) return encoded.error();
         init_latent = std::move(encoded).value();
         // Run only the last `strength` of the schedule, as A1111 and sd.cpp do.
@@ -296,7 +316,7 @@ Result<std::vector<GeneratedImage>> generate(StableDiffusionModel& model, const 
     SamplingRun run;
     if (request.mask) {
         if (!init_latent) return Error{"--mask needs an init image (-i)"};
-        auto prepared = prepare_inpainting(model, *request.init_image, *request.mask, *init_latent, p, run);
+        auto prepared = prepare_inpainting(model, *request.init_image, *request.mask, *init_latent, p, request.vae_tiling, run);
         if (!prepared.ok()) return prepared.error();
     }
     run.latent_w = p.latent_w;
@@ -320,7 +340,7 @@ Result<std::vector<GeneratedImage>> generate(StableDiffusionModel& model, const 
         };
         auto latent = sample_latent(model, run, std::move(x), *cond, uncond ? &*uncond : nullptr, *rng, progress);
         if (!latent.ok()) return latent.error();
-        auto img = decode_latent(model, *latent, p);
+        auto img = decode_latent(model, *latent, p, request.vae_tiling);
         if (!img.ok()) return img.error();
 
         GeneratedImage g;

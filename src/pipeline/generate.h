@@ -13,6 +13,7 @@
 #include "pipeline/rng.h"
 #include "pipeline/samplers.h"
 #include "pipeline/sd_model.h"
+#include "pipeline/vae_tiling.h"
 #include "util/result.h"
 
 namespace kiln::pipeline {
@@ -40,6 +41,8 @@ struct GenerationRequest {
     // convention), the init image's size. A 9-channel inpainting UNet sees the
     // mask and the masked image; a regular UNet keeps the unmasked latent.
     std::optional<image::Image> mask;
+    // --vae-tiling: decode and encode in overlapping tiles with blended seams.
+    std::optional<VaeTiling> vae_tiling;
 };
 
 struct GeneratedImage {

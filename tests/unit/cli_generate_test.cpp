@@ -94,6 +94,29 @@ std::string write_mask(const TempDir& dir, const std::string& name, uint8_t valu
     return path;
 }
 
+// --vae-tiling: a 64x64 latent in 16-pixel tiles decodes to an image of the
+// right size that stays close to the untiled one (the tiny VAE sees far, so
+// tiles differ a little: tests/unit/vae_tiling_test.cpp measures by how much).
+TEST(CliGenerate, VaeTilingMakesTheSameSizeOfImage) {
+    TempDir dir;
+    const std::string common = "-p x -W 64 -H 64 --steps 1 -s 3 ";
+    ASSERT_EQ(run_command(kiln_with_model(common + "-o " + dir.file("whole.png"))).exit_code, 0);
+    auto r = run_command(kiln_with_model(common + "--vae-tiling --vae-tile-size 16x16 --vae-tile-overlap 0.5 -o " + dir.file("tiled.png")));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    auto whole = image::read_image(dir.file("whole.png"));
+    auto tiled = image::read_image(dir.file("tiled.png"));
+    ASSERT_TRUE(whole.ok() && tiled.ok());
+    ASSERT_EQ(tiled->width, 64);
+    double diff = 0;
+    for (size_t i = 0; i < whole->pixels.size(); ++i) diff += std::abs(int(whole->pixels[i]) - int(tiled->pixels[i]));
+    diff /= static_cast<double>(whole->pixels.size());
+    EXPECT_GT(diff, 0.0) << "tiling must have run";
+    EXPECT_LT(diff, 20.0) << "mean absolute pixel difference";
+    r = run_command(kiln_with_model(common + "--vae-tiling --vae-tile-size 16x8 -o " + dir.file("x.png")));
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_NE(r.err.find("only square tiles are supported"), std::string::npos) << r.err;
+}
+
 // Latent masking with a regular UNet: an all-black mask keeps everything, so
 // the seed cannot matter; an all-white one repaints everything, so it must.
 TEST(CliGenerate, InpaintingWithARegularUnetKeepsTheBlackArea) {

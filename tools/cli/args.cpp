@@ -141,6 +141,31 @@ const std::vector<Flag>& flags() {
              o.prediction = v;
              return std::nullopt;
          }},
+        {nullptr, "--vae-tiling", nullptr, "decode and encode the VAE in overlapping tiles (less memory)",
+         [](Options& o, const std::string&) -> std::optional<std::string> {
+             o.vae_tiling = true;
+             return std::nullopt;
+         }},
+        {nullptr, "--vae-tile-size", "N", "VAE tile side in latent pixels, N or NxN (default 32)",
+         [](Options& o, const std::string& v) -> std::optional<std::string> {
+             std::string side = v;
+             if (const auto x = v.find('x'); x != std::string::npos) {
+                 if (v.substr(0, x) != v.substr(x + 1)) return "only square tiles are supported, got '" + v + "'";
+                 side = v.substr(0, x);
+             }
+             long long parsed = 0;
+             if (auto err = to_int(side, 8, 4096, &parsed)) return err;
+             o.vae_tile_size = static_cast<int>(parsed);
+             return std::nullopt;
+         }},
+        {nullptr, "--vae-tile-overlap", "X", "share of a VAE tile overlapping its neighbour, in [0, 1) (default 0.5)",
+         [](Options& o, const std::string& v) -> std::optional<std::string> {
+             char* end = nullptr;
+             const float f = std::strtof(v.c_str(), &end);
+             if (v.empty() || *end != '\0' || !(f >= 0.0f && f < 1.0f)) return "expected a number in [0, 1), got '" + v + "'";
+             o.vae_tile_overlap = f;
+             return std::nullopt;
+         }},
         {nullptr, "--diffusion-fa", nullptr, "use flash attention in the diffusion model",
          [](Options& o, const std::string&) -> std::optional<std::string> {
              o.diffusion_fa = true;

@@ -56,6 +56,9 @@ struct Options {
     int clip_skip = 0;       // 0: the model's default
     float strength = 0.75f;
     bool diffusion_fa = false;
+    bool vae_tiling = false;
+    int vae_tile_size = 32;
+    float vae_tile_overlap = 0.5f;
 
     // `kiln info`.
     std::vector<std::string> info_paths;

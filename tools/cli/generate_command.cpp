@@ -162,6 +162,9 @@ int run_generate(const Options& options) {
     gp.init_image = init;
     gp.strength = options.strength;
     gp.mask = mask;
+    gp.vae_tiling = options.vae_tiling ? 1 : 0;
+    gp.vae_tile_size = options.vae_tile_size;
+    gp.vae_tile_overlap = options.vae_tile_overlap;
     gp.progress = &Progress::on_step;
     gp.progress_user_data = &progress;
 
