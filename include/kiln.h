@@ -32,6 +32,10 @@ typedef enum {
 void kiln_set_log_level(kiln_log_level level);
 /* Process-wide: colour the level tags of kiln's own log output. */
 void kiln_set_log_color(int enabled);
+/* Process-wide: receive each log line (no trailing newline) instead of
+ * kiln printing it; NULL restores printing (errors to stderr, the rest to stdout). */
+typedef void (*kiln_log_callback)(kiln_log_level level, const char* text, void* user_data);
+void kiln_set_log_callback(kiln_log_callback callback, void* user_data);
 
 typedef struct {
     const char* model_path;           /* -m: checkpoint or diffusers folder */

@@ -63,6 +63,18 @@ extern "C" {
 void kiln_set_log_level(kiln_log_level level) { kiln::log_set_level(static_cast<kiln::LogLevel>(level)); }
 void kiln_set_log_color(int enabled) { kiln::log_set_color(enabled != 0); }
 
+namespace {
+kiln_log_callback g_api_log_callback = nullptr;
+void forward_log(kiln::LogLevel level, const char* text, void* user_data) {
+    g_api_log_callback(static_cast<kiln_log_level>(level), text, user_data);
+}
+}  // namespace
+
+void kiln_set_log_callback(kiln_log_callback callback, void* user_data) {
+    g_api_log_callback = callback;
+    kiln::log_set_callback(callback ? forward_log : nullptr, user_data);
+}
+
 void kiln_context_params_init(kiln_context_params* params) { std::memset(params, 0, sizeof *params); }
 
 kiln_context* kiln_context_create(const kiln_context_params* params, char** error) {

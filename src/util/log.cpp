@@ -15,6 +15,8 @@ namespace {
 std::atomic<LogLevel> g_level{LogLevel::Info};
 std::atomic<bool> g_color{false};
 std::mutex g_mutex;  // keeps lines from different threads whole
+LogCallback g_callback = nullptr;  // guarded by g_mutex
+void* g_callback_user_data = nullptr;
 
 const char* level_tag(LogLevel level) {
     switch (level) {
@@ -41,6 +43,10 @@ const char* level_color(LogLevel level) {
 void write_line(LogLevel level, const std::string& text) {
     std::FILE* stream = level == LogLevel::Error ? stderr : stdout;
     std::lock_guard<std::mutex> lock(g_mutex);
+    if (g_callback) {
+        g_callback(level, text.c_str(), g_callback_user_data);
+        return;
+    }
     // Info lines are the program's normal output and carry no tag.
     if (level == LogLevel::Info) {
         std::fprintf(stream, "%s\n", text.c_str());
@@ -55,6 +61,12 @@ void write_line(LogLevel level, const std::string& text) {
 }  // namespace
 
 void log_set_level(LogLevel level) { g_level.store(level); }
+
+void log_set_callback(LogCallback callback, void* user_data) {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    g_callback = callback;
+    g_callback_user_data = user_data;
+}
 LogLevel log_level() { return g_level.load(); }
 void log_set_color(bool enabled) { g_color.store(enabled); }
 const char* log_level_name(LogLevel level) { return level_tag(level); }

@@ -15,6 +15,11 @@ LogLevel log_level();
 // ANSI colours on level tags; off by default (--color turns it on).
 void log_set_color(bool enabled);
 
+// Sends every message at or above the level to `callback` (one whole line,
+// no trailing newline) instead of stdout/stderr; null restores the default.
+using LogCallback = void (*)(LogLevel level, const char* text, void* user_data);
+void log_set_callback(LogCallback callback, void* user_data);
+
 // "debug", "verbose", "info", "warn"/"warning", "error" (case-insensitive).
 std::optional<LogLevel> parse_log_level(std::string_view name);
 const char* log_level_name(LogLevel level);

@@ -2,6 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+#include <utility>
+#include <vector>
+
 namespace kiln {
 namespace {
 
@@ -43,6 +47,22 @@ TEST_F(LogTest, ColorWrapsTheTag) {
     testing::internal::CaptureStdout();
     KILN_LOG_WARN("w");
     EXPECT_EQ(testing::internal::GetCapturedStdout(), "\033[33mwarn:\033[0m w\n");
+}
+
+TEST_F(LogTest, CallbackReceivesWholeLinesInsteadOfTheStreams) {
+    std::vector<std::pair<LogLevel, std::string>> lines;
+    log_set_callback([](LogLevel level, const char* text, void* user) {
+        static_cast<std::vector<std::pair<LogLevel, std::string>>*>(user)->emplace_back(level, text);
+    }, &lines);
+    testing::internal::CaptureStdout();
+    KILN_LOG_INFO("hello %d", 7);
+    KILN_LOG_ERROR("bad\n");
+    KILN_LOG_DEBUG("filtered");
+    log_set_callback(nullptr, nullptr);
+    EXPECT_EQ(testing::internal::GetCapturedStdout(), "");
+    ASSERT_EQ(lines.size(), 2u);
+    EXPECT_EQ(lines[0], std::make_pair(LogLevel::Info, std::string("hello 7")));
+    EXPECT_EQ(lines[1], std::make_pair(LogLevel::Error, std::string("bad")));
 }
 
 TEST_F(LogTest, ParsesLevelNames) {
