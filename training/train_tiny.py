@@ -148,6 +148,60 @@ def train_vae(args, out):
     log("stage 1 done in %s" % fmt_time(time.time() - t0))
 
 
+def train_decoder(args, out):
+    """Stage 4: fine-tunes the VAE decoder (and post_quant_conv) at 64x64 on
+    the frozen encoder's posterior means, so the latent space the UNet learnt
+    is unchanged; needs only vae.pt, so it may run alongside stage 3."""
+    final = os.path.join(out, "vae_decoder.pt")
+    if os.path.exists(final):
+        log("stage 4: %s exists, skipping" % final)
+        return
+    vae = tm.make_vae()
+    vae.load_state_dict(torch.load(os.path.join(out, "vae.pt"))["model"])
+    for p in list(vae.encoder.parameters()) + list(vae.quant_conv.parameters()):
+        p.requires_grad_(False)
+    params = list(vae.decoder.parameters()) + list(vae.post_quant_conv.parameters())
+    opt = torch.optim.Adam(params, lr=args.dec_lr)
+    start = 0
+    ckpt_path = os.path.join(out, "vae_decoder_ckpt.pt")
+    if os.path.exists(ckpt_path):
+        ck = torch.load(ckpt_path)
+        vae.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["opt"])
+        start = ck["step"]
+        log("stage 4: resuming at step %d" % start)
+    log("stage 4: VAE decoder fine-tune, %d steps, batch %d" % (args.dec_steps, args.dec_batch))
+    csvlog = CsvLog(os.path.join(out, "loss_vae_decoder.csv"), ["step", "mse", "lr", "seconds"], start)
+    t0 = time.time()
+    for step in range(start, args.dec_steps):
+        lr = lr_at(step, args.dec_steps, args.dec_lr, 20)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        x, _, _ = ds.batch([args.seed, 4, step], args.dec_batch)
+        x = torch.from_numpy(x)
+        with torch.no_grad():
+            mean, _ = vae.encode(x)
+        rec, _ = vae.decode(mean)
+        mse = F.mse_loss(rec, x)
+        opt.zero_grad(set_to_none=True)
+        mse.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        el = time.time() - t0
+        csvlog.add([step, "%.6f" % mse.item(), "%.3g" % lr, "%.1f" % el])
+        done = step + 1 - start
+        if step % 20 == 0 or step == args.dec_steps - 1:
+            ips = done / el
+            log("dec  step %5d/%d  mse %.5f  %.2f it/s  ETA %s" % (
+                step + 1, args.dec_steps, mse.item(), ips, fmt_time((args.dec_steps - step - 1) / ips)))
+            csvlog.flush()
+        if (step + 1) % 100 == 0:
+            save_atomic({"model": vae.state_dict(), "opt": opt.state_dict(), "step": step + 1}, ckpt_path)
+    csvlog.flush()
+    save_atomic({"model": vae.state_dict(), "config": tm.CONFIG["vae"]}, final)
+    log("stage 4 done in %s" % fmt_time(time.time() - t0))
+
+
 @torch.no_grad()
 def make_pool(args, out):
     path = os.path.join(out, "pool.pt")
@@ -275,6 +329,23 @@ def train_unet(args, out):
     log("stage 3 done in %s; wrote %s" % (fmt_time(time.time() - t0), final))
 
 
+def finalize_early(args, out):
+    """Stage "finalize": writes final.pt from the last UNet checkpoint's EMA
+    weights, for a run stopped before --unet-steps (a time budget ran out)."""
+    final = os.path.join(out, "final.pt")
+    if os.path.exists(final):
+        log("finalize: %s exists, nothing to do" % final)
+        return
+    ck = torch.load(os.path.join(out, "unet_ckpt.pt"))
+    pool = torch.load(os.path.join(out, "pool.pt"))
+    tok = tiny_tokenizer.default()
+    vae = torch.load(os.path.join(out, "vae.pt"))["model"]
+    save_atomic({"clip": ck["ema_clip"], "unet": ck["ema_unet"], "vae": vae,
+                 "scale_factor": pool["scale_factor"], "tokens": tok.tokens, "merges": tok.merges,
+                 "config": tm.CONFIG, "steps": ck["step"], "seed": args.seed}, final)
+    log("finalize: wrote %s from the step-%d checkpoint's EMA weights" % (final, ck["step"]))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="/tmp/kiln-train", help="run folder (checkpoints, CSVs, results)")
@@ -293,7 +364,10 @@ def main():
     ap.add_argument("--lr", type=float, default=6e-4)
     ap.add_argument("--ema", type=float, default=0.998)
     ap.add_argument("--ckpt-every", type=int, default=200)
-    ap.add_argument("--stage", choices=["all", "vae", "pool", "unet"], default="all")
+    ap.add_argument("--dec-steps", type=int, default=300)
+    ap.add_argument("--dec-batch", type=int, default=16)
+    ap.add_argument("--dec-lr", type=float, default=5e-4)
+    ap.add_argument("--stage", choices=["all", "vae", "pool", "unet", "decoder", "finalize"], default="all")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     os.makedirs(args.out, exist_ok=True)
@@ -304,6 +378,10 @@ def main():
         make_pool(args, args.out)
     if args.stage in ("all", "unet"):
         train_unet(args, args.out)
+    if args.stage in ("all", "decoder"):
+        train_decoder(args, args.out)
+    if args.stage == "finalize":
+        finalize_early(args, args.out)
 
 
 if __name__ == "__main__":

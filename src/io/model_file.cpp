@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -204,6 +205,28 @@ Result<ModelFile> ModelFile::open(const std::vector<std::string>& paths) {
         for (const std::string& part : *parts) KILN_TRY(model.add_file(part, ""));
     }
     return model;
+}
+
+double ModelFile::metadata_number(const std::string& key, double fallback) const {
+    auto it = metadata_.find(key);
+    if (it == metadata_.end()) return fallback;
+    const MetaValue& v = it->second;
+    switch (v.kind) {
+        case MetaValue::Kind::Int: return static_cast<double>(v.i);
+        case MetaValue::Kind::UInt: return static_cast<double>(v.u);
+        case MetaValue::Kind::Float: return v.f;
+        case MetaValue::Kind::String: {
+            char* end = nullptr;
+            const double d = std::strtod(v.str.c_str(), &end);
+            return end != v.str.c_str() && *end == '\0' ? d : fallback;
+        }
+        default: return fallback;
+    }
+}
+
+std::string ModelFile::metadata_string(const std::string& key, const std::string& fallback) const {
+    auto it = metadata_.find(key);
+    return it == metadata_.end() ? fallback : it->second.to_string();
 }
 
 const TensorInfo* ModelFile::find(std::string_view name) const {

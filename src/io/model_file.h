@@ -39,6 +39,10 @@ class ModelFile {
     // Metadata of all files; on a key clash the first file's value stays.
     const Metadata& metadata() const { return metadata_; }
     bool is_diffusers() const { return diffusers_; }
+    // A metadata value as a number (numeric kinds, or a string that is one)
+    // or as text; `fallback` when the key is absent or not a number.
+    double metadata_number(const std::string& key, double fallback) const;
+    std::string metadata_string(const std::string& key, const std::string& fallback) const;
 
     // nullptr if there is no tensor of that name.
     const TensorInfo* find(std::string_view name) const;

@@ -44,9 +44,8 @@ Result<std::unique_ptr<ClipTextEncoder>> ClipTextEncoder::create(const io::Model
     while (file.find(layer_root + std::to_string(c.layers) + fc1_name)) ++c.layers;
     if (c.layers == 0) return Error{"CLIP text encoder under '" + prefix + "' has no transformer layers"};
     c.intermediate = file.find(layer_root + "0" + fc1_name)->shape[0];
-    if (auto* hint = file.metadata().count("kiln.clip.heads") ? &file.metadata().at("kiln.clip.heads") : nullptr) {
-        c.heads = hint->kind == io::MetaValue::Kind::String ? std::stoll(hint->str) : static_cast<int64_t>(hint->u + hint->i);
-    }
+    // Small models may say otherwise in their metadata.
+    c.heads = static_cast<int64_t>(file.metadata_number("kiln.clip.heads", static_cast<double>(c.heads)));
     if (c.heads <= 0 || c.width % c.heads != 0) return Error{"CLIP text encoder: width " + std::to_string(c.width) + " is not divisible by its head count"};
 
     enc->weights_ = std::make_unique<runtime::ModuleWeights>(file, root, weight_type);

@@ -118,18 +118,6 @@ ggml_tensor* apply_transformer(ggml_context* ctx, const SpatialTransformer& t, g
     return ggml_add(ctx, h, x);
 }
 
-int64_t metadata_int(const io::ModelFile& file, const std::string& key, int64_t fallback) {
-    auto it = file.metadata().find(key);
-    if (it == file.metadata().end()) return fallback;
-    const io::MetaValue& v = it->second;
-    switch (v.kind) {
-        case io::MetaValue::Kind::Int: return v.i;
-        case io::MetaValue::Kind::UInt: return static_cast<int64_t>(v.u);
-        case io::MetaValue::Kind::String: return std::atoll(v.str.c_str());
-        default: return fallback;
-    }
-}
-
 }  // namespace
 
 struct Unet::Blocks {
@@ -192,7 +180,7 @@ Result<std::unique_ptr<Unet>> Unet::create(const io::ModelFile& file, const std:
     for (int r : res_per_level) {
         if (r != c.res_blocks || r == 0) return Error{"UNet under '" + prefix + "': levels have different numbers of resnets"};
     }
-    c.heads = metadata_int(file, "kiln.unet.heads", c.context_dim == 768 ? 8 : 0);
+    c.heads = static_cast<int64_t>(file.metadata_number("kiln.unet.heads", c.context_dim == 768 ? 8 : 0));
     if (c.heads <= 0) c.heads = std::max<int64_t>(1, c.model_channels / 64);
 
     unet->weights_ = std::make_unique<runtime::ModuleWeights>(file, prefix, weight_type);

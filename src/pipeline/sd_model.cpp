@@ -15,23 +15,6 @@ const io::MetaValue* meta(const io::ModelFile& file, const std::string& key) {
     return it == file.metadata().end() ? nullptr : &it->second;
 }
 
-std::string meta_string(const io::ModelFile& file, const std::string& key, const std::string& fallback) {
-    const io::MetaValue* v = meta(file, key);
-    return v ? v->to_string() : fallback;
-}
-
-double meta_number(const io::ModelFile& file, const std::string& key, double fallback) {
-    const io::MetaValue* v = meta(file, key);
-    if (!v) return fallback;
-    switch (v->kind) {
-        case io::MetaValue::Kind::Int: return static_cast<double>(v->i);
-        case io::MetaValue::Kind::UInt: return static_cast<double>(v->u);
-        case io::MetaValue::Kind::Float: return v->f;
-        case io::MetaValue::Kind::String: return std::atof(v->str.c_str());
-        default: return fallback;
-    }
-}
-
 // The module prefixes of a single-file SD checkpoint, or of a standalone
 // module file (no prefix).
 struct Located {
@@ -139,16 +122,16 @@ Result<std::unique_ptr<StableDiffusionModel>> StableDiffusionModel::load(const M
     const bool open_clip = m->clip_->config().naming == models::ClipTextConfig::Naming::OpenClip;
     m->default_clip_skip_ = open_clip ? 2 : 1;
     m->pad_token_ = open_clip ? 0 : -1;
-    m->latent_scale_ = static_cast<float>(meta_number(main, "kiln.vae.scale_factor", 0.18215));
-    const std::string prediction = meta_string(main, "kiln.prediction", "eps");
+    m->latent_scale_ = static_cast<float>(main.metadata_number("kiln.vae.scale_factor", 0.18215));
+    const std::string prediction = main.metadata_string("kiln.prediction", "eps");
     m->prediction_ = options.prediction.value_or(prediction == "v" ? Prediction::V : Prediction::Eps);
     ModelDefaults& d = m->defaults_;
-    d.width = static_cast<int>(meta_number(main, "kiln.default.width", d.width));
-    d.height = static_cast<int>(meta_number(main, "kiln.default.height", d.height));
-    d.steps = static_cast<int>(meta_number(main, "kiln.default.steps", d.steps));
-    d.cfg_scale = static_cast<float>(meta_number(main, "kiln.default.cfg_scale", d.cfg_scale));
-    d.sampler = meta_string(main, "kiln.default.sampler", d.sampler);
-    d.scheduler = meta_string(main, "kiln.default.scheduler", d.scheduler);
+    d.width = static_cast<int>(main.metadata_number("kiln.default.width", d.width));
+    d.height = static_cast<int>(main.metadata_number("kiln.default.height", d.height));
+    d.steps = static_cast<int>(main.metadata_number("kiln.default.steps", d.steps));
+    d.cfg_scale = static_cast<float>(main.metadata_number("kiln.default.cfg_scale", d.cfg_scale));
+    d.sampler = main.metadata_string("kiln.default.sampler", d.sampler);
+    d.scheduler = main.metadata_string("kiln.default.scheduler", d.scheduler);
 
     auto tokenizer = load_tokenizer(paths, m->files_);
     if (!tokenizer.ok()) return tokenizer.error();
