@@ -80,15 +80,15 @@ typedef void (*kiln_progress_callback)(int image, int step, int steps, void* use
 typedef struct {
     const char* prompt;
     const char* negative_prompt;
-    int width, height, steps;  /* 0: the model's default */
-    float cfg_scale;           /* < 0: the model's default */
-    int64_t seed;              /* image i uses seed + i */
+    int width, height, steps; /* 0: the model's default */
+    float cfg_scale;          /* < 0: the model's default */
+    int64_t seed;             /* image i uses seed + i */
     int batch_count;
-    const char* sampler;       /* NULL: the model's default */
-    const char* scheduler;     /* NULL: the model's default */
-    const char* rng;           /* "cuda" (default) or "cpu" */
-    int clip_skip;             /* <= 0: the model's default */
-    int flash_attention;       /* --diffusion-fa */
+    const char* sampler;          /* NULL: the model's default */
+    const char* scheduler;        /* NULL: the model's default */
+    const char* rng;              /* "cuda" (default) or "cpu" */
+    int clip_skip;                /* <= 0: the model's default */
+    int flash_attention;          /* --diffusion-fa */
     const kiln_image* init_image; /* image-to-image, or NULL */
     float strength;               /* with init_image: share of the schedule to run, (0, 1] */
     const kiln_image* mask;       /* inpainting (needs init_image): white repaints, black keeps; or NULL */

@@ -1,7 +1,5 @@
 // The C API (include/kiln.h) over the C++ pipeline: converts parameters,
 // catches every failure into an error string, owns the returned buffers.
-#include "kiln.h"
-
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -11,6 +9,7 @@
 #include "image/image_io.h"
 #include "image/png_metadata.h"
 #include "io/tensor_convert.h"
+#include "kiln.h"
 #include "pipeline/generate.h"
 #include "util/log.h"
 
@@ -175,7 +174,8 @@ int kiln_generate(kiln_context* ctx, const kiln_generation_params* params, kiln_
             if (!img.ok()) return fail(error, "init image: " + img.error().message);
             r.init_image = std::move(img).value();
         }
-        if (params->vae_tiling) r.vae_tiling = kiln::pipeline::VaeTiling{params->vae_tile_size, params->vae_tile_overlap};
+        if (params->vae_tiling)
+            r.vae_tiling = kiln::pipeline::VaeTiling{params->vae_tile_size, params->vae_tile_overlap};
         if (params->mask) {
             auto img = import_image(params->mask);
             if (!img.ok()) return fail(error, "mask: " + img.error().message);
@@ -183,7 +183,9 @@ int kiln_generate(kiln_context* ctx, const kiln_generation_params* params, kiln_
         }
         kiln::pipeline::StepCallback on_step;
         if (params->progress) {
-            on_step = [params](int image, int step, int total) { params->progress(image, step, total, params->progress_user_data); };
+            on_step = [params](int image, int step, int total) {
+                params->progress(image, step, total, params->progress_user_data);
+            };
         }
         auto result = kiln::pipeline::generate(*ctx->model, r, on_step);
         if (!result.ok()) return fail(error, result.error().message);

@@ -35,7 +35,8 @@ std::optional<ModelFamily> detect_diffusers_family(const std::vector<TensorInfo>
     if (text_width == 1024) return ModelFamily::SD2;
     // No text encoder: the UNet's cross-attention width decides.
     for (const TensorInfo& t : tensors) {
-        if (starts_with(t.name, "unet/") && t.name.find("attn2.to_k.weight") != std::string::npos && t.shape.size() == 2) {
+        if (starts_with(t.name, "unet/") && t.name.find("attn2.to_k.weight") != std::string::npos &&
+            t.shape.size() == 2) {
             if (t.shape[1] == 768) return ModelFamily::SD1;
             if (t.shape[1] == 1024) return ModelFamily::SD2;
             if (t.shape[1] == 2048) return ModelFamily::SDXL;
@@ -44,7 +45,8 @@ std::optional<ModelFamily> detect_diffusers_family(const std::vector<TensorInfo>
     // Unusual widths (small models): SD2's UNet projects into its
     // transformers with linear layers, SD1's with 1x1 convolutions.
     for (const TensorInfo& t : tensors) {
-        if (starts_with(t.name, "unet/") && t.name.size() > 15 && t.name.compare(t.name.size() - 15, 15, ".proj_in.weight") == 0) {
+        if (starts_with(t.name, "unet/") && t.name.size() > 15 &&
+            t.name.compare(t.name.size() - 15, 15, ".proj_in.weight") == 0) {
             return t.shape.size() == 2 ? ModelFamily::SD2 : ModelFamily::SD1;
         }
     }

@@ -37,10 +37,9 @@ std::optional<DType> dtype_from_safetensors(std::string_view name) {
         DType dtype;
     };
     static constexpr Entry kTable[] = {
-        {"F64", DType::F64},         {"F32", DType::F32},         {"F16", DType::F16},
-        {"BF16", DType::BF16},       {"F8_E4M3", DType::F8_E4M3}, {"F8_E5M2", DType::F8_E5M2},
-        {"I64", DType::I64},         {"I32", DType::I32},         {"I16", DType::I16},
-        {"I8", DType::I8},           {"U8", DType::U8},           {"BOOL", DType::BOOL},
+        {"F64", DType::F64},         {"F32", DType::F32},         {"F16", DType::F16}, {"BF16", DType::BF16},
+        {"F8_E4M3", DType::F8_E4M3}, {"F8_E5M2", DType::F8_E5M2}, {"I64", DType::I64}, {"I32", DType::I32},
+        {"I16", DType::I16},         {"I8", DType::I8},           {"U8", DType::U8},   {"BOOL", DType::BOOL},
     };
     for (const Entry& e : kTable) {
         if (e.name == name) return e.dtype;

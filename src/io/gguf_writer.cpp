@@ -66,7 +66,8 @@ Status write_gguf(const ModelFile& model, const std::string& path, const GgufWri
         const ggml_type type = compute_type(t, options.type);
         int64_t ne[GGML_MAX_DIMS] = {1, 1, 1, 1};
         for (size_t d = 0; d < t.shape.size(); ++d) ne[d] = t.shape[t.shape.size() - 1 - d];
-        ggml_tensor* tensor = ggml_new_tensor(meta_ctx.get(), type, std::max<int>(1, static_cast<int>(t.shape.size())), ne);
+        ggml_tensor* tensor =
+            ggml_new_tensor(meta_ctx.get(), type, std::max<int>(1, static_cast<int>(t.shape.size())), ne);
         ggml_set_name(tensor, t.name.c_str());
         gguf_add_tensor(gguf.get(), tensor);
         types.push_back(type);

@@ -60,7 +60,8 @@ Result<std::vector<std::string>> component_weight_files(const std::string& folde
         if (map_it == index->end() || !map_it->is_object()) return Error{index_path + ": no \"weight_map\" object"};
         std::set<std::string> shards;
         for (auto it = map_it->begin(); it != map_it->end(); ++it) {
-            if (!it->is_string()) return Error{index_path + ": weight_map value for '" + it.key() + "' is not a string"};
+            if (!it->is_string())
+                return Error{index_path + ": weight_map value for '" + it.key() + "' is not a string"};
             const std::string shard = it->get<std::string>();
             if (shard.find('/') != std::string::npos || shard == "..") {
                 return Error{index_path + ": shard name '" + shard + "' must be a file in the same folder"};
@@ -138,7 +139,8 @@ Status ModelFile::add_file(const std::string& path, const std::string& component
         if (!component.empty()) t.name = component + "/" + t.name;
         auto [it, inserted] = by_name_.emplace(t.name, tensors_.size());
         if (!inserted) {
-            return Error{path + ": tensor '" + t.name + "' is also defined in " + sources_[tensors_[it->second].source].path};
+            return Error{path + ": tensor '" + t.name + "' is also defined in " +
+                         sources_[tensors_[it->second].source].path};
         }
         tensors_.push_back(std::move(t));
     }
@@ -234,6 +236,8 @@ const TensorInfo* ModelFile::find(std::string_view name) const {
     return it == by_name_.end() ? nullptr : &tensors_[it->second];
 }
 
-const uint8_t* ModelFile::data(const TensorInfo& tensor) const { return sources_[tensor.source].map->data() + tensor.offset; }
+const uint8_t* ModelFile::data(const TensorInfo& tensor) const {
+    return sources_[tensor.source].map->data() + tensor.offset;
+}
 
 }  // namespace kiln::io

@@ -51,12 +51,13 @@ const char* bare_component(std::string_view name, ComponentKind* kind) {
         *kind = ComponentKind::Vae;
         return "vae";
     }
-    if (starts_with(name, "input_blocks.") || starts_with(name, "middle_block.") || starts_with(name, "output_blocks.") ||
-        starts_with(name, "time_embed.") || starts_with(name, "down_blocks.") || starts_with(name, "up_blocks.") ||
-        starts_with(name, "mid_block.") || starts_with(name, "double_blocks.") || starts_with(name, "single_blocks.") ||
-        starts_with(name, "joint_blocks.") || starts_with(name, "transformer_blocks.") || starts_with(name, "blocks.") ||
-        starts_with(name, "label_emb.") || starts_with(name, "out.") || starts_with(name, "conv_in.") ||
-        starts_with(name, "conv_out.") || starts_with(name, "time_embedding.") || starts_with(name, "conv_norm_out.")) {
+    if (starts_with(name, "input_blocks.") || starts_with(name, "middle_block.") ||
+        starts_with(name, "output_blocks.") || starts_with(name, "time_embed.") || starts_with(name, "down_blocks.") ||
+        starts_with(name, "up_blocks.") || starts_with(name, "mid_block.") || starts_with(name, "double_blocks.") ||
+        starts_with(name, "single_blocks.") || starts_with(name, "joint_blocks.") ||
+        starts_with(name, "transformer_blocks.") || starts_with(name, "blocks.") || starts_with(name, "label_emb.") ||
+        starts_with(name, "out.") || starts_with(name, "conv_in.") || starts_with(name, "conv_out.") ||
+        starts_with(name, "time_embedding.") || starts_with(name, "conv_norm_out.")) {
         *kind = ComponentKind::DiffusionModel;
         return "diffusion_model";
     }
@@ -66,7 +67,8 @@ const char* bare_component(std::string_view name, ComponentKind* kind) {
 
 const TensorInfo* find_suffix(const ModelFile& model, std::string_view suffix) {
     for (const TensorInfo& t : model.tensors()) {
-        if (t.name.size() >= suffix.size() && t.name.compare(t.name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+        if (t.name.size() >= suffix.size() &&
+            t.name.compare(t.name.size() - suffix.size(), suffix.size(), suffix) == 0) {
             return &t;
         }
     }

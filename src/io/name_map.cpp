@@ -287,11 +287,8 @@ NameMapping leaf_mapping(const RuleTable& table, const Rule& rule, Direction dir
     m.sources = {std::string(full)};
     switch (rule.kind) {
         case RuleKind::Rename:
-        case RuleKind::Alias:
-            break;
-        case RuleKind::Transposed:
-            m.op = NameMapping::Op::Transpose;
-            break;
+        case RuleKind::Alias: break;
+        case RuleKind::Transposed: m.op = NameMapping::Op::Transpose; break;
         case RuleKind::Fused:
             m.part = rule.part;
             if (dir == Direction::ToDiffusers) {
@@ -363,36 +360,26 @@ struct ComponentEntry {
 
 std::string_view diffusers_folder(ModelComponent component) {
     switch (component) {
-        case ModelComponent::Unet:
-            return "unet";
-        case ModelComponent::Vae:
-            return "vae";
-        case ModelComponent::TextEncoder:
-            return "text_encoder";
-        case ModelComponent::TextEncoder2:
-            return "text_encoder_2";
+        case ModelComponent::Unet: return "unet";
+        case ModelComponent::Vae: return "vae";
+        case ModelComponent::TextEncoder: return "text_encoder";
+        case ModelComponent::TextEncoder2: return "text_encoder_2";
     }
     return {};
 }
 
 std::string_view ldm_prefix(ModelFamily family, ModelComponent component) {
     switch (component) {
-        case ModelComponent::Unet:
-            return "model.diffusion_model.";
-        case ModelComponent::Vae:
-            return "first_stage_model.";
+        case ModelComponent::Unet: return "model.diffusion_model.";
+        case ModelComponent::Vae: return "first_stage_model.";
         case ModelComponent::TextEncoder:
             switch (family) {
-                case ModelFamily::SD1:
-                    return "cond_stage_model.transformer.";
-                case ModelFamily::SD2:
-                    return "cond_stage_model.model.";
-                case ModelFamily::SDXL:
-                    return "conditioner.embedders.0.transformer.";
+                case ModelFamily::SD1: return "cond_stage_model.transformer.";
+                case ModelFamily::SD2: return "cond_stage_model.model.";
+                case ModelFamily::SDXL: return "conditioner.embedders.0.transformer.";
             }
             return {};
-        case ModelComponent::TextEncoder2:
-            return family == ModelFamily::SDXL ? "conditioner.embedders.1.model." : "";
+        case ModelComponent::TextEncoder2: return family == ModelFamily::SDXL ? "conditioner.embedders.1.model." : "";
     }
     return {};
 }
@@ -463,12 +450,9 @@ const NameMap& default_name_map(ModelFamily family) {
     static const NameMap sd2(ModelFamily::SD2);
     static const NameMap sdxl(ModelFamily::SDXL);
     switch (family) {
-        case ModelFamily::SD1:
-            return sd1;
-        case ModelFamily::SD2:
-            return sd2;
-        case ModelFamily::SDXL:
-            break;
+        case ModelFamily::SD1: return sd1;
+        case ModelFamily::SD2: return sd2;
+        case ModelFamily::SDXL: break;
     }
     return sdxl;
 }

@@ -59,8 +59,10 @@ Result<TensorInfo> parse_entry(const std::string& name, const json& entry, uint6
 
     int64_t elements = 1;
     for (const json& dim : *shape_it) {
-        if (!dim.is_number_unsigned() || dim.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-            return Error{where + ": shape " + shape_text(*shape_it) + " has a dimension that is not a non-negative integer"};
+        if (!dim.is_number_unsigned() ||
+            dim.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+            return Error{where + ": shape " + shape_text(*shape_it) +
+                         " has a dimension that is not a non-negative integer"};
         }
         const auto d = dim.get<int64_t>();
         if (d != 0 && elements > std::numeric_limits<int64_t>::max() / d) {

@@ -145,8 +145,12 @@ Result<std::vector<uint8_t>> convert_tensor(const TensorInfo& tensor, const uint
     }
     switch (target) {
         case GGML_TYPE_F32: std::memcpy(out.data(), values.data(), out.size()); return out;
-        case GGML_TYPE_F16: ggml_fp32_to_fp16_row(values.data(), reinterpret_cast<ggml_fp16_t*>(out.data()), n); return out;
-        case GGML_TYPE_BF16: ggml_fp32_to_bf16_row(values.data(), reinterpret_cast<ggml_bf16_t*>(out.data()), n); return out;
+        case GGML_TYPE_F16:
+            ggml_fp32_to_fp16_row(values.data(), reinterpret_cast<ggml_fp16_t*>(out.data()), n);
+            return out;
+        case GGML_TYPE_BF16:
+            ggml_fp32_to_bf16_row(values.data(), reinterpret_cast<ggml_bf16_t*>(out.data()), n);
+            return out;
         default: break;
     }
     const int64_t row = tensor.shape.empty() ? 1 : tensor.shape.back();

@@ -46,7 +46,8 @@ Result<std::unique_ptr<ClipTextEncoder>> ClipTextEncoder::create(const io::Model
     c.intermediate = file.find(layer_root + "0" + fc1_name)->shape[0];
     // Small models may say otherwise in their metadata.
     c.heads = static_cast<int64_t>(file.metadata_number("kiln.clip.heads", static_cast<double>(c.heads)));
-    if (c.heads <= 0 || c.width % c.heads != 0) return Error{"CLIP text encoder: width " + std::to_string(c.width) + " is not divisible by its head count"};
+    if (c.heads <= 0 || c.width % c.heads != 0)
+        return Error{"CLIP text encoder: width " + std::to_string(c.width) + " is not divisible by its head count"};
 
     enc->weights_ = std::make_unique<runtime::ModuleWeights>(file, root, weight_type);
     enc->declare();

@@ -22,7 +22,7 @@ struct TransformerBlock {
 
 struct SpatialTransformer {
     nn::Norm norm;
-    nn::Conv2d proj_in_conv, proj_out_conv;  // SD1
+    nn::Conv2d proj_in_conv, proj_out_conv;      // SD1
     nn::Linear proj_in_linear, proj_out_linear;  // SD2
     std::vector<TransformerBlock> blocks;
 };
@@ -47,7 +47,8 @@ ResBlock declare_res(runtime::ModuleWeights& w, const std::string& p, int64_t in
     return r;
 }
 
-SpatialTransformer declare_transformer(runtime::ModuleWeights& w, const std::string& p, int64_t ch, const UnetConfig& c) {
+SpatialTransformer declare_transformer(runtime::ModuleWeights& w, const std::string& p, int64_t ch,
+                                       const UnetConfig& c) {
     SpatialTransformer t;
     t.norm = nn::declare_norm(w, p + "norm", ch);
     if (c.linear_projection) {
@@ -96,15 +97,20 @@ ggml_tensor* apply_transformer(ggml_context* ctx, const SpatialTransformer& t, g
     auto to_image = [&](ggml_tensor* tokens) {  // [C, W*H, B] -> [W, H, C, B]
         return ggml_reshape_4d(ctx, ggml_cont(ctx, ggml_permute(ctx, tokens, 1, 0, 2, 3)), W, H, C, B);
     };
-    h = c.linear_projection ? nn::linear(ctx, t.proj_in_linear, to_tokens(h)) : to_tokens(nn::conv2d(ctx, t.proj_in_conv, h));
+    h = c.linear_projection ? nn::linear(ctx, t.proj_in_linear, to_tokens(h))
+                            : to_tokens(nn::conv2d(ctx, t.proj_in_conv, h));
     const nn::AttentionOptions attn{static_cast<int>(c.heads), false, flash};
     for (const TransformerBlock& b : t.blocks) {
         ggml_tensor* n = nn::layer_norm(ctx, b.norm1, h);
-        h = ggml_add(ctx, h, nn::linear(ctx, b.out1, nn::attention(ctx, nn::linear(ctx, b.q1, n), nn::linear(ctx, b.k1, n),
-                                                                    nn::linear(ctx, b.v1, n), attn)));
+        h = ggml_add(ctx, h,
+                     nn::linear(ctx, b.out1,
+                                nn::attention(ctx, nn::linear(ctx, b.q1, n), nn::linear(ctx, b.k1, n),
+                                              nn::linear(ctx, b.v1, n), attn)));
         n = nn::layer_norm(ctx, b.norm2, h);
-        h = ggml_add(ctx, h, nn::linear(ctx, b.out2, nn::attention(ctx, nn::linear(ctx, b.q2, n), nn::linear(ctx, b.k2, context),
-                                                                    nn::linear(ctx, b.v2, context), attn)));
+        h = ggml_add(ctx, h,
+                     nn::linear(ctx, b.out2,
+                                nn::attention(ctx, nn::linear(ctx, b.q2, n), nn::linear(ctx, b.k2, context),
+                                              nn::linear(ctx, b.v2, context), attn)));
         n = nn::layer_norm(ctx, b.norm3, h);
         ggml_tensor* proj = nn::linear(ctx, b.ff_in, n);  // [8C, T, B]: value half, then gate half
         const int64_t inner = proj->ne[0] / 2;
@@ -114,7 +120,8 @@ ggml_tensor* apply_transformer(ggml_context* ctx, const SpatialTransformer& t, g
         ggml_tensor* ff = ggml_mul(ctx, ggml_cont(ctx, value), ggml_gelu_erf(ctx, ggml_cont(ctx, gate)));
         h = ggml_add(ctx, h, nn::linear(ctx, b.ff_out, ff));
     }
-    h = c.linear_projection ? to_image(nn::linear(ctx, t.proj_out_linear, h)) : nn::conv2d(ctx, t.proj_out_conv, to_image(h));
+    h = c.linear_projection ? to_image(nn::linear(ctx, t.proj_out_linear, h))
+                            : nn::conv2d(ctx, t.proj_out_conv, to_image(h));
     return ggml_add(ctx, h, x);
 }
 
@@ -123,7 +130,7 @@ ggml_tensor* apply_transformer(ggml_context* ctx, const SpatialTransformer& t, g
 struct Unet::Blocks {
     nn::Linear time1, time2;
     nn::Conv2d conv_in;
-    std::vector<UnetBlock> input;   // input_blocks.1..
+    std::vector<UnetBlock> input;  // input_blocks.1..
     UnetBlock mid_res1, mid_res2;
     SpatialTransformer mid_attn;
     std::vector<UnetBlock> output;  // output_blocks.0..
@@ -144,7 +151,8 @@ Result<std::unique_ptr<Unet>> Unet::create(const io::ModelFile& file, const std:
     const io::TensorInfo* time1 = find("time_embed.0.weight");
     if (!conv_in || conv_in->shape.size() != 4 || !conv_out || conv_out->shape.size() != 4 || !time1 ||
         time1->shape.size() != 2) {
-        return Error{"no SD UNet under '" + prefix + "' (input_blocks.0.0, out.2 or time_embed.0 missing or malformed)"};
+        return Error{"no SD UNet under '" + prefix +
+                     "' (input_blocks.0.0, out.2 or time_embed.0 missing or malformed)"};
     }
     c.model_channels = conv_in->shape[0];
     c.in_channels = conv_in->shape[1];
@@ -170,7 +178,8 @@ Result<std::unique_ptr<Unet>> Unet::create(const io::ModelFile& file, const std:
         if (const io::TensorInfo* proj = find(p + "1.proj_in.weight")) {
             c.level_attention.back() = true;
             c.linear_projection = proj->shape.size() == 2;
-            if (const io::TensorInfo* k2 = find(p + "1.transformer_blocks.0.attn2.to_k.weight")) c.context_dim = k2->shape[1];
+            if (const io::TensorInfo* k2 = find(p + "1.transformer_blocks.0.attn2.to_k.weight"))
+                c.context_dim = k2->shape[1];
             int depth = 0;
             while (find(p + "1.transformer_blocks." + std::to_string(depth) + ".norm1.weight")) ++depth;
             c.transformer_depth = depth;
@@ -178,7 +187,8 @@ Result<std::unique_ptr<Unet>> Unet::create(const io::ModelFile& file, const std:
     }
     c.res_blocks = res_per_level.front();
     for (int r : res_per_level) {
-        if (r != c.res_blocks || r == 0) return Error{"UNet under '" + prefix + "': levels have different numbers of resnets"};
+        if (r != c.res_blocks || r == 0)
+            return Error{"UNet under '" + prefix + "': levels have different numbers of resnets"};
     }
     c.heads = static_cast<int64_t>(file.metadata_number("kiln.unet.heads", c.context_dim == 768 ? 8 : 0));
     if (c.heads <= 0) c.heads = std::max<int64_t>(1, c.model_channels / 64);

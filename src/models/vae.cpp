@@ -106,7 +106,8 @@ Result<std::unique_ptr<Vae>> Vae::create(const io::ModelFile& file, const std::s
     const io::TensorInfo* dec_in = find("decoder.conv_in.weight");
     const io::TensorInfo* dec_out = find("decoder.conv_out.weight");
     if (!dec_in || dec_in->shape.size() != 4 || !dec_out || dec_out->shape.size() != 4) {
-        return Error{"no VAE decoder under '" + prefix + "' (decoder.conv_in or decoder.conv_out missing or malformed)"};
+        return Error{"no VAE decoder under '" + prefix +
+                     "' (decoder.conv_in or decoder.conv_out missing or malformed)"};
     }
     c.latent_channels = dec_in->shape[1];
     c.image_channels = dec_out->shape[0];
@@ -141,13 +142,15 @@ void Vae::declare() {
         for (int level = 0; level < levels; ++level) {
             std::vector<ResnetBlock> blocks;
             for (int j = 0; j < c.res_blocks; ++j) {
-                blocks.push_back(declare_resnet(w, "encoder.down." + std::to_string(level) + ".block." + std::to_string(j) + ".",
-                                                ch, c.level_channels[level]));
+                blocks.push_back(
+                    declare_resnet(w, "encoder.down." + std::to_string(level) + ".block." + std::to_string(j) + ".", ch,
+                                   c.level_channels[level]));
                 ch = c.level_channels[level];
             }
             b.down.push_back(std::move(blocks));
             if (level + 1 < levels) {
-                b.downsample.push_back(nn::declare_conv2d(w, "encoder.down." + std::to_string(level) + ".downsample.conv", ch, ch, 3, 2, 0));
+                b.downsample.push_back(nn::declare_conv2d(
+                    w, "encoder.down." + std::to_string(level) + ".downsample.conv", ch, ch, 3, 2, 0));
             } else {
                 b.downsample.push_back(std::nullopt);
             }
@@ -165,11 +168,14 @@ void Vae::declare() {
     int64_t ch = top;
     for (int level = levels - 1; level >= 0; --level) {
         for (int j = 0; j <= c.res_blocks; ++j) {
-            b.up[level].push_back(declare_resnet(w, "decoder.up." + std::to_string(level) + ".block." + std::to_string(j) + ".",
-                                                 ch, c.level_channels[level]));
+            b.up[level].push_back(
+                declare_resnet(w, "decoder.up." + std::to_string(level) + ".block." + std::to_string(j) + ".", ch,
+                               c.level_channels[level]));
             ch = c.level_channels[level];
         }
-        if (level > 0) b.upsample[level] = nn::declare_conv2d(w, "decoder.up." + std::to_string(level) + ".upsample.conv", ch, ch, 3, 1, 1);
+        if (level > 0)
+            b.upsample[level] =
+                nn::declare_conv2d(w, "decoder.up." + std::to_string(level) + ".upsample.conv", ch, ch, 3, 1, 1);
     }
     b.dec_norm = nn::declare_norm(w, "decoder.norm_out", ch);
     b.dec_out = nn::declare_conv2d(w, "decoder.conv_out", ch, c.image_channels, 3, 1, 1);

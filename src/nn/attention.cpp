@@ -4,7 +4,8 @@
 
 namespace kiln::nn {
 
-ggml_tensor* attention(ggml_context* ctx, ggml_tensor* q, ggml_tensor* k, ggml_tensor* v, const AttentionOptions& options) {
+ggml_tensor* attention(ggml_context* ctx, ggml_tensor* q, ggml_tensor* k, ggml_tensor* v,
+                       const AttentionOptions& options) {
     const int64_t dim = q->ne[0], n_q = q->ne[1], batch = q->ne[2];
     const int64_t n_k = k->ne[1];
     const int64_t heads = options.heads;
@@ -21,7 +22,8 @@ ggml_tensor* attention(ggml_context* ctx, ggml_tensor* q, ggml_tensor* k, ggml_t
     if (options.flash && !options.causal) {
         ggml_tensor* k16 = ggml_cast(ctx, kh, GGML_TYPE_F16);
         ggml_tensor* v16 = ggml_cast(ctx, split_heads(v, n_k), GGML_TYPE_F16);
-        ggml_tensor* out = ggml_flash_attn_ext(ctx, qh, k16, v16, nullptr, scale, 0.0f, 0.0f);  // [head_dim, heads, Nq, B]
+        ggml_tensor* out =
+            ggml_flash_attn_ext(ctx, qh, k16, v16, nullptr, scale, 0.0f, 0.0f);  // [head_dim, heads, Nq, B]
         return ggml_reshape_3d(ctx, out, dim, n_q, batch);
     }
 
@@ -33,9 +35,10 @@ ggml_tensor* attention(ggml_context* ctx, ggml_tensor* q, ggml_tensor* k, ggml_t
         scores = ggml_soft_max_ext(ctx, scores, nullptr, scale, 0.0f);
     }
     // v as [Nk, head_dim, heads, B] so the product contracts over Nk.
-    ggml_tensor* vt = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_4d(ctx, v, head_dim, heads, n_k, batch), 1, 2, 0, 3));
-    ggml_tensor* out = ggml_mul_mat(ctx, vt, scores);                 // [head_dim, Nq, heads, B]
-    out = ggml_cont(ctx, ggml_permute(ctx, out, 0, 2, 1, 3));         // [head_dim, heads, Nq, B]
+    ggml_tensor* vt =
+        ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_4d(ctx, v, head_dim, heads, n_k, batch), 1, 2, 0, 3));
+    ggml_tensor* out = ggml_mul_mat(ctx, vt, scores);          // [head_dim, Nq, heads, B]
+    out = ggml_cont(ctx, ggml_permute(ctx, out, 0, 2, 1, 3));  // [head_dim, heads, Nq, B]
     return ggml_reshape_3d(ctx, out, dim, n_q, batch);
 }
 

@@ -14,6 +14,7 @@ struct AttentionOptions {
 
 // q: ne [dim, Nq, B]; k, v: ne [dim, Nk, B] (dim = heads * head_dim).
 // Returns ne [dim, Nq, B]: softmax(q k^T / sqrt(head_dim)) v per head.
-ggml_tensor* attention(ggml_context* ctx, ggml_tensor* q, ggml_tensor* k, ggml_tensor* v, const AttentionOptions& options);
+ggml_tensor* attention(ggml_context* ctx, ggml_tensor* q, ggml_tensor* k, ggml_tensor* v,
+                       const AttentionOptions& options);
 
 }  // namespace kiln::nn

@@ -15,8 +15,8 @@ ggml_tensor* linear(ggml_context* ctx, const Linear& layer, ggml_tensor* x) {
     return y;
 }
 
-Conv2d declare_conv2d(runtime::ModuleWeights& w, const std::string& name, int64_t in, int64_t out, int kernel, int stride,
-                      int padding) {
+Conv2d declare_conv2d(runtime::ModuleWeights& w, const std::string& name, int64_t in, int64_t out, int kernel,
+                      int stride, int padding) {
     Conv2d c;
     c.weight = w.require(name + ".weight", {out, in, kernel, kernel});
     c.bias = w.require(name + ".bias", {out});
@@ -30,23 +30,26 @@ ggml_tensor* conv2d(ggml_context* ctx, const Conv2d& layer, ggml_tensor* x) {
     if (layer.weight->ne[0] == 1 && layer.weight->ne[1] == 1 && layer.stride == 1 && layer.padding == 0) {
         // A 1x1 convolution is a matrix product over channels; skip im2col.
         const int64_t W = x->ne[0], H = x->ne[1], C = x->ne[2], N = x->ne[3];
-        ggml_tensor* flat = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_3d(ctx, x, W * H, C, N), 1, 0, 2, 3));  // [C, WH, N]
+        ggml_tensor* flat =
+            ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_3d(ctx, x, W * H, C, N), 1, 0, 2, 3));  // [C, WH, N]
         ggml_tensor* w2 = ggml_reshape_2d(ctx, layer.weight, C, layer.weight->ne[3]);
-        y = ggml_mul_mat(ctx, w2, flat);                                                                      // [out, WH, N]
-        y = ggml_cont(ctx, ggml_permute(ctx, y, 1, 0, 2, 3));                                                 // [WH, out, N]
+        y = ggml_mul_mat(ctx, w2, flat);                       // [out, WH, N]
+        y = ggml_cont(ctx, ggml_permute(ctx, y, 1, 0, 2, 3));  // [WH, out, N]
         y = ggml_reshape_4d(ctx, y, W, H, layer.weight->ne[3], N);
     } else {
         // ggml_conv_2d would unfold into F16 whatever the kernel's type; an
         // F32 kernel keeps F32 patches so F32 models compute in F32 (and the
         // product reaches OpenBLAS's sgemm).
         ggml_tensor* w = layer.weight;
-        const ggml_type patch_type = w->type == GGML_TYPE_F32 || w->type == GGML_TYPE_BF16 ? GGML_TYPE_F32 : GGML_TYPE_F16;
+        const ggml_type patch_type =
+            w->type == GGML_TYPE_F32 || w->type == GGML_TYPE_BF16 ? GGML_TYPE_F32 : GGML_TYPE_F16;
         ggml_tensor* patches = ggml_im2col(ctx, w, x, layer.stride, layer.stride, layer.padding, layer.padding, 1, 1,
                                            /*is_2D=*/true, patch_type);  // [IC*KH*KW, OW, OH, N]
-        y = ggml_mul_mat(ctx, ggml_reshape_2d(ctx, patches, patches->ne[0], patches->ne[1] * patches->ne[2] * patches->ne[3]),
-                         ggml_reshape_2d(ctx, w, w->ne[0] * w->ne[1] * w->ne[2], w->ne[3]));  // [OW*OH*N, OC]
-        y = ggml_reshape_4d(ctx, y, patches->ne[1], patches->ne[2], patches->ne[3], w->ne[3]);   // [OW, OH, N, OC]
-        y = ggml_cont(ctx, ggml_permute(ctx, y, 0, 1, 3, 2));                                      // [OW, OH, OC, N]
+        y = ggml_mul_mat(
+            ctx, ggml_reshape_2d(ctx, patches, patches->ne[0], patches->ne[1] * patches->ne[2] * patches->ne[3]),
+            ggml_reshape_2d(ctx, w, w->ne[0] * w->ne[1] * w->ne[2], w->ne[3]));                 // [OW*OH*N, OC]
+        y = ggml_reshape_4d(ctx, y, patches->ne[1], patches->ne[2], patches->ne[3], w->ne[3]);  // [OW, OH, N, OC]
+        y = ggml_cont(ctx, ggml_permute(ctx, y, 0, 1, 3, 2));                                   // [OW, OH, OC, N]
     }
     if (layer.bias) y = ggml_add(ctx, y, ggml_reshape_4d(ctx, layer.bias, 1, 1, layer.bias->ne[0], 1));
     return y;
@@ -68,7 +71,9 @@ ggml_tensor* group_norm(ggml_context* ctx, const Norm& norm, ggml_tensor* x, int
                     ggml_reshape_4d(ctx, norm.bias, 1, 1, C, 1));
 }
 
-ggml_tensor* quick_gelu(ggml_context* ctx, ggml_tensor* x) { return ggml_mul(ctx, x, ggml_sigmoid(ctx, ggml_scale(ctx, x, 1.702f))); }
+ggml_tensor* quick_gelu(ggml_context* ctx, ggml_tensor* x) {
+    return ggml_mul(ctx, x, ggml_sigmoid(ctx, ggml_scale(ctx, x, 1.702f)));
+}
 
 ggml_tensor* upsample_nearest_2x(ggml_context* ctx, ggml_tensor* x) {
     return ggml_upscale(ctx, x, 2, GGML_SCALE_MODE_NEAREST);

@@ -18,7 +18,8 @@ size_t prompt_chunk_count(const StableDiffusionModel& model, const std::string& 
     return tokenize_with_weights(model.tokenizer(), prompt, chunk_options(model)).tokens.size();
 }
 
-Result<Conditioning> encode_prompt(StableDiffusionModel& model, const std::string& prompt, int clip_skip, size_t min_chunks) {
+Result<Conditioning> encode_prompt(StableDiffusionModel& model, const std::string& prompt, int clip_skip,
+                                   size_t min_chunks) {
     TokenChunks chunks = tokenize_with_weights(model.tokenizer(), prompt, chunk_options(model));
     const int32_t pad = model.pad_token() < 0 ? model.tokenizer().eos_id() : model.pad_token();
     const size_t length = chunks.tokens.front().size();
@@ -47,8 +48,8 @@ Result<Conditioning> encode_prompt(StableDiffusionModel& model, const std::strin
     const EmbeddingTable& extra = model.embeddings();
     ggml_tensor* extra_rows = nullptr;
     if (extra.rows() > 0) {
-        extra_rows = session.input(GGML_TYPE_F32, {extra.width, static_cast<int64_t>(extra.rows())}, extra.vectors.data(),
-                                   "embeddings");
+        extra_rows = session.input(GGML_TYPE_F32, {extra.width, static_cast<int64_t>(extra.rows())},
+                                   extra.vectors.data(), "embeddings");
     }
     ggml_tensor* out = clip.build(session.ctx(), tokens, skip, extra_rows);
     KILN_TRY(session.run(model.compute(), out));

@@ -31,7 +31,8 @@ Result<std::vector<float>> read_embedding(const std::string& path, int64_t width
         }
     }
     if (!chosen) {
-        return Error{path + ": no embedding vectors of width " + std::to_string(width) + " (the text encoder's) in the file"};
+        return Error{path + ": no embedding vectors of width " + std::to_string(width) +
+                     " (the text encoder's) in the file"};
     }
     auto values = io::convert_tensor(*chosen, file->data(*chosen), GGML_TYPE_F32);
     if (!values.ok()) return Error{path + ": " + values.error().message};
@@ -46,7 +47,8 @@ Result<EmbeddingTable> load_embeddings(const std::string& folder, int64_t width,
     std::vector<fs::path> files;
     for (const auto& entry : fs::directory_iterator(folder, ec)) {
         const std::string ext = entry.path().extension().string();
-        if (entry.is_regular_file() && (ext == ".pt" || ext == ".bin" || ext == ".safetensors")) files.push_back(entry.path());
+        if (entry.is_regular_file() && (ext == ".pt" || ext == ".bin" || ext == ".safetensors"))
+            files.push_back(entry.path());
     }
     std::sort(files.begin(), files.end());  // ids in a stable order
     EmbeddingTable table;

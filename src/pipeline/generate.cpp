@@ -7,8 +7,8 @@
 
 #include "pipeline/schedulers.h"
 #include "pipeline/vae_tiling.h"
-#include "util/log.h"
 #include "runtime/graph_session.h"
+#include "util/log.h"
 
 namespace kiln::pipeline {
 namespace {
@@ -83,7 +83,8 @@ Result<std::vector<float>> run_unet(StableDiffusionModel& model, const std::vect
     const int64_t plane = p.latent_w * p.latent_h;
     const int64_t latent_values = plane * uc.out_channels;
     if (static_cast<int64_t>(x.size()) != latent_values) return Error{"latent has the wrong size for the UNet"};
-    if (uncond && uncond->tokens != cond.tokens) return Error{"conditional and unconditional contexts differ in length"};
+    if (uncond && uncond->tokens != cond.tokens)
+        return Error{"conditional and unconditional contexts differ in length"};
 
     std::vector<float> input(static_cast<size_t>(plane * uc.in_channels * batch), 0.0f);
     for (int64_t b = 0; b < batch; ++b) {
@@ -131,7 +132,8 @@ Result<std::vector<float>> run_vae(StableDiffusionModel& model, bool decode, con
     const int64_t channels = decode ? model.vae().config().latent_channels : model.vae().config().image_channels;
     runtime::GraphSession session;
     ggml_tensor* in = session.input(GGML_TYPE_F32, {w, h, channels, 1}, input.data(), decode ? "latent" : "image");
-    ggml_tensor* out = decode ? model.vae().build_decoder(session.ctx(), in) : model.vae().build_encoder(session.ctx(), in);
+    ggml_tensor* out =
+        decode ? model.vae().build_decoder(session.ctx(), in) : model.vae().build_encoder(session.ctx(), in);
     Status status = session.run(model.compute(), out);
     if (status.ok()) return runtime::GraphSession::read(out);
     if (status.error().message.rfind("out of memory", 0) != 0) return status.error();
@@ -220,7 +222,8 @@ Status prepare_inpainting(StableDiffusionModel& model, const image::Image& init,
         return Status::Ok();
     }
     if (uc.in_channels != 2 * uc.out_channels + 1) {
-        return Error{"the UNet has " + std::to_string(uc.in_channels) + " input channels: not an inpainting UNet kiln knows"};
+        return Error{"the UNet has " + std::to_string(uc.in_channels) +
+                     " input channels: not an inpainting UNet kiln knows"};
     }
     // The masked image: the init image with the repainted area set to 0 (grey
     // in [-1, 1]) where the mask is at least half on, as diffusers prepares it.
@@ -254,7 +257,8 @@ Result<std::vector<float>> sample_latent(StableDiffusionModel& model, const Samp
     const size_t extra = static_cast<size_t>(run.latent_w * run.latent_h *
                                              (model.unet().config().in_channels - model.unet().config().out_channels));
     if (!run.concat.empty() && run.concat.size() != extra) return Error{"inpainting inputs have the wrong size"};
-    if (run.keep_weight.size() != run.keep_latent.size() || (!run.keep_weight.empty() && run.keep_weight.size() != x.size())) {
+    if (run.keep_weight.size() != run.keep_latent.size() ||
+        (!run.keep_weight.empty() && run.keep_weight.size() != x.size())) {
         return Error{"latent mask has the wrong size"};
     }
     DenoiseFn denoise = [&](const std::vector<float>& xt, float sigma, int) -> Result<std::vector<float>> {
@@ -270,10 +274,17 @@ Result<std::vector<float>> sample_latent(StableDiffusionModel& model, const Samp
 
 std::string a1111_sampler_name(const std::string& sampler) {
     static const std::pair<const char*, const char*> kNames[] = {
-        {"euler", "Euler"},         {"euler_a", "Euler a"},     {"heun", "Heun"},
-        {"dpm2", "DPM2"},           {"dpm++2s_a", "DPM++ 2S a"}, {"dpm++2m", "DPM++ 2M"},
-        {"dpm++2mv2", "DPM++ 2M v2"}, {"ipndm", "iPNDM"},       {"lcm", "LCM"},
-        {"ddim_trailing", "DDIM"},  {"tcd", "TCD"},
+        {"euler", "Euler"},
+        {"euler_a", "Euler a"},
+        {"heun", "Heun"},
+        {"dpm2", "DPM2"},
+        {"dpm++2s_a", "DPM++ 2S a"},
+        {"dpm++2m", "DPM++ 2M"},
+        {"dpm++2mv2", "DPM++ 2M v2"},
+        {"ipndm", "iPNDM"},
+        {"lcm", "LCM"},
+        {"ddim_trailing", "DDIM"},
+        {"tcd", "TCD"},
     };
     for (const auto& [kiln_name, a1111] : kNames) {
         if (sampler == kiln_name) return a1111;
@@ -304,19 +315,22 @@ Result<std::vector<GeneratedImage>> generate(StableDiffusionModel& model, const 
     std::vector<float> sigmas = *all_sigmas;
     std::optional<std::vector<float>> init_latent;
     if (request.init_image) {
-        if (!model.vae().config().has_encoder) return Error{"this model's VAE has no encoder: image-to-image needs one"};
+        if (!model.vae().config().has_encoder)
+            return Error{"this model's VAE has no encoder: image-to-image needs one"};
         auto encoded = encode_image(model, *request.init_image, p, request.vae_tiling);
         if (!encoded.ok()) return encoded.error();
         init_latent = std::move(encoded).value();
         // Run only the last `strength` of the schedule, as A1111 and sd.cpp do.
-        const int skip = p.steps - std::max(1, static_cast<int>(std::lround(static_cast<float>(p.steps) * request.strength)));
+        const int skip =
+            p.steps - std::max(1, static_cast<int>(std::lround(static_cast<float>(p.steps) * request.strength)));
         sigmas.erase(sigmas.begin(), sigmas.begin() + skip);
     }
 
     SamplingRun run;
     if (request.mask) {
         if (!init_latent) return Error{"--mask needs an init image (-i)"};
-        auto prepared = prepare_inpainting(model, *request.init_image, *request.mask, *init_latent, p, request.vae_tiling, run);
+        auto prepared =
+            prepare_inpainting(model, *request.init_image, *request.mask, *init_latent, p, request.vae_tiling, run);
         if (!prepared.ok()) return prepared.error();
     }
     run.latent_w = p.latent_w;

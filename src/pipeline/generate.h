@@ -21,14 +21,14 @@ namespace kiln::pipeline {
 struct GenerationRequest {
     std::string prompt;
     std::string negative_prompt;
-    int width = 0;     // 0: the model's default
-    int height = 0;    // 0: the model's default
-    int steps = 0;     // 0: the model's default
+    int width = 0;            // 0: the model's default
+    int height = 0;           // 0: the model's default
+    int steps = 0;            // 0: the model's default
     float cfg_scale = -1.0f;  // < 0: the model's default; 1 disables the unconditional pass
     int64_t seed = 42;        // image i of a batch uses seed + i
     int batch_count = 1;
-    std::string sampler;      // "": the model's default
-    std::string scheduler;    // "": the model's default
+    std::string sampler;          // "": the model's default
+    std::string scheduler;        // "": the model's default
     RngKind rng = RngKind::Cuda;  // stable-diffusion.cpp's default
     int clip_skip = 0;            // <= 0: the model's default
     bool flash_attention = false;
@@ -46,8 +46,8 @@ struct GenerationRequest {
 };
 
 struct GeneratedImage {
-    image::Image image;           // RGB
-    image::GenerationInfo info;   // for the PNG "parameters" chunk
+    image::Image image;          // RGB
+    image::GenerationInfo info;  // for the PNG "parameters" chunk
 };
 
 // Called after each denoising step of each image: (image index, step, total steps).

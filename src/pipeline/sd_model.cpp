@@ -29,7 +29,8 @@ Located locate(const std::vector<std::unique_ptr<io::ModelFile>>& files, const s
         const auto& f = *it;
         for (const std::string& probe : probes) {
             for (const io::TensorInfo& t : f->tensors()) {
-                if (t.name.size() >= probe.size() && t.name.compare(t.name.size() - probe.size(), probe.size(), probe) == 0) {
+                if (t.name.size() >= probe.size() &&
+                    t.name.compare(t.name.size() - probe.size(), probe.size(), probe) == 0) {
                     return Located{f.get(), t.name.substr(0, t.name.size() - probe.size())};
                 }
             }
@@ -48,11 +49,13 @@ Result<std::unique_ptr<ClipTokenizer>> load_tokenizer(const ModelPaths& paths,
     for (const auto& f : files) {
         const io::MetaValue* tokens = meta(*f, "tokenizer.ggml.tokens");
         const io::MetaValue* merges = meta(*f, "tokenizer.ggml.merges");
-        if (tokens && merges && tokens->kind == io::MetaValue::Kind::Array && merges->kind == io::MetaValue::Kind::Array) {
+        if (tokens && merges && tokens->kind == io::MetaValue::Kind::Array &&
+            merges->kind == io::MetaValue::Kind::Array) {
             std::vector<std::string> token_list, merge_list;
             for (const auto& v : tokens->array) token_list.push_back(v.str);
             for (const auto& v : merges->array) merge_list.push_back(v.str);
-            auto t = ClipTokenizer::from_tokens_and_merges(std::move(token_list), merge_list, f->sources().front().path);
+            auto t =
+                ClipTokenizer::from_tokens_and_merges(std::move(token_list), merge_list, f->sources().front().path);
             if (!t.ok()) return t.error();
             return std::make_unique<ClipTokenizer>(std::move(t).value());
         }
@@ -67,13 +70,15 @@ Result<std::unique_ptr<ClipTokenizer>> load_tokenizer(const ModelPaths& paths,
             }
         }
     }
-    return Error{"the model carries no tokenizer: pass --tokenizer PATH (a CLIP tokenizer.json, vocab.json with "
-                 "merges.txt, a diffusers tokenizer/ folder, or open_clip's bpe_simple_vocab_16e6.txt)"};
+    return Error{
+        "the model carries no tokenizer: pass --tokenizer PATH (a CLIP tokenizer.json, vocab.json with "
+        "merges.txt, a diffusers tokenizer/ folder, or open_clip's bpe_simple_vocab_16e6.txt)"};
 }
 
 }  // namespace
 
-Result<std::unique_ptr<StableDiffusionModel>> StableDiffusionModel::load(const ModelPaths& paths, const ModelOptions& options) {
+Result<std::unique_ptr<StableDiffusionModel>> StableDiffusionModel::load(const ModelPaths& paths,
+                                                                         const ModelOptions& options) {
     std::unique_ptr<StableDiffusionModel> m(new StableDiffusionModel());
     std::vector<std::string> groups;
     for (const std::string& p : paths.model) groups.push_back(p);
@@ -92,7 +97,8 @@ Result<std::unique_ptr<StableDiffusionModel>> StableDiffusionModel::load(const M
     m->family_ = summary.family;
 
     const Located unet_at = locate(m->files_, {"input_blocks.0.0.weight"});
-    const Located clip_at = locate(m->files_, {"text_model.embeddings.token_embedding.weight", "token_embedding.weight"});
+    const Located clip_at =
+        locate(m->files_, {"text_model.embeddings.token_embedding.weight", "token_embedding.weight"});
     const Located vae_at = locate(m->files_, {"decoder.conv_in.weight"});
 
     const std::string where = groups.size() == 1 ? groups.front() : "the given model files";
@@ -160,8 +166,9 @@ Result<std::unique_ptr<StableDiffusionModel>> StableDiffusionModel::load(const M
     for (runtime::ModuleWeights* w : {&m->clip_->weights(), &m->unet_->weights(), &m->vae_->weights()}) {
         KILN_TRY(w->load(m->compute_->cpu()));
     }
-    KILN_LOG_VERBOSE("loaded %s (%s): text encoder %zu tensors, UNet %zu, VAE %zu", m->name_.c_str(), m->family_.c_str(),
-                     m->clip_->weights().count(), m->unet_->weights().count(), m->vae_->weights().count());
+    KILN_LOG_VERBOSE("loaded %s (%s): text encoder %zu tensors, UNet %zu, VAE %zu", m->name_.c_str(),
+                     m->family_.c_str(), m->clip_->weights().count(), m->unet_->weights().count(),
+                     m->vae_->weights().count());
     return m;
 }
 

@@ -30,8 +30,8 @@ struct ModelPaths {
 };
 
 struct ModelOptions {
-    std::optional<ggml_type> weight_type;   // --type
-    std::optional<Prediction> prediction;   // --prediction; default: metadata, else eps
+    std::optional<ggml_type> weight_type;  // --type
+    std::optional<Prediction> prediction;  // --prediction; default: metadata, else eps
     int threads = 0;
 };
 

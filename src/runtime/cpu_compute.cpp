@@ -59,12 +59,13 @@ Status CpuCompute::compute(ggml_cgraph* graph, const std::function<void()>& uplo
     // The measure released the buffers it would have to grow; reserve them
     // for real before allocating the graph in them.
     if (!ggml_backend_sched_reserve(sched_, graph) || !ggml_backend_sched_alloc_graph(sched_, graph)) {
-        return Error{"out of memory allocating the compute buffers of a graph of " + std::to_string(ggml_graph_n_nodes(graph)) +
-                     " nodes"};
+        return Error{"out of memory allocating the compute buffers of a graph of " +
+                     std::to_string(ggml_graph_n_nodes(graph)) + " nodes"};
     }
     if (upload_inputs) upload_inputs();
     const ggml_status status = ggml_backend_sched_graph_compute(sched_, graph);
-    if (status != GGML_STATUS_SUCCESS) return Error{std::string("graph compute failed: ") + ggml_status_to_string(status)};
+    if (status != GGML_STATUS_SUCCESS)
+        return Error{std::string("graph compute failed: ") + ggml_status_to_string(status)};
     return Status::Ok();
 }
 

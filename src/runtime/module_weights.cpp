@@ -10,7 +10,8 @@ constexpr size_t kMaxModuleTensors = 8192;
 
 std::string shape_text(const std::vector<int64_t>& shape) {
     std::string s = "[";
-    for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + (shape[i] < 0 ? std::string("*") : std::to_string(shape[i]));
+    for (size_t i = 0; i < shape.size(); ++i)
+        s += (i ? ", " : "") + (shape[i] < 0 ? std::string("*") : std::to_string(shape[i]));
     return s + "]";
 }
 
@@ -55,7 +56,8 @@ ggml_tensor* ModuleWeights::declare(const std::string& name, const std::vector<i
         bool match = t->shape.size() == shape.size();
         for (size_t i = 0; match && i < shape.size(); ++i) match = shape[i] < 0 || shape[i] == t->shape[i];
         if (!match) {
-            errors_.push_back("tensor '" + full + "' has shape " + t->shape_string() + ", expected " + shape_text(shape));
+            errors_.push_back("tensor '" + full + "' has shape " + t->shape_string() + ", expected " +
+                              shape_text(shape));
             t = nullptr;
         } else {
             actual = t->shape;

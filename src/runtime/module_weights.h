@@ -46,7 +46,8 @@ class ModuleWeights {
     size_t count() const { return declared_.size(); }
 
   private:
-    ggml_tensor* declare(const std::string& name, const std::vector<int64_t>& shape, std::optional<ggml_type> force_type);
+    ggml_tensor* declare(const std::string& name, const std::vector<int64_t>& shape,
+                         std::optional<ggml_type> force_type);
 
     const io::ModelFile& file_;
     std::string prefix_;

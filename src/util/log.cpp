@@ -14,7 +14,7 @@ namespace {
 
 std::atomic<LogLevel> g_level{LogLevel::Info};
 std::atomic<bool> g_color{false};
-std::mutex g_mutex;  // keeps lines from different threads whole
+std::mutex g_mutex;                // keeps lines from different threads whole
 LogCallback g_callback = nullptr;  // guarded by g_mutex
 void* g_callback_user_data = nullptr;
 

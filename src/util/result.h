@@ -57,10 +57,10 @@ class [[nodiscard]] Status {
 }  // namespace kiln
 
 // Returns the error of a Result/Status expression from the enclosing function.
-#define KILN_TRY(expr)                                 \
-    do {                                               \
-        auto&& kiln_try_result_ = (expr);              \
-        if (!kiln_try_result_.ok()) {                  \
+#define KILN_TRY(expr)                                      \
+    do {                                                    \
+        auto&& kiln_try_result_ = (expr);                   \
+        if (!kiln_try_result_.ok()) {                       \
             return ::kiln::Error{kiln_try_result_.error()}; \
-        }                                              \
+        }                                                   \
     } while (0)

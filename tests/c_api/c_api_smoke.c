@@ -14,13 +14,13 @@ static void on_progress(int image, int step, int steps, void* user_data) {
     if (step > 0) steps_seen++;
 }
 
-#define CHECK(cond, ...)                          \
-    do {                                          \
-        if (!(cond)) {                            \
+#define CHECK(cond, ...)                           \
+    do {                                           \
+        if (!(cond)) {                             \
             fprintf(stderr, "FAIL: " __VA_ARGS__); \
-            fprintf(stderr, "\n");                \
-            return 1;                             \
-        }                                         \
+            fprintf(stderr, "\n");                 \
+            return 1;                              \
+        }                                          \
     } while (0)
 
 int main(int argc, char** argv) {
@@ -67,7 +67,8 @@ int main(int argc, char** argv) {
 
     gp.width = 32;
     gp.batch_count = 1;
-    CHECK(kiln_generate(ctx, &gp, &images, &n, &error) == 0, "context unusable after an error: %s", error ? error : "?");
+    CHECK(kiln_generate(ctx, &gp, &images, &n, &error) == 0, "context unusable after an error: %s",
+          error ? error : "?");
     kiln_images_free(images, n);
     kiln_context_free(ctx);
     printf("c_api_smoke: ok (%s)\n", kiln_version());

@@ -24,8 +24,8 @@ namespace {
 using kiln::io::DType;
 using kiln::io::TensorInfo;
 
-#define KILN_FUZZ_CHECK(cond)   \
-    do {                        \
+#define KILN_FUZZ_CHECK(cond)          \
+    do {                               \
         if (!(cond)) __builtin_trap(); \
     } while (0)
 

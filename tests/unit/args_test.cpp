@@ -22,10 +22,38 @@ UsageError parse_error(const std::vector<std::string>& args) {
 }
 
 TEST(Args, SdCliFlagsShortAndLong) {
-    const Options o = parse_ok({"-m", "sd15.safetensors", "--vae", "vae.safetensors", "--clip_l", "clip.safetensors", "-p",
-                                "a red circle", "-n", "blurry", "-o", "out.png", "-W", "512", "-H", "768", "--steps", "20",
-                                "-s", "-1", "--cfg-scale", "4.5", "-b", "2", "-t", "2", "--sampling-method", "euler_a",
-                                "--diffusion-model", "unet.gguf", "--type", "q8_0"});
+    const Options o = parse_ok({"-m",
+                                "sd15.safetensors",
+                                "--vae",
+                                "vae.safetensors",
+                                "--clip_l",
+                                "clip.safetensors",
+                                "-p",
+                                "a red circle",
+                                "-n",
+                                "blurry",
+                                "-o",
+                                "out.png",
+                                "-W",
+                                "512",
+                                "-H",
+                                "768",
+                                "--steps",
+                                "20",
+                                "-s",
+                                "-1",
+                                "--cfg-scale",
+                                "4.5",
+                                "-b",
+                                "2",
+                                "-t",
+                                "2",
+                                "--sampling-method",
+                                "euler_a",
+                                "--diffusion-model",
+                                "unet.gguf",
+                                "--type",
+                                "q8_0"});
     EXPECT_EQ(o.command, Command::Generate);
     EXPECT_EQ(o.model, "sd15.safetensors");
     EXPECT_EQ(o.vae, "vae.safetensors");
@@ -50,7 +78,8 @@ TEST(Args, Modes) {
     EXPECT_EQ(parse_ok({"-M", "convert"}).command, Command::Convert);
     EXPECT_EQ(parse_ok({"--mode", "img_gen"}).command, Command::Generate);
     EXPECT_EQ(parse_error({"-M", "paint"}).message, "--mode: unknown mode 'paint' (valid: img_gen, convert, metadata)");
-    EXPECT_EQ(parse_error({"-M", "vid_gen"}).message, "--mode: mode 'vid_gen' is not available in this version of kiln");
+    EXPECT_EQ(parse_error({"-M", "vid_gen"}).message,
+              "--mode: mode 'vid_gen' is not available in this version of kiln");
 }
 
 TEST(Args, LastLoggingOptionWins) {
@@ -78,7 +107,8 @@ TEST(Args, BadValues) {
     EXPECT_EQ(parse_error({"-W", "12x"}).message, "--width: expected an integer, got '12x'");
     EXPECT_EQ(parse_error({"--cfg-scale", "nan"}).message, "--cfg-scale: expected a non-negative number, got 'nan'");
     EXPECT_EQ(parse_error({"-s", "-2"}).message, "--seed: expected an integer from -1 to 9223372036854775807, got -2");
-    EXPECT_EQ(parse_error({"-s", "99999999999999999999"}).message, "--seed: expected an integer, got '99999999999999999999'");
+    EXPECT_EQ(parse_error({"-s", "99999999999999999999"}).message,
+              "--seed: expected an integer, got '99999999999999999999'");
     EXPECT_EQ(parse_error({"-m"}).message, "--model: missing value PATH");
     EXPECT_EQ(parse_error({"-m", ""}).message, "--model: expected a path, got an empty string");
     EXPECT_EQ(parse_error({"--color=yes"}).message, "--color takes no value");

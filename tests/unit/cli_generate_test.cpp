@@ -27,7 +27,8 @@ bool exists(const std::string& path) { return std::ifstream(path).good(); }
 TEST(CliGenerate, WritesAnImageOfTheRequestedSizeWithItsParameters) {
     TempDir dir;
     const std::string out = dir.file("out.png");
-    auto r = run_command(kiln_with_model("-p \"a red circle\" -n blurry -W 48 -H 32 --steps 3 -s 5 --cfg-scale 4 -o " + out));
+    auto r = run_command(
+        kiln_with_model("-p \"a red circle\" -n blurry -W 48 -H 32 --steps 3 -s 5 --cfg-scale 4 -o " + out));
     ASSERT_EQ(r.exit_code, 0) << r.err;
     auto img = image::read_image(out);
     ASSERT_TRUE(img.ok()) << img.error().message;
@@ -37,9 +38,10 @@ TEST(CliGenerate, WritesAnImageOfTheRequestedSizeWithItsParameters) {
 
     auto meta = run_command(std::string(KILN_BIN) + " -M metadata -i " + out);
     ASSERT_EQ(meta.exit_code, 0) << meta.err;
-    EXPECT_EQ(meta.out,
-              "a red circle\nNegative prompt: blurry\nSteps: 3, Sampler: Euler a, Schedule type: discrete, CFG scale: 4, "
-              "Seed: 5, Size: 48x32, Model: sd1_tiny, RNG: cuda, Version: kiln " KILN_VERSION "\n");
+    EXPECT_EQ(
+        meta.out,
+        "a red circle\nNegative prompt: blurry\nSteps: 3, Sampler: Euler a, Schedule type: discrete, CFG scale: 4, "
+        "Seed: 5, Size: 48x32, Model: sd1_tiny, RNG: cuda, Version: kiln " KILN_VERSION "\n");
 }
 
 TEST(CliGenerate, SameSeedSameImageOtherSeedOtherImage) {
@@ -80,8 +82,8 @@ TEST(CliGenerate, JpegAndWebpOutputs) {
 TEST(CliGenerate, ImageToImageStartsFromTheGivenImage) {
     TempDir dir;
     ASSERT_EQ(run_command(kiln_with_model("-p x -W 32 -H 32 --steps 2 -o " + dir.file("init.png"))).exit_code, 0);
-    auto r = run_command(kiln_with_model("-p x -W 32 -H 32 --steps 4 --strength 0.5 -i " + dir.file("init.png") + " -o " +
-                                         dir.file("out.png")));
+    auto r = run_command(kiln_with_model("-p x -W 32 -H 32 --steps 4 --strength 0.5 -i " + dir.file("init.png") +
+                                         " -o " + dir.file("out.png")));
     ASSERT_EQ(r.exit_code, 0) << r.err;
     auto meta = run_command(std::string(KILN_BIN) + " -M metadata -i " + dir.file("out.png"));
     EXPECT_NE(meta.out.find("Denoising strength: 0.5"), std::string::npos) << meta.out;
@@ -101,7 +103,8 @@ TEST(CliGenerate, VaeTilingMakesTheSameSizeOfImage) {
     TempDir dir;
     const std::string common = "-p x -W 64 -H 64 --steps 1 -s 3 ";
     ASSERT_EQ(run_command(kiln_with_model(common + "-o " + dir.file("whole.png"))).exit_code, 0);
-    auto r = run_command(kiln_with_model(common + "--vae-tiling --vae-tile-size 16x16 --vae-tile-overlap 0.5 -o " + dir.file("tiled.png")));
+    auto r = run_command(kiln_with_model(common + "--vae-tiling --vae-tile-size 16x16 --vae-tile-overlap 0.5 -o " +
+                                         dir.file("tiled.png")));
     ASSERT_EQ(r.exit_code, 0) << r.err;
     auto whole = image::read_image(dir.file("whole.png"));
     auto tiled = image::read_image(dir.file("tiled.png"));
@@ -125,8 +128,9 @@ TEST(CliGenerate, InpaintingWithARegularUnetKeepsTheBlackArea) {
     const std::string keep = write_mask(dir, "keep.png", 0);
     const std::string repaint = write_mask(dir, "repaint.png", 255);
     auto run = [&](const std::string& mask, int seed, const std::string& out) {
-        auto r = run_command(kiln_with_model("-p x -W 32 -H 32 --steps 3 --strength 1 -i " + dir.file("init.png") +
-                                             " --mask " + mask + " -s " + std::to_string(seed) + " -o " + dir.file(out)));
+        auto r =
+            run_command(kiln_with_model("-p x -W 32 -H 32 --steps 3 --strength 1 -i " + dir.file("init.png") +
+                                        " --mask " + mask + " -s " + std::to_string(seed) + " -o " + dir.file(out)));
         EXPECT_EQ(r.exit_code, 0) << r.err;
         return image::read_image(dir.file(out)).value().pixels;
     };
@@ -138,12 +142,13 @@ TEST(CliGenerate, InpaintingUnetTakesTheMaskAndMaskedImage) {
     TempDir dir;
     ASSERT_EQ(run_command(kiln_with_model("-p x -W 32 -H 32 --steps 2 -o " + dir.file("init.png"))).exit_code, 0);
     const std::string inpaint_unet = test::golden_path("models/sd1_inpaint_tiny.safetensors");
-    auto r = run_command(kiln_with_model("--diffusion-model " + inpaint_unet + " -p x -W 32 -H 32 --steps 2 --strength 1 -i " +
-                                         dir.file("init.png") + " --mask " + write_mask(dir, "m.png", 255) + " -o " +
-                                         dir.file("out.png")));
+    auto r = run_command(kiln_with_model("--diffusion-model " + inpaint_unet +
+                                         " -p x -W 32 -H 32 --steps 2 --strength 1 -i " + dir.file("init.png") +
+                                         " --mask " + write_mask(dir, "m.png", 255) + " -o " + dir.file("out.png")));
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_TRUE(image::read_image(dir.file("out.png")).ok());
-    r = run_command(kiln_with_model("-p x -W 32 -H 32 --steps 1 --mask " + dir.file("m.png") + " -o " + dir.file("x.png")));
+    r = run_command(
+        kiln_with_model("-p x -W 32 -H 32 --steps 1 --mask " + dir.file("m.png") + " -o " + dir.file("x.png")));
     EXPECT_EQ(r.exit_code, 1);
     EXPECT_NE(r.err.find("--mask needs an init image (-i)"), std::string::npos) << r.err;
 }
@@ -169,7 +174,8 @@ TEST(CliGenerate, BadRequestsFailCleanlyWithoutOutput) {
         {"--rng gpu", 1, "--rng: unknown RNG 'gpu' (valid: cpu, cuda)"},
         {"-i " + dir.file("missing.png"), 1, "missing.png"},
         {"-i " + dir.file("small.png"), 1, "init image is 16x16 but the requested size is 32x32"},
-        {"-i " + dir.file("init.png") + " --mask " + dir.file("small.png"), 1, "mask is 16x16 but the init image is 32x32"},
+        {"-i " + dir.file("init.png") + " --mask " + dir.file("small.png"), 1,
+         "mask is 16x16 but the init image is 32x32"},
         {"-i " + dir.file("notes.png"), 1, "notes.png"},
         {"--strength 1.5", 2, "--strength: expected a number in (0, 1], got '1.5'"},
         // Self-attention over 2048 x 2048 latent pixels cannot be allocated: a clean error, not a crash.
@@ -189,7 +195,8 @@ TEST(CliGenerate, BadRequestsFailCleanlyWithoutOutput) {
 
 TEST(CliGenerate, ModelThatIsNoKnownFamilyIsAClearError) {
     TempDir dir;
-    const std::string junk = dir.write("junk.safetensors", test::build_safetensors({{"foo.weight", "F32", {2}, test::f32_bytes(2)}}));
+    const std::string junk =
+        dir.write("junk.safetensors", test::build_safetensors({{"foo.weight", "F32", {2}, test::f32_bytes(2)}}));
     auto r = run_command(std::string(KILN_BIN) + " -m " + junk + " -p x -o " + dir.file("out.png"));
     EXPECT_EQ(r.exit_code, 1);
     EXPECT_EQ(r.err, "error: " + junk + ": no SD1/SD2 UNet found (family: unknown); pass --diffusion-model\n");
@@ -198,8 +205,8 @@ TEST(CliGenerate, ModelThatIsNoKnownFamilyIsAClearError) {
 
 TEST(CliGenerate, CheckpointWithoutTokenizerSaysWhatToPass) {
     TempDir dir;
-    auto r = run_command(std::string(KILN_BIN) + " -m " + test::golden_path("models/sd1_tiny.safetensors") + " -p x -o " +
-                         dir.file("out.png"));
+    auto r = run_command(std::string(KILN_BIN) + " -m " + test::golden_path("models/sd1_tiny.safetensors") +
+                         " -p x -o " + dir.file("out.png"));
     EXPECT_EQ(r.exit_code, 1);
     EXPECT_NE(r.err.find("pass --tokenizer PATH"), std::string::npos) << r.err;
 }

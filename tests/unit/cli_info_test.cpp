@@ -22,10 +22,14 @@ size_t count_lines(const std::string& s) { return static_cast<size_t>(std::count
 std::vector<uint8_t> tiny_sd1_checkpoint() {
     return build_safetensors(
         {{"model.diffusion_model.input_blocks.0.0.weight", "F16", {8, 4, 3, 3}, std::vector<uint8_t>(8 * 4 * 9 * 2)},
-         {"model.diffusion_model.input_blocks.1.1.transformer_blocks.0.attn2.to_k.weight", "F16", {8, 768},
+         {"model.diffusion_model.input_blocks.1.1.transformer_blocks.0.attn2.to_k.weight",
+          "F16",
+          {8, 768},
           std::vector<uint8_t>(8 * 768 * 2)},
          {"model.diffusion_model.out.2.bias", "F32", {4}, std::vector<uint8_t>(16)},
-         {"cond_stage_model.transformer.text_model.embeddings.token_embedding.weight", "F32", {10, 768},
+         {"cond_stage_model.transformer.text_model.embeddings.token_embedding.weight",
+          "F32",
+          {10, 768},
           std::vector<uint8_t>(10 * 768 * 4)},
          {"first_stage_model.decoder.conv_out.weight", "BF16", {3, 4, 3, 3}, std::vector<uint8_t>(3 * 4 * 9 * 2)},
          {"first_stage_model.decoder.conv_out.bias", "F32", {3}, std::vector<uint8_t>(12)}},
@@ -51,8 +55,10 @@ TEST(CliInfo, SingleFileCheckpointNamesComponentsAndSizes) {
                          "30.00 KiB (30,720 bytes); dtypes: F32 x1"),
               std::string::npos)
         << r.out;
-    EXPECT_NE(r.out.find("VAE: vae (first_stage_model.*)\n    2 tensors, 111 parameters, 228 B (228 bytes); dtypes: BF16 x1 F32 x1"),
-              std::string::npos)
+    EXPECT_NE(
+        r.out.find(
+            "VAE: vae (first_stage_model.*)\n    2 tensors, 111 parameters, 228 B (228 bytes); dtypes: BF16 x1 F32 x1"),
+        std::string::npos)
         << r.out;
     EXPECT_NE(r.out.find("total: 6 tensors"), std::string::npos) << r.out;
 }
@@ -62,7 +68,8 @@ TEST(CliInfo, TensorListing) {
     const std::string path = dir.write("sd1.safetensors", tiny_sd1_checkpoint());
     auto r = run_command(kiln("info --tensors " + path));
     ASSERT_EQ(r.exit_code, 0) << r.err;
-    EXPECT_NE(r.out.find("  first_stage_model.decoder.conv_out.weight  BF16 [3, 4, 3, 3]  bytes "), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("  first_stage_model.decoder.conv_out.weight  BF16 [3, 4, 3, 3]  bytes "), std::string::npos)
+        << r.out;
 }
 
 TEST(CliInfo, CheckpointFixture) {
@@ -115,8 +122,10 @@ TEST(Cli, ConvertWritesAGgufThatInfoReads) {
     EXPECT_NE(r.out.find("(gguf, "), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("family: SD1.x"), std::string::npos) << r.out;
     // Matrices became F16; biases stayed F32.
-    EXPECT_NE(r.out.find("VAE: vae (first_stage_model.*)\n    2 tensors, 111 parameters, 228 B (228 bytes); dtypes: F16 x1 F32 x1"),
-              std::string::npos)
+    EXPECT_NE(
+        r.out.find(
+            "VAE: vae (first_stage_model.*)\n    2 tensors, 111 parameters, 228 B (228 bytes); dtypes: F16 x1 F32 x1"),
+        std::string::npos)
         << r.out;
 }
 

@@ -18,7 +18,8 @@ namespace {
 const char* st_dtype(io::DType d) { return d == io::DType::F16 ? "F16" : d == io::DType::F32 ? "F32" : "I64"; }
 
 // Writes `file` (an SD2 tiny checkpoint) as a diffusers folder under `root`.
-void write_diffusers(const io::ModelFile& file, const io::UnetLayout& layout, const test::TempDir& dir, const std::string& root) {
+void write_diffusers(const io::ModelFile& file, const io::UnetLayout& layout, const test::TempDir& dir,
+                     const std::string& root) {
     const io::NameMap map(io::ModelFamily::SD2, layout);
     std::map<std::string, std::vector<test::SafetensorsEntry>> components;
     for (const io::TensorInfo& t : file.tensors()) {
@@ -33,14 +34,16 @@ void write_diffusers(const io::ModelFile& file, const io::UnetLayout& layout, co
             if (m.op == io::NameMapping::Op::Slice3) {
                 e.shape[0] /= 3;
                 const size_t bytes = t.nbytes / 3;
-                e.data.assign(data + bytes * static_cast<size_t>(m.part), data + bytes * static_cast<size_t>(m.part + 1));
+                e.data.assign(data + bytes * static_cast<size_t>(m.part),
+                              data + bytes * static_cast<size_t>(m.part + 1));
             } else if (m.op == io::NameMapping::Op::Transpose) {
                 const size_t rows = static_cast<size_t>(t.shape[0]), cols = static_cast<size_t>(t.shape[1]);
                 const size_t es = t.nbytes / (rows * cols);
                 e.shape = {t.shape[1], t.shape[0]};
                 e.data.resize(t.nbytes);
                 for (size_t r = 0; r < rows; ++r) {
-                    for (size_t c = 0; c < cols; ++c) std::memcpy(&e.data[(c * rows + r) * es], data + (r * cols + c) * es, es);
+                    for (size_t c = 0; c < cols; ++c)
+                        std::memcpy(&e.data[(c * rows + r) * es], data + (r * cols + c) * es, es);
                 }
             } else {
                 if (io::vae_attention_needs_reshape(t.name)) e.shape.resize(2);
@@ -50,7 +53,8 @@ void write_diffusers(const io::ModelFile& file, const io::UnetLayout& layout, co
         }
     }
     for (auto& [folder, entries] : components) {
-        const char* file_name = folder == "unet" || folder == "vae" ? "diffusion_pytorch_model.safetensors" : "model.safetensors";
+        const char* file_name =
+            folder == "unet" || folder == "vae" ? "diffusion_pytorch_model.safetensors" : "model.safetensors";
         // The tiny model's head counts travel in metadata (real models follow width / 64).
         dir.write(root + "/" + folder + "/" + file_name,
                   test::build_safetensors(entries, {{"kiln.unet.heads", "2"}, {"kiln.clip.heads", "2"}}));

@@ -19,7 +19,8 @@ TEST(Embeddings, ReadsA1111PtFiles) {
     EXPECT_FLOAT_EQ((*vectors)[127], 1.27f);
     auto wrong = read_embedding(std::string(KILN_FIXTURES_DIR) + "/embedding_a1111.pt", 768);
     ASSERT_FALSE(wrong.ok());
-    EXPECT_NE(wrong.error().message.find("no embedding vectors of width 768"), std::string::npos) << wrong.error().message;
+    EXPECT_NE(wrong.error().message.find("no embedding vectors of width 768"), std::string::npos)
+        << wrong.error().message;
 }
 
 std::unique_ptr<StableDiffusionModel> load_tiny(const std::string& embeddings) {
@@ -45,7 +46,8 @@ TEST(Embeddings, EmbeddingWordEncodesLikeTheTokensItCopies) {
 
     auto file = io::ModelFile::open({test::golden_path("models/sd1_tiny.safetensors")});
     ASSERT_TRUE(file.ok());
-    const io::TensorInfo* table = file->find("cond_stage_model.transformer.text_model.embeddings.token_embedding.weight");
+    const io::TensorInfo* table =
+        file->find("cond_stage_model.transformer.text_model.embeddings.token_embedding.weight");
     ASSERT_NE(table, nullptr);
     const int64_t width = table->shape[1];
     std::vector<uint8_t> rows;
@@ -59,8 +61,9 @@ TEST(Embeddings, EmbeddingWordEncodesLikeTheTokensItCopies) {
     auto with_embedding = load_tiny(dir.file("embd"));
     ASSERT_TRUE(with_embedding);
     ASSERT_EQ(with_embedding->tokenizer().embeddings().size(), 1u);
-    EXPECT_EQ(with_embedding->tokenizer().encode("mytoken"),
-              (std::vector<int32_t>{with_embedding->tokenizer().vocab_size(), with_embedding->tokenizer().vocab_size() + 1}));
+    EXPECT_EQ(
+        with_embedding->tokenizer().encode("mytoken"),
+        (std::vector<int32_t>{with_embedding->tokenizer().vocab_size(), with_embedding->tokenizer().vocab_size() + 1}));
 
     auto expected = encode_prompt(*plain, "ab", 1);
     auto actual = encode_prompt(*with_embedding, "mytoken", 1);

@@ -51,9 +51,11 @@ TEST_F(LogTest, ColorWrapsTheTag) {
 
 TEST_F(LogTest, CallbackReceivesWholeLinesInsteadOfTheStreams) {
     std::vector<std::pair<LogLevel, std::string>> lines;
-    log_set_callback([](LogLevel level, const char* text, void* user) {
-        static_cast<std::vector<std::pair<LogLevel, std::string>>*>(user)->emplace_back(level, text);
-    }, &lines);
+    log_set_callback(
+        [](LogLevel level, const char* text, void* user) {
+            static_cast<std::vector<std::pair<LogLevel, std::string>>*>(user)->emplace_back(level, text);
+        },
+        &lines);
     testing::internal::CaptureStdout();
     KILN_LOG_INFO("hello %d", 7);
     KILN_LOG_ERROR("bad\n");

@@ -21,8 +21,9 @@ std::string error_of(const std::vector<std::string>& paths) {
 
 TEST(ModelFile, ServesTensorBytesFromTheMapping) {
     TempDir dir;
-    const std::string path = dir.write("m.safetensors", build_safetensors({{"a", "F32", {2}, f32_bytes(2, 1.0f)},
-                                                                          {"b", "F32", {3}, f32_bytes(3, 10.0f)}}));
+    const std::string path =
+        dir.write("m.safetensors",
+                  build_safetensors({{"a", "F32", {2}, f32_bytes(2, 1.0f)}, {"b", "F32", {3}, f32_bytes(3, 10.0f)}}));
     auto model = ModelFile::open({path});
     ASSERT_TRUE(model.ok()) << model.error().message;
     const TensorInfo* b = model->find("b");
@@ -40,7 +41,8 @@ TEST(ModelFile, MissingEmptyAndUnrecognisedFiles) {
     const std::string empty = dir.write("empty.safetensors", std::string());
     EXPECT_EQ(error_of({empty}), empty + ": file is empty");
     const std::string text = dir.write("notes.txt", std::string("hello, this is not a model"));
-    EXPECT_EQ(error_of({text}), text + ": unrecognised model format (expected safetensors, GGUF or a PyTorch checkpoint)");
+    EXPECT_EQ(error_of({text}),
+              text + ": unrecognised model format (expected safetensors, GGUF or a PyTorch checkpoint)");
 }
 
 TEST(ModelFile, SplitFilesAreOneModel) {
@@ -58,8 +60,9 @@ TEST(ModelFile, SplitFileWithMissingPart) {
     TempDir dir;
     dir.write("m-00001-of-00003.safetensors", build_safetensors({{"a", "F32", {1}, f32_bytes(1)}}));
     dir.write("m-00003-of-00003.safetensors", build_safetensors({{"c", "F32", {1}, f32_bytes(1)}}));
-    EXPECT_EQ(error_of({dir.file("m-00001-of-00003.safetensors")}),
-              dir.file("m-00002-of-00003.safetensors") + ": missing part 2 of 3 of " + dir.file("m-00001-of-00003.safetensors"));
+    EXPECT_EQ(error_of({dir.file("m-00001-of-00003.safetensors")}), dir.file("m-00002-of-00003.safetensors") +
+                                                                        ": missing part 2 of 3 of " +
+                                                                        dir.file("m-00001-of-00003.safetensors"));
 }
 
 TEST(ModelFile, SameTensorInTwoFilesIsAnError) {
@@ -71,9 +74,12 @@ TEST(ModelFile, SameTensorInTwoFilesIsAnError) {
 
 TEST(ModelFile, BrokenFileInsideAFolderNamesThatFile) {
     TempDir dir;
-    dir.write("pipe/model_index.json", std::string(R"({"_class_name":"StableDiffusionPipeline","vae":["diffusers","AutoencoderKL"]})"));
-    const std::string broken = dir.write("pipe/vae/diffusion_pytorch_model.safetensors", std::vector<uint8_t>{9, 0, 0, 0, 0, 0, 0, 0, '{'});
-    EXPECT_EQ(error_of({dir.file("pipe")}), broken + ": header length 9 is larger than the file (9 bytes): truncated or not a safetensors file");
+    dir.write("pipe/model_index.json",
+              std::string(R"({"_class_name":"StableDiffusionPipeline","vae":["diffusers","AutoencoderKL"]})"));
+    const std::string broken =
+        dir.write("pipe/vae/diffusion_pytorch_model.safetensors", std::vector<uint8_t>{9, 0, 0, 0, 0, 0, 0, 0, '{'});
+    EXPECT_EQ(error_of({dir.file("pipe")}),
+              broken + ": header length 9 is larger than the file (9 bytes): truncated or not a safetensors file");
 }
 
 TEST(ModelFile, MalformedModelIndex) {
@@ -85,23 +91,27 @@ TEST(ModelFile, MalformedModelIndex) {
 TEST(ModelFile, FolderWithoutWeights) {
     TempDir dir;
     dir.write("empty/readme.txt", std::string("nothing here"));
-    EXPECT_EQ(error_of({dir.file("empty")}), dir.file("empty") + ": no weight file (.safetensors, .bin, ...) in the folder");
+    EXPECT_EQ(error_of({dir.file("empty")}),
+              dir.file("empty") + ": no weight file (.safetensors, .bin, ...) in the folder");
 }
 
 // A diffusers SD1 folder in miniature: the names are real SD1 names, the
 // shapes are small. It must come out under kiln's ldm names.
 TEST(ModelFile, DiffusersFolderIsOneModelUnderLdmNames) {
     TempDir dir;
-    dir.write("sd/model_index.json", std::string(R"({"_class_name":"StableDiffusionPipeline","_diffusers_version":"0.21.0",
+    dir.write("sd/model_index.json",
+              std::string(R"({"_class_name":"StableDiffusionPipeline","_diffusers_version":"0.21.0",
         "unet":["diffusers","UNet2DConditionModel"],"vae":["diffusers","AutoencoderKL"],
         "text_encoder":["transformers","CLIPTextModel"],"tokenizer":["transformers","CLIPTokenizer"],
         "scheduler":["diffusers","PNDMScheduler"],"safety_checker":[null,null]})"));
-    dir.write("sd/unet/diffusion_pytorch_model.safetensors",
-              build_safetensors({{"conv_in.weight", "F32", {8, 4, 1, 1}, f32_bytes(32)},
-                                 {"down_blocks.0.attentions.0.transformer_blocks.0.attn2.to_k.weight", "F32", {8, 768}, f32_bytes(8 * 768)},
-                                 {"down_blocks.0.resnets.0.norm1.weight", "F32", {8}, f32_bytes(8)},
-                                 {"down_blocks.0.resnets.1.norm1.weight", "F32", {8}, f32_bytes(8)},
-                                 {"down_blocks.1.resnets.0.norm1.weight", "F32", {8}, f32_bytes(8)}}));
+    dir.write(
+        "sd/unet/diffusion_pytorch_model.safetensors",
+        build_safetensors(
+            {{"conv_in.weight", "F32", {8, 4, 1, 1}, f32_bytes(32)},
+             {"down_blocks.0.attentions.0.transformer_blocks.0.attn2.to_k.weight", "F32", {8, 768}, f32_bytes(8 * 768)},
+             {"down_blocks.0.resnets.0.norm1.weight", "F32", {8}, f32_bytes(8)},
+             {"down_blocks.0.resnets.1.norm1.weight", "F32", {8}, f32_bytes(8)},
+             {"down_blocks.1.resnets.0.norm1.weight", "F32", {8}, f32_bytes(8)}}));
     // Both a full-precision and an fp16 variant: the full-precision one is used.
     dir.write("sd/vae/diffusion_pytorch_model.safetensors",
               build_safetensors({{"decoder.up_blocks.0.resnets.0.conv1.weight", "F32", {2}, f32_bytes(2)},
@@ -109,11 +119,14 @@ TEST(ModelFile, DiffusersFolderIsOneModelUnderLdmNames) {
     dir.write("sd/vae/diffusion_pytorch_model.fp16.safetensors",
               build_safetensors({{"decoder.up_blocks.0.resnets.0.conv1.weight", "F16", {2}, {0, 0, 0, 0}}}));
     // The text encoder is sharded with an index file.
-    dir.write("sd/text_encoder/model.safetensors.index.json",
-              std::string(R"({"metadata":{},"weight_map":{"text_model.embeddings.token_embedding.weight":"model-00001-of-00002.safetensors",
+    dir.write(
+        "sd/text_encoder/model.safetensors.index.json",
+        std::string(
+            R"({"metadata":{},"weight_map":{"text_model.embeddings.token_embedding.weight":"model-00001-of-00002.safetensors",
                    "text_model.final_layer_norm.weight":"model-00002-of-00002.safetensors"}})"));
-    dir.write("sd/text_encoder/model-00001-of-00002.safetensors",
-              build_safetensors({{"text_model.embeddings.token_embedding.weight", "F32", {4, 768}, f32_bytes(4 * 768)}}));
+    dir.write(
+        "sd/text_encoder/model-00001-of-00002.safetensors",
+        build_safetensors({{"text_model.embeddings.token_embedding.weight", "F32", {4, 768}, f32_bytes(4 * 768)}}));
     dir.write("sd/text_encoder/model-00002-of-00002.safetensors",
               build_safetensors({{"text_model.final_layer_norm.weight", "F32", {768}, f32_bytes(768)}}));
 
@@ -155,9 +168,10 @@ TEST(ModelSummary, DetectsFamiliesAndComponentsOfSingleFiles) {
     const std::string k = "model.diffusion_model.input_blocks.1.1.transformer_blocks.0.attn2.to_k.weight";
     EXPECT_EQ(family_of({{k, "F16", {4, 768}, std::vector<uint8_t>(4 * 768 * 2)}}), "SD1.x");
     EXPECT_EQ(family_of({{k, "F16", {4, 1024}, std::vector<uint8_t>(4 * 1024 * 2)}}), "SD2.x");
-    EXPECT_EQ(family_of({{k, "F16", {4, 768}, std::vector<uint8_t>(4 * 768 * 2)},
-                         {"model.diffusion_model.input_blocks.0.0.weight", "F16", {2, 9, 1, 1}, std::vector<uint8_t>(36)}}),
-              "SD1.x inpainting");
+    EXPECT_EQ(
+        family_of({{k, "F16", {4, 768}, std::vector<uint8_t>(4 * 768 * 2)},
+                   {"model.diffusion_model.input_blocks.0.0.weight", "F16", {2, 9, 1, 1}, std::vector<uint8_t>(36)}}),
+        "SD1.x inpainting");
     EXPECT_EQ(family_of({{"model.diffusion_model.label_emb.0.0.weight", "F16", {2}, std::vector<uint8_t>(4)}}), "SDXL");
     EXPECT_EQ(family_of({{"double_blocks.0.img_attn.qkv.weight", "F16", {2}, std::vector<uint8_t>(4)}}), "Flux");
     EXPECT_EQ(family_of({{"encoder.conv_in.weight", "F16", {2}, std::vector<uint8_t>(4)},

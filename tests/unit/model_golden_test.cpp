@@ -49,7 +49,8 @@ class ModelGolden : public ::testing::TestWithParam<std::string> {};
 TEST_P(ModelGolden, ClipTextEncoderMatchesReference) {
     GoldenModel m = open_golden(GetParam());
     const bool sd2 = GetParam().rfind("sd2", 0) == 0;
-    auto clip = models::ClipTextEncoder::create(m.weights, sd2 ? "cond_stage_model.model." : "cond_stage_model.transformer.", GGML_TYPE_F32);
+    auto clip = models::ClipTextEncoder::create(
+        m.weights, sd2 ? "cond_stage_model.model." : "cond_stage_model.transformer.", GGML_TYPE_F32);
     ASSERT_TRUE(clip.ok()) << clip.error().message;
     auto compute = cpu();
     ASSERT_TRUE((*clip)->weights().load(compute->cpu()).ok());
@@ -61,7 +62,8 @@ TEST_P(ModelGolden, ClipTextEncoderMatchesReference) {
         ggml_tensor* out = (*clip)->build(session.ctx(), t, skip);
         ASSERT_TRUE(session.run(*compute, out).ok());
         const auto expected = fixture_tensor(m.io, "clip.out.skip" + std::to_string(skip));
-        EXPECT_LT(relative_error(runtime::GraphSession::read(out), expected.values), kTolerance) << "clip_skip " << skip;
+        EXPECT_LT(relative_error(runtime::GraphSession::read(out), expected.values), kTolerance)
+            << "clip_skip " << skip;
     }
 }
 
@@ -77,9 +79,10 @@ TEST_P(ModelGolden, UnetMatchesReferenceBlockByBlock) {
     const auto context = fixture_tensor(m.io, "unet.context");
     for (bool flash : {false, true}) {
         runtime::GraphSession session;
-        ggml_tensor* out = (*unet)->build(session.ctx(), session.input(GGML_TYPE_F32, ggml_ne(x.shape), x.values.data()),
-                                          session.input(GGML_TYPE_F32, ggml_ne(t.shape), t.values.data()),
-                                          session.input(GGML_TYPE_F32, ggml_ne(context.shape), context.values.data()), flash);
+        ggml_tensor* out =
+            (*unet)->build(session.ctx(), session.input(GGML_TYPE_F32, ggml_ne(x.shape), x.values.data()),
+                           session.input(GGML_TYPE_F32, ggml_ne(t.shape), t.values.data()),
+                           session.input(GGML_TYPE_F32, ggml_ne(context.shape), context.values.data()), flash);
         ASSERT_TRUE(session.run(*compute, out, /*keep_cuts=*/true).ok());
         // Flash attention keeps K/V in F16: a looser bound.
         const double tolerance = flash ? 5e-3 : kTolerance;
@@ -92,7 +95,8 @@ TEST_P(ModelGolden, UnetMatchesReferenceBlockByBlock) {
             const std::string block = ref.name.substr(11);
             ggml_tensor* cut = session.find("cut:" + block);
             ASSERT_NE(cut, nullptr) << block;
-            EXPECT_LT(relative_error(runtime::GraphSession::read(cut), fixture_tensor(m.io, ref.name).values), kTolerance)
+            EXPECT_LT(relative_error(runtime::GraphSession::read(cut), fixture_tensor(m.io, ref.name).values),
+                      kTolerance)
                 << block;
             ++blocks;
         }
@@ -116,7 +120,8 @@ TEST_P(ModelGolden, VaeDecoderAndEncoderMatchReference) {
             const std::string block = ref.name.substr(10);
             ggml_tensor* cut = session.find("cut:" + block);
             ASSERT_NE(cut, nullptr) << block;
-            EXPECT_LT(relative_error(runtime::GraphSession::read(cut), fixture_tensor(m.io, ref.name).values), kTolerance)
+            EXPECT_LT(relative_error(runtime::GraphSession::read(cut), fixture_tensor(m.io, ref.name).values),
+                      kTolerance)
                 << block;
             ++blocks;
         }
@@ -127,14 +132,17 @@ TEST_P(ModelGolden, VaeDecoderAndEncoderMatchReference) {
     runtime::GraphSession dec;
     ggml_tensor* image = (*vae)->build_decoder(dec.ctx(), dec.input(GGML_TYPE_F32, ggml_ne(z.shape), z.values.data()));
     ASSERT_TRUE(dec.run(*compute, image, true).ok());
-    EXPECT_LT(relative_error(runtime::GraphSession::read(image), fixture_tensor(m.io, "vae.decoded").values), kTolerance);
+    EXPECT_LT(relative_error(runtime::GraphSession::read(image), fixture_tensor(m.io, "vae.decoded").values),
+              kTolerance);
     check_blocks(dec, "decoder.");
 
     const auto pixels = fixture_tensor(m.io, "vae.image");
     runtime::GraphSession enc;
-    ggml_tensor* mean = (*vae)->build_encoder(enc.ctx(), enc.input(GGML_TYPE_F32, ggml_ne(pixels.shape), pixels.values.data()));
+    ggml_tensor* mean =
+        (*vae)->build_encoder(enc.ctx(), enc.input(GGML_TYPE_F32, ggml_ne(pixels.shape), pixels.values.data()));
     ASSERT_TRUE(enc.run(*compute, mean, true).ok());
-    EXPECT_LT(relative_error(runtime::GraphSession::read(mean), fixture_tensor(m.io, "vae.encoded_mean").values), kTolerance);
+    EXPECT_LT(relative_error(runtime::GraphSession::read(mean), fixture_tensor(m.io, "vae.encoded_mean").values),
+              kTolerance);
     check_blocks(enc, "encoder.");
 }
 

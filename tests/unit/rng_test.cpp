@@ -5,8 +5,6 @@
 
 #include <gtest/gtest.h>
 
-#include "golden.h"
-
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -14,6 +12,8 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include "golden.h"
 
 namespace kiln::pipeline {
 namespace {

@@ -11,7 +11,9 @@ using test::build_safetensors;
 using test::f32_bytes;
 using test::raw_safetensors;
 
-Result<ParsedFile> parse(const std::vector<uint8_t>& bytes) { return parse_safetensors(bytes.data(), bytes.size(), "m.safetensors"); }
+Result<ParsedFile> parse(const std::vector<uint8_t>& bytes) {
+    return parse_safetensors(bytes.data(), bytes.size(), "m.safetensors");
+}
 
 // Expects a parse error whose message starts with the file label and
 // contains `fragment`.
@@ -28,10 +30,10 @@ TEST(Safetensors, ListsEveryDtypeWithShapeAndAbsoluteRange) {
         DType expected;
         size_t element_bytes;
     };
-    const Case cases[] = {{"F64", DType::F64, 8},   {"F32", DType::F32, 4},       {"F16", DType::F16, 2},
+    const Case cases[] = {{"F64", DType::F64, 8},   {"F32", DType::F32, 4},         {"F16", DType::F16, 2},
                           {"BF16", DType::BF16, 2}, {"F8_E4M3", DType::F8_E4M3, 1}, {"F8_E5M2", DType::F8_E5M2, 1},
-                          {"I64", DType::I64, 8},   {"I32", DType::I32, 4},       {"I16", DType::I16, 2},
-                          {"I8", DType::I8, 1},     {"U8", DType::U8, 1},         {"BOOL", DType::BOOL, 1}};
+                          {"I64", DType::I64, 8},   {"I32", DType::I32, 4},         {"I16", DType::I16, 2},
+                          {"I8", DType::I8, 1},     {"U8", DType::U8, 1},           {"BOOL", DType::BOOL, 1}};
     std::vector<test::SafetensorsEntry> entries;
     for (const Case& c : cases) {
         entries.push_back({std::string("t_") + c.dtype, c.dtype, {2, 3}, std::vector<uint8_t>(6 * c.element_bytes, 1)});
@@ -130,13 +132,14 @@ TEST(Safetensors, NegativeOrFractionalDimension) {
 }
 
 TEST(Safetensors, ShapeWhoseElementCountOverflows) {
-    expect_error(raw_safetensors(R"({"w":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,4]}})",
-                                 f32_bytes(1)),
-                 "too many elements");
+    expect_error(
+        raw_safetensors(R"({"w":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,4]}})", f32_bytes(1)),
+        "too many elements");
 }
 
 TEST(Safetensors, MissingFields) {
-    expect_error(raw_safetensors(R"({"w":{"shape":[1],"data_offsets":[0,4]}})", f32_bytes(1)), "missing or non-string \"dtype\"");
+    expect_error(raw_safetensors(R"({"w":{"shape":[1],"data_offsets":[0,4]}})", f32_bytes(1)),
+                 "missing or non-string \"dtype\"");
     expect_error(raw_safetensors(R"({"w":{"dtype":"F32","data_offsets":[0,4]}})", f32_bytes(1)), "\"shape\"");
     expect_error(raw_safetensors(R"({"w":{"dtype":"F32","shape":[1]}})", f32_bytes(1)), "\"data_offsets\"");
     expect_error(raw_safetensors(R"({"w":7})", f32_bytes(1)), "entry is not a JSON object");

@@ -5,8 +5,6 @@
 
 #include <gtest/gtest.h>
 
-#include "golden.h"
-
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -15,6 +13,8 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include "golden.h"
 
 namespace kiln::pipeline {
 namespace {

@@ -5,8 +5,6 @@
 
 #include <gtest/gtest.h>
 
-#include "golden.h"
-
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -15,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "golden.h"
 #include "pipeline/denoiser.h"
 
 namespace kiln::pipeline {

@@ -16,7 +16,7 @@ namespace {
 TEST(TensorConvert, F8E4M3DecodesExactly) {
     EXPECT_EQ(f8_e4m3_to_f32(0x38), 1.0f);
     EXPECT_EQ(f8_e4m3_to_f32(0xB8), -1.0f);
-    EXPECT_EQ(f8_e4m3_to_f32(0x7E), 448.0f);  // largest finite
+    EXPECT_EQ(f8_e4m3_to_f32(0x7E), 448.0f);                // largest finite
     EXPECT_EQ(f8_e4m3_to_f32(0x01), std::ldexp(1.0f, -9));  // smallest subnormal
     EXPECT_EQ(f8_e4m3_to_f32(0x3C), 1.5f);
     EXPECT_EQ(f8_e4m3_to_f32(0x00), 0.0f);
@@ -85,12 +85,12 @@ TEST(GgufWriter, ConvertsTensorByTensorAndReadsBack) {
     test::TempDir dir;
     std::vector<uint8_t> f8 = {0x38, 0xB8, 0x7E, 0x01};
     std::vector<uint8_t> weight = test::f32_bytes(64 * 32);
-    const std::string in = dir.write(
-        "in.safetensors",
-        test::build_safetensors({{"first_stage_model.decoder.conv_in.weight", "F32", {32, 64}, weight},
-                                 {"first_stage_model.decoder.conv_in.bias", "F32", {32}, test::f32_bytes(32)},
-                                 {"scale", "F8_E4M3", {2, 2}, f8}},
-                                {{"modelspec.title", "tiny"}}));
+    const std::string in =
+        dir.write("in.safetensors",
+                  test::build_safetensors({{"first_stage_model.decoder.conv_in.weight", "F32", {32, 64}, weight},
+                                           {"first_stage_model.decoder.conv_in.bias", "F32", {32}, test::f32_bytes(32)},
+                                           {"scale", "F8_E4M3", {2, 2}, f8}},
+                                          {{"modelspec.title", "tiny"}}));
     auto model = ModelFile::open({in});
     ASSERT_TRUE(model.ok()) << model.error().message;
     const std::string out = dir.file("out.gguf");
@@ -125,7 +125,8 @@ TEST(GgufWriter, ConvertsTensorByTensorAndReadsBack) {
 
 TEST(GgufWriter, UnwritableOutputLeavesNoFile) {
     test::TempDir dir;
-    const std::string in = dir.write("in.safetensors", test::build_safetensors({{"a", "F32", {2}, test::f32_bytes(2)}}));
+    const std::string in =
+        dir.write("in.safetensors", test::build_safetensors({{"a", "F32", {2}, test::f32_bytes(2)}}));
     auto model = ModelFile::open({in});
     ASSERT_TRUE(model.ok());
     const std::string out = dir.file("no/such/dir") + "/x/out.gguf";

@@ -84,7 +84,8 @@ std::vector<uint8_t> build_safetensors(const std::vector<SafetensorsEntry>& entr
         if (header.size() > 1) header += ",";
         header += "\"" + e.name + "\":{\"dtype\":\"" + e.dtype + "\",\"shape\":[";
         for (size_t i = 0; i < e.shape.size(); ++i) header += (i ? "," : "") + std::to_string(e.shape[i]);
-        header += "],\"data_offsets\":[" + std::to_string(data.size()) + "," + std::to_string(data.size() + e.data.size()) + "]}";
+        header += "],\"data_offsets\":[" + std::to_string(data.size()) + "," +
+                  std::to_string(data.size() + e.data.size()) + "]}";
         data.insert(data.end(), e.data.begin(), e.data.end());
     }
     header += "}";

@@ -58,147 +58,157 @@ auto path_setter(std::string Options::*field) {
 }
 
 const std::vector<Flag>& flags() {
-    static const std::vector<Flag> table = {
-        {"-M", "--mode", "MODE", "run mode: img_gen (default), convert, or metadata (print an image's parameters)",
-         [](Options& o, const std::string& v) -> std::optional<std::string> {
-             if (v == "img_gen" || v == "txt2img" || v == "img2img") {
-                 o.command = Command::Generate;
-             } else if (v == "convert") {
-                 o.command = Command::Convert;
-             } else if (v == "metadata") {
-                 o.command = Command::Metadata;
-             } else if (v == "vid_gen" || v == "upscale") {
-                 return "mode '" + v + "' is not available in this version of kiln";
-             } else {
-                 return "unknown mode '" + v + "' (valid: img_gen, convert, metadata)";
-             }
-             return std::nullopt;
-         }},
-        {"-m", "--model", "PATH", "model: a checkpoint (.safetensors, .gguf, .ckpt) or a diffusers folder",
-         path_setter(&Options::model)},
-        {nullptr, "--diffusion-model", "PATH", "standalone diffusion model (UNet/transformer) weights",
-         path_setter(&Options::diffusion_model)},
-        {nullptr, "--vae", "PATH", "standalone VAE weights", path_setter(&Options::vae)},
-        {nullptr, "--clip_l", "PATH", "standalone CLIP-L text encoder weights", path_setter(&Options::clip_l)},
-        {nullptr, "--clip_g", "PATH", "standalone CLIP-G text encoder weights", path_setter(&Options::clip_g)},
-        {nullptr, "--t5xxl", "PATH", "standalone T5-XXL text encoder weights", path_setter(&Options::t5xxl)},
-        {nullptr, "--tokenizer", "PATH", "tokenizer data (tokenizer.json, vocab.json + merges.txt, or a folder)",
-         path_setter(&Options::tokenizer)},
-        {nullptr, "--embd-dir", "PATH", "folder of textual-inversion embeddings (.pt, .safetensors); use a file's name in the prompt",
-         path_setter(&Options::embeddings_dir)},
-        {nullptr, "--type", "TYPE", "weight type to compute with: f32, f16, bf16, q8_0, q5_0, q5_1, q4_0, q4_1, q2_K..q6_K",
-         string_setter(&Options::weight_type)},
-        {"-p", "--prompt", "TEXT", "the prompt", string_setter(&Options::prompt)},
-        {"-n", "--negative-prompt", "TEXT", "the negative prompt", string_setter(&Options::negative_prompt)},
-        {"-o", "--output", "PATH", "output image (default output.png); with -M convert, the GGUF to write",
-         path_setter(&Options::output)},
-        {"-i", "--init-img", "PATH", "initial image for image-to-image (with -M metadata: the image to read)",
-         path_setter(&Options::init_image)},
-        {nullptr, "--mask", "PATH", "inpainting mask for -i: white repaints, black keeps", path_setter(&Options::mask)},
-        {nullptr, "--strength", "X", "image-to-image: share of the schedule to run, in (0, 1] (default 0.75)",
-         [](Options& o, const std::string& v) -> std::optional<std::string> {
-             char* end = nullptr;
-             const float f = std::strtof(v.c_str(), &end);
-             if (v.empty() || *end != '\0' || !(f > 0.0f && f <= 1.0f)) return "expected a number in (0, 1], got '" + v + "'";
-             o.strength = f;
-             return std::nullopt;
-         }},
-        {"-W", "--width", "N", "image width in pixels (default: the model's)", int_setter(&Options::width, 8, 16384)},
-        {"-H", "--height", "N", "image height in pixels (default: the model's)", int_setter(&Options::height, 8, 16384)},
-        {nullptr, "--steps", "N", "denoising steps (default: the model's)", int_setter(&Options::steps, 1, 10000)},
-        {"-b", "--batch-count", "N", "number of images to generate", int_setter(&Options::batch_count, 1, 10000)},
-        {"-t", "--threads", "N", "CPU threads (default: physical cores)", int_setter(&Options::threads, 1, 1024)},
-        {"-s", "--seed", "N", "RNG seed; -1 picks one at random (default 42)",
-         [](Options& o, const std::string& v) -> std::optional<std::string> {
-             long long parsed = 0;
-             if (auto err = to_int(v, -1, LLONG_MAX, &parsed)) return err;
-             o.seed = parsed;
-             return std::nullopt;
-         }},
-        {nullptr, "--cfg-scale", "X", "classifier-free guidance scale (default: the model's)",
-         [](Options& o, const std::string& v) -> std::optional<std::string> {
-             char* end = nullptr;
-             const float f = std::strtof(v.c_str(), &end);
-             if (v.empty() || *end != '\0' || !std::isfinite(f) || f < 0) {
-                 return "expected a non-negative number, got '" + v + "'";
-             }
-             o.cfg_scale = f;
-             o.cfg_scale_given = true;
-             return std::nullopt;
-         }},
-        {nullptr, "--sampling-method", "NAME",
-         "sampler: euler, euler_a, heun, dpm2, dpm++2s_a, dpm++2m, dpm++2mv2, ipndm, lcm, ddim_trailing, tcd",
-         string_setter(&Options::sampling_method)},
-        {nullptr, "--scheduler", "NAME", "sigma schedule: discrete, karras, exponential, ays, sgm_uniform, simple",
-         string_setter(&Options::scheduler)},
-        {nullptr, "--rng", "NAME", "noise generator: cuda (torch CUDA's Philox, default) or cpu (torch CPU's mt19937)",
-         string_setter(&Options::rng)},
-        {nullptr, "--clip-skip", "N", "text encoder layer to use, counted from the end (default: the model's)",
-         int_setter(&Options::clip_skip, 1, 12)},
-        {nullptr, "--prediction", "TYPE", "what the model predicts: eps or v (default: the model's)",
-         [](Options& o, const std::string& v) -> std::optional<std::string> {
-             if (v != "eps" && v != "v") return "unknown prediction '" + v + "' (valid: eps, v)";
-             o.prediction = v;
-             return std::nullopt;
-         }},
-        {nullptr, "--vae-tiling", nullptr, "decode and encode the VAE in overlapping tiles (less memory)",
-         [](Options& o, const std::string&) -> std::optional<std::string> {
-             o.vae_tiling = true;
-             return std::nullopt;
-         }},
-        {nullptr, "--vae-tile-size", "N", "VAE tile side in latent pixels, N or NxN (default 32)",
-         [](Options& o, const std::string& v) -> std::optional<std::string> {
-             std::string side = v;
-             if (const auto x = v.find('x'); x != std::string::npos) {
-                 if (v.substr(0, x) != v.substr(x + 1)) return "only square tiles are supported, got '" + v + "'";
-                 side = v.substr(0, x);
-             }
-             long long parsed = 0;
-             if (auto err = to_int(side, 8, 4096, &parsed)) return err;
-             o.vae_tile_size = static_cast<int>(parsed);
-             return std::nullopt;
-         }},
-        {nullptr, "--vae-tile-overlap", "X", "share of a VAE tile overlapping its neighbour, in [0, 1) (default 0.5)",
-         [](Options& o, const std::string& v) -> std::optional<std::string> {
-             char* end = nullptr;
-             const float f = std::strtof(v.c_str(), &end);
-             if (v.empty() || *end != '\0' || !(f >= 0.0f && f < 1.0f)) return "expected a number in [0, 1), got '" + v + "'";
-             o.vae_tile_overlap = f;
-             return std::nullopt;
-         }},
-        {nullptr, "--diffusion-fa", nullptr, "use flash attention in the diffusion model",
-         [](Options& o, const std::string&) -> std::optional<std::string> {
-             o.diffusion_fa = true;
-             return std::nullopt;
-         }},
-        {"-v", "--verbose", nullptr, "verbose logging (same as --log-level verbose)",
-         [](Options& o, const std::string&) -> std::optional<std::string> {
-             o.log_level = LogLevel::Verbose;
-             return std::nullopt;
-         }},
-        {nullptr, "--log-level", "LEVEL", "debug, verbose, info (default), warn or error",
-         [](Options& o, const std::string& v) -> std::optional<std::string> {
-             auto level = parse_log_level(v);
-             if (!level) return "unknown log level '" + v + "' (valid: debug, verbose, info, warn, error)";
-             o.log_level = *level;
-             return std::nullopt;
-         }},
-        {nullptr, "--color", nullptr, "colour the log level tags",
-         [](Options& o, const std::string&) -> std::optional<std::string> {
-             o.color = true;
-             return std::nullopt;
-         }},
-        {"-h", "--help", nullptr, "show this help",
-         [](Options& o, const std::string&) -> std::optional<std::string> {
-             o.command = Command::Help;
-             return std::nullopt;
-         }},
-        {nullptr, "--version", nullptr, "print the version",
-         [](Options& o, const std::string&) -> std::optional<std::string> {
-             o.command = Command::Version;
-             return std::nullopt;
-         }},
-    };
+    static const std::vector<Flag> table =
+        {
+            {"-M", "--mode", "MODE", "run mode: img_gen (default), convert, or metadata (print an image's parameters)",
+             [](Options& o, const std::string& v) -> std::optional<std::string> {
+                 if (v == "img_gen" || v == "txt2img" || v == "img2img") {
+                     o.command = Command::Generate;
+                 } else if (v == "convert") {
+                     o.command = Command::Convert;
+                 } else if (v == "metadata") {
+                     o.command = Command::Metadata;
+                 } else if (v == "vid_gen" || v == "upscale") {
+                     return "mode '" + v + "' is not available in this version of kiln";
+                 } else {
+                     return "unknown mode '" + v + "' (valid: img_gen, convert, metadata)";
+                 }
+                 return std::nullopt;
+             }},
+            {"-m", "--model", "PATH", "model: a checkpoint (.safetensors, .gguf, .ckpt) or a diffusers folder",
+             path_setter(&Options::model)},
+            {nullptr, "--diffusion-model", "PATH", "standalone diffusion model (UNet/transformer) weights",
+             path_setter(&Options::diffusion_model)},
+            {nullptr, "--vae", "PATH", "standalone VAE weights", path_setter(&Options::vae)},
+            {nullptr, "--clip_l", "PATH", "standalone CLIP-L text encoder weights", path_setter(&Options::clip_l)},
+            {nullptr, "--clip_g", "PATH", "standalone CLIP-G text encoder weights", path_setter(&Options::clip_g)},
+            {nullptr, "--t5xxl", "PATH", "standalone T5-XXL text encoder weights", path_setter(&Options::t5xxl)},
+            {nullptr, "--tokenizer", "PATH", "tokenizer data (tokenizer.json, vocab.json + merges.txt, or a folder)",
+             path_setter(&Options::tokenizer)},
+            {nullptr, "--embd-dir", "PATH",
+             "folder of textual-inversion embeddings (.pt, .safetensors); use a file's name in the prompt",
+             path_setter(&Options::embeddings_dir)},
+            {nullptr, "--type", "TYPE",
+             "weight type to compute with: f32, f16, bf16, q8_0, q5_0, q5_1, q4_0, q4_1, q2_K..q6_K",
+             string_setter(&Options::weight_type)},
+            {"-p", "--prompt", "TEXT", "the prompt", string_setter(&Options::prompt)},
+            {"-n", "--negative-prompt", "TEXT", "the negative prompt", string_setter(&Options::negative_prompt)},
+            {"-o", "--output", "PATH", "output image (default output.png); with -M convert, the GGUF to write",
+             path_setter(&Options::output)},
+            {"-i", "--init-img", "PATH", "initial image for image-to-image (with -M metadata: the image to read)",
+             path_setter(&Options::init_image)},
+            {nullptr, "--mask", "PATH", "inpainting mask for -i: white repaints, black keeps",
+             path_setter(&Options::mask)},
+            {nullptr, "--strength", "X", "image-to-image: share of the schedule to run, in (0, 1] (default 0.75)",
+             [](Options& o, const std::string& v) -> std::optional<std::string> {
+                 char* end = nullptr;
+                 const float f = std::strtof(v.c_str(), &end);
+                 if (v.empty() || *end != '\0' || !(f > 0.0f && f <= 1.0f))
+                     return "expected a number in (0, 1], got '" + v + "'";
+                 o.strength = f;
+                 return std::nullopt;
+             }},
+            {"-W", "--width", "N", "image width in pixels (default: the model's)",
+             int_setter(&Options::width, 8, 16384)},
+            {"-H", "--height", "N", "image height in pixels (default: the model's)",
+             int_setter(&Options::height, 8, 16384)},
+            {nullptr, "--steps", "N", "denoising steps (default: the model's)", int_setter(&Options::steps, 1, 10000)},
+            {"-b", "--batch-count", "N", "number of images to generate", int_setter(&Options::batch_count, 1, 10000)},
+            {"-t", "--threads", "N", "CPU threads (default: physical cores)", int_setter(&Options::threads, 1, 1024)},
+            {"-s", "--seed", "N", "RNG seed; -1 picks one at random (default 42)",
+             [](Options& o, const std::string& v) -> std::optional<std::string> {
+                 long long parsed = 0;
+                 if (auto err = to_int(v, -1, LLONG_MAX, &parsed)) return err;
+                 o.seed = parsed;
+                 return std::nullopt;
+             }},
+            {nullptr, "--cfg-scale", "X", "classifier-free guidance scale (default: the model's)",
+             [](Options& o, const std::string& v) -> std::optional<std::string> {
+                 char* end = nullptr;
+                 const float f = std::strtof(v.c_str(), &end);
+                 if (v.empty() || *end != '\0' || !std::isfinite(f) || f < 0) {
+                     return "expected a non-negative number, got '" + v + "'";
+                 }
+                 o.cfg_scale = f;
+                 o.cfg_scale_given = true;
+                 return std::nullopt;
+             }},
+            {nullptr, "--sampling-method", "NAME",
+             "sampler: euler, euler_a, heun, dpm2, dpm++2s_a, dpm++2m, dpm++2mv2, ipndm, lcm, ddim_trailing, tcd",
+             string_setter(&Options::sampling_method)},
+            {nullptr, "--scheduler", "NAME", "sigma schedule: discrete, karras, exponential, ays, sgm_uniform, simple",
+             string_setter(&Options::scheduler)},
+            {nullptr, "--rng", "NAME",
+             "noise generator: cuda (torch CUDA's Philox, default) or cpu (torch CPU's mt19937)",
+             string_setter(&Options::rng)},
+            {nullptr, "--clip-skip", "N", "text encoder layer to use, counted from the end (default: the model's)",
+             int_setter(&Options::clip_skip, 1, 12)},
+            {nullptr, "--prediction", "TYPE", "what the model predicts: eps or v (default: the model's)",
+             [](Options& o, const std::string& v) -> std::optional<std::string> {
+                 if (v != "eps" && v != "v") return "unknown prediction '" + v + "' (valid: eps, v)";
+                 o.prediction = v;
+                 return std::nullopt;
+             }},
+            {nullptr, "--vae-tiling", nullptr, "decode and encode the VAE in overlapping tiles (less memory)",
+             [](Options& o, const std::string&) -> std::optional<std::string> {
+                 o.vae_tiling = true;
+                 return std::nullopt;
+             }},
+            {nullptr, "--vae-tile-size", "N", "VAE tile side in latent pixels, N or NxN (default 32)",
+             [](Options& o, const std::string& v) -> std::optional<std::string> {
+                 std::string side = v;
+                 if (const auto x = v.find('x'); x != std::string::npos) {
+                     if (v.substr(0, x) != v.substr(x + 1)) return "only square tiles are supported, got '" + v + "'";
+                     side = v.substr(0, x);
+                 }
+                 long long parsed = 0;
+                 if (auto err = to_int(side, 8, 4096, &parsed)) return err;
+                 o.vae_tile_size = static_cast<int>(parsed);
+                 return std::nullopt;
+             }},
+            {nullptr, "--vae-tile-overlap", "X",
+             "share of a VAE tile overlapping its neighbour, in [0, 1) (default 0.5)",
+             [](Options& o, const std::string& v) -> std::optional<std::string> {
+                 char* end = nullptr;
+                 const float f = std::strtof(v.c_str(), &end);
+                 if (v.empty() || *end != '\0' || !(f >= 0.0f && f < 1.0f))
+                     return "expected a number in [0, 1), got '" + v + "'";
+                 o.vae_tile_overlap = f;
+                 return std::nullopt;
+             }},
+            {nullptr, "--diffusion-fa", nullptr, "use flash attention in the diffusion model",
+             [](Options& o, const std::string&) -> std::optional<std::string> {
+                 o.diffusion_fa = true;
+                 return std::nullopt;
+             }},
+            {"-v", "--verbose", nullptr, "verbose logging (same as --log-level verbose)",
+             [](Options& o, const std::string&) -> std::optional<std::string> {
+                 o.log_level = LogLevel::Verbose;
+                 return std::nullopt;
+             }},
+            {nullptr, "--log-level", "LEVEL", "debug, verbose, info (default), warn or error",
+             [](Options& o, const std::string& v) -> std::optional<std::string> {
+                 auto level = parse_log_level(v);
+                 if (!level) return "unknown log level '" + v + "' (valid: debug, verbose, info, warn, error)";
+                 o.log_level = *level;
+                 return std::nullopt;
+             }},
+            {nullptr, "--color", nullptr, "colour the log level tags",
+             [](Options& o, const std::string&) -> std::optional<std::string> {
+                 o.color = true;
+                 return std::nullopt;
+             }},
+            {"-h", "--help", nullptr, "show this help",
+             [](Options& o, const std::string&) -> std::optional<std::string> {
+                 o.command = Command::Help;
+                 return std::nullopt;
+             }},
+            {nullptr, "--version", nullptr, "print the version",
+             [](Options& o, const std::string&) -> std::optional<std::string> {
+                 o.command = Command::Version;
+                 return std::nullopt;
+             }},
+        };
     return table;
 }
 
@@ -239,7 +249,8 @@ std::string suggestion_for(const std::string& unknown, const std::vector<const F
             best = f->long_name;
         }
     }
-    if (!best.empty() && best_distance <= std::max<size_t>(2, unknown.size() / 3)) return "did you mean '" + best + "'?";
+    if (!best.empty() && best_distance <= std::max<size_t>(2, unknown.size() / 3))
+        return "did you mean '" + best + "'?";
     return "see 'kiln --help'";
 }
 

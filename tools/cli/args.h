@@ -3,8 +3,8 @@
 #pragma once
 
 #include <optional>
-#include <variant>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "util/log.h"
@@ -33,7 +33,7 @@ struct Options {
     std::string t5xxl;
     std::string tokenizer;
     std::string embeddings_dir;  // --embd-dir
-    std::string weight_type;  // --type, validated by the io layer
+    std::string weight_type;     // --type, validated by the io layer
 
     // Generation.
     std::string prompt;

@@ -23,7 +23,9 @@ int run_cli(const std::vector<std::string>& args) {
 
     switch (options.command) {
         case Command::Help: std::cout << help_text(); return kExitOk;
-        case Command::Version: std::cout << "kiln " << KILN_VERSION << " (ggml " << KILN_GGML_COMMIT << ")\n"; return kExitOk;
+        case Command::Version:
+            std::cout << "kiln " << KILN_VERSION << " (ggml " << KILN_GGML_COMMIT << ")\n";
+            return kExitOk;
         case Command::Info: return run_info(options, std::cout);
         case Command::Convert: return run_convert(options);
         case Command::Generate: return run_generate(options);

@@ -52,5 +52,4 @@ int run_convert(const Options& options) {
     return kExitOk;
 }
 
-
 }  // namespace kiln::cli

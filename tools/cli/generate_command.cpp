@@ -49,7 +49,8 @@ struct Progress {
         const double rate = elapsed > 0 ? step / elapsed : 0.0;
         const double eta = rate > 0 ? (steps - step) / rate : 0.0;
         if (self->terminal) {
-            std::printf("\r  image %d/%d  step %d/%d  %.2f it/s  ETA %.0fs   ", image + 1, self->images, step, steps, rate, eta);
+            std::printf("\r  image %d/%d  step %d/%d  %.2f it/s  ETA %.0fs   ", image + 1, self->images, step, steps,
+                        rate, eta);
             if (step == steps) std::printf("\n");
             std::fflush(stdout);
         } else if (step == steps) {

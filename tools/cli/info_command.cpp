@@ -2,9 +2,9 @@
 
 #include <filesystem>
 
-#include "util/format.h"
 #include "io/model_file.h"
 #include "io/model_summary.h"
+#include "util/format.h"
 #include "util/log.h"
 
 namespace kiln::cli {
@@ -25,13 +25,14 @@ void print_components(const io::ModelSummary& summary, std::ostream& out) {
     for (const io::ComponentSummary& c : summary.components) {
         out << "  " << io::component_kind_name(c.kind) << ": " << c.name;
         if (!c.prefix.empty()) out << " (" << c.prefix << "*)";
-        out << "\n    " << c.tensor_count << (c.tensor_count == 1 ? " tensor, " : " tensors, ") << grouped(static_cast<uint64_t>(c.parameters))
-            << " parameters, " << human_bytes(c.bytes) << " (" << grouped(c.bytes) << " bytes); dtypes:";
+        out << "\n    " << c.tensor_count << (c.tensor_count == 1 ? " tensor, " : " tensors, ")
+            << grouped(static_cast<uint64_t>(c.parameters)) << " parameters, " << human_bytes(c.bytes) << " ("
+            << grouped(c.bytes) << " bytes); dtypes:";
         for (const auto& [dtype, count] : c.dtype_counts) out << ' ' << dtype << " x" << count;
         out << '\n';
     }
-    out << "total: " << summary.tensor_count << " tensors, " << human_bytes(summary.bytes) << " (" << grouped(summary.bytes)
-        << " bytes)\n";
+    out << "total: " << summary.tensor_count << " tensors, " << human_bytes(summary.bytes) << " ("
+        << grouped(summary.bytes) << " bytes)\n";
 }
 
 void print_tensors(const io::ModelFile& model, std::ostream& out) {
@@ -39,7 +40,8 @@ void print_tensors(const io::ModelFile& model, std::ostream& out) {
     for (const io::TensorInfo& t : model.tensors()) {
         out << "  " << t.name << "  " << io::dtype_name(t.dtype) << ' ' << t.shape_string() << "  bytes " << t.offset
             << ".." << t.offset + t.nbytes;
-        if (model.sources().size() > 1) out << " in " << std::filesystem::path(model.sources()[t.source].path).filename().string();
+        if (model.sources().size() > 1)
+            out << " in " << std::filesystem::path(model.sources()[t.source].path).filename().string();
         out << '\n';
     }
 }
