@@ -114,7 +114,7 @@ const std::vector<Flag>& flags() {
              int_setter(&Options::height, 8, 16384)},
             {nullptr, "--steps", "N", "denoising steps (default: the model's)", int_setter(&Options::steps, 1, 10000)},
             {"-b", "--batch-count", "N", "number of images to generate", int_setter(&Options::batch_count, 1, 10000)},
-            {"-t", "--threads", "N", "CPU threads (default: physical cores)", int_setter(&Options::threads, 1, 1024)},
+            {"-t", "--threads", "N", "CPU threads (default: all cores)", int_setter(&Options::threads, 1, 1024)},
             {"-s", "--seed", "N", "RNG seed; -1 picks one at random (default 42)",
              [](Options& o, const std::string& v) -> std::optional<std::string> {
                  long long parsed = 0;

@@ -87,6 +87,13 @@ int run_generate(const Options& options) {
         return kExitUsage;
     }
 
+    if (!options.clip_g.empty() || !options.t5xxl.empty()) {
+        KILN_LOG_ERROR(
+            "%s: only SD1.x/SD2.x models generate in this version; --clip_g and --t5xxl are for later "
+            "families (kiln info and -M convert read them)",
+            (!options.clip_g.empty() ? options.clip_g : options.t5xxl).c_str());
+        return kExitUsage;
+    }
     std::string model = options.model;
     if (model.empty() && options.diffusion_model.empty()) {
         auto found = find_default_model();
