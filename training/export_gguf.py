@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""Writes models/kiln-tiny.gguf from a training run's final.pt.
+"""Writes models/kiln-tiny.gguf from a training run (final.pt; the VAE from
+vae_decoder.pt when stage 4 ran).
 
     /usr/bin/python3 training/export_gguf.py [--run /tmp/kiln-train] [--out models/kiln-tiny.gguf]
 
@@ -35,7 +36,7 @@ DEFAULTS = {
     "kiln.default.width": 64,
     "kiln.default.height": 64,
     "kiln.default.steps": 20,
-    "kiln.default.cfg_scale": 5.0,
+    "kiln.default.cfg_scale": 2.0,
     "kiln.default.sampler": "euler_a",
     "kiln.default.scheduler": "discrete",
 }
@@ -113,6 +114,10 @@ def main():
 
     ck = torch.load(os.path.join(args.run, "final.pt"))
     cfg = ck["config"]
+    dec = os.path.join(args.run, "vae_decoder.pt")
+    if os.path.exists(dec):  # stage 4's fine-tuned decoder (same encoder, same latent space)
+        ck["vae"] = torch.load(dec)["model"]
+        print("VAE from %s" % dec)
     tensors = []
     for prefix, sd in ((tm.CLIP_PREFIX, ck["clip"]), (tm.UNET_PREFIX, ck["unet"]), (tm.VAE_PREFIX, ck["vae"])):
         for k, v in sd.items():

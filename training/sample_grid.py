@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Samples kiln-tiny with a PyTorch reference sampler and plots the training.
 
-    /usr/bin/python3 training/sample_grid.py [--run /tmp/kiln-train] [--cfg 5] [--steps 20]
+    /usr/bin/python3 training/sample_grid.py [--run /tmp/kiln-train] [--cfg 2] [--steps 20]
 
 Writes training/plots/:
   samples_grid.png         every colour (rows) x shape (columns) on a white
@@ -49,7 +49,8 @@ class Model:
         self.vae = tm.make_vae(ck["config"]["vae"]).eval()
         self.clip.load_state_dict(f16_round(ck["clip"]))
         self.unet.load_state_dict(f16_round(ck["unet"]))
-        self.vae.load_state_dict(f16_round(ck["vae"]))
+        dec = os.path.join(run, "vae_decoder.pt")
+        self.vae.load_state_dict(f16_round(torch.load(dec)["model"] if os.path.exists(dec) else ck["vae"]))
         self.scale = ck["scale_factor"]
         self.schedule = sampling.DiscreteSchedule(sampling.scaled_linear_alphas_cumprod())
 
@@ -119,6 +120,7 @@ def plot_losses(run):
     import matplotlib.pyplot as plt
 
     for name, col, title in (("vae", "mse", "VAE reconstruction MSE (images in [-1, 1])"),
+                             ("vae_decoder", "mse", "VAE decoder fine-tune MSE (64x64)"),
                              ("unet", "loss", "UNet + CLIP eps-prediction MSE")):
         path = os.path.join(run, "loss_%s.csv" % name)
         if not os.path.exists(path):
@@ -127,11 +129,22 @@ def plot_losses(run):
             rows = list(csv.DictReader(f))
         step = np.array([int(r["step"]) for r in rows])
         y = np.array([float(r[col]) for r in rows])
+        path_b = os.path.join(run, "loss_unet2.csv")
+        split = None
+        if name == "unet" and os.path.exists(path_b):  # stage 3b continues stage 3a
+            with open(path_b) as f:
+                rows_b = list(csv.DictReader(f))
+            split = len(step)
+            step = np.concatenate([step, split + np.array([int(r["step"]) for r in rows_b])])
+            y = np.concatenate([y, np.array([float(r[col]) for r in rows_b])])
         k = 25
         smooth = np.convolve(y, np.ones(k) / k, mode="valid")
         fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
         ax.plot(step, y, lw=0.5, alpha=0.4, label="per step")
         ax.plot(step[k - 1:], smooth, lw=1.5, label="mean of %d" % k)
+        if split is not None:
+            ax.axvline(split, color="gray", ls="--", lw=1)
+            ax.text(split, ax.get_ylim()[1], " 3b: offset noise 0.3", va="top", fontsize=8)
         ax.set_yscale("log")
         ax.set_xlabel("step")
         ax.set_title(title)
@@ -144,16 +157,20 @@ def plot_losses(run):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", default="/tmp/kiln-train")
-    ap.add_argument("--cfg", type=float, default=5.0)
+    ap.add_argument("--cfg", type=float, default=2.0)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--sampler", default="euler_a")
     ap.add_argument("--scheduler", default="discrete")
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--plots-only", action="store_true")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     os.makedirs(PLOTS, exist_ok=True)
+    if args.plots_only:
+        plot_losses(args.run)
+        return
     m = Model(args.run)
 
     total = ok = 0

@@ -1,24 +1,26 @@
 #!/usr/bin/python3
 """Trains kiln-tiny: VAE, then UNet + CLIP text encoder on eps-prediction.
 
-    /usr/bin/python3 training/train_tiny.py [--out /tmp/kiln-train] [--seed 0]
-        [--vae-steps N] [--unet-steps N] [--batch N] [--pool N]
+    /usr/bin/python3 training/train_tiny.py [--out /tmp/kiln-train] [--seed 0] [--stage ...]
 
-Stages (each resumes from what --out already holds):
-  1. VAE (ldm AutoencoderKL): MSE + KL_WEIGHT * KL on freshly drawn batches;
-     checkpoint vae_ckpt.pt, result vae.pt, loss_vae.csv.
-  2. latent pool: POOL images drawn, encoded (posterior mean); the latent
-     scale factor = 1 / std of those latents (SD's 0.18215 plays this role);
-     pool.pt.
-  3. UNet + CLIP jointly: SD's scaled-linear DDPM schedule (beta
+Stages (each resumes from what --out already holds; see training/README.md):
+  1. VAE (ldm AutoencoderKL): MSE + KL_WEIGHT * KL on freshly drawn batches,
+     mostly on 32x32 crops; vae_ckpt.pt, vae.pt, loss_vae.csv.
+  2. latent pool: --pool images drawn and encoded (posterior mean); latent
+     scale factor = 1 / std of those latents; pool.pt.
+  3a. UNet + CLIP jointly: SD's scaled-linear DDPM schedule (beta
      0.00085..0.012, 1000 steps), uniform t, eps-prediction MSE, 10% of the
-     captions replaced by "" (classifier-free guidance), AdamW with warm-up
-     and cosine decay, EMA of the weights (what is exported); checkpoint
-     unet_ckpt.pt every --ckpt-every steps, loss_unet.csv, result final.pt.
+     captions replaced by "" (classifier-free guidance), AdamW with warm-up and
+     cosine decay over --unet-steps, stopped after --stop-at; unet_ckpt.pt,
+     loss_unet.csv.
+  3b. continues 3a with offset noise (--offset-noise), fresh EMA (exported);
+     unet2_ckpt.pt, loss_unet2.csv, final.pt.
+  4. VAE decoder fine-tune at 64x64 on the frozen encoder (latent space
+     unchanged); vae_decoder.pt, loss_vae_decoder.csv.
 
 Every random draw comes from generators seeded by (seed, stage, step), so a
 resumed run continues exactly as an uninterrupted one would (up to float
-summation order).
+summation order). Progress lines: step, loss, it/s, ETA.
 """
 
 import argparse
@@ -232,10 +234,25 @@ def make_pool(args, out):
     save_atomic({"latents": lat * scale, "captions": caps, "scale_factor": scale}, path)
 
 
-def train_unet(args, out):
+def train_unet(args, out, phase):
+    """Stage 3 (phase "a", from scratch, stopped after --stop-at steps) and
+    stage 3b (phase "b": continues from phase a's last checkpoint with offset
+    noise, fresh EMA; writes final.pt)."""
+    b = phase == "b"
     final = os.path.join(out, "final.pt")
     if os.path.exists(final):
-        log("stage 3: %s exists, skipping" % final)
+        log("stage 3%s: %s exists, skipping" % (phase, final))
+        return
+    total = args.unet2_steps if b else args.unet_steps
+    stop = total if b else min(args.stop_at or total, total)
+    lr_base = args.lr2 if b else args.lr
+    warmup = 50 if b else 200
+    ema_decay = args.ema2 if b else args.ema
+    offset = args.offset_noise if b else 0.0
+    ckpt_path = os.path.join(out, "unet2_ckpt.pt" if b else "unet_ckpt.pt")
+    a_ckpt = os.path.join(out, "unet_ckpt.pt")
+    if not b and os.path.exists(a_ckpt) and torch.load(a_ckpt)["step"] >= stop:
+        log("stage 3a: checkpoint at step %d already, skipping" % stop)
         return
     tok = tiny_tokenizer.default()
     pool = torch.load(os.path.join(out, "pool.pt"))
@@ -257,12 +274,17 @@ def train_unet(args, out):
     clip = tm.make_clip(len(tok.tokens))
     unet = tm.make_unet(tm.CONFIG["clip"]["width"])
     params = list(clip.parameters()) + list(unet.parameters())
-    opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0, betas=(0.9, 0.99))
+    opt = torch.optim.AdamW(params, lr=lr_base, weight_decay=0.0, betas=(0.9, 0.99))
+    if b:  # start from phase a's raw weights and optimizer state
+        ck = torch.load(a_ckpt)
+        clip.load_state_dict(ck["clip"])
+        unet.load_state_dict(ck["unet"])
+        opt.load_state_dict(ck["opt"])
+        log("stage 3b: starting from phase a's step-%d weights" % ck["step"])
     ema_clip, ema_unet = copy.deepcopy(clip), copy.deepcopy(unet)
     for p in list(ema_clip.parameters()) + list(ema_unet.parameters()):
         p.requires_grad_(False)
     start = 0
-    ckpt_path = os.path.join(out, "unet_ckpt.pt")
     if os.path.exists(ckpt_path):
         ck = torch.load(ckpt_path)
         clip.load_state_dict(ck["clip"])
@@ -271,19 +293,20 @@ def train_unet(args, out):
         ema_unet.load_state_dict(ck["ema_unet"])
         opt.load_state_dict(ck["opt"])
         start = ck["step"]
-        log("stage 3: resuming at step %d" % start)
+        log("stage 3%s: resuming at step %d" % (phase, start))
     acp = tm.alphas_cumprod()
-    log("stage 3: CLIP %d params, UNet %d params, %d steps, batch %d, pool %d" % (
-        tm.count(clip), tm.count(unet), args.unet_steps, args.batch, len(lat)))
-    csvlog = CsvLog(os.path.join(out, "loss_unet.csv"), ["step", "loss", "lr", "seconds"], start)
+    log("stage 3%s: CLIP %d params, UNet %d params, %d of %d steps, batch %d, pool %d, offset noise %g" % (
+        phase, tm.count(clip), tm.count(unet), stop, total, args.batch, len(lat), offset))
+    csvlog = CsvLog(os.path.join(out, "loss_unet2.csv" if b else "loss_unet.csv"), ["step", "loss", "lr", "seconds"],
+                    start)
     t0 = time.time()
     ema_params = list(ema_clip.parameters()) + list(ema_unet.parameters())
     smooth = None
-    for step in range(start, args.unet_steps):
-        lr = lr_at(step, args.unet_steps, args.lr, 200)
+    for step in range(start, stop):
+        lr = lr_at(step, total, lr_base, warmup)
         for g in opt.param_groups:
             g["lr"] = lr
-        gen = torch.Generator().manual_seed(args.seed * 7919 + 3_000_000 + step)
+        gen = torch.Generator().manual_seed(args.seed * 7919 + (5_000_000 if b else 3_000_000) + step)
         # n_groups captions, args.group pool images of each: the text encoder
         # runs once per caption.
         caps = torch.randint(0, len(uniq), (n_groups,), generator=gen)
@@ -295,6 +318,11 @@ def train_unet(args, out):
         tokens[drop] = empty
         t = torch.randint(0, 1000, (len(idx),), generator=gen)
         noise = torch.randn(x0.shape, generator=gen)
+        if offset:
+            # offset noise: a random per-channel constant, so the model does not
+            # read the image's mean colour from the noisy input at high t (a
+            # 16x16 latent keeps its mean visible even at t = 999)
+            noise = noise + offset * torch.randn(x0.shape[0], x0.shape[1], 1, 1, generator=gen)
         a = acp[t].view(-1, 1, 1, 1)
         xt = a.sqrt() * x0 + (1 - a).sqrt() * noise
         ctx = clip(tokens).repeat_interleave(args.group, dim=0)
@@ -304,7 +332,7 @@ def train_unet(args, out):
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        decay = min(args.ema, (1 + step) / (10 + step))
+        decay = min(ema_decay, (1 + step) / (10 + step))
         with torch.no_grad():
             torch._foreach_mul_(ema_params, decay)
             torch._foreach_add_(ema_params, params, alpha=1 - decay)
@@ -314,19 +342,21 @@ def train_unet(args, out):
         done = step + 1 - start
         if step % 25 == 0 or step == args.unet_steps - 1:
             ips = done / el
-            log("unet step %5d/%d  loss %.4f (avg %.4f)  lr %.2e  %.2f it/s  ETA %s" % (
-                step + 1, args.unet_steps, loss.item(), smooth, lr, ips,
-                fmt_time((args.unet_steps - step - 1) / ips)))
+            log("unet%s step %5d/%d  loss %.4f (avg %.4f)  lr %.2e  %.2f it/s  ETA %s" % (
+                phase, step + 1, stop, loss.item(), smooth, lr, ips, fmt_time((stop - step - 1) / ips)))
             csvlog.flush()
-        if (step + 1) % args.ckpt_every == 0 or step == args.unet_steps - 1:
+        if (step + 1) % args.ckpt_every == 0 or step == stop - 1:
             save_atomic({"clip": clip.state_dict(), "unet": unet.state_dict(), "ema_clip": ema_clip.state_dict(),
                          "ema_unet": ema_unet.state_dict(), "opt": opt.state_dict(), "step": step + 1}, ckpt_path)
     csvlog.flush()
+    if not b:
+        log("stage 3a done in %s" % fmt_time(time.time() - t0))
+        return
     vae = torch.load(os.path.join(out, "vae.pt"))["model"]
     save_atomic({"clip": ema_clip.state_dict(), "unet": ema_unet.state_dict(), "vae": vae,
                  "scale_factor": pool["scale_factor"], "tokens": tok.tokens, "merges": tok.merges,
-                 "config": tm.CONFIG, "steps": args.unet_steps, "seed": args.seed}, final)
-    log("stage 3 done in %s; wrote %s" % (fmt_time(time.time() - t0), final))
+                 "config": tm.CONFIG, "steps": (stop, total), "seed": args.seed}, final)
+    log("stage 3b done in %s; wrote %s" % (fmt_time(time.time() - t0), final))
 
 
 def finalize_early(args, out):
@@ -336,7 +366,10 @@ def finalize_early(args, out):
     if os.path.exists(final):
         log("finalize: %s exists, nothing to do" % final)
         return
-    ck = torch.load(os.path.join(out, "unet_ckpt.pt"))
+    path = os.path.join(out, "unet2_ckpt.pt")
+    if not os.path.exists(path):
+        path = os.path.join(out, "unet_ckpt.pt")
+    ck = torch.load(path)
     pool = torch.load(os.path.join(out, "pool.pt"))
     tok = tiny_tokenizer.default()
     vae = torch.load(os.path.join(out, "vae.pt"))["model"]
@@ -363,11 +396,17 @@ def main():
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--lr", type=float, default=6e-4)
     ap.add_argument("--ema", type=float, default=0.998)
+    ap.add_argument("--stop-at", type=int, default=800,
+                    help="stage 3a stops after this many of its --unet-steps (cosine schedule over --unet-steps)")
+    ap.add_argument("--unet2-steps", type=int, default=900, help="stage 3b steps (offset noise)")
+    ap.add_argument("--lr2", type=float, default=4e-4)
+    ap.add_argument("--ema2", type=float, default=0.995)
+    ap.add_argument("--offset-noise", type=float, default=0.3)
     ap.add_argument("--ckpt-every", type=int, default=200)
     ap.add_argument("--dec-steps", type=int, default=300)
     ap.add_argument("--dec-batch", type=int, default=16)
     ap.add_argument("--dec-lr", type=float, default=5e-4)
-    ap.add_argument("--stage", choices=["all", "vae", "pool", "unet", "decoder", "finalize"], default="all")
+    ap.add_argument("--stage", choices=["all", "vae", "pool", "unet", "unet2", "decoder", "finalize"], default="all")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     os.makedirs(args.out, exist_ok=True)
@@ -377,7 +416,9 @@ def main():
     if args.stage in ("all", "pool"):
         make_pool(args, args.out)
     if args.stage in ("all", "unet"):
-        train_unet(args, args.out)
+        train_unet(args, args.out, "a")
+    if args.stage in ("all", "unet2"):
+        train_unet(args, args.out, "b")
     if args.stage in ("all", "decoder"):
         train_decoder(args, args.out)
     if args.stage == "finalize":
