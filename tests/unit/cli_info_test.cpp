@@ -63,6 +63,14 @@ TEST(CliInfo, SingleFileCheckpointNamesComponentsAndSizes) {
     EXPECT_NE(r.out.find("total: 6 tensors"), std::string::npos) << r.out;
 }
 
+TEST(CliInfo, WithoutAFileShowsTheDefaultModel) {
+    auto r = run_command(kiln("info"));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("models/kiln-tiny.gguf (gguf, "), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("general.name = kiln-tiny"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("family: SD1.x"), std::string::npos) << r.out;
+}
+
 TEST(CliInfo, TensorListing) {
     TempDir dir;
     const std::string path = dir.write("sd1.safetensors", tiny_sd1_checkpoint());

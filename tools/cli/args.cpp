@@ -308,9 +308,6 @@ std::variant<Options, UsageError> parse_args(const std::vector<std::string>& arg
             return UsageError{std::string(flag->long_name) + ": " + *err, "see 'kiln --help'"};
         }
     }
-    if (options.command == Command::Info && options.info_paths.empty()) {
-        return UsageError{"info: no file or folder given", "usage: kiln info [--tensors] FILE|FOLDER..."};
-    }
     return options;
 }
 
@@ -319,7 +316,7 @@ std::string help_text() {
     out << "usage: kiln [options]                 generate an image\n"
            "       kiln -M convert -m MODEL -o OUT.gguf [--type TYPE]\n"
            "       kiln -M metadata -i IMAGE\n"
-           "       kiln info [--tensors] FILE|FOLDER...\n\n"
+           "       kiln info [--tensors] [FILE|FOLDER...]   (no file: the default model)\n\n"
            "options:\n";
     auto print = [&](const std::vector<Flag>& table) {
         for (const Flag& f : table) {

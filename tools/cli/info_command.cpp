@@ -2,6 +2,7 @@
 
 #include <filesystem>
 
+#include "default_model.h"
 #include "io/model_file.h"
 #include "io/model_summary.h"
 #include "util/format.h"
@@ -49,11 +50,20 @@ void print_tensors(const io::ModelFile& model, std::ostream& out) {
 }  // namespace
 
 int run_info(const Options& options, std::ostream& out) {
+    std::vector<std::string> paths = options.info_paths;
+    if (paths.empty()) {
+        auto found = find_default_model();
+        if (!found) {
+            KILN_LOG_ERROR("info: no file given and the default model %s was not found", kDefaultModelFile);
+            return 1;
+        }
+        paths.push_back(*found);
+    }
     int exit_code = 0;
     // Each argument is one model: several files of one model are passed as a
     // folder or as a split file's first part.
-    for (size_t i = 0; i < options.info_paths.size(); ++i) {
-        const std::string& path = options.info_paths[i];
+    for (size_t i = 0; i < paths.size(); ++i) {
+        const std::string& path = paths[i];
         auto model = io::ModelFile::open({path});
         if (!model.ok()) {
             KILN_LOG_ERROR("%s", model.error().message.c_str());
