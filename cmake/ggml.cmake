@@ -21,6 +21,8 @@ set(GGML_RPC ON CACHE BOOL "" FORCE)  # the memory-system tests use RPC on 127.0
 set(GGML_BUILD_TESTS OFF CACHE BOOL "" FORCE)
 set(GGML_BUILD_EXAMPLES OFF CACHE BOOL "" FORCE)
 set(GGML_BACKEND_DL OFF CACHE BOOL "" FORCE)
+# ggml links into kiln statically: an installed kiln needs no ggml libraries beside it.
+set(BUILD_SHARED_LIBS OFF CACHE BOOL "" FORCE)
 if(KILN_BLAS)
     set(GGML_BLAS ON CACHE BOOL "" FORCE)
     set(GGML_BLAS_VENDOR "OpenBLAS" CACHE STRING "" FORCE)
