@@ -115,6 +115,19 @@ int kiln_image_load(const char* path, kiln_image** image, char** error);
 /* The generation parameters stored in an image file, as text. */
 int kiln_image_read_parameters(const char* path, char** text, char** error);
 
+/* What a model holds, as `kiln info` prints it: files, metadata, family,
+ * components; with list_tensors, every tensor. `path` is a file, a split
+ * file's first part, or a folder. */
+int kiln_model_describe(const char* path, int list_tensors, char** text, char** error);
+
+/* Called after each tensor written by kiln_model_convert. */
+typedef void (*kiln_convert_progress)(int done, int total, void* user_data);
+/* Rewrites the model made of `paths` as one GGUF file at out_path, tensor by
+ * tensor, converted to weight_type ("q8_0", ...; NULL keeps each tensor's
+ * compute type). No file appears unless it is complete. */
+int kiln_model_convert(const char* const* paths, int n_paths, const char* out_path, const char* weight_type,
+                       kiln_convert_progress progress, void* user_data, char** error);
+
 void kiln_free_string(char* text);
 const char* kiln_version(void);
 

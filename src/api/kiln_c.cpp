@@ -5,9 +5,12 @@
 #include <memory>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "image/image_io.h"
 #include "image/png_metadata.h"
+#include "io/gguf_writer.h"
+#include "io/model_report.h"
 #include "io/tensor_convert.h"
 #include "kiln.h"
 #include "pipeline/generate.h"
@@ -248,6 +251,44 @@ int kiln_image_read_parameters(const char* path, char** text, char** error) {
     if (it == chunks->end()) return fail(error, std::string(path) + ": no generation parameters in this image");
     *text = copy_string(it->second);
     return 0;
+}
+
+int kiln_model_describe(const char* path, int list_tensors, char** text, char** error) {
+    *text = nullptr;
+    try {
+        auto model = kiln::io::ModelFile::open({str(path)});
+        if (!model.ok()) return fail(error, model.error().message);
+        *text = copy_string(kiln::io::describe_model(*model, str(path), list_tensors != 0));
+        return *text ? 0 : fail(error, "out of memory");
+    } catch (const std::bad_alloc&) {
+        return fail(error, "out of memory describing the model");
+    }
+}
+
+int kiln_model_convert(const char* const* paths, int n_paths, const char* out_path, const char* weight_type,
+                       kiln_convert_progress progress, void* user_data, char** error) {
+    try {
+        std::vector<std::string> files;
+        for (int i = 0; i < n_paths; ++i) files.push_back(str(paths[i]));
+        kiln::io::GgufWriteOptions options;
+        if (weight_type) {
+            auto type = kiln::io::parse_weight_type(weight_type);
+            if (!type.ok()) return fail(error, type.error().message);
+            options.type = *type;
+        }
+        auto model = kiln::io::ModelFile::open(files);
+        if (!model.ok()) return fail(error, model.error().message);
+        if (progress) {
+            options.progress = [progress, user_data](size_t done, size_t total) {
+                progress(static_cast<int>(done), static_cast<int>(total), user_data);
+            };
+        }
+        auto status = kiln::io::write_gguf(*model, str(out_path), options);
+        if (!status.ok()) return fail(error, status.error().message);
+        return 0;
+    } catch (const std::bad_alloc&) {
+        return fail(error, "out of memory converting the model");
+    }
 }
 
 void kiln_free_string(char* text) { std::free(text); }

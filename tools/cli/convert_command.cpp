@@ -1,9 +1,10 @@
 #include "convert_command.h"
 
+#include <string>
+#include <vector>
+
 #include "cli.h"
-#include "io/gguf_writer.h"
-#include "io/model_file.h"
-#include "io/tensor_convert.h"
+#include "kiln.h"
 #include "util/log.h"
 
 namespace kiln::cli {
@@ -25,28 +26,23 @@ int run_convert(const Options& options) {
         KILN_LOG_ERROR("convert: no model given (use -m MODEL, or --diffusion-model/--vae/--clip_l ...)");
         return kExitUsage;
     }
-    io::GgufWriteOptions write_options;
-    if (!options.weight_type.empty()) {
-        auto type = io::parse_weight_type(options.weight_type);
-        if (!type.ok()) {
-            KILN_LOG_ERROR("%s", type.error().message.c_str());
-            return kExitUsage;
-        }
-        write_options.type = *type;
-    }
-    auto model = io::ModelFile::open(paths);
-    if (!model.ok()) {
-        KILN_LOG_ERROR("%s", model.error().message.c_str());
-        return kExitFailure;
-    }
-    write_options.progress = [](size_t done, size_t total) {
-        if (done == total || done % 64 == 0) KILN_LOG_VERBOSE("convert: %zu/%zu tensors", done, total);
+    std::vector<const char*> c_paths;
+    for (const std::string& p : paths) c_paths.push_back(p.c_str());
+    KILN_LOG_INFO("convert: writing %s%s%s", options.output.c_str(), options.weight_type.empty() ? "" : " as ",
+                  options.weight_type.c_str());
+    const auto progress = [](int done, int total, void*) {
+        if (done == total || done % 64 == 0) KILN_LOG_VERBOSE("convert: %d/%d tensors", done, total);
     };
-    KILN_LOG_INFO("convert: writing %zu tensors to %s%s%s", model->tensors().size(), options.output.c_str(),
-                  write_options.type ? " as " : "", write_options.type ? ggml_type_name(*write_options.type) : "");
-    if (auto status = io::write_gguf(*model, options.output, write_options); !status.ok()) {
-        KILN_LOG_ERROR("%s", status.error().message.c_str());
-        return kExitFailure;
+    char* error = nullptr;
+    const int rc = kiln_model_convert(c_paths.data(), static_cast<int>(c_paths.size()), options.output.c_str(),
+                                      options.weight_type.empty() ? nullptr : options.weight_type.c_str(), progress,
+                                      nullptr, &error);
+    if (rc != 0) {
+        const std::string message = error ? error : "unknown error";
+        kiln_free_string(error);
+        KILN_LOG_ERROR("%s", message.c_str());
+        // A bad --type is a usage error; anything else is the model's or the disk's.
+        return message.rfind("--type:", 0) == 0 ? kExitUsage : kExitFailure;
     }
     KILN_LOG_INFO("convert: done");
     return kExitOk;
