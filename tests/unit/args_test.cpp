@@ -126,10 +126,44 @@ TEST(Args, InfoCommand) {
     EXPECT_EQ(parse_error({"-v", "info", "x"}).hint, "'info' must come first: kiln info FILE...");
 }
 
+TEST(Args, DeviceFlags) {
+    Options o = parse_ok({"--list-devices", "--rpc", "127.0.0.1:50052,gpu-box:50053"});
+    EXPECT_EQ(o.command, Command::ListDevices);
+    EXPECT_EQ(o.rpc_servers, "127.0.0.1:50052,gpu-box:50053");
+    o = parse_ok({"-p", "x", "--backend", "diffusion=rpc0,te=cpu"});
+    EXPECT_EQ(o.command, Command::Generate);
+    EXPECT_EQ(o.backend, "diffusion=rpc0,te=cpu");
+    EXPECT_EQ(parse_error({"--rpc", "127.0.0.1"}).message, "--rpc: 127.0.0.1: expected host:port");
+    EXPECT_EQ(parse_error({"--rpc", "h:0"}).message, "--rpc: h:0: the port must be a number from 1 to 65535, got '0'");
+    EXPECT_EQ(parse_error({"--rpc", "h:1,:2"}).message, "--rpc: :2: empty host (expected host:port)");
+    EXPECT_EQ(parse_error({"--backend", ""}).message,
+              "--backend: expected a device or module=device pairs, got an empty string");
+}
+
+TEST(Args, RpcServerCommand) {
+    Options o = parse_ok({"rpc-server"});
+    EXPECT_EQ(o.command, Command::RpcServer);
+    EXPECT_EQ(o.rpc_host, "127.0.0.1");
+    EXPECT_EQ(o.rpc_port, 50052);
+    EXPECT_EQ(o.rpc_device, "");
+    o = parse_ok({"rpc-server", "--host", "0.0.0.0", "--port", "6000", "--device", "cpu", "-t", "2"});
+    EXPECT_EQ(o.rpc_host, "0.0.0.0");
+    EXPECT_EQ(o.rpc_port, 6000);
+    EXPECT_EQ(o.rpc_device, "cpu");
+    EXPECT_EQ(o.threads, 2);
+    EXPECT_EQ(parse_ok({"rpc-server", "--host", "localhost"}).rpc_host, "127.0.0.1");
+    EXPECT_EQ(parse_error({"rpc-server", "--port", "0"}).message, "--port: expected an integer from 1 to 65535, got 0");
+    EXPECT_EQ(parse_error({"rpc-server", "--host", "example.com"}).message,
+              "--host: expected an IPv4 address such as 127.0.0.1 or 0.0.0.0, got 'example.com'");
+    EXPECT_EQ(parse_error({"--port", "6000"}).message, "unknown option '--port'");  // rpc-server only
+    EXPECT_EQ(parse_error({"-v", "rpc-server"}).hint, "'rpc-server' must come first: kiln rpc-server --port P");
+}
+
 TEST(Args, HelpListsEveryFlag) {
     const std::string help = help_text();
     for (const char* flag : {"--model", "--diffusion-model", "--vae", "--clip_l", "--mode", "--help", "--log-level",
-                             "--verbose", "--color", "--type", "--tensors"}) {
+                             "--verbose", "--color", "--type", "--tensors", "--list-devices", "--rpc", "--backend",
+                             "rpc-server", "--host", "--port", "--device"}) {
         EXPECT_NE(help.find(flag), std::string::npos) << flag;
     }
     EXPECT_EQ(parse_ok({"-h"}).command, Command::Help);

@@ -1,5 +1,7 @@
 #include "args.h"
 
+#include <arpa/inet.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <climits>
@@ -7,6 +9,8 @@
 #include <cstdlib>
 #include <functional>
 #include <sstream>
+
+#include "runtime/devices.h"
 
 namespace kiln::cli {
 namespace {
@@ -181,6 +185,32 @@ const std::vector<Flag>& flags() {
                  o.diffusion_fa = true;
                  return std::nullopt;
              }},
+            {nullptr, "--list-devices", nullptr,
+             "list every compute device (name, type, free and total memory), --rpc ones included",
+             [](Options& o, const std::string&) -> std::optional<std::string> {
+                 o.command = Command::ListDevices;
+                 return std::nullopt;
+             }},
+            {nullptr, "--rpc", "HOST:PORT[,...]",
+             "add the devices of ggml RPC servers (see 'kiln rpc-server'); they are named RPC0, RPC1, ...",
+             [](Options& o, const std::string& v) -> std::optional<std::string> {
+                 auto parsed = runtime::parse_rpc_endpoints(v);
+                 if (!parsed) {
+                     // The message starts with "--rpc: "; the parser adds the flag name itself.
+                     const std::string& m = parsed.error().message;
+                     return m.rfind("--rpc: ", 0) == 0 ? m.substr(7) : m;
+                 }
+                 o.rpc_servers = v;
+                 return std::nullopt;
+             }},
+            {nullptr, "--backend", "SPEC",
+             "compute device for every module (cuda0), or per module: diffusion=rpc0,te=cpu,vae=cpu "
+             "(modules: diffusion, te, vae, clip_vision)",
+             [](Options& o, const std::string& v) -> std::optional<std::string> {
+                 if (v.empty()) return std::string("expected a device or module=device pairs, got an empty string");
+                 o.backend = v;
+                 return std::nullopt;
+             }},
             {"-v", "--verbose", nullptr, "verbose logging (same as --log-level verbose)",
              [](Options& o, const std::string&) -> std::optional<std::string> {
                  o.log_level = LogLevel::Verbose;
@@ -218,6 +248,30 @@ const std::vector<Flag>& info_flags() {
         {nullptr, "--tensors", nullptr, "list every tensor: name, dtype, shape, byte range",
          [](Options& o, const std::string&) -> std::optional<std::string> {
              o.info_list_tensors = true;
+             return std::nullopt;
+         }},
+    };
+    return table;
+}
+
+// `kiln rpc-server` has options of its own.
+const std::vector<Flag>& rpc_server_flags() {
+    static const std::vector<Flag> table = {
+        {nullptr, "--host", "ADDRESS",
+         "IPv4 address to listen on (default 127.0.0.1; any other address lets other machines in, unauthenticated)",
+         [](Options& o, const std::string& v) -> std::optional<std::string> {
+             const std::string host = v == "localhost" ? "127.0.0.1" : v;
+             in_addr addr{};
+             if (inet_pton(AF_INET, host.c_str(), &addr) != 1 || host == "255.255.255.255")
+                 return "expected an IPv4 address such as 127.0.0.1 or 0.0.0.0, got '" + v + "'";
+             o.rpc_host = host;
+             return std::nullopt;
+         }},
+        {nullptr, "--port", "N", "TCP port to listen on (default 50052)", int_setter(&Options::rpc_port, 1, 65535)},
+        {nullptr, "--device", "NAME", "device to serve (default: CPU; see --list-devices)",
+         [](Options& o, const std::string& v) -> std::optional<std::string> {
+             if (v.empty()) return std::string("expected a device name, got an empty string");
+             o.rpc_device = v;
              return std::nullopt;
          }},
     };
@@ -273,6 +327,10 @@ std::variant<Options, UsageError> parse_args(const std::vector<std::string>& arg
         options.command = Command::Info;
         for (const Flag& f : info_flags()) known.push_back(&f);
         i = 1;
+    } else if (!args.empty() && args[0] == "rpc-server") {
+        options.command = Command::RpcServer;
+        for (const Flag& f : rpc_server_flags()) known.push_back(&f);
+        i = 1;
     }
     for (; i < args.size(); ++i) {
         std::string arg = args[i];
@@ -282,7 +340,9 @@ std::variant<Options, UsageError> parse_args(const std::vector<std::string>& arg
                 continue;
             }
             return UsageError{"unexpected argument '" + arg + "'",
-                              arg == "info" ? "'info' must come first: kiln info FILE..." : "see 'kiln --help'"};
+                              arg == "info"         ? "'info' must come first: kiln info FILE..."
+                              : arg == "rpc-server" ? "'rpc-server' must come first: kiln rpc-server --port P"
+                                                    : "see 'kiln --help'"};
         }
         std::optional<std::string> inline_value;
         if (const auto eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string::npos) {
@@ -316,7 +376,9 @@ std::string help_text() {
     out << "usage: kiln [options]                 generate an image\n"
            "       kiln -M convert -m MODEL -o OUT.gguf [--type TYPE]\n"
            "       kiln -M metadata -i IMAGE\n"
-           "       kiln info [--tensors] [FILE|FOLDER...]   (no file: the default model)\n\n"
+           "       kiln info [--tensors] [FILE|FOLDER...]   (no file: the default model)\n"
+           "       kiln --list-devices [--rpc HOST:PORT,...]\n"
+           "       kiln rpc-server [--host ADDRESS] [--port N] [--device NAME]   serve a device to other kilns\n\n"
            "options:\n";
     auto print = [&](const std::vector<Flag>& table) {
         for (const Flag& f : table) {
@@ -331,6 +393,9 @@ std::string help_text() {
     print(flags());
     out << "\ninfo options:\n";
     print(info_flags());
+    out << "\nrpc-server options (ggml's RPC protocol has no authentication: keep it on 127.0.0.1 or a trusted "
+           "network):\n";
+    print(rpc_server_flags());
     return out.str();
 }
 

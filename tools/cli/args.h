@@ -13,12 +13,14 @@
 namespace kiln::cli {
 
 enum class Command {
-    Generate,  // -M img_gen (default)
-    Convert,   // -M convert: rewrite a model as GGUF, optionally re-quantised with --type
-    Metadata,  // -M metadata -i IMAGE: print the generation parameters stored in an image
-    Info,      // kiln info FILE|FOLDER...
-    Help,      // -h/--help
-    Version,   // --version
+    Generate,     // -M img_gen (default)
+    Convert,      // -M convert: rewrite a model as GGUF, optionally re-quantised with --type
+    Metadata,     // -M metadata -i IMAGE: print the generation parameters stored in an image
+    Info,         // kiln info FILE|FOLDER...
+    ListDevices,  // --list-devices: every ggml device (with --rpc: the remote ones too)
+    RpcServer,    // kiln rpc-server [--host H] [--port P] [--device NAME]
+    Help,         // -h/--help
+    Version,      // --version
 };
 
 struct Options {
@@ -59,6 +61,16 @@ struct Options {
     bool vae_tiling = false;
     int vae_tile_size = 32;
     float vae_tile_overlap = 0.5f;
+
+    // Devices. Both strings are validated when used (src/runtime/devices.h):
+    // devices are only known once the --rpc servers have been added.
+    std::string rpc_servers;  // --rpc host:port[,host:port]
+    std::string backend;      // --backend DEVICE or module=device,...
+
+    // `kiln rpc-server`.
+    std::string rpc_host = "127.0.0.1";  // an IPv4 address ("localhost" is turned into 127.0.0.1)
+    int rpc_port = 50052;                // ggml's rpc-server default
+    std::string rpc_device;              // "": the CPU
 
     // `kiln info`.
     std::vector<std::string> info_paths;

@@ -6,6 +6,7 @@
 #include "convert_command.h"
 #include "generate_command.h"
 #include "info_command.h"
+#include "rpc_server_command.h"
 #include "util/log.h"
 
 namespace kiln::cli {
@@ -30,6 +31,8 @@ int run_cli(const std::vector<std::string>& args) {
         case Command::Convert: return run_convert(options);
         case Command::Generate: return run_generate(options);
         case Command::Metadata: return run_metadata(options);
+        case Command::ListDevices: return run_list_devices(options, std::cout);
+        case Command::RpcServer: return run_rpc_server(options);
     }
     return kExitFailure;
 }

@@ -11,6 +11,7 @@
 #include "cli.h"
 #include "default_model.h"
 #include "kiln.h"
+#include "runtime/devices.h"
 #include "util/log.h"
 
 namespace kiln::cli {
@@ -59,6 +60,41 @@ struct Progress {
     }
 };
 
+// --rpc and --backend: adds the RPC servers and validates the placement. Every
+// module still computes on the CPU, so a placement on any other device is
+// refused rather than silently ignored.
+int check_devices(const Options& options) {
+    if (!options.rpc_servers.empty()) {
+        if (Status s = runtime::add_rpc_servers(options.rpc_servers); !s) {
+            KILN_LOG_ERROR("%s", s.error().message.c_str());
+            return kExitFailure;
+        }
+    }
+    if (options.backend.empty()) {
+        if (!options.rpc_servers.empty())
+            KILN_LOG_WARN("--rpc: generation does not use RPC devices yet (issue 5); computing on the CPU");
+        return kExitOk;
+    }
+    auto assignments = runtime::parse_backend_assignments(options.backend);
+    if (!assignments) {
+        KILN_LOG_ERROR("%s", assignments.error().message.c_str());
+        return kExitUsage;
+    }
+    for (const auto& [module, device_name] : *assignments) {
+        auto device = runtime::find_device(device_name);
+        if (!device) {  // parse_backend_assignments checked the name: not expected
+            KILN_LOG_ERROR("--backend: %s", device.error().message.c_str());
+            return kExitUsage;
+        }
+        if (ggml_backend_dev_type(*device) != GGML_BACKEND_DEVICE_TYPE_CPU) {
+            KILN_LOG_ERROR("--backend: placing modules on %s is not implemented yet (issue 5); %s would need it",
+                           device_name.c_str(), module.c_str());
+            return kExitFailure;
+        }
+    }
+    return kExitOk;
+}
+
 }  // namespace
 
 std::string output_path(const std::string& pattern, int index, int count) {
@@ -94,6 +130,8 @@ int run_generate(const Options& options) {
             (!options.clip_g.empty() ? options.clip_g : options.t5xxl).c_str());
         return kExitUsage;
     }
+    if (int rc = check_devices(options); rc != kExitOk) return rc;
+
     std::string model = options.model;
     if (model.empty() && options.diffusion_model.empty()) {
         auto found = find_default_model();

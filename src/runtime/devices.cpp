@@ -1,0 +1,351 @@
+#include "runtime/devices.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+#include <set>
+
+#include "ggml-rpc.h"
+
+namespace kiln::runtime {
+namespace {
+
+// The probe speaks the first message of ggml's RPC protocol itself (ggml does
+// not expose it): RPC_CMD_HELLO is fixed at 14 for every protocol version, and
+// the request/response layout below is that of protocol major version 7.
+static_assert(RPC_PROTO_MAJOR_VERSION == 7, "ggml's RPC protocol changed: check the HELLO probe in devices.cpp");
+constexpr uint8_t kRpcCmdHello = 14;
+constexpr size_t kRpcConnCapsSize = 24;
+constexpr int kConnectTimeoutMs = 3000;
+constexpr int kReplyTimeoutMs = 5000;
+
+std::string lower(std::string_view s) {
+    std::string out(s);
+    for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return out;
+}
+
+std::string trim(std::string_view s) {
+    size_t b = 0, e = s.size();
+    while (b < e && std::isspace(static_cast<unsigned char>(s[b]))) ++b;
+    while (e > b && std::isspace(static_cast<unsigned char>(s[e - 1]))) --e;
+    return std::string(s.substr(b, e - b));
+}
+
+std::vector<std::string> split(std::string_view s, char sep) {
+    std::vector<std::string> parts;
+    size_t start = 0;
+    while (true) {
+        const size_t pos = s.find(sep, start);
+        parts.push_back(trim(s.substr(start, pos == std::string_view::npos ? std::string_view::npos : pos - start)));
+        if (pos == std::string_view::npos) break;
+        start = pos + 1;
+    }
+    return parts;
+}
+
+std::string join(const std::vector<std::string>& items) {
+    std::string out;
+    for (const std::string& item : items) out += (out.empty() ? "" : ", ") + item;
+    return out;
+}
+
+DeviceInfo::Type to_type(enum ggml_backend_dev_type type) {
+    switch (type) {
+        case GGML_BACKEND_DEVICE_TYPE_CPU: return DeviceInfo::Cpu;
+        case GGML_BACKEND_DEVICE_TYPE_GPU: return DeviceInfo::Gpu;
+        case GGML_BACKEND_DEVICE_TYPE_ACCEL: return DeviceInfo::Accelerator;
+        default: return DeviceInfo::Other;
+    }
+}
+
+std::vector<std::string> registered_device_names() {
+    std::vector<std::string> names;
+    for (size_t i = 0; i < ggml_backend_dev_count(); ++i)
+        names.emplace_back(ggml_backend_dev_name(ggml_backend_dev_get(i)));
+    return names;
+}
+
+// Closes a socket descriptor on scope exit.
+struct Fd {
+    int fd = -1;
+    ~Fd() {
+        if (fd >= 0) ::close(fd);
+    }
+};
+
+bool send_all(int fd, const void* data, size_t size) {
+    const auto* p = static_cast<const uint8_t*>(data);
+    while (size > 0) {
+        const ssize_t n = ::send(fd, p, size, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return false;
+        p += n;
+        size -= static_cast<size_t>(n);
+    }
+    return true;
+}
+
+bool recv_all(int fd, void* data, size_t size) {
+    auto* p = static_cast<uint8_t*>(data);
+    while (size > 0) {
+        const ssize_t n = ::recv(fd, p, size, 0);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return false;
+        p += n;
+        size -= static_cast<size_t>(n);
+    }
+    return true;
+}
+
+// Connects to `endpoint` (already validated) with a timeout and performs the
+// RPC HELLO handshake, then hangs up so the server is free for ggml's own
+// connection. An Error says what went wrong at which endpoint.
+Status probe_rpc_server(const std::string& endpoint) {
+    const size_t colon = endpoint.find(':');
+    const std::string host = endpoint.substr(0, colon);
+    const std::string port = endpoint.substr(colon + 1);
+    const std::string where = "--rpc: " + endpoint + ": ";
+
+    addrinfo hints{};
+    hints.ai_family = AF_INET;  // what ggml's RPC client connects with
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* found = nullptr;
+    if (const int rc = ::getaddrinfo(host.c_str(), port.c_str(), &hints, &found); rc != 0 || !found) {
+        return Error{where + "cannot resolve host '" + host + "': " + ::gai_strerror(rc)};
+    }
+    sockaddr_in addr{};
+    std::memcpy(&addr, found->ai_addr, sizeof addr);
+    ::freeaddrinfo(found);
+
+    Fd sock{::socket(AF_INET, SOCK_STREAM, 0)};
+    if (sock.fd < 0) return Error{where + "cannot create a socket: " + std::strerror(errno)};
+    const int flags = ::fcntl(sock.fd, F_GETFL, 0);
+    ::fcntl(sock.fd, F_SETFL, flags | O_NONBLOCK);
+    int err = 0;
+    if (::connect(sock.fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) < 0) {
+        if (errno != EINPROGRESS) {
+            err = errno;
+        } else {
+            pollfd p{sock.fd, POLLOUT, 0};
+            int ready;
+            do {
+                ready = ::poll(&p, 1, kConnectTimeoutMs);
+            } while (ready < 0 && errno == EINTR);
+            if (ready == 0) {
+                return Error{where + "no ggml RPC server reachable (connection timed out after " +
+                             std::to_string(kConnectTimeoutMs / 1000) + " s)"};
+            }
+            socklen_t len = sizeof err;
+            if (ready < 0 || ::getsockopt(sock.fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0) err = errno;
+        }
+    }
+    if (err != 0) return Error{where + "no ggml RPC server reachable (" + std::strerror(err) + ")"};
+    ::fcntl(sock.fd, F_SETFL, flags);
+    timeval tv{kReplyTimeoutMs / 1000, 0};
+    ::setsockopt(sock.fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    ::setsockopt(sock.fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+
+    // | cmd (1 byte) | request size (8 bytes) | conn caps (24 zero bytes: plain TCP) |
+    uint8_t request[1 + 8 + kRpcConnCapsSize] = {};
+    request[0] = kRpcCmdHello;
+    const uint64_t request_size = kRpcConnCapsSize;
+    std::memcpy(request + 1, &request_size, sizeof request_size);
+    // | response size (8 bytes) | major, minor, patch, padding, conn caps (24 bytes) |
+    uint64_t response_size = 0;
+    uint8_t response[4 + kRpcConnCapsSize] = {};
+    if (!send_all(sock.fd, request, sizeof request) || !recv_all(sock.fd, &response_size, sizeof response_size)) {
+        return Error{where +
+                     "the server did not answer the RPC handshake (not a ggml RPC server, or busy with "
+                     "another client)"};
+    }
+    if (response_size != sizeof response || !recv_all(sock.fd, response, sizeof response)) {
+        return Error{where + "not a ggml RPC server of protocol version " + std::to_string(RPC_PROTO_MAJOR_VERSION) +
+                     ".x (unexpected handshake reply)"};
+    }
+    if (response[0] != RPC_PROTO_MAJOR_VERSION || response[1] > RPC_PROTO_MINOR_VERSION) {
+        return Error{where + "the server speaks RPC protocol " + std::to_string(response[0]) + "." +
+                     std::to_string(response[1]) + "." + std::to_string(response[2]) + ", this kiln speaks " +
+                     std::to_string(RPC_PROTO_MAJOR_VERSION) + "." + std::to_string(RPC_PROTO_MINOR_VERSION) + ".x"};
+    }
+    return Status::Ok();
+}
+
+// Module aliases, keyed by the normalised spelling (lower case, no '-'/'_').
+const std::map<std::string, std::string>& module_aliases() {
+    static const std::map<std::string, std::string> aliases = {
+        {"diffusion", "diffusion"},
+        {"unet", "diffusion"},
+        {"dit", "diffusion"},
+        {"transformer", "diffusion"},
+        {"te", "te"},
+        {"clip", "te"},
+        {"textencoder", "te"},
+        {"textencoders", "te"},
+        {"condstage", "te"},
+        {"vae", "vae"},
+        {"clipvision", "clip_vision"},
+    };
+    return aliases;
+}
+
+}  // namespace
+
+const char* device_type_name(DeviceInfo::Type type) {
+    switch (type) {
+        case DeviceInfo::Cpu: return "CPU";
+        case DeviceInfo::Gpu: return "GPU";
+        case DeviceInfo::Accelerator: return "accelerator";
+        case DeviceInfo::Other: break;
+    }
+    return "other";
+}
+
+std::vector<DeviceInfo> list_devices() {
+    std::vector<DeviceInfo> devices;
+    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+        ggml_backend_dev_t dev = ggml_backend_dev_get(i);
+        DeviceInfo info;
+        info.name = ggml_backend_dev_name(dev);
+        info.description = ggml_backend_dev_description(dev);
+        info.type = to_type(ggml_backend_dev_type(dev));
+        size_t free = 0, total = 0;
+        ggml_backend_dev_memory(dev, &free, &total);
+        info.free = free;
+        info.total = total;
+        devices.push_back(std::move(info));
+    }
+    return devices;
+}
+
+Result<std::vector<std::string>> parse_rpc_endpoints(std::string_view endpoints) {
+    std::vector<std::string> out;
+    for (const std::string& endpoint : split(endpoints, ',')) {
+        if (endpoint.empty())
+            return Error{"--rpc: empty endpoint in '" + std::string(endpoints) + "' (expected host:port)"};
+        const size_t colon = endpoint.rfind(':');
+        if (colon == std::string::npos) return Error{"--rpc: " + endpoint + ": expected host:port"};
+        const std::string host = endpoint.substr(0, colon);
+        const std::string port = endpoint.substr(colon + 1);
+        if (host.empty()) return Error{"--rpc: " + endpoint + ": empty host (expected host:port)"};
+        if (host.find(':') != std::string::npos) {
+            return Error{"--rpc: " + endpoint +
+                         ": IPv6 addresses are not supported (use an IPv4 address or a host name)"};
+        }
+        const bool digits = !port.empty() && port.size() <= 5 &&
+                            std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; });
+        const long value = digits ? std::stol(port) : 0;
+        if (value < 1 || value > 65535) {
+            return Error{"--rpc: " + endpoint + ": the port must be a number from 1 to 65535, got '" + port + "'"};
+        }
+        const std::string normalised = host + ":" + std::to_string(value);
+        if (std::find(out.begin(), out.end(), normalised) == out.end()) out.push_back(normalised);
+    }
+    return out;
+}
+
+Status add_rpc_servers(const std::string& endpoints) {
+    auto parsed = parse_rpc_endpoints(endpoints);
+    if (!parsed) return parsed.error();
+    static std::mutex mutex;
+    static std::set<std::string> added;
+    std::lock_guard<std::mutex> lock(mutex);
+    for (const std::string& endpoint : *parsed) {
+        if (added.count(endpoint)) continue;
+        KILN_TRY(probe_rpc_server(endpoint));
+        ggml_backend_reg_t reg = ggml_backend_rpc_add_server(endpoint.c_str());
+        if (!reg || ggml_backend_reg_dev_count(reg) == 0) {
+            return Error{"--rpc: " + endpoint + ": the server offers no devices"};
+        }
+        ggml_backend_register(reg);
+        added.insert(endpoint);
+    }
+    return Status::Ok();
+}
+
+Result<ggml_backend_dev_t> find_device(std::string_view name) {
+    const std::string wanted = lower(trim(name));
+    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+        ggml_backend_dev_t dev = ggml_backend_dev_get(i);
+        if (lower(ggml_backend_dev_name(dev)) == wanted) return dev;
+    }
+    return Error{"unknown device '" + std::string(name) + "' (valid: " + join(registered_device_names()) + ")"};
+}
+
+const std::vector<std::string>& known_modules() {
+    static const std::vector<std::string> modules = {"diffusion", "te", "vae", "clip_vision"};
+    return modules;
+}
+
+std::string normalize_module_name(std::string_view name) {
+    std::string key;
+    for (char c : name) {
+        if (c == '-' || c == '_') continue;
+        key += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    }
+    const auto& aliases = module_aliases();
+    const auto it = aliases.find(key);
+    return it == aliases.end() ? std::string() : it->second;
+}
+
+Result<std::map<std::string, std::string>> parse_backend_assignments(std::string_view spec,
+                                                                     const std::vector<std::string>& device_names) {
+    const std::string valid_devices = "valid devices: " + join(device_names);
+    const std::string valid_modules = "valid modules: " + join(known_modules()) +
+                                      "; aliases: unet, dit, transformer, " + "clip, text_encoder, cond_stage";
+    auto resolve_device = [&](const std::string& name) -> Result<std::string> {
+        for (const std::string& d : device_names) {
+            if (lower(d) == lower(name)) return d;
+        }
+        return Error{"--backend: unknown device '" + name + "' (" + valid_devices + ")"};
+    };
+
+    const std::string whole = trim(spec);
+    if (whole.empty()) return Error{"--backend: expected a device or module=device pairs (" + valid_devices + ")"};
+    std::map<std::string, std::string> out;
+    if (whole.find('=') == std::string::npos) {
+        if (whole.find(',') != std::string::npos) {
+            return Error{"--backend: '" + whole + "': give one device, or module=device pairs such as " +
+                         "diffusion=cuda0,vae=cpu (" + valid_devices + ")"};
+        }
+        auto device = resolve_device(whole);
+        if (!device) return device.error();
+        for (const std::string& module : known_modules()) out[module] = *device;
+        return out;
+    }
+    for (const std::string& pair : split(whole, ',')) {
+        const size_t eq = pair.find('=');
+        if (eq == std::string::npos) {
+            return Error{"--backend: '" + pair + "': expected module=device when assigning modules (" + valid_modules +
+                         ")"};
+        }
+        const std::string module_text = trim(pair.substr(0, eq));
+        const std::string device_text = trim(pair.substr(eq + 1));
+        const std::string module = normalize_module_name(module_text);
+        if (module.empty()) return Error{"--backend: unknown module '" + module_text + "' (" + valid_modules + ")"};
+        if (out.count(module)) return Error{"--backend: module '" + module + "' is assigned twice"};
+        if (device_text.empty()) return Error{"--backend: " + module_text + "= needs a device (" + valid_devices + ")"};
+        auto device = resolve_device(device_text);
+        if (!device) return device.error();
+        out[module] = *device;
+    }
+    return out;
+}
+
+Result<std::map<std::string, std::string>> parse_backend_assignments(std::string_view spec) {
+    return parse_backend_assignments(spec, registered_device_names());
+}
+
+}  // namespace kiln::runtime

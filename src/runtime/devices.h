@@ -1,0 +1,74 @@
+// The compute devices ggml knows about, remote ggml RPC servers added to them
+// (`--rpc`), and the module -> device assignments of `--backend`.
+//
+// Devices live in ggml's process-wide registry: once an RPC server has been
+// added its devices (named RPC0, RPC1, ... in the order they were added) stay
+// registered for the life of the process.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ggml-backend.h"
+#include "util/result.h"
+
+namespace kiln::runtime {
+
+struct DeviceInfo {
+    enum Type { Cpu, Gpu, Accelerator, Other };
+
+    std::string name;         // ggml's name: "CPU", "CUDA0", "RPC0", ...
+    std::string description;  // ggml's description (for RPC devices: the endpoint)
+    Type type = Other;
+    uint64_t free = 0;   // bytes, as the device reports them now
+    uint64_t total = 0;  // bytes
+};
+
+// "CPU", "GPU", "accelerator", "other".
+const char* device_type_name(DeviceInfo::Type type);
+
+// Every registered ggml device, in ggml's order (GPUs first, the CPU last).
+// Memory of an RPC device is asked from its server.
+std::vector<DeviceInfo> list_devices();
+
+// Splits and validates `--rpc host:port[,host:port]` without connecting:
+// every endpoint needs a non-empty host (no ':' in it: ggml's RPC client speaks
+// IPv4 and host names only) and a decimal port from 1 to 65535. Duplicates are
+// dropped. Errors name the bad endpoint, prefixed with "--rpc: ".
+Result<std::vector<std::string>> parse_rpc_endpoints(std::string_view endpoints);
+
+// Connects to each server of `--rpc` and registers its devices with ggml.
+// Before ggml sees an endpoint (ggml aborts the process on a failed connection
+// or handshake), kiln connects to it itself with a short timeout and performs
+// the RPC handshake, so an unreachable, silent or incompatible server is an
+// Error naming the endpoint. Adding an endpoint twice is harmless.
+Status add_rpc_servers(const std::string& endpoints);
+
+// The registered device called `name` (case-insensitive: "cpu", "rpc0"); the
+// error lists the valid names.
+Result<ggml_backend_dev_t> find_device(std::string_view name);
+
+// The model modules that can be placed: "diffusion", "te", "vae", "clip_vision".
+const std::vector<std::string>& known_modules();
+
+// The canonical module name for `name`, or "" when it names no module.
+// Case-insensitive and blind to '-' and '_' (clip_vision = clip-vision =
+// ClipVision). Aliases: unet, dit, transformer -> diffusion; clip,
+// text_encoder(s), cond_stage -> te.
+std::string normalize_module_name(std::string_view name);
+
+// Parses `--backend SPEC`: either one device name (every module on it) or
+// comma-separated `module=device` pairs ("diffusion=rpc0,te=cpu,vae=cpu";
+// modules not named are left out of the map). Keys are canonical module names,
+// values the device names as `device_names` spells them. An unknown module or
+// device, a repeated module or a malformed pair is an Error, prefixed with
+// "--backend: ", that lists the valid names.
+Result<std::map<std::string, std::string>> parse_backend_assignments(std::string_view spec,
+                                                                     const std::vector<std::string>& device_names);
+// The same over the registered devices (add RPC servers first).
+Result<std::map<std::string, std::string>> parse_backend_assignments(std::string_view spec);
+
+}  // namespace kiln::runtime

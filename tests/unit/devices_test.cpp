@@ -1,0 +1,363 @@
+// Devices: module names, --backend assignments, --rpc endpoints, and end to
+// end `kiln --list-devices` and `kiln rpc-server` (a real ggml RPC server on
+// 127.0.0.1, started as a child process).
+#include "runtime/devices.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <sstream>
+#include <thread>
+
+#include "test_files.h"
+
+namespace kiln {
+namespace {
+
+using runtime::normalize_module_name;
+using runtime::parse_backend_assignments;
+using runtime::parse_rpc_endpoints;
+using test::run_command;
+using test::TempDir;
+
+std::string kiln(const std::string& args) { return std::string(KILN_BIN) + " " + args; }
+
+std::string slurp(const std::string& path) {
+    auto b = test::read_bytes(path);
+    return std::string(b.begin(), b.end());
+}
+
+// A TCP port nobody listens on right now: bind port 0, read it, release it.
+int free_port() {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = 0;
+    if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) return -1;
+    socklen_t len = sizeof addr;
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+    ::close(fd);
+    return ntohs(addr.sin_port);
+}
+
+bool accepts_connections(int port) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    const bool ok = fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+    if (fd >= 0) ::close(fd);
+    return ok;
+}
+
+// `kiln ARGS...` as a child process with stdout/stderr in files; killed and
+// reaped on destruction, whatever happened in the test.
+class KilnChild {
+  public:
+    explicit KilnChild(const std::vector<std::string>& args)
+        : out_path_(dir_.file("stdout")), err_path_(dir_.file("stderr")) {
+        pid_ = ::fork();
+        if (pid_ == 0) {
+            const int out = ::open(out_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+            const int err = ::open(err_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+            ::dup2(out, STDOUT_FILENO);
+            ::dup2(err, STDERR_FILENO);
+            std::vector<char*> argv;
+            argv.push_back(const_cast<char*>(KILN_BIN));
+            for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+            argv.push_back(nullptr);
+            ::execv(KILN_BIN, argv.data());
+            ::_exit(127);
+        }
+    }
+    ~KilnChild() { stop(); }
+    KilnChild(const KilnChild&) = delete;
+    KilnChild& operator=(const KilnChild&) = delete;
+
+    bool started() const { return pid_ > 0; }
+    // True once the child has exited (and was reaped).
+    bool exited() {
+        if (pid_ <= 0) return true;
+        if (::waitpid(pid_, &status_, WNOHANG) == pid_) pid_ = -1;
+        return pid_ <= 0;
+    }
+    // Polls until `port` accepts connections, for at most `timeout`; false if
+    // the child exited or the time ran out.
+    bool wait_listening(int port, std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+        const auto deadline = std::chrono::steady_clock::now() + timeout;
+        while (std::chrono::steady_clock::now() < deadline) {
+            if (exited()) return false;
+            if (accepts_connections(port)) return true;
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+        return false;
+    }
+    void stop() {
+        if (pid_ <= 0) return;
+        ::kill(pid_, SIGTERM);
+        for (int i = 0; i < 100 && !exited(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        if (pid_ > 0) {
+            ::kill(pid_, SIGKILL);
+            ::waitpid(pid_, &status_, 0);
+            pid_ = -1;
+        }
+    }
+    std::string out() const { return slurp(out_path_); }
+    std::string err() const { return slurp(err_path_); }
+
+  private:
+    TempDir dir_;
+    std::string out_path_, err_path_;
+    pid_t pid_ = -1;
+    int status_ = 0;
+};
+
+// --- module names and --backend ---------------------------------------------
+
+TEST(Devices, ModuleNamesIgnoreCaseDashesAndUnderscores) {
+    for (const char* name : {"clip_vision", "clip-vision", "clipvision", "Clip_Vision", "CLIP-VISION"})
+        EXPECT_EQ(normalize_module_name(name), "clip_vision") << name;
+    for (const char* name : {"diffusion", "unet", "UNet", "dit", "transformer", "Diffusion"})
+        EXPECT_EQ(normalize_module_name(name), "diffusion") << name;
+    for (const char* name : {"te", "clip", "text_encoder", "text-encoders", "TextEncoder", "cond_stage"})
+        EXPECT_EQ(normalize_module_name(name), "te") << name;
+    EXPECT_EQ(normalize_module_name("VAE"), "vae");
+    EXPECT_EQ(normalize_module_name("v_a_e"), "vae");
+    EXPECT_EQ(normalize_module_name("encoder"), "");
+    EXPECT_EQ(normalize_module_name(""), "");
+}
+
+const std::vector<std::string> kDevices = {"CUDA0", "RPC0", "CPU"};
+
+TEST(Devices, OneDeviceForEveryModule) {
+    auto a = parse_backend_assignments("cuda0", kDevices);
+    ASSERT_TRUE(a.ok()) << a.error().message;
+    const std::map<std::string, std::string> expected = {
+        {"diffusion", "CUDA0"}, {"te", "CUDA0"}, {"vae", "CUDA0"}, {"clip_vision", "CUDA0"}};
+    EXPECT_EQ(*a, expected);
+}
+
+TEST(Devices, PerModuleAssignments) {
+    auto a = parse_backend_assignments("diffusion=rpc0, TE=cpu,vae=Cpu,clip-vision=cuda0", kDevices);
+    ASSERT_TRUE(a.ok()) << a.error().message;
+    const std::map<std::string, std::string> expected = {
+        {"diffusion", "RPC0"}, {"te", "CPU"}, {"vae", "CPU"}, {"clip_vision", "CUDA0"}};
+    EXPECT_EQ(*a, expected);
+    a = parse_backend_assignments("unet=cuda0", kDevices);
+    ASSERT_TRUE(a.ok()) << a.error().message;
+    EXPECT_EQ(*a, (std::map<std::string, std::string>{{"diffusion", "CUDA0"}}));  // the others: not assigned
+}
+
+TEST(Devices, UnknownModuleListsTheValidNames) {
+    auto a = parse_backend_assignments("diffusion=cpu,upscaler=cpu", kDevices);
+    ASSERT_FALSE(a.ok());
+    EXPECT_EQ(a.error().message,
+              "--backend: unknown module 'upscaler' (valid modules: diffusion, te, vae, clip_vision; aliases: unet, "
+              "dit, transformer, clip, text_encoder, cond_stage)");
+}
+
+TEST(Devices, UnknownDeviceListsTheValidNames) {
+    auto a = parse_backend_assignments("vulkan0", kDevices);
+    ASSERT_FALSE(a.ok());
+    EXPECT_EQ(a.error().message, "--backend: unknown device 'vulkan0' (valid devices: CUDA0, RPC0, CPU)");
+    a = parse_backend_assignments("diffusion=cuda1", kDevices);
+    ASSERT_FALSE(a.ok());
+    EXPECT_EQ(a.error().message, "--backend: unknown device 'cuda1' (valid devices: CUDA0, RPC0, CPU)");
+}
+
+TEST(Devices, MalformedAssignments) {
+    EXPECT_NE(parse_backend_assignments("unet=cpu,diffusion=cpu", kDevices).error().message.find("assigned twice"),
+              std::string::npos);
+    EXPECT_NE(parse_backend_assignments("diffusion=cpu,cuda0", kDevices).error().message.find("expected module=device"),
+              std::string::npos);
+    EXPECT_NE(parse_backend_assignments("vae=", kDevices).error().message.find("needs a device"), std::string::npos);
+    EXPECT_NE(parse_backend_assignments("cpu,cuda0", kDevices).error().message.find("give one device"),
+              std::string::npos);
+    EXPECT_FALSE(parse_backend_assignments("", kDevices).ok());
+}
+
+TEST(Devices, RegisteredDevices) {
+    auto cpu = runtime::find_device("cpu");
+    ASSERT_TRUE(cpu.ok()) << cpu.error().message;
+    EXPECT_EQ(ggml_backend_dev_type(*cpu), GGML_BACKEND_DEVICE_TYPE_CPU);
+    auto missing = runtime::find_device("cuda7");
+    ASSERT_FALSE(missing.ok());
+    EXPECT_EQ(missing.error().message.rfind("unknown device 'cuda7' (valid: ", 0), 0u) << missing.error().message;
+    EXPECT_NE(missing.error().message.find("CPU"), std::string::npos);
+    bool saw_cpu = false;
+    for (const auto& d : runtime::list_devices()) {
+        if (d.type == runtime::DeviceInfo::Cpu) {
+            saw_cpu = true;
+            EXPECT_GT(d.total, 0u);
+        }
+    }
+    EXPECT_TRUE(saw_cpu);
+    auto a = parse_backend_assignments("diffusion=CPU");
+    ASSERT_TRUE(a.ok()) << a.error().message;
+}
+
+// --- --rpc endpoints ---------------------------------------------------------
+
+TEST(Devices, RpcEndpoints) {
+    auto e = parse_rpc_endpoints("127.0.0.1:50052, gpu-box:8080,127.0.0.1:50052");
+    ASSERT_TRUE(e.ok()) << e.error().message;
+    EXPECT_EQ(*e, (std::vector<std::string>{"127.0.0.1:50052", "gpu-box:8080"}));
+    EXPECT_EQ(parse_rpc_endpoints("host").error().message, "--rpc: host: expected host:port");
+    EXPECT_EQ(parse_rpc_endpoints(":1").error().message, "--rpc: :1: empty host (expected host:port)");
+    EXPECT_EQ(parse_rpc_endpoints("h:65536").error().message,
+              "--rpc: h:65536: the port must be a number from 1 to 65535, got '65536'");
+    EXPECT_EQ(parse_rpc_endpoints("h:x1").error().message,
+              "--rpc: h:x1: the port must be a number from 1 to 65535, got 'x1'");
+    EXPECT_FALSE(parse_rpc_endpoints("h:1,").ok());
+    EXPECT_FALSE(parse_rpc_endpoints("::1:80").ok());
+}
+
+// --- end to end -----------------------------------------------------------------
+
+TEST(Devices, ListDevicesShowsTheCpu) {
+    auto r = run_command(kiln("--list-devices"));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    std::istringstream lines(r.out);
+    std::string line;
+    bool saw_cpu = false;
+    while (std::getline(lines, line)) {
+        if (line.rfind("CPU ", 0) == 0) {
+            saw_cpu = true;
+            EXPECT_NE(line.find(" CPU "), std::string::npos) << line;  // its type
+            EXPECT_NE(line.find("iB "), std::string::npos) << line;    // free and total, e.g. "23.54 GiB"
+        }
+    }
+    EXPECT_TRUE(saw_cpu) << r.out;
+}
+
+TEST(Devices, UnreachableRpcServerIsACleanError) {
+    auto r = run_command(kiln("--rpc 127.0.0.1:1 --list-devices"));
+    EXPECT_EQ(r.exit_code, 1) << r.out << r.err;  // not a crash (-1) or an abort
+    EXPECT_EQ(r.err.rfind("error: --rpc: 127.0.0.1:1: no ggml RPC server reachable", 0), 0u) << r.err;
+    EXPECT_EQ(r.out, "");
+    r = run_command(kiln("--rpc 127.0.0.1:1 -p x --steps 1"));
+    EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+    EXPECT_NE(r.err.find("127.0.0.1:1"), std::string::npos) << r.err;
+}
+
+TEST(Devices, NotAnRpcServerIsACleanError) {
+    // Something that accepts connections but never answers the handshake.
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    ASSERT_EQ(::listen(fd, 4), 0);
+    socklen_t len = sizeof addr;
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+    const std::string endpoint = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+    auto r = run_command(kiln("--rpc " + endpoint + " --list-devices"));
+    ::close(fd);
+    EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+    EXPECT_EQ(r.err.rfind("error: --rpc: " + endpoint + ": the server did not answer the RPC handshake", 0), 0u)
+        << r.err;
+}
+
+TEST(Devices, RpcServerServesTheCpuAsAGpuTypeDevice) {
+    const int port = free_port();
+    ASSERT_GT(port, 0);
+    KilnChild server({"rpc-server", "--port", std::to_string(port), "-t", "1"});
+    ASSERT_TRUE(server.started());
+    ASSERT_TRUE(server.wait_listening(port)) << server.out() << server.err();
+
+    const std::string endpoint = "127.0.0.1:" + std::to_string(port);
+    auto r = run_command(kiln("--rpc " + endpoint + " --list-devices"));
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    std::istringstream lines(r.out);
+    std::string line;
+    bool saw_rpc = false;
+    while (std::getline(lines, line)) {
+        if (line.rfind("RPC0 ", 0) != 0) continue;
+        saw_rpc = true;
+        std::istringstream fields(line);
+        std::string name, type, free_value, free_unit, total_value, total_unit, description;
+        fields >> name >> type >> free_value >> free_unit >> total_value >> total_unit >> description;
+        EXPECT_EQ(type, "GPU") << line;
+        EXPECT_GT(std::stod(total_value), 0.0) << line;
+        EXPECT_NE(total_unit, "B") << line;  // at least KiB
+        EXPECT_EQ(description, endpoint) << line;
+    }
+    EXPECT_TRUE(saw_rpc) << r.out;
+
+    // A module placed on the RPC device is refused, not silently computed on the CPU.
+    r = run_command(kiln("--rpc " + endpoint + " --backend diffusion=rpc0,te=cpu,vae=cpu -p x --steps 1"));
+    EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+    EXPECT_NE(r.err.find("placing modules on RPC0 is not implemented yet (issue 5)"), std::string::npos) << r.err;
+    EXPECT_FALSE(server.exited()) << server.err();
+}
+
+TEST(Devices, UnknownBackendDeviceIsAUsageError) {
+    auto r = run_command(kiln("--backend cuda0 -p x --steps 1"));
+    EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+    EXPECT_EQ(r.err.rfind("error: --backend: unknown device 'cuda0' (valid devices: ", 0), 0u) << r.err;
+    EXPECT_NE(r.err.find("CPU"), std::string::npos) << r.err;
+    r = run_command(kiln("--backend vision=cpu -p x --steps 1"));
+    EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+    EXPECT_EQ(r.err.rfind("error: --backend: unknown module 'vision' (valid modules: ", 0), 0u) << r.err;
+}
+
+TEST(Devices, RpcServerWarnsWhenNotOnLoopback) {
+    const int port = free_port();
+    ASSERT_GT(port, 0);
+    KilnChild server({"rpc-server", "--host", "0.0.0.0", "--port", std::to_string(port), "-t", "1"});
+    ASSERT_TRUE(server.wait_listening(port)) << server.out() << server.err();
+    server.stop();
+    const std::string all = server.out() + server.err();
+    EXPECT_NE(all.find("no authentication"), std::string::npos) << all;
+    EXPECT_NE(all.find("anyone who can reach port " + std::to_string(port)), std::string::npos) << all;
+}
+
+TEST(Devices, RpcServerOnLoopbackDoesNotWarn) {
+    const int port = free_port();
+    ASSERT_GT(port, 0);
+    KilnChild server({"rpc-server", "--port", std::to_string(port), "-t", "1"});
+    ASSERT_TRUE(server.wait_listening(port)) << server.out() << server.err();
+    server.stop();
+    EXPECT_EQ((server.out() + server.err()).find("no authentication"), std::string::npos);
+    EXPECT_NE(server.out().find("serving CPU"), std::string::npos) << server.out();
+}
+
+TEST(Devices, RpcServerBadFlagsAreUsageErrors) {
+    auto r = run_command(kiln("rpc-server --device nosuchdevice --port 1"));
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_EQ(r.err.rfind("error: --device: unknown device 'nosuchdevice' (valid: ", 0), 0u) << r.err;
+    r = run_command(kiln("rpc-server --port 99999"));
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_EQ(r.err.rfind("error: --port: ", 0), 0u) << r.err;
+    r = run_command(kiln("rpc-server --host not-an-ip"));
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_EQ(r.err.rfind("error: --host: ", 0), 0u) << r.err;
+}
+
+TEST(Devices, RpcServerOnABusyPortFails) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    ASSERT_EQ(::listen(fd, 1), 0);
+    socklen_t len = sizeof addr;
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+    const int port = ntohs(addr.sin_port);
+    auto r = run_command(kiln("rpc-server --port " + std::to_string(port)));
+    ::close(fd);
+    EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+    EXPECT_EQ(r.err.rfind("error: --port: cannot listen on 127.0.0.1:" + std::to_string(port), 0), 0u) << r.err;
+}
+
+}  // namespace
+}  // namespace kiln
