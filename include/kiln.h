@@ -46,6 +46,8 @@ typedef struct {
     const char* embeddings_dir;       /* --embd-dir: textual-inversion embeddings, or NULL */
     const char* weight_type;          /* --type ("f32", "q8_0", ...), or NULL to keep the file's */
     const char* prediction;           /* "eps", "v", or NULL (the model's) */
+    const char* rpc_servers;          /* --rpc "host:port[,host:port]": remote ggml devices, or NULL */
+    const char* backend;              /* --backend "rpc0" or "diffusion=rpc0,te=cpu,vae=cpu", or NULL (CPU) */
     int n_threads;                    /* <= 0: all cores */
 } kiln_context_params;
 

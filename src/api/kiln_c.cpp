@@ -14,6 +14,7 @@
 #include "io/tensor_convert.h"
 #include "kiln.h"
 #include "pipeline/generate.h"
+#include "runtime/devices.h"
 #include "util/log.h"
 
 struct kiln_context {
@@ -108,6 +109,21 @@ kiln_context* kiln_context_create(const kiln_context_params* params, char** erro
                 fail(error, "--prediction: unknown prediction '" + p + "' (valid: eps, v)");
                 return nullptr;
             }
+        }
+        if (params->rpc_servers && *params->rpc_servers) {
+            if (kiln::Status s = kiln::runtime::add_rpc_servers(params->rpc_servers); !s.ok()) {
+                fail(error, s.error().message);
+                return nullptr;
+            }
+        }
+        if (params->backend && *params->backend) {
+            auto placement = kiln::runtime::parse_backend_assignments(params->backend);
+            if (!placement.ok()) {
+                fail(error, placement.error().message);
+                return nullptr;
+            }
+            // One device for everything parses as every module on it.
+            options.placement = std::move(placement).value();
         }
         kiln::log_capture_ggml();
         auto model = kiln::pipeline::StableDiffusionModel::load(paths, options);

@@ -52,7 +52,7 @@ Result<Conditioning> encode_prompt(StableDiffusionModel& model, const std::strin
                                    extra.vectors.data(), "embeddings");
     }
     ggml_tensor* out = clip.build(session.ctx(), tokens, skip, extra_rows);
-    KILN_TRY(session.run(model.compute(), out));
+    KILN_TRY(session.run(model.text_encoder_compute(), out));
 
     Conditioning c;
     c.hidden = runtime::GraphSession::read(out);  // [width, length, batch] = batch x length rows

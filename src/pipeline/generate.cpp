@@ -108,7 +108,7 @@ Result<std::vector<float>> run_unet(StableDiffusionModel& model, const std::vect
     ggml_tensor* tin = session.input(GGML_TYPE_F32, {batch}, timesteps.data(), "timesteps");
     ggml_tensor* cin = session.input(GGML_TYPE_F32, {cond.width, cond.tokens, batch}, context.data(), "context");
     ggml_tensor* out = model.unet().build(session.ctx(), xin, tin, cin, p.flash_attention);
-    KILN_TRY(session.run(model.compute(), out));
+    KILN_TRY(session.run(model.diffusion_compute(), out));
     std::vector<float> output = runtime::GraphSession::read(out);
 
     std::vector<float> guided(static_cast<size_t>(latent_values));
@@ -134,7 +134,7 @@ Result<std::vector<float>> run_vae(StableDiffusionModel& model, bool decode, con
     ggml_tensor* in = session.input(GGML_TYPE_F32, {w, h, channels, 1}, input.data(), decode ? "latent" : "image");
     ggml_tensor* out =
         decode ? model.vae().build_decoder(session.ctx(), in) : model.vae().build_encoder(session.ctx(), in);
-    Status status = session.run(model.compute(), out);
+    Status status = session.run(model.vae_compute(), out);
     if (status.ok()) return runtime::GraphSession::read(out);
     if (status.error().message.rfind("out of memory", 0) != 0) return status.error();
     KILN_LOG_WARN("VAE %s: %s; retrying with tiling", decode ? "decode" : "encode", status.error().message.c_str());

@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "io/model_summary.h"
+#include "runtime/devices.h"
 #include "util/log.h"
 
 namespace fs = std::filesystem;
@@ -160,11 +161,38 @@ Result<std::unique_ptr<StableDiffusionModel>> StableDiffusionModel::load(const M
                          m->embeddings_.rows());
     }
 
-    auto compute = runtime::CpuCompute::create(options.threads);
-    if (!compute.ok()) return compute.error();
-    m->compute_ = std::move(compute).value();
-    for (runtime::ModuleWeights* w : {&m->clip_->weights(), &m->unet_->weights(), &m->vae_->weights()}) {
-        KILN_TRY(w->load(m->compute_->cpu()));
+    // One compute per device; modules placed on the same device share it.
+    std::map<std::string, runtime::Compute*> by_device;
+    auto compute_for = [&](const std::string& module) -> Result<runtime::Compute*> {
+        auto it = options.placement.find(module);
+        const std::string device_name = it == options.placement.end() ? "CPU" : it->second;
+        if (auto found = by_device.find(device_name); found != by_device.end()) return found->second;
+        ggml_backend_dev_t device = nullptr;
+        if (device_name != "CPU") {
+            auto dev = runtime::find_device(device_name);
+            if (!dev.ok()) return Error{"--backend: " + dev.error().message};
+            device = *dev;
+        }
+        auto compute = runtime::Compute::create(device, options.threads);
+        if (!compute.ok()) return compute.error();
+        m->computes_.push_back(std::move(compute).value());
+        by_device[device_name] = m->computes_.back().get();
+        return m->computes_.back().get();
+    };
+    struct Module {
+        const char* name;
+        runtime::Compute** compute;
+        runtime::ModuleWeights* weights;
+    };
+    for (const Module& module : {Module{"te", &m->te_compute_, &m->clip_->weights()},
+                                 Module{"diffusion", &m->diffusion_compute_, &m->unet_->weights()},
+                                 Module{"vae", &m->vae_compute_, &m->vae_->weights()}}) {
+        auto compute = compute_for(module.name);
+        if (!compute.ok()) return compute.error();
+        *module.compute = *compute;
+        KILN_TRY(module.weights->load((*compute)->weights_backend()));
+        KILN_LOG_VERBOSE("%s: %s, %.1f MiB of weights", module.name, (*compute)->device_name().c_str(),
+                         static_cast<double>(module.weights->bytes()) / (1024.0 * 1024.0));
     }
     KILN_LOG_VERBOSE("loaded %s (%s): text encoder %zu tensors, UNet %zu, VAE %zu", m->name_.c_str(),
                      m->family_.c_str(), m->clip_->weights().count(), m->unet_->weights().count(),

@@ -3,6 +3,7 @@
 // which family come from the tensors (io/model_summary.h, models/*).
 #pragma once
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -15,7 +16,7 @@
 #include "pipeline/clip_tokenizer.h"
 #include "pipeline/denoiser.h"
 #include "pipeline/embeddings.h"
-#include "runtime/cpu_compute.h"
+#include "runtime/compute.h"
 #include "util/result.h"
 
 namespace kiln::pipeline {
@@ -33,6 +34,9 @@ struct ModelOptions {
     std::optional<ggml_type> weight_type;  // --type
     std::optional<Prediction> prediction;  // --prediction; default: metadata, else eps
     int threads = 0;
+    // --backend: module ("diffusion", "te", "vae") -> ggml device name; a
+    // module not named computes on the CPU.
+    std::map<std::string, std::string> placement;
 };
 
 // Defaults a model file may carry in its metadata ("kiln.default.*").
@@ -68,7 +72,10 @@ class StableDiffusionModel {
     const models::ClipTextEncoder& text_encoder() const { return *clip_; }
     const models::Unet& unet() const { return *unet_; }
     const models::Vae& vae() const { return *vae_; }
-    runtime::CpuCompute& compute() { return *compute_; }
+    // Where each module's graphs run (several modules may share one).
+    runtime::Compute& text_encoder_compute() { return *te_compute_; }
+    runtime::Compute& diffusion_compute() { return *diffusion_compute_; }
+    runtime::Compute& vae_compute() { return *vae_compute_; }
 
   private:
     StableDiffusionModel() = default;
@@ -85,7 +92,10 @@ class StableDiffusionModel {
     std::unique_ptr<models::ClipTextEncoder> clip_;
     std::unique_ptr<models::Unet> unet_;
     std::unique_ptr<models::Vae> vae_;
-    std::unique_ptr<runtime::CpuCompute> compute_;
+    std::vector<std::unique_ptr<runtime::Compute>> computes_;  // one per device used
+    runtime::Compute* te_compute_ = nullptr;
+    runtime::Compute* diffusion_compute_ = nullptr;
+    runtime::Compute* vae_compute_ = nullptr;
 };
 
 }  // namespace kiln::pipeline

@@ -168,7 +168,7 @@ Result<std::vector<float>> decode_tiled(StableDiffusionModel& model, const std::
         runtime::GraphSession session;
         ggml_tensor* in = session.input(GGML_TYPE_F32, {w, h, vc.latent_channels, 1}, z.data(), "latent");
         ggml_tensor* out = model.vae().build_decoder(session.ctx(), in);
-        KILN_TRY(session.run(model.compute(), out));
+        KILN_TRY(session.run(model.vae_compute(), out));
         return runtime::GraphSession::read(out);
     };
     return run_tiled(latent, map, tiling, fn, stats);
@@ -197,7 +197,7 @@ Result<std::vector<float>> encode_tiled(StableDiffusionModel& model, const std::
         runtime::GraphSession session;
         ggml_tensor* in = session.input(GGML_TYPE_F32, {w * d, h * d, vc.image_channels, 1}, pixels.data(), "image");
         ggml_tensor* out = model.vae().build_encoder(session.ctx(), in);
-        KILN_TRY(session.run(model.compute(), out));
+        KILN_TRY(session.run(model.vae_compute(), out));
         return runtime::GraphSession::read(out);
     };
     return run_tiled(image, map, tiling, fn, stats);

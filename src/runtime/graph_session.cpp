@@ -25,7 +25,7 @@ ggml_tensor* GraphSession::input(ggml_type type, const std::vector<int64_t>& ne,
     return t;
 }
 
-Status GraphSession::run(CpuCompute& compute, ggml_tensor* output, bool keep_cuts) {
+Status GraphSession::run(Compute& compute, ggml_tensor* output, bool keep_cuts) {
     graph_ = ggml_new_graph_custom(ctx_, max_nodes_, false);
     ggml_set_output(output);
     ggml_build_forward_expand(graph_, output);

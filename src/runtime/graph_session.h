@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "ggml.h"
-#include "runtime/cpu_compute.h"
+#include "runtime/compute.h"
 #include "util/result.h"
 
 namespace kiln::runtime {
@@ -28,7 +28,7 @@ class GraphSession {
 
     // Builds the graph that ends at `output` and runs it. With keep_cuts,
     // every "cut:" tensor stays readable after the run.
-    Status run(CpuCompute& compute, ggml_tensor* output, bool keep_cuts = false);
+    Status run(Compute& compute, ggml_tensor* output, bool keep_cuts = false);
 
     // The graph's tensor called `name` ("cut:input_blocks.3"), or nullptr.
     ggml_tensor* find(const std::string& name) const;

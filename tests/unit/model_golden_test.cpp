@@ -38,8 +38,8 @@ GoldenModel open_golden(const std::string& name) {
     return GoldenModel{std::move(weights).value(), std::move(io).value()};
 }
 
-std::unique_ptr<runtime::CpuCompute> cpu() {
-    auto c = runtime::CpuCompute::create(1);  // ctest runs tests in parallel
+std::unique_ptr<runtime::Compute> cpu() {
+    auto c = runtime::Compute::create(1);  // ctest runs tests in parallel
     if (!c.ok()) throw std::runtime_error(c.error().message);
     return std::move(c).value();
 }
@@ -53,7 +53,7 @@ TEST_P(ModelGolden, ClipTextEncoderMatchesReference) {
         m.weights, sd2 ? "cond_stage_model.model." : "cond_stage_model.transformer.", GGML_TYPE_F32);
     ASSERT_TRUE(clip.ok()) << clip.error().message;
     auto compute = cpu();
-    ASSERT_TRUE((*clip)->weights().load(compute->cpu()).ok());
+    ASSERT_TRUE((*clip)->weights().load(compute->weights_backend()).ok());
     const auto tokens = fixture_tensor(m.io, "clip.tokens");
     std::vector<int32_t> ids(tokens.values.begin(), tokens.values.end());
     for (int skip : {1, 2}) {
@@ -72,7 +72,7 @@ TEST_P(ModelGolden, UnetMatchesReferenceBlockByBlock) {
     auto unet = models::Unet::create(m.weights, "model.diffusion_model.", GGML_TYPE_F32);
     ASSERT_TRUE(unet.ok()) << unet.error().message;
     auto compute = cpu();
-    auto status = (*unet)->weights().load(compute->cpu());
+    auto status = (*unet)->weights().load(compute->weights_backend());
     ASSERT_TRUE(status.ok()) << status.error().message;
     const auto x = fixture_tensor(m.io, "unet.x");
     const auto t = fixture_tensor(m.io, "unet.t");
@@ -109,7 +109,7 @@ TEST_P(ModelGolden, VaeDecoderAndEncoderMatchReference) {
     auto vae = models::Vae::create(m.weights, "first_stage_model.", GGML_TYPE_F32);
     ASSERT_TRUE(vae.ok()) << vae.error().message;
     auto compute = cpu();
-    ASSERT_TRUE((*vae)->weights().load(compute->cpu()).ok());
+    ASSERT_TRUE((*vae)->weights().load(compute->weights_backend()).ok());
 
     // Each run reuses the scheduler's buffers, so a session's blocks are
     // checked before the next session runs.

@@ -227,7 +227,7 @@ class VaeTilingModel : public ::testing::Test {
         runtime::GraphSession session;
         ggml_tensor* in = session.input(GGML_TYPE_F32, {w, h, 4, 1}, z.data());
         ggml_tensor* out = model().vae().build_decoder(session.ctx(), in);
-        Status s = session.run(model().compute(), out);
+        Status s = session.run(model().vae_compute(), out);
         EXPECT_TRUE(s.ok()) << s.error().message;
         return runtime::GraphSession::read(out);
     }
@@ -235,7 +235,7 @@ class VaeTilingModel : public ::testing::Test {
         runtime::GraphSession session;
         ggml_tensor* in = session.input(GGML_TYPE_F32, {w, h, 3, 1}, image.data());
         ggml_tensor* out = model().vae().build_encoder(session.ctx(), in);
-        Status s = session.run(model().compute(), out);
+        Status s = session.run(model().vae_compute(), out);
         EXPECT_TRUE(s.ok()) << s.error().message;
         return runtime::GraphSession::read(out);
     }

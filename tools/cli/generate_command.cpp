@@ -60,9 +60,9 @@ struct Progress {
     }
 };
 
-// --rpc and --backend: adds the RPC servers and validates the placement. Every
-// module still computes on the CPU, so a placement on any other device is
-// refused rather than silently ignored.
+// --rpc and --backend checked before the (slow) model load: unreachable
+// servers and unknown modules or devices fail fast. The C API places the
+// modules.
 int check_devices(const Options& options) {
     if (!options.rpc_servers.empty()) {
         if (Status s = runtime::add_rpc_servers(options.rpc_servers); !s) {
@@ -70,27 +70,11 @@ int check_devices(const Options& options) {
             return kExitFailure;
         }
     }
-    if (options.backend.empty()) {
-        if (!options.rpc_servers.empty())
-            KILN_LOG_WARN("--rpc: generation does not use RPC devices yet (issue 5); computing on the CPU");
-        return kExitOk;
-    }
+    if (options.backend.empty()) return kExitOk;
     auto assignments = runtime::parse_backend_assignments(options.backend);
     if (!assignments) {
         KILN_LOG_ERROR("%s", assignments.error().message.c_str());
         return kExitUsage;
-    }
-    for (const auto& [module, device_name] : *assignments) {
-        auto device = runtime::find_device(device_name);
-        if (!device) {  // parse_backend_assignments checked the name: not expected
-            KILN_LOG_ERROR("--backend: %s", device.error().message.c_str());
-            return kExitUsage;
-        }
-        if (ggml_backend_dev_type(*device) != GGML_BACKEND_DEVICE_TYPE_CPU) {
-            KILN_LOG_ERROR("--backend: placing modules on %s is not implemented yet (issue 5); %s would need it",
-                           device_name.c_str(), module.c_str());
-            return kExitFailure;
-        }
     }
     return kExitOk;
 }
@@ -153,6 +137,8 @@ int run_generate(const Options& options) {
     cp.weight_type = options.weight_type.empty() ? nullptr : options.weight_type.c_str();
     cp.prediction = options.prediction.empty() ? nullptr : options.prediction.c_str();
     cp.n_threads = options.threads;
+    cp.rpc_servers = options.rpc_servers.empty() ? nullptr : options.rpc_servers.c_str();
+    cp.backend = options.backend.empty() ? nullptr : options.backend.c_str();
 
     kiln_image* init = nullptr;
     if (!options.init_image.empty()) {

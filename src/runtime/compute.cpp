@@ -1,4 +1,4 @@
-#include "runtime/cpu_compute.h"
+#include "runtime/compute.h"
 
 #include <cstdlib>
 #include <thread>
@@ -16,13 +16,20 @@ namespace kiln::runtime {
 // Graphs of the full-size UNet hold tens of thousands of nodes.
 constexpr size_t kMaxGraphNodes = 65536;
 
-Result<std::unique_ptr<CpuCompute>> CpuCompute::create(int threads) {
-    std::unique_ptr<CpuCompute> c(new CpuCompute());
+Result<std::unique_ptr<Compute>> Compute::create(ggml_backend_dev_t device, int threads) {
+    std::unique_ptr<Compute> c(new Compute());
     c->threads_ = threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     c->cpu_ = ggml_backend_cpu_init();
     if (!c->cpu_) return Error{"cannot initialise ggml's CPU backend"};
     ggml_backend_cpu_set_n_threads(c->cpu_, c->threads_);
     std::vector<ggml_backend_t> backends;
+    if (device && ggml_backend_dev_type(device) != GGML_BACKEND_DEVICE_TYPE_CPU) {
+        c->device_ = ggml_backend_dev_init(device, nullptr);
+        if (!c->device_) return Error{std::string("cannot initialise device ") + ggml_backend_dev_name(device)};
+        c->device_dev_ = device;
+        c->device_name_ = ggml_backend_dev_name(device);
+        backends.push_back(c->device_);
+    }
 #ifdef GGML_USE_BLAS
     c->blas_ = getenv("KILN_NO_BLAS") ? nullptr : ggml_backend_blas_init();
     if (c->blas_) {
@@ -37,20 +44,38 @@ Result<std::unique_ptr<CpuCompute>> CpuCompute::create(int threads) {
     return c;
 }
 
-CpuCompute::~CpuCompute() {
+Compute::~Compute() {
     if (sched_) ggml_backend_sched_free(sched_);
     if (blas_) ggml_backend_free(blas_);
     if (cpu_) ggml_backend_free(cpu_);
+    if (device_) ggml_backend_free(device_);
 }
 
-Status CpuCompute::compute(ggml_cgraph* graph, const std::function<void()>& upload_inputs) {
-    // Measure first: a failed allocation inside ggml's allocator leaves the
-    // scheduler unusable (and unsafe to free), while a measured graph that
-    // does not fit is a plain error and the next job still runs.
+Status Compute::compute(ggml_cgraph* graph, const std::function<void()>& upload_inputs) {
+    if (device_) {
+        // On a device, measure-then-reserve on this scheduler loses the copies
+        // of graph inputs that feed the device's split (seen with RPC), so
+        // the graph is allocated directly. Budgets and measured plans for
+        // devices are the memory system's job (issue 5).
+        ggml_backend_sched_reset(sched_);
+        if (!ggml_backend_sched_alloc_graph(sched_, graph)) {
+            return Error{"out of memory on " + device_name_ + " allocating the compute buffers of a graph of " +
+                         std::to_string(ggml_graph_n_nodes(graph)) + " nodes"};
+        }
+        if (upload_inputs) upload_inputs();
+        const ggml_status status = ggml_backend_sched_graph_compute(sched_, graph);
+        if (status != GGML_STATUS_SUCCESS) {
+            return Error{std::string("graph compute failed on ") + device_name_ + ": " + ggml_status_to_string(status)};
+        }
+        return Status::Ok();
+    }
+    // On the CPU, measure first: a failed allocation inside ggml's allocator
+    // leaves the scheduler unusable (and unsafe to free), while a measured
+    // graph that does not fit is a plain error and the next job still runs.
     std::vector<size_t> sizes(static_cast<size_t>(ggml_backend_sched_get_n_backends(sched_)), 0);
     ggml_backend_sched_reserve_size(sched_, graph, sizes.data());
     uint64_t needed = 0;
-    for (size_t s : sizes) needed = needed + s < needed ? UINT64_MAX : needed + s;
+    for (size_t size : sizes) needed = needed + size < needed ? UINT64_MAX : needed + size;
     const uint64_t available = host_available_bytes();
     if (needed > available) {
         return Error{"out of memory: this step needs " + human_bytes(needed) + " of compute buffers, " +

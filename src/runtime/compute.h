@@ -1,0 +1,52 @@
+// Runs ggml graphs for one module on one compute device. The scheduler runs
+// over [device, BLAS, CPU]: the device (when it is not the CPU) takes every op
+// it supports, large CPU matrix products and convolutions (im2col + matmul)
+// reach OpenBLAS, everything else runs on ggml's CPU kernels. Budgets,
+// residency and segments (DESIGN.md, the memory system) build on this later.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "ggml-backend.h"
+#include "util/result.h"
+
+namespace kiln::runtime {
+
+class Compute {
+  public:
+    // A compute on `device` (nullptr or a CPU device: this machine's CPU).
+    // threads <= 0: the number of cores.
+    static Result<std::unique_ptr<Compute>> create(ggml_backend_dev_t device, int threads);
+    static Result<std::unique_ptr<Compute>> create(int threads) { return create(nullptr, threads); }
+    ~Compute();
+    Compute(const Compute&) = delete;
+    Compute& operator=(const Compute&) = delete;
+
+    // The backend the module's weights are loaded for: the device's, or the CPU.
+    ggml_backend_t weights_backend() const { return device_ ? device_ : cpu_; }
+    ggml_backend_t cpu() const { return cpu_; }
+    // "CPU", "RPC0", ...
+    const std::string& device_name() const { return device_name_; }
+    // Measures the graph's buffers (an error if they cannot fit), allocates
+    // them, calls `upload_inputs` (which writes the input tensors with
+    // ggml_backend_tensor_set), computes, and keeps the results readable
+    // until the next compute() call. The graph's context must have been
+    // created with no_alloc = true.
+    Status compute(ggml_cgraph* graph, const std::function<void()>& upload_inputs);
+    int threads() const { return threads_; }
+
+  private:
+    Compute() = default;
+    ggml_backend_t device_ = nullptr;  // null when computing on the CPU
+    ggml_backend_dev_t device_dev_ = nullptr;
+    ggml_backend_t cpu_ = nullptr;
+    ggml_backend_t blas_ = nullptr;  // null when built without KILN_BLAS or with KILN_NO_BLAS set
+    ggml_backend_sched_t sched_ = nullptr;
+    ggml_backend_sched_t measure_sched_ = nullptr;
+    std::string device_name_ = "CPU";
+    int threads_ = 1;
+};
+
+}  // namespace kiln::runtime
