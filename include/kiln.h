@@ -76,7 +76,8 @@ typedef struct {
     char* parameters; /* A1111 "parameters" text; NULL if none */
 } kiln_image;
 
-/* Called after each denoising step: image index in the batch, steps done, total. */
+/* Called with step 0 when an image's sampling starts, then after each
+ * denoising step: image index in the batch, steps done, total. */
 typedef void (*kiln_progress_callback)(int image, int step, int steps, void* user_data);
 
 typedef struct {

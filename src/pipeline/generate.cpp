@@ -352,6 +352,8 @@ Result<std::vector<GeneratedImage>> generate(StableDiffusionModel& model, const 
         ProgressFn progress = [&](int step, int total) {
             if (on_step) on_step(i, step, total);
         };
+        // Step 0: sampling of this image starts now (front-ends time from here).
+        if (on_step) on_step(i, 0, static_cast<int>(sigmas.size()) - 1);
         auto latent = sample_latent(model, run, std::move(x), *cond, uncond ? &*uncond : nullptr, *rng, progress);
         if (!latent.ok()) return latent.error();
         auto img = decode_latent(model, *latent, p, request.vae_tiling);

@@ -50,7 +50,8 @@ struct GeneratedImage {
     image::GenerationInfo info;  // for the PNG "parameters" chunk
 };
 
-// Called after each denoising step of each image: (image index, step, total steps).
+// Called with step 0 when an image's sampling starts, then after each
+// denoising step: (image index, steps done, total steps).
 using StepCallback = std::function<void(int image, int step, int total)>;
 
 // Errors (each names the parameter and the valid range or names): width or

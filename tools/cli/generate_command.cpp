@@ -42,9 +42,10 @@ struct Progress {
     static void on_step(int image, int step, int steps, void* user_data) {
         auto* self = static_cast<Progress*>(user_data);
         const auto now = std::chrono::steady_clock::now();
-        if (image != self->last_image) {
+        if (step == 0 || image != self->last_image) {
             self->last_image = image;
             self->start = now;
+            return;
         }
         const double elapsed = std::chrono::duration<double>(now - self->start).count();
         const double rate = elapsed > 0 ? step / elapsed : 0.0;
