@@ -72,10 +72,22 @@ Result<Plan> plan_request(const StableDiffusionModel& model, const GenerationReq
     return p;
 }
 
+// The UNet graph of one sampling run: built at the first step and reused by
+// every later one (same shapes; only x, the timestep and nothing else change),
+// so a step costs no graph build and, with nothing else computed in between,
+// no new allocation.
+struct UnetGraph {
+    std::unique_ptr<runtime::GraphSession> session;
+    ggml_tensor* x = nullptr;
+    ggml_tensor* timesteps = nullptr;
+    ggml_tensor* out = nullptr;
+};
+
 // One UNet evaluation of a batch: the conditional pass and, with CFG, the
 // unconditional one, as one batch of two so every weight is read once.
 Result<std::vector<float>> run_unet(StableDiffusionModel& model, const std::vector<float>& x, float sigma,
-                                    const SamplingRun& p, const Conditioning& cond, const Conditioning* uncond) {
+                                    const SamplingRun& p, const Conditioning& cond, const Conditioning* uncond,
+                                    UnetGraph& graph) {
     const models::UnetConfig& uc = model.unet().config();
     const Scalings s = get_scalings(model.prediction(), sigma);
     const float t = DiscreteSchedule::stable_diffusion().sigma_to_t(sigma);
@@ -83,8 +95,9 @@ Result<std::vector<float>> run_unet(StableDiffusionModel& model, const std::vect
     const int64_t plane = p.latent_w * p.latent_h;
     const int64_t latent_values = plane * uc.out_channels;
     if (static_cast<int64_t>(x.size()) != latent_values) return Error{"latent has the wrong size for the UNet"};
-    if (uncond && uncond->tokens != cond.tokens)
+    if (uncond && uncond->tokens != cond.tokens) {
         return Error{"conditional and unconditional contexts differ in length"};
+    }
 
     std::vector<float> input(static_cast<size_t>(plane * uc.in_channels * batch), 0.0f);
     for (int64_t b = 0; b < batch; ++b) {
@@ -100,16 +113,21 @@ Result<std::vector<float>> run_unet(StableDiffusionModel& model, const std::vect
         }
     }
     std::vector<float> timesteps(static_cast<size_t>(batch), t);
-    std::vector<float> context(cond.hidden);
-    if (uncond) context.insert(context.end(), uncond->hidden.begin(), uncond->hidden.end());
-
-    runtime::GraphSession session;
-    ggml_tensor* xin = session.input(GGML_TYPE_F32, {p.latent_w, p.latent_h, uc.in_channels, batch}, input.data(), "x");
-    ggml_tensor* tin = session.input(GGML_TYPE_F32, {batch}, timesteps.data(), "timesteps");
-    ggml_tensor* cin = session.input(GGML_TYPE_F32, {cond.width, cond.tokens, batch}, context.data(), "context");
-    ggml_tensor* out = model.unet().build(session.ctx(), xin, tin, cin, p.flash_attention);
-    KILN_TRY(session.run(model.diffusion_compute(), out));
-    std::vector<float> output = runtime::GraphSession::read(out);
+    if (!graph.session) {
+        std::vector<float> context(cond.hidden);
+        if (uncond) context.insert(context.end(), uncond->hidden.begin(), uncond->hidden.end());
+        graph.session = std::make_unique<runtime::GraphSession>();
+        runtime::GraphSession& session = *graph.session;
+        graph.x = session.input(GGML_TYPE_F32, {p.latent_w, p.latent_h, uc.in_channels, batch}, input.data(), "x");
+        graph.timesteps = session.input(GGML_TYPE_F32, {batch}, timesteps.data(), "timesteps");
+        ggml_tensor* cin = session.input(GGML_TYPE_F32, {cond.width, cond.tokens, batch}, context.data(), "context");
+        graph.out = model.unet().build(session.ctx(), graph.x, graph.timesteps, cin, p.flash_attention);
+    } else {
+        graph.session->set_input(graph.x, input.data());
+        graph.session->set_input(graph.timesteps, timesteps.data());
+    }
+    KILN_TRY(graph.session->run(model.diffusion_compute(), graph.out));
+    std::vector<float> output = runtime::GraphSession::read(graph.out);
 
     std::vector<float> guided(static_cast<size_t>(latent_values));
     for (int64_t i = 0; i < latent_values; ++i) {
@@ -121,9 +139,6 @@ Result<std::vector<float>> run_unet(StableDiffusionModel& model, const std::vect
     return denoised_from_output(model.prediction(), sigma, x, guided);
 }
 
-// The VAE decoder or encoder on planar floats, whole or tiled. Without
-// tiling, a graph that does not fit is retried once tiled, with a warning
-// (DESIGN.md: a VAE that runs out of memory falls back to tiling).
 Result<std::vector<float>> run_vae(StableDiffusionModel& model, bool decode, const std::vector<float>& input, int64_t w,
                                    int64_t h, const std::optional<VaeTiling>& tiling) {
     if (tiling) {
@@ -261,15 +276,22 @@ Result<std::vector<float>> sample_latent(StableDiffusionModel& model, const Samp
         (!run.keep_weight.empty() && run.keep_weight.size() != x.size())) {
         return Error{"latent mask has the wrong size"};
     }
+    UnetGraph graph;
     DenoiseFn denoise = [&](const std::vector<float>& xt, float sigma, int) -> Result<std::vector<float>> {
-        auto denoised = run_unet(model, xt, sigma, run, cond, run.cfg_scale != 1.0f ? uncond : nullptr);
+        auto denoised = run_unet(model, xt, sigma, run, cond, run.cfg_scale != 1.0f ? uncond : nullptr, graph);
         if (!denoised.ok() || run.keep_weight.empty()) return denoised;
         // Latent masking (sd.cpp, A1111): the kept region follows the init image.
         std::vector<float>& d = *denoised;
         for (size_t k = 0; k < d.size(); ++k) d[k] = d[k] + run.keep_weight[k] * (run.keep_latent[k] - d[k]);
         return denoised;
     };
-    return sample(run.sampler, denoise, std::move(x), run.sigmas, rng, run.eta, progress);
+    runtime::Compute& compute = model.diffusion_compute();
+    const int allocations_before = compute.allocations(), reuses_before = compute.reuses();
+    auto result = sample(run.sampler, denoise, std::move(x), run.sigmas, rng, run.eta, progress);
+    KILN_LOG_VERBOSE("UNet graph: built once, allocated %d time(s) for %d evaluation(s)",
+                     compute.allocations() - allocations_before,
+                     compute.allocations() - allocations_before + compute.reuses() - reuses_before);
+    return result;
 }
 
 std::string a1111_sampler_name(const std::string& sampler) {

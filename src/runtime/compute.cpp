@@ -51,7 +51,19 @@ Compute::~Compute() {
     if (device_) ggml_backend_free(device_);
 }
 
-Status Compute::compute(ggml_cgraph* graph, const std::function<void()>& upload_inputs) {
+Status Compute::compute(ggml_cgraph* graph, uint64_t graph_id, const std::function<void()>& upload_inputs) {
+    if (graph_id != 0 && graph_id == last_graph_id_) {
+        ++reuses_;
+        if (upload_inputs) upload_inputs();
+        const ggml_status status = ggml_backend_sched_graph_compute(sched_, graph);
+        if (status != GGML_STATUS_SUCCESS) {
+            last_graph_id_ = 0;
+            return Error{std::string("graph compute failed: ") + ggml_status_to_string(status)};
+        }
+        return Status::Ok();
+    }
+    last_graph_id_ = 0;  // until this graph is allocated
+    ++allocations_;
     if (device_) {
         // On a device, measure-then-reserve on this scheduler loses the copies
         // of graph inputs that feed the device's split (seen with RPC), so
@@ -62,9 +74,11 @@ Status Compute::compute(ggml_cgraph* graph, const std::function<void()>& upload_
             return Error{"out of memory on " + device_name_ + " allocating the compute buffers of a graph of " +
                          std::to_string(ggml_graph_n_nodes(graph)) + " nodes"};
         }
+        last_graph_id_ = graph_id;
         if (upload_inputs) upload_inputs();
         const ggml_status status = ggml_backend_sched_graph_compute(sched_, graph);
         if (status != GGML_STATUS_SUCCESS) {
+            last_graph_id_ = 0;
             return Error{std::string("graph compute failed on ") + device_name_ + ": " + ggml_status_to_string(status)};
         }
         return Status::Ok();
@@ -87,10 +101,13 @@ Status Compute::compute(ggml_cgraph* graph, const std::function<void()>& upload_
         return Error{"out of memory allocating the compute buffers of a graph of " +
                      std::to_string(ggml_graph_n_nodes(graph)) + " nodes"};
     }
+    last_graph_id_ = graph_id;
     if (upload_inputs) upload_inputs();
     const ggml_status status = ggml_backend_sched_graph_compute(sched_, graph);
-    if (status != GGML_STATUS_SUCCESS)
+    if (status != GGML_STATUS_SUCCESS) {
+        last_graph_id_ = 0;
         return Error{std::string("graph compute failed: ") + ggml_status_to_string(status)};
+    }
     return Status::Ok();
 }
 

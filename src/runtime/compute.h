@@ -5,6 +5,7 @@
 // residency and segments (DESIGN.md, the memory system) build on this later.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -33,8 +34,13 @@ class Compute {
     // them, calls `upload_inputs` (which writes the input tensors with
     // ggml_backend_tensor_set), computes, and keeps the results readable
     // until the next compute() call. The graph's context must have been
-    // created with no_alloc = true.
-    Status compute(ggml_cgraph* graph, const std::function<void()>& upload_inputs);
+    // created with no_alloc = true. `graph_id` names the graph: when it is the
+    // graph computed last, its allocation is still in place and is reused
+    // (a sampler's every step runs the same UNet graph).
+    Status compute(ggml_cgraph* graph, uint64_t graph_id, const std::function<void()>& upload_inputs);
+    // Graphs allocated, and runs that reused the previous allocation.
+    int allocations() const { return allocations_; }
+    int reuses() const { return reuses_; }
     int threads() const { return threads_; }
 
   private:
@@ -47,6 +53,9 @@ class Compute {
     ggml_backend_sched_t measure_sched_ = nullptr;
     std::string device_name_ = "CPU";
     int threads_ = 1;
+    uint64_t last_graph_id_ = 0;  // 0: none
+    int allocations_ = 0;
+    int reuses_ = 0;
 };
 
 }  // namespace kiln::runtime

@@ -1,12 +1,17 @@
 #include "runtime/graph_session.h"
 
+#include <atomic>
 #include <cstring>
 
 #include "ggml-backend.h"
 
 namespace kiln::runtime {
 
-GraphSession::GraphSession(size_t max_nodes) : max_nodes_(max_nodes) {
+namespace {
+std::atomic<uint64_t> g_next_session_id{1};
+}  // namespace
+
+GraphSession::GraphSession(size_t max_nodes) : max_nodes_(max_nodes), id_(g_next_session_id++) {
     const size_t bytes = ggml_tensor_overhead() * max_nodes + ggml_graph_overhead_custom(max_nodes, false);
     ggml_init_params params{bytes, nullptr, /*no_alloc=*/true};
     ctx_ = ggml_init(params);
@@ -25,7 +30,18 @@ ggml_tensor* GraphSession::input(ggml_type type, const std::vector<int64_t>& ne,
     return t;
 }
 
+void GraphSession::set_input(ggml_tensor* tensor, const void* data) {
+    for (auto& [t, bytes] : inputs_) {
+        if (t == tensor) std::memcpy(bytes.data(), data, bytes.size());
+    }
+}
+
 Status GraphSession::run(Compute& compute, ggml_tensor* output, bool keep_cuts) {
+    if (graph_) {
+        return compute.compute(graph_, id_, [this] {
+            for (auto& [tensor, data] : inputs_) ggml_backend_tensor_set(tensor, data.data(), 0, data.size());
+        });
+    }
     graph_ = ggml_new_graph_custom(ctx_, max_nodes_, false);
     ggml_set_output(output);
     ggml_build_forward_expand(graph_, output);
@@ -35,7 +51,7 @@ Status GraphSession::run(Compute& compute, ggml_tensor* output, bool keep_cuts) 
             if (std::strncmp(node->name, "cut:", 4) == 0) ggml_set_output(node);
         }
     }
-    return compute.compute(graph_, [this] {
+    return compute.compute(graph_, id_, [this] {
         for (auto& [tensor, data] : inputs_) ggml_backend_tensor_set(tensor, data.data(), 0, data.size());
     });
 }

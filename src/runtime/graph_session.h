@@ -26,8 +26,13 @@ class GraphSession {
     // (ggml_nbytes of it) is copied now and uploaded at run().
     ggml_tensor* input(ggml_type type, const std::vector<int64_t>& ne, const void* data, const char* name = nullptr);
 
-    // Builds the graph that ends at `output` and runs it. With keep_cuts,
-    // every "cut:" tensor stays readable after the run.
+    // Replaces the data an input tensor uploads at the next run() (same size).
+    void set_input(ggml_tensor* tensor, const void* data);
+
+    // Builds the graph that ends at `output` (once: later calls reuse it)
+    // and runs it. A rerun on the same compute, with nothing else computed
+    // there in between, reuses the allocation too: only the inputs are
+    // uploaded again. With keep_cuts, every "cut:" tensor stays readable.
     Status run(Compute& compute, ggml_tensor* output, bool keep_cuts = false);
 
     // The graph's tensor called `name` ("cut:input_blocks.3"), or nullptr.
@@ -39,6 +44,7 @@ class GraphSession {
     ggml_context* ctx_ = nullptr;
     ggml_cgraph* graph_ = nullptr;
     size_t max_nodes_;
+    uint64_t id_;  // distinguishes this session's graph from any other, even at the same address
     std::vector<std::pair<ggml_tensor*, std::vector<uint8_t>>> inputs_;
 };
 

@@ -44,6 +44,18 @@ TEST(CliGenerate, WritesAnImageOfTheRequestedSizeWithItsParameters) {
         "Seed: 5, Size: 48x32, Model: sd1_tiny, RNG: cuda, Version: kiln " KILN_VERSION "\n");
 }
 
+// Every sampling step runs the same UNet graph: it is built and allocated
+// once, then only its inputs change (DESIGN.md: no per-step rebuilds).
+TEST(CliGenerate, UnetGraphIsBuiltOncePerSamplingRun) {
+    TempDir dir;
+    auto r =
+        run_command(kiln_with_model("-v -p x -W 32 -H 32 --steps 6 --sampling-method heun -o " + dir.file("o.png")));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    // Heun evaluates the UNet twice per step but the last: 11 evaluations.
+    EXPECT_NE(r.out.find("UNet graph: built once, allocated 1 time(s) for 11 evaluation(s)"), std::string::npos)
+        << r.out;
+}
+
 TEST(CliGenerate, SameSeedSameImageOtherSeedOtherImage) {
     TempDir dir;
     const std::string common = "-p \"a red circle\" -W 32 -H 32 --steps 2 --sampling-method euler ";
