@@ -102,6 +102,12 @@ AncestralStep ancestral_step(double sigma_from, double sigma_to, double eta) {
     return {std::sqrt(sigma_to * sigma_to - up * up), up};
 }
 
+// out = x + (x - den) / sigma * dt: one Euler step along k-diffusion's
+// to_d(x, sigma, denoised). `out` may be `x`.
+void euler_step(const Vec& x, const Vec& den, double sigma, double dt, Vec& out) {
+    for (size_t j = 0; j < x.size(); ++j) out[j] = static_cast<float>(x[j] + (x[j] - den[j]) / sigma * dt);
+}
+
 // x += noise * scale.
 Result<Vec> add_noise(const Run& run, Vec x, double scale) {
     KILN_SAMPLER_TRY(noise, run.noise());
@@ -116,7 +122,7 @@ Result<Vec> sample_euler(const Run& run, Vec x, const Vec& sigmas) {
         const double s = sigmas[i];
         const double dt = sigmas[i + 1] - s;
         KILN_SAMPLER_TRY(den, run.denoise(x, s, i));
-        for (size_t j = 0; j < x.size(); ++j) x[j] = static_cast<float>(x[j] + (x[j] - den[j]) / s * dt);
+        euler_step(x, den, s, dt, x);
         run.step_done(i);
     }
     return x;
@@ -129,7 +135,7 @@ Result<Vec> sample_euler_ancestral(const Run& run, Vec x, const Vec& sigmas, dou
         KILN_SAMPLER_TRY(den, run.denoise(x, s, i));
         const AncestralStep a = ancestral_step(s, s_next, eta);
         const double dt = a.down - s;
-        for (size_t j = 0; j < x.size(); ++j) x[j] = static_cast<float>(x[j] + (x[j] - den[j]) / s * dt);
+        euler_step(x, den, s, dt, x);
         if (s_next > 0) {
             Result<Vec> noised = add_noise(run, std::move(x), a.up);
             if (!noised.ok()) return noised;
@@ -148,9 +154,9 @@ Result<Vec> sample_heun(const Run& run, Vec x, const Vec& sigmas) {
         const double dt = s_next - s;
         KILN_SAMPLER_TRY(den, run.denoise(x, s, i));
         if (s_next == 0) {
-            for (size_t j = 0; j < x.size(); ++j) x[j] = static_cast<float>(x[j] + (x[j] - den[j]) / s * dt);
+            euler_step(x, den, s, dt, x);
         } else {
-            for (size_t j = 0; j < x.size(); ++j) x2[j] = static_cast<float>(x[j] + (x[j] - den[j]) / s * dt);
+            euler_step(x, den, s, dt, x2);
             KILN_SAMPLER_TRY(den2, run.denoise(x2, s_next, i));
             for (size_t j = 0; j < x.size(); ++j) {
                 const double d = (x[j] - den[j]) / s;
@@ -171,13 +177,13 @@ Result<Vec> sample_dpm2(const Run& run, Vec x, const Vec& sigmas) {
         KILN_SAMPLER_TRY(den, run.denoise(x, s, i));
         if (s_next == 0) {
             const double dt = s_next - s;
-            for (size_t j = 0; j < x.size(); ++j) x[j] = static_cast<float>(x[j] + (x[j] - den[j]) / s * dt);
+            euler_step(x, den, s, dt, x);
         } else {
             // Midpoint in log sigma.
             const double s_mid = std::exp(0.5 * (std::log(s) + std::log(s_next)));
             const double dt_1 = s_mid - s;
             const double dt_2 = s_next - s;
-            for (size_t j = 0; j < x.size(); ++j) x2[j] = static_cast<float>(x[j] + (x[j] - den[j]) / s * dt_1);
+            euler_step(x, den, s, dt_1, x2);
             KILN_SAMPLER_TRY(den2, run.denoise(x2, s_mid, i));
             for (size_t j = 0; j < x.size(); ++j) x[j] = static_cast<float>(x[j] + (x2[j] - den2[j]) / s_mid * dt_2);
         }
@@ -198,7 +204,7 @@ Result<Vec> sample_dpmpp_2s_ancestral(const Run& run, Vec x, const Vec& sigmas, 
         if (a.down == 0) {
             // Euler to sigma 0 lands on the denoised estimate.
             const double dt = a.down - s;
-            for (size_t j = 0; j < x.size(); ++j) x[j] = static_cast<float>(x[j] + (x[j] - den[j]) / s * dt);
+            euler_step(x, den, s, dt, x);
         } else {
             const double h = std::log(s) - std::log(a.down);  // t_next - t
             const double s_mid = s * std::exp(-0.5 * h);      // sigma(t + h / 2)

@@ -37,18 +37,15 @@ void GraphSession::set_input(ggml_tensor* tensor, const void* data) {
 }
 
 Status GraphSession::run(Compute& compute, ggml_tensor* output, bool keep_cuts) {
-    if (graph_) {
-        return compute.compute(graph_, id_, [this] {
-            for (auto& [tensor, data] : inputs_) ggml_backend_tensor_set(tensor, data.data(), 0, data.size());
-        });
-    }
-    graph_ = ggml_new_graph_custom(ctx_, max_nodes_, false);
-    ggml_set_output(output);
-    ggml_build_forward_expand(graph_, output);
-    if (keep_cuts) {
-        for (int i = 0; i < ggml_graph_n_nodes(graph_); ++i) {
-            ggml_tensor* node = ggml_graph_node(graph_, i);
-            if (std::strncmp(node->name, "cut:", 4) == 0) ggml_set_output(node);
+    if (!graph_) {
+        graph_ = ggml_new_graph_custom(ctx_, max_nodes_, false);
+        ggml_set_output(output);
+        ggml_build_forward_expand(graph_, output);
+        if (keep_cuts) {
+            for (int i = 0; i < ggml_graph_n_nodes(graph_); ++i) {
+                ggml_tensor* node = ggml_graph_node(graph_, i);
+                if (std::strncmp(node->name, "cut:", 4) == 0) ggml_set_output(node);
+            }
         }
     }
     return compute.compute(graph_, id_, [this] {

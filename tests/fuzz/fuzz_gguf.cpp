@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "fuzz_check.h"
 #include "ggml.h"
 #include "io/dtype.h"
 #include "io/gguf_file.h"
@@ -26,11 +27,6 @@ namespace {
 
 using kiln::io::MetaValue;
 using kiln::io::TensorInfo;
-
-#define KILN_FUZZ_CHECK(cond)          \
-    do {                               \
-        if (!(cond)) __builtin_trap(); \
-    } while (0)
 
 // GGUF header: magic, u32 version, i64 n_tensors, i64 n_kv.
 constexpr uint64_t kMinHeaderBytes = 4 + 4 + 8 + 8;

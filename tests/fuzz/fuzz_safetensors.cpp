@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "fuzz_check.h"
 #include "io/dtype.h"
 #include "io/safetensors.h"
 #include "io/tensor_info.h"
@@ -23,11 +24,6 @@ namespace {
 
 using kiln::io::DType;
 using kiln::io::TensorInfo;
-
-#define KILN_FUZZ_CHECK(cond)          \
-    do {                               \
-        if (!(cond)) __builtin_trap(); \
-    } while (0)
 
 uint64_t read_u64_le(const uint8_t* p) {
     uint64_t v = 0;
