@@ -49,6 +49,15 @@ typedef struct {
     const char* rpc_servers;          /* --rpc "host:port[,host:port]": remote ggml devices, or NULL */
     const char* backend;              /* --backend "rpc0" or "diffusion=rpc0,te=cpu,vae=cpu", or NULL (CPU) */
     int n_threads;                    /* <= 0: all cores */
+    /* The memory system (docs/memory.md). Zero means the default everywhere. */
+    const char* params_backend;    /* --params-backend "cpu", "disk", a device, or module=location pairs */
+    int offload_to_cpu;            /* --offload-to-cpu: every module's weights stay in RAM */
+    int disable_auto_fit;          /* --auto-fit off (also off whenever backend or params_backend is set) */
+    const char* max_vram;          /* --max-vram "6", "-1", "rpc0=0.5,cuda0=6" (GiB; K/M/G suffixes allowed) */
+    int disable_prefetch;          /* --disable-prefetch */
+    int disable_segmented_compute; /* --disable-segmented-compute */
+    int eager_load;                /* --eager-load: read every module's weights at start */
+    int plan_only;                 /* place the modules but load no weights (for kiln_plan only) */
 } kiln_context_params;
 
 void kiln_context_params_init(kiln_context_params* params);
@@ -132,6 +141,16 @@ int kiln_model_convert(const char* const* paths, int n_paths, const char* out_pa
                        kiln_convert_progress progress, void* user_data, char** error);
 
 void kiln_free_string(char* text);
+
+/* `kiln plan` / --dry-run: the placement, the predicted peak per device,
+ * the segment count per module and whether `params` fits, without
+ * generating. *text (free with kiln_free_string) gets the report; returns 0,
+ * or -1 with *error set. *fits (if not NULL) gets 1 or 0. */
+int kiln_plan(kiln_context* ctx, const kiln_generation_params* params, char** text, int* fits, char** error);
+
+/* The memory system's books since the context was created, one line per
+ * device: "RPC0 peak 12.5 MiB budget 16.0 MiB". Free with kiln_free_string. */
+char* kiln_memory_report(const kiln_context* ctx);
 const char* kiln_version(void);
 
 #ifdef __cplusplus

@@ -14,11 +14,15 @@
 #include "io/tensor_convert.h"
 #include "kiln.h"
 #include "pipeline/generate.h"
+#include "pipeline/job_forecast.h"
+#include "runtime/device_budget.h"
 #include "runtime/devices.h"
+#include "util/format.h"
 #include "util/log.h"
 
 struct kiln_context {
     std::unique_ptr<kiln::pipeline::StableDiffusionModel> model;
+    bool plan_only = false;
 };
 
 namespace {
@@ -123,8 +127,31 @@ kiln_context* kiln_context_create(const kiln_context_params* params, char** erro
                 return nullptr;
             }
             // One device for everything parses as every module on it.
-            options.placement = std::move(placement).value();
+            options.placement.backend = std::move(placement).value();
         }
+        if (params->params_backend && *params->params_backend) {
+            auto where =
+                kiln::pipeline::parse_params_backend(params->params_backend, kiln::runtime::registered_device_names());
+            if (!where.ok()) {
+                fail(error, where.error().message);
+                return nullptr;
+            }
+            options.placement.params_backend = std::move(where).value();
+        }
+        if (params->max_vram && *params->max_vram) {
+            auto budgets = kiln::runtime::parse_max_vram(params->max_vram);
+            if (!budgets.ok()) {
+                fail(error, budgets.error().message);
+                return nullptr;
+            }
+            options.placement.budgets = std::move(budgets).value();
+        }
+        options.placement.offload_to_cpu = params->offload_to_cpu != 0;
+        options.placement.auto_fit = params->disable_auto_fit == 0;
+        options.executor.prefetch = params->disable_prefetch == 0;
+        options.executor.segmented = params->disable_segmented_compute == 0;
+        options.eager_load = params->eager_load != 0;
+        options.plan_only = params->plan_only != 0;
         kiln::log_capture_ggml();
         auto model = kiln::pipeline::StableDiffusionModel::load(paths, options);
         if (!model.ok()) {
@@ -133,6 +160,7 @@ kiln_context* kiln_context_create(const kiln_context_params* params, char** erro
         }
         auto* ctx = new kiln_context();
         ctx->model = std::move(model).value();
+        ctx->plan_only = options.plan_only;
         return ctx;
     } catch (const std::bad_alloc&) {
         fail(error, "out of memory loading the model");
@@ -206,8 +234,12 @@ int kiln_generate(kiln_context* ctx, const kiln_generation_params* params, kiln_
                 params->progress(image, step, total, params->progress_user_data);
             };
         }
+        if (ctx->plan_only) return fail(error, "this context was created with plan_only: it can plan, not generate");
         auto result = kiln::pipeline::generate(*ctx->model, r, on_step);
-        if (!result.ok()) return fail(error, result.error().message);
+        if (!result.ok()) {
+            ctx->model->release_caches();  // a failed job gives back what it took
+            return fail(error, result.error().message);
+        }
         auto* out = static_cast<kiln_image*>(std::calloc(result->size(), sizeof(kiln_image)));
         if (!out) return fail(error, "out of memory");
         for (size_t i = 0; i < result->size(); ++i) {
@@ -308,6 +340,41 @@ int kiln_model_convert(const char* const* paths, int n_paths, const char* out_pa
 }
 
 void kiln_free_string(char* text) { std::free(text); }
+
+int kiln_plan(kiln_context* ctx, const kiln_generation_params* params, char** text, int* fits, char** error) {
+    *text = nullptr;
+    try {
+        const auto& d = ctx->model->defaults();
+        const int width = params->width > 0 ? params->width : d.width;
+        const int height = params->height > 0 ? params->height : d.height;
+        const float cfg = params->cfg_scale >= 0 ? params->cfg_scale : d.cfg_scale;
+        const int stride = ctx->model->vae().config().downscale();
+        if (width % stride != 0 || height % stride != 0) {
+            return fail(error, "width and height must be multiples of " + std::to_string(stride) + ", got " +
+                                   std::to_string(width) + "x" + std::to_string(height));
+        }
+        auto forecast =
+            kiln::pipeline::forecast_job(*ctx->model, width, height, cfg != 1.0f, params->flash_attention != 0);
+        if (!forecast.ok()) return fail(error, forecast.error().message);
+        *text = copy_string("job: " + std::to_string(width) + "x" + std::to_string(height) +
+                            (cfg != 1.0f ? ", CFG batch of two\n" : "\n") +
+                            kiln::pipeline::describe_forecast(*ctx->model, *forecast));
+        if (fits) *fits = forecast->fits ? 1 : 0;
+        return 0;
+    } catch (const std::bad_alloc&) {
+        return fail(error, "out of memory while planning");
+    }
+}
+
+char* kiln_memory_report(const kiln_context* ctx) {
+    std::string out;
+    for (const auto& [name, ledger] : ctx->model->ledgers()) {
+        out += name + " peak " + kiln::human_bytes(ledger->peak()) + " now " + kiln::human_bytes(ledger->managed());
+        out += ledger->budget() ? " budget " + kiln::human_bytes(*ledger->budget()) : std::string(" no budget");
+        out += "\n";
+    }
+    return copy_string(out);
+}
 
 const char* kiln_version(void) { return KILN_VERSION; }
 

@@ -285,12 +285,16 @@ Result<std::vector<float>> sample_latent(StableDiffusionModel& model, const Samp
         for (size_t k = 0; k < d.size(); ++k) d[k] = d[k] + run.keep_weight[k] * (run.keep_latent[k] - d[k]);
         return denoised;
     };
-    runtime::Compute& compute = model.diffusion_compute();
-    const int allocations_before = compute.allocations(), reuses_before = compute.reuses();
+    runtime::Executor& unet = model.diffusion_compute();
+    const runtime::ExecutorStats before = unet.stats();
+    const int builds_before = unet.plans().builds(), hits_before = unet.plans().hits();
     auto result = sample(run.sampler, denoise, std::move(x), run.sigmas, rng, run.eta, progress);
+    const runtime::ExecutorStats& after = unet.stats();
     KILN_LOG_VERBOSE("UNet graph: built once, allocated %d time(s) for %d evaluation(s)",
-                     compute.allocations() - allocations_before,
-                     compute.allocations() - allocations_before + compute.reuses() - reuses_before);
+                     after.allocations - before.allocations, after.runs - before.runs);
+    KILN_LOG_VERBOSE("UNet plans: %d built, %d reused; %d segmented run(s), %d segment(s) in the last",
+                     unet.plans().builds() - builds_before, unet.plans().hits() - hits_before,
+                     after.segmented_runs - before.segmented_runs, after.last_segments);
     return result;
 }
 

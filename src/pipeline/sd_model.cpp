@@ -4,6 +4,8 @@
 
 #include "io/model_summary.h"
 #include "runtime/devices.h"
+#include "runtime/host_memory.h"
+#include "util/format.h"
 #include "util/log.h"
 
 namespace fs = std::filesystem;
@@ -161,43 +163,113 @@ Result<std::unique_ptr<StableDiffusionModel>> StableDiffusionModel::load(const M
                          m->embeddings_.rows());
     }
 
-    // One compute per device; modules placed on the same device share it.
-    std::map<std::string, runtime::Compute*> by_device;
-    auto compute_for = [&](const std::string& module) -> Result<runtime::Compute*> {
-        auto it = options.placement.find(module);
-        const std::string device_name = it == options.placement.end() ? "CPU" : it->second;
-        if (auto found = by_device.find(device_name); found != by_device.end()) return found->second;
-        ggml_backend_dev_t device = nullptr;
-        if (device_name != "CPU") {
-            auto dev = runtime::find_device(device_name);
-            if (!dev.ok()) return Error{"--backend: " + dev.error().message};
-            device = *dev;
-        }
-        auto compute = runtime::Compute::create(device, options.threads);
-        if (!compute.ok()) return compute.error();
-        m->computes_.push_back(std::move(compute).value());
-        by_device[device_name] = m->computes_.back().get();
-        return m->computes_.back().get();
-    };
-    struct Module {
-        const char* name;
-        runtime::Compute** compute;
-        runtime::ModuleWeights* weights;
-    };
-    for (const Module& module : {Module{"te", &m->te_compute_, &m->clip_->weights()},
-                                 Module{"diffusion", &m->diffusion_compute_, &m->unet_->weights()},
-                                 Module{"vae", &m->vae_compute_, &m->vae_->weights()}}) {
-        auto compute = compute_for(module.name);
-        if (!compute.ok()) return compute.error();
-        *module.compute = *compute;
-        KILN_TRY(module.weights->load((*compute)->weights_backend()));
-        KILN_LOG_VERBOSE("%s: %s, %.1f MiB of weights", module.name, (*compute)->device_name().c_str(),
-                         static_cast<double>(module.weights->bytes()) / (1024.0 * 1024.0));
-    }
+    KILN_TRY(m->place_modules(options));
     KILN_LOG_VERBOSE("loaded %s (%s): text encoder %zu tensors, UNet %zu, VAE %zu", m->name_.c_str(),
                      m->family_.c_str(), m->clip_->weights().count(), m->unet_->weights().count(),
                      m->vae_->weights().count());
     return m;
+}
+
+}  // namespace kiln::pipeline
+
+namespace kiln::pipeline {
+
+Status StableDiffusionModel::place_modules(const ModelOptions& options) {
+    const ggml_backend_buffer_type_t cpu = ggml_backend_cpu_buffer_type();
+    module_bytes_ = {{"diffusion", unet_->weights().allocation_size(cpu)},
+                     {"te", clip_->weights().allocation_size(cpu)},
+                     {"vae", vae_->weights().allocation_size(cpu)}};
+    auto placement = pipeline::place_modules(options.placement, module_bytes_, runtime::list_devices(),
+                                             runtime::host_available_bytes());
+    if (!placement.ok()) return placement.error();
+    placement_ = std::move(placement).value();
+    const bool auto_fit =
+        options.placement.auto_fit && options.placement.backend.empty() && options.placement.params_backend.empty();
+    const std::string text = describe_placement(placement_, module_bytes_);
+    if (auto_fit && placement_.front().compute_device != "CPU") {
+        KILN_LOG_INFO("auto-fit:\n%s", text.substr(0, text.size() - 1).c_str());
+    } else {
+        KILN_LOG_VERBOSE("placement:\n%s", text.substr(0, text.size() - 1).c_str());
+    }
+
+    auto device_of = [](const std::string& name) -> Result<ggml_backend_dev_t> {
+        if (name == "CPU") return static_cast<ggml_backend_dev_t>(nullptr);
+        auto dev = runtime::find_device(name);
+        if (!dev.ok()) return Error{"--backend: " + dev.error().message};
+        return *dev;
+    };
+    auto ledger_for = [&](const std::string& name, ggml_backend_dev_t dev) -> runtime::DeviceLedger& {
+        auto& ledger = ledgers_[name];
+        if (!ledger) ledger = std::make_unique<runtime::DeviceLedger>(dev, options.placement.budgets.for_device(name));
+        return *ledger;
+    };
+    struct Module {
+        const char* name;
+        std::unique_ptr<runtime::Executor>* executor;
+        runtime::ModuleWeights* weights;
+    };
+    for (const Module& module :
+         {Module{"diffusion", &diffusion_executor_, &unet_->weights()}, Module{"te", &te_executor_, &clip_->weights()},
+          Module{"vae", &vae_executor_, &vae_->weights()}}) {
+        const ModulePlacement& p =
+            *std::find_if(placement_.begin(), placement_.end(), [&](const auto& x) { return x.module == module.name; });
+        auto dev = device_of(p.compute_device);
+        if (!dev.ok()) return dev.error();
+        auto compute = runtime::Compute::create(*dev, options.threads);
+        if (!compute.ok()) return compute.error();
+        runtime::DeviceLedger& ledger = ledger_for(p.compute_device, *dev);
+        auto& store = stores_[p.compute_device];
+        if (!store) store = std::make_unique<runtime::WeightStore>(ledger, (*compute)->buffer_type());
+
+        // Weights kept on a device are counted from the start, loaded or not.
+        ggml_backend_buffer_type_t params_buft = nullptr;
+        runtime::DeviceLedger* params_ledger = nullptr;
+        if (p.params == runtime::ParamsLocation::ComputeDevice && *dev) {
+            params_buft = (*compute)->buffer_type();
+            params_ledger = &ledger;
+        } else if (p.params == runtime::ParamsLocation::OtherDevice) {
+            auto other = device_of(p.params_device);
+            if (!other.ok()) return Error{"--params-backend: " + other.error().message};
+            params_buft = ggml_backend_dev_buffer_type(*other);
+            params_ledger = &ledger_for(p.params_device, *other);
+        }
+        if (params_ledger) {
+            const uint64_t need = module.weights->allocation_size(params_buft);
+            const uint64_t limit = params_ledger->limit();
+            if (params_ledger->managed() + need > limit) {
+                return Error{std::string("out of memory: the ") + module.name + " weights need " + human_bytes(need) +
+                             " on " + params_ledger->device_name() + ", the budget leaves " +
+                             human_bytes(limit > params_ledger->managed() ? limit - params_ledger->managed() : 0) +
+                             " (keep them in RAM with --params-backend " + module.name + "=cpu, or on disk)"};
+            }
+            params_ledger->add(need);
+        }
+        runtime::ModuleWeights* weights = module.weights;
+        ggml_backend_t backend = (*compute)->weights_backend();
+        // On the CPU, weights "in RAM" are on the compute device.
+        const runtime::ParamsLocation where =
+            !*dev && p.params == runtime::ParamsLocation::Host ? runtime::ParamsLocation::ComputeDevice : p.params;
+        weights->set_params_location(where);
+        *module.executor = std::make_unique<runtime::Executor>(module.name, std::move(compute).value(), *weights,
+                                                               *store, options.executor);
+        if (options.plan_only) continue;
+        auto loader = [weights, backend, where, params_buft, name = std::string(module.name)]() -> Status {
+            KILN_TRY(weights->load_params(where, backend, params_buft));
+            KILN_LOG_VERBOSE("%s: weights loaded (%s)", name.c_str(), runtime::params_location_name(where));
+            return Status::Ok();
+        };
+        if (options.eager_load) {
+            KILN_TRY(loader());
+        } else {
+            (*module.executor)->set_loader(loader);
+        }
+    }
+    return Status::Ok();
+}
+
+void StableDiffusionModel::release_caches() {
+    for (auto* e : {diffusion_executor_.get(), te_executor_.get(), vae_executor_.get()}) e->release_workspace();
+    for (auto& [name, store] : stores_) store->evict_all();
 }
 
 }  // namespace kiln::pipeline

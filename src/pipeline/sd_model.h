@@ -16,7 +16,10 @@
 #include "pipeline/clip_tokenizer.h"
 #include "pipeline/denoiser.h"
 #include "pipeline/embeddings.h"
-#include "runtime/compute.h"
+#include "pipeline/placement.h"
+#include "runtime/device_budget.h"
+#include "runtime/executor.h"
+#include "runtime/weight_store.h"
 #include "util/result.h"
 
 namespace kiln::pipeline {
@@ -34,9 +37,12 @@ struct ModelOptions {
     std::optional<ggml_type> weight_type;  // --type
     std::optional<Prediction> prediction;  // --prediction; default: metadata, else eps
     int threads = 0;
-    // --backend: module ("diffusion", "te", "vae") -> ggml device name; a
-    // module not named computes on the CPU.
-    std::map<std::string, std::string> placement;
+    // --backend (module -> device), --params-backend, --offload-to-cpu,
+    // --auto-fit and --max-vram (pipeline/placement.h).
+    PlacementRequest placement;
+    runtime::ExecutorOptions executor;  // --disable-segmented-compute, --disable-prefetch
+    bool eager_load = false;            // --eager-load: read every module's weights at start
+    bool plan_only = false;             // kiln plan / --dry-run: place modules, load no weights
 };
 
 // Defaults a model file may carry in its metadata ("kiln.default.*").
@@ -72,13 +78,21 @@ class StableDiffusionModel {
     const models::ClipTextEncoder& text_encoder() const { return *clip_; }
     const models::Unet& unet() const { return *unet_; }
     const models::Vae& vae() const { return *vae_; }
-    // Where each module's graphs run (several modules may share one).
-    runtime::Compute& text_encoder_compute() { return *te_compute_; }
-    runtime::Compute& diffusion_compute() { return *diffusion_compute_; }
-    runtime::Compute& vae_compute() { return *vae_compute_; }
+    // Each module's runner under the memory system.
+    runtime::Executor& text_encoder_compute() { return *te_executor_; }
+    runtime::Executor& diffusion_compute() { return *diffusion_executor_; }
+    runtime::Executor& vae_compute() { return *vae_executor_; }
+    const std::vector<ModulePlacement>& placement() const { return placement_; }
+    const ModuleBytes& module_bytes() const { return module_bytes_; }
+    // The ledgers of the devices in use, by device name.
+    const std::map<std::string, std::unique_ptr<runtime::DeviceLedger>>& ledgers() const { return ledgers_; }
+    // Frees the compute copies and workspaces the memory system keeps
+    // between jobs (a job ended with an error, or the caller wants the room).
+    void release_caches();
 
   private:
     StableDiffusionModel() = default;
+    Status place_modules(const ModelOptions& options);
 
     std::vector<std::unique_ptr<io::ModelFile>> files_;
     std::string family_, name_;
@@ -92,10 +106,14 @@ class StableDiffusionModel {
     std::unique_ptr<models::ClipTextEncoder> clip_;
     std::unique_ptr<models::Unet> unet_;
     std::unique_ptr<models::Vae> vae_;
-    std::vector<std::unique_ptr<runtime::Compute>> computes_;  // one per device used
-    runtime::Compute* te_compute_ = nullptr;
-    runtime::Compute* diffusion_compute_ = nullptr;
-    runtime::Compute* vae_compute_ = nullptr;
+    std::vector<ModulePlacement> placement_;
+    ModuleBytes module_bytes_;
+    // Declared before the executors: they unregister from the stores.
+    std::map<std::string, std::unique_ptr<runtime::DeviceLedger>> ledgers_;
+    std::map<std::string, std::unique_ptr<runtime::WeightStore>> stores_;
+    std::unique_ptr<runtime::Executor> te_executor_;
+    std::unique_ptr<runtime::Executor> diffusion_executor_;
+    std::unique_ptr<runtime::Executor> vae_executor_;
 };
 
 }  // namespace kiln::pipeline

@@ -38,14 +38,37 @@ Result<std::unique_ptr<Compute>> Compute::create(ggml_backend_dev_t device, int 
     }
 #endif
     backends.push_back(c->cpu_);  // the scheduler's last backend must be the CPU
+    c->backends_ = backends;
     c->sched_ = ggml_backend_sched_new(backends.data(), nullptr, static_cast<int>(backends.size()), kMaxGraphNodes,
                                        /*parallel=*/false, /*op_offload=*/false);
-    if (!c->sched_) return Error{"cannot create the ggml scheduler"};
+    c->measure_sched_ = ggml_backend_sched_new(backends.data(), nullptr, static_cast<int>(backends.size()),
+                                               kMaxGraphNodes, false, false);
+    if (!c->sched_ || !c->measure_sched_) return Error{"cannot create the ggml scheduler"};
     return c;
+}
+
+ggml_backend_buffer_type_t Compute::buffer_type() const {
+    return device_ ? ggml_backend_get_default_buffer_type(device_) : ggml_backend_cpu_buffer_type();
+}
+
+uint64_t Compute::workspace_bytes() const {
+    if (device_) return ggml_backend_sched_get_buffer_size(sched_, device_);
+    uint64_t total = 0;
+    for (ggml_backend_t b : backends_) total += ggml_backend_sched_get_buffer_size(sched_, b);
+    return total;
+}
+
+Status Compute::release_workspace() {
+    ggml_backend_sched_free(sched_);
+    last_graph_id_ = 0;
+    sched_ = ggml_backend_sched_new(backends_.data(), nullptr, static_cast<int>(backends_.size()), kMaxGraphNodes,
+                                    false, false);
+    return sched_ ? Status::Ok() : Status(Error{"cannot create the ggml scheduler"});
 }
 
 Compute::~Compute() {
     if (sched_) ggml_backend_sched_free(sched_);
+    if (measure_sched_) ggml_backend_sched_free(measure_sched_);
     if (blas_) ggml_backend_free(blas_);
     if (cpu_) ggml_backend_free(cpu_);
     if (device_) ggml_backend_free(device_);

@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "ggml-backend.h"
 #include "util/result.h"
@@ -43,6 +44,21 @@ class Compute {
     int reuses() const { return reuses_; }
     int threads() const { return threads_; }
 
+    // For the memory system's executor, which allocates graphs itself.
+    ggml_backend_sched_t sched() const { return sched_; }
+    ggml_backend_sched_t measure_sched() const { return measure_sched_; }
+    ggml_backend_t device_backend() const { return device_; }  // null on the CPU
+    ggml_backend_dev_t device() const { return device_dev_; }  // null on the CPU
+    // The buffer type weights and inputs of this compute live in.
+    ggml_backend_buffer_type_t buffer_type() const;
+    // Bytes of the compute buffers the scheduler holds, counting only the
+    // device's (all of them on the CPU).
+    uint64_t workspace_bytes() const;
+    // Frees the scheduler's compute buffers (a new one starts empty).
+    Status release_workspace();
+    // Forget any allocation kept for reuse (the executor moved tensors).
+    void invalidate() { last_graph_id_ = 0; }
+
   private:
     Compute() = default;
     ggml_backend_t device_ = nullptr;  // null when computing on the CPU
@@ -51,6 +67,7 @@ class Compute {
     ggml_backend_t blas_ = nullptr;  // null when built without KILN_BLAS or with KILN_NO_BLAS set
     ggml_backend_sched_t sched_ = nullptr;
     ggml_backend_sched_t measure_sched_ = nullptr;
+    std::vector<ggml_backend_t> backends_;
     std::string device_name_ = "CPU";
     int threads_ = 1;
     uint64_t last_graph_id_ = 0;  // 0: none

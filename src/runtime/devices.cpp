@@ -65,17 +65,11 @@ std::string join(const std::vector<std::string>& items) {
 DeviceInfo::Type to_type(enum ggml_backend_dev_type type) {
     switch (type) {
         case GGML_BACKEND_DEVICE_TYPE_CPU: return DeviceInfo::Cpu;
-        case GGML_BACKEND_DEVICE_TYPE_GPU: return DeviceInfo::Gpu;
+        case GGML_BACKEND_DEVICE_TYPE_GPU:
+        case GGML_BACKEND_DEVICE_TYPE_IGPU: return DeviceInfo::Gpu;
         case GGML_BACKEND_DEVICE_TYPE_ACCEL: return DeviceInfo::Accelerator;
         default: return DeviceInfo::Other;
     }
-}
-
-std::vector<std::string> registered_device_names() {
-    std::vector<std::string> names;
-    for (size_t i = 0; i < ggml_backend_dev_count(); ++i)
-        names.emplace_back(ggml_backend_dev_name(ggml_backend_dev_get(i)));
-    return names;
 }
 
 // Closes a socket descriptor on scope exit.
@@ -203,6 +197,13 @@ const std::map<std::string, std::string>& module_aliases() {
 
 }  // namespace
 
+std::vector<std::string> registered_device_names() {
+    std::vector<std::string> names;
+    for (size_t i = 0; i < ggml_backend_dev_count(); ++i)
+        names.emplace_back(ggml_backend_dev_name(ggml_backend_dev_get(i)));
+    return names;
+}
+
 const char* device_type_name(DeviceInfo::Type type) {
     switch (type) {
         case DeviceInfo::Cpu: return "CPU";
@@ -300,24 +301,25 @@ std::string normalize_module_name(std::string_view name) {
     return it == aliases.end() ? std::string() : it->second;
 }
 
-Result<std::map<std::string, std::string>> parse_backend_assignments(std::string_view spec,
-                                                                     const std::vector<std::string>& device_names) {
-    const std::string valid_devices = "valid devices: " + join(device_names);
+Result<std::map<std::string, std::string>> parse_module_assignments(std::string_view flag, std::string_view spec,
+                                                                    const std::vector<std::string>& device_names) {
+    const std::string f(flag);
+    const std::string valid_devices = (f == "--backend" ? "valid devices: " : "valid values: ") + join(device_names);
     const std::string valid_modules = "valid modules: " + join(known_modules()) +
                                       "; aliases: unet, dit, transformer, " + "clip, text_encoder, cond_stage";
     auto resolve_device = [&](const std::string& name) -> Result<std::string> {
         for (const std::string& d : device_names) {
             if (lower(d) == lower(name)) return d;
         }
-        return Error{"--backend: unknown device '" + name + "' (" + valid_devices + ")"};
+        return Error{f + ": unknown device '" + name + "' (" + valid_devices + ")"};
     };
 
     const std::string whole = trim(spec);
-    if (whole.empty()) return Error{"--backend: expected a device or module=device pairs (" + valid_devices + ")"};
+    if (whole.empty()) return Error{f + ": expected a device or module=device pairs (" + valid_devices + ")"};
     std::map<std::string, std::string> out;
     if (whole.find('=') == std::string::npos) {
         if (whole.find(',') != std::string::npos) {
-            return Error{"--backend: '" + whole + "': give one device, or module=device pairs such as " +
+            return Error{f + ": '" + whole + "': give one device, or module=device pairs such as " +
                          "diffusion=cuda0,vae=cpu (" + valid_devices + ")"};
         }
         auto device = resolve_device(whole);
@@ -328,20 +330,24 @@ Result<std::map<std::string, std::string>> parse_backend_assignments(std::string
     for (const std::string& pair : split(whole, ',')) {
         const size_t eq = pair.find('=');
         if (eq == std::string::npos) {
-            return Error{"--backend: '" + pair + "': expected module=device when assigning modules (" + valid_modules +
-                         ")"};
+            return Error{f + ": '" + pair + "': expected module=device when assigning modules (" + valid_modules + ")"};
         }
         const std::string module_text = trim(pair.substr(0, eq));
         const std::string device_text = trim(pair.substr(eq + 1));
         const std::string module = normalize_module_name(module_text);
-        if (module.empty()) return Error{"--backend: unknown module '" + module_text + "' (" + valid_modules + ")"};
-        if (out.count(module)) return Error{"--backend: module '" + module + "' is assigned twice"};
-        if (device_text.empty()) return Error{"--backend: " + module_text + "= needs a device (" + valid_devices + ")"};
+        if (module.empty()) return Error{f + ": unknown module '" + module_text + "' (" + valid_modules + ")"};
+        if (out.count(module)) return Error{f + ": module '" + module + "' is assigned twice"};
+        if (device_text.empty()) return Error{f + ": " + module_text + "= needs a device (" + valid_devices + ")"};
         auto device = resolve_device(device_text);
         if (!device) return device.error();
         out[module] = *device;
     }
     return out;
+}
+
+Result<std::map<std::string, std::string>> parse_backend_assignments(std::string_view spec,
+                                                                     const std::vector<std::string>& device_names) {
+    return parse_module_assignments("--backend", spec, device_names);
 }
 
 Result<std::map<std::string, std::string>> parse_backend_assignments(std::string_view spec) {

@@ -33,6 +33,8 @@ const char* device_type_name(DeviceInfo::Type type);
 // Every registered ggml device, in ggml's order (GPUs first, the CPU last).
 // Memory of an RPC device is asked from its server.
 std::vector<DeviceInfo> list_devices();
+// Their names, in the same order.
+std::vector<std::string> registered_device_names();
 
 // Splits and validates `--rpc host:port[,host:port]` without connecting:
 // every endpoint needs a non-empty host (no ':' in it: ggml's RPC client speaks
@@ -68,6 +70,10 @@ std::string normalize_module_name(std::string_view name);
 // "--backend: ", that lists the valid names.
 Result<std::map<std::string, std::string>> parse_backend_assignments(std::string_view spec,
                                                                      const std::vector<std::string>& device_names);
+// The same for any flag that assigns modules to one of `values`
+// (--params-backend adds "disk"); errors are prefixed with the flag.
+Result<std::map<std::string, std::string>> parse_module_assignments(std::string_view flag, std::string_view spec,
+                                                                    const std::vector<std::string>& values);
 // The same over the registered devices (add RPC servers first).
 Result<std::map<std::string, std::string>> parse_backend_assignments(std::string_view spec);
 

@@ -1,9 +1,12 @@
 #include "runtime/graph_session.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 
+#include "ggml-alloc.h"
 #include "ggml-backend.h"
+#include "runtime/executor.h"
 
 namespace kiln::runtime {
 
@@ -18,7 +21,45 @@ GraphSession::GraphSession(size_t max_nodes) : max_nodes_(max_nodes), id_(g_next
 }
 
 GraphSession::~GraphSession() {
+    if (kept_buffer_) adopt_kept_buffer(nullptr, *kept_ledger_);
+    if (input_buffer_) {
+        input_ledger_->release(ggml_backend_buffer_get_size(input_buffer_));
+        ggml_backend_buffer_free(input_buffer_);
+    }
     if (ctx_) ggml_free(ctx_);
+}
+
+Status GraphSession::bind_inputs(ggml_backend_buffer_type_t buft, DeviceLedger& ledger) {
+    if (input_buffer_) return Status::Ok();
+    const size_t alignment = ggml_backend_buft_get_alignment(buft);
+    size_t size = 0;
+    for (auto& [t, bytes] : inputs_)
+        size += (ggml_backend_buft_get_alloc_size(buft, t) + alignment - 1) / alignment * alignment;
+    input_buffer_ = ggml_backend_buft_alloc_buffer(buft, std::max<size_t>(size, 1));
+    if (!input_buffer_) return Error{"out of memory on " + ledger.device_name() + " allocating the graph's inputs"};
+    input_ledger_ = &ledger;
+    ledger.add(ggml_backend_buffer_get_size(input_buffer_));
+    ggml_tallocr talloc = ggml_tallocr_new(input_buffer_);
+    for (auto& [t, bytes] : inputs_) {
+        t->data = nullptr;
+        t->buffer = nullptr;
+        if (ggml_tallocr_alloc(&talloc, t) != GGML_STATUS_SUCCESS) return Error{"cannot place the graph's inputs"};
+    }
+    return Status::Ok();
+}
+
+void GraphSession::adopt_kept_buffer(ggml_backend_buffer_t buffer, DeviceLedger& ledger) {
+    if (kept_buffer_) {
+        kept_ledger_->release(ggml_backend_buffer_get_size(kept_buffer_));
+        ggml_backend_buffer_free(kept_buffer_);
+    }
+    kept_buffer_ = buffer;
+    kept_ledger_ = &ledger;
+    if (buffer) ledger.add(ggml_backend_buffer_get_size(buffer));
+}
+
+void GraphSession::upload_inputs() {
+    for (auto& [tensor, data] : inputs_) ggml_backend_tensor_set(tensor, data.data(), 0, data.size());
 }
 
 ggml_tensor* GraphSession::input(ggml_type type, const std::vector<int64_t>& ne, const void* data, const char* name) {
@@ -36,7 +77,7 @@ void GraphSession::set_input(ggml_tensor* tensor, const void* data) {
     }
 }
 
-Status GraphSession::run(Compute& compute, ggml_tensor* output, bool keep_cuts) {
+ggml_cgraph* GraphSession::graph(ggml_tensor* output, bool keep_cuts) {
     if (!graph_) {
         graph_ = ggml_new_graph_custom(ctx_, max_nodes_, false);
         ggml_set_output(output);
@@ -48,10 +89,14 @@ Status GraphSession::run(Compute& compute, ggml_tensor* output, bool keep_cuts) 
             }
         }
     }
-    return compute.compute(graph_, id_, [this] {
-        for (auto& [tensor, data] : inputs_) ggml_backend_tensor_set(tensor, data.data(), 0, data.size());
-    });
+    return graph_;
 }
+
+Status GraphSession::run(Compute& compute, ggml_tensor* output, bool keep_cuts) {
+    return compute.compute(graph(output, keep_cuts), id_, [this] { upload_inputs(); });
+}
+
+Status GraphSession::run(Executor& executor, ggml_tensor* output) { return executor.run(*this, output); }
 
 ggml_tensor* GraphSession::find(const std::string& name) const {
     return graph_ ? ggml_graph_get_tensor(graph_, name.c_str()) : nullptr;

@@ -9,9 +9,12 @@
 
 #include "ggml.h"
 #include "runtime/compute.h"
+#include "runtime/device_budget.h"
 #include "util/result.h"
 
 namespace kiln::runtime {
+
+class Executor;
 
 class GraphSession {
   public:
@@ -34,6 +37,22 @@ class GraphSession {
     // there in between, reuses the allocation too: only the inputs are
     // uploaded again. With keep_cuts, every "cut:" tensor stays readable.
     Status run(Compute& compute, ggml_tensor* output, bool keep_cuts = false);
+    // Runs under the memory system (runtime/executor.h).
+    Status run(Executor& executor, ggml_tensor* output);
+
+    // The graph ending at `output`, built on the first call.
+    ggml_cgraph* graph(ggml_tensor* output, bool keep_cuts = false);
+    uint64_t id() const { return id_; }
+    // Allocates the input tensors in one buffer of `buft` (once), so a
+    // segmented run finds them on its device; the ledger counts the buffer
+    // until the session ends. Then upload_inputs() writes their data.
+    Status bind_inputs(ggml_backend_buffer_type_t buft, DeviceLedger& ledger);
+    void upload_inputs();
+    // Takes ownership of the buffer holding the activations a segmented run
+    // keeps between segments (counted in `ledger` until replaced or the
+    // session ends): the tensors in it belong to this session's graph.
+    void adopt_kept_buffer(ggml_backend_buffer_t buffer, DeviceLedger& ledger);
+    ggml_backend_buffer_t kept_buffer() const { return kept_buffer_; }
 
     // The graph's tensor called `name` ("cut:input_blocks.3"), or nullptr.
     ggml_tensor* find(const std::string& name) const;
@@ -46,6 +65,10 @@ class GraphSession {
     size_t max_nodes_;
     uint64_t id_;  // distinguishes this session's graph from any other, even at the same address
     std::vector<std::pair<ggml_tensor*, std::vector<uint8_t>>> inputs_;
+    ggml_backend_buffer_t input_buffer_ = nullptr;
+    DeviceLedger* input_ledger_ = nullptr;
+    ggml_backend_buffer_t kept_buffer_ = nullptr;
+    DeviceLedger* kept_ledger_ = nullptr;
 };
 
 }  // namespace kiln::runtime

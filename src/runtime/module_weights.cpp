@@ -1,5 +1,8 @@
 #include "runtime/module_weights.h"
 
+#include <algorithm>
+
+#include "ggml-cpu.h"
 #include "io/tensor_convert.h"
 
 namespace kiln::runtime {
@@ -23,8 +26,20 @@ ModuleWeights::ModuleWeights(const io::ModelFile& file, std::string prefix, std:
     ctx_ = ggml_init(params);
 }
 
+const char* params_location_name(ParamsLocation location) {
+    switch (location) {
+        case ParamsLocation::ComputeDevice: return "device";
+        case ParamsLocation::Host: return "cpu";
+        case ParamsLocation::OtherDevice: return "other device";
+        case ParamsLocation::Disk: return "disk";
+    }
+    return "?";
+}
+
 ModuleWeights::~ModuleWeights() {
     if (buffer_) ggml_backend_buffer_free(buffer_);
+    if (host_buffer_) ggml_backend_buffer_free(host_buffer_);
+    if (host_ctx_) ggml_free(host_ctx_);
     if (ctx_) ggml_free(ctx_);
 }
 
@@ -73,7 +88,10 @@ ggml_tensor* ModuleWeights::declare(const std::string& name, const std::vector<i
     for (size_t d = 0; d < actual.size(); ++d) ne[d] = actual[actual.size() - 1 - d];
     ggml_tensor* tensor = ggml_new_tensor(ctx_, type, std::max<int>(1, static_cast<int>(actual.size())), ne);
     ggml_set_name(tensor, full.c_str());
-    if (t) declared_.emplace_back(tensor, t);
+    if (t) {
+        declared_.emplace_back(tensor, t);
+        by_tensor_[tensor] = {t, nullptr};
+    }
     return tensor;
 }
 
@@ -92,6 +110,58 @@ Status ModuleWeights::load(ggml_backend_t backend) {
         ggml_backend_tensor_set(tensor, data->data(), 0, data->size());
     }
     return Status::Ok();
+}
+
+uint64_t ModuleWeights::allocation_size(ggml_backend_buffer_type_t buft) const {
+    return ggml_backend_alloc_ctx_tensors_from_buft_size(ctx_, buft);
+}
+
+Status ModuleWeights::load_params(ParamsLocation location, ggml_backend_t compute_backend,
+                                  ggml_backend_buffer_type_t params_buft) {
+    if (location == ParamsLocation::ComputeDevice) return load(compute_backend);
+    if (!errors_.empty()) return load(compute_backend);  // reports the declaration problems
+    location_ = location;
+    if (location == ParamsLocation::Disk || host_buffer_) return Status::Ok();
+    ggml_init_params params{ggml_tensor_overhead() * std::max<size_t>(1, declared_.size()), nullptr, true};
+    host_ctx_ = ggml_init(params);
+    for (auto& [tensor, info] : declared_) by_tensor_[tensor].second = ggml_dup_tensor(host_ctx_, tensor);
+    host_buffer_ = ggml_backend_alloc_ctx_tensors_from_buft(
+        host_ctx_,
+        params_buft && location == ParamsLocation::OtherDevice ? params_buft : ggml_backend_cpu_buffer_type());
+    if (!host_buffer_ && !declared_.empty()) {
+        return Error{"out of memory allocating " + prefix_ + "* weights in " +
+                     (location == ParamsLocation::Host ? std::string("RAM") : ggml_backend_buft_name(params_buft))};
+    }
+    for (auto& [tensor, info] : declared_) {
+        auto data = io::convert_tensor(*info, file_.data(*info), tensor->type);
+        if (!data.ok()) return Error{file_.sources()[info->source].path + ": " + data.error().message};
+        ggml_backend_tensor_set(by_tensor_[tensor].second, data->data(), 0, data->size());
+    }
+    return Status::Ok();
+}
+
+bool ModuleWeights::owns(const ggml_tensor* tensor) const { return by_tensor_.count(tensor) != 0; }
+
+uint64_t ModuleWeights::declared_bytes() const {
+    uint64_t total = 0;
+    for (const auto& [tensor, info] : declared_) total += ggml_nbytes(tensor);
+    return total;
+}
+
+Result<const void*> ModuleWeights::params_data(const ggml_tensor* tensor, std::vector<uint8_t>& staging) const {
+    auto it = by_tensor_.find(tensor);
+    if (it == by_tensor_.end()) return Error{std::string("'") + tensor->name + "' is not a weight of " + prefix_};
+    const auto& [info, host_twin] = it->second;
+    if (host_twin && ggml_backend_buffer_is_host(host_buffer_)) return static_cast<const void*>(host_twin->data);
+    if (host_twin) {
+        staging.resize(ggml_nbytes(host_twin));
+        ggml_backend_tensor_get(host_twin, staging.data(), 0, staging.size());
+        return static_cast<const void*>(staging.data());
+    }
+    auto data = io::convert_tensor(*info, file_.data(*info), tensor->type);
+    if (!data.ok()) return Error{file_.sources()[info->source].path + ": " + data.error().message};
+    staging = std::move(data).value();
+    return static_cast<const void*>(staging.data());
 }
 
 size_t ModuleWeights::bytes() const { return buffer_ ? ggml_backend_buffer_get_size(buffer_) : 0; }

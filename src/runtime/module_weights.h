@@ -4,10 +4,19 @@
 // fills them from the model file, converted tensor by tensor to their compute
 // type (tensor_convert.h). A wrong or missing tensor is an error naming it,
 // found before any graph is built, so ggml never sees inconsistent shapes.
+//
+// Where the weights live between uses is the module's params location:
+// on its compute device (bound once, the plain case), in RAM (a host copy;
+// the memory system makes compute copies on the device when a segment needs
+// them) or on disk (no copy at all: each compute copy is read again from the
+// model file). The tensors handed to graphs are always the compute tensors;
+// for host and disk params they are bound to device memory by the weight
+// residency manager (runtime/weight_residency.h) only while needed.
 #pragma once
 
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "ggml-backend.h"
@@ -15,6 +24,11 @@
 #include "util/result.h"
 
 namespace kiln::runtime {
+
+enum class ParamsLocation { ComputeDevice, Host, OtherDevice, Disk };
+
+// "device", "cpu", "other device", "disk".
+const char* params_location_name(ParamsLocation location);
 
 class ModuleWeights {
   public:
@@ -42,8 +56,32 @@ class ModuleWeights {
     // Allocates every declared tensor on `backend` and copies the data in.
     // Fails with the first declaration problem or conversion error.
     Status load(ggml_backend_t backend);
+    // Places the params: ComputeDevice is load(compute_backend); Host and
+    // OtherDevice fill a copy in `params_buft` (RAM, or another device's
+    // memory) and leave the compute tensors unbound; Disk checks the
+    // declarations and reads nothing.
+    Status load_params(ParamsLocation location, ggml_backend_t compute_backend,
+                       ggml_backend_buffer_type_t params_buft = nullptr);
+    // Bytes the params take in `buft` (alignment included).
+    uint64_t allocation_size(ggml_backend_buffer_type_t buft) const;
+    bool loaded() const { return buffer_ || host_buffer_ || location_ == ParamsLocation::Disk; }
+    ParamsLocation params_location() const { return location_; }
+    // Records where the params will be before they are loaded, so plans
+    // made before loading (lazy loading, kiln plan) see it.
+    void set_params_location(ParamsLocation location) { location_ = location; }
+    // Bytes allocated on the compute device by load() (0 for host/disk params).
     size_t bytes() const;
+    // Bytes of all declared tensors in their compute types.
+    uint64_t declared_bytes() const;
     size_t count() const { return declared_.size(); }
+
+    // Whether `tensor` is one of this module's compute tensors.
+    bool owns(const ggml_tensor* tensor) const;
+    // The compute-type bytes of a compute tensor from its params: a pointer
+    // into the RAM copy (Host; `staging` untouched), or the tensor copied
+    // from the other device or read and converted from the model file into
+    // `staging`.
+    Result<const void*> params_data(const ggml_tensor* tensor, std::vector<uint8_t>& staging) const;
 
   private:
     ggml_tensor* declare(const std::string& name, const std::vector<int64_t>& shape,
@@ -54,6 +92,11 @@ class ModuleWeights {
     std::optional<ggml_type> weight_type_;
     ggml_context* ctx_ = nullptr;
     ggml_backend_buffer_t buffer_ = nullptr;
+    ParamsLocation location_ = ParamsLocation::ComputeDevice;
+    // Host / other-device params: a twin of each compute tensor.
+    ggml_context* host_ctx_ = nullptr;
+    ggml_backend_buffer_t host_buffer_ = nullptr;
+    std::unordered_map<const ggml_tensor*, std::pair<const io::TensorInfo*, ggml_tensor*>> by_tensor_;
     std::vector<std::pair<ggml_tensor*, const io::TensorInfo*>> declared_;
     std::vector<std::string> errors_;
 };

@@ -191,7 +191,7 @@ TEST(CliGenerate, BadRequestsFailCleanlyWithoutOutput) {
         {"-i " + dir.file("notes.png"), 1, "notes.png"},
         {"--strength 1.5", 2, "--strength: expected a number in (0, 1], got '1.5'"},
         // Self-attention over 2048 x 2048 latent pixels cannot be allocated: a clean error, not a crash.
-        {"-W 8192 -H 8192", 1, "out of memory: this step needs"},
+        {"-W 8192 -H 8192", 1, "out of memory: diffusion segment"},
     };
     for (const Case& c : cases) {
         auto r = run_command(kiln_with_model("-p x -W 32 -H 32 --steps 1 -b 2 " + c.args + " -o " + out));

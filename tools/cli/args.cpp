@@ -10,6 +10,7 @@
 #include <functional>
 #include <sstream>
 
+#include "runtime/device_budget.h"
 #include "runtime/devices.h"
 
 namespace kiln::cli {
@@ -211,6 +212,62 @@ const std::vector<Flag>& flags() {
                  o.backend = v;
                  return std::nullopt;
              }},
+            {nullptr, "--params-backend", "SPEC",
+             "where weights live between uses: cpu (RAM), disk, or a device; for every module or per module: "
+             "diffusion=cpu,vae=disk. Turns auto-fit off",
+             [](Options& o, const std::string& v) -> std::optional<std::string> {
+                 if (v.empty()) return std::string("expected cpu, disk, a device or module=location pairs");
+                 o.params_backend = v;
+                 return std::nullopt;
+             }},
+            {nullptr, "--offload-to-cpu", nullptr, "keep every module's weights in RAM (--params-backend cpu)",
+             [](Options& o, const std::string&) -> std::optional<std::string> {
+                 o.offload_to_cpu = true;
+                 return std::nullopt;
+             }},
+            {nullptr, "--max-vram", "GIB",
+             "memory budget per device in GiB: 6 (a managed budget), 0 (free memory), -1 (free memory at "
+             "start minus 1 GiB), or per device: cuda0=6,rpc0=0.5; K/M/G suffixes allowed (96M)",
+             [](Options& o, const std::string& v) -> std::optional<std::string> {
+                 auto parsed = runtime::parse_max_vram(v);
+                 if (!parsed) {
+                     const std::string& m = parsed.error().message;
+                     return m.rfind("--max-vram: ", 0) == 0 ? m.substr(12) : m;
+                 }
+                 o.max_vram = v;
+                 return std::nullopt;
+             }},
+            {nullptr, "--auto-fit", "on|off",
+             "choose placement and params locations automatically (default on; --backend or --params-backend "
+             "turn it off)",
+             [](Options& o, const std::string& v) -> std::optional<std::string> {
+                 if (v != "on" && v != "off") return "expected on or off, got '" + v + "'";
+                 o.auto_fit = v == "on";
+                 return std::nullopt;
+             }},
+            {nullptr, "--eager-load", nullptr, "read every module's weights at start instead of on first use",
+             [](Options& o, const std::string&) -> std::optional<std::string> {
+                 o.eager_load = true;
+                 return std::nullopt;
+             }},
+            {nullptr, "--disable-prefetch", nullptr,
+             "do not upload the next segment's weights while the current one computes",
+             [](Options& o, const std::string&) -> std::optional<std::string> {
+                 o.disable_prefetch = true;
+                 return std::nullopt;
+             }},
+            {nullptr, "--disable-segmented-compute", nullptr,
+             "always run graphs whole (a graph that does not fit is an error)",
+             [](Options& o, const std::string&) -> std::optional<std::string> {
+                 o.disable_segmented_compute = true;
+                 return std::nullopt;
+             }},
+            {nullptr, "--dry-run", nullptr,
+             "print the placement, predicted memory per device and segments per module, then stop (kiln plan)",
+             [](Options& o, const std::string&) -> std::optional<std::string> {
+                 o.command = Command::Plan;
+                 return std::nullopt;
+             }},
             {"-v", "--verbose", nullptr, "verbose logging (same as --log-level verbose)",
              [](Options& o, const std::string&) -> std::optional<std::string> {
                  o.log_level = LogLevel::Verbose;
@@ -327,6 +384,9 @@ std::variant<Options, UsageError> parse_args(const std::vector<std::string>& arg
         options.command = Command::Info;
         for (const Flag& f : info_flags()) known.push_back(&f);
         i = 1;
+    } else if (!args.empty() && args[0] == "plan") {
+        options.command = Command::Plan;
+        i = 1;
     } else if (!args.empty() && args[0] == "rpc-server") {
         options.command = Command::RpcServer;
         for (const Flag& f : rpc_server_flags()) known.push_back(&f);
@@ -378,6 +438,7 @@ std::string help_text() {
            "       kiln -M metadata -i IMAGE\n"
            "       kiln info [--tensors] [FILE|FOLDER...]   (no file: the default model)\n"
            "       kiln --list-devices [--rpc HOST:PORT,...]\n"
+           "       kiln plan [options]                  will the job fit, and how? (same as --dry-run)\n"
            "       kiln rpc-server [--host ADDRESS] [--port N] [--device NAME]   serve a device to other kilns\n\n"
            "options:\n";
     auto print = [&](const std::vector<Flag>& table) {

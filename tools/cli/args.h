@@ -19,6 +19,7 @@ enum class Command {
     Info,         // kiln info FILE|FOLDER...
     ListDevices,  // --list-devices: every ggml device (with --rpc: the remote ones too)
     RpcServer,    // kiln rpc-server [--host H] [--port P] [--device NAME]
+    Plan,         // kiln plan [generation options], or --dry-run: placement and memory forecast
     Help,         // -h/--help
     Version,      // --version
 };
@@ -66,6 +67,15 @@ struct Options {
     // devices are only known once the --rpc servers have been added.
     std::string rpc_servers;  // --rpc host:port[,host:port]
     std::string backend;      // --backend DEVICE or module=device,...
+
+    // The memory system (docs/memory.md).
+    std::string params_backend;  // --params-backend cpu|disk|DEVICE or module=...,...
+    bool offload_to_cpu = false;
+    std::string max_vram;  // --max-vram, validated at parse time
+    bool auto_fit = true;  // --auto-fit on|off
+    bool disable_prefetch = false;
+    bool disable_segmented_compute = false;
+    bool eager_load = false;
 
     // `kiln rpc-server`.
     std::string rpc_host = "127.0.0.1";  // an IPv4 address ("localhost" is turned into 127.0.0.1)

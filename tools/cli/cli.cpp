@@ -29,7 +29,8 @@ int run_cli(const std::vector<std::string>& args) {
             return kExitOk;
         case Command::Info: return run_info(options, std::cout);
         case Command::Convert: return run_convert(options);
-        case Command::Generate: return run_generate(options);
+        case Command::Generate:
+        case Command::Plan: return run_generate(options);
         case Command::Metadata: return run_metadata(options);
         case Command::ListDevices: return run_list_devices(options, std::cout);
         case Command::RpcServer: return run_rpc_server(options);

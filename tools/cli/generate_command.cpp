@@ -11,6 +11,7 @@
 #include "cli.h"
 #include "default_model.h"
 #include "kiln.h"
+#include "pipeline/placement.h"
 #include "runtime/devices.h"
 #include "util/log.h"
 
@@ -71,11 +72,19 @@ int check_devices(const Options& options) {
             return kExitFailure;
         }
     }
-    if (options.backend.empty()) return kExitOk;
-    auto assignments = runtime::parse_backend_assignments(options.backend);
-    if (!assignments) {
-        KILN_LOG_ERROR("%s", assignments.error().message.c_str());
-        return kExitUsage;
+    if (!options.backend.empty()) {
+        auto assignments = runtime::parse_backend_assignments(options.backend);
+        if (!assignments) {
+            KILN_LOG_ERROR("%s", assignments.error().message.c_str());
+            return kExitUsage;
+        }
+    }
+    if (!options.params_backend.empty()) {
+        auto where = pipeline::parse_params_backend(options.params_backend, runtime::registered_device_names());
+        if (!where) {
+            KILN_LOG_ERROR("%s", where.error().message.c_str());
+            return kExitUsage;
+        }
     }
     return kExitOk;
 }
@@ -140,6 +149,15 @@ int run_generate(const Options& options) {
     cp.n_threads = options.threads;
     cp.rpc_servers = options.rpc_servers.empty() ? nullptr : options.rpc_servers.c_str();
     cp.backend = options.backend.empty() ? nullptr : options.backend.c_str();
+    cp.params_backend = options.params_backend.empty() ? nullptr : options.params_backend.c_str();
+    cp.offload_to_cpu = options.offload_to_cpu ? 1 : 0;
+    cp.disable_auto_fit = options.auto_fit ? 0 : 1;
+    cp.max_vram = options.max_vram.empty() ? nullptr : options.max_vram.c_str();
+    cp.disable_prefetch = options.disable_prefetch ? 1 : 0;
+    cp.disable_segmented_compute = options.disable_segmented_compute ? 1 : 0;
+    cp.eager_load = options.eager_load ? 1 : 0;
+    const bool plan_only = options.command == Command::Plan;
+    cp.plan_only = plan_only ? 1 : 0;
 
     kiln_image* init = nullptr;
     if (!options.init_image.empty()) {
@@ -168,6 +186,29 @@ int run_generate(const Options& options) {
         kiln_images_free(mask, mask ? 1 : 0);
         KILN_LOG_ERROR("%s", load_error.c_str());
         return kExitFailure;
+    }
+
+    if (plan_only) {
+        kiln_images_free(init, init ? 1 : 0);
+        kiln_images_free(mask, mask ? 1 : 0);
+        kiln_generation_params gp;
+        kiln_generation_params_init(&gp);
+        gp.width = options.width;
+        gp.height = options.height;
+        gp.cfg_scale = options.cfg_scale_given ? options.cfg_scale : -1.0f;
+        gp.flash_attention = options.diffusion_fa ? 1 : 0;
+        char* text = nullptr;
+        int fits = 0;
+        ErrorText error;
+        const int rc = kiln_plan(ctx, &gp, &text, &fits, &error.text);
+        kiln_context_free(ctx);
+        if (rc != 0) {
+            KILN_LOG_ERROR("%s", error.c_str());
+            return kExitFailure;
+        }
+        std::printf("%s", text);
+        kiln_free_string(text);
+        return fits ? kExitOk : kExitFailure;
     }
 
     int64_t seed = options.seed;
@@ -205,6 +246,12 @@ int run_generate(const Options& options) {
     int count = 0;
     ErrorText gen_error;
     const int rc = kiln_generate(ctx, &gp, &images, &count, &gen_error.text);
+    if (char* report = kiln_memory_report(ctx)) {
+        for (char* line = std::strtok(report, "\n"); line; line = std::strtok(nullptr, "\n")) {
+            KILN_LOG_VERBOSE("memory: %s", line);
+        }
+        kiln_free_string(report);
+    }
     kiln_images_free(init, init ? 1 : 0);
     kiln_images_free(mask, mask ? 1 : 0);
     kiln_context_free(ctx);

@@ -1,0 +1,90 @@
+#include "pipeline/job_forecast.h"
+
+#include <algorithm>
+
+#include "runtime/graph_session.h"
+#include "util/format.h"
+
+namespace kiln::pipeline {
+
+Result<JobForecast> forecast_job(StableDiffusionModel& model, int width, int height, bool cfg, bool flash_attention) {
+    const int64_t batch = cfg ? 2 : 1;
+    const auto& cc = model.text_encoder().config();
+    const auto& uc = model.unet().config();
+    const auto& vc = model.vae().config();
+    const int64_t lw = width / vc.downscale(), lh = height / vc.downscale();
+    JobForecast out;
+    auto add = [&](runtime::Executor& executor, runtime::GraphSession& session, ggml_tensor* output) -> Status {
+        auto f = executor.forecast(session, output);
+        if (!f.ok()) return f.error();
+        out.modules.push_back({executor.module(), executor.store().ledger().device_name(), *f});
+        return Status::Ok();
+    };
+    {
+        runtime::GraphSession session;
+        const std::vector<int32_t> ids(static_cast<size_t>(cc.context * batch), 0);
+        ggml_tensor* tokens = session.input(GGML_TYPE_I32, {cc.context, batch}, ids.data(), "tokens");
+        ggml_tensor* hidden = model.text_encoder().build(session.ctx(), tokens, model.default_clip_skip());
+        KILN_TRY(add(model.text_encoder_compute(), session, hidden));
+    }
+    {
+        runtime::GraphSession session;
+        const std::vector<float> x(static_cast<size_t>(lw * lh * uc.in_channels * batch), 0.0f);
+        const std::vector<float> t(static_cast<size_t>(batch), 0.0f);
+        const std::vector<float> c(static_cast<size_t>(uc.context_dim * cc.context * batch), 0.0f);
+        ggml_tensor* xin = session.input(GGML_TYPE_F32, {lw, lh, uc.in_channels, batch}, x.data(), "x");
+        ggml_tensor* tin = session.input(GGML_TYPE_F32, {batch}, t.data(), "timesteps");
+        ggml_tensor* cin = session.input(GGML_TYPE_F32, {uc.context_dim, cc.context, batch}, c.data(), "context");
+        ggml_tensor* eps = model.unet().build(session.ctx(), xin, tin, cin, flash_attention);
+        KILN_TRY(add(model.diffusion_compute(), session, eps));
+    }
+    {
+        runtime::GraphSession session;
+        const std::vector<float> z(static_cast<size_t>(lw * lh * vc.latent_channels), 0.0f);
+        ggml_tensor* in = session.input(GGML_TYPE_F32, {lw, lh, vc.latent_channels, 1}, z.data(), "latent");
+        ggml_tensor* image = model.vae().build_decoder(session.ctx(), in);
+        KILN_TRY(add(model.vae_compute(), session, image));
+    }
+    for (const auto& [name, ledger] : model.ledgers()) {
+        DeviceForecast d;
+        d.device = name;
+        d.budget = ledger->budget();
+        d.limit = ledger->limit();
+        d.peak = ledger->managed();
+        for (const ModuleForecast& m : out.modules) {
+            if (m.device == name) d.peak = std::max(d.peak, m.run.fixed + m.run.peak);
+        }
+        out.devices.push_back(d);
+    }
+    for (const ModuleForecast& m : out.modules) out.fits = out.fits && m.run.fits;
+    return out;
+}
+
+std::string describe_forecast(const StableDiffusionModel& model, const JobForecast& forecast) {
+    std::string out = "placement:\n";
+    const std::string placement = describe_placement(model.placement(), model.module_bytes());
+    for (size_t start = 0; start < placement.size();) {
+        const size_t end = placement.find('\n', start);
+        out += "  " + placement.substr(start, end - start + 1);
+        start = end + 1;
+    }
+    out += "modules:\n";
+    for (const ModuleForecast& m : forecast.modules) {
+        const auto& r = m.run;
+        out += "  " + m.module + " on " + m.device + ": " +
+               (r.segments == 1 ? std::string("whole graph") : std::to_string(r.segments) + " segments") +
+               ", compute " + human_bytes(r.whole_workspace) + " whole, hungriest part " +
+               human_bytes(r.largest_segment) + " (" + r.largest_segment_name + ")" +
+               (r.fits ? "" : " - DOES NOT FIT") + "\n";
+    }
+    out += "devices:\n";
+    for (const DeviceForecast& d : forecast.devices) {
+        out += "  " + d.device + ": peak " + human_bytes(d.peak) + " of " +
+               (d.budget ? "a budget of " + human_bytes(*d.budget) : "free memory") + " (limit now " +
+               human_bytes(d.limit) + ")\n";
+    }
+    out += forecast.fits ? "fits: yes\n" : "fits: no\n";
+    return out;
+}
+
+}  // namespace kiln::pipeline

@@ -1,0 +1,43 @@
+// `kiln plan` / `--dry-run`: what a generation job would need where, without
+// running it. The text encoder, UNet (CFG batch of two) and VAE decoder
+// graphs of the job are built and planned by each module's executor at the
+// device's current limit; nothing is uploaded or computed.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "pipeline/sd_model.h"
+#include "runtime/executor.h"
+#include "util/result.h"
+
+namespace kiln::pipeline {
+
+struct ModuleForecast {
+    std::string module;  // "te", "diffusion", "vae"
+    std::string device;  // where it computes
+    runtime::RunForecast run;
+};
+
+struct DeviceForecast {
+    std::string device;
+    uint64_t peak = 0;  // predicted managed peak: weights kept there plus the hungriest module's run
+    std::optional<uint64_t> budget;
+    uint64_t limit = 0;
+};
+
+struct JobForecast {
+    std::vector<ModuleForecast> modules;
+    std::vector<DeviceForecast> devices;
+    bool fits = true;
+};
+
+// `cfg`: the UNet runs the conditional and unconditional passes as one batch.
+Result<JobForecast> forecast_job(StableDiffusionModel& model, int width, int height, bool cfg, bool flash_attention);
+
+// The placement, per-device peaks, per-module segment counts and the verdict.
+std::string describe_forecast(const StableDiffusionModel& model, const JobForecast& forecast);
+
+}  // namespace kiln::pipeline

@@ -1,0 +1,157 @@
+#include "pipeline/placement.h"
+
+#include <algorithm>
+
+#include "util/format.h"
+#include "util/log.h"
+
+namespace kiln::pipeline {
+namespace {
+
+using runtime::DeviceInfo;
+using runtime::ParamsLocation;
+
+const std::vector<std::string> kModules = {"diffusion", "te", "vae"};
+
+// Compute buffers a module needs besides its weights, as a share of them:
+// the UNet's activations are small next to its weights, the VAE's decoder
+// works on full-resolution images with few weights. A guide for auto-fit
+// only; the executor measures the real graphs and segments or fails cleanly.
+double compute_reserve_share(const std::string& module) {
+    if (module == "diffusion") return 0.5;
+    if (module == "te") return 0.25;
+    return 8.0;
+}
+
+// Room an offloaded module needs on the compute device to stream its
+// weights: a few of its segments at a time.
+double staging_share(const std::string& module) { return module == "te" ? 0.10 : 0.15; }
+
+uint64_t device_limit(const DeviceInfo& d, const runtime::BudgetSpec& budgets) {
+    const std::optional<double> gib = budgets.for_device(d.name);
+    constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+    if (!gib || *gib == 0.0) return d.free;
+    if (*gib > 0) return std::min<uint64_t>(static_cast<uint64_t>(*gib * kGiB), d.free ? d.free : UINT64_MAX);
+    return static_cast<uint64_t>(std::max(0.0, static_cast<double>(d.free) + *gib * kGiB));
+}
+
+Result<ParamsLocation> params_location_of(const std::string& value, const std::string& compute, std::string& device) {
+    if (value == "disk") return ParamsLocation::Disk;
+    if (value == compute) return ParamsLocation::ComputeDevice;
+    if (value == "CPU") return ParamsLocation::Host;
+    device = value;
+    return ParamsLocation::OtherDevice;
+}
+
+}  // namespace
+
+Result<std::map<std::string, std::string>> parse_params_backend(std::string_view spec,
+                                                                const std::vector<std::string>& device_names) {
+    std::vector<std::string> values = device_names;
+    values.push_back("disk");
+    return runtime::parse_module_assignments("--params-backend", spec, values);
+}
+
+Result<std::vector<ModulePlacement>> place_modules(const PlacementRequest& request, const ModuleBytes& bytes,
+                                                   const std::vector<DeviceInfo>& devices, uint64_t host_available) {
+    auto bytes_of = [&](const std::string& m) {
+        auto it = bytes.find(m);
+        return it == bytes.end() ? uint64_t{0} : it->second;
+    };
+    std::vector<ModulePlacement> out;
+    const bool auto_fit = request.auto_fit && request.backend.empty() && request.params_backend.empty();
+    if (!auto_fit) {
+        for (const std::string& m : kModules) {
+            ModulePlacement p;
+            p.module = m;
+            if (auto it = request.backend.find(m); it != request.backend.end()) p.compute_device = it->second;
+            std::string value = request.offload_to_cpu ? "CPU" : p.compute_device;
+            if (auto it = request.params_backend.find(m); it != request.params_backend.end()) value = it->second;
+            auto where = params_location_of(value, p.compute_device, p.params_device);
+            if (!where.ok()) return where.error();
+            p.params = *where;
+            out.push_back(p);
+        }
+        return out;
+    }
+
+    // Auto-fit: the GPU-type device with the most room computes everything.
+    const DeviceInfo* gpu = nullptr;
+    for (const DeviceInfo& d : devices) {
+        if (d.type != DeviceInfo::Gpu) continue;  // accelerators (BLAS) assist the CPU
+        if (!gpu || device_limit(d, request.budgets) > device_limit(*gpu, request.budgets)) gpu = &d;
+    }
+    if (!gpu) {
+        KILN_LOG_VERBOSE("auto-fit: no GPU-type device, every module runs on the CPU");
+        for (const std::string& m : kModules) {
+            ModulePlacement p;
+            p.module = m;
+            out.push_back(p);
+        }
+        return out;
+    }
+    const uint64_t room = device_limit(*gpu, request.budgets);
+    const uint64_t keep_free = std::max<uint64_t>(2ull << 30, host_available / 10);
+    uint64_t host_room = host_available > keep_free ? host_available - keep_free : 0;
+    std::map<std::string, uint64_t> other_room;
+    for (const DeviceInfo& d : devices) {
+        if (&d != gpu && d.type == DeviceInfo::Gpu) {
+            other_room[d.name] = device_limit(d, request.budgets);
+        }
+    }
+    // Modules run one at a time: the device keeps room for the hungriest
+    // one's compute, plus staging room for every offloaded module.
+    uint64_t compute_reserve = 0;
+    for (const std::string& m : kModules) {
+        compute_reserve = std::max<uint64_t>(
+            compute_reserve, static_cast<uint64_t>(static_cast<double>(bytes_of(m)) * compute_reserve_share(m)));
+    }
+    uint64_t placed = 0, staging = 0;
+    for (const std::string& m : kModules) {
+        ModulePlacement p;
+        p.module = m;
+        p.compute_device = gpu->name;
+        const uint64_t w = bytes_of(m);
+        const uint64_t stage = static_cast<uint64_t>(static_cast<double>(w) * staging_share(m));
+        if (!request.offload_to_cpu && placed + w + compute_reserve + staging <= room) {
+            p.params = ParamsLocation::ComputeDevice;
+            placed += w;
+        } else if (w <= host_room) {
+            p.params = ParamsLocation::Host;
+            host_room -= w;
+            staging += stage;
+        } else {
+            p.params = ParamsLocation::Disk;
+            for (auto& [name, free] : other_room) {
+                if (w <= free) {
+                    p.params = ParamsLocation::OtherDevice;
+                    p.params_device = name;
+                    free -= w;
+                    break;
+                }
+            }
+            staging += stage;
+        }
+        out.push_back(p);
+    }
+    return out;
+}
+
+std::string describe_placement(const std::vector<ModulePlacement>& placement, const ModuleBytes& bytes) {
+    std::string out;
+    for (const ModulePlacement& p : placement) {
+        auto it = bytes.find(p.module);
+        const uint64_t w = it == bytes.end() ? 0 : it->second;
+        std::string where;
+        switch (p.params) {
+            case runtime::ParamsLocation::ComputeDevice: where = "on " + p.compute_device; break;
+            case runtime::ParamsLocation::Host: where = "in RAM"; break;
+            case runtime::ParamsLocation::OtherDevice: where = "on " + p.params_device; break;
+            case runtime::ParamsLocation::Disk: where = "on disk"; break;
+        }
+        out += p.module + ": computes on " + p.compute_device + ", weights " + where + " (" + human_bytes(w) + ")\n";
+    }
+    return out;
+}
+
+}  // namespace kiln::pipeline

@@ -1,0 +1,59 @@
+// Where each module computes and where its weights live between uses
+// (DESIGN.md, the memory system): from --backend / --params-backend /
+// --offload-to-cpu, or chosen by auto-fit.
+//
+// Auto-fit (on unless --backend or --params-backend is given): the GPU-type
+// device with the largest budget computes every module. Modules are placed
+// in priority order diffusion, text encoder, VAE; each one's weights go to
+// the first place with room: that GPU (leaving its compute reserve and
+// staging room for the higher-priority modules already offloaded), RAM
+// (keeping max(2 GiB, 10% of what is available) free), another GPU, disk.
+// With no GPU-type device everything runs on the CPU.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "runtime/device_budget.h"
+#include "runtime/devices.h"
+#include "runtime/module_weights.h"
+#include "util/result.h"
+
+namespace kiln::pipeline {
+
+struct ModulePlacement {
+    std::string module;                  // "diffusion", "te", "vae"
+    std::string compute_device = "CPU";  // ggml's device name
+    runtime::ParamsLocation params = runtime::ParamsLocation::ComputeDevice;
+    std::string params_device;  // for ParamsLocation::OtherDevice
+};
+
+struct PlacementRequest {
+    std::map<std::string, std::string> backend;         // --backend: module -> device
+    std::map<std::string, std::string> params_backend;  // --params-backend: module -> cpu|disk|device
+    bool offload_to_cpu = false;                        // --offload-to-cpu: every module's params in RAM
+    bool auto_fit = true;                               // --auto-fit (off when backend/params_backend given)
+    runtime::BudgetSpec budgets;                        // --max-vram
+};
+
+// Weight bytes of each module ("diffusion", "te", "vae") in compute types.
+using ModuleBytes = std::map<std::string, uint64_t>;
+
+// The placement of "diffusion", "te" and "vae" in that order. `devices` is
+// the registry (runtime::list_devices()); `host_available` the RAM kiln may
+// use. Errors name the flag and the bad value.
+Result<std::vector<ModulePlacement>> place_modules(const PlacementRequest& request, const ModuleBytes& bytes,
+                                                   const std::vector<runtime::DeviceInfo>& devices,
+                                                   uint64_t host_available);
+
+// Parses --params-backend: "cpu", "disk" or a device for every module, or
+// module=value pairs (module names as for --backend).
+Result<std::map<std::string, std::string>> parse_params_backend(std::string_view spec,
+                                                                const std::vector<std::string>& device_names);
+
+// One line per module: "diffusion: computes on RPC0, weights in RAM (1.6 GiB)".
+std::string describe_placement(const std::vector<ModulePlacement>& placement, const ModuleBytes& bytes);
+
+}  // namespace kiln::pipeline

@@ -1,0 +1,111 @@
+#include "runtime/device_budget.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+
+#include "runtime/host_memory.h"
+#include "util/log.h"
+
+namespace kiln::runtime {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+std::string upper(std::string_view s) {
+    std::string out(s);
+    for (char& c : out) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    return out;
+}
+
+std::string_view trim(std::string_view s) {
+    while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+    while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+    return s;
+}
+
+// "6", "-1.5", "0", "96M", "512MiB", "2G" -> GiB.
+Result<double> parse_amount(std::string_view text) {
+    const std::string s(trim(text));
+    if (s.empty()) return Error{"an empty value"};
+    char* end = nullptr;
+    const double value = std::strtod(s.c_str(), &end);
+    if (end == s.c_str() || !std::isfinite(value)) return Error{"'" + s + "' is not a number of GiB"};
+    std::string unit = upper(trim(std::string_view(end)));
+    if (unit.size() == 3 && unit.substr(1) == "IB") unit.resize(1);
+    if (unit.size() == 2 && unit[1] == 'B') unit.resize(1);
+    if (unit.empty() || unit == "G") return value;
+    if (unit == "M") return value / 1024.0;
+    if (unit == "K") return value / (1024.0 * 1024.0);
+    return Error{"'" + s + "' has an unknown unit (use GiB numbers, or K, M, G)"};
+}
+
+}  // namespace
+
+std::optional<double> BudgetSpec::for_device(std::string_view device) const {
+    auto it = per_device_gib.find(upper(device));
+    if (it != per_device_gib.end()) return it->second;
+    return all_gib;
+}
+
+Result<BudgetSpec> parse_max_vram(std::string_view spec) {
+    BudgetSpec out;
+    if (trim(spec).empty()) return Error{"--max-vram: an empty budget"};
+    size_t start = 0;
+    while (start <= spec.size()) {
+        const size_t comma = std::min(spec.find(',', start), spec.size());
+        const std::string_view part = trim(spec.substr(start, comma - start));
+        start = comma + 1;
+        if (part.empty()) return Error{"--max-vram: an empty entry in '" + std::string(spec) + "'"};
+        const size_t eq = part.find('=');
+        if (eq == std::string_view::npos) {
+            if (out.all_gib) return Error{"--max-vram: two budgets for every device in '" + std::string(spec) + "'"};
+            auto v = parse_amount(part);
+            if (!v.ok()) return Error{"--max-vram: " + v.error().message};
+            out.all_gib = *v;
+        } else {
+            const std::string device = upper(trim(part.substr(0, eq)));
+            if (device.empty()) return Error{"--max-vram: '" + std::string(part) + "' names no device"};
+            auto v = parse_amount(part.substr(eq + 1));
+            if (!v.ok()) return Error{"--max-vram: " + device + ": " + v.error().message};
+            if (!out.per_device_gib.emplace(device, *v).second) {
+                return Error{"--max-vram: two budgets for " + device};
+            }
+        }
+        if (comma == spec.size()) break;
+    }
+    return out;
+}
+
+uint64_t device_free_bytes(ggml_backend_dev_t device) {
+    if (!device || ggml_backend_dev_type(device) == GGML_BACKEND_DEVICE_TYPE_CPU) return host_available_bytes();
+    size_t free = 0, total = 0;
+    ggml_backend_dev_memory(device, &free, &total);
+    return free;
+}
+
+DeviceLedger::DeviceLedger(ggml_backend_dev_t device, std::optional<double> budget_gib)
+    : device_(device), name_(device ? ggml_backend_dev_name(device) : "CPU") {
+    if (!budget_gib || *budget_gib == 0.0) return;
+    if (*budget_gib > 0) {
+        budget_ = static_cast<uint64_t>(*budget_gib * kGiB);
+        return;
+    }
+    const double free = static_cast<double>(device_free_bytes(device));
+    budget_ = static_cast<uint64_t>(std::max(0.0, free + *budget_gib * kGiB));
+}
+
+void DeviceLedger::add(uint64_t bytes) {
+    managed_ += bytes;
+    peak_ = std::max(peak_, managed_);
+}
+
+void DeviceLedger::release(uint64_t bytes) { managed_ -= std::min(bytes, managed_); }
+
+uint64_t DeviceLedger::limit() const {
+    const uint64_t live = managed_ + device_free_bytes(device_);
+    return budget_ ? std::min(*budget_, live) : live;
+}
+
+}  // namespace kiln::runtime

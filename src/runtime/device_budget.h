@@ -1,0 +1,72 @@
+// `--max-vram` budgets and the per-device ledger of managed memory.
+//
+// A budget is given in GiB per device (DESIGN.md, the memory system):
+//   positive  a managed budget: weights plus the buffers runners register;
+//   0         no explicit budget: the live free memory of the device;
+//   negative  the free memory at start-up minus that many GiB.
+// Live free memory can always lower the limit of a run. The ledger counts
+// every managed byte on its device (weights, compute copies, workspaces,
+// carried activations) and remembers the peak, so tests can check the
+// invariant "managed bytes never exceed the budget" from kiln's own books.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "ggml-backend.h"
+#include "util/result.h"
+
+namespace kiln::runtime {
+
+// Parsed `--max-vram`: one value for every device, per-device values, or
+// both ("4,rpc0=0.5": rpc0 gets 0.5, every other device 4). Values are GiB;
+// a unit suffix (K, M, G with optional "iB") gives bytes in that unit
+// instead ("96M" = 96 MiB), which small test models need.
+struct BudgetSpec {
+    std::optional<double> all_gib;
+    std::map<std::string, double> per_device_gib;  // keys upper-case device names ("RPC0")
+
+    bool empty() const { return !all_gib && per_device_gib.empty(); }
+    // The value for `device` (any case), if one was given.
+    std::optional<double> for_device(std::string_view device) const;
+};
+
+// Errors name the flag and the bad part.
+Result<BudgetSpec> parse_max_vram(std::string_view spec);
+
+class DeviceLedger {
+  public:
+    // `budget_gib` as for --max-vram (nullopt: same as 0). The device's free
+    // memory is read now for negative budgets.
+    DeviceLedger(ggml_backend_dev_t device, std::optional<double> budget_gib);
+
+    const std::string& device_name() const { return name_; }
+    ggml_backend_dev_t device() const { return device_; }
+    // The explicit managed budget in bytes, if any (positive or negative spec).
+    std::optional<uint64_t> budget() const { return budget_; }
+
+    uint64_t managed() const { return managed_; }
+    uint64_t peak() const { return peak_; }
+    void add(uint64_t bytes);
+    void release(uint64_t bytes);
+    // The most the managed bytes may reach now: the budget, lowered by the
+    // device's live free memory (managed + free).
+    uint64_t limit() const;
+    // Forget the peak (a new job starts).
+    void reset_peak() { peak_ = managed_; }
+
+  private:
+    ggml_backend_dev_t device_;
+    std::string name_;
+    std::optional<uint64_t> budget_;
+    uint64_t managed_ = 0;
+    uint64_t peak_ = 0;
+};
+
+// Free bytes of `device` as it reports them now (for the CPU: MemAvailable).
+uint64_t device_free_bytes(ggml_backend_dev_t device);
+
+}  // namespace kiln::runtime

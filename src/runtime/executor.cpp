@@ -1,0 +1,566 @@
+#include "runtime/executor.h"
+
+#include <algorithm>
+#include <set>
+#include <unordered_set>
+
+#include "ggml-alloc.h"
+#include "ggml-impl.h"  // struct ggml_cgraph: segment graphs need leafs
+#include "util/format.h"
+#include "util/log.h"
+
+namespace kiln::runtime {
+namespace {
+
+constexpr size_t kMaxSubgraphNodes = 65536;
+
+uint64_t sub_or_zero(uint64_t a, uint64_t b) { return a > b ? a - b : 0; }
+
+// The allocation size of `t` in `buft`, asked about a copy that points at
+// nothing: a graph's nodes keep stale placements between runs, and a remote
+// buffer type (RPC) would send them to its server.
+uint64_t alloc_size(ggml_backend_buffer_type_t buft, const ggml_tensor* t) {
+    ggml_tensor copy = *t;
+    copy.buffer = nullptr;
+    copy.data = nullptr;
+    copy.view_src = nullptr;
+    for (auto& src : copy.src) src = nullptr;
+    const uint64_t alignment = ggml_backend_buft_get_alignment(buft);
+    return (ggml_backend_buft_get_alloc_size(buft, &copy) + alignment - 1) / alignment * alignment;
+}
+
+// Saves tensors' placements and restores them when destroyed.
+class PlacementRestore {
+  public:
+    void save(ggml_tensor* t) { saved_.push_back({t, t->data, t->buffer}); }
+    ~PlacementRestore() {
+        for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) {
+            it->tensor->data = it->data;
+            it->tensor->buffer = it->buffer;
+        }
+    }
+
+  private:
+    struct Saved {
+        ggml_tensor* tensor;
+        void* data;
+        ggml_backend_buffer_t buffer;
+    };
+    std::vector<Saved> saved_;
+};
+
+// Re-derives a view's placement from its source (sources first).
+void refresh_view(ggml_tensor* t) {
+    if (!t->view_src) return;
+    refresh_view(t->view_src);
+    if (!t->view_src->buffer) return;
+    t->data = nullptr;
+    t->buffer = nullptr;
+    ggml_backend_view_init(t);
+}
+
+uint64_t block_bytes(const std::vector<WeightBlock*>& blocks) {
+    uint64_t total = 0;
+    for (const WeightBlock* b : blocks) total += b->bytes;
+    return total;
+}
+
+}  // namespace
+
+Executor::Executor(std::string module, std::unique_ptr<Compute> compute, ModuleWeights& weights, WeightStore& store,
+                   ExecutorOptions options)
+    : module_(std::move(module)), compute_(std::move(compute)), weights_(weights), store_(store), options_(options) {
+    ggml_backend_t cpu = compute_->cpu();
+    plan_sched_ = ggml_backend_sched_new(&cpu, nullptr, 1, kMaxSubgraphNodes, false, false);
+    placeholder_ = ggml_backend_buft_alloc_buffer(ggml_backend_cpu_buffer_type(), 1);
+    ggml_init_params params{ggml_graph_overhead_custom(kMaxSubgraphNodes, false), nullptr, /*no_alloc=*/true};
+    scratch_ = ggml_init(params);
+    reclaimer_id_ = store_.add_reclaimer({[this] { return busy_ ? uint64_t{0} : workspace_registered_; },
+                                          [this] {
+                                              if (!busy_) release_workspace();
+                                          }});
+}
+
+Executor::~Executor() {
+    store_.remove_reclaimer(reclaimer_id_);
+    release_workspace();
+    if (plan_sched_) ggml_backend_sched_free(plan_sched_);
+    if (placeholder_) ggml_backend_buffer_free(placeholder_);
+    if (scratch_) ggml_free(scratch_);
+}
+
+void Executor::drop_workspace() {
+    if (workspace_registered_ > 0) {
+        (void)compute_->release_workspace();
+        store_.ledger().release(workspace_registered_);
+        workspace_registered_ = 0;
+    }
+    allocated_session_ = 0;
+}
+
+void Executor::release_workspace() {
+    forget_carried();
+    drop_workspace();
+}
+
+void Executor::forget_carried() {
+    carried_nodes_.clear();
+    carried_session_ = 0;
+    allocated_session_ = 0;
+}
+
+ggml_cgraph* Executor::subgraph(ggml_cgraph* graph, int begin, int end) {
+    ggml_reset(scratch_);
+    ggml_cgraph* sub = ggml_new_graph_custom(scratch_, kMaxSubgraphNodes, false);
+    std::unordered_set<const ggml_tensor*> seen;
+    for (int i = begin; i < end; ++i) {
+        ggml_tensor* node = ggml_graph_node(graph, i);
+        ggml_graph_add_node(sub, node);
+        seen.insert(node);
+    }
+    // What the nodes read from outside (weights, inputs, earlier segments'
+    // activations) becomes the segment's leafs, so the scheduler places
+    // them by their buffers as it does a whole graph's.
+    auto add_leaf = [&](ggml_tensor* t) {
+        if (!t || !seen.insert(t).second) return;
+        sub->leafs[sub->n_leafs++] = t;
+    };
+    for (int i = begin; i < end; ++i) {
+        ggml_tensor* node = ggml_graph_node(graph, i);
+        for (ggml_tensor* src : node->src) add_leaf(src);
+        add_leaf(node->view_src);
+    }
+    return sub;
+}
+
+std::vector<int> Executor::carried_out(const GraphPlan& plan, int first, int end) const {
+    const int begin = plan.segments[first].begin, stop = plan.segments[end - 1].end;
+    std::set<int> out;
+    for (int k = stop; k < plan.n_nodes; ++k) {
+        for (int r : plan.reads[k]) {
+            if (r >= begin && r < stop) out.insert(r);
+        }
+    }
+    return {out.begin(), out.end()};
+}
+
+Executor::CarriedLayout Executor::layout_carried(ggml_cgraph* graph, const GraphPlan& plan,
+                                                 const std::vector<Group>& groups) const {
+    CarriedLayout layout;
+    if (groups.size() < 2) return layout;
+    std::vector<int> group_of(plan.n_nodes, 0);
+    for (size_t g = 0; g < groups.size(); ++g) {
+        for (int i = plan.segments[groups[g].first].begin; i < plan.segments[groups[g].end - 1].end; ++i) {
+            group_of[i] = static_cast<int>(g);
+        }
+    }
+    std::vector<int> last_reader(plan.n_nodes, -1);
+    for (int k = 0; k < plan.n_nodes; ++k) {
+        for (int r : plan.reads[k]) last_reader[r] = std::max(last_reader[r], group_of[k]);
+    }
+    struct Placed {
+        uint64_t offset, size;
+        int from, to;
+    };
+    std::vector<Placed> placed;
+    const ggml_backend_buffer_type_t buft = compute_->buffer_type();
+    for (int i = 0; i < plan.n_nodes; ++i) {
+        if (plan.base_node[i] != i || last_reader[i] <= group_of[i]) continue;
+        const uint64_t size = alloc_size(buft, ggml_graph_node(graph, i));
+        const int from = group_of[i], to = last_reader[i];
+        // First fit among the tensors alive at the same time.
+        std::vector<std::pair<uint64_t, uint64_t>> busy;
+        for (const Placed& p : placed) {
+            if (p.from <= to && from <= p.to) busy.emplace_back(p.offset, p.offset + p.size);
+        }
+        std::sort(busy.begin(), busy.end());
+        uint64_t offset = 0;
+        for (const auto& [b, e] : busy) {
+            if (offset + size <= b) break;
+            offset = std::max(offset, e);
+        }
+        placed.push_back({offset, size, from, to});
+        layout.nodes.push_back(i);
+        layout.offsets.push_back(offset);
+        layout.size = std::max(layout.size, offset + size);
+    }
+    return layout;
+}
+
+uint64_t Executor::measure(ggml_cgraph* graph, const GraphPlan& plan, int first, int end) {
+    const auto key = std::make_pair(plan.layout, std::make_pair(first, end));
+    if (auto it = measured_.find(key); it != measured_.end()) return it->second;
+    const int begin = plan.segments[first].begin, stop = plan.segments[end - 1].end;
+    std::vector<char> kept(plan.n_nodes, 0);
+    for (int i : carried_out(plan, first, end)) kept[i] = 1;
+    uint64_t bytes = 0;
+    {
+        // What the real run finds placed (weights, inputs, earlier and kept
+        // activations) goes on the placeholder; what the workspace will hold
+        // is cleared. Everything is put back afterwards.
+        PlacementRestore restore;
+        std::unordered_set<const ggml_tensor*> inside;
+        for (int i = begin; i < stop; ++i) {
+            ggml_tensor* node = ggml_graph_node(graph, i);
+            inside.insert(node);
+            restore.save(node);
+            node->data = nullptr;
+            node->buffer = kept[i] ? placeholder_ : nullptr;
+        }
+        auto place_outside = [&](ggml_tensor* src) {
+            // A view outside the group is placed with the tensor it views.
+            for (; src && !inside.count(src); src = src->view_src) {
+                restore.save(src);
+                src->data = nullptr;
+                src->buffer = placeholder_;
+            }
+        };
+        for (int i = begin; i < stop; ++i) {
+            ggml_tensor* node = ggml_graph_node(graph, i);
+            for (ggml_tensor* src : node->src) place_outside(src);
+            place_outside(node->view_src);
+        }
+        std::vector<size_t> sizes(1, 0);
+        ggml_backend_sched_reserve_size(plan_sched_, subgraph(graph, begin, stop), sizes.data());
+        bytes = sizes[0];
+    }
+    measured_[key] = bytes;
+    return bytes;
+}
+
+void Executor::define_blocks(const GraphPlan& plan) {
+    if (weights_.params_location() == ParamsLocation::ComputeDevice) return;
+    for (size_t s = 0; s < plan.segments.size(); ++s) {
+        std::vector<ggml_tensor*> tensors;
+        for (int leaf : plan.segments[s].weights) tensors.push_back(leafs_[leaf]);
+        store_.define_block(weights_, tensors, static_cast<int>(s));
+    }
+}
+
+std::vector<WeightBlock*> Executor::blocks_for(const GraphPlan& plan, int first, int end) {
+    std::vector<WeightBlock*> blocks;
+    if (weights_.params_location() == ParamsLocation::ComputeDevice) return blocks;
+    for (int s = first; s < end; ++s) {
+        for (int leaf : plan.segments[s].weights) {
+            WeightBlock* b = store_.block_of(leafs_[leaf]);
+            if (b && std::find(blocks.begin(), blocks.end(), b) == blocks.end()) blocks.push_back(b);
+        }
+    }
+    return blocks;
+}
+
+uint64_t Executor::group_cost(ggml_cgraph* graph, const GraphPlan& plan, int first, int end, uint64_t carried) {
+    return block_bytes(blocks_for(plan, first, end)) + measure(graph, plan, first, end) + carried;
+}
+
+Result<Executor::Choice> Executor::choose_groups(ggml_cgraph* graph, const GraphPlan& plan, uint64_t room,
+                                                 RunForecast* forecast) {
+    const int n = static_cast<int>(plan.segments.size());
+    const uint64_t whole = group_cost(graph, plan, 0, n, 0);
+    if (forecast) forecast->whole_workspace = measure(graph, plan, 0, n);
+    const bool can_segment = plan.valid && options_.segmented && n > 1;
+    if (whole <= room || !can_segment) {
+        if (forecast) {
+            forecast->largest_segment = forecast->peak = whole;
+            forecast->largest_segment_name = "whole graph";
+            forecast->fits = whole <= room;
+        }
+        if (whole > room && !forecast) {
+            const std::string why = !plan.valid           ? " (it cannot be segmented: " + plan.invalid_reason + ")"
+                                    : !options_.segmented ? " (segmented compute is disabled)"
+                                                          : "";
+            return Error{"out of memory: " + module_ + " needs " + human_bytes(whole) + " on " +
+                         store_.ledger().device_name() + " to run whole" + why + ", the budget leaves " +
+                         human_bytes(room)};
+        }
+        return Choice{{{0, n}}, {}};
+    }
+
+    // Greedy: each group takes segments while they fit with `carried` bytes
+    // of kept activations. The carried buffer's size depends on the groups,
+    // so start from the finest grouping's and iterate to a grouping whose
+    // carried buffer is no larger than the one it was planned with.
+    std::vector<Group> fine;
+    for (int s = 0; s < n; ++s) fine.push_back({s, s + 1});
+    const uint64_t fine_carried = layout_carried(graph, plan, fine).size;
+    auto greedy = [&](uint64_t carried, int* failed) {
+        std::vector<Group> groups;
+        for (int first = 0; first < n;) {
+            if (group_cost(graph, plan, first, first + 1, carried) > room) {
+                *failed = first;
+                return groups;
+            }
+            int end = first + 1;
+            while (end < n && group_cost(graph, plan, first, end + 1, carried) <= room) ++end;
+            groups.push_back({first, end});
+            first = end;
+        }
+        *failed = -1;
+        return groups;
+    };
+    std::optional<Choice> best;
+    uint64_t carried = fine_carried;
+    int failed = -1;
+    for (int round = 0; round < 4; ++round) {
+        std::vector<Group> groups = greedy(carried, &failed);
+        if (failed >= 0) break;
+        CarriedLayout layout = layout_carried(graph, plan, groups);
+        const uint64_t actual = layout.size;
+        if (actual <= carried) {
+            const bool same = best && best->groups.size() == groups.size();
+            best = Choice{std::move(groups), std::move(layout)};
+            if (actual == carried || same) break;
+        }
+        carried = actual;
+    }
+    if (!best && failed < 0) {  // the finest grouping always fits its own carried buffer
+        best = Choice{fine, layout_carried(graph, plan, fine)};
+        for (int s = 0; s < n && failed < 0; ++s) {
+            if (group_cost(graph, plan, s, s + 1, best->carried.size) > room) failed = s;
+        }
+    }
+    if (failed >= 0 || !best) {
+        const int s = failed >= 0 ? failed : 0;
+        const uint64_t need = group_cost(graph, plan, s, s + 1, fine_carried);
+        if (forecast) {
+            forecast->fits = false;
+            forecast->largest_segment = forecast->peak = need;
+            forecast->largest_segment_name = plan.segments[s].name;
+            forecast->segments = n;
+            return Choice{fine, layout_carried(graph, plan, fine)};
+        }
+        return Error{"out of memory: " + module_ + " segment '" + plan.segments[s].name + "' needs " +
+                     human_bytes(need) + " on " + store_.ledger().device_name() + " (weights " +
+                     human_bytes(block_bytes(blocks_for(plan, s, s + 1))) + ", compute " +
+                     human_bytes(measure(graph, plan, s, s + 1)) + ", kept activations " + human_bytes(fine_carried) +
+                     "), but the budget leaves " + human_bytes(room) +
+                     (store_.ledger().budget() ? " of " + human_bytes(*store_.ledger().budget()) : "")};
+    }
+    if (forecast) {
+        for (const Group& g : best->groups) {
+            const uint64_t single = group_cost(graph, plan, g.first, g.end, best->carried.size);
+            forecast->peak = std::max(forecast->peak, single);
+        }
+        for (int s = 0; s < n; ++s) {
+            const uint64_t single = group_cost(graph, plan, s, s + 1, best->carried.size);
+            if (single > forecast->largest_segment) {
+                forecast->largest_segment = single;
+                forecast->largest_segment_name = plan.segments[s].name;
+            }
+        }
+    }
+    return std::move(best).value();
+}
+
+Status Executor::bind_carried(GraphSession& session, ggml_cgraph* graph, const CarriedLayout& layout) {
+    forget_carried();
+    // Nothing of this graph may stay placed in the buffer being replaced.
+    if (ggml_backend_buffer_t old = session.kept_buffer()) {
+        for (int i = 0; i < ggml_graph_n_nodes(graph); ++i) {
+            ggml_tensor* node = ggml_graph_node(graph, i);
+            if (node->buffer == old) {
+                node->data = nullptr;
+                node->buffer = nullptr;
+            }
+        }
+    }
+    session.adopt_kept_buffer(nullptr, store_.ledger());
+    carried_session_ = session.id();
+    if (layout.nodes.empty()) return Status::Ok();
+    ggml_backend_buffer_t buffer = ggml_backend_buft_alloc_buffer(compute_->buffer_type(), layout.size);
+    if (!buffer) {
+        return Error{"out of memory on " + store_.ledger().device_name() + " allocating " + human_bytes(layout.size) +
+                     " of kept activations for " + module_};
+    }
+    session.adopt_kept_buffer(buffer, store_.ledger());
+    auto* base = static_cast<uint8_t*>(ggml_backend_buffer_get_base(buffer));
+    for (size_t k = 0; k < layout.nodes.size(); ++k) {
+        ggml_tensor* t = ggml_graph_node(graph, layout.nodes[k]);
+        t->data = nullptr;
+        t->buffer = nullptr;
+        if (ggml_backend_tensor_alloc(buffer, t, base + layout.offsets[k]) != GGML_STATUS_SUCCESS) {
+            forget_carried();
+            return Error{"cannot place the kept activations of " + module_};
+        }
+    }
+    carried_nodes_ = layout.nodes;
+    return Status::Ok();
+}
+
+Status Executor::run_group(ggml_cgraph* graph, const GraphPlan& plan, const std::vector<Group>& groups, int index,
+                           uint64_t limit) {
+    const Group& group = groups[index];
+    const int n = static_cast<int>(plan.segments.size());
+    const int begin = plan.segments[group.first].begin, stop = plan.segments[group.end - 1].end;
+    const std::vector<WeightBlock*> blocks = blocks_for(plan, group.first, group.end);
+    const EvictionHint hint{&weights_, group.first, n};
+    const int evictions_before = store_.stats().evictions;
+    const bool reuse = allocated_session_ != 0 && allocated_session_ == carried_session_ &&
+                       allocated_group_ == std::make_pair(group.first, group.end) &&
+                       allocated_evictions_ == evictions_before && store_.missing_bytes(blocks) == 0;
+
+    store_.pin(blocks);
+    struct Unpin {
+        WeightStore& store;
+        const std::vector<WeightBlock*>& blocks;
+        ~Unpin() { store.release(blocks); }
+    } unpin{store_, blocks};
+
+    const uint64_t workspace = measure(graph, plan, group.first, group.end);
+    auto make_room = [&](uint64_t workspace_need) -> Status {
+        uint64_t need = store_.missing_bytes(blocks) + sub_or_zero(workspace_need, workspace_registered_);
+        if (store_.make_room(need, limit, hint)) return Status::Ok();
+        // The workspace keeps the capacity of the hungriest group so far;
+        // give it back and size it for this one.
+        if (workspace_registered_ > 0) {
+            drop_workspace();
+            need = store_.missing_bytes(blocks) + workspace_need;
+            if (store_.make_room(need, limit, hint)) return Status::Ok();
+        }
+        return Error{"out of memory: " + module_ + " segment '" + plan.segments[group.first].name + "' needs " +
+                     human_bytes(need) + " more on " + store_.ledger().device_name() + ", the budget leaves " +
+                     human_bytes(sub_or_zero(limit, store_.ledger().managed()))};
+    };
+    if (!reuse) KILN_TRY(make_room(workspace));
+    KILN_TRY(store_.load(blocks, compute_->device_backend()));
+
+    ggml_backend_sched_t sched = compute_->sched();
+    const bool whole = group.first == 0 && group.end == n;
+    ggml_cgraph* sub = whole ? graph : subgraph(graph, begin, stop);
+    if (!reuse || store_.stats().evictions != evictions_before) {
+        allocated_session_ = 0;
+        std::vector<char> kept(plan.n_nodes, 0);
+        for (int i : carried_nodes_) kept[i] = 1;
+        for (int i = begin; i < stop; ++i) {
+            if (kept[i]) continue;
+            ggml_tensor* node = ggml_graph_node(graph, i);
+            node->data = nullptr;
+            node->buffer = nullptr;
+        }
+        // Views computed by earlier groups point where their source was
+        // then; a weight block may have moved since. Place them again.
+        for (int i = 0; i < sub->n_leafs; ++i) refresh_view(sub->leafs[i]);
+        // The device's own measure, now that everything the group reads is
+        // in place: the estimate was the CPU's.
+        ggml_backend_sched_t measure_sched = compute_->measure_sched();
+        std::vector<size_t> sizes(static_cast<size_t>(ggml_backend_sched_get_n_backends(measure_sched)), 0);
+        ggml_backend_sched_reserve_size(measure_sched, sub, sizes.data());
+        uint64_t exact = 0;
+        if (compute_->device_backend()) {
+            exact = sizes[0];
+        } else {
+            for (size_t size : sizes) exact += size;
+        }
+        if (exact > workspace) KILN_TRY(make_room(exact));
+        ggml_backend_sched_reset(sched);
+        if (!ggml_backend_sched_reserve(sched, sub) || !ggml_backend_sched_alloc_graph(sched, sub)) {
+            return Error{"out of memory on " + store_.ledger().device_name() + " allocating " + human_bytes(exact) +
+                         " of compute buffers for " + module_};
+        }
+        const uint64_t now = compute_->workspace_bytes();
+        if (now > workspace_registered_) store_.ledger().add(now - workspace_registered_);
+        if (now < workspace_registered_) store_.ledger().release(workspace_registered_ - now);
+        workspace_registered_ = now;
+        stats_.peak_workspace = std::max(stats_.peak_workspace, now);
+        ++stats_.allocations;
+        allocated_session_ = carried_session_;
+        allocated_group_ = {group.first, group.end};
+    } else {
+        ++stats_.reuses;
+    }
+    const ggml_status status = ggml_backend_sched_graph_compute_async(sched, sub);
+    if (status == GGML_STATUS_SUCCESS && options_.prefetch && index + 1 < static_cast<int>(groups.size())) {
+        const Group& next = groups[index + 1];
+        if (compute_->device_backend()) {
+            store_.prefetch(blocks_for(plan, next.first, next.end), compute_->device_backend(), limit, hint,
+                            next.first - group.first);
+        }
+    }
+    ggml_backend_sched_synchronize(sched);
+    allocated_evictions_ = store_.stats().evictions;
+    if (index + 1 < static_cast<int>(groups.size())) {
+        // The next group reuses this workspace: what this group computed
+        // and nobody keeps must not look placed any more (ggml's RPC client
+        // sends a graph's whole ancestry, placements included).
+        std::vector<char> kept(plan.n_nodes, 0);
+        for (int i : carried_nodes_) kept[i] = 1;
+        for (int i = begin; i < stop; ++i) {
+            ggml_tensor* node = ggml_graph_node(graph, i);
+            if (kept[i]) continue;
+            node->data = nullptr;
+            node->buffer = nullptr;
+        }
+        allocated_session_ = 0;
+    }
+    if (status != GGML_STATUS_SUCCESS) {
+        allocated_session_ = 0;
+        return Error{module_ + ": graph compute failed on " + store_.ledger().device_name() + ": " +
+                     ggml_status_to_string(status)};
+    }
+    return Status::Ok();
+}
+
+Status Executor::run(GraphSession& session, ggml_tensor* output) {
+    busy_ = true;
+    struct Idle {
+        bool& busy;
+        ~Idle() { busy = false; }
+    } idle{busy_};
+    if (loader_) {
+        KILN_TRY(loader_());
+        loader_ = nullptr;
+    }
+    ggml_cgraph* graph = session.graph(output);
+    const GraphPlan& plan = plans_.get(graph, weights_);
+    leafs_ = graph_leafs(graph);
+    define_blocks(plan);
+    KILN_TRY(session.bind_inputs(compute_->buffer_type(), store_.ledger()));
+    session.upload_inputs();
+
+    DeviceLedger& ledger = store_.ledger();
+    const uint64_t limit = ledger.limit();
+    const uint64_t kept = session.id() == carried_session_ && session.kept_buffer()
+                              ? ggml_backend_buffer_get_size(session.kept_buffer())
+                              : 0;
+    const uint64_t fixed = sub_or_zero(ledger.managed(), store_.reclaimable_bytes() + workspace_registered_ + kept);
+    auto choice = choose_groups(graph, plan, sub_or_zero(limit, fixed), nullptr);
+    if (!choice.ok()) return choice.error();
+    const std::vector<Group>& groups = choice->groups;
+
+    if (carried_session_ != session.id() || choice->carried.nodes != carried_nodes_) {
+        KILN_TRY(bind_carried(session, graph, choice->carried));
+    }
+
+    ++stats_.runs;
+    stats_.last_segments = static_cast<int>(groups.size());
+    if (groups.size() > 1) ++stats_.segmented_runs;
+    KILN_LOG_DEBUG("%s: %zu group(s) of %zu segments, limit %s on %s", module_.c_str(), groups.size(),
+                   plan.segments.size(), human_bytes(limit).c_str(), ledger.device_name().c_str());
+    for (size_t g = 0; g < groups.size(); ++g) {
+        if (Status s = run_group(graph, plan, groups, static_cast<int>(g), limit); !s.ok()) {
+            allocated_session_ = 0;
+            return s;
+        }
+    }
+    return Status::Ok();
+}
+
+Result<RunForecast> Executor::forecast(GraphSession& session, ggml_tensor* output) {
+    ggml_cgraph* graph = session.graph(output);
+    const GraphPlan& plan = plans_.get(graph, weights_);
+    leafs_ = graph_leafs(graph);
+    define_blocks(plan);
+    DeviceLedger& ledger = store_.ledger();
+    RunForecast f;
+    f.limit = ledger.limit();
+    f.fixed = sub_or_zero(ledger.managed(), store_.reclaimable_bytes());  // idle: its own workspace counts too
+    const int n = static_cast<int>(plan.segments.size());
+    f.weight_bytes = weights_.params_location() == ParamsLocation::ComputeDevice ? weights_.declared_bytes()
+                                                                                 : block_bytes(blocks_for(plan, 0, n));
+    auto choice = choose_groups(graph, plan, sub_or_zero(f.limit, f.fixed), &f);
+    if (!choice.ok()) return choice.error();
+    f.segments = static_cast<int>(choice->groups.size());
+    return f;
+}
+
+}  // namespace kiln::runtime

@@ -1,0 +1,147 @@
+// Runs one module's graphs under the memory system (DESIGN.md): resolves
+// the graph's plan from the plan cache, decides from the device's live
+// headroom whether it runs whole or in segments, makes each segment's
+// weights resident (pinned while it runs), allocates or reuses the
+// workspace, prefetches the next segment's weights while the current one
+// computes, and keeps the activations later segments read ("carried"
+// tensors) in a buffer of their own. Same inputs, same image, whatever the
+// budget: segments run exactly the nodes of the whole graph, in its order.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "runtime/compute.h"
+#include "runtime/graph_plan.h"
+#include "runtime/graph_session.h"
+#include "runtime/module_weights.h"
+#include "runtime/weight_store.h"
+#include "util/result.h"
+
+namespace kiln::runtime {
+
+struct ExecutorOptions {
+    bool segmented = true;  // --disable-segmented-compute turns it off
+    bool prefetch = true;   // --disable-prefetch turns it off
+};
+
+// What a run would need, for `kiln plan` and the executor's own decisions.
+struct RunForecast {
+    uint64_t weight_bytes = 0;     // all weights the graph reads
+    uint64_t whole_workspace = 0;  // compute buffers of the whole graph on the device
+    uint64_t largest_segment = 0;  // weights + workspace + carried of the hungriest segment
+    std::string largest_segment_name;
+    int segments = 1;   // segments the run uses at this limit (1: whole)
+    uint64_t peak = 0;  // managed bytes the run adds to `fixed` at its hungriest
+    bool fits = true;
+    uint64_t limit = 0;  // managed bytes the device allows
+    uint64_t fixed = 0;  // managed bytes the run cannot evict (other modules' params, inputs)
+};
+
+struct ExecutorStats {
+    int runs = 0;
+    int allocations = 0;  // workspace allocations (one per group that could not reuse the last)
+    int reuses = 0;       // groups that reused the allocation in place
+    int segmented_runs = 0;
+    int last_segments = 0;
+    uint64_t peak_workspace = 0;
+};
+
+class Executor {
+  public:
+    // `module`: "diffusion", "te", "vae" (for messages). The store belongs
+    // to the compute's device; weights must already be placed.
+    Executor(std::string module, std::unique_ptr<Compute> compute, ModuleWeights& weights, WeightStore& store,
+             ExecutorOptions options);
+    ~Executor();
+    Executor(const Executor&) = delete;
+    Executor& operator=(const Executor&) = delete;
+
+    // Called once before the first run: loads the module's weights (lazy
+    // loading; --eager-load calls it at start instead).
+    void set_loader(std::function<Status()> loader) { loader_ = std::move(loader); }
+
+    // Runs the session's graph ending at `output` (built on first use).
+    // An error leaves the executor ready for the next run.
+    Status run(GraphSession& session, ggml_tensor* output);
+    // Plans the session's graph at the device's current limit without
+    // running it (nothing is uploaded or computed).
+    Result<RunForecast> forecast(GraphSession& session, ggml_tensor* output);
+    // Frees the workspace (the module is done for now).
+    void release_workspace();
+
+    const std::string& module() const { return module_; }
+    Compute& compute() { return *compute_; }
+    WeightStore& store() { return store_; }
+    const PlanCache& plans() const { return plans_; }
+    const ExecutorStats& stats() const { return stats_; }
+
+  private:
+    struct Group {
+        int first = 0, end = 0;  // segments [first, end)
+    };
+    // Where each carried activation sits in the carried buffer: tensors
+    // whose lifetimes (producing group to last reading group) do not
+    // overlap share bytes.
+    struct CarriedLayout {
+        std::vector<int> nodes;
+        std::vector<uint64_t> offsets;
+        uint64_t size = 0;
+    };
+    struct Choice {
+        std::vector<Group> groups;
+        CarriedLayout carried;
+    };
+    // Compute-buffer bytes of segments [first, end) on the device,
+    // estimated on the CPU (no device is asked) and cached per layout.
+    uint64_t measure(ggml_cgraph* graph, const GraphPlan& plan, int first, int end);
+    // Nodes (bases) of segments [first, end) read by nodes after them.
+    std::vector<int> carried_out(const GraphPlan& plan, int first, int end) const;
+    CarriedLayout layout_carried(ggml_cgraph* graph, const GraphPlan& plan, const std::vector<Group>& groups) const;
+    std::vector<WeightBlock*> blocks_for(const GraphPlan& plan, int first, int end);
+    uint64_t group_cost(ggml_cgraph* graph, const GraphPlan& plan, int first, int end, uint64_t carried);
+    Result<Choice> choose_groups(ggml_cgraph* graph, const GraphPlan& plan, uint64_t room, RunForecast* forecast);
+    Status run_group(ggml_cgraph* graph, const GraphPlan& plan, const std::vector<Group>& groups, int index,
+                     uint64_t limit);
+    Status bind_carried(GraphSession& session, ggml_cgraph* graph, const CarriedLayout& layout);
+    void forget_carried();
+    void define_blocks(const GraphPlan& plan);
+    ggml_cgraph* subgraph(ggml_cgraph* graph, int begin, int end);
+    // Gives the workspace back to the device (the scheduler starts empty).
+    void drop_workspace();
+
+    std::string module_;
+    std::function<Status()> loader_;
+    std::unique_ptr<Compute> compute_;
+    ModuleWeights& weights_;
+    WeightStore& store_;
+    ExecutorOptions options_;
+    PlanCache plans_;
+    ExecutorStats stats_;
+    int reclaimer_id_ = 0;
+    bool busy_ = false;
+    uint64_t workspace_registered_ = 0;
+    // Planning measures on a CPU-only scheduler, with a CPU placeholder
+    // buffer marking tensors that the real run finds already placed.
+    ggml_backend_sched_t plan_sched_ = nullptr;
+    ggml_backend_buffer_t placeholder_ = nullptr;
+    // The kept activations of the session that ran last (their buffer is
+    // the session's: runtime/graph_session.h).
+    std::vector<int> carried_nodes_;
+    uint64_t carried_session_ = 0;
+    ggml_context* scratch_ = nullptr;                                        // sub-graphs
+    std::vector<ggml_tensor*> leafs_;                                        // of the graph being run (graph_leafs)
+    std::map<std::pair<uint64_t, std::pair<int, int>>, uint64_t> measured_;  // (layout, group) -> bytes
+    // The allocation the scheduler holds: (session id, group), reusable when
+    // nothing moved since.
+    uint64_t allocated_session_ = 0;
+    std::pair<int, int> allocated_group_{-1, -1};
+    int allocated_evictions_ = 0;
+};
+
+}  // namespace kiln::runtime
