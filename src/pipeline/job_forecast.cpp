@@ -51,8 +51,13 @@ Result<JobForecast> forecast_job(StableDiffusionModel& model, int width, int hei
         d.budget = ledger->budget();
         d.limit = ledger->limit();
         d.peak = ledger->managed();
+        // Modules run in job order; what one leaves on the device (compute
+        // copies, idle workspace) stays until a later one needs the room.
+        uint64_t left_behind = 0;
         for (const ModuleForecast& m : out.modules) {
-            if (m.device == name) d.peak = std::max(d.peak, m.run.fixed + m.run.peak);
+            if (m.device != name) continue;
+            d.peak = std::max(d.peak, std::min(d.limit, m.run.fixed + left_behind + m.run.peak));
+            left_behind += m.run.peak;
         }
         out.devices.push_back(d);
     }

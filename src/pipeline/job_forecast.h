@@ -23,7 +23,9 @@ struct ModuleForecast {
 
 struct DeviceForecast {
     std::string device;
-    uint64_t peak = 0;  // predicted managed peak: weights kept there plus the hungriest module's run
+    // Predicted managed peak: weights kept there, what earlier modules leave
+    // behind, and the hungriest module's run, capped by the limit (eviction).
+    uint64_t peak = 0;
     std::optional<uint64_t> budget;
     uint64_t limit = 0;
 };

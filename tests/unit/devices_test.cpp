@@ -16,6 +16,7 @@
 #include <sstream>
 #include <thread>
 
+#include "rpc_child.h"
 #include "test_files.h"
 
 namespace kiln {
@@ -24,102 +25,12 @@ namespace {
 using runtime::normalize_module_name;
 using runtime::parse_backend_assignments;
 using runtime::parse_rpc_endpoints;
+using test::free_port;
+using test::KilnChild;
 using test::run_command;
 using test::TempDir;
 
 std::string kiln(const std::string& args) { return std::string(KILN_BIN) + " " + args; }
-
-std::string slurp(const std::string& path) {
-    auto b = test::read_bytes(path);
-    return std::string(b.begin(), b.end());
-}
-
-// A TCP port nobody listens on right now: bind port 0, read it, release it.
-int free_port() {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = 0;
-    if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) return -1;
-    socklen_t len = sizeof addr;
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-    ::close(fd);
-    return ntohs(addr.sin_port);
-}
-
-bool accepts_connections(int port) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = htons(static_cast<uint16_t>(port));
-    const bool ok = fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
-    if (fd >= 0) ::close(fd);
-    return ok;
-}
-
-// `kiln ARGS...` as a child process with stdout/stderr in files; killed and
-// reaped on destruction, whatever happened in the test.
-class KilnChild {
-  public:
-    explicit KilnChild(const std::vector<std::string>& args)
-        : out_path_(dir_.file("stdout")), err_path_(dir_.file("stderr")) {
-        pid_ = ::fork();
-        if (pid_ == 0) {
-            const int out = ::open(out_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-            const int err = ::open(err_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-            ::dup2(out, STDOUT_FILENO);
-            ::dup2(err, STDERR_FILENO);
-            std::vector<char*> argv;
-            argv.push_back(const_cast<char*>(KILN_BIN));
-            for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-            argv.push_back(nullptr);
-            ::execv(KILN_BIN, argv.data());
-            ::_exit(127);
-        }
-    }
-    ~KilnChild() { stop(); }
-    KilnChild(const KilnChild&) = delete;
-    KilnChild& operator=(const KilnChild&) = delete;
-
-    bool started() const { return pid_ > 0; }
-    // True once the child has exited (and was reaped).
-    bool exited() {
-        if (pid_ <= 0) return true;
-        if (::waitpid(pid_, &status_, WNOHANG) == pid_) pid_ = -1;
-        return pid_ <= 0;
-    }
-    // Polls until `port` accepts connections, for at most `timeout`; false if
-    // the child exited or the time ran out.
-    bool wait_listening(int port, std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
-        const auto deadline = std::chrono::steady_clock::now() + timeout;
-        while (std::chrono::steady_clock::now() < deadline) {
-            if (exited()) return false;
-            if (accepts_connections(port)) return true;
-            std::this_thread::sleep_for(std::chrono::milliseconds(50));
-        }
-        return false;
-    }
-    void stop() {
-        if (pid_ <= 0) return;
-        ::kill(pid_, SIGTERM);
-        for (int i = 0; i < 100 && !exited(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-        if (pid_ > 0) {
-            ::kill(pid_, SIGKILL);
-            ::waitpid(pid_, &status_, 0);
-            pid_ = -1;
-        }
-    }
-    std::string out() const { return slurp(out_path_); }
-    std::string err() const { return slurp(err_path_); }
-
-  private:
-    TempDir dir_;
-    std::string out_path_, err_path_;
-    pid_t pid_ = -1;
-    int status_ = 0;
-};
 
 // --- module names and --backend ---------------------------------------------
 

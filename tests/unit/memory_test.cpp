@@ -1,0 +1,284 @@
+// The memory system end to end (DESIGN.md, issue "run models bigger than
+// device memory"): a real ggml RPC server on 127.0.0.1 is the GPU-type
+// device; the default model and a larger random-weight SD1 model run under
+// --max-vram budgets from unconstrained down to the smallest that runs.
+//   (a) the image is bit-identical to the unconstrained run on that device;
+//   (b) the managed peak never exceeds the budget (the ledger's own books);
+//   (c) the segment count grows as the budget shrinks;
+//   (d) prefetch on and off give the same image;
+//   (e) a budget below the largest segment is one clear error naming the
+//       module, what it needs and the budget, and the next job still runs;
+//   (f) a 20-step CFG run builds each module's plan once.
+// kiln plan is checked against the runs it predicts.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kiln.h"
+#include "pipeline/generate.h"
+#include "pipeline/job_forecast.h"
+#include "random_model.h"
+#include "rpc_child.h"
+#include "runtime/devices.h"
+#include "test_files.h"
+
+namespace kiln {
+namespace {
+
+using pipeline::StableDiffusionModel;
+
+struct Job {
+    std::string model = KILN_DEFAULT_MODEL;
+    std::string tokenizer;
+    std::string budget;  // --max-vram, "" for none
+    bool prefetch = true;
+    int steps = 4;
+    float cfg = 2.0f;
+    int size = 64;
+};
+
+struct Outcome {
+    std::vector<uint8_t> pixels;
+    uint64_t peak = 0;               // RPC0's managed peak
+    std::optional<uint64_t> budget;  // RPC0's budget
+    int segments = 0;                // the UNet's groups in its last run
+    int unet_builds = 0, unet_hits = 0;
+    int te_builds = 0, vae_builds = 0;
+    int prefetches = 0;
+};
+
+// The UNet and text encoder compute on RPC0 with their weights in RAM (so a
+// budget below their size streams them); the VAE decodes on the CPU, whose
+// 64x64 decode needs more than the budgets that make the UNet segment.
+pipeline::ModelOptions options_for(const Job& job) {
+    pipeline::ModelOptions o;
+    o.threads = 1;
+    o.placement.backend = {{"diffusion", "RPC0"}, {"te", "RPC0"}, {"vae", "CPU"}};
+    o.placement.params_backend = {{"diffusion", "CPU"}, {"te", "CPU"}};
+    if (!job.budget.empty()) o.placement.budgets = runtime::parse_max_vram(job.budget).value();
+    o.executor.prefetch = job.prefetch;
+    return o;
+}
+
+Result<std::unique_ptr<StableDiffusionModel>> load(const Job& job) {
+    pipeline::ModelPaths paths;
+    paths.model = {job.model};
+    paths.tokenizer = job.tokenizer;
+    return StableDiffusionModel::load(paths, options_for(job));
+}
+
+pipeline::GenerationRequest request_for(const Job& job) {
+    pipeline::GenerationRequest r;
+    r.prompt = "a red circle on a white background";
+    r.negative_prompt = "blurry";
+    r.width = r.height = job.size;
+    r.steps = job.steps;
+    r.cfg_scale = job.cfg;
+    r.seed = 7;
+    return r;
+}
+
+Result<Outcome> run_job(const Job& job) {
+    auto model = load(job);
+    if (!model.ok()) return model.error();
+    auto images = pipeline::generate(**model, request_for(job), {});
+    if (!images.ok()) return images.error();
+    Outcome o;
+    o.pixels = images->front().image.pixels;
+    const auto& rpc = *(*model)->ledgers().at("RPC0");
+    o.peak = rpc.peak();
+    o.budget = rpc.budget();
+    auto& unet = (*model)->diffusion_compute();
+    o.segments = unet.stats().last_segments;
+    o.unet_builds = unet.plans().builds();
+    o.unet_hits = unet.plans().hits();
+    o.te_builds = (*model)->text_encoder_compute().plans().builds();
+    o.vae_builds = (*model)->vae_compute().plans().builds();
+    o.prefetches = unet.store().stats().prefetches;
+    return o;
+}
+
+std::string mib(double m) { return "rpc0=" + std::to_string(m) + "M"; }
+
+// One server for the suite: its device stays registered as RPC0 for the
+// life of the process (ggml's registry), whichever tests run.
+class Memory : public ::testing::Test {
+  protected:
+    static void SetUpTestSuite() { server_ = new test::RpcServer(); }
+    static void TearDownTestSuite() {
+        delete server_;
+        server_ = nullptr;
+    }
+    void SetUp() override {
+        ASSERT_TRUE(server_->ok()) << server_->log();
+        ASSERT_TRUE(runtime::add_rpc_servers(server_->endpoint()).ok());
+    }
+    static test::RpcServer* server_;
+};
+test::RpcServer* Memory::server_ = nullptr;
+
+// Budgets from the unconstrained peak down until a run fails; checks
+// (a), (b) and (c) on every run that succeeds.
+void sweep_budgets(const Job& base, double first_fraction, double factor, int min_segmented) {
+    auto reference = run_job(base);
+    ASSERT_TRUE(reference.ok()) << reference.error().message;
+    EXPECT_EQ(reference->segments, 1);
+    const double peak_mib = static_cast<double>(reference->peak) / (1024.0 * 1024.0);
+    int last_segments = reference->segments, segmented = 0;
+    double budget = peak_mib * first_fraction;
+    std::string failure;
+    for (; budget > 0.1; budget *= factor) {
+        Job job = base;
+        job.budget = mib(budget);
+        auto r = run_job(job);
+        if (!r.ok()) {
+            failure = r.error().message;
+            break;
+        }
+        SCOPED_TRACE("budget " + job.budget);
+        EXPECT_EQ(r->pixels, reference->pixels) << "(a) the image differs from the unconstrained run";
+        ASSERT_TRUE(r->budget.has_value());
+        EXPECT_LE(r->peak, *r->budget) << "(b) managed peak above the budget";
+        EXPECT_GE(r->segments, last_segments) << "(c) fewer segments under a smaller budget";
+        last_segments = r->segments;
+        segmented += r->segments > 1;
+    }
+    EXPECT_GE(segmented, min_segmented) << "the sweep should reach budgets that segment the UNet";
+    EXPECT_GT(last_segments, 2);
+    // The sweep ends at a budget below the smallest that runs: one clear error.
+    EXPECT_EQ(failure.rfind("out of memory: ", 0), 0u) << failure;
+    EXPECT_NE(failure.find(" needs "), std::string::npos) << failure;
+    EXPECT_NE(failure.find("budget"), std::string::npos) << failure;
+}
+
+TEST_F(Memory, DefaultModelSameImageUnderEveryBudget) { sweep_budgets(Job{}, 0.9, 0.8, 3); }
+
+TEST_F(Memory, LargerModelSameImageUnderEveryBudget) {
+    test::TempDir dir;
+    const std::string path = dir.file("sd1_medium.safetensors");
+    ASSERT_TRUE(test::write_random_model(std::string(KILN_FIXTURES_DIR) + "/sd1_medium.spec", path).ok());
+    Job job;
+    job.model = path;
+    job.tokenizer = std::string(KILN_FIXTURES_DIR) + "/tiny_tokenizer";
+    job.steps = 2;
+    sweep_budgets(job, 0.9, 0.7, 3);
+}
+
+TEST_F(Memory, PrefetchOnAndOffGiveTheSameImage) {
+    auto whole = run_job(Job{});
+    ASSERT_TRUE(whole.ok()) << whole.error().message;
+    Job on;
+    on.budget = mib(static_cast<double>(whole->peak) / (1024.0 * 1024.0) * 0.5);
+    Job off = on;
+    off.prefetch = false;
+    auto a = run_job(on);
+    auto b = run_job(off);
+    ASSERT_TRUE(a.ok()) << a.error().message;
+    ASSERT_TRUE(b.ok()) << b.error().message;
+    EXPECT_GT(a->segments, 1);
+    EXPECT_GT(a->prefetches, 0) << "the RPC device copies asynchronously, so prefetch should run";
+    EXPECT_EQ(b->prefetches, 0);
+    EXPECT_EQ(a->pixels, b->pixels);
+    EXPECT_EQ(a->pixels, whole->pixels);
+}
+
+// (e) through the C API, as a front-end meets it.
+TEST_F(Memory, BudgetBelowTheLargestSegmentIsOneClearErrorAndTheNextJobRuns) {
+    kiln_context_params cp;
+    kiln_context_params_init(&cp);
+    cp.model_path = KILN_DEFAULT_MODEL;
+    cp.backend = "diffusion=rpc0,te=rpc0,vae=cpu";
+    cp.params_backend = "diffusion=cpu,te=cpu";
+    cp.max_vram = "rpc0=1.2M";
+    cp.n_threads = 1;
+    char* error = nullptr;
+    kiln_context* small = kiln_context_create(&cp, &error);
+    ASSERT_NE(small, nullptr) << error;
+    kiln_generation_params gp;
+    kiln_generation_params_init(&gp);
+    gp.prompt = "a red circle on a white background";
+    gp.steps = 2;
+    gp.seed = 1;
+    gp.batch_count = 1;
+    kiln_image* images = nullptr;
+    int count = 0;
+    ASSERT_NE(kiln_generate(small, &gp, &images, &count, &error), 0);
+    const std::string message = error;
+    kiln_free_string(error);
+    EXPECT_EQ(message.rfind("out of memory: diffusion segment '", 0), 0u) << message;
+    EXPECT_NE(message.find("' needs "), std::string::npos) << message;
+    EXPECT_NE(message.find("on RPC0"), std::string::npos) << message;
+    EXPECT_NE(message.find("of 1.20 MiB"), std::string::npos) << message;  // the budget
+    EXPECT_EQ(count, 0);
+    // The failed job gave back what it took.
+    char* report = kiln_memory_report(small);
+    EXPECT_NE(std::string(report).find("RPC0 peak"), std::string::npos) << report;
+    EXPECT_NE(std::string(report).find(" now 0 B "), std::string::npos) << report;
+    kiln_free_string(report);
+    kiln_context_free(small);
+
+    cp.max_vram = "rpc0=64M";
+    kiln_context* big = kiln_context_create(&cp, &error);
+    ASSERT_NE(big, nullptr) << error;
+    ASSERT_EQ(kiln_generate(big, &gp, &images, &count, &error), 0) << error;
+    EXPECT_EQ(count, 1);
+    kiln_images_free(images, count);
+    kiln_context_free(big);
+}
+
+TEST_F(Memory, TwentyStepCfgRunBuildsEachPlanOnce) {
+    for (const std::string budget : {std::string(), mib(2.5)}) {
+        Job job;
+        job.budget = budget;
+        job.steps = 20;
+        auto r = run_job(job);
+        ASSERT_TRUE(r.ok()) << r.error().message;
+        SCOPED_TRACE("budget '" + budget + "'");
+        EXPECT_EQ(r->unet_builds, 1);
+        EXPECT_EQ(r->unet_hits, 19);  // one batch-of-two CFG graph per step
+        EXPECT_EQ(r->te_builds, 1);   // the prompt and the negative prompt share one layout
+        EXPECT_EQ(r->vae_builds, 1);
+        if (!budget.empty()) EXPECT_GT(r->segments, 1);
+    }
+}
+
+// kiln plan predicts what the run does: the segment count, whether it fits,
+// and a peak close to the measured one.
+TEST_F(Memory, PlanPredictsTheRun) {
+    for (double budget : {0.0, 4.0, 3.0, 2.2, 1.2}) {
+        Job job;
+        if (budget > 0) job.budget = mib(budget);
+        SCOPED_TRACE("budget " + job.budget);
+        pipeline::ModelPaths paths;
+        paths.model = {job.model};
+        pipeline::ModelOptions o = options_for(job);
+        o.plan_only = true;
+        auto planned = StableDiffusionModel::load(paths, o);
+        ASSERT_TRUE(planned.ok()) << planned.error().message;
+        auto forecast = pipeline::forecast_job(**planned, job.size, job.size, true, false);
+        ASSERT_TRUE(forecast.ok()) << forecast.error().message;
+        const std::string text = pipeline::describe_forecast(**planned, *forecast);
+        const pipeline::ModuleForecast* unet = nullptr;
+        for (const auto& m : forecast->modules) {
+            if (m.module == "diffusion") unet = &m;
+        }
+        ASSERT_NE(unet, nullptr) << text;
+        auto run = run_job(job);
+        EXPECT_EQ(forecast->fits, run.ok()) << text;
+        if (!run.ok()) continue;
+        EXPECT_EQ(unet->run.segments, run->segments) << text;
+        uint64_t predicted = 0;
+        for (const auto& d : forecast->devices) {
+            if (d.device == "RPC0") predicted = d.peak;
+        }
+        // Predicted from CPU-side measures before anything is placed; the
+        // run adds its small input buffers.
+        EXPECT_NEAR(static_cast<double>(predicted), static_cast<double>(run->peak), 0.15 * run->peak) << text;
+    }
+}
+
+}  // namespace
+}  // namespace kiln

@@ -1,0 +1,18 @@
+// Random-weight model files written at test time from a committed spec
+// (tests/fixtures/*.spec: "name dtype dim..." per line, outermost first),
+// so tests can use a model larger than the fixtures worth committing.
+#pragma once
+
+#include <string>
+
+#include "util/result.h"
+
+namespace kiln::test {
+
+// Writes a safetensors file with the spec's tensors (F16 or F32), each
+// filled deterministically from its name: linear and conv weights
+// ~N(0, 1/fan_in), norm scales ~1, biases small, embeddings ~N(0, 1) (the
+// initialisation training/make_model_fixtures.py uses).
+Status write_random_model(const std::string& spec_path, const std::string& out_path);
+
+}  // namespace kiln::test

@@ -1,0 +1,102 @@
+#include "rpc_child.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <thread>
+
+namespace kiln::test {
+namespace {
+
+std::string slurp(const std::string& path) {
+    auto b = read_bytes(path);
+    return std::string(b.begin(), b.end());
+}
+
+}  // namespace
+
+int free_port() {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = 0;
+    if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) return -1;
+    socklen_t len = sizeof addr;
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+    ::close(fd);
+    return ntohs(addr.sin_port);
+}
+
+bool accepts_connections(int port) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    const bool ok = fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+    if (fd >= 0) ::close(fd);
+    return ok;
+}
+
+KilnChild::KilnChild(const std::vector<std::string>& args)
+    : out_path_(dir_.file("stdout")), err_path_(dir_.file("stderr")) {
+    pid_ = ::fork();
+    if (pid_ == 0) {
+        const int out = ::open(out_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        const int err = ::open(err_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        ::dup2(out, STDOUT_FILENO);
+        ::dup2(err, STDERR_FILENO);
+        std::vector<char*> argv;
+        argv.push_back(const_cast<char*>(KILN_BIN));
+        for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+        argv.push_back(nullptr);
+        ::execv(KILN_BIN, argv.data());
+        ::_exit(127);
+    }
+}
+
+bool KilnChild::exited() {
+    if (pid_ <= 0) return true;
+    if (::waitpid(pid_, &status_, WNOHANG) == pid_) pid_ = -1;
+    return pid_ <= 0;
+}
+
+bool KilnChild::wait_listening(int port, std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+        if (exited()) return false;
+        if (accepts_connections(port)) return true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+}
+
+void KilnChild::stop() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGTERM);
+    for (int i = 0; i < 100 && !exited(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (pid_ > 0) {
+        ::kill(pid_, SIGKILL);
+        ::waitpid(pid_, &status_, 0);
+        pid_ = -1;
+    }
+}
+
+std::string KilnChild::out() const { return slurp(out_path_); }
+std::string KilnChild::err() const { return slurp(err_path_); }
+
+RpcServer::RpcServer() : port_(free_port()) {
+    if (port_ <= 0) return;
+    child_ =
+        std::make_unique<KilnChild>(std::vector<std::string>{"rpc-server", "--port", std::to_string(port_), "-t", "1"});
+    ok_ = child_->wait_listening(port_);
+    endpoint_ = "127.0.0.1:" + std::to_string(port_);
+}
+
+}  // namespace kiln::test
