@@ -12,6 +12,8 @@
 // kiln plan is checked against the runs it predicts.
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -32,6 +34,7 @@ using pipeline::StableDiffusionModel;
 
 struct Job {
     std::string model = KILN_DEFAULT_MODEL;
+    std::map<std::string, std::string> params = {{"diffusion", "CPU"}, {"te", "CPU"}};
     std::string tokenizer;
     std::string budget;  // --max-vram, "" for none
     bool prefetch = true;
@@ -57,7 +60,7 @@ pipeline::ModelOptions options_for(const Job& job) {
     pipeline::ModelOptions o;
     o.threads = 1;
     o.placement.backend = {{"diffusion", "RPC0"}, {"te", "RPC0"}, {"vae", "CPU"}};
-    o.placement.params_backend = {{"diffusion", "CPU"}, {"te", "CPU"}};
+    o.placement.params_backend = job.params;
     if (!job.budget.empty()) o.placement.budgets = runtime::parse_max_vram(job.budget).value();
     o.executor.prefetch = job.prefetch;
     return o;
@@ -243,6 +246,92 @@ TEST_F(Memory, TwentyStepCfgRunBuildsEachPlanOnce) {
         EXPECT_EQ(r->vae_builds, 1);
         if (!budget.empty()) EXPECT_GT(r->segments, 1);
     }
+}
+
+// Where the weights live between uses changes nothing in the image.
+TEST_F(Memory, ParamsOnDiskInRamOrOnTheDeviceGiveTheSameImage) {
+    Job ram;
+    ram.budget = mib(3);
+    auto a = run_job(ram);
+    ASSERT_TRUE(a.ok()) << a.error().message;
+    EXPECT_GT(a->segments, 1);
+    Job disk = ram;
+    disk.params = {{"diffusion", "disk"}, {"te", "disk"}};
+    auto b = run_job(disk);
+    ASSERT_TRUE(b.ok()) << b.error().message;
+    EXPECT_EQ(b->segments, a->segments);
+    EXPECT_EQ(b->pixels, a->pixels);
+    Job device;  // unconstrained, weights kept on RPC0 itself
+    device.params = {};
+    auto c = run_job(device);
+    ASSERT_TRUE(c.ok()) << c.error().message;
+    EXPECT_EQ(c->pixels, a->pixels);
+}
+
+std::string kiln_cli(const std::string& args) { return std::string(KILN_BIN) + " " + args + " -t 1"; }
+
+// Auto-fit with an RPC device: it computes everything there and says so;
+// under a small budget the weights move to RAM and the UNet segments.
+TEST_F(Memory, AutoFitUsesTheGpuTypeDevice) {
+    test::TempDir dir;
+    const std::string rpc = " --rpc " + server_->endpoint();
+    auto full = test::run_command(kiln_cli(rpc + " -p x -o " + dir.file("a.png")));
+    ASSERT_EQ(full.exit_code, 0) << full.err;
+    EXPECT_NE(full.out.find("auto-fit:"), std::string::npos) << full.out;
+    EXPECT_NE(full.out.find("diffusion: computes on RPC0, weights on RPC0"), std::string::npos) << full.out;
+    auto small = test::run_command(kiln_cli(rpc + " -v --max-vram rpc0=12M -p x -o " + dir.file("b.png")));
+    ASSERT_EQ(small.exit_code, 0) << small.err;
+    EXPECT_NE(small.out.find("diffusion: computes on RPC0, weights in RAM"), std::string::npos) << small.out;
+    EXPECT_EQ(test::read_bytes(dir.file("a.png")), test::read_bytes(dir.file("b.png")));
+    // --auto-fit off: the CPU, as without a GPU.
+    auto off = test::run_command(kiln_cli(rpc + " -v --auto-fit off -p x -o " + dir.file("c.png")));
+    ASSERT_EQ(off.exit_code, 0) << off.err;
+    EXPECT_NE(off.out.find("diffusion: computes on CPU"), std::string::npos) << off.out;
+}
+
+TEST_F(Memory, DryRunPrintsThePlanAndWritesNothing) {
+    test::TempDir dir;
+    const std::string rpc = " --rpc " + server_->endpoint() +
+                            " --backend diffusion=rpc0,te=rpc0,vae=cpu --params-backend diffusion=cpu,te=cpu";
+    auto fits = test::run_command(kiln_cli(rpc + " --max-vram rpc0=3M --dry-run -p x -o " + dir.file("a.png")));
+    EXPECT_EQ(fits.exit_code, 0) << fits.err;
+    EXPECT_NE(fits.out.find("diffusion on RPC0: 3 segments"), std::string::npos) << fits.out;
+    EXPECT_NE(fits.out.find("fits: yes"), std::string::npos) << fits.out;
+    EXPECT_FALSE(std::ifstream(dir.file("a.png")).good());
+    auto plan = test::run_command(kiln_cli("plan" + rpc + " --max-vram rpc0=1M"));
+    EXPECT_EQ(plan.exit_code, 1) << plan.err;
+    EXPECT_NE(plan.out.find("DOES NOT FIT"), std::string::npos) << plan.out;
+    EXPECT_NE(plan.out.find("fits: no"), std::string::npos) << plan.out;
+}
+
+TEST_F(Memory, BadMemoryFlagsAreUsageErrors) {
+    struct Case {
+        std::string args, message;
+    } cases[] = {
+        {"--max-vram lots", "--max-vram: 'lots' is not a number of GiB"},
+        {"--auto-fit maybe", "--auto-fit: expected on or off, got 'maybe'"},
+        {"--params-backend ram", "--params-backend: unknown device 'ram'"},
+        {"--params-backend decoder=cpu", "--params-backend: unknown module 'decoder'"},
+    };
+    for (const Case& c : cases) {
+        auto r = test::run_command(kiln_cli(c.args + " -p x -o /tmp/kiln-never-written.png"));
+        EXPECT_EQ(r.exit_code, 2) << c.args << ": " << r.err;
+        EXPECT_NE(r.err.find(c.message), std::string::npos) << c.args << ": " << r.err;
+    }
+}
+
+// Lazy by default: a module's weights load when it first runs;
+// --eager-load reads them all before the first graph.
+TEST_F(Memory, EagerLoadReadsEveryModuleFirst) {
+    test::TempDir dir;
+    auto lazy = test::run_command(kiln_cli("-v --steps 1 -p x -o " + dir.file("a.png")));
+    ASSERT_EQ(lazy.exit_code, 0) << lazy.err;
+    auto eager = test::run_command(kiln_cli("-v --eager-load --steps 1 -p x -o " + dir.file("b.png")));
+    ASSERT_EQ(eager.exit_code, 0) << eager.err;
+    const auto first_plan = [](const std::string& out) { return out.find("plan built"); };
+    EXPECT_GT(lazy.out.find("vae: weights loaded"), first_plan(lazy.out)) << lazy.out;
+    EXPECT_LT(eager.out.find("vae: weights loaded"), first_plan(eager.out)) << eager.out;
+    EXPECT_EQ(test::read_bytes(dir.file("a.png")), test::read_bytes(dir.file("b.png")));
 }
 
 // kiln plan predicts what the run does: the segment count, whether it fits,
