@@ -58,6 +58,7 @@ typedef struct {
     int disable_segmented_compute; /* --disable-segmented-compute */
     int eager_load;                /* --eager-load: read every module's weights at start */
     int plan_only;                 /* place the modules but load no weights (for kiln_plan only) */
+    int job_width, job_height;     /* the job auto-fit checks its placement against; 0: the model's defaults */
 } kiln_context_params;
 
 void kiln_context_params_init(kiln_context_params* params);

@@ -152,6 +152,8 @@ kiln_context* kiln_context_create(const kiln_context_params* params, char** erro
         options.executor.segmented = params->disable_segmented_compute == 0;
         options.eager_load = params->eager_load != 0;
         options.plan_only = params->plan_only != 0;
+        options.job_width = params->job_width;
+        options.job_height = params->job_height;
         kiln::log_capture_ggml();
         auto model = kiln::pipeline::StableDiffusionModel::load(paths, options);
         if (!model.ok()) {

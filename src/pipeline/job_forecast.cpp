@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "pipeline/vae_tiling.h"
 #include "runtime/graph_session.h"
 #include "util/format.h"
 
@@ -38,12 +39,20 @@ Result<JobForecast> forecast_job(StableDiffusionModel& model, int width, int hei
         ggml_tensor* eps = model.unet().build(session.ctx(), xin, tin, cin, flash_attention);
         KILN_TRY(add(model.diffusion_compute(), session, eps));
     }
-    {
+    // The VAE decode; one that does not fit is retried in tiles (generate).
+    auto add_decoder = [&](int64_t w, int64_t h) -> Status {
         runtime::GraphSession session;
-        const std::vector<float> z(static_cast<size_t>(lw * lh * vc.latent_channels), 0.0f);
-        ggml_tensor* in = session.input(GGML_TYPE_F32, {lw, lh, vc.latent_channels, 1}, z.data(), "latent");
+        const std::vector<float> z(static_cast<size_t>(w * h * vc.latent_channels), 0.0f);
+        ggml_tensor* in = session.input(GGML_TYPE_F32, {w, h, vc.latent_channels, 1}, z.data(), "latent");
         ggml_tensor* image = model.vae().build_decoder(session.ctx(), in);
-        KILN_TRY(add(model.vae_compute(), session, image));
+        return add(model.vae_compute(), session, image);
+    };
+    KILN_TRY(add_decoder(lw, lh));
+    const int64_t tile = VaeTiling{}.tile;
+    if (!out.modules.back().run.fits && (lw > tile || lh > tile)) {
+        out.modules.pop_back();
+        KILN_TRY(add_decoder(std::min(lw, tile), std::min(lh, tile)));
+        out.modules.back().tiled = true;
     }
     for (const auto& [name, ledger] : model.ledgers()) {
         DeviceForecast d;
@@ -76,7 +85,7 @@ std::string describe_forecast(const StableDiffusionModel& model, const JobForeca
     out += "modules:\n";
     for (const ModuleForecast& m : forecast.modules) {
         const auto& r = m.run;
-        out += "  " + m.module + " on " + m.device + ": " +
+        out += "  " + m.module + " on " + m.device + ": " + (m.tiled ? std::string("in tiles, ") : std::string()) +
                (r.segments == 1 ? std::string("whole graph") : std::to_string(r.segments) + " segments") +
                ", compute " + human_bytes(r.whole_workspace) + " whole, hungriest part " +
                human_bytes(r.largest_segment) + " (" + r.largest_segment_name + ")" +

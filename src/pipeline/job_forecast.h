@@ -19,6 +19,7 @@ struct ModuleForecast {
     std::string module;  // "te", "diffusion", "vae"
     std::string device;  // where it computes
     runtime::RunForecast run;
+    bool tiled = false;  // the VAE decode would not fit whole: figures for one tile
 };
 
 struct DeviceForecast {

@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "io/model_summary.h"
+#include "pipeline/job_forecast.h"
 #include "runtime/devices.h"
 #include "runtime/host_memory.h"
 #include "util/format.h"
@@ -185,12 +186,6 @@ Status StableDiffusionModel::place_modules(const ModelOptions& options) {
     placement_ = std::move(placement).value();
     const bool auto_fit =
         options.placement.auto_fit && options.placement.backend.empty() && options.placement.params_backend.empty();
-    const std::string text = describe_placement(placement_, module_bytes_);
-    if (auto_fit && placement_.front().compute_device != "CPU") {
-        KILN_LOG_INFO("auto-fit:\n%s", text.substr(0, text.size() - 1).c_str());
-    } else {
-        KILN_LOG_VERBOSE("placement:\n%s", text.substr(0, text.size() - 1).c_str());
-    }
 
     auto device_of = [](const std::string& name) -> Result<ggml_backend_dev_t> {
         if (name == "CPU") return static_cast<ggml_backend_dev_t>(nullptr);
@@ -203,65 +198,101 @@ Status StableDiffusionModel::place_modules(const ModelOptions& options) {
         if (!ledger) ledger = std::make_unique<runtime::DeviceLedger>(dev, options.placement.budgets.for_device(name));
         return *ledger;
     };
+    // What each module needs to load its weights once placement is final.
     struct Module {
         const char* name;
         std::unique_ptr<runtime::Executor>* executor;
         runtime::ModuleWeights* weights;
+        ModulePlacement* placement = nullptr;
+        ggml_backend_t backend = nullptr;
+        ggml_backend_buffer_type_t params_buft = nullptr;
+        runtime::DeviceLedger* params_ledger = nullptr;  // weights kept on a device are counted there
+        uint64_t reserved = 0;
     };
-    for (const Module& module :
-         {Module{"diffusion", &diffusion_executor_, &unet_->weights()}, Module{"te", &te_executor_, &clip_->weights()},
-          Module{"vae", &vae_executor_, &vae_->weights()}}) {
-        const ModulePlacement& p =
-            *std::find_if(placement_.begin(), placement_.end(), [&](const auto& x) { return x.module == module.name; });
-        auto dev = device_of(p.compute_device);
+    std::vector<Module> modules = {{"diffusion", &diffusion_executor_, &unet_->weights()},
+                                   {"te", &te_executor_, &clip_->weights()},
+                                   {"vae", &vae_executor_, &vae_->weights()}};
+    // Records a module's params location (and the bytes it keeps on a device).
+    auto place_params = [&](Module& m, runtime::ParamsLocation where) -> Status {
+        if (m.params_ledger) m.params_ledger->release(m.reserved);
+        m.params_ledger = nullptr;
+        m.params_buft = nullptr;
+        m.reserved = 0;
+        const bool on_cpu = m.placement->compute_device == "CPU";
+        if (on_cpu && where == runtime::ParamsLocation::Host) where = runtime::ParamsLocation::ComputeDevice;
+        m.placement->params = where;
+        m.weights->set_params_location(where);
+        if (where == runtime::ParamsLocation::ComputeDevice && !on_cpu) {
+            m.params_buft = (*m.executor)->compute().buffer_type();
+            m.params_ledger = &(*m.executor)->store().ledger();
+        } else if (where == runtime::ParamsLocation::OtherDevice) {
+            auto other = device_of(m.placement->params_device);
+            if (!other.ok()) return Error{"--params-backend: " + other.error().message};
+            m.params_buft = ggml_backend_dev_buffer_type(*other);
+            m.params_ledger = &ledger_for(m.placement->params_device, *other);
+        }
+        if (!m.params_ledger) return Status::Ok();
+        const uint64_t need = m.weights->allocation_size(m.params_buft);
+        const uint64_t limit = m.params_ledger->limit();
+        if (m.params_ledger->managed() + need > limit) {
+            return Error{std::string("out of memory: the ") + m.name + " weights need " + human_bytes(need) + " on " +
+                         m.params_ledger->device_name() + ", the budget leaves " +
+                         human_bytes(limit > m.params_ledger->managed() ? limit - m.params_ledger->managed() : 0) +
+                         " (keep them in RAM with --params-backend " + m.name + "=cpu, or on disk)"};
+        }
+        m.params_ledger->add(need);
+        m.reserved = need;
+        return Status::Ok();
+    };
+    for (Module& m : modules) {
+        m.placement =
+            &*std::find_if(placement_.begin(), placement_.end(), [&](const auto& x) { return x.module == m.name; });
+        auto dev = device_of(m.placement->compute_device);
         if (!dev.ok()) return dev.error();
         auto compute = runtime::Compute::create(*dev, options.threads);
         if (!compute.ok()) return compute.error();
-        runtime::DeviceLedger& ledger = ledger_for(p.compute_device, *dev);
-        auto& store = stores_[p.compute_device];
+        m.backend = (*compute)->weights_backend();
+        runtime::DeviceLedger& ledger = ledger_for(m.placement->compute_device, *dev);
+        auto& store = stores_[m.placement->compute_device];
         if (!store) store = std::make_unique<runtime::WeightStore>(ledger, (*compute)->buffer_type());
+        *m.executor = std::make_unique<runtime::Executor>(m.name, std::move(compute).value(), *m.weights, *store,
+                                                          options.executor);
+        KILN_TRY(place_params(m, m.placement->params));
+    }
 
-        // Weights kept on a device are counted from the start, loaded or not.
-        ggml_backend_buffer_type_t params_buft = nullptr;
-        runtime::DeviceLedger* params_ledger = nullptr;
-        if (p.params == runtime::ParamsLocation::ComputeDevice && *dev) {
-            params_buft = (*compute)->buffer_type();
-            params_ledger = &ledger;
-        } else if (p.params == runtime::ParamsLocation::OtherDevice) {
-            auto other = device_of(p.params_device);
-            if (!other.ok()) return Error{"--params-backend: " + other.error().message};
-            params_buft = ggml_backend_dev_buffer_type(*other);
-            params_ledger = &ledger_for(p.params_device, *other);
+    // Auto-fit checks its guess against the job's measured plan and moves
+    // weights off the GPU (VAE first, the UNet last) until the job fits.
+    if (auto_fit && placement_.front().compute_device != "CPU") {
+        const int width = options.job_width > 0 ? options.job_width : defaults_.width;
+        const int height = options.job_height > 0 ? options.job_height : defaults_.height;
+        for (auto it = modules.rbegin(); it != modules.rend(); ++it) {
+            auto forecast = forecast_job(*this, width, height, /*cfg=*/true, /*flash_attention=*/false);
+            if (!forecast.ok() || forecast->fits) break;
+            if (it->placement->params != runtime::ParamsLocation::ComputeDevice) continue;
+            KILN_LOG_VERBOSE("auto-fit: a %dx%d job does not fit; %s weights move to RAM", width, height, it->name);
+            KILN_TRY(place_params(*it, runtime::ParamsLocation::Host));
         }
-        if (params_ledger) {
-            const uint64_t need = module.weights->allocation_size(params_buft);
-            const uint64_t limit = params_ledger->limit();
-            if (params_ledger->managed() + need > limit) {
-                return Error{std::string("out of memory: the ") + module.name + " weights need " + human_bytes(need) +
-                             " on " + params_ledger->device_name() + ", the budget leaves " +
-                             human_bytes(limit > params_ledger->managed() ? limit - params_ledger->managed() : 0) +
-                             " (keep them in RAM with --params-backend " + module.name + "=cpu, or on disk)"};
-            }
-            params_ledger->add(need);
-        }
-        runtime::ModuleWeights* weights = module.weights;
-        ggml_backend_t backend = (*compute)->weights_backend();
-        // On the CPU, weights "in RAM" are on the compute device.
-        const runtime::ParamsLocation where =
-            !*dev && p.params == runtime::ParamsLocation::Host ? runtime::ParamsLocation::ComputeDevice : p.params;
-        weights->set_params_location(where);
-        *module.executor = std::make_unique<runtime::Executor>(module.name, std::move(compute).value(), *weights,
-                                                               *store, options.executor);
-        if (options.plan_only) continue;
-        auto loader = [weights, backend, where, params_buft, name = std::string(module.name)]() -> Status {
-            KILN_TRY(weights->load_params(where, backend, params_buft));
-            KILN_LOG_VERBOSE("%s: weights loaded (%s)", name.c_str(), runtime::params_location_name(where));
+    }
+    const std::string text = describe_placement(placement_, module_bytes_);
+    if (auto_fit && placement_.front().compute_device != "CPU") {
+        KILN_LOG_INFO("auto-fit:\n%s", text.substr(0, text.size() - 1).c_str());
+    } else {
+        KILN_LOG_VERBOSE("placement:\n%s", text.substr(0, text.size() - 1).c_str());
+    }
+
+    if (options.plan_only) return Status::Ok();
+    for (Module& m : modules) {
+        auto loader = [weights = m.weights, backend = m.backend, buft = m.params_buft,
+                       name = std::string(m.name)]() -> Status {
+            KILN_TRY(weights->load_params(weights->params_location(), backend, buft));
+            KILN_LOG_VERBOSE("%s: weights loaded (%s)", name.c_str(),
+                             runtime::params_location_name(weights->params_location()));
             return Status::Ok();
         };
         if (options.eager_load) {
             KILN_TRY(loader());
         } else {
-            (*module.executor)->set_loader(loader);
+            (*m.executor)->set_loader(loader);
         }
     }
     return Status::Ok();

@@ -43,6 +43,9 @@ struct ModelOptions {
     runtime::ExecutorOptions executor;  // --disable-segmented-compute, --disable-prefetch
     bool eager_load = false;            // --eager-load: read every module's weights at start
     bool plan_only = false;             // kiln plan / --dry-run: place modules, load no weights
+    // The job auto-fit checks its placement against (0: the model's defaults).
+    int job_width = 0;
+    int job_height = 0;
 };
 
 // Defaults a model file may carry in its metadata ("kiln.default.*").

@@ -158,6 +158,8 @@ int run_generate(const Options& options) {
     cp.eager_load = options.eager_load ? 1 : 0;
     const bool plan_only = options.command == Command::Plan;
     cp.plan_only = plan_only ? 1 : 0;
+    cp.job_width = options.width;
+    cp.job_height = options.height;
 
     kiln_image* init = nullptr;
     if (!options.init_image.empty()) {
