@@ -104,11 +104,19 @@ Status ModuleWeights::load(ggml_backend_t backend) {
     if (buffer_) return Status::Ok();
     buffer_ = ggml_backend_alloc_ctx_tensors(ctx_, backend);
     if (!buffer_ && !declared_.empty()) return Error{"out of memory allocating " + prefix_ + "* weights"};
-    for (auto& [tensor, info] : declared_) {
-        auto data = io::convert_tensor(*info, file_.data(*info), tensor->type);
-        if (!data.ok()) return Error{file_.sources()[info->source].path + ": " + data.error().message};
-        ggml_backend_tensor_set(tensor, data->data(), 0, data->size());
+    for (auto& [tensor, info] : declared_) KILN_TRY(fill(tensor, *info, tensor));
+    return Status::Ok();
+}
+
+Status ModuleWeights::fill(ggml_tensor* target, const io::TensorInfo& info, const ggml_tensor* compute) const {
+    // Stored as computed: straight from the mapped file, no copy in between.
+    if (io::dtype_from_ggml(compute->type) == info.dtype) {
+        ggml_backend_tensor_set(target, file_.data(info), 0, ggml_nbytes(compute));
+        return Status::Ok();
     }
+    auto data = io::convert_tensor(info, file_.data(info), compute->type);
+    if (!data.ok()) return Error{file_.sources()[info.source].path + ": " + data.error().message};
+    ggml_backend_tensor_set(target, data->data(), 0, data->size());
     return Status::Ok();
 }
 
@@ -132,11 +140,7 @@ Status ModuleWeights::load_params(ParamsLocation location, ggml_backend_t comput
         return Error{"out of memory allocating " + prefix_ + "* weights in " +
                      (location == ParamsLocation::Host ? std::string("RAM") : ggml_backend_buft_name(params_buft))};
     }
-    for (auto& [tensor, info] : declared_) {
-        auto data = io::convert_tensor(*info, file_.data(*info), tensor->type);
-        if (!data.ok()) return Error{file_.sources()[info->source].path + ": " + data.error().message};
-        ggml_backend_tensor_set(by_tensor_[tensor].second, data->data(), 0, data->size());
-    }
+    for (auto& [tensor, info] : declared_) KILN_TRY(fill(by_tensor_[tensor].second, *info, tensor));
     return Status::Ok();
 }
 
@@ -158,6 +162,7 @@ Result<const void*> ModuleWeights::params_data(const ggml_tensor* tensor, std::v
         ggml_backend_tensor_get(host_twin, staging.data(), 0, staging.size());
         return static_cast<const void*>(staging.data());
     }
+    if (io::dtype_from_ggml(tensor->type) == info->dtype) return static_cast<const void*>(file_.data(*info));
     auto data = io::convert_tensor(*info, file_.data(*info), tensor->type);
     if (!data.ok()) return Error{file_.sources()[info->source].path + ": " + data.error().message};
     staging = std::move(data).value();

@@ -86,6 +86,8 @@ class ModuleWeights {
   private:
     ggml_tensor* declare(const std::string& name, const std::vector<int64_t>& shape,
                          std::optional<ggml_type> force_type);
+    // Writes the file's tensor `info`, in `compute`'s type, into `target`.
+    Status fill(ggml_tensor* target, const io::TensorInfo& info, const ggml_tensor* compute) const;
 
     const io::ModelFile& file_;
     std::string prefix_;

@@ -10,8 +10,13 @@
 //       module, what it needs and the budget, and the next job still runs;
 //   (f) a 20-step CFG run builds each module's plan once.
 // kiln plan is checked against the runs it predicts.
+//
+// KILN_TEST_DEVICE=CUDA0 runs the same tests on a real device instead of the
+// RPC server (scripts/device-check.sh).
 #include <gtest/gtest.h>
 
+#include <cctype>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -45,21 +50,30 @@ struct Job {
 
 struct Outcome {
     std::vector<uint8_t> pixels;
-    uint64_t peak = 0;               // RPC0's managed peak
-    std::optional<uint64_t> budget;  // RPC0's budget
+    uint64_t peak = 0;               // the device's managed peak
+    std::optional<uint64_t> budget;  // the device's budget
     int segments = 0;                // the UNet's groups in its last run
     int unet_builds = 0, unet_hits = 0;
     int te_builds = 0, vae_builds = 0;
     int prefetches = 0;
 };
 
-// The UNet and text encoder compute on RPC0 with their weights in RAM (so a
+// The device under test: the RPC server's RPC0, or KILN_TEST_DEVICE.
+std::string dev() {
+    const char* env = std::getenv("KILN_TEST_DEVICE");
+    std::string name = env && *env ? env : "RPC0";
+    for (char& c : name) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    return name;
+}
+bool on_rpc() { return dev().rfind("RPC", 0) == 0; }
+
+// The UNet and text encoder compute on the device with their weights in RAM (so a
 // budget below their size streams them); the VAE decodes on the CPU, whose
 // 64x64 decode needs more than the budgets that make the UNet segment.
 pipeline::ModelOptions options_for(const Job& job) {
     pipeline::ModelOptions o;
     o.threads = 1;
-    o.placement.backend = {{"diffusion", "RPC0"}, {"te", "RPC0"}, {"vae", "CPU"}};
+    o.placement.backend = {{"diffusion", dev()}, {"te", dev()}, {"vae", "CPU"}};
     o.placement.params_backend = job.params;
     if (!job.budget.empty()) o.placement.budgets = runtime::parse_max_vram(job.budget).value();
     o.executor.prefetch = job.prefetch;
@@ -91,7 +105,7 @@ Result<Outcome> run_job(const Job& job) {
     if (!images.ok()) return images.error();
     Outcome o;
     o.pixels = images->front().image.pixels;
-    const auto& rpc = *(*model)->ledgers().at("RPC0");
+    const auto& rpc = *(*model)->ledgers().at(dev());
     o.peak = rpc.peak();
     o.budget = rpc.budget();
     auto& unet = (*model)->diffusion_compute();
@@ -104,21 +118,26 @@ Result<Outcome> run_job(const Job& job) {
     return o;
 }
 
-std::string mib(double m) { return "rpc0=" + std::to_string(m) + "M"; }
+std::string mib(double m) { return dev() + "=" + std::to_string(m) + "M"; }
 
 // One server for the suite: its device stays registered as RPC0 for the
 // life of the process (ggml's registry), whichever tests run.
 class Memory : public ::testing::Test {
   protected:
-    static void SetUpTestSuite() { server_ = new test::RpcServer(); }
+    static void SetUpTestSuite() {
+        if (on_rpc()) server_ = new test::RpcServer();
+    }
     static void TearDownTestSuite() {
         delete server_;
         server_ = nullptr;
     }
     void SetUp() override {
+        if (!on_rpc()) return;
         ASSERT_TRUE(server_->ok()) << server_->log();
         ASSERT_TRUE(runtime::add_rpc_servers(server_->endpoint()).ok());
     }
+    // The flags that make the device exist for a kiln child process.
+    static std::string device_flags() { return on_rpc() ? " --rpc " + server_->endpoint() : ""; }
     static test::RpcServer* server_;
 };
 test::RpcServer* Memory::server_ = nullptr;
@@ -193,9 +212,11 @@ TEST_F(Memory, BudgetBelowTheLargestSegmentIsOneClearErrorAndTheNextJobRuns) {
     kiln_context_params cp;
     kiln_context_params_init(&cp);
     cp.model_path = KILN_DEFAULT_MODEL;
-    cp.backend = "diffusion=rpc0,te=rpc0,vae=cpu";
+    const std::string backend = "diffusion=" + dev() + ",te=" + dev() + ",vae=cpu";
+    cp.backend = backend.c_str();
     cp.params_backend = "diffusion=cpu,te=cpu";
-    cp.max_vram = "rpc0=1.2M";
+    std::string budget = dev() + "=1.2M";
+    cp.max_vram = budget.c_str();
     cp.n_threads = 1;
     char* error = nullptr;
     kiln_context* small = kiln_context_create(&cp, &error);
@@ -213,17 +234,18 @@ TEST_F(Memory, BudgetBelowTheLargestSegmentIsOneClearErrorAndTheNextJobRuns) {
     kiln_free_string(error);
     EXPECT_EQ(message.rfind("out of memory: diffusion segment '", 0), 0u) << message;
     EXPECT_NE(message.find("' needs "), std::string::npos) << message;
-    EXPECT_NE(message.find("on RPC0"), std::string::npos) << message;
+    EXPECT_NE(message.find("on " + dev()), std::string::npos) << message;
     EXPECT_NE(message.find("of 1.20 MiB"), std::string::npos) << message;  // the budget
     EXPECT_EQ(count, 0);
     // The failed job gave back what it took.
     char* report = kiln_memory_report(small);
-    EXPECT_NE(std::string(report).find("RPC0 peak"), std::string::npos) << report;
+    EXPECT_NE(std::string(report).find(dev() + " peak"), std::string::npos) << report;
     EXPECT_NE(std::string(report).find(" now 0 B "), std::string::npos) << report;
     kiln_free_string(report);
     kiln_context_free(small);
 
-    cp.max_vram = "rpc0=64M";
+    budget = dev() + "=64M";
+    cp.max_vram = budget.c_str();
     kiln_context* big = kiln_context_create(&cp, &error);
     ASSERT_NE(big, nullptr) << error;
     ASSERT_EQ(kiln_generate(big, &gp, &images, &count, &error), 0) << error;
@@ -261,7 +283,7 @@ TEST_F(Memory, ParamsOnDiskInRamOrOnTheDeviceGiveTheSameImage) {
     ASSERT_TRUE(b.ok()) << b.error().message;
     EXPECT_EQ(b->segments, a->segments);
     EXPECT_EQ(b->pixels, a->pixels);
-    Job device;  // unconstrained, weights kept on RPC0 itself
+    Job device;  // unconstrained, weights kept on the device itself
     device.params = {};
     auto c = run_job(device);
     ASSERT_TRUE(c.ok()) << c.error().message;
@@ -274,14 +296,15 @@ std::string kiln_cli(const std::string& args) { return std::string(KILN_BIN) + "
 // under a small budget the weights move to RAM and the UNet segments.
 TEST_F(Memory, AutoFitUsesTheGpuTypeDevice) {
     test::TempDir dir;
-    const std::string rpc = " --rpc " + server_->endpoint();
+    const std::string rpc = device_flags();
     auto full = test::run_command(kiln_cli(rpc + " -p x -o " + dir.file("a.png")));
     ASSERT_EQ(full.exit_code, 0) << full.err;
     EXPECT_NE(full.out.find("auto-fit:"), std::string::npos) << full.out;
-    EXPECT_NE(full.out.find("diffusion: computes on RPC0, weights on RPC0"), std::string::npos) << full.out;
-    auto small = test::run_command(kiln_cli(rpc + " -v --max-vram rpc0=12M -p x -o " + dir.file("b.png")));
+    EXPECT_NE(full.out.find("diffusion: computes on " + dev() + ", weights on " + dev()), std::string::npos)
+        << full.out;
+    auto small = test::run_command(kiln_cli(rpc + " -v --max-vram " + mib(12) + " -p x -o " + dir.file("b.png")));
     ASSERT_EQ(small.exit_code, 0) << small.err;
-    EXPECT_NE(small.out.find("diffusion: computes on RPC0, weights in RAM"), std::string::npos) << small.out;
+    EXPECT_NE(small.out.find("diffusion: computes on " + dev() + ", weights in RAM"), std::string::npos) << small.out;
     EXPECT_EQ(test::read_bytes(dir.file("a.png")), test::read_bytes(dir.file("b.png")));
     // --auto-fit off: the CPU, as without a GPU.
     auto off = test::run_command(kiln_cli(rpc + " -v --auto-fit off -p x -o " + dir.file("c.png")));
@@ -291,14 +314,14 @@ TEST_F(Memory, AutoFitUsesTheGpuTypeDevice) {
 
 TEST_F(Memory, DryRunPrintsThePlanAndWritesNothing) {
     test::TempDir dir;
-    const std::string rpc = " --rpc " + server_->endpoint() +
-                            " --backend diffusion=rpc0,te=rpc0,vae=cpu --params-backend diffusion=cpu,te=cpu";
-    auto fits = test::run_command(kiln_cli(rpc + " --max-vram rpc0=3M --dry-run -p x -o " + dir.file("a.png")));
+    const std::string rpc = device_flags() + " --backend diffusion=" + dev() + ",te=" + dev() +
+                            ",vae=cpu --params-backend diffusion=cpu,te=cpu";
+    auto fits = test::run_command(kiln_cli(rpc + " --max-vram " + mib(3) + " --dry-run -p x -o " + dir.file("a.png")));
     EXPECT_EQ(fits.exit_code, 0) << fits.err;
-    EXPECT_NE(fits.out.find("diffusion on RPC0: 3 segments"), std::string::npos) << fits.out;
+    EXPECT_NE(fits.out.find("diffusion on " + dev() + ": 3 segments"), std::string::npos) << fits.out;
     EXPECT_NE(fits.out.find("fits: yes"), std::string::npos) << fits.out;
     EXPECT_FALSE(std::ifstream(dir.file("a.png")).good());
-    auto plan = test::run_command(kiln_cli("plan" + rpc + " --max-vram rpc0=1M"));
+    auto plan = test::run_command(kiln_cli("plan" + rpc + " --max-vram " + mib(1)));
     EXPECT_EQ(plan.exit_code, 1) << plan.err;
     EXPECT_NE(plan.out.find("DOES NOT FIT"), std::string::npos) << plan.out;
     EXPECT_NE(plan.out.find("fits: no"), std::string::npos) << plan.out;
@@ -361,7 +384,7 @@ TEST_F(Memory, PlanPredictsTheRun) {
         EXPECT_EQ(unet->run.segments, run->segments) << text;
         uint64_t predicted = 0;
         for (const auto& d : forecast->devices) {
-            if (d.device == "RPC0") predicted = d.peak;
+            if (d.device == dev()) predicted = d.peak;
         }
         // Predicted from CPU-side measures before anything is placed; the
         // run adds its small input buffers.
