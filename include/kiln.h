@@ -149,9 +149,10 @@ void kiln_free_string(char* text);
  * or -1 with *error set. *fits (if not NULL) gets 1 or 0. */
 int kiln_plan(kiln_context* ctx, const kiln_generation_params* params, char** text, int* fits, char** error);
 
-/* The memory system's books since the context was created, one line per
- * device: "RPC0 peak 12.5 MiB budget 16.0 MiB". Free with kiln_free_string. */
-char* kiln_memory_report(const kiln_context* ctx);
+/* The memory system's books since the context was created: one line per
+ * device ("RPC0 peak 12.5 MiB now 3.1 MiB budget 16.0 MiB"), then each
+ * module's peak compute buffers. Free with kiln_free_string. */
+char* kiln_memory_report(kiln_context* ctx);
 const char* kiln_version(void);
 
 #ifdef __cplusplus

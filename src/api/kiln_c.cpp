@@ -368,12 +368,17 @@ int kiln_plan(kiln_context* ctx, const kiln_generation_params* params, char** te
     }
 }
 
-char* kiln_memory_report(const kiln_context* ctx) {
+char* kiln_memory_report(kiln_context* ctx) {
     std::string out;
     for (const auto& [name, ledger] : ctx->model->ledgers()) {
         out += name + " peak " + kiln::human_bytes(ledger->peak()) + " now " + kiln::human_bytes(ledger->managed());
         out += ledger->budget() ? " budget " + kiln::human_bytes(*ledger->budget()) : std::string(" no budget");
         out += "\n";
+    }
+    auto& m = *ctx->model;
+    for (kiln::runtime::Executor* e : {&m.text_encoder_compute(), &m.diffusion_compute(), &m.vae_compute()}) {
+        out += e->module() + " compute buffers peak " + kiln::human_bytes(e->stats().peak_workspace) + " on " +
+               e->store().ledger().device_name() + "\n";
     }
     return copy_string(out);
 }

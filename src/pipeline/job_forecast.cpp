@@ -59,7 +59,7 @@ Result<JobForecast> forecast_job(StableDiffusionModel& model, int width, int hei
         d.device = name;
         d.budget = ledger->budget();
         d.limit = ledger->limit();
-        d.peak = ledger->managed();
+        d.peak = d.weights_kept = ledger->managed();
         // Modules run in job order; what one leaves on the device (compute
         // copies, idle workspace) stays until a later one needs the room.
         uint64_t left_behind = 0;
@@ -93,7 +93,8 @@ std::string describe_forecast(const StableDiffusionModel& model, const JobForeca
     }
     out += "devices:\n";
     for (const DeviceForecast& d : forecast.devices) {
-        out += "  " + d.device + ": peak " + human_bytes(d.peak) + " of " +
+        out += "  " + d.device + ": peak " + human_bytes(d.peak) + " (weights kept there " +
+               human_bytes(d.weights_kept) + ", the rest compute copies and buffers) of " +
                (d.budget ? "a budget of " + human_bytes(*d.budget) : "free memory") + " (limit now " +
                human_bytes(d.limit) + ")\n";
     }

@@ -27,6 +27,7 @@ struct DeviceForecast {
     // Predicted managed peak: weights kept there, what earlier modules leave
     // behind, and the hungriest module's run, capped by the limit (eviction).
     uint64_t peak = 0;
+    uint64_t weights_kept = 0;  // of which: weights whose params live there
     std::optional<uint64_t> budget;
     uint64_t limit = 0;
 };

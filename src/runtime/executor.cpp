@@ -469,11 +469,14 @@ Status Executor::run_group(ggml_cgraph* graph, const GraphPlan& plan, const std:
         ++stats_.reuses;
     }
     const ggml_status status = ggml_backend_sched_graph_compute_async(sched, sub);
-    if (status == GGML_STATUS_SUCCESS && options_.prefetch && index + 1 < static_cast<int>(groups.size())) {
-        const Group& next = groups[index + 1];
-        if (compute_->device_backend()) {
-            store_.prefetch(blocks_for(plan, next.first, next.end), compute_->device_backend(), limit, hint,
-                            next.first - group.first);
+    if (status == GGML_STATUS_SUCCESS && options_.prefetch && compute_->device_backend()) {
+        // The next group with weights still to upload (weightless groups and
+        // resident weights need nothing).
+        for (size_t next = static_cast<size_t>(index) + 1; next < groups.size(); ++next) {
+            const std::vector<WeightBlock*> upcoming = blocks_for(plan, groups[next].first, groups[next].end);
+            if (store_.missing_bytes(upcoming) == 0) continue;
+            store_.prefetch(upcoming, compute_->device_backend(), limit, hint, groups[next].first - group.first);
+            break;
         }
     }
     ggml_backend_sched_synchronize(sched);
