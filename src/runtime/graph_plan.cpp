@@ -89,18 +89,14 @@ GraphPlan build_graph_plan(ggml_cgraph* graph, const ModuleWeights& weights) {
     std::unordered_map<const ggml_tensor*, int> node_index, leaf_index;
     for (int i = 0; i < n; ++i) node_index[ggml_graph_node(graph, i)] = i;
     const std::vector<ggml_tensor*> leafs = graph_leafs(graph);
-    plan.n_leafs = static_cast<int>(leafs.size());
     for (size_t j = 0; j < leafs.size(); ++j) leaf_index[leafs[j]] = static_cast<int>(j);
 
     std::string problem;
-    for (size_t j = 0; j < leafs.size(); ++j) {
-        const ggml_tensor* leaf = leafs[j];
-        if (weights.owns(leaf)) {
-            plan.weight_leafs.push_back(static_cast<int>(j));
-        } else if (leaf->flags & GGML_TENSOR_FLAG_INPUT) {
-            plan.input_leafs.push_back(static_cast<int>(j));
-        } else if (problem.empty()) {
+    // A segment can only start from what the executor places itself.
+    for (const ggml_tensor* leaf : leafs) {
+        if (!weights.owns(leaf) && !(leaf->flags & GGML_TENSOR_FLAG_INPUT)) {
             problem = std::string("leaf '") + leaf->name + "' is neither a weight nor an input";
+            break;
         }
     }
 
@@ -140,7 +136,6 @@ GraphPlan build_graph_plan(ggml_cgraph* graph, const ModuleWeights& weights) {
                     auto it = leaf_index.find(t);
                     if (it != leaf_index.end() && weights.owns(t) && seen.insert(it->second).second) {
                         segment.weights.push_back(it->second);
-                        segment.weight_bytes += ggml_nbytes(t);
                     }
                 }
             });

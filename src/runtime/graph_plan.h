@@ -22,25 +22,21 @@ namespace kiln::runtime {
 class ModuleWeights;
 
 struct PlanSegment {
-    int begin = 0;              // first node
-    int end = 0;                // one past the last node
-    std::string name;           // the cut marker that ends it ("input_blocks.3"), or "output"
-    std::vector<int> weights;   // leaf indices of the weights its nodes read
-    uint64_t weight_bytes = 0;  // their bytes
+    int begin = 0;             // first node
+    int end = 0;               // one past the last node
+    std::string name;          // the cut marker that ends it ("input_blocks.3"), or "output"
+    std::vector<int> weights;  // leaf indices (graph_leafs) of the weights its nodes read
 };
 
 struct GraphPlan {
     uint64_t layout = 0;
     int n_nodes = 0;
-    int n_leafs = 0;
     std::vector<PlanSegment> segments;
     // Per node, the index of the tensor holding its data: itself, or the
     // node its view chain ends in (-1 when that is a leaf).
     std::vector<int> base_node;
     // Per node, the nodes (bases) it reads from.
     std::vector<std::vector<int>> reads;
-    std::vector<int> input_leafs;  // graph inputs (ggml_set_input)
-    std::vector<int> weight_leafs;
     bool valid = false;
     std::string invalid_reason;  // why segments cannot be used (whole-graph only)
 };
