@@ -1,6 +1,7 @@
 #include "pipeline/generate.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -319,12 +320,20 @@ std::string a1111_sampler_name(const std::string& sampler) {
 }
 
 Result<std::vector<GeneratedImage>> generate(StableDiffusionModel& model, const GenerationRequest& request,
-                                             const StepCallback& on_step) {
+                                             const StepCallback& on_step, GenerationTimings* timings) {
     auto planned = plan_request(model, request);
     if (!planned.ok()) return planned.error();
     const Plan& p = *planned;
+    GenerationTimings unused;
+    GenerationTimings& times = timings ? *timings : unused;
+    times = GenerationTimings{};
+    using Clock = std::chrono::steady_clock;
+    const auto seconds_since = [](Clock::time_point start) {
+        return std::chrono::duration<double>(Clock::now() - start).count();
+    };
 
     const bool use_cfg = p.cfg != 1.0f;
+    const Clock::time_point encoding_start = Clock::now();
     const size_t chunks = std::max(prompt_chunk_count(model, request.prompt),
                                    use_cfg ? prompt_chunk_count(model, request.negative_prompt) : size_t(1));
     auto cond = encode_prompt(model, request.prompt, request.clip_skip, chunks);
@@ -335,6 +344,7 @@ Result<std::vector<GeneratedImage>> generate(StableDiffusionModel& model, const 
         if (!encoded.ok()) return encoded.error();
         uncond = std::move(encoded).value();
     }
+    times.text_encoding_s = seconds_since(encoding_start);
 
     auto all_sigmas = get_sigmas(p.scheduler, p.steps, DiscreteSchedule::stable_diffusion());
     if (!all_sigmas.ok()) return all_sigmas.error();
@@ -375,15 +385,23 @@ Result<std::vector<GeneratedImage>> generate(StableDiffusionModel& model, const 
         for (size_t k = 0; k < x.size(); ++k) {
             x[k] = x[k] * sigmas.front() + (init_latent ? (*init_latent)[k] : 0.0f);
         }
+        Clock::time_point step_start;
         ProgressFn progress = [&](int step, int total) {
+            times.step_s.push_back(seconds_since(step_start));
             if (on_step) on_step(i, step, total);
+            step_start = Clock::now();  // the caller's callback is no step's time
         };
         // Step 0: sampling of this image starts now (front-ends time from here).
         if (on_step) on_step(i, 0, static_cast<int>(sigmas.size()) - 1);
+        const Clock::time_point sampling_start = Clock::now();
+        step_start = sampling_start;
         auto latent = sample_latent(model, run, std::move(x), *cond, uncond ? &*uncond : nullptr, *rng, progress);
         if (!latent.ok()) return latent.error();
+        times.sampling_s += seconds_since(sampling_start);
+        const Clock::time_point vae_start = Clock::now();
         auto img = decode_latent(model, *latent, p, request.vae_tiling);
         if (!img.ok()) return img.error();
+        times.vae_s += seconds_since(vae_start);
 
         GeneratedImage g;
         g.image = std::move(img).value();

@@ -54,12 +54,23 @@ struct GeneratedImage {
 // denoising step: (image index, steps done, total steps).
 using StepCallback = std::function<void(int image, int step, int total)>;
 
+// Where a generation's wall-clock time went (steady_clock), for benchmarks.
+// Summed over the images of a batch; step_s has one entry per denoising step
+// of every image, in order. Image-to-image encoding is in none of them.
+struct GenerationTimings {
+    double text_encoding_s = 0;  // the prompt and, with CFG, the negative prompt
+    double sampling_s = 0;       // the sampler loop: every denoising step
+    double vae_s = 0;            // VAE decode of the final latent
+    std::vector<double> step_s;  // each denoising step
+};
+
 // Errors (each names the parameter and the valid range or names): width or
 // height not a positive multiple of the model's latent stride, steps < 1,
 // negative cfg, unknown sampler or scheduler, strength outside (0, 1],
-// out of memory, and a failed graph.
+// out of memory, and a failed graph. With `timings`, it is reset and filled.
 Result<std::vector<GeneratedImage>> generate(StableDiffusionModel& model, const GenerationRequest& request,
-                                             const StepCallback& on_step = nullptr);
+                                             const StepCallback& on_step = nullptr,
+                                             GenerationTimings* timings = nullptr);
 
 // The sampling loop alone, for callers that bring their own conditioning
 // and starting latent (tests compare it with the reference sampler).

@@ -1,0 +1,68 @@
+// What kiln-bench measured for one generation job, and its two forms: JSON
+// for scripts and plots, a markdown table for people (bench/README.md).
+// Times of several runs are reported as their median; every run's times
+// are kept in the JSON.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace kiln::bench {
+
+// One generate() call.
+struct RunTimes {
+    double text_encoding_s = 0;
+    double sampling_s = 0;  // every denoising step
+    double vae_decode_s = 0;
+    double total_s = 0;  // the whole generate() call
+    std::vector<double> step_s;
+};
+
+struct DevicePeak {
+    std::string device;                    // "CPU", "RPC0"
+    uint64_t peak_managed_bytes = 0;       // the ledger's peak (runtime/device_budget.h)
+    std::optional<uint64_t> budget_bytes;  // --max-vram, when given
+};
+
+struct GenerationBenchmark {
+    // The job.
+    std::string model;  // path
+    std::string family;
+    std::string placement;  // pipeline::describe_placement
+    std::string prompt;
+    int width = 0, height = 0, steps = 0;
+    float cfg_scale = 0;
+    std::string sampler, scheduler;
+    int64_t seed = 0;
+    int threads = 0;
+    bool flash_attention = false;
+
+    // Start-up (part 5 of issue 6): the first run only.
+    double load_s = 0;           // StableDiffusionModel::load
+    double to_first_step_s = 0;  // process start to the first denoising step starting
+    uint64_t rss_at_first_step_bytes = 0;
+    // ... and to its end: lazy loading reads the UNet's weights in that step.
+    double to_first_step_done_s = 0;
+    uint64_t rss_at_first_step_done_bytes = 0;
+
+    std::vector<RunTimes> runs;
+    uint64_t peak_rss_bytes = 0;
+    std::vector<DevicePeak> devices;
+    // One UNet evaluation's FLOPs (runtime/graph_flops.h; CFG's batch of two
+    // included) and how many evaluations a run made: some samplers (heun,
+    // dpm2) evaluate twice per step.
+    uint64_t unet_flops_per_evaluation = 0;
+    int unet_evaluations_per_run = 0;
+
+    // The machine's limit: OpenBLAS sgemm on a large product, when measured.
+    std::optional<double> limit_flops_per_s;
+    std::string limit_shape;
+    std::string openblas_core;
+};
+
+std::string to_json(const GenerationBenchmark& b);
+std::string to_markdown(const GenerationBenchmark& b);
+
+}  // namespace kiln::bench
