@@ -74,32 +74,30 @@ Result<Plan> plan_request(const StableDiffusionModel& model, const GenerationReq
 }
 
 // The UNet graph of one sampling run: built at the first step and reused by
-// every later one (same shapes; only x, the timestep and nothing else change),
-// so a step costs no graph build and, with nothing else computed in between,
-// no new allocation.
+// every later one (same shapes; only x, the timestep and, for separate CFG
+// passes, the context change), so a step costs no graph build and, with
+// nothing else computed in between, no new allocation.
 struct UnetGraph {
     std::unique_ptr<runtime::GraphSession> session;
+    int64_t batch = 0;
     ggml_tensor* x = nullptr;
     ggml_tensor* timesteps = nullptr;
+    ggml_tensor* context = nullptr;
     ggml_tensor* out = nullptr;
+    // The CFG batch of two did not fit: the passes run one at a time.
+    bool separate_passes = false;
 };
 
-// One UNet evaluation of a batch: the conditional pass and, with CFG, the
-// unconditional one, as one batch of two so every weight is read once.
-Result<std::vector<float>> run_unet(StableDiffusionModel& model, const std::vector<float>& x, float sigma,
-                                    const SamplingRun& p, const Conditioning& cond, const Conditioning* uncond,
-                                    UnetGraph& graph) {
+// Runs the UNet on `batch` copies of the scaled latent with `context`
+// ([width, tokens] per batch item) and returns its raw output.
+Result<std::vector<float>> run_unet_batch(StableDiffusionModel& model, const std::vector<float>& x, float sigma,
+                                          const SamplingRun& p, const std::vector<float>& context, int64_t tokens,
+                                          int64_t batch, UnetGraph& graph) {
     const models::UnetConfig& uc = model.unet().config();
     const Scalings s = get_scalings(model.prediction(), sigma);
     const float t = DiscreteSchedule::stable_diffusion().sigma_to_t(sigma);
-    const int64_t batch = uncond ? 2 : 1;
     const int64_t plane = p.latent_w * p.latent_h;
     const int64_t latent_values = plane * uc.out_channels;
-    if (static_cast<int64_t>(x.size()) != latent_values) return Error{"latent has the wrong size for the UNet"};
-    if (uncond && uncond->tokens != cond.tokens) {
-        return Error{"conditional and unconditional contexts differ in length"};
-    }
-
     std::vector<float> input(static_cast<size_t>(plane * uc.in_channels * batch), 0.0f);
     for (int64_t b = 0; b < batch; ++b) {
         float* dst = input.data() + b * plane * uc.in_channels;
@@ -114,28 +112,66 @@ Result<std::vector<float>> run_unet(StableDiffusionModel& model, const std::vect
         }
     }
     std::vector<float> timesteps(static_cast<size_t>(batch), t);
-    if (!graph.session) {
-        std::vector<float> context(cond.hidden);
-        if (uncond) context.insert(context.end(), uncond->hidden.begin(), uncond->hidden.end());
+    const int64_t width = static_cast<int64_t>(context.size()) / (tokens * batch);
+    if (!graph.session || graph.batch != batch) {
         graph.session = std::make_unique<runtime::GraphSession>();
+        graph.batch = batch;
         runtime::GraphSession& session = *graph.session;
         graph.x = session.input(GGML_TYPE_F32, {p.latent_w, p.latent_h, uc.in_channels, batch}, input.data(), "x");
         graph.timesteps = session.input(GGML_TYPE_F32, {batch}, timesteps.data(), "timesteps");
-        ggml_tensor* cin = session.input(GGML_TYPE_F32, {cond.width, cond.tokens, batch}, context.data(), "context");
-        graph.out = model.unet().build(session.ctx(), graph.x, graph.timesteps, cin, p.flash_attention);
+        graph.context = session.input(GGML_TYPE_F32, {width, tokens, batch}, context.data(), "context");
+        graph.out = model.unet().build(session.ctx(), graph.x, graph.timesteps, graph.context, p.flash_attention);
     } else {
         graph.session->set_input(graph.x, input.data());
         graph.session->set_input(graph.timesteps, timesteps.data());
+        graph.session->set_input(graph.context, context.data());
     }
     KILN_TRY(graph.session->run(model.diffusion_compute(), graph.out));
-    std::vector<float> output = runtime::GraphSession::read(graph.out);
+    return runtime::GraphSession::read(graph.out);
+}
 
+// One UNet evaluation: the conditional pass and, with CFG, the unconditional
+// one, as one batch of two so every weight is read once per step; when the
+// batch does not fit (or p.batch_cfg is off), as two passes of one that
+// share one plan.
+Result<std::vector<float>> run_unet(StableDiffusionModel& model, const std::vector<float>& x, float sigma,
+                                    const SamplingRun& p, const Conditioning& cond, const Conditioning* uncond,
+                                    UnetGraph& graph) {
+    const int64_t latent_values = p.latent_w * p.latent_h * model.unet().config().out_channels;
+    if (static_cast<int64_t>(x.size()) != latent_values) return Error{"latent has the wrong size for the UNet"};
+    if (uncond && uncond->tokens != cond.tokens) {
+        return Error{"conditional and unconditional contexts differ in length"};
+    }
+    if (!p.batch_cfg) graph.separate_passes = true;
+    std::vector<float> c_out, u_out;
+    if (uncond && !graph.separate_passes) {
+        std::vector<float> context(cond.hidden);
+        context.insert(context.end(), uncond->hidden.begin(), uncond->hidden.end());
+        auto both = run_unet_batch(model, x, sigma, p, context, cond.tokens, 2, graph);
+        if (both.ok()) {
+            c_out.assign(both->begin(), both->begin() + latent_values);
+            u_out.assign(both->begin() + latent_values, both->end());
+        } else if (both.error().message.rfind("out of memory", 0) == 0) {
+            KILN_LOG_WARN("the CFG batch of two does not fit (%s); running the two passes one after the other",
+                          both.error().message.c_str());
+            graph.separate_passes = true;
+        } else {
+            return both.error();
+        }
+    }
+    if (c_out.empty()) {
+        auto c = run_unet_batch(model, x, sigma, p, cond.hidden, cond.tokens, 1, graph);
+        if (!c.ok()) return c.error();
+        c_out = std::move(c).value();
+        if (uncond) {
+            auto u = run_unet_batch(model, x, sigma, p, uncond->hidden, uncond->tokens, 1, graph);
+            if (!u.ok()) return u.error();
+            u_out = std::move(u).value();
+        }
+    }
     std::vector<float> guided(static_cast<size_t>(latent_values));
-    for (int64_t i = 0; i < latent_values; ++i) {
-        const float c = output[static_cast<size_t>(i)];
-        guided[static_cast<size_t>(i)] = uncond ? output[static_cast<size_t>(latent_values + i)] +
-                                                      p.cfg_scale * (c - output[static_cast<size_t>(latent_values + i)])
-                                                : c;
+    for (size_t i = 0; i < guided.size(); ++i) {
+        guided[i] = uncond ? u_out[i] + p.cfg_scale * (c_out[i] - u_out[i]) : c_out[i];
     }
     return denoised_from_output(model.prediction(), sigma, x, guided);
 }
@@ -376,6 +412,7 @@ Result<std::vector<GeneratedImage>> generate(StableDiffusionModel& model, const 
     run.sigmas = sigmas;
     run.eta = default_eta(p.sampler);
     run.flash_attention = request.flash_attention;
+    run.batch_cfg = request.batch_cfg;
     const size_t latent_size = static_cast<size_t>(p.latent_w) * p.latent_h * model.unet().config().out_channels;
     std::vector<GeneratedImage> results;
     for (int i = 0; i < request.batch_count; ++i) {

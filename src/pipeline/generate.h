@@ -43,6 +43,11 @@ struct GenerationRequest {
     std::optional<image::Image> mask;
     // --vae-tiling: decode and encode in overlapping tiles with blended seams.
     std::optional<VaeTiling> vae_tiling;
+    // CFG's conditional and unconditional passes run as one batch of two
+    // (each weight read once per step) unless the batch does not fit, when
+    // they run one after the other. False always runs them separately
+    // (benchmarks compare the two).
+    bool batch_cfg = true;
 };
 
 struct GeneratedImage {
@@ -82,6 +87,7 @@ struct SamplingRun {
     std::vector<float> sigmas;  // from get_sigmas, possibly shortened for img2img
     float eta = 1.0f;
     bool flash_attention = false;
+    bool batch_cfg = true;  // GenerationRequest::batch_cfg
     // Extra UNet input channels after the latent (an inpainting UNet's mask
     // and masked-image latent), in_channels - out_channels planes; empty
     // fills them with "repaint everything" (mask 1, masked image 0).

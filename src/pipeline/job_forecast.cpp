@@ -28,16 +28,23 @@ Result<JobForecast> forecast_job(StableDiffusionModel& model, int width, int hei
         ggml_tensor* hidden = model.text_encoder().build(session.ctx(), tokens, model.default_clip_skip());
         KILN_TRY(add(model.text_encoder_compute(), session, hidden));
     }
-    {
+    auto add_unet = [&](int64_t b) -> Status {
         runtime::GraphSession session;
-        const std::vector<float> x(static_cast<size_t>(lw * lh * uc.in_channels * batch), 0.0f);
-        const std::vector<float> t(static_cast<size_t>(batch), 0.0f);
-        const std::vector<float> c(static_cast<size_t>(uc.context_dim * cc.context * batch), 0.0f);
-        ggml_tensor* xin = session.input(GGML_TYPE_F32, {lw, lh, uc.in_channels, batch}, x.data(), "x");
-        ggml_tensor* tin = session.input(GGML_TYPE_F32, {batch}, t.data(), "timesteps");
-        ggml_tensor* cin = session.input(GGML_TYPE_F32, {uc.context_dim, cc.context, batch}, c.data(), "context");
+        const std::vector<float> x(static_cast<size_t>(lw * lh * uc.in_channels * b), 0.0f);
+        const std::vector<float> t(static_cast<size_t>(b), 0.0f);
+        const std::vector<float> c(static_cast<size_t>(uc.context_dim * cc.context * b), 0.0f);
+        ggml_tensor* xin = session.input(GGML_TYPE_F32, {lw, lh, uc.in_channels, b}, x.data(), "x");
+        ggml_tensor* tin = session.input(GGML_TYPE_F32, {b}, t.data(), "timesteps");
+        ggml_tensor* cin = session.input(GGML_TYPE_F32, {uc.context_dim, cc.context, b}, c.data(), "context");
         ggml_tensor* eps = model.unet().build(session.ctx(), xin, tin, cin, flash_attention);
-        KILN_TRY(add(model.diffusion_compute(), session, eps));
+        return add(model.diffusion_compute(), session, eps);
+    };
+    KILN_TRY(add_unet(batch));
+    // A CFG batch that does not fit runs as two passes of one (generate).
+    if (!out.modules.back().run.fits && batch == 2) {
+        out.modules.pop_back();
+        KILN_TRY(add_unet(1));
+        out.modules.back().separate_cfg = true;
     }
     // The VAE decode; one that does not fit is retried in tiles (generate).
     auto add_decoder = [&](int64_t w, int64_t h) -> Status {

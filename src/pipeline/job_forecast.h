@@ -19,7 +19,8 @@ struct ModuleForecast {
     std::string module;  // "te", "diffusion", "vae"
     std::string device;  // where it computes
     runtime::RunForecast run;
-    bool tiled = false;  // the VAE decode would not fit whole: figures for one tile
+    bool tiled = false;         // the VAE decode would not fit whole: figures for one tile
+    bool separate_cfg = false;  // the UNet's CFG batch of two would not fit: figures for one pass
 };
 
 struct DeviceForecast {

@@ -517,11 +517,21 @@ Status Executor::run(GraphSession& session, ggml_tensor* output) {
     const GraphPlan& plan = plans_.get(graph, weights_);
     leafs_ = graph_leafs(graph);
     define_blocks(plan);
-    KILN_TRY(session.bind_inputs(compute_->buffer_type(), store_.ledger()));
-    session.upload_inputs();
-
     DeviceLedger& ledger = store_.ledger();
     const uint64_t limit = ledger.limit();
+    const EvictionHint start_of_pass{&weights_, 0, static_cast<int>(plan.segments.size())};
+    // Every allocation makes its room first, so the ledger never passes the limit.
+    auto room_for = [&](uint64_t bytes, const char* what) -> Status {
+        if (store_.make_room(bytes, limit, start_of_pass)) return Status::Ok();
+        return Error{"out of memory: " + module_ + " needs " + human_bytes(bytes) + " on " + ledger.device_name() +
+                     " for " + what + ", the budget leaves " + human_bytes(sub_or_zero(limit, ledger.managed()))};
+    };
+    if (!session.inputs_bound()) {
+        KILN_TRY(room_for(session.input_bytes(compute_->buffer_type()), "its inputs"));
+        KILN_TRY(session.bind_inputs(compute_->buffer_type(), ledger));
+    }
+    session.upload_inputs();
+
     const uint64_t kept = session.id() == carried_session_ && session.kept_buffer()
                               ? ggml_backend_buffer_get_size(session.kept_buffer())
                               : 0;
@@ -531,6 +541,8 @@ Status Executor::run(GraphSession& session, ggml_tensor* output) {
     const std::vector<Group>& groups = choice->groups;
 
     if (carried_session_ != session.id() || choice->carried.nodes != carried_nodes_) {
+        const uint64_t replaced = session.kept_buffer() ? ggml_backend_buffer_get_size(session.kept_buffer()) : 0;
+        KILN_TRY(room_for(sub_or_zero(choice->carried.size, replaced), "kept activations"));
         KILN_TRY(bind_carried(session, graph, choice->carried));
     }
 

@@ -31,11 +31,7 @@ GraphSession::~GraphSession() {
 
 Status GraphSession::bind_inputs(ggml_backend_buffer_type_t buft, DeviceLedger& ledger) {
     if (input_buffer_) return Status::Ok();
-    const size_t alignment = ggml_backend_buft_get_alignment(buft);
-    size_t size = 0;
-    for (auto& [t, bytes] : inputs_)
-        size += (ggml_backend_buft_get_alloc_size(buft, t) + alignment - 1) / alignment * alignment;
-    input_buffer_ = ggml_backend_buft_alloc_buffer(buft, std::max<size_t>(size, 1));
+    input_buffer_ = ggml_backend_buft_alloc_buffer(buft, std::max<size_t>(input_bytes(buft), 1));
     if (!input_buffer_) return Error{"out of memory on " + ledger.device_name() + " allocating the graph's inputs"};
     input_ledger_ = &ledger;
     ledger.add(ggml_backend_buffer_get_size(input_buffer_));
@@ -56,6 +52,15 @@ void GraphSession::adopt_kept_buffer(ggml_backend_buffer_t buffer, DeviceLedger&
     kept_buffer_ = buffer;
     kept_ledger_ = &ledger;
     if (buffer) ledger.add(ggml_backend_buffer_get_size(buffer));
+}
+
+uint64_t GraphSession::input_bytes(ggml_backend_buffer_type_t buft) const {
+    const uint64_t alignment = ggml_backend_buft_get_alignment(buft);
+    uint64_t size = 0;
+    for (const auto& [t, bytes] : inputs_) {
+        size += (ggml_backend_buft_get_alloc_size(buft, t) + alignment - 1) / alignment * alignment;
+    }
+    return size;
 }
 
 void GraphSession::upload_inputs() {

@@ -47,6 +47,9 @@ class GraphSession {
     // segmented run finds them on its device; the ledger counts the buffer
     // until the session ends. Then upload_inputs() writes their data.
     Status bind_inputs(ggml_backend_buffer_type_t buft, DeviceLedger& ledger);
+    bool inputs_bound() const { return input_buffer_ != nullptr; }
+    // The bytes bind_inputs() will allocate in `buft`.
+    uint64_t input_bytes(ggml_backend_buffer_type_t buft) const;
     void upload_inputs();
     // Takes ownership of the buffer holding the activations a segmented run
     // keeps between segments (counted in `ledger` until replaced or the

@@ -46,6 +46,7 @@ struct Job {
     int steps = 4;
     float cfg = 2.0f;
     int size = 64;
+    bool batch_cfg = true;
 };
 
 struct Outcome {
@@ -55,6 +56,7 @@ struct Outcome {
     int segments = 0;                // the UNet's groups in its last run
     int unet_builds = 0, unet_hits = 0;
     int te_builds = 0, vae_builds = 0;
+    int unet_runs = 0;  // UNet graph runs: one per step batched, two with separate CFG passes
     int prefetches = 0;
 };
 
@@ -95,6 +97,7 @@ pipeline::GenerationRequest request_for(const Job& job) {
     r.steps = job.steps;
     r.cfg_scale = job.cfg;
     r.seed = 7;
+    r.batch_cfg = job.batch_cfg;
     return r;
 }
 
@@ -112,6 +115,7 @@ Result<Outcome> run_job(const Job& job) {
     o.segments = unet.stats().last_segments;
     o.unet_builds = unet.plans().builds();
     o.unet_hits = unet.plans().hits();
+    o.unet_runs = unet.stats().runs;
     o.te_builds = (*model)->text_encoder_compute().plans().builds();
     o.vae_builds = (*model)->vae_compute().plans().builds();
     o.prefetches = unet.store().stats().prefetches;
@@ -268,6 +272,33 @@ TEST_F(Memory, TwentyStepCfgRunBuildsEachPlanOnce) {
         EXPECT_EQ(r->vae_builds, 1);
         if (!budget.empty()) EXPECT_GT(r->segments, 1);
     }
+}
+
+// CFG's two passes run as one batch; when the batch does not fit they run one
+// after the other with one plan, and the image does not change.
+TEST_F(Memory, CfgPassesRunSeparatelyWhenTheBatchDoesNotFit) {
+    auto batched = run_job(Job{});
+    ASSERT_TRUE(batched.ok()) << batched.error().message;
+    EXPECT_EQ(batched->unet_runs, 4);
+    Job unbatched;
+    unbatched.batch_cfg = false;
+    auto separate = run_job(unbatched);
+    ASSERT_TRUE(separate.ok()) << separate.error().message;
+    EXPECT_EQ(separate->unet_runs, 8);
+    EXPECT_EQ(separate->unet_builds, 1);  // both passes share one plan
+    EXPECT_EQ(separate->pixels, batched->pixels);
+    // Down the budgets to where only separate passes fit.
+    std::optional<Outcome> fallback;
+    for (double budget = 2.5; budget > 0.5 && !fallback; budget *= 0.95) {
+        Job job;
+        job.budget = mib(budget);
+        auto r = run_job(job);
+        if (!r.ok()) break;
+        if (r->unet_runs == 8) fallback = *r;
+    }
+    ASSERT_TRUE(fallback.has_value()) << "no budget made the CFG batch fall back to separate passes";
+    EXPECT_EQ(fallback->pixels, batched->pixels);
+    EXPECT_LE(fallback->peak, *fallback->budget);
 }
 
 // Where the weights live between uses changes nothing in the image.
