@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "ggml-alloc.h"
 #include "ggml-cpu.h"
 #include "io/tensor_convert.h"
 
@@ -38,6 +39,7 @@ const char* params_location_name(ParamsLocation location) {
 
 ModuleWeights::~ModuleWeights() {
     if (buffer_) ggml_backend_buffer_free(buffer_);
+    for (ggml_backend_buffer_t mapped : mapped_) ggml_backend_buffer_free(mapped);
     if (host_buffer_) ggml_backend_buffer_free(host_buffer_);
     if (host_ctx_) ggml_free(host_ctx_);
     if (ctx_) ggml_free(ctx_);
@@ -101,10 +103,55 @@ Status ModuleWeights::load(ggml_backend_t backend) {
         if (errors_.size() > 1) message += " (and " + std::to_string(errors_.size() - 1) + " more problems)";
         return Error{file_.sources().front().path + ": " + message};
     }
-    if (buffer_) return Status::Ok();
+    if (buffer_ || !mapped_.empty()) return Status::Ok();
+    if (ggml_backend_is_cpu(backend)) return load_mapped();
     buffer_ = ggml_backend_alloc_ctx_tensors(ctx_, backend);
     if (!buffer_ && !declared_.empty()) return Error{"out of memory allocating " + prefix_ + "* weights"};
     for (auto& [tensor, info] : declared_) KILN_TRY(fill(tensor, *info, tensor));
+    return Status::Ok();
+}
+
+Status ModuleWeights::load_mapped() {
+    // Weights stored as they are computed point into the mapped model file:
+    // no copy, no start-up time, and the page cache shares them. The rest
+    // (converted, or re-quantised by --type) get a buffer of their own.
+    std::vector<std::pair<ggml_tensor*, const io::TensorInfo*>> converted;
+    std::vector<ggml_backend_buffer_t> by_source(file_.sources().size(), nullptr);
+    for (auto& [tensor, info] : declared_) {
+        const io::MappedFile& map = *file_.sources()[info->source].map;
+        const uint8_t* data = file_.data(*info);
+        const bool inside = data >= map.data() && data + ggml_nbytes(tensor) <= map.data() + map.size();
+        if (io::dtype_from_ggml(tensor->type) != info->dtype || !inside) {
+            converted.emplace_back(tensor, info);
+            continue;
+        }
+        ggml_backend_buffer_t& buffer = by_source[info->source];
+        if (!buffer) {
+            // ggml never writes weights; the mapping stays read-only.
+            buffer = ggml_backend_cpu_buffer_from_ptr(const_cast<uint8_t*>(map.data()), map.size());
+            if (!buffer) return Error{"cannot map " + file_.sources()[info->source].path + " for the CPU"};
+            mapped_.push_back(buffer);
+        }
+        if (ggml_backend_tensor_alloc(buffer, tensor, const_cast<uint8_t*>(data)) != GGML_STATUS_SUCCESS) {
+            return Error{"cannot place weight '" + std::string(tensor->name) + "' in its mapped file"};
+        }
+    }
+    if (converted.empty()) return Status::Ok();
+    const ggml_backend_buffer_type_t cpu = ggml_backend_cpu_buffer_type();
+    const uint64_t alignment = ggml_backend_buft_get_alignment(cpu);
+    uint64_t size = 0;
+    for (auto& [tensor, info] : converted) {
+        size += (ggml_backend_buft_get_alloc_size(cpu, tensor) + alignment - 1) / alignment * alignment;
+    }
+    buffer_ = ggml_backend_buft_alloc_buffer(cpu, size);
+    if (!buffer_) return Error{"out of memory allocating " + prefix_ + "* weights"};
+    ggml_tallocr talloc = ggml_tallocr_new(buffer_);
+    for (auto& [tensor, info] : converted) {
+        if (ggml_tallocr_alloc(&talloc, tensor) != GGML_STATUS_SUCCESS) {
+            return Error{"cannot place weight '" + std::string(tensor->name) + "'"};
+        }
+        KILN_TRY(fill(tensor, *info, tensor));
+    }
     return Status::Ok();
 }
 

@@ -53,8 +53,9 @@ class ModuleWeights {
     // The file's entry, or nullptr.
     const io::TensorInfo* info(const std::string& name) const;
 
-    // Allocates every declared tensor on `backend` and copies the data in.
-    // Fails with the first declaration problem or conversion error.
+    // Allocates every declared tensor on `backend` and copies the data in
+    // (on the CPU, tensors stored as computed point into the mapped file
+    // instead). Fails with the first declaration problem or conversion error.
     Status load(ggml_backend_t backend);
     // Places the params: ComputeDevice is load(compute_backend); Host and
     // OtherDevice fill a copy in `params_buft` (RAM, or another device's
@@ -64,7 +65,7 @@ class ModuleWeights {
                        ggml_backend_buffer_type_t params_buft = nullptr);
     // Bytes the params take in `buft` (alignment included).
     uint64_t allocation_size(ggml_backend_buffer_type_t buft) const;
-    bool loaded() const { return buffer_ || host_buffer_ || location_ == ParamsLocation::Disk; }
+    bool loaded() const { return buffer_ || !mapped_.empty() || host_buffer_ || location_ == ParamsLocation::Disk; }
     ParamsLocation params_location() const { return location_; }
     // Records where the params will be before they are loaded, so plans
     // made before loading (lazy loading, kiln plan) see it.
@@ -86,6 +87,7 @@ class ModuleWeights {
   private:
     ggml_tensor* declare(const std::string& name, const std::vector<int64_t>& shape,
                          std::optional<ggml_type> force_type);
+    Status load_mapped();
     // Writes the file's tensor `info`, in `compute`'s type, into `target`.
     Status fill(ggml_tensor* target, const io::TensorInfo& info, const ggml_tensor* compute) const;
 
@@ -94,6 +96,9 @@ class ModuleWeights {
     std::optional<ggml_type> weight_type_;
     ggml_context* ctx_ = nullptr;
     ggml_backend_buffer_t buffer_ = nullptr;
+    // On the CPU: the model file's mappings, which weights stored as
+    // computed point into (load_mapped).
+    std::vector<ggml_backend_buffer_t> mapped_;
     ParamsLocation location_ = ParamsLocation::ComputeDevice;
     // Host / other-device params: a twin of each compute tensor.
     ggml_context* host_ctx_ = nullptr;
