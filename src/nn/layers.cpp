@@ -37,19 +37,33 @@ ggml_tensor* conv2d(ggml_context* ctx, const Conv2d& layer, ggml_tensor* x) {
         y = ggml_cont(ctx, ggml_permute(ctx, y, 1, 0, 2, 3));  // [WH, out, N]
         y = ggml_reshape_4d(ctx, y, W, H, layer.weight->ne[3], N);
     } else {
-        // ggml_conv_2d would unfold into F16 whatever the kernel's type; an
-        // F32 kernel keeps F32 patches so F32 models compute in F32 (and the
-        // product reaches OpenBLAS's sgemm).
         ggml_tensor* w = layer.weight;
-        const ggml_type patch_type =
-            w->type == GGML_TYPE_F32 || w->type == GGML_TYPE_BF16 ? GGML_TYPE_F32 : GGML_TYPE_F16;
-        ggml_tensor* patches = ggml_im2col(ctx, w, x, layer.stride, layer.stride, layer.padding, layer.padding, 1, 1,
-                                           /*is_2D=*/true, patch_type);  // [IC*KH*KW, OW, OH, N]
-        y = ggml_mul_mat(
-            ctx, ggml_reshape_2d(ctx, patches, patches->ne[0], patches->ne[1] * patches->ne[2] * patches->ne[3]),
-            ggml_reshape_2d(ctx, w, w->ne[0] * w->ne[1] * w->ne[2], w->ne[3]));                 // [OW*OH*N, OC]
-        y = ggml_reshape_4d(ctx, y, patches->ne[1], patches->ne[2], patches->ne[3], w->ne[3]);  // [OW, OH, N, OC]
-        y = ggml_cont(ctx, ggml_permute(ctx, y, 0, 1, 3, 2));                                   // [OW, OH, OC, N]
+        const int64_t OW = (x->ne[0] + 2 * layer.padding - w->ne[0]) / layer.stride + 1;
+        const int64_t OH = (x->ne[1] + 2 * layer.padding - w->ne[1]) / layer.stride + 1;
+        const int64_t K = w->ne[0] * w->ne[1] * w->ne[2], N = x->ne[3];
+        // F32 patches with the kernel as the first operand is the product
+        // OpenBLAS's sgemm takes (ggml's BLAS backend wants an F32 second
+        // operand and widens the kernel per call): several times faster on
+        // the CPU than ggml's F16 kernel. It costs twice the patch memory, so
+        // F16 kernels keep F16 patches when those are large (a full-size VAE
+        // decoder's top level: over a gigabyte in F32).
+        constexpr int64_t kMaxF32PatchBytes = 64ll << 20;
+        const bool f32_kernel = w->type == GGML_TYPE_F32 || w->type == GGML_TYPE_BF16;
+        if (f32_kernel || K * OW * OH * N * 4 <= kMaxF32PatchBytes) {
+            ggml_tensor* patches = ggml_im2col(ctx, w, x, layer.stride, layer.stride, layer.padding, layer.padding, 1,
+                                               1, /*is_2D=*/true, GGML_TYPE_F32);  // [K, OW, OH, N]
+            y = ggml_mul_mat(ctx, ggml_reshape_2d(ctx, w, K, w->ne[3]),
+                             ggml_reshape_2d(ctx, patches, K, OW * OH * N));  // [OC, OW*OH*N]
+            y = ggml_reshape_4d(ctx, y, w->ne[3], OW, OH, N);                 // [OC, OW, OH, N]
+            y = ggml_cont(ctx, ggml_permute(ctx, y, 2, 0, 1, 3));             // [OW, OH, OC, N]
+        } else {
+            ggml_tensor* patches = ggml_im2col(ctx, w, x, layer.stride, layer.stride, layer.padding, layer.padding, 1,
+                                               1, /*is_2D=*/true, GGML_TYPE_F16);  // [K, OW, OH, N]
+            y = ggml_mul_mat(ctx, ggml_reshape_2d(ctx, patches, K, OW * OH * N),
+                             ggml_reshape_2d(ctx, w, K, w->ne[3]));  // [OW*OH*N, OC]
+            y = ggml_reshape_4d(ctx, y, OW, OH, N, w->ne[3]);        // [OW, OH, N, OC]
+            y = ggml_cont(ctx, ggml_permute(ctx, y, 0, 1, 3, 2));    // [OW, OH, OC, N]
+        }
     }
     if (layer.bias) y = ggml_add(ctx, y, ggml_reshape_4d(ctx, layer.bias, 1, 1, layer.bias->ne[0], 1));
     return y;

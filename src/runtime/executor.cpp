@@ -569,6 +569,8 @@ Result<RunForecast> Executor::forecast(GraphSession& session, ggml_tensor* outpu
     RunForecast f;
     f.limit = ledger.limit();
     f.fixed = sub_or_zero(ledger.managed(), store_.reclaimable_bytes());  // idle: its own workspace counts too
+    // The run places its inputs before it plans.
+    if (!session.inputs_bound()) f.fixed += session.input_bytes(compute_->buffer_type());
     const int n = static_cast<int>(plan.segments.size());
     f.weight_bytes = weights_.params_location() == ParamsLocation::ComputeDevice ? weights_.declared_bytes()
                                                                                  : block_bytes(blocks_for(plan, 0, n));
