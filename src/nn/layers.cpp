@@ -22,6 +22,7 @@ Conv2d declare_conv2d(runtime::ModuleWeights& w, const std::string& name, int64_
     c.bias = w.require(name + ".bias", {out});
     c.stride = stride;
     c.padding = padding;
+    c.module = &w;
     return c;
 }
 
@@ -45,11 +46,12 @@ ggml_tensor* conv2d(ggml_context* ctx, const Conv2d& layer, ggml_tensor* x) {
         // OpenBLAS's sgemm takes (ggml's BLAS backend wants an F32 second
         // operand and widens the kernel per call): several times faster on
         // the CPU than ggml's F16 kernel. It costs twice the patch memory, so
-        // F16 kernels keep F16 patches when those are large (a full-size VAE
-        // decoder's top level: over a gigabyte in F32).
-        constexpr int64_t kMaxF32PatchBytes = 64ll << 20;
+        // on a device an F16 kernel keeps F16 patches when those are large
+        // (a full-size VAE decoder's top level: over a gigabyte in F32).
+        constexpr int64_t kMaxF32PatchBytesOnDevice = 64ll << 20;
         const bool f32_kernel = w->type == GGML_TYPE_F32 || w->type == GGML_TYPE_BF16;
-        if (f32_kernel || K * OW * OH * N * 4 <= kMaxF32PatchBytes) {
+        const bool on_cpu = !layer.module || layer.module->computes_on_cpu();
+        if (f32_kernel || on_cpu || K * OW * OH * N * 4 <= kMaxF32PatchBytesOnDevice) {
             ggml_tensor* patches = ggml_im2col(ctx, w, x, layer.stride, layer.stride, layer.padding, layer.padding, 1,
                                                1, /*is_2D=*/true, GGML_TYPE_F32);  // [K, OW, OH, N]
             y = ggml_mul_mat(ctx, ggml_reshape_2d(ctx, w, K, w->ne[3]),

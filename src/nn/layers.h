@@ -27,6 +27,7 @@ struct Conv2d {
     ggml_tensor* bias = nullptr;    // ne [out] or null
     int stride = 1;
     int padding = 0;
+    const runtime::ModuleWeights* module = nullptr;  // where it computes decides how it unfolds
 };
 Conv2d declare_conv2d(runtime::ModuleWeights& w, const std::string& name, int64_t in, int64_t out, int kernel,
                       int stride = 1, int padding = 0);

@@ -252,6 +252,7 @@ Status StableDiffusionModel::place_modules(const ModelOptions& options) {
         auto compute = runtime::Compute::create(*dev, options.threads);
         if (!compute.ok()) return compute.error();
         m.backend = (*compute)->weights_backend();
+        m.weights->set_computes_on_cpu(*dev == nullptr);
         runtime::DeviceLedger& ledger = ledger_for(m.placement->compute_device, *dev);
         auto& store = stores_[m.placement->compute_device];
         if (!store) store = std::make_unique<runtime::WeightStore>(ledger, (*compute)->buffer_type());
