@@ -100,6 +100,7 @@ std::string to_json(const GenerationBenchmark& b) {
       << ", \"step_mean_s\": " << json_number(s.step_mean_s) << ", \"step_s\": " << json_array(s.step_s) << "},\n";
     j << "  \"unet\": {\"flops_per_evaluation\": " << b.unet_flops_per_evaluation
       << ", \"evaluations_per_run\": " << b.unet_evaluations_per_run
+      << ", \"cfg_batched\": " << (b.cfg_batched ? "true" : "false") << ", \"segments\": " << b.unet_segments
       << ", \"flops_per_step\": " << json_number(s.unet_flops_per_step)
       << ", \"flops_per_s\": " << json_number(s.unet_flops_per_s) << "},\n";
     if (b.limit_flops_per_s) {
@@ -139,8 +140,10 @@ std::string to_markdown(const GenerationBenchmark& b) {
     std::ostringstream m;
     m << "### kiln-bench: " << b.model << " (" << b.family << "), " << b.width << "x" << b.height << ", " << b.steps
       << " steps, " << b.sampler << ", cfg " << b.cfg_scale << ", seed " << b.seed << ", " << b.threads
-      << (b.threads == 1 ? " thread" : " threads") << (b.flash_attention ? ", flash attention" : "") << "; median of "
-      << b.runs.size() << " run" << (b.runs.size() == 1 ? "" : "s") << "\n\n";
+      << (b.threads == 1 ? " thread" : " threads") << (b.flash_attention ? ", flash attention" : "")
+      << (b.cfg_scale != 1.0f && !b.cfg_batched ? ", CFG passes apart" : "")
+      << (b.unet_segments > 1 ? ", UNet in " + std::to_string(b.unet_segments) + " segments" : std::string())
+      << "; median of " << b.runs.size() << " run" << (b.runs.size() == 1 ? "" : "s") << "\n\n";
     std::string placement = b.placement;  // one line per module
     while (!placement.empty() && placement.back() == '\n') placement.pop_back();
     for (size_t at = placement.find('\n'); at != std::string::npos; at = placement.find('\n', at)) {

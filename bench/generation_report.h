@@ -55,6 +55,8 @@ struct GenerationBenchmark {
     // dpm2) evaluate twice per step.
     uint64_t unet_flops_per_evaluation = 0;
     int unet_evaluations_per_run = 0;
+    bool cfg_batched = true;  // CFG's passes ran as one batch of two
+    int unet_segments = 1;    // segments of the UNet's last run (1: whole graph)
 
     // The machine's limit: OpenBLAS sgemm on a large product, when measured.
     std::optional<double> limit_flops_per_s;

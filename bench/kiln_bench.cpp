@@ -43,6 +43,7 @@ struct BenchOptions {
     int threads = 0;  // 0: every core
     int runs = 3;
     bool flash_attention = false;
+    bool batch_cfg = true;
     std::string rpc;
     std::string backend;
     std::string params_backend;
@@ -83,6 +84,9 @@ std::vector<BenchFlag> bench_flags(BenchOptions& o) {
         {"-t", "--threads", "N", "CPU threads (default: every core)",
          [&o](const std::string& v) { return parse_int(v, 1, 4096, &o.threads); }},
         {nullptr, "--diffusion-fa", nullptr, "flash attention in the UNet", switch_setter(&o.flash_attention, true)},
+        {nullptr, "--no-cfg-batch", nullptr,
+         "run CFG's conditional and unconditional passes one after the other (default: one batch of two)",
+         switch_setter(&o.batch_cfg, false)},
         {nullptr, "--rpc", "HOST:PORT[,...]", "add the devices of ggml RPC servers (RPC0, RPC1, ...)",
          [&o](const std::string& v) -> std::optional<std::string> {
              auto parsed = runtime::parse_rpc_endpoints(v);
@@ -216,6 +220,7 @@ int run(const std::vector<std::string>& args) {
     request.scheduler = b.scheduler;
     request.seed = o.seed;
     request.flash_attention = o.flash_attention;
+    request.batch_cfg = o.batch_cfg;
     // Part 5 of issue 6, from the first run: what it takes to start denoising.
     bool first_run = true;
     const pipeline::StepCallback on_step = [&](int image, int step, int) {
@@ -238,6 +243,8 @@ int run(const std::vector<std::string>& args) {
             return kExitFailure;
         }
         b.unet_evaluations_per_run = model.diffusion_compute().stats().runs - evaluations_before;
+        b.unet_segments = model.diffusion_compute().stats().last_segments;
+        b.cfg_batched = b.cfg_scale != 1.0f && !timings.cfg_passes_apart;
         RunTimes times;
         times.total_s = std::chrono::duration<double>(Clock::now() - start).count();
         times.text_encoding_s = timings.text_encoding_s;
@@ -252,7 +259,9 @@ int run(const std::vector<std::string>& args) {
     b.peak_rss_bytes = peak_rss_bytes();
     for (const auto& [name, ledger] : model.ledgers()) b.devices.push_back({name, ledger->peak(), ledger->budget()});
 
-    const UnetStepGraph unet = build_unet_step_graph(model, b.width, b.height, b.cfg_scale != 1.0f, o.flash_attention);
+    // One evaluation's graph: the batch of two, or one pass when they run
+    // apart (evaluations_per_run counts both passes then).
+    const UnetStepGraph unet = build_unet_step_graph(model, b.width, b.height, b.cfg_batched, o.flash_attention);
     b.unet_flops_per_evaluation = runtime::graph_flops(unet.graph);
 
     if (o.measure_limit) {

@@ -305,7 +305,7 @@ Status prepare_inpainting(StableDiffusionModel& model, const image::Image& init,
 
 Result<std::vector<float>> sample_latent(StableDiffusionModel& model, const SamplingRun& run, std::vector<float> x,
                                          const Conditioning& cond, const Conditioning* uncond, Rng& rng,
-                                         const ProgressFn& progress) {
+                                         const ProgressFn& progress, bool* passes_apart) {
     const size_t extra = static_cast<size_t>(run.latent_w * run.latent_h *
                                              (model.unet().config().in_channels - model.unet().config().out_channels));
     if (!run.concat.empty() && run.concat.size() != extra) return Error{"inpainting inputs have the wrong size"};
@@ -326,6 +326,7 @@ Result<std::vector<float>> sample_latent(StableDiffusionModel& model, const Samp
     const runtime::ExecutorStats before = unet.stats();
     const int builds_before = unet.plans().builds(), hits_before = unet.plans().hits();
     auto result = sample(run.sampler, denoise, std::move(x), run.sigmas, rng, run.eta, progress);
+    if (passes_apart) *passes_apart = uncond && run.cfg_scale != 1.0f && graph.separate_passes;
     const runtime::ExecutorStats& after = unet.stats();
     KILN_LOG_VERBOSE("UNet graph: built once, allocated %d time(s) for %d evaluation(s)",
                      after.allocations - before.allocations, after.runs - before.runs);
@@ -432,7 +433,10 @@ Result<std::vector<GeneratedImage>> generate(StableDiffusionModel& model, const 
         if (on_step) on_step(i, 0, static_cast<int>(sigmas.size()) - 1);
         const Clock::time_point sampling_start = Clock::now();
         step_start = sampling_start;
-        auto latent = sample_latent(model, run, std::move(x), *cond, uncond ? &*uncond : nullptr, *rng, progress);
+        bool passes_apart = false;
+        auto latent =
+            sample_latent(model, run, std::move(x), *cond, uncond ? &*uncond : nullptr, *rng, progress, &passes_apart);
+        times.cfg_passes_apart = times.cfg_passes_apart || passes_apart;
         if (!latent.ok()) return latent.error();
         times.sampling_s += seconds_since(sampling_start);
         const Clock::time_point vae_start = Clock::now();

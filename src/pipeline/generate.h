@@ -63,10 +63,11 @@ using StepCallback = std::function<void(int image, int step, int total)>;
 // Summed over the images of a batch; step_s has one entry per denoising step
 // of every image, in order. Image-to-image encoding is in none of them.
 struct GenerationTimings {
-    double text_encoding_s = 0;  // the prompt and, with CFG, the negative prompt
-    double sampling_s = 0;       // the sampler loop: every denoising step
-    double vae_s = 0;            // VAE decode of the final latent
-    std::vector<double> step_s;  // each denoising step
+    double text_encoding_s = 0;     // the prompt and, with CFG, the negative prompt
+    double sampling_s = 0;          // the sampler loop: every denoising step
+    double vae_s = 0;               // VAE decode of the final latent
+    std::vector<double> step_s;     // each denoising step
+    bool cfg_passes_apart = false;  // CFG's passes ran one after the other (batch_cfg off, or no room)
 };
 
 // Errors (each names the parameter and the valid range or names): width or
@@ -101,9 +102,10 @@ struct SamplingRun {
 // Runs the sampler from `x` (noise * sigmas[0], plus the init latent for
 // img2img) with CFG over `cond`/`uncond` (uncond may be null when cfg is 1)
 // and returns the final latent (scaled, before the VAE).
+// `passes_apart` (if given) says whether CFG's passes ran one after the other.
 Result<std::vector<float>> sample_latent(StableDiffusionModel& model, const SamplingRun& run, std::vector<float> x,
                                          const Conditioning& cond, const Conditioning* uncond, Rng& rng,
-                                         const ProgressFn& progress = nullptr);
+                                         const ProgressFn& progress = nullptr, bool* passes_apart = nullptr);
 
 // A1111's display name of a kiln sampler ("euler_a" -> "Euler a").
 std::string a1111_sampler_name(const std::string& sampler);

@@ -475,7 +475,7 @@ Status Executor::run_group(ggml_cgraph* graph, const GraphPlan& plan, const std:
         for (size_t next = static_cast<size_t>(index) + 1; next < groups.size(); ++next) {
             const std::vector<WeightBlock*> upcoming = blocks_for(plan, groups[next].first, groups[next].end);
             if (store_.missing_bytes(upcoming) == 0) continue;
-            store_.prefetch(upcoming, compute_->device_backend(), limit, hint, groups[next].first - group.first);
+            store_.prefetch(upcoming, compute_->device_backend(), limit);
             break;
         }
     }

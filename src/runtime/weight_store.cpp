@@ -63,14 +63,13 @@ int WeightStore::distance(const WeightBlock& block, const EvictionHint& hint) co
     return ((block.order - hint.position) % hint.cycle + hint.cycle) % hint.cycle;
 }
 
-bool WeightStore::make_room(uint64_t bytes, uint64_t limit, const EvictionHint& hint, int max_distance) {
+bool WeightStore::make_room(uint64_t bytes, uint64_t limit, const EvictionHint& hint) {
     auto fits = [&] { return ledger_.managed() + bytes <= limit; };
     while (!fits()) {
         WeightBlock* victim = nullptr;
         for (auto& b : blocks_) {
             if (!b->resident() || b->pins > 0) continue;
             const int d = distance(*b, hint);
-            if (max_distance >= 0 && d <= max_distance) continue;
             if (!victim || d > distance(*victim, hint) ||
                 (d == distance(*victim, hint) && b->last_use < victim->last_use)) {
                 victim = b.get();
@@ -79,7 +78,6 @@ bool WeightStore::make_room(uint64_t bytes, uint64_t limit, const EvictionHint& 
         if (!victim) break;
         evict(*victim);
     }
-    if (max_distance >= 0) return fits();
     for (auto& [id, reclaimer] : reclaimers_) {
         if (fits()) break;
         if (reclaimer.idle_bytes() > 0) reclaimer.reclaim();
@@ -156,8 +154,7 @@ void WeightStore::release(const std::vector<WeightBlock*>& blocks) {
     for (WeightBlock* b : blocks) b->pins = std::max(0, b->pins - 1);
 }
 
-int WeightStore::prefetch(const std::vector<WeightBlock*>& blocks, ggml_backend_t backend, uint64_t limit,
-                          const EvictionHint& hint, int distance) {
+int WeightStore::prefetch(const std::vector<WeightBlock*>& blocks, ggml_backend_t backend, uint64_t limit) {
     ggml_backend_dev_t device = ggml_backend_get_device(backend);
     ggml_backend_dev_props props;
     ggml_backend_dev_get_props(device, &props);
@@ -165,7 +162,9 @@ int WeightStore::prefetch(const std::vector<WeightBlock*>& blocks, ggml_backend_
     int started = 0;
     for (WeightBlock* b : blocks) {
         if (b->resident()) continue;
-        if (!make_room(b->bytes, limit, hint, distance)) break;
+        // Only into free room: nothing is evicted while a graph is in flight
+        // (an eviction then broke the RPC server's view of a running graph).
+        if (ledger_.managed() + b->bytes > limit) break;
         if (!upload(*b, backend, /*async=*/true).ok()) break;  // the synchronous load will report it
         b->ready = ggml_backend_event_new(device);
         if (b->ready) ggml_backend_event_record(b->ready, backend);

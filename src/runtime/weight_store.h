@@ -75,10 +75,9 @@ class WeightStore {
     // Bytes that eviction could free now (unpinned blocks).
     uint64_t evictable_bytes() const;
 
-    // Frees unpinned blocks (furthest next use first; with `max_distance`,
-    // only blocks needed later than that) and reclaims idle workspaces until
-    // `bytes` more fit under `limit`. False when they cannot.
-    bool make_room(uint64_t bytes, uint64_t limit, const EvictionHint& hint, int max_distance = -1);
+    // Frees unpinned blocks (furthest next use first) and reclaims idle
+    // workspaces until `bytes` more fit under `limit`. False when they cannot.
+    bool make_room(uint64_t bytes, uint64_t limit, const EvictionHint& hint);
 
     // Pinned blocks are never evicted.
     void pin(const std::vector<WeightBlock*>& blocks);
@@ -87,10 +86,9 @@ class WeightStore {
     // waits for prefetched ones. Room must have been made for them.
     Status load(const std::vector<WeightBlock*>& blocks, ggml_backend_t backend);
     // Starts uploading the missing `blocks` asynchronously, if `backend`
-    // can and they fit under `limit` without evicting anything needed
-    // sooner than them. Returns how many were started.
-    int prefetch(const std::vector<WeightBlock*>& blocks, ggml_backend_t backend, uint64_t limit,
-                 const EvictionHint& hint, int distance);
+    // can and they fit in the room free under `limit` (a prefetch evicts
+    // nothing: a graph is running). Returns how many were started.
+    int prefetch(const std::vector<WeightBlock*>& blocks, ggml_backend_t backend, uint64_t limit);
     // Frees every unpinned compute copy (a job ends, or a module is done).
     void evict_all();
 
