@@ -82,7 +82,7 @@ Result<std::vector<ModulePlacement>> place_modules(const PlacementRequest& reque
         if (!gpu || device_limit(d, request.budgets) > device_limit(*gpu, request.budgets)) gpu = &d;
     }
     if (!gpu) {
-        KILN_LOG_VERBOSE("auto-fit: no GPU-type device, every module runs on the CPU");
+        KILN_LOG_INFO("auto-fit: no GPU-type device; every module runs on the CPU");
         for (const std::string& m : kModules) {
             ModulePlacement p;
             p.module = m;

@@ -163,6 +163,9 @@ const GraphPlan& PlanCache::get(ggml_cgraph* graph, const ModuleWeights& weights
     plans_.push_front(std::make_unique<GraphPlan>(build_graph_plan(graph, weights)));
     if (plans_.size() > capacity_) plans_.pop_back();
     const GraphPlan& plan = *plans_.front();
+    if (!plan.valid && plan.segments.size() > 1) {
+        KILN_LOG_WARN("graph plan: %s; the graph can only run whole", plan.invalid_reason.c_str());
+    }
     KILN_LOG_VERBOSE("plan built: %d nodes, %zu segments%s%s (%d hits, %d builds)", plan.n_nodes, plan.segments.size(),
                      plan.valid ? "" : ", whole graph only: ", plan.invalid_reason.c_str(), hits_, builds_);
     return plan;
