@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "args.h"
+
 namespace kiln::bench {
 
 std::optional<std::string> parse_flags(const std::vector<std::string>& args, const std::vector<BenchFlag>& flags) {
@@ -69,13 +71,8 @@ std::function<std::optional<std::string>(const std::string&)> switch_setter(bool
 }
 
 std::optional<std::string> parse_int64(const std::string& text, long long min, long long max, int64_t* out) {
-    errno = 0;
-    char* end = nullptr;
-    const long long v = std::strtoll(text.c_str(), &end, 10);
-    if (text.empty() || *end != '\0' || errno == ERANGE) return "expected an integer, got '" + text + "'";
-    if (v < min || v > max) {
-        return "expected an integer from " + std::to_string(min) + " to " + std::to_string(max) + ", got " + text;
-    }
+    long long v = 0;
+    if (auto error = cli::parse_integer(text, min, max, &v)) return error;
     *out = v;
     return std::nullopt;
 }

@@ -14,6 +14,19 @@
 #include "runtime/devices.h"
 
 namespace kiln::cli {
+
+std::optional<std::string> parse_integer(const std::string& text, long long min, long long max, long long* out) {
+    errno = 0;
+    char* end = nullptr;
+    const long long v = std::strtoll(text.c_str(), &end, 10);
+    if (text.empty() || *end != '\0' || errno == ERANGE) return "expected an integer, got '" + text + "'";
+    if (v < min || v > max) {
+        return "expected an integer from " + std::to_string(min) + " to " + std::to_string(max) + ", got " + text;
+    }
+    *out = v;
+    return std::nullopt;
+}
+
 namespace {
 
 // One flag: its names, what its value looks like, its help line, and how a
@@ -26,22 +39,10 @@ struct Flag {
     std::function<std::optional<std::string>(Options&, const std::string&)> apply;
 };
 
-std::optional<std::string> to_int(const std::string& text, long long min, long long max, long long* out) {
-    errno = 0;
-    char* end = nullptr;
-    const long long v = std::strtoll(text.c_str(), &end, 10);
-    if (text.empty() || *end != '\0' || errno == ERANGE) return "expected an integer, got '" + text + "'";
-    if (v < min || v > max) {
-        return "expected an integer from " + std::to_string(min) + " to " + std::to_string(max) + ", got " + text;
-    }
-    *out = v;
-    return std::nullopt;
-}
-
 auto int_setter(int Options::*field, long long min, long long max) {
     return [field, min, max](Options& o, const std::string& v) -> std::optional<std::string> {
         long long parsed = 0;
-        if (auto err = to_int(v, min, max, &parsed)) return err;
+        if (auto err = parse_integer(v, min, max, &parsed)) return err;
         o.*field = static_cast<int>(parsed);
         return std::nullopt;
     };
@@ -123,7 +124,7 @@ const std::vector<Flag>& flags() {
             {"-s", "--seed", "N", "RNG seed; -1 picks one at random (default 42)",
              [](Options& o, const std::string& v) -> std::optional<std::string> {
                  long long parsed = 0;
-                 if (auto err = to_int(v, -1, LLONG_MAX, &parsed)) return err;
+                 if (auto err = parse_integer(v, -1, LLONG_MAX, &parsed)) return err;
                  o.seed = parsed;
                  return std::nullopt;
              }},
@@ -167,7 +168,7 @@ const std::vector<Flag>& flags() {
                      side = v.substr(0, x);
                  }
                  long long parsed = 0;
-                 if (auto err = to_int(side, 8, 4096, &parsed)) return err;
+                 if (auto err = parse_integer(side, 8, 4096, &parsed)) return err;
                  o.vae_tile_size = static_cast<int>(parsed);
                  return std::nullopt;
              }},

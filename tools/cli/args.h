@@ -100,6 +100,10 @@ struct UsageError {
 // Parses argv[1..]. Never exits or prints.
 std::variant<Options, UsageError> parse_args(const std::vector<std::string>& args);
 
+// A flag's integer value in [min, max]; the error says what was expected
+// ("expected an integer from 1 to 4096, got 0"). Shared with bench/.
+std::optional<std::string> parse_integer(const std::string& text, long long min, long long max, long long* out);
+
 // The full --help text.
 std::string help_text();
 
