@@ -1,5 +1,6 @@
 // A loaded Stable Diffusion 1.x / 2.x model: its files, tokenizer, text
-// encoder, UNet and VAE, with weights on the CPU backend. Which modules and
+// encoder, UNet and VAE, each run by an executor on the device placement
+// chose (pipeline/placement.h, runtime/executor.h). Which modules and
 // which family come from the tensors (io/model_summary.h, models/*).
 #pragma once
 

@@ -97,8 +97,8 @@ Status Compute::compute(ggml_cgraph* graph, uint64_t graph_id, const std::functi
     if (device_) {
         // On a device, measure-then-reserve on this scheduler loses the copies
         // of graph inputs that feed the device's split (seen with RPC), so
-        // the graph is allocated directly. Budgets and measured plans for
-        // devices are the memory system's job (issue 5).
+        // the graph is allocated directly (runtime/executor.h places the
+        // inputs on the device first, and measures on a second scheduler).
         ggml_backend_sched_reset(sched_);
         if (!ggml_backend_sched_alloc_graph(sched_, graph)) {
             return Error{"out of memory on " + device_name_ + " allocating the compute buffers of a graph of " +

@@ -1,8 +1,10 @@
 // Runs ggml graphs for one module on one compute device. The scheduler runs
 // over [device, BLAS, CPU]: the device (when it is not the CPU) takes every op
 // it supports, large CPU matrix products and convolutions (im2col + matmul)
-// reach OpenBLAS, everything else runs on ggml's CPU kernels. Budgets,
-// residency and segments (DESIGN.md, the memory system) build on this later.
+// reach OpenBLAS, everything else runs on ggml's CPU kernels. compute() runs
+// a whole graph for callers outside the memory system (tests, tools); the
+// pipeline's modules run through runtime/executor.h, which uses the same
+// schedulers under budgets and segments.
 #pragma once
 
 #include <cstdint>
