@@ -345,6 +345,19 @@ TEST_F(Memory, ParamsOnDiskInRamOrOnTheDeviceGiveTheSameImage) {
 
 std::string kiln_cli(const std::string& args) { return std::string(KILN_BIN) + " " + args + " -t 1"; }
 
+// Weights kept on another device: the CPU computes with copies read back.
+TEST_F(Memory, ParamsOnAnotherDeviceGiveTheSameImage) {
+    test::TempDir dir;
+    auto plain = test::run_command(kiln_cli("--auto-fit off -p x -o " + dir.file("a.png")));
+    ASSERT_EQ(plain.exit_code, 0) << plain.err;
+    auto other = test::run_command(kiln_cli(device_flags() + " -v --backend cpu --params-backend diffusion=" + dev() +
+                                            " -p x -o " + dir.file("b.png")));
+    ASSERT_EQ(other.exit_code, 0) << other.err;
+    EXPECT_NE(other.out.find("diffusion: computes on CPU, weights on " + dev()), std::string::npos) << other.out;
+    EXPECT_NE(other.out.find("diffusion: weights loaded (other device)"), std::string::npos) << other.out;
+    EXPECT_EQ(test::read_bytes(dir.file("a.png")), test::read_bytes(dir.file("b.png")));
+}
+
 // Auto-fit with an RPC device: it computes everything there and says so;
 // under a small budget the weights move to RAM and the UNet segments.
 TEST_F(Memory, AutoFitUsesTheGpuTypeDevice) {
