@@ -93,6 +93,7 @@ std::string describe_forecast(const StableDiffusionModel& model, const JobForeca
     for (const ModuleForecast& m : forecast.modules) {
         const auto& r = m.run;
         out += "  " + m.module + " on " + m.device + ": " + (m.tiled ? std::string("in tiles, ") : std::string()) +
+               (m.separate_cfg ? std::string("CFG passes one at a time, ") : std::string()) +
                (r.segments == 1 ? std::string("whole graph") : std::to_string(r.segments) + " segments") +
                ", compute " + human_bytes(r.whole_workspace) + " whole, hungriest part " +
                human_bytes(r.largest_segment) + " (" + r.largest_segment_name + ")" +
@@ -100,10 +101,13 @@ std::string describe_forecast(const StableDiffusionModel& model, const JobForeca
     }
     out += "devices:\n";
     for (const DeviceForecast& d : forecast.devices) {
-        out += "  " + d.device + ": peak " + human_bytes(d.peak) + " (weights kept there " +
-               human_bytes(d.weights_kept) + ", the rest compute copies and buffers) of " +
-               (d.budget ? "a budget of " + human_bytes(*d.budget) : "free memory") + " (limit now " +
-               human_bytes(d.limit) + ")\n";
+        // The CPU's own weights are the mapped model file: RAM the ledger does not manage.
+        const std::string split = d.device == "CPU" ? " of compute buffers (weights: the mapped file)"
+                                                    : " (weights kept there " + human_bytes(d.weights_kept) +
+                                                          ", the rest compute copies and buffers)";
+        out += "  " + d.device + ": peak " + human_bytes(d.peak) + split + "; " +
+               (d.budget ? "budget " + human_bytes(*d.budget) : "no budget") + ", limit now " + human_bytes(d.limit) +
+               "\n";
     }
     out += forecast.fits ? "fits: yes\n" : "fits: no\n";
     return out;
