@@ -82,15 +82,17 @@ Compute::~Compute() {
 }
 
 Status Compute::compute(ggml_cgraph* graph, uint64_t graph_id, const std::function<void()>& upload_inputs) {
-    if (graph_id != 0 && graph_id == last_graph_id_) {
-        ++reuses_;
+    // Uploads the inputs and runs the graph the scheduler holds allocated.
+    auto run_allocated = [&]() -> Status {
         if (upload_inputs) upload_inputs();
         const ggml_status status = ggml_backend_sched_graph_compute(sched_, graph);
-        if (status != GGML_STATUS_SUCCESS) {
-            last_graph_id_ = 0;
-            return Error{std::string("graph compute failed: ") + ggml_status_to_string(status)};
-        }
-        return Status::Ok();
+        if (status == GGML_STATUS_SUCCESS) return Status::Ok();
+        last_graph_id_ = 0;
+        return Error{"graph compute failed on " + device_name_ + ": " + ggml_status_to_string(status)};
+    };
+    if (graph_id != 0 && graph_id == last_graph_id_) {
+        ++reuses_;
+        return run_allocated();
     }
     last_graph_id_ = 0;  // until this graph is allocated
     ++allocations_;
@@ -104,41 +106,29 @@ Status Compute::compute(ggml_cgraph* graph, uint64_t graph_id, const std::functi
             return Error{"out of memory on " + device_name_ + " allocating the compute buffers of a graph of " +
                          std::to_string(ggml_graph_n_nodes(graph)) + " nodes"};
         }
-        last_graph_id_ = graph_id;
-        if (upload_inputs) upload_inputs();
-        const ggml_status status = ggml_backend_sched_graph_compute(sched_, graph);
-        if (status != GGML_STATUS_SUCCESS) {
-            last_graph_id_ = 0;
-            return Error{std::string("graph compute failed on ") + device_name_ + ": " + ggml_status_to_string(status)};
+    } else {
+        // On the CPU, measure first: a failed allocation inside ggml's
+        // allocator leaves the scheduler unusable (and unsafe to free), while
+        // a measured graph that does not fit is a plain error and the next
+        // job still runs.
+        std::vector<size_t> sizes(static_cast<size_t>(ggml_backend_sched_get_n_backends(sched_)), 0);
+        ggml_backend_sched_reserve_size(sched_, graph, sizes.data());
+        uint64_t needed = 0;
+        for (size_t size : sizes) needed = needed + size < needed ? UINT64_MAX : needed + size;
+        const uint64_t available = host_available_bytes();
+        if (needed > available) {
+            return Error{"out of memory: this step needs " + human_bytes(needed) + " of compute buffers, " +
+                         human_bytes(available) + " is available (try a smaller image or --vae-tiling)"};
         }
-        return Status::Ok();
-    }
-    // On the CPU, measure first: a failed allocation inside ggml's allocator
-    // leaves the scheduler unusable (and unsafe to free), while a measured
-    // graph that does not fit is a plain error and the next job still runs.
-    std::vector<size_t> sizes(static_cast<size_t>(ggml_backend_sched_get_n_backends(sched_)), 0);
-    ggml_backend_sched_reserve_size(sched_, graph, sizes.data());
-    uint64_t needed = 0;
-    for (size_t size : sizes) needed = needed + size < needed ? UINT64_MAX : needed + size;
-    const uint64_t available = host_available_bytes();
-    if (needed > available) {
-        return Error{"out of memory: this step needs " + human_bytes(needed) + " of compute buffers, " +
-                     human_bytes(available) + " is available (try a smaller image or --vae-tiling)"};
-    }
-    // The measure released the buffers it would have to grow; reserve them
-    // for real before allocating the graph in them.
-    if (!ggml_backend_sched_reserve(sched_, graph) || !ggml_backend_sched_alloc_graph(sched_, graph)) {
-        return Error{"out of memory allocating the compute buffers of a graph of " +
-                     std::to_string(ggml_graph_n_nodes(graph)) + " nodes"};
+        // The measure released the buffers it would have to grow; reserve
+        // them for real before allocating the graph in them.
+        if (!ggml_backend_sched_reserve(sched_, graph) || !ggml_backend_sched_alloc_graph(sched_, graph)) {
+            return Error{"out of memory allocating the compute buffers of a graph of " +
+                         std::to_string(ggml_graph_n_nodes(graph)) + " nodes"};
+        }
     }
     last_graph_id_ = graph_id;
-    if (upload_inputs) upload_inputs();
-    const ggml_status status = ggml_backend_sched_graph_compute(sched_, graph);
-    if (status != GGML_STATUS_SUCCESS) {
-        last_graph_id_ = 0;
-        return Error{std::string("graph compute failed: ") + ggml_status_to_string(status)};
-    }
-    return Status::Ok();
+    return run_allocated();
 }
 
 }  // namespace kiln::runtime
