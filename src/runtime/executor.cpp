@@ -514,9 +514,16 @@ Status Executor::run(GraphSession& session, ggml_tensor* output) {
         loader_ = nullptr;
     }
     ggml_cgraph* graph = session.graph(output);
-    const GraphPlan& plan = plans_.get(graph, weights_);
-    leafs_ = graph_leafs(graph);
-    define_blocks(plan);
+    // A session's graph is built once: its next runs (every sampling step)
+    // skip hashing it, listing its leafs and defining its blocks again.
+    const bool same_graph = planned_session_ == session.id() && planned_ != nullptr;
+    const GraphPlan& plan = same_graph ? plans_.rerun(*planned_) : plans_.get(graph, weights_);
+    if (!same_graph) {
+        leafs_ = graph_leafs(graph);
+        define_blocks(plan);
+        planned_session_ = session.id();
+        planned_ = &plan;
+    }
     DeviceLedger& ledger = store_.ledger();
     const uint64_t limit = ledger.limit();
     const EvictionHint start_of_pass{&weights_, 0, static_cast<int>(plan.segments.size())};
@@ -565,6 +572,7 @@ Result<RunForecast> Executor::forecast(GraphSession& session, ggml_tensor* outpu
     const GraphPlan& plan = plans_.get(graph, weights_);
     leafs_ = graph_leafs(graph);
     define_blocks(plan);
+    planned_ = nullptr;  // leafs_ are this graph's now
     DeviceLedger& ledger = store_.ledger();
     RunForecast f;
     f.limit = ledger.limit();

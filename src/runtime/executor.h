@@ -134,8 +134,12 @@ class Executor {
     // the session's: runtime/graph_session.h).
     std::vector<int> carried_nodes_;
     uint64_t carried_session_ = 0;
-    ggml_context* scratch_ = nullptr;                                        // sub-graphs
-    std::vector<ggml_tensor*> leafs_;                                        // of the graph being run (graph_leafs)
+    ggml_context* scratch_ = nullptr;  // sub-graphs
+    std::vector<ggml_tensor*> leafs_;  // of the graph being run (graph_leafs)
+    // The plan of the session that ran last; the cache may drop it only on a
+    // get() for another graph, which replaces this.
+    const GraphPlan* planned_ = nullptr;
+    uint64_t planned_session_ = 0;
     std::map<std::pair<uint64_t, std::pair<int, int>>, uint64_t> measured_;  // (layout, group) -> bytes
     // The allocation the scheduler holds: (session id, group), reusable when
     // nothing moved since.

@@ -59,6 +59,12 @@ class PlanCache {
     explicit PlanCache(size_t capacity = 4) : capacity_(capacity) {}
     // The plan for `graph`, built on a miss.
     const GraphPlan& get(ggml_cgraph* graph, const ModuleWeights& weights);
+    // A hit found without hashing: the caller reruns the very graph it got
+    // `plan` for last (a sampling run's every step).
+    const GraphPlan& rerun(const GraphPlan& plan) {
+        ++hits_;
+        return plan;
+    }
     int hits() const { return hits_; }
     int builds() const { return builds_; }
 
