@@ -441,16 +441,23 @@ Status Executor::run_group(ggml_cgraph* graph, const GraphPlan& plan, const std:
         // then; a weight block may have moved since. Place them again.
         for (int i = 0; i < sub->n_leafs; ++i) refresh_view(sub->leafs[i]);
         // The device's own measure, now that everything the group reads is
-        // in place: the estimate was the CPU's.
-        ggml_backend_sched_t measure_sched = compute_->measure_sched();
-        std::vector<size_t> sizes(static_cast<size_t>(ggml_backend_sched_get_n_backends(measure_sched)), 0);
-        ggml_backend_sched_reserve_size(measure_sched, sub, sizes.data());
-        uint64_t exact = 0;
-        if (compute_->device_backend()) {
-            exact = sizes[0];
-        } else {
-            for (size_t size : sizes) exact += size;
+        // in place (the estimate was the CPU's); sizes do not depend on
+        // where things are, so once per layout and group.
+        const auto key = std::make_pair(plan.layout, std::make_pair(group.first, group.end));
+        auto known = measured_on_device_.find(key);
+        if (known == measured_on_device_.end()) {
+            ggml_backend_sched_t measure_sched = compute_->measure_sched();
+            std::vector<size_t> sizes(static_cast<size_t>(ggml_backend_sched_get_n_backends(measure_sched)), 0);
+            ggml_backend_sched_reserve_size(measure_sched, sub, sizes.data());
+            uint64_t bytes = 0;
+            if (compute_->device_backend()) {
+                bytes = sizes[0];
+            } else {
+                for (size_t size : sizes) bytes += size;
+            }
+            known = measured_on_device_.emplace(key, bytes).first;
         }
+        const uint64_t exact = known->second;
         if (exact > workspace) KILN_TRY(make_room(exact));
         ggml_backend_sched_reset(sched);
         if (!ggml_backend_sched_reserve(sched, sub) || !ggml_backend_sched_alloc_graph(sched, sub)) {

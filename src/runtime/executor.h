@@ -140,7 +140,8 @@ class Executor {
     // get() for another graph, which replaces this.
     const GraphPlan* planned_ = nullptr;
     uint64_t planned_session_ = 0;
-    std::map<std::pair<uint64_t, std::pair<int, int>>, uint64_t> measured_;  // (layout, group) -> bytes
+    std::map<std::pair<uint64_t, std::pair<int, int>>, uint64_t> measured_;            // (layout, group) -> bytes
+    std::map<std::pair<uint64_t, std::pair<int, int>>, uint64_t> measured_on_device_;  // the same, exact
     // The allocation the scheduler holds: (session id, group), reusable when
     // nothing moved since.
     uint64_t allocated_session_ = 0;
