@@ -23,6 +23,7 @@ set(GGML_BUILD_EXAMPLES OFF CACHE BOOL "" FORCE)
 set(GGML_BACKEND_DL OFF CACHE BOOL "" FORCE)
 # ggml links into kiln statically: an installed kiln needs no ggml libraries beside it.
 set(BUILD_SHARED_LIBS OFF CACHE BOOL "" FORCE)
+include(${CMAKE_CURRENT_LIST_DIR}/openblas.cmake)  # also for bench/, which calls OpenBLAS directly
 if(KILN_BLAS)
     set(GGML_BLAS ON CACHE BOOL "" FORCE)
     set(GGML_BLAS_VENDOR "OpenBLAS" CACHE STRING "" FORCE)

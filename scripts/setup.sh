@@ -12,7 +12,7 @@ source "$ROOT/scripts/ggml.lock"
 
 PACKAGES=(
     build-essential cmake pkg-config git
-    libopenblas-dev          # ggml's BLAS backend (KILN_BLAS)
+    libopenblas-openmp-dev   # ggml's BLAS backend (KILN_BLAS), on OpenMP like ggml (cmake/openblas.cmake)
     nlohmann-json3-dev       # JSON headers (safetensors, model_index.json)
     libpng-dev libjpeg62-turbo-dev libwebp-dev zlib1g-dev  # image files (src/image)
     libgtest-dev libgmock-dev googletest

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "ggml-cpu.h"
+#include "runtime/blas_threads.h"
 #include "runtime/host_memory.h"
 #include "util/format.h"
 #if __has_include("ggml-blas.h")
@@ -33,14 +34,9 @@ Result<std::unique_ptr<Compute>> Compute::create(ggml_backend_dev_t device, int 
 #ifdef GGML_USE_BLAS
     c->blas_ = getenv("KILN_NO_BLAS") ? nullptr : ggml_backend_blas_init();
     if (c->blas_) {
-        // OpenBLAS's workers keep spinning for a while after each product,
-        // and ggml's CPU threads wait for each other at every node: with
-        // both at full width on the same cores a step ran 7x slower (2
-        // cores, bench/README.md). Half the cores run ggml's CPU ops and the
-        // products get the rest plus the calling thread.
-        const int cpu_threads = std::max(1, c->threads_ / 2);
-        ggml_backend_cpu_set_n_threads(c->cpu_, cpu_threads);
-        ggml_backend_blas_set_n_threads(c->blas_, c->threads_ - cpu_threads + 1);
+        const CpuThreadSplit split = split_cpu_threads(c->threads_, blas_shares_openmp_pool());
+        ggml_backend_cpu_set_n_threads(c->cpu_, split.ggml_cpu);
+        ggml_backend_blas_set_n_threads(c->blas_, split.blas);
         backends.push_back(c->blas_);
     }
 #endif
