@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <vector>
 
 #include "ggml-alloc.h"
@@ -173,6 +174,27 @@ std::optional<double> time_matmul(GemmPath path, const MatmulShape& shape, int t
         }
     }
     return std::nullopt;
+}
+
+std::optional<double> time_graph_products(ggml_cgraph* graph, GemmPath path, int threads, int repetitions,
+                                          uint64_t* flops) {
+    const std::vector<MatmulShape> shapes = graph_matmul_shapes(graph);
+    double seconds = 0;
+    *flops = 0;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+        const MatmulShape& shape = shapes[i];
+        std::fprintf(stderr, "\rkiln-bench: timing the graph's products on %s: %zu/%zu", gemm_path_name(path), i + 1,
+                     shapes.size());
+        const std::optional<double> one = time_matmul(path, shape, threads, repetitions);
+        if (!one) {
+            std::fprintf(stderr, "\n");
+            return std::nullopt;
+        }
+        seconds += *one * shape.count;
+        *flops += matmul_flops(shape) * static_cast<uint64_t>(shape.count);
+    }
+    std::fprintf(stderr, "\n");
+    return seconds;
 }
 
 OpenBlasInfo openblas_info() {

@@ -32,6 +32,13 @@ const char* gemm_path_key(GemmPath path);
 // memory for the operands.
 std::optional<double> time_matmul(GemmPath path, const MatmulShape& shape, int threads, int repetitions);
 
+// Every matrix product of `graph` (graph_matmul_shapes), each timed alone on
+// `path` and counted as often as the graph computes it: the seconds the
+// graph's products take at that path's speed, and their FLOPs in `flops`.
+// Progress goes to stderr. nullopt when the path cannot take one of them.
+std::optional<double> time_graph_products(ggml_cgraph* graph, GemmPath path, int threads, int repetitions,
+                                          uint64_t* flops);
+
 // Which OpenBLAS this process runs; empty strings when built without it.
 struct OpenBlasInfo {
     std::string corename;  // openblas_get_corename(): the kernel set chosen at run time ("SkylakeX", "Haswell")

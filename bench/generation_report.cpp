@@ -30,6 +30,8 @@ struct Summary {
     double unet_flops_per_step = 0;
     double unet_flops_per_s = 0;
     std::optional<double> fraction_of_limit;
+    std::optional<double> unet_products_limit_flops_per_s;
+    std::optional<double> fraction_of_unet_products_limit;
 };
 
 Summary summarize(const GenerationBenchmark& b) {
@@ -59,6 +61,10 @@ Summary summarize(const GenerationBenchmark& b) {
     if (s.step_median_s > 0) s.unet_flops_per_s = s.unet_flops_per_step / s.step_median_s;
     if (b.limit_flops_per_s && *b.limit_flops_per_s > 0)
         s.fraction_of_limit = s.unet_flops_per_s / *b.limit_flops_per_s;
+    if (b.unet_products_sgemm_s && *b.unet_products_sgemm_s > 0) {
+        s.unet_products_limit_flops_per_s = static_cast<double>(b.unet_products_flops) / *b.unet_products_sgemm_s;
+        s.fraction_of_unet_products_limit = s.unet_flops_per_s / *s.unet_products_limit_flops_per_s;
+    }
     return s;
 }
 
@@ -112,6 +118,15 @@ std::string to_json(const GenerationBenchmark& b) {
     }
     j << "  \"unet_fraction_of_limit\": " << (s.fraction_of_limit ? json_number(*s.fraction_of_limit) : "null")
       << ",\n";
+    if (s.unet_products_limit_flops_per_s) {
+        j << "  \"unet_products_limit\": {\"path\": \"openblas_sgemm\", \"seconds_per_evaluation\": "
+          << json_number(*b.unet_products_sgemm_s) << ", \"flops_per_evaluation\": " << b.unet_products_flops
+          << ", \"flops_per_s\": " << json_number(*s.unet_products_limit_flops_per_s) << "},\n";
+    } else {
+        j << "  \"unet_products_limit\": null,\n";
+    }
+    j << "  \"unet_fraction_of_unet_products_limit\": "
+      << (s.fraction_of_unet_products_limit ? json_number(*s.fraction_of_unet_products_limit) : "null") << ",\n";
     j << "  \"memory\": {\"peak_rss_bytes\": " << b.peak_rss_bytes << ", \"devices\": [";
     for (size_t i = 0; i < b.devices.size(); ++i) {
         const DevicePeak& d = b.devices[i];
@@ -177,8 +192,16 @@ std::string to_markdown(const GenerationBenchmark& b) {
         char rate[32];
         std::snprintf(rate, sizeof rate, "%.1f GFLOP/s", *b.limit_flops_per_s * 1e-9);
         m << "| GEMM limit: OpenBLAS sgemm (" << b.openblas_core << "), " << b.limit_shape << " | " << rate << " |\n";
-        m << "| UNet step FLOP/s as a fraction of the limit | "
+        m << "| UNet step FLOP/s as a fraction of that | "
           << (s.fraction_of_limit ? percent(*s.fraction_of_limit) : "-") << " |\n";
+    }
+    if (s.unet_products_limit_flops_per_s) {
+        char rate[32];
+        std::snprintf(rate, sizeof rate, "%.1f GFLOP/s", *s.unet_products_limit_flops_per_s * 1e-9);
+        m << "| GEMM limit on the UNet's own products: OpenBLAS sgemm, each product of a step alone | " << rate << " ("
+          << human_seconds(*b.unet_products_sgemm_s) << " per evaluation) |\n";
+        m << "| UNet step FLOP/s as a fraction of that (issue 6's target: at least 70%) | "
+          << percent(*s.fraction_of_unet_products_limit) << " |\n";
     }
     m << "\n| step | time (median) |\n|---:|---:|\n";
     for (size_t i = 0; i < s.step_s.size(); ++i) m << "| " << i + 1 << " | " << human_seconds(s.step_s[i]) << " |\n";

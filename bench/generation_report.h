@@ -58,10 +58,18 @@ struct GenerationBenchmark {
     bool cfg_batched = true;  // CFG's passes ran as one batch of two
     int unet_segments = 1;    // segments of the UNet's last run (1: whole graph)
 
-    // The machine's limit: OpenBLAS sgemm on a large product, when measured.
+    // The machine's limit, when measured: OpenBLAS sgemm on the issue's
+    // reference product ...
     std::optional<double> limit_flops_per_s;
     std::string limit_shape;
     std::string openblas_core;
+    // ... and on the UNet's own products: every matrix product of one
+    // evaluation's graph timed alone on OpenBLAS sgemm (best of 3), the time
+    // a step would take if it did nothing but those products at the machine's
+    // best GEMM. Their FLOPs over that time is the limit for this job's mix of
+    // shapes (issue 6: the shapes the UNet actually uses).
+    std::optional<double> unet_products_sgemm_s;  // per evaluation
+    uint64_t unet_products_flops = 0;             // per evaluation, the same products
 };
 
 std::string to_json(const GenerationBenchmark& b);

@@ -270,6 +270,8 @@ int run(const std::vector<std::string>& args) {
             b.limit_flops_per_s = static_cast<double>(matmul_flops(shape)) / *seconds;
             b.limit_shape = describe_shape(shape);
             b.openblas_core = openblas_info().corename;
+            b.unet_products_sgemm_s =
+                time_graph_products(unet.graph, GemmPath::OpenBlasSgemm, b.threads, 3, &b.unet_products_flops);
         } else {
             KILN_LOG_WARN("kiln-bench was built without OpenBLAS: no GEMM limit to compare with");
         }
