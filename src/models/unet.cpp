@@ -97,8 +97,13 @@ ggml_tensor* apply_transformer(ggml_context* ctx, const SpatialTransformer& t, g
     auto to_image = [&](ggml_tensor* tokens) {  // [C, W*H, B] -> [W, H, C, B]
         return ggml_reshape_4d(ctx, ggml_cont(ctx, ggml_permute(ctx, tokens, 1, 0, 2, 3)), W, H, C, B);
     };
-    h = c.linear_projection ? nn::linear(ctx, t.proj_in_linear, to_tokens(h))
-                            : to_tokens(nn::conv2d(ctx, t.proj_in_conv, h));
+    // SD1's 1x1 convolutions project the tokens as linear layers: the image
+    // is transposed to tokens once and back once, not twice more around each
+    // convolution's product.
+    auto projection = [&](const nn::Linear& linear, const nn::Conv2d& conv) {
+        return c.linear_projection ? linear : nn::conv1x1_as_linear(ctx, conv);
+    };
+    h = nn::linear(ctx, projection(t.proj_in_linear, t.proj_in_conv), to_tokens(h));
     const nn::AttentionOptions attn{static_cast<int>(c.heads), false, flash};
     for (const TransformerBlock& b : t.blocks) {
         ggml_tensor* n = nn::layer_norm(ctx, b.norm1, h);
@@ -112,16 +117,12 @@ ggml_tensor* apply_transformer(ggml_context* ctx, const SpatialTransformer& t, g
                                 nn::attention(ctx, nn::linear(ctx, b.q2, n), nn::linear(ctx, b.k2, context),
                                               nn::linear(ctx, b.v2, context), attn)));
         n = nn::layer_norm(ctx, b.norm3, h);
-        ggml_tensor* proj = nn::linear(ctx, b.ff_in, n);  // [8C, T, B]: value half, then gate half
-        const int64_t inner = proj->ne[0] / 2;
-        ggml_tensor* value = ggml_view_3d(ctx, proj, inner, proj->ne[1], proj->ne[2], proj->nb[1], proj->nb[2], 0);
-        ggml_tensor* gate = ggml_view_3d(ctx, proj, inner, proj->ne[1], proj->ne[2], proj->nb[1], proj->nb[2],
-                                         inner * ggml_element_size(proj));
-        ggml_tensor* ff = ggml_mul(ctx, ggml_cont(ctx, value), ggml_gelu_erf(ctx, ggml_cont(ctx, gate)));
+        // GEGLU: [8C, T, B] is the value half, then the gate half; one fused
+        // op computes value * gelu(gate) without copying either half out.
+        ggml_tensor* ff = ggml_geglu_erf_swapped(ctx, nn::linear(ctx, b.ff_in, n));
         h = ggml_add(ctx, h, nn::linear(ctx, b.ff_out, ff));
     }
-    h = c.linear_projection ? to_image(nn::linear(ctx, t.proj_out_linear, h))
-                            : nn::conv2d(ctx, t.proj_out_conv, to_image(h));
+    h = to_image(nn::linear(ctx, projection(t.proj_out_linear, t.proj_out_conv), h));
     return ggml_add(ctx, h, x);
 }
 

@@ -71,6 +71,11 @@ ggml_tensor* conv2d(ggml_context* ctx, const Conv2d& layer, ggml_tensor* x) {
     return y;
 }
 
+Linear conv1x1_as_linear(ggml_context* ctx, const Conv2d& layer) {
+    GGML_ASSERT(layer.weight->ne[0] == 1 && layer.weight->ne[1] == 1 && layer.stride == 1 && layer.padding == 0);
+    return Linear{ggml_reshape_2d(ctx, layer.weight, layer.weight->ne[2], layer.weight->ne[3]), layer.bias};
+}
+
 Norm declare_norm(runtime::ModuleWeights& w, const std::string& name, int64_t channels) {
     return Norm{w.require(name + ".weight", {channels}), w.require(name + ".bias", {channels})};
 }

@@ -33,6 +33,11 @@ Conv2d declare_conv2d(runtime::ModuleWeights& w, const std::string& name, int64_
                       int stride = 1, int padding = 0);
 // x: ne [W, H, in, N] -> ne [W', H', out, N]
 ggml_tensor* conv2d(ggml_context* ctx, const Conv2d& layer, ggml_tensor* x);
+// A 1x1 convolution (stride 1, no padding) is a linear layer over channels:
+// this one, its weights viewed as ne [in, out], for activations already laid
+// out as tokens. Same numbers as conv2d, without the two transposes conv2d
+// makes around the product for an image.
+Linear conv1x1_as_linear(ggml_context* ctx, const Conv2d& layer);
 
 struct Norm {
     ggml_tensor* weight = nullptr;
