@@ -1,5 +1,7 @@
 #include "nn/layers.h"
 
+#include "nn/im2col_cpu.h"
+
 namespace kiln::nn {
 
 Linear declare_linear(runtime::ModuleWeights& w, const std::string& name, int64_t in, int64_t out, bool bias) {
@@ -52,8 +54,11 @@ ggml_tensor* conv2d(ggml_context* ctx, const Conv2d& layer, ggml_tensor* x) {
         const bool f32_kernel = w->type == GGML_TYPE_F32 || w->type == GGML_TYPE_BF16;
         const bool on_cpu = !layer.module || layer.module->computes_on_cpu();
         if (f32_kernel || on_cpu || K * OW * OH * N * 4 <= kMaxF32PatchBytesOnDevice) {
-            ggml_tensor* patches = ggml_im2col(ctx, w, x, layer.stride, layer.stride, layer.padding, layer.padding, 1,
-                                               1, /*is_2D=*/true, GGML_TYPE_F32);  // [K, OW, OH, N]
+            ggml_tensor* patches = on_cpu ? im2col_f32_cpu(ctx, w, x, layer.stride, layer.padding) : nullptr;
+            if (!patches) {
+                patches = ggml_im2col(ctx, w, x, layer.stride, layer.stride, layer.padding, layer.padding, 1, 1,
+                                      /*is_2D=*/true, GGML_TYPE_F32);  // [K, OW, OH, N]
+            }
             y = ggml_mul_mat(ctx, ggml_reshape_2d(ctx, w, K, w->ne[3]),
                              ggml_reshape_2d(ctx, patches, K, OW * OH * N));  // [OC, OW*OH*N]
             y = ggml_reshape_4d(ctx, y, w->ne[3], OW, OH, N);                 // [OC, OW, OH, N]
