@@ -313,19 +313,29 @@ Result<std::vector<float>> sample_latent(StableDiffusionModel& model, const Samp
         (!run.keep_weight.empty() && run.keep_weight.size() != x.size())) {
         return Error{"latent mask has the wrong size"};
     }
+    // Latent masking (sd.cpp, A1111): the kept region follows the init image.
+    // Written as (1 - w) * v + w * keep, so a weight of 1 keeps the init
+    // latent exactly, whatever v was (v + w * (keep - v) rounds).
+    auto keep_region = [&run](std::vector<float>& v) {
+        for (size_t k = 0; k < v.size(); ++k) {
+            const float w = run.keep_weight[k];
+            v[k] = (1.0f - w) * v[k] + w * run.keep_latent[k];
+        }
+    };
     UnetGraph graph;
     DenoiseFn denoise = [&](const std::vector<float>& xt, float sigma, int) -> Result<std::vector<float>> {
         auto denoised = run_unet(model, xt, sigma, run, cond, run.cfg_scale != 1.0f ? uncond : nullptr, graph);
-        if (!denoised.ok() || run.keep_weight.empty()) return denoised;
-        // Latent masking (sd.cpp, A1111): the kept region follows the init image.
-        std::vector<float>& d = *denoised;
-        for (size_t k = 0; k < d.size(); ++k) d[k] = d[k] + run.keep_weight[k] * (run.keep_latent[k] - d[k]);
+        if (denoised.ok() && !run.keep_weight.empty()) keep_region(*denoised);
         return denoised;
     };
     runtime::Executor& unet = model.diffusion_compute();
     const runtime::ExecutorStats before = unet.stats();
     const int builds_before = unet.plans().builds(), hits_before = unet.plans().hits();
     auto result = sample(run.sampler, denoise, std::move(x), run.sigmas, rng, run.eta, progress);
+    // ... and the sampled latent too (A1111 blends it once more after
+    // sampling): a sampler's last step lands on the denoised latent only up to
+    // rounding.
+    if (result.ok() && !run.keep_weight.empty()) keep_region(*result);
     if (passes_apart) *passes_apart = uncond && run.cfg_scale != 1.0f && graph.separate_passes;
     const runtime::ExecutorStats& after = unet.stats();
     KILN_LOG_VERBOSE("UNet graph: built once, allocated %d time(s) for %d evaluation(s)",
