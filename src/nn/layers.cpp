@@ -28,51 +28,86 @@ Conv2d declare_conv2d(runtime::ModuleWeights& w, const std::string& name, int64_
     return c;
 }
 
+namespace {
+
+// The product of pixel rows [K, P] (P = W * H * N pixels) by a kernel [K, OC]
+// whose result is pixels by output channels, [P, OC], laid out as the image
+// [W, H, OC, N] with the bias added: the add reads the permuted result and
+// writes it contiguously, so the layout costs no copy of its own.
+ggml_tensor* pixels_by_channels_to_image(ggml_context* ctx, ggml_tensor* pixels, ggml_tensor* kernel, int64_t W,
+                                         int64_t H, int64_t N, ggml_tensor* bias) {
+    const int64_t OC = kernel->ne[1];
+    ggml_tensor* y = ggml_mul_mat(ctx, pixels, kernel);                       // [P, OC]
+    y = ggml_permute(ctx, ggml_reshape_4d(ctx, y, W, H, N, OC), 0, 1, 3, 2);  // [W, H, OC, N], a view
+    if (!bias) return ggml_cont(ctx, y);
+    return ggml_add(ctx, y, ggml_reshape_4d(ctx, bias, 1, 1, bias->ne[0], 1));
+}
+
+// On the CPU the product goes to OpenBLAS's sgemm through ggml's BLAS
+// backend, which takes an F32 second operand: the kernel is widened once
+// per graph run, as the BLAS backend would otherwise do inside the product.
+ggml_tensor* kernel_for_cpu(ggml_context* ctx, ggml_tensor* kernel) {
+    return kernel->type == GGML_TYPE_F32 ? kernel : ggml_cast(ctx, kernel, GGML_TYPE_F32);
+}
+
+}  // namespace
+
 ggml_tensor* conv2d(ggml_context* ctx, const Conv2d& layer, ggml_tensor* x) {
-    ggml_tensor* y;
-    if (layer.weight->ne[0] == 1 && layer.weight->ne[1] == 1 && layer.stride == 1 && layer.padding == 0) {
+    ggml_tensor* w = layer.weight;
+    const bool on_cpu = !layer.module || layer.module->computes_on_cpu();
+    const int64_t OC = w->ne[3], N = x->ne[3];
+    if (w->ne[0] == 1 && w->ne[1] == 1 && layer.stride == 1 && layer.padding == 0) {
         // A 1x1 convolution is a matrix product over channels; skip im2col.
-        const int64_t W = x->ne[0], H = x->ne[1], C = x->ne[2], N = x->ne[3];
+        const int64_t W = x->ne[0], H = x->ne[1], C = x->ne[2];
         ggml_tensor* flat =
             ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_3d(ctx, x, W * H, C, N), 1, 0, 2, 3));  // [C, WH, N]
-        ggml_tensor* w2 = ggml_reshape_2d(ctx, layer.weight, C, layer.weight->ne[3]);
-        y = ggml_mul_mat(ctx, w2, flat);                       // [out, WH, N]
-        y = ggml_cont(ctx, ggml_permute(ctx, y, 1, 0, 2, 3));  // [WH, out, N]
-        y = ggml_reshape_4d(ctx, y, W, H, layer.weight->ne[3], N);
-    } else {
-        ggml_tensor* w = layer.weight;
-        const int64_t OW = (x->ne[0] + 2 * layer.padding - w->ne[0]) / layer.stride + 1;
-        const int64_t OH = (x->ne[1] + 2 * layer.padding - w->ne[1]) / layer.stride + 1;
-        const int64_t K = w->ne[0] * w->ne[1] * w->ne[2], N = x->ne[3];
-        // F32 patches with the kernel as the first operand is the product
-        // OpenBLAS's sgemm takes (ggml's BLAS backend wants an F32 second
-        // operand and widens the kernel per call): several times faster on
-        // the CPU than ggml's F16 kernel. It costs twice the patch memory, so
-        // on a device an F16 kernel keeps F16 patches when those are large
-        // (a full-size VAE decoder's top level: over a gigabyte in F32).
-        constexpr int64_t kMaxF32PatchBytesOnDevice = 64ll << 20;
-        const bool f32_kernel = w->type == GGML_TYPE_F32 || w->type == GGML_TYPE_BF16;
-        const bool on_cpu = !layer.module || layer.module->computes_on_cpu();
-        if (f32_kernel || on_cpu || K * OW * OH * N * 4 <= kMaxF32PatchBytesOnDevice) {
-            ggml_tensor* patches = on_cpu ? im2col_f32_cpu(ctx, w, x, layer.stride, layer.padding) : nullptr;
-            if (!patches) {
-                patches = ggml_im2col(ctx, w, x, layer.stride, layer.stride, layer.padding, layer.padding, 1, 1,
-                                      /*is_2D=*/true, GGML_TYPE_F32);  // [K, OW, OH, N]
-            }
-            y = ggml_mul_mat(ctx, ggml_reshape_2d(ctx, w, K, w->ne[3]),
-                             ggml_reshape_2d(ctx, patches, K, OW * OH * N));  // [OC, OW*OH*N]
-            y = ggml_reshape_4d(ctx, y, w->ne[3], OW, OH, N);                 // [OC, OW, OH, N]
-            y = ggml_cont(ctx, ggml_permute(ctx, y, 2, 0, 1, 3));             // [OW, OH, OC, N]
-        } else {
-            ggml_tensor* patches = ggml_im2col(ctx, w, x, layer.stride, layer.stride, layer.padding, layer.padding, 1,
-                                               1, /*is_2D=*/true, GGML_TYPE_F16);  // [K, OW, OH, N]
-            y = ggml_mul_mat(ctx, ggml_reshape_2d(ctx, patches, K, OW * OH * N),
-                             ggml_reshape_2d(ctx, w, K, w->ne[3]));  // [OW*OH*N, OC]
-            y = ggml_reshape_4d(ctx, y, OW, OH, N, w->ne[3]);        // [OW, OH, N, OC]
-            y = ggml_cont(ctx, ggml_permute(ctx, y, 0, 1, 3, 2));    // [OW, OH, OC, N]
+        ggml_tensor* w2 = ggml_reshape_2d(ctx, w, C, OC);
+        if (on_cpu) {
+            return pixels_by_channels_to_image(ctx, ggml_reshape_2d(ctx, flat, C, W * H * N), kernel_for_cpu(ctx, w2),
+                                               W, H, N, layer.bias);
         }
+        ggml_tensor* y = ggml_mul_mat(ctx, w2, flat);          // [out, WH, N]
+        y = ggml_cont(ctx, ggml_permute(ctx, y, 1, 0, 2, 3));  // [WH, out, N]
+        y = ggml_reshape_4d(ctx, y, W, H, OC, N);
+        if (layer.bias) y = ggml_add(ctx, y, ggml_reshape_4d(ctx, layer.bias, 1, 1, OC, 1));
+        return y;
     }
-    if (layer.bias) y = ggml_add(ctx, y, ggml_reshape_4d(ctx, layer.bias, 1, 1, layer.bias->ne[0], 1));
+    const int64_t OW = (x->ne[0] + 2 * layer.padding - w->ne[0]) / layer.stride + 1;
+    const int64_t OH = (x->ne[1] + 2 * layer.padding - w->ne[1]) / layer.stride + 1;
+    const int64_t K = w->ne[0] * w->ne[1] * w->ne[2];
+    ggml_tensor* kernel = ggml_reshape_2d(ctx, w, K, OC);
+    if (on_cpu) {
+        // F32 patches (kiln's unfold, nn/im2col_cpu.h) by the F32 kernel:
+        // the product sgemm takes, several times faster than ggml's F16 dot
+        // products. Patches first, so the result is already pixels by channels.
+        ggml_tensor* patches = im2col_f32_cpu(ctx, w, x, layer.stride, layer.padding);
+        if (!patches) {
+            patches = ggml_im2col(ctx, w, x, layer.stride, layer.stride, layer.padding, layer.padding, 1, 1,
+                                  /*is_2D=*/true, GGML_TYPE_F32);
+        }
+        return pixels_by_channels_to_image(ctx, ggml_reshape_2d(ctx, patches, K, OW * OH * N),
+                                           kernel_for_cpu(ctx, kernel), OW, OH, N, layer.bias);
+    }
+    // On a device, F32 patches with the kernel first; they cost twice the
+    // memory of F16 ones, so an F16 kernel keeps F16 patches when those are
+    // large (a full-size VAE decoder's top level: over a gigabyte in F32).
+    constexpr int64_t kMaxF32PatchBytesOnDevice = 64ll << 20;
+    const bool f32_kernel = w->type == GGML_TYPE_F32 || w->type == GGML_TYPE_BF16;
+    ggml_tensor* y;
+    if (f32_kernel || K * OW * OH * N * 4 <= kMaxF32PatchBytesOnDevice) {
+        ggml_tensor* patches = ggml_im2col(ctx, w, x, layer.stride, layer.stride, layer.padding, layer.padding, 1, 1,
+                                           /*is_2D=*/true, GGML_TYPE_F32);             // [K, OW, OH, N]
+        y = ggml_mul_mat(ctx, kernel, ggml_reshape_2d(ctx, patches, K, OW * OH * N));  // [OC, OW*OH*N]
+        y = ggml_reshape_4d(ctx, y, OC, OW, OH, N);                                    // [OC, OW, OH, N]
+        y = ggml_cont(ctx, ggml_permute(ctx, y, 2, 0, 1, 3));                          // [OW, OH, OC, N]
+    } else {
+        ggml_tensor* patches = ggml_im2col(ctx, w, x, layer.stride, layer.stride, layer.padding, layer.padding, 1, 1,
+                                           /*is_2D=*/true, GGML_TYPE_F16);             // [K, OW, OH, N]
+        y = ggml_mul_mat(ctx, ggml_reshape_2d(ctx, patches, K, OW * OH * N), kernel);  // [OW*OH*N, OC]
+        y = ggml_reshape_4d(ctx, y, OW, OH, N, OC);                                    // [OW, OH, N, OC]
+        y = ggml_cont(ctx, ggml_permute(ctx, y, 0, 1, 3, 2));                          // [OW, OH, OC, N]
+    }
+    if (layer.bias) y = ggml_add(ctx, y, ggml_reshape_4d(ctx, layer.bias, 1, 1, OC, 1));
     return y;
 }
 

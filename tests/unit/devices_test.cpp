@@ -12,10 +12,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <sstream>
 #include <thread>
 
+#include "image/image_io.h"
 #include "rpc_child.h"
 #include "test_files.h"
 
@@ -205,9 +208,11 @@ TEST(Devices, RpcServerServesTheCpuAsAGpuTypeDevice) {
     EXPECT_TRUE(saw_rpc) << r.out;
 
     // The default model with its UNet on the RPC device (a GPU-type device
-    // that serves ggml's CPU kernels) makes the same image as a plain CPU run
-    // without BLAS: the same kernels, only the weights and activations live
-    // behind the RPC device.
+    // that serves ggml's CPU kernels) makes the image of a plain CPU run
+    // without BLAS, up to rounding: convolutions computing on the CPU multiply
+    // F32 patches by the widened kernel (nn/layers.cpp, the form OpenBLAS
+    // takes), while on a device the kernel keeps its type and goes first.
+    // Measured: at most 2 levels apart, 0.05 on average.
     test::TempDir dir;
     const std::string common = " -t 1 -p \"a red circle on a white background\" --steps 4 -s 7 -o ";
     r = run_command("KILN_NO_BLAS=1 " + kiln("--rpc " + endpoint + " --backend diffusion=rpc0,te=cpu,vae=cpu" + common +
@@ -215,7 +220,19 @@ TEST(Devices, RpcServerServesTheCpuAsAGpuTypeDevice) {
     ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
     r = run_command("KILN_NO_BLAS=1 " + kiln(common + dir.file("cpu.png")));
     ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-    EXPECT_EQ(test::read_bytes(dir.file("rpc.png")), test::read_bytes(dir.file("cpu.png")));
+    auto on_rpc = image::read_image(dir.file("rpc.png"));
+    auto on_cpu = image::read_image(dir.file("cpu.png"));
+    ASSERT_TRUE(on_rpc.ok() && on_cpu.ok());
+    ASSERT_EQ(on_rpc->pixels.size(), on_cpu->pixels.size());
+    int max_difference = 0;
+    double total_difference = 0;
+    for (size_t i = 0; i < on_rpc->pixels.size(); ++i) {
+        const int d = std::abs(int(on_rpc->pixels[i]) - int(on_cpu->pixels[i]));
+        max_difference = std::max(max_difference, d);
+        total_difference += d;
+    }
+    EXPECT_LE(max_difference, 6);
+    EXPECT_LT(total_difference / static_cast<double>(on_rpc->pixels.size()), 0.5);
     EXPECT_FALSE(server.exited()) << server.err();
 }
 
