@@ -10,6 +10,14 @@ struct AttentionOptions {
     int heads = 1;
     bool causal = false;  // CLIP's text encoder masks future tokens
     bool flash = false;   // ggml_flash_attn_ext (K/V in F16: faster, not bit-identical)
+    // 0: the scores of every head are one tensor. Otherwise, when they are
+    // larger than 4 such blocks, each head is taken on its own and its
+    // queries in blocks whose scores fit in this many bytes: a block's scores
+    // are made, normalised and used while they are still in the CPU's cache
+    // (a full-size SD1.5 at 512x512 makes 1 GiB of scores per self-attention)
+    // instead of going through memory four times, and compute memory holds
+    // one block of scores, not all of them. Not for causal attention.
+    int64_t scores_block_bytes = 0;
 };
 
 // q: ne [dim, Nq, B]; k, v: ne [dim, Nk, B] (dim = heads * head_dim).
