@@ -30,6 +30,11 @@ Conv2d declare_conv2d(runtime::ModuleWeights& w, const std::string& name, int64_
 
 namespace {
 
+// y: ne [W, H, OC, N]; bias: ne [OC] or null.
+ggml_tensor* add_channel_bias(ggml_context* ctx, ggml_tensor* y, ggml_tensor* bias) {
+    return bias ? ggml_add(ctx, y, ggml_reshape_4d(ctx, bias, 1, 1, bias->ne[0], 1)) : y;
+}
+
 // The product of pixel rows [K, P] (P = W * H * N pixels) by a kernel [K, OC]
 // whose result is pixels by output channels, [P, OC], laid out as the image
 // [W, H, OC, N] with the bias added: the add reads the permuted result and
@@ -39,8 +44,7 @@ ggml_tensor* pixels_by_channels_to_image(ggml_context* ctx, ggml_tensor* pixels,
     const int64_t OC = kernel->ne[1];
     ggml_tensor* y = ggml_mul_mat(ctx, pixels, kernel);                       // [P, OC]
     y = ggml_permute(ctx, ggml_reshape_4d(ctx, y, W, H, N, OC), 0, 1, 3, 2);  // [W, H, OC, N], a view
-    if (!bias) return ggml_cont(ctx, y);
-    return ggml_add(ctx, y, ggml_reshape_4d(ctx, bias, 1, 1, bias->ne[0], 1));
+    return bias ? add_channel_bias(ctx, y, bias) : ggml_cont(ctx, y);
 }
 
 // On the CPU the product goes to OpenBLAS's sgemm through ggml's BLAS
@@ -61,16 +65,14 @@ ggml_tensor* conv2d(ggml_context* ctx, const Conv2d& layer, ggml_tensor* x) {
         const int64_t W = x->ne[0], H = x->ne[1], C = x->ne[2];
         ggml_tensor* flat =
             ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_3d(ctx, x, W * H, C, N), 1, 0, 2, 3));  // [C, WH, N]
-        ggml_tensor* w2 = ggml_reshape_2d(ctx, w, C, OC);
+        ggml_tensor* w2 = conv1x1_as_linear(ctx, layer).weight;                                   // [C, OC]
         if (on_cpu) {
             return pixels_by_channels_to_image(ctx, ggml_reshape_2d(ctx, flat, C, W * H * N), kernel_for_cpu(ctx, w2),
                                                W, H, N, layer.bias);
         }
         ggml_tensor* y = ggml_mul_mat(ctx, w2, flat);          // [out, WH, N]
         y = ggml_cont(ctx, ggml_permute(ctx, y, 1, 0, 2, 3));  // [WH, out, N]
-        y = ggml_reshape_4d(ctx, y, W, H, OC, N);
-        if (layer.bias) y = ggml_add(ctx, y, ggml_reshape_4d(ctx, layer.bias, 1, 1, OC, 1));
-        return y;
+        return add_channel_bias(ctx, ggml_reshape_4d(ctx, y, W, H, OC, N), layer.bias);
     }
     const int64_t OW = (x->ne[0] + 2 * layer.padding - w->ne[0]) / layer.stride + 1;
     const int64_t OH = (x->ne[1] + 2 * layer.padding - w->ne[1]) / layer.stride + 1;
@@ -107,8 +109,7 @@ ggml_tensor* conv2d(ggml_context* ctx, const Conv2d& layer, ggml_tensor* x) {
         y = ggml_reshape_4d(ctx, y, OW, OH, N, OC);                                    // [OW, OH, N, OC]
         y = ggml_cont(ctx, ggml_permute(ctx, y, 0, 1, 3, 2));                          // [OW, OH, OC, N]
     }
-    if (layer.bias) y = ggml_add(ctx, y, ggml_reshape_4d(ctx, layer.bias, 1, 1, OC, 1));
-    return y;
+    return add_channel_bias(ctx, y, layer.bias);
 }
 
 Linear conv1x1_as_linear(ggml_context* ctx, const Conv2d& layer) {
