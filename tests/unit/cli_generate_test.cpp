@@ -7,6 +7,7 @@
 
 #include "golden.h"
 #include "image/image_io.h"
+#include "pixel_difference.h"
 #include "test_files.h"
 
 namespace kiln {
@@ -122,9 +123,7 @@ TEST(CliGenerate, VaeTilingMakesTheSameSizeOfImage) {
     auto tiled = image::read_image(dir.file("tiled.png"));
     ASSERT_TRUE(whole.ok() && tiled.ok());
     ASSERT_EQ(tiled->width, 64);
-    double diff = 0;
-    for (size_t i = 0; i < whole->pixels.size(); ++i) diff += std::abs(int(whole->pixels[i]) - int(tiled->pixels[i]));
-    diff /= static_cast<double>(whole->pixels.size());
+    const double diff = test::pixel_difference(*whole, *tiled).mean;
     EXPECT_GT(diff, 0.0) << "tiling must have run";
     EXPECT_LT(diff, 20.0) << "mean absolute pixel difference";
     r = run_command(kiln_with_model(common + "--vae-tiling --vae-tile-size 16x8 -o " + dir.file("x.png")));

@@ -12,13 +12,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <sstream>
 #include <thread>
 
 #include "image/image_io.h"
+#include "pixel_difference.h"
 #include "rpc_child.h"
 #include "test_files.h"
 
@@ -224,15 +223,9 @@ TEST(Devices, RpcServerServesTheCpuAsAGpuTypeDevice) {
     auto on_cpu = image::read_image(dir.file("cpu.png"));
     ASSERT_TRUE(on_rpc.ok() && on_cpu.ok());
     ASSERT_EQ(on_rpc->pixels.size(), on_cpu->pixels.size());
-    int max_difference = 0;
-    double total_difference = 0;
-    for (size_t i = 0; i < on_rpc->pixels.size(); ++i) {
-        const int d = std::abs(int(on_rpc->pixels[i]) - int(on_cpu->pixels[i]));
-        max_difference = std::max(max_difference, d);
-        total_difference += d;
-    }
-    EXPECT_LE(max_difference, 6);
-    EXPECT_LT(total_difference / static_cast<double>(on_rpc->pixels.size()), 0.5);
+    const test::PixelDifference d = test::pixel_difference(*on_rpc, *on_cpu);
+    EXPECT_LE(d.max, 6);
+    EXPECT_LT(d.mean, 0.5);
     EXPECT_FALSE(server.exited()) << server.err();
 }
 

@@ -10,6 +10,7 @@
 #include "golden.h"
 #include "io/name_map.h"
 #include "pipeline/generate.h"
+#include "pixel_difference.h"
 #include "test_files.h"
 
 namespace kiln {
@@ -105,12 +106,9 @@ TEST(DiffusersRoundTrip, Sd2FolderMakesTheSameImageAsTheCheckpoint) {
     auto b = pipeline::generate(**converted, request);
     ASSERT_TRUE(a.ok()) << a.error().message;
     ASSERT_TRUE(b.ok()) << b.error().message;
-    const auto& pa = a->front().image.pixels;
-    const auto& pb = b->front().image.pixels;
-    ASSERT_EQ(pa.size(), pb.size());
-    int max_diff = 0;
-    for (size_t i = 0; i < pa.size(); ++i) max_diff = std::max(max_diff, std::abs(int(pa[i]) - int(pb[i])));
-    EXPECT_LE(max_diff, 1) << "pixels differ by more than rounding";
+    ASSERT_EQ(a->front().image.pixels.size(), b->front().image.pixels.size());
+    EXPECT_LE(test::pixel_difference(a->front().image, b->front().image).max, 1)
+        << "pixels differ by more than rounding";
 }
 
 }  // namespace

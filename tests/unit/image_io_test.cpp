@@ -15,12 +15,14 @@
 
 #include "image/image.h"
 #include "image/png_metadata.h"
+#include "pixel_difference.h"
 #include "test_files.h"
 
 namespace kiln::image {
 namespace {
 
 namespace fs = std::filesystem;
+using test::pixel_difference;
 using test::read_bytes;
 using test::TempDir;
 
@@ -48,21 +50,6 @@ Image noise(int w, int h, int channels, unsigned seed = 1) {
     std::mt19937 rng(seed);
     for (uint8_t& b : im.pixels) b = static_cast<uint8_t>(rng());
     return im;
-}
-
-struct Diff {
-    double mean = 0;
-    int max = 0;
-};
-Diff diff(const Image& a, const Image& b) {
-    Diff d;
-    for (size_t i = 0; i < a.pixels.size(); ++i) {
-        const int e = std::abs(int(a.pixels[i]) - int(b.pixels[i]));
-        d.mean += e;
-        d.max = std::max(d.max, e);
-    }
-    d.mean /= static_cast<double>(a.pixels.size());
-    return d;
 }
 
 void expect_error(const Result<Image>& r, const std::string& path, const std::string& fragment) {
@@ -185,7 +172,7 @@ TEST(ImageIo, JpegRoundTripIsClose) {
     ASSERT_EQ(back->channels, 3);
     ASSERT_EQ(back->width, 64);
     ASSERT_EQ(back->height, 48);
-    const Diff d = diff(im, *back);
+    const test::PixelDifference d = pixel_difference(im, *back);
     EXPECT_LT(d.mean, 2.0);
     EXPECT_LT(d.max, 24);
 
@@ -196,7 +183,7 @@ TEST(ImageIo, JpegRoundTripIsClose) {
     EXPECT_LT(read_bytes(low_path).size(), read_bytes(path).size());
     Result<Image> low_back = read_image(low_path);
     ASSERT_TRUE(low_back.ok()) << low_back.error().message;
-    EXPECT_LT(diff(im, *low_back).mean, 6.0);
+    EXPECT_LT(pixel_difference(im, *low_back).mean, 6.0);
 }
 
 TEST(ImageIo, JpegWritesGreyAndDropsAlpha) {
@@ -207,13 +194,13 @@ TEST(ImageIo, JpegWritesGreyAndDropsAlpha) {
     ASSERT_EQ(back->channels, 3);
     Result<Image> back_grey = convert_channels(*back, 1);
     ASSERT_TRUE(back_grey.ok());
-    EXPECT_LT(diff(grey, *back_grey).mean, 2.0);
+    EXPECT_LT(pixel_difference(grey, *back_grey).mean, 2.0);
 
     const Image rgba = gradient(32, 32, 4);
     Result<Image> back_rgb = read_image(write_or_die(dir, "rgba.jpg", rgba));
     ASSERT_TRUE(back_rgb.ok()) << back_rgb.error().message;
     ASSERT_EQ(back_rgb->channels, 3);
-    EXPECT_LT(diff(*convert_channels(rgba, 3), *back_rgb).mean, 2.0);
+    EXPECT_LT(pixel_difference(*convert_channels(rgba, 3), *back_rgb).mean, 2.0);
 }
 
 TEST(ImageIo, WebPLossyIsCloseAndLosslessIsExact) {
@@ -222,8 +209,8 @@ TEST(ImageIo, WebPLossyIsCloseAndLosslessIsExact) {
     Result<Image> lossy = read_image(write_or_die(dir, "g.webp", im));
     ASSERT_TRUE(lossy.ok()) << lossy.error().message;
     ASSERT_EQ(lossy->channels, 3);
-    EXPECT_LT(diff(im, *lossy).mean, 3.0);
-    EXPECT_LT(diff(im, *lossy).max, 40);
+    EXPECT_LT(pixel_difference(im, *lossy).mean, 3.0);
+    EXPECT_LT(pixel_difference(im, *lossy).max, 40);
 
     ImageWriteOptions lossless;
     lossless.lossless = true;
