@@ -11,7 +11,9 @@ Writes into tests/golden/models/ (see training/README.md for the contents):
                              with text_projection), model.diffusion_model.*
                              (sgm UNet with label_emb), F16
   sdxl_tiny_io.safetensors   inputs, outputs and per-block outputs (F32), and
-                             a full-width (2816) conditioning vector
+                             a full-width (2816) conditioning vector, and the
+                             UNet's output without its middle transformer
+                             (SSD-1B's and Vega's middle block)
 
 Every stage takes the previous one's output, as SDXL does: the UNet's context
 is the two encoders' penultimate hidden states (no final norm) concatenated,
@@ -124,6 +126,14 @@ def build():
     io["cond.pooled_1280"] = pooled
     io["cond.vector_2816"] = mmf.f32(
         torch.cat([sdxl_vector(pooled[i:i + 1].double(), *SIZES[i], outdim=256) for i in range(2)]))
+
+    # SSD-1B and Vega have no middle transformer (sgm's Identity at
+    # middle_block.1): the same weights without it.
+    lean = UNet(context_dim=context.shape[-1], adm_in_channels=y.shape[-1], **dict(UNET, transformer_depth_middle=0))
+    lean.load_state_dict({k: v for k, v in unet.state_dict().items() if not k.startswith("middle_block.1.")})
+    lean = lean.double().eval()
+    with torch.no_grad():
+        io["unet.out_no_middle_transformer"] = mmf.f32(lean(x.double(), t.double(), context, y)[0])
     return ckpt, io
 
 

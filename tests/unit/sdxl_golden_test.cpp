@@ -8,10 +8,12 @@
 #include <cmath>
 
 #include "golden.h"
+#include "io/dtype.h"
 #include "models/clip_text.h"
 #include "models/unet.h"
 #include "pipeline/size_conditioning.h"
 #include "runtime/graph_session.h"
+#include "test_files.h"
 
 namespace kiln {
 namespace {
@@ -58,6 +60,20 @@ struct SdxlTiny : ::testing::Test {
         if (!session.run(*compute, result, /*keep_cuts=*/true).ok()) throw std::runtime_error("encode failed");
         return {runtime::GraphSession::read(out.hidden),
                 out.pooled ? runtime::GraphSession::read(out.pooled) : std::vector<float>{}};
+    }
+
+    // The UNet on the fixture's x, t, context and y.
+    Result<ggml_tensor*> build_unet(const models::Unet& unet, runtime::GraphSession& session) {
+        auto in_session = [&](const char* name) {
+            const auto v = test::fixture_tensor(io, name);
+            return session.input(GGML_TYPE_F32, test::ggml_ne(v.shape), v.values.data());
+        };
+        models::UnetInputs in;
+        in.x = in_session("unet.x");
+        in.timesteps = in_session("unet.t");
+        in.context = in_session("unet.context");
+        in.y = in_session("unet.y");
+        return unet.build(session.ctx(), in, models::UnetBuildOptions{});
     }
 };
 
@@ -126,17 +142,8 @@ TEST_F(SdxlTiny, UnetWithYMatchesReferenceBlockByBlock) {
     ASSERT_TRUE(unet.ok()) << unet.error().message;
     auto status = (*unet)->weights().load(compute->weights_backend());
     ASSERT_TRUE(status.ok()) << status.error().message;
-    const auto x = test::fixture_tensor(io, "unet.x");
-    const auto t = test::fixture_tensor(io, "unet.t");
-    const auto context = test::fixture_tensor(io, "unet.context");
-    const auto y = test::fixture_tensor(io, "unet.y");
     runtime::GraphSession session;
-    models::UnetInputs in;
-    in.x = session.input(GGML_TYPE_F32, test::ggml_ne(x.shape), x.values.data());
-    in.timesteps = session.input(GGML_TYPE_F32, test::ggml_ne(t.shape), t.values.data());
-    in.context = session.input(GGML_TYPE_F32, test::ggml_ne(context.shape), context.values.data());
-    in.y = session.input(GGML_TYPE_F32, test::ggml_ne(y.shape), y.values.data());
-    auto out = (*unet)->build(session.ctx(), in, models::UnetBuildOptions{});
+    auto out = build_unet(**unet, session);
     ASSERT_TRUE(out.ok()) << out.error().message;
     ASSERT_TRUE(session.run(*compute, *out, /*keep_cuts=*/true).ok());
     EXPECT_LT(test::relative_error(runtime::GraphSession::read(*out), test::fixture_tensor(io, "unet.out").values),
@@ -153,6 +160,34 @@ TEST_F(SdxlTiny, UnetWithYMatchesReferenceBlockByBlock) {
         ++blocks;
     }
     EXPECT_EQ(blocks, 9);  // input_blocks.0-3, middle_block, output_blocks.0-3
+}
+
+TEST_F(SdxlTiny, UnetWithoutMiddleTransformerMatchesReference) {
+    // SSD-1B's and Vega's middle block: resnets at middle_block.0 and .2, no
+    // transformer at .1. The fixture's UNet without those tensors.
+    std::vector<test::SafetensorsEntry> entries;
+    for (const io::TensorInfo& t : weights.tensors()) {
+        if (t.name.rfind(std::string(kUnet), 0) != 0 || t.name.rfind(std::string(kUnet) + "middle_block.1.", 0) == 0)
+            continue;
+        const uint8_t* data = weights.data(t);
+        entries.push_back({t.name, io::dtype_name(t.dtype), t.shape, std::vector<uint8_t>(data, data + t.nbytes)});
+    }
+    test::TempDir dir;
+    const std::string path =
+        dir.write("lean.safetensors", test::build_safetensors(entries, {{"kiln.unet.head_channels", "16"}}));
+    auto file = io::ModelFile::open({path});
+    ASSERT_TRUE(file.ok()) << file.error().message;
+    auto unet = models::Unet::create(*file, kUnet, GGML_TYPE_F32);
+    ASSERT_TRUE(unet.ok()) << unet.error().message;
+    EXPECT_EQ((*unet)->config().middle_depth, 0);
+    ASSERT_TRUE((*unet)->weights().load(compute->weights_backend()).ok());
+    runtime::GraphSession session;
+    auto out = build_unet(**unet, session);
+    ASSERT_TRUE(out.ok()) << out.error().message;
+    ASSERT_TRUE(session.run(*compute, *out).ok());
+    EXPECT_LT(test::relative_error(runtime::GraphSession::read(*out),
+                                   test::fixture_tensor(io, "unet.out_no_middle_transformer").values),
+              kTolerance);
 }
 
 TEST_F(SdxlTiny, UnetYIsAContract) {
