@@ -43,7 +43,7 @@ struct ClipTextOptions {
     // Also compute the pooled output: the final layer norm of the LAST
     // layer's output (whatever layer_from_end says) at one position per
     // prompt, times text_projection when the weights have one (open_clip's
-    // x @ P; HF's Linear). The position is the first one holding
+    // x @ P; HF-named encoders are taken without one). The position is the first one holding
     // `pooled_token` when set (as ComfyUI takes it: right with
     // textual-inversion ids above the vocabulary), else the first one holding
     // the largest token id (open_clip's and HF CLIP's argmax: the EOS).
@@ -61,8 +61,9 @@ struct ClipTextOutput {
 
 class ClipTextEncoder {
   public:
-    // `prefix`: where the encoder's tensors live ("cond_stage_model.transformer." or
-    // "cond_stage_model.model."). Error if the tensors do not form a CLIP text encoder.
+    // `prefix`: where the encoder's tensors live ("cond_stage_model.transformer.",
+    // "cond_stage_model.model.", SDXL's "conditioner.embedders.0.transformer." and
+    // "conditioner.embedders.1.model."). Error if the tensors do not form a CLIP text encoder.
     static Result<std::unique_ptr<ClipTextEncoder>> create(const io::ModelFile& file, const std::string& prefix,
                                                            std::optional<ggml_type> weight_type);
 
