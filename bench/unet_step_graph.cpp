@@ -8,11 +8,12 @@ UnetStepGraph build_unet_step_graph(const pipeline::Model& model, int width, int
                                     bool flash_attention) {
     const int64_t lw = width / model.vae().config().downscale();
     const int64_t lh = height / model.vae().config().downscale();
-    pipeline::DiffusionGraph g = pipeline::build_diffusion_graph(
+    auto g = pipeline::build_diffusion_graph(
         model, {lw, lh, cfg ? 2 : 1, pipeline::single_chunk_tokens(model), flash_attention});
     UnetStepGraph out;
-    out.graph = g.session->graph(g.out);
-    out.session = std::move(g.session);
+    if (!g.ok()) return out;
+    out.graph = g->session->graph(g->out);
+    out.session = std::move(g->session);
     return out;
 }
 

@@ -42,10 +42,10 @@ UNET_PREFIX = "model.diffusion_model."
 
 SEED = 400
 DTYPE = torch.float16
-# Both encoders: vocab 96 (BOS 94, EOS 95), width 32, 3 layers (so the
+# Both encoders: vocab 320 (BOS 318, EOS 319: tests/fixtures/tiny_tokenizer), width 32, 3 layers (so the
 # penultimate layer is an inner one), 2 heads, MLP 128. bigG's projection is
 # 32 -> 48, not square, so x @ P and P x differ.
-CLIP = dict(vocab=96, width=32, layers=3, heads=2, intermediate=128)
+CLIP = dict(vocab=320, width=32, layers=3, heads=2, intermediate=128)
 PROJECTION = 48
 # The size embeddings are 8 wide here (256 in SDXL): y = 48 + 6 * 8 = 96.
 SIZE_DIM = 8

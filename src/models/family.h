@@ -31,13 +31,15 @@ enum class ModuleRole { TextEncoder, Diffusion, Vae };
 // "te", "diffusion", "vae": the names of --backend and --params-backend.
 const char* module_role_name(ModuleRole role);
 
-// One network of a family, found in the given files by a tensor whose name
-// ends with one of `probes`; the text before the probe is its prefix.
+// One network of a family. It is found in the given files by a tensor whose
+// name is one of `prefixes` followed by one of the network's marker names
+// (pipeline/model.cpp); empty `prefixes` accept any. In a file of its own
+// (given by `flag`) any prefix is accepted.
 struct ModuleSpec {
     std::string name;  // "clip_l", "clip_g", "unet", "vae": messages and the memory report
     ModuleRole role = ModuleRole::Diffusion;
     NetworkKind network = NetworkKind::Unet;
-    std::vector<std::string> probes;
+    std::vector<std::string> prefixes;
     // sd-cli's flag that supplies it as a separate file, for the error when
     // it is missing ("--clip_g").
     std::string flag;
@@ -63,6 +65,10 @@ struct Conditioning {
     // SDXL's micro-conditioning: the UNet's `y` is the pooled vector then
     // sinusoidal embeddings of original size, crop and target size.
     bool size_embedding = false;
+    // An empty negative prompt conditions the unconditional pass with zeros
+    // (hidden states and pooled vector), as sgm's force_zero_embeddings,
+    // A1111 and sd-cli do for SDXL.
+    bool zero_empty_negative = false;
 };
 
 struct LatentFormat {

@@ -14,8 +14,15 @@ ChunkOptions chunk_options(const models::TextEncoderUse& use) {
 
 // One encoder's hidden states of every chunk, [width, length, chunks], with
 // the token weights applied.
-Result<std::vector<float>> encode_chunks(Model& model, const TextEncoder& encoder, const std::string& prompt,
-                                         int clip_skip, size_t min_chunks, int64_t* length_out, int64_t* chunks_out) {
+struct EncodedChunks {
+    std::vector<float> hidden;  // [width, length, chunks]
+    std::vector<float> pooled;  // of the first chunk, when the encoder pools
+    int64_t length = 0;
+    int64_t chunks = 0;
+};
+
+Result<EncodedChunks> encode_chunks(Model& model, const TextEncoder& encoder, const std::string& prompt, int clip_skip,
+                                    size_t min_chunks) {
     const models::TextEncoderUse& use = *encoder.use;
     TokenChunks chunks = tokenize_with_weights(model.tokenizer(), prompt, chunk_options(use));
     const int32_t pad = use.pad_token < 0 ? model.tokenizer().eos_id() : use.pad_token;
@@ -47,14 +54,21 @@ Result<std::vector<float>> encode_chunks(Model& model, const TextEncoder& encode
                                                   extra.width == width ? &extra : nullptr);
     KILN_TRY(g.session->run(*encoder.executor, g.out));
 
-    std::vector<float> hidden = runtime::GraphSession::read(g.out);  // [width, length, batch]
+    EncodedChunks out;
+    out.hidden = runtime::GraphSession::read(g.out);
+    // The first chunk's pooled vector, as A1111 and sd-cli take it.
+    if (g.pooled_width > 0) {
+        const size_t hidden_values = static_cast<size_t>(width * static_cast<int64_t>(length) * batch);
+        out.pooled.assign(out.hidden.begin() + hidden_values, out.hidden.begin() + hidden_values + g.pooled_width);
+        out.hidden.resize(hidden_values);
+    }
     for (int64_t b = 0; b < batch; ++b) {
-        apply_token_weights(hidden.data() + b * static_cast<int64_t>(length) * width, static_cast<int>(length),
+        apply_token_weights(out.hidden.data() + b * static_cast<int64_t>(length) * width, static_cast<int>(length),
                             static_cast<int>(width), chunks.weights[static_cast<size_t>(b)].data());
     }
-    *length_out = static_cast<int64_t>(length);
-    *chunks_out = batch;
-    return hidden;
+    out.length = static_cast<int64_t>(length);
+    out.chunks = batch;
+    return out;
 }
 
 }  // namespace
@@ -69,13 +83,13 @@ Result<Conditioning> encode_prompt(Model& model, const std::string& prompt, int 
     std::vector<std::vector<float>> parts;
     std::vector<int64_t> widths;
     for (const TextEncoder& encoder : model.text_encoders()) {
-        int64_t length = 0, chunks = 0;
-        auto hidden = encode_chunks(model, encoder, prompt, clip_skip, min_chunks, &length, &chunks);
-        if (!hidden.ok()) return hidden.error();
-        c.tokens = length * chunks;
+        auto encoded = encode_chunks(model, encoder, prompt, clip_skip, min_chunks);
+        if (!encoded.ok()) return encoded.error();
+        c.tokens = encoded->length * encoded->chunks;
         widths.push_back(encoder.network->config().width);
         c.width += widths.back();
-        parts.push_back(std::move(hidden).value());
+        if (!encoded->pooled.empty()) c.pooled = std::move(encoded->pooled);
+        parts.push_back(std::move(encoded->hidden));
     }
     if (parts.size() == 1) {
         c.hidden = std::move(parts.front());

@@ -21,6 +21,9 @@ struct Conditioning {
     // The pooled, projected output of the encoder the family pools (SDXL's
     // CLIP-G), of the first chunk; empty when the family pools none.
     std::vector<float> pooled;
+    // The UNet's vector input (SDXL's label_emb: pooled then the size
+    // embeddings), set by generate(); empty when the UNet takes none.
+    std::vector<float> y;
 };
 
 // Encodes `prompt` with every text encoder of the model's family, each at

@@ -8,6 +8,7 @@
 
 #include "pipeline/graphs.h"
 #include "pipeline/schedulers.h"
+#include "pipeline/size_conditioning.h"
 #include "pipeline/vae_tiling.h"
 #include "runtime/graph_session.h"
 #include "util/format.h"
@@ -27,10 +28,11 @@ struct UnetGraph {
 };
 
 // Runs the UNet on `batch` copies of the scaled latent with `context`
-// ([width, tokens] per batch item) and returns its raw output.
+// ([width, tokens] per batch item) and `y` (the UNet's vector input per
+// batch item, empty when it takes none) and returns its raw output.
 Result<std::vector<float>> run_unet_batch(Model& model, const std::vector<float>& x, float sigma, const SamplingRun& p,
-                                          const std::vector<float>& context, int64_t tokens, int64_t batch,
-                                          UnetGraph& unet) {
+                                          const std::vector<float>& context, int64_t tokens,
+                                          const std::vector<float>& y, int64_t batch, UnetGraph& unet) {
     const models::UnetConfig& uc = model.unet().config();
     const Scalings s = get_scalings(model.prediction(), sigma);
     const float t = DiscreteSchedule::stable_diffusion().sigma_to_t(sigma);
@@ -52,11 +54,18 @@ Result<std::vector<float>> run_unet_batch(Model& model, const std::vector<float>
     std::vector<float> timesteps(static_cast<size_t>(batch), t);
     DiffusionGraph& g = unet.graph;
     if (!g.session || g.shape.batch != batch || g.shape.tokens != tokens) {
-        g = build_diffusion_graph(model, {p.latent_w, p.latent_h, batch, tokens, p.flash_attention});
+        auto built = build_diffusion_graph(model, {p.latent_w, p.latent_h, batch, tokens, p.flash_attention});
+        if (!built.ok()) return built.error();
+        g = std::move(built).value();
     }
     g.session->set_input(g.x, input.data());
     g.session->set_input(g.timesteps, timesteps.data());
     g.session->set_input(g.context, context.data());
+    if (g.y) {
+        if (static_cast<int64_t>(y.size()) != ggml_nelements(g.y))
+            return Error{"the UNet's y input has the wrong size"};
+        g.session->set_input(g.y, y.data());
+    }
     KILN_TRY(g.session->run(model.diffusion_compute(), g.out));
     return runtime::GraphSession::read(g.out);
 }
@@ -77,7 +86,9 @@ Result<std::vector<float>> run_unet(Model& model, const std::vector<float>& x, f
     if (uncond && !graph.separate_passes) {
         std::vector<float> context(cond.hidden);
         context.insert(context.end(), uncond->hidden.begin(), uncond->hidden.end());
-        auto both = run_unet_batch(model, x, sigma, p, context, cond.tokens, 2, graph);
+        std::vector<float> y(cond.y);
+        y.insert(y.end(), uncond->y.begin(), uncond->y.end());
+        auto both = run_unet_batch(model, x, sigma, p, context, cond.tokens, y, 2, graph);
         if (both.ok()) {
             c_out.assign(both->begin(), both->begin() + latent_values);
             u_out.assign(both->begin() + latent_values, both->end());
@@ -90,11 +101,11 @@ Result<std::vector<float>> run_unet(Model& model, const std::vector<float>& x, f
         }
     }
     if (c_out.empty()) {
-        auto c = run_unet_batch(model, x, sigma, p, cond.hidden, cond.tokens, 1, graph);
+        auto c = run_unet_batch(model, x, sigma, p, cond.hidden, cond.tokens, cond.y, 1, graph);
         if (!c.ok()) return c.error();
         c_out = std::move(c).value();
         if (uncond) {
-            auto u = run_unet_batch(model, x, sigma, p, uncond->hidden, uncond->tokens, 1, graph);
+            auto u = run_unet_batch(model, x, sigma, p, uncond->hidden, uncond->tokens, uncond->y, 1, graph);
             if (!u.ok()) return u.error();
             u_out = std::move(u).value();
         }
@@ -306,9 +317,27 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
     if (!cond.ok()) return cond.error();
     std::optional<Conditioning> uncond;
     if (use_cfg) {
-        auto encoded = encode_prompt(model, request.negative_prompt, request.clip_skip, chunks);
-        if (!encoded.ok()) return encoded.error();
-        uncond = std::move(encoded).value();
+        const models::Conditioning& recipe = model.family().conditioning;
+        if (recipe.zero_empty_negative && request.negative_prompt.empty()) {
+            uncond = *cond;
+            std::fill(uncond->hidden.begin(), uncond->hidden.end(), 0.0f);
+            std::fill(uncond->pooled.begin(), uncond->pooled.end(), 0.0f);
+        } else {
+            auto encoded = encode_prompt(model, request.negative_prompt, request.clip_skip, chunks);
+            if (!encoded.ok()) return encoded.error();
+            uncond = std::move(encoded).value();
+        }
+    }
+    if (model.family().conditioning.size_embedding) {
+        // sd-cli's micro-conditioning: original size = target size = the
+        // image's, no crop.
+        SizeConditioning size;
+        size.original_height = size.target_height = p.height;
+        size.original_width = size.target_width = p.width;
+        const int dim =
+            static_cast<int>(model.unet().config().adm_in_channels - static_cast<int64_t>(cond->pooled.size())) / 6;
+        cond->y = sdxl_conditioning_vector(cond->pooled, size, dim);
+        if (uncond) uncond->y = sdxl_conditioning_vector(uncond->pooled, size, dim);
     }
     times.text_encoding_s = seconds_since(encoding_start);
 

@@ -1,5 +1,7 @@
 #include "pipeline/graphs.h"
 
+#include <algorithm>
+
 namespace kiln::pipeline {
 namespace {
 
@@ -26,23 +28,44 @@ TextEncoderGraph build_text_encoder_graph(const TextEncoder& encoder, const int3
         extra_rows = s.input(GGML_TYPE_F32, {extra->width, static_cast<int64_t>(extra->rows())}, extra->vectors.data(),
                              "embeddings");
     }
-    g.out = encoder.network->build(s.ctx(), tokens, layer, extra_rows);
+    models::ClipTextOptions options;
+    options.layer_from_end = layer;
+    options.final_norm = encoder.use->final_norm;
+    options.pooled = encoder.use->pooled;
+    options.extra_embeddings = extra_rows;
+    const models::ClipTextOutput out = encoder.network->encode(s.ctx(), tokens, options);
+    g.out = out.hidden;
+    if (out.pooled) {
+        ggml_context* c = s.ctx();
+        g.pooled_width = out.pooled->ne[0];
+        g.out = ggml_concat(c, ggml_reshape_1d(c, ggml_cont(c, out.hidden), ggml_nelements(out.hidden)),
+                            ggml_reshape_1d(c, ggml_cont(c, out.pooled), ggml_nelements(out.pooled)), 0);
+    }
     return g;
 }
 
-DiffusionGraph build_diffusion_graph(const Model& model, const DiffusionShape& shape) {
+Result<DiffusionGraph> build_diffusion_graph(const Model& model, const DiffusionShape& shape) {
     const models::UnetConfig& uc = model.unet().config();
     DiffusionGraph g;
     g.shape = shape;
     g.session = std::make_unique<runtime::GraphSession>();
     runtime::GraphSession& s = *g.session;
     const int64_t b = shape.batch;
-    std::vector<float> zeros(static_cast<size_t>(
-        std::max(shape.latent_w * shape.latent_h * uc.in_channels, uc.context_dim * shape.tokens) * b));
-    g.x = s.input(GGML_TYPE_F32, {shape.latent_w, shape.latent_h, uc.in_channels, b}, zeros.data(), "x");
-    g.timesteps = s.input(GGML_TYPE_F32, {b}, zeros.data(), "timesteps");
-    g.context = s.input(GGML_TYPE_F32, {uc.context_dim, shape.tokens, b}, zeros.data(), "context");
-    g.out = model.unet().build(s.ctx(), g.x, g.timesteps, g.context, shape.flash_attention);
+    std::vector<float> zeros(static_cast<size_t>(std::max({shape.latent_w * shape.latent_h * uc.in_channels,
+                                                           uc.context_dim * shape.tokens, uc.adm_in_channels}) *
+                                                 b));
+    models::UnetInputs in;
+    in.x = g.x = s.input(GGML_TYPE_F32, {shape.latent_w, shape.latent_h, uc.in_channels, b}, zeros.data(), "x");
+    in.timesteps = g.timesteps = s.input(GGML_TYPE_F32, {b}, zeros.data(), "timesteps");
+    in.context = g.context = s.input(GGML_TYPE_F32, {uc.context_dim, shape.tokens, b}, zeros.data(), "context");
+    if (uc.adm_in_channels > 0) in.y = g.y = s.input(GGML_TYPE_F32, {uc.adm_in_channels, b}, zeros.data(), "y");
+    models::UnetBuildOptions options;
+    options.flash_attention = shape.flash_attention;
+    // The request was validated and the inputs are shaped from the UNet's
+    // own config, so the contract holds; a failure here is a bug.
+    auto out = model.unet().build(s.ctx(), in, options);
+    if (!out.ok()) return Error{"UNet graph: " + out.error().message};
+    g.out = *out;
     return g;
 }
 

@@ -16,7 +16,11 @@ namespace kiln::pipeline {
 // A text encoder over `batch` chunks of `length` tokens.
 struct TextEncoderGraph {
     std::unique_ptr<runtime::GraphSession> session;
-    ggml_tensor* out = nullptr;  // hidden states ne [width, length, batch]
+    // The hidden states ne [width, length, batch], then (when the family
+    // pools this encoder) the pooled vectors ne [projection, batch], as one
+    // flat output: a graph has one output, whatever segments it runs in.
+    ggml_tensor* out = nullptr;
+    int64_t pooled_width = 0;  // 0: no pooled vectors follow
 };
 // `ids`: length * batch token ids (null: zeros); `layer`: clip skip;
 // `extra`: textual-inversion rows [width, rows] (null: none).
@@ -38,9 +42,11 @@ struct DiffusionGraph {
     ggml_tensor* x = nullptr;          // ne [W, H, in_channels, batch]
     ggml_tensor* timesteps = nullptr;  // ne [batch]
     ggml_tensor* context = nullptr;    // ne [context width, tokens, batch]
+    ggml_tensor* y = nullptr;          // ne [adm width, batch]; null unless the UNet has label_emb
     ggml_tensor* out = nullptr;        // ne [W, H, out_channels, batch]
 };
-DiffusionGraph build_diffusion_graph(const Model& model, const DiffusionShape& shape);
+// An error only when the shapes break the UNet's contract (a bug upstream).
+Result<DiffusionGraph> build_diffusion_graph(const Model& model, const DiffusionShape& shape);
 // The number of tokens a job's context has when its prompts fit one chunk.
 int64_t single_chunk_tokens(const Model& model);
 

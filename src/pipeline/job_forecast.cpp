@@ -26,8 +26,9 @@ Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, 
         KILN_TRY(add(*encoder.executor, *g.session, g.out));
     }
     auto add_unet = [&](int64_t b) -> Status {
-        DiffusionGraph g = build_diffusion_graph(model, {lw, lh, b, single_chunk_tokens(model), flash_attention});
-        return add(model.diffusion_compute(), *g.session, g.out);
+        auto g = build_diffusion_graph(model, {lw, lh, b, single_chunk_tokens(model), flash_attention});
+        if (!g.ok()) return g.error();
+        return add(model.diffusion_compute(), *g->session, g->out);
     };
     KILN_TRY(add_unet(batch));
     // A CFG batch that does not fit runs as two passes of one (generate).

@@ -42,13 +42,19 @@ std::vector<std::string> network_probes(models::NetworkKind kind) {
     return {};
 }
 
-// The prefix of the first tensor in `file` that ends with one of `probes`.
-std::optional<std::string> find_prefix(const io::ModelFile& file, const std::vector<std::string>& probes) {
-    for (const std::string& probe : probes) {
+// The prefix of the first tensor in `file` that is one of `prefixes` (any,
+// when empty) followed by one of the network's marker names.
+std::optional<std::string> find_prefix(const io::ModelFile& file, models::NetworkKind network,
+                                       const std::vector<std::string>& prefixes) {
+    for (const std::string& probe : network_probes(network)) {
         for (const io::TensorInfo& t : file.tensors()) {
-            if (t.name.size() >= probe.size() &&
-                t.name.compare(t.name.size() - probe.size(), probe.size(), probe) == 0) {
-                return t.name.substr(0, t.name.size() - probe.size());
+            if (t.name.size() < probe.size() ||
+                t.name.compare(t.name.size() - probe.size(), probe.size(), probe) != 0) {
+                continue;
+            }
+            std::string prefix = t.name.substr(0, t.name.size() - probe.size());
+            if (prefixes.empty() || std::find(prefixes.begin(), prefixes.end(), prefix) != prefixes.end()) {
+                return prefix;
             }
         }
     }
@@ -209,16 +215,14 @@ Status Model::load_networks(const ModelPaths& paths, const ModelOptions& options
         for (size_t i = 0; i < given.size() && !module->file; ++i) {
             if (given[i].flag != spec.flag) continue;
             if (given[i].flag.empty()) break;
-            std::vector<std::string> probes = spec.probes;
-            for (std::string& p : network_probes(spec.network)) probes.push_back(p);
-            auto prefix = find_prefix(*files_[i], probes);
+            auto prefix = find_prefix(*files_[i], spec.network, {});
             if (!prefix) return Error::bad_file(given[i].path + " (" + spec.flag + "): no " + spec.name + " in it");
             module->file = files_[i].get();
             module->prefix = *prefix;
         }
         for (size_t i = given.size(); i-- > 0 && !module->file;) {
             if (!given[i].flag.empty() && given[i].flag != spec.flag) continue;
-            if (auto prefix = find_prefix(*files_[i], spec.probes)) {
+            if (auto prefix = find_prefix(*files_[i], spec.network, spec.prefixes)) {
                 module->file = files_[i].get();
                 module->prefix = *prefix;
             }
@@ -264,6 +268,24 @@ Status Model::load_networks(const ModelPaths& paths, const ModelOptions& options
                                " does not match the UNet's context width " +
                                std::to_string(unet().config().context_dim));
     }
+    // The UNet's vector input must be what the family's conditioning makes.
+    const int64_t adm = unet().config().adm_in_channels;
+    if (family_->conditioning.size_embedding) {
+        int64_t pooled = 0;
+        for (const TextEncoder& te : text_encoders_) {
+            if (te.use->pooled)
+                pooled =
+                    te.network->config().projection > 0 ? te.network->config().projection : te.network->config().width;
+        }
+        if (adm <= pooled || (adm - pooled) % 6 != 0) {
+            return Error::bad_file("the UNet's label_emb takes " + std::to_string(adm) +
+                                   " values, not the pooled width " + std::to_string(pooled) +
+                                   " plus six size embeddings of equal width");
+        }
+    } else if (adm > 0) {
+        return Error::bad_file("the UNet takes a " + std::to_string(adm) + "-wide label_emb vector, which " +
+                               family_->name + " does not make");
+    }
     if (vae().config().latent_channels != unet().config().out_channels) {
         return Error::bad_file("the VAE's latent channels (" + std::to_string(vae().config().latent_channels) +
                                ") do not match the UNet's output channels (" +
@@ -273,9 +295,9 @@ Status Model::load_networks(const ModelPaths& paths, const ModelOptions& options
     for (size_t i = 0; i < given.size(); ++i) {
         if (given[i].flag.empty()) continue;
         for (const models::ModuleSpec& spec : family_->modules) {
-            if (spec.flag != given[i].flag && find_prefix(*files_[i], spec.probes)) {
-                KILN_LOG_WARN("%s: only its %s is used (%s); its %s is not", given[i].path.c_str(),
-                              given[i].flag.c_str(), given[i].flag.c_str(), spec.name.c_str());
+            if (spec.flag != given[i].flag && find_prefix(*files_[i], spec.network, spec.prefixes)) {
+                KILN_LOG_WARN("%s (%s): its %s is not used", given[i].path.c_str(), given[i].flag.c_str(),
+                              spec.name.c_str());
             }
         }
     }

@@ -113,7 +113,7 @@ TEST_F(SdxlTiny, BigGPenultimateAndPooledThroughTextProjection) {
 
     // Pooling at the first EOS by id gives the same vector here.
     models::ClipTextOptions by_id = sdxl_options(true);
-    by_id.pooled_token = 95;
+    by_id.pooled_token = 319;  // EOS of the 320-token vocabulary
     EXPECT_EQ(encode(*enc, "clip_g.tokens", by_id).second, pooled);
 
     // The defaults are SD2's: the last layer, final-normed; build() is that.

@@ -19,13 +19,9 @@ Family make() {
         {"clip_l",
          ModuleRole::TextEncoder,
          NetworkKind::ClipText,
-         {"embedders.0.transformer.text_model.embeddings.token_embedding.weight"},
+         {"conditioner.embedders.0.transformer."},
          "--clip_l"},
-        {"clip_g",
-         ModuleRole::TextEncoder,
-         NetworkKind::ClipText,
-         {"embedders.1.model.token_embedding.weight"},
-         "--clip_g"},
+        {"clip_g", ModuleRole::TextEncoder, NetworkKind::ClipText, {"conditioner.embedders.1.model."}, "--clip_g"},
         unet_module(),
         vae_module(),
     };
@@ -38,6 +34,7 @@ Family make() {
         {"clip_g", /*default_layer=*/2, /*final_norm=*/false, /*pad_token=*/0, /*pooled=*/true},
     };
     f.conditioning.size_embedding = true;
+    f.conditioning.zero_empty_negative = true;
     f.latent.scale = 0.13025f;
     f.defaults.width = 1024;
     f.defaults.height = 1024;
