@@ -216,6 +216,15 @@ Result<std::unique_ptr<Unet>> Unet::create(const io::ModelFile& file, const std:
         c.adm_in_channels = label->shape[1];
     }
 
+    // Head counts a file may fix (small test models); present means valid.
+    for (const char* key : {"kiln.unet.heads", "kiln.unet.head_channels"}) {
+        if (file.metadata().count(key) == 0) continue;
+        const double v = file.metadata_number(key, -1);
+        if (!(v >= 1 && v <= 4096) || v != static_cast<double>(static_cast<int64_t>(v))) {
+            return Error{std::string("metadata ") + key + " is " + file.metadata().at(key).to_string() +
+                         ", expected an integer in [1, 4096]"};
+        }
+    }
     const double fixed_heads = file.metadata_number("kiln.unet.heads", 0);
     const double fixed_head_channels = file.metadata_number("kiln.unet.head_channels", 0);
     if (fixed_heads > 0) {
@@ -224,10 +233,9 @@ Result<std::unique_ptr<Unet>> Unet::create(const io::ModelFile& file, const std:
         c.head_channels = static_cast<int64_t>(fixed_head_channels);
     } else if (c.context_dim == 768) {
         c.heads = 8;
-    } else if (c.adm_in_channels > 0) {
-        c.head_channels = 64;  // sgm's SDXL configs: num_head_channels 64
     } else {
-        c.heads = std::max<int64_t>(1, c.model_channels / 64);
+        // ldm's SD2 and sgm's SDXL configs: num_head_channels 64.
+        c.head_channels = 64;
     }
     for (int64_t ch : c.level_channels) {
         const int64_t heads = c.heads_at(ch);

@@ -6,9 +6,9 @@
 // linear or 1x1-conv transformer projections (SD2 and SDXL use linear), and
 // whether a label_emb takes a vector `y` into the time embedding (SDXL:
 // adm_in_channels 2816, the pooled text embedding and size conditioning).
-// Heads: SD1 (context 768) has 8 per transformer; a UNet with label_emb has
-// 64-wide heads (sgm's num_head_channels 64: 10 at 640 channels, 20 at
-// 1280); others model_channels / 64 heads everywhere. The metadata keys
+// Heads: SD1 (context 768) has 8 per transformer; others have 64-wide heads
+// (ldm's SD2 and sgm's SDXL num_head_channels 64: 5 at 320 channels, 10 at
+// 640, 20 at 1280). The metadata keys
 // "kiln.unet.heads" (a fixed count) and "kiln.unet.head_channels" (a fixed
 // width) override these (small test models).
 #pragma once
