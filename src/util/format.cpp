@@ -1,5 +1,6 @@
 #include "util/format.h"
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 
@@ -33,7 +34,12 @@ std::string grouped(uint64_t value) {
 }
 
 std::string format_number(float value) {
-    char buf[32];
+    char buf[48];
+    // Whole numbers in full ("100", "4294967296"), not "1e+02".
+    if (std::fabs(value) < 1e15f && value == std::trunc(value)) {
+        std::snprintf(buf, sizeof buf, "%.0f", static_cast<double>(value));
+        return buf;
+    }
     for (int precision = 1; precision < 10; ++precision) {
         std::snprintf(buf, sizeof buf, "%.*g", precision, static_cast<double>(value));
         if (std::strtof(buf, nullptr) == value) break;

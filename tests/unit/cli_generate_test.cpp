@@ -204,6 +204,27 @@ TEST(CliGenerate, BadRequestsFailCleanlyWithoutOutput) {
     EXPECT_NE(r.err.find("unsupported image extension"), std::string::npos) << r.err;
 }
 
+// kiln plan runs generation's validation: what a run refuses, the plan refuses.
+TEST(CliGenerate, PlanRefusesWhatGenerationRefuses) {
+    TempDir dir;
+    ASSERT_TRUE(image::write_image(dir.file("small.png"), image::make_image(16, 16, 3, 128)).ok());
+    ASSERT_TRUE(image::write_image(dir.file("init.png"), image::make_image(32, 32, 3, 128)).ok());
+    const std::vector<std::pair<std::string, std::string>> cases = {
+        {"-W 34 -H 32", "width and height must be multiples of 4 for this model (SD1.x), got 34x32"},
+        {"-i " + dir.file("init.png") + " --mask " + dir.file("small.png"),
+         "mask is 16x16 but the init image is 32x32"},
+        {"-i " + dir.file("small.png") + " -W 32 -H 32", "init image is 16x16 but the requested size is 32x32"},
+    };
+    for (const auto& [args, message] : cases) {
+        for (const std::string& mode : {std::string("--dry-run "), std::string("")}) {
+            auto r = run_command(kiln_with_model(mode + "-p x --steps 1 " + args + " -o " + dir.file("out.png")));
+            EXPECT_EQ(r.exit_code, 2) << mode << args << ": " << r.err;
+            EXPECT_EQ(r.err, "error: " + message + "\n") << mode << args;
+            EXPECT_FALSE(exists(dir.file("out.png")));
+        }
+    }
+}
+
 TEST(CliGenerate, ModelThatIsNoKnownFamilyIsAClearError) {
     TempDir dir;
     const std::string junk =

@@ -254,7 +254,7 @@ TEST_F(Memory, BudgetBelowTheLargestSegmentIsOneClearErrorAndTheNextJobRuns) {
     gp.batch_count = 1;
     kiln_image* images = nullptr;
     int count = 0;
-    ASSERT_NE(kiln_generate(small, &gp, &images, &count, &error), 0);
+    ASSERT_EQ(kiln_generate(small, &gp, &images, &count, &error), KILN_ERROR_OUT_OF_MEMORY);
     const std::string message = error;
     kiln_free_string(error);
     EXPECT_EQ(message.rfind("out of memory: diffusion segment '", 0), 0u) << message;

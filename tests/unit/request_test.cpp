@@ -1,0 +1,214 @@
+// The one request validation, error kinds and cancellation, through the C
+// API (include/kiln.h) as every front-end meets them: kiln_generate and
+// kiln_plan refuse the same bad requests with KILN_ERROR_INVALID_REQUEST
+// before any graph is built, bad model metadata is KILN_ERROR_BAD_FILE
+// naming the file and the key, and kiln_cancel stops a job that the next
+// job on the same context survives.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+
+#include "golden.h"
+#include "io/dtype.h"
+#include "io/model_file.h"
+#include "kiln.h"
+#include "test_files.h"
+
+namespace kiln {
+namespace {
+
+using test::TempDir;
+
+struct Context {
+    kiln_context* ctx = nullptr;
+    std::string error;
+    kiln_status status = KILN_OK;
+    ~Context() { kiln_context_free(ctx); }
+};
+
+// A context on `model` (the tiny SD1 golden model unless given), one thread.
+std::unique_ptr<Context> open(const std::string& model = test::golden_path("models/sd1_tiny.safetensors"),
+                              bool plan_only = false) {
+    auto c = std::make_unique<Context>();
+    kiln_context_params cp;
+    kiln_context_params_init(&cp);
+    cp.model_path = model.c_str();
+    const std::string tokenizer = std::string(KILN_FIXTURES_DIR) + "/tiny_tokenizer";
+    cp.tokenizer_path = tokenizer.c_str();
+    cp.n_threads = 1;
+    cp.plan_only = plan_only ? 1 : 0;
+    char* error = nullptr;
+    c->status = kiln_context_create(&cp, &c->ctx, &error);
+    if (error) c->error = error;
+    kiln_free_string(error);
+    return c;
+}
+
+kiln_generation_params small_job() {
+    kiln_generation_params gp;
+    kiln_generation_params_init(&gp);
+    gp.prompt = "a red circle";
+    gp.width = 32;
+    gp.height = 32;
+    gp.steps = 2;
+    return gp;
+}
+
+struct Outcome {
+    kiln_status status;
+    std::string error;
+};
+
+Outcome generate(kiln_context* ctx, const kiln_generation_params& gp) {
+    kiln_image* images = nullptr;
+    int n = 0;
+    char* error = nullptr;
+    const kiln_status status = kiln_generate(ctx, &gp, &images, &n, &error);
+    Outcome o{status, error ? error : ""};
+    kiln_free_string(error);
+    kiln_images_free(images, n);
+    return o;
+}
+
+Outcome plan(kiln_context* ctx, const kiln_generation_params& gp) {
+    char* text = nullptr;
+    char* error = nullptr;
+    int fits = 0;
+    const kiln_status status = kiln_plan(ctx, &gp, &text, &fits, &error);
+    Outcome o{status, error ? error : ""};
+    kiln_free_string(error);
+    kiln_free_string(text);
+    return o;
+}
+
+TEST(Request, GenerateAndPlanRefuseTheSameBadRequests) {
+    auto model = open();
+    ASSERT_EQ(model->status, KILN_OK) << model->error;
+    uint8_t pixels[16 * 16 * 3] = {};
+    const kiln_image small_image{16, 16, 3, pixels, nullptr};
+    struct Case {
+        const char* what;
+        void (*apply)(kiln_generation_params&);
+        const char* message;
+    };
+    static const kiln_image* mask = nullptr;
+    mask = &small_image;
+    const Case cases[] = {
+        {"width not a multiple of the stride", [](kiln_generation_params& p) { p.width = 34; },
+         "width and height must be multiples of 4 for this model (SD1.x), got 34x32"},
+        {"negative height", [](kiln_generation_params& p) { p.height = -32; }, "width and height must be positive"},
+        {"cfg nan", [](kiln_generation_params& p) { p.cfg_scale = std::nanf(""); }, "cfg scale must be a number in"},
+        {"cfg infinite", [](kiln_generation_params& p) { p.cfg_scale = INFINITY; }, "cfg scale must be a number in"},
+        {"cfg too large", [](kiln_generation_params& p) { p.cfg_scale = 1e39f; }, "[0, 100]"},
+        {"steps", [](kiln_generation_params& p) { p.steps = -3; }, "steps must be in [1, 10000], got -3"},
+        {"batch count", [](kiln_generation_params& p) { p.batch_count = 0; }, "batch count must be in [1, 1000]"},
+        {"sampler", [](kiln_generation_params& p) { p.sampler = "fast"; }, "fast"},
+        {"scheduler", [](kiln_generation_params& p) { p.scheduler = "weird"; }, "weird"},
+        {"mask without init image", [](kiln_generation_params& p) { p.mask = mask; }, "--mask needs an init image"},
+        {"init image of another size", [](kiln_generation_params& p) { p.init_image = mask; },
+         "init image is 16x16 but the requested size is 32x32"},
+        {"width above the limit", [](kiln_generation_params& p) { p.width = p.height = 16384 + 4; }, "at most 16384"},
+    };
+    for (const Case& c : cases) {
+        kiln_generation_params gp = small_job();
+        c.apply(gp);
+        for (const Outcome& o : {generate(model->ctx, gp), plan(model->ctx, gp)}) {
+            EXPECT_EQ(o.status, KILN_ERROR_INVALID_REQUEST) << c.what << ": " << o.error;
+            EXPECT_NE(o.error.find(c.message), std::string::npos) << c.what << ": " << o.error;
+        }
+    }
+    // The context still runs a good job.
+    EXPECT_EQ(generate(model->ctx, small_job()).status, KILN_OK);
+}
+
+TEST(Request, CancelStopsTheJobAndTheNextOneRuns) {
+    auto model = open();
+    ASSERT_EQ(model->status, KILN_OK) << model->error;
+    kiln_generation_params gp = small_job();
+    gp.steps = 6;
+    struct Seen {
+        kiln_context* ctx;
+        int last_step = 0;
+    } seen{model->ctx};
+    gp.progress = [](int, int step, int, void* user) {
+        auto* s = static_cast<Seen*>(user);
+        s->last_step = step;
+        if (step == 2) kiln_cancel(s->ctx);
+    };
+    gp.progress_user_data = &seen;
+    const Outcome cancelled = generate(model->ctx, gp);
+    EXPECT_EQ(cancelled.status, KILN_ERROR_CANCELLED) << cancelled.error;
+    EXPECT_EQ(seen.last_step, 2);  // no step ran after the cancel
+    EXPECT_STREQ(kiln_status_name(cancelled.status), "cancelled");
+
+    // A cancel with nothing running does not touch the next job.
+    kiln_cancel(model->ctx);
+    seen.last_step = 0;
+    gp.progress = [](int, int step, int, void* user) { static_cast<Seen*>(user)->last_step = step; };
+    EXPECT_EQ(generate(model->ctx, gp).status, KILN_OK);
+    EXPECT_EQ(seen.last_step, 6);
+}
+
+TEST(Request, StatusNamesAreTheErrorKinds) {
+    EXPECT_STREQ(kiln_status_name(KILN_OK), "ok");
+    EXPECT_STREQ(kiln_status_name(KILN_ERROR_INVALID_REQUEST), "invalid request");
+    EXPECT_STREQ(kiln_status_name(KILN_ERROR_BAD_FILE), "bad file");
+    EXPECT_STREQ(kiln_status_name(KILN_ERROR_OUT_OF_MEMORY), "out of memory");
+    EXPECT_STREQ(kiln_status_name(KILN_ERROR_INTERNAL), "internal");
+}
+
+// The tiny SD1 model rewritten with one more metadata key.
+std::string with_metadata(const TempDir& dir, const std::string& key, const std::string& value) {
+    auto model = io::ModelFile::open({test::golden_path("models/sd1_tiny.safetensors")});
+    EXPECT_TRUE(model.ok());
+    std::vector<test::SafetensorsEntry> entries;
+    for (const io::TensorInfo& t : model->tensors()) {
+        const uint8_t* data = model->data(t);
+        entries.push_back({t.name, io::dtype_name(t.dtype), t.shape, std::vector<uint8_t>(data, data + t.nbytes)});
+    }
+    std::vector<std::pair<std::string, std::string>> metadata = {{key, value}};
+    for (const auto& [k, v] : model->metadata()) {
+        if (k != key) metadata.emplace_back(k, v.to_string());
+    }
+    return dir.write("bad.safetensors", test::build_safetensors(entries, metadata));
+}
+
+TEST(Request, BadModelMetadataIsABadFileNamingTheKey) {
+    TempDir dir;
+    const struct {
+        const char* key;
+        const char* value;
+        const char* message;
+    } cases[] = {
+        {"kiln.default.width", "0", "metadata kiln.default.width is 0, expected [4, 16384]"},
+        {"kiln.default.height", "4294967295", "metadata kiln.default.height is 4294967295"},
+        {"kiln.default.width", "-64", "metadata kiln.default.width is -64"},
+        {"kiln.default.width", "42", "not a multiple of the model's size stride 4"},
+        {"kiln.default.steps", "4294967295", "metadata kiln.default.steps is 4294967295, expected [1, 10000]"},
+        {"kiln.default.cfg_scale", "nan", "metadata kiln.default.cfg_scale is not a number: 'nan'"},
+        {"kiln.default.sampler", "bogus", "metadata kiln.default.sampler: "},
+        {"kiln.vae.scale_factor", "0", "metadata kiln.vae.scale_factor is 0"},
+        {"kiln.prediction", "x", "metadata kiln.prediction is 'x', expected eps or v"},
+        {"kiln.unet.heads", "3", "do not split into attention heads"},
+        {"kiln.unet.heads", "0", "metadata kiln.unet.heads is 0, expected an integer in [1, 4096]"},
+        {"kiln.unet.heads", "4294967295", "metadata kiln.unet.heads is 4294967295"},
+    };
+    for (const auto& c : cases) {
+        const std::string path = with_metadata(dir, c.key, c.value);
+        auto model = open(path);
+        EXPECT_EQ(model->status, KILN_ERROR_BAD_FILE) << c.key << "=" << c.value << ": " << model->error;
+        EXPECT_NE(model->error.find(c.message), std::string::npos) << c.key << "=" << c.value << ": " << model->error;
+        EXPECT_NE(model->error.find(path), std::string::npos) << model->error;
+    }
+}
+
+TEST(Request, PlanOnlyContextCannotGenerate) {
+    auto model = open(test::golden_path("models/sd1_tiny.safetensors"), /*plan_only=*/true);
+    ASSERT_EQ(model->status, KILN_OK) << model->error;
+    EXPECT_EQ(plan(model->ctx, small_job()).status, KILN_OK);
+    EXPECT_EQ(generate(model->ctx, small_job()).status, KILN_ERROR_INVALID_REQUEST);
+}
+
+}  // namespace
+}  // namespace kiln
