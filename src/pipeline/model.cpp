@@ -10,6 +10,7 @@
 #include "pipeline/request.h"
 #include "pipeline/samplers.h"
 #include "pipeline/schedulers.h"
+#include "runtime/device_books.h"
 #include "runtime/devices.h"
 #include "runtime/host_memory.h"
 #include "util/format.h"
@@ -125,7 +126,13 @@ runtime::ModuleWeights& Module::weights() {
 const runtime::ModuleWeights& Module::weights() const { return const_cast<Module*>(this)->weights(); }
 
 Model::~Model() {
+    // The books outlive this model (other models share them): give back
+    // everything it holds there.
     for (auto& module : modules_) module->executor.reset();
+    for (auto& [name, store] : stores_) {
+        for (auto& module : modules_) store->drop_module(module->weights());
+    }
+    for (auto& [module, reservation] : reserved_params_) reservation.first->release(reservation.second);
     stores_.clear();
 }
 
@@ -382,9 +389,10 @@ Status Model::place_modules(const ModelOptions& options) {
         if (!dev.ok()) return Error{"--backend: " + dev.error().message};
         return *dev;
     };
+    // The device's books, shared with every other model of the process.
     auto ledger_for = [&](const std::string& name, ggml_backend_dev_t dev) -> runtime::DeviceLedger& {
         auto& ledger = ledgers_[name];
-        if (!ledger) ledger = std::make_unique<runtime::DeviceLedger>(dev, options.placement.budgets.for_device(name));
+        if (!ledger) ledger = runtime::shared_ledger(name, dev, options.placement.budgets.for_device(name));
         return *ledger;
     };
     // What each module needs to load its weights once placement is final.
@@ -397,7 +405,6 @@ Status Model::place_modules(const ModelOptions& options) {
         ggml_backend_t backend = nullptr;
         ggml_backend_buffer_type_t params_buft = nullptr;
         runtime::DeviceLedger* params_ledger = nullptr;  // weights kept on a device are counted there
-        uint64_t reserved = 0;
     };
     // In placement's priority order: diffusion, text encoders, VAE. A
     // module's executor is named by its role ("te"), or role and network
@@ -416,10 +423,12 @@ Status Model::place_modules(const ModelOptions& options) {
     }
     // Records a module's params location (and the bytes it keeps on a device).
     auto place_params = [&](Placed& m, runtime::ParamsLocation where) -> Status {
-        if (m.params_ledger) m.params_ledger->release(m.reserved);
+        if (auto r = reserved_params_.find(m.name); r != reserved_params_.end()) {
+            r->second.first->release(r->second.second);
+            reserved_params_.erase(r);
+        }
         m.params_ledger = nullptr;
         m.params_buft = nullptr;
-        m.reserved = 0;
         const bool on_cpu = m.placement->compute_device == "CPU";
         if (on_cpu && where == runtime::ParamsLocation::Host) where = runtime::ParamsLocation::ComputeDevice;
         m.placement->params = where;
@@ -444,7 +453,7 @@ Status Model::place_modules(const ModelOptions& options) {
                 " (keep them in RAM with --params-backend " + m.role + "=cpu, or on disk)");
         }
         m.params_ledger->add(need);
-        m.reserved = need;
+        reserved_params_[m.name] = {m.params_ledger, need};
         return Status::Ok();
     };
     for (Placed& m : modules) {
@@ -456,9 +465,13 @@ Status Model::place_modules(const ModelOptions& options) {
         if (!compute.ok()) return compute.error();
         m.backend = (*compute)->weights_backend();
         m.weights->set_computes_on_cpu(*dev == nullptr);
-        runtime::DeviceLedger& ledger = ledger_for(m.placement->compute_device, *dev);
+        ledger_for(m.placement->compute_device, *dev);
         auto& store = stores_[m.placement->compute_device];
-        if (!store) store = std::make_unique<runtime::WeightStore>(ledger, (*compute)->buffer_type());
+        if (!store) {
+            store = runtime::shared_store(m.placement->compute_device, *dev,
+                                          options.placement.budgets.for_device(m.placement->compute_device),
+                                          (*compute)->buffer_type());
+        }
         runtime::ExecutorOptions executor_options = options.executor;
         executor_options.cancel = &cancel_;
         *m.executor = std::make_unique<runtime::Executor>(m.name, std::move(compute).value(), *m.weights, *store,

@@ -115,7 +115,7 @@ class Model {
     const std::vector<ModulePlacement>& placement() const { return placement_; }
     const ModuleBytes& module_bytes() const { return module_bytes_; }
     // The ledgers of the devices in use, by device name.
-    const std::map<std::string, std::unique_ptr<runtime::DeviceLedger>>& ledgers() const { return ledgers_; }
+    const std::map<std::string, std::shared_ptr<runtime::DeviceLedger>>& ledgers() const { return ledgers_; }
     // Frees the compute copies and workspaces the memory system keeps
     // between jobs (a job ended with an error, or the caller wants the room).
     void release_caches();
@@ -143,13 +143,17 @@ class Model {
     EmbeddingTable embeddings_;
     std::vector<ModulePlacement> placement_;
     ModuleBytes module_bytes_;
-    // The networks (their weights) outlive the stores that hold copies of
-    // them, and the stores outlive the executors that use them: ~Model()
-    // ends the executors first, then the stores, then the rest.
+    // The networks (their weights) outlive this model's hold on the stores
+    // that keep copies of them, and the stores outlive the executors that
+    // use them: ~Model() ends the executors, drops the copies from the
+    // stores, gives back the params bytes it reserved, then the rest.
     std::vector<std::unique_ptr<Module>> modules_;
     std::vector<TextEncoder> text_encoders_;
-    std::map<std::string, std::unique_ptr<runtime::DeviceLedger>> ledgers_;
-    std::map<std::string, std::unique_ptr<runtime::WeightStore>> stores_;
+    // The device books this model uses (runtime/device_books.h, shared).
+    std::map<std::string, std::shared_ptr<runtime::DeviceLedger>> ledgers_;
+    std::map<std::string, std::shared_ptr<runtime::WeightStore>> stores_;
+    // Params kept on a device, by executor name: the ledger and the bytes.
+    std::map<std::string, std::pair<runtime::DeviceLedger*, uint64_t>> reserved_params_;
     Module* diffusion_ = nullptr;
     Module* vae_ = nullptr;
     std::atomic<bool> cancel_{false};

@@ -193,6 +193,16 @@ void WeightStore::evict(WeightBlock& block) {
     }
 }
 
+void WeightStore::drop_module(const ModuleWeights& module) {
+    for (auto& b : blocks_) {
+        if (b->module != &module) continue;
+        evict(*b);
+        for (ggml_tensor* w : b->tensors) by_tensor_.erase(w);
+        b.reset();
+    }
+    blocks_.erase(std::remove(blocks_.begin(), blocks_.end(), nullptr), blocks_.end());
+}
+
 void WeightStore::evict_all() {
     for (auto& b : blocks_) {
         if (b->pins == 0 && b->resident()) evict(*b);

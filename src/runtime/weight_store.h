@@ -91,6 +91,9 @@ class WeightStore {
     int prefetch(const std::vector<WeightBlock*>& blocks, ggml_backend_t backend, uint64_t limit);
     // Frees every unpinned compute copy (a job ends, or a module is done).
     void evict_all();
+    // Frees and forgets every block of `module` (its model is going away;
+    // the store lives on for other models on the device). None may be pinned.
+    void drop_module(const ModuleWeights& module);
 
     // Bytes eviction and reclaiming could free now: unpinned blocks and the
     // idle workspaces of runners.

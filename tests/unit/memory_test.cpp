@@ -17,6 +17,7 @@
 
 #include <cctype>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -278,6 +279,83 @@ TEST_F(Memory, BudgetBelowTheLargestSegmentIsOneClearErrorAndTheNextJobRuns) {
     EXPECT_EQ(count, 1);
     kiln_images_free(images, count);
     kiln_context_free(big);
+}
+
+// The byte count human_bytes() printed at text[at] ("12.0 KiB", "512 B").
+double parse_bytes(const std::string& text, size_t at) {
+    char* end = nullptr;
+    const double value = std::strtod(text.c_str() + at, &end);
+    const std::string unit(end + 1, std::strchr(end + 1, ' ') ? std::strchr(end + 1, ' ') : end + 1 + 3);
+    const std::map<std::string, double> scale = {{"B", 1}, {"KiB", 1024}, {"MiB", 1 << 20}, {"GiB", 1 << 30}};
+    EXPECT_TRUE(scale.count(unit)) << "unit '" << unit << "' in " << text;
+    return scale.count(unit) ? value * scale.at(unit) : 0;
+}
+
+// What the memory report says `ctx`'s device holds now and at its peak.
+struct DeviceBytes {
+    double now = 0, peak = 0;
+};
+DeviceBytes device_bytes(kiln_context* ctx) {
+    char* report = kiln_memory_report(ctx);
+    const std::string text = report;
+    kiln_free_string(report);
+    const std::string head = dev() + " peak ";
+    const size_t at = text.find(head);
+    EXPECT_NE(at, std::string::npos) << text;
+    if (at == std::string::npos) return {};
+    return {parse_bytes(text, text.find(" now ", at) + 5), parse_bytes(text, at + head.size())};
+}
+
+// Budgets belong to the device: two models of one process on one device
+// share its ledger and store, both generate under one budget, and the
+// managed bytes never exceed it.
+TEST_F(Memory, TwoModelsOnOneDeviceShareItsBudget) {
+    const std::string budget = dev() + "=64M";
+    kiln_context_params cp;
+    kiln_context_params_init(&cp);
+    cp.model_path = KILN_DEFAULT_MODEL;
+    const std::string backend = "diffusion=" + dev() + ",te=" + dev() + ",vae=cpu";
+    cp.backend = backend.c_str();
+    cp.max_vram = budget.c_str();  // weights stay on the device (the default params location)
+    cp.n_threads = 1;
+    char* error = nullptr;
+    kiln_context* first = nullptr;
+    ASSERT_EQ(kiln_context_create(&cp, &first, &error), KILN_OK) << error;
+    const double one = device_bytes(first).now;
+    EXPECT_GT(one, 0);  // its UNet and text encoder weights
+    kiln_context* second = nullptr;
+    ASSERT_EQ(kiln_context_create(&cp, &second, &error), KILN_OK) << error;
+    // The second model's books are the first's, holding both models' weights.
+    EXPECT_NEAR(device_bytes(second).now, 2.0 * one, 0.02 * one);
+    EXPECT_EQ(device_bytes(first).now, device_bytes(second).now);
+
+    kiln_generation_params gp;
+    kiln_generation_params_init(&gp);
+    gp.prompt = "a red circle on a white background";
+    gp.steps = 2;
+    gp.seed = 1;
+    std::vector<std::vector<uint8_t>> pixels;
+    for (kiln_context* ctx : {first, second, first}) {
+        kiln_image* images = nullptr;
+        int count = 0;
+        ASSERT_EQ(kiln_generate(ctx, &gp, &images, &count, &error), KILN_OK) << error;
+        pixels.emplace_back(images[0].data, images[0].data + images[0].width * images[0].height * 3);
+        kiln_images_free(images, count);
+    }
+    EXPECT_EQ(pixels[0], pixels[1]);
+    EXPECT_EQ(pixels[0], pixels[2]);
+    // The shared ledger's peak stays within the budget.
+    EXPECT_LE(device_bytes(second).peak, 64.0 * (1 << 20));
+    EXPECT_GT(device_bytes(second).peak, 2.0 * one);
+
+    // A model that goes gives its bytes back to the books the other keeps:
+    // at least its weights (and its idle workspaces); the other's stay.
+    const double before = device_bytes(second).now;
+    kiln_context_free(first);
+    const double after = device_bytes(second).now;
+    EXPECT_LE(after, before - 0.98 * one);
+    EXPECT_GE(after, one);
+    kiln_context_free(second);
 }
 
 TEST_F(Memory, TwentyStepCfgRunBuildsEachPlanOnce) {
