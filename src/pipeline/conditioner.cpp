@@ -21,20 +21,11 @@ struct EncodedChunks {
     int64_t chunks = 0;
 };
 
-Result<EncodedChunks> encode_chunks(Model& model, const TextEncoder& encoder, const std::string& prompt, int clip_skip,
-                                    size_t min_chunks) {
+Result<EncodedChunks> encode_chunks(Model& model, const TextEncoder& encoder, const std::string& prompt,
+                                    int clip_skip) {
     const models::TextEncoderUse& use = *encoder.use;
     TokenChunks chunks = tokenize_with_weights(model.tokenizer(), prompt, chunk_options(use));
-    const int32_t pad = use.pad_token < 0 ? model.tokenizer().eos_id() : use.pad_token;
     const size_t length = chunks.tokens.front().size();
-    while (chunks.tokens.size() < min_chunks) {
-        // An empty chunk: BOS, EOS, padding.
-        std::vector<int32_t> empty(length, pad);
-        empty[0] = model.tokenizer().bos_id();
-        empty[1] = model.tokenizer().eos_id();
-        chunks.tokens.push_back(std::move(empty));
-        chunks.weights.emplace_back(length, 1.0f);
-    }
     const models::ClipTextEncoder& clip = *encoder.network;
     const int64_t width = clip.config().width;
     if (static_cast<int64_t>(length) > clip.config().context) {
@@ -73,17 +64,12 @@ Result<EncodedChunks> encode_chunks(Model& model, const TextEncoder& encoder, co
 
 }  // namespace
 
-size_t prompt_chunk_count(const Model& model, const std::string& prompt) {
-    return tokenize_with_weights(model.tokenizer(), prompt, chunk_options(*model.text_encoders().front().use))
-        .tokens.size();
-}
-
-Result<Conditioning> encode_prompt(Model& model, const std::string& prompt, int clip_skip, size_t min_chunks) {
+Result<Conditioning> encode_prompt(Model& model, const std::string& prompt, int clip_skip) {
     Conditioning c;
     std::vector<std::vector<float>> parts;
     std::vector<int64_t> widths;
     for (const TextEncoder& encoder : model.text_encoders()) {
-        auto encoded = encode_chunks(model, encoder, prompt, clip_skip, min_chunks);
+        auto encoded = encode_chunks(model, encoder, prompt, clip_skip);
         if (!encoded.ok()) return encoded.error();
         c.tokens = encoded->length * encoded->chunks;
         widths.push_back(encoder.network->config().width);

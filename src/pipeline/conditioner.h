@@ -27,12 +27,8 @@ struct Conditioning {
 };
 
 // Encodes `prompt` with every text encoder of the model's family, each at
-// layer `clip_skip` from the end (<= 0: the family's default). With
-// min_chunks, pads with empty chunks so that a negative prompt has as many
-// tokens as its positive (CFG needs both the same length).
-Result<Conditioning> encode_prompt(Model& model, const std::string& prompt, int clip_skip, size_t min_chunks = 1);
-
-// How many 77-token chunks `prompt` takes.
-size_t prompt_chunk_count(const Model& model, const std::string& prompt);
+// layer `clip_skip` from the end (<= 0: the family's default), in as many
+// 77-token chunks as the prompt takes.
+Result<Conditioning> encode_prompt(Model& model, const std::string& prompt, int clip_skip);
 
 }  // namespace kiln::pipeline

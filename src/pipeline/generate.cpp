@@ -22,8 +22,11 @@ namespace {
 // passes, the context change), so a step costs no graph build and, with
 // nothing else computed in between, no new allocation.
 struct UnetGraph {
-    DiffusionGraph graph;
-    // The CFG batch of two did not fit: the passes run one at a time.
+    // By batch and token count: the CFG batch, or the two passes apart (one
+    // graph, or two when the prompts' contexts differ in length).
+    std::vector<DiffusionGraph> graphs;
+    // The CFG batch of two did not fit, or the contexts differ in length:
+    // the passes run one at a time.
     bool separate_passes = false;
 };
 
@@ -52,12 +55,16 @@ Result<std::vector<float>> run_unet_batch(Model& model, const std::vector<float>
         }
     }
     std::vector<float> timesteps(static_cast<size_t>(batch), t);
-    DiffusionGraph& g = unet.graph;
-    if (!g.session || g.shape.batch != batch || g.shape.tokens != tokens) {
+    auto found = std::find_if(unet.graphs.begin(), unet.graphs.end(), [&](const DiffusionGraph& g) {
+        return g.shape.batch == batch && g.shape.tokens == tokens;
+    });
+    if (found == unet.graphs.end()) {
         auto built = build_diffusion_graph(model, {p.latent_w, p.latent_h, batch, tokens, p.flash_attention});
         if (!built.ok()) return built.error();
-        g = std::move(built).value();
+        unet.graphs.push_back(std::move(built).value());
+        found = unet.graphs.end() - 1;
     }
+    DiffusionGraph& g = *found;
     g.session->set_input(g.x, input.data());
     g.session->set_input(g.timesteps, timesteps.data());
     g.session->set_input(g.context, context.data());
@@ -73,15 +80,13 @@ Result<std::vector<float>> run_unet_batch(Model& model, const std::vector<float>
 // One UNet evaluation: the conditional pass and, with CFG, the unconditional
 // one, as one batch of two so every weight is read once per step; when the
 // batch does not fit (or p.batch_cfg is off), as two passes of one that
-// share one plan.
+// share one plan; when the two contexts differ in length, as two passes of
+// their own lengths.
 Result<std::vector<float>> run_unet(Model& model, const std::vector<float>& x, float sigma, const SamplingRun& p,
                                     const Conditioning& cond, const Conditioning* uncond, UnetGraph& graph) {
     const int64_t latent_values = p.latent_w * p.latent_h * model.unet().config().out_channels;
     if (static_cast<int64_t>(x.size()) != latent_values) return Error{"latent has the wrong size for the UNet"};
-    if (uncond && uncond->tokens != cond.tokens) {
-        return Error{"conditional and unconditional contexts differ in length"};
-    }
-    if (!p.batch_cfg) graph.separate_passes = true;
+    if (!p.batch_cfg || (uncond && uncond->tokens != cond.tokens)) graph.separate_passes = true;
     std::vector<float> c_out, u_out;
     if (uncond && !graph.separate_passes) {
         std::vector<float> context(cond.hidden);
@@ -96,6 +101,8 @@ Result<std::vector<float>> run_unet(Model& model, const std::vector<float>& x, f
             KILN_LOG_WARN("the CFG batch of two does not fit (%s); running the two passes one after the other",
                           both.error().message.c_str());
             graph.separate_passes = true;
+            // Its inputs and kept activations would hold room the passes need.
+            graph.graphs.clear();
         } else {
             return both.error();
         }
@@ -229,6 +236,23 @@ Status prepare_inpainting(Model& model, const image::Image& init, const image::I
     return Status::Ok();
 }
 
+// Each prompt conditions its pass with its own chunks, as sd-cli and
+// A1111's default do (no padding with empty chunks). When one side's chunk
+// count divides the other's, its chunks are repeated to the same length, as
+// ComfyUI does: attention over k copies of the same keys and values gives
+// the same result, and the CFG batch of two stays possible. Otherwise the
+// two passes run apart (run_unet).
+void match_context_lengths(Conditioning& cond, Conditioning& uncond) {
+    Conditioning& shorter = cond.tokens < uncond.tokens ? cond : uncond;
+    const Conditioning& longer = cond.tokens < uncond.tokens ? uncond : cond;
+    if (shorter.tokens == longer.tokens || shorter.tokens == 0 || longer.tokens % shorter.tokens != 0) return;
+    const std::vector<float> once = shorter.hidden;
+    for (int64_t copies = longer.tokens / shorter.tokens; copies > 1; --copies) {
+        shorter.hidden.insert(shorter.hidden.end(), once.begin(), once.end());
+    }
+    shorter.tokens = longer.tokens;
+}
+
 }  // namespace
 
 Result<std::vector<float>> sample_latent(Model& model, const SamplingRun& run, std::vector<float> x,
@@ -311,9 +335,7 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
 
     const bool use_cfg = p.cfg != 1.0f;
     const Clock::time_point encoding_start = Clock::now();
-    const size_t chunks = std::max(prompt_chunk_count(model, request.prompt),
-                                   use_cfg ? prompt_chunk_count(model, request.negative_prompt) : size_t(1));
-    auto cond = encode_prompt(model, request.prompt, request.clip_skip, chunks);
+    auto cond = encode_prompt(model, request.prompt, request.clip_skip);
     if (!cond.ok()) return cond.error();
     std::optional<Conditioning> uncond;
     if (use_cfg) {
@@ -323,10 +345,11 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
             std::fill(uncond->hidden.begin(), uncond->hidden.end(), 0.0f);
             std::fill(uncond->pooled.begin(), uncond->pooled.end(), 0.0f);
         } else {
-            auto encoded = encode_prompt(model, request.negative_prompt, request.clip_skip, chunks);
+            auto encoded = encode_prompt(model, request.negative_prompt, request.clip_skip);
             if (!encoded.ok()) return encoded.error();
             uncond = std::move(encoded).value();
         }
+        match_context_lengths(*cond, *uncond);
     }
     if (model.family().conditioning.size_embedding) {
         // sd-cli's micro-conditioning: original size = target size = the
