@@ -81,12 +81,13 @@ SpatialTransformer declare_transformer(runtime::ModuleWeights& w, const std::str
     return t;
 }
 
-ggml_tensor* apply_res(ggml_context* ctx, const ResBlock& r, ggml_tensor* x, ggml_tensor* emb) {
-    ggml_tensor* h = nn::conv2d(ctx, r.in_conv, ggml_silu(ctx, nn::group_norm(ctx, r.in_norm, x)));
+ggml_tensor* apply_res(ggml_context* ctx, nn::ComputeTarget target, const ResBlock& r, ggml_tensor* x,
+                       ggml_tensor* emb) {
+    ggml_tensor* h = nn::conv2d(ctx, target, r.in_conv, ggml_silu(ctx, nn::group_norm(ctx, r.in_norm, x)));
     ggml_tensor* e = nn::linear(ctx, r.emb, ggml_silu(ctx, emb));  // [out, B]
     h = ggml_add(ctx, h, ggml_reshape_4d(ctx, e, 1, 1, e->ne[0], e->ne[1]));
-    h = nn::conv2d(ctx, r.out_conv, ggml_silu(ctx, nn::group_norm(ctx, r.out_norm, h)));
-    return ggml_add(ctx, r.skip ? nn::conv2d(ctx, *r.skip, x) : x, h);
+    h = nn::conv2d(ctx, target, r.out_conv, ggml_silu(ctx, nn::group_norm(ctx, r.out_norm, h)));
+    return ggml_add(ctx, r.skip ? nn::conv2d(ctx, target, *r.skip, x) : x, h);
 }
 
 ggml_tensor* apply_transformer(ggml_context* ctx, const SpatialTransformer& t, ggml_tensor* x, ggml_tensor* context,
@@ -361,7 +362,8 @@ Result<ggml_tensor*> Unet::build(ggml_context* ctx, const UnetInputs& inputs, co
     // 32 MiB L3 (full-size SD1.5 at 512x512, 2 threads: UNet step 13.9 s -> 13.5 s,
     // peak RSS of the first step 2.96 GiB -> 2.21 GiB).
     constexpr int64_t kCpuScoresBlockBytes = 8ll << 20;
-    if (weights_->computes_on_cpu()) attn.scores_block_bytes = kCpuScoresBlockBytes;
+    const nn::ComputeTarget target = options.target;
+    if (target == nn::ComputeTarget::Cpu) attn.scores_block_bytes = kCpuScoresBlockBytes;
     ggml_tensor* emb = ggml_timestep_embedding(ctx, inputs.timesteps, static_cast<int>(c.model_channels), 10000);
     emb = nn::linear(ctx, b.time2, ggml_silu(ctx, nn::linear(ctx, b.time1, emb)));
     if (inputs.y) {
@@ -371,33 +373,33 @@ Result<ggml_tensor*> Unet::build(ggml_context* ctx, const UnetInputs& inputs, co
     }
 
     std::vector<ggml_tensor*> skips;
-    ggml_tensor* h = nn::mark_cut(nn::conv2d(ctx, b.conv_in, x), "input_blocks.0");
+    ggml_tensor* h = nn::mark_cut(nn::conv2d(ctx, target, b.conv_in, x), "input_blocks.0");
     skips.push_back(h);
     for (size_t i = 0; i < b.input.size(); ++i) {
         const UnetBlock& block = b.input[i];
         if (block.down) {
-            h = nn::conv2d(ctx, *block.down, h);
+            h = nn::conv2d(ctx, target, *block.down, h);
         } else {
-            h = apply_res(ctx, *block.res, h, emb);
+            h = apply_res(ctx, target, *block.res, h, emb);
             if (block.attn) h = apply_transformer(ctx, *block.attn, h, context, c, attn);
         }
         h = nn::mark_cut(h, "input_blocks." + std::to_string(i + 1));
         skips.push_back(h);
     }
-    h = apply_res(ctx, *b.mid_res1.res, h, emb);
+    h = apply_res(ctx, target, *b.mid_res1.res, h, emb);
     if (b.mid_attn) h = apply_transformer(ctx, *b.mid_attn, h, context, c, attn);
-    h = nn::mark_cut(apply_res(ctx, *b.mid_res2.res, h, emb), "middle_block");
+    h = nn::mark_cut(apply_res(ctx, target, *b.mid_res2.res, h, emb), "middle_block");
     for (size_t i = 0; i < b.output.size(); ++i) {
         const UnetBlock& block = b.output[i];
         h = ggml_concat(ctx, h, skips.back(), 2);
         skips.pop_back();
-        h = apply_res(ctx, *block.res, h, emb);
+        h = apply_res(ctx, target, *block.res, h, emb);
         if (block.attn) h = apply_transformer(ctx, *block.attn, h, context, c, attn);
-        if (block.up) h = nn::conv2d(ctx, *block.up, nn::upsample_nearest_2x(ctx, h));
+        if (block.up) h = nn::conv2d(ctx, target, *block.up, nn::upsample_nearest_2x(ctx, h));
         h = nn::mark_cut(h, "output_blocks." + std::to_string(i));
     }
     h = ggml_silu(ctx, nn::group_norm(ctx, b.out_norm, h));
-    return nn::conv2d(ctx, b.conv_out, h);
+    return nn::conv2d(ctx, target, b.conv_out, h);
 }
 
 }  // namespace kiln::models

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "io/model_file.h"
+#include "nn/layers.h"
 #include "runtime/module_weights.h"
 #include "util/result.h"
 
@@ -57,6 +58,8 @@ struct UnetInputs {
 
 struct UnetBuildOptions {
     bool flash_attention = false;  // ggml's fused kernel: K/V in F16, not bit-identical
+    // Where the graph computes (nn::conv2d's form, attention score blocks).
+    nn::ComputeTarget target = nn::ComputeTarget::Cpu;
 };
 
 class Unet {

@@ -52,28 +52,29 @@ Mid declare_mid(runtime::ModuleWeights& w, const std::string& p, int64_t ch, boo
     return m;
 }
 
-ggml_tensor* apply_resnet(ggml_context* ctx, const ResnetBlock& r, ggml_tensor* x) {
-    ggml_tensor* h = nn::conv2d(ctx, r.conv1, ggml_silu(ctx, nn::group_norm(ctx, r.norm1, x, 32, kEps)));
-    h = nn::conv2d(ctx, r.conv2, ggml_silu(ctx, nn::group_norm(ctx, r.norm2, h, 32, kEps)));
-    return ggml_add(ctx, r.shortcut ? nn::conv2d(ctx, *r.shortcut, x) : x, h);
+ggml_tensor* apply_resnet(ggml_context* ctx, nn::ComputeTarget target, const ResnetBlock& r, ggml_tensor* x) {
+    ggml_tensor* h = nn::conv2d(ctx, target, r.conv1, ggml_silu(ctx, nn::group_norm(ctx, r.norm1, x, 32, kEps)));
+    h = nn::conv2d(ctx, target, r.conv2, ggml_silu(ctx, nn::group_norm(ctx, r.norm2, h, 32, kEps)));
+    return ggml_add(ctx, r.shortcut ? nn::conv2d(ctx, target, *r.shortcut, x) : x, h);
 }
 
-ggml_tensor* apply_attn(ggml_context* ctx, const AttnBlock& a, ggml_tensor* x) {
+ggml_tensor* apply_attn(ggml_context* ctx, nn::ComputeTarget target, const AttnBlock& a, ggml_tensor* x) {
     const int64_t W = x->ne[0], H = x->ne[1], C = x->ne[2], B = x->ne[3];
     ggml_tensor* h = nn::group_norm(ctx, a.norm, x, 32, kEps);
     auto tokens = [&](ggml_tensor* img) {  // [W, H, C, B] -> [C, W*H, B]
         return ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_3d(ctx, img, W * H, C, B), 1, 0, 2, 3));
     };
-    ggml_tensor* out = nn::attention(ctx, tokens(nn::conv2d(ctx, a.q, h)), tokens(nn::conv2d(ctx, a.k, h)),
-                                     tokens(nn::conv2d(ctx, a.v, h)), nn::AttentionOptions{1, false, false});
+    ggml_tensor* out =
+        nn::attention(ctx, tokens(nn::conv2d(ctx, target, a.q, h)), tokens(nn::conv2d(ctx, target, a.k, h)),
+                      tokens(nn::conv2d(ctx, target, a.v, h)), nn::AttentionOptions{1, false, false});
     out = ggml_reshape_4d(ctx, ggml_cont(ctx, ggml_permute(ctx, out, 1, 0, 2, 3)), W, H, C, B);
-    return ggml_add(ctx, x, nn::conv2d(ctx, a.proj, out));
+    return ggml_add(ctx, x, nn::conv2d(ctx, target, a.proj, out));
 }
 
-ggml_tensor* apply_mid(ggml_context* ctx, const Mid& m, ggml_tensor* x) {
-    x = apply_resnet(ctx, m.block1, x);
-    if (m.attn) x = apply_attn(ctx, *m.attn, x);
-    return apply_resnet(ctx, m.block2, x);
+ggml_tensor* apply_mid(ggml_context* ctx, nn::ComputeTarget target, const Mid& m, ggml_tensor* x) {
+    x = apply_resnet(ctx, target, m.block1, x);
+    if (m.attn) x = apply_attn(ctx, target, *m.attn, x);
+    return apply_resnet(ctx, target, m.block2, x);
 }
 
 }  // namespace
@@ -181,33 +182,33 @@ void Vae::declare() {
     b.dec_out = nn::declare_conv2d(w, "decoder.conv_out", ch, c.image_channels, 3, 1, 1);
 }
 
-ggml_tensor* Vae::build_decoder(ggml_context* ctx, ggml_tensor* latent) const {
+ggml_tensor* Vae::build_decoder(ggml_context* ctx, ggml_tensor* latent, nn::ComputeTarget target) const {
     const Blocks& b = *blocks_;
-    ggml_tensor* h = nn::conv2d(ctx, b.dec_in, nn::conv2d(ctx, b.post_quant, latent));
-    h = nn::mark_cut(apply_mid(ctx, b.dec_mid, h), "decoder.mid");
+    ggml_tensor* h = nn::conv2d(ctx, target, b.dec_in, nn::conv2d(ctx, target, b.post_quant, latent));
+    h = nn::mark_cut(apply_mid(ctx, target, b.dec_mid, h), "decoder.mid");
     for (int level = static_cast<int>(b.up.size()) - 1; level >= 0; --level) {
-        for (const ResnetBlock& r : b.up[level]) h = apply_resnet(ctx, r, h);
-        if (b.upsample[level]) h = nn::conv2d(ctx, *b.upsample[level], nn::upsample_nearest_2x(ctx, h));
+        for (const ResnetBlock& r : b.up[level]) h = apply_resnet(ctx, target, r, h);
+        if (b.upsample[level]) h = nn::conv2d(ctx, target, *b.upsample[level], nn::upsample_nearest_2x(ctx, h));
         h = nn::mark_cut(h, "decoder.up." + std::to_string(level));
     }
     h = ggml_silu(ctx, nn::group_norm(ctx, b.dec_norm, h, 32, kEps));
-    return nn::conv2d(ctx, b.dec_out, h);
+    return nn::conv2d(ctx, target, b.dec_out, h);
 }
 
-ggml_tensor* Vae::build_encoder(ggml_context* ctx, ggml_tensor* image) const {
+ggml_tensor* Vae::build_encoder(ggml_context* ctx, ggml_tensor* image, nn::ComputeTarget target) const {
     const Blocks& b = *blocks_;
-    ggml_tensor* h = nn::conv2d(ctx, b.enc_in, image);
+    ggml_tensor* h = nn::conv2d(ctx, target, b.enc_in, image);
     for (size_t level = 0; level < b.down.size(); ++level) {
-        for (const ResnetBlock& r : b.down[level]) h = apply_resnet(ctx, r, h);
+        for (const ResnetBlock& r : b.down[level]) h = apply_resnet(ctx, target, r, h);
         if (b.downsample[level]) {
             // ldm pads right and bottom by one, then convolves with stride 2 and no padding.
-            h = nn::conv2d(ctx, *b.downsample[level], ggml_pad(ctx, h, 1, 1, 0, 0));
+            h = nn::conv2d(ctx, target, *b.downsample[level], ggml_pad(ctx, h, 1, 1, 0, 0));
         }
         h = nn::mark_cut(h, "encoder.down." + std::to_string(level));
     }
-    h = nn::mark_cut(apply_mid(ctx, b.enc_mid, h), "encoder.mid");
+    h = nn::mark_cut(apply_mid(ctx, target, b.enc_mid, h), "encoder.mid");
     h = ggml_silu(ctx, nn::group_norm(ctx, b.enc_norm, h, 32, kEps));
-    h = nn::conv2d(ctx, b.quant, nn::conv2d(ctx, b.enc_out, h));
+    h = nn::conv2d(ctx, target, b.quant, nn::conv2d(ctx, target, b.enc_out, h));
     // Moments: the first latent_channels are the mean.
     const int64_t zc = config_.latent_channels;
     return ggml_cont(ctx, ggml_view_4d(ctx, h, h->ne[0], h->ne[1], zc, h->ne[3], h->nb[1], h->nb[2], h->nb[3], 0));

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "io/model_file.h"
+#include "nn/layers.h"
 #include "runtime/module_weights.h"
 #include "util/result.h"
 
@@ -36,10 +37,12 @@ class Vae {
     const runtime::ModuleWeights& weights() const { return *weights_; }
 
     // latent: ne [w, h, latent_channels, B] (unscaled) -> image ne [W, H, 3, B] in [-1, 1].
-    ggml_tensor* build_decoder(ggml_context* ctx, ggml_tensor* latent) const;
+    ggml_tensor* build_decoder(ggml_context* ctx, ggml_tensor* latent,
+                               nn::ComputeTarget target = nn::ComputeTarget::Cpu) const;
     // image: ne [W, H, 3, B] in [-1, 1] -> the latent distribution's mean ne [w, h, latent_channels, B].
     // Requires config().has_encoder.
-    ggml_tensor* build_encoder(ggml_context* ctx, ggml_tensor* image) const;
+    ggml_tensor* build_encoder(ggml_context* ctx, ggml_tensor* image,
+                               nn::ComputeTarget target = nn::ComputeTarget::Cpu) const;
 
   private:
     struct Blocks;

@@ -24,7 +24,6 @@ Conv2d declare_conv2d(runtime::ModuleWeights& w, const std::string& name, int64_
     c.bias = w.require(name + ".bias", {out});
     c.stride = stride;
     c.padding = padding;
-    c.module = &w;
     return c;
 }
 
@@ -56,9 +55,9 @@ ggml_tensor* kernel_for_cpu(ggml_context* ctx, ggml_tensor* kernel) {
 
 }  // namespace
 
-ggml_tensor* conv2d(ggml_context* ctx, const Conv2d& layer, ggml_tensor* x) {
+ggml_tensor* conv2d(ggml_context* ctx, ComputeTarget target, const Conv2d& layer, ggml_tensor* x) {
     ggml_tensor* w = layer.weight;
-    const bool on_cpu = !layer.module || layer.module->computes_on_cpu();
+    const bool on_cpu = target == ComputeTarget::Cpu;
     const int64_t OC = w->ne[3], N = x->ne[3];
     if (w->ne[0] == 1 && w->ne[1] == 1 && layer.stride == 1 && layer.padding == 0) {
         // A 1x1 convolution is a matrix product over channels; skip im2col.

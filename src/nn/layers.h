@@ -27,12 +27,17 @@ struct Conv2d {
     ggml_tensor* bias = nullptr;    // ne [out] or null
     int stride = 1;
     int padding = 0;
-    const runtime::ModuleWeights* module = nullptr;  // where it computes decides how it unfolds
 };
 Conv2d declare_conv2d(runtime::ModuleWeights& w, const std::string& name, int64_t in, int64_t out, int kernel,
                       int stride = 1, int padding = 0);
+// Where a graph will compute, for layers whose best form differs: on the
+// CPU convolutions unfold into F32 patches that reach BLAS; on a device they
+// use ggml's own im2col and kernels. A build option of each network, set by
+// the caller from placement; never read from the weights.
+enum class ComputeTarget { Cpu, Device };
+
 // x: ne [W, H, in, N] -> ne [W', H', out, N]
-ggml_tensor* conv2d(ggml_context* ctx, const Conv2d& layer, ggml_tensor* x);
+ggml_tensor* conv2d(ggml_context* ctx, ComputeTarget target, const Conv2d& layer, ggml_tensor* x);
 // A 1x1 convolution (stride 1, no padding) is a linear layer over channels:
 // this one, its weights viewed as ne [in, out], for activations already laid
 // out as tokens. Same numbers as conv2d, without the two transposes conv2d

@@ -61,6 +61,7 @@ Result<DiffusionGraph> build_diffusion_graph(const Model& model, const Diffusion
     if (uc.adm_in_channels > 0) in.y = g.y = s.input(GGML_TYPE_F32, {uc.adm_in_channels, b}, zeros.data(), "y");
     models::UnetBuildOptions options;
     options.flash_attention = shape.flash_attention;
+    options.target = model.diffusion_target();
     // The request was validated and the inputs are shaped from the UNet's
     // own config, so the contract holds; a failure here is a bug.
     auto out = model.unet().build(s.ctx(), in, options);
@@ -79,7 +80,7 @@ VaeGraph build_vae_decode_graph(const Model& model, int64_t latent_w, int64_t la
     ggml_tensor* in = g.session->input(
         GGML_TYPE_F32, {latent_w, latent_h, vc.latent_channels, 1},
         or_zeros(latent, static_cast<size_t>(latent_w * latent_h * vc.latent_channels), zeros), "latent");
-    g.out = model.vae().build_decoder(g.session->ctx(), in);
+    g.out = model.vae().build_decoder(g.session->ctx(), in, model.vae_target());
     return g;
 }
 
@@ -91,7 +92,7 @@ VaeGraph build_vae_encode_graph(const Model& model, int64_t width, int64_t heigh
     ggml_tensor* in =
         g.session->input(GGML_TYPE_F32, {width, height, vc.image_channels, 1},
                          or_zeros(pixels, static_cast<size_t>(width * height * vc.image_channels), zeros), "image");
-    g.out = model.vae().build_encoder(g.session->ctx(), in);
+    g.out = model.vae().build_encoder(g.session->ctx(), in, model.vae_target());
     return g;
 }
 

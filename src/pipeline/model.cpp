@@ -399,6 +399,7 @@ Status Model::place_modules(const ModelOptions& options) {
     struct Placed {
         std::string name;
         const char* role;
+        Module* module;
         std::unique_ptr<runtime::Executor>* executor;
         runtime::ModuleWeights* weights;
         ModulePlacement* placement = nullptr;
@@ -418,7 +419,7 @@ Status Model::place_modules(const ModelOptions& options) {
             if (module->spec.role != role) continue;
             const std::string name =
                 same_role > 1 ? std::string(module->role()) + "." + module->spec.name : std::string(module->role());
-            modules.push_back({name, module->role(), &module->executor, &module->weights()});
+            modules.push_back({name, module->role(), module.get(), &module->executor, &module->weights()});
         }
     }
     // Records a module's params location (and the bytes it keeps on a device).
@@ -464,7 +465,7 @@ Status Model::place_modules(const ModelOptions& options) {
         auto compute = runtime::Compute::create(*dev, options.threads);
         if (!compute.ok()) return compute.error();
         m.backend = (*compute)->weights_backend();
-        m.weights->set_computes_on_cpu(*dev == nullptr);
+        m.module->target = *dev == nullptr ? nn::ComputeTarget::Cpu : nn::ComputeTarget::Device;
         ledger_for(m.placement->compute_device, *dev);
         auto& store = stores_[m.placement->compute_device];
         if (!store) {

@@ -67,6 +67,9 @@ struct Module {
     std::unique_ptr<models::Unet> unet;
     std::unique_ptr<models::Vae> vae;
     std::unique_ptr<runtime::Executor> executor;
+    // Where its graphs compute (placement decides; the graph builders take
+    // it as a build option).
+    nn::ComputeTarget target = nn::ComputeTarget::Cpu;
 
     runtime::ModuleWeights& weights();
     const runtime::ModuleWeights& weights() const;
@@ -108,6 +111,8 @@ class Model {
     const models::Unet& unet() const { return *diffusion_->unet; }
     const models::Vae& vae() const { return *vae_->vae; }
     runtime::Executor& diffusion_compute() { return *diffusion_->executor; }
+    nn::ComputeTarget diffusion_target() const { return diffusion_->target; }
+    nn::ComputeTarget vae_target() const { return vae_->target; }
     runtime::Executor& vae_compute() { return *vae_->executor; }
     // Every module, text encoders first, then diffusion, then the VAE.
     const std::vector<std::unique_ptr<Module>>& modules() const { return modules_; }

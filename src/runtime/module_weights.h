@@ -67,10 +67,6 @@ class ModuleWeights {
     uint64_t allocation_size(ggml_backend_buffer_type_t buft) const;
     bool loaded() const { return buffer_ || !mapped_.empty() || host_buffer_ || location_ == ParamsLocation::Disk; }
     ParamsLocation params_location() const { return location_; }
-    // Whether the module's graphs run on the CPU (placement decides; graph
-    // builders pick CPU-friendly forms, nn::conv2d).
-    bool computes_on_cpu() const { return computes_on_cpu_; }
-    void set_computes_on_cpu(bool on_cpu) { computes_on_cpu_ = on_cpu; }
     // Records where the params will be before they are loaded, so plans
     // made before loading (lazy loading, kiln plan) see it.
     void set_params_location(ParamsLocation location) { location_ = location; }
@@ -104,7 +100,6 @@ class ModuleWeights {
     // computed point into (load_mapped).
     std::vector<ggml_backend_buffer_t> mapped_;
     ParamsLocation location_ = ParamsLocation::ComputeDevice;
-    bool computes_on_cpu_ = true;
     // Host / other-device params: a twin of each compute tensor.
     ggml_context* host_ctx_ = nullptr;
     ggml_backend_buffer_t host_buffer_ = nullptr;

@@ -81,7 +81,8 @@ TEST_F(GraphFlops, KilnConvolutionsCountAsTheirMatrixProducts) {
         conv.padding = kernel_size / 2;
         ggml_tensor* input = tensor(GGML_TYPE_F32, 8, 8, 4, 2);
         const uint64_t expected = 2u * (kernel_size * kernel_size * 4) * (8 * 8 * 6 * 2);
-        EXPECT_EQ(flops_of(nn::conv2d(ctx_, conv, input)), expected) << kernel_size << "x" << kernel_size;
+        EXPECT_EQ(flops_of(nn::conv2d(ctx_, nn::ComputeTarget::Cpu, conv, input)), expected)
+            << kernel_size << "x" << kernel_size;
     }
 }
 
