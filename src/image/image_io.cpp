@@ -22,6 +22,7 @@
 #include <webp/mux.h>
 
 #include "image/png_metadata.h"
+#include "util/files.h"
 #include "util/log.h"
 
 // libpng and libjpeg report errors by calling a handler that must not
@@ -698,33 +699,28 @@ std::optional<ImageFormat> detect_image_format(const uint8_t* data, size_t size)
 }
 
 Result<std::vector<uint8_t>> read_file_bytes(const std::string& path, size_t max_bytes) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return Error{path + ": cannot open: " + std::strerror(errno)};
+    // Only regular files: a FIFO would block and a device such as /dev/zero
+    // never ends, and either is refused before a byte is read.
+    auto opened = open_regular_file(path);
+    if (!opened) return opened.error();
     struct FdCloser {
         int fd;
         ~FdCloser() { ::close(fd); }
-    } closer{fd};
+    } closer{*opened};
     struct stat st;
-    if (::fstat(fd, &st) != 0) return Error{path + ": cannot stat: " + std::strerror(errno)};
-    if (S_ISDIR(st.st_mode)) return Error{path + ": is a directory, not an image file"};
-    if (S_ISREG(st.st_mode) && static_cast<uint64_t>(st.st_size) > max_bytes) {
+    if (::fstat(closer.fd, &st) != 0) return Error{path + ": cannot stat: " + std::strerror(errno)};
+    if (static_cast<uint64_t>(st.st_size) > max_bytes) {
         return Error{path + ": file is " + std::to_string(st.st_size) + " bytes, more than the " +
                      std::to_string(max_bytes) + "-byte limit for an image"};
     }
     std::vector<uint8_t> bytes;
     try {
-        // Regular files are read in one go; pipes and devices in chunks.
-        bytes.resize(S_ISREG(st.st_mode) ? static_cast<size_t>(st.st_size) : size_t(1) << 16);
+        // At most the size stat gave (itself within the limit): a file that
+        // grows while it is read is cut there.
+        bytes.resize(static_cast<size_t>(st.st_size));
         size_t used = 0;
-        for (;;) {
-            if (used == bytes.size()) {
-                if (S_ISREG(st.st_mode)) break;
-                if (bytes.size() >= max_bytes) {
-                    return Error{path + ": more than the " + std::to_string(max_bytes) + "-byte limit for an image"};
-                }
-                bytes.resize(std::min(bytes.size() * 2, max_bytes));
-            }
-            const ssize_t n = ::read(fd, bytes.data() + used, bytes.size() - used);
+        while (used < bytes.size()) {
+            const ssize_t n = ::read(closer.fd, bytes.data() + used, bytes.size() - used);
             if (n < 0) {
                 if (errno == EINTR) continue;
                 return Error{path + ": cannot read: " + std::strerror(errno)};

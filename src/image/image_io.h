@@ -73,7 +73,8 @@ Result<std::vector<uint8_t>> encode_image(const Image& image, ImageFormat format
 Status write_image(const std::string& path, const Image& image, const ImageWriteOptions& options = {});
 
 // The whole file, with read_image's checks and messages for missing, empty,
-// directory and oversized files (over `max_bytes`).
+// directory, special (FIFO, device, socket: refused before any read) and
+// oversized files (over `max_bytes`).
 Result<std::vector<uint8_t>> read_file_bytes(const std::string& path, size_t max_bytes = kMaxImageFileBytes);
 
 }  // namespace kiln::image
