@@ -282,8 +282,9 @@ Result<ParsedFile> parse_gguf(const uint8_t* data, size_t size, const std::strin
     const int64_t n_kv = gguf_get_n_kv(ctx);
     for (int64_t k = 0; k < n_kv; ++k) {
         const gguf_type type = gguf_get_kv_type(ctx, k);
-        parsed.metadata[gguf_get_key(ctx, k)] =
-            type == GGUF_TYPE_ARRAY ? array_value(ctx, k) : scalar_value(ctx, k, type);
+        MetaValue value = type == GGUF_TYPE_ARRAY ? array_value(ctx, k) : scalar_value(ctx, k, type);
+        value.gguf_type = type == GGUF_TYPE_ARRAY ? gguf_get_arr_type(ctx, k) : type;
+        parsed.metadata[gguf_get_key(ctx, k)] = std::move(value);
     }
 
     const uint64_t data_offset = gguf_get_data_offset(ctx);

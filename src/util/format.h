@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 namespace kiln {
 
@@ -10,5 +11,9 @@ namespace kiln {
 std::string human_bytes(uint64_t bytes);
 // "123,456,789".
 std::string grouped(uint64_t value);
+// Text from a file, safe to print on a terminal: control characters (C0,
+// DEL, C1), backslashes and bytes that are not valid UTF-8 become \xNN
+// escapes; everything else (printable ASCII, valid UTF-8) is kept.
+std::string escaped(std::string_view text);
 
 }  // namespace kiln
