@@ -279,8 +279,12 @@ int kiln_image_save(const kiln_image* image, const char* path, char** error) {
 }
 
 int kiln_image_load(const char* path, kiln_image** image, char** error) {
+    return kiln_image_load_limited(path, 0, image, error);
+}
+
+int kiln_image_load_limited(const char* path, uint64_t max_pixels, kiln_image** image, char** error) {
     *image = nullptr;
-    auto img = kiln::image::read_image(path);
+    auto img = kiln::image::read_image(path, max_pixels ? max_pixels : kiln::image::kDefaultMaxImagePixels);
     if (!img.ok()) return fail(error, img.error().message);
     auto rgb = kiln::image::convert_channels(*img, 3);
     if (!rgb.ok()) return fail(error, std::string(path) + ": " + rgb.error().message);

@@ -105,6 +105,15 @@ const std::vector<Flag>& flags() {
              path_setter(&Options::init_image)},
             {nullptr, "--mask", "PATH", "inpainting mask for -i: white repaints, black keeps",
              path_setter(&Options::mask)},
+            {nullptr, "--max-image-pixels", "N",
+             "largest -i / --mask image to decode, in pixels (default 67108864 = 8192x8192), checked from the "
+             "file's header",
+             [](Options& o, const std::string& v) -> std::optional<std::string> {
+                 long long parsed = 0;
+                 if (auto err = parse_integer(v, 1, 16384LL * 16384, &parsed)) return err;
+                 o.max_image_pixels = parsed;
+                 return std::nullopt;
+             }},
             {nullptr, "--strength", "X", "image-to-image: share of the schedule to run, in (0, 1] (default 0.75)",
              [](Options& o, const std::string& v) -> std::optional<std::string> {
                  char* end = nullptr;

@@ -151,7 +151,8 @@ int run_generate(const Options& options) {
     kiln_image* init = nullptr;
     if (!options.init_image.empty()) {
         ErrorText error;
-        if (kiln_image_load(options.init_image.c_str(), &init, &error.text) != 0) {
+        if (kiln_image_load_limited(options.init_image.c_str(), static_cast<uint64_t>(options.max_image_pixels), &init,
+                                    &error.text) != 0) {
             KILN_LOG_ERROR("%s", error.c_str());
             return kExitFailure;
         }
@@ -160,7 +161,8 @@ int run_generate(const Options& options) {
     kiln_image* mask = nullptr;
     if (!options.mask.empty()) {
         ErrorText error;
-        if (kiln_image_load(options.mask.c_str(), &mask, &error.text) != 0) {
+        if (kiln_image_load_limited(options.mask.c_str(), static_cast<uint64_t>(options.max_image_pixels), &mask,
+                                    &error.text) != 0) {
             kiln_images_free(init, init ? 1 : 0);
             KILN_LOG_ERROR("%s", error.c_str());
             return kExitFailure;
