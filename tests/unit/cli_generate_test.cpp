@@ -204,6 +204,21 @@ TEST(CliGenerate, BadRequestsFailCleanlyWithoutOutput) {
     EXPECT_NE(r.err.find("unsupported image extension"), std::string::npos) << r.err;
 }
 
+// A BREAK storm is refused before the model loads: exit 2, one line, no file.
+TEST(CliGenerate, BreakStormIsAUsageError) {
+    TempDir dir;
+    std::string storm = "a";
+    for (int i = 0; i < 5000; ++i) storm += " BREAK a";
+    const std::string out = dir.file("out.png");
+    for (const char* flag : {"-p", "-n"}) {
+        auto r = run_command(kiln_with_model(std::string(flag) + " \"" + storm + "\" -W 32 -H 32 --steps 1 -o " + out));
+        EXPECT_EQ(r.exit_code, 2) << r.err;
+        EXPECT_NE(r.err.find("5000 BREAKs make at least 5001 chunks; at most 64"), std::string::npos) << r.err;
+        EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+        EXPECT_FALSE(exists(out));
+    }
+}
+
 TEST(CliGenerate, ModelThatIsNoKnownFamilyIsAClearError) {
     TempDir dir;
     const std::string junk =

@@ -13,6 +13,7 @@
 #include "kiln.h"
 #include "output_pattern.h"
 #include "pipeline/placement.h"
+#include "pipeline/prompt_weights.h"
 #include "runtime/devices.h"
 #include "util/log.h"
 
@@ -104,6 +105,13 @@ int run_generate(const Options& options) {
         return kExitUsage;
     }
 
+    for (const auto& [text, flag] :
+         {std::pair{&options.prompt, "--prompt"}, {&options.negative_prompt, "--negative-prompt"}}) {
+        if (Status s = pipeline::check_prompt_size(*text, flag); !s) {
+            KILN_LOG_ERROR("%s", s.error().message.c_str());
+            return kExitUsage;
+        }
+    }
     if (!options.clip_g.empty() || !options.t5xxl.empty()) {
         KILN_LOG_ERROR(
             "%s: only SD1.x/SD2.x models generate in this version; --clip_g and --t5xxl are for later "
