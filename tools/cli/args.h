@@ -42,6 +42,7 @@ struct Options {
     std::string prompt;
     std::string negative_prompt;
     std::string output = "output.png";
+    bool output_given = false;  // -o was passed (-M convert requires it)
     std::string init_image;
     std::string mask;
     long long max_image_pixels = 0;  // --max-image-pixels; 0: the C API's default (8192x8192)

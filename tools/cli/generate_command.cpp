@@ -14,6 +14,7 @@
 #include "output_pattern.h"
 #include "pipeline/placement.h"
 #include "pipeline/prompt_weights.h"
+#include "runtime/device_budget.h"
 #include "runtime/devices.h"
 #include "util/log.h"
 
@@ -78,6 +79,14 @@ int check_devices(const Options& options) {
         auto assignments = runtime::parse_backend_assignments(options.backend);
         if (!assignments) {
             KILN_LOG_ERROR("%s", assignments.error().message.c_str());
+            return kExitUsage;
+        }
+    }
+    if (!options.max_vram.empty()) {
+        auto budgets = runtime::parse_max_vram(options.max_vram);  // parsed at flag time: only the names are new
+        Status known = budgets ? budgets->check_devices(runtime::registered_device_names()) : Status(budgets.error());
+        if (!known) {
+            KILN_LOG_ERROR("%s", known.error().message.c_str());
             return kExitUsage;
         }
     }
