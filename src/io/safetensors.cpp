@@ -5,6 +5,8 @@
 #include <nlohmann/json.hpp>
 #include <unordered_set>
 
+#include "util/format.h"
+
 namespace kiln::io {
 namespace {
 
@@ -39,7 +41,7 @@ std::string shape_text(const json& shape) {
 
 Result<TensorInfo> parse_entry(const std::string& name, const json& entry, uint64_t data_start, uint64_t data_size,
                                const std::string& label) {
-    const std::string where = label + ": tensor '" + name + "'";
+    const std::string where = label + ": tensor '" + escaped(name) + "'";
     if (!entry.is_object()) return Error{where + ": entry is not a JSON object"};
     auto dtype_it = entry.find("dtype");
     auto shape_it = entry.find("shape");
@@ -54,7 +56,7 @@ Result<TensorInfo> parse_entry(const std::string& name, const json& entry, uint6
     info.name = name;
     const auto& dtype_name_str = dtype_it->get_ref<const std::string&>();
     auto dtype = dtype_from_safetensors(dtype_name_str);
-    if (!dtype) return Error{where + ": unknown dtype '" + dtype_name_str + "'"};
+    if (!dtype) return Error{where + ": unknown dtype '" + escaped(dtype_name_str) + "'"};
     info.dtype = *dtype;
 
     int64_t elements = 1;
@@ -105,7 +107,8 @@ Status check_no_overlap(std::vector<TensorInfo> tensors, const std::string& labe
     for (const TensorInfo& t : tensors) {
         if (t.nbytes == 0) continue;  // empty tensors occupy no bytes
         if (previous && t.offset < previous->offset + previous->nbytes) {
-            return Error{label + ": tensors '" + previous->name + "' and '" + t.name + "' overlap in the data section"};
+            return Error{label + ": tensors '" + escaped(previous->name) + "' and '" + escaped(t.name) +
+                         "' overlap in the data section"};
         }
         previous = &t;
     }
@@ -183,7 +186,7 @@ Result<ParsedFile> parse_safetensors(const uint8_t* data, size_t size, const std
     if (root.is_discarded()) return Error{label + ": malformed JSON header"};
     const std::string duplicate = check.duplicate;
     if (!root.is_object()) return Error{label + ": JSON header is not an object"};
-    if (!duplicate.empty()) return Error{label + ": duplicate tensor name '" + duplicate + "' in the header"};
+    if (!duplicate.empty()) return Error{label + ": duplicate tensor name '" + escaped(duplicate) + "' in the header"};
 
     ParsedFile parsed;
     parsed.format = FileFormat::Safetensors;
@@ -193,7 +196,8 @@ Result<ParsedFile> parse_safetensors(const uint8_t* data, size_t size, const std
         if (it.key() == "__metadata__") {
             if (!it->is_object()) return Error{label + ": \"__metadata__\" is not an object"};
             for (auto m = it->begin(); m != it->end(); ++m) {
-                if (!m->is_string()) return Error{label + ": __metadata__ value '" + m.key() + "' is not a string"};
+                if (!m->is_string())
+                    return Error{label + ": __metadata__ value '" + escaped(m.key()) + "' is not a string"};
                 parsed.metadata[m.key()] = MetaValue::of_string(m->get<std::string>());
             }
             continue;
