@@ -17,7 +17,7 @@
 #include "gemm_timer.h"
 #include "matmul_shapes.h"
 #include "model_path.h"
-#include "pipeline/sd_model.h"
+#include "pipeline/model.h"
 #include "report_text.h"
 #include "unet_step_graph.h"
 #include "util/log.h"
@@ -104,7 +104,7 @@ Result<ShapeSet> model_shapes(const GemmOptions& o) {
     paths.tokenizer = o.tokenizer;
     pipeline::ModelOptions options;
     options.plan_only = true;
-    auto model = pipeline::StableDiffusionModel::load(paths, options);
+    auto model = pipeline::Model::load(paths, options);
     if (!model) return model.error();
     const pipeline::ModelDefaults& d = (*model)->defaults();
     const int width = o.width > 0 ? o.width : d.width;

@@ -40,7 +40,7 @@ struct GenerationBenchmark {
     bool flash_attention = false;
 
     // Start-up (part 5 of issue 6): the first run only.
-    double load_s = 0;           // StableDiffusionModel::load
+    double load_s = 0;           // Model::load
     double to_first_step_s = 0;  // process start to the first denoising step starting
     uint64_t rss_at_first_step_bytes = 0;
     // ... and to its end: lazy loading reads the UNet's weights in that step.

@@ -14,8 +14,8 @@
 #include "generation_report.h"
 #include "model_path.h"
 #include "pipeline/generate.h"
+#include "pipeline/model.h"
 #include "pipeline/placement.h"
-#include "pipeline/sd_model.h"
 #include "process_stats.h"
 #include "report_text.h"
 #include "runtime/device_budget.h"
@@ -87,12 +87,12 @@ std::vector<BenchFlag> bench_flags(BenchOptions& o) {
         {nullptr, "--no-cfg-batch", nullptr,
          "run CFG's conditional and unconditional passes one after the other (default: one batch of two)",
          switch_setter(&o.batch_cfg, false)},
-        {nullptr, "--rpc", "HOST:PORT[,...]", "add the devices of ggml RPC servers (RPC0, RPC1, ...)",
+        {nullptr, "--rpc-servers", "HOST:PORT[,...]", "add the devices of ggml RPC servers (RPC0, RPC1, ...)",
          [&o](const std::string& v) -> std::optional<std::string> {
              auto parsed = runtime::parse_rpc_endpoints(v);
              if (!parsed) {
                  const std::string& m = parsed.error().message;
-                 return m.rfind("--rpc: ", 0) == 0 ? m.substr(7) : m;
+                 return m.rfind("--rpc-servers: ", 0) == 0 ? m.substr(7) : m;
              }
              o.rpc = v;
              return std::nullopt;
@@ -131,7 +131,7 @@ int usage_error(const std::string& message) {
 }
 
 // The flags' placement request, checked against the registered devices
-// (after --rpc has added its own). Errors are usage errors.
+// (after --rpc-servers has added its own). Errors are usage errors.
 Result<pipeline::PlacementRequest> placement_request(const BenchOptions& o) {
     pipeline::PlacementRequest request;
     if (!o.backend.empty()) {
@@ -186,18 +186,18 @@ int run(const std::vector<std::string>& args) {
     model_options.job_width = o.width;  // auto-fit checks its placement against this job (0: the defaults)
     model_options.job_height = o.height;
     const Clock::time_point load_start = Clock::now();
-    auto loaded = pipeline::StableDiffusionModel::load(paths, model_options);
+    auto loaded = pipeline::Model::load(paths, model_options);
     if (!loaded) {
         KILN_LOG_ERROR("%s", loaded.error().message.c_str());
         return kExitFailure;
     }
-    pipeline::StableDiffusionModel& model = **loaded;
+    pipeline::Model& model = **loaded;
 
     GenerationBenchmark b;
     b.load_s = std::chrono::duration<double>(Clock::now() - load_start).count();
     const pipeline::ModelDefaults& defaults = model.defaults();
     b.model = o.model;
-    b.family = model.family();
+    b.family = model.family_label();
     b.placement = pipeline::describe_placement(model.placement(), model.module_bytes());
     b.prompt = o.prompt;
     b.width = o.width > 0 ? o.width : defaults.width;

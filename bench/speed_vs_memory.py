@@ -49,7 +49,7 @@ def bench(args, endpoint, budget_mib=None, batch_cfg=True):
     """One kiln-bench run; its JSON, or None when the job does not fit."""
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = f.name
-    cmd = [os.path.join(BIN, "kiln-bench"), "--rpc", endpoint, "--backend", "diffusion=rpc0,te=rpc0,vae=cpu",
+    cmd = [os.path.join(BIN, "kiln-bench"), "--rpc-servers", endpoint, "--backend", "diffusion=rpc0,te=rpc0,vae=cpu",
            "--params-backend", "diffusion=cpu,te=cpu", "--runs", str(args.runs), "--no-limit", "--json", out,
            "-t", str(args.threads), "--steps", str(args.steps)]
     if args.model:

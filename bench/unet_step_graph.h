@@ -6,7 +6,7 @@
 #include <memory>
 
 #include "ggml.h"
-#include "pipeline/sd_model.h"
+#include "pipeline/model.h"
 #include "runtime/graph_session.h"
 
 namespace kiln::bench {
@@ -18,8 +18,9 @@ struct UnetStepGraph {
 
 // A width x height job (pixels); with `cfg` the conditional and unconditional
 // passes run as one batch of two, as generate() runs them. Needs the model's
-// weight tensors declared, not loaded (a plan-only load will do).
-UnetStepGraph build_unet_step_graph(const pipeline::StableDiffusionModel& model, int width, int height, bool cfg,
+// weight tensors declared, not loaded (a plan-only load will do). graph is
+// null when the UNet refuses the shapes.
+UnetStepGraph build_unet_step_graph(const pipeline::Model& model, int width, int height, bool cfg,
                                     bool flash_attention);
 
 }  // namespace kiln::bench

@@ -4,11 +4,16 @@
  * is a client of this header.
  *
  * Conventions:
- * - Functions that can fail return 0 on success and -1 on failure; when
- *   `error` is not NULL, *error receives a message naming what was wrong
- *   (free it with kiln_free_string). A failed call leaves no partial result.
+ * - Functions that can fail return a kiln_status: KILN_OK (0) on success, a
+ *   negative code saying what kind of failure it was otherwise; when `error`
+ *   is not NULL, *error receives a message naming what was wrong (free it
+ *   with kiln_free_string). A failed call leaves no partial result, and the
+ *   context can run the next job. Decide on the code, never on the message.
  * - Strings passed in are UTF-8 and only read during the call.
- * - A kiln_context may be used by one thread at a time.
+ * - A kiln_context may be used by one thread at a time, except for
+ *   kiln_cancel, which any thread may call at any time.
+ * - Contexts of one process share each device's budget and books: two models
+ *   on one GPU under --max-vram 6 share those 6 GiB.
  */
 #ifndef KILN_H
 #define KILN_H
@@ -19,6 +24,18 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+typedef enum {
+    KILN_OK = 0,
+    KILN_ERROR_INTERNAL = -1,        /* a failed graph or a bug */
+    KILN_ERROR_INVALID_REQUEST = -2, /* a parameter out of range: fix the request */
+    KILN_ERROR_BAD_FILE = -3,        /* a model, image or tokenizer file that cannot be used */
+    KILN_ERROR_OUT_OF_MEMORY = -4,   /* the job does not fit the budget or the machine */
+    KILN_ERROR_CANCELLED = -5,       /* kiln_cancel stopped the job */
+} kiln_status;
+
+/* "ok", "internal", "invalid request", "bad file", "out of memory", "cancelled". */
+const char* kiln_status_name(kiln_status status);
 
 typedef enum {
     KILN_LOG_DEBUG = 0,
@@ -42,11 +59,12 @@ typedef struct {
     const char* diffusion_model_path; /* --diffusion-model, or NULL */
     const char* vae_path;             /* --vae, or NULL */
     const char* clip_l_path;          /* --clip_l, or NULL */
+    const char* clip_g_path;          /* --clip_g (SDXL's OpenCLIP ViT-bigG), or NULL */
     const char* tokenizer_path;       /* --tokenizer, or NULL (use the model's) */
     const char* embeddings_dir;       /* --embd-dir: textual-inversion embeddings, or NULL */
     const char* weight_type;          /* --type ("f32", "q8_0", ...), or NULL to keep the file's */
     const char* prediction;           /* "eps", "v", or NULL (the model's) */
-    const char* rpc_servers;          /* --rpc "host:port[,host:port]": remote ggml devices, or NULL */
+    const char* rpc_servers;          /* --rpc-servers "host:port[,host:port]": remote ggml devices, or NULL */
     const char* backend;              /* --backend "rpc0" or "diffusion=rpc0,te=cpu,vae=cpu", or NULL (CPU) */
     int n_threads;                    /* <= 0: all cores */
     /* The memory system (docs/memory.md). Zero means the default everywhere. */
@@ -65,9 +83,21 @@ void kiln_context_params_init(kiln_context_params* params);
 
 typedef struct kiln_context kiln_context;
 
-/* Loads the model. NULL on failure. */
-kiln_context* kiln_context_create(const kiln_context_params* params, char** error);
+/* Checks the parameters that need no model file (devices, --rpc-servers,
+ * --backend, --params-backend, --max-vram, --type, --prediction) so a
+ * front-end can refuse them before a slow load. kiln_context_create runs
+ * the same checks. */
+kiln_status kiln_context_params_check(const kiln_context_params* params, char** error);
+
+/* Loads the model into *ctx (NULL on failure). */
+kiln_status kiln_context_create(const kiln_context_params* params, kiln_context** ctx, char** error);
 void kiln_context_free(kiln_context* ctx);
+
+/* Stops the context's running kiln_generate at its next denoising step or
+ * segment boundary: that call frees what the job took and returns
+ * KILN_ERROR_CANCELLED. Thread-safe; a no-op when nothing runs (the next
+ * job is not affected). */
+void kiln_cancel(kiln_context* ctx);
 
 /* The model's defaults, for front-ends that show them. */
 typedef struct {
@@ -114,43 +144,44 @@ typedef struct {
 
 void kiln_generation_params_init(kiln_generation_params* params);
 
-/* Generates params->batch_count images into *images (free with kiln_images_free). */
-int kiln_generate(kiln_context* ctx, const kiln_generation_params* params, kiln_image** images, int* n_images,
-                  char** error);
+/* Generates params->batch_count images into *images (free with kiln_images_free).
+ * The request is validated before anything runs (KILN_ERROR_INVALID_REQUEST). */
+kiln_status kiln_generate(kiln_context* ctx, const kiln_generation_params* params, kiln_image** images, int* n_images,
+                          char** error);
 void kiln_images_free(kiln_image* images, int n_images);
 
 /* Writes `image` as PNG, JPEG or WebP, chosen by the extension; PNG carries
  * image->parameters as an A1111 "parameters" text chunk. The file appears
  * only when complete. */
-int kiln_image_save(const kiln_image* image, const char* path, char** error);
+kiln_status kiln_image_save(const kiln_image* image, const char* path, char** error);
 /* Reads an image file (PNG, JPEG, WebP) as RGB; free with kiln_images_free(image, 1).
  * Images of more than 8192x8192 pixels are refused from their header, before
  * decoding; kiln_image_load_limited sets that limit (0: the default). */
-int kiln_image_load(const char* path, kiln_image** image, char** error);
-int kiln_image_load_limited(const char* path, uint64_t max_pixels, kiln_image** image, char** error);
+kiln_status kiln_image_load(const char* path, kiln_image** image, char** error);
+kiln_status kiln_image_load_limited(const char* path, uint64_t max_pixels, kiln_image** image, char** error);
 /* The generation parameters stored in an image file, as text. */
-int kiln_image_read_parameters(const char* path, char** text, char** error);
+kiln_status kiln_image_read_parameters(const char* path, char** text, char** error);
 
 /* What a model holds, as `kiln info` prints it: files, metadata, family,
  * components; with list_tensors, every tensor. `path` is a file, a split
  * file's first part, or a folder. */
-int kiln_model_describe(const char* path, int list_tensors, char** text, char** error);
+kiln_status kiln_model_describe(const char* path, int list_tensors, char** text, char** error);
 
 /* Called after each tensor written by kiln_model_convert. */
 typedef void (*kiln_convert_progress)(int done, int total, void* user_data);
 /* Rewrites the model made of `paths` as one GGUF file at out_path, tensor by
  * tensor, converted to weight_type ("q8_0", ...; NULL keeps each tensor's
  * compute type). No file appears unless it is complete. */
-int kiln_model_convert(const char* const* paths, int n_paths, const char* out_path, const char* weight_type,
-                       kiln_convert_progress progress, void* user_data, char** error);
+kiln_status kiln_model_convert(const char* const* paths, int n_paths, const char* out_path, const char* weight_type,
+                               kiln_convert_progress progress, void* user_data, char** error);
 
 void kiln_free_string(char* text);
 
 /* `kiln plan` / --dry-run: the placement, the predicted peak per device,
  * the segment count per module and whether `params` fits, without
- * generating. *text (free with kiln_free_string) gets the report; returns 0,
- * or -1 with *error set. *fits (if not NULL) gets 1 or 0. */
-int kiln_plan(kiln_context* ctx, const kiln_generation_params* params, char** text, int* fits, char** error);
+ * generating. The request gets kiln_generate's validation. *text (free
+ * with kiln_free_string) gets the report; *fits (if not NULL) gets 1 or 0. */
+kiln_status kiln_plan(kiln_context* ctx, const kiln_generation_params* params, char** text, int* fits, char** error);
 
 /* The memory system's books since the context was created: one line per
  * device ("RPC0 peak 12.5 MiB now 3.1 MiB budget 16.0 MiB"), then each

@@ -13,15 +13,17 @@
 #include "io/model_report.h"
 #include "io/tensor_convert.h"
 #include "kiln.h"
+#include "models/registry.h"
 #include "pipeline/generate.h"
 #include "pipeline/job_forecast.h"
+#include "pipeline/request.h"
 #include "runtime/device_budget.h"
 #include "runtime/devices.h"
 #include "util/format.h"
 #include "util/log.h"
 
 struct kiln_context {
-    std::unique_ptr<kiln::pipeline::StableDiffusionModel> model;
+    std::unique_ptr<kiln::pipeline::Model> model;
     bool plan_only = false;
 };
 
@@ -33,9 +35,24 @@ char* copy_string(const std::string& s) {
     return out;
 }
 
-int fail(char** error, const std::string& message) {
-    if (error) *error = copy_string(message);
-    return -1;
+kiln_status status_of(kiln::ErrorKind kind) {
+    switch (kind) {
+        case kiln::ErrorKind::Internal: return KILN_ERROR_INTERNAL;
+        case kiln::ErrorKind::InvalidRequest: return KILN_ERROR_INVALID_REQUEST;
+        case kiln::ErrorKind::BadFile: return KILN_ERROR_BAD_FILE;
+        case kiln::ErrorKind::OutOfMemory: return KILN_ERROR_OUT_OF_MEMORY;
+        case kiln::ErrorKind::Cancelled: return KILN_ERROR_CANCELLED;
+    }
+    return KILN_ERROR_INTERNAL;
+}
+
+kiln_status fail(char** error, const kiln::Error& e) {
+    if (error) *error = copy_string(e.message);
+    return status_of(e.kind);
+}
+
+kiln_status out_of_memory(char** error, const std::string& doing) {
+    return fail(error, kiln::Error::out_of_memory("out of memory " + doing));
 }
 
 std::string str(const char* s) { return s ? s : ""; }
@@ -57,9 +74,10 @@ kiln::Result<kiln::image::Image> import_image(const kiln_image* in) {
     img.width = static_cast<int>(in->width);
     img.height = static_cast<int>(in->height);
     img.channels = static_cast<int>(in->channels);
-    if (!in->data) return kiln::Error{"image has no pixel data"};
+    if (!in->data) return kiln::Error::invalid_request("image has no pixel data");
     img.pixels.assign(in->data, in->data + img.row_bytes() * static_cast<size_t>(img.height));
-    KILN_TRY(kiln::image::validate_image(img));
+    if (kiln::Status s = kiln::image::validate_image(img); !s.ok())
+        return s.error().as(kiln::ErrorKind::InvalidRequest);
     return img;
 }
 
@@ -84,93 +102,152 @@ void kiln_set_log_callback(kiln_log_callback callback, void* user_data) {
 
 void kiln_context_params_init(kiln_context_params* params) { std::memset(params, 0, sizeof *params); }
 
-kiln_context* kiln_context_create(const kiln_context_params* params, char** error) {
+const char* kiln_status_name(kiln_status status) {
+    switch (status) {
+        case KILN_OK: return "ok";
+        case KILN_ERROR_INTERNAL: return kiln::error_kind_name(kiln::ErrorKind::Internal);
+        case KILN_ERROR_INVALID_REQUEST: return kiln::error_kind_name(kiln::ErrorKind::InvalidRequest);
+        case KILN_ERROR_BAD_FILE: return kiln::error_kind_name(kiln::ErrorKind::BadFile);
+        case KILN_ERROR_OUT_OF_MEMORY: return kiln::error_kind_name(kiln::ErrorKind::OutOfMemory);
+        case KILN_ERROR_CANCELLED: return kiln::error_kind_name(kiln::ErrorKind::Cancelled);
+    }
+    return "unknown";
+}
+
+namespace {
+
+// The C parameters as the pipeline's options; errors are invalid requests.
+kiln::Result<kiln::pipeline::ModelOptions> model_options(const kiln_context_params* params) {
+    using kiln::Error;
+    using kiln::ErrorKind;
+    kiln::pipeline::ModelOptions options;
+    options.threads = params->n_threads;
+    if (params->weight_type) {
+        auto type = kiln::io::parse_weight_type(params->weight_type);
+        if (!type.ok()) return type.error().as(ErrorKind::InvalidRequest);
+        options.weight_type = *type;
+    }
+    if (params->prediction) {
+        const std::string p = params->prediction;
+        if (p == "eps") {
+            options.prediction = kiln::pipeline::Prediction::Eps;
+        } else if (p == "v") {
+            options.prediction = kiln::pipeline::Prediction::V;
+        } else {
+            return Error::invalid_request("--prediction: unknown prediction '" + p + "' (valid: eps, v)");
+        }
+    }
+    if (params->rpc_servers && *params->rpc_servers) {
+        // A malformed endpoint is an invalid request; an unreachable server is not.
+        if (kiln::Status s = kiln::runtime::add_rpc_servers(params->rpc_servers); !s.ok()) return s.error();
+    }
+    if (params->backend && *params->backend) {
+        auto placement = kiln::runtime::parse_backend_assignments(params->backend);
+        if (!placement.ok()) return placement.error().as(ErrorKind::InvalidRequest);
+        // One device for everything parses as every module on it.
+        options.placement.backend = std::move(placement).value();
+    }
+    if (params->params_backend && *params->params_backend) {
+        auto where =
+            kiln::pipeline::parse_params_backend(params->params_backend, kiln::runtime::registered_device_names());
+        if (!where.ok()) return where.error().as(ErrorKind::InvalidRequest);
+        options.placement.params_backend = std::move(where).value();
+    }
+    if (params->max_vram && *params->max_vram) {
+        auto budgets = kiln::runtime::parse_max_vram(params->max_vram);
+        if (!budgets.ok()) return budgets.error().as(ErrorKind::InvalidRequest);
+        KILN_TRY(budgets->check_devices(kiln::runtime::registered_device_names()));
+        options.placement.budgets = std::move(budgets).value();
+    }
+    options.placement.offload_to_cpu = params->offload_to_cpu != 0;
+    options.placement.auto_fit = params->disable_auto_fit == 0;
+    options.executor.prefetch = params->disable_prefetch == 0;
+    options.executor.segmented = params->disable_segmented_compute == 0;
+    options.eager_load = params->eager_load != 0;
+    options.plan_only = params->plan_only != 0;
+    options.job_width = params->job_width;
+    options.job_height = params->job_height;
+    return options;
+}
+
+// The C generation parameters as a request (validated later, by
+// pipeline::validate_request, for kiln_generate and kiln_plan alike).
+kiln::Result<kiln::pipeline::GenerationRequest> generation_request(const kiln_generation_params* params) {
+    kiln::pipeline::GenerationRequest r;
+    r.prompt = str(params->prompt);
+    r.negative_prompt = str(params->negative_prompt);
+    r.width = params->width;
+    r.height = params->height;
+    r.steps = params->steps;
+    r.cfg_scale = params->cfg_scale;
+    r.seed = params->seed;
+    r.batch_count = params->batch_count;
+    r.sampler = str(params->sampler);
+    r.scheduler = str(params->scheduler);
+    r.clip_skip = params->clip_skip;
+    r.flash_attention = params->flash_attention != 0;
+    r.strength = params->strength;
+    if (params->rng) {
+        auto rng = kiln::pipeline::parse_rng_kind(params->rng);
+        if (!rng.ok()) return rng.error().as(kiln::ErrorKind::InvalidRequest);
+        r.rng = *rng;
+    }
+    if (params->init_image) {
+        auto img = import_image(params->init_image);
+        if (!img.ok()) return img.error().in_context("init image: ");
+        r.init_image = std::move(img).value();
+    }
+    if (params->vae_tiling) r.vae_tiling = kiln::pipeline::VaeTiling{params->vae_tile_size, params->vae_tile_overlap};
+    if (params->mask) {
+        auto img = import_image(params->mask);
+        if (!img.ok()) return img.error().in_context("mask: ");
+        r.mask = std::move(img).value();
+    }
+    return r;
+}
+
+}  // namespace
+
+kiln_status kiln_context_params_check(const kiln_context_params* params, char** error) {
+    try {
+        auto options = model_options(params);
+        return options.ok() ? KILN_OK : fail(error, options.error());
+    } catch (const std::bad_alloc&) {
+        return out_of_memory(error, "checking the parameters");
+    }
+}
+
+kiln_status kiln_context_create(const kiln_context_params* params, kiln_context** ctx, char** error) {
+    *ctx = nullptr;
     try {
         kiln::pipeline::ModelPaths paths;
         if (params->model_path) paths.model.push_back(params->model_path);
         paths.diffusion_model = str(params->diffusion_model_path);
         paths.vae = str(params->vae_path);
         paths.clip_l = str(params->clip_l_path);
+        paths.clip_g = str(params->clip_g_path);
         paths.tokenizer = str(params->tokenizer_path);
         paths.embeddings = str(params->embeddings_dir);
-        kiln::pipeline::ModelOptions options;
-        options.threads = params->n_threads;
-        if (params->weight_type) {
-            auto type = kiln::io::parse_weight_type(params->weight_type);
-            if (!type.ok()) {
-                fail(error, type.error().message);
-                return nullptr;
-            }
-            options.weight_type = *type;
-        }
-        if (params->prediction) {
-            const std::string p = params->prediction;
-            if (p == "eps") {
-                options.prediction = kiln::pipeline::Prediction::Eps;
-            } else if (p == "v") {
-                options.prediction = kiln::pipeline::Prediction::V;
-            } else {
-                fail(error, "--prediction: unknown prediction '" + p + "' (valid: eps, v)");
-                return nullptr;
-            }
-        }
-        if (params->rpc_servers && *params->rpc_servers) {
-            if (kiln::Status s = kiln::runtime::add_rpc_servers(params->rpc_servers); !s.ok()) {
-                fail(error, s.error().message);
-                return nullptr;
-            }
-        }
-        if (params->backend && *params->backend) {
-            auto placement = kiln::runtime::parse_backend_assignments(params->backend);
-            if (!placement.ok()) {
-                fail(error, placement.error().message);
-                return nullptr;
-            }
-            // One device for everything parses as every module on it.
-            options.placement.backend = std::move(placement).value();
-        }
-        if (params->params_backend && *params->params_backend) {
-            auto where =
-                kiln::pipeline::parse_params_backend(params->params_backend, kiln::runtime::registered_device_names());
-            if (!where.ok()) {
-                fail(error, where.error().message);
-                return nullptr;
-            }
-            options.placement.params_backend = std::move(where).value();
-        }
-        if (params->max_vram && *params->max_vram) {
-            auto budgets = kiln::runtime::parse_max_vram(params->max_vram);
-            if (!budgets.ok()) {
-                fail(error, budgets.error().message);
-                return nullptr;
-            }
-            options.placement.budgets = std::move(budgets).value();
-        }
-        options.placement.offload_to_cpu = params->offload_to_cpu != 0;
-        options.placement.auto_fit = params->disable_auto_fit == 0;
-        options.executor.prefetch = params->disable_prefetch == 0;
-        options.executor.segmented = params->disable_segmented_compute == 0;
-        options.eager_load = params->eager_load != 0;
-        options.plan_only = params->plan_only != 0;
-        options.job_width = params->job_width;
-        options.job_height = params->job_height;
+        auto options = model_options(params);
+        if (!options.ok()) return fail(error, options.error());
         kiln::log_capture_ggml();
-        auto model = kiln::pipeline::StableDiffusionModel::load(paths, options);
-        if (!model.ok()) {
-            fail(error, model.error().message);
-            return nullptr;
-        }
-        auto* ctx = new kiln_context();
-        ctx->model = std::move(model).value();
-        ctx->plan_only = options.plan_only;
-        return ctx;
+        auto model = kiln::pipeline::Model::load(paths, *options);
+        if (!model.ok()) return fail(error, model.error());
+        auto* created = new kiln_context();
+        created->model = std::move(model).value();
+        created->plan_only = options->plan_only;
+        *ctx = created;
+        return KILN_OK;
     } catch (const std::bad_alloc&) {
-        fail(error, "out of memory loading the model");
-        return nullptr;
+        return out_of_memory(error, "loading the model");
     }
 }
 
 void kiln_context_free(kiln_context* ctx) { delete ctx; }
+
+void kiln_cancel(kiln_context* ctx) {
+    if (ctx && ctx->model) ctx->model->request_cancel();
+}
 
 void kiln_context_info(const kiln_context* ctx, kiln_model_info* info) {
     std::memset(info, 0, sizeof *info);
@@ -181,7 +258,7 @@ void kiln_context_info(const kiln_context* ctx, kiln_model_info* info) {
     info->cfg_scale = d.cfg_scale;
     std::strncpy(info->sampler, d.sampler.c_str(), sizeof info->sampler - 1);
     std::strncpy(info->scheduler, d.scheduler.c_str(), sizeof info->scheduler - 1);
-    std::strncpy(info->family, ctx->model->family().c_str(), sizeof info->family - 1);
+    std::strncpy(info->family, ctx->model->family_label().c_str(), sizeof info->family - 1);
 }
 
 void kiln_generation_params_init(kiln_generation_params* params) {
@@ -194,68 +271,43 @@ void kiln_generation_params_init(kiln_generation_params* params) {
     params->vae_tile_overlap = 0.5f;
 }
 
-int kiln_generate(kiln_context* ctx, const kiln_generation_params* params, kiln_image** images, int* n_images,
-                  char** error) {
+kiln_status kiln_generate(kiln_context* ctx, const kiln_generation_params* params, kiln_image** images, int* n_images,
+                          char** error) {
     *images = nullptr;
     *n_images = 0;
     try {
-        kiln::pipeline::GenerationRequest r;
-        r.prompt = str(params->prompt);
-        r.negative_prompt = str(params->negative_prompt);
-        r.width = params->width;
-        r.height = params->height;
-        r.steps = params->steps;
-        r.cfg_scale = params->cfg_scale;
-        r.seed = params->seed;
-        r.batch_count = params->batch_count;
-        r.sampler = str(params->sampler);
-        r.scheduler = str(params->scheduler);
-        r.clip_skip = params->clip_skip;
-        r.flash_attention = params->flash_attention != 0;
-        r.strength = params->strength;
-        if (params->rng) {
-            auto rng = kiln::pipeline::parse_rng_kind(params->rng);
-            if (!rng.ok()) return fail(error, rng.error().message);
-            r.rng = *rng;
-        }
-        if (params->init_image) {
-            auto img = import_image(params->init_image);
-            if (!img.ok()) return fail(error, "init image: " + img.error().message);
-            r.init_image = std::move(img).value();
-        }
-        if (params->vae_tiling)
-            r.vae_tiling = kiln::pipeline::VaeTiling{params->vae_tile_size, params->vae_tile_overlap};
-        if (params->mask) {
-            auto img = import_image(params->mask);
-            if (!img.ok()) return fail(error, "mask: " + img.error().message);
-            r.mask = std::move(img).value();
-        }
+        auto r = generation_request(params);
+        if (!r.ok()) return fail(error, r.error());
         kiln::pipeline::StepCallback on_step;
         if (params->progress) {
             on_step = [params](int image, int step, int total) {
                 params->progress(image, step, total, params->progress_user_data);
             };
         }
-        if (ctx->plan_only) return fail(error, "this context was created with plan_only: it can plan, not generate");
-        auto result = kiln::pipeline::generate(*ctx->model, r, on_step);
+        if (ctx->plan_only) {
+            return fail(error, kiln::Error::invalid_request(
+                                   "this context was created with plan_only: it can plan, not generate"));
+        }
+        auto result = kiln::pipeline::generate(*ctx->model, *r, on_step);
         if (!result.ok()) {
             ctx->model->release_caches();  // a failed job gives back what it took
-            return fail(error, result.error().message);
+            return fail(error, result.error());
         }
         auto* out = static_cast<kiln_image*>(std::calloc(result->size(), sizeof(kiln_image)));
-        if (!out) return fail(error, "out of memory");
+        if (!out) return out_of_memory(error, "returning the images");
         for (size_t i = 0; i < result->size(); ++i) {
             const auto& g = (*result)[i];
             if (!export_image(g.image, kiln::image::format_a1111_parameters(g.info), &out[i])) {
                 kiln_images_free(out, static_cast<int>(result->size()));
-                return fail(error, "out of memory");
+                return out_of_memory(error, "returning the images");
             }
         }
         *images = out;
         *n_images = static_cast<int>(result->size());
-        return 0;
+        return KILN_OK;
     } catch (const std::bad_alloc&) {
-        return fail(error, "out of memory during generation");
+        ctx->model->release_caches();
+        return out_of_memory(error, "during generation");
     }
 }
 
@@ -268,107 +320,108 @@ void kiln_images_free(kiln_image* images, int n_images) {
     std::free(images);
 }
 
-int kiln_image_save(const kiln_image* image, const char* path, char** error) {
+kiln_status kiln_image_save(const kiln_image* image, const char* path, char** error) {
     auto img = import_image(image);
-    if (!img.ok()) return fail(error, std::string(path) + ": " + img.error().message);
+    if (!img.ok()) return fail(error, img.error().in_context(std::string(path) + ": "));
     kiln::image::ImageWriteOptions options;
     if (image->parameters) options.text[kiln::image::kParametersKeyword] = image->parameters;
     auto status = kiln::image::write_image(path, *img, options);
-    if (!status.ok()) return fail(error, status.error().message);
-    return 0;
+    if (!status.ok()) return fail(error, status.error());
+    return KILN_OK;
 }
 
-int kiln_image_load(const char* path, kiln_image** image, char** error) {
+kiln_status kiln_image_load(const char* path, kiln_image** image, char** error) {
     return kiln_image_load_limited(path, 0, image, error);
 }
 
-int kiln_image_load_limited(const char* path, uint64_t max_pixels, kiln_image** image, char** error) {
+kiln_status kiln_image_load_limited(const char* path, uint64_t max_pixels, kiln_image** image, char** error) {
     *image = nullptr;
     auto img = kiln::image::read_image(path, max_pixels ? max_pixels : kiln::image::kDefaultMaxImagePixels);
-    if (!img.ok()) return fail(error, img.error().message);
+    if (!img.ok()) return fail(error, img.error().as(kiln::ErrorKind::BadFile));
     auto rgb = kiln::image::convert_channels(*img, 3);
-    if (!rgb.ok()) return fail(error, std::string(path) + ": " + rgb.error().message);
+    if (!rgb.ok()) return fail(error, rgb.error().as(kiln::ErrorKind::BadFile).in_context(std::string(path) + ": "));
     auto* out = static_cast<kiln_image*>(std::calloc(1, sizeof(kiln_image)));
     if (!out || !export_image(*rgb, "", out)) {
         kiln_images_free(out, out ? 1 : 0);
-        return fail(error, "out of memory");
+        return out_of_memory(error, "loading " + std::string(path));
     }
     *image = out;
-    return 0;
+    return KILN_OK;
 }
 
-int kiln_image_read_parameters(const char* path, char** text, char** error) {
+kiln_status kiln_image_read_parameters(const char* path, char** text, char** error) {
     *text = nullptr;
     auto chunks = kiln::image::read_image_text(path);
-    if (!chunks.ok()) return fail(error, chunks.error().message);
+    if (!chunks.ok()) return fail(error, chunks.error().as(kiln::ErrorKind::BadFile));
     auto it = chunks->find(kiln::image::kParametersKeyword);
-    if (it == chunks->end()) return fail(error, std::string(path) + ": no generation parameters in this image");
+    if (it == chunks->end()) {
+        return fail(error, kiln::Error::bad_file(std::string(path) + ": no generation parameters in this image"));
+    }
     *text = copy_string(it->second);
-    return 0;
+    return KILN_OK;
 }
 
-int kiln_model_describe(const char* path, int list_tensors, char** text, char** error) {
+kiln_status kiln_model_describe(const char* path, int list_tensors, char** text, char** error) {
     *text = nullptr;
     try {
         auto model = kiln::io::ModelFile::open({str(path)});
-        if (!model.ok()) return fail(error, model.error().message);
-        *text = copy_string(kiln::io::describe_model(*model, str(path), list_tensors != 0));
-        return *text ? 0 : fail(error, "out of memory");
+        if (!model.ok()) return fail(error, model.error().as(kiln::ErrorKind::BadFile));
+        kiln::models::FileSet files;
+        files.files.push_back(&*model);
+        const std::string family = kiln::models::detect_family(files).label;
+        *text = copy_string(kiln::io::describe_model(*model, str(path), family, list_tensors != 0));
+        return *text ? KILN_OK : out_of_memory(error, "describing the model");
     } catch (const std::bad_alloc&) {
-        return fail(error, "out of memory describing the model");
+        return out_of_memory(error, "describing the model");
     }
 }
 
-int kiln_model_convert(const char* const* paths, int n_paths, const char* out_path, const char* weight_type,
-                       kiln_convert_progress progress, void* user_data, char** error) {
+kiln_status kiln_model_convert(const char* const* paths, int n_paths, const char* out_path, const char* weight_type,
+                               kiln_convert_progress progress, void* user_data, char** error) {
     try {
         std::vector<std::string> files;
         for (int i = 0; i < n_paths; ++i) files.push_back(str(paths[i]));
         kiln::io::GgufWriteOptions options;
         if (weight_type) {
             auto type = kiln::io::parse_weight_type(weight_type);
-            if (!type.ok()) return fail(error, type.error().message);
+            if (!type.ok()) return fail(error, type.error().as(kiln::ErrorKind::InvalidRequest));
             options.type = *type;
         }
         auto model = kiln::io::ModelFile::open(files);
-        if (!model.ok()) return fail(error, model.error().message);
+        if (!model.ok()) return fail(error, model.error().as(kiln::ErrorKind::BadFile));
         if (progress) {
             options.progress = [progress, user_data](size_t done, size_t total) {
                 progress(static_cast<int>(done), static_cast<int>(total), user_data);
             };
         }
         auto status = kiln::io::write_gguf(*model, str(out_path), options);
-        if (!status.ok()) return fail(error, status.error().message);
-        return 0;
+        if (!status.ok()) return fail(error, status.error());
+        return KILN_OK;
     } catch (const std::bad_alloc&) {
-        return fail(error, "out of memory converting the model");
+        return out_of_memory(error, "converting the model");
     }
 }
 
 void kiln_free_string(char* text) { std::free(text); }
 
-int kiln_plan(kiln_context* ctx, const kiln_generation_params* params, char** text, int* fits, char** error) {
+kiln_status kiln_plan(kiln_context* ctx, const kiln_generation_params* params, char** text, int* fits, char** error) {
     *text = nullptr;
     try {
-        const auto& d = ctx->model->defaults();
-        const int width = params->width > 0 ? params->width : d.width;
-        const int height = params->height > 0 ? params->height : d.height;
-        const float cfg = params->cfg_scale >= 0 ? params->cfg_scale : d.cfg_scale;
-        const int stride = ctx->model->vae().config().downscale();
-        if (width % stride != 0 || height % stride != 0) {
-            return fail(error, "width and height must be multiples of " + std::to_string(stride) + ", got " +
-                                   std::to_string(width) + "x" + std::to_string(height));
-        }
+        auto r = generation_request(params);
+        if (!r.ok()) return fail(error, r.error());
+        auto job = kiln::pipeline::validate_request(*ctx->model, *r);
+        if (!job.ok()) return fail(error, job.error());
+        const bool cfg = job->cfg != 1.0f;
         auto forecast =
-            kiln::pipeline::forecast_job(*ctx->model, width, height, cfg != 1.0f, params->flash_attention != 0);
-        if (!forecast.ok()) return fail(error, forecast.error().message);
-        *text = copy_string("job: " + std::to_string(width) + "x" + std::to_string(height) +
-                            (cfg != 1.0f ? ", CFG batch of two\n" : "\n") +
+            kiln::pipeline::forecast_job(*ctx->model, job->width, job->height, cfg, params->flash_attention != 0);
+        if (!forecast.ok()) return fail(error, forecast.error());
+        *text = copy_string("job: " + std::to_string(job->width) + "x" + std::to_string(job->height) +
+                            (cfg ? ", CFG batch of two\n" : "\n") +
                             kiln::pipeline::describe_forecast(*ctx->model, *forecast));
         if (fits) *fits = forecast->fits ? 1 : 0;
-        return 0;
+        return KILN_OK;
     } catch (const std::bad_alloc&) {
-        return fail(error, "out of memory while planning");
+        return out_of_memory(error, "while planning");
     }
 }
 
@@ -380,7 +433,8 @@ char* kiln_memory_report(kiln_context* ctx) {
         out += "\n";
     }
     auto& m = *ctx->model;
-    for (kiln::runtime::Executor* e : {&m.text_encoder_compute(), &m.diffusion_compute(), &m.vae_compute()}) {
+    for (const auto& module : m.modules()) {
+        kiln::runtime::Executor* e = module->executor.get();
         out += e->module() + " compute buffers peak " + kiln::human_bytes(e->stats().peak_workspace) + " on " +
                e->store().ledger().device_name() + "\n";
     }

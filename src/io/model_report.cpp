@@ -18,8 +18,8 @@ void print_metadata(const Metadata& metadata, std::ostream& out) {
     }
 }
 
-void print_components(const ModelSummary& summary, std::ostream& out) {
-    out << "family: " << summary.family << '\n';
+void print_components(const ModelSummary& summary, const std::string& family, std::ostream& out) {
+    out << "family: " << family << '\n';
     out << "components:\n";
     for (const ComponentSummary& c : summary.components) {
         out << "  " << component_kind_name(c.kind) << ": " << c.name;
@@ -47,7 +47,8 @@ void print_tensors(const ModelFile& model, std::ostream& out) {
 
 }  // namespace
 
-std::string describe_model(const ModelFile& model, const std::string& label, bool list_tensors) {
+std::string describe_model(const ModelFile& model, const std::string& label, const std::string& family,
+                           bool list_tensors) {
     std::ostringstream out;
     out << "model: " << label << (model.is_diffusers() ? " (diffusers folder)" : "") << '\n';
     for (const SourceFile& s : model.sources()) {
@@ -56,7 +57,7 @@ std::string describe_model(const ModelFile& model, const std::string& label, boo
         out << '\n';
     }
     print_metadata(model.metadata(), out);
-    print_components(summarize_model(model), out);
+    print_components(summarize_model(model), family, out);
     if (list_tensors) print_tensors(model, out);
     return out.str();
 }

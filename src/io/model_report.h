@@ -9,7 +9,10 @@
 
 namespace kiln::io {
 
-// `label` is how the model was named (a path or folder).
-std::string describe_model(const ModelFile& model, const std::string& label, bool list_tensors);
+// `label` is how the model was named (a path or folder); `family` what the
+// family registry detected (models/registry.h: io reads files, it does not
+// know families).
+std::string describe_model(const ModelFile& model, const std::string& label, const std::string& family,
+                           bool list_tensors);
 
 }  // namespace kiln::io

@@ -6,7 +6,6 @@ namespace kiln::io {
 namespace {
 
 bool starts_with(std::string_view s, std::string_view prefix) { return s.substr(0, prefix.size()) == prefix; }
-bool contains(std::string_view s, std::string_view part) { return s.find(part) != std::string_view::npos; }
 
 // A rule: tensors whose name starts with `prefix` belong to component `name`.
 // First match wins, so longer prefixes come first.
@@ -65,55 +64,6 @@ const char* bare_component(std::string_view name, ComponentKind* kind) {
     return "other";
 }
 
-const TensorInfo* find_suffix(const ModelFile& model, std::string_view suffix) {
-    for (const TensorInfo& t : model.tensors()) {
-        if (t.name.size() >= suffix.size() &&
-            t.name.compare(t.name.size() - suffix.size(), suffix.size(), suffix) == 0) {
-            return &t;
-        }
-    }
-    return nullptr;
-}
-
-bool any_name_contains(const ModelFile& model, std::string_view part) {
-    return std::any_of(model.tensors().begin(), model.tensors().end(),
-                       [&](const TensorInfo& t) { return contains(t.name, part); });
-}
-
-std::string detect_family(const ModelFile& model) {
-    if (any_name_contains(model, "double_blocks.")) return "Flux";
-    if (any_name_contains(model, "joint_blocks.")) return "SD3";
-    if (any_name_contains(model, "label_emb.") || any_name_contains(model, "add_embedding.") ||
-        any_name_contains(model, "conditioner.embedders.1.")) {
-        return "SDXL";
-    }
-    // The UNet's first convolution says how many latent channels go in (9 for
-    // inpainting); the cross-attention key projection says the context width
-    // (768: CLIP ViT-L, SD1; 1024: OpenCLIP ViT-H, SD2).
-    const TensorInfo* conv_in = find_suffix(model, "input_blocks.0.0.weight");
-    if (!conv_in) conv_in = find_suffix(model, "unet/conv_in.weight");
-    const TensorInfo* attn2_k = find_suffix(model, "transformer_blocks.0.attn2.to_k.weight");
-    std::string family;
-    if (attn2_k && attn2_k->shape.size() == 2) {
-        if (attn2_k->shape[1] == 768) family = "SD1.x";
-        if (attn2_k->shape[1] == 1024) family = "SD2.x";
-    }
-    if (family.empty()) {
-        if (any_name_contains(model, "cond_stage_model.model.")) return "SD2.x";
-        if (any_name_contains(model, "cond_stage_model.transformer.")) return "SD1.x";
-        if (conv_in || attn2_k) return "UNet (unknown context width)";
-        bool vae_only = !model.tensors().empty();
-        for (const TensorInfo& t : model.tensors()) {
-            ComponentKind kind;
-            bare_component(t.name, &kind);
-            vae_only = vae_only && kind == ComponentKind::Vae;
-        }
-        return vae_only ? "VAE" : "unknown";
-    }
-    if (conv_in && conv_in->shape.size() == 4 && conv_in->shape[1] == 9) family += " inpainting";
-    return family;
-}
-
 }  // namespace
 
 const char* component_kind_name(ComponentKind kind) {
@@ -128,7 +78,6 @@ const char* component_kind_name(ComponentKind kind) {
 
 ModelSummary summarize_model(const ModelFile& model) {
     ModelSummary summary;
-    summary.family = detect_family(model);
     std::map<std::string, ComponentSummary> by_name;
     std::vector<std::string> order;
     for (const TensorInfo& t : model.tensors()) {

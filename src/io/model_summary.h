@@ -1,5 +1,5 @@
-// What a model file holds, read from tensor names and shapes alone: the model
-// family and its components (diffusion model, text encoders, VAE, others),
+// What a model file holds, read from tensor names and shapes alone: its
+// components (diffusion model, text encoders, VAE, others),
 // each with tensor count, dtypes and bytes. This is what `kiln info` prints
 // and what a loader uses to route tensors to the right module.
 #pragma once
@@ -26,9 +26,8 @@ struct ComponentSummary {
     std::map<std::string, size_t> dtype_counts;  // "F16" -> 686
 };
 
+// The family is the registry's to say (models/registry.h).
 struct ModelSummary {
-    // "SD1.x", "SD2.x", "SDXL", "SD1.x inpainting", "SD3", "Flux", "unknown", ...
-    std::string family;
     std::vector<ComponentSummary> components;  // in the order above, Others last
     size_t tensor_count = 0;
     uint64_t bytes = 0;

@@ -44,6 +44,14 @@ Result<std::unique_ptr<ClipTextEncoder>> ClipTextEncoder::create(const io::Model
     while (file.find(layer_root + std::to_string(c.layers) + fc1_name)) ++c.layers;
     if (c.layers == 0) return Error{"CLIP text encoder under '" + prefix + "' has no transformer layers"};
     c.intermediate = file.find(layer_root + "0" + fc1_name)->shape[0];
+    // open_clip's text_projection [width, projection], applied as x @ P
+    // (io/name_map.h turns a diffusers CLIPTextModelWithProjection's Linear
+    // into it). SD1's and SDXL's HF-named ViT-L have none.
+    if (const io::TensorInfo* proj = hf ? nullptr : file.find(root + "text_projection")) {
+        if (proj->shape.size() != 2 || proj->shape[0] != c.width)
+            return Error{"CLIP text encoder under '" + prefix + "': text_projection has the wrong shape"};
+        c.projection = proj->shape[1];
+    }
     // Small models may say otherwise in their metadata.
     c.heads = static_cast<int64_t>(file.metadata_number("kiln.clip.heads", static_cast<double>(c.heads)));
     if (c.heads <= 0 || c.width % c.heads != 0)
@@ -102,25 +110,39 @@ void ClipTextEncoder::declare() {
         }
         final_norm_weight_ = w.require("ln_final.weight", {W});
         final_norm_bias_ = w.require("ln_final.bias", {W});
+        if (c.projection) projection_ = w.require("text_projection", {W, c.projection});
     }
 }
 
 ggml_tensor* ClipTextEncoder::build(ggml_context* ctx, ggml_tensor* tokens, int clip_skip,
                                     ggml_tensor* extra_embeddings) const {
+    ClipTextOptions options;
+    options.layer_from_end = clip_skip;
+    options.extra_embeddings = extra_embeddings;
+    return encode(ctx, tokens, options).hidden;
+}
+
+ClipTextOutput ClipTextEncoder::encode(ggml_context* ctx, ggml_tensor* tokens, const ClipTextOptions& options) const {
     const ClipTextConfig& c = config_;
     const int64_t n = tokens->ne[0], batch = tokens->ne[1];
     ggml_tensor* table = token_embedding_;
-    if (extra_embeddings) {
+    if (options.extra_embeddings) {
         // Textual-inversion vectors continue the vocabulary's table.
         if (table->type != GGML_TYPE_F32) table = ggml_cast(ctx, table, GGML_TYPE_F32);
-        table = ggml_concat(ctx, table, extra_embeddings, 1);
+        table = ggml_concat(ctx, table, options.extra_embeddings, 1);
     }
     ggml_tensor* x = ggml_get_rows(ctx, table, ggml_reshape_1d(ctx, tokens, n * batch));  // [W, n*B]
     x = ggml_reshape_3d(ctx, x, c.width, n, batch);
     x = ggml_add(ctx, x, ggml_view_2d(ctx, position_embedding_, c.width, n, position_embedding_->nb[1], 0));
 
-    const int64_t run_layers = std::max<int64_t>(1, c.layers - std::max(1, clip_skip) + 1);
+    auto final_norm = [&](ggml_tensor* h) {
+        h = ggml_norm(ctx, h, 1e-5f);
+        return ggml_add(ctx, ggml_mul(ctx, h, final_norm_weight_), final_norm_bias_);
+    };
+    const int64_t hidden_layers = std::max<int64_t>(1, c.layers - std::max(1, options.layer_from_end) + 1);
+    const int64_t run_layers = options.pooled ? c.layers : hidden_layers;
     nn::AttentionOptions attn{static_cast<int>(c.heads), /*causal=*/true, /*flash=*/false};
+    ClipTextOutput out;
     for (int64_t i = 0; i < run_layers; ++i) {
         const Layer& l = *layers_[i];
         ggml_tensor* h = nn::layer_norm(ctx, l.norm1, x);
@@ -145,9 +167,31 @@ ggml_tensor* ClipTextEncoder::build(ggml_context* ctx, ggml_tensor* tokens, int 
         h = c.quick_gelu ? nn::quick_gelu(ctx, h) : ggml_gelu_erf(ctx, h);
         x = ggml_add(ctx, x, nn::linear(ctx, l.fc2, h));
         x = nn::mark_cut(x, "clip.layers." + std::to_string(i));
+        if (i + 1 == hidden_layers) out.hidden = options.final_norm ? final_norm(x) : x;
     }
-    x = ggml_norm(ctx, x, 1e-5f);
-    return ggml_add(ctx, ggml_mul(ctx, x, final_norm_weight_), final_norm_bias_);
+    if (options.pooled) {
+        ggml_tensor* last = hidden_layers == c.layers && options.final_norm ? out.hidden : final_norm(x);
+        out.pooled = pool(ctx, last, tokens, options.pooled_token);
+    }
+    return out;
+}
+
+ggml_tensor* ClipTextEncoder::pool(ggml_context* ctx, ggml_tensor* normed, ggml_tensor* tokens,
+                                   std::optional<int32_t> pooled_token) const {
+    const int64_t n = tokens->ne[0], batch = tokens->ne[1];
+    // The position to pool is the argmax of a key that is exact in F32 (ids
+    // below 2^24 / context) and unique per position, so the first match wins
+    // whatever order a backend's argmax scans in: id * n - position, or
+    // -|id - pooled_token| * n - position.
+    ggml_tensor* key = ggml_cast(ctx, tokens, GGML_TYPE_F32);  // [n, B]
+    if (pooled_token) key = ggml_neg(ctx, ggml_abs(ctx, ggml_scale_bias(ctx, key, 1.0f, -float(*pooled_token))));
+    key = ggml_sub(ctx, ggml_scale(ctx, key, float(n)), ggml_arange(ctx, 0.0f, float(n), 1.0f));
+    ggml_tensor* position = ggml_reshape_2d(ctx, ggml_argmax(ctx, key), 1, batch);  // I32 [1, B]
+    ggml_tensor* pooled = ggml_reshape_2d(ctx, ggml_get_rows(ctx, normed, position), config_.width, batch);
+    if (!projection_) return pooled;
+    // x @ P: P is ne [projection, width]; the product wants it as ne [width, projection].
+    ggml_tensor* p = ggml_cont(ctx, ggml_transpose(ctx, projection_));
+    return ggml_mul_mat(ctx, p, pooled);  // [projection, B]
 }
 
 }  // namespace kiln::models

@@ -1,7 +1,9 @@
-// CLIP text encoder (SD1: OpenAI CLIP ViT-L/14 text tower in HF naming; SD2:
-// OpenCLIP ViT-H in open_clip naming, fused q/k/v). Sizes come from the
-// weights: vocabulary, width, layer count, context length; heads are
-// width / 64 as in every released CLIP.
+// CLIP text encoder (SD1 and SDXL's first encoder: OpenAI CLIP ViT-L/14 text
+// tower in HF naming; SD2: OpenCLIP ViT-H and SDXL's second encoder: OpenCLIP
+// ViT-bigG/14, in open_clip naming, fused q/k/v, with text_projection). Sizes
+// come from the weights: vocabulary, width, layer count, context length,
+// whether a text projection is present; heads are width / 64 as in every
+// released CLIP.
 #pragma once
 
 #include <memory>
@@ -24,12 +26,44 @@ struct ClipTextConfig {
     int64_t context = 0;  // position embeddings (77)
     int64_t intermediate = 0;
     bool quick_gelu = true;  // OpenAI CLIP: quick_gelu; OpenCLIP: gelu
+    int64_t projection = 0;  // width of the pooled output after text_projection; 0: no projection
+};
+
+// What ClipTextEncoder::encode computes. The defaults are SD1/SD2's
+// conditioning; SDXL asks for {layer_from_end 2, final_norm false} from both
+// encoders and the pooled output from the second.
+struct ClipTextOptions {
+    // Hidden states after layer L - layer_from_end + 1 of L: 1 the last layer,
+    // 2 the penultimate (clip skip); values past the first layer take the first.
+    int layer_from_end = 1;
+    // Whether the final layer norm is applied to those hidden states: SD1/SD2
+    // yes; SDXL no (sgm's FrozenCLIPEmbedder layer "hidden" and
+    // FrozenOpenCLIPEmbedder2 "penultimate" with legacy=False).
+    bool final_norm = true;
+    // Also compute the pooled output: the final layer norm of the LAST
+    // layer's output (whatever layer_from_end says) at one position per
+    // prompt, times text_projection when the weights have one (open_clip's
+    // x @ P; HF-named encoders are taken without one). The position is the first one holding
+    // `pooled_token` when set (as ComfyUI takes it: right with
+    // textual-inversion ids above the vocabulary), else the first one holding
+    // the largest token id (open_clip's and HF CLIP's argmax: the EOS).
+    bool pooled = false;
+    std::optional<int32_t> pooled_token;
+    // F32 ne [width, n] rows for token ids vocab..vocab+n-1 (textual
+    // inversion), or null.
+    ggml_tensor* extra_embeddings = nullptr;
+};
+
+struct ClipTextOutput {
+    ggml_tensor* hidden = nullptr;  // ne [width, context, batch]
+    ggml_tensor* pooled = nullptr;  // ne [projection or width, batch]; null unless asked for
 };
 
 class ClipTextEncoder {
   public:
-    // `prefix`: where the encoder's tensors live ("cond_stage_model.transformer." or
-    // "cond_stage_model.model."). Error if the tensors do not form a CLIP text encoder.
+    // `prefix`: where the encoder's tensors live ("cond_stage_model.transformer.",
+    // "cond_stage_model.model.", SDXL's "conditioner.embedders.0.transformer." and
+    // "conditioner.embedders.1.model."). Error if the tensors do not form a CLIP text encoder.
     static Result<std::unique_ptr<ClipTextEncoder>> create(const io::ModelFile& file, const std::string& prefix,
                                                            std::optional<ggml_type> weight_type);
 
@@ -37,10 +71,12 @@ class ClipTextEncoder {
     runtime::ModuleWeights& weights() { return *weights_; }
     const runtime::ModuleWeights& weights() const { return *weights_; }
 
-    // tokens: I32 ne [context, batch]. clip_skip 1 = last layer, 2 = penultimate, ...;
-    // the final layer norm is applied to the chosen layer's output (as SD does).
-    // extra_embeddings: F32 ne [width, n] rows for token ids vocab..vocab+n-1
-    // (textual inversion), or null. Returns ne [width, context, batch].
+    // tokens: I32 ne [context, batch] (at most `context` tokens per prompt).
+    // Cut markers "clip.layers.<i>" after each layer that runs.
+    ClipTextOutput encode(ggml_context* ctx, ggml_tensor* tokens, const ClipTextOptions& options) const;
+
+    // SD1/SD2's conditioning: encode() with {clip_skip, final_norm true,
+    // extra_embeddings}, its hidden states.
     ggml_tensor* build(ggml_context* ctx, ggml_tensor* tokens, int clip_skip,
                        ggml_tensor* extra_embeddings = nullptr) const;
 
@@ -48,6 +84,9 @@ class ClipTextEncoder {
     struct Layer;
     ClipTextEncoder() = default;
     void declare();
+    // normed: ne [width, n, B], the final-normed last layer. Returns ne [projection or width, B].
+    ggml_tensor* pool(ggml_context* ctx, ggml_tensor* normed, ggml_tensor* tokens,
+                      std::optional<int32_t> pooled_token) const;
 
     ClipTextConfig config_;
     std::unique_ptr<runtime::ModuleWeights> weights_;
@@ -56,6 +95,7 @@ class ClipTextEncoder {
     std::vector<std::shared_ptr<Layer>> layers_;
     ggml_tensor* final_norm_weight_ = nullptr;
     ggml_tensor* final_norm_bias_ = nullptr;
+    ggml_tensor* projection_ = nullptr;  // open_clip: ne [projection, width] (x @ P); HF: a Linear
 };
 
 }  // namespace kiln::models

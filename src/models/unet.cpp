@@ -23,8 +23,9 @@ struct TransformerBlock {
 struct SpatialTransformer {
     nn::Norm norm;
     nn::Conv2d proj_in_conv, proj_out_conv;      // SD1
-    nn::Linear proj_in_linear, proj_out_linear;  // SD2
+    nn::Linear proj_in_linear, proj_out_linear;  // SD2, SDXL
     std::vector<TransformerBlock> blocks;
+    int heads = 1;
 };
 
 // One entry of input_blocks / output_blocks: a resnet, optionally a
@@ -47,9 +48,10 @@ ResBlock declare_res(runtime::ModuleWeights& w, const std::string& p, int64_t in
     return r;
 }
 
-SpatialTransformer declare_transformer(runtime::ModuleWeights& w, const std::string& p, int64_t ch,
-                                       const UnetConfig& c) {
+SpatialTransformer declare_transformer(runtime::ModuleWeights& w, const std::string& p, int64_t ch, const UnetConfig& c,
+                                       int depth) {
     SpatialTransformer t;
+    t.heads = static_cast<int>(c.heads_at(ch));
     t.norm = nn::declare_norm(w, p + "norm", ch);
     if (c.linear_projection) {
         t.proj_in_linear = nn::declare_linear(w, p + "proj_in", ch, ch);
@@ -58,7 +60,7 @@ SpatialTransformer declare_transformer(runtime::ModuleWeights& w, const std::str
         t.proj_in_conv = nn::declare_conv2d(w, p + "proj_in", ch, ch, 1);
         t.proj_out_conv = nn::declare_conv2d(w, p + "proj_out", ch, ch, 1);
     }
-    for (int d = 0; d < c.transformer_depth; ++d) {
+    for (int d = 0; d < depth; ++d) {
         const std::string b = p + "transformer_blocks." + std::to_string(d) + ".";
         TransformerBlock tb;
         tb.norm1 = nn::declare_norm(w, b + "norm1", ch);
@@ -88,7 +90,8 @@ ggml_tensor* apply_res(ggml_context* ctx, const ResBlock& r, ggml_tensor* x, ggm
 }
 
 ggml_tensor* apply_transformer(ggml_context* ctx, const SpatialTransformer& t, ggml_tensor* x, ggml_tensor* context,
-                               const UnetConfig& c, const nn::AttentionOptions& attn) {
+                               const UnetConfig& c, nn::AttentionOptions attn) {
+    attn.heads = t.heads;
     const int64_t W = x->ne[0], H = x->ne[1], C = x->ne[2], B = x->ne[3];
     ggml_tensor* h = nn::group_norm(ctx, t.norm, x, 32, 1e-6f);
     auto to_tokens = [&](ggml_tensor* img) {  // [W, H, C, B] -> [C, W*H, B]
@@ -125,14 +128,22 @@ ggml_tensor* apply_transformer(ggml_context* ctx, const SpatialTransformer& t, g
     return ggml_add(ctx, h, x);
 }
 
+// Transformer blocks under `p` ("input_blocks.4.1."): transformer_blocks.0..N-1.
+int count_transformer_blocks(const io::ModelFile& file, const std::string& p) {
+    int depth = 0;
+    while (file.find(p + "transformer_blocks." + std::to_string(depth) + ".norm1.weight")) ++depth;
+    return depth;
+}
+
 }  // namespace
 
 struct Unet::Blocks {
     nn::Linear time1, time2;
+    nn::Linear label1, label2;  // label_emb.0.0 / .0.2, when the UNet takes y
     nn::Conv2d conv_in;
     std::vector<UnetBlock> input;  // input_blocks.1..
     UnetBlock mid_res1, mid_res2;
-    SpatialTransformer mid_attn;
+    std::optional<SpatialTransformer> mid_attn;
     std::vector<UnetBlock> output;  // output_blocks.0..
     nn::Norm out_norm;
     nn::Conv2d conv_out;
@@ -161,37 +172,69 @@ Result<std::unique_ptr<Unet>> Unet::create(const io::ModelFile& file, const std:
 
     // Walk input_blocks: resnets give each level's channels, "op" convs end a level.
     std::vector<int> res_per_level(1, 0);
-    c.level_attention.assign(1, false);
     c.level_channels.assign(1, c.model_channels);
+    auto read_transformer = [&](const std::string& p, int* depth) -> Status {
+        *depth = 0;
+        const io::TensorInfo* proj = find(p + "proj_in.weight");
+        if (!proj) return Status::Ok();
+        c.linear_projection = proj->shape.size() == 2;
+        if (const io::TensorInfo* k2 = find(p + "transformer_blocks.0.attn2.to_k.weight")) c.context_dim = k2->shape[1];
+        *depth = count_transformer_blocks(file, prefix + p);
+        if (*depth == 0) return Error{"UNet under '" + prefix + "': " + p + " has no transformer_blocks"};
+        return Status::Ok();
+    };
     for (int k = 1;; ++k) {
         const std::string p = "input_blocks." + std::to_string(k) + ".";
         if (find(p + "0.op.weight")) {
             res_per_level.push_back(0);
-            c.level_attention.push_back(false);
             c.level_channels.push_back(c.level_channels.back());
+            c.input_depth.push_back(0);
             continue;
         }
         const io::TensorInfo* res = find(p + "0.in_layers.2.weight");
         if (!res) break;
         c.level_channels.back() = res->shape[0];
         ++res_per_level.back();
-        if (const io::TensorInfo* proj = find(p + "1.proj_in.weight")) {
-            c.level_attention.back() = true;
-            c.linear_projection = proj->shape.size() == 2;
-            if (const io::TensorInfo* k2 = find(p + "1.transformer_blocks.0.attn2.to_k.weight"))
-                c.context_dim = k2->shape[1];
-            int depth = 0;
-            while (find(p + "1.transformer_blocks." + std::to_string(depth) + ".norm1.weight")) ++depth;
-            c.transformer_depth = depth;
-        }
+        int depth = 0;
+        KILN_TRY(read_transformer(p + "1.", &depth));
+        c.input_depth.push_back(depth);
     }
     c.res_blocks = res_per_level.front();
     for (int r : res_per_level) {
         if (r != c.res_blocks || r == 0)
             return Error{"UNet under '" + prefix + "': levels have different numbers of resnets"};
     }
-    c.heads = static_cast<int64_t>(file.metadata_number("kiln.unet.heads", c.context_dim == 768 ? 8 : 0));
-    if (c.heads <= 0) c.heads = std::max<int64_t>(1, c.model_channels / 64);
+    KILN_TRY(read_transformer("middle_block.1.", &c.middle_depth));
+    const size_t outputs = c.level_channels.size() * static_cast<size_t>(c.res_blocks + 1);
+    for (size_t k = 0; k < outputs; ++k) {
+        int depth = 0;
+        KILN_TRY(read_transformer("output_blocks." + std::to_string(k) + ".1.", &depth));
+        c.output_depth.push_back(depth);
+    }
+    if (const io::TensorInfo* label = find("label_emb.0.0.weight")) {
+        if (label->shape.size() != 2) return Error{"UNet under '" + prefix + "': label_emb.0.0.weight is not a matrix"};
+        c.adm_in_channels = label->shape[1];
+    }
+
+    const double fixed_heads = file.metadata_number("kiln.unet.heads", 0);
+    const double fixed_head_channels = file.metadata_number("kiln.unet.head_channels", 0);
+    if (fixed_heads > 0) {
+        c.heads = static_cast<int64_t>(fixed_heads);
+    } else if (fixed_head_channels > 0) {
+        c.head_channels = static_cast<int64_t>(fixed_head_channels);
+    } else if (c.context_dim == 768) {
+        c.heads = 8;
+    } else if (c.adm_in_channels > 0) {
+        c.head_channels = 64;  // sgm's SDXL configs: num_head_channels 64
+    } else {
+        c.heads = std::max<int64_t>(1, c.model_channels / 64);
+    }
+    for (int64_t ch : c.level_channels) {
+        const int64_t heads = c.heads_at(ch);
+        if (heads <= 0 || ch % heads != 0)
+            return Error{"UNet under '" + prefix + "': " + std::to_string(ch) +
+                         " channels do not split into attention heads"};
+    }
 
     unet->weights_ = std::make_unique<runtime::ModuleWeights>(file, prefix, weight_type);
     KILN_TRY(unet->declare());
@@ -205,6 +248,10 @@ Status Unet::declare() {
     Blocks& b = *blocks_;
     b.time1 = nn::declare_linear(w, "time_embed.0", c.model_channels, c.time_embed_dim);
     b.time2 = nn::declare_linear(w, "time_embed.2", c.time_embed_dim, c.time_embed_dim);
+    if (c.adm_in_channels > 0) {
+        b.label1 = nn::declare_linear(w, "label_emb.0.0", c.adm_in_channels, c.time_embed_dim);
+        b.label2 = nn::declare_linear(w, "label_emb.0.2", c.time_embed_dim, c.time_embed_dim);
+    }
     b.conv_in = nn::declare_conv2d(w, "input_blocks.0.0", c.in_channels, c.model_channels, 3, 1, 1);
 
     const int levels = static_cast<int>(c.level_channels.size());
@@ -217,7 +264,7 @@ Status Unet::declare() {
             UnetBlock block;
             block.res = declare_res(w, p + "0.", ch, c.level_channels[level], c.time_embed_dim);
             ch = c.level_channels[level];
-            if (c.level_attention[level]) block.attn = declare_transformer(w, p + "1.", ch, c);
+            if (const int depth = c.input_depth[k - 1]) block.attn = declare_transformer(w, p + "1.", ch, c, depth);
             b.input.push_back(std::move(block));
             skip_channels.push_back(ch);
         }
@@ -230,8 +277,11 @@ Status Unet::declare() {
         }
     }
     b.mid_res1.res = declare_res(w, "middle_block.0.", ch, ch, c.time_embed_dim);
-    b.mid_attn = declare_transformer(w, "middle_block.1.", ch, c);
-    b.mid_res2.res = declare_res(w, "middle_block.2.", ch, ch, c.time_embed_dim);
+    if (c.middle_depth > 0) b.mid_attn = declare_transformer(w, "middle_block.1.", ch, c, c.middle_depth);
+    // Without its transformer (SSD-1B, Vega) the middle block keeps sgm's
+    // numbering (an Identity at 1); accept the second resnet at 1 as well.
+    const bool res2_at_1 = c.middle_depth == 0 && !w.has("middle_block.2.in_layers.2.weight");
+    b.mid_res2.res = declare_res(w, res2_at_1 ? "middle_block.1." : "middle_block.2.", ch, ch, c.time_embed_dim);
 
     k = 0;
     for (int level = levels - 1; level >= 0; --level) {
@@ -243,7 +293,8 @@ Status Unet::declare() {
             block.res = declare_res(w, p + "0.", ch + skip, c.level_channels[level], c.time_embed_dim);
             ch = c.level_channels[level];
             int index = 1;
-            if (c.level_attention[level]) block.attn = declare_transformer(w, p + std::to_string(index++) + ".", ch, c);
+            if (const int depth = c.output_depth[k])
+                block.attn = declare_transformer(w, p + std::to_string(index++) + ".", ch, c, depth);
             if (level > 0 && r == c.res_blocks) {
                 block.up = nn::declare_conv2d(w, p + std::to_string(index) + ".conv", ch, ch, 3, 1, 1);
             }
@@ -257,19 +308,59 @@ Status Unet::declare() {
 
 ggml_tensor* Unet::build(ggml_context* ctx, ggml_tensor* x, ggml_tensor* timesteps, ggml_tensor* context,
                          bool flash_attention) const {
+    UnetBuildOptions options;
+    options.flash_attention = flash_attention;
+    auto out = build(ctx, UnetInputs{x, timesteps, context, nullptr}, options);
+    return out.ok() ? *out : nullptr;
+}
+
+Result<ggml_tensor*> Unet::build(ggml_context* ctx, const UnetInputs& inputs, const UnetBuildOptions& options) const {
     const UnetConfig& c = config_;
     const Blocks& b = *blocks_;
+    ggml_tensor* x = inputs.x;
+    ggml_tensor* context = inputs.context;
+    if (!x || !inputs.timesteps || !context) return Error{"UNet: x, timesteps and context are required"};
+    const int64_t B = x->ne[3];
+    const int64_t stride = int64_t(1) << (c.level_channels.size() - 1);
+    if (x->ne[2] != c.in_channels) {
+        return Error{"UNet: x has " + std::to_string(x->ne[2]) + " channels, the network takes " +
+                     std::to_string(c.in_channels)};
+    }
+    if (x->ne[0] % stride != 0 || x->ne[1] % stride != 0) {
+        return Error{"UNet: latent size " + std::to_string(x->ne[0]) + "x" + std::to_string(x->ne[1]) +
+                     " is not a multiple of " + std::to_string(stride)};
+    }
+    const int64_t steps = ggml_nelements(inputs.timesteps);
+    if (steps != B && steps != 1) return Error{"UNet: timesteps must have one value, or one per batch item"};
+    if (context->ne[0] != c.context_dim) {
+        return Error{"UNet: context is " + std::to_string(context->ne[0]) + " wide, the network takes " +
+                     std::to_string(c.context_dim)};
+    }
+    if (c.adm_in_channels > 0 && !inputs.y) {
+        return Error{"UNet: this network has label_emb and needs y (ne [" + std::to_string(c.adm_in_channels) +
+                     ", batch])"};
+    }
+    if (c.adm_in_channels == 0 && inputs.y) return Error{"UNet: this network has no label_emb; y must be null"};
+    if (inputs.y && (inputs.y->ne[0] != c.adm_in_channels || ggml_nelements(inputs.y) != c.adm_in_channels * B)) {
+        return Error{"UNet: y must be ne [" + std::to_string(c.adm_in_channels) + ", " + std::to_string(B) + "]"};
+    }
+
     nn::AttentionOptions attn;
     attn.heads = static_cast<int>(c.heads);
-    attn.flash = flash_attention;
+    attn.flash = options.flash_attention;
     // On the CPU, large attention scores go through the cache a block at a
     // time (nn/attention.h); blocks of 8 MiB leave room for the operands in a
     // 32 MiB L3 (full-size SD1.5 at 512x512, 2 threads: UNet step 13.9 s -> 13.5 s,
     // peak RSS of the first step 2.96 GiB -> 2.21 GiB).
     constexpr int64_t kCpuScoresBlockBytes = 8ll << 20;
     if (weights_->computes_on_cpu()) attn.scores_block_bytes = kCpuScoresBlockBytes;
-    ggml_tensor* emb = ggml_timestep_embedding(ctx, timesteps, static_cast<int>(c.model_channels), 10000);
+    ggml_tensor* emb = ggml_timestep_embedding(ctx, inputs.timesteps, static_cast<int>(c.model_channels), 10000);
     emb = nn::linear(ctx, b.time2, ggml_silu(ctx, nn::linear(ctx, b.time1, emb)));
+    if (inputs.y) {
+        ggml_tensor* y = ggml_reshape_2d(ctx, inputs.y, c.adm_in_channels, B);
+        // label first: a single timestep's embedding broadcasts over the batch.
+        emb = ggml_add(ctx, nn::linear(ctx, b.label2, ggml_silu(ctx, nn::linear(ctx, b.label1, y))), emb);
+    }
 
     std::vector<ggml_tensor*> skips;
     ggml_tensor* h = nn::mark_cut(nn::conv2d(ctx, b.conv_in, x), "input_blocks.0");
@@ -286,7 +377,7 @@ ggml_tensor* Unet::build(ggml_context* ctx, ggml_tensor* x, ggml_tensor* timeste
         skips.push_back(h);
     }
     h = apply_res(ctx, *b.mid_res1.res, h, emb);
-    h = apply_transformer(ctx, b.mid_attn, h, context, c, attn);
+    if (b.mid_attn) h = apply_transformer(ctx, *b.mid_attn, h, context, c, attn);
     h = nn::mark_cut(apply_res(ctx, *b.mid_res2.res, h, emb), "middle_block");
     for (size_t i = 0; i < b.output.size(); ++i) {
         const UnetBlock& block = b.output[i];

@@ -1,9 +1,16 @@
-// The SD1.x / SD2.x UNet (ldm's UNetModel) including the 9-channel
-// inpainting variant. Its shape is read from the weights: base channels,
-// channels per level, resnets per level, which levels have attention,
-// transformer depth, context width, linear or 1x1-conv transformer projections
-// (SD2 uses linear). Heads: SD1 (context 768) has 8; others 64-wide heads;
-// the metadata key "kiln.unet.heads" overrides both (small test models).
+// The UNet of SD1.x / SD2.x (ldm's UNetModel) and SDXL (sgm's UNetModel),
+// including the 9-channel inpainting variants. Its shape is read from the
+// weights: base channels, channels per level, resnets per level, the
+// transformer depth of every block (0: none; SDXL base 0/2/10 with 10 in the
+// middle, SSD-1B and Vega fewer, and no middle transformer), context width,
+// linear or 1x1-conv transformer projections (SD2 and SDXL use linear), and
+// whether a label_emb takes a vector `y` into the time embedding (SDXL:
+// adm_in_channels 2816, the pooled text embedding and size conditioning).
+// Heads: SD1 (context 768) has 8 per transformer; a UNet with label_emb has
+// 64-wide heads (sgm's num_head_channels 64: 10 at 640 channels, 20 at
+// 1280); others model_channels / 64 heads everywhere. The metadata keys
+// "kiln.unet.heads" (a fixed count) and "kiln.unet.head_channels" (a fixed
+// width) override these (small test models).
 #pragma once
 
 #include <memory>
@@ -23,12 +30,33 @@ struct UnetConfig {
     int64_t model_channels = 320;
     int64_t time_embed_dim = 1280;
     int64_t context_dim = 768;
+    int64_t adm_in_channels = 0;          // width of label_emb's input `y` (SDXL 2816); 0: no label_emb
     std::vector<int64_t> level_channels;  // channels of each level
-    std::vector<bool> level_attention;    // whether each level has transformers
     int res_blocks = 2;                   // resnets per down level (up levels have one more)
-    int transformer_depth = 1;
-    bool linear_projection = false;  // SD2: proj_in/out are linear layers
-    int64_t heads = 8;
+    // Transformer depth (transformer_blocks.N count) of every block, 0 where
+    // it has none: input_blocks.1.. (downsamplers included, as 0), the middle
+    // block (0: resnet, resnet), output_blocks.0..
+    std::vector<int> input_depth;
+    int middle_depth = 1;
+    std::vector<int> output_depth;
+    bool linear_projection = false;  // SD2, SDXL: proj_in/out are linear layers
+    int64_t heads = 8;               // heads of every transformer, when head_channels is 0
+    int64_t head_channels = 0;       // > 0: each transformer has channels / head_channels heads
+
+    // Heads of a transformer over `channels` channels.
+    int64_t heads_at(int64_t channels) const { return head_channels > 0 ? channels / head_channels : heads; }
+};
+
+// The inputs of one UNet evaluation (ggml ne order).
+struct UnetInputs {
+    ggml_tensor* x = nullptr;          // ne [W, H, in_channels, B]: the latent, already scaled by c_in
+    ggml_tensor* timesteps = nullptr;  // F32 ne [B]
+    ggml_tensor* context = nullptr;    // ne [context_dim, tokens, B]
+    ggml_tensor* y = nullptr;          // ne [adm_in_channels, B] when the UNet has label_emb, else null
+};
+
+struct UnetBuildOptions {
+    bool flash_attention = false;  // ggml's fused kernel: K/V in F16, not bit-identical
 };
 
 class Unet {
@@ -40,10 +68,16 @@ class Unet {
     runtime::ModuleWeights& weights() { return *weights_; }
     const runtime::ModuleWeights& weights() const { return *weights_; }
 
-    // x: ne [W, H, in_channels, B] (latent, already scaled by c_in);
-    // timesteps: F32 ne [B]; context: ne [context_dim, tokens, B].
-    // Returns the model output ne [W, H, out_channels, B] (eps or v).
-    // W and H must be multiples of 2^(levels-1).
+    // Returns the model output ne [W, H, out_channels, B] (eps or v), with cut
+    // markers "input_blocks.K", "middle_block", "output_blocks.K". An error
+    // (nothing built) when the inputs do not fit the network: x's channels,
+    // W and H not multiples of 2^(levels-1), the context width, batch sizes,
+    // or `y` missing for a UNet with label_emb, given to one without, or of
+    // the wrong width.
+    Result<ggml_tensor*> build(ggml_context* ctx, const UnetInputs& inputs, const UnetBuildOptions& options) const;
+
+    // SD1/SD2's call: build() without y. Requires a UNet without label_emb
+    // and inputs that fit (the pipeline validates sizes first); null otherwise.
     ggml_tensor* build(ggml_context* ctx, ggml_tensor* x, ggml_tensor* timesteps, ggml_tensor* context,
                        bool flash_attention) const;
 

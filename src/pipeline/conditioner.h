@@ -7,24 +7,32 @@
 #include <string>
 #include <vector>
 
-#include "pipeline/sd_model.h"
+#include "pipeline/model.h"
 #include "util/result.h"
 
 namespace kiln::pipeline {
 
 struct Conditioning {
-    std::vector<float> hidden;  // tokens rows of `width` floats
+    // tokens rows of `width` floats: every text encoder of the family's
+    // conditioning side by side (SDXL: 768 CLIP-L then 1280 CLIP-G).
+    std::vector<float> hidden;
     int64_t tokens = 0;
     int64_t width = 0;
+    // The pooled, projected output of the encoder the family pools (SDXL's
+    // CLIP-G), of the first chunk; empty when the family pools none.
+    std::vector<float> pooled;
+    // The UNet's vector input (SDXL's label_emb: pooled then the size
+    // embeddings), set by generate(); empty when the UNet takes none.
+    std::vector<float> y;
 };
 
-// Encodes `prompt` with `clip_skip` (<= 0: the model's default). With
+// Encodes `prompt` with every text encoder of the model's family, each at
+// layer `clip_skip` from the end (<= 0: the family's default). With
 // min_chunks, pads with empty chunks so that a negative prompt has as many
 // tokens as its positive (CFG needs both the same length).
-Result<Conditioning> encode_prompt(StableDiffusionModel& model, const std::string& prompt, int clip_skip,
-                                   size_t min_chunks = 1);
+Result<Conditioning> encode_prompt(Model& model, const std::string& prompt, int clip_skip, size_t min_chunks = 1);
 
 // How many 77-token chunks `prompt` takes.
-size_t prompt_chunk_count(const StableDiffusionModel& model, const std::string& prompt);
+size_t prompt_chunk_count(const Model& model, const std::string& prompt);
 
 }  // namespace kiln::pipeline

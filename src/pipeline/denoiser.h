@@ -11,12 +11,12 @@
 #include <cstddef>
 #include <vector>
 
+#include "models/family.h"
 #include "util/result.h"
 
 namespace kiln::pipeline {
 
-// What the network predicts: the noise (SD 1.x, SD 2.x base) or v (SD 2.x 768-v).
-enum class Prediction { Eps, V };
+using models::Prediction;
 
 struct Scalings {
     float c_skip = 1.0f;

@@ -6,93 +6,33 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "pipeline/graphs.h"
 #include "pipeline/schedulers.h"
+#include "pipeline/size_conditioning.h"
 #include "pipeline/vae_tiling.h"
 #include "runtime/graph_session.h"
+#include "util/format.h"
 #include "util/log.h"
 
 namespace kiln::pipeline {
 namespace {
-
-struct Plan {
-    int width, height, steps, latent_w, latent_h;
-    float cfg;
-    SamplerKind sampler;
-    SchedulerKind scheduler;
-};
-
-Result<Plan> plan_request(const StableDiffusionModel& model, const GenerationRequest& r) {
-    Plan p;
-    const ModelDefaults& d = model.defaults();
-    p.width = r.width > 0 ? r.width : d.width;
-    p.height = r.height > 0 ? r.height : d.height;
-    if (r.init_image) {
-        // Image-to-image works at the init image's size (stable-diffusion.cpp's rule).
-        const image::Image& init = *r.init_image;
-        if ((r.width > 0 && r.width != init.width) || (r.height > 0 && r.height != init.height)) {
-            return Error{"init image is " + std::to_string(init.width) + "x" + std::to_string(init.height) +
-                         " but the requested size is " + std::to_string(p.width) + "x" + std::to_string(p.height)};
-        }
-        p.width = init.width;
-        p.height = init.height;
-        if (r.mask && (r.mask->width != init.width || r.mask->height != init.height)) {
-            return Error{"mask is " + std::to_string(r.mask->width) + "x" + std::to_string(r.mask->height) +
-                         " but the init image is " + std::to_string(init.width) + "x" + std::to_string(init.height)};
-        }
-    }
-    p.steps = r.steps != 0 ? r.steps : d.steps;
-    p.cfg = r.cfg_scale >= 0 ? r.cfg_scale : d.cfg_scale;
-    if (r.width < 0 || r.height < 0) return Error{"width and height must be positive"};
-    if (p.steps < 1) return Error{"steps must be at least 1, got " + std::to_string(p.steps)};
-    if (!(p.cfg >= 0) || !std::isfinite(p.cfg)) return Error{"cfg scale must be a non-negative number"};
-    if (r.batch_count < 1) return Error{"batch count must be at least 1"};
-    // The VAE divides by its stride, the UNet by 2 per extra level.
-    const int vae_stride = model.vae().config().downscale();
-    const int unet_stride = 1 << (model.unet().config().level_channels.size() - 1);
-    const int stride = vae_stride * unet_stride;
-    if (p.width % stride != 0 || p.height % stride != 0) {
-        return Error{"width and height must be multiples of " + std::to_string(stride) + " for this model, got " +
-                     std::to_string(p.width) + "x" + std::to_string(p.height)};
-    }
-    if (p.width > image::kMaxDimension || p.height > image::kMaxDimension) {
-        return Error{"width and height must be at most " + std::to_string(image::kMaxDimension)};
-    }
-    p.latent_w = p.width / vae_stride;
-    p.latent_h = p.height / vae_stride;
-    auto sampler = parse_sampler(r.sampler.empty() ? d.sampler : r.sampler);
-    if (!sampler.ok()) return sampler.error();
-    p.sampler = *sampler;
-    auto scheduler = parse_scheduler(r.scheduler.empty() ? d.scheduler : r.scheduler);
-    if (!scheduler.ok()) return scheduler.error();
-    p.scheduler = *scheduler;
-    if (r.mask && !r.init_image) return Error{"--mask needs an init image (-i)"};
-    if (r.vae_tiling) KILN_TRY(validate_tiling(*r.vae_tiling));
-    if (r.init_image && !(r.strength > 0.0f && r.strength <= 1.0f)) {
-        return Error{"strength must be in (0, 1], got " + std::to_string(r.strength)};
-    }
-    return p;
-}
 
 // The UNet graph of one sampling run: built at the first step and reused by
 // every later one (same shapes; only x, the timestep and, for separate CFG
 // passes, the context change), so a step costs no graph build and, with
 // nothing else computed in between, no new allocation.
 struct UnetGraph {
-    std::unique_ptr<runtime::GraphSession> session;
-    int64_t batch = 0;
-    ggml_tensor* x = nullptr;
-    ggml_tensor* timesteps = nullptr;
-    ggml_tensor* context = nullptr;
-    ggml_tensor* out = nullptr;
+    DiffusionGraph graph;
     // The CFG batch of two did not fit: the passes run one at a time.
     bool separate_passes = false;
 };
 
 // Runs the UNet on `batch` copies of the scaled latent with `context`
-// ([width, tokens] per batch item) and returns its raw output.
-Result<std::vector<float>> run_unet_batch(StableDiffusionModel& model, const std::vector<float>& x, float sigma,
-                                          const SamplingRun& p, const std::vector<float>& context, int64_t tokens,
-                                          int64_t batch, UnetGraph& graph) {
+// ([width, tokens] per batch item) and `y` (the UNet's vector input per
+// batch item, empty when it takes none) and returns its raw output.
+Result<std::vector<float>> run_unet_batch(Model& model, const std::vector<float>& x, float sigma, const SamplingRun& p,
+                                          const std::vector<float>& context, int64_t tokens,
+                                          const std::vector<float>& y, int64_t batch, UnetGraph& unet) {
     const models::UnetConfig& uc = model.unet().config();
     const Scalings s = get_scalings(model.prediction(), sigma);
     const float t = DiscreteSchedule::stable_diffusion().sigma_to_t(sigma);
@@ -112,31 +52,30 @@ Result<std::vector<float>> run_unet_batch(StableDiffusionModel& model, const std
         }
     }
     std::vector<float> timesteps(static_cast<size_t>(batch), t);
-    const int64_t width = static_cast<int64_t>(context.size()) / (tokens * batch);
-    if (!graph.session || graph.batch != batch) {
-        graph.session = std::make_unique<runtime::GraphSession>();
-        graph.batch = batch;
-        runtime::GraphSession& session = *graph.session;
-        graph.x = session.input(GGML_TYPE_F32, {p.latent_w, p.latent_h, uc.in_channels, batch}, input.data(), "x");
-        graph.timesteps = session.input(GGML_TYPE_F32, {batch}, timesteps.data(), "timesteps");
-        graph.context = session.input(GGML_TYPE_F32, {width, tokens, batch}, context.data(), "context");
-        graph.out = model.unet().build(session.ctx(), graph.x, graph.timesteps, graph.context, p.flash_attention);
-    } else {
-        graph.session->set_input(graph.x, input.data());
-        graph.session->set_input(graph.timesteps, timesteps.data());
-        graph.session->set_input(graph.context, context.data());
+    DiffusionGraph& g = unet.graph;
+    if (!g.session || g.shape.batch != batch || g.shape.tokens != tokens) {
+        auto built = build_diffusion_graph(model, {p.latent_w, p.latent_h, batch, tokens, p.flash_attention});
+        if (!built.ok()) return built.error();
+        g = std::move(built).value();
     }
-    KILN_TRY(graph.session->run(model.diffusion_compute(), graph.out));
-    return runtime::GraphSession::read(graph.out);
+    g.session->set_input(g.x, input.data());
+    g.session->set_input(g.timesteps, timesteps.data());
+    g.session->set_input(g.context, context.data());
+    if (g.y) {
+        if (static_cast<int64_t>(y.size()) != ggml_nelements(g.y))
+            return Error{"the UNet's y input has the wrong size"};
+        g.session->set_input(g.y, y.data());
+    }
+    KILN_TRY(g.session->run(model.diffusion_compute(), g.out));
+    return runtime::GraphSession::read(g.out);
 }
 
 // One UNet evaluation: the conditional pass and, with CFG, the unconditional
 // one, as one batch of two so every weight is read once per step; when the
 // batch does not fit (or p.batch_cfg is off), as two passes of one that
 // share one plan.
-Result<std::vector<float>> run_unet(StableDiffusionModel& model, const std::vector<float>& x, float sigma,
-                                    const SamplingRun& p, const Conditioning& cond, const Conditioning* uncond,
-                                    UnetGraph& graph) {
+Result<std::vector<float>> run_unet(Model& model, const std::vector<float>& x, float sigma, const SamplingRun& p,
+                                    const Conditioning& cond, const Conditioning* uncond, UnetGraph& graph) {
     const int64_t latent_values = p.latent_w * p.latent_h * model.unet().config().out_channels;
     if (static_cast<int64_t>(x.size()) != latent_values) return Error{"latent has the wrong size for the UNet"};
     if (uncond && uncond->tokens != cond.tokens) {
@@ -147,11 +86,13 @@ Result<std::vector<float>> run_unet(StableDiffusionModel& model, const std::vect
     if (uncond && !graph.separate_passes) {
         std::vector<float> context(cond.hidden);
         context.insert(context.end(), uncond->hidden.begin(), uncond->hidden.end());
-        auto both = run_unet_batch(model, x, sigma, p, context, cond.tokens, 2, graph);
+        std::vector<float> y(cond.y);
+        y.insert(y.end(), uncond->y.begin(), uncond->y.end());
+        auto both = run_unet_batch(model, x, sigma, p, context, cond.tokens, y, 2, graph);
         if (both.ok()) {
             c_out.assign(both->begin(), both->begin() + latent_values);
             u_out.assign(both->begin() + latent_values, both->end());
-        } else if (both.error().message.rfind("out of memory", 0) == 0) {
+        } else if (both.error().kind == ErrorKind::OutOfMemory) {
             KILN_LOG_WARN("the CFG batch of two does not fit (%s); running the two passes one after the other",
                           both.error().message.c_str());
             graph.separate_passes = true;
@@ -160,11 +101,11 @@ Result<std::vector<float>> run_unet(StableDiffusionModel& model, const std::vect
         }
     }
     if (c_out.empty()) {
-        auto c = run_unet_batch(model, x, sigma, p, cond.hidden, cond.tokens, 1, graph);
+        auto c = run_unet_batch(model, x, sigma, p, cond.hidden, cond.tokens, cond.y, 1, graph);
         if (!c.ok()) return c.error();
         c_out = std::move(c).value();
         if (uncond) {
-            auto u = run_unet_batch(model, x, sigma, p, uncond->hidden, uncond->tokens, 1, graph);
+            auto u = run_unet_batch(model, x, sigma, p, uncond->hidden, uncond->tokens, uncond->y, 1, graph);
             if (!u.ok()) return u.error();
             u_out = std::move(u).value();
         }
@@ -176,24 +117,21 @@ Result<std::vector<float>> run_unet(StableDiffusionModel& model, const std::vect
     return denoised_from_output(model.prediction(), sigma, x, guided);
 }
 
-Result<std::vector<float>> run_vae(StableDiffusionModel& model, bool decode, const std::vector<float>& input, int64_t w,
-                                   int64_t h, const std::optional<VaeTiling>& tiling) {
+Result<std::vector<float>> run_vae(Model& model, bool decode, const std::vector<float>& input, int64_t w, int64_t h,
+                                   const std::optional<VaeTiling>& tiling) {
     if (tiling) {
         return decode ? decode_tiled(model, input, w, h, *tiling) : encode_tiled(model, input, w, h, *tiling);
     }
-    const int64_t channels = decode ? model.vae().config().latent_channels : model.vae().config().image_channels;
-    runtime::GraphSession session;
-    ggml_tensor* in = session.input(GGML_TYPE_F32, {w, h, channels, 1}, input.data(), decode ? "latent" : "image");
-    ggml_tensor* out =
-        decode ? model.vae().build_decoder(session.ctx(), in) : model.vae().build_encoder(session.ctx(), in);
-    Status status = session.run(model.vae_compute(), out);
-    if (status.ok()) return runtime::GraphSession::read(out);
-    if (status.error().message.rfind("out of memory", 0) != 0) return status.error();
+    VaeGraph g =
+        decode ? build_vae_decode_graph(model, w, h, input.data()) : build_vae_encode_graph(model, w, h, input.data());
+    Status status = g.session->run(model.vae_compute(), g.out);
+    if (status.ok()) return runtime::GraphSession::read(g.out);
+    if (status.error().kind != ErrorKind::OutOfMemory) return status.error();
     KILN_LOG_WARN("VAE %s: %s; retrying with tiling", decode ? "decode" : "encode", status.error().message.c_str());
     return run_vae(model, decode, input, w, h, VaeTiling{});
 }
 
-Result<image::Image> decode_latent(StableDiffusionModel& model, const std::vector<float>& latent, const Plan& p,
+Result<image::Image> decode_latent(Model& model, const std::vector<float>& latent, const ValidatedRequest& p,
                                    const std::optional<VaeTiling>& tiling) {
     std::vector<float> z(latent);
     for (float& v : z) v /= model.latent_scale();
@@ -211,7 +149,7 @@ Result<image::Image> decode_latent(StableDiffusionModel& model, const std::vecto
     return img;
 }
 
-Result<std::vector<float>> encode_image(StableDiffusionModel& model, const image::Image& source, const Plan& p,
+Result<std::vector<float>> encode_image(Model& model, const image::Image& source, const ValidatedRequest& p,
                                         const std::optional<VaeTiling>& tiling) {
     auto rgb = image::convert_channels(source, 3);
     if (!rgb.ok()) return rgb.error();
@@ -233,16 +171,6 @@ Result<std::vector<float>> encode_image(StableDiffusionModel& model, const image
     return latent;
 }
 
-// "0.5", "0.75": the shortest form that reads back the same, as A1111 prints.
-std::string format_number(float value) {
-    char buf[32];
-    for (int precision = 1; precision < 10; ++precision) {
-        std::snprintf(buf, sizeof buf, "%.*g", precision, static_cast<double>(value));
-        if (std::strtof(buf, nullptr) == value) break;
-    }
-    return buf;
-}
-
 // A grey mask in [0, 1] (1 = repaint) resized to width x height.
 Result<std::vector<float>> mask_plane(const image::Image& mask, int width, int height) {
     auto grey = image::convert_channels(mask, 1);
@@ -260,9 +188,9 @@ Result<std::vector<float>> mask_plane(const image::Image& mask, int width, int h
 
 // Fills run.concat (9-channel inpainting UNet: mask, masked-image latent) or
 // run.keep_weight / keep_latent (regular UNet: latent masking).
-Status prepare_inpainting(StableDiffusionModel& model, const image::Image& init, const image::Image& mask,
-                          const std::vector<float>& init_latent, const Plan& p, const std::optional<VaeTiling>& tiling,
-                          SamplingRun& run) {
+Status prepare_inpainting(Model& model, const image::Image& init, const image::Image& mask,
+                          const std::vector<float>& init_latent, const ValidatedRequest& p,
+                          const std::optional<VaeTiling>& tiling, SamplingRun& run) {
     auto latent_mask = mask_plane(mask, p.latent_w, p.latent_h);
     if (!latent_mask.ok()) return latent_mask.error();
     const models::UnetConfig& uc = model.unet().config();
@@ -303,7 +231,7 @@ Status prepare_inpainting(StableDiffusionModel& model, const image::Image& init,
 
 }  // namespace
 
-Result<std::vector<float>> sample_latent(StableDiffusionModel& model, const SamplingRun& run, std::vector<float> x,
+Result<std::vector<float>> sample_latent(Model& model, const SamplingRun& run, std::vector<float> x,
                                          const Conditioning& cond, const Conditioning* uncond, Rng& rng,
                                          const ProgressFn& progress, bool* passes_apart) {
     const size_t extra = static_cast<size_t>(run.latent_w * run.latent_h *
@@ -324,6 +252,7 @@ Result<std::vector<float>> sample_latent(StableDiffusionModel& model, const Samp
     };
     UnetGraph graph;
     DenoiseFn denoise = [&](const std::vector<float>& xt, float sigma, int) -> Result<std::vector<float>> {
+        if (model.cancel_requested()) return Error::cancelled("cancelled");
         auto denoised = run_unet(model, xt, sigma, run, cond, run.cfg_scale != 1.0f ? uncond : nullptr, graph);
         if (denoised.ok() && !run.keep_weight.empty()) keep_region(*denoised);
         return denoised;
@@ -366,11 +295,12 @@ std::string a1111_sampler_name(const std::string& sampler) {
     return sampler;
 }
 
-Result<std::vector<GeneratedImage>> generate(StableDiffusionModel& model, const GenerationRequest& request,
+Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationRequest& request,
                                              const StepCallback& on_step, GenerationTimings* timings) {
-    auto planned = plan_request(model, request);
+    auto planned = validate_request(model, request);
     if (!planned.ok()) return planned.error();
-    const Plan& p = *planned;
+    model.clear_cancel();
+    const ValidatedRequest& p = *planned;
     GenerationTimings unused;
     GenerationTimings& times = timings ? *timings : unused;
     times = GenerationTimings{};
@@ -387,9 +317,27 @@ Result<std::vector<GeneratedImage>> generate(StableDiffusionModel& model, const 
     if (!cond.ok()) return cond.error();
     std::optional<Conditioning> uncond;
     if (use_cfg) {
-        auto encoded = encode_prompt(model, request.negative_prompt, request.clip_skip, chunks);
-        if (!encoded.ok()) return encoded.error();
-        uncond = std::move(encoded).value();
+        const models::Conditioning& recipe = model.family().conditioning;
+        if (recipe.zero_empty_negative && request.negative_prompt.empty()) {
+            uncond = *cond;
+            std::fill(uncond->hidden.begin(), uncond->hidden.end(), 0.0f);
+            std::fill(uncond->pooled.begin(), uncond->pooled.end(), 0.0f);
+        } else {
+            auto encoded = encode_prompt(model, request.negative_prompt, request.clip_skip, chunks);
+            if (!encoded.ok()) return encoded.error();
+            uncond = std::move(encoded).value();
+        }
+    }
+    if (model.family().conditioning.size_embedding) {
+        // sd-cli's micro-conditioning: original size = target size = the
+        // image's, no crop.
+        SizeConditioning size;
+        size.original_height = size.target_height = p.height;
+        size.original_width = size.target_width = p.width;
+        const int dim =
+            static_cast<int>(model.unet().config().adm_in_channels - static_cast<int64_t>(cond->pooled.size())) / 6;
+        cond->y = sdxl_conditioning_vector(cond->pooled, size, dim);
+        if (uncond) uncond->y = sdxl_conditioning_vector(uncond->pooled, size, dim);
     }
     times.text_encoding_s = seconds_since(encoding_start);
 

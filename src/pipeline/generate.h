@@ -10,45 +10,14 @@
 #include "image/image.h"
 #include "image/png_metadata.h"
 #include "pipeline/conditioner.h"
+#include "pipeline/model.h"
+#include "pipeline/request.h"
 #include "pipeline/rng.h"
 #include "pipeline/samplers.h"
-#include "pipeline/sd_model.h"
 #include "pipeline/vae_tiling.h"
 #include "util/result.h"
 
 namespace kiln::pipeline {
-
-struct GenerationRequest {
-    std::string prompt;
-    std::string negative_prompt;
-    int width = 0;            // 0: the model's default
-    int height = 0;           // 0: the model's default
-    int steps = 0;            // 0: the model's default
-    float cfg_scale = -1.0f;  // < 0: the model's default; 1 disables the unconditional pass
-    int64_t seed = 42;        // image i of a batch uses seed + i
-    int batch_count = 1;
-    std::string sampler;          // "": the model's default
-    std::string scheduler;        // "": the model's default
-    RngKind rng = RngKind::Cuda;  // stable-diffusion.cpp's default
-    int clip_skip = 0;            // <= 0: the model's default
-    bool flash_attention = false;
-    // Image-to-image: the starting image (its size is the output size; a
-    // different width or height is an error) and how much of the schedule to
-    // run (1 = all of it, like txt2img).
-    std::optional<image::Image> init_image;
-    float strength = 0.75f;
-    // Inpainting (needs init_image): white repaints, black keeps (A1111's
-    // convention), the init image's size. A 9-channel inpainting UNet sees the
-    // mask and the masked image; a regular UNet keeps the unmasked latent.
-    std::optional<image::Image> mask;
-    // --vae-tiling: decode and encode in overlapping tiles with blended seams.
-    std::optional<VaeTiling> vae_tiling;
-    // CFG's conditional and unconditional passes run as one batch of two
-    // (each weight read once per step) unless the batch does not fit, when
-    // they run one after the other. False always runs them separately
-    // (benchmarks compare the two).
-    bool batch_cfg = true;
-};
 
 struct GeneratedImage {
     image::Image image;          // RGB
@@ -70,11 +39,11 @@ struct GenerationTimings {
     bool cfg_passes_apart = false;  // CFG's passes ran one after the other (batch_cfg off, or no room)
 };
 
-// Errors (each names the parameter and the valid range or names): width or
-// height not a positive multiple of the model's latent stride, steps < 1,
-// negative cfg, unknown sampler or scheduler, strength outside (0, 1],
-// out of memory, and a failed graph. With `timings`, it is reset and filled.
-Result<std::vector<GeneratedImage>> generate(StableDiffusionModel& model, const GenerationRequest& request,
+// The request is checked first (validate_request, pipeline/request.h), so a
+// bad one fails before any graph is built. Other errors: out of memory,
+// cancelled (kiln_cancel), a failed graph. With `timings`, it is reset and
+// filled.
+Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationRequest& request,
                                              const StepCallback& on_step = nullptr,
                                              GenerationTimings* timings = nullptr);
 
@@ -103,7 +72,7 @@ struct SamplingRun {
 // img2img) with CFG over `cond`/`uncond` (uncond may be null when cfg is 1)
 // and returns the final latent (scaled, before the VAE).
 // `passes_apart` (if given) says whether CFG's passes ran one after the other.
-Result<std::vector<float>> sample_latent(StableDiffusionModel& model, const SamplingRun& run, std::vector<float> x,
+Result<std::vector<float>> sample_latent(Model& model, const SamplingRun& run, std::vector<float> x,
                                          const Conditioning& cond, const Conditioning* uncond, Rng& rng,
                                          const ProgressFn& progress = nullptr, bool* passes_apart = nullptr);
 

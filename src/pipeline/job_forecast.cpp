@@ -2,16 +2,15 @@
 
 #include <algorithm>
 
+#include "pipeline/graphs.h"
 #include "pipeline/vae_tiling.h"
 #include "runtime/graph_session.h"
 #include "util/format.h"
 
 namespace kiln::pipeline {
 
-Result<JobForecast> forecast_job(StableDiffusionModel& model, int width, int height, bool cfg, bool flash_attention) {
+Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, bool flash_attention) {
     const int64_t batch = cfg ? 2 : 1;
-    const auto& cc = model.text_encoder().config();
-    const auto& uc = model.unet().config();
     const auto& vc = model.vae().config();
     const int64_t lw = width / vc.downscale(), lh = height / vc.downscale();
     JobForecast out;
@@ -21,23 +20,15 @@ Result<JobForecast> forecast_job(StableDiffusionModel& model, int width, int hei
         out.modules.push_back({executor.module(), executor.store().ledger().device_name(), *f});
         return Status::Ok();
     };
-    {
-        runtime::GraphSession session;
-        const std::vector<int32_t> ids(static_cast<size_t>(cc.context * batch), 0);
-        ggml_tensor* tokens = session.input(GGML_TYPE_I32, {cc.context, batch}, ids.data(), "tokens");
-        ggml_tensor* hidden = model.text_encoder().build(session.ctx(), tokens, model.default_clip_skip());
-        KILN_TRY(add(model.text_encoder_compute(), session, hidden));
+    for (const TextEncoder& encoder : model.text_encoders()) {
+        const int64_t length = encoder.network->config().context;
+        TextEncoderGraph g = build_text_encoder_graph(encoder, nullptr, length, batch, encoder.use->default_layer);
+        KILN_TRY(add(*encoder.executor, *g.session, g.out));
     }
     auto add_unet = [&](int64_t b) -> Status {
-        runtime::GraphSession session;
-        const std::vector<float> x(static_cast<size_t>(lw * lh * uc.in_channels * b), 0.0f);
-        const std::vector<float> t(static_cast<size_t>(b), 0.0f);
-        const std::vector<float> c(static_cast<size_t>(uc.context_dim * cc.context * b), 0.0f);
-        ggml_tensor* xin = session.input(GGML_TYPE_F32, {lw, lh, uc.in_channels, b}, x.data(), "x");
-        ggml_tensor* tin = session.input(GGML_TYPE_F32, {b}, t.data(), "timesteps");
-        ggml_tensor* cin = session.input(GGML_TYPE_F32, {uc.context_dim, cc.context, b}, c.data(), "context");
-        ggml_tensor* eps = model.unet().build(session.ctx(), xin, tin, cin, flash_attention);
-        return add(model.diffusion_compute(), session, eps);
+        auto g = build_diffusion_graph(model, {lw, lh, b, single_chunk_tokens(model), flash_attention});
+        if (!g.ok()) return g.error();
+        return add(model.diffusion_compute(), *g->session, g->out);
     };
     KILN_TRY(add_unet(batch));
     // A CFG batch that does not fit runs as two passes of one (generate).
@@ -48,11 +39,8 @@ Result<JobForecast> forecast_job(StableDiffusionModel& model, int width, int hei
     }
     // The VAE decode; one that does not fit is retried in tiles (generate).
     auto add_decoder = [&](int64_t w, int64_t h) -> Status {
-        runtime::GraphSession session;
-        const std::vector<float> z(static_cast<size_t>(w * h * vc.latent_channels), 0.0f);
-        ggml_tensor* in = session.input(GGML_TYPE_F32, {w, h, vc.latent_channels, 1}, z.data(), "latent");
-        ggml_tensor* image = model.vae().build_decoder(session.ctx(), in);
-        return add(model.vae_compute(), session, image);
+        VaeGraph g = build_vae_decode_graph(model, w, h, nullptr);
+        return add(model.vae_compute(), *g.session, g.out);
     };
     KILN_TRY(add_decoder(lw, lh));
     const int64_t tile = VaeTiling{}.tile;
@@ -81,7 +69,7 @@ Result<JobForecast> forecast_job(StableDiffusionModel& model, int width, int hei
     return out;
 }
 
-std::string describe_forecast(const StableDiffusionModel& model, const JobForecast& forecast) {
+std::string describe_forecast(const Model& model, const JobForecast& forecast) {
     std::string out = "placement:\n";
     const std::string placement = describe_placement(model.placement(), model.module_bytes());
     for (size_t start = 0; start < placement.size();) {

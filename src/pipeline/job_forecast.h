@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "pipeline/sd_model.h"
+#include "pipeline/model.h"
 #include "runtime/executor.h"
 #include "util/result.h"
 
@@ -40,9 +40,9 @@ struct JobForecast {
 };
 
 // `cfg`: the UNet runs the conditional and unconditional passes as one batch.
-Result<JobForecast> forecast_job(StableDiffusionModel& model, int width, int height, bool cfg, bool flash_attention);
+Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, bool flash_attention);
 
 // The placement, per-device peaks, per-module segment counts and the verdict.
-std::string describe_forecast(const StableDiffusionModel& model, const JobForecast& forecast);
+std::string describe_forecast(const Model& model, const JobForecast& forecast);
 
 }  // namespace kiln::pipeline

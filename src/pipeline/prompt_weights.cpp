@@ -281,14 +281,15 @@ TokenChunks chunk_fragments(const ClipTokenizer& tokenizer, const std::vector<Fr
 
 Status check_prompt_size(std::string_view prompt, const std::string& what) {
     if (prompt.size() > kMaxPromptBytes) {
-        return Error{what + ": " + std::to_string(prompt.size()) + " bytes, more than the limit of " +
-                     std::to_string(kMaxPromptBytes)};
+        return Error::invalid_request(what + ": " + std::to_string(prompt.size()) + " bytes, more than the limit of " +
+                                      std::to_string(kMaxPromptBytes));
     }
     size_t breaks = 0;
     for (const auto& [text, weight] : parse_attention_exact(prompt)) breaks += text == "BREAK" && weight == -1.0;
     if (breaks + 1 > static_cast<size_t>(kMaxPromptChunks)) {
-        return Error{what + ": " + std::to_string(breaks) + " BREAKs make at least " + std::to_string(breaks + 1) +
-                     " chunks; at most " + std::to_string(kMaxPromptChunks) + " chunks (of 75 tokens) are allowed"};
+        return Error::invalid_request(what + ": " + std::to_string(breaks) + " BREAKs make at least " +
+                                      std::to_string(breaks + 1) + " chunks; at most " +
+                                      std::to_string(kMaxPromptChunks) + " chunks (of 75 tokens) are allowed");
     }
     return Status::Ok();
 }

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <string>
 
+#include "pipeline/graphs.h"
 #include "runtime/graph_session.h"
 #include "util/log.h"
 
@@ -150,7 +151,7 @@ Result<std::vector<float>> run_tiled(const std::vector<float>& input, const Tile
     return out;
 }
 
-Result<std::vector<float>> decode_tiled(StableDiffusionModel& model, const std::vector<float>& latent, int64_t latent_w,
+Result<std::vector<float>> decode_tiled(Model& model, const std::vector<float>& latent, int64_t latent_w,
                                         int64_t latent_h, const VaeTiling& tiling, TilingStats* stats) {
     KILN_TRY(validate_tiling(tiling));
     const models::VaeConfig& vc = model.vae().config();
@@ -165,17 +166,15 @@ Result<std::vector<float>> decode_tiled(StableDiffusionModel& model, const std::
     map.in_scale = 1;
     map.out_scale = vc.downscale();
     TileFn fn = [&](const std::vector<float>& z, int64_t w, int64_t h) -> Result<std::vector<float>> {
-        runtime::GraphSession session;
-        ggml_tensor* in = session.input(GGML_TYPE_F32, {w, h, vc.latent_channels, 1}, z.data(), "latent");
-        ggml_tensor* out = model.vae().build_decoder(session.ctx(), in);
-        KILN_TRY(session.run(model.vae_compute(), out));
-        return runtime::GraphSession::read(out);
+        VaeGraph g = build_vae_decode_graph(model, w, h, z.data());
+        KILN_TRY(g.session->run(model.vae_compute(), g.out));
+        return runtime::GraphSession::read(g.out);
     };
     return run_tiled(latent, map, tiling, fn, stats);
 }
 
-Result<std::vector<float>> encode_tiled(StableDiffusionModel& model, const std::vector<float>& image, int64_t width,
-                                        int64_t height, const VaeTiling& tiling, TilingStats* stats) {
+Result<std::vector<float>> encode_tiled(Model& model, const std::vector<float>& image, int64_t width, int64_t height,
+                                        const VaeTiling& tiling, TilingStats* stats) {
     KILN_TRY(validate_tiling(tiling));
     const models::VaeConfig& vc = model.vae().config();
     if (!vc.has_encoder) return Error{"this model's VAE has no encoder"};
@@ -194,11 +193,9 @@ Result<std::vector<float>> encode_tiled(StableDiffusionModel& model, const std::
     map.in_scale = d;
     map.out_scale = 1;
     TileFn fn = [&](const std::vector<float>& pixels, int64_t w, int64_t h) -> Result<std::vector<float>> {
-        runtime::GraphSession session;
-        ggml_tensor* in = session.input(GGML_TYPE_F32, {w * d, h * d, vc.image_channels, 1}, pixels.data(), "image");
-        ggml_tensor* out = model.vae().build_encoder(session.ctx(), in);
-        KILN_TRY(session.run(model.vae_compute(), out));
-        return runtime::GraphSession::read(out);
+        VaeGraph g = build_vae_encode_graph(model, w * d, h * d, pixels.data());
+        KILN_TRY(g.session->run(model.vae_compute(), g.out));
+        return runtime::GraphSession::read(g.out);
     };
     return run_tiled(image, map, tiling, fn, stats);
 }

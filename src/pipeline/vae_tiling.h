@@ -13,7 +13,7 @@
 #include <functional>
 #include <vector>
 
-#include "pipeline/sd_model.h"
+#include "pipeline/model.h"
 #include "util/result.h"
 
 namespace kiln::pipeline {
@@ -68,14 +68,14 @@ Result<std::vector<float>> run_tiled(const std::vector<float>& input, const Tile
 // divided by the latent scale) -> image planar [3, H, W] in about [-1, 1]
 // (not clamped), H and W being latent_h and latent_w times the VAE's
 // downscale. Errors: invalid tiling, a latent of the wrong size, a failed graph.
-Result<std::vector<float>> decode_tiled(StableDiffusionModel& model, const std::vector<float>& latent, int64_t latent_w,
+Result<std::vector<float>> decode_tiled(Model& model, const std::vector<float>& latent, int64_t latent_w,
                                         int64_t latent_h, const VaeTiling& tiling, TilingStats* stats = nullptr);
 
 // image: planar [3, height, width] in [-1, 1] -> the latent distribution's
 // mean, planar [latent_channels, height / d, width / d] (unscaled), d being
 // the VAE's downscale. Errors: invalid tiling, a VAE without an encoder, width
 // or height not a positive multiple of d, an image of the wrong size, a failed graph.
-Result<std::vector<float>> encode_tiled(StableDiffusionModel& model, const std::vector<float>& image, int64_t width,
-                                        int64_t height, const VaeTiling& tiling, TilingStats* stats = nullptr);
+Result<std::vector<float>> encode_tiled(Model& model, const std::vector<float>& image, int64_t width, int64_t height,
+                                        const VaeTiling& tiling, TilingStats* stats = nullptr);
 
 }  // namespace kiln::pipeline

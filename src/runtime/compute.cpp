@@ -99,8 +99,9 @@ Status Compute::compute(ggml_cgraph* graph, uint64_t graph_id, const std::functi
         // inputs on the device first, and measures on a second scheduler).
         ggml_backend_sched_reset(sched_);
         if (!ggml_backend_sched_alloc_graph(sched_, graph)) {
-            return Error{"out of memory on " + device_name_ + " allocating the compute buffers of a graph of " +
-                         std::to_string(ggml_graph_n_nodes(graph)) + " nodes"};
+            return Error::out_of_memory("out of memory on " + device_name_ +
+                                        " allocating the compute buffers of a graph of " +
+                                        std::to_string(ggml_graph_n_nodes(graph)) + " nodes");
         }
     } else {
         // On the CPU, measure first: a failed allocation inside ggml's
@@ -113,14 +114,15 @@ Status Compute::compute(ggml_cgraph* graph, uint64_t graph_id, const std::functi
         for (size_t size : sizes) needed = needed + size < needed ? UINT64_MAX : needed + size;
         const uint64_t available = host_available_bytes();
         if (needed > available) {
-            return Error{"out of memory: this step needs " + human_bytes(needed) + " of compute buffers, " +
-                         human_bytes(available) + " is available (try a smaller image or --vae-tiling)"};
+            return Error::out_of_memory("out of memory: this step needs " + human_bytes(needed) +
+                                        " of compute buffers, " + human_bytes(available) +
+                                        " is available (try a smaller image or --vae-tiling)");
         }
         // The measure released the buffers it would have to grow; reserve
         // them for real before allocating the graph in them.
         if (!ggml_backend_sched_reserve(sched_, graph) || !ggml_backend_sched_alloc_graph(sched_, graph)) {
-            return Error{"out of memory allocating the compute buffers of a graph of " +
-                         std::to_string(ggml_graph_n_nodes(graph)) + " nodes"};
+            return Error::out_of_memory("out of memory allocating the compute buffers of a graph of " +
+                                        std::to_string(ggml_graph_n_nodes(graph)) + " nodes");
         }
     }
     last_graph_id_ = graph_id;

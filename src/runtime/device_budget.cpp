@@ -56,7 +56,7 @@ Status BudgetSpec::check_devices(const std::vector<std::string>& devices) const 
         if (!known) {
             std::string valid;
             for (const std::string& d : devices) valid += (valid.empty() ? "" : ", ") + d;
-            return Error{"--max-vram: unknown device '" + name + "' (valid: " + valid + ")"};
+            return Error::invalid_request("--max-vram: unknown device '" + name + "' (valid: " + valid + ")");
         }
     }
     return Status::Ok();
@@ -75,13 +75,13 @@ Result<BudgetSpec> parse_max_vram(std::string_view spec) {
         if (eq == std::string_view::npos) {
             if (out.all_gib) return Error{"--max-vram: two budgets for every device in '" + std::string(spec) + "'"};
             auto v = parse_amount(part);
-            if (!v.ok()) return Error{"--max-vram: " + v.error().message};
+            if (!v.ok()) return Error::invalid_request("--max-vram: " + v.error().message);
             out.all_gib = *v;
         } else {
             const std::string device = upper(trim(part.substr(0, eq)));
             if (device.empty()) return Error{"--max-vram: '" + std::string(part) + "' names no device"};
             auto v = parse_amount(part.substr(eq + 1));
-            if (!v.ok()) return Error{"--max-vram: " + device + ": " + v.error().message};
+            if (!v.ok()) return Error::invalid_request("--max-vram: " + device + ": " + v.error().message);
             if (!out.per_device_gib.emplace(device, *v).second) {
                 return Error{"--max-vram: two budgets for " + device};
             }

@@ -139,7 +139,7 @@ Status probe_rpc_server(const std::string& endpoint) {
     const size_t colon = endpoint.find(':');
     const std::string host = endpoint.substr(0, colon);
     const std::string port = endpoint.substr(colon + 1);
-    const std::string where = "--rpc: " + endpoint + ": ";
+    const std::string where = "--rpc-servers: " + endpoint + ": ";
 
     addrinfo hints{};
     hints.ai_family = AF_INET;  // what ggml's RPC client connects with
@@ -263,21 +263,25 @@ Result<std::vector<std::string>> parse_rpc_endpoints(std::string_view endpoints)
     std::vector<std::string> out;
     for (const std::string& endpoint : split(endpoints, ',')) {
         if (endpoint.empty())
-            return Error{"--rpc: empty endpoint in '" + std::string(endpoints) + "' (expected host:port)"};
+            return Error::invalid_request("--rpc-servers: empty endpoint in '" + std::string(endpoints) +
+                                          "' (expected host:port)");
         const size_t colon = endpoint.rfind(':');
-        if (colon == std::string::npos) return Error{"--rpc: " + endpoint + ": expected host:port"};
+        if (colon == std::string::npos)
+            return Error::invalid_request("--rpc-servers: " + endpoint + ": expected host:port");
         const std::string host = endpoint.substr(0, colon);
         const std::string port = endpoint.substr(colon + 1);
-        if (host.empty()) return Error{"--rpc: " + endpoint + ": empty host (expected host:port)"};
+        if (host.empty())
+            return Error::invalid_request("--rpc-servers: " + endpoint + ": empty host (expected host:port)");
         if (host.find(':') != std::string::npos) {
-            return Error{"--rpc: " + endpoint +
-                         ": IPv6 addresses are not supported (use an IPv4 address or a host name)"};
+            return Error::invalid_request("--rpc-servers: " + endpoint +
+                                          ": IPv6 addresses are not supported (use an IPv4 address or a host name)");
         }
         const bool digits = !port.empty() && port.size() <= 5 &&
                             std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; });
         const long value = digits ? std::stol(port) : 0;
         if (value < 1 || value > 65535) {
-            return Error{"--rpc: " + endpoint + ": the port must be a number from 1 to 65535, got '" + port + "'"};
+            return Error::invalid_request("--rpc-servers: " + endpoint +
+                                          ": the port must be a number from 1 to 65535, got '" + port + "'");
         }
         const std::string normalised = host + ":" + std::to_string(value);
         if (std::find(out.begin(), out.end(), normalised) == out.end()) out.push_back(normalised);
@@ -310,7 +314,7 @@ Status add_rpc_servers(const std::string& endpoints) {
         if (!reg || ggml_backend_reg_dev_count(reg) == 0) {
             described = before;
             publish_rpc_servers(described);
-            return Error{"--rpc: " + endpoint + ": the server offers no devices"};
+            return Error{"--rpc-servers: " + endpoint + ": the server offers no devices"};
         }
         std::string names;
         for (size_t i = 0; i < ggml_backend_reg_dev_count(reg); ++i) {

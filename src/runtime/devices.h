@@ -1,5 +1,5 @@
 // The compute devices ggml knows about, remote ggml RPC servers added to them
-// (`--rpc`), and the module -> device assignments of `--backend`.
+// (`--rpc-servers`), and the module -> device assignments of `--backend`.
 //
 // Devices live in ggml's process-wide registry: once an RPC server has been
 // added its devices (named RPC0, RPC1, ... in the order they were added) stay
@@ -36,13 +36,13 @@ std::vector<DeviceInfo> list_devices();
 // Their names, in the same order.
 std::vector<std::string> registered_device_names();
 
-// Splits and validates `--rpc host:port[,host:port]` without connecting:
+// Splits and validates `--rpc-servers host:port[,host:port]` without connecting:
 // every endpoint needs a non-empty host (no ':' in it: ggml's RPC client speaks
 // IPv4 and host names only) and a decimal port from 1 to 65535. Duplicates are
-// dropped. Errors name the bad endpoint, prefixed with "--rpc: ".
+// dropped. Errors name the bad endpoint, prefixed with "--rpc-servers: ".
 Result<std::vector<std::string>> parse_rpc_endpoints(std::string_view endpoints);
 
-// Connects to each server of `--rpc` and registers its devices with ggml.
+// Connects to each server of `--rpc-servers` and registers its devices with ggml.
 // Before ggml sees an endpoint (ggml aborts the process on a failed connection
 // or handshake), kiln connects to it itself with a short timeout and performs
 // the RPC handshake, so an unreachable, silent or incompatible server is an

@@ -269,9 +269,9 @@ Result<Executor::Choice> Executor::choose_groups(ggml_cgraph* graph, const Graph
             const std::string why = !plan.valid           ? " (it cannot be segmented: " + plan.invalid_reason + ")"
                                     : !options_.segmented ? " (segmented compute is disabled)"
                                                           : "";
-            return Error{"out of memory: " + module_ + " needs " + human_bytes(whole) + " on " +
-                         store_.ledger().device_name() + " to run whole" + why + ", the budget leaves " +
-                         human_bytes(room)};
+            return Error::out_of_memory("out of memory: " + module_ + " needs " + human_bytes(whole) + " on " +
+                                        store_.ledger().device_name() + " to run whole" + why + ", the budget leaves " +
+                                        human_bytes(room));
         }
         return Choice{{{0, n}}, {}};
     }
@@ -329,12 +329,12 @@ Result<Executor::Choice> Executor::choose_groups(ggml_cgraph* graph, const Graph
             forecast->segments = n;
             return Choice{fine, layout_carried(graph, plan, fine)};
         }
-        return Error{"out of memory: " + module_ + " segment '" + plan.segments[s].name + "' needs " +
-                     human_bytes(need) + " on " + store_.ledger().device_name() + " (weights " +
-                     human_bytes(block_bytes(blocks_for(plan, s, s + 1))) + ", compute " +
-                     human_bytes(measure(graph, plan, s, s + 1)) + ", kept activations " + human_bytes(fine_carried) +
-                     "), but the budget leaves " + human_bytes(room) +
-                     (store_.ledger().budget() ? " of " + human_bytes(*store_.ledger().budget()) : "")};
+        return Error::out_of_memory("out of memory: " + module_ + " segment '" + plan.segments[s].name + "' needs " +
+                                    human_bytes(need) + " on " + store_.ledger().device_name() + " (weights " +
+                                    human_bytes(block_bytes(blocks_for(plan, s, s + 1))) + ", compute " +
+                                    human_bytes(measure(graph, plan, s, s + 1)) + ", kept activations " +
+                                    human_bytes(fine_carried) + "), but the budget leaves " + human_bytes(room) +
+                                    (store_.ledger().budget() ? " of " + human_bytes(*store_.ledger().budget()) : ""));
     }
     if (forecast) {
         for (const Group& g : best->groups) {
@@ -369,8 +369,8 @@ Status Executor::bind_carried(GraphSession& session, ggml_cgraph* graph, const C
     if (layout.nodes.empty()) return Status::Ok();
     ggml_backend_buffer_t buffer = ggml_backend_buft_alloc_buffer(compute_->buffer_type(), layout.size);
     if (!buffer) {
-        return Error{"out of memory on " + store_.ledger().device_name() + " allocating " + human_bytes(layout.size) +
-                     " of kept activations for " + module_};
+        return Error::out_of_memory("out of memory on " + store_.ledger().device_name() + " allocating " +
+                                    human_bytes(layout.size) + " of kept activations for " + module_);
     }
     session.adopt_kept_buffer(buffer, store_.ledger());
     auto* base = static_cast<uint8_t*>(ggml_backend_buffer_get_base(buffer));
@@ -417,9 +417,10 @@ Status Executor::run_group(ggml_cgraph* graph, const GraphPlan& plan, const std:
             need = store_.missing_bytes(blocks) + workspace_need;
             if (store_.make_room(need, limit, hint)) return Status::Ok();
         }
-        return Error{"out of memory: " + module_ + " segment '" + plan.segments[group.first].name + "' needs " +
-                     human_bytes(need) + " more on " + store_.ledger().device_name() + ", the budget leaves " +
-                     human_bytes(sub_or_zero(limit, store_.ledger().managed()))};
+        return Error::out_of_memory("out of memory: " + module_ + " segment '" + plan.segments[group.first].name +
+                                    "' needs " + human_bytes(need) + " more on " + store_.ledger().device_name() +
+                                    ", the budget leaves " +
+                                    human_bytes(sub_or_zero(limit, store_.ledger().managed())));
     };
     if (!reuse) KILN_TRY(make_room(workspace));
     KILN_TRY(store_.load(blocks, compute_->device_backend()));
@@ -461,8 +462,8 @@ Status Executor::run_group(ggml_cgraph* graph, const GraphPlan& plan, const std:
         if (exact > workspace) KILN_TRY(make_room(exact));
         ggml_backend_sched_reset(sched);
         if (!ggml_backend_sched_reserve(sched, sub) || !ggml_backend_sched_alloc_graph(sched, sub)) {
-            return Error{"out of memory on " + store_.ledger().device_name() + " allocating " + human_bytes(exact) +
-                         " of compute buffers for " + module_};
+            return Error::out_of_memory("out of memory on " + store_.ledger().device_name() + " allocating " +
+                                        human_bytes(exact) + " of compute buffers for " + module_);
         }
         const uint64_t now = compute_->workspace_bytes();
         if (now > workspace_registered_) store_.ledger().add(now - workspace_registered_);
@@ -537,8 +538,9 @@ Status Executor::run(GraphSession& session, ggml_tensor* output) {
     // Every allocation makes its room first, so the ledger never passes the limit.
     auto room_for = [&](uint64_t bytes, const char* what) -> Status {
         if (store_.make_room(bytes, limit, start_of_pass)) return Status::Ok();
-        return Error{"out of memory: " + module_ + " needs " + human_bytes(bytes) + " on " + ledger.device_name() +
-                     " for " + what + ", the budget leaves " + human_bytes(sub_or_zero(limit, ledger.managed()))};
+        return Error::out_of_memory("out of memory: " + module_ + " needs " + human_bytes(bytes) + " on " +
+                                    ledger.device_name() + " for " + what + ", the budget leaves " +
+                                    human_bytes(sub_or_zero(limit, ledger.managed())));
     };
     if (!session.inputs_bound()) {
         KILN_TRY(room_for(session.input_bytes(compute_->buffer_type()), "its inputs"));
@@ -560,6 +562,10 @@ Status Executor::run(GraphSession& session, ggml_tensor* output) {
         KILN_TRY(bind_carried(session, graph, choice->carried));
     }
 
+    if (options_.cancel && options_.cancel->load()) {
+        allocated_session_ = 0;
+        return Error::cancelled("cancelled before " + module_ + " ran");
+    }
     ++stats_.runs;
     stats_.last_segments = static_cast<int>(groups.size());
     if (groups.size() > 1) ++stats_.segmented_runs;

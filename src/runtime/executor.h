@@ -8,6 +8,7 @@
 // budget: segments run exactly the nodes of the whole graph, in its order.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -28,6 +29,9 @@ namespace kiln::runtime {
 struct ExecutorOptions {
     bool segmented = true;  // --disable-segmented-compute turns it off
     bool prefetch = true;   // --disable-prefetch turns it off
+    // Set by another thread (kiln_cancel): run() returns a Cancelled error
+    // before it starts computing a graph. Owned by the caller; may be null.
+    const std::atomic<bool>* cancel = nullptr;
 };
 
 // What a run would need, for `kiln plan` and the executor's own decisions.

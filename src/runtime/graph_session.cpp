@@ -32,7 +32,8 @@ GraphSession::~GraphSession() {
 Status GraphSession::bind_inputs(ggml_backend_buffer_type_t buft, DeviceLedger& ledger) {
     if (input_buffer_) return Status::Ok();
     input_buffer_ = ggml_backend_buft_alloc_buffer(buft, std::max<size_t>(input_bytes(buft), 1));
-    if (!input_buffer_) return Error{"out of memory on " + ledger.device_name() + " allocating the graph's inputs"};
+    if (!input_buffer_)
+        return Error::out_of_memory("out of memory on " + ledger.device_name() + " allocating the graph's inputs");
     input_ledger_ = &ledger;
     ledger.add(ggml_backend_buffer_get_size(input_buffer_));
     ggml_tallocr talloc = ggml_tallocr_new(input_buffer_);

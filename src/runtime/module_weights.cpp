@@ -106,12 +106,13 @@ Status ModuleWeights::load(ggml_backend_t backend) {
     if (!errors_.empty()) {
         std::string message = errors_.front();
         if (errors_.size() > 1) message += " (and " + std::to_string(errors_.size() - 1) + " more problems)";
-        return Error{file_.sources().front().path + ": " + message};
+        return Error::bad_file(file_.sources().front().path + ": " + message);
     }
     if (buffer_ || !mapped_.empty()) return Status::Ok();
     if (ggml_backend_is_cpu(backend)) return load_mapped();
     buffer_ = ggml_backend_alloc_ctx_tensors(ctx_, backend);
-    if (!buffer_ && !declared_.empty()) return Error{"out of memory allocating " + prefix_ + "* weights"};
+    if (!buffer_ && !declared_.empty())
+        return Error::out_of_memory("out of memory allocating " + prefix_ + "* weights");
     for (auto& [tensor, info] : declared_) KILN_TRY(fill(tensor, *info, tensor));
     return Status::Ok();
 }
@@ -149,7 +150,7 @@ Status ModuleWeights::load_mapped() {
         size += (ggml_backend_buft_get_alloc_size(cpu, tensor) + alignment - 1) / alignment * alignment;
     }
     buffer_ = ggml_backend_buft_alloc_buffer(cpu, size);
-    if (!buffer_) return Error{"out of memory allocating " + prefix_ + "* weights"};
+    if (!buffer_) return Error::out_of_memory("out of memory allocating " + prefix_ + "* weights");
     ggml_tallocr talloc = ggml_tallocr_new(buffer_);
     for (auto& [tensor, info] : converted) {
         if (ggml_tallocr_alloc(&talloc, tensor) != GGML_STATUS_SUCCESS) {
@@ -167,7 +168,7 @@ Status ModuleWeights::fill(ggml_tensor* target, const io::TensorInfo& info, cons
         return Status::Ok();
     }
     auto data = io::convert_tensor(info, file_.data(info), compute->type);
-    if (!data.ok()) return Error{file_.sources()[info.source].path + ": " + data.error().message};
+    if (!data.ok()) return data.error().in_context(file_.sources()[info.source].path + ": ");
     ggml_backend_tensor_set(target, data->data(), 0, data->size());
     return Status::Ok();
 }
@@ -189,8 +190,9 @@ Status ModuleWeights::load_params(ParamsLocation location, ggml_backend_t comput
         host_ctx_,
         params_buft && location == ParamsLocation::OtherDevice ? params_buft : ggml_backend_cpu_buffer_type());
     if (!host_buffer_ && !declared_.empty()) {
-        return Error{"out of memory allocating " + prefix_ + "* weights in " +
-                     (location == ParamsLocation::Host ? std::string("RAM") : ggml_backend_buft_name(params_buft))};
+        return Error::out_of_memory(
+            "out of memory allocating " + prefix_ + "* weights in " +
+            (location == ParamsLocation::Host ? std::string("RAM") : ggml_backend_buft_name(params_buft)));
     }
     for (auto& [tensor, info] : declared_) KILN_TRY(fill(by_tensor_[tensor].second, *info, tensor));
     return Status::Ok();
@@ -216,7 +218,7 @@ Result<const void*> ModuleWeights::params_data(const ggml_tensor* tensor, std::v
     }
     if (io::dtype_from_ggml(tensor->type) == info->dtype) return static_cast<const void*>(file_.data(*info));
     auto data = io::convert_tensor(*info, file_.data(*info), tensor->type);
-    if (!data.ok()) return Error{file_.sources()[info->source].path + ": " + data.error().message};
+    if (!data.ok()) return data.error().in_context(file_.sources()[info->source].path + ": ");
     staging = std::move(data).value();
     return static_cast<const void*>(staging.data());
 }

@@ -88,8 +88,8 @@ bool WeightStore::make_room(uint64_t bytes, uint64_t limit, const EvictionHint& 
 Status WeightStore::allocate(WeightBlock& block) {
     block.buffer = ggml_backend_buft_alloc_buffer(buft_, block.bytes);
     if (!block.buffer) {
-        return Error{"out of memory on " + ledger_.device_name() + " allocating " + human_bytes(block.bytes) +
-                     " of weights"};
+        return Error::out_of_memory("out of memory on " + ledger_.device_name() + " allocating " +
+                                    human_bytes(block.bytes) + " of weights");
     }
     ggml_tallocr talloc = ggml_tallocr_new(block.buffer);
     for (ggml_tensor* w : block.tensors) {

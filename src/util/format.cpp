@@ -1,6 +1,7 @@
 #include "util/format.h"
 
 #include <cstdio>
+#include <cstdlib>
 
 namespace kiln {
 
@@ -29,6 +30,15 @@ std::string grouped(uint64_t value) {
         out += digits[i];
     }
     return out;
+}
+
+std::string format_number(float value) {
+    char buf[32];
+    for (int precision = 1; precision < 10; ++precision) {
+        std::snprintf(buf, sizeof buf, "%.*g", precision, static_cast<double>(value));
+        if (std::strtof(buf, nullptr) == value) break;
+    }
+    return buf;
 }
 
 namespace {

@@ -15,5 +15,8 @@ std::string grouped(uint64_t value);
 // DEL, C1), backslashes and bytes that are not valid UTF-8 become \xNN
 // escapes; everything else (printable ASCII, valid UTF-8) is kept.
 std::string escaped(std::string_view text);
+// "0.5", "0.75", "1e+39": the shortest form that reads back as the same
+// float, as A1111 prints parameters.
+std::string format_number(float value);
 
 }  // namespace kiln

@@ -32,7 +32,8 @@ int main(int argc, char** argv) {
     cp.tokenizer_path = argv[2];
     cp.n_threads = 1;
     char* error = NULL;
-    kiln_context* ctx = kiln_context_create(&cp, &error);
+    kiln_context* ctx = NULL;
+    kiln_context_create(&cp, &ctx, &error);
     CHECK(ctx != NULL, "create: %s", error ? error : "?");
 
     kiln_generation_params gp;

@@ -138,15 +138,16 @@ TEST(Args, InfoCommand) {
 }
 
 TEST(Args, DeviceFlags) {
-    Options o = parse_ok({"--list-devices", "--rpc", "127.0.0.1:50052,gpu-box:50053"});
+    Options o = parse_ok({"--list-devices", "--rpc-servers", "127.0.0.1:50052,gpu-box:50053"});
     EXPECT_EQ(o.command, Command::ListDevices);
     EXPECT_EQ(o.rpc_servers, "127.0.0.1:50052,gpu-box:50053");
     o = parse_ok({"-p", "x", "--backend", "diffusion=rpc0,te=cpu"});
     EXPECT_EQ(o.command, Command::Generate);
     EXPECT_EQ(o.backend, "diffusion=rpc0,te=cpu");
-    EXPECT_EQ(parse_error({"--rpc", "127.0.0.1"}).message, "--rpc: 127.0.0.1: expected host:port");
-    EXPECT_EQ(parse_error({"--rpc", "h:0"}).message, "--rpc: h:0: the port must be a number from 1 to 65535, got '0'");
-    EXPECT_EQ(parse_error({"--rpc", "h:1,:2"}).message, "--rpc: :2: empty host (expected host:port)");
+    EXPECT_EQ(parse_error({"--rpc-servers", "127.0.0.1"}).message, "--rpc-servers: 127.0.0.1: expected host:port");
+    EXPECT_EQ(parse_error({"--rpc-servers", "h:0"}).message,
+              "--rpc-servers: h:0: the port must be a number from 1 to 65535, got '0'");
+    EXPECT_EQ(parse_error({"--rpc-servers", "h:1,:2"}).message, "--rpc-servers: :2: empty host (expected host:port)");
     EXPECT_EQ(parse_error({"--backend", ""}).message,
               "--backend: expected a device or module=device pairs, got an empty string");
 }
@@ -173,8 +174,8 @@ TEST(Args, RpcServerCommand) {
 TEST(Args, HelpListsEveryFlag) {
     const std::string help = help_text();
     for (const char* flag : {"--model", "--diffusion-model", "--vae", "--clip_l", "--mode", "--help", "--log-level",
-                             "--verbose", "--color", "--type", "--tensors", "--list-devices", "--rpc", "--backend",
-                             "rpc-server", "--host", "--port", "--device"}) {
+                             "--verbose", "--color", "--type", "--tensors", "--list-devices", "--rpc-servers",
+                             "--backend", "rpc-server", "--host", "--port", "--device"}) {
         EXPECT_NE(help.find(flag), std::string::npos) << flag;
     }
     EXPECT_EQ(parse_ok({"-h"}).command, Command::Help);

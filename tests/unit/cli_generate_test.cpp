@@ -160,7 +160,7 @@ TEST(CliGenerate, InpaintingUnetTakesTheMaskAndMaskedImage) {
     EXPECT_TRUE(image::read_image(dir.file("out.png")).ok());
     r = run_command(
         kiln_with_model("-p x -W 32 -H 32 --steps 1 --mask " + dir.file("m.png") + " -o " + dir.file("x.png")));
-    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_EQ(r.exit_code, 2);
     EXPECT_NE(r.err.find("--mask needs an init image (-i)"), std::string::npos) << r.err;
 }
 
@@ -177,7 +177,7 @@ TEST(CliGenerate, BadRequestsFailCleanlyWithoutOutput) {
         std::string message;
     };
     const std::vector<Case> cases = {
-        {"-W 30 -H 32", 1, "width and height must be multiples of 4 for this model, got 30x32"},
+        {"-W 30 -H 32", 2, "width and height must be multiples of 4 for this model (SD1.x), got 30x32"},
         {"--steps 0", 2, "--steps: expected an integer from 1 to 10000, got 0"},
         {"--cfg-scale -1", 2, "--cfg-scale: expected a number from 0 to 1000, got '-1'"},
         {"--cfg-scale 1e39", 2, "--cfg-scale: expected a number from 0 to 1000, got '1e39'"},
@@ -187,8 +187,8 @@ TEST(CliGenerate, BadRequestsFailCleanlyWithoutOutput) {
         {"--rng gpu", 2, "--rng: unknown RNG 'gpu' (valid: cpu, cuda)"},
         {"--max-vram bogus=1", 2, "--max-vram: unknown device 'BOGUS' (valid: "},
         {"-i " + dir.file("missing.png"), 1, "missing.png"},
-        {"-i " + dir.file("small.png"), 1, "init image is 16x16 but the requested size is 32x32"},
-        {"-i " + dir.file("init.png") + " --mask " + dir.file("small.png"), 1,
+        {"-i " + dir.file("small.png"), 2, "init image is 16x16 but the requested size is 32x32"},
+        {"-i " + dir.file("init.png") + " --mask " + dir.file("small.png"), 2,
          "mask is 16x16 but the init image is 32x32"},
         {"-i " + dir.file("notes.png"), 1, "notes.png"},
         {"--strength 1.5", 2, "--strength: expected a number in (0, 1], got '1.5'"},
@@ -228,7 +228,7 @@ TEST(CliGenerate, ModelThatIsNoKnownFamilyIsAClearError) {
         dir.write("junk.safetensors", test::build_safetensors({{"foo.weight", "F32", {2}, test::f32_bytes(2)}}));
     auto r = run_command(std::string(KILN_BIN) + " -m " + junk + " -p x -o " + dir.file("out.png"));
     EXPECT_EQ(r.exit_code, 1);
-    EXPECT_EQ(r.err, "error: " + junk + ": no SD1/SD2 UNet found (family: unknown); pass --diffusion-model\n");
+    EXPECT_EQ(r.err, "error: " + junk + ": not a model family kiln runs (found: unknown; runs: SD1.x, SD2.x, SDXL)\n");
     EXPECT_FALSE(exists(dir.file("out.png")));
 }
 

@@ -1,4 +1,4 @@
-// Devices: module names, --backend assignments, --rpc endpoints, and end to
+// Devices: module names, --backend assignments, --rpc-servers endpoints, and end to
 // end `kiln --list-devices` and `kiln rpc-server` (a real ggml RPC server on
 // 127.0.0.1, started as a child process).
 #include "runtime/devices.h"
@@ -118,18 +118,18 @@ TEST(Devices, RegisteredDevices) {
     ASSERT_TRUE(a.ok()) << a.error().message;
 }
 
-// --- --rpc endpoints ---------------------------------------------------------
+// --- --rpc-servers endpoints ---------------------------------------------------------
 
 TEST(Devices, RpcEndpoints) {
     auto e = parse_rpc_endpoints("127.0.0.1:50052, gpu-box:8080,127.0.0.1:50052");
     ASSERT_TRUE(e.ok()) << e.error().message;
     EXPECT_EQ(*e, (std::vector<std::string>{"127.0.0.1:50052", "gpu-box:8080"}));
-    EXPECT_EQ(parse_rpc_endpoints("host").error().message, "--rpc: host: expected host:port");
-    EXPECT_EQ(parse_rpc_endpoints(":1").error().message, "--rpc: :1: empty host (expected host:port)");
+    EXPECT_EQ(parse_rpc_endpoints("host").error().message, "--rpc-servers: host: expected host:port");
+    EXPECT_EQ(parse_rpc_endpoints(":1").error().message, "--rpc-servers: :1: empty host (expected host:port)");
     EXPECT_EQ(parse_rpc_endpoints("h:65536").error().message,
-              "--rpc: h:65536: the port must be a number from 1 to 65535, got '65536'");
+              "--rpc-servers: h:65536: the port must be a number from 1 to 65535, got '65536'");
     EXPECT_EQ(parse_rpc_endpoints("h:x1").error().message,
-              "--rpc: h:x1: the port must be a number from 1 to 65535, got 'x1'");
+              "--rpc-servers: h:x1: the port must be a number from 1 to 65535, got 'x1'");
     EXPECT_FALSE(parse_rpc_endpoints("h:1,").ok());
     EXPECT_FALSE(parse_rpc_endpoints("::1:80").ok());
 }
@@ -153,11 +153,11 @@ TEST(Devices, ListDevicesShowsTheCpu) {
 }
 
 TEST(Devices, UnreachableRpcServerIsACleanError) {
-    auto r = run_command(kiln("--rpc 127.0.0.1:1 --list-devices"));
+    auto r = run_command(kiln("--rpc-servers 127.0.0.1:1 --list-devices"));
     EXPECT_EQ(r.exit_code, 1) << r.out << r.err;  // not a crash (-1) or an abort
-    EXPECT_EQ(r.err.rfind("error: --rpc: 127.0.0.1:1: no ggml RPC server reachable", 0), 0u) << r.err;
+    EXPECT_EQ(r.err.rfind("error: --rpc-servers: 127.0.0.1:1: no ggml RPC server reachable", 0), 0u) << r.err;
     EXPECT_EQ(r.out, "");
-    r = run_command(kiln("--rpc 127.0.0.1:1 -p x --steps 1"));
+    r = run_command(kiln("--rpc-servers 127.0.0.1:1 -p x --steps 1"));
     EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
     EXPECT_NE(r.err.find("127.0.0.1:1"), std::string::npos) << r.err;
 }
@@ -173,10 +173,10 @@ TEST(Devices, NotAnRpcServerIsACleanError) {
     socklen_t len = sizeof addr;
     ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
     const std::string endpoint = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
-    auto r = run_command(kiln("--rpc " + endpoint + " --list-devices"));
+    auto r = run_command(kiln("--rpc-servers " + endpoint + " --list-devices"));
     ::close(fd);
     EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
-    EXPECT_EQ(r.err.rfind("error: --rpc: " + endpoint + ": the server did not answer the RPC handshake", 0), 0u)
+    EXPECT_EQ(r.err.rfind("error: --rpc-servers: " + endpoint + ": the server did not answer the RPC handshake", 0), 0u)
         << r.err;
 }
 
@@ -188,7 +188,7 @@ TEST(Devices, RpcServerServesTheCpuAsAGpuTypeDevice) {
     ASSERT_TRUE(server.wait_listening(port)) << server.out() << server.err();
 
     const std::string endpoint = "127.0.0.1:" + std::to_string(port);
-    auto r = run_command(kiln("--rpc " + endpoint + " --list-devices"));
+    auto r = run_command(kiln("--rpc-servers " + endpoint + " --list-devices"));
     ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
     std::istringstream lines(r.out);
     std::string line;
@@ -214,8 +214,8 @@ TEST(Devices, RpcServerServesTheCpuAsAGpuTypeDevice) {
     // Measured: at most 2 levels apart, 0.05 on average.
     test::TempDir dir;
     const std::string common = " -t 1 -p \"a red circle on a white background\" --steps 4 -s 7 -o ";
-    r = run_command("KILN_NO_BLAS=1 " + kiln("--rpc " + endpoint + " --backend diffusion=rpc0,te=cpu,vae=cpu" + common +
-                                             dir.file("rpc.png")));
+    r = run_command("KILN_NO_BLAS=1 " + kiln("--rpc-servers " + endpoint + " --backend diffusion=rpc0,te=cpu,vae=cpu" +
+                                             common + dir.file("rpc.png")));
     ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
     r = run_command("KILN_NO_BLAS=1 " + kiln(common + dir.file("cpu.png")));
     ASSERT_EQ(r.exit_code, 0) << r.out << r.err;

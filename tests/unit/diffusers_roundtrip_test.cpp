@@ -66,13 +66,13 @@ void write_diffusers(const io::ModelFile& file, const io::UnetLayout& layout, co
                               "scheduler": ["diffusers", "DDIMScheduler"]})"));
 }
 
-Result<std::unique_ptr<pipeline::StableDiffusionModel>> load(const std::string& path) {
+Result<std::unique_ptr<pipeline::Model>> load(const std::string& path) {
     pipeline::ModelPaths paths;
     paths.model = {path};
     paths.tokenizer = std::string(KILN_FIXTURES_DIR) + "/tiny_tokenizer";
     pipeline::ModelOptions options;
     options.threads = 1;
-    return pipeline::StableDiffusionModel::load(paths, options);
+    return pipeline::Model::load(paths, options);
 }
 
 TEST(DiffusersRoundTrip, Sd2FolderMakesTheSameImageAsTheCheckpoint) {
@@ -86,7 +86,7 @@ TEST(DiffusersRoundTrip, Sd2FolderMakesTheSameImageAsTheCheckpoint) {
     ASSERT_TRUE(original.ok()) << original.error().message;
     auto converted = load(dir.file("sd2"));
     ASSERT_TRUE(converted.ok()) << converted.error().message;
-    EXPECT_EQ((*converted)->family(), "SD2.x");
+    EXPECT_EQ((*converted)->family_label(), "SD2.x");
     EXPECT_EQ((*converted)->unet().weights().count(), (*original)->unet().weights().count());
     EXPECT_EQ((*converted)->vae().weights().count(), (*original)->vae().weights().count());
 

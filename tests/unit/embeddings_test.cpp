@@ -23,14 +23,14 @@ TEST(Embeddings, ReadsA1111PtFiles) {
         << wrong.error().message;
 }
 
-std::unique_ptr<StableDiffusionModel> load_tiny(const std::string& embeddings) {
+std::unique_ptr<Model> load_tiny(const std::string& embeddings) {
     ModelPaths paths;
     paths.model = {test::golden_path("models/sd1_tiny.safetensors")};
     paths.tokenizer = std::string(KILN_FIXTURES_DIR) + "/tiny_tokenizer";
     paths.embeddings = embeddings;
     ModelOptions options;
     options.threads = 1;
-    auto m = StableDiffusionModel::load(paths, options);
+    auto m = Model::load(paths, options);
     EXPECT_TRUE(m.ok()) << m.error().message;
     return m.ok() ? std::move(m).value() : nullptr;
 }

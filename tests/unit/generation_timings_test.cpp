@@ -14,7 +14,7 @@ TEST(GenerationTimings, EveryStepAndModuleIsTimedAndTheImagesAreUnchanged) {
     paths.model = {KILN_DEFAULT_MODEL};
     ModelOptions options;
     options.threads = 1;
-    auto model = StableDiffusionModel::load(paths, options);
+    auto model = Model::load(paths, options);
     ASSERT_TRUE(model.ok()) << model.error().message;
     GenerationRequest request;
     request.prompt = "a red circle on a white background";

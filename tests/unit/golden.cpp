@@ -6,10 +6,21 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <stdexcept>
 
 namespace kiln::test {
 
 std::string golden_path(const std::string& relative) { return std::string(KILN_GOLDEN_DIR) + "/" + relative; }
+
+std::vector<int64_t> ggml_ne(const std::vector<int64_t>& torch_shape) {
+    return std::vector<int64_t>(torch_shape.rbegin(), torch_shape.rend());
+}
+
+std::unique_ptr<runtime::Compute> golden_cpu() {
+    auto c = runtime::Compute::create(1);
+    if (!c.ok()) throw std::runtime_error(c.error().message);
+    return std::move(c).value();
+}
 
 FixtureTensor fixture_tensor(const io::ModelFile& file, const std::string& name) {
     FixtureTensor out;

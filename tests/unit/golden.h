@@ -3,10 +3,12 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "io/model_file.h"
+#include "runtime/compute.h"
 
 namespace kiln::test {
 
@@ -20,6 +22,13 @@ struct FixtureTensor {
     std::vector<int64_t> shape;
 };
 FixtureTensor fixture_tensor(const io::ModelFile& file, const std::string& name);
+
+// A PyTorch shape as ggml's ne (innermost first).
+std::vector<int64_t> ggml_ne(const std::vector<int64_t>& torch_shape);
+
+// A one-thread CPU compute for golden runs (ctest runs tests in parallel);
+// throws if it cannot be made.
+std::unique_ptr<runtime::Compute> golden_cpu();
 
 // max |actual - expected| / max(max |expected|, 1e-6): the error relative to
 // the reference's scale.

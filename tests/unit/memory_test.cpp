@@ -35,7 +35,7 @@
 namespace kiln {
 namespace {
 
-using pipeline::StableDiffusionModel;
+using pipeline::Model;
 
 struct Job {
     std::string model = KILN_DEFAULT_MODEL;
@@ -82,11 +82,11 @@ pipeline::ModelOptions options_for(const Job& job) {
     return o;
 }
 
-Result<std::unique_ptr<StableDiffusionModel>> load(const Job& job) {
+Result<std::unique_ptr<Model>> load(const Job& job) {
     pipeline::ModelPaths paths;
     paths.model = {job.model};
     paths.tokenizer = job.tokenizer;
-    return StableDiffusionModel::load(paths, options_for(job));
+    return Model::load(paths, options_for(job));
 }
 
 pipeline::GenerationRequest request_for(const Job& job) {
@@ -116,7 +116,7 @@ Result<Outcome> run_job(const Job& job) {
     o.unet_builds = unet.plans().builds();
     o.unet_hits = unet.plans().hits();
     o.unet_runs = unet.stats().runs;
-    o.te_builds = (*model)->text_encoder_compute().plans().builds();
+    o.te_builds = (*model)->text_encoders().front().executor->plans().builds();
     o.vae_builds = (*model)->vae_compute().plans().builds();
     o.prefetches = unet.store().stats().prefetches;
     return o;
@@ -141,7 +141,7 @@ class Memory : public ::testing::Test {
         ASSERT_TRUE(runtime::add_rpc_servers(server_->endpoint()).ok());
     }
     // The flags that make the device exist for a kiln child process.
-    static std::string device_flags() { return on_rpc() ? " --rpc " + server_->endpoint() : ""; }
+    static std::string device_flags() { return on_rpc() ? " --rpc-servers " + server_->endpoint() : ""; }
     static test::RpcServer* server_;
 };
 test::RpcServer* Memory::server_ = nullptr;
@@ -243,7 +243,8 @@ TEST_F(Memory, BudgetBelowTheLargestSegmentIsOneClearErrorAndTheNextJobRuns) {
     cp.max_vram = budget.c_str();
     cp.n_threads = 1;
     char* error = nullptr;
-    kiln_context* small = kiln_context_create(&cp, &error);
+    kiln_context* small = NULL;
+    kiln_context_create(&cp, &small, &error);
     ASSERT_NE(small, nullptr) << error;
     kiln_generation_params gp;
     kiln_generation_params_init(&gp);
@@ -270,7 +271,8 @@ TEST_F(Memory, BudgetBelowTheLargestSegmentIsOneClearErrorAndTheNextJobRuns) {
 
     budget = dev() + "=64M";
     cp.max_vram = budget.c_str();
-    kiln_context* big = kiln_context_create(&cp, &error);
+    kiln_context* big = NULL;
+    kiln_context_create(&cp, &big, &error);
     ASSERT_NE(big, nullptr) << error;
     ASSERT_EQ(kiln_generate(big, &gp, &images, &count, &error), 0) << error;
     EXPECT_EQ(count, 1);
@@ -440,7 +442,7 @@ TEST_F(Memory, PlanPredictsTheRun) {
         paths.model = {job.model};
         pipeline::ModelOptions o = options_for(job);
         o.plan_only = true;
-        auto planned = StableDiffusionModel::load(paths, o);
+        auto planned = Model::load(paths, o);
         ASSERT_TRUE(planned.ok()) << planned.error().message;
         auto forecast = pipeline::forecast_job(**planned, job.size, job.size, true, false);
         ASSERT_TRUE(forecast.ok()) << forecast.error().message;

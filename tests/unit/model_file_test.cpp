@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "io/model_summary.h"
+#include "models/registry.h"
 #include "test_files.h"
 
 namespace kiln::io {
@@ -148,7 +149,9 @@ TEST(ModelFile, DiffusersFolderIsOneModelUnderLdmNames) {
     EXPECT_NE(model->find("cond_stage_model.transformer.text_model.final_layer_norm.weight"), nullptr);
 
     const ModelSummary summary = summarize_model(*model);
-    EXPECT_EQ(summary.family, "SD1.x");
+    models::FileSet files;
+    files.files.push_back(&*model);
+    EXPECT_EQ(models::detect_family(files).label, "SD1.x");
     ASSERT_EQ(summary.components.size(), 3u);
     EXPECT_EQ(summary.components[0].kind, ComponentKind::DiffusionModel);
     EXPECT_EQ(summary.components[0].tensor_count, 5u);
@@ -163,7 +166,10 @@ TEST(ModelSummary, DetectsFamiliesAndComponentsOfSingleFiles) {
         const std::string path = dir.write("m.safetensors", build_safetensors(entries));
         auto model = ModelFile::open({path});
         EXPECT_TRUE(model.ok());
-        return model.ok() ? summarize_model(*model).family : std::string();
+        if (!model.ok()) return std::string();
+        models::FileSet files;
+        files.files.push_back(&*model);
+        return models::detect_family(files).label;
     };
     const std::string k = "model.diffusion_model.input_blocks.1.1.transformer_blocks.0.attn2.to_k.weight";
     EXPECT_EQ(family_of({{k, "F16", {4, 768}, std::vector<uint8_t>(4 * 768 * 2)}}), "SD1.x");

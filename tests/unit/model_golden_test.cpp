@@ -13,6 +13,7 @@ namespace kiln {
 namespace {
 
 using test::fixture_tensor;
+using test::ggml_ne;
 using test::golden_path;
 using test::relative_error;
 
@@ -20,10 +21,6 @@ using test::relative_error;
 // the weights as F32 (--type f32) and computes in float32, so differences
 // come from float32 rounding and summation order: around 1e-5 of the scale.
 constexpr double kTolerance = 1e-4;
-
-std::vector<int64_t> ggml_ne(const std::vector<int64_t>& torch_shape) {
-    return std::vector<int64_t>(torch_shape.rbegin(), torch_shape.rend());
-}
 
 struct GoldenModel {
     io::ModelFile weights;
@@ -38,11 +35,7 @@ GoldenModel open_golden(const std::string& name) {
     return GoldenModel{std::move(weights).value(), std::move(io).value()};
 }
 
-std::unique_ptr<runtime::Compute> cpu() {
-    auto c = runtime::Compute::create(1);  // ctest runs tests in parallel
-    if (!c.ok()) throw std::runtime_error(c.error().message);
-    return std::move(c).value();
-}
+std::unique_ptr<runtime::Compute> cpu() { return test::golden_cpu(); }
 
 class ModelGolden : public ::testing::TestWithParam<std::string> {};
 

@@ -24,7 +24,7 @@ class PipelineGolden : public ::testing::Test {
         ModelOptions options;
         options.weight_type = GGML_TYPE_F32;  // the reference computes with the stored weights widened
         options.threads = 1;
-        auto loaded = StableDiffusionModel::load(paths, options);
+        auto loaded = Model::load(paths, options);
         ASSERT_TRUE(loaded.ok()) << loaded.error().message;
         model_ = std::move(loaded).value().release();
         auto io = io::ModelFile::open({golden_path("pipeline/sd1_tiny_txt2img.safetensors")});
@@ -41,10 +41,10 @@ class PipelineGolden : public ::testing::Test {
         return Conditioning{t.values, t.shape[1], t.shape[2]};
     }
 
-    static StableDiffusionModel* model_;
+    static Model* model_;
     static io::ModelFile* io_;
 };
-StableDiffusionModel* PipelineGolden::model_ = nullptr;
+Model* PipelineGolden::model_ = nullptr;
 io::ModelFile* PipelineGolden::io_ = nullptr;
 
 TEST_F(PipelineGolden, EverySamplerMatchesTheReferenceRun) {

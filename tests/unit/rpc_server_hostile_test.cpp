@@ -127,7 +127,7 @@ class DyingServer {
 TEST(RpcServerHostile, ADeadServerIsNamedBeforeGgmlAborts) {
     DyingServer server;
     const std::string endpoint = "127.0.0.1:" + std::to_string(server.port());
-    auto r = test::run_command(std::string(KILN_BIN) + " --rpc " + endpoint + " --list-devices");
+    auto r = test::run_command(std::string(KILN_BIN) + " --rpc-servers " + endpoint + " --list-devices");
     EXPECT_EQ(r.exit_code, 134) << r.out << r.err;  // the shell's 128 + SIGABRT: ggml aborts; SIGPIPE would be 141
     EXPECT_NE(r.err.find("error: lost the ggml RPC server " + endpoint), std::string::npos) << r.err;
     EXPECT_NE(r.err.find("ggml cannot recover from that, so kiln stops"), std::string::npos) << r.err;

@@ -36,7 +36,7 @@ TEST(DefaultModel, DrawsWhatThePromptAsks) {
     paths.model = {KILN_DEFAULT_MODEL};
     pipeline::ModelOptions options;
     options.threads = 1;
-    auto model = pipeline::StableDiffusionModel::load(paths, options);
+    auto model = pipeline::Model::load(paths, options);
     ASSERT_TRUE(model.ok()) << model.error().message;
 
     const char* shapes[] = {"circle", "square", "triangle", "star"};

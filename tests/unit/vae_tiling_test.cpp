@@ -201,7 +201,7 @@ class VaeTilingModel : public ::testing::Test {
         paths.tokenizer = std::string(KILN_FIXTURES_DIR) + "/tiny_tokenizer";
         pipeline::ModelOptions options;
         options.threads = 1;  // ctest runs tests in parallel
-        auto loaded = pipeline::StableDiffusionModel::load(paths, options);
+        auto loaded = pipeline::Model::load(paths, options);
         if (!loaded.ok()) {
             load_error_ = new std::string(loaded.error().message);
             return;
@@ -220,7 +220,7 @@ class VaeTilingModel : public ::testing::Test {
         ASSERT_EQ(model_->vae().config().latent_channels, 4);
     }
 
-    static pipeline::StableDiffusionModel& model() { return *model_; }
+    static pipeline::Model& model() { return *model_; }
 
     // The untiled VAE graphs, run directly (not through vae_tiling).
     static std::vector<float> decode_whole(const std::vector<float>& z, int64_t w, int64_t h) {
@@ -241,11 +241,11 @@ class VaeTilingModel : public ::testing::Test {
     }
 
   private:
-    static pipeline::StableDiffusionModel* model_;
+    static pipeline::Model* model_;
     static std::string* load_error_;
 };
 
-pipeline::StableDiffusionModel* VaeTilingModel::model_ = nullptr;
+pipeline::Model* VaeTilingModel::model_ = nullptr;
 std::string* VaeTilingModel::load_error_ = nullptr;
 
 // Deterministic standard-normal-ish values (sum of uniforms, no <random>

@@ -225,19 +225,19 @@ const std::vector<Flag>& flags() {
                  return std::nullopt;
              }},
             {nullptr, "--list-devices", nullptr,
-             "list every compute device (name, type, free and total memory), --rpc ones included",
+             "list every compute device (name, type, free and total memory), --rpc-servers ones included",
              [](Options& o, const std::string&) -> std::optional<std::string> {
                  o.command = Command::ListDevices;
                  return std::nullopt;
              }},
-            {nullptr, "--rpc", "HOST:PORT[,...]",
+            {nullptr, "--rpc-servers", "HOST:PORT[,...]",
              "add the devices of ggml RPC servers (see 'kiln rpc-server'); they are named RPC0, RPC1, ...",
              [](Options& o, const std::string& v) -> std::optional<std::string> {
                  auto parsed = runtime::parse_rpc_endpoints(v);
                  if (!parsed) {
-                     // The message starts with "--rpc: "; the parser adds the flag name itself.
+                     // The message starts with "--rpc-servers: "; the parser adds the flag name itself.
                      const std::string& m = parsed.error().message;
-                     return m.rfind("--rpc: ", 0) == 0 ? m.substr(7) : m;
+                     return m.rfind("--rpc-servers: ", 0) == 0 ? m.substr(15) : m;
                  }
                  o.rpc_servers = v;
                  return std::nullopt;
@@ -475,7 +475,7 @@ std::string help_text() {
            "       kiln -M convert -m MODEL -o OUT.gguf [--type TYPE]\n"
            "       kiln -M metadata -i IMAGE\n"
            "       kiln info [--tensors] [FILE|FOLDER...]   (no file: the default model)\n"
-           "       kiln --list-devices [--rpc HOST:PORT,...]\n"
+           "       kiln --list-devices [--rpc-servers HOST:PORT,...]\n"
            "       kiln plan [options]                  will the job fit, and how? (same as --dry-run)\n"
            "       kiln rpc-server [--host ADDRESS] [--port N] [--device NAME]   serve a device to other kilns\n\n"
            "options:\n";

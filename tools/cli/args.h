@@ -17,7 +17,7 @@ enum class Command {
     Convert,      // -M convert: rewrite a model as GGUF, optionally re-quantised with --type
     Metadata,     // -M metadata -i IMAGE: print the generation parameters stored in an image
     Info,         // kiln info FILE|FOLDER...
-    ListDevices,  // --list-devices: every ggml device (with --rpc: the remote ones too)
+    ListDevices,  // --list-devices: every ggml device (with --rpc-servers: the remote ones too)
     RpcServer,    // kiln rpc-server [--host H] [--port P] [--device NAME]
     Plan,         // kiln plan [generation options], or --dry-run: placement and memory forecast
     Help,         // -h/--help
@@ -66,8 +66,8 @@ struct Options {
     float vae_tile_overlap = 0.5f;
 
     // Devices. Both strings are validated when used (src/runtime/devices.h):
-    // devices are only known once the --rpc servers have been added.
-    std::string rpc_servers;  // --rpc host:port[,host:port]
+    // devices are only known once the --rpc-servers servers have been added.
+    std::string rpc_servers;  // --rpc-servers host:port[,host:port]
     std::string backend;      // --backend DEVICE or module=device,...
 
     // The memory system (docs/memory.md).

@@ -12,10 +12,6 @@
 #include "default_model.h"
 #include "kiln.h"
 #include "output_pattern.h"
-#include "pipeline/placement.h"
-#include "pipeline/prompt_weights.h"
-#include "runtime/device_budget.h"
-#include "runtime/devices.h"
 #include "util/log.h"
 
 namespace kiln::cli {
@@ -65,40 +61,9 @@ struct Progress {
     }
 };
 
-// --rpc and --backend checked before the (slow) model load: unreachable
-// servers and unknown modules or devices fail fast. The C API places the
-// modules.
-int check_devices(const Options& options) {
-    if (!options.rpc_servers.empty()) {
-        if (Status s = runtime::add_rpc_servers(options.rpc_servers); !s) {
-            KILN_LOG_ERROR("%s", s.error().message.c_str());
-            return kExitFailure;
-        }
-    }
-    if (!options.backend.empty()) {
-        auto assignments = runtime::parse_backend_assignments(options.backend);
-        if (!assignments) {
-            KILN_LOG_ERROR("%s", assignments.error().message.c_str());
-            return kExitUsage;
-        }
-    }
-    if (!options.max_vram.empty()) {
-        auto budgets = runtime::parse_max_vram(options.max_vram);  // parsed at flag time: only the names are new
-        Status known = budgets ? budgets->check_devices(runtime::registered_device_names()) : Status(budgets.error());
-        if (!known) {
-            KILN_LOG_ERROR("%s", known.error().message.c_str());
-            return kExitUsage;
-        }
-    }
-    if (!options.params_backend.empty()) {
-        auto where = pipeline::parse_params_backend(options.params_backend, runtime::registered_device_names());
-        if (!where) {
-            KILN_LOG_ERROR("%s", where.error().message.c_str());
-            return kExitUsage;
-        }
-    }
-    return kExitOk;
-}
+// The exit status of a failed kiln call: 2 for a request to fix (bad flags
+// or values), 1 for everything else (bad files, out of memory, a failed job).
+int exit_code_of(kiln_status status) { return status == KILN_ERROR_INVALID_REQUEST ? kExitUsage : kExitFailure; }
 
 }  // namespace
 
@@ -114,21 +79,11 @@ int run_generate(const Options& options) {
         return kExitUsage;
     }
 
-    for (const auto& [text, flag] :
-         {std::pair{&options.prompt, "--prompt"}, {&options.negative_prompt, "--negative-prompt"}}) {
-        if (Status s = pipeline::check_prompt_size(*text, flag); !s) {
-            KILN_LOG_ERROR("%s", s.error().message.c_str());
-            return kExitUsage;
-        }
-    }
-    if (!options.clip_g.empty() || !options.t5xxl.empty()) {
-        KILN_LOG_ERROR(
-            "%s: only SD1.x/SD2.x models generate in this version; --clip_g and --t5xxl are for later "
-            "families (kiln info and -M convert read them)",
-            (!options.clip_g.empty() ? options.clip_g : options.t5xxl).c_str());
+    if (!options.t5xxl.empty()) {
+        KILN_LOG_ERROR("%s: no family kiln runs in this version uses --t5xxl (kiln info and -M convert read it)",
+                       options.t5xxl.c_str());
         return kExitUsage;
     }
-    if (int rc = check_devices(options); rc != kExitOk) return rc;
 
     std::string model = options.model;
     if (model.empty() && options.diffusion_model.empty()) {
@@ -146,6 +101,7 @@ int run_generate(const Options& options) {
     cp.diffusion_model_path = options.diffusion_model.empty() ? nullptr : options.diffusion_model.c_str();
     cp.vae_path = options.vae.empty() ? nullptr : options.vae.c_str();
     cp.clip_l_path = options.clip_l.empty() ? nullptr : options.clip_l.c_str();
+    cp.clip_g_path = options.clip_g.empty() ? nullptr : options.clip_g.c_str();
     cp.tokenizer_path = options.tokenizer.empty() ? nullptr : options.tokenizer.c_str();
     cp.embeddings_dir = options.embeddings_dir.empty() ? nullptr : options.embeddings_dir.c_str();
     cp.weight_type = options.weight_type.empty() ? nullptr : options.weight_type.c_str();
@@ -165,62 +121,48 @@ int run_generate(const Options& options) {
     cp.job_width = options.width;
     cp.job_height = options.height;
 
+    // Flags about devices are checked before the (slow) model load:
+    // unreachable servers and unknown modules or devices fail fast.
+    {
+        ErrorText error;
+        if (kiln_status st = kiln_context_params_check(&cp, &error.text); st != KILN_OK) {
+            KILN_LOG_ERROR("%s", error.c_str());
+            return exit_code_of(st);
+        }
+    }
+
     kiln_image* init = nullptr;
     if (!options.init_image.empty()) {
         ErrorText error;
-        if (kiln_image_load_limited(options.init_image.c_str(), static_cast<uint64_t>(options.max_image_pixels), &init,
-                                    &error.text) != 0) {
+        if (kiln_status st = kiln_image_load_limited(
+                options.init_image.c_str(), static_cast<uint64_t>(options.max_image_pixels), &init, &error.text);
+            st != KILN_OK) {
             KILN_LOG_ERROR("%s", error.c_str());
-            return kExitFailure;
+            return exit_code_of(st);
         }
     }
-
     kiln_image* mask = nullptr;
     if (!options.mask.empty()) {
         ErrorText error;
-        if (kiln_image_load_limited(options.mask.c_str(), static_cast<uint64_t>(options.max_image_pixels), &mask,
-                                    &error.text) != 0) {
+        if (kiln_status st = kiln_image_load_limited(
+                options.mask.c_str(), static_cast<uint64_t>(options.max_image_pixels), &mask, &error.text);
+            st != KILN_OK) {
             kiln_images_free(init, init ? 1 : 0);
             KILN_LOG_ERROR("%s", error.c_str());
-            return kExitFailure;
+            return exit_code_of(st);
         }
     }
-
-    ErrorText load_error;
-    KILN_LOG_VERBOSE("loading %s", model.empty() ? options.diffusion_model.c_str() : model.c_str());
-    kiln_context* ctx = kiln_context_create(&cp, &load_error.text);
-    if (!ctx) {
-        kiln_images_free(init, init ? 1 : 0);
-        kiln_images_free(mask, mask ? 1 : 0);
-        KILN_LOG_ERROR("%s", load_error.c_str());
-        return kExitFailure;
-    }
-
-    if (plan_only) {
-        kiln_images_free(init, init ? 1 : 0);
-        kiln_images_free(mask, mask ? 1 : 0);
-        kiln_generation_params gp;
-        kiln_generation_params_init(&gp);
-        gp.width = options.width;
-        gp.height = options.height;
-        gp.cfg_scale = options.cfg_scale_given ? options.cfg_scale : -1.0f;
-        gp.flash_attention = options.diffusion_fa ? 1 : 0;
-        char* text = nullptr;
-        int fits = 0;
-        ErrorText error;
-        const int rc = kiln_plan(ctx, &gp, &text, &fits, &error.text);
-        kiln_context_free(ctx);
-        if (rc != 0) {
-            KILN_LOG_ERROR("%s", error.c_str());
-            return kExitFailure;
+    struct FreeImages {
+        kiln_image*& init;
+        kiln_image*& mask;
+        ~FreeImages() {
+            kiln_images_free(init, init ? 1 : 0);
+            kiln_images_free(mask, mask ? 1 : 0);
         }
-        std::printf("%s", text);
-        kiln_free_string(text);
-        return fits ? kExitOk : kExitFailure;
-    }
+    } free_images{init, mask};
 
     int64_t seed = options.seed;
-    if (seed < 0) {
+    if (seed < 0 && !plan_only) {
         seed = static_cast<int64_t>(std::random_device{}() & 0x7fffffff);
         KILN_LOG_INFO("seed: %lld", static_cast<long long>(seed));
     }
@@ -250,31 +192,52 @@ int run_generate(const Options& options) {
     gp.progress = &Progress::on_step;
     gp.progress_user_data = &progress;
 
+    ErrorText load_error;
+    KILN_LOG_VERBOSE("loading %s", model.empty() ? options.diffusion_model.c_str() : model.c_str());
+    kiln_context* ctx = nullptr;
+    if (kiln_status st = kiln_context_create(&cp, &ctx, &load_error.text); st != KILN_OK) {
+        KILN_LOG_ERROR("%s", load_error.c_str());
+        return exit_code_of(st);
+    }
+
+    if (plan_only) {
+        char* text = nullptr;
+        int fits = 0;
+        ErrorText error;
+        const kiln_status st = kiln_plan(ctx, &gp, &text, &fits, &error.text);
+        kiln_context_free(ctx);
+        if (st != KILN_OK) {
+            KILN_LOG_ERROR("%s", error.c_str());
+            return exit_code_of(st);
+        }
+        std::printf("%s", text);
+        kiln_free_string(text);
+        return fits ? kExitOk : kExitFailure;
+    }
+
     kiln_image* images = nullptr;
     int count = 0;
     ErrorText gen_error;
-    const int rc = kiln_generate(ctx, &gp, &images, &count, &gen_error.text);
+    const kiln_status st = kiln_generate(ctx, &gp, &images, &count, &gen_error.text);
     if (char* report = kiln_memory_report(ctx)) {
         for (char* line = std::strtok(report, "\n"); line; line = std::strtok(nullptr, "\n")) {
             KILN_LOG_VERBOSE("memory: %s", line);
         }
         kiln_free_string(report);
     }
-    kiln_images_free(init, init ? 1 : 0);
-    kiln_images_free(mask, mask ? 1 : 0);
     kiln_context_free(ctx);
-    if (rc != 0) {
+    if (st != KILN_OK) {
         if (progress.terminal) std::printf("\n");
         KILN_LOG_ERROR("%s", gen_error.c_str());
-        return kExitFailure;
+        return exit_code_of(st);
     }
     int exit_code = kExitOk;
     for (int i = 0; i < count; ++i) {
         const std::string path = output->path(i, count);
         ErrorText error;
-        if (kiln_image_save(&images[i], path.c_str(), &error.text) != 0) {
+        if (kiln_status save = kiln_image_save(&images[i], path.c_str(), &error.text); save != KILN_OK) {
             KILN_LOG_ERROR("%s", error.c_str());
-            exit_code = kExitFailure;
+            exit_code = exit_code_of(save);
             continue;
         }
         KILN_LOG_INFO("saved %s (%ux%u)", path.c_str(), images[i].width, images[i].height);

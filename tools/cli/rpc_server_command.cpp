@@ -66,7 +66,7 @@ int run_list_devices(const Options& options, std::ostream& out) {
 
 int run_rpc_server(const Options& options) {
     if (!options.rpc_servers.empty()) {
-        KILN_LOG_ERROR("--rpc: rpc-server serves this machine's own devices; it cannot relay remote ones");
+        KILN_LOG_ERROR("--rpc-servers: rpc-server serves this machine's own devices; it cannot relay remote ones");
         return kExitUsage;
     }
     auto device = runtime::find_device(options.rpc_device.empty() ? "CPU" : options.rpc_device);

@@ -7,9 +7,9 @@
 
 namespace kiln::cli {
 
-// `kiln --list-devices [--rpc HOST:PORT,...]`: adds the --rpc servers, then
+// `kiln --list-devices [--rpc-servers HOST:PORT,...]`: adds the --rpc-servers servers, then
 // prints one line per ggml device to `out`: name, type, free and total memory,
-// description. An unreachable --rpc server: exit 1, nothing listed.
+// description. An unreachable --rpc-servers server: exit 1, nothing listed.
 int run_list_devices(const Options& options, std::ostream& out);
 
 // `kiln rpc-server [--host ADDRESS] [--port N] [--device NAME]`: serves one

@@ -1,4 +1,4 @@
-"""PyTorch reference for the CLIP text encoders of SD1 and SD2.
+"""PyTorch reference for the CLIP text encoders of SD1, SD2 and SDXL.
 
 Two parameter namings, one computation (pre-LayerNorm transformer with a
 causal mask):
@@ -12,6 +12,17 @@ causal mask):
 ``forward(tokens, clip_skip)`` returns ``final_layer_norm`` applied to the
 hidden state after layer ``L - clip_skip + 1`` (clip_skip 1: last layer, 2:
 penultimate), which is what SD1 with clip skip and SD2's "penultimate" do.
+
+``encode(tokens, layer_from_end, final_norm)`` returns ``(hidden, pooled)``:
+the hidden state after layer ``L - layer_from_end + 1``, final-normed only when
+asked (SDXL asks for layer_from_end 2 without the norm from both encoders:
+sgm's FrozenCLIPEmbedder layer="hidden", layer_idx=11 is HF's
+hidden_states[11], and FrozenOpenCLIPEmbedder2 layer="penultimate",
+legacy=False is the input of the last resblock), and the pooled output:
+``ln_final`` of the LAST layer's output at the position of the largest token
+id (the EOS; torch's argmax takes the first), times ``text_projection``
+(x @ P) when the model has one; ``pooled_token`` picks the first position
+holding that id instead.
 """
 
 import math
@@ -43,6 +54,35 @@ def attention(q, k, v, heads, mask):
     p = torch.softmax(s, dim=-1)
     o = torch.matmul(p, v)
     return o.transpose(1, 2).reshape(b, n, w)
+
+
+def pool_positions(tokens, pooled_token=None):
+    """[B] index of the position to pool for each prompt."""
+    tokens = tokens.long()
+    if pooled_token is None:
+        return tokens.argmax(dim=-1)
+    return (tokens == pooled_token).int().argmax(dim=-1)
+
+
+def encode_layers(x, layers, mask, layer_from_end, final_norm, norm, pooled, projection, tokens,
+                  pooled_token):
+    """Shared by both namings: runs `layers` on embedded `x`."""
+    check_clip_skip(layer_from_end, len(layers))
+    keep = len(layers) - layer_from_end + 1
+    hidden = None
+    for i, layer in enumerate(layers):
+        if i == keep and not pooled:
+            break
+        x = layer(x, mask)
+        if i + 1 == keep:
+            hidden = norm(x) if final_norm else x
+    if not pooled:
+        return hidden, None
+    last = norm(x)
+    p = last[torch.arange(last.shape[0]), pool_positions(tokens, pooled_token)]
+    if projection is not None:
+        p = p @ projection
+    return hidden, p
 
 
 def check_clip_skip(clip_skip, layers):
@@ -133,6 +173,13 @@ class ClipTextHF(nn.Module):
             x = layer(x, mask)
         return tm.final_layer_norm(x)
 
+    def encode(self, tokens, layer_from_end=1, final_norm=True, pooled=False, pooled_token=None):
+        tm = self.text_model
+        x = tm.embeddings(tokens.long())
+        mask = causal_mask(x.shape[1], x.dtype, x.device)
+        return encode_layers(x, tm.encoder.layers, mask, layer_from_end, final_norm, tm.final_layer_norm, pooled,
+                             None, tokens, pooled_token)
+
 
 # ---------------------------------------------------------- open_clip naming
 
@@ -185,7 +232,9 @@ class _OCTransformer(nn.Module):
 
 
 class ClipTextOpenClip(nn.Module):
-    """open_clip text tower (SD2: ViT-H/14, width 1024, 16 heads, 24 layers).
+    """open_clip text tower (SD2: ViT-H/14, width 1024, 16 heads, 24 layers;
+    SDXL: ViT-bigG/14, width 1280, 20 heads, 32 layers, text_projection
+    [1280, 1280]).
 
     ``with_projection`` adds ``text_projection`` [W, W] and the scalar
     ``logit_scale`` that SD2 checkpoints carry (unused by SD's conditioning).
@@ -214,3 +263,10 @@ class ClipTextOpenClip(nn.Module):
         for block in self.transformer.resblocks[: self.num_layers - clip_skip + 1]:
             x = block(x, mask)
         return self.ln_final(x)
+
+    def encode(self, tokens, layer_from_end=1, final_norm=True, pooled=False, pooled_token=None):
+        n = tokens.shape[1]
+        x = self.token_embedding(tokens.long()) + self.positional_embedding[:n].unsqueeze(0)
+        mask = causal_mask(n, x.dtype, x.device)
+        return encode_layers(x, self.transformer.resblocks, mask, layer_from_end, final_norm, self.ln_final, pooled,
+                             getattr(self, "text_projection", None), tokens, pooled_token)

@@ -1,4 +1,5 @@
-"""PyTorch reference for ldm's UNetModel as used by SD1.x / SD2.x.
+"""PyTorch reference for ldm's UNetModel as used by SD1.x / SD2.x, and sgm's
+UNetModel as SDXL uses it (generative-models, diffusionmodules/openaimodel.py).
 
 Parameter names follow CompVis ldm (``openaimodel.py`` / ``attention.py``), so
 ``UNet(...).state_dict()`` prefixed with ``model.diffusion_model.`` is a
@@ -7,8 +8,19 @@ result: no dropout, no checkpointing, no zero-init (callers set the weights),
 GroupNorm computes in the input's dtype (ldm's GroupNorm32 upcasts to f32;
 this module is meant to run in f32 or f64).
 
-``forward(x, t, context)`` returns ``(out, blocks)`` where ``blocks`` maps
-"input_blocks.K", "middle_block", "output_blocks.K" to the output of that block.
+``forward(x, t, context, y=None)`` returns ``(out, blocks)`` where ``blocks``
+maps "input_blocks.K", "middle_block", "output_blocks.K" to the output of that
+block.
+
+SDXL's additions, as sgm builds them: a transformer depth per level
+(``transformer_depth=(0, 2, 10)``; the middle block takes the last level's
+unless ``transformer_depth_middle`` says otherwise, 0 meaning sgm's
+``disable_middle_transformer``, an Identity at middle_block.1), 64-wide heads
+(``num_head_channels=64``), linear projections, and ``adm_in_channels``: a
+``label_emb`` Sequential(Sequential(Linear(adm, 4C), SiLU, Linear(4C, 4C)))
+whose output is added to the time embedding (num_classes="sequential").
+``output_depths`` (one per output block) gives distilled variants (SSD-1B,
+Vega) their per-block depths, which sgm's per-level list cannot express.
 """
 
 import math
@@ -188,19 +200,28 @@ class UNet(nn.Module):
 
     def __init__(self, in_channels=4, out_channels=4, model_channels=320, channel_mult=(1, 2, 4, 4),
                  num_res_blocks=2, attention_levels=(0, 1, 2), num_heads=8, num_head_channels=-1,
-                 transformer_depth=1, context_dim=768, use_linear_in_transformer=False):
+                 transformer_depth=1, context_dim=768, use_linear_in_transformer=False,
+                 transformer_depth_middle=None, adm_in_channels=None, output_depths=None):
         super().__init__()
         self.model_channels = model_channels
         ted = model_channels * 4
         self.time_embed = nn.Sequential(nn.Linear(model_channels, ted), nn.SiLU(), nn.Linear(ted, ted))
+        self.adm_in_channels = adm_in_channels
+        if adm_in_channels:
+            self.label_emb = nn.Sequential(
+                nn.Sequential(nn.Linear(adm_in_channels, ted), nn.SiLU(), nn.Linear(ted, ted)))
+        if isinstance(transformer_depth, int):
+            transformer_depth = [transformer_depth] * len(channel_mult)
+        if transformer_depth_middle is None:
+            transformer_depth_middle = transformer_depth[-1]
+        output_depths = list(output_depths) if output_depths is not None else None
 
-        def transformer(ch):
+        def transformer(ch, depth):
             if num_head_channels > 0:
                 heads, dim_head = ch // num_head_channels, num_head_channels
             else:
                 heads, dim_head = num_heads, ch // num_heads
-            return SpatialTransformer(ch, heads, dim_head, transformer_depth, context_dim,
-                                      use_linear_in_transformer)
+            return SpatialTransformer(ch, heads, dim_head, depth, context_dim, use_linear_in_transformer)
 
         self.input_blocks = nn.ModuleList(
             [TimestepEmbedSequential(nn.Conv2d(in_channels, model_channels, 3, padding=1))])
@@ -211,32 +232,38 @@ class UNet(nn.Module):
                 layers = [ResBlock(ch, ted, mult * model_channels)]
                 ch = mult * model_channels
                 if level in attention_levels:
-                    layers.append(transformer(ch))
+                    layers.append(transformer(ch, transformer_depth[level]))
                 self.input_blocks.append(TimestepEmbedSequential(*layers))
                 skip_channels.append(ch)
             if level != len(channel_mult) - 1:
                 self.input_blocks.append(TimestepEmbedSequential(Downsample(ch)))
                 skip_channels.append(ch)
 
-        self.middle_block = TimestepEmbedSequential(ResBlock(ch, ted), transformer(ch), ResBlock(ch, ted))
+        middle = transformer(ch, transformer_depth_middle) if transformer_depth_middle else nn.Identity()
+        self.middle_block = TimestepEmbedSequential(ResBlock(ch, ted), middle, ResBlock(ch, ted))
 
         self.output_blocks = nn.ModuleList()
         for level, mult in list(enumerate(channel_mult))[::-1]:
             for i in range(num_res_blocks + 1):
                 layers = [ResBlock(ch + skip_channels.pop(), ted, model_channels * mult)]
                 ch = model_channels * mult
-                if level in attention_levels:
-                    layers.append(transformer(ch))
+                depth = output_depths[len(self.output_blocks)] if output_depths else transformer_depth[level]
+                if level in attention_levels and depth:
+                    layers.append(transformer(ch, depth))
                 if level and i == num_res_blocks:
                     layers.append(Upsample(ch))
                 self.output_blocks.append(TimestepEmbedSequential(*layers))
 
         self.out = nn.Sequential(norm32(ch), nn.SiLU(), nn.Conv2d(model_channels, out_channels, 3, padding=1))
 
-    def forward(self, x, timesteps, context):
+    def forward(self, x, timesteps, context, y=None):
+        if (y is None) != (not self.adm_in_channels):
+            raise ValueError("y must be given exactly when the model has label_emb")
         blocks = {}
         emb = timestep_embedding(timesteps, self.model_channels).to(x.dtype)
         emb = self.time_embed(emb)
+        if y is not None:
+            emb = emb + self.label_emb(y)
         hs = []
         h = x
         for k, module in enumerate(self.input_blocks):

@@ -1,0 +1,124 @@
+// A model family (DESIGN.md, "Model families"): a table plus one hook. It
+// says which networks a model of the family is made of and under which
+// tensor prefixes, how prompts become the diffusion network's inputs, its
+// latent format, noise schedule, size stride and defaults. The pipeline only
+// ever sees a family through this table; a family knows nothing of
+// placement, budgets or how graphs run.
+//
+// Adding a family: write src/models/families/NAME.{h,cpp} filling one
+// Family, and add one line to src/models/registry.cpp. A network the
+// family needs that kiln lacks gets its own pair under src/models/.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "io/model_file.h"
+
+namespace kiln::models {
+
+// The networks kiln can build (each a file pair under src/models/).
+enum class NetworkKind {
+    ClipText,  // models/clip_text: OpenAI CLIP and OpenCLIP text towers
+    Unet,      // models/unet: ldm / sgm UNetModel
+    Vae,       // models/vae: AutoencoderKL
+};
+
+// The role a module plays; placement (--backend te=...,diffusion=...,vae=...)
+// is by role, so every text encoder of a family goes where "te" says.
+enum class ModuleRole { TextEncoder, Diffusion, Vae };
+// "te", "diffusion", "vae": the names of --backend and --params-backend.
+const char* module_role_name(ModuleRole role);
+
+// One network of a family. It is found in the given files by a tensor whose
+// name is one of `prefixes` followed by one of the network's marker names
+// (pipeline/model.cpp); empty `prefixes` accept any. In a file of its own
+// (given by `flag`) any prefix is accepted.
+struct ModuleSpec {
+    std::string name;  // "clip_l", "clip_g", "unet", "vae": messages and the memory report
+    ModuleRole role = ModuleRole::Diffusion;
+    NetworkKind network = NetworkKind::Unet;
+    std::vector<std::string> prefixes;
+    // sd-cli's flag that supplies it as a separate file, for the error when
+    // it is missing ("--clip_g").
+    std::string flag;
+};
+
+// How a text encoder's output feeds the diffusion network.
+struct TextEncoderUse {
+    std::string module;     // a ModuleSpec name
+    int default_layer = 1;  // clip skip: 1 = last layer, 2 = penultimate
+    // The encoder's final layer norm on the chosen layer (ldm's SD1/SD2 do;
+    // sgm's SDXL embedders do not).
+    bool final_norm = true;
+    // The padding id after EOS; < 0: the tokenizer's EOS (OpenAI CLIP).
+    int32_t pad_token = -1;
+    // Its pooled, projected output is the start of the UNet's `y` vector.
+    bool pooled = false;
+};
+
+struct Conditioning {
+    // Hidden states of every encoder are concatenated along the width, in
+    // this order (SDXL: CLIP-L 768 then CLIP-G 1280).
+    std::vector<TextEncoderUse> encoders;
+    // SDXL's micro-conditioning: the UNet's `y` is the pooled vector then
+    // sinusoidal embeddings of original size, crop and target size.
+    bool size_embedding = false;
+    // An empty negative prompt conditions the unconditional pass with zeros
+    // (hidden states and pooled vector), as sgm's force_zero_embeddings,
+    // A1111 and sd-cli do for SDXL.
+    bool zero_empty_negative = false;
+};
+
+struct LatentFormat {
+    int channels = 4;
+    float scale = 0.18215f;  // latent = (vae latent - shift) * scale
+    float shift = 0.0f;
+};
+
+// What the diffusion network predicts: the noise (SD1.x, SD2.x base, SDXL)
+// or v (SD2.x 768-v, v-prediction SDXL files).
+enum class Prediction { Eps, V };
+
+struct Schedule {
+    // Discrete DDPM betas (scaled linear, 1000 steps, 0.00085..0.012), the
+    // schedule every UNet family here was trained with.
+    Prediction prediction = Prediction::Eps;
+};
+
+struct Defaults {
+    int width = 512;
+    int height = 512;
+    int steps = 20;
+    float cfg_scale = 7.0f;
+    std::string sampler = "euler_a";
+    std::string scheduler = "discrete";
+};
+
+// What a set of files holds, for detection: the files (-m, --diffusion-model,
+// --clip_l, --clip_g, --vae) searched last to first.
+struct FileSet {
+    std::vector<const io::ModelFile*> files;
+
+    // The first tensor (from the last file back) whose name ends with `suffix`.
+    const io::TensorInfo* find_suffix(const std::string& suffix) const;
+    bool any_name_contains(const std::string& part) const;
+};
+
+struct Family {
+    std::string name;  // "SD1.x", "SD2.x", "SDXL": kiln info and image metadata
+    // How strongly `files` look like this family: 0 = not at all; the
+    // registry takes the highest. Reads names and shapes only.
+    int (*detect)(const FileSet& files) = nullptr;
+    std::vector<ModuleSpec> modules;
+    Conditioning conditioning;
+    LatentFormat latent;
+    Schedule schedule;
+    Defaults defaults;
+    // The size stride is not a constant of the family: it is the VAE's
+    // downscale times the diffusion network's own (2^(levels-1) for a UNet),
+    // read from the loaded networks (pipeline/model.h, size_stride()).
+};
+
+}  // namespace kiln::models

@@ -1,0 +1,62 @@
+// The one builder of generation graphs: every module's graph with its
+// inputs, shaped as a job shapes them. Generation, VAE tiling, kiln plan,
+// auto-fit and the benchmarks all build through here, so a plan measures
+// exactly the graph a run computes. Inputs given as null are zero-filled
+// (planning and benchmarks only need the shapes).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "pipeline/model.h"
+#include "runtime/graph_session.h"
+
+namespace kiln::pipeline {
+
+// A text encoder over `batch` chunks of `length` tokens.
+struct TextEncoderGraph {
+    std::unique_ptr<runtime::GraphSession> session;
+    // The hidden states ne [width, length, batch], then (when the family
+    // pools this encoder) the pooled vectors ne [projection, batch], as one
+    // flat output: a graph has one output, whatever segments it runs in.
+    ggml_tensor* out = nullptr;
+    int64_t pooled_width = 0;  // 0: no pooled vectors follow
+};
+// `ids`: length * batch token ids (null: zeros); `layer`: clip skip;
+// `extra`: textual-inversion rows [width, rows] (null: none).
+TextEncoderGraph build_text_encoder_graph(const TextEncoder& encoder, const int32_t* ids, int64_t length, int64_t batch,
+                                          int layer, const EmbeddingTable* extra = nullptr);
+
+// The diffusion network's inputs of one evaluation over `batch` latents.
+struct DiffusionShape {
+    int64_t latent_w = 0;
+    int64_t latent_h = 0;
+    int64_t batch = 1;
+    int64_t tokens = 77;  // context rows per batch item
+    bool flash_attention = false;
+};
+
+struct DiffusionGraph {
+    std::unique_ptr<runtime::GraphSession> session;
+    DiffusionShape shape;
+    ggml_tensor* x = nullptr;          // ne [W, H, in_channels, batch]
+    ggml_tensor* timesteps = nullptr;  // ne [batch]
+    ggml_tensor* context = nullptr;    // ne [context width, tokens, batch]
+    ggml_tensor* y = nullptr;          // ne [adm width, batch]; null unless the UNet has label_emb
+    ggml_tensor* out = nullptr;        // ne [W, H, out_channels, batch]
+};
+// An error only when the shapes break the UNet's contract (a bug upstream).
+Result<DiffusionGraph> build_diffusion_graph(const Model& model, const DiffusionShape& shape);
+// The number of tokens a job's context has when its prompts fit one chunk.
+int64_t single_chunk_tokens(const Model& model);
+
+// The VAE's decoder on a latent of latent_w x latent_h, or its encoder on
+// an image of width x height pixels.
+struct VaeGraph {
+    std::unique_ptr<runtime::GraphSession> session;
+    ggml_tensor* out = nullptr;
+};
+VaeGraph build_vae_decode_graph(const Model& model, int64_t latent_w, int64_t latent_h, const float* latent);
+VaeGraph build_vae_encode_graph(const Model& model, int64_t width, int64_t height, const float* pixels);
+
+}  // namespace kiln::pipeline

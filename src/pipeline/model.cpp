@@ -1,0 +1,519 @@
+#include "pipeline/model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+
+#include "image/image.h"
+#include "models/registry.h"
+#include "pipeline/job_forecast.h"
+#include "pipeline/request.h"
+#include "pipeline/samplers.h"
+#include "pipeline/schedulers.h"
+#include "runtime/devices.h"
+#include "runtime/host_memory.h"
+#include "util/files.h"
+#include "util/format.h"
+#include "util/log.h"
+
+namespace fs = std::filesystem;
+
+namespace kiln::pipeline {
+namespace {
+
+const io::MetaValue* meta(const io::ModelFile& file, const std::string& key) {
+    auto it = file.metadata().find(key);
+    return it == file.metadata().end() ? nullptr : &it->second;
+}
+
+// A model file and the flag that named it ("" for -m).
+struct GivenFile {
+    std::string path;
+    std::string flag;
+};
+
+// The tensor names that mark a network of this kind in a file of its own.
+std::vector<std::string> network_probes(models::NetworkKind kind) {
+    switch (kind) {
+        case models::NetworkKind::ClipText:
+            return {"text_model.embeddings.token_embedding.weight", "token_embedding.weight"};
+        case models::NetworkKind::Unet: return {"input_blocks.0.0.weight"};
+        case models::NetworkKind::Vae: return {"decoder.conv_in.weight"};
+    }
+    return {};
+}
+
+// The prefix of the first tensor in `file` that is one of `prefixes` (any,
+// when empty) followed by one of the network's marker names.
+std::optional<std::string> find_prefix(const io::ModelFile& file, models::NetworkKind network,
+                                       const std::vector<std::string>& prefixes) {
+    for (const std::string& probe : network_probes(network)) {
+        for (const io::TensorInfo& t : file.tensors()) {
+            if (t.name.size() < probe.size() ||
+                t.name.compare(t.name.size() - probe.size(), probe.size(), probe) != 0) {
+                continue;
+            }
+            std::string prefix = t.name.substr(0, t.name.size() - probe.size());
+            if (prefixes.empty() || std::find(prefixes.begin(), prefixes.end(), prefix) != prefixes.end()) {
+                return prefix;
+            }
+        }
+    }
+    return std::nullopt;
+}
+
+Result<std::unique_ptr<ClipTokenizer>> load_tokenizer(const ModelPaths& paths,
+                                                      const std::vector<std::unique_ptr<io::ModelFile>>& files) {
+    if (!paths.tokenizer.empty()) {
+        auto t = ClipTokenizer::load(paths.tokenizer);
+        if (!t.ok()) return t.error();
+        return std::make_unique<ClipTokenizer>(std::move(t).value());
+    }
+    for (const auto& f : files) {
+        const io::MetaValue* tokens = meta(*f, "tokenizer.ggml.tokens");
+        const io::MetaValue* merges = meta(*f, "tokenizer.ggml.merges");
+        if (tokens && merges && tokens->kind == io::MetaValue::Kind::Array &&
+            merges->kind == io::MetaValue::Kind::Array) {
+            std::vector<std::string> token_list, merge_list;
+            for (const auto& v : tokens->array) token_list.push_back(v.str);
+            for (const auto& v : merges->array) merge_list.push_back(v.str);
+            auto t =
+                ClipTokenizer::from_tokens_and_merges(std::move(token_list), merge_list, f->sources().front().path);
+            if (!t.ok()) return t.error();
+            return std::make_unique<ClipTokenizer>(std::move(t).value());
+        }
+        // A diffusers folder keeps its tokenizer next to the text encoder.
+        for (const io::SourceFile& s : f->sources()) {
+            if (s.component != "text_encoder") continue;
+            const fs::path folder = fs::path(s.path).parent_path().parent_path() / "tokenizer";
+            if (path_status(folder.string()).kind == PathKind::Folder) {  // never throws (symlink loops)
+                auto t = ClipTokenizer::load(folder.string());
+                if (!t.ok()) return t.error();
+                return std::make_unique<ClipTokenizer>(std::move(t).value());
+            }
+        }
+    }
+    return Error{
+        "the model carries no tokenizer: pass --tokenizer PATH (a CLIP tokenizer.json, vocab.json with "
+        "merges.txt, a diffusers tokenizer/ folder, or open_clip's bpe_simple_vocab_16e6.txt)"};
+}
+
+// A number from the metadata, checked against [min, max]; the error names
+// the file and the key.
+Result<std::optional<double>> meta_number(const io::ModelFile& file, const std::string& key, double min, double max) {
+    const io::MetaValue* v = meta(file, key);
+    if (!v) return std::optional<double>();
+    const double fallback = std::nan("");
+    const double d = file.metadata_number(key, fallback);
+    const std::string where = file.sources().front().path + ": metadata " + key;
+    if (std::isnan(d)) return Error::bad_file(where + " is not a number: '" + v->to_string() + "'");
+    if (!(d >= min && d <= max)) {
+        return Error::bad_file(where + " is " + v->to_string() + ", expected " + "[" +
+                               format_number(static_cast<float>(min)) + ", " + format_number(static_cast<float>(max)) +
+                               "]");
+    }
+    return std::optional<double>(d);
+}
+
+}  // namespace
+
+runtime::ModuleWeights& Module::weights() {
+    if (clip) return clip->weights();
+    if (unet) return unet->weights();
+    return vae->weights();
+}
+
+const runtime::ModuleWeights& Module::weights() const { return const_cast<Module*>(this)->weights(); }
+
+Model::~Model() {
+    for (auto& module : modules_) module->executor.reset();
+    stores_.clear();
+}
+
+int Model::size_stride() const {
+    return vae().config().downscale() * (1 << (unet().config().level_channels.size() - 1));
+}
+
+Result<std::unique_ptr<Model>> Model::load(const ModelPaths& paths, const ModelOptions& options) {
+    std::unique_ptr<Model> m(new Model());
+    KILN_TRY(m->load_networks(paths, options));
+    KILN_TRY(m->read_metadata(options));
+
+    auto tokenizer = load_tokenizer(paths, m->files_);
+    if (!tokenizer.ok()) return tokenizer.error().as(ErrorKind::BadFile);
+    m->tokenizer_ = std::move(tokenizer).value();
+    const models::ClipTextEncoder& first = *m->text_encoders_.front().network;
+    for (const TextEncoder& te : m->text_encoders_) {
+        if (m->tokenizer_->vocab_size() > te.network->config().vocab) {
+            return Error::bad_file("the tokenizer has " + std::to_string(m->tokenizer_->vocab_size()) +
+                                   " tokens but the " + te.use->module + " text encoder only " +
+                                   std::to_string(te.network->config().vocab));
+        }
+    }
+    if (!paths.embeddings.empty()) {
+        if (m->tokenizer_->vocab_size() != first.config().vocab) {
+            return Error::bad_file("textual-inversion embeddings need the tokenizer's vocabulary (" +
+                                   std::to_string(m->tokenizer_->vocab_size()) +
+                                   " tokens) to match the text encoder's (" + std::to_string(first.config().vocab) +
+                                   ")");
+        }
+        auto table = load_embeddings(paths.embeddings, first.config().width, *m->tokenizer_);
+        if (!table.ok()) return table.error().as(ErrorKind::BadFile);
+        m->embeddings_ = std::move(table).value();
+        KILN_LOG_VERBOSE("textual inversion: %zu embeddings, %zu vectors", m->tokenizer_->embeddings().size(),
+                         m->embeddings_.rows());
+    }
+
+    KILN_TRY(m->place_modules(options));
+    std::string counts;
+    for (const auto& module : m->modules_) {
+        counts += (counts.empty() ? "" : ", ") + module->spec.name + " " + std::to_string(module->weights().count());
+    }
+    KILN_LOG_VERBOSE("loaded %s (%s): tensors of %s", m->name_.c_str(), m->family_label_.c_str(), counts.c_str());
+    return m;
+}
+
+Status Model::load_networks(const ModelPaths& paths, const ModelOptions& options) {
+    std::vector<GivenFile> given;
+    for (const std::string& p : paths.model) given.push_back({p, ""});
+    const std::pair<const std::string*, const char*> flagged[] = {{&paths.diffusion_model, "--diffusion-model"},
+                                                                  {&paths.clip_l, "--clip_l"},
+                                                                  {&paths.clip_g, "--clip_g"},
+                                                                  {&paths.vae, "--vae"}};
+    for (const auto& [path, flag] : flagged) {
+        if (!path->empty()) given.push_back({*path, flag});
+    }
+    if (given.empty()) return Error::invalid_request("no model given: pass -m MODEL");
+    models::FileSet set;
+    for (const GivenFile& g : given) {
+        auto file = io::ModelFile::open({g.path});
+        if (!file.ok()) return file.error().as(ErrorKind::BadFile);
+        files_.push_back(std::make_unique<io::ModelFile>(std::move(file).value()));
+        set.files.push_back(files_.back().get());
+    }
+    name_ = fs::path(given.front().path).stem().string();
+    const std::string where = given.size() == 1 ? given.front().path : "the given model files";
+
+    const models::Detection detection = models::detect_family(set);
+    if (!detection.family) {
+        return Error::bad_file(where + ": not a model family kiln runs (found: " + detection.label + "; runs: " + [] {
+            std::string names;
+            for (const models::Family* f : models::families()) {
+                names += (names.empty() ? "" : ", ") + f->name;
+            }
+            return names;
+        }() + ")");
+    }
+    family_ = detection.family;
+    family_label_ = detection.label;
+
+    // Each module comes from the file its flag named, else from the first
+    // file (last to first) that holds it and was not given for another
+    // module: a full checkpoint passed as --vae gives only its VAE.
+    for (const models::ModuleSpec& spec : family_->modules) {
+        auto module = std::make_unique<Module>();
+        module->spec = spec;
+        for (size_t i = 0; i < given.size() && !module->file; ++i) {
+            if (given[i].flag != spec.flag) continue;
+            if (given[i].flag.empty()) break;
+            auto prefix = find_prefix(*files_[i], spec.network, {});
+            if (!prefix) return Error::bad_file(given[i].path + " (" + spec.flag + "): no " + spec.name + " in it");
+            module->file = files_[i].get();
+            module->prefix = *prefix;
+        }
+        for (size_t i = given.size(); i-- > 0 && !module->file;) {
+            if (!given[i].flag.empty() && given[i].flag != spec.flag) continue;
+            if (auto prefix = find_prefix(*files_[i], spec.network, spec.prefixes)) {
+                module->file = files_[i].get();
+                module->prefix = *prefix;
+            }
+        }
+        if (!module->file) {
+            return Error::bad_file(where + ": no " + spec.name + " found (family " + family_label_ + "); pass " +
+                                   spec.flag);
+        }
+        const std::string& path = module->file->sources().front().path;
+        switch (spec.network) {
+            case models::NetworkKind::ClipText: {
+                auto net = models::ClipTextEncoder::create(*module->file, module->prefix, options.weight_type);
+                if (!net.ok()) return net.error().as(ErrorKind::BadFile).in_context(path + ": ");
+                module->clip = std::move(net).value();
+                break;
+            }
+            case models::NetworkKind::Unet: {
+                auto net = models::Unet::create(*module->file, module->prefix, options.weight_type);
+                if (!net.ok()) return net.error().as(ErrorKind::BadFile).in_context(path + ": ");
+                module->unet = std::move(net).value();
+                diffusion_ = module.get();
+                break;
+            }
+            case models::NetworkKind::Vae: {
+                auto net = models::Vae::create(*module->file, module->prefix, options.weight_type);
+                if (!net.ok()) return net.error().as(ErrorKind::BadFile).in_context(path + ": ");
+                module->vae = std::move(net).value();
+                vae_ = module.get();
+                break;
+            }
+        }
+        modules_.push_back(std::move(module));
+    }
+    for (const models::TextEncoderUse& use : family_->conditioning.encoders) {
+        for (const auto& module : modules_) {
+            if (module->spec.name == use.module) text_encoders_.push_back({&use, module->clip.get(), nullptr});
+        }
+    }
+    int64_t context = 0;
+    for (const TextEncoder& te : text_encoders_) context += te.network->config().width;
+    if (context != unet().config().context_dim) {
+        return Error::bad_file("the text encoders' width " + std::to_string(context) +
+                               " does not match the UNet's context width " +
+                               std::to_string(unet().config().context_dim));
+    }
+    // The UNet's vector input must be what the family's conditioning makes.
+    const int64_t adm = unet().config().adm_in_channels;
+    if (family_->conditioning.size_embedding) {
+        int64_t pooled = 0;
+        for (const TextEncoder& te : text_encoders_) {
+            if (te.use->pooled)
+                pooled =
+                    te.network->config().projection > 0 ? te.network->config().projection : te.network->config().width;
+        }
+        if (adm <= pooled || (adm - pooled) % 6 != 0) {
+            return Error::bad_file("the UNet's label_emb takes " + std::to_string(adm) +
+                                   " values, not the pooled width " + std::to_string(pooled) +
+                                   " plus six size embeddings of equal width");
+        }
+    } else if (adm > 0) {
+        return Error::bad_file("the UNet takes a " + std::to_string(adm) + "-wide label_emb vector, which " +
+                               family_->name + " does not make");
+    }
+    if (vae().config().latent_channels != unet().config().out_channels) {
+        return Error::bad_file("the VAE's latent channels (" + std::to_string(vae().config().latent_channels) +
+                               ") do not match the UNet's output channels (" +
+                               std::to_string(unet().config().out_channels) + ")");
+    }
+    // A file given for one module that also holds others: say which were not taken from it.
+    for (size_t i = 0; i < given.size(); ++i) {
+        if (given[i].flag.empty()) continue;
+        for (const models::ModuleSpec& spec : family_->modules) {
+            if (spec.flag != given[i].flag && find_prefix(*files_[i], spec.network, spec.prefixes)) {
+                KILN_LOG_WARN("%s (%s): its %s is not used", given[i].path.c_str(), given[i].flag.c_str(),
+                              spec.name.c_str());
+            }
+        }
+    }
+    return Status::Ok();
+}
+
+Status Model::read_metadata(const ModelOptions& options) {
+    const io::ModelFile& main = *files_.front();
+    defaults_ = family_->defaults;
+    latent_scale_ = family_->latent.scale;
+    auto scale = meta_number(main, "kiln.vae.scale_factor", 1e-6, 1e6);
+    if (!scale.ok()) return scale.error();
+    if (*scale) latent_scale_ = static_cast<float>(**scale);
+
+    prediction_ = family_->schedule.prediction;
+    const std::string prediction = main.metadata_string("kiln.prediction", "");
+    if (prediction == "v") prediction_ = Prediction::V;
+    if (prediction == "eps") prediction_ = Prediction::Eps;
+    if (!prediction.empty() && prediction != "v" && prediction != "eps") {
+        return Error::bad_file(main.sources().front().path + ": metadata kiln.prediction is '" + prediction +
+                               "', expected eps or v");
+    }
+    // Some v-prediction checkpoints say so with an empty "v_pred" tensor.
+    for (const auto& f : files_) {
+        if (f->find("v_pred")) prediction_ = Prediction::V;
+    }
+    if (options.prediction) prediction_ = *options.prediction;
+
+    ModelDefaults& d = defaults_;
+    const int stride = size_stride();
+    for (auto [key, value] : {std::pair<const char*, int*>{"kiln.default.width", &d.width},
+                              std::pair<const char*, int*>{"kiln.default.height", &d.height}}) {
+        auto v = meta_number(main, key, stride, image::kMaxDimension);
+        if (!v.ok()) return v.error();
+        if (!*v) continue;
+        if (std::fmod(**v, stride) != 0) {
+            return Error::bad_file(main.sources().front().path + ": metadata " + key + " is " +
+                                   format_number(static_cast<float>(**v)) +
+                                   ", not a multiple of the model's size stride " + std::to_string(stride));
+        }
+        *value = static_cast<int>(**v);
+    }
+    auto steps = meta_number(main, "kiln.default.steps", 1, kMaxSteps);
+    if (!steps.ok()) return steps.error();
+    if (*steps) d.steps = static_cast<int>(**steps);
+    auto cfg = meta_number(main, "kiln.default.cfg_scale", 0, kMaxCfgScale);
+    if (!cfg.ok()) return cfg.error();
+    if (*cfg) d.cfg_scale = static_cast<float>(**cfg);
+    d.sampler = main.metadata_string("kiln.default.sampler", d.sampler);
+    if (auto s = parse_sampler(d.sampler); !s.ok()) {
+        return s.error()
+            .as(ErrorKind::BadFile)
+            .in_context(main.sources().front().path + ": metadata kiln.default.sampler: ");
+    }
+    d.scheduler = main.metadata_string("kiln.default.scheduler", d.scheduler);
+    if (auto s = parse_scheduler(d.scheduler); !s.ok()) {
+        return s.error()
+            .as(ErrorKind::BadFile)
+            .in_context(main.sources().front().path + ": metadata kiln.default.scheduler: ");
+    }
+    return Status::Ok();
+}
+
+}  // namespace kiln::pipeline
+
+namespace kiln::pipeline {
+
+Status Model::place_modules(const ModelOptions& options) {
+    const ggml_backend_buffer_type_t cpu = ggml_backend_cpu_buffer_type();
+    module_bytes_ = {{"diffusion", 0}, {"te", 0}, {"vae", 0}};
+    for (const auto& module : modules_) module_bytes_[module->role()] += module->weights().allocation_size(cpu);
+    auto placement = pipeline::place_modules(options.placement, module_bytes_, runtime::list_devices(),
+                                             runtime::host_available_bytes());
+    if (!placement.ok()) return placement.error();
+    placement_ = std::move(placement).value();
+    const bool auto_fit =
+        options.placement.auto_fit && options.placement.backend.empty() && options.placement.params_backend.empty();
+
+    auto device_of = [](const std::string& name) -> Result<ggml_backend_dev_t> {
+        if (name == "CPU") return static_cast<ggml_backend_dev_t>(nullptr);
+        auto dev = runtime::find_device(name);
+        if (!dev.ok()) return Error{"--backend: " + dev.error().message};
+        return *dev;
+    };
+    auto ledger_for = [&](const std::string& name, ggml_backend_dev_t dev) -> runtime::DeviceLedger& {
+        auto& ledger = ledgers_[name];
+        if (!ledger) ledger = std::make_unique<runtime::DeviceLedger>(dev, options.placement.budgets.for_device(name));
+        return *ledger;
+    };
+    // What each module needs to load its weights once placement is final.
+    struct Placed {
+        std::string name;
+        const char* role;
+        std::unique_ptr<runtime::Executor>* executor;
+        runtime::ModuleWeights* weights;
+        ModulePlacement* placement = nullptr;
+        ggml_backend_t backend = nullptr;
+        ggml_backend_buffer_type_t params_buft = nullptr;
+        runtime::DeviceLedger* params_ledger = nullptr;  // weights kept on a device are counted there
+        uint64_t reserved = 0;
+    };
+    // In placement's priority order: diffusion, text encoders, VAE. A
+    // module's executor is named by its role ("te"), or role and network
+    // when a role has several ("te.clip_g").
+    std::vector<Placed> modules;
+    for (models::ModuleRole role :
+         {models::ModuleRole::Diffusion, models::ModuleRole::TextEncoder, models::ModuleRole::Vae}) {
+        const auto same_role =
+            std::count_if(modules_.begin(), modules_.end(), [&](const auto& m) { return m->spec.role == role; });
+        for (auto& module : modules_) {
+            if (module->spec.role != role) continue;
+            const std::string name =
+                same_role > 1 ? std::string(module->role()) + "." + module->spec.name : std::string(module->role());
+            modules.push_back({name, module->role(), &module->executor, &module->weights()});
+        }
+    }
+    // Records a module's params location (and the bytes it keeps on a device).
+    auto place_params = [&](Placed& m, runtime::ParamsLocation where) -> Status {
+        if (m.params_ledger) m.params_ledger->release(m.reserved);
+        m.params_ledger = nullptr;
+        m.params_buft = nullptr;
+        m.reserved = 0;
+        const bool on_cpu = m.placement->compute_device == "CPU";
+        if (on_cpu && where == runtime::ParamsLocation::Host) where = runtime::ParamsLocation::ComputeDevice;
+        m.placement->params = where;
+        m.weights->set_params_location(where);
+        if (where == runtime::ParamsLocation::ComputeDevice && !on_cpu) {
+            m.params_buft = (*m.executor)->compute().buffer_type();
+            m.params_ledger = &(*m.executor)->store().ledger();
+        } else if (where == runtime::ParamsLocation::OtherDevice) {
+            auto other = device_of(m.placement->params_device);
+            if (!other.ok()) return Error{"--params-backend: " + other.error().message};
+            m.params_buft = ggml_backend_dev_buffer_type(*other);
+            m.params_ledger = &ledger_for(m.placement->params_device, *other);
+        }
+        if (!m.params_ledger) return Status::Ok();
+        const uint64_t need = m.weights->allocation_size(m.params_buft);
+        const uint64_t limit = m.params_ledger->limit();
+        if (m.params_ledger->managed() + need > limit) {
+            return Error::out_of_memory(
+                "out of memory: the " + m.name + " weights need " + human_bytes(need) + " on " +
+                m.params_ledger->device_name() + ", the budget leaves " +
+                human_bytes(limit > m.params_ledger->managed() ? limit - m.params_ledger->managed() : 0) +
+                " (keep them in RAM with --params-backend " + m.role + "=cpu, or on disk)");
+        }
+        m.params_ledger->add(need);
+        m.reserved = need;
+        return Status::Ok();
+    };
+    for (Placed& m : modules) {
+        m.placement =
+            &*std::find_if(placement_.begin(), placement_.end(), [&](const auto& x) { return x.module == m.role; });
+        auto dev = device_of(m.placement->compute_device);
+        if (!dev.ok()) return dev.error();
+        auto compute = runtime::Compute::create(*dev, options.threads);
+        if (!compute.ok()) return compute.error();
+        m.backend = (*compute)->weights_backend();
+        m.weights->set_computes_on_cpu(*dev == nullptr);
+        runtime::DeviceLedger& ledger = ledger_for(m.placement->compute_device, *dev);
+        auto& store = stores_[m.placement->compute_device];
+        if (!store) store = std::make_unique<runtime::WeightStore>(ledger, (*compute)->buffer_type());
+        runtime::ExecutorOptions executor_options = options.executor;
+        executor_options.cancel = &cancel_;
+        *m.executor = std::make_unique<runtime::Executor>(m.name, std::move(compute).value(), *m.weights, *store,
+                                                          executor_options);
+        KILN_TRY(place_params(m, m.placement->params));
+    }
+
+    for (TextEncoder& te : text_encoders_) {
+        for (const auto& module : modules_) {
+            if (module->clip.get() == te.network) te.executor = module->executor.get();
+        }
+    }
+
+    // Auto-fit checks its guess against the job's measured plan and moves
+    // weights off the GPU (VAE first, the UNet last) until the job fits.
+    if (auto_fit && placement_.front().compute_device != "CPU") {
+        const int width = options.job_width > 0 ? options.job_width : defaults_.width;
+        const int height = options.job_height > 0 ? options.job_height : defaults_.height;
+        for (auto it = modules.rbegin(); it != modules.rend(); ++it) {
+            auto forecast = forecast_job(*this, width, height, /*cfg=*/true, /*flash_attention=*/false);
+            if (!forecast.ok() || forecast->fits) break;
+            if (it->placement->params != runtime::ParamsLocation::ComputeDevice) continue;
+            KILN_LOG_VERBOSE("auto-fit: a %dx%d job does not fit; %s weights move to RAM", width, height,
+                             it->name.c_str());
+            KILN_TRY(place_params(*it, runtime::ParamsLocation::Host));
+        }
+    }
+    const std::string text = describe_placement(placement_, module_bytes_);
+    if (auto_fit && placement_.front().compute_device != "CPU") {
+        KILN_LOG_INFO("auto-fit:\n%s", text.substr(0, text.size() - 1).c_str());
+    } else {
+        KILN_LOG_VERBOSE("placement:\n%s", text.substr(0, text.size() - 1).c_str());
+    }
+
+    if (options.plan_only) return Status::Ok();
+    for (Placed& m : modules) {
+        auto loader = [weights = m.weights, backend = m.backend, buft = m.params_buft, name = m.name]() -> Status {
+            KILN_TRY(weights->load_params(weights->params_location(), backend, buft));
+            KILN_LOG_VERBOSE("%s: weights loaded (%s)", name.c_str(),
+                             runtime::params_location_name(weights->params_location()));
+            return Status::Ok();
+        };
+        if (options.eager_load) {
+            KILN_TRY(loader());
+        } else {
+            (*m.executor)->set_loader(loader);
+        }
+    }
+    return Status::Ok();
+}
+
+void Model::release_caches() {
+    for (auto& module : modules_) module->executor->release_workspace();
+    for (auto& [name, store] : stores_) store->evict_all();
+}
+
+}  // namespace kiln::pipeline

@@ -1,0 +1,158 @@
+// A loaded model: its files, its family (models/registry.h) and a generic
+// list of modules, each a network with a role, the device placement chose
+// (pipeline/placement.h) and an executor that runs its graphs under the
+// memory system (runtime/executor.h). Nothing here is specific to one
+// family: which networks, under which prefixes, and what the family's
+// defaults, latent format and conditioning are come from the family table.
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "io/model_file.h"
+#include "models/clip_text.h"
+#include "models/family.h"
+#include "models/unet.h"
+#include "models/vae.h"
+#include "pipeline/clip_tokenizer.h"
+#include "pipeline/denoiser.h"
+#include "pipeline/embeddings.h"
+#include "pipeline/placement.h"
+#include "runtime/device_budget.h"
+#include "runtime/executor.h"
+#include "runtime/weight_store.h"
+#include "util/result.h"
+
+namespace kiln::pipeline {
+
+struct ModelPaths {
+    std::vector<std::string> model;  // -m: checkpoint(s) or a diffusers folder
+    std::string diffusion_model;     // --diffusion-model
+    std::string vae;                 // --vae
+    std::string clip_l;              // --clip_l
+    std::string clip_g;              // --clip_g
+    std::string tokenizer;           // --tokenizer
+    std::string embeddings;          // --embd-dir: textual-inversion embeddings
+};
+
+struct ModelOptions {
+    std::optional<ggml_type> weight_type;  // --type
+    std::optional<Prediction> prediction;  // --prediction; default: metadata, else the family's
+    int threads = 0;
+    // --backend (module -> device), --params-backend, --offload-to-cpu,
+    // --auto-fit and --max-vram (pipeline/placement.h).
+    PlacementRequest placement;
+    runtime::ExecutorOptions executor;  // --disable-segmented-compute, --disable-prefetch
+    bool eager_load = false;            // --eager-load: read every module's weights at start
+    bool plan_only = false;             // kiln plan / --dry-run: place modules, load no weights
+    // The job auto-fit checks its placement against (0: the model's defaults).
+    int job_width = 0;
+    int job_height = 0;
+};
+
+// The family's defaults, overridden by a file's "kiln.default.*" metadata.
+using ModelDefaults = models::Defaults;
+
+// One network of the model and its runner. Exactly one of clip, unet and
+// vae is set, the one spec.network names.
+struct Module {
+    models::ModuleSpec spec;
+    std::string prefix;  // where its tensors live in `file`
+    const io::ModelFile* file = nullptr;
+    std::unique_ptr<models::ClipTextEncoder> clip;
+    std::unique_ptr<models::Unet> unet;
+    std::unique_ptr<models::Vae> vae;
+    std::unique_ptr<runtime::Executor> executor;
+
+    runtime::ModuleWeights& weights();
+    const runtime::ModuleWeights& weights() const;
+    const char* role() const { return models::module_role_name(spec.role); }
+};
+
+// A text encoder as the family's conditioning uses it.
+struct TextEncoder {
+    const models::TextEncoderUse* use = nullptr;
+    const models::ClipTextEncoder* network = nullptr;
+    runtime::Executor* executor = nullptr;
+};
+
+class Model {
+  public:
+    // Opens the files, detects the family and builds its modules; errors name
+    // the file and what is missing ("no clip_g found in ...; pass --clip_g").
+    static Result<std::unique_ptr<Model>> load(const ModelPaths& paths, const ModelOptions& options);
+    ~Model();
+
+    const models::Family& family() const { return *family_; }
+    // The family and its variant ("SD1.x inpainting"), for messages.
+    const std::string& family_label() const { return family_label_; }
+    const std::string& name() const { return name_; }  // the model file's stem, for image metadata
+    Prediction prediction() const { return prediction_; }
+    const ModelDefaults& defaults() const { return defaults_; }
+    // The family's scale unless the metadata ("kiln.vae.scale_factor") says otherwise.
+    float latent_scale() const { return latent_scale_; }
+    // Image sizes must be multiples of this: the VAE's downscale times the
+    // UNet's 2^(levels-1).
+    int size_stride() const;
+
+    const ClipTokenizer& tokenizer() const { return *tokenizer_; }
+    // Textual-inversion vectors for token ids from the vocabulary's end on
+    // (the first text encoder's width).
+    const EmbeddingTable& embeddings() const { return embeddings_; }
+    // The text encoders in the order of the family's conditioning.
+    const std::vector<TextEncoder>& text_encoders() const { return text_encoders_; }
+    const models::Unet& unet() const { return *diffusion_->unet; }
+    const models::Vae& vae() const { return *vae_->vae; }
+    runtime::Executor& diffusion_compute() { return *diffusion_->executor; }
+    runtime::Executor& vae_compute() { return *vae_->executor; }
+    // Every module, text encoders first, then diffusion, then the VAE.
+    const std::vector<std::unique_ptr<Module>>& modules() const { return modules_; }
+
+    const std::vector<ModulePlacement>& placement() const { return placement_; }
+    const ModuleBytes& module_bytes() const { return module_bytes_; }
+    // The ledgers of the devices in use, by device name.
+    const std::map<std::string, std::unique_ptr<runtime::DeviceLedger>>& ledgers() const { return ledgers_; }
+    // Frees the compute copies and workspaces the memory system keeps
+    // between jobs (a job ended with an error, or the caller wants the room).
+    void release_caches();
+
+    // Cancellation (kiln_cancel): any thread may request it; generate()
+    // clears it when a job starts and checks it at every denoising step, and
+    // the executors before every graph they run.
+    void request_cancel() { cancel_.store(true); }
+    void clear_cancel() { cancel_.store(false); }
+    bool cancel_requested() const { return cancel_.load(); }
+
+  private:
+    Model() = default;
+    Status load_networks(const ModelPaths& paths, const ModelOptions& options);
+    Status read_metadata(const ModelOptions& options);
+    Status place_modules(const ModelOptions& options);
+
+    std::vector<std::unique_ptr<io::ModelFile>> files_;
+    const models::Family* family_ = nullptr;
+    std::string family_label_, name_;
+    Prediction prediction_ = Prediction::Eps;
+    ModelDefaults defaults_;
+    float latent_scale_ = 0.18215f;
+    std::unique_ptr<ClipTokenizer> tokenizer_;
+    EmbeddingTable embeddings_;
+    std::vector<ModulePlacement> placement_;
+    ModuleBytes module_bytes_;
+    // The networks (their weights) outlive the stores that hold copies of
+    // them, and the stores outlive the executors that use them: ~Model()
+    // ends the executors first, then the stores, then the rest.
+    std::vector<std::unique_ptr<Module>> modules_;
+    std::vector<TextEncoder> text_encoders_;
+    std::map<std::string, std::unique_ptr<runtime::DeviceLedger>> ledgers_;
+    std::map<std::string, std::unique_ptr<runtime::WeightStore>> stores_;
+    Module* diffusion_ = nullptr;
+    Module* vae_ = nullptr;
+    std::atomic<bool> cancel_{false};
+};
+
+}  // namespace kiln::pipeline

@@ -1,0 +1,89 @@
+#include "pipeline/request.h"
+
+#include <cmath>
+
+#include "pipeline/model.h"
+#include "pipeline/prompt_weights.h"
+#include "util/format.h"
+
+namespace kiln::pipeline {
+namespace {
+
+std::string size_text(int width, int height) { return std::to_string(width) + "x" + std::to_string(height); }
+
+}  // namespace
+
+Result<ValidatedRequest> validate_request(const Model& model, const GenerationRequest& r) {
+    ValidatedRequest p;
+    const ModelDefaults& d = model.defaults();
+    // The prompts' size first: a BREAK storm would otherwise cost the text
+    // encoder minutes and gigabytes (prompt_weights.h bounds the chunks).
+    KILN_TRY(check_prompt_size(r.prompt, "--prompt"));
+    KILN_TRY(check_prompt_size(r.negative_prompt, "--negative-prompt"));
+    if (r.width < 0 || r.height < 0) {
+        return Error::invalid_request("width and height must be positive, got " + size_text(r.width, r.height));
+    }
+    p.width = r.width > 0 ? r.width : d.width;
+    p.height = r.height > 0 ? r.height : d.height;
+    if (r.init_image) {
+        // Image-to-image works at the init image's size (stable-diffusion.cpp's rule).
+        const image::Image& init = *r.init_image;
+        if ((r.width > 0 && r.width != init.width) || (r.height > 0 && r.height != init.height)) {
+            return Error::invalid_request("init image is " + size_text(init.width, init.height) +
+                                          " but the requested size is " + size_text(p.width, p.height));
+        }
+        p.width = init.width;
+        p.height = init.height;
+        if (r.mask && (r.mask->width != init.width || r.mask->height != init.height)) {
+            return Error::invalid_request("mask is " + size_text(r.mask->width, r.mask->height) +
+                                          " but the init image is " + size_text(init.width, init.height));
+        }
+        if (!(r.strength > 0.0f && r.strength <= 1.0f)) {
+            return Error::invalid_request("strength must be in (0, 1], got " + format_number(r.strength));
+        }
+    } else if (r.mask) {
+        return Error::invalid_request("--mask needs an init image (-i)");
+    }
+    const int stride = model.size_stride();
+    if (p.width % stride != 0 || p.height % stride != 0) {
+        return Error::invalid_request("width and height must be multiples of " + std::to_string(stride) +
+                                      " for this model (" + model.family_label() + "), got " +
+                                      size_text(p.width, p.height));
+    }
+    if (p.width > image::kMaxDimension || p.height > image::kMaxDimension) {
+        return Error::invalid_request("width and height must be at most " + std::to_string(image::kMaxDimension) +
+                                      ", got " + size_text(p.width, p.height));
+    }
+    p.latent_w = p.width / model.vae().config().downscale();
+    p.latent_h = p.height / model.vae().config().downscale();
+
+    p.steps = r.steps != 0 ? r.steps : d.steps;
+    if (p.steps < 1 || p.steps > kMaxSteps) {
+        return Error::invalid_request("steps must be in [1, " + std::to_string(kMaxSteps) + "], got " +
+                                      std::to_string(p.steps));
+    }
+    p.cfg = r.cfg_scale >= 0 ? r.cfg_scale : d.cfg_scale;
+    if (!std::isfinite(r.cfg_scale) || !(p.cfg >= 0 && p.cfg <= kMaxCfgScale)) {
+        return Error::invalid_request("cfg scale must be a number in [0, " + format_number(kMaxCfgScale) + "], got " +
+                                      format_number(r.cfg_scale));
+    }
+    if (r.batch_count < 1 || r.batch_count > kMaxBatchCount) {
+        return Error::invalid_request("batch count must be in [1, " + std::to_string(kMaxBatchCount) + "], got " +
+                                      std::to_string(r.batch_count));
+    }
+    auto sampler = parse_sampler(r.sampler.empty() ? d.sampler : r.sampler);
+    if (!sampler.ok()) return sampler.error().as(ErrorKind::InvalidRequest);
+    p.sampler = *sampler;
+    auto scheduler = parse_scheduler(r.scheduler.empty() ? d.scheduler : r.scheduler);
+    if (!scheduler.ok()) return scheduler.error().as(ErrorKind::InvalidRequest);
+    p.scheduler = *scheduler;
+    if (r.vae_tiling) {
+        if (Status s = validate_tiling(*r.vae_tiling); !s.ok()) return s.error().as(ErrorKind::InvalidRequest);
+    }
+    if (r.init_image && !model.vae().config().has_encoder) {
+        return Error::invalid_request("this model's VAE has no encoder: image-to-image needs one");
+    }
+    return p;
+}
+
+}  // namespace kiln::pipeline
