@@ -154,8 +154,11 @@ void kiln_images_free(kiln_image* images, int n_images);
  * image->parameters as an A1111 "parameters" text chunk. The file appears
  * only when complete. */
 kiln_status kiln_image_save(const kiln_image* image, const char* path, char** error);
-/* Reads an image file (PNG, JPEG, WebP) as RGB; free with kiln_images_free(image, 1). */
+/* Reads an image file (PNG, JPEG, WebP) as RGB; free with kiln_images_free(image, 1).
+ * Images of more than 8192x8192 pixels are refused from their header, before
+ * decoding; kiln_image_load_limited sets that limit (0: the default). */
 kiln_status kiln_image_load(const char* path, kiln_image** image, char** error);
+kiln_status kiln_image_load_limited(const char* path, uint64_t max_pixels, kiln_image** image, char** error);
 /* The generation parameters stored in an image file, as text. */
 kiln_status kiln_image_read_parameters(const char* path, char** text, char** error);
 

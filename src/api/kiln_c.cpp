@@ -156,6 +156,7 @@ kiln::Result<kiln::pipeline::ModelOptions> model_options(const kiln_context_para
     if (params->max_vram && *params->max_vram) {
         auto budgets = kiln::runtime::parse_max_vram(params->max_vram);
         if (!budgets.ok()) return budgets.error().as(ErrorKind::InvalidRequest);
+        KILN_TRY(budgets->check_devices(kiln::runtime::registered_device_names()));
         options.placement.budgets = std::move(budgets).value();
     }
     options.placement.offload_to_cpu = params->offload_to_cpu != 0;
@@ -330,8 +331,12 @@ kiln_status kiln_image_save(const kiln_image* image, const char* path, char** er
 }
 
 kiln_status kiln_image_load(const char* path, kiln_image** image, char** error) {
+    return kiln_image_load_limited(path, 0, image, error);
+}
+
+kiln_status kiln_image_load_limited(const char* path, uint64_t max_pixels, kiln_image** image, char** error) {
     *image = nullptr;
-    auto img = kiln::image::read_image(path);
+    auto img = kiln::image::read_image(path, max_pixels ? max_pixels : kiln::image::kDefaultMaxImagePixels);
     if (!img.ok()) return fail(error, img.error().as(kiln::ErrorKind::BadFile));
     auto rgb = kiln::image::convert_channels(*img, 3);
     if (!rgb.ok()) return fail(error, rgb.error().as(kiln::ErrorKind::BadFile).in_context(std::string(path) + ": "));

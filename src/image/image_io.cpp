@@ -22,6 +22,7 @@
 #include <webp/mux.h>
 
 #include "image/png_metadata.h"
+#include "util/files.h"
 #include "util/log.h"
 
 // libpng and libjpeg report errors by calling a handler that must not
@@ -41,6 +42,19 @@ std::string dims(uint64_t w, uint64_t h) { return std::to_string(w) + "x" + std:
 Error too_large(const std::string& label, uint64_t w, uint64_t h) {
     return Error{label + ": image is " + dims(w, h) + " pixels, larger than the " + dims(kMaxDimension, kMaxDimension) +
                  " limit"};
+}
+
+// The header's size against both limits, before any pixel is decoded.
+Status check_size(const std::string& label, uint64_t w, uint64_t h, uint64_t max_pixels) {
+    if (w > static_cast<uint64_t>(kMaxDimension) || h > static_cast<uint64_t>(kMaxDimension)) {
+        return too_large(label, w, h);
+    }
+    if (w * h > max_pixels) {
+        return Error{label + ": image is " + dims(w, h) + " = " + std::to_string(w * h) +
+                     " pixels, more than the limit of " + std::to_string(max_pixels) +
+                     " (--max-image-pixels); checked from the header, nothing was decoded"};
+    }
+    return Status::Ok();
 }
 
 bool starts_with(const uint8_t* data, size_t size, const char* magic, size_t n) {
@@ -167,7 +181,7 @@ Error png_failure(const std::string& label, const CodecError& err) {
     return Error{label + ": corrupt PNG: " + err.message};
 }
 
-Result<Image> decode_png(const uint8_t* data, size_t size, const std::string& label) {
+Result<Image> decode_png(const uint8_t* data, size_t size, const std::string& label, uint64_t max_pixels) {
     CodecError err;
     PngSource src{data, size, 0};
     PngReadGuard guard;
@@ -185,10 +199,7 @@ Result<Image> decode_png(const uint8_t* data, size_t size, const std::string& la
 
     PngLayout layout;
     if (!png_header_step(guard.png, guard.info, &layout)) return png_failure(label, err);
-    if (layout.width > static_cast<png_uint_32>(kMaxDimension) ||
-        layout.height > static_cast<png_uint_32>(kMaxDimension)) {
-        return too_large(label, layout.width, layout.height);
-    }
+    KILN_TRY(check_size(label, layout.width, layout.height, max_pixels));
     // Deflate packs at most about 1032 bytes into one, so a file too small to
     // hold its image is cut short; saying so now saves allocating up to 1 GiB
     // of pixels for a few bytes of header.
@@ -307,17 +318,14 @@ Error jpeg_failure(const std::string& label, const JpegError& err) {
     return Error{label + ": corrupt JPEG: " + err.error.message};
 }
 
-Result<Image> decode_jpeg(const uint8_t* data, size_t size, const std::string& label) {
+Result<Image> decode_jpeg(const uint8_t* data, size_t size, const std::string& label, uint64_t max_pixels) {
     JpegError err;
     JpegDecompressGuard guard;
     guard.cinfo.err = &err.mgr;
     init_jpeg_error(&err);
     if (!jpeg_header_step(&guard.cinfo, &err, data, size)) return jpeg_failure(label, err);
     jpeg_decompress_struct& cinfo = guard.cinfo;
-    if (cinfo.image_width > static_cast<JDIMENSION>(kMaxDimension) ||
-        cinfo.image_height > static_cast<JDIMENSION>(kMaxDimension)) {
-        return too_large(label, cinfo.image_width, cinfo.image_height);
-    }
+    KILN_TRY(check_size(label, cinfo.image_width, cinfo.image_height, max_pixels));
     // libjpeg converts YCbCr, RGB and grey to RGB itself, but not CMYK.
     const bool cmyk = cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK;
     cinfo.out_color_space = cmyk ? JCS_CMYK : JCS_RGB;
@@ -355,7 +363,7 @@ Error webp_failure(const std::string& label, VP8StatusCode status) {
 
 uint32_t le32(const uint8_t* p) { return p[0] | (p[1] << 8) | (p[2] << 16) | (uint32_t(p[3]) << 24); }
 
-Result<Image> decode_webp(const uint8_t* data, size_t size, const std::string& label) {
+Result<Image> decode_webp(const uint8_t* data, size_t size, const std::string& label, uint64_t max_pixels) {
     // libwebp can decode a stream cut a little short of its end without
     // complaint; the RIFF header states the full length, so compare.
     const uint64_t riff_end = uint64_t(le32(data + 4)) + 8;
@@ -369,9 +377,8 @@ Result<Image> decode_webp(const uint8_t* data, size_t size, const std::string& l
     VP8StatusCode status = WebPGetFeatures(data, size, &config.input);
     if (status != VP8_STATUS_OK) return webp_failure(label, status);
     if (config.input.has_animation) return Error{label + ": animated WebP is not supported"};
-    if (config.input.width > kMaxDimension || config.input.height > kMaxDimension) {
-        return too_large(label, static_cast<uint64_t>(config.input.width), static_cast<uint64_t>(config.input.height));
-    }
+    KILN_TRY(check_size(label, static_cast<uint64_t>(config.input.width), static_cast<uint64_t>(config.input.height),
+                        max_pixels));
     const int channels = config.input.has_alpha ? 4 : 3;
     Image image = make_image(config.input.width, config.input.height, channels);
     config.output.colorspace = channels == 4 ? MODE_RGBA : MODE_RGB;
@@ -698,33 +705,28 @@ std::optional<ImageFormat> detect_image_format(const uint8_t* data, size_t size)
 }
 
 Result<std::vector<uint8_t>> read_file_bytes(const std::string& path, size_t max_bytes) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return Error{path + ": cannot open: " + std::strerror(errno)};
+    // Only regular files: a FIFO would block and a device such as /dev/zero
+    // never ends, and either is refused before a byte is read.
+    auto opened = open_regular_file(path);
+    if (!opened) return opened.error();
     struct FdCloser {
         int fd;
         ~FdCloser() { ::close(fd); }
-    } closer{fd};
+    } closer{*opened};
     struct stat st;
-    if (::fstat(fd, &st) != 0) return Error{path + ": cannot stat: " + std::strerror(errno)};
-    if (S_ISDIR(st.st_mode)) return Error{path + ": is a directory, not an image file"};
-    if (S_ISREG(st.st_mode) && static_cast<uint64_t>(st.st_size) > max_bytes) {
+    if (::fstat(closer.fd, &st) != 0) return Error{path + ": cannot stat: " + std::strerror(errno)};
+    if (static_cast<uint64_t>(st.st_size) > max_bytes) {
         return Error{path + ": file is " + std::to_string(st.st_size) + " bytes, more than the " +
                      std::to_string(max_bytes) + "-byte limit for an image"};
     }
     std::vector<uint8_t> bytes;
     try {
-        // Regular files are read in one go; pipes and devices in chunks.
-        bytes.resize(S_ISREG(st.st_mode) ? static_cast<size_t>(st.st_size) : size_t(1) << 16);
+        // At most the size stat gave (itself within the limit): a file that
+        // grows while it is read is cut there.
+        bytes.resize(static_cast<size_t>(st.st_size));
         size_t used = 0;
-        for (;;) {
-            if (used == bytes.size()) {
-                if (S_ISREG(st.st_mode)) break;
-                if (bytes.size() >= max_bytes) {
-                    return Error{path + ": more than the " + std::to_string(max_bytes) + "-byte limit for an image"};
-                }
-                bytes.resize(std::min(bytes.size() * 2, max_bytes));
-            }
-            const ssize_t n = ::read(fd, bytes.data() + used, bytes.size() - used);
+        while (used < bytes.size()) {
+            const ssize_t n = ::read(closer.fd, bytes.data() + used, bytes.size() - used);
             if (n < 0) {
                 if (errno == EINTR) continue;
                 return Error{path + ": cannot read: " + std::strerror(errno)};
@@ -740,15 +742,15 @@ Result<std::vector<uint8_t>> read_file_bytes(const std::string& path, size_t max
     return bytes;
 }
 
-Result<Image> decode_image(const uint8_t* data, size_t size, const std::string& label) {
+Result<Image> decode_image(const uint8_t* data, size_t size, const std::string& label, uint64_t max_pixels) {
     if (size == 0) return Error{label + ": file is empty"};
     const std::optional<ImageFormat> format = detect_image_format(data, size);
     if (!format) return Error{label + ": " + describe_unknown(data, size)};
     try {
         switch (*format) {
-            case ImageFormat::Png: return decode_png(data, size, label);
-            case ImageFormat::Jpeg: return decode_jpeg(data, size, label);
-            case ImageFormat::WebP: return decode_webp(data, size, label);
+            case ImageFormat::Png: return decode_png(data, size, label, max_pixels);
+            case ImageFormat::Jpeg: return decode_jpeg(data, size, label, max_pixels);
+            case ImageFormat::WebP: return decode_webp(data, size, label, max_pixels);
         }
     } catch (const std::bad_alloc&) {
         return Error{label + ": out of memory decoding the image"};
@@ -756,10 +758,10 @@ Result<Image> decode_image(const uint8_t* data, size_t size, const std::string& 
     return Error{label + ": unknown format"};
 }
 
-Result<Image> read_image(const std::string& path) {
+Result<Image> read_image(const std::string& path, uint64_t max_pixels) {
     Result<std::vector<uint8_t>> bytes = read_file_bytes(path);
     if (!bytes) return bytes.error();
-    return decode_image(bytes->data(), bytes->size(), path);
+    return decode_image(bytes->data(), bytes->size(), path, max_pixels);
 }
 
 Result<ImageFormat> format_for_path(const std::string& path) {

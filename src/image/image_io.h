@@ -25,6 +25,11 @@ const char* image_format_name(ImageFormat format);
 // The format whose signature starts `data`, or nullopt.
 std::optional<ImageFormat> detect_image_format(const uint8_t* data, size_t size);
 
+// Most pixels read_image decodes unless told otherwise (--max-image-pixels):
+// 8192x8192, 256 MiB as 8-bit RGBA. Generous for an init image or mask, and
+// finite, so a small compressed file cannot claim gigabytes.
+constexpr uint64_t kDefaultMaxImagePixels = uint64_t(8192) * 8192;
+
 // Largest image file read_image accepts (a 16384x16384 RGBA PNG of noise fits).
 constexpr size_t kMaxImageFileBytes = size_t(1) << 30;
 
@@ -36,13 +41,15 @@ constexpr size_t kMaxImageFileBytes = size_t(1) << 30;
 // read. Animated WebP is rejected; EXIF orientation is not applied. Strict
 // about damage: a file that ends early, fails a CRC or whose entropy-coded
 // data is corrupt is an error, not a partly grey picture. Images larger than
-// kMaxDimension on either side are rejected before their pixels are
-// allocated.
-Result<Image> read_image(const std::string& path);
+// kMaxDimension on either side, or with more than `max_pixels` pixels, are
+// rejected from their header, before a pixel is decoded or allocated (a
+// 261 KB PNG can claim 16384x16384).
+Result<Image> read_image(const std::string& path, uint64_t max_pixels = kDefaultMaxImagePixels);
 
 // read_image on bytes already in memory (an HTTP body, a fuzzer input);
 // errors start with `label`.
-Result<Image> decode_image(const uint8_t* data, size_t size, const std::string& label);
+Result<Image> decode_image(const uint8_t* data, size_t size, const std::string& label,
+                           uint64_t max_pixels = kDefaultMaxImagePixels);
 
 struct ImageWriteOptions {
     // JPEG and WebP quality, 1..100.
@@ -73,7 +80,8 @@ Result<std::vector<uint8_t>> encode_image(const Image& image, ImageFormat format
 Status write_image(const std::string& path, const Image& image, const ImageWriteOptions& options = {});
 
 // The whole file, with read_image's checks and messages for missing, empty,
-// directory and oversized files (over `max_bytes`).
+// directory, special (FIFO, device, socket: refused before any read) and
+// oversized files (over `max_bytes`).
 Result<std::vector<uint8_t>> read_file_bytes(const std::string& path, size_t max_bytes = kMaxImageFileBytes);
 
 }  // namespace kiln::image

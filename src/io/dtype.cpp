@@ -79,4 +79,10 @@ bool dtype_is_float(DType dtype) {
     }
 }
 
+bool dtype_is_weight(DType dtype) {
+    if (dtype_is_float(dtype)) return true;
+    const std::optional<ggml_type> type = dtype_to_ggml(dtype);
+    return type && ggml_is_quantized(*type);
+}
+
 }  // namespace kiln::io

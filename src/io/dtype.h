@@ -39,5 +39,10 @@ std::optional<DType> dtype_from_safetensors(std::string_view name);
 // whole quantization blocks or the size overflows.
 std::optional<uint64_t> dtype_byte_size(DType dtype, int64_t elements);
 bool dtype_is_float(DType dtype);
+// Whether a network can compute with weights of this dtype: floating point
+// (widened or narrowed to a compute type) or a ggml quantized type. Integer
+// and boolean dtypes are not weights ggml's matrix and element-wise kernels
+// take.
+bool dtype_is_weight(DType dtype);
 
 }  // namespace kiln::io

@@ -3,191 +3,195 @@
 #include <cstring>
 #include <limits>
 #include <memory>
-#include <mutex>
-#include <optional>
+#include <unordered_set>
+#include <vector>
 
 #include "gguf.h"
+#include "util/format.h"
 
 namespace kiln::io {
 namespace {
 
-// ggml's gguf parser explains failures only through the ggml log. While it
-// parses, the log is redirected here so the reason ends up in the Error.
-struct GgmlLogCapture {
-    std::string text;
-    ggml_log_callback previous_callback = nullptr;
-    void* previous_user_data = nullptr;
-
-    GgmlLogCapture() {
-        ggml_log_get(&previous_callback, &previous_user_data);
-        ggml_log_set(
-            [](ggml_log_level level, const char* message, void* user_data) {
-                if (level == GGML_LOG_LEVEL_ERROR || level == GGML_LOG_LEVEL_WARN) {
-                    auto* self = static_cast<GgmlLogCapture*>(user_data);
-                    if (self->text.empty()) self->text = message;  // the first line is the cause
-                }
-            },
-            this);
-    }
-    ~GgmlLogCapture() { ggml_log_set(previous_callback, previous_user_data); }
-
-    // "gguf_init_from_reader: tensor 'x' ...\n" -> "tensor 'x' ..."
-    std::string reason() const {
-        std::string r = text;
-        const auto colon = r.find(": ");
-        if (colon != std::string::npos && r.compare(0, 5, "gguf_") == 0) r = r.substr(colon + 2);
-        while (!r.empty() && (r.back() == '\n' || r.back() == ' ')) r.pop_back();
-        return r;
-    }
-};
-std::mutex g_gguf_parse_mutex;  // the log redirection is process-wide
-
-MetaValue scalar_value(const gguf_context* ctx, int64_t key, gguf_type type) {
-    switch (type) {
-        case GGUF_TYPE_UINT8: return MetaValue::of_uint(gguf_get_val_u8(ctx, key));
-        case GGUF_TYPE_INT8: return MetaValue::of_int(gguf_get_val_i8(ctx, key));
-        case GGUF_TYPE_UINT16: return MetaValue::of_uint(gguf_get_val_u16(ctx, key));
-        case GGUF_TYPE_INT16: return MetaValue::of_int(gguf_get_val_i16(ctx, key));
-        case GGUF_TYPE_UINT32: return MetaValue::of_uint(gguf_get_val_u32(ctx, key));
-        case GGUF_TYPE_INT32: return MetaValue::of_int(gguf_get_val_i32(ctx, key));
-        case GGUF_TYPE_FLOAT32: return MetaValue::of_float(gguf_get_val_f32(ctx, key));
-        case GGUF_TYPE_UINT64: return MetaValue::of_uint(gguf_get_val_u64(ctx, key));
-        case GGUF_TYPE_INT64: return MetaValue::of_int(gguf_get_val_i64(ctx, key));
-        case GGUF_TYPE_FLOAT64: return MetaValue::of_float(gguf_get_val_f64(ctx, key));
-        case GGUF_TYPE_BOOL: return MetaValue::of_bool(gguf_get_val_bool(ctx, key));
-        case GGUF_TYPE_STRING: return MetaValue::of_string(gguf_get_val_str(ctx, key));
-        default: return MetaValue::of_string("<unsupported gguf type>");
-    }
-}
-
-template <class T>
-T element(const void* base, size_t i) {
-    T v;
-    std::memcpy(&v, static_cast<const uint8_t*>(base) + i * sizeof(T), sizeof(T));
-    return v;
-}
-
-MetaValue array_value(const gguf_context* ctx, int64_t key) {
-    MetaValue out;
-    out.kind = MetaValue::Kind::Array;
-    const gguf_type type = gguf_get_arr_type(ctx, key);
-    const size_t n = gguf_get_arr_n(ctx, key);
-    if (type == GGUF_TYPE_STRING) {
-        for (size_t i = 0; i < n; ++i) out.array.push_back(MetaValue::of_string(gguf_get_arr_str(ctx, key, i)));
-        return out;
-    }
-    if (type == GGUF_TYPE_ARRAY) return out;  // nested arrays: ggml rejects them at parse time
-    const void* data = gguf_get_arr_data(ctx, key);
-    out.array.reserve(n);
-    for (size_t i = 0; i < n; ++i) {
-        switch (type) {
-            case GGUF_TYPE_UINT8: out.array.push_back(MetaValue::of_uint(element<uint8_t>(data, i))); break;
-            case GGUF_TYPE_INT8: out.array.push_back(MetaValue::of_int(element<int8_t>(data, i))); break;
-            case GGUF_TYPE_UINT16: out.array.push_back(MetaValue::of_uint(element<uint16_t>(data, i))); break;
-            case GGUF_TYPE_INT16: out.array.push_back(MetaValue::of_int(element<int16_t>(data, i))); break;
-            case GGUF_TYPE_UINT32: out.array.push_back(MetaValue::of_uint(element<uint32_t>(data, i))); break;
-            case GGUF_TYPE_INT32: out.array.push_back(MetaValue::of_int(element<int32_t>(data, i))); break;
-            case GGUF_TYPE_FLOAT32: out.array.push_back(MetaValue::of_float(element<float>(data, i))); break;
-            case GGUF_TYPE_UINT64: out.array.push_back(MetaValue::of_uint(element<uint64_t>(data, i))); break;
-            case GGUF_TYPE_INT64: out.array.push_back(MetaValue::of_int(element<int64_t>(data, i))); break;
-            case GGUF_TYPE_FLOAT64: out.array.push_back(MetaValue::of_float(element<double>(data, i))); break;
-            case GGUF_TYPE_BOOL: out.array.push_back(MetaValue::of_bool(element<int8_t>(data, i) != 0)); break;
-            default: break;
-        }
-    }
-    return out;
-}
-
-// Walks the GGUF header (key/value pairs, then tensor infos) before ggml's
-// parser sees it. Found by tests/fuzz/fuzz_gguf (reproducers and notes in
-// tests/fuzz/regressions/gguf/ and tests/fuzz/regressions/README.md).
-//
-// Rejects what ggml's parser would hit undefined behaviour on:
-//  - a key/value, array element or tensor type outside its enum: ggml reads
-//    the raw int32 into gguf_type / ggml_type and range-checks it afterwards;
-//  - a file that ends inside a key/value type: ggml then compares its enum
-//    still holding gguf_type(-1) (likewise an unread, uninitialised tensor type);
-//  - tensor dims whose product overflows int64: ggml_nelements() multiplies
-//    ne[0]*ne[1]*ne[2]*ne[3] before ggml's own overflow check.
-// And what ggml accepts but kiln would misread:
-//  - the same overflow when a dim is 0 (ggml skips its check for an empty
-//    tensor, but TensorInfo::element_count() multiplies the dims in another
-//    order and overflows);
-//  - a key or tensor name with a NUL byte: ggml hands them out as C strings,
-//    so "\0x" would come back as the empty key ggml itself forbids and "a\0x"
-//    and "a\0y" as the same key.
-// Everything else is left to ggml: the walk returns nullopt (go ahead) as soon
-// as it meets something ggml rejects safely before reading further (a bad
-// version or count, a truncated string or value, a nested array, more than 4
-// dims, a negative dim).
-class HeaderWalk {
+// kiln's own GGUF header reader. ggml's (gguf_init_from_reader) checks every
+// tensor name against all earlier ones with strcmp, so a header of n tensors
+// cost n^2 (100k tensors: 15 s); here names go into a hash set. It accepts
+// what ggml's parser accepts and rejects the rest with the reason, and it
+// also rejects what ggml would hit undefined behaviour on or kiln would
+// misread (found by tests/fuzz/fuzz_gguf; reproducers in
+// tests/fuzz/regressions/gguf/):
+//  - a key/value, array element or tensor type outside its enum;
+//  - tensor dims whose product overflows int64, a zero dim included (kiln's
+//    TensorInfo::element_count() multiplies in another order);
+//  - a key or tensor name with a NUL byte ("a\0x" and "a\0y" would be one name).
+// Only the header is read: tensor data stays in the mapping.
+class GgufReader {
   public:
-    HeaderWalk(const uint8_t* data, size_t size) : data_(data), size_(size) {}
+    GgufReader(const uint8_t* data, size_t size) : data_(data), size_(size) {}
 
-    std::optional<std::string> run() {
+    // The file's metadata and tensors, or why the header is invalid.
+    Result<ParsedFile> run() {
         pos_ = 4;  // magic, checked by the caller
         uint32_t version = 0;
         int64_t n_tensors = 0, n_kv = 0;
-        if (!u32(version) || !i64(n_tensors) || !i64(n_kv)) return std::nullopt;  // ggml: failed to read header
-        if (version < 2 || version > GGUF_VERSION || n_tensors < 0 || n_kv < 0) return std::nullopt;
-
-        for (int64_t k = 0; k < n_kv; ++k) {
-            std::string key;
-            bool key_has_nul = false;
-            if (!string(key, &key_has_nul)) return std::nullopt;  // ggml stops before reading the type
-            const std::string where = "key/value pair " + std::to_string(k);
-            if (key_has_nul) return where + " has a key with a NUL byte in it";
-            uint32_t type = 0;
-            if (!u32(type)) return "file ends inside the type of " + where;
-            if (type >= GGUF_TYPE_COUNT) {
-                return where + " ('" + printable(key) + "') has invalid type " +
-                       std::to_string(static_cast<int32_t>(type));
-            }
-            uint64_t n = 1;
-            if (type == GGUF_TYPE_ARRAY) {
-                if (!u32(type)) return std::nullopt;  // ggml: read fails, its enum still holds ARRAY
-                if (type >= GGUF_TYPE_COUNT) {
-                    return where + " ('" + printable(key) + "') is an array of invalid type " +
-                           std::to_string(static_cast<int32_t>(type));
-                }
-                if (type == GGUF_TYPE_ARRAY) return std::nullopt;  // nested arrays: ggml rejects them
-                if (!u64(n)) return std::nullopt;
-            }
-            if (!skip_values(static_cast<gguf_type>(type), n)) return std::nullopt;  // ggml: truncated value
+        if (!read(version) || !read(n_tensors) || !read(n_kv)) return fail("file ends inside the header");
+        if (version == 1) return fail("GGUF version 1 is no longer supported");
+        if (version == 0 || version > GGUF_VERSION || (version & 0xffff) == 0) {
+            return fail("GGUF version " + std::to_string(version) + " is not supported (1 < version <= " +
+                        std::to_string(GGUF_VERSION) + "; a huge number means the other byte order)");
+        }
+        // Each tensor takes at least 8 + 4 + 4 + 8 bytes, each pair 8 + 4 bytes.
+        if (n_tensors < 0 || static_cast<uint64_t>(n_tensors) > remaining() / 24) {
+            return fail("tensor count " + std::to_string(n_tensors) + " cannot fit in the file");
+        }
+        if (n_kv < 0 || static_cast<uint64_t>(n_kv) > remaining() / 12) {
+            return fail("key/value count " + std::to_string(n_kv) + " cannot fit in the file");
         }
 
+        ParsedFile parsed;
+        parsed.format = FileFormat::Gguf;
+        for (int64_t k = 0; k < n_kv; ++k) {
+            const std::string where = "key/value pair " + std::to_string(k);
+            std::string key;
+            if (!string(key)) return fail("file ends inside the key of " + where);
+            if (key.empty()) return fail(where + " has an empty key");
+            if (key.find('\0') != std::string::npos) return fail(where + " has a key with a NUL byte in it");
+            uint32_t type = 0;
+            if (!read(type)) return fail("file ends inside the type of " + where);
+            if (type >= GGUF_TYPE_COUNT) {
+                return fail(where + " ('" + escaped(key) + "') has invalid type " +
+                            std::to_string(static_cast<int32_t>(type)));
+            }
+            MetaValue value;
+            if (type == GGUF_TYPE_ARRAY) {
+                uint32_t element_type = 0;
+                uint64_t n = 0;
+                if (!read(element_type)) return fail("file ends inside the type of " + where);
+                if (element_type >= GGUF_TYPE_COUNT) {
+                    return fail(where + " ('" + escaped(key) + "') is an array of invalid type " +
+                                std::to_string(static_cast<int32_t>(element_type)));
+                }
+                if (element_type == GGUF_TYPE_ARRAY) return fail(where + " ('" + escaped(key) + "') nests arrays");
+                if (!read(n)) return fail("file ends inside the length of " + where);
+                if (!array(static_cast<gguf_type>(element_type), n, value)) {
+                    return fail("file ends inside the value of " + where + " ('" + escaped(key) + "')");
+                }
+            } else if (!scalar(static_cast<gguf_type>(type), value)) {
+                return fail("file ends inside the value of " + where + " ('" + escaped(key) + "')");
+            }
+            if (!parsed.metadata.emplace(key, std::move(value)).second) {
+                return fail("duplicate key '" + escaped(key) + "'");
+            }
+        }
+
+        uint64_t alignment = GGUF_DEFAULT_ALIGNMENT;
+        if (auto it = parsed.metadata.find(GGUF_KEY_GENERAL_ALIGNMENT); it != parsed.metadata.end()) {
+            if (it->second.gguf_type != GGUF_TYPE_UINT32) {
+                return fail(std::string(GGUF_KEY_GENERAL_ALIGNMENT) + " must be of type u32");
+            }
+            alignment = it->second.u;
+            if (alignment == 0 || (alignment & (alignment - 1)) != 0) {
+                return fail(std::string(GGUF_KEY_GENERAL_ALIGNMENT) + " " + std::to_string(alignment) +
+                            " is not a power of 2");
+            }
+        }
+
+        std::unordered_set<std::string> names;
+        names.reserve(static_cast<size_t>(n_tensors));
+        std::vector<uint64_t> relative_offsets;
+        parsed.tensors.reserve(static_cast<size_t>(n_tensors));
         for (int64_t t = 0; t < n_tensors; ++t) {
-            std::string name;
-            bool name_has_nul = false;
-            if (!string(name, &name_has_nul)) return std::nullopt;
-            const std::string where = "tensor '" + printable(name) + "'";
-            if (name_has_nul) return "tensor " + std::to_string(t) + " has a name with a NUL byte in it";
+            TensorInfo info;
+            if (!string(info.name)) return fail("file ends inside the name of tensor " + std::to_string(t));
+            if (info.name.find('\0') != std::string::npos) {
+                return fail("tensor " + std::to_string(t) + " has a name with a NUL byte in it");
+            }
+            const std::string where = "tensor '" + escaped(info.name) + "'";
+            if (info.name.size() >= GGML_MAX_NAME) {
+                return fail(where + " has a name longer than " + std::to_string(GGML_MAX_NAME - 1) + " bytes");
+            }
+            if (!names.insert(info.name).second) return fail("duplicate tensor name '" + escaped(info.name) + "'");
             uint32_t n_dims = 0;
-            if (!u32(n_dims)) return "file ends inside the shape of " + where;
-            if (n_dims > GGML_MAX_DIMS) return std::nullopt;
+            if (!read(n_dims)) return fail("file ends inside the shape of " + where);
+            if (n_dims > GGML_MAX_DIMS) {
+                return fail(where + " has " + std::to_string(n_dims) + " dimensions (at most " +
+                            std::to_string(GGML_MAX_DIMS) + ")");
+            }
             int64_t ne[GGML_MAX_DIMS] = {1, 1, 1, 1};
             int64_t product = 1;  // of the non-zero dims
             for (uint32_t d = 0; d < n_dims; ++d) {
-                if (!i64(ne[d])) return "file ends inside the shape of " + where;
-                if (ne[d] < 0) return std::nullopt;
+                if (!read(ne[d])) return fail("file ends inside the shape of " + where);
+                if (ne[d] < 0) return fail(where + " has a negative dimension");
                 if (ne[d] == 0) continue;
                 if (product > std::numeric_limits<int64_t>::max() / ne[d]) {
                     std::string shape;
                     for (uint32_t j = 0; j < n_dims; ++j) shape += (j ? ", " : "") + std::to_string(ne[j]);
-                    return where + " has shape (" + shape + "), whose element count overflows int64";
+                    return fail(where + " has shape (" + shape + "), whose element count overflows int64");
                 }
                 product *= ne[d];
             }
             int32_t type = 0;
-            if (!i32(type)) return "file ends inside the type of " + where;
-            if (type < 0 || type >= GGML_TYPE_COUNT) return where + " has invalid ggml type " + std::to_string(type);
+            if (!read(type)) return fail("file ends inside the type of " + where);
+            if (type < 0 || type >= GGML_TYPE_COUNT)
+                return fail(where + " has invalid ggml type " + std::to_string(type));
+            const auto ggml = static_cast<ggml_type>(type);
+            const int64_t block = ggml_blck_size(ggml);
+            if (block == 0 || ggml_type_size(ggml) == 0) {
+                return fail(where + " has ggml type " + std::to_string(type) + ", which is no longer supported");
+            }
+            if (ne[0] % block != 0) {
+                return fail(where + " of type " + ggml_type_name(ggml) + " has " + std::to_string(ne[0]) +
+                            " elements per row, not a multiple of its block size " + std::to_string(block));
+            }
+            // Bytes: rows of ne[0] / block blocks; the element count fits
+            // int64, so dividing by the block first keeps this in range.
+            const uint64_t blocks = product / block * (ne[0] == 0 ? 0 : 1);
+            if (blocks > std::numeric_limits<uint64_t>::max() / ggml_type_size(ggml)) {
+                return fail(where + " is too large");
+            }
             uint64_t offset = 0;
-            if (!u64(offset)) return std::nullopt;  // ggml: failed to read tensor info
+            if (!read(offset)) return fail("file ends inside the data offset of " + where);
+            bool empty = false;
+            for (uint32_t d = 0; d < n_dims; ++d) empty = empty || ne[d] == 0;
+            info.dtype = dtype_from_ggml(ggml);
+            int dims = GGML_MAX_DIMS;
+            while (dims > 1 && ne[dims - 1] == 1) --dims;
+            for (int d = dims - 1; d >= 0; --d) info.shape.push_back(ne[d]);
+            info.nbytes = empty ? 0 : blocks * ggml_type_size(ggml);
+            relative_offsets.push_back(offset);
+            parsed.tensors.push_back(std::move(info));
         }
-        return std::nullopt;
+
+        // The data section starts at the next multiple of the alignment, and
+        // tensors lie in it in order, each padded to the alignment (as ggml
+        // writes them and requires them).
+        const uint64_t data_offset = (pos_ + alignment - 1) / alignment * alignment;
+        if (n_tensors > 0 && data_offset > size_) return fail("file ends before the data section");
+        uint64_t expected = 0;
+        for (size_t t = 0; t < parsed.tensors.size(); ++t) {
+            TensorInfo& info = parsed.tensors[t];
+            const std::string where = "tensor '" + escaped(info.name) + "'";
+            if (relative_offsets[t] != expected) {
+                return fail(where + " has data offset " + std::to_string(relative_offsets[t]) + ", expected " +
+                            std::to_string(expected));
+            }
+            const uint64_t padded = (info.nbytes + alignment - 1) / alignment * alignment;
+            if (padded < info.nbytes || expected > std::numeric_limits<uint64_t>::max() - padded) {
+                return fail(where + " is too large");
+            }
+            expected += padded;
+            info.offset = data_offset + relative_offsets[t];
+            if (info.offset > size_ || info.nbytes > size_ - info.offset) {
+                return Error{"tensor '" + info.name + "' data (" + std::to_string(info.nbytes) + " bytes at " +
+                             std::to_string(info.offset) + ") is out of bounds: truncated file (" +
+                             std::to_string(size_) + " bytes)"};
+            }
+        }
+        return parsed;
     }
 
   private:
+    static Error fail(const std::string& reason) { return Error{"invalid GGUF file: " + reason}; }
+
     size_t remaining() const { return size_ - pos_; }
 
     template <class T>
@@ -197,34 +201,67 @@ class HeaderWalk {
         pos_ += sizeof(T);
         return true;
     }
-    bool u32(uint32_t& v) { return read(v); }
-    bool i32(int32_t& v) { return read(v); }
-    bool u64(uint64_t& v) { return read(v); }
-    bool i64(int64_t& v) { return read(v); }
 
-    // A length-prefixed string; `out` gets its first 64 bytes (for messages).
-    bool string(std::string& out, bool* has_nul = nullptr) {
+    bool string(std::string& out) {
         uint64_t n = 0;
-        if (!u64(n) || n > remaining()) return false;
-        const char* p = reinterpret_cast<const char*>(data_ + pos_);
-        out.assign(p, std::min<uint64_t>(n, 64));
-        if (has_nul) *has_nul = n != 0 && std::memchr(p, 0, n) != nullptr;
+        if (!read(n) || n > remaining()) return false;
+        out.assign(reinterpret_cast<const char*>(data_ + pos_), n);
         pos_ += n;
         return true;
     }
 
-    bool skip_values(gguf_type type, uint64_t n) {
-        if (type == GGUF_TYPE_STRING) {
-            if (n > remaining() / sizeof(uint64_t)) return false;  // each string has at least its length
-            std::string ignored;
-            for (uint64_t i = 0; i < n; ++i) {
-                if (!string(ignored)) return false;
+    // One value of a fixed-size type or a string, as a MetaValue.
+    bool element(gguf_type type, MetaValue& out) {
+        switch (type) {
+            case GGUF_TYPE_UINT8: return number<uint8_t>(out, &MetaValue::of_uint);
+            case GGUF_TYPE_INT8: return number<int8_t>(out, &MetaValue::of_int);
+            case GGUF_TYPE_UINT16: return number<uint16_t>(out, &MetaValue::of_uint);
+            case GGUF_TYPE_INT16: return number<int16_t>(out, &MetaValue::of_int);
+            case GGUF_TYPE_UINT32: return number<uint32_t>(out, &MetaValue::of_uint);
+            case GGUF_TYPE_INT32: return number<int32_t>(out, &MetaValue::of_int);
+            case GGUF_TYPE_FLOAT32: return number<float>(out, &MetaValue::of_float);
+            case GGUF_TYPE_UINT64: return number<uint64_t>(out, &MetaValue::of_uint);
+            case GGUF_TYPE_INT64: return number<int64_t>(out, &MetaValue::of_int);
+            case GGUF_TYPE_FLOAT64: return number<double>(out, &MetaValue::of_float);
+            case GGUF_TYPE_BOOL: {
+                int8_t b = 0;
+                if (!read(b)) return false;
+                out = MetaValue::of_bool(b != 0);
+                return true;
             }
-            return true;
+            case GGUF_TYPE_STRING: {
+                std::string text;
+                if (!string(text)) return false;
+                out = MetaValue::of_string(std::move(text));
+                return true;
+            }
+            default: return false;
         }
-        const uint64_t size = value_size(type);
-        if (size == 0 || n > remaining() / size) return false;
-        pos_ += n * size;
+    }
+
+    template <class T, class Make>
+    bool number(MetaValue& out, Make make) {
+        T v{};
+        if (!read(v)) return false;
+        out = make(v);
+        return true;
+    }
+
+    bool scalar(gguf_type type, MetaValue& out) {
+        if (!element(type, out)) return false;
+        out.gguf_type = type;
+        return true;
+    }
+
+    bool array(gguf_type type, uint64_t n, MetaValue& out) {
+        // Every element takes at least one byte (a string at least 8).
+        if (n > remaining() / (type == GGUF_TYPE_STRING ? 8 : value_size(type))) return false;
+        out.kind = MetaValue::Kind::Array;
+        out.gguf_type = type;
+        out.array.resize(static_cast<size_t>(n));
+        for (MetaValue& v : out.array) {
+            if (!element(type, v)) return false;
+        }
         return true;
     }
 
@@ -242,14 +279,8 @@ class HeaderWalk {
             case GGUF_TYPE_UINT64:
             case GGUF_TYPE_INT64:
             case GGUF_TYPE_FLOAT64: return 8;
-            default: return 0;
+            default: return 1;
         }
-    }
-
-    static std::string printable(const std::string& s) {
-        std::string out;
-        for (char c : s) out += (c >= 0x20 && c < 0x7f) ? c : '?';
-        return out;
     }
 
     const uint8_t* data_;
@@ -263,50 +294,8 @@ bool looks_like_gguf(const uint8_t* data, size_t size) { return size >= 4 && std
 
 Result<ParsedFile> parse_gguf(const uint8_t* data, size_t size, const std::string& label) {
     if (!looks_like_gguf(data, size)) return Error{label + ": not a GGUF file (no GGUF magic)"};
-    if (auto reason = HeaderWalk(data, size).run()) return Error{label + ": invalid GGUF file: " + *reason};
-
-    gguf_context* ctx = nullptr;
-    std::string reason;
-    {
-        std::lock_guard<std::mutex> lock(g_gguf_parse_mutex);
-        GgmlLogCapture capture;
-        gguf_init_params params{/*no_alloc=*/true, /*ctx=*/nullptr};
-        ctx = gguf_init_from_buffer(data, size, params);
-        reason = capture.reason();
-    }
-    if (!ctx) return Error{label + ": invalid GGUF file: " + (reason.empty() ? "ggml's parser rejected it" : reason)};
-    std::unique_ptr<gguf_context, void (*)(gguf_context*)> guard(ctx, gguf_free);
-
-    ParsedFile parsed;
-    parsed.format = FileFormat::Gguf;
-    const int64_t n_kv = gguf_get_n_kv(ctx);
-    for (int64_t k = 0; k < n_kv; ++k) {
-        const gguf_type type = gguf_get_kv_type(ctx, k);
-        parsed.metadata[gguf_get_key(ctx, k)] =
-            type == GGUF_TYPE_ARRAY ? array_value(ctx, k) : scalar_value(ctx, k, type);
-    }
-
-    const uint64_t data_offset = gguf_get_data_offset(ctx);
-    const int64_t n_tensors = gguf_get_n_tensors(ctx);
-    for (int64_t t = 0; t < n_tensors; ++t) {
-        TensorInfo info;
-        info.name = gguf_get_tensor_name(ctx, t);
-        const ggml_type type = gguf_get_tensor_type(ctx, t);
-        info.dtype = dtype_from_ggml(type);
-        const int64_t* ne = gguf_get_tensor_ne(ctx, t);
-        int dims = GGML_MAX_DIMS;
-        while (dims > 1 && ne[dims - 1] == 1) --dims;
-        for (int d = dims - 1; d >= 0; --d) info.shape.push_back(ne[d]);
-        const uint64_t relative_offset = gguf_get_tensor_offset(ctx, t);
-        info.offset = data_offset + relative_offset;
-        info.nbytes = gguf_get_tensor_size(ctx, t);
-        if (relative_offset > size || info.offset > size || info.nbytes > size - info.offset) {
-            return Error{label + ": tensor '" + info.name + "' data (" + std::to_string(info.nbytes) + " bytes at " +
-                         std::to_string(info.offset) + ") is out of bounds: truncated file (" + std::to_string(size) +
-                         " bytes)"};
-        }
-        parsed.tensors.push_back(std::move(info));
-    }
+    auto parsed = GgufReader(data, size).run();
+    if (!parsed) return Error{label + ": " + parsed.error().message};
     return parsed;
 }
 

@@ -1,5 +1,7 @@
-// GGUF through ggml's own gguf parser: every ggml tensor type (quantized ones
-// included) and every metadata key/value, arrays of strings included.
+// GGUF headers, read by kiln in time linear in the tensor count (ggml's
+// parser compares every name with every earlier one): every ggml tensor type
+// (quantized ones included) and every metadata key/value with its GGUF type,
+// arrays of strings included.
 #pragma once
 
 #include <cstddef>
@@ -13,7 +15,7 @@ namespace kiln::io {
 
 // Parses a GGUF file held in [data, data + size) without reading tensor
 // data. Tensor shapes are returned outermost first (GGUF's ne[] reversed).
-// Errors start with `label` and carry ggml's reason when it gives one.
+// Errors start with `label` and say what is wrong and where.
 Result<ParsedFile> parse_gguf(const uint8_t* data, size_t size, const std::string& label);
 
 // True when the bytes start with the GGUF magic.

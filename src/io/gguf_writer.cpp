@@ -9,34 +9,111 @@
 
 #include "gguf.h"
 #include "io/tensor_convert.h"
+#include "util/format.h"
 
 namespace kiln::io {
 namespace {
 
-void copy_metadata(gguf_context* ctx, const Metadata& metadata) {
-    for (const auto& [key, value] : metadata) {
-        switch (value.kind) {
-            case MetaValue::Kind::String: gguf_set_val_str(ctx, key.c_str(), value.str.c_str()); break;
-            case MetaValue::Kind::Int: gguf_set_val_i64(ctx, key.c_str(), value.i); break;
-            case MetaValue::Kind::UInt: gguf_set_val_u64(ctx, key.c_str(), value.u); break;
-            case MetaValue::Kind::Float: gguf_set_val_f64(ctx, key.c_str(), value.f); break;
-            case MetaValue::Kind::Bool: gguf_set_val_bool(ctx, key.c_str(), value.b); break;
-            case MetaValue::Kind::Array: {
-                // Arrays of strings (tokenizer vocabularies) are the ones that
-                // matter; other arrays are kept as their text form.
-                bool all_strings = true;
-                for (const MetaValue& v : value.array) all_strings = all_strings && v.kind == MetaValue::Kind::String;
-                if (all_strings) {
-                    std::vector<const char*> items;
-                    for (const MetaValue& v : value.array) items.push_back(v.str.c_str());
-                    gguf_set_arr_str(ctx, key.c_str(), items.data(), items.size());
-                } else {
-                    gguf_set_val_str(ctx, key.c_str(), value.to_string(SIZE_MAX).c_str());
-                }
-                break;
-            }
+// One scalar with the GGUF type it was read as; values from other formats
+// (safetensors' strings, kiln's own keys) take the widest type of their kind.
+void set_scalar(gguf_context* ctx, const char* key, const MetaValue& v) {
+    const double f = v.f;
+    const int64_t i = v.kind == MetaValue::Kind::UInt ? static_cast<int64_t>(v.u) : v.i;
+    const uint64_t u = v.kind == MetaValue::Kind::Int ? static_cast<uint64_t>(v.i) : v.u;
+    switch (v.gguf_type) {
+        case GGUF_TYPE_UINT8: gguf_set_val_u8(ctx, key, static_cast<uint8_t>(u)); return;
+        case GGUF_TYPE_INT8: gguf_set_val_i8(ctx, key, static_cast<int8_t>(i)); return;
+        case GGUF_TYPE_UINT16: gguf_set_val_u16(ctx, key, static_cast<uint16_t>(u)); return;
+        case GGUF_TYPE_INT16: gguf_set_val_i16(ctx, key, static_cast<int16_t>(i)); return;
+        case GGUF_TYPE_UINT32: gguf_set_val_u32(ctx, key, static_cast<uint32_t>(u)); return;
+        case GGUF_TYPE_INT32: gguf_set_val_i32(ctx, key, static_cast<int32_t>(i)); return;
+        case GGUF_TYPE_FLOAT32: gguf_set_val_f32(ctx, key, static_cast<float>(f)); return;
+        case GGUF_TYPE_UINT64: gguf_set_val_u64(ctx, key, u); return;
+        case GGUF_TYPE_INT64: gguf_set_val_i64(ctx, key, i); return;
+        case GGUF_TYPE_FLOAT64: gguf_set_val_f64(ctx, key, f); return;
+        default: break;
+    }
+    switch (v.kind) {
+        case MetaValue::Kind::String: gguf_set_val_str(ctx, key, v.str.c_str()); return;
+        case MetaValue::Kind::Int: gguf_set_val_i64(ctx, key, v.i); return;
+        case MetaValue::Kind::UInt: gguf_set_val_u64(ctx, key, v.u); return;
+        case MetaValue::Kind::Float: gguf_set_val_f64(ctx, key, v.f); return;
+        case MetaValue::Kind::Bool: gguf_set_val_bool(ctx, key, v.b); return;
+        case MetaValue::Kind::Array: return;  // not a scalar
+    }
+}
+
+template <class T>
+void append(std::vector<uint8_t>& bytes, T value) {
+    const size_t at = bytes.size();
+    bytes.resize(at + sizeof(T));
+    std::memcpy(bytes.data() + at, &value, sizeof(T));
+}
+
+// The elements of a numeric array in `type`'s encoding; false if `type` is no
+// fixed-size numeric type.
+bool encode_array(const MetaValue& array, int type, std::vector<uint8_t>& bytes) {
+    for (const MetaValue& v : array.array) {
+        const int64_t i = v.kind == MetaValue::Kind::UInt ? static_cast<int64_t>(v.u) : v.i;
+        const uint64_t u = v.kind == MetaValue::Kind::Int ? static_cast<uint64_t>(v.i) : v.u;
+        switch (type) {
+            case GGUF_TYPE_UINT8: append(bytes, static_cast<uint8_t>(u)); break;
+            case GGUF_TYPE_INT8: append(bytes, static_cast<int8_t>(i)); break;
+            case GGUF_TYPE_UINT16: append(bytes, static_cast<uint16_t>(u)); break;
+            case GGUF_TYPE_INT16: append(bytes, static_cast<int16_t>(i)); break;
+            case GGUF_TYPE_UINT32: append(bytes, static_cast<uint32_t>(u)); break;
+            case GGUF_TYPE_INT32: append(bytes, static_cast<int32_t>(i)); break;
+            case GGUF_TYPE_FLOAT32: append(bytes, static_cast<float>(v.f)); break;
+            case GGUF_TYPE_UINT64: append(bytes, u); break;
+            case GGUF_TYPE_INT64: append(bytes, i); break;
+            case GGUF_TYPE_FLOAT64: append(bytes, v.f); break;
+            case GGUF_TYPE_BOOL: append(bytes, static_cast<int8_t>(v.b ? 1 : 0)); break;
+            default: return false;
         }
     }
+    return true;
+}
+
+// Every key with its value and type. ggml aborts on an empty key and on
+// general.alignment of any type but a power-of-two u32, so those are checked
+// here and refused with the key named.
+Status copy_metadata(gguf_context* ctx, const Metadata& metadata, const std::string& path) {
+    for (const auto& [key, value] : metadata) {
+        if (key.empty() || key.find('\0') != std::string::npos) {
+            return Error{path + ": metadata key '" + escaped(key) + "' cannot be written to GGUF (empty or NUL)"};
+        }
+        if (key == GGUF_KEY_GENERAL_ALIGNMENT) {
+            const bool integral = value.kind == MetaValue::Kind::UInt || value.kind == MetaValue::Kind::Int;
+            const uint64_t a = value.kind == MetaValue::Kind::UInt ? value.u : static_cast<uint64_t>(value.i);
+            if (!integral || a == 0 || a > UINT32_MAX || (a & (a - 1)) != 0) {
+                return Error{path + ": metadata key " GGUF_KEY_GENERAL_ALIGNMENT " must be a power of two (u32), got " +
+                             value.to_string()};
+            }
+            gguf_set_val_u32(ctx, key.c_str(), static_cast<uint32_t>(a));
+            continue;
+        }
+        if (value.kind != MetaValue::Kind::Array) {
+            set_scalar(ctx, key.c_str(), value);
+            continue;
+        }
+        bool all_strings = true;
+        for (const MetaValue& v : value.array) all_strings = all_strings && v.kind == MetaValue::Kind::String;
+        if (value.gguf_type == GGUF_TYPE_STRING || (value.gguf_type < 0 && all_strings && !value.array.empty())) {
+            std::vector<const char*> items;
+            for (const MetaValue& v : value.array) items.push_back(v.str.c_str());
+            gguf_set_arr_str(ctx, key.c_str(), items.data(), items.size());
+            continue;
+        }
+        std::vector<uint8_t> bytes;
+        if (value.gguf_type >= 0 && encode_array(value, value.gguf_type, bytes)) {
+            gguf_set_arr_data(ctx, key.c_str(), static_cast<gguf_type>(value.gguf_type), bytes.data(),
+                              value.array.size());
+        } else {
+            // Mixed arrays from other formats have no GGUF type: kept as text.
+            gguf_set_val_str(ctx, key.c_str(), value.to_string(SIZE_MAX).c_str());
+        }
+    }
+    return Status::Ok();
 }
 
 }  // namespace
@@ -59,7 +136,7 @@ Status write_gguf(const ModelFile& model, const std::string& path, const GgufWri
     std::unique_ptr<ggml_context, void (*)(ggml_context*)> meta_ctx(ggml_init(params), ggml_free);
     std::unique_ptr<gguf_context, void (*)(gguf_context*)> gguf(gguf_init_empty(), gguf_free);
     if (!meta_ctx || !gguf) return Error{path + ": out of memory preparing the GGUF header"};
-    copy_metadata(gguf.get(), model.metadata());
+    KILN_TRY(copy_metadata(gguf.get(), model.metadata(), path));
 
     std::vector<ggml_type> types;
     for (const TensorInfo& t : tensors) {

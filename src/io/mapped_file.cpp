@@ -8,22 +8,19 @@
 #include <cerrno>
 #include <cstring>
 
+#include "util/files.h"
+
 namespace kiln::io {
 
 Result<std::shared_ptr<MappedFile>> MappedFile::open(const std::string& path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        return Error{path + ": cannot open: " + std::strerror(errno)};
-    }
+    auto opened = open_regular_file(path);
+    if (!opened) return opened.error();
+    const int fd = *opened;
     struct stat st {};
     if (fstat(fd, &st) != 0) {
         const int err = errno;
         ::close(fd);
         return Error{path + ": cannot stat: " + std::strerror(err)};
-    }
-    if (!S_ISREG(st.st_mode)) {
-        ::close(fd);
-        return Error{path + ": not a regular file"};
     }
     if (st.st_size == 0) {
         ::close(fd);

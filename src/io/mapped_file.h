@@ -14,8 +14,9 @@ namespace kiln::io {
 
 class MappedFile {
   public:
-    // Maps `path`. Errors name the path: missing, not a regular file, empty,
-    // unreadable.
+    // Maps `path`. Errors name the path: missing, a symlink loop, not a
+    // regular file (a FIFO or device is refused before any read, so it never
+    // blocks), empty, unreadable.
     static Result<std::shared_ptr<MappedFile>> open(const std::string& path);
     ~MappedFile();
     MappedFile(const MappedFile&) = delete;

@@ -14,6 +14,7 @@
 #include "io/diffusers_names.h"
 #include "io/gguf_file.h"
 #include "io/safetensors.h"
+#include "util/files.h"
 
 namespace fs = std::filesystem;
 
@@ -43,13 +44,16 @@ Result<nlohmann::json> read_json_file(const std::string& path) {
 // an index file's shards, else the single best weight file (safetensors over
 // .bin, full precision over variants such as .fp16).
 Result<std::vector<std::string>> component_weight_files(const std::string& folder) {
-    std::vector<std::string> names;
-    std::error_code ec;
-    for (const auto& entry : fs::directory_iterator(folder, ec)) {
-        if (entry.is_regular_file()) names.push_back(entry.path().filename().string());
+    auto entries = list_folder(folder);
+    if (!entries) return entries.error();
+    std::vector<std::string> names;  // sorted, as list_folder returns them
+    for (const FolderEntry& entry : *entries) {
+        if (entry.status.kind == PathKind::File) {
+            names.push_back(entry.name);
+        } else if (entry.status.kind == PathKind::SymlinkLoop && is_weight_file_name(entry.name)) {
+            return path_error(entry.path, entry.status);
+        }
     }
-    if (ec) return Error{folder + ": cannot list folder: " + ec.message()};
-    std::sort(names.begin(), names.end());
 
     for (const std::string& name : names) {
         if (!has_suffix(name, ".safetensors.index.json") && !has_suffix(name, ".bin.index.json")) continue;
@@ -114,9 +118,11 @@ Result<std::vector<std::string>> expand_split_parts(const std::string& path) {
         char part[32];
         std::snprintf(part, sizeof part, "-%05d-of-%05d", i, count);
         std::string p = m[1].str() + part + m[4].str();
-        if (!fs::exists(p)) {
+        const PathStatus status = path_status(p);
+        if (status.kind == PathKind::Missing) {
             return Error{p + ": missing part " + std::to_string(i) + " of " + std::to_string(count) + " of " + path};
         }
+        if (status.kind != PathKind::File) return path_error(p, status);
         parts.push_back(std::move(p));
     }
     return parts;
@@ -124,7 +130,8 @@ Result<std::vector<std::string>> expand_split_parts(const std::string& path) {
 
 Status ModelFile::add_file(const std::string& path, const std::string& component) {
     for (const SourceFile& s : sources_) {
-        if (fs::equivalent(s.path, path)) return Status::Ok();  // a part named twice is read once
+        std::error_code ec;                                         // the overload that cannot throw
+        if (fs::equivalent(s.path, path, ec)) return Status::Ok();  // a part named twice is read once
     }
     auto map = MappedFile::open(path);
     if (!map.ok()) return map.error();
@@ -156,10 +163,12 @@ Status ModelFile::add_component_folder(const std::string& folder, const std::str
 
 Status ModelFile::add_folder(const std::string& path) {
     const std::string index_path = path + "/model_index.json";
-    if (!fs::exists(index_path)) {
+    const PathStatus index_status = path_status(index_path);
+    if (index_status.kind == PathKind::Missing) {
         // A bare component folder (e.g. a diffusers `vae/` given on its own).
         return add_component_folder(path, "");
     }
+    if (index_status.kind != PathKind::File) return path_error(index_path, index_status);
     auto index = read_json_file(index_path);
     if (!index.ok()) return index.error();
     if (!index->is_object()) return Error{index_path + ": not a JSON object"};
@@ -174,7 +183,7 @@ Status ModelFile::add_folder(const std::string& path) {
         if (it.key().empty() || it.key()[0] == '_' || !it->is_array() || it->size() != 2) continue;
         if (!(*it)[0].is_string() || (*it)[0].get<std::string>() == "null") continue;
         const std::string sub = path + "/" + it.key();
-        if (it.key().find('/') != std::string::npos || !fs::is_directory(sub)) continue;
+        if (it.key().find('/') != std::string::npos || path_status(sub).kind != PathKind::Folder) continue;
         if (it.key().rfind("tokenizer", 0) == 0 || it.key() == "scheduler" || it.key() == "feature_extractor") continue;
         KILN_TRY(add_component_folder(sub, it.key()));
         ++components;
@@ -196,12 +205,12 @@ Result<ModelFile> ModelFile::open(const std::vector<std::string>& paths) {
     if (paths.empty()) return Error{"no model file given"};
     ModelFile model;
     for (const std::string& path : paths) {
-        std::error_code ec;
-        if (fs::is_directory(path, ec)) {
+        const PathStatus status = path_status(path);
+        if (status.kind == PathKind::Folder) {
             KILN_TRY(model.add_folder(path));
             continue;
         }
-        if (!fs::exists(path, ec)) return Error{path + ": no such file or folder"};
+        if (status.kind != PathKind::File) return path_error(path, status);
         auto parts = expand_split_parts(path);
         if (!parts.ok()) return parts.error();
         for (const std::string& part : *parts) KILN_TRY(model.add_file(part, ""));

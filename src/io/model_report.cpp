@@ -14,7 +14,7 @@ void print_metadata(const Metadata& metadata, std::ostream& out) {
     for (const auto& [key, value] : metadata) {
         std::string text = value.to_string();
         if (text.size() > 200) text = text.substr(0, 200) + "... (" + std::to_string(text.size()) + " chars)";
-        out << "  " << key << " = " << text << '\n';
+        out << "  " << escaped(key) << " = " << escaped(text) << '\n';
     }
 }
 
@@ -37,10 +37,10 @@ void print_components(const ModelSummary& summary, const std::string& family, st
 void print_tensors(const ModelFile& model, std::ostream& out) {
     out << "tensors:\n";
     for (const TensorInfo& t : model.tensors()) {
-        out << "  " << t.name << "  " << dtype_name(t.dtype) << ' ' << t.shape_string() << "  bytes " << t.offset
-            << ".." << t.offset + t.nbytes;
+        out << "  " << escaped(t.name) << "  " << dtype_name(t.dtype) << ' ' << t.shape_string() << "  bytes "
+            << t.offset << ".." << t.offset + t.nbytes;
         if (model.sources().size() > 1)
-            out << " in " << std::filesystem::path(model.sources()[t.source].path).filename().string();
+            out << " in " << escaped(std::filesystem::path(model.sources()[t.source].path).filename().string());
         out << '\n';
     }
 }

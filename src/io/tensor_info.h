@@ -37,6 +37,10 @@ struct MetaValue {
     double f = 0;
     bool b = false;
     std::vector<MetaValue> array;
+    // A value read from a GGUF file keeps the gguf_type it was stored as
+    // (for an array, its elements' type), so that a conversion writes it back
+    // with the same type; -1 for values from other formats.
+    int gguf_type = -1;
 
     static MetaValue of_string(std::string s);
     static MetaValue of_int(int64_t v);

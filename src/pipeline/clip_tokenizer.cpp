@@ -10,6 +10,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 
+#include "util/format.h"
 namespace kiln::pipeline {
 namespace {
 
@@ -26,6 +27,14 @@ constexpr size_t kClipMergeCount = 49152 - 256 - 2;
 // distinct words.
 constexpr size_t kMaxCacheEntries = 1 << 16;
 constexpr char32_t kReplacement = 0xFFFD;
+
+// A JSON value from a tokenizer file, safe to put in a message: invalid UTF-8
+// replaced (dump() would throw on it), control bytes escaped, cut at 200 bytes.
+std::string json_text(const json& value) {
+    std::string text = value.dump(-1, ' ', false, json::error_handler_t::replace);
+    if (text.size() > 200) text = text.substr(0, 200) + "...";
+    return escaped(text);
+}
 
 struct Range {
     char32_t lo;
@@ -600,8 +609,8 @@ Result<std::unordered_map<std::string, int32_t>> vocab_from_json(const json& obj
     for (auto it = object.begin(); it != object.end(); ++it) {
         const json& id = it.value();
         if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > kMaxVocabId) {
-            return Error{where + ": token '" + it.key() + "' has id " + id.dump() + ", not an integer in [0, " +
-                         std::to_string(kMaxVocabId) + "]"};
+            return Error{where + ": token '" + escaped(it.key()) + "' has id " + json_text(id) +
+                         ", not an integer in [0, " + std::to_string(kMaxVocabId) + "]"};
         }
         vocab[it.key()] = static_cast<int32_t>(id.get<int64_t>());
     }
@@ -643,7 +652,7 @@ Result<std::vector<std::pair<std::string, std::string>>> parse_merges_text(std::
         std::pair<std::string, std::string> merge;
         if (!split_merge(line, merge)) {
             return Error{label + ": line " + std::to_string(line_no) + ": expected two symbols, got '" +
-                         std::string(line.substr(0, 80)) + "'"};
+                         escaped(line.substr(0, 80)) + "'"};
         }
         merges.push_back(std::move(merge));
     }
@@ -698,7 +707,8 @@ Result<ClipTokenizer> ClipTokenizer::build(std::unordered_map<std::string, int32
             const std::string& other = t.id_to_token_[id];
             const std::string& a = std::min(token, other);
             const std::string& b = std::max(token, other);
-            return Error{label + ": id " + std::to_string(id) + " is used by both '" + a + "' and '" + b + "'"};
+            return Error{label + ": id " + std::to_string(id) + " is used by both '" + escaped(a) + "' and '" +
+                         escaped(b) + "'"};
         }
         used[id] = true;
         t.id_to_token_[id] = token;
@@ -720,8 +730,8 @@ Result<ClipTokenizer> ClipTokenizer::build(std::unordered_map<std::string, int32
         const auto& [a, b] = merges[rank];
         for (const std::string& symbol : {a, b, a + b}) {
             if (t.token_id(symbol) < 0) {
-                return Error{label + ": merge " + std::to_string(rank) + " '" + a + " " + b + "' uses '" + symbol +
-                             "', which is not in the vocabulary"};
+                return Error{label + ": merge " + std::to_string(rank) + " '" + escaped(a) + " " + escaped(b) +
+                             "' uses '" + escaped(symbol) + "', which is not in the vocabulary"};
             }
         }
         // A repeated merge takes the later rank, as HF's dict(zip(...)) does.
@@ -740,7 +750,7 @@ Result<ClipTokenizer> ClipTokenizer::from_tokenizer_json(const std::string& path
     }
     const json& model = doc["model"];
     if (model.contains("type") && model["type"] != "BPE") {
-        return Error{path + ": model.type is " + model["type"].dump() + ", expected \"BPE\""};
+        return Error{path + ": model.type is " + json_text(model["type"]) + ", expected \"BPE\""};
     }
     if (!model.contains("vocab")) return Error{path + ": no model.vocab"};
     auto vocab = vocab_from_json(model["vocab"], path + ": model.vocab");
@@ -753,7 +763,7 @@ Result<ClipTokenizer> ClipTokenizer::from_tokenizer_json(const std::string& path
             if (!entry.is_object() || !entry.contains("id") || !entry.contains("content") ||
                 !entry["id"].is_number_integer() || !entry["content"].is_string() || entry["id"].get<int64_t>() < 0 ||
                 entry["id"].get<int64_t>() > kMaxVocabId) {
-                return Error{path + ": added_tokens entry " + entry.dump() +
+                return Error{path + ": added_tokens entry " + json_text(entry) +
                              " needs an integer id and a string content"};
             }
             // The vocabulary already holds CLIP's special tokens; only new ones are added.
@@ -768,13 +778,13 @@ Result<ClipTokenizer> ClipTokenizer::from_tokenizer_json(const std::string& path
         std::pair<std::string, std::string> merge;
         if (m.is_string()) {
             if (!split_merge(m.get_ref<const std::string&>(), merge)) {
-                return Error{path + ": merge " + std::to_string(merges.size()) + " " + m.dump() +
+                return Error{path + ": merge " + std::to_string(merges.size()) + " " + json_text(m) +
                              " is not two space-separated symbols"};
             }
         } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
             merge = {m[0].get<std::string>(), m[1].get<std::string>()};
         } else {
-            return Error{path + ": merge " + std::to_string(merges.size()) + " " + m.dump() +
+            return Error{path + ": merge " + std::to_string(merges.size()) + " " + json_text(m) +
                          " is neither \"a b\" nor [\"a\", \"b\"]"};
         }
         merges.push_back(std::move(merge));
@@ -806,8 +816,8 @@ Result<ClipTokenizer> ClipTokenizer::from_tokens_and_merges(std::vector<std::str
         if (tokens[id].empty()) continue;  // a hole in the id space
         auto [it, inserted] = vocab.emplace(std::move(tokens[id]), static_cast<int32_t>(id));
         if (!inserted) {
-            return Error{label + ": token '" + it->first + "' appears at ids " + std::to_string(it->second) + " and " +
-                         std::to_string(id)};
+            return Error{label + ": token '" + escaped(it->first) + "' appears at ids " + std::to_string(it->second) +
+                         " and " + std::to_string(id)};
         }
     }
     std::vector<std::pair<std::string, std::string>> pairs;
@@ -815,7 +825,7 @@ Result<ClipTokenizer> ClipTokenizer::from_tokens_and_merges(std::vector<std::str
     for (size_t i = 0; i < merges.size(); ++i) {
         std::pair<std::string, std::string> merge;
         if (!split_merge(merges[i], merge)) {
-            return Error{label + ": merge " + std::to_string(i) + " '" + merges[i].substr(0, 80) +
+            return Error{label + ": merge " + std::to_string(i) + " '" + escaped(merges[i].substr(0, 80)) +
                          "' is not two space-separated symbols"};
         }
         pairs.push_back(std::move(merge));

@@ -6,6 +6,7 @@
 
 #include "io/model_file.h"
 #include "io/tensor_convert.h"
+#include "util/files.h"
 
 namespace fs = std::filesystem;
 
@@ -42,15 +43,21 @@ Result<std::vector<float>> read_embedding(const std::string& path, int64_t width
 }
 
 Result<EmbeddingTable> load_embeddings(const std::string& folder, int64_t width, ClipTokenizer& tokenizer) {
-    std::error_code ec;
-    if (!fs::is_directory(folder, ec)) return Error{folder + ": --embd-dir is not a folder"};
+    const PathStatus status = path_status(folder);
+    if (status.kind == PathKind::SymlinkLoop) return path_error(folder, status);
+    if (status.kind != PathKind::Folder) return Error{folder + ": --embd-dir is not a folder"};
+    auto entries = list_folder(folder);  // sorted: ids in a stable order
+    if (!entries) return entries.error();
     std::vector<fs::path> files;
-    for (const auto& entry : fs::directory_iterator(folder, ec)) {
-        const std::string ext = entry.path().extension().string();
-        if (entry.is_regular_file() && (ext == ".pt" || ext == ".bin" || ext == ".safetensors"))
-            files.push_back(entry.path());
+    for (const FolderEntry& entry : *entries) {
+        const std::string ext = fs::path(entry.name).extension().string();
+        if (ext != ".pt" && ext != ".bin" && ext != ".safetensors") continue;
+        if (entry.status.kind == PathKind::File) {
+            files.push_back(entry.path);
+        } else if (entry.status.kind == PathKind::SymlinkLoop) {
+            return path_error(entry.path, entry.status);
+        }
     }
-    std::sort(files.begin(), files.end());  // ids in a stable order
     EmbeddingTable table;
     table.width = width;
     for (const fs::path& f : files) {

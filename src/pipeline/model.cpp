@@ -13,6 +13,7 @@
 #include "runtime/device_books.h"
 #include "runtime/devices.h"
 #include "runtime/host_memory.h"
+#include "util/files.h"
 #include "util/format.h"
 #include "util/log.h"
 
@@ -86,7 +87,7 @@ Result<std::unique_ptr<ClipTokenizer>> load_tokenizer(const ModelPaths& paths,
         for (const io::SourceFile& s : f->sources()) {
             if (s.component != "text_encoder") continue;
             const fs::path folder = fs::path(s.path).parent_path().parent_path() / "tokenizer";
-            if (fs::is_directory(folder)) {
+            if (path_status(folder.string()).kind == PathKind::Folder) {  // never throws (symlink loops)
                 auto t = ClipTokenizer::load(folder.string());
                 if (!t.ok()) return t.error();
                 return std::make_unique<ClipTokenizer>(std::move(t).value());

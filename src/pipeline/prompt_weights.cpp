@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cmath>
 
+#include "util/log.h"
 namespace kiln::pipeline {
 namespace {
 
@@ -192,7 +193,16 @@ TokenChunks chunk_fragments(const ClipTokenizer& tokenizer, const std::vector<Fr
     // A1111's next_chunk: BOS + tokens + EOS, padded. (A1111 pads with EOS
     // and SD2 then overwrites everything after the first EOS with its pad
     // id; writing the pad directly gives the same ids.)
+    const size_t max_chunks = static_cast<size_t>(std::max(1, options.max_chunks));
+    bool overflow = false;  // a chunk past max_chunks was dropped
     auto next_chunk = [&]() {
+        if (out.tokens.size() == max_chunks) {
+            overflow = true;
+            tokens.clear();
+            weights.clear();
+            last_comma = -1;
+            return;
+        }
         std::vector<int32_t> chunk_tokens;
         std::vector<float> chunk_weights;
         chunk_tokens.reserve(length + 2);
@@ -213,6 +223,7 @@ TokenChunks chunk_fragments(const ClipTokenizer& tokenizer, const std::vector<Fr
     };
 
     for (const Fragment& fragment : fragments) {
+        if (overflow) break;
         if (fragment.is_break) {
             next_chunk();
             continue;
@@ -260,10 +271,28 @@ TokenChunks chunk_fragments(const ClipTokenizer& tokenizer, const std::vector<Fr
         }
     }
     if (!tokens.empty() || out.tokens.empty()) next_chunk();
+    if (overflow) {
+        KILN_LOG_WARN("prompt: more than %zu chunks of %zu tokens; the rest is ignored", max_chunks, length);
+    }
     return out;
 }
 
 }  // namespace
+
+Status check_prompt_size(std::string_view prompt, const std::string& what) {
+    if (prompt.size() > kMaxPromptBytes) {
+        return Error::invalid_request(what + ": " + std::to_string(prompt.size()) + " bytes, more than the limit of " +
+                                      std::to_string(kMaxPromptBytes));
+    }
+    size_t breaks = 0;
+    for (const auto& [text, weight] : parse_attention_exact(prompt)) breaks += text == "BREAK" && weight == -1.0;
+    if (breaks + 1 > static_cast<size_t>(kMaxPromptChunks)) {
+        return Error::invalid_request(what + ": " + std::to_string(breaks) + " BREAKs make at least " +
+                                      std::to_string(breaks + 1) + " chunks; at most " +
+                                      std::to_string(kMaxPromptChunks) + " chunks (of 75 tokens) are allowed");
+    }
+    return Status::Ok();
+}
 
 std::vector<std::pair<std::string, float>> parse_prompt_attention(std::string_view text) {
     std::vector<std::pair<std::string, float>> out;

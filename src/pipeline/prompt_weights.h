@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "pipeline/clip_tokenizer.h"
+#include "util/result.h"
 
 namespace kiln::pipeline {
 
@@ -40,8 +41,23 @@ struct TokenChunks {
     std::vector<std::vector<float>> weights;  // aligned with tokens; 1.0 for BOS, EOS and padding
 };
 
+// The most chunks a prompt may make, and the longest prompt: enough for any
+// real prompt (64 chunks are 4,800 tokens), and a bound on the text encoder's
+// work and memory, which grow with the chunk count (5,000 BREAKs took 108 s
+// and 4.2 GB).
+constexpr int kMaxPromptChunks = 64;
+constexpr size_t kMaxPromptBytes = 64 * 1024;
+
+// Whether `prompt` stays within those limits, from the parse alone (no
+// tokenizer needed, so callers check before loading a model); the error
+// starts with `what` ("--prompt").
+Status check_prompt_size(std::string_view prompt, const std::string& what);
+
 struct ChunkOptions {
     int chunk_length = 75;  // tokens between BOS and EOS
+    // Chunks past this many are dropped, with a warning: the parse itself
+    // bounds the text encoder's work, whoever calls it.
+    int max_chunks = kMaxPromptChunks;
     // Padding after EOS. -1: the tokenizer's EOS (SD1, SDXL's CLIP-L);
     // SD2's OpenCLIP pads with 0.
     int32_t pad_id = -1;

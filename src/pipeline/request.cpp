@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "pipeline/model.h"
+#include "pipeline/prompt_weights.h"
 #include "util/format.h"
 
 namespace kiln::pipeline {
@@ -15,6 +16,10 @@ std::string size_text(int width, int height) { return std::to_string(width) + "x
 Result<ValidatedRequest> validate_request(const Model& model, const GenerationRequest& r) {
     ValidatedRequest p;
     const ModelDefaults& d = model.defaults();
+    // The prompts' size first: a BREAK storm would otherwise cost the text
+    // encoder minutes and gigabytes (prompt_weights.h bounds the chunks).
+    KILN_TRY(check_prompt_size(r.prompt, "--prompt"));
+    KILN_TRY(check_prompt_size(r.negative_prompt, "--negative-prompt"));
     if (r.width < 0 || r.height < 0) {
         return Error::invalid_request("width and height must be positive, got " + size_text(r.width, r.height));
     }

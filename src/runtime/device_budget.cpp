@@ -49,6 +49,19 @@ std::optional<double> BudgetSpec::for_device(std::string_view device) const {
     return all_gib;
 }
 
+Status BudgetSpec::check_devices(const std::vector<std::string>& devices) const {
+    for (const auto& [name, gib] : per_device_gib) {
+        bool known = false;
+        for (const std::string& d : devices) known = known || upper(d) == name;
+        if (!known) {
+            std::string valid;
+            for (const std::string& d : devices) valid += (valid.empty() ? "" : ", ") + d;
+            return Error::invalid_request("--max-vram: unknown device '" + name + "' (valid: " + valid + ")");
+        }
+    }
+    return Status::Ok();
+}
+
 Result<BudgetSpec> parse_max_vram(std::string_view spec) {
     BudgetSpec out;
     if (trim(spec).empty()) return Error{"--max-vram: an empty budget"};

@@ -15,6 +15,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "ggml-backend.h"
 #include "util/result.h"
@@ -32,6 +33,10 @@ struct BudgetSpec {
     bool empty() const { return !all_gib && per_device_gib.empty(); }
     // The value for `device` (any case), if one was given.
     std::optional<double> for_device(std::string_view device) const;
+    // Every per-device key names one of `devices` (any case); else an error
+    // naming the unknown one and the valid ones. Run once the --rpc devices
+    // are registered, so that rpc0=... is known.
+    Status check_devices(const std::vector<std::string>& devices) const;
 };
 
 // Errors name the flag and the bad part.

@@ -11,8 +11,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cerrno>
+#include <csignal>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <set>
@@ -30,6 +33,31 @@ constexpr uint8_t kRpcCmdHello = 14;
 constexpr size_t kRpcConnCapsSize = 24;
 constexpr int kConnectTimeoutMs = 3000;
 constexpr int kReplyTimeoutMs = 5000;
+
+// The RPC servers added so far (or being added), as "127.0.0.1:50052 (RPC0)",
+// for the abort hook below. Read from whichever thread ggml aborts on, so it
+// is published through an atomic pointer and never freed (a few bytes per
+// --rpc list): the hook takes no lock that the aborting thread might hold.
+std::atomic<const std::string*> g_rpc_servers{nullptr};
+
+void publish_rpc_servers(std::string text) { g_rpc_servers.store(new std::string(std::move(text))); }
+
+// ggml aborts the process when an RPC server stops answering mid-run
+// (RPC_STATUS_ASSERT in ggml-rpc.cpp); kiln cannot turn that into an error
+// value without forking ggml. This hook runs just before the abort and says
+// which server it was in one line, instead of ggml's bare message and backtrace.
+void report_ggml_abort(const char* message) {
+    const std::string* servers = g_rpc_servers.load();
+    if (servers && std::strstr(message, "ggml-rpc") != nullptr) {
+        std::fprintf(stderr,
+                     "error: lost the ggml RPC server %s (it stopped answering or sent a malformed reply); ggml "
+                     "cannot recover from that, so kiln stops (ggml: %s)\n",
+                     servers->c_str(), message);
+    } else {
+        std::fprintf(stderr, "error: ggml aborted: %s\n", message);
+    }
+    std::fflush(stderr);
+}
 
 std::string lower(std::string_view s) {
     std::string out(s);
@@ -266,14 +294,34 @@ Status add_rpc_servers(const std::string& endpoints) {
     if (!parsed) return parsed.error();
     static std::mutex mutex;
     static std::set<std::string> added;
+    static std::string described;  // what g_rpc_servers holds, servers comma-separated
     std::lock_guard<std::mutex> lock(mutex);
+    ggml_set_abort_callback(report_ggml_abort);
+    // ggml's RPC client writes with send() and no MSG_NOSIGNAL: a write to a
+    // server that has gone would kill the process with SIGPIPE, silently.
+    // Ignored, the write fails with EPIPE and ggml's failure path (and the
+    // hook above) runs instead. This changes the process's disposition, which
+    // is why it happens only once RPC servers are asked for.
+    std::signal(SIGPIPE, SIG_IGN);
     for (const std::string& endpoint : *parsed) {
         if (added.count(endpoint)) continue;
         KILN_TRY(probe_rpc_server(endpoint));
+        const std::string before = described;
+        if (!described.empty()) described += ", ";
+        described += endpoint;
+        publish_rpc_servers(described);  // ggml's handshake below may already abort
         ggml_backend_reg_t reg = ggml_backend_rpc_add_server(endpoint.c_str());
         if (!reg || ggml_backend_reg_dev_count(reg) == 0) {
+            described = before;
+            publish_rpc_servers(described);
             return Error{"--rpc-servers: " + endpoint + ": the server offers no devices"};
         }
+        std::string names;
+        for (size_t i = 0; i < ggml_backend_reg_dev_count(reg); ++i) {
+            names += std::string(i ? ", " : "") + ggml_backend_dev_name(ggml_backend_reg_dev_get(reg, i));
+        }
+        described += " (" + names + ")";
+        publish_rpc_servers(described);
         ggml_backend_register(reg);
         added.insert(endpoint);
     }

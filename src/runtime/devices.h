@@ -47,6 +47,11 @@ Result<std::vector<std::string>> parse_rpc_endpoints(std::string_view endpoints)
 // or handshake), kiln connects to it itself with a short timeout and performs
 // the RPC handshake, so an unreachable, silent or incompatible server is an
 // Error naming the endpoint. Adding an endpoint twice is harmless.
+// A server that dies later, mid-run, still makes ggml abort the process
+// (ggml-rpc.cpp has no error path there); the ggml abort hook installed here
+// prints one line naming the RPC servers and their devices before it does.
+// Adding servers also sets SIGPIPE to be ignored in the process (ggml's
+// client would otherwise die of it, silently, writing to a dead server).
 Status add_rpc_servers(const std::string& endpoints);
 
 // The registered device called `name` (case-insensitive: "cpu", "rpc0"); the

@@ -76,6 +76,11 @@ ggml_tensor* ModuleWeights::declare(const std::string& name, const std::vector<i
             errors_.push_back("tensor '" + full + "' has shape " + t->shape_string() + ", expected " +
                               shape_text(shape));
             t = nullptr;
+        } else if (!io::dtype_is_weight(t->dtype)) {
+            // Caught here, before any graph: ggml's kernels abort on integer weights.
+            errors_.push_back("tensor '" + full + "' has dtype " + io::dtype_name(t->dtype) +
+                              "; weights must be floating point or quantized");
+            t = nullptr;
         } else {
             actual = t->shape;
             type = force_type ? *force_type : io::compute_type(*t, weight_type_);

@@ -2,7 +2,8 @@
 // each tensor it needs by its name under the module's prefix and the shape it
 // expects; load() checks the file agrees, allocates them on a backend and
 // fills them from the model file, converted tensor by tensor to their compute
-// type (tensor_convert.h). A wrong or missing tensor is an error naming it,
+// type (tensor_convert.h). A wrong or missing tensor, or one of a dtype the
+// network cannot compute with (integer or boolean), is an error naming it,
 // found before any graph is built, so ggml never sees inconsistent shapes.
 //
 // Where the weights live between uses is the module's params location:

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 namespace kiln {
 
@@ -10,6 +11,10 @@ namespace kiln {
 std::string human_bytes(uint64_t bytes);
 // "123,456,789".
 std::string grouped(uint64_t value);
+// Text from a file, safe to print on a terminal: control characters (C0,
+// DEL, C1), backslashes and bytes that are not valid UTF-8 become \xNN
+// escapes; everything else (printable ASCII, valid UTF-8) is kept.
+std::string escaped(std::string_view text);
 // "0.5", "0.75", "1e+39": the shortest form that reads back as the same
 // float, as A1111 prints parameters.
 std::string format_number(float value);

@@ -105,10 +105,21 @@ TEST(Args, BadValues) {
     EXPECT_EQ(parse_error({"--steps", "abc"}).message, "--steps: expected an integer, got 'abc'");
     EXPECT_EQ(parse_error({"--steps", "0"}).message, "--steps: expected an integer from 1 to 10000, got 0");
     EXPECT_EQ(parse_error({"-W", "12x"}).message, "--width: expected an integer, got '12x'");
-    EXPECT_EQ(parse_error({"--cfg-scale", "nan"}).message, "--cfg-scale: expected a non-negative number, got 'nan'");
+    EXPECT_EQ(parse_error({"--cfg-scale", "nan"}).message, "--cfg-scale: expected a number from 0 to 1000, got 'nan'");
+    EXPECT_EQ(parse_error({"--cfg-scale", "1e39"}).message,
+              "--cfg-scale: expected a number from 0 to 1000, got '1e39'");
     EXPECT_EQ(parse_error({"-s", "-2"}).message, "--seed: expected an integer from -1 to 9223372036854775807, got -2");
+    // Out of long long's range: the message still says what is accepted.
+    EXPECT_EQ(parse_error({"-s", "18446744073709551615"}).message,
+              "--seed: expected an integer from -1 to 9223372036854775807, got 18446744073709551615");
     EXPECT_EQ(parse_error({"-s", "99999999999999999999"}).message,
-              "--seed: expected an integer, got '99999999999999999999'");
+              "--seed: expected an integer from -1 to 9223372036854775807, got 99999999999999999999");
+    // Names are checked by the parsers that use them, at flag time.
+    EXPECT_EQ(parse_error({"--sampling-method", "fast"})
+                  .message.rfind("--sampling-method: unknown sampling method 'fast' (valid: euler", 0),
+              0u);
+    EXPECT_EQ(parse_error({"--scheduler", "weird"}).message.rfind("--scheduler: unknown scheduler 'weird'", 0), 0u);
+    EXPECT_EQ(parse_error({"--rng", "gpu"}).message, "--rng: unknown RNG 'gpu' (valid: cpu, cuda)");
     EXPECT_EQ(parse_error({"-m"}).message, "--model: missing value PATH");
     EXPECT_EQ(parse_error({"-m", ""}).message, "--model: expected a path, got an empty string");
     EXPECT_EQ(parse_error({"--color=yes"}).message, "--color takes no value");

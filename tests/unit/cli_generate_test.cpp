@@ -179,10 +179,13 @@ TEST(CliGenerate, BadRequestsFailCleanlyWithoutOutput) {
     const std::vector<Case> cases = {
         {"-W 30 -H 32", 2, "width and height must be multiples of 4 for this model (SD1.x), got 30x32"},
         {"--steps 0", 2, "--steps: expected an integer from 1 to 10000, got 0"},
-        {"--cfg-scale -1", 2, "--cfg-scale: expected a non-negative number, got '-1'"},
+        {"--cfg-scale -1", 2, "--cfg-scale: expected a number from 0 to 1000, got '-1'"},
+        {"--cfg-scale 1e39", 2, "--cfg-scale: expected a number from 0 to 1000, got '1e39'"},
+        {"-s 18446744073709551615", 2, "--seed: expected an integer from -1 to 9223372036854775807"},
         {"--sampling-method fast", 2, "euler, euler_a, heun"},
         {"--scheduler weird", 2, "discrete, karras"},
         {"--rng gpu", 2, "--rng: unknown RNG 'gpu' (valid: cpu, cuda)"},
+        {"--max-vram bogus=1", 2, "--max-vram: unknown device 'BOGUS' (valid: "},
         {"-i " + dir.file("missing.png"), 1, "missing.png"},
         {"-i " + dir.file("small.png"), 2, "init image is 16x16 but the requested size is 32x32"},
         {"-i " + dir.file("init.png") + " --mask " + dir.file("small.png"), 2,
@@ -222,6 +225,21 @@ TEST(CliGenerate, PlanRefusesWhatGenerationRefuses) {
             EXPECT_EQ(r.err, "error: " + message + "\n") << mode << args;
             EXPECT_FALSE(exists(dir.file("out.png")));
         }
+    }
+}
+
+// A BREAK storm is refused before the model loads: exit 2, one line, no file.
+TEST(CliGenerate, BreakStormIsAUsageError) {
+    TempDir dir;
+    std::string storm = "a";
+    for (int i = 0; i < 5000; ++i) storm += " BREAK a";
+    const std::string out = dir.file("out.png");
+    for (const char* flag : {"-p", "-n"}) {
+        auto r = run_command(kiln_with_model(std::string(flag) + " \"" + storm + "\" -W 32 -H 32 --steps 1 -o " + out));
+        EXPECT_EQ(r.exit_code, 2) << r.err;
+        EXPECT_NE(r.err.find("5000 BREAKs make at least 5001 chunks; at most 64"), std::string::npos) << r.err;
+        EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+        EXPECT_FALSE(exists(out));
     }
 }
 

@@ -114,9 +114,24 @@ TEST(Cli, UsageErrorsExitTwoWithAHint) {
     r = run_command(kiln("--steps many"));
     EXPECT_EQ(r.exit_code, 2);
     EXPECT_EQ(r.err, "error: --steps: expected an integer, got 'many' (see 'kiln --help')\n");
-    r = run_command(kiln("-M convert -m x.safetensors --type q9"));
+    r = run_command(kiln("-M convert -m x.safetensors -o x.gguf --type q9"));
     EXPECT_EQ(r.exit_code, 2);
     EXPECT_EQ(r.err.rfind("error: --type: unknown weight type 'q9'", 0), 0u) << r.err;
+}
+
+// -M convert writes GGUF only where -o says, under a .gguf name; the image
+// default (output.png) is never used for it.
+TEST(Cli, ConvertRequiresAGgufOutputName) {
+    TempDir dir;
+    const std::string in = dir.write("sd1.safetensors", tiny_sd1_checkpoint());
+    auto r = run_command("cd " + dir.path() + " && " + kiln("-M convert -m " + in));
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_EQ(r.err, "error: convert: no output given (pass -o OUT.gguf)\n");
+    EXPECT_FALSE(std::ifstream(dir.file("output.png")).good());
+    r = run_command(kiln("-M convert -m " + in + " -o " + dir.file("model.png")));
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_EQ(r.err, "error: -o: " + dir.file("model.png") + ": convert writes GGUF; the name must end in .gguf\n");
+    EXPECT_FALSE(std::ifstream(dir.file("model.png")).good());
 }
 
 TEST(Cli, ConvertWritesAGgufThatInfoReads) {

@@ -145,5 +145,58 @@ TEST(Gguf, ImplausibleTensorCountIsRejectedWithoutAllocating) {
     EXPECT_EQ(result.error().message.rfind("x.gguf: invalid GGUF file", 0), 0u) << result.error().message;
 }
 
+// A GGUF header written by hand: `keys` u32 key/value pairs, then one-element
+// F32 tensors named `names` at the given offsets (alignment 32).
+std::vector<uint8_t> hand_gguf(const std::vector<std::string>& keys, const std::vector<std::string>& names,
+                               const std::vector<uint64_t>& offsets) {
+    std::vector<uint8_t> bytes = {'G', 'G', 'U', 'F'};
+    test::put_u32(bytes, 3);
+    test::put_u64(bytes, names.size());
+    test::put_u64(bytes, keys.size());
+    for (const std::string& k : keys) {
+        test::put_u64(bytes, k.size());
+        test::put_bytes(bytes, k);
+        test::put_u32(bytes, GGUF_TYPE_UINT32);
+        test::put_u32(bytes, 64);
+    }
+    for (size_t i = 0; i < names.size(); ++i) {
+        test::put_u64(bytes, names[i].size());
+        test::put_bytes(bytes, names[i]);
+        test::put_u32(bytes, 1);
+        test::put_u64(bytes, 1);
+        test::put_u32(bytes, GGML_TYPE_F32);
+        test::put_u64(bytes, offsets[i]);
+    }
+    bytes.resize((bytes.size() + 63) / 64 * 64 + 64 * names.size(), 0);
+    return bytes;
+}
+
+// kiln reads GGUF headers itself (linear in the tensor count) and keeps
+// ggml's rules: unique names and keys, tensors in order at aligned offsets,
+// general.alignment a power-of-two u32.
+TEST(Gguf, OwnHeaderReaderKeepsGgmlsRules) {
+    auto error_of = [](const std::vector<uint8_t>& bytes) {
+        auto r = parse_gguf(bytes.data(), bytes.size(), "x.gguf");
+        return r.ok() ? std::string("(no error)") : r.error().message;
+    };
+    auto ok = hand_gguf({"general.alignment", "k"}, {"a", "b"}, {0, 64});
+    auto parsed = parse_gguf(ok.data(), ok.size(), "x.gguf");
+    ASSERT_TRUE(parsed.ok()) << parsed.error().message;
+    ASSERT_EQ(parsed->tensors.size(), 2u);
+    const uint64_t data_start = parsed->tensors[0].offset;
+    EXPECT_EQ(data_start % 64, 0u);
+    EXPECT_EQ(parsed->tensors[1].offset, data_start + 64);
+    EXPECT_EQ(parsed->metadata.at("general.alignment").gguf_type, GGUF_TYPE_UINT32);
+
+    EXPECT_EQ(error_of(hand_gguf({}, {"a", "b", "a"}, {0, 32, 64})),
+              "x.gguf: invalid GGUF file: duplicate tensor name 'a'");
+    EXPECT_EQ(error_of(hand_gguf({"k", "k"}, {}, {})), "x.gguf: invalid GGUF file: duplicate key 'k'");
+    EXPECT_EQ(error_of(hand_gguf({}, {"a", "b"}, {0, 0})),
+              "x.gguf: invalid GGUF file: tensor 'b' has data offset 0, expected 32");
+    EXPECT_EQ(error_of(hand_gguf({}, {"a\x1b[31m"}, {0})), "(no error)");
+    const std::string long_name = error_of(hand_gguf({}, {std::string(GGML_MAX_NAME, 'n')}, {0}));
+    EXPECT_EQ(long_name.rfind("x.gguf: invalid GGUF file: tensor 'nnn", 0), 0u) << long_name;
+}
+
 }  // namespace
 }  // namespace kiln::io

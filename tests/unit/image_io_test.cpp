@@ -357,14 +357,14 @@ TEST(ImageIo, ReadsInterlacedPngs) {
 TEST(ImageIoErrors, MissingEmptyDirectoryAndUnknownFiles) {
     TempDir dir;
     const std::string missing = dir.file("nope.png");
-    expect_error(read_image(missing), missing, "No such file or directory");
+    expect_error(read_image(missing), missing, "no such file or folder");
 
     const std::string empty = dir.write("empty.png", std::string());
     expect_error(read_image(empty), empty, "empty");
 
     const std::string folder = dir.file("folder.png");
     fs::create_directory(folder);
-    expect_error(read_image(folder), folder, "directory");
+    expect_error(read_image(folder), folder, "is a folder, not a file");
 
     std::vector<uint8_t> random(4096);
     std::mt19937 rng(5);

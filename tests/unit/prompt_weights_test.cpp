@@ -199,6 +199,27 @@ TEST(TokenChunks, LongPromptsContinueInMoreChunks) {
     EXPECT_EQ(tokenize_with_weights(t, repeat("a", 160)).tokens.size(), 3u);
 }
 
+// A BREAK storm or a huge prompt is bounded by the parse: check_prompt_size
+// refuses it up front (naming the limit), and chunking never goes past
+// kMaxPromptChunks whoever calls it.
+TEST(TokenChunks, PromptSizeIsBoundedByChunkCount) {
+    std::string storm = "a";
+    for (int i = 0; i < 5000; ++i) storm += " BREAK a";
+    Status s = check_prompt_size(storm, "--prompt");
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.error().message,
+              "--prompt: 5000 BREAKs make at least 5001 chunks; at most 64 chunks (of 75 tokens) are allowed");
+    EXPECT_TRUE(check_prompt_size(repeat("a BREAK", 63), "--prompt").ok());
+    EXPECT_FALSE(check_prompt_size(repeat("a BREAK", 64) + "a", "--prompt").ok());
+    s = check_prompt_size(std::string(kMaxPromptBytes + 1, 'a'), "--negative-prompt");
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.error().message, "--negative-prompt: 65537 bytes, more than the limit of 65536");
+
+    ClipTokenizer t = fixture();
+    EXPECT_EQ(tokenize_with_weights(t, storm).tokens.size(), static_cast<size_t>(kMaxPromptChunks));
+    EXPECT_EQ(tokenize_with_weights(t, repeat("a", 75 * 100)).tokens.size(), static_cast<size_t>(kMaxPromptChunks));
+}
+
 TEST(TokenChunks, ACommaNearTheEndMovesTheRestToTheNextChunk) {
     ClipTokenizer t = fixture();
     // 70 a, a comma, 10 a: the chunk is full after 4 more; the 4 move on.

@@ -33,15 +33,21 @@ int free_port() {
     return ntohs(addr.sin_port);
 }
 
-bool accepts_connections(int port) {
+int connect_loopback(int port) {
     const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     addr.sin_port = htons(static_cast<uint16_t>(port));
-    const bool ok = fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+    if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) return fd;
     if (fd >= 0) ::close(fd);
-    return ok;
+    return -1;
+}
+
+bool accepts_connections(int port) {
+    const int fd = connect_loopback(port);
+    if (fd >= 0) ::close(fd);
+    return fd >= 0;
 }
 
 KilnChild::KilnChild(const std::vector<std::string>& args)

@@ -16,6 +16,8 @@ namespace kiln::test {
 // A TCP port nobody listens on right now: bind port 0, read it, release it.
 int free_port();
 bool accepts_connections(int port);
+// A connected socket to 127.0.0.1:port, or -1.
+int connect_loopback(int port);
 
 // `kiln ARGS...` as a child process with stdout/stderr in files; killed and
 // reaped on destruction, whatever happened in the test.

@@ -5,7 +5,10 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <memory>
+#include <tuple>
 
+#include "gguf.h"
 #include "io/gguf_writer.h"
 #include "io/model_file.h"
 #include "test_files.h"
@@ -133,6 +136,54 @@ TEST(GgufWriter, UnwritableOutputLeavesNoFile) {
     auto status = write_gguf(*model, out, {});
     ASSERT_FALSE(status.ok());
     EXPECT_EQ(status.error().message.rfind(out + ": cannot create: ", 0), 0u) << status.error().message;
+}
+
+// Converting a GGUF carries every key over with the type it had: the default
+// model holds general.alignment (u32), which ggml refuses in any other type.
+TEST(GgufWriter, ConvertingAGgufKeepsEveryKeyAndItsType) {
+    test::TempDir dir;
+    const std::string out = dir.file("out.gguf");
+    auto r = test::run_command(std::string(KILN_BIN) + " -M convert -m " + KILN_DEFAULT_MODEL + " -o " + out);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+
+    gguf_init_params params{/*no_alloc=*/true, /*ctx=*/nullptr};
+    std::unique_ptr<gguf_context, void (*)(gguf_context*)> before(gguf_init_from_file(KILN_DEFAULT_MODEL, params),
+                                                                  gguf_free);
+    std::unique_ptr<gguf_context, void (*)(gguf_context*)> after(gguf_init_from_file(out.c_str(), params), gguf_free);
+    ASSERT_TRUE(before && after);
+    ASSERT_GE(gguf_find_key(before.get(), GGUF_KEY_GENERAL_ALIGNMENT), 0);
+    EXPECT_EQ(gguf_get_n_kv(after.get()), gguf_get_n_kv(before.get()));
+    for (int64_t k = 0; k < gguf_get_n_kv(before.get()); ++k) {
+        const char* key = gguf_get_key(before.get(), k);
+        const int64_t k2 = gguf_find_key(after.get(), key);
+        ASSERT_GE(k2, 0) << key;
+        EXPECT_EQ(gguf_get_kv_type(after.get(), k2), gguf_get_kv_type(before.get(), k)) << key;
+        if (gguf_get_kv_type(before.get(), k) == GGUF_TYPE_ARRAY) {
+            EXPECT_EQ(gguf_get_arr_type(after.get(), k2), gguf_get_arr_type(before.get(), k)) << key;
+            EXPECT_EQ(gguf_get_arr_n(after.get(), k2), gguf_get_arr_n(before.get(), k)) << key;
+        }
+    }
+    EXPECT_EQ(gguf_get_alignment(after.get()), gguf_get_alignment(before.get()));
+    EXPECT_EQ(gguf_get_n_tensors(after.get()), gguf_get_n_tensors(before.get()));
+}
+
+// Metadata ggml would abort on is refused with the key named, and no file appears.
+TEST(GgufWriter, MetadataGgufCannotHoldIsAnErrorNamingTheKey) {
+    test::TempDir dir;
+    const std::string out = dir.file("out.gguf");
+    for (const auto& [key, value, message] : std::vector<std::tuple<std::string, std::string, std::string>>{
+             {"general.alignment", "64", "general.alignment must be a power of two (u32)"},
+             {"", "x", "metadata key '' cannot be written"}}) {
+        const std::string in = dir.write(
+            "in.safetensors", test::build_safetensors({{"a", "F32", {2}, test::f32_bytes(2)}}, {{key, value}}));
+        auto model = ModelFile::open({in});
+        ASSERT_TRUE(model.ok()) << model.error().message;
+        auto status = write_gguf(*model, out, {});
+        ASSERT_FALSE(status.ok()) << key;
+        EXPECT_NE(status.error().message.find(message), std::string::npos) << status.error().message;
+        EXPECT_FALSE(std::ifstream(out).good());
+        EXPECT_FALSE(std::ifstream(out + ".part").good());
+    }
 }
 
 }  // namespace

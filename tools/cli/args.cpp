@@ -10,6 +10,9 @@
 #include <functional>
 #include <sstream>
 
+#include "pipeline/rng.h"
+#include "pipeline/samplers.h"
+#include "pipeline/schedulers.h"
 #include "runtime/device_budget.h"
 #include "runtime/devices.h"
 
@@ -19,8 +22,8 @@ std::optional<std::string> parse_integer(const std::string& text, long long min,
     errno = 0;
     char* end = nullptr;
     const long long v = std::strtoll(text.c_str(), &end, 10);
-    if (text.empty() || *end != '\0' || errno == ERANGE) return "expected an integer, got '" + text + "'";
-    if (v < min || v > max) {
+    if (text.empty() || *end != '\0') return "expected an integer, got '" + text + "'";
+    if (errno == ERANGE || v < min || v > max) {
         return "expected an integer from " + std::to_string(min) + " to " + std::to_string(max) + ", got " + text;
     }
     *out = v;
@@ -28,6 +31,10 @@ std::optional<std::string> parse_integer(const std::string& text, long long min,
 }
 
 namespace {
+
+// Guidance scales past this are no use (real ones are below 30) and past
+// float's range would be infinite.
+constexpr double kMaxCfgScale = 1000.0;
 
 // One flag: its names, what its value looks like, its help line, and how a
 // value is stored. `apply` returns an error message for a bad value.
@@ -50,6 +57,22 @@ auto int_setter(int Options::*field, long long min, long long max) {
 
 auto string_setter(std::string Options::*field) {
     return [field](Options& o, const std::string& v) -> std::optional<std::string> {
+        o.*field = v;
+        return std::nullopt;
+    };
+}
+
+// A name checked by the parser that uses it (parse_sampler, ...), whose
+// errors start with "--flag: ", so a bad value is a usage error at parse time.
+template <class Parse>
+auto checked_name_setter(std::string Options::*field, Parse parse) {
+    return [field, parse](Options& o, const std::string& v) -> std::optional<std::string> {
+        auto parsed = parse(v);
+        if (!parsed) {
+            const std::string& m = parsed.error().message;
+            const auto colon = m.find(": ");
+            return m.rfind("--", 0) == 0 && colon != std::string::npos ? m.substr(colon + 2) : m;
+        }
         o.*field = v;
         return std::nullopt;
     };
@@ -100,11 +123,25 @@ const std::vector<Flag>& flags() {
             {"-p", "--prompt", "TEXT", "the prompt", string_setter(&Options::prompt)},
             {"-n", "--negative-prompt", "TEXT", "the negative prompt", string_setter(&Options::negative_prompt)},
             {"-o", "--output", "PATH", "output image (default output.png); with -M convert, the GGUF to write",
-             path_setter(&Options::output)},
+             [](Options& o, const std::string& v) -> std::optional<std::string> {
+                 if (v.empty()) return std::string("expected a path, got an empty string");
+                 o.output = v;
+                 o.output_given = true;
+                 return std::nullopt;
+             }},
             {"-i", "--init-img", "PATH", "initial image for image-to-image (with -M metadata: the image to read)",
              path_setter(&Options::init_image)},
             {nullptr, "--mask", "PATH", "inpainting mask for -i: white repaints, black keeps",
              path_setter(&Options::mask)},
+            {nullptr, "--max-image-pixels", "N",
+             "largest -i / --mask image to decode, in pixels (default 67108864 = 8192x8192), checked from the "
+             "file's header",
+             [](Options& o, const std::string& v) -> std::optional<std::string> {
+                 long long parsed = 0;
+                 if (auto err = parse_integer(v, 1, 16384LL * 16384, &parsed)) return err;
+                 o.max_image_pixels = parsed;
+                 return std::nullopt;
+             }},
             {nullptr, "--strength", "X", "image-to-image: share of the schedule to run, in (0, 1] (default 0.75)",
              [](Options& o, const std::string& v) -> std::optional<std::string> {
                  char* end = nullptr;
@@ -128,25 +165,25 @@ const std::vector<Flag>& flags() {
                  o.seed = parsed;
                  return std::nullopt;
              }},
-            {nullptr, "--cfg-scale", "X", "classifier-free guidance scale (default: the model's)",
+            {nullptr, "--cfg-scale", "X", "classifier-free guidance scale, 0 to 1000 (default: the model's)",
              [](Options& o, const std::string& v) -> std::optional<std::string> {
                  char* end = nullptr;
-                 const float f = std::strtof(v.c_str(), &end);
-                 if (v.empty() || *end != '\0' || !std::isfinite(f) || f < 0) {
-                     return "expected a non-negative number, got '" + v + "'";
+                 const double f = std::strtod(v.c_str(), &end);
+                 if (v.empty() || *end != '\0' || !(f >= 0 && f <= kMaxCfgScale)) {
+                     return "expected a number from 0 to 1000, got '" + v + "'";
                  }
-                 o.cfg_scale = f;
+                 o.cfg_scale = static_cast<float>(f);
                  o.cfg_scale_given = true;
                  return std::nullopt;
              }},
             {nullptr, "--sampling-method", "NAME",
              "sampler: euler, euler_a, heun, dpm2, dpm++2s_a, dpm++2m, dpm++2mv2, ipndm, lcm, ddim_trailing, tcd",
-             string_setter(&Options::sampling_method)},
+             checked_name_setter(&Options::sampling_method, pipeline::parse_sampler)},
             {nullptr, "--scheduler", "NAME", "sigma schedule: discrete, karras, exponential, ays, sgm_uniform, simple",
-             string_setter(&Options::scheduler)},
+             checked_name_setter(&Options::scheduler, pipeline::parse_scheduler)},
             {nullptr, "--rng", "NAME",
              "noise generator: cuda (torch CUDA's Philox, default) or cpu (torch CPU's mt19937)",
-             string_setter(&Options::rng)},
+             checked_name_setter(&Options::rng, pipeline::parse_rng_kind)},
             {nullptr, "--clip-skip", "N", "text encoder layer to use, counted from the end (default: the model's)",
              int_setter(&Options::clip_skip, 1, 12)},
             {nullptr, "--prediction", "TYPE", "what the model predicts: eps or v (default: the model's)",

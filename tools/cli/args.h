@@ -42,11 +42,13 @@ struct Options {
     std::string prompt;
     std::string negative_prompt;
     std::string output = "output.png";
+    bool output_given = false;  // -o was passed (-M convert requires it)
     std::string init_image;
     std::string mask;
-    int width = 0;   // 0: the model's default
-    int height = 0;  // 0: the model's default
-    int steps = 0;   // 0: the model's default
+    long long max_image_pixels = 0;  // --max-image-pixels; 0: the C API's default (8192x8192)
+    int width = 0;                   // 0: the model's default
+    int height = 0;                  // 0: the model's default
+    int steps = 0;                   // 0: the model's default
     int batch_count = 1;
     int threads = 0;  // 0: all physical cores
     int64_t seed = 42;

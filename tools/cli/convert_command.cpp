@@ -26,6 +26,17 @@ int run_convert(const Options& options) {
         KILN_LOG_ERROR("convert: no model given (use -m MODEL, or --diffusion-model/--vae/--clip_l ...)");
         return kExitUsage;
     }
+    // The default -o (output.png) is for images: a GGUF written there would
+    // be a surprise, so convert requires its own name.
+    const std::string& out = options.output;
+    if (!options.output_given) {
+        KILN_LOG_ERROR("convert: no output given (pass -o OUT.gguf)");
+        return kExitUsage;
+    }
+    if (out.size() < 5 || out.compare(out.size() - 5, 5, ".gguf") != 0) {
+        KILN_LOG_ERROR("-o: %s: convert writes GGUF; the name must end in .gguf", out.c_str());
+        return kExitUsage;
+    }
     std::vector<const char*> c_paths;
     for (const std::string& p : paths) c_paths.push_back(p.c_str());
     KILN_LOG_INFO("convert: writing %s%s%s", options.output.c_str(), options.weight_type.empty() ? "" : " as ",

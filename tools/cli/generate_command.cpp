@@ -11,6 +11,7 @@
 #include "cli.h"
 #include "default_model.h"
 #include "kiln.h"
+#include "output_pattern.h"
 #include "util/log.h"
 
 namespace kiln::cli {
@@ -66,29 +67,15 @@ int exit_code_of(kiln_status status) { return status == KILN_ERROR_INVALID_REQUE
 
 }  // namespace
 
-std::string output_path(const std::string& pattern, int index, int count) {
-    if (pattern.find('%') != std::string::npos) {
-        char buf[4096];
-        std::snprintf(buf, sizeof buf, pattern.c_str(), index);
-        return buf;
-    }
-    if (count <= 1 || index == 0) return pattern;
-    const auto dot = pattern.rfind('.');
-    const auto slash = pattern.rfind('/');
-    const std::string suffix = "_" + std::to_string(index + 1);
-    if (dot == std::string::npos || (slash != std::string::npos && dot < slash)) return pattern + suffix;
-    return pattern.substr(0, dot) + suffix + pattern.substr(dot);
-}
-
 int run_generate(const Options& options) {
     // Check what can be checked before the (slow) model load.
     if (!has_image_extension(options.output)) {
         KILN_LOG_ERROR("%s: unsupported image extension (valid: .png, .jpg, .jpeg, .webp)", options.output.c_str());
         return kExitUsage;
     }
-    const std::string::size_type percent = options.output.find('%');
-    if (percent != std::string::npos && options.output.find('%', percent + 1) != std::string::npos) {
-        KILN_LOG_ERROR("%s: the output pattern may hold one %%d-style field", options.output.c_str());
+    auto output = OutputPattern::parse(options.output);
+    if (!output) {
+        KILN_LOG_ERROR("-o: %s", output.error().message.c_str());
         return kExitUsage;
     }
 
@@ -147,7 +134,9 @@ int run_generate(const Options& options) {
     kiln_image* init = nullptr;
     if (!options.init_image.empty()) {
         ErrorText error;
-        if (kiln_status st = kiln_image_load(options.init_image.c_str(), &init, &error.text); st != KILN_OK) {
+        if (kiln_status st = kiln_image_load_limited(
+                options.init_image.c_str(), static_cast<uint64_t>(options.max_image_pixels), &init, &error.text);
+            st != KILN_OK) {
             KILN_LOG_ERROR("%s", error.c_str());
             return exit_code_of(st);
         }
@@ -155,7 +144,9 @@ int run_generate(const Options& options) {
     kiln_image* mask = nullptr;
     if (!options.mask.empty()) {
         ErrorText error;
-        if (kiln_status st = kiln_image_load(options.mask.c_str(), &mask, &error.text); st != KILN_OK) {
+        if (kiln_status st = kiln_image_load_limited(
+                options.mask.c_str(), static_cast<uint64_t>(options.max_image_pixels), &mask, &error.text);
+            st != KILN_OK) {
             kiln_images_free(init, init ? 1 : 0);
             KILN_LOG_ERROR("%s", error.c_str());
             return exit_code_of(st);
@@ -242,7 +233,7 @@ int run_generate(const Options& options) {
     }
     int exit_code = kExitOk;
     for (int i = 0; i < count; ++i) {
-        const std::string path = output_path(options.output, i, count);
+        const std::string path = output->path(i, count);
         ErrorText error;
         if (kiln_status save = kiln_image_save(&images[i], path.c_str(), &error.text); save != KILN_OK) {
             KILN_LOG_ERROR("%s", error.c_str());

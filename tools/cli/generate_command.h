@@ -11,8 +11,4 @@ int run_generate(const Options& options);
 // `kiln -M metadata -i IMAGE`: prints the parameters stored in the image.
 int run_metadata(const Options& options);
 
-// "out_%03d.png" with index 2 -> "out_002.png"; without a pattern, batches
-// get "_<index + 1>" before the extension from the second image on.
-std::string output_path(const std::string& pattern, int index, int count);
-
 }  // namespace kiln::cli

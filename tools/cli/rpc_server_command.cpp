@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -89,6 +90,11 @@ int run_rpc_server(const Options& options) {
     KILN_LOG_INFO("kiln rpc-server: serving %s (%s) on %s with %zu threads", ggml_backend_dev_name(*device),
                   ggml_backend_dev_description(*device), endpoint.c_str(), threads);
     std::fflush(stdout);
+    // A client that closes its socket while the server still writes to it
+    // must cost that client's connection only: without this, the write
+    // raises SIGPIPE and ends the whole server. ggml then sees EPIPE and
+    // drops the connection.
+    std::signal(SIGPIPE, SIG_IGN);
     ggml_backend_dev_t dev = *device;
     ggml_backend_rpc_start_server(endpoint.c_str(), /*cache_dir=*/nullptr, threads, 1, &dev);
     // ggml returns only when it could not set up (or keep) the listening socket.

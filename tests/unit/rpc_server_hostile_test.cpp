@@ -1,0 +1,137 @@
+// `kiln rpc-server` against clients that misbehave: it must outlive them.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "ggml-rpc.h"
+#include "rpc_child.h"
+#include "test_files.h"
+
+namespace kiln {
+namespace {
+
+void put_command(std::vector<uint8_t>& out, uint8_t command, const std::vector<uint8_t>& payload) {
+    out.push_back(command);
+    test::put_u64(out, payload.size());
+    out.insert(out.end(), payload.begin(), payload.end());
+}
+
+// ggml's RPC protocol (ggml-rpc.cpp): HELLO is command 14 with a 24-byte
+// request, DEVICE_COUNT command 15 with none; each answer has an 8-byte size.
+std::vector<uint8_t> hello_and_device_counts(int count) {
+    std::vector<uint8_t> bytes;
+    put_command(bytes, 14, std::vector<uint8_t>(24, 0));
+    for (int i = 0; i < count; ++i) put_command(bytes, 15, {});
+    return bytes;
+}
+
+// The client sends many requests and closes without reading an answer: the
+// server's writes then hit a closed socket (EPIPE, or SIGPIPE if not ignored).
+TEST(RpcServerHostile, SurvivesAClientThatWritesThenCloses) {
+    const int port = test::free_port();
+    ASSERT_GT(port, 0);
+    test::KilnChild server({"rpc-server", "--port", std::to_string(port), "-t", "1"});
+    ASSERT_TRUE(server.wait_listening(port)) << server.err();
+    const std::vector<uint8_t> bytes = hello_and_device_counts(1000);
+    for (int trial = 0; trial < 3; ++trial) {
+        const int fd = test::connect_loopback(port);
+        ASSERT_GE(fd, 0);
+        size_t sent = 0;
+        while (sent < bytes.size()) {
+            const ssize_t n = ::send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+            if (n <= 0) break;
+            sent += static_cast<size_t>(n);
+        }
+        ::close(fd);
+        ::usleep(300 * 1000);  // the server answers into the closed socket meanwhile
+        ASSERT_FALSE(server.exited()) << "trial " << trial << ": " << server.err();
+    }
+    // And it still serves: a well-behaved client gets its device count.
+    const int fd = test::connect_loopback(port);
+    ASSERT_GE(fd, 0);
+    const std::vector<uint8_t> one = hello_and_device_counts(1);
+    ASSERT_EQ(::send(fd, one.data(), one.size(), MSG_NOSIGNAL), static_cast<ssize_t>(one.size()));
+    std::vector<uint8_t> answer(8 + 28 + 8 + 4);  // hello: size + 4 version bytes + 24 caps; count: size + u32
+    size_t got = 0;
+    while (got < answer.size()) {
+        const ssize_t n = ::recv(fd, answer.data() + got, answer.size() - got, 0);
+        if (n <= 0) break;
+        got += static_cast<size_t>(n);
+    }
+    ::close(fd);
+    ASSERT_EQ(got, answer.size());
+    uint32_t devices = 0;
+    std::memcpy(&devices, answer.data() + 8 + 28 + 8, 4);
+    EXPECT_EQ(devices, 1u);
+    EXPECT_FALSE(server.exited());
+}
+
+// A fake RPC server: it answers each connection's HELLO like ggml's, then
+// hangs up, as a server that dies right after the handshake would. kiln's
+// own probe passes; ggml's next request fails inside ggml-rpc.cpp, which
+// aborts the process, and kiln's abort hook names the server first.
+class DyingServer {
+  public:
+    DyingServer() {
+        listen_fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+        sockaddr_in addr{};
+        addr.sin_family = AF_INET;
+        addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+        socklen_t len = sizeof addr;
+        ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+        port_ = ntohs(addr.sin_port);
+        ::listen(listen_fd_, 4);
+        thread_ = std::thread([this] { serve(); });
+    }
+    ~DyingServer() {
+        ::shutdown(listen_fd_, SHUT_RDWR);
+        ::close(listen_fd_);
+        thread_.join();
+    }
+    int port() const { return port_; }
+
+  private:
+    void serve() {
+        for (;;) {
+            const int fd = ::accept(listen_fd_, nullptr, nullptr);
+            if (fd < 0) return;
+            uint8_t hello[1 + 8 + 24];
+            size_t got = 0;
+            while (got < sizeof hello) {
+                const ssize_t n = ::recv(fd, hello + got, sizeof hello - got, 0);
+                if (n <= 0) break;
+                got += static_cast<size_t>(n);
+            }
+            std::vector<uint8_t> reply;
+            test::put_u64(reply, 28);
+            reply.push_back(RPC_PROTO_MAJOR_VERSION);
+            reply.push_back(RPC_PROTO_MINOR_VERSION);
+            reply.push_back(RPC_PROTO_PATCH_VERSION);
+            reply.resize(8 + 28, 0);
+            if (got == sizeof hello) ::send(fd, reply.data(), reply.size(), MSG_NOSIGNAL);
+            ::close(fd);
+        }
+    }
+    int listen_fd_ = -1;
+    int port_ = 0;
+    std::thread thread_;
+};
+
+TEST(RpcServerHostile, ADeadServerIsNamedBeforeGgmlAborts) {
+    DyingServer server;
+    const std::string endpoint = "127.0.0.1:" + std::to_string(server.port());
+    auto r = test::run_command(std::string(KILN_BIN) + " --rpc-servers " + endpoint + " --list-devices");
+    EXPECT_EQ(r.exit_code, 134) << r.out << r.err;  // the shell's 128 + SIGABRT: ggml aborts; SIGPIPE would be 141
+    EXPECT_NE(r.err.find("error: lost the ggml RPC server " + endpoint), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("ggml cannot recover from that, so kiln stops"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace kiln
