@@ -89,6 +89,19 @@ typedef struct kiln_context kiln_context;
  * the same checks. */
 kiln_status kiln_context_params_check(const kiln_context_params* params, char** error);
 
+/* One flag's value, checked for its syntax alone (no model, no connection),
+ * so a front-end can refuse it while parsing its command line. */
+typedef enum {
+    KILN_VALUE_SAMPLER,     /* "euler_a", ... */
+    KILN_VALUE_SCHEDULER,   /* "discrete", "karras", ... */
+    KILN_VALUE_RNG,         /* "cuda", "cpu" */
+    KILN_VALUE_RPC_SERVERS, /* "host:port[,host:port]" */
+    KILN_VALUE_MAX_VRAM,    /* "6", "-1", "rpc0=0.5,cuda0=6", "96M" */
+} kiln_value_kind;
+/* KILN_OK, or KILN_ERROR_INVALID_REQUEST with *error saying what is wrong
+ * (without the flag's name: the caller knows it). */
+kiln_status kiln_check_value(kiln_value_kind kind, const char* value, char** error);
+
 /* Loads the model into *ctx (NULL on failure). */
 kiln_status kiln_context_create(const kiln_context_params* params, kiln_context** ctx, char** error);
 void kiln_context_free(kiln_context* ctx);
@@ -187,6 +200,16 @@ kiln_status kiln_plan(kiln_context* ctx, const kiln_generation_params* params, c
  * device ("RPC0 peak 12.5 MiB now 3.1 MiB budget 16.0 MiB"), then each
  * module's peak compute buffers. Free with kiln_free_string. */
 char* kiln_memory_report(kiln_context* ctx);
+
+/* `kiln --list-devices`: adds the RPC servers of `rpc_servers` (or NULL),
+ * then *text gets one line per ggml device (name, type, free and total
+ * memory, description). */
+kiln_status kiln_list_devices(const char* rpc_servers, char** text, char** error);
+
+/* `kiln rpc-server`: serves `device` (NULL: the CPU) on host:port over ggml's
+ * RPC protocol with n_threads (<= 0: every core). Blocks for the life of the
+ * server and returns only on failure. */
+kiln_status kiln_rpc_server_run(const char* host, int port, const char* device, int n_threads, char** error);
 const char* kiln_version(void);
 
 #ifdef __cplusplus

@@ -19,6 +19,7 @@
 #include "pipeline/request.h"
 #include "runtime/device_budget.h"
 #include "runtime/devices.h"
+#include "runtime/rpc_server.h"
 #include "util/format.h"
 #include "util/log.h"
 
@@ -207,6 +208,34 @@ kiln::Result<kiln::pipeline::GenerationRequest> generation_request(const kiln_ge
 }
 
 }  // namespace
+
+kiln_status kiln_check_value(kiln_value_kind kind, const char* value, char** error) {
+    const std::string v = str(value);
+    kiln::Status status;
+    switch (kind) {
+        case KILN_VALUE_SAMPLER:
+            if (auto r = kiln::pipeline::parse_sampler(v); !r.ok()) status = r.error();
+            break;
+        case KILN_VALUE_SCHEDULER:
+            if (auto r = kiln::pipeline::parse_scheduler(v); !r.ok()) status = r.error();
+            break;
+        case KILN_VALUE_RNG:
+            if (auto r = kiln::pipeline::parse_rng_kind(v); !r.ok()) status = r.error();
+            break;
+        case KILN_VALUE_RPC_SERVERS:
+            if (auto r = kiln::runtime::parse_rpc_endpoints(v); !r.ok()) status = r.error();
+            break;
+        case KILN_VALUE_MAX_VRAM:
+            if (auto r = kiln::runtime::parse_max_vram(v); !r.ok()) status = r.error();
+            break;
+    }
+    if (status.ok()) return KILN_OK;
+    // The parsers name their flag ("--rng: ..."); the caller names it itself.
+    std::string message = status.error().message;
+    const auto colon = message.find(": ");
+    if (message.rfind("--", 0) == 0 && colon != std::string::npos) message = message.substr(colon + 2);
+    return fail(error, kiln::Error::invalid_request(message));
+}
 
 kiln_status kiln_context_params_check(const kiln_context_params* params, char** error) {
     try {
@@ -439,6 +468,26 @@ char* kiln_memory_report(kiln_context* ctx) {
                e->store().ledger().device_name() + "\n";
     }
     return copy_string(out);
+}
+
+kiln_status kiln_list_devices(const char* rpc_servers, char** text, char** error) {
+    *text = nullptr;
+    if (rpc_servers && *rpc_servers) {
+        if (kiln::Status s = kiln::runtime::add_rpc_servers(rpc_servers); !s.ok()) return fail(error, s.error());
+    }
+    *text = copy_string(kiln::runtime::device_table());
+    return *text ? KILN_OK : out_of_memory(error, "listing devices");
+}
+
+kiln_status kiln_rpc_server_run(const char* host, int port, const char* device, int n_threads, char** error) {
+    kiln::runtime::RpcServeOptions options;
+    options.host = str(host);
+    options.port = port;
+    if (device) options.device = device;
+    options.threads = n_threads;
+    kiln::log_capture_ggml();
+    const kiln::Status served = kiln::runtime::serve_rpc(options);
+    return served.ok() ? KILN_OK : fail(error, served.error());
 }
 
 const char* kiln_version(void) { return KILN_VERSION; }

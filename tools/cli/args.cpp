@@ -10,11 +10,7 @@
 #include <functional>
 #include <sstream>
 
-#include "pipeline/rng.h"
-#include "pipeline/samplers.h"
-#include "pipeline/schedulers.h"
-#include "runtime/device_budget.h"
-#include "runtime/devices.h"
+#include "kiln.h"
 
 namespace kiln::cli {
 
@@ -64,14 +60,15 @@ auto string_setter(std::string Options::*field) {
 
 // A name checked by the parser that uses it (parse_sampler, ...), whose
 // errors start with "--flag: ", so a bad value is a usage error at parse time.
-template <class Parse>
-auto checked_name_setter(std::string Options::*field, Parse parse) {
-    return [field, parse](Options& o, const std::string& v) -> std::optional<std::string> {
-        auto parsed = parse(v);
-        if (!parsed) {
-            const std::string& m = parsed.error().message;
-            const auto colon = m.find(": ");
-            return m.rfind("--", 0) == 0 && colon != std::string::npos ? m.substr(colon + 2) : m;
+// A flag whose value kiln checks while the command line is parsed
+// (kiln_check_value), before any model is loaded.
+auto checked_setter(std::string Options::*field, kiln_value_kind kind) {
+    return [field, kind](Options& o, const std::string& v) -> std::optional<std::string> {
+        char* error = nullptr;
+        if (kiln_check_value(kind, v.c_str(), &error) != KILN_OK) {
+            std::string message = error ? error : "invalid value";
+            kiln_free_string(error);
+            return message;
         }
         o.*field = v;
         return std::nullopt;
@@ -178,12 +175,12 @@ const std::vector<Flag>& flags() {
              }},
             {nullptr, "--sampling-method", "NAME",
              "sampler: euler, euler_a, heun, dpm2, dpm++2s_a, dpm++2m, dpm++2mv2, ipndm, lcm, ddim_trailing, tcd",
-             checked_name_setter(&Options::sampling_method, pipeline::parse_sampler)},
+             checked_setter(&Options::sampling_method, KILN_VALUE_SAMPLER)},
             {nullptr, "--scheduler", "NAME", "sigma schedule: discrete, karras, exponential, ays, sgm_uniform, simple",
-             checked_name_setter(&Options::scheduler, pipeline::parse_scheduler)},
+             checked_setter(&Options::scheduler, KILN_VALUE_SCHEDULER)},
             {nullptr, "--rng", "NAME",
              "noise generator: cuda (torch CUDA's Philox, default) or cpu (torch CPU's mt19937)",
-             checked_name_setter(&Options::rng, pipeline::parse_rng_kind)},
+             checked_setter(&Options::rng, KILN_VALUE_RNG)},
             {nullptr, "--clip-skip", "N", "text encoder layer to use, counted from the end (default: the model's)",
              int_setter(&Options::clip_skip, 1, 12)},
             {nullptr, "--prediction", "TYPE", "what the model predicts: eps or v (default: the model's)",
@@ -232,16 +229,7 @@ const std::vector<Flag>& flags() {
              }},
             {nullptr, "--rpc-servers", "HOST:PORT[,...]",
              "add the devices of ggml RPC servers (see 'kiln rpc-server'); they are named RPC0, RPC1, ...",
-             [](Options& o, const std::string& v) -> std::optional<std::string> {
-                 auto parsed = runtime::parse_rpc_endpoints(v);
-                 if (!parsed) {
-                     // The message starts with "--rpc-servers: "; the parser adds the flag name itself.
-                     const std::string& m = parsed.error().message;
-                     return m.rfind("--rpc-servers: ", 0) == 0 ? m.substr(15) : m;
-                 }
-                 o.rpc_servers = v;
-                 return std::nullopt;
-             }},
+             checked_setter(&Options::rpc_servers, KILN_VALUE_RPC_SERVERS)},
             {nullptr, "--backend", "SPEC",
              "compute device for every module (cuda0), or per module: diffusion=rpc0,te=cpu,vae=cpu "
              "(modules: diffusion, te, vae, clip_vision)",
@@ -266,15 +254,7 @@ const std::vector<Flag>& flags() {
             {nullptr, "--max-vram", "GIB",
              "memory budget per device in GiB: 6 (a managed budget), 0 (free memory), -1 (free memory at "
              "start minus 1 GiB), or per device: cuda0=6,rpc0=0.5; K/M/G suffixes allowed (96M)",
-             [](Options& o, const std::string& v) -> std::optional<std::string> {
-                 auto parsed = runtime::parse_max_vram(v);
-                 if (!parsed) {
-                     const std::string& m = parsed.error().message;
-                     return m.rfind("--max-vram: ", 0) == 0 ? m.substr(12) : m;
-                 }
-                 o.max_vram = v;
-                 return std::nullopt;
-             }},
+             checked_setter(&Options::max_vram, KILN_VALUE_MAX_VRAM)},
             {nullptr, "--auto-fit", "on|off",
              "choose placement and params locations automatically (default on; --backend or --params-backend "
              "turn it off)",

@@ -1,0 +1,85 @@
+#include "runtime/rpc_server.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+
+#include "ggml-rpc.h"
+#include "runtime/devices.h"
+#include "util/format.h"
+#include "util/log.h"
+
+namespace kiln::runtime {
+namespace {
+
+bool is_loopback(const std::string& host) { return host.rfind("127.", 0) == 0; }
+
+// Binds host:port once (as ggml's server will, with SO_REUSEADDR) so that a
+// port in use is a clear error instead of ggml's "Failed to create server socket".
+Status check_can_listen(const std::string& host, int port) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return Error{std::string("cannot create a socket: ") + std::strerror(errno)};
+    int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    ::inet_pton(AF_INET, host.c_str(), &addr.sin_addr);
+    const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+    const int err = errno;
+    ::close(fd);
+    if (!ok) return Error{"--port: cannot listen on " + host + ":" + std::to_string(port) + ": " + std::strerror(err)};
+    return Status::Ok();
+}
+
+}  // namespace
+
+Status serve_rpc(const RpcServeOptions& options) {
+    auto device = find_device(options.device.empty() ? "CPU" : options.device);
+    if (!device) return Error::invalid_request("--device: " + device.error().message);
+    KILN_TRY(check_can_listen(options.host, options.port));
+    if (!is_loopback(options.host)) {
+        KILN_LOG_WARN(
+            "listening on %s: ggml's RPC protocol has no authentication; anyone who can reach port %d can use "
+            "this machine's %s and its memory. Serve only on a trusted network.",
+            options.host.c_str(), options.port, ggml_backend_dev_name(*device));
+    }
+    const std::string endpoint = options.host + ":" + std::to_string(options.port);
+    const size_t threads =
+        options.threads > 0 ? static_cast<size_t>(options.threads) : std::max(1u, std::thread::hardware_concurrency());
+    KILN_LOG_INFO("kiln rpc-server: serving %s (%s) on %s with %zu threads", ggml_backend_dev_name(*device),
+                  ggml_backend_dev_description(*device), endpoint.c_str(), threads);
+    std::fflush(stdout);
+    // A client that closes its socket while the server still writes to it
+    // must cost that client's connection only: without this, the write
+    // raises SIGPIPE and ends the whole server. ggml then sees EPIPE and
+    // drops the connection.
+    std::signal(SIGPIPE, SIG_IGN);
+    ggml_backend_dev_t dev = *device;
+    ggml_backend_rpc_start_server(endpoint.c_str(), /*cache_dir=*/nullptr, threads, 1, &dev);
+    // ggml returns only when it could not set up (or keep) the listening socket.
+    return Error{"rpc-server: the ggml RPC server on " + endpoint + " stopped (see the messages above)"};
+}
+
+std::string device_table() {
+    std::string out;
+    char line[512];
+    std::snprintf(line, sizeof line, "%-8s %-11s %12s %12s  %s\n", "name", "type", "free", "total", "description");
+    out += line;
+    for (const auto& d : list_devices()) {
+        std::snprintf(line, sizeof line, "%-8s %-11s %12s %12s  %s\n", d.name.c_str(), device_type_name(d.type),
+                      human_bytes(d.free).c_str(), human_bytes(d.total).c_str(), d.description.c_str());
+        out += line;
+    }
+    return out;
+}
+
+}  // namespace kiln::runtime

@@ -1,0 +1,28 @@
+// Serving one of this machine's devices to other processes over ggml's RPC
+// protocol (`kiln rpc-server`), and the device table `kiln --list-devices`
+// prints.
+#pragma once
+
+#include <string>
+
+#include "util/result.h"
+
+namespace kiln::runtime {
+
+struct RpcServeOptions {
+    std::string host = "127.0.0.1";
+    int port = 50052;
+    std::string device = "CPU";  // a ggml device name
+    int threads = 0;             // <= 0: every core
+};
+
+// Serves until the process ends; returns only on failure. Errors: an
+// unknown device (invalid request), a port that cannot be bound. Any
+// address but loopback logs a warning: the protocol has no authentication.
+// A client that closes early costs only its connection (SIGPIPE ignored).
+Status serve_rpc(const RpcServeOptions& options);
+
+// One line per ggml device: name, type, free and total memory, description.
+std::string device_table();
+
+}  // namespace kiln::runtime
