@@ -196,6 +196,13 @@ ggml_tensor* Vae::build_decoder(ggml_context* ctx, ggml_tensor* latent, nn::Comp
 }
 
 ggml_tensor* Vae::build_encoder(ggml_context* ctx, ggml_tensor* image, nn::ComputeTarget target) const {
+    ggml_tensor* h = build_encoder_moments(ctx, image, target);
+    // Moments: the first latent_channels are the mean.
+    const int64_t zc = config_.latent_channels;
+    return ggml_cont(ctx, ggml_view_4d(ctx, h, h->ne[0], h->ne[1], zc, h->ne[3], h->nb[1], h->nb[2], h->nb[3], 0));
+}
+
+ggml_tensor* Vae::build_encoder_moments(ggml_context* ctx, ggml_tensor* image, nn::ComputeTarget target) const {
     const Blocks& b = *blocks_;
     ggml_tensor* h = nn::conv2d(ctx, target, b.enc_in, image);
     for (size_t level = 0; level < b.down.size(); ++level) {
@@ -208,10 +215,7 @@ ggml_tensor* Vae::build_encoder(ggml_context* ctx, ggml_tensor* image, nn::Compu
     }
     h = nn::mark_cut(apply_mid(ctx, target, b.enc_mid, h), "encoder.mid");
     h = ggml_silu(ctx, nn::group_norm(ctx, b.enc_norm, h, 32, kEps));
-    h = nn::conv2d(ctx, target, b.quant, nn::conv2d(ctx, target, b.enc_out, h));
-    // Moments: the first latent_channels are the mean.
-    const int64_t zc = config_.latent_channels;
-    return ggml_cont(ctx, ggml_view_4d(ctx, h, h->ne[0], h->ne[1], zc, h->ne[3], h->nb[1], h->nb[2], h->nb[3], 0));
+    return nn::conv2d(ctx, target, b.quant, nn::conv2d(ctx, target, b.enc_out, h));
 }
 
 }  // namespace kiln::models

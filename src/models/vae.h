@@ -39,10 +39,12 @@ class Vae {
     // latent: ne [w, h, latent_channels, B] (unscaled) -> image ne [W, H, 3, B] in [-1, 1].
     ggml_tensor* build_decoder(ggml_context* ctx, ggml_tensor* latent,
                                nn::ComputeTarget target = nn::ComputeTarget::Cpu) const;
-    // image: ne [W, H, 3, B] in [-1, 1] -> the latent distribution's mean ne [w, h, latent_channels, B].
-    // Requires config().has_encoder.
+    // image: ne [W, H, 3, B] in [-1, 1] -> the latent distribution's mean ne
+    // [w, h, latent_channels, B], or with `moments` its mean then its log
+    // variance ne [w, h, 2 * latent_channels, B]. Requires config().has_encoder.
     ggml_tensor* build_encoder(ggml_context* ctx, ggml_tensor* image,
                                nn::ComputeTarget target = nn::ComputeTarget::Cpu) const;
+    ggml_tensor* build_encoder_moments(ggml_context* ctx, ggml_tensor* image, nn::ComputeTarget target) const;
 
   private:
     struct Blocks;

@@ -124,18 +124,20 @@ Result<std::vector<float>> run_unet(Model& model, const std::vector<float>& x, f
     return denoised_from_output(model.prediction(), sigma, x, guided);
 }
 
+// `encoding` matters for encoding only.
 Result<std::vector<float>> run_vae(Model& model, bool decode, const std::vector<float>& input, int64_t w, int64_t h,
-                                   const std::optional<VaeTiling>& tiling) {
+                                   const std::optional<VaeTiling>& tiling, VaeEncoding encoding = VaeEncoding::Mean) {
     if (tiling) {
-        return decode ? decode_tiled(model, input, w, h, *tiling) : encode_tiled(model, input, w, h, *tiling);
+        return decode ? decode_tiled(model, input, w, h, *tiling)
+                      : encode_tiled(model, input, w, h, *tiling, nullptr, encoding);
     }
-    VaeGraph g =
-        decode ? build_vae_decode_graph(model, w, h, input.data()) : build_vae_encode_graph(model, w, h, input.data());
+    VaeGraph g = decode ? build_vae_decode_graph(model, w, h, input.data())
+                        : build_vae_encode_graph(model, w, h, input.data(), encoding);
     Status status = g.session->run(model.vae_compute(), g.out);
     if (status.ok()) return runtime::GraphSession::read(g.out);
     if (status.error().kind != ErrorKind::OutOfMemory) return status.error();
     KILN_LOG_WARN("VAE %s: %s; retrying with tiling", decode ? "decode" : "encode", status.error().message.c_str());
-    return run_vae(model, decode, input, w, h, VaeTiling{});
+    return run_vae(model, decode, input, w, h, VaeTiling{}, encoding);
 }
 
 Result<image::Image> decode_latent(Model& model, const std::vector<float>& latent, const ValidatedRequest& p,
@@ -156,8 +158,13 @@ Result<image::Image> decode_latent(Model& model, const std::vector<float>& laten
     return img;
 }
 
+// The image's latent (scaled): the latent distribution's mean and, with
+// `sample_rng`, also a sample of it drawn from that generator, mean + std *
+// noise (ldm's DiagonalGaussianDistribution.sample, as sd-cli and A1111
+// encode an init image) into *sample.
 Result<std::vector<float>> encode_image(Model& model, const image::Image& source, const ValidatedRequest& p,
-                                        const std::optional<VaeTiling>& tiling) {
+                                        const std::optional<VaeTiling>& tiling, Rng* sample_rng = nullptr,
+                                        std::vector<float>* sample = nullptr) {
     auto rgb = image::convert_channels(source, 3);
     if (!rgb.ok()) return rgb.error();
     image::Image img = std::move(rgb).value();
@@ -171,9 +178,21 @@ Result<std::vector<float>> encode_image(Model& model, const image::Image& source
     for (size_t i = 0; i < plane; ++i) {
         for (size_t ch = 0; ch < 3; ++ch) pixels[ch * plane + i] = img.pixels[i * 3 + ch] / 127.5f - 1.0f;
     }
-    auto encoded = run_vae(model, /*decode=*/false, pixels, p.width, p.height, tiling);
+    auto encoded = run_vae(model, /*decode=*/false, pixels, p.width, p.height, tiling,
+                           sample_rng ? VaeEncoding::Moments : VaeEncoding::Mean);
     if (!encoded.ok()) return encoded.error();
     std::vector<float> latent = std::move(encoded).value();
+    if (sample_rng) {
+        // Planar [mean channels, log-variance channels]; ldm clamps the log variance to [-30, 20].
+        const size_t half = latent.size() / 2;
+        const std::vector<float> noise = sample_rng->randn(half);
+        sample->resize(half);
+        for (size_t i = 0; i < half; ++i) {
+            const float std_dev = std::exp(0.5f * std::clamp(latent[half + i], -30.0f, 20.0f));
+            (*sample)[i] = (latent[i] + std_dev * noise[i]) * model.latent_scale();
+        }
+        latent.resize(half);
+    }
     for (float& v : latent) v *= model.latent_scale();
     return latent;
 }
@@ -368,15 +387,24 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
     if (!all_sigmas.ok()) return all_sigmas.error();
     std::vector<float> sigmas = *all_sigmas;
     std::optional<std::vector<float>> init_latent;
+    std::vector<float> mean_latent;
     if (request.init_image) {
         if (!model.vae().config().has_encoder)
             return Error{"this model's VAE has no encoder: image-to-image needs one"};
-        auto encoded = encode_image(model, *request.init_image, p, request.vae_tiling);
+        // A sample of the init image's latent distribution, drawn from the
+        // job's generator at the first image's seed before anything else
+        // (sd-cli's order; each image's noise then starts at its own seed).
+        // The kept region of an inpainting job follows the mean instead, so
+        // what the mask keeps does not depend on the seed (docs/sd1.md).
+        std::unique_ptr<Rng> encode_rng = make_rng(request.rng, static_cast<uint64_t>(request.seed));
+        std::vector<float> sampled;
+        auto encoded = encode_image(model, *request.init_image, p, request.vae_tiling, encode_rng.get(), &sampled);
         if (!encoded.ok()) return encoded.error();
-        init_latent = std::move(encoded).value();
-        // Run only the last `strength` of the schedule, as A1111 and sd.cpp do.
-        const int skip =
-            p.steps - std::max(1, static_cast<int>(std::lround(static_cast<float>(p.steps) * request.strength)));
+        mean_latent = std::move(encoded).value();
+        init_latent = std::move(sampled);
+        // Run only the last `strength` of the schedule: int(steps * strength)
+        // steps, as A1111 and sd-cli count them (at least one).
+        const int skip = p.steps - std::max(1, static_cast<int>(static_cast<float>(p.steps) * request.strength));
         sigmas.erase(sigmas.begin(), sigmas.begin() + skip);
     }
 
@@ -384,7 +412,7 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
     if (request.mask) {
         if (!init_latent) return Error{"--mask needs an init image (-i)"};
         auto prepared =
-            prepare_inpainting(model, *request.init_image, *request.mask, *init_latent, p, request.vae_tiling, run);
+            prepare_inpainting(model, *request.init_image, *request.mask, mean_latent, p, request.vae_tiling, run);
         if (!prepared.ok()) return prepared.error();
     }
     run.latent_w = p.latent_w;

@@ -84,7 +84,8 @@ VaeGraph build_vae_decode_graph(const Model& model, int64_t latent_w, int64_t la
     return g;
 }
 
-VaeGraph build_vae_encode_graph(const Model& model, int64_t width, int64_t height, const float* pixels) {
+VaeGraph build_vae_encode_graph(const Model& model, int64_t width, int64_t height, const float* pixels,
+                                VaeEncoding encoding) {
     const models::VaeConfig& vc = model.vae().config();
     VaeGraph g;
     g.session = std::make_unique<runtime::GraphSession>();
@@ -92,7 +93,9 @@ VaeGraph build_vae_encode_graph(const Model& model, int64_t width, int64_t heigh
     ggml_tensor* in =
         g.session->input(GGML_TYPE_F32, {width, height, vc.image_channels, 1},
                          or_zeros(pixels, static_cast<size_t>(width * height * vc.image_channels), zeros), "image");
-    g.out = model.vae().build_encoder(g.session->ctx(), in, model.vae_target());
+    g.out = encoding == VaeEncoding::Moments
+                ? model.vae().build_encoder_moments(g.session->ctx(), in, model.vae_target())
+                : model.vae().build_encoder(g.session->ctx(), in, model.vae_target());
     return g;
 }
 

@@ -57,6 +57,10 @@ struct VaeGraph {
     ggml_tensor* out = nullptr;
 };
 VaeGraph build_vae_decode_graph(const Model& model, int64_t latent_w, int64_t latent_h, const float* latent);
-VaeGraph build_vae_encode_graph(const Model& model, int64_t width, int64_t height, const float* pixels);
+// What the encoder graph gives: the latent distribution's mean, or its mean
+// then its log variance (to draw a sample, as sd-cli and A1111 do).
+enum class VaeEncoding { Mean, Moments };
+VaeGraph build_vae_encode_graph(const Model& model, int64_t width, int64_t height, const float* pixels,
+                                VaeEncoding encoding = VaeEncoding::Mean);
 
 }  // namespace kiln::pipeline

@@ -174,7 +174,7 @@ Result<std::vector<float>> decode_tiled(Model& model, const std::vector<float>& 
 }
 
 Result<std::vector<float>> encode_tiled(Model& model, const std::vector<float>& image, int64_t width, int64_t height,
-                                        const VaeTiling& tiling, TilingStats* stats) {
+                                        const VaeTiling& tiling, TilingStats* stats, VaeEncoding encoding) {
     KILN_TRY(validate_tiling(tiling));
     const models::VaeConfig& vc = model.vae().config();
     if (!vc.has_encoder) return Error{"this model's VAE has no encoder"};
@@ -189,11 +189,11 @@ Result<std::vector<float>> encode_tiled(Model& model, const std::vector<float>& 
     map.grid_w = width / d;
     map.grid_h = height / d;
     map.in_channels = vc.image_channels;
-    map.out_channels = vc.latent_channels;
+    map.out_channels = vc.latent_channels * (encoding == VaeEncoding::Moments ? 2 : 1);
     map.in_scale = d;
     map.out_scale = 1;
     TileFn fn = [&](const std::vector<float>& pixels, int64_t w, int64_t h) -> Result<std::vector<float>> {
-        VaeGraph g = build_vae_encode_graph(model, w * d, h * d, pixels.data());
+        VaeGraph g = build_vae_encode_graph(model, w * d, h * d, pixels.data(), encoding);
         KILN_TRY(g.session->run(model.vae_compute(), g.out));
         return runtime::GraphSession::read(g.out);
     };
