@@ -212,3 +212,28 @@ TEST(Request, PlanOnlyContextCannotGenerate) {
 
 }  // namespace
 }  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// A strength runs int(steps x strength) steps, as A1111 and sd-cli count them.
+TEST(Request, StrengthRunsTheFlooredShareOfTheSteps) {
+    auto model = open();
+    ASSERT_EQ(model->status, KILN_OK) << model->error;
+    std::vector<uint8_t> pixels(32 * 32 * 3, 100);
+    const kiln_image init{32, 32, 3, pixels.data(), nullptr};
+    for (const auto& [strength, expected] : {std::pair<float, int>{0.63f, 6}, {0.69f, 6}, {0.05f, 1}, {1.0f, 10}}) {
+        kiln_generation_params gp = small_job();
+        gp.steps = 10;
+        gp.init_image = &init;
+        gp.strength = strength;
+        int total = 0;
+        gp.progress = [](int, int, int steps, void* user) { *static_cast<int*>(user) = steps; };
+        gp.progress_user_data = &total;
+        ASSERT_EQ(generate(model->ctx, gp).status, KILN_OK);
+        EXPECT_EQ(total, expected) << "strength " << strength;
+    }
+}
+
+}  // namespace
+}  // namespace kiln
