@@ -146,6 +146,11 @@ Result<image::Image> decode_latent(Model& model, const std::vector<float>& laten
     for (float& v : z) v /= model.latent_scale();
     auto decoded = run_vae(model, /*decode=*/true, z, p.latent_w, p.latent_h, tiling);
     if (!decoded.ok()) return decoded.error();
+    if (!std::all_of(decoded->begin(), decoded->end(), [](float v) { return std::isfinite(v); })) {
+        return Error{
+            "the VAE decoder produced non-finite values (NaN or Inf): its weights or the latent scale are "
+            "not finite, or it overflowed (an f16 SDXL VAE: use the fp16-fix VAE with --vae)"};
+    }
     const std::vector<float>& pixels = *decoded;  // [W, H, 3] planar in [-1, 1]
     image::Image img = image::make_image(p.width, p.height, 3);
     const size_t plane = static_cast<size_t>(p.width) * p.height;
@@ -447,6 +452,13 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
             sample_latent(model, run, std::move(x), *cond, uncond ? &*uncond : nullptr, *rng, progress, &passes_apart);
         times.cfg_passes_apart = times.cfg_passes_apart || passes_apart;
         if (!latent.ok()) return latent.error();
+        // NaN or Inf in weights, embeddings or the latent scale would give a
+        // flat image with no word: say which module made them.
+        if (!std::all_of(latent->begin(), latent->end(), [](float v) { return std::isfinite(v); })) {
+            return Error{
+                "the UNet produced non-finite values (NaN or Inf): check the model's weights and the "
+                "prompt's embeddings"};
+        }
         times.sampling_s += seconds_since(sampling_start);
         const Clock::time_point vae_start = Clock::now();
         auto img = decode_latent(model, *latent, p, request.vae_tiling);

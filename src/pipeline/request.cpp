@@ -80,6 +80,13 @@ Result<ValidatedRequest> validate_request(const Model& model, const GenerationRe
     if (r.vae_tiling) {
         if (Status s = validate_tiling(*r.vae_tiling); !s.ok()) return s.error().as(ErrorKind::InvalidRequest);
     }
+    for (const TextEncoder& te : model.text_encoders()) {
+        if (r.clip_skip > te.network->config().layers) {
+            return Error::invalid_request("clip skip must be at most " + std::to_string(te.network->config().layers) +
+                                          " for this model's " + te.use->module + " text encoder, got " +
+                                          std::to_string(r.clip_skip));
+        }
+    }
     if (r.init_image && !model.vae().config().has_encoder) {
         return Error::invalid_request("this model's VAE has no encoder: image-to-image needs one");
     }

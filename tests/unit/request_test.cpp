@@ -108,6 +108,8 @@ TEST(Request, GenerateAndPlanRefuseTheSameBadRequests) {
         {"mask without init image", [](kiln_generation_params& p) { p.mask = mask; }, "--mask needs an init image"},
         {"init image of another size", [](kiln_generation_params& p) { p.init_image = mask; },
          "init image is 16x16 but the requested size is 32x32"},
+        {"clip skip above the encoder's layers", [](kiln_generation_params& p) { p.clip_skip = 5; },
+         "clip skip must be at most 2 for this model's clip_l text encoder, got 5"},
         {"width above the limit", [](kiln_generation_params& p) { p.width = p.height = 16384 + 4; }, "at most 16384"},
     };
     for (const Case& c : cases) {
@@ -233,6 +235,37 @@ TEST(Request, StrengthRunsTheFlooredShareOfTheSteps) {
         ASSERT_EQ(generate(model->ctx, gp).status, KILN_OK);
         EXPECT_EQ(total, expected) << "strength " << strength;
     }
+}
+
+}  // namespace
+}  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// Non-finite weights give one error naming the module, not a flat image.
+TEST(Request, NonFiniteWeightsAreNamedNotAFlatImage) {
+    TempDir dir;
+    auto model = io::ModelFile::open({test::golden_path("models/sd1_tiny.safetensors")});
+    ASSERT_TRUE(model.ok());
+    std::vector<test::SafetensorsEntry> entries;
+    for (const io::TensorInfo& t : model->tensors()) {
+        const uint8_t* data = model->data(t);
+        entries.push_back({t.name, io::dtype_name(t.dtype), t.shape, std::vector<uint8_t>(data, data + t.nbytes)});
+        if (t.name == "model.diffusion_model.out.2.bias") {
+            ASSERT_EQ(t.dtype, io::DType::F16);
+            entries.back().data[0] = 0x00;  // F16 0x7e00: NaN
+            entries.back().data[1] = 0x7e;
+        }
+    }
+    std::vector<std::pair<std::string, std::string>> metadata;
+    for (const auto& [k, v] : model->metadata()) metadata.emplace_back(k, v.to_string());
+    const std::string path = dir.write("nan.safetensors", test::build_safetensors(entries, metadata));
+    auto ctx = open(path);
+    ASSERT_EQ(ctx->status, KILN_OK) << ctx->error;
+    const Outcome o = generate(ctx->ctx, small_job());
+    EXPECT_EQ(o.status, KILN_ERROR_INTERNAL);
+    EXPECT_NE(o.error.find("the UNet produced non-finite values"), std::string::npos) << o.error;
 }
 
 }  // namespace

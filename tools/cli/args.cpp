@@ -146,6 +146,7 @@ const std::vector<Flag>& flags() {
                  if (v.empty() || *end != '\0' || !(f > 0.0f && f <= 1.0f))
                      return "expected a number in (0, 1], got '" + v + "'";
                  o.strength = f;
+                 o.strength_given = true;
                  return std::nullopt;
              }},
             {"-W", "--width", "N", "image width in pixels (default: the model's)",

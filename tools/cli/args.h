@@ -60,6 +60,7 @@ struct Options {
     std::string prediction;  // "", "eps" or "v"
     int clip_skip = 0;       // 0: the model's default
     float strength = 0.75f;
+    bool strength_given = false;  // --strength was passed (it needs -i)
     bool diffusion_fa = false;
     bool vae_tiling = false;
     int vae_tile_size = 32;

@@ -85,6 +85,9 @@ int run_generate(const Options& options) {
         return kExitUsage;
     }
 
+    if (options.strength_given && options.init_image.empty()) {
+        KILN_LOG_WARN("--strength applies to image-to-image only (-i); this text-to-image job runs every step");
+    }
     std::string model = options.model;
     if (model.empty() && options.diffusion_model.empty()) {
         auto found = find_default_model();
