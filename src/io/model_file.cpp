@@ -201,6 +201,17 @@ Status ModelFile::add_folder(const std::string& path) {
     return Status::Ok();
 }
 
+void ModelFile::rename_as_diffusers_component(ModelFamily family, ModelComponent component) {
+    const std::string folder = std::string(diffusers_folder(component)) + "/";
+    for (TensorInfo& t : tensors_) t.name = folder + t.name;
+    rename_diffusers_tensors(family, tensors_);
+    by_name_.clear();
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+        if (tensors_[i].name.rfind(folder, 0) == 0) tensors_[i].name.erase(0, folder.size());
+        by_name_.emplace(tensors_[i].name, i);
+    }
+}
+
 Result<ModelFile> ModelFile::open(const std::vector<std::string>& paths) {
     if (paths.empty()) return Error{"no model file given"};
     ModelFile model;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "io/mapped_file.h"
+#include "io/name_map.h"
 #include "io/tensor_info.h"
 #include "util/result.h"
 
@@ -43,6 +44,13 @@ class ModelFile {
     // or as text; `fallback` when the key is absent or not a number.
     double metadata_number(const std::string& key, double fallback) const;
     std::string metadata_string(const std::string& key, const std::string& fallback) const;
+
+    // Renames the tensors of a file that holds one diffusers component in its
+    // own naming (diffusers', or HF transformers' for text encoders), given
+    // on its own rather than inside a folder (a text_encoder_2/model.safetensors
+    // passed as --clip_g), to kiln's ldm names, as in a diffusers folder of
+    // `family` (io/diffusers_names.h). Names the map does not know stay.
+    void rename_as_diffusers_component(ModelFamily family, ModelComponent component);
 
     // nullptr if there is no tensor of that name.
     const TensorInfo* find(std::string_view name) const;

@@ -44,13 +44,19 @@ Result<std::unique_ptr<ClipTextEncoder>> ClipTextEncoder::create(const io::Model
     while (file.find(layer_root + std::to_string(c.layers) + fc1_name)) ++c.layers;
     if (c.layers == 0) return Error{"CLIP text encoder under '" + prefix + "' has no transformer layers"};
     c.intermediate = file.find(layer_root + "0" + fc1_name)->shape[0];
-    // open_clip's text_projection [width, projection], applied as x @ P
-    // (io/name_map.h turns a diffusers CLIPTextModelWithProjection's Linear
-    // into it). SD1's and SDXL's HF-named ViT-L have none.
+    // open_clip's text_projection [width, projection], applied as x @ P, or
+    // the Linear of HF's CLIPTextModelWithProjection, [projection, width] =
+    // P^T, which a diffusers text_encoder_2 keeps under its HF name
+    // (io/diffusers_names.h). SD1's and SDXL's HF-named ViT-L have none.
     if (const io::TensorInfo* proj = hf ? nullptr : file.find(root + "text_projection")) {
         if (proj->shape.size() != 2 || proj->shape[0] != c.width)
             return Error{"CLIP text encoder under '" + prefix + "': text_projection has the wrong shape"};
         c.projection = proj->shape[1];
+    } else if (const io::TensorInfo* linear = hf ? nullptr : file.find(root + "text_projection.weight")) {
+        if (linear->shape.size() != 2 || linear->shape[1] != c.width)
+            return Error{"CLIP text encoder under '" + prefix + "': text_projection.weight has the wrong shape"};
+        c.projection = linear->shape[0];
+        c.projection_linear = true;
     }
     // Small models may say otherwise in their metadata.
     c.heads = static_cast<int64_t>(file.metadata_number("kiln.clip.heads", static_cast<double>(c.heads)));
@@ -110,7 +116,11 @@ void ClipTextEncoder::declare() {
         }
         final_norm_weight_ = w.require("ln_final.weight", {W});
         final_norm_bias_ = w.require("ln_final.bias", {W});
-        if (c.projection) projection_ = w.require("text_projection", {W, c.projection});
+        if (c.projection && c.projection_linear) {
+            projection_ = w.require("text_projection.weight", {c.projection, W});
+        } else if (c.projection) {
+            projection_ = w.require("text_projection", {W, c.projection});
+        }
     }
 }
 
@@ -152,10 +162,16 @@ ClipTextOutput ClipTextEncoder::encode(ggml_context* ctx, ggml_tensor* tokens, c
             k = nn::linear(ctx, l.k, h);
             v = nn::linear(ctx, l.v, h);
         } else {
-            ggml_tensor* qkv = nn::linear(ctx, l.in_proj, h);  // [3W, n, B]
+            // The fused in_proj as three products over its thirds, each the
+            // product a file with q, k, v apart (diffusers, HF names) runs,
+            // so both give the same bits.
             auto part = [&](int idx) {
-                return ggml_cont(ctx, ggml_view_3d(ctx, qkv, c.width, n, batch, qkv->nb[1], qkv->nb[2],
-                                                   static_cast<size_t>(idx) * c.width * ggml_element_size(qkv)));
+                const nn::Linear& f = l.in_proj;
+                nn::Linear third{
+                    ggml_view_2d(ctx, f.weight, c.width, c.width, f.weight->nb[1],
+                                 static_cast<size_t>(idx) * c.width * f.weight->nb[1]),
+                    ggml_view_1d(ctx, f.bias, c.width, static_cast<size_t>(idx) * c.width * ggml_element_size(f.bias))};
+                return nn::linear(ctx, third, h);
             };
             q = part(0);
             k = part(1);
@@ -189,8 +205,9 @@ ggml_tensor* ClipTextEncoder::pool(ggml_context* ctx, ggml_tensor* normed, ggml_
     ggml_tensor* position = ggml_reshape_2d(ctx, ggml_argmax(ctx, key), 1, batch);  // I32 [1, B]
     ggml_tensor* pooled = ggml_reshape_2d(ctx, ggml_get_rows(ctx, normed, position), config_.width, batch);
     if (!projection_) return pooled;
-    // x @ P: P is ne [projection, width]; the product wants it as ne [width, projection].
-    ggml_tensor* p = ggml_cont(ctx, ggml_transpose(ctx, projection_));
+    // x @ P: P is ne [projection, width]; the product wants it as ne
+    // [width, projection], the layout a Linear's weight already has.
+    ggml_tensor* p = config_.projection_linear ? projection_ : ggml_cont(ctx, ggml_transpose(ctx, projection_));
     return ggml_mul_mat(ctx, p, pooled);  // [projection, B]
 }
 

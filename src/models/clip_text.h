@@ -27,6 +27,9 @@ struct ClipTextConfig {
     int64_t intermediate = 0;
     bool quick_gelu = true;  // OpenAI CLIP: quick_gelu; OpenCLIP: gelu
     int64_t projection = 0;  // width of the pooled output after text_projection; 0: no projection
+    // The projection is stored as a Linear's weight (P^T, HF and diffusers),
+    // not as open_clip's P.
+    bool projection_linear = false;
 };
 
 // What ClipTextEncoder::encode computes. The defaults are SD1/SD2's
@@ -95,7 +98,7 @@ class ClipTextEncoder {
     std::vector<std::shared_ptr<Layer>> layers_;
     ggml_tensor* final_norm_weight_ = nullptr;
     ggml_tensor* final_norm_bias_ = nullptr;
-    ggml_tensor* projection_ = nullptr;  // open_clip: ne [projection, width] (x @ P); HF: a Linear
+    ggml_tensor* projection_ = nullptr;  // open_clip: ne [projection, width] (x @ P); Linear: ne [width, projection]
 };
 
 }  // namespace kiln::models

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,10 @@ struct ModuleSpec {
     // sd-cli's flag that supplies it as a separate file, for the error when
     // it is missing ("--clip_g").
     std::string flag;
+    // A file given by `flag` that is not in ldm naming is read as this
+    // component of the family's diffusers folders (diffusers_family), so
+    // HF-named files work too: SDXL's bigG from text_encoder_2/.
+    std::optional<io::ModelComponent> diffusers_component;
 };
 
 // How a text encoder's output feeds the diffusion network.
@@ -112,6 +117,8 @@ struct Family {
     // registry takes the highest. Reads names and shapes only.
     int (*detect)(const FileSet& files) = nullptr;
     std::vector<ModuleSpec> modules;
+    // The name map of the family's diffusers folders (io/name_map.h).
+    io::ModelFamily diffusers_family = io::ModelFamily::SD1;
     Conditioning conditioning;
     LatentFormat latent;
     Schedule schedule;

@@ -213,6 +213,14 @@ Status Model::load_networks(const ModelPaths& paths, const ModelOptions& options
     }
     family_ = detection.family;
     family_label_ = detection.label;
+    // A module's own file in HF or diffusers naming takes the ldm names.
+    for (size_t i = 0; i < given.size(); ++i) {
+        for (const models::ModuleSpec& spec : family_->modules) {
+            if (given[i].flag != spec.flag || !spec.diffusers_component) continue;
+            if (find_prefix(*files_[i], spec.network, spec.prefixes)) continue;
+            files_[i]->rename_as_diffusers_component(family_->diffusers_family, *spec.diffusers_component);
+        }
+    }
 
     // Each module comes from the file its flag named, else from the first
     // file (last to first) that holds it and was not given for another

@@ -1,6 +1,7 @@
 // The memory system end to end (DESIGN.md, issue "run models bigger than
 // device memory"): a real ggml RPC server on 127.0.0.1 is the GPU-type
-// device; the default model and a larger random-weight SD1 model run under
+// device; the default model, a larger random-weight SD1 model and a
+// random-weight SDXL (real tensor names, reduced widths) run under
 // --max-vram budgets from unconstrained down to the smallest that runs.
 //   (a) the image is bit-identical to the unconstrained run on that device;
 //   (b) the managed peak never exceeds the budget (the ledger's own books);
@@ -212,6 +213,85 @@ TEST_F(Memory, LargerModelSameImageUnderEveryBudget) {
     job.tokenizer = std::string(KILN_FIXTURES_DIR) + "/tiny_tokenizer";
     job.steps = 2;
     sweep_budgets(job, 0.9, 0.7, 3);
+}
+
+// kiln plan's forecast for `job` against the run itself: whether it fits,
+// the UNet's segment count and a device peak close to the measured one
+// (predicted from CPU-side measures before anything is placed; the run adds
+// its small input buffers). The run's outcome, or its error.
+Result<Outcome> expect_plan_matches_run(const Job& job) {
+    pipeline::ModelPaths paths;
+    paths.model = {job.model};
+    paths.tokenizer = job.tokenizer;
+    pipeline::ModelOptions o = options_for(job);
+    o.plan_only = true;
+    auto planned = Model::load(paths, o);
+    if (!planned.ok()) return planned.error();
+    auto forecast = pipeline::forecast_job(**planned, job.size, job.size, true, false);
+    if (!forecast.ok()) return forecast.error();
+    const std::string text = pipeline::describe_forecast(**planned, *forecast);
+    const pipeline::ModuleForecast* unet = nullptr;
+    for (const auto& m : forecast->modules) {
+        if (m.module == "diffusion") unet = &m;
+    }
+    EXPECT_NE(unet, nullptr) << text;
+    // The planned model goes first: models of one process share the
+    // device's books, so it would take room from the run.
+    const bool fits = forecast->fits;
+    const int segments = unet ? unet->run.segments : 0;
+    const std::vector<pipeline::DeviceForecast> devices = forecast->devices;
+    planned->reset();
+    auto run = run_job(job);
+    EXPECT_EQ(fits, run.ok()) << text << (run.ok() ? "" : run.error().message);
+    if (!run.ok() || !unet) return run;
+    EXPECT_EQ(segments, run->segments) << text;
+    uint64_t predicted = 0;
+    for (const auto& d : devices) {
+        if (d.device == dev()) predicted = d.peak;
+    }
+    EXPECT_NEAR(static_cast<double>(predicted), static_cast<double>(run->peak), 0.15 * run->peak) << text;
+    return run;
+}
+
+// SDXL: two text encoders on the device, the UNet's y vector, real names at
+// reduced widths (tests/fixtures/sdxl_medium.spec).
+Job sdxl_job(const test::TempDir& dir) {
+    Job job;
+    job.model = dir.file("sdxl_medium.safetensors");
+    EXPECT_TRUE(test::write_random_model(std::string(KILN_FIXTURES_DIR) + "/sdxl_medium.spec", job.model).ok());
+    job.tokenizer = std::string(KILN_FIXTURES_DIR) + "/tiny_tokenizer";
+    job.steps = 2;
+    return job;
+}
+
+TEST_F(Memory, SdxlSameImageUnderEveryBudget) {
+    test::TempDir dir;
+    sweep_budgets(sdxl_job(dir), 0.9, 0.7, 3);
+}
+
+// kiln plan's forecast for SDXL agrees with the runs: fits or not, the UNet's
+// segments, the device peak.
+TEST_F(Memory, SdxlPlanPredictsTheRun) {
+    test::TempDir dir;
+    const Job base = sdxl_job(dir);
+    auto reference = run_job(base);
+    ASSERT_TRUE(reference.ok()) << reference.error().message;
+    const double peak_mib = static_cast<double>(reference->peak) / (1024.0 * 1024.0);
+    int checked_fail = 0, checked_segmented = 0;
+    for (double fraction : {0.0, 0.6, 0.35, 0.2, 0.02}) {
+        Job job = base;
+        if (fraction > 0) job.budget = mib(peak_mib * fraction);
+        SCOPED_TRACE("budget " + job.budget);
+        auto run = expect_plan_matches_run(job);
+        if (!run.ok()) {
+            ++checked_fail;
+            EXPECT_EQ(run.error().message.rfind("out of memory: ", 0), 0u) << run.error().message;
+            continue;
+        }
+        checked_segmented += run->segments > 1;
+    }
+    EXPECT_GT(checked_segmented, 0) << "no budget segmented the UNet";
+    EXPECT_GT(checked_fail, 0) << "no budget was too small";
 }
 
 TEST_F(Memory, PrefetchOnAndOffGiveTheSameImage) {
@@ -509,44 +589,13 @@ TEST_F(Memory, EagerLoadReadsEveryModuleFirst) {
     EXPECT_EQ(test::read_bytes(dir.file("a.png")), test::read_bytes(dir.file("b.png")));
 }
 
-// kiln plan predicts what the run does: the segment count, whether it fits,
-// and a peak close to the measured one.
+// kiln plan predicts what the run does.
 TEST_F(Memory, PlanPredictsTheRun) {
     for (double budget : {0.0, 4.0, 3.0, 2.2, 1.2}) {
         Job job;
         if (budget > 0) job.budget = mib(budget);
         SCOPED_TRACE("budget " + job.budget);
-        pipeline::ModelPaths paths;
-        paths.model = {job.model};
-        pipeline::ModelOptions o = options_for(job);
-        o.plan_only = true;
-        auto planned = Model::load(paths, o);
-        ASSERT_TRUE(planned.ok()) << planned.error().message;
-        auto forecast = pipeline::forecast_job(**planned, job.size, job.size, true, false);
-        ASSERT_TRUE(forecast.ok()) << forecast.error().message;
-        const std::string text = pipeline::describe_forecast(**planned, *forecast);
-        const pipeline::ModuleForecast* unet = nullptr;
-        for (const auto& m : forecast->modules) {
-            if (m.module == "diffusion") unet = &m;
-        }
-        ASSERT_NE(unet, nullptr) << text;
-        // The planned model goes first: models of one process share the
-        // device's books, so it would take room from the run.
-        const bool fits = forecast->fits;
-        const int segments = unet->run.segments;
-        std::vector<pipeline::DeviceForecast> devices = forecast->devices;
-        planned->reset();
-        auto run = run_job(job);
-        EXPECT_EQ(fits, run.ok()) << text;
-        if (!run.ok()) continue;
-        EXPECT_EQ(segments, run->segments) << text;
-        uint64_t predicted = 0;
-        for (const auto& d : devices) {
-            if (d.device == dev()) predicted = d.peak;
-        }
-        // Predicted from CPU-side measures before anything is placed; the
-        // run adds its small input buffers.
-        EXPECT_NEAR(static_cast<double>(predicted), static_cast<double>(run->peak), 0.15 * run->peak) << text;
+        expect_plan_matches_run(job);
     }
 }
 

@@ -9,7 +9,8 @@
 
 namespace kiln::test {
 
-// Writes a safetensors file with the spec's tensors (F16 or F32), each
+// Writes a safetensors file with the spec's tensors (F16 or F32; I64 index
+// buffers such as position_ids count 0, 1, ... along their last dimension), each
 // filled deterministically from its name: linear and conv weights
 // ~N(0, 1/fan_in), norm scales ~1, biases small, embeddings ~N(0, 1) (the
 // initialisation training/make_model_fixtures.py uses).

@@ -11,6 +11,7 @@ Family make() {
     Family f;
     f.name = "SD1.x";
     f.detect = detect;
+    f.diffusers_family = io::ModelFamily::SD1;
     f.modules = {single_clip_module("clip_l"), unet_module(), vae_module()};
     // ldm's FrozenCLIPEmbedder: the last layer through the final layer norm,
     // padded with EOS.

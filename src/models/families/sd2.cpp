@@ -11,6 +11,7 @@ Family make() {
     Family f;
     f.name = "SD2.x";
     f.detect = detect;
+    f.diffusers_family = io::ModelFamily::SD2;
     f.modules = {single_clip_module("open_clip_h"), unet_module(), vae_module()};
     // ldm's FrozenOpenCLIPEmbedder: the penultimate layer through ln_final,
     // padded with zeros.

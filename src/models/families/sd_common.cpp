@@ -2,12 +2,12 @@
 
 namespace kiln::models {
 
-ModuleSpec unet_module() { return {"unet", ModuleRole::Diffusion, NetworkKind::Unet, {}, "--diffusion-model"}; }
+ModuleSpec unet_module() { return {"unet", ModuleRole::Diffusion, NetworkKind::Unet, {}, "--diffusion-model", {}}; }
 
-ModuleSpec vae_module() { return {"vae", ModuleRole::Vae, NetworkKind::Vae, {}, "--vae"}; }
+ModuleSpec vae_module() { return {"vae", ModuleRole::Vae, NetworkKind::Vae, {}, "--vae", {}}; }
 
 ModuleSpec single_clip_module(const std::string& name) {
-    return {name, ModuleRole::TextEncoder, NetworkKind::ClipText, {}, "--clip_l"};
+    return {name, ModuleRole::TextEncoder, NetworkKind::ClipText, {}, "--clip_l", {}};
 }
 
 int detect_sd_checkpoint(const FileSet& files, int64_t width, const std::string& encoder_prefix) {

@@ -15,13 +15,20 @@ Family make() {
     Family f;
     f.name = "SDXL";
     f.detect = detect;
+    f.diffusers_family = io::ModelFamily::SDXL;
     f.modules = {
         {"clip_l",
          ModuleRole::TextEncoder,
          NetworkKind::ClipText,
          {"conditioner.embedders.0.transformer."},
-         "--clip_l"},
-        {"clip_g", ModuleRole::TextEncoder, NetworkKind::ClipText, {"conditioner.embedders.1.model."}, "--clip_g"},
+         "--clip_l",
+         {}},
+        {"clip_g",
+         ModuleRole::TextEncoder,
+         NetworkKind::ClipText,
+         {"conditioner.embedders.1.model."},
+         "--clip_g",
+         io::ModelComponent::TextEncoder2},
         unet_module(),
         vae_module(),
     };
