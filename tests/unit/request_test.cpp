@@ -160,17 +160,26 @@ TEST(Request, StatusNamesAreTheErrorKinds) {
     EXPECT_STREQ(kiln_status_name(KILN_ERROR_INTERNAL), "internal");
 }
 
-// The tiny SD1 model rewritten with one more metadata key.
-std::string with_metadata(const TempDir& dir, const std::string& key, const std::string& value) {
+// The tiny SD1 model's tensors as entries for build_safetensors, and its metadata.
+std::vector<test::SafetensorsEntry> tiny_entries(io::Metadata* metadata) {
     auto model = io::ModelFile::open({test::golden_path("models/sd1_tiny.safetensors")});
     EXPECT_TRUE(model.ok());
     std::vector<test::SafetensorsEntry> entries;
+    if (!model.ok()) return entries;
     for (const io::TensorInfo& t : model->tensors()) {
         const uint8_t* data = model->data(t);
         entries.push_back({t.name, io::dtype_name(t.dtype), t.shape, std::vector<uint8_t>(data, data + t.nbytes)});
     }
+    *metadata = model->metadata();
+    return entries;
+}
+
+// The tiny SD1 model rewritten with one more metadata key.
+std::string with_metadata(const TempDir& dir, const std::string& key, const std::string& value) {
+    io::Metadata original;
+    std::vector<test::SafetensorsEntry> entries = tiny_entries(&original);
     std::vector<std::pair<std::string, std::string>> metadata = {{key, value}};
-    for (const auto& [k, v] : model->metadata()) {
+    for (const auto& [k, v] : original) {
         if (k != key) metadata.emplace_back(k, v.to_string());
     }
     return dir.write("bad.safetensors", test::build_safetensors(entries, metadata));
@@ -246,20 +255,19 @@ namespace {
 // Non-finite weights give one error naming the module, not a flat image.
 TEST(Request, NonFiniteWeightsAreNamedNotAFlatImage) {
     TempDir dir;
-    auto model = io::ModelFile::open({test::golden_path("models/sd1_tiny.safetensors")});
-    ASSERT_TRUE(model.ok());
-    std::vector<test::SafetensorsEntry> entries;
-    for (const io::TensorInfo& t : model->tensors()) {
-        const uint8_t* data = model->data(t);
-        entries.push_back({t.name, io::dtype_name(t.dtype), t.shape, std::vector<uint8_t>(data, data + t.nbytes)});
-        if (t.name == "model.diffusion_model.out.2.bias") {
-            ASSERT_EQ(t.dtype, io::DType::F16);
-            entries.back().data[0] = 0x00;  // F16 0x7e00: NaN
-            entries.back().data[1] = 0x7e;
-        }
+    io::Metadata original;
+    std::vector<test::SafetensorsEntry> entries = tiny_entries(&original);
+    bool poisoned = false;
+    for (test::SafetensorsEntry& e : entries) {
+        if (e.name != "model.diffusion_model.out.2.bias") continue;
+        ASSERT_EQ(e.dtype, "F16");
+        e.data[0] = 0x00;  // F16 0x7e00: NaN
+        e.data[1] = 0x7e;
+        poisoned = true;
     }
+    ASSERT_TRUE(poisoned);
     std::vector<std::pair<std::string, std::string>> metadata;
-    for (const auto& [k, v] : model->metadata()) metadata.emplace_back(k, v.to_string());
+    for (const auto& [k, v] : original) metadata.emplace_back(k, v.to_string());
     const std::string path = dir.write("nan.safetensors", test::build_safetensors(entries, metadata));
     auto ctx = open(path);
     ASSERT_EQ(ctx->status, KILN_OK) << ctx->error;
