@@ -13,6 +13,9 @@ Writes, relative to the repository root, tests/golden/sampling/:
   rng_cuda.txt    the same for stable-diffusion-webui's Philox emulation of CUDA randn (reference/sampling.py).
   denoiser.txt    SD's alphas_cumprod and sigma table, t_to_sigma / sigma_to_t samples, eps and v scalings.
   schedules.txt   every scheduler's sigmas for a few step counts.
+  flow.txt        Flux's rectified flow: BFL's get_schedule (dev: resolution-dependent shift, schnell: none) for
+                  a few step counts and token counts; BFL's Euler loop, ComfyUI's euler_ancestral_RF and LCM with
+                  CONST noise scaling on the toy denoiser (as an x0 estimate) from noise at sigma 1.
   samplers.txt    every sampler's final x for the toy denoiser of reference/sampling.py, from a fixed initial x
                   over three sigma schedules, with ancestral noise taken in order from one stored stream; also
                   the number of denoiser calls and noise draws.
@@ -26,6 +29,7 @@ The C++ tests (tests/unit/{rng,schedulers,samplers}_test.cpp) read these files; 
 import os
 import subprocess
 import sys
+import types
 
 import numpy as np
 import torch
@@ -195,6 +199,53 @@ def make_samplers(schedule):
     write("samplers.txt", "sampler results for the toy denoiser (float64 reference)", lines)
 
 
+FLOW_STEPS = [1, 4, 20, 28]
+FLOW_TOKENS = [256, 1024, 4096]
+
+
+def make_flow():
+    lines = []
+    for n in FLOW_STEPS:
+        for tokens in FLOW_TOKENS:
+            mu = ref.bfl_lin_function()(tokens)
+            lines.append(record("mu/tokens=%d" % tokens, [mu], fmt=f64))
+            lines.append(record("bfl/dev/steps=%d/tokens=%d" % (n, tokens), ref.bfl_get_schedule(n, tokens), fmt=f64))
+            # ComfyUI's ModelSamplingFlux table (sigma(t) = time_shift(mu, t / 1000), t = 1..1000, in float32)
+            # walked by its simple_scheduler: BFL's schedule when 1000 / n is whole, else rounded to the table.
+            table = types.SimpleNamespace(sigmas=torch.tensor(
+                [ref.bfl_time_shift(mu, 1.0, t / 1000) for t in range(1, 1001)], dtype=torch.float32))
+            lines.append(record("comfy_simple/steps=%d/tokens=%d" % (n, tokens), ref.get_sigmas("simple", n, table),
+                                fmt=f64))
+        lines.append(record("bfl/schnell/steps=%d" % n, ref.bfl_get_schedule(n, 4096, shift=False), fmt=f64))
+    g = torch.Generator().manual_seed(4321)
+    x_init = torch.randn(SAMPLER_SIZE, generator=g)  # noise at sigma 1: x = noise
+    stream = torch.randn(SAMPLER_SIZE * 40, generator=g)
+    lines.append(record("x_init", x_init.numpy()))
+    lines.append(record("noise", stream.numpy()))
+    for n in (4, 10):
+        sigmas32 = np.asarray(ref.bfl_get_schedule(n, 1024), dtype=np.float32)
+        sigmas = [float(s) for s in sigmas32]
+        lines.append(record("schedule/steps=%d" % n, sigmas32))
+
+        def velocity(x, sigma):
+            return (x - ref.toy_denoiser(x, float(sigma))) / sigma
+
+        x = x_init.double()
+        lines.append(record("final/steps=%d/euler" % n, ref.bfl_denoise(velocity, x, sigmas).numpy(), fmt=f64))
+        for name, fn in (("euler_a", ref.sample_euler_ancestral_rf), ("lcm", ref.sample_lcm_flow)):
+            draws = [0]
+
+            def noise():
+                k = draws[0]
+                draws[0] += 1
+                return stream[k * SAMPLER_SIZE:(k + 1) * SAMPLER_SIZE].double()
+
+            out = fn(lambda v, s: ref.toy_denoiser(v, float(s)), x_init.double(), sigmas, eta=1.0, noise=noise)
+            lines.append(record("final/steps=%d/%s" % (n, name), out.numpy(), fmt=f64))
+            lines.append(record("draws/steps=%d/%s" % (n, name), [draws[0]], fmt=lambda v: "%d" % v[0]))
+    write("flow.txt", "rectified flow: BFL schedules and flow samplers on the toy denoiser (float64)", lines)
+
+
 def main():
     if len(sys.argv) == 3 and sys.argv[1] == "--torch-cpu-worker":
         print("\n".join(torch_cpu_records(sys.argv[2])))
@@ -206,6 +257,7 @@ def main():
     make_denoiser(schedule)
     make_schedules(schedule)
     make_samplers(schedule)
+    make_flow()
 
 
 if __name__ == "__main__":

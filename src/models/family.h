@@ -23,7 +23,9 @@ namespace kiln::models {
 enum class NetworkKind {
     ClipText,  // models/clip_text: OpenAI CLIP and OpenCLIP text towers
     Unet,      // models/unet: ldm / sgm UNetModel
-    Vae,       // models/vae: AutoencoderKL
+    Vae,       // models/vae: AutoencoderKL (SD's, Flux's)
+    T5,        // models/t5_encoder: T5 v1.1 encoder (T5-XXL)
+    FluxDit,   // models/flux_dit: Flux.1 / Chroma transformer
 };
 
 // The role a module plays; placement (--backend te=...,diffusion=...,vae=...)
@@ -59,8 +61,20 @@ struct TextEncoderUse {
     bool final_norm = true;
     // The padding id after EOS; < 0: the tokenizer's EOS (OpenAI CLIP).
     int32_t pad_token = -1;
-    // Its pooled, projected output is the start of the UNet's `y` vector.
+    // Its pooled, projected output is the start of the UNet's `y` vector
+    // (SDXL), or the DiT's pooled vector (Flux's CLIP-L).
     bool pooled = false;
+    // Its hidden states are part of the context (false: only its pooled
+    // output is used, as Flux uses CLIP-L).
+    bool context = true;
+    // T5: every prompt is one sequence of exactly this many tokens, EOS
+    // included, padded with the pad id (BFL's max_length: Flux-dev 512,
+    // schnell 256). 0: CLIP's 77-token chunks.
+    int max_length = 0;
+    // T5: the padding is masked out of the DiT's attention (Chroma, as
+    // sd-cli does by default), all but `mask_pad_tokens` pad tokens after EOS.
+    bool mask_padding = false;
+    int mask_pad_tokens = 1;
 };
 
 struct Conditioning {
@@ -82,14 +96,22 @@ struct LatentFormat {
     float shift = 0.0f;
 };
 
-// What the diffusion network predicts: the noise (SD1.x, SD2.x base, SDXL)
-// or v (SD2.x 768-v, v-prediction SDXL files).
-enum class Prediction { Eps, V };
+// What the diffusion network predicts: the noise (SD1.x, SD2.x base, SDXL),
+// v (SD2.x 768-v, v-prediction SDXL files), or the rectified-flow velocity
+// noise - x0 (Flux, Chroma).
+enum class Prediction { Eps, V, Flow };
 
 struct Schedule {
-    // Discrete DDPM betas (scaled linear, 1000 steps, 0.00085..0.012), the
-    // schedule every UNet family here was trained with.
+    // Eps and V: discrete DDPM betas (scaled linear, 1000 steps,
+    // 0.00085..0.012), the schedule every UNet family here was trained with.
+    // Flow: rectified flow with Flux's time shift mu
+    // (pipeline/denoiser.h FlowSchedule).
     Prediction prediction = Prediction::Eps;
+    // Flow: the shift when --flow-shift is not given; with
+    // resolution_shift, BFL's mu from the image's token count instead
+    // (Flux-dev: 0.5 at 256 tokens, 1.15 at 4096).
+    float flow_mu = 0.0f;
+    bool resolution_shift = false;
 };
 
 struct Defaults {
@@ -99,6 +121,8 @@ struct Defaults {
     float cfg_scale = 7.0f;
     std::string sampler = "euler_a";
     std::string scheduler = "discrete";
+    // Distilled guidance (--guidance) for a DiT with a guidance embedding.
+    float guidance = 3.5f;
 };
 
 // What a set of files holds, for detection: the files (-m, --diffusion-model,
@@ -123,6 +147,9 @@ struct Family {
     LatentFormat latent;
     Schedule schedule;
     Defaults defaults;
+    // Reference images (-r, Flux.1-Kontext) are image tokens the DiT
+    // attends to; families that were not trained on them refuse them.
+    bool reference_images = false;
     // The size stride is not a constant of the family: it is the VAE's
     // downscale times the diffusion network's own (2^(levels-1) for a UNet),
     // read from the loaded networks (pipeline/model.h, size_stride()).

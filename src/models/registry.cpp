@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cctype>
 
+#include "models/families/chroma.h"
+#include "models/families/flux.h"
 #include "models/families/sd1.h"
 #include "models/families/sd2.h"
 #include "models/families/sdxl.h"
@@ -11,9 +13,7 @@ namespace kiln::models {
 
 const std::vector<const Family*>& families() {
     static const std::vector<const Family*> kFamilies = {
-        &sd1_family(),
-        &sd2_family(),
-        &sdxl_family(),
+        &sd1_family(), &sd2_family(), &sdxl_family(), &flux_dev_family(), &flux_schnell_family(), &chroma_family(),
     };
     return kFamilies;
 }
@@ -22,7 +22,7 @@ namespace {
 
 // Families kiln recognises in `kiln info` but cannot run yet.
 std::string recognised_label(const FileSet& files) {
-    if (files.any_name_contains("double_blocks.")) return "Flux";
+    if (files.any_name_contains("double_blocks.")) return "Flux (an unknown variant)";
     if (files.any_name_contains("joint_blocks.")) return "SD3";
     if (files.find_suffix("input_blocks.0.0.weight")) return "UNet (unknown context width)";
     bool vae_only = false;
@@ -59,6 +59,14 @@ Detection detect_family(const FileSet& files) {
         return best;
     }
     best.label = best.family->name;
+    // Kontext-dev has Flux.1-dev's layout; only its name tells them apart.
+    if (best.family->reference_images) {
+        for (const io::ModelFile* f : files.files) {
+            for (const io::SourceFile& s : f->sources()) {
+                if (lower(s.path).find("kontext") != std::string::npos) best.label = "Flux.1-Kontext-dev";
+            }
+        }
+    }
     // A UNet whose first convolution takes latent, mask and masked image.
     const io::TensorInfo* conv_in = files.find_suffix("input_blocks.0.0.weight");
     if (conv_in && conv_in->shape.size() == 4 && conv_in->shape[1] == 2 * best.family->latent.channels + 1) {

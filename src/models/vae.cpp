@@ -86,9 +86,11 @@ struct Vae::Blocks {
     std::vector<std::optional<nn::Conv2d>> downsample;
     Mid enc_mid;
     nn::Norm enc_norm;
-    nn::Conv2d enc_out, quant;
+    nn::Conv2d enc_out;
+    std::optional<nn::Conv2d> quant;  // absent in Flux's autoencoder
     // Decoder.
-    nn::Conv2d post_quant, dec_in;
+    std::optional<nn::Conv2d> post_quant;
+    nn::Conv2d dec_in;
     Mid dec_mid;
     std::vector<std::vector<ResnetBlock>> up;  // indexed by ldm level (up.0 is the full-resolution level)
     std::vector<std::optional<nn::Conv2d>> upsample;
@@ -125,6 +127,7 @@ Result<std::unique_ptr<Vae>> Vae::create(const io::ModelFile& file, const std::s
     if (c.res_blocks < 1) return Error{"VAE under '" + prefix + "': decoder levels need at least 2 resnets"};
     c.has_encoder = find("encoder.conv_in.weight") != nullptr;
     c.mid_attention = find("decoder.mid.attn_1.q.weight") != nullptr;
+    c.quant_convs = find("post_quant_conv.weight") != nullptr;
     vae->weights_ = std::make_unique<runtime::ModuleWeights>(file, prefix, weight_type);
     vae->declare();
     return vae;
@@ -159,9 +162,10 @@ void Vae::declare() {
         b.enc_mid = declare_mid(w, "encoder.", top, c.mid_attention);
         b.enc_norm = nn::declare_norm(w, "encoder.norm_out", top);
         b.enc_out = nn::declare_conv2d(w, "encoder.conv_out", top, 2 * c.latent_channels, 3, 1, 1);
-        b.quant = nn::declare_conv2d(w, "quant_conv", 2 * c.latent_channels, 2 * c.latent_channels, 1);
+        if (c.quant_convs)
+            b.quant = nn::declare_conv2d(w, "quant_conv", 2 * c.latent_channels, 2 * c.latent_channels, 1);
     }
-    b.post_quant = nn::declare_conv2d(w, "post_quant_conv", c.latent_channels, c.latent_channels, 1);
+    if (c.quant_convs) b.post_quant = nn::declare_conv2d(w, "post_quant_conv", c.latent_channels, c.latent_channels, 1);
     b.dec_in = nn::declare_conv2d(w, "decoder.conv_in", c.latent_channels, top, 3, 1, 1);
     b.dec_mid = declare_mid(w, "decoder.", top, c.mid_attention);
     b.up.resize(levels);
@@ -184,7 +188,8 @@ void Vae::declare() {
 
 ggml_tensor* Vae::build_decoder(ggml_context* ctx, ggml_tensor* latent, nn::ComputeTarget target) const {
     const Blocks& b = *blocks_;
-    ggml_tensor* h = nn::conv2d(ctx, target, b.dec_in, nn::conv2d(ctx, target, b.post_quant, latent));
+    if (b.post_quant) latent = nn::conv2d(ctx, target, *b.post_quant, latent);
+    ggml_tensor* h = nn::conv2d(ctx, target, b.dec_in, latent);
     h = nn::mark_cut(apply_mid(ctx, target, b.dec_mid, h), "decoder.mid");
     for (int level = static_cast<int>(b.up.size()) - 1; level >= 0; --level) {
         for (const ResnetBlock& r : b.up[level]) h = apply_resnet(ctx, target, r, h);
@@ -215,7 +220,8 @@ ggml_tensor* Vae::build_encoder_moments(ggml_context* ctx, ggml_tensor* image, n
     }
     h = nn::mark_cut(apply_mid(ctx, target, b.enc_mid, h), "encoder.mid");
     h = ggml_silu(ctx, nn::group_norm(ctx, b.enc_norm, h, 32, kEps));
-    return nn::conv2d(ctx, target, b.quant, nn::conv2d(ctx, target, b.enc_out, h));
+    h = nn::conv2d(ctx, target, b.enc_out, h);
+    return b.quant ? nn::conv2d(ctx, target, *b.quant, h) : h;
 }
 
 }  // namespace kiln::models

@@ -1,4 +1,6 @@
-// AutoencoderKL (ldm naming: encoder.*, decoder.*, quant_conv, post_quant_conv).
+// AutoencoderKL (ldm naming: encoder.*, decoder.*, quant_conv, post_quant_conv),
+// and BFL's Flux autoencoder (the same network with 16 latent channels and
+// no quant convolutions).
 // Channels per level, resnets per level and the latent width are read from
 // the weights. The latent scale factor (0.18215 for SD1/SD2) is applied by the
 // pipeline, not here.
@@ -23,6 +25,8 @@ struct VaeConfig {
     int res_blocks = 2;                   // encoder resnets per level (decoder has one more)
     bool has_encoder = true;
     bool mid_attention = true;
+    // quant_conv and post_quant_conv (ldm's SD VAEs); Flux's autoencoder has neither.
+    bool quant_convs = true;
     // Image pixels per latent pixel along each side: 2^(levels-1).
     int downscale() const { return 1 << (level_channels.size() - 1); }
 };

@@ -21,6 +21,11 @@ Scalings get_scalings(Prediction prediction, float sigma) {
             out.c_skip = static_cast<float>(1.0 / (s * s + 1.0));
             out.c_out = static_cast<float>(-s / norm);
             break;
+        case Prediction::Flow:  // ComfyUI CONST: x - sigma * v, the network sees x unscaled
+            out.c_in = 1.0f;
+            out.c_skip = 1.0f;
+            out.c_out = -sigma;
+            break;
     }
     return out;
 }
@@ -106,6 +111,28 @@ float DiscreteSchedule::t_to_sigma(float t) const {
     const double w = tt - low_t;
     const double log_sigma = (1.0 - w) * log_sigmas_[low_idx] + w * log_sigmas_[high_idx];
     return static_cast<float>(std::exp(log_sigma));
+}
+
+float FlowSchedule::time_shift(float mu, float s) {
+    if (s <= 0.0f) return 0.0f;
+    // In float, as stable-diffusion.cpp's flux_time_shift computes it.
+    return std::exp(mu) / (std::exp(mu) + (1.0f / s - 1.0f));
+}
+
+float FlowSchedule::resolution_mu(int64_t image_tokens, float base_mu, float max_mu) {
+    // BFL get_lin_function(x1=256, y1=base_shift, x2=4096, y2=max_shift).
+    const double m = (static_cast<double>(max_mu) - base_mu) / (4096.0 - 256.0);
+    const double b = base_mu - m * 256.0;
+    return static_cast<float>(m * static_cast<double>(image_tokens) + b);
+}
+
+FlowSchedule::FlowSchedule(float mu) : mu_(mu), sigmas_(kTimesteps) {
+    for (int t = 0; t < kTimesteps; ++t) sigmas_[static_cast<size_t>(t)] = t_to_sigma(static_cast<float>(t));
+}
+
+float FlowSchedule::t_to_sigma(float t) const {
+    const float tt = std::clamp(t, 0.0f, static_cast<float>(kTimesteps - 1));
+    return time_shift(mu_, (tt + 1.0f) / static_cast<float>(kTimesteps));
 }
 
 }  // namespace kiln::pipeline

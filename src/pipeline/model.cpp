@@ -40,6 +40,9 @@ std::vector<std::string> network_probes(models::NetworkKind kind) {
             return {"text_model.embeddings.token_embedding.weight", "token_embedding.weight"};
         case models::NetworkKind::Unet: return {"input_blocks.0.0.weight"};
         case models::NetworkKind::Vae: return {"decoder.conv_in.weight"};
+        case models::NetworkKind::T5:
+            return {"encoder.block.0.layer.0.SelfAttention.q.weight", "enc.blk.0.attn_q.weight"};
+        case models::NetworkKind::FluxDit: return {"double_blocks.0.img_attn.qkv.weight"};
     }
     return {};
 }
@@ -269,6 +272,9 @@ Status Model::load_networks(const ModelPaths& paths, const ModelOptions& options
                 vae_ = module.get();
                 break;
             }
+            case models::NetworkKind::T5:
+            case models::NetworkKind::FluxDit:
+                return Error::bad_file(where + ": " + family_label_ + " is recognised but cannot run yet");
         }
         modules_.push_back(std::move(module));
     }

@@ -317,6 +317,52 @@ Result<Vec> sample_lcm(const Run& run, Vec x, const Vec& sigmas) {
     return x;
 }
 
+// ---- rectified flow (x = (1 - sigma) x0 + sigma noise) -------------------------------------------------------------
+
+// ComfyUI's sample_euler_ancestral_RF: Euler to sigma_down along the straight
+// line to the denoised estimate, then back up to sigma_next by scaling the
+// signal and adding fresh noise, so x stays on the flow's (1 - sigma, sigma) mix.
+Result<Vec> sample_euler_ancestral_flow(const Run& run, Vec x, const Vec& sigmas, double eta) {
+    for (int i = 0; i < run.steps(); ++i) {
+        const double s = sigmas[i];
+        const double s_next = sigmas[i + 1];
+        KILN_SAMPLER_TRY(den, run.denoise(x, s, i));
+        if (s_next == 0) {
+            x = den;
+        } else {
+            const double down = s_next * (1.0 + (s_next / s - 1.0) * eta);
+            const double alpha_next = 1.0 - s_next;
+            const double alpha_down = 1.0 - down;
+            const double renoise = std::sqrt(
+                std::max(0.0, s_next * s_next - down * down * alpha_next * alpha_next / (alpha_down * alpha_down)));
+            const double ratio = down / s;
+            KILN_SAMPLER_TRY(noise, run.noise());
+            for (size_t j = 0; j < x.size(); ++j) {
+                const double stepped = ratio * x[j] + (1.0 - ratio) * den[j];
+                x[j] = static_cast<float>(alpha_next / alpha_down * stepped + noise[j] * renoise);
+            }
+        }
+        run.step_done(i);
+    }
+    return x;
+}
+
+// LCM on a flow model: x = D, then noise mixed in at the next sigma as the
+// flow mixes it (ComfyUI's CONST noise_scaling: sigma noise + (1 - sigma) x0).
+Result<Vec> sample_lcm_flow(const Run& run, Vec x, const Vec& sigmas) {
+    for (int i = 0; i < run.steps(); ++i) {
+        const double s_next = sigmas[i + 1];
+        KILN_SAMPLER_TRY(den, run.denoise(x, sigmas[i], i));
+        x = den;
+        if (s_next > 0) {
+            KILN_SAMPLER_TRY(noise, run.noise());
+            for (size_t j = 0; j < x.size(); ++j) x[j] = static_cast<float>((1.0 - s_next) * x[j] + s_next * noise[j]);
+        }
+        run.step_done(i);
+    }
+    return x;
+}
+
 // The DDPM quantities at one timestep.
 struct Ddpm {
     const DiscreteSchedule& schedule;
@@ -451,6 +497,18 @@ Result<SamplerKind> parse_sampler(std::string_view name) {
                  ")"};
 }
 
+std::string flow_sampler_names() {
+    std::string names;
+    for (const SamplerName& entry : kSamplerNames) {
+        if (entry.kind == SamplerKind::DpmPp2SA || entry.kind == SamplerKind::DdimTrailing ||
+            entry.kind == SamplerKind::Tcd) {
+            continue;
+        }
+        names += (names.empty() ? "" : ", ") + std::string(entry.name);
+    }
+    return names;
+}
+
 float default_eta(SamplerKind kind) {
     switch (kind) {
         case SamplerKind::EulerA:
@@ -461,7 +519,7 @@ float default_eta(SamplerKind kind) {
 
 Result<std::vector<float>> sample(SamplerKind kind, const DenoiseFn& denoise, std::vector<float> x,
                                   const std::vector<float>& sigmas, Rng& rng, float eta, const ProgressFn& progress,
-                                  const DiscreteSchedule& ddpm) {
+                                  const NoiseSchedule& schedule) {
     if (sigmas.size() < 2) {
         return Error{"sigmas: need at least 2 values (1 step), got " + std::to_string(sigmas.size())};
     }
@@ -480,7 +538,34 @@ Result<std::vector<float>> sample(SamplerKind kind, const DenoiseFn& denoise, st
 
     const int steps = static_cast<int>(sigmas.size() - 1);
     const Run run(denoise, rng, progress, x.size(), steps);
-    const Ddpm vp{ddpm};
+    if (schedule.flow()) {
+        if (sigmas.front() > 1.0f) return Error{"sigmas: a flow schedule's sigmas must be in [0, 1]"};
+        switch (kind) {
+            // The deterministic samplers integrate dx/dsigma = (x - D) / sigma,
+            // which on a flow model is its velocity: the same code, as ComfyUI
+            // and stable-diffusion.cpp run them.
+            case SamplerKind::Euler: return sample_euler(run, std::move(x), sigmas);
+            case SamplerKind::Heun: return sample_heun(run, std::move(x), sigmas);
+            case SamplerKind::Dpm2: return sample_dpm2(run, std::move(x), sigmas);
+            case SamplerKind::DpmPp2M: return sample_dpmpp_2m(run, std::move(x), sigmas, false);
+            case SamplerKind::DpmPp2Mv2: return sample_dpmpp_2m(run, std::move(x), sigmas, true);
+            case SamplerKind::Ipndm: return sample_ipndm(run, std::move(x), sigmas);
+            case SamplerKind::EulerA: return sample_euler_ancestral_flow(run, std::move(x), sigmas, eta);
+            case SamplerKind::Lcm: return sample_lcm_flow(run, std::move(x), sigmas);
+            case SamplerKind::DpmPp2SA:
+            case SamplerKind::DdimTrailing:
+            case SamplerKind::Tcd:
+                return Error::invalid_request("--sampling-method " + std::string(sampler_name(kind)) +
+                                              ": not defined for flow models (Flux, Chroma); use " +
+                                              flow_sampler_names());
+        }
+        return Error{"sample: unknown sampling method"};
+    }
+    const auto* ddpm = dynamic_cast<const DiscreteSchedule*>(&schedule);
+    if (!ddpm && (kind == SamplerKind::DdimTrailing || kind == SamplerKind::Tcd)) {
+        return Error{"sample: " + std::string(sampler_name(kind)) + " needs a DDPM schedule"};
+    }
+    const Ddpm vp{ddpm ? *ddpm : DiscreteSchedule::stable_diffusion()};
     switch (kind) {
         case SamplerKind::Euler: return sample_euler(run, std::move(x), sigmas);
         case SamplerKind::EulerA: return sample_euler_ancestral(run, std::move(x), sigmas, eta);

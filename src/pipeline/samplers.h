@@ -17,6 +17,12 @@
 //   tcd            Trajectory Consistency Distillation's strategic stochastic sampling (Zheng et al. 2024,
 //                  Algorithm 4; diffusers TCDScheduler, 50 original steps)
 //
+// On a flow model (a FlowSchedule: x = (1 - sigma) x0 + sigma noise) euler,
+// heun, dpm2, dpm++2m, dpm++2mv2 and ipndm run unchanged (their ODE in sigma
+// is the flow's); euler_a is ComfyUI's sample_euler_ancestral_RF and lcm
+// mixes its noise in as the flow does; dpm++2s_a, ddim_trailing and tcd are
+// not defined for flow models and are an invalid request.
+//
 // Each follows the reference named beside it; stable-diffusion.cpp's
 // sample_k_diffusion implements the same methods. Where the two differ, kiln
 // follows the reference: dpm++2s_a evaluates the midpoint at sigma(s) as
@@ -54,6 +60,9 @@ std::string sampler_names();
 // dpmpp_2s_ancestral, dpmpp_2m_v2, ddim). The error lists the valid names.
 Result<SamplerKind> parse_sampler(std::string_view name);
 
+// The samplers defined for flow models, comma-separated.
+std::string flow_sampler_names();
+
 // The eta that reproduces stable-diffusion.cpp's default behaviour: 1 for the
 // ancestral samplers (euler_a, dpm++2s_a: full ancestral noise), 0 for
 // ddim_trailing and tcd (sd.cpp's --eta default), 0 for the rest (unused).
@@ -75,12 +84,13 @@ using ProgressFn = std::function<void(int step, int total)>;
 // step when eta > 0; tcd: every step but the last when eta > 0).
 // eta: euler_a and dpm++2s_a scale sigma_up by it (k-diffusion get_ancestral_step);
 // ddim_trailing's sigma_t(eta); tcd's gamma. Other samplers ignore it.
-// `ddpm` gives ddim_trailing and tcd their alphas_cumprod.
+// `schedule` says whether the model is a flow model (see above) and gives
+// ddim_trailing and tcd their alphas_cumprod (they need a DiscreteSchedule).
 // Errors: fewer than 2 sigmas, a non-finite or misplaced zero sigma, a
 // denoiser result of the wrong size, or the denoiser's own error.
 Result<std::vector<float>> sample(SamplerKind kind, const DenoiseFn& denoise, std::vector<float> x,
                                   const std::vector<float>& sigmas, Rng& rng, float eta = 1.0f,
                                   const ProgressFn& progress = nullptr,
-                                  const DiscreteSchedule& ddpm = DiscreteSchedule::stable_diffusion());
+                                  const NoiseSchedule& schedule = DiscreteSchedule::stable_diffusion());
 
 }  // namespace kiln::pipeline

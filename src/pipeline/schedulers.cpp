@@ -64,7 +64,7 @@ std::vector<double> loglinear_interp(const std::vector<double>& levels, int coun
     return out;
 }
 
-std::vector<float> sigmas_at_timesteps(const std::vector<double>& timesteps, const DiscreteSchedule& schedule) {
+std::vector<float> sigmas_at_timesteps(const std::vector<double>& timesteps, const NoiseSchedule& schedule) {
     std::vector<float> out;
     out.reserve(timesteps.size() + 1);
     for (double t : timesteps) out.push_back(schedule.t_to_sigma(static_cast<float>(t)));
@@ -98,7 +98,7 @@ Result<SchedulerKind> parse_scheduler(std::string_view name) {
     return Error{"--scheduler: unknown scheduler '" + std::string(name) + "' (valid: " + scheduler_names() + ")"};
 }
 
-Result<std::vector<float>> get_sigmas(SchedulerKind kind, int steps, const DiscreteSchedule& schedule) {
+Result<std::vector<float>> get_sigmas(SchedulerKind kind, int steps, const NoiseSchedule& schedule) {
     if (steps < 1) return Error{"--steps: must be at least 1, got " + std::to_string(steps)};
     const int n = steps;
     const double t_max = static_cast<double>(schedule.size() - 1);
@@ -137,6 +137,11 @@ Result<std::vector<float>> get_sigmas(SchedulerKind kind, int steps, const Discr
         }
 
         case SchedulerKind::Ays: {
+            if (schedule.flow()) {
+                return Error::invalid_request(
+                    "--scheduler ays: its levels are SD's and not defined for flow models (use simple, "
+                    "discrete, karras, exponential or sgm_uniform)");
+            }
             // n + 1 levels from the 11 published ones; the last (sigma_min) is replaced by 0, as ComfyUI and sd.cpp.
             const std::vector<double> table(std::begin(kAysSd1), std::end(kAysSd1));
             const std::vector<double> levels =

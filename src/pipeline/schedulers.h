@@ -1,7 +1,8 @@
 // Sigma schedules (`--scheduler`): which noise levels the sampler visits.
 //
 // Every schedule turns n sampling steps into n + 1 descending sigmas, the
-// last one 0, from the model's discrete sigma table:
+// last one 0, from the model's sigma table (a DDPM's, or a flow model's
+// shifted one: denoiser.h):
 //   discrete     k-diffusion DiscreteSchedule.get_sigmas: t evenly spaced from
 //                T-1 down to 0, sigma = t_to_sigma(t) (sd.cpp's default)
 //   karras       Karras et al. 2022, eq. (5), rho = 7, between the table's
@@ -35,6 +36,7 @@ Result<SchedulerKind> parse_scheduler(std::string_view name);
 
 // n + 1 sigmas for `steps` = n >= 1 sampling steps, descending, ending in 0.
 // Errors: steps < 1.
-Result<std::vector<float>> get_sigmas(SchedulerKind kind, int steps, const DiscreteSchedule& schedule);
+// Errors: steps < 1; ays on a flow schedule (its levels are SD's).
+Result<std::vector<float>> get_sigmas(SchedulerKind kind, int steps, const NoiseSchedule& schedule);
 
 }  // namespace kiln::pipeline

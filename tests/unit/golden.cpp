@@ -58,6 +58,14 @@ double relative_error(const std::vector<float>& actual, const std::vector<float>
     return max_diff / std::max(max_ref, 1e-6);
 }
 
+std::vector<float> toy_denoiser(const std::vector<float>& x, float sigma) {
+    const double s = sigma;
+    const double scale = 0.25 / (0.25 + s * s);
+    std::vector<float> out(x.size());
+    for (size_t i = 0; i < x.size(); ++i) out[i] = static_cast<float>(x[i] * scale + 0.1 * std::tanh(double{x[i]}));
+    return out;
+}
+
 Records load_sampling_records(const std::string& file) {
     Records records;
     const std::string path = golden_path("sampling/" + file);

@@ -38,6 +38,9 @@ double relative_error(const std::vector<float>& actual, const std::vector<float>
 // line, '#' comments (training/make_sampling_fixtures.py).
 using Records = std::map<std::string, std::vector<double>>;
 Records load_sampling_records(const std::string& file);
+// The toy denoiser of training/reference/sampling.py the sampler fixtures use:
+// D(x, sigma) = x * 0.25 / (0.25 + sigma^2) + 0.1 * tanh(x), in double.
+std::vector<float> toy_denoiser(const std::vector<float>& x, float sigma);
 // The record called `name`; fails the current test (and returns an empty
 // vector) if there is none.
 const std::vector<double>& record(const Records& records, const std::string& name);

@@ -179,7 +179,15 @@ TEST(ModelSummary, DetectsFamiliesAndComponentsOfSingleFiles) {
                    {"model.diffusion_model.input_blocks.0.0.weight", "F16", {2, 9, 1, 1}, std::vector<uint8_t>(36)}}),
         "SD1.x inpainting");
     EXPECT_EQ(family_of({{"model.diffusion_model.label_emb.0.0.weight", "F16", {2}, std::vector<uint8_t>(4)}}), "SDXL");
-    EXPECT_EQ(family_of({{"double_blocks.0.img_attn.qkv.weight", "F16", {2}, std::vector<uint8_t>(4)}}), "Flux");
+    EXPECT_EQ(family_of({{"double_blocks.0.img_attn.qkv.weight", "F16", {2}, std::vector<uint8_t>(4)}}),
+              "Flux.1-schnell");
+    EXPECT_EQ(family_of({{"double_blocks.0.img_attn.qkv.weight", "F16", {2}, std::vector<uint8_t>(4)},
+                         {"guidance_in.in_layer.weight", "F16", {2}, std::vector<uint8_t>(4)}}),
+              "Flux.1-dev");
+    EXPECT_EQ(family_of({{"double_blocks.0.img_attn.qkv.weight", "F16", {2}, std::vector<uint8_t>(4)},
+                         {"distilled_guidance_layer.in_proj.weight", "F16", {2}, std::vector<uint8_t>(4)}}),
+              "Chroma");
+    EXPECT_EQ(family_of({{"joint_blocks.0.x_block.attn.qkv.weight", "F16", {2}, std::vector<uint8_t>(4)}}), "SD3");
     EXPECT_EQ(family_of({{"encoder.conv_in.weight", "F16", {2}, std::vector<uint8_t>(4)},
                          {"decoder.conv_out.weight", "F16", {2}, std::vector<uint8_t>(4)}}),
               "VAE");

@@ -27,13 +27,9 @@ std::vector<float> to_floats(const std::vector<double>& values) {
     return std::vector<float>(values.begin(), values.end());
 }
 
-// The reference's toy denoiser: D(x, sigma) = x * 0.25 / (0.25 + sigma^2) + 0.1 * tanh(x).
+// The reference's toy denoiser (tests/unit/golden.h).
 Result<std::vector<float>> toy_denoiser(const std::vector<float>& x, float sigma) {
-    const double s = sigma;
-    const double scale = 0.25 / (0.25 + s * s);
-    std::vector<float> out(x.size());
-    for (size_t i = 0; i < x.size(); ++i) out[i] = static_cast<float>(x[i] * scale + 0.1 * std::tanh(double{x[i]}));
-    return out;
+    return test::toy_denoiser(x, sigma);
 }
 
 // Hands out the fixture's noise stream in order, n values per draw; an empty vector once it runs out.

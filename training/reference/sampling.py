@@ -435,3 +435,63 @@ SAMPLERS = {
     "ddim_trailing": sample_ddim_trailing,
     "tcd": sample_tcd,
 }
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Rectified flow (Flux): x = (1 - sigma) x0 + sigma * noise; the network predicts v = noise - x0.
+
+
+def bfl_time_shift(mu, sigma, t):
+    """BFL flux/sampling.py time_shift."""
+    return math.exp(mu) / (math.exp(mu) + (1 / t - 1) ** sigma)
+
+
+def bfl_lin_function(x1=256, y1=0.5, x2=4096, y2=1.15):
+    """BFL flux/sampling.py get_lin_function."""
+    m = (y2 - y1) / (x2 - x1)
+    b = y1 - m * x1
+    return lambda x: m * x + b
+
+
+def bfl_get_schedule(num_steps, image_seq_len, base_shift=0.5, max_shift=1.15, shift=True):
+    """BFL flux/sampling.py get_schedule: linspace(1, 0, n + 1), time-shifted with a resolution-dependent mu."""
+    timesteps = torch.linspace(1, 0, num_steps + 1, dtype=torch.float64)
+    if shift:
+        mu = bfl_lin_function(y1=base_shift, y2=max_shift)(image_seq_len)
+        timesteps = [bfl_time_shift(mu, 1.0, float(t)) if t > 0 else 0.0 for t in timesteps]
+    return [float(t) for t in timesteps]
+
+
+def bfl_denoise(model_velocity, x, timesteps):
+    """BFL flux/sampling.py denoise: img = img + (t_prev - t_curr) * pred (Euler on the velocity)."""
+    for t_curr, t_prev in zip(timesteps[:-1], timesteps[1:]):
+        pred = model_velocity(x, t_curr)
+        x = x + (t_prev - t_curr) * pred
+    return x
+
+
+def sample_euler_ancestral_rf(model, x, sigmas, eta=1.0, noise=None, **_):
+    """ComfyUI k_diffusion sample_euler_ancestral_RF (s_noise 1)."""
+    for i in range(len(sigmas) - 1):
+        denoised = model(x, sigmas[i])
+        if sigmas[i + 1] == 0:
+            x = denoised
+            continue
+        downstep_ratio = 1 + (sigmas[i + 1] / sigmas[i] - 1) * eta
+        sigma_down = sigmas[i + 1] * downstep_ratio
+        alpha_ip1 = 1 - sigmas[i + 1]
+        alpha_down = 1 - sigma_down
+        renoise_coeff = (sigmas[i + 1] ** 2 - sigma_down ** 2 * alpha_ip1 ** 2 / alpha_down ** 2) ** 0.5
+        sigma_down_i_ratio = sigma_down / sigmas[i]
+        x = sigma_down_i_ratio * x + (1 - sigma_down_i_ratio) * denoised
+        x = (alpha_ip1 / alpha_down) * x + noise() * renoise_coeff
+    return x
+
+
+def sample_lcm_flow(model, x, sigmas, noise=None, **_):
+    """ComfyUI sample_lcm with CONST noise_scaling: sigma * noise + (1 - sigma) * x0."""
+    for i in range(len(sigmas) - 1):
+        x = model(x, sigmas[i])
+        if sigmas[i + 1] > 0:
+            x = sigmas[i + 1] * noise() + (1 - sigmas[i + 1]) * x
+    return x

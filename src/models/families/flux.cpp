@@ -1,0 +1,96 @@
+#include "models/families/flux.h"
+
+namespace kiln::models {
+namespace {
+
+bool has_guidance_embedding(const FileSet& files) { return files.find_suffix("guidance_in.in_layer.weight"); }
+bool has_chroma_approximator(const FileSet& files) { return files.any_name_contains("distilled_guidance_layer."); }
+
+int detect_dev(const FileSet& files) {
+    return has_flux_dit(files) && has_guidance_embedding(files) && !has_chroma_approximator(files) ? 3 : 0;
+}
+
+int detect_schnell(const FileSet& files) {
+    return has_flux_dit(files) && !has_guidance_embedding(files) && !has_chroma_approximator(files) ? 3 : 0;
+}
+
+ModuleSpec clip_l_pooled_module() {
+    return {"clip_l", ModuleRole::TextEncoder, NetworkKind::ClipText, {}, "--clip_l", {}};
+}
+
+// BFL's HFEmbedder: CLIP-L's pooler output (the final-normed EOS token of the
+// last layer, no projection) over one 77-token chunk padded with EOS; T5's
+// last hidden state over exactly `t5_length` tokens padded with 0.
+Conditioning flux_conditioning(int t5_length) {
+    Conditioning c;
+    TextEncoderUse clip;
+    clip.module = "clip_l";
+    clip.pooled = true;
+    clip.context = false;
+    TextEncoderUse t5;
+    t5.module = "t5xxl";
+    t5.pad_token = 0;
+    t5.max_length = t5_length;
+    c.encoders = {clip, t5};
+    return c;
+}
+
+Family make(bool dev) {
+    Family f;
+    f.name = dev ? "Flux.1-dev" : "Flux.1-schnell";
+    f.detect = dev ? detect_dev : detect_schnell;
+    f.modules = {clip_l_pooled_module(), flux_t5_module(), flux_dit_module(), flux_vae_module()};
+    f.conditioning = flux_conditioning(dev ? 512 : 256);
+    f.latent = flux_latent_format();
+    f.schedule.prediction = Prediction::Flow;
+    // BFL: dev shifts by the image's token count (1.15 at 1024x1024),
+    // schnell not at all.
+    f.schedule.resolution_shift = dev;
+    f.schedule.flow_mu = dev ? 1.15f : 0.0f;
+    f.defaults.width = 1024;
+    f.defaults.height = 1024;
+    f.defaults.steps = dev ? 20 : 4;
+    f.defaults.cfg_scale = 1.0f;
+    f.defaults.sampler = "euler";
+    f.defaults.scheduler = "discrete";
+    f.defaults.guidance = 3.5f;
+    // Kontext-dev has dev's weights layout; reference images are its input.
+    f.reference_images = dev;
+    return f;
+}
+
+}  // namespace
+
+bool has_flux_dit(const FileSet& files) { return files.find_suffix("double_blocks.0.img_attn.qkv.weight"); }
+
+ModuleSpec flux_t5_module() {
+    // HF's T5EncoderModel names (text_encoder_2/ of a diffusers folder) are
+    // the ones the network reads: no renaming.
+    return {"t5xxl", ModuleRole::TextEncoder, NetworkKind::T5, {}, "--t5xxl", {}};
+}
+
+ModuleSpec flux_dit_module() {
+    return {"flux", ModuleRole::Diffusion, NetworkKind::FluxDit, {}, "--diffusion-model", {}};
+}
+
+ModuleSpec flux_vae_module() { return {"vae", ModuleRole::Vae, NetworkKind::Vae, {}, "--vae", {}}; }
+
+LatentFormat flux_latent_format() {
+    LatentFormat l;
+    l.channels = 16;
+    l.scale = 0.3611f;
+    l.shift = 0.1159f;
+    return l;
+}
+
+const Family& flux_dev_family() {
+    static const Family family = make(true);
+    return family;
+}
+
+const Family& flux_schnell_family() {
+    static const Family family = make(false);
+    return family;
+}
+
+}  // namespace kiln::models
