@@ -107,7 +107,9 @@ class T5Encoder {
     std::vector<int32_t> relative_buckets(int64_t n) const;
 
     // tokens: I32 ne [n, batch]. Returns F32 ne [d_model, n, batch] after the
-    // final RMSNorm. Cut markers "t5.blocks.<i>" after every block.
+    // final RMSNorm. Cut markers "t5.blocks.<i>" after every block. A missing
+    // or wrongly sized options.relative_buckets is a caller's bug (asserted).
+    // Compute memory: the scores are n * n * heads * batch floats per block.
     ggml_tensor* encode(ggml_context* ctx, ggml_tensor* tokens, const T5Options& options) const;
 
   private:
