@@ -26,7 +26,7 @@ ggml_tensor* concat_all(ggml_context* ctx, std::vector<ggml_tensor*> pieces, int
 // block's scores are the same numbers the whole product makes, row by row.
 // Returns [head_dim, Nq, heads, B].
 ggml_tensor* attention_in_blocks(ggml_context* ctx, ggml_tensor* q, ggml_tensor* k, ggml_tensor* v, float scale,
-                                 int64_t scores_block_bytes) {
+                                 int64_t scores_block_bytes, ggml_tensor* mask) {
     const int64_t head_dim = q->ne[0], n_q = q->ne[1], n_k = k->ne[1];
     const int64_t planes = q->ne[2] * q->ne[3];
     // Few enough blocks that the graph stays small (a block is six tensors):
@@ -43,7 +43,11 @@ ggml_tensor* attention_in_blocks(ggml_context* ctx, ggml_tensor* q, ggml_tensor*
         for (int64_t first = 0; first < n_q; first += rows) {
             const int64_t n = std::min(rows, n_q - first);
             ggml_tensor* q_b = ggml_view_2d(ctx, q, head_dim, n, q->nb[1], p * q->nb[2] + first * q->nb[1]);
-            ggml_tensor* scores = ggml_soft_max_ext(ctx, ggml_mul_mat(ctx, k_p, q_b), nullptr, scale, 0.0f);
+            // The mask's rows of these queries, for this plane's batch entry.
+            ggml_tensor* mask_b =
+                mask ? ggml_view_2d(ctx, mask, n_k, n, mask->nb[1], (p / q->ne[2]) * mask->nb[3] + first * mask->nb[1])
+                     : nullptr;
+            ggml_tensor* scores = ggml_soft_max_ext(ctx, ggml_mul_mat(ctx, k_p, q_b), mask_b, scale, 0.0f);
             blocks.push_back(ggml_mul_mat(ctx, v_p, scores));  // [head_dim, n]
         }
         heads.push_back(concat_all(ctx, std::move(blocks), 1));  // [head_dim, Nq]
@@ -68,11 +72,13 @@ ggml_tensor* attention(ggml_context* ctx, ggml_tensor* q, ggml_tensor* k, ggml_t
     ggml_tensor* qh = split_heads(q, n_q);
     ggml_tensor* kh = split_heads(k, n_k);
 
+    GGML_ASSERT(!options.mask || !options.causal);
     if (options.flash && !options.causal) {
         ggml_tensor* k16 = ggml_cast(ctx, kh, GGML_TYPE_F16);
         ggml_tensor* v16 = ggml_cast(ctx, split_heads(v, n_k), GGML_TYPE_F16);
+        ggml_tensor* mask16 = options.mask ? ggml_cast(ctx, options.mask, GGML_TYPE_F16) : nullptr;
         ggml_tensor* out =
-            ggml_flash_attn_ext(ctx, qh, k16, v16, nullptr, scale, 0.0f, 0.0f);  // [head_dim, heads, Nq, B]
+            ggml_flash_attn_ext(ctx, qh, k16, v16, mask16, scale, 0.0f, 0.0f);  // [head_dim, heads, Nq, B]
         return ggml_reshape_3d(ctx, out, dim, n_q, batch);
     }
 
@@ -87,7 +93,8 @@ ggml_tensor* attention(ggml_context* ctx, ggml_tensor* q, ggml_tensor* k, ggml_t
     };
     const int64_t scores_bytes = n_q * n_k * heads * batch * static_cast<int64_t>(sizeof(float));
     if (!options.causal && options.scores_block_bytes > 0 && scores_bytes > 4 * options.scores_block_bytes) {
-        ggml_tensor* out = attention_in_blocks(ctx, qc, kc, v_by_keys(), scale, options.scores_block_bytes);
+        ggml_tensor* out =
+            attention_in_blocks(ctx, qc, kc, v_by_keys(), scale, options.scores_block_bytes, options.mask);
         out = ggml_cont(ctx, ggml_permute(ctx, out, 0, 2, 1, 3));  // [head_dim, heads, Nq, B]
         return ggml_reshape_3d(ctx, out, dim, n_q, batch);
     }
@@ -96,7 +103,7 @@ ggml_tensor* attention(ggml_context* ctx, ggml_tensor* q, ggml_tensor* k, ggml_t
         scores = ggml_diag_mask_inf(ctx, ggml_scale(ctx, scores, scale), 0);
         scores = ggml_soft_max(ctx, scores);
     } else {
-        scores = ggml_soft_max_ext(ctx, scores, nullptr, scale, 0.0f);
+        scores = ggml_soft_max_ext(ctx, scores, options.mask, scale, 0.0f);
     }
     ggml_tensor* out = ggml_mul_mat(ctx, v_by_keys(), scores);  // [head_dim, Nq, heads, B]
     out = ggml_cont(ctx, ggml_permute(ctx, out, 0, 2, 1, 3));   // [head_dim, heads, Nq, B]

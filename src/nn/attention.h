@@ -18,6 +18,9 @@ struct AttentionOptions {
     // instead of going through memory four times, and compute memory holds
     // one block of scores, not all of them. Not for causal attention.
     int64_t scores_block_bytes = 0;
+    // Optional F32 additive mask, ne [Nk, Nq, 1, B], added to the scaled
+    // scores of every head (0 attend, -inf ignore). Not with causal.
+    ggml_tensor* mask = nullptr;
 };
 
 // q: ne [dim, Nq, B]; k, v: ne [dim, Nk, B] (dim = heads * head_dim).

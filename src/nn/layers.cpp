@@ -136,6 +136,14 @@ ggml_tensor* quick_gelu(ggml_context* ctx, ggml_tensor* x) {
     return ggml_mul(ctx, x, ggml_sigmoid(ctx, ggml_scale(ctx, x, 1.702f)));
 }
 
+ggml_tensor* gelu_tanh(ggml_context* ctx, ComputeTarget target, ggml_tensor* x) {
+    if (target == ComputeTarget::Device) return ggml_gelu(ctx, x);
+    // 0.5 (1 + tanh(z)) = sigmoid(2 z), z = sqrt(2/pi) (x + 0.044715 x^3).
+    constexpr float kTwoRootTwoOverPi = 1.5957691216057308f;  // 2 sqrt(2 / pi)
+    ggml_tensor* inner = ggml_scale_bias(ctx, ggml_sqr(ctx, x), kTwoRootTwoOverPi * 0.044715f, kTwoRootTwoOverPi);
+    return ggml_mul(ctx, x, ggml_sigmoid(ctx, ggml_mul(ctx, x, inner)));
+}
+
 ggml_tensor* upsample_nearest_2x(ggml_context* ctx, ggml_tensor* x) {
     return ggml_upscale(ctx, x, 2, GGML_SCALE_MODE_NEAREST);
 }

@@ -57,6 +57,13 @@ ggml_tensor* group_norm(ggml_context* ctx, const Norm& norm, ggml_tensor* x, int
 // x * sigmoid(1.702 x): CLIP ViT-L's activation.
 ggml_tensor* quick_gelu(ggml_context* ctx, ggml_tensor* x);
 
+// GELU, tanh approximation (PyTorch's approximate="tanh"):
+// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). On the CPU it is composed
+// of exact ops as x * sigmoid(2 sqrt(2/pi) (x + 0.044715 x^3)), since ggml's
+// CPU GELU looks x up in an F16 table (about 1e-3 off); on a device it is
+// ggml_gelu, which computes the formula.
+ggml_tensor* gelu_tanh(ggml_context* ctx, ComputeTarget target, ggml_tensor* x);
+
 // Nearest-neighbour 2x upsampling of ne [W, H, C, N].
 ggml_tensor* upsample_nearest_2x(ggml_context* ctx, ggml_tensor* x);
 

@@ -1,0 +1,664 @@
+#include "models/flux_dit.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <sstream>
+
+#include "nn/attention.h"
+#include "nn/layers.h"
+
+namespace kiln::models {
+namespace {
+
+constexpr float kNormEps = 1e-6f;  // BFL's LayerNorms and RMSNorms
+constexpr int kTimeEmbedding = 256;
+// Chroma's approximator input: timestep and guidance embeddings of 16, index embedding of 32.
+constexpr int kChromaTimeEmbedding = 16;
+constexpr int kChromaIndexEmbedding = 32;
+
+struct Embedder {  // BFL's MLPEmbedder: out_layer(silu(in_layer(x)))
+    nn::Linear in, out;
+};
+
+struct Attention {
+    nn::Linear qkv, proj;
+    ggml_tensor* q_scale = nullptr;  // norm.query_norm.scale [head_dim]
+    ggml_tensor* k_scale = nullptr;  // norm.key_norm.scale [head_dim]
+};
+
+struct Stream {      // one stream of a double block
+    nn::Linear mod;  // <stream>_mod.lin (not in Chroma)
+    Attention attn;
+    nn::Linear mlp_in, mlp_out;
+};
+
+struct DoubleBlock {
+    Stream img, txt;
+};
+
+struct SingleBlock {
+    nn::Linear linear1, linear2, mod;
+    ggml_tensor* q_scale = nullptr;
+    ggml_tensor* k_scale = nullptr;
+};
+
+// Rows [first, first + count) of a linear layer's output: views of its weight
+// rows and bias, so each part of a fused projection (qkv, linear1) is a
+// contiguous product of its own.
+nn::Linear rows(ggml_context* ctx, const nn::Linear& l, int64_t first, int64_t count) {
+    nn::Linear part;
+    part.weight = ggml_view_2d(ctx, l.weight, l.weight->ne[0], count, l.weight->nb[1], first * l.weight->nb[1]);
+    if (l.bias) part.bias = ggml_view_1d(ctx, l.bias, count, first * l.bias->nb[0]);
+    return part;
+}
+
+ggml_tensor* embed(ggml_context* ctx, const Embedder& e, ggml_tensor* x) {
+    return nn::linear(ctx, e.out, ggml_silu(ctx, nn::linear(ctx, e.in, x)));
+}
+
+// BFL's timestep_embedding(t, dim): t * 1000, cat([cos, sin]).
+ggml_tensor* time_embedding(ggml_context* ctx, ggml_tensor* t, int dim) {
+    return ggml_timestep_embedding(ctx, ggml_scale(ctx, t, 1000.0f), dim, 10000);
+}
+
+// Modulation vectors as one contiguous table ne [hidden, B, K]: vector k of
+// every batch entry is the contiguous chunk k.
+struct ModTable {
+    ggml_tensor* table = nullptr;
+
+    // From ne [hidden, K, B] (a Modulation's output viewed per chunk, or
+    // Chroma's approximator output).
+    static ModTable from_chunks(ggml_context* ctx, ggml_tensor* chunks) {
+        return {ggml_cont(ctx, ggml_permute(ctx, chunks, 0, 2, 1, 3))};
+    }
+    // Vector k, ne [hidden, 1, B]: broadcasts over the tokens.
+    ggml_tensor* at(ggml_context* ctx, int64_t k) const {
+        return ggml_view_3d(ctx, table, table->ne[0], 1, table->ne[1], table->nb[1], table->nb[1], k * table->nb[2]);
+    }
+};
+
+// (shift, scale, gate) of one modulated sub-block, each ne [hidden, 1, B];
+// `scale1` is 1 + scale (BFL's (1 + scale) * x + shift).
+struct Mod {
+    ggml_tensor* shift = nullptr;
+    ggml_tensor* scale1 = nullptr;
+    ggml_tensor* gate = nullptr;
+};
+
+Mod mod_at(ggml_context* ctx, const ModTable& t, int64_t k, bool with_gate = true) {
+    Mod m;
+    m.shift = t.at(ctx, k);
+    m.scale1 = ggml_scale_bias(ctx, t.at(ctx, k + 1), 1.0f, 1.0f);
+    if (with_gate) m.gate = t.at(ctx, k + 2);
+    return m;
+}
+
+// BFL's Modulation: lin(silu(vec)) in `k` chunks of hidden.
+ModTable modulation(ggml_context* ctx, const nn::Linear& lin, ggml_tensor* silu_vec, int64_t k) {
+    ggml_tensor* m = nn::linear(ctx, lin, silu_vec);  // [k * hidden, B]
+    return ModTable::from_chunks(ctx, ggml_reshape_3d(ctx, m, m->ne[0] / k, k, m->ne[1]));
+}
+
+// (1 + scale) * LayerNorm(x) + shift, the LayerNorm without affine.
+ggml_tensor* modulate(ggml_context* ctx, ggml_tensor* x, const Mod& m) {
+    return ggml_add(ctx, ggml_mul(ctx, ggml_norm(ctx, x, kNormEps), m.scale1), m.shift);
+}
+
+// x + gate * y
+ggml_tensor* gated(ggml_context* ctx, ggml_tensor* x, ggml_tensor* y, ggml_tensor* gate) {
+    return ggml_add(ctx, x, ggml_mul(ctx, y, gate));
+}
+
+// [hidden, L, B] -> RMSNorm over each head: ne [head_dim, heads, L, B].
+ggml_tensor* head_norm(ggml_context* ctx, ggml_tensor* x, ggml_tensor* scale, int64_t heads) {
+    x = ggml_reshape_4d(ctx, x, x->ne[0] / heads, heads, x->ne[1], x->ne[2]);
+    return ggml_mul(ctx, ggml_rms_norm(ctx, x, kNormEps), scale);
+}
+
+// BFL's apply_rope on x ne [head_dim, heads, L, B] (contiguous) with the
+// table's planes ne [head_dim, 1, L, 1]: x * cos + swap_pairs(x) * signed sin.
+// Returns ne [heads * head_dim, L, B].
+ggml_tensor* apply_rope(ggml_context* ctx, ggml_tensor* x, ggml_tensor* cos, ggml_tensor* sin) {
+    const int64_t D = x->ne[0], H = x->ne[1], L = x->ne[2], B = x->ne[3];
+    ggml_tensor* pairs = ggml_reshape_4d(ctx, x, 2, D / 2, H, L * B);
+    auto element = [&](int i) {  // element i of every pair: ne [1, D/2, H, L*B]
+        return ggml_view_4d(ctx, pairs, 1, D / 2, H, L * B, pairs->nb[1], pairs->nb[2], pairs->nb[3], i * pairs->nb[0]);
+    };
+    ggml_tensor* swapped = ggml_reshape_4d(ctx, ggml_concat(ctx, element(1), element(0), 0), D, H, L, B);
+    ggml_tensor* out = ggml_add(ctx, ggml_mul(ctx, x, cos), ggml_mul(ctx, swapped, sin));
+    return ggml_reshape_3d(ctx, out, D * H, L, B);
+}
+
+// Tokens [first, first + count) of ne [hidden, L, B], contiguous.
+// Named: ggml names a view after its source ("cut:double_blocks.0 (view)"),
+// which would read as another cut marker.
+ggml_tensor* tokens(ggml_context* ctx, ggml_tensor* x, int64_t first, int64_t count) {
+    ggml_tensor* v = ggml_view_3d(ctx, x, x->ne[0], count, x->ne[2], x->nb[1], x->nb[2], first * x->nb[1]);
+    ggml_set_name(v, "tokens");
+    if (ggml_is_contiguous(v)) return v;
+    return ggml_set_name(ggml_cont(ctx, v), "tokens");
+}
+
+// "b c (h ph) (w pw) -> b (h w) (c ph pw)": ne [W, H, C, B] -> [C p p, (H/p)(W/p), B].
+ggml_tensor* patchify(ggml_context* ctx, ggml_tensor* x, int p) {
+    const int64_t W = x->ne[0], H = x->ne[1], C = x->ne[2], B = x->ne[3];
+    const int64_t w = W / p, h = H / p;
+    // [pw, col, ph, (row, C, B)] -> [pw, ph, col, (row, C, B)]
+    x = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_4d(ctx, x, p, w, p, h * C * B), 0, 2, 1, 3));
+    // [(pw ph), (col row), C, B] -> [(pw ph), C, (col row), B]
+    x = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_4d(ctx, x, p * p, w * h, C, B), 0, 2, 1, 3));
+    return ggml_reshape_3d(ctx, x, p * p * C, w * h, B);
+}
+
+// The inverse: ne [C p p, h w, B] -> [w p, h p, C, B].
+ggml_tensor* unpatchify(ggml_context* ctx, ggml_tensor* x, int64_t w, int64_t h, int p) {
+    const int64_t C = x->ne[0] / (p * p), B = x->ne[2];
+    x = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_4d(ctx, x, p * p, C, w * h, B), 0, 2, 1, 3));
+    x = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_4d(ctx, x, p, p, w, h * C * B), 0, 2, 1, 3));
+    return ggml_reshape_4d(ctx, x, w * p, h * p, C, B);
+}
+
+// What every block of one evaluation shares.
+struct Shared {
+    ggml_tensor* cos = nullptr;  // rope planes, ne [head_dim, 1, tokens, 1]
+    ggml_tensor* sin = nullptr;
+    nn::AttentionOptions attn;
+    nn::ComputeTarget target = nn::ComputeTarget::Cpu;
+    int64_t heads = 1;
+};
+
+// Attention over all tokens of q, k, v (each ne [hidden, L, B], q and k
+// already head-normed as ne [head_dim, heads, L, B]).
+ggml_tensor* joint_attention(ggml_context* ctx, const Shared& s, ggml_tensor* q, ggml_tensor* k, ggml_tensor* v) {
+    return nn::attention(ctx, apply_rope(ctx, q, s.cos, s.sin), apply_rope(ctx, k, s.cos, s.sin), v, s.attn);
+}
+
+struct StreamQkv {
+    ggml_tensor *q, *k, *v;
+};
+
+StreamQkv stream_qkv(ggml_context* ctx, const Shared& s, const Attention& a, ggml_tensor* x, int64_t hidden) {
+    return {head_norm(ctx, nn::linear(ctx, rows(ctx, a.qkv, 0, hidden), x), a.q_scale, s.heads),
+            head_norm(ctx, nn::linear(ctx, rows(ctx, a.qkv, hidden, hidden), x), a.k_scale, s.heads),
+            nn::linear(ctx, rows(ctx, a.qkv, 2 * hidden, hidden), x)};
+}
+
+// One stream's update after the joint attention: gated projection and MLP.
+ggml_tensor* stream_out(ggml_context* ctx, const Shared& s, const Stream& st, ggml_tensor* x, ggml_tensor* attn,
+                        const Mod& m1, const Mod& m2) {
+    x = gated(ctx, x, nn::linear(ctx, st.attn.proj, attn), m1.gate);
+    ggml_tensor* h = nn::gelu_tanh(ctx, s.target, nn::linear(ctx, st.mlp_in, modulate(ctx, x, m2)));
+    return gated(ctx, x, nn::linear(ctx, st.mlp_out, h), m2.gate);
+}
+
+// A double block on the joint tokens ne [hidden, T + N, B] (text first);
+// returns them updated in the same layout.
+ggml_tensor* double_block(ggml_context* ctx, const Shared& s, const DoubleBlock& b, ggml_tensor* joint, int64_t T,
+                          const Mod img_mod[2], const Mod txt_mod[2]) {
+    const int64_t hidden = joint->ne[0], N = joint->ne[1] - T;
+    ggml_tensor* txt = tokens(ctx, joint, 0, T);
+    ggml_tensor* img = tokens(ctx, joint, T, N);
+    const StreamQkv ti = stream_qkv(ctx, s, b.txt.attn, modulate(ctx, txt, txt_mod[0]), hidden);
+    const StreamQkv ii = stream_qkv(ctx, s, b.img.attn, modulate(ctx, img, img_mod[0]), hidden);
+    ggml_tensor* attn = joint_attention(ctx, s, ggml_concat(ctx, ti.q, ii.q, 2), ggml_concat(ctx, ti.k, ii.k, 2),
+                                        ggml_concat(ctx, ti.v, ii.v, 1));
+    img = stream_out(ctx, s, b.img, img, tokens(ctx, attn, T, N), img_mod[0], img_mod[1]);
+    txt = stream_out(ctx, s, b.txt, txt, tokens(ctx, attn, 0, T), txt_mod[0], txt_mod[1]);
+    return ggml_concat(ctx, txt, img, 1);
+}
+
+ggml_tensor* single_block(ggml_context* ctx, const Shared& s, const SingleBlock& b, ggml_tensor* x, const Mod& m) {
+    const int64_t hidden = x->ne[0];
+    const int64_t mlp = b.linear1.weight->ne[1] - 3 * hidden;
+    ggml_tensor* xm = modulate(ctx, x, m);
+    ggml_tensor* q = head_norm(ctx, nn::linear(ctx, rows(ctx, b.linear1, 0, hidden), xm), b.q_scale, s.heads);
+    ggml_tensor* k = head_norm(ctx, nn::linear(ctx, rows(ctx, b.linear1, hidden, hidden), xm), b.k_scale, s.heads);
+    ggml_tensor* v = nn::linear(ctx, rows(ctx, b.linear1, 2 * hidden, hidden), xm);
+    ggml_tensor* h = nn::gelu_tanh(ctx, s.target, nn::linear(ctx, rows(ctx, b.linear1, 3 * hidden, mlp), xm));
+    ggml_tensor* out = nn::linear(ctx, b.linear2, ggml_concat(ctx, joint_attention(ctx, s, q, k, v), h, 0));
+    return gated(ctx, x, out, m.gate);
+}
+
+Result<std::vector<int>> parse_axes(const std::string& text) {
+    std::vector<int> axes;
+    std::stringstream in(text);
+    std::string part;
+    while (std::getline(in, part, ',')) {
+        char* end = nullptr;
+        const long v = std::strtol(part.c_str(), &end, 10);
+        if (part.empty() || *end != '\0' || v <= 0 || v > 4096 || v % 2 != 0) {
+            return Error::bad_file("metadata kiln.flux.axes_dim is '" + text +
+                                   "', expected even positive sizes like 16,56,56");
+        }
+        axes.push_back(static_cast<int>(v));
+    }
+    if (axes.empty()) return Error::bad_file("metadata kiln.flux.axes_dim is empty");
+    return axes;
+}
+
+std::string ne_string(const ggml_tensor* t) {
+    std::string s = "[";
+    for (int i = 0; i < ggml_n_dims(t); ++i) s += (i ? ", " : "") + std::to_string(t->ne[i]);
+    return s + "]";
+}
+
+std::string ne_string(const std::vector<int64_t>& ne) {
+    std::string s = "[";
+    for (size_t i = 0; i < ne.size(); ++i) s += (i ? ", " : "") + std::to_string(ne[i]);
+    return s + "]";
+}
+
+bool has_ne(const ggml_tensor* t, const std::vector<int64_t>& ne) {
+    for (int i = 0; i < GGML_MAX_DIMS; ++i) {
+        if (t->ne[i] != (i < static_cast<int>(ne.size()) ? ne[i] : 1)) return false;
+    }
+    return true;
+}
+
+// Grid positions of the references (see the header): (h_off, w_off) of each.
+std::vector<std::pair<int64_t, int64_t>> reference_offsets(const std::vector<FluxTokenGrid>& refs) {
+    std::vector<std::pair<int64_t, int64_t>> offsets;
+    int64_t h_used = 0, w_used = 0;
+    for (const FluxTokenGrid& g : refs) {
+        int64_t h_off = 0, w_off = 0;
+        if (g.h + h_used > g.w + w_used) {
+            w_off = w_used;
+        } else {
+            h_off = h_used;
+        }
+        offsets.emplace_back(h_off, w_off);
+        h_used = std::max(h_used, g.h + h_off);
+        w_used = std::max(w_used, g.w + w_off);
+    }
+    return offsets;
+}
+
+}  // namespace
+
+int64_t flux_token_count(int64_t txt_tokens, FluxTokenGrid image, const std::vector<FluxTokenGrid>& refs) {
+    int64_t n = txt_tokens + image.w * image.h;
+    for (const FluxTokenGrid& g : refs) n += g.w * g.h;
+    return n;
+}
+
+std::vector<int64_t> flux_rope_shape(const FluxConfig& c, int64_t txt_tokens, FluxTokenGrid image,
+                                     const std::vector<FluxTokenGrid>& refs) {
+    return {c.head_dim(), flux_token_count(txt_tokens, image, refs), 2};
+}
+
+std::vector<float> flux_rope_table(const FluxConfig& c, int64_t txt_tokens, FluxTokenGrid image,
+                                   const std::vector<FluxTokenGrid>& refs) {
+    // Positions (index, row, col) of every token.
+    std::vector<std::array<int64_t, 3>> ids(static_cast<size_t>(txt_tokens), {0, 0, 0});
+    auto add_grid = [&](FluxTokenGrid g, int64_t index, int64_t h_off, int64_t w_off) {
+        for (int64_t row = 0; row < g.h; ++row)
+            for (int64_t col = 0; col < g.w; ++col) ids.push_back({index, row + h_off, col + w_off});
+    };
+    add_grid(image, 0, 0, 0);
+    const auto offsets = reference_offsets(refs);
+    for (size_t i = 0; i < refs.size(); ++i) add_grid(refs[i], 1, offsets[i].first, offsets[i].second);
+
+    const int64_t D = c.head_dim(), n = static_cast<int64_t>(ids.size());
+    std::vector<float> table(static_cast<size_t>(2 * D * n));
+    float* cos_plane = table.data();
+    float* sin_plane = table.data() + D * n;
+    for (int64_t t = 0; t < n; ++t) {
+        int64_t d = 0;
+        for (size_t axis = 0; axis < c.axes_dim.size() && axis < 3; ++axis) {
+            const int dim = c.axes_dim[axis];
+            for (int j = 0; j < dim / 2; ++j, d += 2) {
+                const double omega = std::pow(static_cast<double>(c.theta), -2.0 * j / dim);
+                const double angle = static_cast<double>(ids[static_cast<size_t>(t)][axis]) * omega;
+                const float cs = static_cast<float>(std::cos(angle)), sn = static_cast<float>(std::sin(angle));
+                cos_plane[t * D + d] = cs;
+                cos_plane[t * D + d + 1] = cs;
+                sin_plane[t * D + d] = -sn;
+                sin_plane[t * D + d + 1] = sn;
+            }
+        }
+    }
+    return table;
+}
+
+std::vector<float> flux_attention_mask(const std::vector<float>& txt_valid, int64_t image_tokens, int64_t batch) {
+    const int64_t txt = batch > 0 ? static_cast<int64_t>(txt_valid.size()) / batch : 0;
+    std::vector<float> mask;
+    mask.reserve(static_cast<size_t>(batch * (txt + image_tokens)));
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = 0; i < txt; ++i)
+            mask.push_back(txt_valid[static_cast<size_t>(b * txt + i)] > 0 ? 0.0f : -INFINITY);
+        mask.insert(mask.end(), static_cast<size_t>(image_tokens), 0.0f);
+    }
+    return mask;
+}
+
+std::vector<int64_t> flux_attention_mask_shape(int64_t txt_tokens, int64_t image_tokens, int64_t batch) {
+    return {txt_tokens + image_tokens, batch};
+}
+
+std::vector<int64_t> chroma_index_shape(const FluxConfig& c) { return {kChromaIndexEmbedding, c.chroma_modulations()}; }
+
+std::vector<float> chroma_index_table(const FluxConfig& c) {
+    const int half = kChromaIndexEmbedding / 2;
+    std::vector<float> table;
+    table.reserve(static_cast<size_t>(kChromaIndexEmbedding * c.chroma_modulations()));
+    for (int64_t i = 0; i < c.chroma_modulations(); ++i) {
+        std::vector<float> row(kChromaIndexEmbedding);
+        for (int j = 0; j < half; ++j) {
+            const double arg = 1000.0 * static_cast<double>(i) * std::exp(-std::log(10000.0) * j / half);
+            row[static_cast<size_t>(j)] = static_cast<float>(std::cos(arg));
+            row[static_cast<size_t>(j + half)] = static_cast<float>(std::sin(arg));
+        }
+        table.insert(table.end(), row.begin(), row.end());
+    }
+    return table;
+}
+
+struct FluxDit::Blocks {
+    nn::Linear img_in, txt_in;
+    Embedder time_in, vector_in, guidance_in;
+    // Chroma's distilled_guidance_layer.
+    nn::Linear approx_in, approx_out;
+    std::vector<Embedder> approx_layers;
+    std::vector<ggml_tensor*> approx_norms;
+    std::vector<DoubleBlock> doubles;
+    std::vector<SingleBlock> singles;
+    nn::Linear final_linear, final_mod;
+};
+
+FluxDit::FluxDit() = default;
+FluxDit::~FluxDit() = default;
+
+Result<std::unique_ptr<FluxDit>> FluxDit::create(const io::ModelFile& file, const std::string& prefix,
+                                                 std::optional<ggml_type> weight_type) {
+    std::unique_ptr<FluxDit> dit(new FluxDit());
+    FluxConfig& c = dit->config_;
+    auto find = [&](const std::string& name) { return file.find(prefix + name); };
+    auto matrix = [&](const std::string& name) -> const io::TensorInfo* {
+        const io::TensorInfo* t = find(name);
+        return t && t->shape.size() == 2 ? t : nullptr;
+    };
+    const std::string where = "Flux DiT under '" + prefix + "'";
+    const io::TensorInfo* img_in = matrix("img_in.weight");
+    const io::TensorInfo* txt_in = matrix("txt_in.weight");
+    const io::TensorInfo* final_linear = matrix("final_layer.linear.weight");
+    const io::TensorInfo* query_norm = find("double_blocks.0.img_attn.norm.query_norm.scale");
+    const io::TensorInfo* mlp_in = matrix("double_blocks.0.img_mlp.0.weight");
+    if (!img_in || !txt_in || !final_linear || !query_norm || query_norm->shape.size() != 1 || !mlp_in) {
+        return Error::bad_file("no Flux DiT under '" + prefix +
+                               "' (img_in, txt_in, final_layer.linear or double_blocks.0 missing or malformed)");
+    }
+    c.hidden = img_in->shape[0];
+    c.in_channels = img_in->shape[1];
+    c.context_dim = txt_in->shape[1];
+    c.out_channels = final_linear->shape[0];
+    c.mlp_hidden = mlp_in->shape[0];
+    const int64_t head_dim = query_norm->shape[0];
+    if (head_dim <= 0 || c.hidden % head_dim != 0) {
+        return Error::bad_file(where + ": width " + std::to_string(c.hidden) + " does not split into heads of " +
+                               std::to_string(head_dim));
+    }
+    c.heads = c.hidden / head_dim;
+    const int64_t pp = static_cast<int64_t>(c.patch) * c.patch;
+    if (c.in_channels % pp != 0 || c.out_channels % pp != 0) {
+        return Error::bad_file(where + ": img_in / final_layer widths are not multiples of " + std::to_string(pp));
+    }
+    c.latent_channels = c.in_channels / pp;
+    c.chroma = find("distilled_guidance_layer.in_proj.weight") != nullptr;
+    c.guidance_embed = !c.chroma && find("guidance_in.in_layer.weight") != nullptr;
+    c.qkv_bias = find("double_blocks.0.img_attn.qkv.bias") != nullptr;
+    if (c.chroma) {
+        c.vec_dim = 0;
+        const io::TensorInfo* in_proj = matrix("distilled_guidance_layer.in_proj.weight");
+        if (!in_proj) return Error::bad_file(where + ": distilled_guidance_layer.in_proj.weight is not a matrix");
+        c.approximator_hidden = in_proj->shape[0];
+        c.approximator_in = in_proj->shape[1];
+        if (c.approximator_in != 2 * kChromaTimeEmbedding + kChromaIndexEmbedding) {
+            return Error::bad_file(where + ": Chroma's approximator takes " + std::to_string(c.approximator_in) +
+                                   " inputs, expected 64");
+        }
+        c.approximator_layers = 0;
+        while (find("distilled_guidance_layer.layers." + std::to_string(c.approximator_layers) + ".in_layer.weight")) {
+            ++c.approximator_layers;
+        }
+    } else {
+        const io::TensorInfo* vector_in = matrix("vector_in.in_layer.weight");
+        if (!vector_in)
+            return Error::bad_file(where + ": vector_in.in_layer.weight missing (and no Chroma approximator)");
+        c.vec_dim = vector_in->shape[1];
+    }
+    c.double_blocks = 0;
+    while (find("double_blocks." + std::to_string(c.double_blocks) + ".img_attn.qkv.weight")) ++c.double_blocks;
+    c.single_blocks = 0;
+    while (find("single_blocks." + std::to_string(c.single_blocks) + ".linear1.weight")) ++c.single_blocks;
+
+    if (file.metadata().count("kiln.flux.axes_dim")) {
+        auto axes = parse_axes(file.metadata_string("kiln.flux.axes_dim", ""));
+        if (!axes.ok()) return axes.error();
+        c.axes_dim = std::move(axes).value();
+    } else if (head_dim != 128) {
+        return Error::bad_file(where + ": heads of " + std::to_string(head_dim) +
+                               " need RoPE axes (BFL's are for 128); set metadata kiln.flux.axes_dim");
+    }
+    int64_t axes_sum = 0;
+    for (int a : c.axes_dim) axes_sum += a;
+    if (c.axes_dim.size() != 3 || axes_sum != head_dim) {
+        return Error::bad_file(where + ": RoPE axes must be three and sum to the head width " +
+                               std::to_string(head_dim));
+    }
+
+    dit->weights_ = std::make_unique<runtime::ModuleWeights>(file, prefix, weight_type);
+    KILN_TRY(dit->declare());
+    return dit;
+}
+
+Status FluxDit::declare() {
+    const FluxConfig& c = config_;
+    runtime::ModuleWeights& w = *weights_;
+    blocks_ = std::make_unique<Blocks>();
+    Blocks& b = *blocks_;
+    const int64_t h = c.hidden, hd = c.head_dim();
+    auto embedder = [&](const std::string& p, int64_t in, int64_t width) {
+        return Embedder{nn::declare_linear(w, p + ".in_layer", in, width),
+                        nn::declare_linear(w, p + ".out_layer", width, width)};
+    };
+    b.img_in = nn::declare_linear(w, "img_in", c.in_channels, h);
+    b.txt_in = nn::declare_linear(w, "txt_in", c.context_dim, h);
+    if (c.chroma) {
+        const std::string p = "distilled_guidance_layer.";
+        b.approx_in = nn::declare_linear(w, p + "in_proj", c.approximator_in, c.approximator_hidden);
+        for (int i = 0; i < c.approximator_layers; ++i) {
+            b.approx_layers.push_back(
+                embedder(p + "layers." + std::to_string(i), c.approximator_hidden, c.approximator_hidden));
+            b.approx_norms.push_back(w.require(p + "norms." + std::to_string(i) + ".scale", {c.approximator_hidden}));
+        }
+        b.approx_out = nn::declare_linear(w, p + "out_proj", c.approximator_hidden, h);
+    } else {
+        b.time_in = embedder("time_in", kTimeEmbedding, h);
+        b.vector_in = embedder("vector_in", c.vec_dim, h);
+        if (c.guidance_embed) b.guidance_in = embedder("guidance_in", kTimeEmbedding, h);
+    }
+    auto attention = [&](const std::string& p) {
+        Attention a;
+        a.qkv = nn::declare_linear(w, p + ".qkv", h, 3 * h, c.qkv_bias);
+        a.q_scale = w.require(p + ".norm.query_norm.scale", {hd});
+        a.k_scale = w.require(p + ".norm.key_norm.scale", {hd});
+        a.proj = nn::declare_linear(w, p + ".proj", h, h);
+        return a;
+    };
+    for (int i = 0; i < c.double_blocks; ++i) {
+        const std::string p = "double_blocks." + std::to_string(i) + ".";
+        DoubleBlock block;
+        for (auto [stream, name] : {std::pair{&block.img, "img"}, std::pair{&block.txt, "txt"}}) {
+            const std::string s = p + name;
+            if (!c.chroma) stream->mod = nn::declare_linear(w, s + "_mod.lin", h, 6 * h);
+            stream->attn = attention(s + "_attn");
+            stream->mlp_in = nn::declare_linear(w, s + "_mlp.0", h, c.mlp_hidden);
+            stream->mlp_out = nn::declare_linear(w, s + "_mlp.2", c.mlp_hidden, h);
+        }
+        b.doubles.push_back(block);
+    }
+    for (int i = 0; i < c.single_blocks; ++i) {
+        const std::string p = "single_blocks." + std::to_string(i) + ".";
+        SingleBlock block;
+        block.linear1 = nn::declare_linear(w, p + "linear1", h, 3 * h + c.mlp_hidden);
+        block.linear2 = nn::declare_linear(w, p + "linear2", h + c.mlp_hidden, h);
+        block.q_scale = w.require(p + "norm.query_norm.scale", {hd});
+        block.k_scale = w.require(p + "norm.key_norm.scale", {hd});
+        if (!c.chroma) block.mod = nn::declare_linear(w, p + "modulation.lin", h, 3 * h);
+        b.singles.push_back(block);
+    }
+    b.final_linear = nn::declare_linear(w, "final_layer.linear", h, c.out_channels);
+    if (!c.chroma) b.final_mod = nn::declare_linear(w, "final_layer.adaLN_modulation.1", h, 2 * h);
+    return Status::Ok();
+}
+
+Result<ggml_tensor*> FluxDit::build(ggml_context* ctx, const FluxInputs& in, const FluxBuildOptions& options) const {
+    const FluxConfig& c = config_;
+    const Blocks& b = *blocks_;
+    auto fail = [](const std::string& message) { return Error::invalid_request("Flux: " + message); };
+    if (!in.x || !in.timesteps || !in.context || !in.rope) return fail("x, timesteps, context and rope are required");
+    const int64_t B = in.x->ne[3];
+    auto check_latent = [&](const ggml_tensor* t, const std::string& name) -> Status {
+        if (t->ne[2] != c.latent_channels) {
+            return fail(name + " has " + std::to_string(t->ne[2]) + " channels, the network takes " +
+                        std::to_string(c.latent_channels));
+        }
+        if (t->ne[0] % c.patch != 0 || t->ne[1] % c.patch != 0) {
+            return fail(name + " size " + std::to_string(t->ne[0]) + "x" + std::to_string(t->ne[1]) +
+                        " is not a multiple of " + std::to_string(c.patch));
+        }
+        if (t->ne[3] != B)
+            return fail(name + " has batch " + std::to_string(t->ne[3]) + ", x has " + std::to_string(B));
+        return Status::Ok();
+    };
+    KILN_TRY(check_latent(in.x, "x"));
+    for (size_t i = 0; i < in.refs.size(); ++i) {
+        if (!in.refs[i]) return fail("reference latent " + std::to_string(i) + " is null");
+        KILN_TRY(check_latent(in.refs[i], "reference latent " + std::to_string(i)));
+    }
+    if (!has_ne(in.timesteps, {B})) return fail("timesteps must be ne [" + std::to_string(B) + "]");
+    if (in.context->ne[0] != c.context_dim) {
+        return fail("context is " + std::to_string(in.context->ne[0]) + " wide, the network takes " +
+                    std::to_string(c.context_dim));
+    }
+    if (in.context->ne[2] != B || in.context->ne[3] != 1) {
+        return fail("context must be ne [" + std::to_string(c.context_dim) + ", tokens, " + std::to_string(B) + "]");
+    }
+    if (c.guidance_embed && !in.guidance) {
+        return fail("this network has guidance_in and needs guidance (ne [" + std::to_string(B) + "])");
+    }
+    if (!c.guidance_embed && !c.chroma && in.guidance) {
+        return fail("this network has no guidance_in (schnell); guidance must be null");
+    }
+    if (in.guidance && !has_ne(in.guidance, {B})) return fail("guidance must be ne [" + std::to_string(B) + "]");
+    if (c.vec_dim > 0) {
+        if (!in.pooled) return fail("this network needs pooled (ne [" + std::to_string(c.vec_dim) + ", batch])");
+        if (!has_ne(in.pooled, {c.vec_dim, B})) {
+            return fail("pooled must be ne [" + std::to_string(c.vec_dim) + ", " + std::to_string(B) + "]");
+        }
+    } else if (in.pooled) {
+        return fail("this network (Chroma) has no vector_in; pooled must be null");
+    }
+    const int64_t T = in.context->ne[1];
+    if (T < 1) return fail("context has no tokens");
+    const FluxTokenGrid grid{in.x->ne[0] / c.patch, in.x->ne[1] / c.patch};
+    std::vector<FluxTokenGrid> ref_grids;
+    for (ggml_tensor* r : in.refs) ref_grids.push_back({r->ne[0] / c.patch, r->ne[1] / c.patch});
+    const std::vector<int64_t> rope_ne = flux_rope_shape(c, T, grid, ref_grids);
+    if (in.rope->type != GGML_TYPE_F32 || !has_ne(in.rope, rope_ne)) {
+        return fail("rope is " + ne_string(in.rope) + ", these tokens need F32 " + ne_string(rope_ne) +
+                    " (flux_rope_table)");
+    }
+    const int64_t n_tokens = rope_ne[1];
+    if (in.mask) {
+        const std::vector<int64_t> mask_ne = flux_attention_mask_shape(T, n_tokens - T, B);
+        if (in.mask->type != GGML_TYPE_F32 || !has_ne(in.mask, mask_ne)) {
+            return fail("mask is " + ne_string(in.mask) + ", expected F32 " + ne_string(mask_ne));
+        }
+    }
+    if (c.chroma && (!in.chroma_index || !has_ne(in.chroma_index, chroma_index_shape(c)))) {
+        return fail("Chroma needs chroma_index, F32 " + ne_string(chroma_index_shape(c)) + " (chroma_index_table)");
+    }
+    if (!c.chroma && in.chroma_index) return fail("chroma_index is for Chroma only; must be null");
+
+    // Every block's shared inputs: the rope planes and the expanded mask.
+    Shared s;
+    s.heads = c.heads;
+    s.target = options.target;
+    const int64_t hd = c.head_dim();
+    s.cos = ggml_view_4d(ctx, in.rope, hd, 1, n_tokens, 1, in.rope->nb[1], in.rope->nb[1], in.rope->nb[2], 0);
+    s.sin =
+        ggml_view_4d(ctx, in.rope, hd, 1, n_tokens, 1, in.rope->nb[1], in.rope->nb[1], in.rope->nb[2], in.rope->nb[2]);
+    s.attn.heads = static_cast<int>(c.heads);
+    s.attn.flash = options.flash_attention;
+    if (in.mask) {
+        s.attn.mask = ggml_repeat_4d(ctx, ggml_reshape_4d(ctx, in.mask, n_tokens, 1, 1, B), n_tokens, n_tokens, 1, B);
+    }
+
+    // The modulation vectors of every block.
+    std::vector<std::array<Mod, 4>> double_mods;  // img 1, img 2, txt 1, txt 2
+    std::vector<Mod> single_mods;
+    Mod final_mod;
+    if (c.chroma) {
+        ggml_tensor* guidance = in.guidance ? in.guidance : ggml_scale(ctx, in.timesteps, 0.0f);
+        ggml_tensor* tg = ggml_concat(ctx, time_embedding(ctx, in.timesteps, kChromaTimeEmbedding),
+                                      time_embedding(ctx, guidance, kChromaTimeEmbedding), 0);  // [32, B]
+        const int64_t M = c.chroma_modulations();
+        ggml_tensor* input =
+            ggml_concat(ctx, ggml_repeat_4d(ctx, ggml_reshape_3d(ctx, tg, tg->ne[0], 1, B), tg->ne[0], M, B, 1),
+                        ggml_repeat_4d(ctx, ggml_reshape_3d(ctx, in.chroma_index, kChromaIndexEmbedding, M, 1),
+                                       kChromaIndexEmbedding, M, B, 1),
+                        0);  // [64, M, B]
+        ggml_tensor* a = nn::linear(ctx, b.approx_in, input);
+        for (size_t i = 0; i < b.approx_layers.size(); ++i) {
+            ggml_tensor* n = ggml_mul(ctx, ggml_rms_norm(ctx, a, kNormEps), b.approx_norms[i]);
+            a = ggml_add(ctx, a, embed(ctx, b.approx_layers[i], n));
+        }
+        const ModTable t = ModTable::from_chunks(ctx, nn::linear(ctx, b.approx_out, a));  // [hidden, B, M]
+        const int64_t S = c.single_blocks, D = c.double_blocks;
+        for (int64_t i = 0; i < D; ++i) {
+            const int64_t img = 3 * S + 6 * i, txt = 3 * S + 6 * D + 6 * i;
+            double_mods.push_back(
+                {mod_at(ctx, t, img), mod_at(ctx, t, img + 3), mod_at(ctx, t, txt), mod_at(ctx, t, txt + 3)});
+        }
+        for (int64_t i = 0; i < S; ++i) single_mods.push_back(mod_at(ctx, t, 3 * i));
+        final_mod = mod_at(ctx, t, M - 2, /*with_gate=*/false);
+    } else {
+        ggml_tensor* vec = embed(ctx, b.time_in, time_embedding(ctx, in.timesteps, kTimeEmbedding));
+        if (c.guidance_embed)
+            vec = ggml_add(ctx, vec, embed(ctx, b.guidance_in, time_embedding(ctx, in.guidance, kTimeEmbedding)));
+        vec = ggml_add(ctx, vec, embed(ctx, b.vector_in, ggml_reshape_2d(ctx, in.pooled, c.vec_dim, B)));
+        ggml_tensor* silu_vec = ggml_silu(ctx, vec);
+        for (const DoubleBlock& block : b.doubles) {
+            const ModTable img = modulation(ctx, block.img.mod, silu_vec, 6);
+            const ModTable txt = modulation(ctx, block.txt.mod, silu_vec, 6);
+            double_mods.push_back({mod_at(ctx, img, 0), mod_at(ctx, img, 3), mod_at(ctx, txt, 0), mod_at(ctx, txt, 3)});
+        }
+        for (const SingleBlock& block : b.singles)
+            single_mods.push_back(mod_at(ctx, modulation(ctx, block.mod, silu_vec, 3), 0));
+        final_mod = mod_at(ctx, modulation(ctx, b.final_mod, silu_vec, 2), 0, /*with_gate=*/false);
+    }
+
+    // Tokens: text, then the image's patches and each reference's.
+    ggml_tensor* img = patchify(ctx, in.x, c.patch);
+    for (ggml_tensor* r : in.refs) img = ggml_concat(ctx, img, patchify(ctx, r, c.patch), 1);
+    img = nn::linear(ctx, b.img_in, img);
+    ggml_tensor* txt = nn::linear(ctx, b.txt_in, in.context);
+    ggml_tensor* x = ggml_concat(ctx, txt, img, 1);  // [hidden, tokens, B]
+    for (size_t i = 0; i < b.doubles.size(); ++i) {
+        const auto& m = double_mods[i];
+        const Mod img_mod[2] = {m[0], m[1]}, txt_mod[2] = {m[2], m[3]};
+        x = nn::mark_cut(double_block(ctx, s, b.doubles[i], x, T, img_mod, txt_mod),
+                         "double_blocks." + std::to_string(i));
+    }
+    for (size_t i = 0; i < b.singles.size(); ++i) {
+        x = nn::mark_cut(single_block(ctx, s, b.singles[i], x, single_mods[i]), "single_blocks." + std::to_string(i));
+    }
+    // The image's tokens (text and references dropped) through the final layer.
+    ggml_tensor* out = nn::linear(ctx, b.final_linear, modulate(ctx, tokens(ctx, x, T, grid.w * grid.h), final_mod));
+    return unpatchify(ctx, out, grid.w, grid.h, c.patch);
+}
+
+}  // namespace kiln::models
