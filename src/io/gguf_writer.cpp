@@ -137,6 +137,7 @@ Status write_gguf(const ModelFile& model, const std::string& path, const GgufWri
     std::unique_ptr<gguf_context, void (*)(gguf_context*)> gguf(gguf_init_empty(), gguf_free);
     if (!meta_ctx || !gguf) return Error{path + ": out of memory preparing the GGUF header"};
     KILN_TRY(copy_metadata(gguf.get(), model.metadata(), path));
+    KILN_TRY(copy_metadata(gguf.get(), options.extra_metadata, path));
 
     std::vector<ggml_type> types;
     for (const TensorInfo& t : tensors) {

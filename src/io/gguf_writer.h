@@ -17,6 +17,9 @@ struct GgufWriteOptions {
     std::optional<ggml_type> type;  // --type; nullopt keeps each tensor's compute type
     // Called after each tensor with (done, total); may be empty.
     std::function<void(size_t, size_t)> progress;
+    // Keys written after the model's own metadata, replacing any of the same
+    // name (a tokenizer's tokenizer.ggml.* keys: T5Tokenizer::gguf_metadata()).
+    Metadata extra_metadata;
 };
 
 Status write_gguf(const ModelFile& model, const std::string& path, const GgufWriteOptions& options);
