@@ -60,7 +60,9 @@ typedef struct {
     const char* vae_path;             /* --vae, or NULL */
     const char* clip_l_path;          /* --clip_l, or NULL */
     const char* clip_g_path;          /* --clip_g (SDXL's OpenCLIP ViT-bigG), or NULL */
-    const char* tokenizer_path;       /* --tokenizer, or NULL (use the model's) */
+    const char* t5xxl_path;           /* --t5xxl (Flux's and Chroma's T5-XXL), or NULL */
+    /* --tokenizer: CLIP's tokenizer, or per encoder "t5xxl=PATH[,clip_l=PATH]"; NULL: the model's */
+    const char* tokenizer_path;
     const char* embeddings_dir;       /* --embd-dir: textual-inversion embeddings, or NULL */
     const char* weight_type;          /* --type ("f32", "q8_0", ...), or NULL to keep the file's */
     const char* prediction;           /* "eps", "v", or NULL (the model's) */
@@ -151,6 +153,11 @@ typedef struct {
     int vae_tiling;               /* decode/encode the VAE in tiles */
     int vae_tile_size;            /* latent pixels per tile side (default 32) */
     float vae_tile_overlap;       /* share of a tile overlapping its neighbour, [0, 1) (default 0.5) */
+    float guidance;               /* --guidance: Flux-dev's distilled guidance; < 0: the model's (3.5) */
+    int flow_shift_given;         /* --flow-shift given: use flow_shift instead of the model's time shift */
+    float flow_shift;             /* the flow time shift mu (Flux: 1.15 at 1024x1024) */
+    const kiln_image* ref_images; /* -r: Flux.1-Kontext reference images, n_ref_images of them, or NULL */
+    int n_ref_images;
     kiln_progress_callback progress;
     void* progress_user_data;
 } kiln_generation_params;
@@ -184,9 +191,12 @@ kiln_status kiln_model_describe(const char* path, int list_tensors, char** text,
 typedef void (*kiln_convert_progress)(int done, int total, void* user_data);
 /* Rewrites the model made of `paths` as one GGUF file at out_path, tensor by
  * tensor, converted to weight_type ("q8_0", ...; NULL keeps each tensor's
- * compute type). No file appears unless it is complete. */
+ * compute type). With t5_tokenizer (spiece.model, a T5 tokenizer.json or
+ * its folder), the file also carries that tokenizer (tokenizer.ggml.*), so
+ * a converted T5 needs no --tokenizer. No file appears unless it is complete. */
 kiln_status kiln_model_convert(const char* const* paths, int n_paths, const char* out_path, const char* weight_type,
-                               kiln_convert_progress progress, void* user_data, char** error);
+                               const char* t5_tokenizer, kiln_convert_progress progress, void* user_data,
+                               char** error);
 
 void kiln_free_string(char* text);
 

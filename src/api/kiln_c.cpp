@@ -1,5 +1,6 @@
 // The C API (include/kiln.h) over the C++ pipeline: converts parameters,
 // catches every failure into an error string, owns the returned buffers.
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -204,6 +205,18 @@ kiln::Result<kiln::pipeline::GenerationRequest> generation_request(const kiln_ge
         if (!img.ok()) return img.error().in_context("mask: ");
         r.mask = std::move(img).value();
     }
+    if (params->guidance >= 0) r.guidance = params->guidance;
+    if (std::isnan(params->guidance)) r.guidance = params->guidance;  // refused by validation, by name
+    if (params->flow_shift_given) r.flow_shift = params->flow_shift;
+    if (params->n_ref_images < 0 || (params->n_ref_images > 0 && !params->ref_images)) {
+        return kiln::Error::invalid_request("ref_images: " + std::to_string(params->n_ref_images) +
+                                            " reference images but no array");
+    }
+    for (int i = 0; i < params->n_ref_images; ++i) {
+        auto img = import_image(&params->ref_images[i]);
+        if (!img.ok()) return img.error().in_context("reference image " + std::to_string(i + 1) + ": ");
+        r.ref_images.push_back(std::move(img).value());
+    }
     return r;
 }
 
@@ -255,6 +268,7 @@ kiln_status kiln_context_create(const kiln_context_params* params, kiln_context*
         paths.vae = str(params->vae_path);
         paths.clip_l = str(params->clip_l_path);
         paths.clip_g = str(params->clip_g_path);
+        paths.t5xxl = str(params->t5xxl_path);
         paths.tokenizer = str(params->tokenizer_path);
         paths.embeddings = str(params->embeddings_dir);
         auto options = model_options(params);
@@ -296,6 +310,7 @@ void kiln_generation_params_init(kiln_generation_params* params) {
     params->seed = 42;
     params->batch_count = 1;
     params->strength = 0.75f;
+    params->guidance = -1.0f;
     params->vae_tile_size = 32;
     params->vae_tile_overlap = 0.5f;
 }
@@ -406,7 +421,8 @@ kiln_status kiln_model_describe(const char* path, int list_tensors, char** text,
 }
 
 kiln_status kiln_model_convert(const char* const* paths, int n_paths, const char* out_path, const char* weight_type,
-                               kiln_convert_progress progress, void* user_data, char** error) {
+                               const char* t5_tokenizer, kiln_convert_progress progress, void* user_data,
+                               char** error) {
     try {
         std::vector<std::string> files;
         for (int i = 0; i < n_paths; ++i) files.push_back(str(paths[i]));
@@ -415,6 +431,11 @@ kiln_status kiln_model_convert(const char* const* paths, int n_paths, const char
             auto type = kiln::io::parse_weight_type(weight_type);
             if (!type.ok()) return fail(error, type.error().as(kiln::ErrorKind::InvalidRequest));
             options.type = *type;
+        }
+        if (t5_tokenizer) {
+            auto tokenizer = kiln::pipeline::T5Tokenizer::load(t5_tokenizer);
+            if (!tokenizer.ok()) return fail(error, tokenizer.error().as(kiln::ErrorKind::BadFile));
+            options.extra_metadata = tokenizer->gguf_metadata();
         }
         auto model = kiln::io::ModelFile::open(files);
         if (!model.ok()) return fail(error, model.error().as(kiln::ErrorKind::BadFile));

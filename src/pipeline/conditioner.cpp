@@ -28,6 +28,9 @@ Result<EncodedChunks> encode_chunks(Model& model, const TextEncoder& encoder, co
     const size_t length = chunks.tokens.front().size();
     const models::ClipTextEncoder& clip = *encoder.network;
     const int64_t width = clip.config().width;
+    // Only the first chunk's pooled vector is used: a CLIP used for nothing
+    // else (Flux's CLIP-L) encodes that chunk alone.
+    if (!use.context) chunks.tokens.resize(1), chunks.weights.resize(1);
     if (static_cast<int64_t>(length) > clip.config().context) {
         return Error::invalid_request("prompt chunks of " + std::to_string(length) +
                                       " tokens exceed the text encoder's context of " +
@@ -62,6 +65,34 @@ Result<EncodedChunks> encode_chunks(Model& model, const TextEncoder& encoder, co
     return out;
 }
 
+// T5's one sequence of use.max_length tokens (EOS, then padding): its last
+// hidden state, as BFL's HFEmbedder takes it (no attention mask in T5
+// itself), and which tokens the DiT may attend to when the family masks the
+// padding (Chroma: the real tokens, EOS and mask_pad_tokens pad tokens).
+Result<EncodedChunks> encode_t5(const TextEncoder& encoder, const T5Tokenizer& tokenizer, const std::string& prompt,
+                                std::vector<float>* valid) {
+    const models::TextEncoderUse& use = *encoder.use;
+    const PaddedTokens tokens = tokenizer.encode_padded(prompt, use.max_length, /*pad=*/true);
+    const auto length = static_cast<int64_t>(tokens.ids.size());
+    TextEncoderGraph g = build_text_encoder_graph(encoder, tokens.ids.data(), length, 1, 0);
+    KILN_TRY(g.session->run(*encoder.executor, g.out));
+    EncodedChunks out;
+    out.hidden = runtime::GraphSession::read(g.out);
+    out.length = length;
+    out.chunks = 1;
+    if (use.mask_padding) {
+        valid->assign(tokens.mask.begin(), tokens.mask.end());
+        int extra = use.mask_pad_tokens;
+        for (float& v : *valid) {
+            if (v == 0.0f && extra > 0) {
+                v = 1.0f;
+                --extra;
+            }
+        }
+    }
+    return out;
+}
+
 }  // namespace
 
 Result<Conditioning> encode_prompt(Model& model, const std::string& prompt, int clip_skip) {
@@ -69,12 +100,14 @@ Result<Conditioning> encode_prompt(Model& model, const std::string& prompt, int 
     std::vector<std::vector<float>> parts;
     std::vector<int64_t> widths;
     for (const TextEncoder& encoder : model.text_encoders()) {
-        auto encoded = encode_chunks(model, encoder, prompt, clip_skip);
+        auto encoded = encoder.t5 ? encode_t5(encoder, model.t5_tokenizer(), prompt, &c.token_valid)
+                                  : encode_chunks(model, encoder, prompt, clip_skip);
         if (!encoded.ok()) return encoded.error();
-        c.tokens = encoded->length * encoded->chunks;
-        widths.push_back(encoder.network->config().width);
-        c.width += widths.back();
         if (!encoded->pooled.empty()) c.pooled = std::move(encoded->pooled);
+        if (!encoder.use->context) continue;  // Flux's CLIP-L: the pooled vector only
+        c.tokens = encoded->length * encoded->chunks;
+        widths.push_back(encoder.width());
+        c.width += widths.back();
         parts.push_back(std::move(encoded->hidden));
     }
     if (parts.size() == 1) {

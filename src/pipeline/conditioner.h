@@ -1,7 +1,9 @@
 // Prompt -> text-encoder conditioning, the way A1111 and stable-diffusion.cpp
-// do it: weighted fragments, 77-token chunks (75 + BOS + EOS), each chunk
-// encoded separately, token weights applied with the mean restored, chunks
-// concatenated along the token axis.
+// do it for CLIP: weighted fragments, 77-token chunks (75 + BOS + EOS), each
+// chunk encoded separately, token weights applied with the mean restored,
+// chunks concatenated along the token axis. T5 (Flux, Chroma) reads the
+// prompt as plain text in one sequence of the family's fixed length, as BFL's
+// reference does.
 #pragma once
 
 #include <string>
@@ -24,6 +26,9 @@ struct Conditioning {
     // The UNet's vector input (SDXL's label_emb: pooled then the size
     // embeddings), set by generate(); empty when the UNet takes none.
     std::vector<float> y;
+    // Which context tokens the DiT attends to (1) or not (0) when the family
+    // masks T5's padding (Chroma); empty: all of them.
+    std::vector<float> token_valid;
 };
 
 // Encodes `prompt` with every text encoder of the model's family, each at

@@ -17,10 +17,10 @@
 namespace kiln::pipeline {
 namespace {
 
-// The UNet graph of one sampling run: built at the first step and reused by
-// every later one (same shapes; only x, the timestep and, for separate CFG
-// passes, the context change), so a step costs no graph build and, with
-// nothing else computed in between, no new allocation.
+// The diffusion network's graph of one sampling run: built at the first
+// step and reused by every later one (same shapes; only x, the timestep and,
+// for separate CFG passes, the context change), so a step costs no graph
+// build and, with nothing else computed in between, no new allocation.
 struct UnetGraph {
     // By batch and token count: the CFG batch, or the two passes apart (one
     // graph, or two when the prompts' contexts differ in length).
@@ -30,22 +30,33 @@ struct UnetGraph {
     bool separate_passes = false;
 };
 
-// Runs the UNet on `batch` copies of the scaled latent with `context`
-// ([width, tokens] per batch item) and `y` (the UNet's vector input per
-// batch item, empty when it takes none) and returns its raw output.
+// The diffusion network's input and output channels.
+int64_t in_channels(const Model& model) {
+    return model.has_unet() ? model.unet().config().in_channels : model.latent_channels();
+}
+int64_t out_channels(const Model& model) {
+    return model.has_unet() ? model.unet().config().out_channels : model.latent_channels();
+}
+
+// Runs the diffusion network on `batch` copies of the scaled latent with
+// `context` ([width, tokens] per batch item), `y` (the UNet's vector input,
+// or the DiT's pooled vector, per batch item; empty when it takes none) and
+// `valid` (the DiT's text-token mask per batch item; empty: none) and
+// returns its raw output.
 Result<std::vector<float>> run_unet_batch(Model& model, const std::vector<float>& x, float sigma, const SamplingRun& p,
                                           const std::vector<float>& context, int64_t tokens,
-                                          const std::vector<float>& y, int64_t batch, UnetGraph& unet) {
-    const models::UnetConfig& uc = model.unet().config();
+                                          const std::vector<float>& y, const std::vector<float>& valid, int64_t batch,
+                                          UnetGraph& unet) {
+    const int64_t in_ch = in_channels(model), out_ch = out_channels(model);
     const Scalings s = get_scalings(model.prediction(), sigma);
-    const float t = DiscreteSchedule::stable_diffusion().sigma_to_t(sigma);
+    const float t = p.schedule ? p.schedule->sigma_to_t(sigma) : DiscreteSchedule::stable_diffusion().sigma_to_t(sigma);
     const int64_t plane = p.latent_w * p.latent_h;
-    const int64_t latent_values = plane * uc.out_channels;
-    std::vector<float> input(static_cast<size_t>(plane * uc.in_channels * batch), 0.0f);
+    const int64_t latent_values = plane * out_ch;
+    std::vector<float> input(static_cast<size_t>(plane * in_ch * batch), 0.0f);
     for (int64_t b = 0; b < batch; ++b) {
-        float* dst = input.data() + b * plane * uc.in_channels;
+        float* dst = input.data() + b * plane * in_ch;
         for (int64_t i = 0; i < latent_values; ++i) dst[i] = x[static_cast<size_t>(i)] * s.c_in;
-        if (uc.in_channels > uc.out_channels) {
+        if (in_ch > out_ch) {
             if (!p.concat.empty()) {
                 std::copy(p.concat.begin(), p.concat.end(), dst + latent_values);
             } else {
@@ -59,7 +70,10 @@ Result<std::vector<float>> run_unet_batch(Model& model, const std::vector<float>
         return g.shape.batch == batch && g.shape.tokens == tokens;
     });
     if (found == unet.graphs.end()) {
-        auto built = build_diffusion_graph(model, {p.latent_w, p.latent_h, batch, tokens, p.flash_attention});
+        DiffusionShape shape{p.latent_w, p.latent_h, batch, tokens, p.flash_attention};
+        shape.refs = p.ref_sizes;
+        shape.mask = !valid.empty();
+        auto built = build_diffusion_graph(model, shape);
         if (!built.ok()) return built.error();
         unet.graphs.push_back(std::move(built).value());
         found = unet.graphs.end() - 1;
@@ -70,8 +84,23 @@ Result<std::vector<float>> run_unet_batch(Model& model, const std::vector<float>
     g.session->set_input(g.context, context.data());
     if (g.y) {
         if (static_cast<int64_t>(y.size()) != ggml_nelements(g.y))
-            return Error{"the UNet's y input has the wrong size"};
+            return Error{"the diffusion network's vector input has the wrong size"};
         g.session->set_input(g.y, y.data());
+    }
+    if (g.guidance) {
+        const std::vector<float> guidance(static_cast<size_t>(batch), p.guidance);
+        g.session->set_input(g.guidance, guidance.data());
+    }
+    for (size_t i = 0; i < g.refs.size(); ++i) {
+        std::vector<float> refs;
+        for (int64_t b = 0; b < batch; ++b) refs.insert(refs.end(), p.refs[i].begin(), p.refs[i].end());
+        g.session->set_input(g.refs[i], refs.data());
+    }
+    if (g.mask) {
+        int64_t image_tokens = (p.latent_w / 2) * (p.latent_h / 2);
+        for (const LatentSize& r : p.ref_sizes) image_tokens += (r.w / 2) * (r.h / 2);
+        const std::vector<float> mask = models::flux_attention_mask(valid, image_tokens, batch);
+        g.session->set_input(g.mask, mask.data());
     }
     KILN_TRY(g.session->run(model.diffusion_compute(), g.out));
     return runtime::GraphSession::read(g.out);
@@ -84,8 +113,10 @@ Result<std::vector<float>> run_unet_batch(Model& model, const std::vector<float>
 // their own lengths.
 Result<std::vector<float>> run_unet(Model& model, const std::vector<float>& x, float sigma, const SamplingRun& p,
                                     const Conditioning& cond, const Conditioning* uncond, UnetGraph& graph) {
-    const int64_t latent_values = p.latent_w * p.latent_h * model.unet().config().out_channels;
-    if (static_cast<int64_t>(x.size()) != latent_values) return Error{"latent has the wrong size for the UNet"};
+    const int64_t latent_values = p.latent_w * p.latent_h * out_channels(model);
+    if (static_cast<int64_t>(x.size()) != latent_values) {
+        return Error{"latent has the wrong size for the diffusion network"};
+    }
     if (!p.batch_cfg || (uncond && uncond->tokens != cond.tokens)) graph.separate_passes = true;
     std::vector<float> c_out, u_out;
     if (uncond && !graph.separate_passes) {
@@ -93,7 +124,9 @@ Result<std::vector<float>> run_unet(Model& model, const std::vector<float>& x, f
         context.insert(context.end(), uncond->hidden.begin(), uncond->hidden.end());
         std::vector<float> y(cond.y);
         y.insert(y.end(), uncond->y.begin(), uncond->y.end());
-        auto both = run_unet_batch(model, x, sigma, p, context, cond.tokens, y, 2, graph);
+        std::vector<float> valid(cond.token_valid);
+        valid.insert(valid.end(), uncond->token_valid.begin(), uncond->token_valid.end());
+        auto both = run_unet_batch(model, x, sigma, p, context, cond.tokens, y, valid, 2, graph);
         if (both.ok()) {
             c_out.assign(both->begin(), both->begin() + latent_values);
             u_out.assign(both->begin() + latent_values, both->end());
@@ -108,11 +141,12 @@ Result<std::vector<float>> run_unet(Model& model, const std::vector<float>& x, f
         }
     }
     if (c_out.empty()) {
-        auto c = run_unet_batch(model, x, sigma, p, cond.hidden, cond.tokens, cond.y, 1, graph);
+        auto c = run_unet_batch(model, x, sigma, p, cond.hidden, cond.tokens, cond.y, cond.token_valid, 1, graph);
         if (!c.ok()) return c.error();
         c_out = std::move(c).value();
         if (uncond) {
-            auto u = run_unet_batch(model, x, sigma, p, uncond->hidden, uncond->tokens, uncond->y, 1, graph);
+            auto u = run_unet_batch(model, x, sigma, p, uncond->hidden, uncond->tokens, uncond->y, uncond->token_valid,
+                                    1, graph);
             if (!u.ok()) return u.error();
             u_out = std::move(u).value();
         }
@@ -143,7 +177,7 @@ Result<std::vector<float>> run_vae(Model& model, bool decode, const std::vector<
 Result<image::Image> decode_latent(Model& model, const std::vector<float>& latent, const ValidatedRequest& p,
                                    const std::optional<VaeTiling>& tiling) {
     std::vector<float> z(latent);
-    for (float& v : z) v /= model.latent_scale();
+    for (float& v : z) v = v / model.latent_scale() + model.latent_shift();
     auto decoded = run_vae(model, /*decode=*/true, z, p.latent_w, p.latent_h, tiling);
     if (!decoded.ok()) return decoded.error();
     if (!std::all_of(decoded->begin(), decoded->end(), [](float v) { return std::isfinite(v); })) {
@@ -194,11 +228,11 @@ Result<std::vector<float>> encode_image(Model& model, const image::Image& source
         sample->resize(half);
         for (size_t i = 0; i < half; ++i) {
             const float std_dev = std::exp(0.5f * std::clamp(latent[half + i], -30.0f, 20.0f));
-            (*sample)[i] = (latent[i] + std_dev * noise[i]) * model.latent_scale();
+            (*sample)[i] = (latent[i] + std_dev * noise[i] - model.latent_shift()) * model.latent_scale();
         }
         latent.resize(half);
     }
-    for (float& v : latent) v *= model.latent_scale();
+    for (float& v : latent) v = (v - model.latent_shift()) * model.latent_scale();
     return latent;
 }
 
@@ -224,17 +258,16 @@ Status prepare_inpainting(Model& model, const image::Image& init, const image::I
                           const std::optional<VaeTiling>& tiling, SamplingRun& run) {
     auto latent_mask = mask_plane(mask, p.latent_w, p.latent_h);
     if (!latent_mask.ok()) return latent_mask.error();
-    const models::UnetConfig& uc = model.unet().config();
+    const int64_t in_ch = in_channels(model), out_ch = out_channels(model);
     const size_t plane = static_cast<size_t>(p.latent_w) * p.latent_h;
-    if (uc.in_channels == uc.out_channels) {
+    if (in_ch == out_ch) {
         run.keep_weight.resize(init_latent.size());
         for (size_t k = 0; k < init_latent.size(); ++k) run.keep_weight[k] = 1.0f - (*latent_mask)[k % plane];
         run.keep_latent = init_latent;
         return Status::Ok();
     }
-    if (uc.in_channels != 2 * uc.out_channels + 1) {
-        return Error{"the UNet has " + std::to_string(uc.in_channels) +
-                     " input channels: not an inpainting UNet kiln knows"};
+    if (in_ch != 2 * out_ch + 1) {
+        return Error{"the UNet has " + std::to_string(in_ch) + " input channels: not an inpainting UNet kiln knows"};
     }
     // The masked image: the init image with the repainted area set to 0 (grey
     // in [-1, 1]) where the mask is at least half on, as diffusers prepares it.
@@ -282,8 +315,7 @@ void match_context_lengths(Conditioning& cond, Conditioning& uncond) {
 Result<std::vector<float>> sample_latent(Model& model, const SamplingRun& run, std::vector<float> x,
                                          const Conditioning& cond, const Conditioning* uncond, Rng& rng,
                                          const ProgressFn& progress, bool* passes_apart) {
-    const size_t extra = static_cast<size_t>(run.latent_w * run.latent_h *
-                                             (model.unet().config().in_channels - model.unet().config().out_channels));
+    const size_t extra = static_cast<size_t>(run.latent_w * run.latent_h * (in_channels(model) - out_channels(model)));
     if (!run.concat.empty() && run.concat.size() != extra) return Error{"inpainting inputs have the wrong size"};
     if (run.keep_weight.size() != run.keep_latent.size() ||
         (!run.keep_weight.empty() && run.keep_weight.size() != x.size())) {
@@ -308,7 +340,8 @@ Result<std::vector<float>> sample_latent(Model& model, const SamplingRun& run, s
     runtime::Executor& unet = model.diffusion_compute();
     const runtime::ExecutorStats before = unet.stats();
     const int builds_before = unet.plans().builds(), hits_before = unet.plans().hits();
-    auto result = sample(run.sampler, denoise, std::move(x), run.sigmas, rng, run.eta, progress);
+    auto result = sample(run.sampler, denoise, std::move(x), run.sigmas, rng, run.eta, progress,
+                         run.schedule ? *run.schedule : DiscreteSchedule::stable_diffusion());
     // ... and the sampled latent too (A1111 blends it once more after
     // sampling): a sampler's last step lands on the denoised latent only up to
     // rounding.
@@ -349,6 +382,13 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
     if (!planned.ok()) return planned.error();
     model.clear_cancel();
     const ValidatedRequest& p = *planned;
+    if (request.guidance && p.guidance == 0.0f) {
+        KILN_LOG_WARN("--guidance does nothing for %s: its DiT has no guidance embedding (use --cfg-scale)",
+                      model.family_label().c_str());
+    }
+    if (request.flow_shift && model.prediction() != Prediction::Flow) {
+        KILN_LOG_WARN("--flow-shift does nothing for %s: not a flow model", model.family_label().c_str());
+    }
     GenerationTimings unused;
     GenerationTimings& times = timings ? *timings : unused;
     times = GenerationTimings{};
@@ -385,10 +425,15 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
             static_cast<int>(model.unet().config().adm_in_channels - static_cast<int64_t>(cond->pooled.size())) / 6;
         cond->y = sdxl_conditioning_vector(cond->pooled, size, dim);
         if (uncond) uncond->y = sdxl_conditioning_vector(uncond->pooled, size, dim);
+    } else if (!model.has_unet()) {
+        // The DiT's vector input is the pooled CLIP-L output itself.
+        cond->y = cond->pooled;
+        if (uncond) uncond->y = uncond->pooled;
     }
     times.text_encoding_s = seconds_since(encoding_start);
 
-    auto all_sigmas = get_sigmas(p.scheduler, p.steps, DiscreteSchedule::stable_diffusion());
+    const std::unique_ptr<NoiseSchedule> schedule = model.noise_schedule(p.width, p.height, request.flow_shift);
+    auto all_sigmas = get_sigmas(p.scheduler, p.steps, *schedule);
     if (!all_sigmas.ok()) return all_sigmas.error();
     std::vector<float> sigmas = *all_sigmas;
     std::optional<std::vector<float>> init_latent;
@@ -428,14 +473,33 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
     run.eta = default_eta(p.sampler);
     run.flash_attention = request.flash_attention;
     run.batch_cfg = request.batch_cfg;
-    const size_t latent_size = static_cast<size_t>(p.latent_w) * p.latent_h * model.unet().config().out_channels;
+    run.schedule = schedule.get();
+    run.guidance = p.guidance;
+    // Kontext's reference images: each encoded (the latent distribution's
+    // mean) at its own size, as sd-cli does.
+    for (const image::Image& ref : request.ref_images) {
+        ValidatedRequest at = p;
+        const int stride = model.size_stride();
+        at.width = ref.width / stride * stride;
+        at.height = ref.height / stride * stride;
+        auto encoded = encode_image(model, ref, at, request.vae_tiling);
+        if (!encoded.ok()) return encoded.error().in_context("reference image: ");
+        run.refs.push_back(std::move(encoded).value());
+        run.ref_sizes.push_back(
+            {at.width / model.vae().config().downscale(), at.height / model.vae().config().downscale()});
+    }
+    const bool flow = schedule->flow();
+    const size_t latent_size = static_cast<size_t>(p.latent_w) * p.latent_h * out_channels(model);
     std::vector<GeneratedImage> results;
     for (int i = 0; i < request.batch_count; ++i) {
         const int64_t seed = request.seed + i;
         std::unique_ptr<Rng> rng = make_rng(request.rng, static_cast<uint64_t>(seed));
         std::vector<float> x = rng->randn(latent_size);
+        // Noise at the first sigma: x0 + sigma * noise, or on a flow model
+        // (1 - sigma) x0 + sigma * noise.
+        const float keep = flow ? 1.0f - sigmas.front() : 1.0f;
         for (size_t k = 0; k < x.size(); ++k) {
-            x[k] = x[k] * sigmas.front() + (init_latent ? (*init_latent)[k] : 0.0f);
+            x[k] = x[k] * sigmas.front() + (init_latent ? keep * (*init_latent)[k] : 0.0f);
         }
         Clock::time_point step_start;
         ProgressFn progress = [&](int step, int total) {
@@ -455,9 +519,9 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
         // NaN or Inf in weights, embeddings or the latent scale would give a
         // flat image with no word: say which module made them.
         if (!std::all_of(latent->begin(), latent->end(), [](float v) { return std::isfinite(v); })) {
-            return Error{
-                "the UNet produced non-finite values (NaN or Inf): check the model's weights and the "
-                "prompt's embeddings"};
+            return Error{"the " + std::string(model.has_unet() ? "UNet" : "DiT") +
+                         " produced non-finite values (NaN or Inf): check the model's weights and the "
+                         "prompt's embeddings"};
         }
         times.sampling_s += seconds_since(sampling_start);
         const Clock::time_point vae_start = Clock::now();
@@ -481,6 +545,11 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
         if (request.init_image) info.extra.emplace_back("Denoising strength", format_number(request.strength));
         if (request.mask) info.extra.emplace_back("Mask", "yes");
         if (request.clip_skip > 1) info.extra.emplace_back("Clip skip", std::to_string(request.clip_skip));
+        if (p.guidance > 0.0f) info.extra.emplace_back("Guidance", format_number(p.guidance));
+        if (flow) {
+            const auto* fs = static_cast<const FlowSchedule*>(schedule.get());
+            info.extra.emplace_back("Shift", format_number(fs->mu()));
+        }
         info.extra.emplace_back("RNG", std::string(rng_kind_name(request.rng)));
         info.extra.emplace_back("Version", std::string("kiln ") + KILN_VERSION);
         results.push_back(std::move(g));

@@ -1,5 +1,7 @@
-// Text-to-image and image-to-image for SD1.x / SD2.x: prompt -> conditioning ->
-// sampler loop with classifier-free guidance -> VAE decode -> image.
+// Text-to-image and image-to-image for every family: prompt -> conditioning
+// -> sampler loop with classifier-free guidance over the diffusion network
+// (a UNet, or a Flux DiT with its distilled guidance and reference images)
+// -> VAE decode -> image.
 #pragma once
 
 #include <functional>
@@ -10,6 +12,7 @@
 #include "image/image.h"
 #include "image/png_metadata.h"
 #include "pipeline/conditioner.h"
+#include "pipeline/graphs.h"
 #include "pipeline/model.h"
 #include "pipeline/request.h"
 #include "pipeline/rng.h"
@@ -66,6 +69,14 @@ struct SamplingRun {
     // denoised estimate is replaced by keep_latent (the init image).
     std::vector<float> keep_weight;
     std::vector<float> keep_latent;
+    // The noise table the sigmas come from: its sigma_to_t is the
+    // network's timestep (null: SD's DDPM schedule).
+    const NoiseSchedule* schedule = nullptr;
+    // Flux-dev's distilled guidance (--guidance), for a DiT that takes it.
+    float guidance = 3.5f;
+    // Flux.1-Kontext's reference latents (scaled) and their sizes.
+    std::vector<std::vector<float>> refs;
+    std::vector<LatentSize> ref_sizes;
 };
 
 // Runs the sampler from `x` (noise * sigmas[0], plus the init latent for

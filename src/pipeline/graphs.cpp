@@ -16,13 +16,21 @@ const T* or_zeros(const T* data, size_t count, std::vector<T>& zeros) {
 }  // namespace
 
 TextEncoderGraph build_text_encoder_graph(const TextEncoder& encoder, const int32_t* ids, int64_t length, int64_t batch,
-                                          int layer, const EmbeddingTable* extra) {
+                                          int layer, const EmbeddingTable* extra, const float* key_mask) {
     TextEncoderGraph g;
     g.session = std::make_unique<runtime::GraphSession>();
     runtime::GraphSession& s = *g.session;
     std::vector<int32_t> zeros;
     ggml_tensor* tokens =
         s.input(GGML_TYPE_I32, {length, batch}, or_zeros(ids, static_cast<size_t>(length * batch), zeros), "tokens");
+    if (encoder.t5) {
+        models::T5Options options;
+        const std::vector<int32_t> buckets = encoder.t5->relative_buckets(length);
+        options.relative_buckets = s.input(GGML_TYPE_I32, {length, length}, buckets.data(), "relative_buckets");
+        if (key_mask) options.key_mask = s.input(GGML_TYPE_F32, {length, batch}, key_mask, "key_mask");
+        g.out = encoder.t5->encode(s.ctx(), tokens, options);
+        return g;
+    }
     ggml_tensor* extra_rows = nullptr;
     if (extra && extra->rows() > 0) {
         extra_rows = s.input(GGML_TYPE_F32, {extra->width, static_cast<int64_t>(extra->rows())}, extra->vectors.data(),
@@ -44,7 +52,63 @@ TextEncoderGraph build_text_encoder_graph(const TextEncoder& encoder, const int3
     return g;
 }
 
+namespace {
+
+// The DiT's graph; its constant inputs (RoPE table, Chroma's index
+// embeddings) are filled here from the shape.
+Result<DiffusionGraph> build_flux_graph(const Model& model, const DiffusionShape& shape) {
+    const models::FluxConfig& fc = model.flux().config();
+    DiffusionGraph g;
+    g.shape = shape;
+    g.session = std::make_unique<runtime::GraphSession>();
+    runtime::GraphSession& s = *g.session;
+    const int64_t b = shape.batch;
+    const int64_t c = fc.latent_channels;
+    int64_t largest = std::max({shape.latent_w * shape.latent_h * c, fc.context_dim * shape.tokens, fc.vec_dim});
+    for (const LatentSize& r : shape.refs) largest = std::max(largest, r.w * r.h * c);
+    const std::vector<float> zeros(static_cast<size_t>(largest * b));
+    models::FluxInputs in;
+    in.x = g.x = s.input(GGML_TYPE_F32, {shape.latent_w, shape.latent_h, c, b}, zeros.data(), "x");
+    for (size_t i = 0; i < shape.refs.size(); ++i) {
+        g.refs.push_back(s.input(GGML_TYPE_F32, {shape.refs[i].w, shape.refs[i].h, c, b}, zeros.data(),
+                                 ("ref" + std::to_string(i)).c_str()));
+    }
+    in.refs = g.refs;
+    in.timesteps = g.timesteps = s.input(GGML_TYPE_F32, {b}, zeros.data(), "timesteps");
+    if (fc.guidance_embed) in.guidance = g.guidance = s.input(GGML_TYPE_F32, {b}, zeros.data(), "guidance");
+    in.context = g.context = s.input(GGML_TYPE_F32, {fc.context_dim, shape.tokens, b}, zeros.data(), "context");
+    if (fc.vec_dim > 0) in.pooled = g.y = s.input(GGML_TYPE_F32, {fc.vec_dim, b}, zeros.data(), "pooled");
+    const int64_t patch = fc.patch;
+    const models::FluxTokenGrid image{shape.latent_w / patch, shape.latent_h / patch};
+    std::vector<models::FluxTokenGrid> ref_grids;
+    for (const LatentSize& r : shape.refs) ref_grids.push_back({r.w / patch, r.h / patch});
+    const std::vector<float> rope = models::flux_rope_table(fc, shape.tokens, image, ref_grids);
+    in.rope = s.input(GGML_TYPE_F32, models::flux_rope_shape(fc, shape.tokens, image, ref_grids), rope.data(), "rope");
+    if (shape.mask) {
+        int64_t image_tokens = image.w * image.h;
+        for (const models::FluxTokenGrid& r : ref_grids) image_tokens += r.w * r.h;
+        const std::vector<float> open(static_cast<size_t>(shape.tokens * b), 1.0f);
+        const std::vector<float> mask = models::flux_attention_mask(open, image_tokens, b);
+        in.mask = g.mask = s.input(GGML_TYPE_F32, models::flux_attention_mask_shape(shape.tokens, image_tokens, b),
+                                   mask.data(), "mask");
+    }
+    if (fc.chroma) {
+        const std::vector<float> index = models::chroma_index_table(fc);
+        in.chroma_index = s.input(GGML_TYPE_F32, models::chroma_index_shape(fc), index.data(), "chroma_index");
+    }
+    models::FluxBuildOptions options;
+    options.flash_attention = shape.flash_attention;
+    options.target = model.diffusion_target();
+    auto out = model.flux().build(s.ctx(), in, options);
+    if (!out.ok()) return Error{"DiT graph: " + out.error().message};
+    g.out = *out;
+    return g;
+}
+
+}  // namespace
+
 Result<DiffusionGraph> build_diffusion_graph(const Model& model, const DiffusionShape& shape) {
+    if (!model.has_unet()) return build_flux_graph(model, shape);
     const models::UnetConfig& uc = model.unet().config();
     DiffusionGraph g;
     g.shape = shape;
@@ -70,7 +134,14 @@ Result<DiffusionGraph> build_diffusion_graph(const Model& model, const Diffusion
     return g;
 }
 
-int64_t single_chunk_tokens(const Model& model) { return model.text_encoders().front().network->config().context; }
+int64_t single_chunk_tokens(const Model& model) {
+    int64_t tokens = 0;
+    for (const TextEncoder& te : model.text_encoders()) {
+        if (!te.use->context) continue;
+        tokens = te.t5 ? te.use->max_length : te.network->config().context;
+    }
+    return tokens;
+}
 
 VaeGraph build_vae_decode_graph(const Model& model, int64_t latent_w, int64_t latent_h, const float* latent) {
     const models::VaeConfig& vc = model.vae().config();

@@ -22,10 +22,18 @@ struct TextEncoderGraph {
     ggml_tensor* out = nullptr;
     int64_t pooled_width = 0;  // 0: no pooled vectors follow
 };
-// `ids`: length * batch token ids (null: zeros); `layer`: clip skip;
-// `extra`: textual-inversion rows [width, rows] (null: none).
+// `ids`: length * batch token ids (null: zeros); `layer`: clip skip (CLIP
+// only); `extra`: textual-inversion rows [width, rows] (CLIP only; null:
+// none); `key_mask`: length * batch, 1 real 0 padding (T5 only; null: none).
 TextEncoderGraph build_text_encoder_graph(const TextEncoder& encoder, const int32_t* ids, int64_t length, int64_t batch,
-                                          int layer, const EmbeddingTable* extra = nullptr);
+                                          int layer, const EmbeddingTable* extra = nullptr,
+                                          const float* key_mask = nullptr);
+
+// A reference image's latent size (Flux.1-Kontext's -r).
+struct LatentSize {
+    int64_t w = 0;
+    int64_t h = 0;
+};
 
 // The diffusion network's inputs of one evaluation over `batch` latents.
 struct DiffusionShape {
@@ -34,20 +42,33 @@ struct DiffusionShape {
     int64_t batch = 1;
     int64_t tokens = 77;  // context rows per batch item
     bool flash_attention = false;
+    // Flux: the reference latents' sizes (Kontext), and whether the text
+    // tokens' padding is masked (Chroma).
+    std::vector<LatentSize> refs;
+    bool mask = false;
 };
 
+// The inputs are the graph's; set them with session->set_input. Those a
+// network does not take are null.
 struct DiffusionGraph {
     std::unique_ptr<runtime::GraphSession> session;
     DiffusionShape shape;
     ggml_tensor* x = nullptr;          // ne [W, H, in_channels, batch]
-    ggml_tensor* timesteps = nullptr;  // ne [batch]
+    ggml_tensor* timesteps = nullptr;  // ne [batch]: the UNet's t, the DiT's sigma
     ggml_tensor* context = nullptr;    // ne [context width, tokens, batch]
-    ggml_tensor* y = nullptr;          // ne [adm width, batch]; null unless the UNet has label_emb
-    ggml_tensor* out = nullptr;        // ne [W, H, out_channels, batch]
+    // The UNet's label_emb vector ne [adm width, batch] (SDXL), or the DiT's
+    // pooled vector ne [vec_dim, batch] (Flux).
+    ggml_tensor* y = nullptr;
+    ggml_tensor* guidance = nullptr;  // Flux-dev: ne [batch] distilled guidance
+    std::vector<ggml_tensor*> refs;   // Kontext: ne [w, h, channels, batch] each
+    // Chroma: the key mask ne flux_attention_mask_shape() over the tokens.
+    ggml_tensor* mask = nullptr;
+    ggml_tensor* out = nullptr;  // ne [W, H, out_channels, batch]
 };
 // An error only when the shapes break the UNet's contract (a bug upstream).
 Result<DiffusionGraph> build_diffusion_graph(const Model& model, const DiffusionShape& shape);
-// The number of tokens a job's context has when its prompts fit one chunk.
+// The number of tokens a job's context has when its prompts fit one chunk
+// (CLIP's 77), or T5's fixed length.
 int64_t single_chunk_tokens(const Model& model);
 
 // The VAE's decoder on a latent of latent_w x latent_h, or its encoder on

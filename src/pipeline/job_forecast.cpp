@@ -21,7 +21,7 @@ Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, 
         return Status::Ok();
     };
     for (const TextEncoder& encoder : model.text_encoders()) {
-        const int64_t length = encoder.network->config().context;
+        const int64_t length = encoder.t5 ? encoder.use->max_length : encoder.network->config().context;
         TextEncoderGraph g = build_text_encoder_graph(encoder, nullptr, length, batch, encoder.use->default_layer);
         KILN_TRY(add(*encoder.executor, *g.session, g.out));
     }

@@ -66,10 +66,47 @@ std::optional<std::string> find_prefix(const io::ModelFile& file, models::Networ
     return std::nullopt;
 }
 
-Result<std::unique_ptr<ClipTokenizer>> load_tokenizer(const ModelPaths& paths,
+// --tokenizer: a path (CLIP's tokenizer, the flag's meaning in sd-cli), or
+// per encoder "t5xxl=PATH" / "clip_l=PATH", comma-separated.
+struct TokenizerPaths {
+    std::string clip;
+    std::string t5;
+};
+
+Result<TokenizerPaths> parse_tokenizer_flag(const std::string& value) {
+    TokenizerPaths out;
+    const auto eq = value.find('=');
+    const std::string head = eq == std::string::npos ? "" : value.substr(0, eq);
+    if (head != "t5xxl" && head != "clip_l" && head != "clip") {
+        out.clip = value;
+        return out;
+    }
+    size_t start = 0;
+    while (start <= value.size()) {
+        const size_t comma = value.find(',', start);
+        const std::string item = value.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+        const auto sep = item.find('=');
+        const std::string name = item.substr(0, sep);
+        if (sep == std::string::npos || sep + 1 == item.size()) {
+            return Error::invalid_request("--tokenizer: '" + item + "' is not ENCODER=PATH");
+        }
+        if (name == "t5xxl") {
+            out.t5 = item.substr(sep + 1);
+        } else if (name == "clip_l" || name == "clip") {
+            out.clip = item.substr(sep + 1);
+        } else {
+            return Error::invalid_request("--tokenizer: unknown encoder '" + name + "' (valid: t5xxl, clip_l)");
+        }
+        if (comma == std::string::npos) break;
+        start = comma + 1;
+    }
+    return out;
+}
+
+Result<std::unique_ptr<ClipTokenizer>> load_tokenizer(const std::string& flag_path,
                                                       const std::vector<std::unique_ptr<io::ModelFile>>& files) {
-    if (!paths.tokenizer.empty()) {
-        auto t = ClipTokenizer::load(paths.tokenizer);
+    if (!flag_path.empty()) {
+        auto t = ClipTokenizer::load(flag_path);
         if (!t.ok()) return t.error();
         return std::make_unique<ClipTokenizer>(std::move(t).value());
     }
@@ -102,6 +139,41 @@ Result<std::unique_ptr<ClipTokenizer>> load_tokenizer(const ModelPaths& paths,
         "merges.txt, a diffusers tokenizer/ folder, or open_clip's bpe_simple_vocab_16e6.txt)"};
 }
 
+Result<std::unique_ptr<T5Tokenizer>> load_t5_tokenizer_at(const std::string& path) {
+    auto t = T5Tokenizer::load(path);
+    if (!t.ok()) return t.error();
+    return std::make_unique<T5Tokenizer>(std::move(t).value());
+}
+
+// T5's tokenizer: --tokenizer t5xxl=PATH; the T5 file's own (GGUF
+// tokenizer.ggml.*, as -M convert writes it); a diffusers folder's
+// tokenizer_2/; spiece.model, tokenizer_2/ or t5_tokenizer/ beside the T5
+// file. The error says where kiln looked.
+Result<std::unique_ptr<T5Tokenizer>> load_t5_tokenizer(const std::string& flag_path, const io::ModelFile& t5_file) {
+    if (!flag_path.empty()) return load_t5_tokenizer_at(flag_path);
+    if (meta(t5_file, "tokenizer.ggml.model")) {
+        auto t = T5Tokenizer::from_gguf_metadata(t5_file);
+        if (!t.ok()) return t.error();
+        return std::make_unique<T5Tokenizer>(std::move(t).value());
+    }
+    std::vector<fs::path> candidates;
+    for (const io::SourceFile& s : t5_file.sources()) {
+        const fs::path dir = fs::path(s.path).parent_path();
+        if (s.component == "text_encoder_2") candidates.push_back(dir.parent_path() / "tokenizer_2");
+        for (const char* name : {"spiece.model", "tokenizer_2", "t5_tokenizer"}) candidates.push_back(dir / name);
+    }
+    std::string looked;
+    for (const fs::path& c : candidates) {
+        const PathKind kind = path_status(c.string()).kind;
+        if (kind == PathKind::File || kind == PathKind::Folder) return load_t5_tokenizer_at(c.string());
+        looked += (looked.empty() ? "" : ", ") + c.string();
+    }
+    return Error::bad_file(t5_file.sources().front().path +
+                           ": the T5 text encoder needs its tokenizer and the file carries none (looked in: " + looked +
+                           "); pass --tokenizer t5xxl=PATH (spiece.model, a T5 tokenizer.json or its folder), or "
+                           "convert the T5 once with -M convert --tokenizer t5xxl=PATH to carry it");
+}
+
 // A number from the metadata, checked against [min, max]; the error names
 // the file and the key.
 Result<std::optional<double>> meta_number(const io::ModelFile& file, const std::string& key, double min, double max) {
@@ -123,7 +195,9 @@ Result<std::optional<double>> meta_number(const io::ModelFile& file, const std::
 
 runtime::ModuleWeights& Module::weights() {
     if (clip) return clip->weights();
+    if (t5) return t5->weights();
     if (unet) return unet->weights();
+    if (flux) return flux->weights();
     return vae->weights();
 }
 
@@ -141,7 +215,18 @@ Model::~Model() {
 }
 
 int Model::size_stride() const {
+    if (!has_unet()) return vae().config().downscale() * flux().config().patch;
     return vae().config().downscale() * (1 << (unet().config().level_channels.size() - 1));
+}
+
+std::unique_ptr<NoiseSchedule> Model::noise_schedule(int width, int height, std::optional<float> flow_shift) const {
+    if (prediction_ != Prediction::Flow)
+        return std::make_unique<DiscreteSchedule>(DiscreteSchedule::stable_diffusion());
+    const models::Schedule& s = family_->schedule;
+    if (flow_shift) return std::make_unique<FlowSchedule>(*flow_shift);
+    if (!s.resolution_shift) return std::make_unique<FlowSchedule>(s.flow_mu);
+    const int64_t patch = static_cast<int64_t>(size_stride());
+    return std::make_unique<FlowSchedule>(FlowSchedule::resolution_mu((width / patch) * (height / patch)));
 }
 
 Result<std::unique_ptr<Model>> Model::load(const ModelPaths& paths, const ModelOptions& options) {
@@ -149,11 +234,38 @@ Result<std::unique_ptr<Model>> Model::load(const ModelPaths& paths, const ModelO
     KILN_TRY(m->load_networks(paths, options));
     KILN_TRY(m->read_metadata(options));
 
-    auto tokenizer = load_tokenizer(paths, m->files_);
+    auto tokenizer_paths = parse_tokenizer_flag(paths.tokenizer);
+    if (!tokenizer_paths.ok()) return tokenizer_paths.error();
+    const TextEncoder* first_clip = nullptr;
+    for (const TextEncoder& te : m->text_encoders_) {
+        if (te.network && !first_clip) first_clip = &te;
+        if (!te.t5 || m->t5_tokenizer_) continue;
+        const Module* t5_module = nullptr;
+        for (const auto& module : m->modules_) {
+            if (module->t5.get() == te.t5) t5_module = module.get();
+        }
+        auto t5_tokenizer = load_t5_tokenizer(tokenizer_paths->t5, *t5_module->file);
+        if (!t5_tokenizer.ok()) return t5_tokenizer.error().as(ErrorKind::BadFile);
+        m->t5_tokenizer_ = std::move(t5_tokenizer).value();
+        if (m->t5_tokenizer_->size() > te.t5->config().vocab) {
+            return Error::bad_file("the T5 tokenizer has " + std::to_string(m->t5_tokenizer_->size()) +
+                                   " tokens but the t5xxl text encoder only " + std::to_string(te.t5->config().vocab));
+        }
+    }
+    if (!first_clip) {
+        if (!paths.embeddings.empty()) {
+            return Error::invalid_request("--embd-dir: textual-inversion embeddings need a CLIP text encoder, which " +
+                                          m->family_label_ + " does not have");
+        }
+        KILN_TRY(m->place_modules(options));
+        return m;
+    }
+    auto tokenizer = load_tokenizer(tokenizer_paths->clip, m->files_);
     if (!tokenizer.ok()) return tokenizer.error().as(ErrorKind::BadFile);
     m->tokenizer_ = std::move(tokenizer).value();
-    const models::ClipTextEncoder& first = *m->text_encoders_.front().network;
+    const models::ClipTextEncoder& first = *first_clip->network;
     for (const TextEncoder& te : m->text_encoders_) {
+        if (!te.network) continue;
         if (m->tokenizer_->vocab_size() > te.network->config().vocab) {
             return Error::bad_file("the tokenizer has " + std::to_string(m->tokenizer_->vocab_size()) +
                                    " tokens but the " + te.use->module + " text encoder only " +
@@ -189,6 +301,7 @@ Status Model::load_networks(const ModelPaths& paths, const ModelOptions& options
     const std::pair<const std::string*, const char*> flagged[] = {{&paths.diffusion_model, "--diffusion-model"},
                                                                   {&paths.clip_l, "--clip_l"},
                                                                   {&paths.clip_g, "--clip_g"},
+                                                                  {&paths.t5xxl, "--t5xxl"},
                                                                   {&paths.vae, "--vae"}};
     for (const auto& [path, flag] : flagged) {
         if (!path->empty()) given.push_back({*path, flag});
@@ -272,17 +385,44 @@ Status Model::load_networks(const ModelPaths& paths, const ModelOptions& options
                 vae_ = module.get();
                 break;
             }
-            case models::NetworkKind::T5:
-            case models::NetworkKind::FluxDit:
-                return Error::bad_file(where + ": " + family_label_ + " is recognised but cannot run yet");
+            case models::NetworkKind::T5: {
+                auto net = models::T5Encoder::create(*module->file, module->prefix, options.weight_type);
+                if (!net.ok()) return net.error().as(ErrorKind::BadFile).in_context(path + ": ");
+                module->t5 = std::move(net).value();
+                break;
+            }
+            case models::NetworkKind::FluxDit: {
+                auto net = models::FluxDit::create(*module->file, module->prefix, options.weight_type);
+                if (!net.ok()) return net.error().as(ErrorKind::BadFile).in_context(path + ": ");
+                module->flux = std::move(net).value();
+                diffusion_ = module.get();
+                break;
+            }
         }
         modules_.push_back(std::move(module));
     }
     for (const models::TextEncoderUse& use : family_->conditioning.encoders) {
         for (const auto& module : modules_) {
-            if (module->spec.name == use.module) text_encoders_.push_back({&use, module->clip.get(), nullptr});
+            if (module->spec.name == use.module)
+                text_encoders_.push_back({&use, module->clip.get(), module->t5.get(), nullptr});
         }
     }
+    KILN_TRY(has_unet() ? check_unet_inputs() : check_flux_inputs());
+    // A file given for one module that also holds others: say which were not taken from it.
+    for (size_t i = 0; i < given.size(); ++i) {
+        if (given[i].flag.empty()) continue;
+        for (const models::ModuleSpec& spec : family_->modules) {
+            if (spec.flag != given[i].flag && find_prefix(*files_[i], spec.network, spec.prefixes)) {
+                KILN_LOG_WARN("%s (%s): its %s is not used", given[i].path.c_str(), given[i].flag.c_str(),
+                              spec.name.c_str());
+            }
+        }
+    }
+    return Status::Ok();
+}
+
+// The UNet's inputs must be what the family's text encoders and VAE make.
+Status Model::check_unet_inputs() const {
     int64_t context = 0;
     for (const TextEncoder& te : text_encoders_) context += te.network->config().width;
     if (context != unet().config().context_dim) {
@@ -313,15 +453,26 @@ Status Model::load_networks(const ModelPaths& paths, const ModelOptions& options
                                ") do not match the UNet's output channels (" +
                                std::to_string(unet().config().out_channels) + ")");
     }
-    // A file given for one module that also holds others: say which were not taken from it.
-    for (size_t i = 0; i < given.size(); ++i) {
-        if (given[i].flag.empty()) continue;
-        for (const models::ModuleSpec& spec : family_->modules) {
-            if (spec.flag != given[i].flag && find_prefix(*files_[i], spec.network, spec.prefixes)) {
-                KILN_LOG_WARN("%s (%s): its %s is not used", given[i].path.c_str(), given[i].flag.c_str(),
-                              spec.name.c_str());
-            }
+    return Status::Ok();
+}
+
+// The DiT's inputs must be what the family's text encoders and VAE make.
+Status Model::check_flux_inputs() const {
+    const models::FluxConfig& fc = flux().config();
+    for (const TextEncoder& te : text_encoders_) {
+        if (te.use->context && te.width() != fc.context_dim) {
+            return Error::bad_file("the " + te.use->module + " text encoder is " + std::to_string(te.width()) +
+                                   " wide but the DiT's txt_in takes " + std::to_string(fc.context_dim));
         }
+        if (te.use->pooled && te.network && te.width() != fc.vec_dim) {
+            return Error::bad_file("the " + te.use->module + " pooled output is " + std::to_string(te.width()) +
+                                   " wide but the DiT's vector_in takes " + std::to_string(fc.vec_dim));
+        }
+    }
+    if (vae().config().latent_channels != fc.latent_channels) {
+        return Error::bad_file("the VAE has " + std::to_string(vae().config().latent_channels) +
+                               " latent channels but the " + family_label_ + " DiT takes " +
+                               std::to_string(fc.latent_channels) + " (an SD VAE with a Flux model? pass Flux's ae)");
     }
     return Status::Ok();
 }
@@ -497,7 +648,8 @@ Status Model::place_modules(const ModelOptions& options) {
 
     for (TextEncoder& te : text_encoders_) {
         for (const auto& module : modules_) {
-            if (module->clip.get() == te.network) te.executor = module->executor.get();
+            if ((te.network && module->clip.get() == te.network) || (te.t5 && module->t5.get() == te.t5))
+                te.executor = module->executor.get();
         }
     }
 

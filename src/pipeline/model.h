@@ -16,12 +16,15 @@
 #include "io/model_file.h"
 #include "models/clip_text.h"
 #include "models/family.h"
+#include "models/flux_dit.h"
+#include "models/t5_encoder.h"
 #include "models/unet.h"
 #include "models/vae.h"
 #include "pipeline/clip_tokenizer.h"
 #include "pipeline/denoiser.h"
 #include "pipeline/embeddings.h"
 #include "pipeline/placement.h"
+#include "pipeline/t5_tokenizer.h"
 #include "runtime/device_budget.h"
 #include "runtime/executor.h"
 #include "runtime/weight_store.h"
@@ -35,8 +38,10 @@ struct ModelPaths {
     std::string vae;                 // --vae
     std::string clip_l;              // --clip_l
     std::string clip_g;              // --clip_g
-    std::string tokenizer;           // --tokenizer
-    std::string embeddings;          // --embd-dir: textual-inversion embeddings
+    std::string t5xxl;               // --t5xxl
+    // --tokenizer: PATH (CLIP's), or per encoder "t5xxl=PATH[,clip_l=PATH]".
+    std::string tokenizer;
+    std::string embeddings;  // --embd-dir: textual-inversion embeddings
 };
 
 struct ModelOptions {
@@ -57,14 +62,16 @@ struct ModelOptions {
 // The family's defaults, overridden by a file's "kiln.default.*" metadata.
 using ModelDefaults = models::Defaults;
 
-// One network of the model and its runner. Exactly one of clip, unet and
-// vae is set, the one spec.network names.
+// One network of the model and its runner. Exactly one of clip, t5, unet,
+// flux and vae is set, the one spec.network names.
 struct Module {
     models::ModuleSpec spec;
     std::string prefix;  // where its tensors live in `file`
     const io::ModelFile* file = nullptr;
     std::unique_ptr<models::ClipTextEncoder> clip;
+    std::unique_ptr<models::T5Encoder> t5;
     std::unique_ptr<models::Unet> unet;
+    std::unique_ptr<models::FluxDit> flux;
     std::unique_ptr<models::Vae> vae;
     std::unique_ptr<runtime::Executor> executor;
     // Where its graphs compute (placement decides; the graph builders take
@@ -76,11 +83,16 @@ struct Module {
     const char* role() const { return models::module_role_name(spec.role); }
 };
 
-// A text encoder as the family's conditioning uses it.
+// A text encoder as the family's conditioning uses it: a CLIP (network) or a
+// T5 (t5).
 struct TextEncoder {
     const models::TextEncoderUse* use = nullptr;
     const models::ClipTextEncoder* network = nullptr;
+    const models::T5Encoder* t5 = nullptr;
     runtime::Executor* executor = nullptr;
+
+    // The width of its hidden states.
+    int64_t width() const { return network ? network->config().width : t5->config().d_model; }
 };
 
 class Model {
@@ -98,17 +110,31 @@ class Model {
     const ModelDefaults& defaults() const { return defaults_; }
     // The family's scale unless the metadata ("kiln.vae.scale_factor") says otherwise.
     float latent_scale() const { return latent_scale_; }
+    // latent = (VAE latent - shift) * scale (Flux: 0.1159).
+    float latent_shift() const { return family_->latent.shift; }
     // Image sizes must be multiples of this: the VAE's downscale times the
-    // UNet's 2^(levels-1).
+    // UNet's 2^(levels-1) or the DiT's patch size.
     int size_stride() const;
+    // The latent's channels (the VAE's).
+    int64_t latent_channels() const { return vae().config().latent_channels; }
+    // The noise table of a width x height job: the DDPM's, or the flow
+    // schedule with --flow-shift (`flow_shift`) or the family's shift.
+    std::unique_ptr<NoiseSchedule> noise_schedule(int width, int height, std::optional<float> flow_shift) const;
 
+    // CLIP's tokenizer; only when the family has a CLIP encoder.
+    bool has_clip_tokenizer() const { return tokenizer_ != nullptr; }
     const ClipTokenizer& tokenizer() const { return *tokenizer_; }
+    // T5's tokenizer; only when the family has a T5 encoder.
+    const T5Tokenizer& t5_tokenizer() const { return *t5_tokenizer_; }
     // Textual-inversion vectors for token ids from the vocabulary's end on
     // (the first text encoder's width).
     const EmbeddingTable& embeddings() const { return embeddings_; }
     // The text encoders in the order of the family's conditioning.
     const std::vector<TextEncoder>& text_encoders() const { return text_encoders_; }
+    // The diffusion network: a UNet (SD1.x, SD2.x, SDXL) or a Flux DiT.
+    bool has_unet() const { return diffusion_->unet != nullptr; }
     const models::Unet& unet() const { return *diffusion_->unet; }
+    const models::FluxDit& flux() const { return *diffusion_->flux; }
     const models::Vae& vae() const { return *vae_->vae; }
     runtime::Executor& diffusion_compute() { return *diffusion_->executor; }
     nn::ComputeTarget diffusion_target() const { return diffusion_->target; }
@@ -135,6 +161,8 @@ class Model {
   private:
     Model() = default;
     Status load_networks(const ModelPaths& paths, const ModelOptions& options);
+    Status check_unet_inputs() const;
+    Status check_flux_inputs() const;
     Status read_metadata(const ModelOptions& options);
     Status place_modules(const ModelOptions& options);
 
@@ -145,6 +173,7 @@ class Model {
     ModelDefaults defaults_;
     float latent_scale_ = 0.18215f;
     std::unique_ptr<ClipTokenizer> tokenizer_;
+    std::unique_ptr<T5Tokenizer> t5_tokenizer_;
     EmbeddingTable embeddings_;
     std::vector<ModulePlacement> placement_;
     ModuleBytes module_bytes_;

@@ -81,14 +81,42 @@ Result<ValidatedRequest> validate_request(const Model& model, const GenerationRe
         if (Status s = validate_tiling(*r.vae_tiling); !s.ok()) return s.error().as(ErrorKind::InvalidRequest);
     }
     for (const TextEncoder& te : model.text_encoders()) {
-        if (r.clip_skip > te.network->config().layers) {
+        if (te.network && r.clip_skip > te.network->config().layers) {
             return Error::invalid_request("clip skip must be at most " + std::to_string(te.network->config().layers) +
                                           " for this model's " + te.use->module + " text encoder, got " +
                                           std::to_string(r.clip_skip));
         }
     }
-    if (r.init_image && !model.vae().config().has_encoder) {
+    if ((r.init_image || !r.ref_images.empty()) && !model.vae().config().has_encoder) {
         return Error::invalid_request("this model's VAE has no encoder: image-to-image needs one");
+    }
+    if (r.guidance && (!std::isfinite(*r.guidance) || *r.guidance < 0 || *r.guidance > kMaxCfgScale)) {
+        return Error::invalid_request("--guidance must be a number in [0, " + format_number(kMaxCfgScale) + "], got " +
+                                      format_number(*r.guidance));
+    }
+    if (!model.has_unet() && model.flux().config().guidance_embed) p.guidance = r.guidance.value_or(d.guidance);
+    if (r.flow_shift && (!std::isfinite(*r.flow_shift) || std::fabs(*r.flow_shift) > kMaxFlowShift)) {
+        return Error::invalid_request("--flow-shift must be a number in [-" + format_number(kMaxFlowShift) + ", " +
+                                      format_number(kMaxFlowShift) + "], got " + format_number(*r.flow_shift));
+    }
+    if (!r.ref_images.empty()) {
+        if (!model.family().reference_images) {
+            return Error::invalid_request("-r/--ref-image: " + model.family_label() +
+                                          " takes no reference images (Flux.1-Kontext-dev does)");
+        }
+        if (r.ref_images.size() > kMaxReferenceImages) {
+            return Error::invalid_request("-r/--ref-image: at most " + std::to_string(kMaxReferenceImages) +
+                                          " reference images, got " + std::to_string(r.ref_images.size()));
+        }
+        for (const image::Image& ref : r.ref_images) {
+            if (ref.width < stride || ref.height < stride || ref.width > image::kMaxDimension ||
+                ref.height > image::kMaxDimension) {
+                return Error::invalid_request("-r/--ref-image: a reference image is " +
+                                              size_text(ref.width, ref.height) + "; each side must be in [" +
+                                              std::to_string(stride) + ", " + std::to_string(image::kMaxDimension) +
+                                              "]");
+            }
+        }
     }
     return p;
 }

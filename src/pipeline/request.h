@@ -7,6 +7,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "image/image.h"
 #include "pipeline/rng.h"
@@ -23,6 +24,8 @@ class Model;
 constexpr int kMaxSteps = 10000;
 constexpr float kMaxCfgScale = 100.0f;
 constexpr int kMaxBatchCount = 1000;
+constexpr float kMaxFlowShift = 20.0f;
+constexpr size_t kMaxReferenceImages = 8;
 
 struct GenerationRequest {
     std::string prompt;
@@ -54,6 +57,12 @@ struct GenerationRequest {
     // they run one after the other. False always runs them separately
     // (benchmarks compare the two).
     bool batch_cfg = true;
+    // Flux: distilled guidance (--guidance; unset: the family's), the flow
+    // time shift (--flow-shift; unset: the family's), and Kontext's
+    // reference images (-r).
+    std::optional<float> guidance;
+    std::optional<float> flow_shift;
+    std::vector<image::Image> ref_images;
 };
 
 // A request with the model's defaults filled in and every field checked.
@@ -63,6 +72,7 @@ struct ValidatedRequest {
     float cfg = 1.0f;
     SamplerKind sampler = SamplerKind::Euler;
     SchedulerKind scheduler = SchedulerKind::Discrete;
+    float guidance = 0.0f;  // the DiT's distilled guidance (0: the network takes none)
 };
 
 // Errors (each an invalid request naming the field and what is accepted):
@@ -71,7 +81,10 @@ struct ValidatedRequest {
 // a mask of another size than the init image, or without one; steps outside
 // [1, kMaxSteps]; cfg not finite or outside [0, kMaxCfgScale]; batch count
 // outside [1, kMaxBatchCount]; unknown sampler or scheduler; strength outside
-// (0, 1] with an init image; bad VAE tiling.
+// (0, 1] with an init image; bad VAE tiling; guidance outside [0,
+// kMaxCfgScale]; flow shift outside [-kMaxFlowShift, kMaxFlowShift];
+// reference images for a family that takes none, more than
+// kMaxReferenceImages, or of a side outside [stride, kMaxDimension].
 Result<ValidatedRequest> validate_request(const Model& model, const GenerationRequest& request);
 
 }  // namespace kiln::pipeline

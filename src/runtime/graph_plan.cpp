@@ -8,6 +8,12 @@
 #include "util/log.h"
 
 namespace kiln::runtime {
+
+bool is_cut_marker(const ggml_tensor* t) {
+    // ggml names a view, reshape or copy of a tensor after it ("cut:x (view)"):
+    // only the marked tensor itself is the cut. Marker names have no spaces.
+    return std::strncmp(t->name, "cut:", 4) == 0 && std::strchr(t->name, ' ') == nullptr;
+}
 namespace {
 
 struct Fnv {
@@ -22,7 +28,7 @@ struct Fnv {
     }
 };
 
-bool is_cut(const ggml_tensor* t) { return std::strncmp(t->name, "cut:", 4) == 0; }
+bool is_cut(const ggml_tensor* t) { return is_cut_marker(t); }
 
 // Sources of `node`, its view source included.
 template <typename F>

@@ -21,6 +21,10 @@ namespace kiln::runtime {
 
 class ModuleWeights;
 
+// Whether `t` is a block boundary a network marked with nn::mark_cut ("cut:NAME"),
+// not a view or copy of one (which ggml names after it).
+bool is_cut_marker(const ggml_tensor* t);
+
 struct PlanSegment {
     int begin = 0;             // first node
     int end = 0;               // one past the last node

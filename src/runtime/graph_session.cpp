@@ -7,6 +7,7 @@
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
 #include "runtime/executor.h"
+#include "runtime/graph_plan.h"
 
 namespace kiln::runtime {
 
@@ -91,7 +92,7 @@ ggml_cgraph* GraphSession::graph(ggml_tensor* output, bool keep_cuts) {
         if (keep_cuts) {
             for (int i = 0; i < ggml_graph_n_nodes(graph_); ++i) {
                 ggml_tensor* node = ggml_graph_node(graph_, i);
-                if (std::strncmp(node->name, "cut:", 4) == 0) ggml_set_output(node);
+                if (is_cut_marker(node)) ggml_set_output(node);
             }
         }
     }

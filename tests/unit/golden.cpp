@@ -58,6 +58,12 @@ double relative_error(const std::vector<float>& actual, const std::vector<float>
     return max_diff / std::max(max_ref, 1e-6);
 }
 
+SafetensorsEntry copy_entry(const io::ModelFile& file, const io::TensorInfo& t, std::string name) {
+    const uint8_t* data = file.data(t);
+    const char* dtype = t.dtype == io::DType::F16 ? "F16" : t.dtype == io::DType::F32 ? "F32" : "I64";
+    return {std::move(name), dtype, t.shape, std::vector<uint8_t>(data, data + t.nbytes)};
+}
+
 std::vector<float> toy_denoiser(const std::vector<float>& x, float sigma) {
     const double s = sigma;
     const double scale = 0.25 / (0.25 + s * s);

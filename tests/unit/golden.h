@@ -9,6 +9,7 @@
 
 #include "io/model_file.h"
 #include "runtime/compute.h"
+#include "test_files.h"
 
 namespace kiln::test {
 
@@ -22,6 +23,9 @@ struct FixtureTensor {
     std::vector<int64_t> shape;
 };
 FixtureTensor fixture_tensor(const io::ModelFile& file, const std::string& name);
+
+// A tensor of `file` (F16, F32 or I64) as a build_safetensors entry named `name`.
+SafetensorsEntry copy_entry(const io::ModelFile& file, const io::TensorInfo& t, std::string name);
 
 // A PyTorch shape as ggml's ne (innermost first).
 std::vector<int64_t> ggml_ne(const std::vector<int64_t>& torch_shape);

@@ -24,8 +24,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-const char* st_dtype(io::DType d) { return d == io::DType::F16 ? "F16" : d == io::DType::F32 ? "F32" : "I64"; }
-
 // The tiny models' head sizes (real ones follow width / 64) travel in every file.
 const std::vector<std::pair<std::string, std::string>> kMetadata = {{"kiln.clip.heads", "2"},
                                                                     {"kiln.unet.head_channels", "16"}};
@@ -38,8 +36,7 @@ constexpr const char* kVae = "first_stage_model.";
 bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
 
 test::SafetensorsEntry entry(const io::ModelFile& file, const io::TensorInfo& t, std::string name) {
-    const uint8_t* data = file.data(t);
-    return {std::move(name), st_dtype(t.dtype), t.shape, std::vector<uint8_t>(data, data + t.nbytes)};
+    return test::copy_entry(file, t, std::move(name));
 }
 
 // The tiny SDXL and the tiny SD1's VAE in one ldm-named checkpoint.

@@ -109,7 +109,9 @@ const std::vector<Flag>& flags() {
             {nullptr, "--clip_l", "PATH", "standalone CLIP-L text encoder weights", path_setter(&Options::clip_l)},
             {nullptr, "--clip_g", "PATH", "standalone CLIP-G text encoder weights", path_setter(&Options::clip_g)},
             {nullptr, "--t5xxl", "PATH", "standalone T5-XXL text encoder weights", path_setter(&Options::t5xxl)},
-            {nullptr, "--tokenizer", "PATH", "tokenizer data (tokenizer.json, vocab.json + merges.txt, or a folder)",
+            {nullptr, "--tokenizer", "PATH",
+             "CLIP tokenizer data (tokenizer.json, vocab.json + merges.txt, or a folder), or per encoder "
+             "t5xxl=PATH (spiece.model or a T5 tokenizer.json) and clip_l=PATH, comma-separated",
              path_setter(&Options::tokenizer)},
             {nullptr, "--embd-dir", "PATH",
              "folder of textual-inversion embeddings (.pt, .safetensors); use a file's name in the prompt",
@@ -172,6 +174,37 @@ const std::vector<Flag>& flags() {
                  }
                  o.cfg_scale = static_cast<float>(f);
                  o.cfg_scale_given = true;
+                 return std::nullopt;
+             }},
+            {nullptr, "--guidance", "X",
+             "distilled guidance of Flux-dev and Kontext, 0 to 100 (default 3.5; schnell and Chroma have none)",
+             [](Options& o, const std::string& v) -> std::optional<std::string> {
+                 char* end = nullptr;
+                 const double f = std::strtod(v.c_str(), &end);
+                 if (v.empty() || *end != '\0' || !(f >= 0 && f <= 100.0)) {
+                     return "expected a number from 0 to 100, got '" + v + "'";
+                 }
+                 o.guidance = static_cast<float>(f);
+                 o.guidance_given = true;
+                 return std::nullopt;
+             }},
+            {nullptr, "--flow-shift", "X",
+             "time shift of a flow model's schedule, as sd-cli's (Flux: mu; default 1.15 at 1024x1024 for dev, "
+             "scaled with the image's size; 0 for schnell)",
+             [](Options& o, const std::string& v) -> std::optional<std::string> {
+                 char* end = nullptr;
+                 const double f = std::strtod(v.c_str(), &end);
+                 if (v.empty() || *end != '\0' || !(f >= -20 && f <= 20)) {
+                     return "expected a number from -20 to 20, got '" + v + "'";
+                 }
+                 o.flow_shift = static_cast<float>(f);
+                 o.flow_shift_given = true;
+                 return std::nullopt;
+             }},
+            {"-r", "--ref-image", "PATH", "reference image for Flux.1-Kontext (repeatable)",
+             [](Options& o, const std::string& v) -> std::optional<std::string> {
+                 if (v.empty()) return std::string("expected a path, got an empty string");
+                 o.ref_images.push_back(v);
                  return std::nullopt;
              }},
             {nullptr, "--sampling-method", "NAME",

@@ -54,6 +54,11 @@ struct Options {
     int64_t seed = 42;
     float cfg_scale = 7.0f;
     bool cfg_scale_given = false;  // else the model's default
+    float guidance = 3.5f;         // --guidance: Flux-dev's distilled guidance
+    bool guidance_given = false;
+    float flow_shift = 0.0f;  // --flow-shift: the flow time shift
+    bool flow_shift_given = false;
+    std::vector<std::string> ref_images;  // -r/--ref-image, repeatable
     std::string sampling_method;
     std::string scheduler;
     std::string rng = "cuda";

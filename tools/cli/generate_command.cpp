@@ -79,12 +79,6 @@ int run_generate(const Options& options) {
         return kExitUsage;
     }
 
-    if (!options.t5xxl.empty()) {
-        KILN_LOG_ERROR("%s: no family kiln runs in this version uses --t5xxl (kiln info and -M convert read it)",
-                       options.t5xxl.c_str());
-        return kExitUsage;
-    }
-
     if (options.strength_given && options.init_image.empty()) {
         KILN_LOG_WARN("--strength applies to image-to-image only (-i); this text-to-image job runs every step");
     }
@@ -105,6 +99,7 @@ int run_generate(const Options& options) {
     cp.vae_path = options.vae.empty() ? nullptr : options.vae.c_str();
     cp.clip_l_path = options.clip_l.empty() ? nullptr : options.clip_l.c_str();
     cp.clip_g_path = options.clip_g.empty() ? nullptr : options.clip_g.c_str();
+    cp.t5xxl_path = options.t5xxl.empty() ? nullptr : options.t5xxl.c_str();
     cp.tokenizer_path = options.tokenizer.empty() ? nullptr : options.tokenizer.c_str();
     cp.embeddings_dir = options.embeddings_dir.empty() ? nullptr : options.embeddings_dir.c_str();
     cp.weight_type = options.weight_type.empty() ? nullptr : options.weight_type.c_str();
@@ -155,14 +150,31 @@ int run_generate(const Options& options) {
             return exit_code_of(st);
         }
     }
+    std::vector<kiln_image*> refs;
     struct FreeImages {
         kiln_image*& init;
         kiln_image*& mask;
+        std::vector<kiln_image*>& refs;
         ~FreeImages() {
             kiln_images_free(init, init ? 1 : 0);
             kiln_images_free(mask, mask ? 1 : 0);
+            for (kiln_image* r : refs) kiln_images_free(r, 1);
         }
-    } free_images{init, mask};
+    } free_images{init, mask, refs};
+    for (const std::string& path : options.ref_images) {
+        ErrorText error;
+        kiln_image* ref = nullptr;
+        if (kiln_status st = kiln_image_load_limited(path.c_str(), static_cast<uint64_t>(options.max_image_pixels),
+                                                     &ref, &error.text);
+            st != KILN_OK) {
+            KILN_LOG_ERROR("-r: %s", error.c_str());
+            return exit_code_of(st);
+        }
+        refs.push_back(ref);
+    }
+    // kiln_generation_params takes the images as one array.
+    std::vector<kiln_image> ref_array;
+    for (kiln_image* r : refs) ref_array.push_back(*r);
 
     int64_t seed = options.seed;
     if (seed < 0 && !plan_only) {
@@ -192,6 +204,11 @@ int run_generate(const Options& options) {
     gp.vae_tiling = options.vae_tiling ? 1 : 0;
     gp.vae_tile_size = options.vae_tile_size;
     gp.vae_tile_overlap = options.vae_tile_overlap;
+    gp.guidance = options.guidance_given ? options.guidance : -1.0f;
+    gp.flow_shift_given = options.flow_shift_given ? 1 : 0;
+    gp.flow_shift = options.flow_shift;
+    gp.ref_images = ref_array.empty() ? nullptr : ref_array.data();
+    gp.n_ref_images = static_cast<int>(ref_array.size());
     gp.progress = &Progress::on_step;
     gp.progress_user_data = &progress;
 

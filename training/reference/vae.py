@@ -177,23 +177,32 @@ class Decoder(nn.Module):
 
 
 class AutoencoderKL(nn.Module):
-    """SD1/SD2 VAE: ch 128, ch_mult (1, 2, 4, 4), 2 res blocks, z 4."""
+    """SD1/SD2 VAE: ch 128, ch_mult (1, 2, 4, 4), 2 res blocks, z 4. With quant_convs=False, BFL's Flux
+    autoencoder (flux/modules/autoencoder.py): the same encoder and decoder, z 16, no quant convolutions
+    (its scale 0.3611 and shift 0.1159 are applied outside, as here)."""
 
     def __init__(self, ch=128, ch_mult=(1, 2, 4, 4), num_res_blocks=2, image_channels=3, z_channels=4,
-                 embed_dim=4):
+                 embed_dim=4, quant_convs=True):
         super().__init__()
-        self.embed_dim = embed_dim
+        self.embed_dim = embed_dim if quant_convs else z_channels
         self.encoder = Encoder(ch, ch_mult, num_res_blocks, image_channels, z_channels)
         self.decoder = Decoder(ch, ch_mult, num_res_blocks, image_channels, z_channels)
-        self.quant_conv = nn.Conv2d(2 * z_channels, 2 * embed_dim, 1)
-        self.post_quant_conv = nn.Conv2d(embed_dim, z_channels, 1)
+        if quant_convs:
+            self.quant_conv = nn.Conv2d(2 * z_channels, 2 * embed_dim, 1)
+            self.post_quant_conv = nn.Conv2d(embed_dim, z_channels, 1)
+        else:
+            self.quant_conv = self.post_quant_conv = None
 
     def encode(self, image):
         blocks = {}
-        moments = self.quant_conv(self.encoder(image, blocks))
+        moments = self.encoder(image, blocks)
+        if self.quant_conv is not None:
+            moments = self.quant_conv(moments)
         return moments[:, : self.embed_dim], blocks
 
     def decode(self, z):
         blocks = {}
-        image = self.decoder(self.post_quant_conv(z), blocks)
+        if self.post_quant_conv is not None:
+            z = self.post_quant_conv(z)
+        image = self.decoder(z, blocks)
         return image, blocks
