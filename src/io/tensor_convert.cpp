@@ -111,9 +111,15 @@ ggml_type compute_type(const TensorInfo& tensor, std::optional<ggml_type> reques
     if (!dtype_is_float(tensor.dtype)) return natural;
     // Vectors (biases, norms) are tiny and sensitive: always F32.
     if (tensor.shape.size() < 2) return GGML_TYPE_F32;
+    const int64_t row_size = tensor.shape.back();
+    // An fp8 matrix (t5xxl_fp8_e4m3fn.safetensors) stays about a byte a
+    // weight: ggml has no fp8 type, and q8_0 (8.5 bits) holds every e4m3
+    // value of a 32-value block to within its 8-bit step, where F16 would
+    // double the memory of the weights.
+    const bool fp8 = tensor.dtype == DType::F8_E4M3 || tensor.dtype == DType::F8_E5M2;
+    if (fp8 && !requested && row_size % ggml_blck_size(GGML_TYPE_Q8_0) == 0) return GGML_TYPE_Q8_0;
     if (!requested) return natural;
-    const int64_t row = tensor.shape.back();
-    if (row % ggml_blck_size(*requested) != 0) return natural;
+    if (row_size % ggml_blck_size(*requested) != 0) return natural;
     return *requested;
 }
 

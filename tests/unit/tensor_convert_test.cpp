@@ -54,7 +54,7 @@ TEST(TensorConvert, ComputeTypeKeepsVectorsAndOddRowsUnquantized) {
     EXPECT_EQ(compute_type(matrix, GGML_TYPE_Q8_0), GGML_TYPE_Q8_0);
     EXPECT_EQ(compute_type(bias, GGML_TYPE_Q8_0), GGML_TYPE_F32);
     EXPECT_EQ(compute_type(odd, GGML_TYPE_Q4_0), GGML_TYPE_F32);
-    EXPECT_EQ(compute_type(f8), GGML_TYPE_F16);
+    EXPECT_EQ(compute_type(f8), GGML_TYPE_F16);  // rows of 4: no q8_0 blocks
     EXPECT_EQ(compute_type(TensorInfo{"d", DType::F64, {2}}), GGML_TYPE_F32);
     EXPECT_EQ(compute_type(TensorInfo{"h", DType::F16, {64}}), GGML_TYPE_F32);
     EXPECT_EQ(compute_type(TensorInfo{"m", DType::BOOL, {2}}), GGML_TYPE_I32);
@@ -71,6 +71,30 @@ TEST(TensorConvert, QuantizeRoundTripStaysClose) {
     std::vector<float> back(256);
     ggml_get_type_traits(GGML_TYPE_Q8_0)->to_float(q->data(), back.data(), 256);
     for (size_t i = 0; i < values.size(); ++i) EXPECT_NEAR(back[i], values[i], 0.01f) << i;
+}
+
+// An fp8 matrix stays about a byte a weight: q8_0, each value within half a
+// step (the block's largest |value| / 127) of its e4m3 value.
+TEST(TensorConvert, Fp8MatricesComputeAsQ8WithinOneStep) {
+    TensorInfo t{"w", DType::F8_E4M3, {2, 64}};
+    ASSERT_EQ(compute_type(t), GGML_TYPE_Q8_0);
+    EXPECT_EQ(compute_type(t, GGML_TYPE_F16), GGML_TYPE_F16);  // --type still decides
+    std::vector<uint8_t> bytes(128);
+    for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>((i * 73 + 11) % 256 & 0xF7);
+    t.nbytes = bytes.size();
+    auto q = convert_tensor(t, bytes.data(), GGML_TYPE_Q8_0);
+    ASSERT_TRUE(q.ok()) << q.error().message;
+    EXPECT_EQ(q->size(), 2 * ggml_row_size(GGML_TYPE_Q8_0, 64));
+    std::vector<float> back(128);
+    ggml_get_type_traits(GGML_TYPE_Q8_0)->to_float(q->data(), back.data(), 128);
+    for (size_t block = 0; block < 4; ++block) {
+        float largest = 0.0f;
+        for (size_t i = block * 32; i < block * 32 + 32; ++i)
+            largest = std::max(largest, std::fabs(f8_e4m3_to_f32(bytes[i])));
+        for (size_t i = block * 32; i < block * 32 + 32; ++i) {
+            EXPECT_NEAR(back[i], f8_e4m3_to_f32(bytes[i]), largest / 127.0f * 0.51f + largest * 1e-3f) << i;
+        }
+    }
 }
 
 TEST(TensorConvert, RejectsRowsThatDoNotFillBlocks) {
