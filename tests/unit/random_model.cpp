@@ -1,5 +1,7 @@
 #include "random_model.h"
 
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -85,7 +87,7 @@ std::string header_json(const std::vector<Spec>& specs, std::vector<size_t>& siz
     std::string json = "{";
     size_t offset = 0;
     for (const Spec& t : specs) {
-        const size_t bytes = element_count(t) * (t.dtype == "F16" ? 2 : t.dtype == "F32" ? 4 : 8);
+        const size_t bytes = element_count(t) * (t.dtype == "F16" || t.dtype == "BF16" ? 2 : t.dtype == "F32" ? 4 : 8);
         sizes.push_back(bytes);
         json += (json.size() > 1 ? ",\"" : "\"") + t.name + "\":{\"dtype\":\"" + t.dtype + "\",\"shape\":[";
         for (size_t d = 0; d < t.shape.size(); ++d) json += (d ? "," : "") + std::to_string(t.shape[d]);
@@ -97,9 +99,7 @@ std::string header_json(const std::vector<Spec>& specs, std::vector<size_t>& siz
     return json;
 }
 
-}  // namespace
-
-Status write_random_model(const std::string& spec_path, const std::string& out_path) {
+Result<std::vector<Spec>> read_spec(const std::string& spec_path, bool allow_bf16) {
     std::ifstream in(spec_path);
     if (!in) return Error{spec_path + ": cannot open"};
     std::vector<Spec> specs;
@@ -110,20 +110,49 @@ Status write_random_model(const std::string& spec_path, const std::string& out_p
         Spec t;
         fields >> t.name >> t.dtype;
         for (int64_t d; fields >> d;) t.shape.push_back(d);
-        if (t.name.empty() || (t.dtype != "F16" && t.dtype != "F32" && t.dtype != "I64"))
-            return Error{spec_path + ": bad line: " + line};
+        const bool known =
+            t.dtype == "F16" || t.dtype == "F32" || t.dtype == "I64" || (allow_bf16 && t.dtype == "BF16");
+        if (t.name.empty() || !known) return Error{spec_path + ": bad line: " + line};
         specs.push_back(std::move(t));
     }
+    return specs;
+}
+
+// The safetensors file's first bytes: the header's length, then the header.
+bool write_header(std::FILE* f, const std::string& header) {
+    const uint64_t header_size = header.size();
+    uint8_t size_bytes[8];
+    for (int i = 0; i < 8; ++i) size_bytes[i] = static_cast<uint8_t>(header_size >> (8 * i));
+    return std::fwrite(size_bytes, 1, 8, f) == 8 && std::fwrite(header.data(), 1, header.size(), f) == header.size();
+}
+
+}  // namespace
+
+Status write_sparse_model(const std::string& spec_path, const std::string& out_path) {
+    auto specs = read_spec(spec_path, /*allow_bf16=*/true);
+    if (!specs.ok()) return specs.error();
+    std::vector<size_t> sizes;
+    const std::string header = header_json(*specs, sizes);
+    std::FILE* f = std::fopen(out_path.c_str(), "wb");
+    if (!f) return Error{out_path + ": cannot write"};
+    bool ok = write_header(f, header);
+    uint64_t total = 8 + header.size();
+    for (size_t bytes : sizes) total += bytes;
+    ok = ok && std::fflush(f) == 0 && ftruncate(fileno(f), static_cast<off_t>(total)) == 0;
+    if (std::fclose(f) != 0 || !ok) return Error{out_path + ": write failed"};
+    return Status::Ok();
+}
+
+Status write_random_model(const std::string& spec_path, const std::string& out_path) {
+    auto parsed = read_spec(spec_path, /*allow_bf16=*/false);
+    if (!parsed.ok()) return parsed.error();
+    const std::vector<Spec>& specs = *parsed;
     // Streamed tensor by tensor: a full-size model never sits in memory whole.
     std::vector<size_t> sizes;
     const std::string header = header_json(specs, sizes);
     std::FILE* f = std::fopen(out_path.c_str(), "wb");
     if (!f) return Error{out_path + ": cannot write"};
-    bool ok = true;
-    const uint64_t header_size = header.size();
-    uint8_t size_bytes[8];
-    for (int i = 0; i < 8; ++i) size_bytes[i] = static_cast<uint8_t>(header_size >> (8 * i));
-    ok = std::fwrite(size_bytes, 1, 8, f) == 8 && std::fwrite(header.data(), 1, header.size(), f) == header.size();
+    bool ok = write_header(f, header);
     std::vector<float> values;
     std::vector<uint8_t> bytes;
     for (size_t i = 0; i < specs.size() && ok; ++i) {

@@ -16,4 +16,10 @@ namespace kiln::test {
 // initialisation training/make_model_fixtures.py uses).
 Status write_random_model(const std::string& spec_path, const std::string& out_path);
 
+// Writes the spec's header only and extends the file to its full size
+// without writing data (a sparse file: no disk blocks, zeros when read), for
+// tests that read names and shapes alone (kiln info, kiln plan). Also takes
+// BF16 tensors.
+Status write_sparse_model(const std::string& spec_path, const std::string& out_path);
+
 }  // namespace kiln::test

@@ -1,0 +1,105 @@
+// A full-size Flux.1-dev all-in-one checkpoint (every tensor of flux1-dev,
+// T5-XXL, CLIP-L and the autoencoder: tests/fixtures/flux1_dev.spec) written
+// as a sparse file, header only, 33.7 GB of which no byte is read: kiln info
+// names its parts, the loader configures each network from its shapes, and
+// kiln plan places a 1024x1024 job on a loopback RPC device under budgets of
+// 4, 8, 12 and 24 GiB (docs/flux.md has the table these runs print).
+#include <gtest/gtest.h>
+
+#include <regex>
+
+#include "pipeline/model.h"
+#include "random_model.h"
+#include "rpc_child.h"
+#include "test_files.h"
+
+namespace kiln {
+namespace {
+
+std::string tokenizers() {
+    return "clip_l=" + std::string(KILN_FIXTURES_DIR) + "/tiny_tokenizer,t5xxl=" + std::string(KILN_GOLDEN_DIR) +
+           "/pipeline/flux_tiny/tokenizer_2";
+}
+
+class FluxFullSize : public ::testing::Test {
+  protected:
+    static void SetUpTestSuite() {
+        dir_ = new test::TempDir();
+        path_ = new std::string(dir_->file("flux1-dev-all-in-one.safetensors"));
+        const Status written = test::write_sparse_model(std::string(KILN_FIXTURES_DIR) + "/flux1_dev.spec", *path_);
+        ASSERT_TRUE(written.ok()) << written.error().message;
+    }
+    static void TearDownTestSuite() {
+        delete path_;
+        delete dir_;
+    }
+    static test::TempDir* dir_;
+    static std::string* path_;
+};
+test::TempDir* FluxFullSize::dir_ = nullptr;
+std::string* FluxFullSize::path_ = nullptr;
+
+TEST_F(FluxFullSize, InfoAndLoaderSeeFlux1Dev) {
+    auto info = test::run_command(std::string(KILN_BIN) + " info " + *path_);
+    ASSERT_EQ(info.exit_code, 0) << info.err;
+    for (const char* line : {"family: Flux.1-dev", "total: 1440 tensors"}) {
+        EXPECT_NE(info.out.find(line), std::string::npos) << line << "\n" << info.out;
+    }
+    pipeline::ModelPaths paths;
+    paths.model = {*path_};
+    paths.tokenizer = tokenizers();
+    pipeline::ModelOptions options;
+    options.plan_only = true;
+    auto model = pipeline::Model::load(paths, options);
+    ASSERT_TRUE(model.ok()) << model.error().message;
+    EXPECT_EQ((*model)->family_label(), "Flux.1-dev");
+    EXPECT_EQ((*model)->size_stride(), 16);
+    const models::FluxConfig& f = (*model)->flux().config();
+    EXPECT_EQ(f.hidden, 3072);
+    EXPECT_EQ(f.heads, 24);
+    EXPECT_EQ(f.mlp_hidden, 12288);
+    EXPECT_EQ(f.double_blocks, 19);
+    EXPECT_EQ(f.single_blocks, 38);
+    EXPECT_EQ(f.context_dim, 4096);
+    EXPECT_EQ(f.vec_dim, 768);
+    EXPECT_TRUE(f.guidance_embed);
+    EXPECT_FALSE(f.chroma);
+    ASSERT_EQ((*model)->text_encoders().size(), 2u);
+    const models::T5Config& t5 = (*model)->text_encoders()[1].t5->config();
+    EXPECT_EQ(t5.d_model, 4096);
+    EXPECT_EQ(t5.layers, 24);
+    EXPECT_EQ(t5.heads, 64);
+    EXPECT_EQ(t5.d_ff, 10240);
+    EXPECT_EQ((*model)->vae().config().latent_channels, 16);
+    EXPECT_FALSE((*model)->vae().config().quant_convs);
+}
+
+// The placement and segments kiln plan predicts at each budget, without
+// reading a weight: the DiT is cut at its blocks to fit, and every budget
+// the job fits in is respected by the forecast peak.
+TEST_F(FluxFullSize, PlanFitsTheJobUnderEveryBudget) {
+    test::RpcServer server;
+    ASSERT_TRUE(server.ok()) << server.log();
+    const std::regex diffusion_segments("diffusion on RPC0: (\\d+) segments");
+    const std::regex peak("RPC0: peak ([0-9.]+) GiB");
+    int previous_segments = 0;
+    for (int gib : {24, 12, 8, 4}) {
+        SCOPED_TRACE(std::to_string(gib) + " GiB");
+        auto plan = test::run_command(std::string(KILN_BIN) + " plan -m " + *path_ + " --tokenizer " + tokenizers() +
+                                      " --rpc-servers " + server.endpoint() +
+                                      " --max-vram RPC0=" + std::to_string(gib) + " -W 1024 -H 1024 -p x -t 1");
+        ASSERT_EQ(plan.exit_code, 0) << plan.out << plan.err;
+        std::cout << "--- " << gib << " GiB\n" << plan.out;
+        EXPECT_NE(plan.out.find("fits: yes"), std::string::npos) << plan.out;
+        std::smatch m;
+        ASSERT_TRUE(std::regex_search(plan.out, m, diffusion_segments)) << plan.out;
+        const int segments = std::stoi(m[1]);
+        EXPECT_GE(segments, previous_segments) << "a smaller budget cuts the DiT into fewer segments";
+        previous_segments = segments;
+        if (std::regex_search(plan.out, m, peak)) EXPECT_LE(std::stod(m[1]), gib) << plan.out;
+    }
+    EXPECT_GT(previous_segments, 1) << "4 GiB holds a fifth of flux1-dev's weights: the DiT must stream";
+}
+
+}  // namespace
+}  // namespace kiln
