@@ -9,7 +9,7 @@ UnetStepGraph build_unet_step_graph(const pipeline::Model& model, int width, int
     const int64_t lw = width / model.vae().config().downscale();
     const int64_t lh = height / model.vae().config().downscale();
     auto g = pipeline::build_diffusion_graph(
-        model, {lw, lh, cfg ? 2 : 1, pipeline::single_chunk_tokens(model), flash_attention});
+        model, {lw, lh, cfg ? 2 : 1, pipeline::single_chunk_tokens(model), flash_attention, {}, false});
     UnetStepGraph out;
     if (!g.ok()) return out;
     out.graph = g->session->graph(g->out);

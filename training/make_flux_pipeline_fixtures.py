@@ -14,6 +14,11 @@ Writes, relative to the repository root:
   tests/golden/pipeline/flux_tiny/clip_l.safetensors   HF CLIPTextModel names (text_model.*), F16,
                                                        metadata kiln.clip.heads "2"
   tests/golden/pipeline/flux_tiny/t5xxl.safetensors    HF T5EncoderModel names (shared, encoder.*), F16
+  tests/golden/pipeline/flux_tiny/diffusers_transformer.safetensors
+                                                       the same DiT in diffusers' FluxTransformer2DModel names
+                                                       (as in a diffusers folder's transformer/), converted
+                                                       here the way diffusers' convert_flux_to_diffusers.py
+                                                       does: qkv and linear1 split, norm_out's halves swapped
   tests/golden/pipeline/flux_tiny/tokenizer_2/tokenizer.json
                                                        a 48-piece SentencePiece unigram vocabulary in HF's
                                                        format (T5's layout: <pad> 0, </s> 1, <unk> 2)
@@ -198,6 +203,63 @@ def chroma_job(t5, ae):
     print("wrote %s (%d bytes)" % (os.path.relpath(path, ROOT), os.path.getsize(path)))
 
 
+DIFFUSERS_GLOBAL = {
+    "img_in": "x_embedder", "txt_in": "context_embedder",
+    "time_in.in_layer": "time_text_embed.timestep_embedder.linear_1",
+    "time_in.out_layer": "time_text_embed.timestep_embedder.linear_2",
+    "vector_in.in_layer": "time_text_embed.text_embedder.linear_1",
+    "vector_in.out_layer": "time_text_embed.text_embedder.linear_2",
+    "guidance_in.in_layer": "time_text_embed.guidance_embedder.linear_1",
+    "guidance_in.out_layer": "time_text_embed.guidance_embedder.linear_2",
+    "final_layer.linear": "proj_out", "final_layer.adaLN_modulation.1": "norm_out.linear",
+}
+DIFFUSERS_DOUBLE = {
+    "img_mod.lin": "norm1.linear", "txt_mod.lin": "norm1_context.linear",
+    "img_attn.proj": "attn.to_out.0", "txt_attn.proj": "attn.to_add_out",
+    "img_mlp.0": "ff.net.0.proj", "img_mlp.2": "ff.net.2",
+    "txt_mlp.0": "ff_context.net.0.proj", "txt_mlp.2": "ff_context.net.2",
+    "img_attn.norm.query_norm": "attn.norm_q", "img_attn.norm.key_norm": "attn.norm_k",
+    "txt_attn.norm.query_norm": "attn.norm_added_q", "txt_attn.norm.key_norm": "attn.norm_added_k",
+}
+DIFFUSERS_SINGLE = {"linear2": "proj_out", "modulation.lin": "norm.linear", "norm.query_norm": "attn.norm_q",
+                    "norm.key_norm": "attn.norm_k"}
+
+
+def to_diffusers(bfl, hidden):
+    """BFL's Flux state dict in diffusers' FluxTransformer2DModel names (the inverse of diffusers'
+    scripts/convert_flux_to_diffusers.py): q/k/v split, linear1 split into q, k, v and proj_mlp, and
+    norm_out's (scale, shift) where BFL's final adaLN has (shift, scale); RMSNorm .scale -> .weight."""
+    out = {}
+    for name, t in bfl.items():
+        stem, leaf = name.rsplit(".", 1)
+        leaf = "weight" if leaf == "scale" else leaf
+        if stem in DIFFUSERS_GLOBAL:
+            if stem == "final_layer.adaLN_modulation.1":
+                shift, scale = t.chunk(2, dim=0)
+                t = torch.cat([scale, shift], dim=0)
+            out["%s.%s" % (DIFFUSERS_GLOBAL[stem], leaf)] = t
+            continue
+        kind, index, rest = stem.split(".", 2)
+        if kind == "double_blocks":
+            block = "transformer_blocks.%s." % index
+            if rest in ("img_attn.qkv", "txt_attn.qkv"):
+                parts = ("to_q", "to_k", "to_v") if rest.startswith("img") else ("add_q_proj", "add_k_proj",
+                                                                                 "add_v_proj")
+                for part, chunk in zip(parts, t.chunk(3, dim=0)):
+                    out[block + "attn.%s.%s" % (part, leaf)] = chunk.contiguous()
+            else:
+                out[block + "%s.%s" % (DIFFUSERS_DOUBLE[rest], leaf)] = t
+        else:
+            block = "single_transformer_blocks.%s." % index
+            if rest == "linear1":
+                q, k, v, mlp = torch.split(t, [hidden, hidden, hidden, t.shape[0] - 3 * hidden], dim=0)
+                for part, chunk in zip(("attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp"), (q, k, v, mlp)):
+                    out[block + "%s.%s" % (part, leaf)] = chunk.contiguous()
+            else:
+                out[block + "%s.%s" % (DIFFUSERS_SINGLE[rest], leaf)] = t
+    return out
+
+
 def main():
     os.makedirs(os.path.join(PARTS, "tokenizer_2"), exist_ok=True)
     with open(os.path.join(PARTS, "tokenizer_2", "tokenizer.json"), "w") as f:
@@ -217,7 +279,11 @@ def main():
     t5 = T5EncoderV11(**T5)
     safetensors_io.save_file(mmf.randomize(t5, SEED + 2, DTYPE), os.path.join(PARTS, "t5xxl.safetensors"))
     dit = Flux(**DIT)
-    safetensors_io.save_file(mmf.randomize(dit, SEED + 3, DTYPE), os.path.join(PARTS, "flux_dit.safetensors"),
+    dit_weights = mmf.randomize(dit, SEED + 3, DTYPE)
+    safetensors_io.save_file(dit_weights, os.path.join(PARTS, "flux_dit.safetensors"),
+                             metadata={"kiln.flux.axes_dim": "8,12,12"})
+    safetensors_io.save_file(to_diffusers(dit_weights, DIT["hidden_size"]),
+                             os.path.join(PARTS, "diffusers_transformer.safetensors"),
                              metadata={"kiln.flux.axes_dim": "8,12,12"})
     ae = AutoencoderKL(**AE)
     safetensors_io.save_file(mmf.randomize(ae, SEED + 4, DTYPE), os.path.join(PARTS, "ae.safetensors"))

@@ -25,6 +25,12 @@ std::optional<int> index_after(std::string_view name, std::string_view marker) {
 
 std::optional<ModelFamily> detect_diffusers_family(const std::vector<TensorInfo>& tensors) {
     std::optional<int64_t> text_width;
+    // A DiT pipeline (FluxPipeline: transformer/, T5 in text_encoder_2/):
+    // its transformer and T5 keep their names (their networks read them);
+    // its VAE and CLIP are SD's and take SD's renames.
+    for (const TensorInfo& t : tensors) {
+        if (starts_with(t.name, "transformer/")) return ModelFamily::SD1;
+    }
     for (const TensorInfo& t : tensors) {
         if (starts_with(t.name, "text_encoder_2/")) return ModelFamily::SDXL;
         if (t.name == "text_encoder/text_model.embeddings.token_embedding.weight" && t.shape.size() == 2) {

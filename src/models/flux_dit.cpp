@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <iterator>
 #include <sstream>
+#include <tuple>
 
 #include "nn/attention.h"
 #include "nn/layers.h"
@@ -21,8 +23,18 @@ struct Embedder {  // BFL's MLPEmbedder: out_layer(silu(in_layer(x)))
     nn::Linear in, out;
 };
 
+// A projection whose output is several parts side by side: BFL stores it as
+// one weight (qkv, linear1), diffusers as one weight per part (to_q, to_k,
+// to_v, proj_mlp). part() gives part i as a linear layer either way.
+struct Fused {
+    nn::Linear whole;               // BFL; null weight when split
+    std::vector<nn::Linear> split;  // diffusers, in order
+    std::vector<int64_t> widths;    // output rows of each part
+};
+
 struct Attention {
-    nn::Linear qkv, proj;
+    Fused qkv;
+    nn::Linear proj;
     ggml_tensor* q_scale = nullptr;  // norm.query_norm.scale [head_dim]
     ggml_tensor* k_scale = nullptr;  // norm.key_norm.scale [head_dim]
 };
@@ -38,7 +50,8 @@ struct DoubleBlock {
 };
 
 struct SingleBlock {
-    nn::Linear linear1, linear2, mod;
+    Fused linear1;
+    nn::Linear linear2, mod;
     ggml_tensor* q_scale = nullptr;
     ggml_tensor* k_scale = nullptr;
 };
@@ -51,6 +64,13 @@ nn::Linear rows(ggml_context* ctx, const nn::Linear& l, int64_t first, int64_t c
     part.weight = ggml_view_2d(ctx, l.weight, l.weight->ne[0], count, l.weight->nb[1], first * l.weight->nb[1]);
     if (l.bias) part.bias = ggml_view_1d(ctx, l.bias, count, first * l.bias->nb[0]);
     return part;
+}
+
+nn::Linear part(ggml_context* ctx, const Fused& f, size_t i) {
+    if (!f.split.empty()) return f.split[i];
+    int64_t first = 0;
+    for (size_t j = 0; j < i; ++j) first += f.widths[j];
+    return rows(ctx, f.whole, first, f.widths[i]);
 }
 
 ggml_tensor* embed(ggml_context* ctx, const Embedder& e, ggml_tensor* x) {
@@ -178,10 +198,10 @@ struct StreamQkv {
     ggml_tensor *q, *k, *v;
 };
 
-StreamQkv stream_qkv(ggml_context* ctx, const Shared& s, const Attention& a, ggml_tensor* x, int64_t hidden) {
-    return {head_norm(ctx, nn::linear(ctx, rows(ctx, a.qkv, 0, hidden), x), a.q_scale, s.heads),
-            head_norm(ctx, nn::linear(ctx, rows(ctx, a.qkv, hidden, hidden), x), a.k_scale, s.heads),
-            nn::linear(ctx, rows(ctx, a.qkv, 2 * hidden, hidden), x)};
+StreamQkv stream_qkv(ggml_context* ctx, const Shared& s, const Attention& a, ggml_tensor* x) {
+    return {head_norm(ctx, nn::linear(ctx, part(ctx, a.qkv, 0), x), a.q_scale, s.heads),
+            head_norm(ctx, nn::linear(ctx, part(ctx, a.qkv, 1), x), a.k_scale, s.heads),
+            nn::linear(ctx, part(ctx, a.qkv, 2), x)};
 }
 
 // One stream's update after the joint attention: gated projection and MLP.
@@ -196,11 +216,11 @@ ggml_tensor* stream_out(ggml_context* ctx, const Shared& s, const Stream& st, gg
 // returns them updated in the same layout.
 ggml_tensor* double_block(ggml_context* ctx, const Shared& s, const DoubleBlock& b, ggml_tensor* joint, int64_t T,
                           const Mod img_mod[2], const Mod txt_mod[2]) {
-    const int64_t hidden = joint->ne[0], N = joint->ne[1] - T;
+    const int64_t N = joint->ne[1] - T;
     ggml_tensor* txt = tokens(ctx, joint, 0, T);
     ggml_tensor* img = tokens(ctx, joint, T, N);
-    const StreamQkv ti = stream_qkv(ctx, s, b.txt.attn, modulate(ctx, txt, txt_mod[0]), hidden);
-    const StreamQkv ii = stream_qkv(ctx, s, b.img.attn, modulate(ctx, img, img_mod[0]), hidden);
+    const StreamQkv ti = stream_qkv(ctx, s, b.txt.attn, modulate(ctx, txt, txt_mod[0]));
+    const StreamQkv ii = stream_qkv(ctx, s, b.img.attn, modulate(ctx, img, img_mod[0]));
     ggml_tensor* attn = joint_attention(ctx, s, ggml_concat(ctx, ti.q, ii.q, 2), ggml_concat(ctx, ti.k, ii.k, 2),
                                         ggml_concat(ctx, ti.v, ii.v, 1));
     img = stream_out(ctx, s, b.img, img, tokens(ctx, attn, T, N), img_mod[0], img_mod[1]);
@@ -209,15 +229,120 @@ ggml_tensor* double_block(ggml_context* ctx, const Shared& s, const DoubleBlock&
 }
 
 ggml_tensor* single_block(ggml_context* ctx, const Shared& s, const SingleBlock& b, ggml_tensor* x, const Mod& m) {
-    const int64_t hidden = x->ne[0];
-    const int64_t mlp = b.linear1.weight->ne[1] - 3 * hidden;
     ggml_tensor* xm = modulate(ctx, x, m);
-    ggml_tensor* q = head_norm(ctx, nn::linear(ctx, rows(ctx, b.linear1, 0, hidden), xm), b.q_scale, s.heads);
-    ggml_tensor* k = head_norm(ctx, nn::linear(ctx, rows(ctx, b.linear1, hidden, hidden), xm), b.k_scale, s.heads);
-    ggml_tensor* v = nn::linear(ctx, rows(ctx, b.linear1, 2 * hidden, hidden), xm);
-    ggml_tensor* h = nn::gelu_tanh(ctx, s.target, nn::linear(ctx, rows(ctx, b.linear1, 3 * hidden, mlp), xm));
+    ggml_tensor* q = head_norm(ctx, nn::linear(ctx, part(ctx, b.linear1, 0), xm), b.q_scale, s.heads);
+    ggml_tensor* k = head_norm(ctx, nn::linear(ctx, part(ctx, b.linear1, 1), xm), b.k_scale, s.heads);
+    ggml_tensor* v = nn::linear(ctx, part(ctx, b.linear1, 2), xm);
+    ggml_tensor* h = nn::gelu_tanh(ctx, s.target, nn::linear(ctx, part(ctx, b.linear1, 3), xm));
     ggml_tensor* out = nn::linear(ctx, b.linear2, ggml_concat(ctx, joint_attention(ctx, s, q, k, v), h, 0));
     return gated(ctx, x, out, m.gate);
+}
+
+// The file's names for BFL's: BFL's own (flux1-dev.safetensors, ComfyUI,
+// GGUF), or diffusers' FluxTransformer2DModel (a diffusers folder's
+// transformer/), where the fused projections are split (to_q, to_k, to_v,
+// proj_mlp) and norm_out.linear holds (scale, shift) where BFL's
+// adaLN_modulation holds (shift, scale).
+class Naming {
+  public:
+    explicit Naming(bool diffusers) : diffusers_(diffusers) {}
+    bool diffusers() const { return diffusers_; }
+
+    // A BFL name (a full tensor name, or a layer's stem without ".weight").
+    std::string operator()(const std::string& bfl) const {
+        if (!diffusers_) return bfl;
+        return translate(bfl).front();
+    }
+    // The stems of a fused layer's parts in the file: one (BFL), or diffusers' split.
+    std::vector<std::string> parts(const std::string& bfl_stem) const {
+        if (!diffusers_) return {bfl_stem};
+        return translate(bfl_stem);
+    }
+
+  private:
+    static std::vector<std::string> translate(const std::string& bfl) {
+        static const std::pair<const char*, const char*> kGlobal[] = {
+            {"img_in", "x_embedder"},
+            {"txt_in", "context_embedder"},
+            {"time_in.in_layer", "time_text_embed.timestep_embedder.linear_1"},
+            {"time_in.out_layer", "time_text_embed.timestep_embedder.linear_2"},
+            {"vector_in.in_layer", "time_text_embed.text_embedder.linear_1"},
+            {"vector_in.out_layer", "time_text_embed.text_embedder.linear_2"},
+            {"guidance_in.in_layer", "time_text_embed.guidance_embedder.linear_1"},
+            {"guidance_in.out_layer", "time_text_embed.guidance_embedder.linear_2"},
+            {"final_layer.linear", "proj_out"},
+            {"final_layer.adaLN_modulation.1", "norm_out.linear"},
+        };
+        static const std::pair<const char*, std::vector<std::string>> kDouble[] = {
+            {"img_mod.lin", {"norm1.linear"}},
+            {"txt_mod.lin", {"norm1_context.linear"}},
+            {"img_attn.qkv", {"attn.to_q", "attn.to_k", "attn.to_v"}},
+            {"txt_attn.qkv", {"attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj"}},
+            {"img_attn.norm.query_norm.scale", {"attn.norm_q.weight"}},
+            {"img_attn.norm.key_norm.scale", {"attn.norm_k.weight"}},
+            {"txt_attn.norm.query_norm.scale", {"attn.norm_added_q.weight"}},
+            {"txt_attn.norm.key_norm.scale", {"attn.norm_added_k.weight"}},
+            {"img_attn.proj", {"attn.to_out.0"}},
+            {"txt_attn.proj", {"attn.to_add_out"}},
+            {"img_mlp.0", {"ff.net.0.proj"}},
+            {"img_mlp.2", {"ff.net.2"}},
+            {"txt_mlp.0", {"ff_context.net.0.proj"}},
+            {"txt_mlp.2", {"ff_context.net.2"}},
+        };
+        static const std::pair<const char*, std::vector<std::string>> kSingle[] = {
+            {"linear1", {"attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp"}},
+            {"linear2", {"proj_out"}},
+            {"modulation.lin", {"norm.linear"}},
+            {"norm.query_norm.scale", {"attn.norm_q.weight"}},
+            {"norm.key_norm.scale", {"attn.norm_k.weight"}},
+        };
+        // ".weight" / ".bias" after a stem travel along.
+        for (const char* suffix : {"", ".weight", ".bias"}) {
+            const std::string sfx = suffix;
+            if (bfl.size() < sfx.size() || bfl.compare(bfl.size() - sfx.size(), sfx.size(), sfx) != 0) continue;
+            const std::string stem = bfl.substr(0, bfl.size() - sfx.size());
+            for (const auto& [from, to] : kGlobal) {
+                if (stem == from) return {to + sfx};
+            }
+            for (auto [block, table, target] :
+                 {std::tuple{"double_blocks.", &kDouble[0], "transformer_blocks."},
+                  std::tuple{"single_blocks.", &kSingle[0], "single_transformer_blocks."}}) {
+                const std::string b = block;
+                if (stem.rfind(b, 0) != 0) continue;
+                const size_t dot = stem.find('.', b.size());
+                if (dot == std::string::npos) continue;
+                const std::string index = stem.substr(b.size(), dot - b.size());
+                const std::string rest = stem.substr(dot + 1);
+                const size_t count = table == &kDouble[0] ? std::size(kDouble) : std::size(kSingle);
+                for (size_t i = 0; i < count; ++i) {
+                    if (rest != table[i].first) continue;
+                    std::vector<std::string> out;
+                    for (const std::string& t : table[i].second) out.push_back(target + index + "." + t + sfx);
+                    return out;
+                }
+            }
+        }
+        return {bfl};
+    }
+
+    bool diffusers_;
+};
+
+// A fused projection `stem` (BFL) or its split parts (diffusers), declared.
+Fused declare_fused(runtime::ModuleWeights& w, const Naming& names, const std::string& stem, int64_t in,
+                    const std::vector<int64_t>& widths, bool bias) {
+    Fused f;
+    f.widths = widths;
+    const std::vector<std::string> stems = names.parts(stem);
+    if (stems.size() == 1) {
+        int64_t total = 0;
+        for (int64_t width : widths) total += width;
+        f.whole = nn::declare_linear(w, stems.front(), in, total, bias);
+        return f;
+    }
+    // diffusers' single blocks have a bias on every part, as BFL's linear1.
+    for (size_t i = 0; i < stems.size(); ++i) f.split.push_back(nn::declare_linear(w, stems[i], in, widths[i], bias));
+    return f;
 }
 
 Result<std::vector<int>> parse_axes(const std::string& text) {
@@ -365,6 +490,8 @@ struct FluxDit::Blocks {
     std::vector<DoubleBlock> doubles;
     std::vector<SingleBlock> singles;
     nn::Linear final_linear, final_mod;
+    // diffusers' norm_out.linear: (scale, shift), BFL's reverse.
+    bool final_scale_first = false;
 };
 
 FluxDit::FluxDit() = default;
@@ -374,7 +501,9 @@ Result<std::unique_ptr<FluxDit>> FluxDit::create(const io::ModelFile& file, cons
                                                  std::optional<ggml_type> weight_type) {
     std::unique_ptr<FluxDit> dit(new FluxDit());
     FluxConfig& c = dit->config_;
-    auto find = [&](const std::string& name) { return file.find(prefix + name); };
+    c.diffusers_names = file.find(prefix + "x_embedder.weight") != nullptr;
+    const Naming names(c.diffusers_names);
+    auto find = [&](const std::string& name) { return file.find(prefix + names(name)); };
     auto matrix = [&](const std::string& name) -> const io::TensorInfo* {
         const io::TensorInfo* t = find(name);
         return t && t->shape.size() == 2 ? t : nullptr;
@@ -408,6 +537,9 @@ Result<std::unique_ptr<FluxDit>> FluxDit::create(const io::ModelFile& file, cons
     c.chroma = find("distilled_guidance_layer.in_proj.weight") != nullptr;
     c.guidance_embed = !c.chroma && find("guidance_in.in_layer.weight") != nullptr;
     c.qkv_bias = find("double_blocks.0.img_attn.qkv.bias") != nullptr;
+    if (c.chroma && c.diffusers_names) {
+        return Error::bad_file(where + ": Chroma in diffusers' names is not supported; use its single file");
+    }
     if (c.chroma) {
         c.vec_dim = 0;
         const io::TensorInfo* in_proj = matrix("distilled_guidance_layer.in_proj.weight");
@@ -459,12 +591,16 @@ Status FluxDit::declare() {
     blocks_ = std::make_unique<Blocks>();
     Blocks& b = *blocks_;
     const int64_t h = c.hidden, hd = c.head_dim();
-    auto embedder = [&](const std::string& p, int64_t in, int64_t width) {
-        return Embedder{nn::declare_linear(w, p + ".in_layer", in, width),
-                        nn::declare_linear(w, p + ".out_layer", width, width)};
+    const Naming names(c.diffusers_names);
+    auto linear = [&](const std::string& stem, int64_t in, int64_t out, bool bias = true) {
+        return nn::declare_linear(w, names(stem), in, out, bias);
     };
-    b.img_in = nn::declare_linear(w, "img_in", c.in_channels, h);
-    b.txt_in = nn::declare_linear(w, "txt_in", c.context_dim, h);
+    auto vector = [&](const std::string& name, int64_t n) { return w.require(names(name), {n}); };
+    auto embedder = [&](const std::string& p, int64_t in, int64_t width) {
+        return Embedder{linear(p + ".in_layer", in, width), linear(p + ".out_layer", width, width)};
+    };
+    b.img_in = linear("img_in", c.in_channels, h);
+    b.txt_in = linear("txt_in", c.context_dim, h);
     if (c.chroma) {
         const std::string p = "distilled_guidance_layer.";
         b.approx_in = nn::declare_linear(w, p + "in_proj", c.approximator_in, c.approximator_hidden);
@@ -481,10 +617,10 @@ Status FluxDit::declare() {
     }
     auto attention = [&](const std::string& p) {
         Attention a;
-        a.qkv = nn::declare_linear(w, p + ".qkv", h, 3 * h, c.qkv_bias);
-        a.q_scale = w.require(p + ".norm.query_norm.scale", {hd});
-        a.k_scale = w.require(p + ".norm.key_norm.scale", {hd});
-        a.proj = nn::declare_linear(w, p + ".proj", h, h);
+        a.qkv = declare_fused(w, names, p + ".qkv", h, {h, h, h}, c.qkv_bias);
+        a.q_scale = vector(p + ".norm.query_norm.scale", hd);
+        a.k_scale = vector(p + ".norm.key_norm.scale", hd);
+        a.proj = linear(p + ".proj", h, h);
         return a;
     };
     for (int i = 0; i < c.double_blocks; ++i) {
@@ -492,25 +628,26 @@ Status FluxDit::declare() {
         DoubleBlock block;
         for (auto [stream, name] : {std::pair{&block.img, "img"}, std::pair{&block.txt, "txt"}}) {
             const std::string s = p + name;
-            if (!c.chroma) stream->mod = nn::declare_linear(w, s + "_mod.lin", h, 6 * h);
+            if (!c.chroma) stream->mod = linear(s + "_mod.lin", h, 6 * h);
             stream->attn = attention(s + "_attn");
-            stream->mlp_in = nn::declare_linear(w, s + "_mlp.0", h, c.mlp_hidden);
-            stream->mlp_out = nn::declare_linear(w, s + "_mlp.2", c.mlp_hidden, h);
+            stream->mlp_in = linear(s + "_mlp.0", h, c.mlp_hidden);
+            stream->mlp_out = linear(s + "_mlp.2", c.mlp_hidden, h);
         }
         b.doubles.push_back(block);
     }
     for (int i = 0; i < c.single_blocks; ++i) {
         const std::string p = "single_blocks." + std::to_string(i) + ".";
         SingleBlock block;
-        block.linear1 = nn::declare_linear(w, p + "linear1", h, 3 * h + c.mlp_hidden);
-        block.linear2 = nn::declare_linear(w, p + "linear2", h + c.mlp_hidden, h);
-        block.q_scale = w.require(p + "norm.query_norm.scale", {hd});
-        block.k_scale = w.require(p + "norm.key_norm.scale", {hd});
-        if (!c.chroma) block.mod = nn::declare_linear(w, p + "modulation.lin", h, 3 * h);
+        block.linear1 = declare_fused(w, names, p + "linear1", h, {h, h, h, c.mlp_hidden}, true);
+        block.linear2 = linear(p + "linear2", h + c.mlp_hidden, h);
+        block.q_scale = vector(p + "norm.query_norm.scale", hd);
+        block.k_scale = vector(p + "norm.key_norm.scale", hd);
+        if (!c.chroma) block.mod = linear(p + "modulation.lin", h, 3 * h);
         b.singles.push_back(block);
     }
-    b.final_linear = nn::declare_linear(w, "final_layer.linear", h, c.out_channels);
-    if (!c.chroma) b.final_mod = nn::declare_linear(w, "final_layer.adaLN_modulation.1", h, 2 * h);
+    b.final_linear = linear("final_layer.linear", h, c.out_channels);
+    if (!c.chroma) b.final_mod = linear("final_layer.adaLN_modulation.1", h, 2 * h);
+    b.final_scale_first = c.diffusers_names;
     return Status::Ok();
 }
 
@@ -638,7 +775,12 @@ Result<ggml_tensor*> FluxDit::build(ggml_context* ctx, const FluxInputs& in, con
         }
         for (const SingleBlock& block : b.singles)
             single_mods.push_back(mod_at(ctx, modulation(ctx, block.mod, silu_vec, 3), 0));
-        final_mod = mod_at(ctx, modulation(ctx, b.final_mod, silu_vec, 2), 0, /*with_gate=*/false);
+        const ModTable final_table = modulation(ctx, b.final_mod, silu_vec, 2);
+        final_mod = mod_at(ctx, final_table, 0, /*with_gate=*/false);
+        if (b.final_scale_first) {
+            final_mod.shift = final_table.at(ctx, 1);
+            final_mod.scale1 = ggml_scale_bias(ctx, final_table.at(ctx, 0), 1.0f, 1.0f);
+        }
     }
 
     // Tokens: text, then the image's patches and each reference's.

@@ -57,6 +57,9 @@ struct FluxConfig {
     std::vector<int> axes_dim = {16, 56, 56};
     float theta = 10000.0f;
     int patch = 2;
+    // The file names the tensors as diffusers' FluxTransformer2DModel does
+    // (x_embedder, transformer_blocks.N.attn.to_q, ...), not as BFL does.
+    bool diffusers_names = false;
     bool qkv_bias = true;  // img_attn.qkv.bias present (every released Flux and Chroma)
     // Chroma's approximator (distilled_guidance_layer): 64 inputs (timestep,
     // guidance and modulation-index embeddings), hidden width, layers.N count.

@@ -70,9 +70,7 @@ Result<std::vector<float>> run_unet_batch(Model& model, const std::vector<float>
         return g.shape.batch == batch && g.shape.tokens == tokens;
     });
     if (found == unet.graphs.end()) {
-        DiffusionShape shape{p.latent_w, p.latent_h, batch, tokens, p.flash_attention};
-        shape.refs = p.ref_sizes;
-        shape.mask = !valid.empty();
+        DiffusionShape shape{p.latent_w, p.latent_h, batch, tokens, p.flash_attention, p.ref_sizes, !valid.empty()};
         auto built = build_diffusion_graph(model, shape);
         if (!built.ok()) return built.error();
         unet.graphs.push_back(std::move(built).value());

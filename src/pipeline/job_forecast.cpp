@@ -25,8 +25,11 @@ Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, 
         TextEncoderGraph g = build_text_encoder_graph(encoder, nullptr, length, batch, encoder.use->default_layer);
         KILN_TRY(add(*encoder.executor, *g.session, g.out));
     }
+    // Chroma's DiT takes the padding mask as an input of its own.
+    bool masked = false;
+    for (const TextEncoder& encoder : model.text_encoders()) masked = masked || encoder.use->mask_padding;
     auto add_unet = [&](int64_t b) -> Status {
-        auto g = build_diffusion_graph(model, {lw, lh, b, single_chunk_tokens(model), flash_attention});
+        auto g = build_diffusion_graph(model, {lw, lh, b, single_chunk_tokens(model), flash_attention, {}, masked});
         if (!g.ok()) return g.error();
         return add(model.diffusion_compute(), *g->session, g->out);
     };

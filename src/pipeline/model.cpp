@@ -42,7 +42,7 @@ std::vector<std::string> network_probes(models::NetworkKind kind) {
         case models::NetworkKind::Vae: return {"decoder.conv_in.weight"};
         case models::NetworkKind::T5:
             return {"encoder.block.0.layer.0.SelfAttention.q.weight", "enc.blk.0.attn_q.weight"};
-        case models::NetworkKind::FluxDit: return {"double_blocks.0.img_attn.qkv.weight"};
+        case models::NetworkKind::FluxDit: return {"double_blocks.0.img_attn.qkv.weight", "x_embedder.weight"};
     }
     return {};
 }

@@ -309,6 +309,40 @@ TEST_F(FluxInputs, GgufFilesCarryTheTokenizerAndQuantizedWeightsRun) {
     EXPECT_LE(largest_pixel_difference(*quantized, *reference_), 8);
 }
 
+// A diffusers FluxPipeline folder: transformer/ in diffusers' names
+// (training/make_flux_pipeline_fixtures.py converts the DiT as diffusers'
+// conversion script does), vae/ in diffusers' names, text_encoder/ (CLIP-L),
+// text_encoder_2/ (T5), tokenizer/ and tokenizer_2/.
+TEST_F(FluxInputs, DiffusersFolderGivesTheSameImage) {
+    const std::string root = "FLUX.1-dev/";
+    dir_->write(root + "model_index.json",
+                R"({"_class_name": "FluxPipeline", "transformer": ["diffusers", "FluxTransformer2DModel"],
+                    "vae": ["diffusers", "AutoencoderKL"], "text_encoder": ["transformers", "CLIPTextModel"],
+                    "text_encoder_2": ["transformers", "T5EncoderModel"], "tokenizer": ["transformers", "CLIPTokenizer"],
+                    "tokenizer_2": ["transformers", "T5TokenizerFast"],
+                    "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"]})");
+    dir_->write(root + "transformer/diffusion_pytorch_model.safetensors",
+                test::read_bytes(part("diffusers_transformer.safetensors")));
+    dir_->write(root + "text_encoder/model.safetensors", test::read_bytes(part("clip_l.safetensors")));
+    dir_->write(root + "text_encoder_2/model.safetensors", test::read_bytes(part("t5xxl.safetensors")));
+    const io::NameMap map(io::ModelFamily::SD1);
+    std::vector<test::SafetensorsEntry> vae;
+    for (const auto& e : entries(part("ae.safetensors"), "first_stage_model.")) {
+        std::string folder;
+        for (auto& d : test::to_diffusers(e, map, &folder)) vae.push_back(std::move(d));
+    }
+    dir_->write(root + "vae/diffusion_pytorch_model.safetensors", test::build_safetensors(vae));
+    for (const char* f : {"vocab.json", "merges.txt"}) {
+        dir_->write(root + "tokenizer/" + f, test::read_bytes(clip_tokenizer() + "/" + f));
+    }
+    dir_->write(root + "tokenizer_2/tokenizer.json", test::read_bytes(part("tokenizer_2/tokenizer.json")));
+    ModelPaths paths;
+    paths.model = {dir_->file(root)};
+    auto img = one_image(paths, tiny_job());
+    ASSERT_TRUE(img.ok()) << img.error().message;
+    EXPECT_EQ(largest_pixel_difference(*img, *reference_), 0);
+}
+
 TEST_F(FluxInputs, SchnellIsDetectedAndRefusesReferenceImages) {
     ModelPaths paths = bfl_parts();
     paths.diffusion_model = dir_->file("schnell.safetensors");

@@ -8,6 +8,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "io/name_map.h"
+
 namespace kiln::test {
 
 std::string golden_path(const std::string& relative) { return std::string(KILN_GOLDEN_DIR) + "/" + relative; }
@@ -62,6 +64,37 @@ SafetensorsEntry copy_entry(const io::ModelFile& file, const io::TensorInfo& t, 
     const uint8_t* data = file.data(t);
     const char* dtype = t.dtype == io::DType::F16 ? "F16" : t.dtype == io::DType::F32 ? "F32" : "I64";
     return {std::move(name), dtype, t.shape, std::vector<uint8_t>(data, data + t.nbytes)};
+}
+
+// HF's CLIPTextModelWithProjection names of an open_clip text tower, with
+// q/k/v split and text_projection transposed (io/name_map.h).
+std::vector<SafetensorsEntry> to_diffusers(const SafetensorsEntry& e, const io::NameMap& map, std::string* folder) {
+    std::vector<SafetensorsEntry> out;
+    auto names = map.ldm_to_diffusers(e.name);
+    if (!names) return out;  // extras such as logit_scale
+    *folder = std::string(io::diffusers_folder(names->component));
+    for (const io::NameMapping& m : names->tensors) {
+        SafetensorsEntry d{m.name, e.dtype, e.shape, {}};
+        if (m.op == io::NameMapping::Op::Slice3) {
+            d.shape[0] /= 3;
+            const size_t bytes = e.data.size() / 3;
+            d.data.assign(e.data.begin() + bytes * m.part, e.data.begin() + bytes * (m.part + 1));
+        } else if (m.op == io::NameMapping::Op::Transpose) {
+            const size_t rows = static_cast<size_t>(e.shape[0]), cols = static_cast<size_t>(e.shape[1]);
+            const size_t es = e.data.size() / (rows * cols);
+            d.shape = {e.shape[1], e.shape[0]};
+            d.data.resize(e.data.size());
+            for (size_t r = 0; r < rows; ++r) {
+                for (size_t c = 0; c < cols; ++c)
+                    std::memcpy(&d.data[(c * rows + r) * es], &e.data[(r * cols + c) * es], es);
+            }
+        } else {
+            if (io::vae_attention_needs_reshape(e.name)) d.shape.resize(2);
+            d.data = e.data;
+        }
+        out.push_back(std::move(d));
+    }
+    return out;
 }
 
 std::vector<float> toy_denoiser(const std::vector<float>& x, float sigma) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "io/model_file.h"
+#include "io/name_map.h"
 #include "runtime/compute.h"
 #include "test_files.h"
 
@@ -26,6 +27,11 @@ FixtureTensor fixture_tensor(const io::ModelFile& file, const std::string& name)
 
 // A tensor of `file` (F16, F32 or I64) as a build_safetensors entry named `name`.
 SafetensorsEntry copy_entry(const io::ModelFile& file, const io::TensorInfo& t, std::string name);
+
+// An ldm-named entry in diffusers' names: its component folder in *folder and
+// the tensors it becomes (q/k/v split, transposes, VAE attention reshaped),
+// by io::NameMap `map`; none for names diffusers has no counterpart of.
+std::vector<SafetensorsEntry> to_diffusers(const SafetensorsEntry& e, const io::NameMap& map, std::string* folder);
 
 // A PyTorch shape as ggml's ne (innermost first).
 std::vector<int64_t> ggml_ne(const std::vector<int64_t>& torch_shape);

@@ -52,38 +52,6 @@ std::vector<test::SafetensorsEntry> merged_checkpoint() {
     return all;
 }
 
-// HF's CLIPTextModelWithProjection names of an open_clip text tower, with
-// q/k/v split and text_projection transposed (io/name_map.h).
-std::vector<test::SafetensorsEntry> to_diffusers(const test::SafetensorsEntry& e, const io::NameMap& map,
-                                                 std::string* folder) {
-    std::vector<test::SafetensorsEntry> out;
-    auto names = map.ldm_to_diffusers(e.name);
-    if (!names) return out;  // extras such as logit_scale
-    *folder = std::string(io::diffusers_folder(names->component));
-    for (const io::NameMapping& m : names->tensors) {
-        test::SafetensorsEntry d{m.name, e.dtype, e.shape, {}};
-        if (m.op == io::NameMapping::Op::Slice3) {
-            d.shape[0] /= 3;
-            const size_t bytes = e.data.size() / 3;
-            d.data.assign(e.data.begin() + bytes * m.part, e.data.begin() + bytes * (m.part + 1));
-        } else if (m.op == io::NameMapping::Op::Transpose) {
-            const size_t rows = static_cast<size_t>(e.shape[0]), cols = static_cast<size_t>(e.shape[1]);
-            const size_t es = e.data.size() / (rows * cols);
-            d.shape = {e.shape[1], e.shape[0]};
-            d.data.resize(e.data.size());
-            for (size_t r = 0; r < rows; ++r) {
-                for (size_t c = 0; c < cols; ++c)
-                    std::memcpy(&d.data[(c * rows + r) * es], &e.data[(r * cols + c) * es], es);
-            }
-        } else {
-            if (io::vae_attention_needs_reshape(e.name)) d.shape.resize(2);
-            d.data = e.data;
-        }
-        out.push_back(std::move(d));
-    }
-    return out;
-}
-
 // Every form of the same model, written once for the suite.
 class SdxlInputs : public ::testing::Test {
   protected:
@@ -112,7 +80,7 @@ class SdxlInputs : public ::testing::Test {
         std::map<std::string, std::vector<test::SafetensorsEntry>> components;
         for (const auto& e : all) {
             std::string folder;
-            for (auto& d : to_diffusers(e, map, &folder)) components[folder].push_back(std::move(d));
+            for (auto& d : test::to_diffusers(e, map, &folder)) components[folder].push_back(std::move(d));
         }
         for (auto& [folder, entries] : components) {
             const char* file_name =

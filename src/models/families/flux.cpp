@@ -3,7 +3,10 @@
 namespace kiln::models {
 namespace {
 
-bool has_guidance_embedding(const FileSet& files) { return files.find_suffix("guidance_in.in_layer.weight"); }
+bool has_guidance_embedding(const FileSet& files) {
+    return files.find_suffix("guidance_in.in_layer.weight") ||
+           files.find_suffix("time_text_embed.guidance_embedder.linear_1.weight");  // diffusers
+}
 bool has_chroma_approximator(const FileSet& files) { return files.any_name_contains("distilled_guidance_layer."); }
 
 int detect_dev(const FileSet& files) {
@@ -61,7 +64,10 @@ Family make(bool dev) {
 
 }  // namespace
 
-bool has_flux_dit(const FileSet& files) { return files.find_suffix("double_blocks.0.img_attn.qkv.weight"); }
+bool has_flux_dit(const FileSet& files) {
+    return files.find_suffix("double_blocks.0.img_attn.qkv.weight") ||
+           files.find_suffix("single_transformer_blocks.0.proj_mlp.weight");  // diffusers' transformer/
+}
 
 ModuleSpec flux_t5_module() {
     // HF's T5EncoderModel names (text_encoder_2/ of a diffusers folder) are

@@ -19,7 +19,8 @@ ModuleSpec flux_t5_module();
 ModuleSpec flux_dit_module();
 ModuleSpec flux_vae_module();
 LatentFormat flux_latent_format();
-// Whether the files hold a Flux-type DiT (BFL's double_blocks.0 attention).
+// Whether the files hold a Flux-type DiT (BFL's double_blocks.0 attention, or
+// diffusers' single_transformer_blocks).
 bool has_flux_dit(const FileSet& files);
 
 }  // namespace kiln::models
