@@ -30,7 +30,10 @@ Result<EncodedChunks> encode_chunks(Model& model, const TextEncoder& encoder, co
     const int64_t width = clip.config().width;
     // Only the first chunk's pooled vector is used: a CLIP used for nothing
     // else (Flux's CLIP-L) encodes that chunk alone.
-    if (!use.context) chunks.tokens.resize(1), chunks.weights.resize(1);
+    if (!use.context) {
+        chunks.tokens.resize(1);
+        chunks.weights.resize(1);
+    }
     if (static_cast<int64_t>(length) > clip.config().context) {
         return Error::invalid_request("prompt chunks of " + std::to_string(length) +
                                       " tokens exceed the text encoder's context of " +

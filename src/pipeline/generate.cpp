@@ -21,7 +21,7 @@ namespace {
 // step and reused by every later one (same shapes; only x, the timestep and,
 // for separate CFG passes, the context change), so a step costs no graph
 // build and, with nothing else computed in between, no new allocation.
-struct UnetGraph {
+struct DiffusionGraphs {
     // By batch and token count: the CFG batch, or the two passes apart (one
     // graph, or two when the prompts' contexts differ in length).
     std::vector<DiffusionGraph> graphs;
@@ -43,10 +43,10 @@ int64_t out_channels(const Model& model) {
 // or the DiT's pooled vector, per batch item; empty when it takes none) and
 // `valid` (the DiT's text-token mask per batch item; empty: none) and
 // returns its raw output.
-Result<std::vector<float>> run_unet_batch(Model& model, const std::vector<float>& x, float sigma, const SamplingRun& p,
-                                          const std::vector<float>& context, int64_t tokens,
-                                          const std::vector<float>& y, const std::vector<float>& valid, int64_t batch,
-                                          UnetGraph& unet) {
+Result<std::vector<float>> run_diffusion_batch(Model& model, const std::vector<float>& x, float sigma,
+                                               const SamplingRun& p, const std::vector<float>& context, int64_t tokens,
+                                               const std::vector<float>& y, const std::vector<float>& valid,
+                                               int64_t batch, DiffusionGraphs& unet) {
     const int64_t in_ch = in_channels(model), out_ch = out_channels(model);
     const Scalings s = get_scalings(model.prediction(), sigma);
     const float t = p.schedule ? p.schedule->sigma_to_t(sigma) : DiscreteSchedule::stable_diffusion().sigma_to_t(sigma);
@@ -95,8 +95,9 @@ Result<std::vector<float>> run_unet_batch(Model& model, const std::vector<float>
         g.session->set_input(g.refs[i], refs.data());
     }
     if (g.mask) {
-        int64_t image_tokens = (p.latent_w / 2) * (p.latent_h / 2);
-        for (const LatentSize& r : p.ref_sizes) image_tokens += (r.w / 2) * (r.h / 2);
+        const int64_t patch = model.flux().config().patch;
+        int64_t image_tokens = (p.latent_w / patch) * (p.latent_h / patch);
+        for (const LatentSize& r : p.ref_sizes) image_tokens += (r.w / patch) * (r.h / patch);
         const std::vector<float> mask = models::flux_attention_mask(valid, image_tokens, batch);
         g.session->set_input(g.mask, mask.data());
     }
@@ -104,13 +105,13 @@ Result<std::vector<float>> run_unet_batch(Model& model, const std::vector<float>
     return runtime::GraphSession::read(g.out);
 }
 
-// One UNet evaluation: the conditional pass and, with CFG, the unconditional
+// One diffusion-network evaluation: the conditional pass and, with CFG, the unconditional
 // one, as one batch of two so every weight is read once per step; when the
 // batch does not fit (or p.batch_cfg is off), as two passes of one that
 // share one plan; when the two contexts differ in length, as two passes of
 // their own lengths.
-Result<std::vector<float>> run_unet(Model& model, const std::vector<float>& x, float sigma, const SamplingRun& p,
-                                    const Conditioning& cond, const Conditioning* uncond, UnetGraph& graph) {
+Result<std::vector<float>> run_diffusion(Model& model, const std::vector<float>& x, float sigma, const SamplingRun& p,
+                                         const Conditioning& cond, const Conditioning* uncond, DiffusionGraphs& graph) {
     const int64_t latent_values = p.latent_w * p.latent_h * out_channels(model);
     if (static_cast<int64_t>(x.size()) != latent_values) {
         return Error{"latent has the wrong size for the diffusion network"};
@@ -124,7 +125,7 @@ Result<std::vector<float>> run_unet(Model& model, const std::vector<float>& x, f
         y.insert(y.end(), uncond->y.begin(), uncond->y.end());
         std::vector<float> valid(cond.token_valid);
         valid.insert(valid.end(), uncond->token_valid.begin(), uncond->token_valid.end());
-        auto both = run_unet_batch(model, x, sigma, p, context, cond.tokens, y, valid, 2, graph);
+        auto both = run_diffusion_batch(model, x, sigma, p, context, cond.tokens, y, valid, 2, graph);
         if (both.ok()) {
             c_out.assign(both->begin(), both->begin() + latent_values);
             u_out.assign(both->begin() + latent_values, both->end());
@@ -139,12 +140,12 @@ Result<std::vector<float>> run_unet(Model& model, const std::vector<float>& x, f
         }
     }
     if (c_out.empty()) {
-        auto c = run_unet_batch(model, x, sigma, p, cond.hidden, cond.tokens, cond.y, cond.token_valid, 1, graph);
+        auto c = run_diffusion_batch(model, x, sigma, p, cond.hidden, cond.tokens, cond.y, cond.token_valid, 1, graph);
         if (!c.ok()) return c.error();
         c_out = std::move(c).value();
         if (uncond) {
-            auto u = run_unet_batch(model, x, sigma, p, uncond->hidden, uncond->tokens, uncond->y, uncond->token_valid,
-                                    1, graph);
+            auto u = run_diffusion_batch(model, x, sigma, p, uncond->hidden, uncond->tokens, uncond->y,
+                                         uncond->token_valid, 1, graph);
             if (!u.ok()) return u.error();
             u_out = std::move(u).value();
         }
@@ -296,7 +297,7 @@ Status prepare_inpainting(Model& model, const image::Image& init, const image::I
 // count divides the other's, its chunks are repeated to the same length, as
 // ComfyUI does: attention over k copies of the same keys and values gives
 // the same result, and the CFG batch of two stays possible. Otherwise the
-// two passes run apart (run_unet).
+// two passes run apart (run_diffusion).
 void match_context_lengths(Conditioning& cond, Conditioning& uncond) {
     Conditioning& shorter = cond.tokens < uncond.tokens ? cond : uncond;
     const Conditioning& longer = cond.tokens < uncond.tokens ? uncond : cond;
@@ -328,10 +329,10 @@ Result<std::vector<float>> sample_latent(Model& model, const SamplingRun& run, s
             v[k] = (1.0f - w) * v[k] + w * run.keep_latent[k];
         }
     };
-    UnetGraph graph;
+    DiffusionGraphs graph;
     DenoiseFn denoise = [&](const std::vector<float>& xt, float sigma, int) -> Result<std::vector<float>> {
         if (model.cancel_requested()) return Error::cancelled("cancelled");
-        auto denoised = run_unet(model, xt, sigma, run, cond, run.cfg_scale != 1.0f ? uncond : nullptr, graph);
+        auto denoised = run_diffusion(model, xt, sigma, run, cond, run.cfg_scale != 1.0f ? uncond : nullptr, graph);
         if (denoised.ok() && !run.keep_weight.empty()) keep_region(*denoised);
         return denoised;
     };
@@ -346,9 +347,9 @@ Result<std::vector<float>> sample_latent(Model& model, const SamplingRun& run, s
     if (result.ok() && !run.keep_weight.empty()) keep_region(*result);
     if (passes_apart) *passes_apart = uncond && run.cfg_scale != 1.0f && graph.separate_passes;
     const runtime::ExecutorStats& after = unet.stats();
-    KILN_LOG_VERBOSE("UNet graph: built once, allocated %d time(s) for %d evaluation(s)",
+    KILN_LOG_VERBOSE("diffusion graph: built once, allocated %d time(s) for %d evaluation(s)",
                      after.allocations - before.allocations, after.runs - before.runs);
-    KILN_LOG_VERBOSE("UNet plans: %d built, %d reused; %d segmented run(s), %d segment(s) in the last",
+    KILN_LOG_VERBOSE("diffusion plans: %d built, %d reused; %d segmented run(s), %d segment(s) in the last",
                      unet.plans().builds() - builds_before, unet.plans().hits() - hits_before,
                      after.segmented_runs - before.segmented_runs, after.last_segments);
     return result;
@@ -380,7 +381,7 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
     if (!planned.ok()) return planned.error();
     model.clear_cancel();
     const ValidatedRequest& p = *planned;
-    if (request.guidance && p.guidance == 0.0f) {
+    if (request.guidance && (model.has_unet() || !model.flux().config().guidance_embed)) {
         KILN_LOG_WARN("--guidance does nothing for %s: its DiT has no guidance embedding (use --cfg-scale)",
                       model.family_label().c_str());
     }

@@ -252,38 +252,11 @@ Result<std::unique_ptr<Model>> Model::load(const ModelPaths& paths, const ModelO
                                    " tokens but the t5xxl text encoder only " + std::to_string(te.t5->config().vocab));
         }
     }
-    if (!first_clip) {
-        if (!paths.embeddings.empty()) {
-            return Error::invalid_request("--embd-dir: textual-inversion embeddings need a CLIP text encoder, which " +
-                                          m->family_label_ + " does not have");
-        }
-        KILN_TRY(m->place_modules(options));
-        return m;
-    }
-    auto tokenizer = load_tokenizer(tokenizer_paths->clip, m->files_);
-    if (!tokenizer.ok()) return tokenizer.error().as(ErrorKind::BadFile);
-    m->tokenizer_ = std::move(tokenizer).value();
-    const models::ClipTextEncoder& first = *first_clip->network;
-    for (const TextEncoder& te : m->text_encoders_) {
-        if (!te.network) continue;
-        if (m->tokenizer_->vocab_size() > te.network->config().vocab) {
-            return Error::bad_file("the tokenizer has " + std::to_string(m->tokenizer_->vocab_size()) +
-                                   " tokens but the " + te.use->module + " text encoder only " +
-                                   std::to_string(te.network->config().vocab));
-        }
-    }
-    if (!paths.embeddings.empty()) {
-        if (m->tokenizer_->vocab_size() != first.config().vocab) {
-            return Error::bad_file("textual-inversion embeddings need the tokenizer's vocabulary (" +
-                                   std::to_string(m->tokenizer_->vocab_size()) +
-                                   " tokens) to match the text encoder's (" + std::to_string(first.config().vocab) +
-                                   ")");
-        }
-        auto table = load_embeddings(paths.embeddings, first.config().width, *m->tokenizer_);
-        if (!table.ok()) return table.error().as(ErrorKind::BadFile);
-        m->embeddings_ = std::move(table).value();
-        KILN_LOG_VERBOSE("textual inversion: %zu embeddings, %zu vectors", m->tokenizer_->embeddings().size(),
-                         m->embeddings_.rows());
+    if (first_clip) {
+        KILN_TRY(m->load_clip_tokenizer(tokenizer_paths->clip, paths.embeddings, *first_clip->network));
+    } else if (!paths.embeddings.empty()) {
+        return Error::invalid_request("--embd-dir: textual-inversion embeddings need a CLIP text encoder, which " +
+                                      m->family_label_ + " does not have");
     }
 
     KILN_TRY(m->place_modules(options));
@@ -293,6 +266,37 @@ Result<std::unique_ptr<Model>> Model::load(const ModelPaths& paths, const ModelO
     }
     KILN_LOG_VERBOSE("loaded %s (%s): tensors of %s", m->name_.c_str(), m->family_label_.c_str(), counts.c_str());
     return m;
+}
+
+// CLIP's tokenizer (and textual-inversion embeddings for `first`, the
+// first CLIP of the conditioning), checked against every CLIP's vocabulary.
+Status Model::load_clip_tokenizer(const std::string& flag_path, const std::string& embeddings_dir,
+                                  const models::ClipTextEncoder& first) {
+    auto tokenizer = load_tokenizer(flag_path, files_);
+    if (!tokenizer.ok()) return tokenizer.error().as(ErrorKind::BadFile);
+    tokenizer_ = std::move(tokenizer).value();
+    for (const TextEncoder& te : text_encoders_) {
+        if (!te.network) continue;
+        if (tokenizer_->vocab_size() > te.network->config().vocab) {
+            return Error::bad_file("the tokenizer has " + std::to_string(tokenizer_->vocab_size()) +
+                                   " tokens but the " + te.use->module + " text encoder only " +
+                                   std::to_string(te.network->config().vocab));
+        }
+    }
+    if (!embeddings_dir.empty()) {
+        if (tokenizer_->vocab_size() != first.config().vocab) {
+            return Error::bad_file("textual-inversion embeddings need the tokenizer's vocabulary (" +
+                                   std::to_string(tokenizer_->vocab_size()) + " tokens) to match the text encoder's (" +
+                                   std::to_string(first.config().vocab) + ")");
+        }
+        auto table = load_embeddings(embeddings_dir, first.config().width, *tokenizer_);
+        if (!table.ok()) return table.error().as(ErrorKind::BadFile);
+        embeddings_ = std::move(table).value();
+        KILN_LOG_VERBOSE("textual inversion: %zu embeddings, %zu vectors", tokenizer_->embeddings().size(),
+                         embeddings_.rows());
+    }
+
+    return Status::Ok();
 }
 
 Status Model::load_networks(const ModelPaths& paths, const ModelOptions& options) {

@@ -161,6 +161,8 @@ class Model {
   private:
     Model() = default;
     Status load_networks(const ModelPaths& paths, const ModelOptions& options);
+    Status load_clip_tokenizer(const std::string& flag_path, const std::string& embeddings_dir,
+                               const models::ClipTextEncoder& first);
     Status check_unet_inputs() const;
     Status check_flux_inputs() const;
     Status read_metadata(const ModelOptions& options);

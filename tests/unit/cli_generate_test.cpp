@@ -53,7 +53,7 @@ TEST(CliGenerate, UnetGraphIsBuiltOncePerSamplingRun) {
         run_command(kiln_with_model("-v -p x -W 32 -H 32 --steps 6 --sampling-method heun -o " + dir.file("o.png")));
     ASSERT_EQ(r.exit_code, 0) << r.err;
     // Heun evaluates the UNet twice per step but the last: 11 evaluations.
-    EXPECT_NE(r.out.find("UNet graph: built once, allocated 1 time(s) for 11 evaluation(s)"), std::string::npos)
+    EXPECT_NE(r.out.find("diffusion graph: built once, allocated 1 time(s) for 11 evaluation(s)"), std::string::npos)
         << r.out;
 }
 
