@@ -32,7 +32,8 @@ Writes, relative to the repository root:
       t5.tokens [1, 512] (I32), clip.tokens [1, 77] (I32), t5.hidden [1, 512, 48], clip.pooled [1, 32],
       noise [1, 16, 16, 16] (webui's Philox randn, seed 11, = --rng cuda), sigmas [5],
       velocity0 [1, 16, 16, 16] (the DiT's output at the first step), latent [1, 16, 16, 16] (final),
-      image [1, 3, 32, 32] (decoded, in [-1, 1], not clamped)
+      image [1, 3, 32, 32] (decoded, in [-1, 1], not clamped); i2i.init_pixels [1, 3, 32, 32] (that image
+      as 8-bit values) and i2i.image: image-to-image from it at strength 0.5 (see the code)
 
 The job: prompt "a red cat on a blue square", 32x32, seed 11, 4 steps, euler, kiln's default
 scheduler for Flux-dev (sd-cli's "discrete" on the flow table: t = linspace(999, 0, 4),
@@ -315,6 +316,24 @@ def main():
         io["latent"] = mmf.f32(x)
         image, _ = ae.decode(x / SCALE + SHIFT)
         io["image"] = mmf.f32(image)
+        # Image-to-image from that image (as 8-bit pixels): the init latent is a sample of the
+        # autoencoder's posterior drawn from the job's generator at the seed (sd-cli's order), the
+        # noise starts again from a generator at the seed, and with strength 0.5 the last
+        # int(4 * 0.5) = 2 steps run from x = (1 - sigma) x0 + sigma noise.
+        pixels = torch.round(torch.clamp((image + 1) / 2, 0, 1) * 255)
+        io["i2i.init_pixels"] = pixels.to(torch.float32)
+        moments = ae.encoder(pixels / 127.5 - 1, {})
+        mean, logvar = moments.chunk(2, dim=1)
+        std = torch.exp(0.5 * torch.clamp(logvar, -30, 20))
+        draw = torch.tensor(PhiloxGenerator(NOISE_SEED).randn(mean.numel()), dtype=torch.float64).reshape(mean.shape)
+        x0 = (mean + std * draw - SHIFT) * SCALE
+        skip = STEPS - max(1, int(STEPS * 0.5))
+        tail = sigmas[skip:]
+        x = (1 - tail[0]) * x0 + tail[0] * noise.double()
+        for i in range(len(tail) - 1):
+            v, _ = dit(x, hidden, torch.tensor([tail[i]], dtype=torch.float64), y=pooled, guidance=guidance)
+            x = x + (tail[i + 1] - tail[i]) * v
+        io["i2i.image"] = mmf.f32(ae.decode(x / SCALE + SHIFT)[0])
     meta = {"prompt": PROMPT, "seed": str(NOISE_SEED), "steps": str(STEPS), "guidance": str(GUIDANCE),
             "mu": repr(mu)}
     path = os.path.join(OUT, "flux_tiny_txt2img.safetensors")

@@ -33,9 +33,9 @@ int largest_pixel_difference(const image::Image& a, const image::Image& b) {
     return worst;
 }
 
-// The reference image of a golden job ([1, 3, H, W] in [-1, 1]) against kiln's.
-int difference_from_reference(const image::Image& img, const io::ModelFile& io) {
-    const auto want = fixture_tensor(io, "image");
+// The reference image `key` of a golden job ([1, 3, H, W] in [-1, 1]) against kiln's.
+int difference_from_reference(const image::Image& img, const io::ModelFile& io, const std::string& key = "image") {
+    const auto want = fixture_tensor(io, key);
     const size_t plane = static_cast<size_t>(img.width) * img.height;
     if (want.values.size() != plane * 3) return 255;
     int worst = 0;
@@ -138,6 +138,24 @@ TEST_F(FluxPipeline, TextToImageMatchesTheReferenceJob) {
     const auto& extra = images->front().info.extra;
     EXPECT_NE(std::find(extra.begin(), extra.end(), std::pair<std::string, std::string>{"Guidance", "3.5"}),
               extra.end());
+}
+
+// Image-to-image on a flow model: the init latent a posterior sample at the
+// seed, noise mixed in by sigma ((1 - sigma) x0 + sigma noise), the last
+// int(steps * strength) steps.
+TEST_F(FluxPipeline, ImageToImageMixesTheInitLatentBySigma) {
+    ASSERT_NE(model_, nullptr);
+    const auto init = fixture_tensor(*io_, "i2i.init_pixels");  // [1, 3, 32, 32]
+    image::Image img = image::make_image(32, 32, 3);
+    for (size_t i = 0; i < 32 * 32; ++i) {
+        for (size_t c = 0; c < 3; ++c) img.pixels[i * 3 + c] = static_cast<uint8_t>(init.values[c * 32 * 32 + i]);
+    }
+    GenerationRequest r = job();
+    r.init_image = img;
+    r.strength = 0.5f;
+    auto images = generate(*model_, r);
+    ASSERT_TRUE(images.ok()) << images.error().message;
+    EXPECT_LE(difference_from_reference(images->front().image, *io_, "i2i.image"), 1);
 }
 
 TEST_F(FluxPipeline, SamplingMatchesTheReferenceStepByStep) {
