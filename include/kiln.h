@@ -191,11 +191,12 @@ kiln_status kiln_model_describe(const char* path, int list_tensors, char** text,
 typedef void (*kiln_convert_progress)(int done, int total, void* user_data);
 /* Rewrites the model made of `paths` as one GGUF file at out_path, tensor by
  * tensor, converted to weight_type ("q8_0", ...; NULL keeps each tensor's
- * compute type). With t5_tokenizer (spiece.model, a T5 tokenizer.json or
- * its folder), the file also carries that tokenizer (tokenizer.ggml.*), so
- * a converted T5 needs no --tokenizer. No file appears unless it is complete. */
+ * compute type). `tokenizer` is --tokenizer's value or NULL: its t5xxl=PATH
+ * (spiece.model, a T5 tokenizer.json or its folder) is written into the file
+ * (tokenizer.ggml.*), so a converted T5 needs no --tokenizer. No file appears
+ * unless it is complete. */
 kiln_status kiln_model_convert(const char* const* paths, int n_paths, const char* out_path, const char* weight_type,
-                               const char* t5_tokenizer, kiln_convert_progress progress, void* user_data,
+                               const char* tokenizer, kiln_convert_progress progress, void* user_data,
                                char** error);
 
 void kiln_free_string(char* text);

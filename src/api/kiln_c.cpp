@@ -421,8 +421,7 @@ kiln_status kiln_model_describe(const char* path, int list_tensors, char** text,
 }
 
 kiln_status kiln_model_convert(const char* const* paths, int n_paths, const char* out_path, const char* weight_type,
-                               const char* t5_tokenizer, kiln_convert_progress progress, void* user_data,
-                               char** error) {
+                               const char* tokenizer, kiln_convert_progress progress, void* user_data, char** error) {
     try {
         std::vector<std::string> files;
         for (int i = 0; i < n_paths; ++i) files.push_back(str(paths[i]));
@@ -432,10 +431,17 @@ kiln_status kiln_model_convert(const char* const* paths, int n_paths, const char
             if (!type.ok()) return fail(error, type.error().as(kiln::ErrorKind::InvalidRequest));
             options.type = *type;
         }
-        if (t5_tokenizer) {
-            auto tokenizer = kiln::pipeline::T5Tokenizer::load(t5_tokenizer);
-            if (!tokenizer.ok()) return fail(error, tokenizer.error().as(kiln::ErrorKind::BadFile));
-            options.extra_metadata = tokenizer->gguf_metadata();
+        if (tokenizer) {
+            auto paths = kiln::pipeline::parse_tokenizer_flag(tokenizer);
+            if (!paths.ok()) return fail(error, paths.error());
+            if (paths->t5.empty()) {
+                KILN_LOG_WARN("convert: --tokenizer is written into the GGUF only as t5xxl=PATH; '%s' is not used",
+                              tokenizer);
+            } else {
+                auto t5 = kiln::pipeline::T5Tokenizer::load(paths->t5);
+                if (!t5.ok()) return fail(error, t5.error().as(kiln::ErrorKind::BadFile));
+                options.extra_metadata = t5->gguf_metadata();
+            }
         }
         auto model = kiln::io::ModelFile::open(files);
         if (!model.ok()) return fail(error, model.error().as(kiln::ErrorKind::BadFile));

@@ -66,43 +66,6 @@ std::optional<std::string> find_prefix(const io::ModelFile& file, models::Networ
     return std::nullopt;
 }
 
-// --tokenizer: a path (CLIP's tokenizer, the flag's meaning in sd-cli), or
-// per encoder "t5xxl=PATH" / "clip_l=PATH", comma-separated.
-struct TokenizerPaths {
-    std::string clip;
-    std::string t5;
-};
-
-Result<TokenizerPaths> parse_tokenizer_flag(const std::string& value) {
-    TokenizerPaths out;
-    const auto eq = value.find('=');
-    const std::string head = eq == std::string::npos ? "" : value.substr(0, eq);
-    if (head != "t5xxl" && head != "clip_l" && head != "clip") {
-        out.clip = value;
-        return out;
-    }
-    size_t start = 0;
-    while (start <= value.size()) {
-        const size_t comma = value.find(',', start);
-        const std::string item = value.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-        const auto sep = item.find('=');
-        const std::string name = item.substr(0, sep);
-        if (sep == std::string::npos || sep + 1 == item.size()) {
-            return Error::invalid_request("--tokenizer: '" + item + "' is not ENCODER=PATH");
-        }
-        if (name == "t5xxl") {
-            out.t5 = item.substr(sep + 1);
-        } else if (name == "clip_l" || name == "clip") {
-            out.clip = item.substr(sep + 1);
-        } else {
-            return Error::invalid_request("--tokenizer: unknown encoder '" + name + "' (valid: t5xxl, clip_l)");
-        }
-        if (comma == std::string::npos) break;
-        start = comma + 1;
-    }
-    return out;
-}
-
 Result<std::unique_ptr<ClipTokenizer>> load_tokenizer(const std::string& flag_path,
                                                       const std::vector<std::unique_ptr<io::ModelFile>>& files) {
     if (!flag_path.empty()) {
@@ -192,6 +155,36 @@ Result<std::optional<double>> meta_number(const io::ModelFile& file, const std::
 }
 
 }  // namespace
+
+Result<TokenizerPaths> parse_tokenizer_flag(const std::string& value) {
+    TokenizerPaths out;
+    const auto eq = value.find('=');
+    const std::string head = eq == std::string::npos ? "" : value.substr(0, eq);
+    if (head != "t5xxl" && head != "clip_l" && head != "clip") {
+        out.clip = value;
+        return out;
+    }
+    size_t start = 0;
+    while (start <= value.size()) {
+        const size_t comma = value.find(',', start);
+        const std::string item = value.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+        const auto sep = item.find('=');
+        const std::string name = item.substr(0, sep);
+        if (sep == std::string::npos || sep + 1 == item.size()) {
+            return Error::invalid_request("--tokenizer: '" + item + "' is not ENCODER=PATH");
+        }
+        if (name == "t5xxl") {
+            out.t5 = item.substr(sep + 1);
+        } else if (name == "clip_l" || name == "clip") {
+            out.clip = item.substr(sep + 1);
+        } else {
+            return Error::invalid_request("--tokenizer: unknown encoder '" + name + "' (valid: t5xxl, clip_l)");
+        }
+        if (comma == std::string::npos) break;
+        start = comma + 1;
+    }
+    return out;
+}
 
 runtime::ModuleWeights& Module::weights() {
     if (clip) return clip->weights();

@@ -59,6 +59,15 @@ struct ModelOptions {
     int job_height = 0;
 };
 
+// --tokenizer: a path (CLIP's tokenizer, the flag's meaning in sd-cli), or
+// per encoder "t5xxl=PATH" / "clip_l=PATH", comma-separated. An item that is
+// not ENCODER=PATH, or an unknown encoder, is an invalid request.
+struct TokenizerPaths {
+    std::string clip;
+    std::string t5;
+};
+Result<TokenizerPaths> parse_tokenizer_flag(const std::string& value);
+
 // The family's defaults, overridden by a file's "kiln.default.*" metadata.
 using ModelDefaults = models::Defaults;
 

@@ -1,6 +1,5 @@
 #include "convert_command.h"
 
-#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -38,19 +37,6 @@ int run_convert(const Options& options) {
         KILN_LOG_ERROR("-o: %s: convert writes GGUF; the name must end in .gguf", out.c_str());
         return kExitUsage;
     }
-    // --tokenizer t5xxl=PATH: the T5 tokenizer goes into the file.
-    std::string t5_tokenizer;
-    const std::string& tok = options.tokenizer;
-    for (size_t start = 0; start < tok.size();) {
-        const size_t comma = std::min(tok.find(',', start), tok.size());
-        const std::string item = tok.substr(start, comma - start);
-        if (item.rfind("t5xxl=", 0) == 0) t5_tokenizer = item.substr(6);
-        start = comma + 1;
-    }
-    if (!tok.empty() && t5_tokenizer.empty()) {
-        KILN_LOG_WARN("convert: --tokenizer is written into the GGUF only as t5xxl=PATH; '%s' is not used",
-                      tok.c_str());
-    }
     std::vector<const char*> c_paths;
     for (const std::string& p : paths) c_paths.push_back(p.c_str());
     KILN_LOG_INFO("convert: writing %s%s%s", options.output.c_str(), options.weight_type.empty() ? "" : " as ",
@@ -59,15 +45,16 @@ int run_convert(const Options& options) {
         if (done == total || done % 64 == 0) KILN_LOG_VERBOSE("convert: %d/%d tensors", done, total);
     };
     char* error = nullptr;
-    const int rc = kiln_model_convert(c_paths.data(), static_cast<int>(c_paths.size()), options.output.c_str(),
-                                      options.weight_type.empty() ? nullptr : options.weight_type.c_str(),
-                                      t5_tokenizer.empty() ? nullptr : t5_tokenizer.c_str(), progress, nullptr, &error);
+    const int rc =
+        kiln_model_convert(c_paths.data(), static_cast<int>(c_paths.size()), options.output.c_str(),
+                           options.weight_type.empty() ? nullptr : options.weight_type.c_str(),
+                           options.tokenizer.empty() ? nullptr : options.tokenizer.c_str(), progress, nullptr, &error);
     if (rc != 0) {
         const std::string message = error ? error : "unknown error";
         kiln_free_string(error);
         KILN_LOG_ERROR("%s", message.c_str());
-        // A bad --type is a usage error; anything else is the model's or the disk's.
-        return message.rfind("--type:", 0) == 0 ? kExitUsage : kExitFailure;
+        // A bad --type or --tokenizer is a usage error; anything else is the model's or the disk's.
+        return message.rfind("--type:", 0) == 0 || message.rfind("--tokenizer:", 0) == 0 ? kExitUsage : kExitFailure;
     }
     KILN_LOG_INFO("convert: done");
     return kExitOk;
