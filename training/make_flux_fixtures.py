@@ -40,6 +40,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import make_model_fixtures as mmf  # noqa: E402
 from reference import flux as ref  # noqa: E402
 from reference import safetensors_io  # noqa: E402
 
@@ -214,24 +215,9 @@ def main():
                                                    ("flux_schnell_tiny", "schnell", "model.diffusion_model."),
                                                    ("chroma_tiny", "chroma", "")]):
         ckpt, io = build(kind, SEED + 10 * offset)
-        ckpt_path = os.path.join(args.out, name + ".safetensors")
-        io_path = os.path.join(args.out, name + "_io.safetensors")
-        safetensors_io.save_file({prefix + k: v for k, v in ckpt.items()}, ckpt_path, dict(METADATA))
-        safetensors_io.save_file(io, io_path, {
-            "kiln.fixture.model": name + ".safetensors",
-            "kiln.fixture.generator": "training/make_flux_fixtures.py",
-            "kiln.fixture.note": "reference computed in float64 from the stored weights; "
-                                 "shapes in PyTorch order (NCHW, [batch, tokens, width])",
-        })
-        for path, tensors in ((ckpt_path, ckpt), (io_path, io)):
-            size = os.path.getsize(path)
-            assert size < 1 << 20, path + " is over 1 MB"
-            log("wrote %s: %d tensors, %.1f KB" % (os.path.relpath(path, ROOT), len(tensors), size / 1e3))
-        for k, v in io.items():
-            log("  %-34s %-16s mean %+.4f std %.4f" % (k, shape_str(v), v.double().mean(), v.double().std()))
-        back, _ = safetensors_io.load_file(ckpt_path)
-        assert sorted(back) == sorted(prefix + k for k in ckpt)
-
+        mmf.save_fixture_pair(args.out, name, {prefix + k: v for k, v in ckpt.items()}, io,
+                              "training/make_flux_fixtures.py", "NCHW, [batch, tokens, width]", METADATA,
+                              max_bytes=1 << 20)
 
 if __name__ == "__main__":
     main()

@@ -174,6 +174,32 @@ def make_tokens(gen, vocab, pad_id):
     return torch.tensor(rows, dtype=torch.int32)
 
 
+def save_fixture_pair(out_dir, name, ckpt, io, generator, shapes_note, ckpt_metadata=None, max_bytes=None):
+    """Writes NAME.safetensors (the weights, with `ckpt_metadata`) and NAME_io.safetensors (the golden
+    inputs and outputs, naming the model and `generator`), logs their sizes and the goldens' statistics,
+    and checks the weights read back unchanged."""
+    ckpt_path = os.path.join(out_dir, name + ".safetensors")
+    io_path = os.path.join(out_dir, name + "_io.safetensors")
+    safetensors_io.save_file(ckpt, ckpt_path, dict(ckpt_metadata or {}))
+    safetensors_io.save_file(io, io_path, {
+        "kiln.fixture.model": name + ".safetensors",
+        "kiln.fixture.generator": generator,
+        "kiln.fixture.note": "reference computed in float64 from the stored weights; "
+                             "shapes in PyTorch order (%s)" % shapes_note,
+    })
+    for path, tensors in ((ckpt_path, ckpt), (io_path, io)):
+        size = os.path.getsize(path)
+        assert max_bytes is None or size < max_bytes, path + " is too large"
+        log("wrote %s: %d tensors, %.1f KB" % (os.path.relpath(path, ROOT), len(tensors), size / 1e3))
+    for k, v in io.items():
+        if v.is_floating_point():
+            log("  %-34s %-16s mean %+.4f std %.4f" % (k, shape_str(v), v.double().mean(), v.double().std()))
+        else:
+            log("  %-34s %-16s %s" % (k, shape_str(v), str(v.dtype).replace("torch.", "")))
+    back, _ = safetensors_io.load_file(ckpt_path)
+    assert sorted(back) == sorted(ckpt) and all(torch.equal(back[k], ckpt[k]) for k in ckpt)
+
+
 def f32(t):
     return t.detach().to(torch.float32).contiguous()
 

@@ -145,26 +145,8 @@ def main():
     torch.manual_seed(SEED)
     ckpt, io = build()
     os.makedirs(args.out, exist_ok=True)
-    ckpt_path = os.path.join(args.out, "sdxl_tiny.safetensors")
-    io_path = os.path.join(args.out, "sdxl_tiny_io.safetensors")
-    safetensors_io.save_file(ckpt, ckpt_path, dict(METADATA))
-    safetensors_io.save_file(io, io_path, {
-        "kiln.fixture.model": "sdxl_tiny.safetensors",
-        "kiln.fixture.generator": "training/make_sdxl_fixtures.py",
-        "kiln.fixture.note": "reference computed in float64 from the stored weights; "
-                             "shapes in PyTorch order (NCHW, [batch, tokens, width])",
-    })
-    for path, tensors in ((ckpt_path, ckpt), (io_path, io)):
-        log("wrote %s: %d tensors, %.1f KB" % (os.path.relpath(path, mmf.ROOT), len(tensors),
-                                              os.path.getsize(path) / 1e3))
-    for k, v in io.items():
-        if v.is_floating_point():
-            log("  %-32s %-16s mean %+.4f std %.4f" % (k, mmf.shape_str(v), v.double().mean(), v.double().std()))
-        else:
-            log("  %-32s %-16s %s" % (k, mmf.shape_str(v), str(v.dtype).replace("torch.", "")))
-    back, _ = safetensors_io.load_file(ckpt_path)
-    assert sorted(back) == sorted(ckpt) and all(torch.equal(back[k], ckpt[k]) for k in ckpt)
-
+    mmf.save_fixture_pair(args.out, "sdxl_tiny", ckpt, io, "training/make_sdxl_fixtures.py",
+                          "NCHW, [batch, tokens, width]", METADATA)
 
 if __name__ == "__main__":
     main()
