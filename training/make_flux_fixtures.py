@@ -42,7 +42,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import make_model_fixtures as mmf  # noqa: E402
 from reference import flux as ref  # noqa: E402
-from reference import safetensors_io  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_OUT = os.path.join(ROOT, "tests", "golden", "models")
@@ -60,10 +59,6 @@ BATCH, LATENT, SIZE, TXT = 2, 16, 8, 7
 REF_SIZES = [(4, 6), (6, 2)]
 # Chroma: per prompt, how many of the 7 T5 tokens are real (the rest padding).
 VALID = [5, 3]
-
-
-def log(msg):
-    print(msg, flush=True)
 
 
 def init_value(name, shape, gen):
@@ -199,10 +194,6 @@ def build(kind, seed):
         M = ref.chroma_modulation_count(TINY["depth"], TINY["depth_single_blocks"])
         io["chroma.index"] = f32(ref.timestep_embedding(torch.arange(M, dtype=torch.float64), 32))
     return ckpt, io
-
-
-def shape_str(t):
-    return "[" + ", ".join(str(s) for s in t.shape) + "]"
 
 
 def main():

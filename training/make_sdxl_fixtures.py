@@ -31,7 +31,6 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import make_model_fixtures as mmf  # noqa: E402
-from reference import safetensors_io  # noqa: E402
 from reference.clip_text import ClipTextHF, ClipTextOpenClip  # noqa: E402
 from reference.sdxl_conditioning import sdxl_vector  # noqa: E402
 from reference.unet import UNet  # noqa: E402
@@ -60,10 +59,6 @@ UNET = dict(in_channels=4, out_channels=4, model_channels=32, channel_mult=(1, 1
 METADATA = {"kiln.clip.heads": "2", "kiln.unet.head_channels": "16"}
 # original size (h, w), crop top-left (top, left), target size (h, w), per prompt
 SIZES = [((896, 1152), (16, 32), (1024, 1024)), ((512, 640), (0, 8), (768, 1344))]
-
-
-def log(msg):
-    print(msg, flush=True)
 
 
 def build():

@@ -27,7 +27,6 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import make_model_fixtures as mmf  # noqa: E402
-from reference import safetensors_io  # noqa: E402
 from reference.t5 import T5EncoderV11, exact_bucket, relative_position_bucket  # noqa: E402
 
 SEED = 500
