@@ -97,12 +97,26 @@ void KilnChild::stop() {
 std::string KilnChild::out() const { return slurp(out_path_); }
 std::string KilnChild::err() const { return slurp(err_path_); }
 
-RpcServer::RpcServer() : port_(free_port()) {
-    if (port_ <= 0) return;
-    child_ =
-        std::make_unique<KilnChild>(std::vector<std::string>{"rpc-server", "--port", std::to_string(port_), "-t", "1"});
-    ok_ = child_->wait_listening(port_);
-    endpoint_ = "127.0.0.1:" + std::to_string(port_);
+RpcServer::RpcServer() {
+    // Another test process may take the free port between free_port() and
+    // the child's bind; the port then answers, but not from this child. Only
+    // the child's own "serving ... on 127.0.0.1:PORT" line proves the port is
+    // its; a child that could not listen exits, and another port is tried.
+    for (int attempt = 0; attempt < 5 && !ok_; ++attempt) {
+        port_ = free_port();
+        if (port_ <= 0) return;
+        endpoint_ = "127.0.0.1:" + std::to_string(port_);
+        child_ = std::make_unique<KilnChild>(
+            std::vector<std::string>{"rpc-server", "--port", std::to_string(port_), "-t", "1"});
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while (std::chrono::steady_clock::now() < deadline && !child_->exited()) {
+            if (child_->out().find("on " + endpoint_) != std::string::npos && accepts_connections(port_)) {
+                ok_ = true;
+                break;
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+    }
 }
 
 }  // namespace kiln::test

@@ -54,7 +54,7 @@ class RpcServer {
     std::string log() { return child_->out() + child_->err(); }
 
   private:
-    int port_;
+    int port_ = 0;
     std::unique_ptr<KilnChild> child_;
     std::string endpoint_;
     bool ok_ = false;
