@@ -1,0 +1,340 @@
+#include "models/llm_encoder.h"
+
+#include <cmath>
+#include <limits>
+#include <tuple>
+
+#include "nn/layers.h"
+
+namespace kiln::models {
+namespace {
+
+using Naming = LlmConfig::Naming;
+
+constexpr float kDefaultRopeTheta = 1e6f;  // Qwen3's rope_theta
+constexpr float kDefaultNormEps = 1e-6f;   // Qwen3's rms_norm_eps
+
+// The tensors of one layer, in both namings.
+enum class Part { Q, K, V, O, QNorm, KNorm, AttentionNorm, Gate, Up, Down, FeedForwardNorm };
+
+// `kind`: "weight", or "bias" for the projections that have one.
+std::string layer_tensor(Naming naming, int64_t layer, Part part, const char* kind = "weight") {
+    const char* leaf = "";
+    if (naming == Naming::LlamaCpp) {
+        switch (part) {
+            case Part::Q: leaf = "attn_q"; break;
+            case Part::K: leaf = "attn_k"; break;
+            case Part::V: leaf = "attn_v"; break;
+            case Part::O: leaf = "attn_output"; break;
+            case Part::QNorm: leaf = "attn_q_norm"; break;
+            case Part::KNorm: leaf = "attn_k_norm"; break;
+            case Part::AttentionNorm: leaf = "attn_norm"; break;
+            case Part::Gate: leaf = "ffn_gate"; break;
+            case Part::Up: leaf = "ffn_up"; break;
+            case Part::Down: leaf = "ffn_down"; break;
+            case Part::FeedForwardNorm: leaf = "ffn_norm"; break;
+        }
+        return "blk." + std::to_string(layer) + "." + leaf + "." + kind;
+    }
+    switch (part) {
+        case Part::Q: leaf = "self_attn.q_proj"; break;
+        case Part::K: leaf = "self_attn.k_proj"; break;
+        case Part::V: leaf = "self_attn.v_proj"; break;
+        case Part::O: leaf = "self_attn.o_proj"; break;
+        case Part::QNorm: leaf = "self_attn.q_norm"; break;
+        case Part::KNorm: leaf = "self_attn.k_norm"; break;
+        case Part::AttentionNorm: leaf = "input_layernorm"; break;
+        case Part::Gate: leaf = "mlp.gate_proj"; break;
+        case Part::Up: leaf = "mlp.up_proj"; break;
+        case Part::Down: leaf = "mlp.down_proj"; break;
+        case Part::FeedForwardNorm: leaf = "post_attention_layernorm"; break;
+    }
+    return "model.layers." + std::to_string(layer) + "." + leaf + "." + kind;
+}
+
+std::string embedding_name(Naming naming) {
+    return naming == Naming::LlamaCpp ? "token_embd.weight" : "model.embed_tokens.weight";
+}
+
+std::string final_norm_name(Naming naming) {
+    return naming == Naming::LlamaCpp ? "output_norm.weight" : "model.norm.weight";
+}
+
+// A product that may not round through f16 (the header's precision note).
+ggml_tensor* product_f32(ggml_context* ctx, ggml_tensor* weight, ggml_tensor* x) {
+    ggml_tensor* y = ggml_mul_mat(ctx, weight, x);
+    ggml_prec_set_acc(y, GGML_PREC_F32);
+    return y;
+}
+
+// A projection with its bias, when it has one.
+ggml_tensor* project(ggml_context* ctx, ggml_tensor* weight, ggml_tensor* bias, ggml_tensor* x) {
+    ggml_tensor* y = ggml_mul_mat(ctx, weight, x);
+    return bias ? ggml_add(ctx, y, bias) : y;
+}
+
+// A metadata value that must be a finite number: nullopt when the key is
+// absent, an error naming the key when it is there but no number.
+Result<std::optional<double>> metadata_value(const io::ModelFile& file, const std::string& key,
+                                             const std::string& where) {
+    if (file.metadata().find(key) == file.metadata().end()) return std::optional<double>();
+    const double value = file.metadata_number(key, std::numeric_limits<double>::quiet_NaN());
+    if (!std::isfinite(value)) {
+        return Error::bad_file(where + ": metadata " + key + " is '" + file.metadata_string(key, "") +
+                               "', not a number");
+    }
+    return std::optional<double>(value);
+}
+
+}  // namespace
+
+std::string LlmConfig::arch_name() const {
+    switch (arch) {
+        case Arch::Qwen3: return "qwen3";
+    }
+    return "";
+}
+
+std::vector<float> llm_causal_mask(int64_t n) {
+    std::vector<float> mask(static_cast<size_t>(n * n), 0.0f);
+    for (int64_t q = 0; q < n; ++q)
+        for (int64_t k = q + 1; k < n; ++k)
+            mask[static_cast<size_t>(q * n + k)] = -std::numeric_limits<float>::infinity();
+    return mask;
+}
+
+struct LlmEncoder::Layer {
+    ggml_tensor* attention_norm = nullptr;
+    ggml_tensor *q = nullptr, *k = nullptr, *v = nullptr,
+                *o = nullptr;  // q ne [width, heads * head_dim], k/v [width, kv_heads * head_dim], o the reverse of q
+    ggml_tensor *q_bias = nullptr, *k_bias = nullptr, *v_bias = nullptr;  // with qkv_bias only
+    ggml_tensor *q_norm = nullptr, *k_norm = nullptr;                     // ne [head_dim], with qk_norm only
+    ggml_tensor* ff_norm = nullptr;
+    ggml_tensor *gate = nullptr, *up = nullptr, *down = nullptr;
+};
+
+bool LlmEncoder::looks_like_llm(const io::ModelFile& file, const std::string& prefix) {
+    for (Naming naming : {Naming::HuggingFace, Naming::LlamaCpp}) {
+        if (!file.find(prefix + layer_tensor(naming, 0, Part::Q))) continue;
+        if (file.find(prefix + layer_tensor(naming, 0, Part::QNorm))) return true;
+        if (naming == Naming::LlamaCpp && file.metadata_string("general.architecture", "") == "qwen3") return true;
+    }
+    return false;
+}
+
+Result<std::unique_ptr<LlmEncoder>> LlmEncoder::create(const io::ModelFile& file, const std::string& prefix,
+                                                       std::optional<ggml_type> weight_type, int used_layers) {
+    std::unique_ptr<LlmEncoder> enc(new LlmEncoder());
+    LlmConfig& c = enc->config_;
+    const std::string where = "LLM text encoder under '" + prefix + "'";
+    auto bad = [&](const std::string& what) { return Error::bad_file(where + ": " + what); };
+    if (used_layers < 0) {
+        return Error::invalid_request(where + ": used_layers " + std::to_string(used_layers) + " is negative");
+    }
+
+    // The naming follows the token embedding's name.
+    if (file.find(prefix + embedding_name(Naming::HuggingFace))) {
+        c.naming = Naming::HuggingFace;
+    } else if (file.find(prefix + embedding_name(Naming::LlamaCpp))) {
+        c.naming = Naming::LlamaCpp;
+    } else {
+        return Error::bad_file("no LLM text encoder under '" + prefix + "' (no token embedding: " +
+                               embedding_name(Naming::HuggingFace) + " or " + embedding_name(Naming::LlamaCpp) + ")");
+    }
+    auto name = [&](int64_t layer, Part part) { return layer_tensor(c.naming, layer, part); };
+    auto find = [&](int64_t layer, Part part) { return file.find(prefix + name(layer, part)); };
+
+    // The architecture: llama.cpp's names come with GGUF's general.architecture
+    // (absent only in files kiln wrote from renamed tensors); QK norm tells Qwen3.
+    const std::string gguf_arch = file.metadata_string("general.architecture", "");
+    if (c.naming == Naming::LlamaCpp && !gguf_arch.empty() && gguf_arch != "qwen3") {
+        return bad("general.architecture is '" + gguf_arch + "'; the LLM text encoder reads qwen3");
+    }
+    if (!find(0, Part::QNorm)) {
+        return bad("no " + name(0, Part::QNorm) +
+                   ": a decoder without QK norm (Qwen2.5, Llama, Mistral) is not supported yet; Qwen3 is");
+    }
+    c.arch = LlmConfig::Arch::Qwen3;
+    c.qk_norm = true;
+    c.qkv_bias = false;
+    const std::string meta = c.arch_name() + ".";
+
+    const std::string embedding = embedding_name(c.naming);
+    const io::TensorInfo* tok = file.find(prefix + embedding);
+    if (tok->shape.size() != 2 || tok->shape[0] <= 0 || tok->shape[1] <= 0) {
+        return bad(embedding + " has shape " + tok->shape_string() + ", not [vocab, width]");
+    }
+    c.vocab = tok->shape[0];
+    c.width = tok->shape[1];
+
+    while (find(c.layers, Part::Q)) ++c.layers;
+    if (c.layers == 0) return bad("no layers (" + name(0, Part::Q) + " is missing)");
+
+    const io::TensorInfo* q_norm = find(0, Part::QNorm);
+    if (q_norm->shape.size() != 1 || q_norm->shape[0] <= 0 || q_norm->shape[0] % 2 != 0) {
+        return bad(name(0, Part::QNorm) + " has shape " + q_norm->shape_string() +
+                   ", not [head_dim] with head_dim even (rope rotates pairs)");
+    }
+    c.head_dim = q_norm->shape[0];
+    auto key_length = metadata_value(file, meta + "attention.key_length", where);
+    if (!key_length.ok()) return key_length.error();
+    if (*key_length && **key_length != static_cast<double>(c.head_dim)) {
+        return bad("metadata " + meta + "attention.key_length is " +
+                   file.metadata_string(meta + "attention.key_length", "") + " but " + name(0, Part::QNorm) +
+                   " has shape " + q_norm->shape_string());
+    }
+
+    // heads and kv_heads from the projections' rows.
+    auto heads_of = [&](Part part, int64_t* heads) -> Status {
+        const io::TensorInfo* t = find(0, part);
+        if (!t) return bad("no " + name(0, part));
+        if (t->shape.size() != 2 || t->shape[0] % c.head_dim != 0 || t->shape[0] == 0 || t->shape[1] != c.width) {
+            return bad(name(0, part) + " has shape " + t->shape_string() + ", not [heads * " +
+                       std::to_string(c.head_dim) + ", " + std::to_string(c.width) + "] (head_dim from " +
+                       name(0, Part::QNorm) + ", width from " + embedding + ")");
+        }
+        *heads = t->shape[0] / c.head_dim;
+        return Status::Ok();
+    };
+    KILN_TRY(heads_of(Part::Q, &c.heads));
+    KILN_TRY(heads_of(Part::K, &c.kv_heads));
+    if (c.heads % c.kv_heads != 0) {
+        return bad(std::to_string(c.heads) + " query heads (" + name(0, Part::Q) + ") are not a multiple of " +
+                   std::to_string(c.kv_heads) + " K/V heads (" + name(0, Part::K) + ")");
+    }
+    const io::TensorInfo* gate = find(0, Part::Gate);
+    if (!gate) return bad("no feed-forward gate " + name(0, Part::Gate));
+    if (gate->shape.size() != 2 || gate->shape[0] <= 0) {
+        return bad(name(0, Part::Gate) + " has shape " + gate->shape_string() + ", not [ffn, width]");
+    }
+    c.ffn = gate->shape[0];
+
+    // GGUF's counts, where present, must agree with the tensors.
+    for (const auto& [key, value, from] :
+         {std::make_tuple(meta + "attention.head_count", c.heads, name(0, Part::Q)),
+          std::make_tuple(meta + "attention.head_count_kv", c.kv_heads, name(0, Part::K)),
+          std::make_tuple(meta + "block_count", c.layers, std::string("the layers found"))}) {
+        auto stated = metadata_value(file, key, where);
+        if (!stated.ok()) return stated.error();
+        if (*stated && **stated != static_cast<double>(value)) {
+            return bad("metadata " + key + " is " + file.metadata_string(key, "") + " but " + from + " gives " +
+                       std::to_string(value));
+        }
+    }
+    auto theta = metadata_value(file, meta + "rope.freq_base", where);
+    if (!theta.ok()) return theta.error();
+    c.rope_theta = *theta ? static_cast<float>(**theta) : kDefaultRopeTheta;
+    if (!(c.rope_theta > 0.0f) || !std::isfinite(c.rope_theta)) {
+        return bad("metadata " + meta + "rope.freq_base is " + file.metadata_string(meta + "rope.freq_base", "") +
+                   ", not a positive number");
+    }
+    auto eps = metadata_value(file, meta + "attention.layer_norm_rms_epsilon", where);
+    if (!eps.ok()) return eps.error();
+    c.norm_eps = *eps ? static_cast<float>(**eps) : kDefaultNormEps;
+    if (!(c.norm_eps > 0.0f) || !(c.norm_eps < 1.0f)) {
+        return bad("metadata " + meta + "attention.layer_norm_rms_epsilon is " +
+                   file.metadata_string(meta + "attention.layer_norm_rms_epsilon", "") + ", not in (0, 1)");
+    }
+
+    if (used_layers > c.layers) {
+        return Error::invalid_request(where + ": used_layers " + std::to_string(used_layers) + " but the file has " +
+                                      std::to_string(c.layers) + " layers");
+    }
+    enc->weights_ = std::make_unique<runtime::ModuleWeights>(file, prefix, weight_type);
+    enc->declare(used_layers > 0 ? used_layers : c.layers);
+    return enc;
+}
+
+void LlmEncoder::declare(int64_t used_layers) {
+    const LlmConfig& c = config_;
+    runtime::ModuleWeights& w = *weights_;
+    const int64_t q_rows = c.heads * c.head_dim, kv_rows = c.kv_heads * c.head_dim;
+    token_embedding_ = w.require(embedding_name(c.naming), {c.vocab, c.width});
+    for (int64_t i = 0; i < used_layers; ++i) {
+        auto l = std::make_shared<Layer>();
+        auto req = [&](Part part, std::vector<int64_t> shape) {
+            return w.require(layer_tensor(c.naming, i, part), shape);
+        };
+        l->attention_norm = req(Part::AttentionNorm, {c.width});
+        l->q = req(Part::Q, {q_rows, c.width});
+        l->k = req(Part::K, {kv_rows, c.width});
+        l->v = req(Part::V, {kv_rows, c.width});
+        l->o = req(Part::O, {c.width, q_rows});
+        if (c.qkv_bias) {
+            l->q_bias = w.require(layer_tensor(c.naming, i, Part::Q, "bias"), {q_rows});
+            l->k_bias = w.require(layer_tensor(c.naming, i, Part::K, "bias"), {kv_rows});
+            l->v_bias = w.require(layer_tensor(c.naming, i, Part::V, "bias"), {kv_rows});
+        }
+        if (c.qk_norm) {
+            l->q_norm = req(Part::QNorm, {c.head_dim});
+            l->k_norm = req(Part::KNorm, {c.head_dim});
+        }
+        l->ff_norm = req(Part::FeedForwardNorm, {c.width});
+        l->gate = req(Part::Gate, {c.ffn, c.width});
+        l->up = req(Part::Up, {c.ffn, c.width});
+        l->down = req(Part::Down, {c.width, c.ffn});
+        layers_.push_back(l);
+    }
+    if (used_layers == c.layers) final_norm_ = w.require(final_norm_name(c.naming), {c.width});
+}
+
+ggml_tensor* LlmEncoder::self_attention(ggml_context* ctx, const Layer& layer, ggml_tensor* h,
+                                        const LlmOptions& options) const {
+    const LlmConfig& c = config_;
+    const int64_t n = h->ne[1], batch = h->ne[2];
+    // [heads * head_dim, n, B] -> [head_dim, heads, n, B], QK-normed per
+    // head, rotated (rope wants the positions in dim 2).
+    auto heads_rotated = [&](ggml_tensor* t, int64_t heads, ggml_tensor* norm) {
+        t = ggml_reshape_4d(ctx, t, c.head_dim, heads, n, batch);
+        if (norm) t = ggml_mul(ctx, ggml_rms_norm(ctx, t, c.norm_eps), norm);
+        return ggml_rope_ext(ctx, t, options.positions, nullptr, static_cast<int>(c.head_dim), GGML_ROPE_TYPE_NEOX, 0,
+                             c.rope_theta, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f);
+    };
+    ggml_tensor* q = heads_rotated(project(ctx, layer.q, layer.q_bias, h), c.heads, layer.q_norm);
+    ggml_tensor* k = heads_rotated(project(ctx, layer.k, layer.k_bias, h), c.kv_heads, layer.k_norm);
+    // Contiguous [head_dim, n, heads, B], so the products reach BLAS (nn/attention.cpp).
+    q = ggml_cont(ctx, ggml_permute(ctx, q, 0, 2, 1, 3));
+    k = ggml_cont(ctx, ggml_permute(ctx, k, 0, 2, 1, 3));  // [head_dim, n, kv_heads, B]
+    // v as [n keys, head_dim, kv_heads, B], so the second product contracts over the keys.
+    ggml_tensor* v = ggml_reshape_4d(ctx, project(ctx, layer.v, layer.v_bias, h), c.head_dim, c.kv_heads, n, batch);
+    v = ggml_cont(ctx, ggml_permute(ctx, v, 1, 2, 0, 3));
+    // ggml_mul_mat broadcasts its first operand over dim 2: query head j
+    // meets K/V head j / (heads / kv_heads), HF's repeat_kv.
+    ggml_tensor* scores = ggml_mul_mat(ctx, k, q);  // [n keys, n queries, heads, B]
+    ggml_prec_set_acc(scores, GGML_PREC_F32);
+    scores = ggml_soft_max_ext(ctx, scores, options.mask, 1.0f / std::sqrt(static_cast<float>(c.head_dim)), 0.0f);
+    ggml_tensor* out = ggml_mul_mat(ctx, v, scores);  // [head_dim, n queries, heads, B]
+    ggml_prec_set_acc(out, GGML_PREC_F32);
+    out = ggml_cont(ctx, ggml_permute(ctx, out, 0, 2, 1, 3));  // [head_dim, heads, n, B]
+    return product_f32(ctx, layer.o, ggml_reshape_3d(ctx, out, c.head_dim * c.heads, n, batch));
+}
+
+ggml_tensor* LlmEncoder::encode(ggml_context* ctx, ggml_tensor* tokens, const LlmOptions& options) const {
+    const LlmConfig& c = config_;
+    const int64_t n = tokens->ne[0], batch = tokens->ne[1];
+    const int64_t run = options.layers > 0 ? options.layers : declared_layers();
+    GGML_ASSERT(run <= declared_layers() && "LlmOptions::layers exceeds the declared layers");
+    GGML_ASSERT(options.positions && options.positions->type == GGML_TYPE_I32 &&
+                ggml_nelements(options.positions) == n && "LlmOptions::positions must hold n I32 positions");
+    GGML_ASSERT(options.mask && options.mask->ne[0] == n && options.mask->ne[1] == n && options.mask->ne[2] == 1 &&
+                (options.mask->ne[3] == 1 || options.mask->ne[3] == batch) &&
+                "LlmOptions::mask must be [n, n] or [n, n, 1, batch]");
+    GGML_ASSERT((!options.final_norm || (final_norm_ && run == c.layers)) &&
+                "LlmOptions::final_norm needs every layer of the file");
+    auto rms_norm = [&](ggml_tensor* x, ggml_tensor* weight) {
+        return ggml_mul(ctx, ggml_rms_norm(ctx, x, c.norm_eps), weight);
+    };
+    ggml_tensor* x = ggml_get_rows(ctx, token_embedding_, ggml_reshape_1d(ctx, tokens, n * batch));  // [w, n*B]
+    x = ggml_reshape_3d(ctx, x, c.width, n, batch);
+    for (int64_t i = 0; i < run; ++i) {
+        const Layer& l = *layers_[static_cast<size_t>(i)];
+        x = ggml_add(ctx, x, self_attention(ctx, l, rms_norm(x, l.attention_norm), options));
+        ggml_tensor* h = rms_norm(x, l.ff_norm);
+        ggml_tensor* gated = ggml_mul(ctx, ggml_silu(ctx, product_f32(ctx, l.gate, h)), product_f32(ctx, l.up, h));
+        x = ggml_add(ctx, x, product_f32(ctx, l.down, gated));
+        x = nn::mark_cut(x, "llm.layers." + std::to_string(i));
+    }
+    return options.final_norm ? rms_norm(x, final_norm_) : x;
+}
+
+}  // namespace kiln::models

@@ -1,0 +1,159 @@
+// A decoder-only LLM used as a text encoder: the hidden states of its layers
+// condition a diffusion network (Z-Image reads Qwen3-4B's second-to-last
+// layer). Only the prompt pass: no KV cache, no LM head, no sampling.
+//
+// Architectures: Qwen3 (any size: 0.6B ... 32B, and Qwen3-4B as Z-Image uses
+// it). The per-architecture differences are switches in LlmConfig (qk_norm,
+// qkv_bias), so Qwen2.5 (q/k/v biases, no QK norm) is a new Arch value, its
+// detection and its GGUF name; not yet done.
+//
+// Sizes come from the weights: vocabulary and width from the token
+// embedding, layers by counting them, head_dim from layer 0's q_norm length
+// (checked against GGUF `<arch>.attention.key_length` when present), heads
+// and kv_heads from the q and k projections' rows / head_dim (so head_dim
+// need not be width / heads: Qwen3-4B has 32 heads of 128 over a width of
+// 2560), the feed-forward width from the gate projection. From metadata
+// (GGUF, or the same keys in a safetensors header): rope theta
+// `<arch>.rope.freq_base` (default 1e6, Qwen3's) and the RMSNorm epsilon
+// `<arch>.attention.layer_norm_rms_epsilon` (default 1e-6). A GGUF's
+// `<arch>.attention.head_count`, `head_count_kv` and `block_count`, when
+// present, must agree with the tensors. HF's config.json beside the file is
+// not read.
+//
+// Two tensor namings, detected from the file (both under `prefix`, which may
+// be empty or ComfyUI's "text_encoders.qwen3_4b.transformer."):
+//   HF transformers: `model.embed_tokens.weight`,
+//   `model.layers.N.self_attn.{q,k,v,o}_proj.weight`,
+//   `model.layers.N.self_attn.{q,k}_norm.weight`,
+//   `model.layers.N.mlp.{gate,up,down}_proj.weight`,
+//   `model.layers.N.{input,post_attention}_layernorm.weight`, `model.norm.weight`;
+//   llama.cpp's GGUF names: `token_embd.weight`, `blk.N.attn_{q,k,v,output}.weight`,
+//   `blk.N.attn_{q,k}_norm.weight`, `blk.N.attn_norm.weight`,
+//   `blk.N.ffn_{gate,up,down}.weight`, `blk.N.ffn_norm.weight`, `output_norm.weight`.
+// The LM head (`lm_head.weight`, `output.weight`) and a vision tower
+// (`visual.*`) are never declared. llama.cpp's converter does not permute
+// Qwen2/Qwen3's q and k rows (it does for llama) and llama.cpp rotates them
+// in the NeoX layout, as HF does, so one graph serves both namings. A file
+// whose llama.cpp names come with a GGUF `general.architecture` other than
+// qwen3 is an error naming that architecture.
+//
+// The computation (HF modeling_qwen3; training/reference/qwen3.py), per
+// layer: h = RMSNorm(x); q, k, v projections (no biases), q with `heads` and
+// k, v with `kv_heads` heads of head_dim; RMSNorm of each q and k head over
+// head_dim (q_norm, k_norm) before the rotary embedding; rope in the NeoX
+// layout (pairs i and i + head_dim / 2) over the whole head with base theta;
+// scores q.k / sqrt(head_dim) plus the additive causal mask, softmax, each
+// group of heads / kv_heads query heads sharing one K/V head (HF's
+// repeat_kv: query head h reads K/V head h / (heads / kv_heads)); o
+// projection; residual; h = RMSNorm(x); x + down(silu(gate h) * up h). A
+// final RMSNorm (model.norm) on request.
+//
+// Precision: the residual stream is F32 throughout (Qwen models have a few
+// very large activations in it), and the products whose outputs can be large
+// (o, gate, up, down, the scores and the attention output) ask for F32
+// precision (ggml_prec_set_acc), as in t5_encoder.h.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "io/model_file.h"
+#include "runtime/module_weights.h"
+#include "util/result.h"
+
+namespace kiln::models {
+
+struct LlmConfig {
+    enum class Arch { Qwen3 };
+    enum class Naming { HuggingFace, LlamaCpp };
+    Arch arch = Arch::Qwen3;
+    Naming naming = Naming::HuggingFace;
+    int64_t vocab = 0;
+    int64_t width = 0;   // hidden size
+    int64_t layers = 0;  // in the file (LlmEncoder::declared_layers() may be fewer)
+    int64_t heads = 0;
+    int64_t kv_heads = 0;  // heads is a multiple of it (grouped-query attention)
+    int64_t head_dim = 0;  // heads * head_dim need not be width
+    int64_t ffn = 0;       // feed-forward width
+    float rope_theta = 1e6f;
+    float norm_eps = 1e-6f;
+    bool qk_norm = true;    // RMSNorm of each q and k head before rope (Qwen3)
+    bool qkv_bias = false;  // q, k and v projections with biases (Qwen2.5; no architecture sets it yet)
+
+    // llama.cpp's name: "qwen3", the GGUF metadata keys' prefix.
+    std::string arch_name() const;
+};
+
+struct LlmOptions {
+    // Run the first `layers` decoder layers (0: all declared ones); the
+    // output is the last one's. At most LlmEncoder::declared_layers().
+    int layers = 0;
+    // Apply the final RMSNorm to the output; only when every layer of the
+    // file runs (HF's last hidden state). Asserted.
+    bool final_norm = false;
+    // Required. I32 ne [n]: the positions 0..n-1 (rope's), a host input.
+    ggml_tensor* positions = nullptr;
+    // Required. F32 ne [n keys, n queries] (or [n, n, 1, batch] for masks
+    // that differ per prompt): added to the scaled scores of every head;
+    // llm_causal_mask(n) for one unpadded prompt, a host input.
+    ggml_tensor* mask = nullptr;
+};
+
+// n * n values, element [q * n + k] (ggml ne [n keys, n queries]): 0 for
+// k <= q, -inf for keys after the query.
+std::vector<float> llm_causal_mask(int64_t n);
+
+class LlmEncoder {
+  public:
+    // Whether `prefix` holds a decoder this class reads, in either naming:
+    // layer 0's q projection (`model.layers.0.self_attn.q_proj.weight` or
+    // `blk.0.attn_q.weight`) with layer 0's q_norm, or, for llama.cpp's
+    // names, GGUF `general.architecture` qwen3. Says nothing about whether
+    // the rest is complete (create() does).
+    static bool looks_like_llm(const io::ModelFile& file, const std::string& prefix);
+
+    // Reads the configuration from the tensors and metadata under `prefix`
+    // and declares the weights. `used_layers` > 0 declares only the first
+    // `used_layers` layers, and the final norm only when that is all of
+    // them (a caller that reads an inner layer never loads the rest).
+    // Errors (BadFile unless said): no LLM there (naming the tensors looked
+    // for), an unsupported GGUF architecture or a decoder without QK norm,
+    // sizes that do not divide (naming the tensor), metadata that disagrees
+    // with the tensors or is not a usable number (naming the key);
+    // InvalidRequest: used_layers negative or more than the file has. A
+    // wrong shape or a missing tensor further on is reported by
+    // weights().load(), naming the tensor.
+    static Result<std::unique_ptr<LlmEncoder>> create(const io::ModelFile& file, const std::string& prefix,
+                                                      std::optional<ggml_type> weight_type, int used_layers = 0);
+
+    const LlmConfig& config() const { return config_; }
+    // The layers declared (and runnable): config().layers or create()'s used_layers.
+    int64_t declared_layers() const { return static_cast<int64_t>(layers_.size()); }
+    runtime::ModuleWeights& weights() { return *weights_; }
+    const runtime::ModuleWeights& weights() const { return *weights_; }
+
+    // tokens: I32 ne [n, batch]. Returns F32 ne [width, n, batch]: the output
+    // of layer options.layers - 1, final-normed on request. Cut markers
+    // "llm.layers.<i>" after every layer. Missing or wrongly sized positions
+    // or mask, too many layers, or a final norm that was not declared are a
+    // caller's bug (asserted). Compute memory: the scores are n * n * heads *
+    // batch floats per layer.
+    ggml_tensor* encode(ggml_context* ctx, ggml_tensor* tokens, const LlmOptions& options) const;
+
+  private:
+    struct Layer;
+    LlmEncoder() = default;
+    void declare(int64_t used_layers);
+    ggml_tensor* self_attention(ggml_context* ctx, const Layer& layer, ggml_tensor* h, const LlmOptions& options) const;
+
+    LlmConfig config_;
+    std::unique_ptr<runtime::ModuleWeights> weights_;
+    ggml_tensor* token_embedding_ = nullptr;  // ne [width, vocab]
+    std::vector<std::shared_ptr<Layer>> layers_;
+    ggml_tensor* final_norm_ = nullptr;  // null unless every layer is declared
+};
+
+}  // namespace kiln::models
