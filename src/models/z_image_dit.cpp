@@ -1,0 +1,612 @@
+#include "models/z_image_dit.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <sstream>
+
+#include "nn/attention.h"
+#include "nn/layers.h"
+
+namespace kiln::models {
+namespace {
+
+constexpr float kFinalNormEps = 1e-6f;  // the final layer's LayerNorm
+constexpr float kTimeScale = 1000.0f;   // t_scale: the embedder sees (1 - sigma) * 1000
+constexpr int kMaxPeriod = 10000;
+
+// One transformer block: a noise refiner, a context refiner (no adaLN) or a
+// main layer.
+struct Block {
+    nn::Linear qkv;               // single-file names: q, k, v rows stacked; null weight when split
+    nn::Linear to_q, to_k, to_v;  // diffusers names
+    nn::Linear out;
+    ggml_tensor* q_norm = nullptr;  // [head_dim]
+    ggml_tensor* k_norm = nullptr;
+    ggml_tensor* attention_norm1 = nullptr;  // [dim]
+    ggml_tensor* attention_norm2 = nullptr;
+    ggml_tensor* ffn_norm1 = nullptr;
+    ggml_tensor* ffn_norm2 = nullptr;
+    nn::Linear w1, w2, w3;
+    nn::Linear ada;  // adaLN_modulation.0; null weight in a context refiner
+};
+
+// Rows [first, first + count) of a linear layer (its weight's rows).
+nn::Linear rows(ggml_context* ctx, const nn::Linear& l, int64_t first, int64_t count) {
+    nn::Linear part;
+    part.weight = ggml_view_2d(ctx, l.weight, l.weight->ne[0], count, l.weight->nb[1], first * l.weight->nb[1]);
+    if (l.bias) part.bias = ggml_view_1d(ctx, l.bias, count, first * l.bias->nb[0]);
+    return part;
+}
+
+// The file's name for a single-file name: itself, or the original's /
+// diffusers' (attention.qkv is split, so it is handled by the caller).
+class Naming {
+  public:
+    Naming(bool diffusers, int patch) : diffusers_(diffusers), embedder_suffix_(std::to_string(patch) + "-1.") {}
+    // A full name or a layer's stem (without ".weight").
+    std::string operator()(const std::string& name) const {
+        if (!diffusers_) return name;
+        std::string n = name + ".";  // every part ends in a dot
+        if (n.rfind("x_embedder.", 0) == 0) n = "all_x_embedder." + embedder_suffix_ + n.substr(11);
+        if (n.rfind("final_layer.", 0) == 0) n = "all_final_layer." + embedder_suffix_ + n.substr(12);
+        for (auto [from, to] : {std::pair{".attention.out.", ".attention.to_out.0."},
+                                std::pair{".attention.q_norm.", ".attention.norm_q."},
+                                std::pair{".attention.k_norm.", ".attention.norm_k."}}) {
+            const size_t at = n.find(from);
+            if (at != std::string::npos) n.replace(at, std::string(from).size(), to);
+        }
+        return n.substr(0, n.size() - 1);
+    }
+
+  private:
+    bool diffusers_;
+    std::string embedder_suffix_;
+};
+
+Result<std::vector<int>> parse_axes(const std::string& text) {
+    std::vector<int> axes;
+    std::stringstream in(text);
+    std::string part;
+    while (std::getline(in, part, ',')) {
+        char* end = nullptr;
+        const long v = std::strtol(part.c_str(), &end, 10);
+        if (part.empty() || *end != '\0' || v <= 0 || v > 4096 || v % 2 != 0) {
+            return Error::bad_file("metadata kiln.z_image.axes_dim is '" + text +
+                                   "', expected three even positive sizes like 32,48,48");
+        }
+        axes.push_back(static_cast<int>(v));
+    }
+    return axes;
+}
+
+std::string ne_string(const ggml_tensor* t) {
+    std::string s = "[";
+    for (int i = 0; i < ggml_n_dims(t); ++i) s += (i ? ", " : "") + std::to_string(t->ne[i]);
+    return s + "]";
+}
+
+std::string ne_string(const std::vector<int64_t>& ne) {
+    std::string s = "[";
+    for (size_t i = 0; i < ne.size(); ++i) s += (i ? ", " : "") + std::to_string(ne[i]);
+    return s + "]";
+}
+
+bool has_ne(const ggml_tensor* t, const std::vector<int64_t>& ne) {
+    for (int i = 0; i < GGML_MAX_DIMS; ++i) {
+        if (t->ne[i] != (i < static_cast<int>(ne.size()) ? ne[i] : 1)) return false;
+    }
+    return true;
+}
+
+// Shapes from the sizes build() sees.
+std::vector<int64_t> rope_shape(const ZImageConfig& c, int64_t image_tokens, int64_t txt_tokens, int64_t batch) {
+    return {c.head_dim, z_image_padded(image_tokens) + z_image_padded(txt_tokens), batch, 2};
+}
+std::vector<int64_t> cap_pad_shape(int64_t txt_tokens, int64_t batch) { return {z_image_padded(txt_tokens), batch}; }
+std::vector<int64_t> mask_shape(int64_t image_tokens, int64_t txt_tokens, int64_t batch) {
+    return {z_image_padded(image_tokens) + z_image_padded(txt_tokens), batch};
+}
+
+// "c (h ph) (w pw) -> (h w) (ph pw c)": ne [W, H, C, B] -> [C p p, (H/p)(W/p), B],
+// the channel fastest in a token's features.
+ggml_tensor* patchify(ggml_context* ctx, ggml_tensor* x, int p) {
+    const int64_t W = x->ne[0], H = x->ne[1], C = x->ne[2], B = x->ne[3];
+    const int64_t w = W / p, h = H / p;
+    // [pw, col, ph, (row, C, B)] -> [pw, ph, col, (row, C, B)]
+    x = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_4d(ctx, x, p, w, p, h * C * B), 0, 2, 1, 3));
+    // [(pw ph), (col row), C, B] -> [C, (pw ph), (col row), B]
+    x = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_4d(ctx, x, p * p, w * h, C, B), 1, 2, 0, 3));
+    return ggml_reshape_3d(ctx, x, C * p * p, w * h, B);
+}
+
+// The inverse: ne [C p p, h w, B] -> [w p, h p, C, B].
+ggml_tensor* unpatchify(ggml_context* ctx, ggml_tensor* x, int64_t w, int64_t h, int p) {
+    const int64_t C = x->ne[0] / (p * p), B = x->ne[2];
+    // [C, (pw ph), (col row), B] -> [(pw ph), (col row), C, B]
+    x = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_4d(ctx, x, C, p * p, w * h, B), 2, 0, 1, 3));
+    // [pw, ph, col, (row, C, B)] -> [pw, col, ph, (row, C, B)]
+    x = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_4d(ctx, x, p, p, w, h * C * B), 0, 2, 1, 3));
+    return ggml_reshape_4d(ctx, x, w * p, h * p, C, B);
+}
+
+// Tokens [first, first + count) of ne [dim, L, B], contiguous. Named: ggml
+// names a view after its source ("cut:layers.0 (view)"), which would read as
+// another cut marker.
+ggml_tensor* tokens(ggml_context* ctx, ggml_tensor* x, int64_t first, int64_t count) {
+    ggml_tensor* v = ggml_view_3d(ctx, x, x->ne[0], count, x->ne[2], x->nb[1], x->nb[2], first * x->nb[1]);
+    ggml_set_name(v, "tokens");
+    if (ggml_is_contiguous(v)) return v;
+    return ggml_set_name(ggml_cont(ctx, v), "tokens");
+}
+
+// RMSNorm over ne0 with weight `w`.
+ggml_tensor* rms_norm(ggml_context* ctx, ggml_tensor* x, ggml_tensor* w, float eps) {
+    return ggml_mul(ctx, ggml_rms_norm(ctx, x, eps), w);
+}
+
+// [dim, L, B] -> RMSNorm over each head: ne [head_dim, heads, L, B].
+ggml_tensor* head_norm(ggml_context* ctx, ggml_tensor* x, ggml_tensor* w, int64_t heads, float eps) {
+    x = ggml_reshape_4d(ctx, x, x->ne[0] / heads, heads, x->ne[1], x->ne[2]);
+    return rms_norm(ctx, x, w, eps);
+}
+
+// x ne [head_dim, heads, L, B] (contiguous) rotated by the table's planes
+// (each ne [head_dim, 1, L, B]): x * cos + swap_pairs(x) * signed sin.
+// Returns ne [heads * head_dim, L, B].
+ggml_tensor* apply_rope(ggml_context* ctx, ggml_tensor* x, ggml_tensor* cos, ggml_tensor* sin) {
+    const int64_t D = x->ne[0], H = x->ne[1], L = x->ne[2], B = x->ne[3];
+    ggml_tensor* pairs = ggml_reshape_4d(ctx, x, 2, D / 2, H, L * B);
+    auto element = [&](int i) {  // element i of every pair: ne [1, D/2, H, L*B]
+        return ggml_view_4d(ctx, pairs, 1, D / 2, H, L * B, pairs->nb[1], pairs->nb[2], pairs->nb[3], i * pairs->nb[0]);
+    };
+    ggml_tensor* swapped = ggml_reshape_4d(ctx, ggml_concat(ctx, element(1), element(0), 0), D, H, L, B);
+    ggml_tensor* out = ggml_add(ctx, ggml_mul(ctx, x, cos), ggml_mul(ctx, swapped, sin));
+    return ggml_reshape_3d(ctx, out, D * H, L, B);
+}
+
+// What one run of blocks over the same tokens shares.
+struct Span {
+    ggml_tensor* cos = nullptr;  // rope planes, ne [head_dim, 1, L, B]
+    ggml_tensor* sin = nullptr;
+    nn::AttentionOptions attn;
+};
+
+// The four modulation vectors of a modulated block, each ne [dim, 1, B]:
+// 1 + scale_msa, tanh(gate_msa), 1 + scale_mlp, tanh(gate_mlp).
+struct Mod {
+    ggml_tensor* scale1_msa = nullptr;
+    ggml_tensor* gate_msa = nullptr;
+    ggml_tensor* scale1_mlp = nullptr;
+    ggml_tensor* gate_mlp = nullptr;
+};
+
+Mod modulation(ggml_context* ctx, const nn::Linear& ada, ggml_tensor* t_emb) {
+    ggml_tensor* m = nn::linear(ctx, ada, t_emb);  // [4 dim, B]
+    const int64_t dim = m->ne[0] / 4, B = m->ne[1];
+    // [dim, B, 4]: chunk k of every batch entry contiguous.
+    ggml_tensor* table = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_3d(ctx, m, dim, 4, B), 0, 2, 1, 3));
+    auto chunk = [&](int k) {
+        return ggml_view_3d(ctx, table, dim, 1, B, table->nb[1], table->nb[1], k * table->nb[2]);
+    };
+    return {ggml_scale_bias(ctx, chunk(0), 1.0f, 1.0f), ggml_tanh(ctx, chunk(1)),
+            ggml_scale_bias(ctx, chunk(2), 1.0f, 1.0f), ggml_tanh(ctx, chunk(3))};
+}
+
+struct Shared {
+    int64_t heads = 1;
+    float eps = 1e-5f;
+};
+
+ggml_tensor* attention(ggml_context* ctx, const Shared& s, const Span& span, const Block& b, ggml_tensor* x) {
+    const int64_t dim = x->ne[0];
+    auto project = [&](int i, const nn::Linear& split) {
+        return nn::linear(ctx, b.qkv.weight ? rows(ctx, b.qkv, i * dim, dim) : split, x);
+    };
+    ggml_tensor* q = head_norm(ctx, project(0, b.to_q), b.q_norm, s.heads, s.eps);
+    ggml_tensor* k = head_norm(ctx, project(1, b.to_k), b.k_norm, s.heads, s.eps);
+    ggml_tensor* v = project(2, b.to_v);
+    ggml_tensor* a = nn::attention(ctx, apply_rope(ctx, q, span.cos, span.sin), apply_rope(ctx, k, span.cos, span.sin),
+                                   v, span.attn);
+    return nn::linear(ctx, b.out, a);
+}
+
+// w2(silu(w1 x) * w3 x)
+ggml_tensor* feed_forward(ggml_context* ctx, const Block& b, ggml_tensor* x) {
+    return nn::linear(ctx, b.w2, ggml_mul(ctx, ggml_silu(ctx, nn::linear(ctx, b.w1, x)), nn::linear(ctx, b.w3, x)));
+}
+
+// One block on x ne [dim, L, B]; `mod` null for a context refiner.
+ggml_tensor* block(ggml_context* ctx, const Shared& s, const Span& span, const Block& b, ggml_tensor* x,
+                   const Mod* mod) {
+    ggml_tensor* h = rms_norm(ctx, x, b.attention_norm1, s.eps);
+    if (mod) h = ggml_mul(ctx, h, mod->scale1_msa);
+    ggml_tensor* a = rms_norm(ctx, attention(ctx, s, span, b, h), b.attention_norm2, s.eps);
+    x = ggml_add(ctx, x, mod ? ggml_mul(ctx, a, mod->gate_msa) : a);
+    h = rms_norm(ctx, x, b.ffn_norm1, s.eps);
+    if (mod) h = ggml_mul(ctx, h, mod->scale1_mlp);
+    ggml_tensor* f = rms_norm(ctx, feed_forward(ctx, b, h), b.ffn_norm2, s.eps);
+    return ggml_add(ctx, x, mod ? ggml_mul(ctx, f, mod->gate_mlp) : f);
+}
+
+// `count` copies of a pad token (ne [dim] or [dim, 1]) per batch entry: ne [dim, count, B].
+ggml_tensor* pad_tokens(ggml_context* ctx, ggml_tensor* token, int64_t count, int64_t B) {
+    return ggml_repeat_4d(ctx, token, token->ne[0], count, B, 1);
+}
+
+// An additive mask over the keys ne [Nk, B] (a contiguous view or tensor),
+// expanded for every query: ne [Nk, Nk, 1, B].
+ggml_tensor* expand_mask(ggml_context* ctx, ggml_tensor* keys) {
+    const int64_t n = keys->ne[0], B = keys->ne[1];
+    return ggml_repeat_4d(ctx, ggml_reshape_4d(ctx, keys, n, 1, 1, B), n, n, 1, B);
+}
+
+}  // namespace
+
+int64_t z_image_padded(int64_t tokens) {
+    return (tokens + kZImageSeqMultiple - 1) / kZImageSeqMultiple * kZImageSeqMultiple;
+}
+
+bool ZImageTokens::needs_mask() const {
+    for (int64_t l : caption_lengths) {
+        if (z_image_padded(l) != caption_slots()) return true;
+    }
+    return false;
+}
+
+Result<ZImageTokens> z_image_tokens(const ZImageConfig& c, int64_t latent_w, int64_t latent_h, int64_t txt_tokens,
+                                    std::vector<int64_t> caption_lengths) {
+    auto fail = [](const std::string& message) { return Error::invalid_request("Z-Image: " + message); };
+    if (latent_w < c.patch || latent_h < c.patch || latent_w % c.patch != 0 || latent_h % c.patch != 0) {
+        return fail("latent size " + std::to_string(latent_w) + "x" + std::to_string(latent_h) +
+                    " is not a positive multiple of " + std::to_string(c.patch));
+    }
+    if (caption_lengths.empty()) return fail("no caption lengths (one per batch item)");
+    for (int64_t l : caption_lengths) {
+        if (l < 1 || l > txt_tokens) {
+            return fail("caption length " + std::to_string(l) + " is outside 1.." + std::to_string(txt_tokens) +
+                        " (the context's tokens)");
+        }
+    }
+    ZImageTokens t;
+    t.grid_w = latent_w / c.patch;
+    t.grid_h = latent_h / c.patch;
+    t.txt_tokens = txt_tokens;
+    t.caption_lengths = std::move(caption_lengths);
+    return t;
+}
+
+std::vector<int64_t> z_image_rope_shape(const ZImageConfig& c, const ZImageTokens& t) {
+    return rope_shape(c, t.grid_w * t.grid_h, t.txt_tokens, t.batch());
+}
+
+std::vector<float> z_image_rope_table(const ZImageConfig& c, const ZImageTokens& t) {
+    const int64_t D = c.head_dim, S = t.slots(), B = t.batch();
+    const int64_t Np = t.image_slots(), n_image = t.grid_w * t.grid_h;
+    std::vector<float> table(static_cast<size_t>(2 * D * S * B), 0.0f);
+    // Per axis, the frequencies of its pairs.
+    std::vector<std::pair<size_t, double>> pairs;  // (axis, omega)
+    for (size_t axis = 0; axis < c.axes_dim.size(); ++axis) {
+        const int dim = c.axes_dim[axis];
+        for (int j = 0; j < dim / 2; ++j)
+            pairs.emplace_back(axis, std::pow(static_cast<double>(c.theta), -2.0 * j / dim));
+    }
+    auto fill = [&](int64_t b, int64_t slot, const std::array<int64_t, 3>& pos) {
+        float* cos_row = table.data() + (b * S + slot) * D;
+        float* sin_row = cos_row + D * S * B;
+        for (size_t j = 0; j < pairs.size() && static_cast<int64_t>(2 * j + 1) < D; ++j) {
+            // The original rounds the angle to float32 (precompute_freqs_cis' .float()).
+            const float angle = static_cast<float>(static_cast<double>(pos[pairs[j].first]) * pairs[j].second);
+            const float cs = static_cast<float>(std::cos(static_cast<double>(angle)));
+            const float sn = static_cast<float>(std::sin(static_cast<double>(angle)));
+            cos_row[2 * j] = cs;
+            cos_row[2 * j + 1] = cs;
+            sin_row[2 * j] = -sn;
+            sin_row[2 * j + 1] = sn;
+        }
+    };
+    for (int64_t b = 0; b < B; ++b) {
+        const int64_t lp = z_image_padded(t.caption_lengths[static_cast<size_t>(b)]);
+        for (int64_t i = 0; i < Np; ++i) {
+            if (i < n_image) {
+                fill(b, i, {lp + 1, i / t.grid_w, i % t.grid_w});
+            } else {
+                fill(b, i, {0, 0, 0});
+            }
+        }
+        for (int64_t i = 0; i < lp; ++i) fill(b, Np + i, {i + 1, 0, 0});
+        // Batch padding (slots lp..Tp) stays zero.
+    }
+    return table;
+}
+
+std::vector<int64_t> z_image_caption_pad_shape(const ZImageTokens& t) { return cap_pad_shape(t.txt_tokens, t.batch()); }
+
+std::vector<float> z_image_caption_pad(const ZImageTokens& t) {
+    const int64_t Tp = t.caption_slots();
+    std::vector<float> pad;
+    pad.reserve(static_cast<size_t>(Tp * t.batch()));
+    for (int64_t l : t.caption_lengths) {
+        for (int64_t i = 0; i < Tp; ++i) pad.push_back(i < l ? 0.0f : 1.0f);
+    }
+    return pad;
+}
+
+std::vector<int64_t> z_image_attention_mask_shape(const ZImageTokens& t) {
+    return mask_shape(t.grid_w * t.grid_h, t.txt_tokens, t.batch());
+}
+
+std::vector<float> z_image_attention_mask(const ZImageTokens& t) {
+    const int64_t Np = t.image_slots(), Tp = t.caption_slots();
+    std::vector<float> mask;
+    mask.reserve(static_cast<size_t>((Np + Tp) * t.batch()));
+    for (int64_t l : t.caption_lengths) {
+        mask.insert(mask.end(), static_cast<size_t>(Np), 0.0f);
+        const int64_t lp = z_image_padded(l);
+        for (int64_t i = 0; i < Tp; ++i) mask.push_back(i < lp ? 0.0f : -INFINITY);
+    }
+    return mask;
+}
+
+struct ZImageDit::Blocks {
+    nn::Linear x_embedder, t_in, t_out, cap_in, final_linear, final_mod;
+    ggml_tensor* cap_norm = nullptr;
+    ggml_tensor* x_pad_token = nullptr;
+    ggml_tensor* cap_pad_token = nullptr;
+    std::vector<Block> noise_refiner, context_refiner, layers;
+};
+
+ZImageDit::ZImageDit() = default;
+ZImageDit::~ZImageDit() = default;
+
+bool ZImageDit::looks_like_z_image(const io::ModelFile& file, const std::string& prefix) {
+    auto has = [&](const std::string& name) { return file.find(prefix + name) != nullptr; };
+    return (has("x_embedder.weight") || has("all_x_embedder.2-1.weight")) && has("cap_embedder.1.weight") &&
+           has("x_pad_token") && has("cap_pad_token") && has("layers.0.adaLN_modulation.0.weight");
+}
+
+Result<std::unique_ptr<ZImageDit>> ZImageDit::create(const io::ModelFile& file, const std::string& prefix,
+                                                     std::optional<ggml_type> weight_type) {
+    std::unique_ptr<ZImageDit> dit(new ZImageDit());
+    ZImageConfig& c = dit->config_;
+    c.diffusers_names = file.find(prefix + "all_x_embedder.2-1.weight") != nullptr;
+    const Naming names(c.diffusers_names, c.patch);
+    auto find = [&](const std::string& name) { return file.find(prefix + names(name)); };
+    auto shaped = [&](const std::string& name, size_t dims) -> const io::TensorInfo* {
+        const io::TensorInfo* t = find(name);
+        return t && t->shape.size() == dims ? t : nullptr;
+    };
+    const std::string where = "Z-Image DiT under '" + prefix + "'";
+    const io::TensorInfo* x_embedder = shaped("x_embedder.weight", 2);
+    const io::TensorInfo* cap_embedder = shaped("cap_embedder.1.weight", 2);
+    const io::TensorInfo* t_in = shaped("t_embedder.mlp.0.weight", 2);
+    const io::TensorInfo* t_out = shaped("t_embedder.mlp.2.weight", 2);
+    const io::TensorInfo* final_linear = shaped("final_layer.linear.weight", 2);
+    const io::TensorInfo* q_norm = shaped("layers.0.attention.q_norm.weight", 1);
+    const io::TensorInfo* w1 = shaped("layers.0.feed_forward.w1.weight", 2);
+    if (!x_embedder || !cap_embedder || !t_in || !t_out || !final_linear || !q_norm || !w1 || !find("x_pad_token") ||
+        !find("cap_pad_token")) {
+        return Error::bad_file("no Z-Image DiT under '" + prefix +
+                               "' (x_embedder, cap_embedder, t_embedder, pad tokens, layers.0 or final_layer "
+                               "missing or malformed)");
+    }
+    c.dim = x_embedder->shape[0];
+    c.in_channels = x_embedder->shape[1];
+    c.out_channels = final_linear->shape[0];
+    c.cap_dim = cap_embedder->shape[1];
+    c.t_mid = t_in->shape[0];
+    c.t_freq_dim = t_in->shape[1];
+    c.t_embed_dim = t_out->shape[0];
+    c.ffn_hidden = w1->shape[0];
+    c.head_dim = q_norm->shape[0];
+    if (c.head_dim <= 0 || c.dim % c.head_dim != 0) {
+        return Error::bad_file(where + ": width " + std::to_string(c.dim) + " does not split into heads of " +
+                               std::to_string(c.head_dim));
+    }
+    c.heads = c.dim / c.head_dim;
+    const int64_t pp = static_cast<int64_t>(c.patch) * c.patch;
+    if (c.in_channels % pp != 0 || c.out_channels != c.in_channels) {
+        return Error::bad_file(where + ": x_embedder takes " + std::to_string(c.in_channels) +
+                               " and final_layer.linear gives " + std::to_string(c.out_channels) +
+                               ", expected equal multiples of " + std::to_string(pp));
+    }
+    if (c.t_freq_dim % 2 != 0 || t_out->shape[1] != c.t_mid) {
+        return Error::bad_file(where + ": t_embedder's layers do not chain (" + std::to_string(c.t_freq_dim) + " -> " +
+                               std::to_string(c.t_mid) + ", " + std::to_string(t_out->shape[1]) + " -> " +
+                               std::to_string(c.t_embed_dim) + ")");
+    }
+    auto count = [&](const std::string& stem) {
+        int n = 0;
+        while (find(stem + "." + std::to_string(n) + ".attention_norm1.weight")) ++n;
+        return n;
+    };
+    c.noise_refiner_layers = count("noise_refiner");
+    c.context_refiner_layers = count("context_refiner");
+    c.layers = count("layers");
+
+    if (file.metadata().count("kiln.z_image.axes_dim")) {
+        auto axes = parse_axes(file.metadata_string("kiln.z_image.axes_dim", ""));
+        if (!axes.ok()) return axes.error();
+        c.axes_dim = std::move(axes).value();
+    } else if (c.head_dim != 128) {
+        return Error::bad_file(where + ": heads of " + std::to_string(c.head_dim) +
+                               " need RoPE axes (Z-Image's are for 128); set metadata kiln.z_image.axes_dim");
+    }
+    int64_t axes_sum = 0;
+    for (int a : c.axes_dim) axes_sum += a;
+    if (c.axes_dim.size() != 3 || axes_sum != c.head_dim) {
+        return Error::bad_file(where + ": RoPE axes must be three and sum to the head width " +
+                               std::to_string(c.head_dim));
+    }
+
+    dit->weights_ = std::make_unique<runtime::ModuleWeights>(file, prefix, weight_type);
+    KILN_TRY(dit->declare());
+    return dit;
+}
+
+Status ZImageDit::declare() {
+    const ZImageConfig& c = config_;
+    runtime::ModuleWeights& w = *weights_;
+    blocks_ = std::make_unique<Blocks>();
+    Blocks& b = *blocks_;
+    const Naming names(c.diffusers_names, c.patch);
+    auto linear = [&](const std::string& stem, int64_t in, int64_t out, bool bias = true) {
+        return nn::declare_linear(w, names(stem), in, out, bias);
+    };
+    auto vector = [&](const std::string& name, int64_t n) { return w.require(names(name), {n}); };
+    // Pad tokens are [1, dim] in the released files; [dim] is accepted too.
+    auto token = [&](const std::string& name) {
+        const io::TensorInfo* info = w.info(name);
+        if (info && info->shape.size() == 1) return w.require_f32(name, {c.dim});
+        return w.require_f32(name, {1, c.dim});
+    };
+    b.x_embedder = linear("x_embedder", c.in_channels, c.dim);
+    b.t_in = linear("t_embedder.mlp.0", c.t_freq_dim, c.t_mid);
+    b.t_out = linear("t_embedder.mlp.2", c.t_mid, c.t_embed_dim);
+    b.cap_norm = vector("cap_embedder.0.weight", c.cap_dim);
+    b.cap_in = linear("cap_embedder.1", c.cap_dim, c.dim);
+    b.x_pad_token = token("x_pad_token");
+    b.cap_pad_token = token("cap_pad_token");
+    auto declare_block = [&](const std::string& stem, bool modulated) {
+        Block k;
+        const std::string p = stem + ".";
+        if (c.diffusers_names) {
+            k.to_q = linear(p + "attention.to_q", c.dim, c.dim, false);
+            k.to_k = linear(p + "attention.to_k", c.dim, c.dim, false);
+            k.to_v = linear(p + "attention.to_v", c.dim, c.dim, false);
+        } else {
+            k.qkv = linear(p + "attention.qkv", c.dim, 3 * c.dim, false);
+        }
+        k.out = linear(p + "attention.out", c.dim, c.dim, false);
+        k.q_norm = vector(p + "attention.q_norm.weight", c.head_dim);
+        k.k_norm = vector(p + "attention.k_norm.weight", c.head_dim);
+        k.attention_norm1 = vector(p + "attention_norm1.weight", c.dim);
+        k.attention_norm2 = vector(p + "attention_norm2.weight", c.dim);
+        k.ffn_norm1 = vector(p + "ffn_norm1.weight", c.dim);
+        k.ffn_norm2 = vector(p + "ffn_norm2.weight", c.dim);
+        k.w1 = linear(p + "feed_forward.w1", c.dim, c.ffn_hidden, false);
+        k.w2 = linear(p + "feed_forward.w2", c.ffn_hidden, c.dim, false);
+        k.w3 = linear(p + "feed_forward.w3", c.dim, c.ffn_hidden, false);
+        if (modulated) k.ada = linear(p + "adaLN_modulation.0", c.t_embed_dim, 4 * c.dim);
+        return k;
+    };
+    for (int i = 0; i < c.noise_refiner_layers; ++i)
+        b.noise_refiner.push_back(declare_block("noise_refiner." + std::to_string(i), true));
+    for (int i = 0; i < c.context_refiner_layers; ++i)
+        b.context_refiner.push_back(declare_block("context_refiner." + std::to_string(i), false));
+    for (int i = 0; i < c.layers; ++i) b.layers.push_back(declare_block("layers." + std::to_string(i), true));
+    b.final_linear = linear("final_layer.linear", c.dim, c.out_channels);
+    b.final_mod = linear("final_layer.adaLN_modulation.1", c.t_embed_dim, c.dim);
+    return Status::Ok();
+}
+
+Result<ggml_tensor*> ZImageDit::build(ggml_context* ctx, const ZImageInputs& in,
+                                      const ZImageBuildOptions& options) const {
+    const ZImageConfig& c = config_;
+    const Blocks& b = *blocks_;
+    auto fail = [](const std::string& message) { return Error::invalid_request("Z-Image: " + message); };
+    if (!in.x || !in.timesteps || !in.context || !in.rope || !in.cap_pad) {
+        return fail("x, timesteps, context, rope and cap_pad are required");
+    }
+    const int64_t B = in.x->ne[3];
+    if (in.x->ne[2] != c.latent_channels()) {
+        return fail("x has " + std::to_string(in.x->ne[2]) + " channels, the network takes " +
+                    std::to_string(c.latent_channels()));
+    }
+    if (in.x->ne[0] % c.patch != 0 || in.x->ne[1] % c.patch != 0) {
+        return fail("x size " + std::to_string(in.x->ne[0]) + "x" + std::to_string(in.x->ne[1]) +
+                    " is not a multiple of " + std::to_string(c.patch));
+    }
+    if (!has_ne(in.timesteps, {B}) || in.timesteps->type != GGML_TYPE_F32) {
+        return fail("timesteps must be F32 ne [" + std::to_string(B) + "]");
+    }
+    if (in.context->ne[0] != c.cap_dim) {
+        return fail("context is " + std::to_string(in.context->ne[0]) + " wide, the network takes " +
+                    std::to_string(c.cap_dim));
+    }
+    if (in.context->ne[1] < 1 || in.context->ne[2] != B || in.context->ne[3] != 1) {
+        return fail("context must be ne [" + std::to_string(c.cap_dim) + ", tokens, " + std::to_string(B) + "]");
+    }
+    const int64_t T = in.context->ne[1];
+    const int64_t gw = in.x->ne[0] / c.patch, gh = in.x->ne[1] / c.patch;
+    const int64_t N = gw * gh, Np = z_image_padded(N), Tp = z_image_padded(T);
+    auto check_table = [&](const ggml_tensor* t, const std::vector<int64_t>& ne, const std::string& name,
+                           const std::string& maker) -> Status {
+        if (t->type != GGML_TYPE_F32 || !has_ne(t, ne)) {
+            return fail(name + " is " + ne_string(t) + ", these tokens need F32 " + ne_string(ne) + " (" + maker + ")");
+        }
+        return Status::Ok();
+    };
+    KILN_TRY(check_table(in.rope, rope_shape(c, N, T, B), "rope", "z_image_rope_table"));
+    KILN_TRY(check_table(in.cap_pad, cap_pad_shape(T, B), "cap_pad", "z_image_caption_pad"));
+    if (in.mask) KILN_TRY(check_table(in.mask, mask_shape(N, T, B), "mask", "z_image_attention_mask"));
+
+    Shared s;
+    s.heads = c.heads;
+    s.eps = c.norm_eps;
+    // The rope planes of slots [first, first + n), each ne [head_dim, 1, n, B].
+    auto span = [&](int64_t first, int64_t n, ggml_tensor* mask) {
+        Span sp;
+        auto plane = [&](int k) {
+            return ggml_view_4d(ctx, in.rope, c.head_dim, 1, n, B, in.rope->nb[1], in.rope->nb[1], in.rope->nb[2],
+                                k * in.rope->nb[3] + first * in.rope->nb[1]);
+        };
+        sp.cos = plane(0);
+        sp.sin = plane(1);
+        sp.attn.heads = static_cast<int>(c.heads);
+        sp.attn.flash = options.flash_attention;
+        sp.attn.mask = mask;
+        return sp;
+    };
+
+    // t_emb = t_embedder(emb((1 - sigma) * 1000)), ne [t_embed_dim, B].
+    ggml_tensor* t = ggml_scale_bias(ctx, in.timesteps, -kTimeScale, kTimeScale);
+    ggml_tensor* t_freq = ggml_timestep_embedding(ctx, t, static_cast<int>(c.t_freq_dim), kMaxPeriod);
+    ggml_tensor* t_emb = nn::linear(ctx, b.t_out, ggml_silu(ctx, nn::linear(ctx, b.t_in, t_freq)));
+
+    // Image slots: embedded patches, then x_pad_token.
+    ggml_tensor* img = nn::linear(ctx, b.x_embedder, patchify(ctx, in.x, c.patch));  // [dim, N, B]
+    if (Np > N) img = ggml_concat(ctx, img, pad_tokens(ctx, b.x_pad_token, Np - N, B), 1);
+    const Span img_span = span(0, Np, nullptr);
+    for (size_t i = 0; i < b.noise_refiner.size(); ++i) {
+        const Mod mod = modulation(ctx, b.noise_refiner[i].ada, t_emb);
+        img =
+            nn::mark_cut(block(ctx, s, img_span, b.noise_refiner[i], img, &mod), "noise_refiner." + std::to_string(i));
+    }
+
+    // Caption slots: cap_embedder(context), cap_pad_token where cap_pad says.
+    ggml_tensor* cap = nn::linear(ctx, b.cap_in, rms_norm(ctx, in.context, b.cap_norm, c.norm_eps));  // [dim, T, B]
+    if (Tp > T) cap = ggml_concat(ctx, cap, pad_tokens(ctx, b.cap_pad_token, Tp - T, B), 1);
+    ggml_tensor* pad = ggml_reshape_3d(ctx, in.cap_pad, 1, Tp, B);
+    cap = ggml_add(ctx, ggml_mul(ctx, cap, ggml_scale_bias(ctx, pad, -1.0f, 1.0f)),
+                   ggml_mul(ctx, pad_tokens(ctx, b.cap_pad_token, Tp, B), pad));
+    ggml_tensor* cap_mask = nullptr;
+    ggml_tensor* mask = nullptr;
+    if (in.mask) {
+        ggml_tensor* cap_keys = ggml_view_2d(ctx, in.mask, Tp, B, in.mask->nb[1], Np * in.mask->nb[0]);
+        cap_mask = expand_mask(ctx, ggml_cont(ctx, cap_keys));
+    }
+    const Span cap_span = span(Np, Tp, cap_mask);
+    for (size_t i = 0; i < b.context_refiner.size(); ++i) {
+        cap = nn::mark_cut(block(ctx, s, cap_span, b.context_refiner[i], cap, nullptr),
+                           "context_refiner." + std::to_string(i));
+    }
+
+    // Main layers over every slot, image first.
+    if (in.mask) mask = expand_mask(ctx, in.mask);
+    const Span all_span = span(0, Np + Tp, mask);
+    ggml_tensor* x = ggml_concat(ctx, img, cap, 1);  // [dim, Np + Tp, B]
+    for (size_t i = 0; i < b.layers.size(); ++i) {
+        const Mod mod = modulation(ctx, b.layers[i].ada, t_emb);
+        x = nn::mark_cut(block(ctx, s, all_span, b.layers[i], x, &mod), "layers." + std::to_string(i));
+    }
+
+    // Final layer on the image's tokens: LayerNorm * (1 + scale), linear; negated.
+    ggml_tensor* scale = nn::linear(ctx, b.final_mod, ggml_silu(ctx, t_emb));  // [dim, B]
+    scale = ggml_scale_bias(ctx, ggml_reshape_3d(ctx, scale, c.dim, 1, B), 1.0f, 1.0f);
+    ggml_tensor* out = ggml_mul(ctx, ggml_norm(ctx, tokens(ctx, x, 0, N), kFinalNormEps), scale);
+    out = nn::linear(ctx, b.final_linear, out);  // [C p p, N, B]
+    return ggml_scale(ctx, unpatchify(ctx, out, gw, gh, c.patch), -1.0f);
+}
+
+}  // namespace kiln::models
