@@ -61,7 +61,8 @@ typedef struct {
     const char* clip_l_path;          /* --clip_l, or NULL */
     const char* clip_g_path;          /* --clip_g (SDXL's OpenCLIP ViT-bigG), or NULL */
     const char* t5xxl_path;           /* --t5xxl (Flux's and Chroma's T5-XXL), or NULL */
-    /* --tokenizer: CLIP's tokenizer, or per encoder "t5xxl=PATH[,clip_l=PATH]"; NULL: the model's */
+    const char* llm_path;             /* --llm (Z-Image's Qwen3-4B), or NULL */
+    /* --tokenizer: CLIP's tokenizer, or per encoder "t5xxl=PATH,llm=PATH,clip_l=PATH"; NULL: the model's */
     const char* tokenizer_path;
     const char* embeddings_dir;       /* --embd-dir: textual-inversion embeddings, or NULL */
     const char* weight_type;          /* --type ("f32", "q8_0", ...), or NULL to keep the file's */

@@ -3,7 +3,7 @@
 # them. Not part of the normal build or CI.
 #
 #   scripts/fuzz.sh TARGET SECONDS    fuzz one target (safetensors, gguf, pickle, tokenizer,
-#                                     t5_tokenizer, prompt, a1111, args) for SECONDS
+#                                     t5_tokenizer, llm_tokenizer, prompt, a1111, args) for SECONDS
 #   scripts/fuzz.sh all SECONDS       each target in turn, SECONDS each
 #   scripts/fuzz.sh check             run the committed seeds and regressions once through each target
 #
@@ -29,10 +29,10 @@ build="${KILN_FUZZ_BUILD_DIR:-$root/build-fuzz}"
 jobs="${KILN_FUZZ_JOBS:-$(nproc 2>/dev/null || echo 2)}"
 max_len="${KILN_FUZZ_MAX_LEN:-65536}"
 stack_kb="${KILN_FUZZ_STACK_KB:-1024}"
-all_targets=(safetensors gguf pickle tokenizer t5_tokenizer prompt a1111 args)
+all_targets=(safetensors gguf pickle tokenizer t5_tokenizer llm_tokenizer prompt a1111 args)
 
 usage() {
-    echo "usage: $0 {safetensors|gguf|pickle|tokenizer|t5_tokenizer|prompt|a1111|args|all} SECONDS" >&2
+    echo "usage: $0 {safetensors|gguf|pickle|tokenizer|t5_tokenizer|llm_tokenizer|prompt|a1111|args|all} SECONDS" >&2
     echo "       $0 check" >&2
     exit 2
 }
@@ -42,7 +42,7 @@ mode="$1"
 seconds=""
 case "$mode" in
     check) [[ $# -eq 1 ]] || usage ;;
-    safetensors | gguf | pickle | tokenizer | t5_tokenizer | prompt | a1111 | args | all)
+    safetensors | gguf | pickle | tokenizer | t5_tokenizer | llm_tokenizer | prompt | a1111 | args | all)
         [[ $# -eq 2 && "$2" =~ ^[0-9]+$ && "$2" -gt 0 ]] || usage
         seconds="$2"
         ;;

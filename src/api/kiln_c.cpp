@@ -269,6 +269,7 @@ kiln_status kiln_context_create(const kiln_context_params* params, kiln_context*
         paths.clip_l = str(params->clip_l_path);
         paths.clip_g = str(params->clip_g_path);
         paths.t5xxl = str(params->t5xxl_path);
+        paths.llm = str(params->llm_path);
         paths.tokenizer = str(params->tokenizer_path);
         paths.embeddings = str(params->embeddings_dir);
         auto options = model_options(params);
@@ -468,8 +469,8 @@ kiln_status kiln_plan(kiln_context* ctx, const kiln_generation_params* params, c
         auto job = kiln::pipeline::validate_request(*ctx->model, *r);
         if (!job.ok()) return fail(error, job.error());
         const bool cfg = job->cfg != 1.0f;
-        auto forecast =
-            kiln::pipeline::forecast_job(*ctx->model, job->width, job->height, cfg, params->flash_attention != 0);
+        auto forecast = kiln::pipeline::forecast_job(*ctx->model, job->width, job->height, cfg,
+                                                     params->flash_attention != 0, &r->prompt);
         if (!forecast.ok()) return fail(error, forecast.error());
         *text = copy_string("job: " + std::to_string(job->width) + "x" + std::to_string(job->height) +
                             (cfg ? ", CFG batch of two\n" : "\n") +

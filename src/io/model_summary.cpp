@@ -26,6 +26,7 @@ constexpr ComponentRule kRules[] = {
     {"text_encoders.clip_l.", "clip_l", ComponentKind::TextEncoder},
     {"text_encoders.clip_g.", "clip_g", ComponentKind::TextEncoder},
     {"text_encoders.t5xxl.", "t5xxl", ComponentKind::TextEncoder},
+    {"text_encoders.qwen3_4b.", "qwen3_4b", ComponentKind::TextEncoder},
     // Diffusers folders (ModelFile prefixes each tensor with its subfolder).
     {"unet/", "unet", ComponentKind::DiffusionModel},
     {"transformer/", "transformer", ComponentKind::DiffusionModel},
@@ -45,6 +46,15 @@ const char* bare_component(std::string_view name, ComponentKind* kind) {
         *kind = ComponentKind::TextEncoder;
         return "text_encoder";
     }
+    // A decoder-only LLM: HF's Qwen3 (lm_head.* is part of the file, unused
+    // by kiln) or llama.cpp's GGUF names (T5's GGUF encoder too: enc.blk.).
+    if (starts_with(name, "model.embed_tokens.") || starts_with(name, "model.layers.") ||
+        starts_with(name, "model.norm.") || starts_with(name, "lm_head.") || starts_with(name, "token_embd.") ||
+        starts_with(name, "blk.") || starts_with(name, "enc.") || starts_with(name, "output_norm.") ||
+        starts_with(name, "output.")) {
+        *kind = ComponentKind::TextEncoder;
+        return "text_encoder";
+    }
     if (starts_with(name, "encoder.") || starts_with(name, "decoder.") || starts_with(name, "quant_conv") ||
         starts_with(name, "post_quant_conv")) {
         *kind = ComponentKind::Vae;
@@ -56,7 +66,12 @@ const char* bare_component(std::string_view name, ComponentKind* kind) {
         starts_with(name, "single_blocks.") || starts_with(name, "joint_blocks.") ||
         starts_with(name, "transformer_blocks.") || starts_with(name, "blocks.") || starts_with(name, "label_emb.") ||
         starts_with(name, "out.") || starts_with(name, "conv_in.") || starts_with(name, "conv_out.") ||
-        starts_with(name, "time_embedding.") || starts_with(name, "conv_norm_out.")) {
+        starts_with(name, "time_embedding.") || starts_with(name, "conv_norm_out.") ||
+        // Z-Image's DiT (single-file and diffusers names).
+        starts_with(name, "noise_refiner.") || starts_with(name, "context_refiner.") || starts_with(name, "layers.") ||
+        starts_with(name, "x_embedder.") || starts_with(name, "all_x_embedder.") ||
+        starts_with(name, "cap_embedder.") || starts_with(name, "t_embedder.") || starts_with(name, "final_layer.") ||
+        starts_with(name, "all_final_layer.") || name == "x_pad_token" || name == "cap_pad_token") {
         *kind = ComponentKind::DiffusionModel;
         return "diffusion_model";
     }

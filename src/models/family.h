@@ -21,11 +21,13 @@ namespace kiln::models {
 
 // The networks kiln can build (each a file pair under src/models/).
 enum class NetworkKind {
-    ClipText,  // models/clip_text: OpenAI CLIP and OpenCLIP text towers
-    Unet,      // models/unet: ldm / sgm UNetModel
-    Vae,       // models/vae: AutoencoderKL (SD's, Flux's)
-    T5,        // models/t5_encoder: T5 v1.1 encoder (T5-XXL)
-    FluxDit,   // models/flux_dit: Flux.1 / Chroma transformer
+    ClipText,   // models/clip_text: OpenAI CLIP and OpenCLIP text towers
+    Unet,       // models/unet: ldm / sgm UNetModel
+    Vae,        // models/vae: AutoencoderKL (SD's, Flux's)
+    T5,         // models/t5_encoder: T5 v1.1 encoder (T5-XXL)
+    FluxDit,    // models/flux_dit: Flux.1 / Chroma transformer
+    Llm,        // models/llm_encoder: decoder-only language model (Qwen3) as a text encoder
+    ZImageDit,  // models/z_image_dit: Z-Image's single-stream transformer
 };
 
 // The role a module plays; placement (--backend te=...,diffusion=...,vae=...)
@@ -75,6 +77,17 @@ struct TextEncoderUse {
     // sd-cli does by default), all but `mask_pad_tokens` pad tokens after EOS.
     bool mask_padding = false;
     int mask_pad_tokens = 1;
+    // LLM: the prompt is wrapped in the family's chat template, chat_prefix +
+    // prompt + chat_suffix, and encoded whole (no chunks, no padding, a
+    // causal mask); A1111 weights apply to the prompt's own tokens only, as
+    // sd-cli applies them. default_layer counts hidden states from the end
+    // as HF's hidden_states[-default_layer] does (2: the output of every
+    // layer but the last, without the final norm; Z-Image's).
+    std::string chat_prefix;
+    std::string chat_suffix;
+    // LLM: the prompt length (template included) kiln plan assumes; a job
+    // runs with its prompt's own length.
+    int plan_tokens = 0;
 };
 
 struct Conditioning {
@@ -112,6 +125,10 @@ struct Schedule {
     // (Flux-dev: 0.5 at 256 tokens, 1.15 at 4096).
     float flow_mu = 0.0f;
     bool resolution_shift = false;
+    // How --flow-shift reads, as sd-cli reads it per family: Flux's number
+    // is mu itself (its FluxFlowDenoiser), SD3's and Z-Image's the factor
+    // k = e^mu of s' = k s / (1 + (k - 1) s) (its DiscreteFlowDenoiser).
+    bool flow_shift_factor = false;
 };
 
 struct Defaults {

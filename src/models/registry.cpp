@@ -8,12 +8,14 @@
 #include "models/families/sd1.h"
 #include "models/families/sd2.h"
 #include "models/families/sdxl.h"
+#include "models/families/z_image.h"
 
 namespace kiln::models {
 
 const std::vector<const Family*>& families() {
     static const std::vector<const Family*> kFamilies = {
-        &sd1_family(), &sd2_family(), &sdxl_family(), &flux_dev_family(), &flux_schnell_family(), &chroma_family(),
+        &sd1_family(),          &sd2_family(),    &sdxl_family(),          &flux_dev_family(),
+        &flux_schnell_family(), &chroma_family(), &z_image_turbo_family(), &z_image_base_family(),
     };
     return kFamilies;
 }
@@ -24,6 +26,14 @@ namespace {
 std::string recognised_label(const FileSet& files) {
     if (files.any_name_contains("double_blocks.")) return "Flux (an unknown variant)";
     if (files.any_name_contains("joint_blocks.")) return "SD3";
+    // A text encoder alone (what --llm and --t5xxl take).
+    if (files.find_suffix("self_attn.q_norm.weight") || files.find_suffix("attn_q_norm.weight")) {
+        return "Qwen3 (an LLM text encoder)";
+    }
+    if (files.find_suffix("SelfAttention.relative_attention_bias.weight") ||
+        files.find_suffix("enc.blk.0.attn_rel_b.weight")) {
+        return "T5 (a text encoder)";
+    }
     if (files.find_suffix("input_blocks.0.0.weight")) return "UNet (unknown context width)";
     bool vae_only = false;
     for (const io::ModelFile* f : files.files) {

@@ -96,15 +96,54 @@ Result<EncodedChunks> encode_t5(const TextEncoder& encoder, const T5Tokenizer& t
     return out;
 }
 
+// An LLM's hidden states of the whole prompt under the family's chat
+// template, as sd-cli makes them: one sequence with a causal mask, then the
+// token weights applied to the rows with the mean restored.
+Result<EncodedChunks> encode_llm(const TextEncoder& encoder, const LlmTokenizer& tokenizer, const std::string& prompt) {
+    const models::TextEncoderUse& use = *encoder.use;
+    const LlmPrompt input = llm_prompt(tokenizer, use, prompt);
+    const auto length = static_cast<int64_t>(input.ids.size());
+    if (length > kMaxLlmTokens) {
+        return Error::invalid_request("the prompt is " + std::to_string(length) + " tokens under the " + use.module +
+                                      " chat template; at most " + std::to_string(kMaxLlmTokens) + " are encoded");
+    }
+    TextEncoderGraph g = build_text_encoder_graph(encoder, input.ids.data(), length, 1, use.default_layer);
+    KILN_TRY(g.session->run(*encoder.executor, g.out));
+    EncodedChunks out;
+    out.hidden = runtime::GraphSession::read(g.out);
+    out.length = length;
+    out.chunks = 1;
+    apply_token_weights(out.hidden.data(), static_cast<int>(length), static_cast<int>(encoder.width()),
+                        input.weights.data());
+    return out;
+}
+
 }  // namespace
+
+LlmPrompt llm_prompt(const LlmTokenizer& tokenizer, const models::TextEncoderUse& use, const std::string& prompt) {
+    LlmPrompt out;
+    auto append = [&](const std::string& text, float weight) {
+        const std::vector<int32_t> piece = tokenizer.encode(text);
+        out.ids.insert(out.ids.end(), piece.begin(), piece.end());
+        out.weights.insert(out.weights.end(), piece.size(), weight);
+    };
+    append(use.chat_prefix, 1.0f);
+    for (const auto& [text, weight] : parse_prompt_attention(prompt)) {
+        if (weight == kBreakWeight && text == "BREAK") continue;
+        append(text, weight);
+    }
+    append(use.chat_suffix, 1.0f);
+    return out;
+}
 
 Result<Conditioning> encode_prompt(Model& model, const std::string& prompt, int clip_skip) {
     Conditioning c;
     std::vector<std::vector<float>> parts;
     std::vector<int64_t> widths;
     for (const TextEncoder& encoder : model.text_encoders()) {
-        auto encoded = encoder.t5 ? encode_t5(encoder, model.t5_tokenizer(), prompt, &c.token_valid)
-                                  : encode_chunks(model, encoder, prompt, clip_skip);
+        auto encoded = encoder.t5    ? encode_t5(encoder, model.t5_tokenizer(), prompt, &c.token_valid)
+                       : encoder.llm ? encode_llm(encoder, model.llm_tokenizer(), prompt)
+                                     : encode_chunks(model, encoder, prompt, clip_skip);
         if (!encoded.ok()) return encoded.error();
         if (!encoded->pooled.empty()) c.pooled = std::move(encoded->pooled);
         if (!encoder.use->context) continue;  // Flux's CLIP-L: the pooled vector only

@@ -3,7 +3,8 @@
 // chunk encoded separately, token weights applied with the mean restored,
 // chunks concatenated along the token axis. T5 (Flux, Chroma) reads the
 // prompt as plain text in one sequence of the family's fixed length, as BFL's
-// reference does.
+// reference does. An LLM (Z-Image's Qwen3) reads the whole prompt in its
+// chat template as one sequence of the prompt's own length.
 #pragma once
 
 #include <string>
@@ -13,6 +14,10 @@
 #include "util/result.h"
 
 namespace kiln::pipeline {
+
+// The longest prompt an LLM encodes, template included: its attention is
+// tokens^2 per head, and Z-Image's DiT attends over these tokens too.
+constexpr int64_t kMaxLlmTokens = 4096;
 
 struct Conditioning {
     // tokens rows of `width` floats: every text encoder of the family's
@@ -31,9 +36,20 @@ struct Conditioning {
     std::vector<float> token_valid;
 };
 
+// An LLM's input for `prompt`: the family's chat template around it, the
+// template's text at weight 1, the prompt's A1111 fragments each tokenized on
+// its own (so the ids match sd-cli's where weights split the text). A BREAK
+// has no meaning without chunks and is dropped.
+struct LlmPrompt {
+    std::vector<int32_t> ids;
+    std::vector<float> weights;  // per token
+};
+LlmPrompt llm_prompt(const LlmTokenizer& tokenizer, const models::TextEncoderUse& use, const std::string& prompt);
+
 // Encodes `prompt` with every text encoder of the model's family, each at
 // layer `clip_skip` from the end (<= 0: the family's default), in as many
-// 77-token chunks as the prompt takes.
+// 77-token chunks as the prompt takes (CLIP); T5 and LLM encoders ignore
+// clip_skip.
 Result<Conditioning> encode_prompt(Model& model, const std::string& prompt, int clip_skip);
 
 }  // namespace kiln::pipeline

@@ -95,7 +95,7 @@ Result<std::vector<float>> run_diffusion_batch(Model& model, const std::vector<f
         g.session->set_input(g.refs[i], refs.data());
     }
     if (g.mask) {
-        const int64_t patch = model.flux().config().patch;
+        const int64_t patch = model.flux().config().patch;  // only Chroma's DiT takes a mask
         int64_t image_tokens = (p.latent_w / patch) * (p.latent_h / patch);
         for (const LatentSize& r : p.ref_sizes) image_tokens += (r.w / patch) * (r.h / patch);
         const std::vector<float> mask = models::flux_attention_mask(valid, image_tokens, batch);
@@ -381,7 +381,7 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
     if (!planned.ok()) return planned.error();
     model.clear_cancel();
     const ValidatedRequest& p = *planned;
-    if (request.guidance && (model.has_unet() || !model.flux().config().guidance_embed)) {
+    if (request.guidance && (!model.has_flux() || !model.flux().config().guidance_embed)) {
         KILN_LOG_WARN("--guidance does nothing for %s: its DiT has no guidance embedding (use --cfg-scale)",
                       model.family_label().c_str());
     }
@@ -412,7 +412,9 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
             if (!encoded.ok()) return encoded.error();
             uncond = std::move(encoded).value();
         }
-        match_context_lengths(*cond, *uncond);
+        // CLIP's chunks repeat to a common length; an LLM's contexts of
+        // different lengths run as two passes (run_diffusion).
+        if (!model.text_encoders().front().llm) match_context_lengths(*cond, *uncond);
     }
     if (model.family().conditioning.size_embedding) {
         // sd-cli's micro-conditioning: original size = target size = the
@@ -424,7 +426,7 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
             static_cast<int>(model.unet().config().adm_in_channels - static_cast<int64_t>(cond->pooled.size())) / 6;
         cond->y = sdxl_conditioning_vector(cond->pooled, size, dim);
         if (uncond) uncond->y = sdxl_conditioning_vector(uncond->pooled, size, dim);
-    } else if (!model.has_unet()) {
+    } else if (model.has_flux()) {
         // The DiT's vector input is the pooled CLIP-L output itself.
         cond->y = cond->pooled;
         if (uncond) uncond->y = uncond->pooled;

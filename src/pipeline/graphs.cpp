@@ -31,6 +31,20 @@ TextEncoderGraph build_text_encoder_graph(const TextEncoder& encoder, const int3
         g.out = encoder.t5->encode(s.ctx(), tokens, options);
         return g;
     }
+    if (encoder.llm) {
+        // Positions 0..n-1 and the causal mask: every sequence of a batch
+        // has the same length (the conditioner encodes one prompt at a time).
+        std::vector<int32_t> positions(static_cast<size_t>(length));
+        for (int64_t i = 0; i < length; ++i) positions[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+        const std::vector<float> mask = models::llm_causal_mask(length);
+        models::LlmOptions options;
+        options.positions = s.input(GGML_TYPE_I32, {length}, positions.data(), "positions");
+        options.mask = s.input(GGML_TYPE_F32, {length, length}, mask.data(), "causal_mask");
+        // Every declared layer runs; the final norm only when that is all of them.
+        options.final_norm = encoder.use->final_norm && encoder.llm->declared_layers() == encoder.llm->config().layers;
+        g.out = encoder.llm->encode(s.ctx(), tokens, options);
+        return g;
+    }
     ggml_tensor* extra_rows = nullptr;
     if (extra && extra->rows() > 0) {
         extra_rows = s.input(GGML_TYPE_F32, {extra->width, static_cast<int64_t>(extra->rows())}, extra->vectors.data(),
@@ -105,10 +119,43 @@ Result<DiffusionGraph> build_flux_graph(const Model& model, const DiffusionShape
     return g;
 }
 
+// Z-Image's DiT: every batch item's caption has shape.tokens tokens (the
+// conditioner's passes of different lengths run apart), so the RoPE table
+// and the caption's padding are constants of the shape.
+Result<DiffusionGraph> build_z_image_graph(const Model& model, const DiffusionShape& shape) {
+    const models::ZImageConfig& zc = model.z_image().config();
+    DiffusionGraph g;
+    g.shape = shape;
+    g.session = std::make_unique<runtime::GraphSession>();
+    runtime::GraphSession& s = *g.session;
+    const int64_t b = shape.batch;
+    const int64_t c = zc.latent_channels();
+    const std::vector<float> zeros(
+        static_cast<size_t>(std::max(shape.latent_w * shape.latent_h * c, zc.cap_dim * shape.tokens) * b));
+    models::ZImageInputs in;
+    in.x = g.x = s.input(GGML_TYPE_F32, {shape.latent_w, shape.latent_h, c, b}, zeros.data(), "x");
+    in.timesteps = g.timesteps = s.input(GGML_TYPE_F32, {b}, zeros.data(), "timesteps");
+    in.context = g.context = s.input(GGML_TYPE_F32, {zc.cap_dim, shape.tokens, b}, zeros.data(), "context");
+    auto tokens = models::z_image_tokens(zc, shape.latent_w, shape.latent_h, shape.tokens,
+                                         std::vector<int64_t>(static_cast<size_t>(b), shape.tokens));
+    if (!tokens.ok()) return Error{"DiT graph: " + tokens.error().message};
+    const std::vector<float> rope = models::z_image_rope_table(zc, *tokens);
+    in.rope = s.input(GGML_TYPE_F32, models::z_image_rope_shape(zc, *tokens), rope.data(), "rope");
+    const std::vector<float> pad = models::z_image_caption_pad(*tokens);
+    in.cap_pad = s.input(GGML_TYPE_F32, models::z_image_caption_pad_shape(*tokens), pad.data(), "cap_pad");
+    models::ZImageBuildOptions options;
+    options.flash_attention = shape.flash_attention;
+    auto out = model.z_image().build(s.ctx(), in, options);
+    if (!out.ok()) return Error{"DiT graph: " + out.error().message};
+    g.out = *out;
+    return g;
+}
+
 }  // namespace
 
 Result<DiffusionGraph> build_diffusion_graph(const Model& model, const DiffusionShape& shape) {
-    if (!model.has_unet()) return build_flux_graph(model, shape);
+    if (model.has_flux()) return build_flux_graph(model, shape);
+    if (model.has_z_image()) return build_z_image_graph(model, shape);
     const models::UnetConfig& uc = model.unet().config();
     DiffusionGraph g;
     g.shape = shape;
@@ -138,7 +185,7 @@ int64_t single_chunk_tokens(const Model& model) {
     int64_t tokens = 0;
     for (const TextEncoder& te : model.text_encoders()) {
         if (!te.use->context) continue;
-        tokens = te.t5 ? te.use->max_length : te.network->config().context;
+        tokens = te.t5 ? te.use->max_length : te.llm ? te.use->plan_tokens : te.network->config().context;
     }
     return tokens;
 }

@@ -23,7 +23,7 @@ struct TextEncoderGraph {
     int64_t pooled_width = 0;  // 0: no pooled vectors follow
 };
 // `ids`: length * batch token ids (null: zeros); `layer`: clip skip (CLIP
-// only); `extra`: textual-inversion rows [width, rows] (CLIP only; null:
+// only; an LLM reads the layers its module declared); `extra`: textual-inversion rows [width, rows] (CLIP only; null:
 // none); `key_mask`: length * batch, 1 real 0 padding (T5 only; null: none).
 TextEncoderGraph build_text_encoder_graph(const TextEncoder& encoder, const int32_t* ids, int64_t length, int64_t batch,
                                           int layer, const EmbeddingTable* extra = nullptr,
@@ -68,7 +68,8 @@ struct DiffusionGraph {
 // An error only when the shapes break the UNet's contract (a bug upstream).
 Result<DiffusionGraph> build_diffusion_graph(const Model& model, const DiffusionShape& shape);
 // The number of tokens a job's context has when its prompts fit one chunk
-// (CLIP's 77), or T5's fixed length.
+// (CLIP's 77), T5's fixed length, or the prompt length kiln plan assumes for
+// an LLM (TextEncoderUse::plan_tokens).
 int64_t single_chunk_tokens(const Model& model);
 
 // The VAE's decoder on a latent of latent_w x latent_h, or its encoder on

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "pipeline/conditioner.h"
 #include "pipeline/graphs.h"
 #include "pipeline/vae_tiling.h"
 #include "runtime/graph_session.h"
@@ -9,7 +10,8 @@
 
 namespace kiln::pipeline {
 
-Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, bool flash_attention) {
+Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, bool flash_attention,
+                                 const std::string* prompt) {
     const int64_t batch = cfg ? 2 : 1;
     const auto& vc = model.vae().config();
     const int64_t lw = width / vc.downscale(), lh = height / vc.downscale();
@@ -20,8 +22,14 @@ Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, 
         out.modules.push_back({executor.module(), executor.store().ledger().device_name(), *f});
         return Status::Ok();
     };
+    int64_t context_tokens = single_chunk_tokens(model);
     for (const TextEncoder& encoder : model.text_encoders()) {
-        const int64_t length = encoder.t5 ? encoder.use->max_length : encoder.network->config().context;
+        int64_t length = encoder.t5 ? encoder.use->max_length : encoder.network ? encoder.network->config().context : 0;
+        if (encoder.llm) {
+            length = prompt ? static_cast<int64_t>(llm_prompt(model.llm_tokenizer(), *encoder.use, *prompt).ids.size())
+                            : encoder.use->plan_tokens;
+            context_tokens = length;
+        }
         TextEncoderGraph g = build_text_encoder_graph(encoder, nullptr, length, batch, encoder.use->default_layer);
         KILN_TRY(add(*encoder.executor, *g.session, g.out));
     }
@@ -29,7 +37,7 @@ Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, 
     bool masked = false;
     for (const TextEncoder& encoder : model.text_encoders()) masked = masked || encoder.use->mask_padding;
     auto add_unet = [&](int64_t b) -> Status {
-        auto g = build_diffusion_graph(model, {lw, lh, b, single_chunk_tokens(model), flash_attention, {}, masked});
+        auto g = build_diffusion_graph(model, {lw, lh, b, context_tokens, flash_attention, {}, masked});
         if (!g.ok()) return g.error();
         return add(model.diffusion_compute(), *g->session, g->out);
     };

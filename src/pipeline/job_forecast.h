@@ -40,7 +40,10 @@ struct JobForecast {
 };
 
 // `cfg`: the UNet runs the conditional and unconditional passes as one batch.
-Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, bool flash_attention);
+// `prompt`: the job's prompt, whose length under an LLM's chat template is
+// the LLM's and the DiT's context length (null: the family's plan_tokens).
+Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, bool flash_attention,
+                                 const std::string* prompt = nullptr);
 
 // The placement, per-device peaks, per-module segment counts and the verdict.
 std::string describe_forecast(const Model& model, const JobForecast& forecast);

@@ -43,6 +43,12 @@ std::vector<std::string> network_probes(models::NetworkKind kind) {
         case models::NetworkKind::T5:
             return {"encoder.block.0.layer.0.SelfAttention.q.weight", "enc.blk.0.attn_q.weight"};
         case models::NetworkKind::FluxDit: return {"double_blocks.0.img_attn.qkv.weight", "x_embedder.weight"};
+        // HF names (the prefix is ComfyUI's text_encoders.*. or a diffusers
+        // folder's) and llama.cpp's GGUF names; the embedding rather than a
+        // layer, so a file of another architecture reaches LlmEncoder's
+        // clear error instead of "no llm in it".
+        case models::NetworkKind::Llm: return {"model.embed_tokens.weight", "token_embd.weight"};
+        case models::NetworkKind::ZImageDit: return {"cap_pad_token"};
     }
     return {};
 }
@@ -160,7 +166,7 @@ Result<TokenizerPaths> parse_tokenizer_flag(const std::string& value) {
     TokenizerPaths out;
     const auto eq = value.find('=');
     const std::string head = eq == std::string::npos ? "" : value.substr(0, eq);
-    if (head != "t5xxl" && head != "clip_l" && head != "clip") {
+    if (head != "t5xxl" && head != "llm" && head != "clip_l" && head != "clip") {
         out.clip = value;
         return out;
     }
@@ -175,10 +181,12 @@ Result<TokenizerPaths> parse_tokenizer_flag(const std::string& value) {
         }
         if (name == "t5xxl") {
             out.t5 = item.substr(sep + 1);
+        } else if (name == "llm") {
+            out.llm = item.substr(sep + 1);
         } else if (name == "clip_l" || name == "clip") {
             out.clip = item.substr(sep + 1);
         } else {
-            return Error::invalid_request("--tokenizer: unknown encoder '" + name + "' (valid: t5xxl, clip_l)");
+            return Error::invalid_request("--tokenizer: unknown encoder '" + name + "' (valid: t5xxl, llm, clip_l)");
         }
         if (comma == std::string::npos) break;
         start = comma + 1;
@@ -189,8 +197,10 @@ Result<TokenizerPaths> parse_tokenizer_flag(const std::string& value) {
 runtime::ModuleWeights& Module::weights() {
     if (clip) return clip->weights();
     if (t5) return t5->weights();
+    if (llm) return llm->weights();
     if (unet) return unet->weights();
     if (flux) return flux->weights();
+    if (z_image) return z_image->weights();
     return vae->weights();
 }
 
@@ -208,7 +218,8 @@ Model::~Model() {
 }
 
 int Model::size_stride() const {
-    if (!has_unet()) return vae().config().downscale() * flux().config().patch;
+    if (has_flux()) return vae().config().downscale() * flux().config().patch;
+    if (has_z_image()) return vae().config().downscale() * z_image().config().patch;
     return vae().config().downscale() * (1 << (unet().config().level_channels.size() - 1));
 }
 
@@ -216,7 +227,7 @@ std::unique_ptr<NoiseSchedule> Model::noise_schedule(int width, int height, std:
     if (prediction_ != Prediction::Flow)
         return std::make_unique<DiscreteSchedule>(DiscreteSchedule::stable_diffusion());
     const models::Schedule& s = family_->schedule;
-    if (flow_shift) return std::make_unique<FlowSchedule>(*flow_shift);
+    if (flow_shift) return std::make_unique<FlowSchedule>(s.flow_shift_factor ? std::log(*flow_shift) : *flow_shift);
     if (!s.resolution_shift) return std::make_unique<FlowSchedule>(s.flow_mu);
     const int64_t patch = static_cast<int64_t>(size_stride());
     return std::make_unique<FlowSchedule>(FlowSchedule::resolution_mu((width / patch) * (height / patch)));
@@ -244,6 +255,9 @@ Result<std::unique_ptr<Model>> Model::load(const ModelPaths& paths, const ModelO
             return Error::bad_file("the T5 tokenizer has " + std::to_string(m->t5_tokenizer_->size()) +
                                    " tokens but the t5xxl text encoder only " + std::to_string(te.t5->config().vocab));
         }
+    }
+    for (const TextEncoder& te : m->text_encoders_) {
+        if (te.llm) KILN_TRY(m->load_llm_tokenizer(tokenizer_paths->llm, te));
     }
     if (first_clip) {
         KILN_TRY(m->load_clip_tokenizer(tokenizer_paths->clip, paths.embeddings, *first_clip->network));
@@ -292,6 +306,58 @@ Status Model::load_clip_tokenizer(const std::string& flag_path, const std::strin
     return Status::Ok();
 }
 
+// The LLM's tokenizer: --tokenizer llm=PATH (a GGUF, vocab-only or not, a
+// tokenizer.json, vocab.json with merges.txt, or their folder); the LLM
+// file's own (a llama.cpp GGUF carries it); a diffusers folder's
+// tokenizer/; tokenizer.json, vocab.json or tokenizer/ beside the LLM file.
+// The error says where kiln looked. Its vocabulary must fit the encoder's
+// embedding table.
+Status Model::load_llm_tokenizer(const std::string& flag_path, const TextEncoder& encoder) {
+    const Module* module = nullptr;
+    for (const auto& m : modules_) {
+        if (m->llm.get() == encoder.llm) module = m.get();
+    }
+    const io::ModelFile& file = *module->file;
+    auto take = [&](Result<LlmTokenizer> t) -> Status {
+        if (!t.ok()) return t.error().as(ErrorKind::BadFile);
+        llm_tokenizer_ = std::make_unique<LlmTokenizer>(std::move(t).value());
+        return Status::Ok();
+    };
+    if (!flag_path.empty()) {
+        KILN_TRY(take(LlmTokenizer::load(flag_path)));
+    } else if (meta(file, "tokenizer.ggml.model")) {
+        KILN_TRY(take(LlmTokenizer::from_gguf_metadata(file)));
+    } else {
+        std::vector<fs::path> candidates;
+        for (const io::SourceFile& s : file.sources()) {
+            const fs::path dir = fs::path(s.path).parent_path();
+            if (s.component == "text_encoder") candidates.push_back(dir.parent_path() / "tokenizer");
+            for (const char* name : {"tokenizer.json", "vocab.json", "tokenizer"}) candidates.push_back(dir / name);
+        }
+        std::string looked;
+        for (const fs::path& c : candidates) {
+            const PathKind kind = path_status(c.string()).kind;
+            if (kind == PathKind::File || kind == PathKind::Folder) {
+                KILN_TRY(take(LlmTokenizer::load(c.string())));
+                break;
+            }
+            looked += (looked.empty() ? "" : ", ") + c.string();
+        }
+        if (!llm_tokenizer_) {
+            return Error::bad_file(file.sources().front().path + ": the " + encoder.llm->config().arch_name() +
+                                   " text encoder needs its tokenizer and the file carries none (looked in: " + looked +
+                                   "); pass --tokenizer llm=PATH (a GGUF of the same model, even a vocab-only one, "
+                                   "its tokenizer.json, or vocab.json with merges.txt)");
+        }
+    }
+    if (llm_tokenizer_->size() > encoder.llm->config().vocab) {
+        return Error::bad_file("the LLM tokenizer has " + std::to_string(llm_tokenizer_->size()) + " tokens but the " +
+                               encoder.use->module + " text encoder only " +
+                               std::to_string(encoder.llm->config().vocab));
+    }
+    return Status::Ok();
+}
+
 Status Model::load_networks(const ModelPaths& paths, const ModelOptions& options) {
     std::vector<GivenFile> given;
     for (const std::string& p : paths.model) given.push_back({p, ""});
@@ -299,6 +365,7 @@ Status Model::load_networks(const ModelPaths& paths, const ModelOptions& options
                                                                   {&paths.clip_l, "--clip_l"},
                                                                   {&paths.clip_g, "--clip_g"},
                                                                   {&paths.t5xxl, "--t5xxl"},
+                                                                  {&paths.llm, "--llm"},
                                                                   {&paths.vae, "--vae"}};
     for (const auto& [path, flag] : flagged) {
         if (!path->empty()) given.push_back({*path, flag});
@@ -345,7 +412,12 @@ Status Model::load_networks(const ModelPaths& paths, const ModelOptions& options
             if (given[i].flag != spec.flag) continue;
             if (given[i].flag.empty()) break;
             auto prefix = find_prefix(*files_[i], spec.network, {});
-            if (!prefix) return Error::bad_file(given[i].path + " (" + spec.flag + "): no " + spec.name + " in it");
+            if (!prefix) {
+                models::FileSet alone;
+                alone.files = {files_[i].get()};
+                return Error::bad_file(given[i].path + " (" + spec.flag + "): no " + spec.name +
+                                       " in it (found: " + models::detect_family(alone).label + ")");
+            }
             module->file = files_[i].get();
             module->prefix = *prefix;
         }
@@ -395,16 +467,40 @@ Status Model::load_networks(const ModelPaths& paths, const ModelOptions& options
                 diffusion_ = module.get();
                 break;
             }
+            case models::NetworkKind::Llm: {
+                // Only the layers the family reads are declared (Z-Image's
+                // hidden_states[-2] never needs the last layer's weights):
+                // the first create() reads the file's layer count.
+                int from_end = 1;
+                for (const models::TextEncoderUse& use : family_->conditioning.encoders) {
+                    if (use.module == spec.name) from_end = use.default_layer;
+                }
+                auto net = models::LlmEncoder::create(*module->file, module->prefix, options.weight_type);
+                if (net.ok() && from_end > 1) {
+                    const int used = static_cast<int>((*net)->config().layers) - (from_end - 1);
+                    net = models::LlmEncoder::create(*module->file, module->prefix, options.weight_type, used);
+                }
+                if (!net.ok()) return net.error().as(ErrorKind::BadFile).in_context(path + ": ");
+                module->llm = std::move(net).value();
+                break;
+            }
+            case models::NetworkKind::ZImageDit: {
+                auto net = models::ZImageDit::create(*module->file, module->prefix, options.weight_type);
+                if (!net.ok()) return net.error().as(ErrorKind::BadFile).in_context(path + ": ");
+                module->z_image = std::move(net).value();
+                diffusion_ = module.get();
+                break;
+            }
         }
         modules_.push_back(std::move(module));
     }
     for (const models::TextEncoderUse& use : family_->conditioning.encoders) {
         for (const auto& module : modules_) {
             if (module->spec.name == use.module)
-                text_encoders_.push_back({&use, module->clip.get(), module->t5.get(), nullptr});
+                text_encoders_.push_back({&use, module->clip.get(), module->t5.get(), module->llm.get(), nullptr});
         }
     }
-    KILN_TRY(has_unet() ? check_unet_inputs() : check_flux_inputs());
+    KILN_TRY(has_unet() ? check_unet_inputs() : has_flux() ? check_flux_inputs() : check_z_image_inputs());
     // A file given for one module that also holds others: say which were not taken from it.
     for (size_t i = 0; i < given.size(); ++i) {
         if (given[i].flag.empty()) continue;
@@ -470,6 +566,25 @@ Status Model::check_flux_inputs() const {
         return Error::bad_file("the VAE has " + std::to_string(vae().config().latent_channels) +
                                " latent channels but the " + family_label_ + " DiT takes " +
                                std::to_string(fc.latent_channels) + " (an SD VAE with a Flux model? pass Flux's ae)");
+    }
+    return Status::Ok();
+}
+
+// The DiT's inputs must be what the LLM and the VAE make.
+Status Model::check_z_image_inputs() const {
+    const models::ZImageConfig& zc = z_image().config();
+    for (const TextEncoder& te : text_encoders_) {
+        if (te.width() != zc.cap_dim) {
+            return Error::bad_file("the " + te.use->module + " text encoder (" + te.llm->config().arch_name() +
+                                   ") is " + std::to_string(te.width()) + " wide but the " + family_label_ +
+                                   " DiT's caption embedder takes " + std::to_string(zc.cap_dim) +
+                                   " (Z-Image reads Qwen3-4B: pass it with --llm)");
+        }
+    }
+    if (vae().config().latent_channels != zc.latent_channels()) {
+        return Error::bad_file("the VAE has " + std::to_string(vae().config().latent_channels) +
+                               " latent channels but the " + family_label_ + " DiT takes " +
+                               std::to_string(zc.latent_channels()) + " (an SD VAE with Z-Image? pass Flux's ae)");
     }
     return Status::Ok();
 }
@@ -645,7 +760,8 @@ Status Model::place_modules(const ModelOptions& options) {
 
     for (TextEncoder& te : text_encoders_) {
         for (const auto& module : modules_) {
-            if ((te.network && module->clip.get() == te.network) || (te.t5 && module->t5.get() == te.t5))
+            if ((te.network && module->clip.get() == te.network) || (te.t5 && module->t5.get() == te.t5) ||
+                (te.llm && module->llm.get() == te.llm))
                 te.executor = module->executor.get();
         }
     }

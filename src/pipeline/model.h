@@ -17,12 +17,15 @@
 #include "models/clip_text.h"
 #include "models/family.h"
 #include "models/flux_dit.h"
+#include "models/llm_encoder.h"
 #include "models/t5_encoder.h"
 #include "models/unet.h"
 #include "models/vae.h"
+#include "models/z_image_dit.h"
 #include "pipeline/clip_tokenizer.h"
 #include "pipeline/denoiser.h"
 #include "pipeline/embeddings.h"
+#include "pipeline/llm_tokenizer.h"
 #include "pipeline/placement.h"
 #include "pipeline/t5_tokenizer.h"
 #include "runtime/device_budget.h"
@@ -39,7 +42,8 @@ struct ModelPaths {
     std::string clip_l;              // --clip_l
     std::string clip_g;              // --clip_g
     std::string t5xxl;               // --t5xxl
-    // --tokenizer: PATH (CLIP's), or per encoder "t5xxl=PATH[,clip_l=PATH]".
+    std::string llm;                 // --llm: an LLM text encoder (Z-Image's Qwen3-4B)
+    // --tokenizer: PATH (CLIP's), or per encoder "t5xxl=PATH,llm=PATH,clip_l=PATH".
     std::string tokenizer;
     std::string embeddings;  // --embd-dir: textual-inversion embeddings
 };
@@ -60,27 +64,30 @@ struct ModelOptions {
 };
 
 // --tokenizer: a path (CLIP's tokenizer, the flag's meaning in sd-cli), or
-// per encoder "t5xxl=PATH" / "clip_l=PATH", comma-separated. An item that is
-// not ENCODER=PATH, or an unknown encoder, is an invalid request.
+// per encoder "t5xxl=PATH" / "llm=PATH" / "clip_l=PATH", comma-separated. An
+// item that is not ENCODER=PATH, or an unknown encoder, is an invalid request.
 struct TokenizerPaths {
     std::string clip;
     std::string t5;
+    std::string llm;
 };
 Result<TokenizerPaths> parse_tokenizer_flag(const std::string& value);
 
 // The family's defaults, overridden by a file's "kiln.default.*" metadata.
 using ModelDefaults = models::Defaults;
 
-// One network of the model and its runner. Exactly one of clip, t5, unet,
-// flux and vae is set, the one spec.network names.
+// One network of the model and its runner. Exactly one of clip, t5, llm,
+// unet, flux, z_image and vae is set, the one spec.network names.
 struct Module {
     models::ModuleSpec spec;
     std::string prefix;  // where its tensors live in `file`
     const io::ModelFile* file = nullptr;
     std::unique_ptr<models::ClipTextEncoder> clip;
     std::unique_ptr<models::T5Encoder> t5;
+    std::unique_ptr<models::LlmEncoder> llm;
     std::unique_ptr<models::Unet> unet;
     std::unique_ptr<models::FluxDit> flux;
+    std::unique_ptr<models::ZImageDit> z_image;
     std::unique_ptr<models::Vae> vae;
     std::unique_ptr<runtime::Executor> executor;
     // Where its graphs compute (placement decides; the graph builders take
@@ -92,16 +99,20 @@ struct Module {
     const char* role() const { return models::module_role_name(spec.role); }
 };
 
-// A text encoder as the family's conditioning uses it: a CLIP (network) or a
-// T5 (t5).
+// A text encoder as the family's conditioning uses it: a CLIP (network), a
+// T5 (t5) or an LLM (llm); exactly one is set.
 struct TextEncoder {
     const models::TextEncoderUse* use = nullptr;
     const models::ClipTextEncoder* network = nullptr;
     const models::T5Encoder* t5 = nullptr;
+    const models::LlmEncoder* llm = nullptr;
     runtime::Executor* executor = nullptr;
 
     // The width of its hidden states.
-    int64_t width() const { return network ? network->config().width : t5->config().d_model; }
+    int64_t width() const {
+        if (network) return network->config().width;
+        return t5 ? t5->config().d_model : llm->config().width;
+    }
 };
 
 class Model {
@@ -135,15 +146,21 @@ class Model {
     const ClipTokenizer& tokenizer() const { return *tokenizer_; }
     // T5's tokenizer; only when the family has a T5 encoder.
     const T5Tokenizer& t5_tokenizer() const { return *t5_tokenizer_; }
+    // The LLM's tokenizer; only when the family has an LLM encoder.
+    const LlmTokenizer& llm_tokenizer() const { return *llm_tokenizer_; }
     // Textual-inversion vectors for token ids from the vocabulary's end on
     // (the first text encoder's width).
     const EmbeddingTable& embeddings() const { return embeddings_; }
     // The text encoders in the order of the family's conditioning.
     const std::vector<TextEncoder>& text_encoders() const { return text_encoders_; }
-    // The diffusion network: a UNet (SD1.x, SD2.x, SDXL) or a Flux DiT.
+    // The diffusion network: a UNet (SD1.x, SD2.x, SDXL), a Flux DiT (Flux,
+    // Chroma) or a Z-Image DiT; exactly one has_*() is true.
     bool has_unet() const { return diffusion_->unet != nullptr; }
+    bool has_flux() const { return diffusion_->flux != nullptr; }
+    bool has_z_image() const { return diffusion_->z_image != nullptr; }
     const models::Unet& unet() const { return *diffusion_->unet; }
     const models::FluxDit& flux() const { return *diffusion_->flux; }
+    const models::ZImageDit& z_image() const { return *diffusion_->z_image; }
     const models::Vae& vae() const { return *vae_->vae; }
     runtime::Executor& diffusion_compute() { return *diffusion_->executor; }
     nn::ComputeTarget diffusion_target() const { return diffusion_->target; }
@@ -174,6 +191,8 @@ class Model {
                                const models::ClipTextEncoder& first);
     Status check_unet_inputs() const;
     Status check_flux_inputs() const;
+    Status check_z_image_inputs() const;
+    Status load_llm_tokenizer(const std::string& flag_path, const TextEncoder& encoder);
     Status read_metadata(const ModelOptions& options);
     Status place_modules(const ModelOptions& options);
 
@@ -185,6 +204,7 @@ class Model {
     float latent_scale_ = 0.18215f;
     std::unique_ptr<ClipTokenizer> tokenizer_;
     std::unique_ptr<T5Tokenizer> t5_tokenizer_;
+    std::unique_ptr<LlmTokenizer> llm_tokenizer_;
     EmbeddingTable embeddings_;
     std::vector<ModulePlacement> placement_;
     ModuleBytes module_bytes_;

@@ -94,10 +94,15 @@ Result<ValidatedRequest> validate_request(const Model& model, const GenerationRe
         return Error::invalid_request("--guidance must be a number in [0, " + format_number(kMaxCfgScale) + "], got " +
                                       format_number(*r.guidance));
     }
-    if (!model.has_unet() && model.flux().config().guidance_embed) p.guidance = r.guidance.value_or(d.guidance);
+    if (model.has_flux() && model.flux().config().guidance_embed) p.guidance = r.guidance.value_or(d.guidance);
     if (r.flow_shift && (!std::isfinite(*r.flow_shift) || std::fabs(*r.flow_shift) > kMaxFlowShift)) {
         return Error::invalid_request("--flow-shift must be a number in [-" + format_number(kMaxFlowShift) + ", " +
                                       format_number(kMaxFlowShift) + "], got " + format_number(*r.flow_shift));
+    }
+    if (r.flow_shift && model.family().schedule.flow_shift_factor && !(*r.flow_shift > 0.0f)) {
+        return Error::invalid_request("--flow-shift is a factor for " + model.family_label() +
+                                      " (sd-cli's: 3 for Z-Image) and must be positive, got " +
+                                      format_number(*r.flow_shift));
     }
     if (!r.ref_images.empty()) {
         if (!model.family().reference_images) {

@@ -109,9 +109,12 @@ const std::vector<Flag>& flags() {
             {nullptr, "--clip_l", "PATH", "standalone CLIP-L text encoder weights", path_setter(&Options::clip_l)},
             {nullptr, "--clip_g", "PATH", "standalone CLIP-G text encoder weights", path_setter(&Options::clip_g)},
             {nullptr, "--t5xxl", "PATH", "standalone T5-XXL text encoder weights", path_setter(&Options::t5xxl)},
+            {nullptr, "--llm", "PATH", "standalone LLM text encoder weights (Z-Image's Qwen3-4B: GGUF or safetensors)",
+             path_setter(&Options::llm)},
             {nullptr, "--tokenizer", "PATH",
              "CLIP tokenizer data (tokenizer.json, vocab.json + merges.txt, or a folder), or per encoder "
-             "t5xxl=PATH (spiece.model or a T5 tokenizer.json) and clip_l=PATH, comma-separated",
+             "t5xxl=PATH (spiece.model or a T5 tokenizer.json), llm=PATH (a GGUF, tokenizer.json or vocab.json) and "
+             "clip_l=PATH, comma-separated",
              path_setter(&Options::tokenizer)},
             {nullptr, "--embd-dir", "PATH",
              "folder of textual-inversion embeddings (.pt, .safetensors); use a file's name in the prompt",

@@ -34,6 +34,7 @@ struct Options {
     std::string clip_l;
     std::string clip_g;
     std::string t5xxl;
+    std::string llm;  // --llm
     std::string tokenizer;
     std::string embeddings_dir;  // --embd-dir
     std::string weight_type;     // --type, validated by the io layer

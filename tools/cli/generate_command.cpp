@@ -100,6 +100,7 @@ int run_generate(const Options& options) {
     cp.clip_l_path = options.clip_l.empty() ? nullptr : options.clip_l.c_str();
     cp.clip_g_path = options.clip_g.empty() ? nullptr : options.clip_g.c_str();
     cp.t5xxl_path = options.t5xxl.empty() ? nullptr : options.t5xxl.c_str();
+    cp.llm_path = options.llm.empty() ? nullptr : options.llm.c_str();
     cp.tokenizer_path = options.tokenizer.empty() ? nullptr : options.tokenizer.c_str();
     cp.embeddings_dir = options.embeddings_dir.empty() ? nullptr : options.embeddings_dir.c_str();
     cp.weight_type = options.weight_type.empty() ? nullptr : options.weight_type.c_str();
