@@ -40,6 +40,10 @@ namespace {
 
 using pipeline::Model;
 
+// The prompt of every job here (kiln plan is told it: an LLM's context is as
+// long as the prompt).
+constexpr const char* kPrompt = "a red circle on a white background";
+
 struct Job {
     std::string model = KILN_DEFAULT_MODEL;
     std::map<std::string, std::string> params = {{"diffusion", "CPU"}, {"te", "CPU"}};
@@ -96,7 +100,7 @@ Result<std::unique_ptr<Model>> load(const Job& job) {
 
 pipeline::GenerationRequest request_for(const Job& job) {
     pipeline::GenerationRequest r;
-    r.prompt = "a red circle on a white background";
+    r.prompt = kPrompt;
     r.negative_prompt = "blurry";
     r.width = r.height = job.size;
     r.steps = job.steps;
@@ -230,7 +234,8 @@ Result<Outcome> expect_plan_matches_run(const Job& job) {
     o.plan_only = true;
     auto planned = Model::load(paths, o);
     if (!planned.ok()) return planned.error();
-    auto forecast = pipeline::forecast_job(**planned, job.size, job.size, true, false);
+    const std::string prompt = kPrompt;
+    auto forecast = pipeline::forecast_job(**planned, job.size, job.size, job.cfg != 1.0f, false, &prompt);
     if (!forecast.ok()) return forecast.error();
     const std::string text = pipeline::describe_forecast(**planned, *forecast);
     const pipeline::ModuleForecast* unet = nullptr;
@@ -678,6 +683,46 @@ TEST_F(Memory, FluxQ8RunsUnderABudget) { expect_quantized_run_under_budget(GGML_
 // 2 billion weights takes about 8 minutes on 2 cores, which CI does not have
 // to spare; run it with --gtest_also_run_disabled_tests (docs/flux.md).
 TEST_F(Memory, DISABLED_FluxQ4KRunsUnderABudget) { expect_quantized_run_under_budget(GGML_TYPE_Q4_K); }
+
+// Z-Image-Turbo at full width (tests/fixtures/z_image_medium.spec: the
+// 3840-wide DiT with its 2 + 2 refiners and 4 of its 30 layers, Qwen3-4B's
+// widths with 4 layers, the 16-channel autoencoder, 3.9 GB as F16, in one
+// all-in-one file): the same invariants, the DiT cut at every layer and the
+// LLM at every decoder layer.
+TEST_F(Memory, ZImageSameImageUnderEveryBudgetAndThePlanAgrees) {
+    test::TempDir dir;
+    Job base;
+    base.model = dir.file("z_image_turbo_medium.safetensors");
+    ASSERT_TRUE(test::write_random_model(std::string(KILN_FIXTURES_DIR) + "/z_image_medium.spec", base.model).ok());
+    base.tokenizer = "llm=" + std::string(KILN_GOLDEN_DIR) + "/pipeline/z_image_tiny/tokenizer";
+    base.steps = 1;
+    base.cfg = 1.0f;
+    auto reference = run_job(base);
+    ASSERT_TRUE(reference.ok()) << reference.error().message;
+    EXPECT_EQ(reference->segments, 1);
+    const double peak_mib = static_cast<double>(reference->peak) / (1024.0 * 1024.0);
+    int segmented = 0, most_segments = 1, failed = 0;
+    // A half and a third of the peak cut the DiT; 0.4% is below its largest layer.
+    for (double fraction : {0.5, 0.3, 0.004}) {
+        Job job = base;
+        job.budget = mib(peak_mib * fraction);
+        SCOPED_TRACE("budget " + job.budget);
+        auto r = expect_plan_matches_run(job);
+        if (!r.ok()) {
+            ++failed;
+            EXPECT_EQ(r.error().message.rfind("out of memory: ", 0), 0u) << r.error().message;
+            continue;
+        }
+        EXPECT_EQ(r->pixels, reference->pixels) << "(a) the image differs from the unconstrained run";
+        ASSERT_TRUE(r->budget.has_value());
+        EXPECT_LE(r->peak, *r->budget) << "(b) managed peak above the budget";
+        EXPECT_GE(r->segments, most_segments) << "(c) fewer segments under a smaller budget";
+        most_segments = std::max(most_segments, r->segments);
+        segmented += r->segments > 1;
+    }
+    EXPECT_GE(segmented, 2) << "budgets of a half and a third of the peak must cut the DiT";
+    EXPECT_EQ(failed, 1) << "only the smallest budget is below the DiT's largest layer";
+}
 
 }  // namespace
 }  // namespace kiln

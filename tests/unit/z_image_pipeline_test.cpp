@@ -1,0 +1,452 @@
+// Whole Z-Image text-to-image jobs on the tiny random Z-Image of
+// training/make_z_image_pipeline_fixtures.py (the DiT in the single-file
+// names, a tiny Qwen3 with its GPT-2 byte-level BPE tokenizer beside it, in
+// safetensors and as a GGUF carrying the tokenizer, Flux's tiny autoencoder)
+// against the PyTorch references run end to end: Qwen's chat template and
+// tokenizer, Qwen3's hidden_states[-2], the flow schedule with shift 3, the
+// DiT at sigma, Euler, the decode; Turbo (cfg 1) and Base (cfg 5 against the
+// empty prompt).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+
+#include "golden.h"
+#include "image/image_io.h"
+#include "pipeline/conditioner.h"
+#include "pipeline/generate.h"
+#include "pipeline/llm_tokenizer.h"
+#include "pipeline/schedulers.h"
+#include "test_files.h"
+
+namespace kiln::pipeline {
+namespace {
+
+using test::fixture_tensor;
+using test::golden_path;
+using test::relative_error;
+
+constexpr const char* kPrompt = "a red cat on a blue square";
+constexpr const char* kChatPrefix = "<|im_start|>user\n";
+constexpr const char* kChatSuffix = "<|im_end|>\n<|im_start|>assistant\n";
+
+std::string part(const std::string& name) { return golden_path("pipeline/z_image_tiny/" + name); }
+std::string flux_ae() { return golden_path("pipeline/flux_tiny/ae.safetensors"); }
+std::string templated(const std::string& prompt) { return kChatPrefix + prompt + kChatSuffix; }
+
+// The reference image `key` of a golden job ([1, 3, H, W] in [-1, 1]) against kiln's.
+int difference_from_reference(const image::Image& img, const io::ModelFile& io, const std::string& key = "image") {
+    const auto want = fixture_tensor(io, key);
+    const size_t plane = static_cast<size_t>(img.width) * img.height;
+    if (want.values.size() != plane * 3 || img.channels != 3) return 255;
+    int worst = 0;
+    for (size_t i = 0; i < plane; ++i) {
+        for (size_t c = 0; c < 3; ++c) {
+            const float v = std::clamp((want.values[c * plane + i] + 1.0f) * 0.5f, 0.0f, 1.0f);
+            worst = std::max(worst, std::abs(static_cast<int>(std::lround(v * 255.0f)) - img.pixels[i * 3 + c]));
+        }
+    }
+    return worst;
+}
+
+std::vector<float> as_floats(const std::vector<int32_t>& ids) { return {ids.begin(), ids.end()}; }
+
+// The released parts: the DiT by --diffusion-model, Flux's ae by --vae, the
+// Qwen3 by --llm with its tokenizer/ folder beside it (no --tokenizer).
+ModelPaths turbo_parts() {
+    ModelPaths paths;
+    paths.diffusion_model = part("z_image_turbo_dit.safetensors");
+    paths.vae = flux_ae();
+    paths.llm = part("qwen3.safetensors");
+    return paths;
+}
+
+ModelPaths base_parts() {
+    ModelPaths paths = turbo_parts();
+    paths.diffusion_model = part("z_image_base_dit.safetensors");
+    return paths;
+}
+
+// Weights widened to F32, as the reference computes with the stored values.
+ModelOptions golden_options() {
+    ModelOptions options;
+    options.weight_type = GGML_TYPE_F32;
+    options.threads = 1;
+    return options;
+}
+
+io::ModelFile* open_job(const std::string& name) {
+    auto io = io::ModelFile::open({golden_path("pipeline/" + name)});
+    EXPECT_TRUE(io.ok()) << io.error().message;
+    return io.ok() ? new io::ModelFile(std::move(io).value()) : nullptr;
+}
+
+GenerationRequest tiny_job() {
+    GenerationRequest r;
+    r.prompt = kPrompt;
+    r.width = r.height = 32;
+    r.seed = 11;
+    r.steps = 4;
+    r.rng = RngKind::Cuda;
+    return r;
+}
+
+class ZImagePipeline : public ::testing::Test {
+  protected:
+    static void SetUpTestSuite() {
+        auto loaded = Model::load(turbo_parts(), golden_options());
+        ASSERT_TRUE(loaded.ok()) << loaded.error().message;
+        model_ = std::move(loaded).value().release();
+        io_ = open_job("z_image_tiny_txt2img.safetensors");
+    }
+    static void TearDownTestSuite() {
+        delete model_;
+        delete io_;
+        model_ = nullptr;
+        io_ = nullptr;
+    }
+    void SetUp() override {
+        ASSERT_NE(model_, nullptr);
+        ASSERT_NE(io_, nullptr);
+    }
+
+    static Model* model_;
+    static io::ModelFile* io_;
+};
+Model* ZImagePipeline::model_ = nullptr;
+io::ModelFile* ZImagePipeline::io_ = nullptr;
+
+TEST_F(ZImagePipeline, IsZImageTurboWithItsDefaults) {
+    EXPECT_EQ(model_->family_label(), "Z-Image-Turbo");
+    EXPECT_TRUE(model_->has_z_image());
+    EXPECT_EQ(model_->prediction(), Prediction::Flow);
+    EXPECT_EQ(model_->size_stride(), 4);  // the tiny ae's 2 times the patch 2
+    EXPECT_EQ(model_->latent_channels(), 16);
+    EXPECT_EQ(model_->defaults().sampler, "euler");
+    EXPECT_EQ(model_->defaults().cfg_scale, 1.0f);
+    EXPECT_EQ(model_->defaults().steps, 8);
+    EXPECT_EQ(model_->defaults().width, 1024);
+    EXPECT_EQ(model_->defaults().height, 1024);
+    ASSERT_EQ(model_->text_encoders().size(), 1u);
+    EXPECT_EQ(model_->text_encoders().front().width(), 64);
+}
+
+// The tokenizer/ folder beside qwen3.safetensors is found without
+// --tokenizer: its 256 byte characters and 27 merges, then the 3 specials.
+TEST_F(ZImagePipeline, TokenizerBesideTheLlmIsFound) {
+    const LlmTokenizer& tok = model_->llm_tokenizer();
+    EXPECT_EQ(tok.size(), 286);
+    EXPECT_EQ(tok.pre_tokenizer(), LlmPreTokenizer::Qwen2);
+    for (const char* special : {"<|endoftext|>", "<|im_start|>", "<|im_end|>"}) {
+        const int32_t id = tok.token_id(special);
+        EXPECT_GE(id, 283) << special;
+        EXPECT_TRUE(tok.is_added(id)) << special;
+    }
+}
+
+TEST_F(ZImagePipeline, TokensAreTheTemplatedPrompt) {
+    const auto want = fixture_tensor(*io_, "llm.tokens");
+    EXPECT_EQ(as_floats(model_->llm_tokenizer().encode(templated(kPrompt))), want.values);
+    const TextEncoder& te = model_->text_encoders().front();
+    ASSERT_NE(te.use, nullptr);
+    const LlmPrompt p = llm_prompt(model_->llm_tokenizer(), *te.use, kPrompt);
+    EXPECT_EQ(as_floats(p.ids), want.values);
+    EXPECT_EQ(p.weights, std::vector<float>(p.ids.size(), 1.0f));
+}
+
+TEST_F(ZImagePipeline, ConditioningIsQwen3sSecondToLastHiddenStates) {
+    auto cond = encode_prompt(*model_, kPrompt, 0);
+    ASSERT_TRUE(cond.ok()) << cond.error().message;
+    const auto hidden = fixture_tensor(*io_, "llm.hidden");  // [1, n, 64]
+    ASSERT_EQ(hidden.shape.size(), 3u);
+    EXPECT_EQ(cond->tokens, hidden.shape[1]);
+    EXPECT_EQ(cond->width, 64);
+    EXPECT_LT(relative_error(cond->hidden, hidden.values), 1e-4);
+    EXPECT_TRUE(cond->pooled.empty());
+    EXPECT_TRUE(cond->token_valid.empty());  // every token of the template is attended to
+}
+
+TEST_F(ZImagePipeline, ScheduleIsTheFlowTableShiftedBy3) {
+    const auto schedule = model_->noise_schedule(32, 32, std::nullopt);
+    EXPECT_TRUE(schedule->flow());
+    auto sigmas = get_sigmas(SchedulerKind::Discrete, 4, *schedule);
+    ASSERT_TRUE(sigmas.ok()) << sigmas.error().message;
+    const auto want = fixture_tensor(*io_, "sigmas");
+    ASSERT_EQ(sigmas->size(), want.values.size());
+    for (size_t i = 0; i < want.values.size(); ++i) EXPECT_NEAR((*sigmas)[i], want.values[i], 1e-6) << i;
+    // No resolution shift: the same table at another size.
+    auto large = get_sigmas(SchedulerKind::Discrete, 4, *model_->noise_schedule(1024, 1024, std::nullopt));
+    ASSERT_TRUE(large.ok());
+    EXPECT_EQ(*large, *sigmas);
+}
+
+TEST_F(ZImagePipeline, TextToImageMatchesTheReferenceJob) {
+    auto images = generate(*model_, tiny_job());
+    ASSERT_TRUE(images.ok()) << images.error().message;
+    ASSERT_EQ(images->size(), 1u);
+    const image::Image& img = images->front().image;
+    ASSERT_EQ(img.width, 32);
+    ASSERT_EQ(img.height, 32);
+    EXPECT_LE(difference_from_reference(img, *io_), 1) << "largest pixel difference from the reference";
+}
+
+TEST_F(ZImagePipeline, SamplingMatchesTheReferenceStepByStep) {
+    Conditioning cond;
+    const auto hidden = fixture_tensor(*io_, "llm.hidden");
+    cond.hidden = hidden.values;
+    cond.tokens = hidden.shape[1];
+    cond.width = 64;
+    const auto schedule = model_->noise_schedule(32, 32, std::nullopt);
+    SamplingRun run;
+    run.latent_w = run.latent_h = 16;
+    run.cfg_scale = 1.0f;
+    run.sampler = SamplerKind::Euler;
+    run.sigmas = fixture_tensor(*io_, "sigmas").values;
+    run.schedule = schedule.get();
+    std::vector<float> x = fixture_tensor(*io_, "noise").values;
+    for (float& v : x) v *= run.sigmas.front();
+    auto rng = make_rng(RngKind::Cuda, 11);
+    // One step to 0: the DiT's velocity at sigma 1 is (x - D) / sigma.
+    SamplingRun one = run;
+    one.sigmas = {run.sigmas[0], 0.0f};
+    auto denoised = sample_latent(*model_, one, x, cond, nullptr, *rng);
+    ASSERT_TRUE(denoised.ok()) << denoised.error().message;
+    std::vector<float> velocity(x.size());
+    for (size_t i = 0; i < x.size(); ++i) velocity[i] = (x[i] - (*denoised)[i]) / run.sigmas[0];
+    EXPECT_LT(relative_error(velocity, fixture_tensor(*io_, "velocity0").values), 1e-4);
+    auto latent = sample_latent(*model_, run, x, cond, nullptr, *rng);
+    ASSERT_TRUE(latent.ok()) << latent.error().message;
+    EXPECT_LT(relative_error(*latent, fixture_tensor(*io_, "latent").values), 1e-4);
+}
+
+// Z-Image Base: the same parts but a DiT whose file name does not say
+// "turbo"; cfg 5 against the empty negative prompt, encoded under the same
+// template at its own length.
+class ZImagePipelineBase : public ::testing::Test {
+  protected:
+    static void SetUpTestSuite() {
+        auto loaded = Model::load(base_parts(), golden_options());
+        ASSERT_TRUE(loaded.ok()) << loaded.error().message;
+        model_ = std::move(loaded).value().release();
+        io_ = open_job("z_image_base_txt2img.safetensors");
+    }
+    static void TearDownTestSuite() {
+        delete model_;
+        delete io_;
+        model_ = nullptr;
+        io_ = nullptr;
+    }
+    void SetUp() override {
+        ASSERT_NE(model_, nullptr);
+        ASSERT_NE(io_, nullptr);
+    }
+    static Model* model_;
+    static io::ModelFile* io_;
+};
+Model* ZImagePipelineBase::model_ = nullptr;
+io::ModelFile* ZImagePipelineBase::io_ = nullptr;
+
+TEST_F(ZImagePipelineBase, IsZImageBaseWithItsDefaults) {
+    EXPECT_EQ(model_->family_label(), "Z-Image");
+    EXPECT_EQ(model_->defaults().cfg_scale, 5.0f);
+    EXPECT_EQ(model_->defaults().steps, 28);
+    EXPECT_EQ(model_->defaults().sampler, "euler");
+}
+
+TEST_F(ZImagePipelineBase, NegativePromptIsTheEmptyPromptUnderTheTemplate) {
+    const auto tokens = fixture_tensor(*io_, "llm.uncond_tokens");
+    EXPECT_EQ(as_floats(model_->llm_tokenizer().encode(templated(""))), tokens.values);
+    auto uncond = encode_prompt(*model_, "", 0);
+    ASSERT_TRUE(uncond.ok()) << uncond.error().message;
+    EXPECT_EQ(uncond->tokens, static_cast<int64_t>(tokens.values.size()));
+    EXPECT_LT(relative_error(uncond->hidden, fixture_tensor(*io_, "llm.uncond_hidden").values), 1e-4);
+    auto cond = encode_prompt(*model_, kPrompt, 0);
+    ASSERT_TRUE(cond.ok()) << cond.error().message;
+    EXPECT_LT(relative_error(cond->hidden, fixture_tensor(*io_, "llm.hidden").values), 1e-4);
+}
+
+TEST_F(ZImagePipelineBase, TextToImageWithCfgMatchesTheReferenceJob) {
+    GenerationRequest r = tiny_job();  // cfg and the negative prompt: the defaults (5, "")
+    auto images = generate(*model_, r);
+    ASSERT_TRUE(images.ok()) << images.error().message;
+    ASSERT_EQ(images->size(), 1u);
+    EXPECT_LE(difference_from_reference(images->front().image, *io_), 1)
+        << "largest pixel difference from the reference";
+    // The guided velocity and the latent, step by step.
+    Conditioning cond, uncond;
+    for (auto [c, key] : {std::pair{&cond, "llm.hidden"}, std::pair{&uncond, "llm.uncond_hidden"}}) {
+        const auto hidden = fixture_tensor(*io_, key);
+        c->hidden = hidden.values;
+        c->tokens = hidden.shape[1];
+        c->width = 64;
+    }
+    const auto schedule = model_->noise_schedule(32, 32, std::nullopt);
+    SamplingRun run;
+    run.latent_w = run.latent_h = 16;
+    run.cfg_scale = 5.0f;
+    run.sampler = SamplerKind::Euler;
+    run.sigmas = fixture_tensor(*io_, "sigmas").values;
+    run.schedule = schedule.get();
+    std::vector<float> x = fixture_tensor(*io_, "noise").values;
+    for (float& v : x) v *= run.sigmas.front();
+    auto rng = make_rng(RngKind::Cuda, 11);
+    SamplingRun one = run;
+    one.sigmas = {run.sigmas[0], 0.0f};
+    auto denoised = sample_latent(*model_, one, x, cond, &uncond, *rng);
+    ASSERT_TRUE(denoised.ok()) << denoised.error().message;
+    std::vector<float> velocity(x.size());
+    for (size_t i = 0; i < x.size(); ++i) velocity[i] = (x[i] - (*denoised)[i]) / run.sigmas[0];
+    EXPECT_LT(relative_error(velocity, fixture_tensor(*io_, "velocity0").values), 1e-4);
+    auto latent = sample_latent(*model_, run, x, cond, &uncond, *rng);
+    ASSERT_TRUE(latent.ok()) << latent.error().message;
+    EXPECT_LT(relative_error(*latent, fixture_tensor(*io_, "latent").values), 1e-4);
+}
+
+// The other forms users have, and what kiln says about wrong ones.
+class ZImageInputs : public ::testing::Test {
+  protected:
+    static void SetUpTestSuite() {
+        dir_ = new test::TempDir();
+        // A Qwen3 with no tokenizer anywhere near it.
+        dir_->write("lonely/qwen3.safetensors", test::read_bytes(part("qwen3.safetensors")));
+        io_ = open_job("z_image_tiny_txt2img.safetensors");
+    }
+    static void TearDownTestSuite() {
+        delete dir_;
+        delete io_;
+        io_ = nullptr;
+    }
+
+    static std::string kiln_base(const std::string& dit, const std::string& vae, const std::string& llm) {
+        std::string cmd = std::string(KILN_BIN);
+        if (!dit.empty()) cmd += " --diffusion-model " + dit;
+        if (!vae.empty()) cmd += " --vae " + vae;
+        if (!llm.empty()) cmd += " --llm " + llm;
+        return cmd + " -p '" + kPrompt + "' -W 32 -H 32 --steps 4 -s 11 -t 1 ";
+    }
+
+    static test::TempDir* dir_;
+    static io::ModelFile* io_;
+};
+test::TempDir* ZImageInputs::dir_ = nullptr;
+io::ModelFile* ZImageInputs::io_ = nullptr;
+
+// qwen3.gguf carries the tokenizer as convert_hf_to_gguf.py writes Qwen's
+// (its table's rows past the tokenizer as unused [PAD<i>] tokens): the same
+// ids and the same conditioning with no --tokenizer.
+TEST_F(ZImageInputs, GgufLlmCarriesItsTokenizerAndGivesTheSameConditioning) {
+    auto st = Model::load(turbo_parts(), golden_options());
+    ASSERT_TRUE(st.ok()) << st.error().message;
+    ModelPaths paths = turbo_parts();
+    paths.llm = part("qwen3.gguf");
+    auto gguf = Model::load(paths, golden_options());
+    ASSERT_TRUE(gguf.ok()) << gguf.error().message;
+    EXPECT_EQ((*gguf)->family_label(), "Z-Image-Turbo");
+    EXPECT_EQ((*gguf)->llm_tokenizer().size(), 288);  // the [PAD<i>] rows included
+    for (const std::string& prompt : {std::string(kPrompt), std::string("")}) {
+        EXPECT_EQ((*gguf)->llm_tokenizer().encode(templated(prompt)), (*st)->llm_tokenizer().encode(templated(prompt)))
+            << prompt;
+    }
+    EXPECT_EQ(as_floats((*gguf)->llm_tokenizer().encode(templated(kPrompt))),
+              fixture_tensor(*io_, "llm.tokens").values);
+    auto a = encode_prompt(**st, kPrompt, 0);
+    auto b = encode_prompt(**gguf, kPrompt, 0);
+    ASSERT_TRUE(a.ok()) << a.error().message;
+    ASSERT_TRUE(b.ok()) << b.error().message;
+    EXPECT_EQ(a->tokens, b->tokens);
+    EXPECT_LT(relative_error(b->hidden, a->hidden), 1e-6);
+    EXPECT_LT(relative_error(b->hidden, fixture_tensor(*io_, "llm.hidden").values), 1e-4);
+}
+
+// --tokenizer llm=PATH for an LLM without one: the folder, or the GGUF.
+TEST_F(ZImageInputs, TokenizerFlagServesALonelyLlm) {
+    for (const std::string& tokenizer : {part("tokenizer"), part("qwen3.gguf"), part("tokenizer/vocab.json")}) {
+        ModelPaths paths = turbo_parts();
+        paths.llm = dir_->file("lonely/qwen3.safetensors");
+        paths.tokenizer = "llm=" + tokenizer;
+        auto model = Model::load(paths, golden_options());
+        ASSERT_TRUE(model.ok()) << tokenizer << ": " << model.error().message;
+        EXPECT_EQ(as_floats((*model)->llm_tokenizer().encode(templated(kPrompt))),
+                  fixture_tensor(*io_, "llm.tokens").values)
+            << tokenizer;
+    }
+    ModelPaths paths = turbo_parts();
+    paths.llm = dir_->file("lonely/qwen3.safetensors");
+    ModelOptions options;
+    options.threads = 1;
+    auto missing = Model::load(paths, options);
+    ASSERT_FALSE(missing.ok());
+    EXPECT_EQ(missing.error().kind, ErrorKind::BadFile);
+    EXPECT_NE(missing.error().message.find("--tokenizer llm=PATH"), std::string::npos) << missing.error().message;
+    EXPECT_NE(missing.error().message.find("looked in"), std::string::npos) << missing.error().message;
+}
+
+// The CLI with sd-cli's flags writes the reference image; Base with its
+// defaults (cfg 5, negative prompt "").
+TEST_F(ZImageInputs, SdCliCommandLineWorks) {
+    const std::string out = dir_->file("z_image.png");
+    auto ok = test::run_command(kiln_base(part("z_image_turbo_dit.safetensors"), flux_ae(), part("qwen3.safetensors")) +
+                                "-o " + out);
+    ASSERT_EQ(ok.exit_code, 0) << ok.err;
+    auto img = image::read_image(out);
+    ASSERT_TRUE(img.ok()) << img.error().message;
+    EXPECT_LE(difference_from_reference(*img, *io_), 1);
+
+    const std::string gguf_out = dir_->file("z_image_gguf.png");
+    ok = test::run_command(kiln_base(part("z_image_turbo_dit.safetensors"), flux_ae(), part("qwen3.gguf")) + "-o " +
+                           gguf_out);
+    ASSERT_EQ(ok.exit_code, 0) << ok.err;
+    auto gguf_img = image::read_image(gguf_out);
+    ASSERT_TRUE(gguf_img.ok()) << gguf_img.error().message;
+    EXPECT_LE(difference_from_reference(*gguf_img, *io_), 1);
+
+    std::unique_ptr<io::ModelFile> base_io(open_job("z_image_base_txt2img.safetensors"));
+    ASSERT_NE(base_io, nullptr);
+    const std::string base_out = dir_->file("z_image_base.png");
+    ok = test::run_command(kiln_base(part("z_image_base_dit.safetensors"), flux_ae(), part("qwen3.safetensors")) +
+                           "-o " + base_out);
+    ASSERT_EQ(ok.exit_code, 0) << ok.err;
+    auto base_img = image::read_image(base_out);
+    ASSERT_TRUE(base_img.ok()) << base_img.error().message;
+    EXPECT_LE(difference_from_reference(*base_img, *base_io), 1);
+}
+
+// Bad parts: one clear error line, exit code 1 or 2, no output file.
+TEST_F(ZImageInputs, WrongOrMissingPartsAreOneClearError) {
+    const std::string dit = part("z_image_turbo_dit.safetensors");
+    const std::string llm = part("qwen3.safetensors");
+    struct Case {
+        const char* what;
+        std::string command;
+        std::vector<std::string> says;
+    };
+    const std::vector<Case> cases = {
+        {"no --llm", kiln_base(dit, flux_ae(), ""), {"--llm"}},
+        // make_qwen3_fixtures.py's Qwen3 is 64 wide; make_z_image_fixtures.py's DiT takes 48.
+        {"an LLM of the wrong width",
+         kiln_base(golden_path("models/z_image_tiny.safetensors"), flux_ae(),
+                   golden_path("models/qwen3_tiny.safetensors")),
+         {"64 wide", "takes 48"}},
+        {"a T5 as --llm", kiln_base(dit, flux_ae(), golden_path("models/t5_tiny.safetensors")), {"--llm"}},
+        {"a GGUF LLM without its tokenizer",
+         kiln_base(dit, flux_ae(), golden_path("models/qwen3_tiny.gguf")),
+         {"--tokenizer llm=PATH"}},
+        {"no --vae", kiln_base(dit, "", llm), {"--vae"}},
+        {"an SD VAE",
+         kiln_base(dit, golden_path("models/sd1_tiny.safetensors"), llm),
+         {"4 latent channels", "takes 16"}},
+    };
+    const std::string out = dir_->file("bad.png");
+    for (const Case& c : cases) {
+        auto bad = test::run_command(c.command + "-o " + out);
+        EXPECT_TRUE(bad.exit_code == 1 || bad.exit_code == 2) << c.what << ": exit " << bad.exit_code;
+        EXPECT_FALSE(std::filesystem::exists(out)) << c.what;
+        EXPECT_EQ(std::count(bad.err.begin(), bad.err.end(), '\n'), 1) << c.what << ": " << bad.err;
+        for (const std::string& s : c.says) EXPECT_NE(bad.err.find(s), std::string::npos) << c.what << ": " << bad.err;
+        std::filesystem::remove(out);
+    }
+}
+
+}  // namespace
+}  // namespace kiln::pipeline
