@@ -12,6 +12,9 @@ Writes, relative to the repository root (in tests/golden/pipeline/):
       z_image_turbo_bf16.safetensors), BF16, metadata kiln.z_image.axes_dim "8,12,12": dim 64, 2 heads
       of 32, FFN 170, 1 noise refiner, 1 context refiner, 2 main layers, caption width 64 (the tiny
       Qwen3's), 16 latent channels in 2x2 patches. "turbo" in the name: kiln takes it for Z-Image-Turbo.
+  z_image_tiny/diffusers_transformer.safetensors  the same Turbo DiT in the original / diffusers names
+      (ZImageTransformer2DModel: all_x_embedder.2-1, attention.to_q/to_k/to_v/to_out.0, norm_q/norm_k,
+      all_final_layer.2-1), as a diffusers folder's transformer/ holds it
   z_image_tiny/z_image_base_dit.safetensors   another DiT of the same shapes (other weights) whose name
       does not say "turbo": Z-Image Base
   z_image_tiny/qwen3.safetensors  a tiny Qwen3 (HF names model.embed_tokens.weight, model.layers.N.*,
@@ -370,12 +373,15 @@ def run_job(dit, llm, ae, tok, cfg):
     return io
 
 
-def write_dit(name, seed):
+def write_dit(name, seed, diffusers_name=None):
     dit = ref.ZImage(**DIT)
-    stored = ref.comfy_names(mz.randomize(dit, seed))
+    original = mz.randomize(dit, seed)
+    stored = ref.comfy_names(original)
     path = os.path.join(PARTS, name)
     safetensors_io.save_file(stored, path, dict(DIT_METADATA))
     assert os.path.getsize(path) < MAX_DIT_BYTES, path
+    if diffusers_name:
+        safetensors_io.save_file(original, os.path.join(PARTS, diffusers_name), dict(DIT_METADATA))
     return dit.double().eval()
 
 
@@ -417,7 +423,7 @@ def main():
     ae.load_state_dict({k: v.to(torch.float32) for k, v in weights.items()})
     ae = ae.double().eval()
 
-    turbo = write_dit("z_image_turbo_dit.safetensors", SEED + 2)
+    turbo = write_dit("z_image_turbo_dit.safetensors", SEED + 2, "diffusers_transformer.safetensors")
     base = write_dit("z_image_base_dit.safetensors", SEED + 3)
     with torch.no_grad():
         save_job(run_job(turbo, llm, ae, tok, 1.0), "z_image_tiny_txt2img.safetensors",

@@ -18,6 +18,10 @@ constexpr float kDefaultNormEps = 1e-6f;   // Qwen3's rms_norm_eps
 enum class Part { Q, K, V, O, QNorm, KNorm, AttentionNorm, Gate, Up, Down, FeedForwardNorm };
 
 // `kind`: "weight", or "bias" for the projections that have one.
+// HF's causal-LM classes (Qwen3ForCausalLM) keep the decoder under "model.";
+// the bare decoder (Qwen3Model, a diffusers folder's text_encoder/) does not.
+std::string hf_stem(Naming naming) { return naming == Naming::HuggingFace ? "model." : ""; }
+
 std::string layer_tensor(Naming naming, int64_t layer, Part part, const char* kind = "weight") {
     const char* leaf = "";
     if (naming == Naming::LlamaCpp) {
@@ -49,15 +53,15 @@ std::string layer_tensor(Naming naming, int64_t layer, Part part, const char* ki
         case Part::Down: leaf = "mlp.down_proj"; break;
         case Part::FeedForwardNorm: leaf = "post_attention_layernorm"; break;
     }
-    return "model.layers." + std::to_string(layer) + "." + leaf + "." + kind;
+    return hf_stem(naming) + "layers." + std::to_string(layer) + "." + leaf + "." + kind;
 }
 
 std::string embedding_name(Naming naming) {
-    return naming == Naming::LlamaCpp ? "token_embd.weight" : "model.embed_tokens.weight";
+    return naming == Naming::LlamaCpp ? "token_embd.weight" : hf_stem(naming) + "embed_tokens.weight";
 }
 
 std::string final_norm_name(Naming naming) {
-    return naming == Naming::LlamaCpp ? "output_norm.weight" : "model.norm.weight";
+    return naming == Naming::LlamaCpp ? "output_norm.weight" : hf_stem(naming) + "norm.weight";
 }
 
 // A product that may not round through f16 (the header's precision note).
@@ -114,7 +118,7 @@ struct LlmEncoder::Layer {
 };
 
 bool LlmEncoder::looks_like_llm(const io::ModelFile& file, const std::string& prefix) {
-    for (Naming naming : {Naming::HuggingFace, Naming::LlamaCpp}) {
+    for (Naming naming : {Naming::HuggingFace, Naming::HuggingFaceBase, Naming::LlamaCpp}) {
         if (!file.find(prefix + layer_tensor(naming, 0, Part::Q))) continue;
         if (file.find(prefix + layer_tensor(naming, 0, Part::QNorm))) return true;
         if (naming == Naming::LlamaCpp && file.metadata_string("general.architecture", "") == "qwen3") return true;
@@ -135,6 +139,8 @@ Result<std::unique_ptr<LlmEncoder>> LlmEncoder::create(const io::ModelFile& file
     // The naming follows the token embedding's name.
     if (file.find(prefix + embedding_name(Naming::HuggingFace))) {
         c.naming = Naming::HuggingFace;
+    } else if (file.find(prefix + embedding_name(Naming::HuggingFaceBase))) {
+        c.naming = Naming::HuggingFaceBase;
     } else if (file.find(prefix + embedding_name(Naming::LlamaCpp))) {
         c.naming = Naming::LlamaCpp;
     } else {

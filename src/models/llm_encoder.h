@@ -20,13 +20,16 @@
 // present, must agree with the tensors. HF's config.json beside the file is
 // not read.
 //
-// Two tensor namings, detected from the file (both under `prefix`, which may
-// be empty or ComfyUI's "text_encoders.qwen3_4b.transformer."):
-//   HF transformers: `model.embed_tokens.weight`,
+// Three tensor namings, detected from the file (all under `prefix`, which may
+// be empty, ComfyUI's "text_encoders.qwen3_4b.transformer." or a diffusers
+// folder's "text_encoder/"):
+//   HF transformers' causal LM (Qwen3ForCausalLM): `model.embed_tokens.weight`,
 //   `model.layers.N.self_attn.{q,k,v,o}_proj.weight`,
 //   `model.layers.N.self_attn.{q,k}_norm.weight`,
 //   `model.layers.N.mlp.{gate,up,down}_proj.weight`,
 //   `model.layers.N.{input,post_attention}_layernorm.weight`, `model.norm.weight`;
+//   HF's bare decoder (Qwen3Model, which diffusers' ZImagePipeline keeps in
+//   text_encoder/): the same without "model.";
 //   llama.cpp's GGUF names: `token_embd.weight`, `blk.N.attn_{q,k,v,output}.weight`,
 //   `blk.N.attn_{q,k}_norm.weight`, `blk.N.attn_norm.weight`,
 //   `blk.N.ffn_{gate,up,down}.weight`, `blk.N.ffn_norm.weight`, `output_norm.weight`.
@@ -68,7 +71,7 @@ namespace kiln::models {
 
 struct LlmConfig {
     enum class Arch { Qwen3 };
-    enum class Naming { HuggingFace, LlamaCpp };
+    enum class Naming { HuggingFace, HuggingFaceBase, LlamaCpp };
     Arch arch = Arch::Qwen3;
     Naming naming = Naming::HuggingFace;
     int64_t vocab = 0;

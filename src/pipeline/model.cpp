@@ -43,11 +43,12 @@ std::vector<std::string> network_probes(models::NetworkKind kind) {
         case models::NetworkKind::T5:
             return {"encoder.block.0.layer.0.SelfAttention.q.weight", "enc.blk.0.attn_q.weight"};
         case models::NetworkKind::FluxDit: return {"double_blocks.0.img_attn.qkv.weight", "x_embedder.weight"};
-        // HF names (the prefix is ComfyUI's text_encoders.*. or a diffusers
-        // folder's) and llama.cpp's GGUF names; the embedding rather than a
-        // layer, so a file of another architecture reaches LlmEncoder's
-        // clear error instead of "no llm in it".
-        case models::NetworkKind::Llm: return {"model.embed_tokens.weight", "token_embd.weight"};
+        // HF names (Qwen3ForCausalLM's "model." becomes part of the prefix,
+        // as ComfyUI's text_encoders.*. and a diffusers folder's
+        // text_encoder/ do) and llama.cpp's GGUF names; the embedding rather
+        // than a layer, so a GGUF of another architecture reaches
+        // LlmEncoder's clear error instead of "no llm in it".
+        case models::NetworkKind::Llm: return {"embed_tokens.weight", "token_embd.weight"};
         case models::NetworkKind::ZImageDit: return {"cap_pad_token"};
     }
     return {};

@@ -62,7 +62,10 @@ double relative_error(const std::vector<float>& actual, const std::vector<float>
 
 SafetensorsEntry copy_entry(const io::ModelFile& file, const io::TensorInfo& t, std::string name) {
     const uint8_t* data = file.data(t);
-    const char* dtype = t.dtype == io::DType::F16 ? "F16" : t.dtype == io::DType::F32 ? "F32" : "I64";
+    const char* dtype = t.dtype == io::DType::F16    ? "F16"
+                        : t.dtype == io::DType::BF16 ? "BF16"
+                        : t.dtype == io::DType::F32  ? "F32"
+                                                     : "I64";
     return {std::move(name), dtype, t.shape, std::vector<uint8_t>(data, data + t.nbytes)};
 }
 

@@ -25,7 +25,7 @@ struct FixtureTensor {
 };
 FixtureTensor fixture_tensor(const io::ModelFile& file, const std::string& name);
 
-// A tensor of `file` (F16, F32 or I64) as a build_safetensors entry named `name`.
+// A tensor of `file` (F16, BF16, F32 or I64) as a build_safetensors entry named `name`.
 SafetensorsEntry copy_entry(const io::ModelFile& file, const io::TensorInfo& t, std::string name);
 
 // An ldm-named entry in diffusers' names: its component folder in *folder and

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 
 #include "golden.h"
 #include "image/image_io.h"
@@ -410,6 +411,122 @@ TEST_F(ZImageInputs, SdCliCommandLineWorks) {
     auto base_img = image::read_image(base_out);
     ASSERT_TRUE(base_img.ok()) << base_img.error().message;
     EXPECT_LE(difference_from_reference(*base_img, *base_io), 1);
+}
+
+// The tensors of `path` renamed by `rename` ("" drops one).
+std::vector<test::SafetensorsEntry> renamed_entries(const std::string& path,
+                                                    const std::function<std::string(const std::string&)>& rename) {
+    auto file = io::ModelFile::open({path});
+    EXPECT_TRUE(file.ok());
+    std::vector<test::SafetensorsEntry> out;
+    for (const io::TensorInfo& t : file->tensors()) {
+        const std::string name = rename(t.name);
+        if (!name.empty()) out.push_back(test::copy_entry(*file, t, name));
+    }
+    return out;
+}
+
+std::string without_model_stem(const std::string& name) { return name.rfind("model.", 0) == 0 ? name.substr(6) : name; }
+
+// A diffusers ZImagePipeline folder as Tongyi-MAI/Z-Image-Turbo holds it:
+// transformer/ in the original (diffusers) names, text_encoder/ a bare
+// Qwen3Model (no "model." stem), tokenizer/, vae/ in diffusers' names.
+TEST_F(ZImageInputs, DiffusersFolderGivesTheReferenceImage) {
+    const std::string root = "Z-Image-Turbo/";
+    dir_->write(root + "model_index.json",
+                R"({"_class_name": "ZImagePipeline", "transformer": ["diffusers", "ZImageTransformer2DModel"],
+                    "text_encoder": ["transformers", "Qwen3Model"], "tokenizer": ["transformers", "Qwen2Tokenizer"],
+                    "vae": ["diffusers", "AutoencoderKL"],
+                    "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"]})");
+    dir_->write(root + "transformer/diffusion_pytorch_model.safetensors",
+                test::read_bytes(part("diffusers_transformer.safetensors")));
+    dir_->write(root + "text_encoder/model.safetensors",
+                test::build_safetensors(renamed_entries(part("qwen3.safetensors"), without_model_stem)));
+    const io::NameMap map(io::ModelFamily::SD1);
+    std::vector<test::SafetensorsEntry> vae;
+    for (const auto& e : renamed_entries(flux_ae(), [](const std::string& n) { return "first_stage_model." + n; })) {
+        std::string folder;
+        for (auto& d : test::to_diffusers(e, map, &folder)) vae.push_back(std::move(d));
+    }
+    dir_->write(root + "vae/diffusion_pytorch_model.safetensors", test::build_safetensors(vae));
+    for (const char* f : {"vocab.json", "merges.txt", "tokenizer_config.json"}) {
+        dir_->write(root + "tokenizer/" + f, test::read_bytes(part(std::string("tokenizer/") + f)));
+    }
+    ModelPaths paths;
+    paths.model = {dir_->file(root)};
+    auto model = Model::load(paths, golden_options());
+    ASSERT_TRUE(model.ok()) << model.error().message;
+    EXPECT_EQ((*model)->family_label(), "Z-Image-Turbo");
+    auto images = generate(**model, tiny_job());
+    ASSERT_TRUE(images.ok()) << images.error().message;
+    EXPECT_LE(difference_from_reference(images->front().image, *io_), 1);
+}
+
+// ComfyUI's text encoder file (text_encoders/qwen_3_4b.safetensors) inside an
+// all-in-one checkpoint, and an HF LLM split into shards with its index, as
+// Qwen's repositories hold it: the reference conditioning.
+TEST_F(ZImageInputs, AllInOneFileAndShardedLlmGiveTheReferenceConditioning) {
+    std::vector<test::SafetensorsEntry> all = renamed_entries(
+        part("z_image_turbo_dit.safetensors"), [](const std::string& n) { return "model.diffusion_model." + n; });
+    for (auto& e : renamed_entries(part("qwen3.safetensors"),
+                                   [](const std::string& n) { return "text_encoders.qwen3_4b.transformer." + n; })) {
+        all.push_back(std::move(e));
+    }
+    for (auto& e : renamed_entries(flux_ae(), [](const std::string& n) { return "vae." + n; })) {
+        all.push_back(std::move(e));
+    }
+    dir_->write("aio/z_image_turbo_aio.safetensors",
+                test::build_safetensors(all, {{"kiln.z_image.axes_dim", "8,12,12"}}));
+    for (const char* f : {"vocab.json", "merges.txt", "tokenizer_config.json"}) {
+        dir_->write(std::string("aio/tokenizer/") + f, test::read_bytes(part(std::string("tokenizer/") + f)));
+    }
+    ModelPaths aio;
+    aio.model = {dir_->file("aio/z_image_turbo_aio.safetensors")};
+    auto model = Model::load(aio, golden_options());
+    ASSERT_TRUE(model.ok()) << model.error().message;
+    EXPECT_EQ((*model)->family_label(), "Z-Image-Turbo");
+    auto c = encode_prompt(**model, kPrompt, 0);
+    ASSERT_TRUE(c.ok()) << c.error().message;
+    EXPECT_LT(relative_error(c->hidden, fixture_tensor(*io_, "llm.hidden").values), 1e-4);
+
+    // Layers 0-1 and the rest in two shards; the index names the shard of each tensor.
+    const auto llm = renamed_entries(part("qwen3.safetensors"), [](const std::string& n) { return n; });
+    std::vector<test::SafetensorsEntry> first, second;
+    std::string index = R"({"metadata": {}, "weight_map": {)";
+    for (const auto& e : llm) {
+        const bool early = e.name.find("layers.0.") != std::string::npos || e.name.find("embed") != std::string::npos;
+        (early ? first : second).push_back(e);
+        index += std::string(index.back() == '{' ? "" : ", ") + "\"" + e.name + "\": \"model-0000" +
+                 (early ? "1" : "2") + "-of-00002.safetensors\"";
+    }
+    dir_->write("sharded/model-00001-of-00002.safetensors", test::build_safetensors(first));
+    dir_->write("sharded/model-00002-of-00002.safetensors", test::build_safetensors(second));
+    dir_->write("sharded/model.safetensors.index.json", index + "}}");
+    ModelPaths sharded = turbo_parts();
+    sharded.llm = dir_->file("sharded/model-00001-of-00002.safetensors");
+    sharded.tokenizer = "llm=" + part("tokenizer");
+    model = Model::load(sharded, golden_options());
+    ASSERT_TRUE(model.ok()) << model.error().message;
+    c = encode_prompt(**model, kPrompt, 0);
+    ASSERT_TRUE(c.ok()) << c.error().message;
+    EXPECT_LT(relative_error(c->hidden, fixture_tensor(*io_, "llm.hidden").values), 1e-4);
+}
+
+// -M convert --type q8_0 of the DiT, as users quantize it: the image stays
+// within a few levels of the reference.
+TEST_F(ZImageInputs, QuantizedGgufDitRuns) {
+    const std::string dit = dir_->file("z_image_turbo-Q8_0.gguf");
+    auto convert = test::run_command(std::string(KILN_BIN) + " -M convert -m " + part("z_image_turbo_dit.safetensors") +
+                                     " --type q8_0 -o " + dit);
+    ASSERT_EQ(convert.exit_code, 0) << convert.err;
+    ModelPaths paths = turbo_parts();
+    paths.diffusion_model = dit;
+    auto model = Model::load(paths, golden_options());
+    ASSERT_TRUE(model.ok()) << model.error().message;
+    EXPECT_EQ((*model)->family_label(), "Z-Image-Turbo");
+    auto images = generate(**model, tiny_job());
+    ASSERT_TRUE(images.ok()) << images.error().message;
+    EXPECT_LE(difference_from_reference(images->front().image, *io_), 8);
 }
 
 // Bad parts: one clear error line, exit code 1 or 2, no output file.
