@@ -469,8 +469,10 @@ kiln_status kiln_plan(kiln_context* ctx, const kiln_generation_params* params, c
         auto job = kiln::pipeline::validate_request(*ctx->model, *r);
         if (!job.ok()) return fail(error, job.error());
         const bool cfg = job->cfg != 1.0f;
-        auto forecast = kiln::pipeline::forecast_job(*ctx->model, job->width, job->height, cfg,
-                                                     params->flash_attention != 0, &r->prompt);
+        // No prompt (kiln plan without -p): the family's typical length.
+        auto forecast =
+            kiln::pipeline::forecast_job(*ctx->model, job->width, job->height, cfg, params->flash_attention != 0,
+                                         r->prompt.empty() ? nullptr : &r->prompt);
         if (!forecast.ok()) return fail(error, forecast.error());
         *text = copy_string("job: " + std::to_string(job->width) + "x" + std::to_string(job->height) +
                             (cfg ? ", CFG batch of two\n" : "\n") +

@@ -17,7 +17,9 @@
 #include "image/image_io.h"
 #include "pipeline/conditioner.h"
 #include "pipeline/generate.h"
+#include "pipeline/graphs.h"
 #include "pipeline/llm_tokenizer.h"
+#include "pipeline/prompt_weights.h"
 #include "pipeline/schedulers.h"
 #include "test_files.h"
 
@@ -166,6 +168,42 @@ TEST_F(ZImagePipeline, ConditioningIsQwen3sSecondToLastHiddenStates) {
     EXPECT_LT(relative_error(cond->hidden, hidden.values), 1e-4);
     EXPECT_TRUE(cond->pooled.empty());
     EXPECT_TRUE(cond->token_valid.empty());  // every token of the template is attended to
+}
+
+// A1111 weights as sd-cli applies them to an LLM: the prompt's fragments
+// tokenized one by one, each token's row scaled by its weight, the mean
+// restored; the template at weight 1; BREAK dropped.
+TEST_F(ZImagePipeline, PromptWeightsScaleTheirTokensAsSdCliDoes) {
+    const LlmTokenizer& tok = model_->llm_tokenizer();
+    const TextEncoder& te = model_->text_encoders().front();
+    auto join = [&](std::initializer_list<std::string> parts) {
+        std::vector<int32_t> ids;
+        for (const std::string& part : parts) {
+            const std::vector<int32_t> piece = tok.encode(part);
+            ids.insert(ids.end(), piece.begin(), piece.end());
+        }
+        return ids;
+    };
+    const LlmPrompt weighted = llm_prompt(tok, *te.use, "a (red:1.5) cat on a blue square");
+    EXPECT_EQ(weighted.ids, join({kChatPrefix, "a ", "red", " cat on a blue square", kChatSuffix}));
+    const size_t red_start = join({kChatPrefix, "a "}).size(), red_end = red_start + tok.encode("red").size();
+    for (size_t i = 0; i < weighted.weights.size(); ++i) {
+        EXPECT_EQ(weighted.weights[i], i >= red_start && i < red_end ? 1.5f : 1.0f) << i;
+    }
+    EXPECT_EQ(llm_prompt(tok, *te.use, "a BREAK cat").ids, join({kChatPrefix, "a", "cat", kChatSuffix}));
+
+    auto cond = encode_prompt(*model_, "a (red:1.5) cat on a blue square", 0);
+    ASSERT_TRUE(cond.ok()) << cond.error().message;
+    const auto n = static_cast<int64_t>(weighted.ids.size());
+    TextEncoderGraph g = build_text_encoder_graph(te, weighted.ids.data(), n, 1, te.use->default_layer);
+    ASSERT_TRUE(g.session->run(*te.executor, g.out).ok());
+    std::vector<float> want = runtime::GraphSession::read(g.out);
+    apply_token_weights(want.data(), static_cast<int>(n), static_cast<int>(te.width()), weighted.weights.data());
+    EXPECT_EQ(cond->tokens, n);
+    EXPECT_LT(relative_error(cond->hidden, want), 1e-6);
+    auto plain = encode_prompt(*model_, "a red cat on a blue square", 0);
+    ASSERT_TRUE(plain.ok());
+    EXPECT_NE(plain->hidden, cond->hidden);
 }
 
 TEST_F(ZImagePipeline, ScheduleIsTheFlowTableShiftedBy3) {
