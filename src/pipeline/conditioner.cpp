@@ -120,6 +120,15 @@ Result<EncodedChunks> encode_llm(const TextEncoder& encoder, const LlmTokenizer&
 
 }  // namespace
 
+int64_t context_length(const Model& model, const std::string* prompt) {
+    for (const TextEncoder& te : model.text_encoders()) {
+        if (!te.llm) continue;
+        if (!prompt) return te.use->plan_tokens;
+        return static_cast<int64_t>(llm_prompt(model.llm_tokenizer(), *te.use, *prompt).ids.size());
+    }
+    return single_chunk_tokens(model);
+}
+
 LlmPrompt llm_prompt(const LlmTokenizer& tokenizer, const models::TextEncoderUse& use, const std::string& prompt) {
     LlmPrompt out;
     auto append = [&](const std::string& text, float weight) {

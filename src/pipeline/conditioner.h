@@ -46,6 +46,11 @@ struct LlmPrompt {
 };
 LlmPrompt llm_prompt(const LlmTokenizer& tokenizer, const models::TextEncoderUse& use, const std::string& prompt);
 
+// The diffusion network's context length for a job: an LLM's prompt length
+// under its chat template (null `prompt`: the family's plan_tokens), else
+// single_chunk_tokens() (a prompt of one CLIP chunk, T5's fixed length).
+int64_t context_length(const Model& model, const std::string* prompt);
+
 // Encodes `prompt` with every text encoder of the model's family, each at
 // layer `clip_skip` from the end (<= 0: the family's default), in as many
 // 77-token chunks as the prompt takes (CLIP); T5 and LLM encoders ignore

@@ -22,15 +22,14 @@ Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, 
         out.modules.push_back({executor.module(), executor.store().ledger().device_name(), *f});
         return Status::Ok();
     };
-    int64_t context_tokens = single_chunk_tokens(model);
+    const int64_t context_tokens = context_length(model, prompt);
     for (const TextEncoder& encoder : model.text_encoders()) {
-        int64_t length = encoder.t5 ? encoder.use->max_length : encoder.network ? encoder.network->config().context : 0;
-        if (encoder.llm) {
-            length = prompt ? static_cast<int64_t>(llm_prompt(model.llm_tokenizer(), *encoder.use, *prompt).ids.size())
-                            : encoder.use->plan_tokens;
-            context_tokens = length;
-        }
-        TextEncoderGraph g = build_text_encoder_graph(encoder, nullptr, length, batch, encoder.use->default_layer);
+        const int64_t length = encoder.t5    ? encoder.use->max_length
+                               : encoder.llm ? context_tokens
+                                             : encoder.network->config().context;
+        // An LLM encodes one prompt at a time (conditioner.cpp).
+        TextEncoderGraph g =
+            build_text_encoder_graph(encoder, nullptr, length, encoder.llm ? 1 : batch, encoder.use->default_layer);
         KILN_TRY(add(*encoder.executor, *g.session, g.out));
     }
     // Chroma's DiT takes the padding mask as an input of its own.
