@@ -75,20 +75,24 @@ TEST_F(CfgChunks, RepeatedChunksGiveTheTwoPassesOfTheirOwnLengths) {
     bool batched_apart = true;
     const std::vector<float> batched = sample(cond, repeated(uncond, 2), /*batch_cfg=*/true, &batched_apart);
     EXPECT_FALSE(batched_apart);
-    // Rounding: the batch of two and two passes of one of the same contexts
-    // differ in summation order (about 1e-3 after 3 steps at cfg 6 on this
-    // random tiny model).
-    const double rounding = test::relative_error(sample(cond, cond, true), sample(cond, cond, false));
-    EXPECT_LT(test::relative_error(batched, own_lengths), 3 * rounding + 1e-5);
-    EXPECT_LT(test::relative_error(sample(cond, repeated(uncond, 2), false), own_lengths), 3 * rounding + 1e-5);
-
     // Padding the negative with an empty chunk (the old behaviour) is another
-    // result: the comparison above can fail.
+    // result.
     Conditioning padded = uncond;
     const Conditioning empty = encode("");
     padded.hidden.insert(padded.hidden.end(), empty.hidden.begin(), empty.hidden.end());
     padded.tokens += empty.tokens;
-    EXPECT_GT(test::relative_error(sample(cond, padded, true), own_lengths), 30 * rounding);
+    const double padding_error = test::relative_error(sample(cond, padded, true), own_lengths);
+    // Rounding: the batch of two and two passes of one of the same contexts
+    // differ in summation order (3e-4 to 1e-3 after 3 steps at cfg 6 on this
+    // random tiny model, by the CPU's kernels). Repeated chunks differ from
+    // the passes of their own lengths by rounding alone, which 3 steps at
+    // cfg 6 amplify (up to 6 times the same-context rounding measured here);
+    // padding differs by far more.
+    const double rounding = test::relative_error(sample(cond, cond, true), sample(cond, cond, false));
+    EXPECT_GT(padding_error, 30 * rounding);
+    EXPECT_LT(test::relative_error(batched, own_lengths), 10 * rounding + 1e-5);
+    EXPECT_LT(test::relative_error(sample(cond, repeated(uncond, 2), false), own_lengths), 10 * rounding + 1e-5);
+    EXPECT_LT(test::relative_error(batched, own_lengths), padding_error / 10);
 }
 
 TEST_F(CfgChunks, GenerateRunsCountsThatDoNotDivideApart) {
