@@ -9,6 +9,8 @@
 
 #include "nn/attention.h"
 #include "nn/layers.h"
+#include "nn/rope.h"
+#include "nn/shapes.h"
 
 namespace kiln::models {
 namespace {
@@ -136,20 +138,6 @@ ggml_tensor* head_norm(ggml_context* ctx, ggml_tensor* x, ggml_tensor* scale, in
     return ggml_mul(ctx, ggml_rms_norm(ctx, x, kNormEps), scale);
 }
 
-// BFL's apply_rope on x ne [head_dim, heads, L, B] (contiguous) with the
-// table's planes ne [head_dim, 1, L, 1]: x * cos + swap_pairs(x) * signed sin.
-// Returns ne [heads * head_dim, L, B].
-ggml_tensor* apply_rope(ggml_context* ctx, ggml_tensor* x, ggml_tensor* cos, ggml_tensor* sin) {
-    const int64_t D = x->ne[0], H = x->ne[1], L = x->ne[2], B = x->ne[3];
-    ggml_tensor* pairs = ggml_reshape_4d(ctx, x, 2, D / 2, H, L * B);
-    auto element = [&](int i) {  // element i of every pair: ne [1, D/2, H, L*B]
-        return ggml_view_4d(ctx, pairs, 1, D / 2, H, L * B, pairs->nb[1], pairs->nb[2], pairs->nb[3], i * pairs->nb[0]);
-    };
-    ggml_tensor* swapped = ggml_reshape_4d(ctx, ggml_concat(ctx, element(1), element(0), 0), D, H, L, B);
-    ggml_tensor* out = ggml_add(ctx, ggml_mul(ctx, x, cos), ggml_mul(ctx, swapped, sin));
-    return ggml_reshape_3d(ctx, out, D * H, L, B);
-}
-
 // Tokens [first, first + count) of ne [hidden, L, B], contiguous.
 // Named: ggml names a view after its source ("cut:double_blocks.0 (view)"),
 // which would read as another cut marker.
@@ -191,7 +179,7 @@ struct Shared {
 // Attention over all tokens of q, k, v (each ne [hidden, L, B], q and k
 // already head-normed as ne [head_dim, heads, L, B]).
 ggml_tensor* joint_attention(ggml_context* ctx, const Shared& s, ggml_tensor* q, ggml_tensor* k, ggml_tensor* v) {
-    return nn::attention(ctx, apply_rope(ctx, q, s.cos, s.sin), apply_rope(ctx, k, s.cos, s.sin), v, s.attn);
+    return nn::attention(ctx, nn::rope_pairs(ctx, q, s.cos, s.sin), nn::rope_pairs(ctx, k, s.cos, s.sin), v, s.attn);
 }
 
 struct StreamQkv {
@@ -360,25 +348,6 @@ Result<std::vector<int>> parse_axes(const std::string& text) {
     }
     if (axes.empty()) return Error::bad_file("metadata kiln.flux.axes_dim is empty");
     return axes;
-}
-
-std::string ne_string(const ggml_tensor* t) {
-    std::string s = "[";
-    for (int i = 0; i < ggml_n_dims(t); ++i) s += (i ? ", " : "") + std::to_string(t->ne[i]);
-    return s + "]";
-}
-
-std::string ne_string(const std::vector<int64_t>& ne) {
-    std::string s = "[";
-    for (size_t i = 0; i < ne.size(); ++i) s += (i ? ", " : "") + std::to_string(ne[i]);
-    return s + "]";
-}
-
-bool has_ne(const ggml_tensor* t, const std::vector<int64_t>& ne) {
-    for (int i = 0; i < GGML_MAX_DIMS; ++i) {
-        if (t->ne[i] != (i < static_cast<int>(ne.size()) ? ne[i] : 1)) return false;
-    }
-    return true;
 }
 
 // Grid positions of the references (see the header): (h_off, w_off) of each.
@@ -675,7 +644,7 @@ Result<ggml_tensor*> FluxDit::build(ggml_context* ctx, const FluxInputs& in, con
         if (!in.refs[i]) return fail("reference latent " + std::to_string(i) + " is null");
         KILN_TRY(check_latent(in.refs[i], "reference latent " + std::to_string(i)));
     }
-    if (!has_ne(in.timesteps, {B})) return fail("timesteps must be ne [" + std::to_string(B) + "]");
+    if (!nn::has_ne(in.timesteps, {B})) return fail("timesteps must be ne [" + std::to_string(B) + "]");
     if (in.context->ne[0] != c.context_dim) {
         return fail("context is " + std::to_string(in.context->ne[0]) + " wide, the network takes " +
                     std::to_string(c.context_dim));
@@ -689,10 +658,10 @@ Result<ggml_tensor*> FluxDit::build(ggml_context* ctx, const FluxInputs& in, con
     if (!c.guidance_embed && !c.chroma && in.guidance) {
         return fail("this network has no guidance_in (schnell); guidance must be null");
     }
-    if (in.guidance && !has_ne(in.guidance, {B})) return fail("guidance must be ne [" + std::to_string(B) + "]");
+    if (in.guidance && !nn::has_ne(in.guidance, {B})) return fail("guidance must be ne [" + std::to_string(B) + "]");
     if (c.vec_dim > 0) {
         if (!in.pooled) return fail("this network needs pooled (ne [" + std::to_string(c.vec_dim) + ", batch])");
-        if (!has_ne(in.pooled, {c.vec_dim, B})) {
+        if (!nn::has_ne(in.pooled, {c.vec_dim, B})) {
             return fail("pooled must be ne [" + std::to_string(c.vec_dim) + ", " + std::to_string(B) + "]");
         }
     } else if (in.pooled) {
@@ -704,19 +673,19 @@ Result<ggml_tensor*> FluxDit::build(ggml_context* ctx, const FluxInputs& in, con
     std::vector<FluxTokenGrid> ref_grids;
     for (ggml_tensor* r : in.refs) ref_grids.push_back({r->ne[0] / c.patch, r->ne[1] / c.patch});
     const std::vector<int64_t> rope_ne = flux_rope_shape(c, T, grid, ref_grids);
-    if (in.rope->type != GGML_TYPE_F32 || !has_ne(in.rope, rope_ne)) {
-        return fail("rope is " + ne_string(in.rope) + ", these tokens need F32 " + ne_string(rope_ne) +
+    if (in.rope->type != GGML_TYPE_F32 || !nn::has_ne(in.rope, rope_ne)) {
+        return fail("rope is " + nn::ne_string(in.rope) + ", these tokens need F32 " + nn::ne_string(rope_ne) +
                     " (flux_rope_table)");
     }
     const int64_t n_tokens = rope_ne[1];
     if (in.mask) {
         const std::vector<int64_t> mask_ne = flux_attention_mask_shape(T, n_tokens - T, B);
-        if (in.mask->type != GGML_TYPE_F32 || !has_ne(in.mask, mask_ne)) {
-            return fail("mask is " + ne_string(in.mask) + ", expected F32 " + ne_string(mask_ne));
+        if (in.mask->type != GGML_TYPE_F32 || !nn::has_ne(in.mask, mask_ne)) {
+            return fail("mask is " + nn::ne_string(in.mask) + ", expected F32 " + nn::ne_string(mask_ne));
         }
     }
-    if (c.chroma && (!in.chroma_index || !has_ne(in.chroma_index, chroma_index_shape(c)))) {
-        return fail("Chroma needs chroma_index, F32 " + ne_string(chroma_index_shape(c)) + " (chroma_index_table)");
+    if (c.chroma && (!in.chroma_index || !nn::has_ne(in.chroma_index, chroma_index_shape(c)))) {
+        return fail("Chroma needs chroma_index, F32 " + nn::ne_string(chroma_index_shape(c)) + " (chroma_index_table)");
     }
     if (!c.chroma && in.chroma_index) return fail("chroma_index is for Chroma only; must be null");
 

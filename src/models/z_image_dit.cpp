@@ -7,6 +7,8 @@
 
 #include "nn/attention.h"
 #include "nn/layers.h"
+#include "nn/rope.h"
+#include "nn/shapes.h"
 
 namespace kiln::models {
 namespace {
@@ -80,25 +82,6 @@ Result<std::vector<int>> parse_axes(const std::string& text) {
     return axes;
 }
 
-std::string ne_string(const ggml_tensor* t) {
-    std::string s = "[";
-    for (int i = 0; i < ggml_n_dims(t); ++i) s += (i ? ", " : "") + std::to_string(t->ne[i]);
-    return s + "]";
-}
-
-std::string ne_string(const std::vector<int64_t>& ne) {
-    std::string s = "[";
-    for (size_t i = 0; i < ne.size(); ++i) s += (i ? ", " : "") + std::to_string(ne[i]);
-    return s + "]";
-}
-
-bool has_ne(const ggml_tensor* t, const std::vector<int64_t>& ne) {
-    for (int i = 0; i < GGML_MAX_DIMS; ++i) {
-        if (t->ne[i] != (i < static_cast<int>(ne.size()) ? ne[i] : 1)) return false;
-    }
-    return true;
-}
-
 // Shapes from the sizes build() sees.
 std::vector<int64_t> rope_shape(const ZImageConfig& c, int64_t image_tokens, int64_t txt_tokens, int64_t batch) {
     return {c.head_dim, z_image_padded(image_tokens) + z_image_padded(txt_tokens), batch, 2};
@@ -151,20 +134,6 @@ ggml_tensor* head_norm(ggml_context* ctx, ggml_tensor* x, ggml_tensor* w, int64_
     return rms_norm(ctx, x, w, eps);
 }
 
-// x ne [head_dim, heads, L, B] (contiguous) rotated by the table's planes
-// (each ne [head_dim, 1, L, B]): x * cos + swap_pairs(x) * signed sin.
-// Returns ne [heads * head_dim, L, B].
-ggml_tensor* apply_rope(ggml_context* ctx, ggml_tensor* x, ggml_tensor* cos, ggml_tensor* sin) {
-    const int64_t D = x->ne[0], H = x->ne[1], L = x->ne[2], B = x->ne[3];
-    ggml_tensor* pairs = ggml_reshape_4d(ctx, x, 2, D / 2, H, L * B);
-    auto element = [&](int i) {  // element i of every pair: ne [1, D/2, H, L*B]
-        return ggml_view_4d(ctx, pairs, 1, D / 2, H, L * B, pairs->nb[1], pairs->nb[2], pairs->nb[3], i * pairs->nb[0]);
-    };
-    ggml_tensor* swapped = ggml_reshape_4d(ctx, ggml_concat(ctx, element(1), element(0), 0), D, H, L, B);
-    ggml_tensor* out = ggml_add(ctx, ggml_mul(ctx, x, cos), ggml_mul(ctx, swapped, sin));
-    return ggml_reshape_3d(ctx, out, D * H, L, B);
-}
-
 // What one run of blocks over the same tokens shares.
 struct Span {
     ggml_tensor* cos = nullptr;  // rope planes, ne [head_dim, 1, L, B]
@@ -206,8 +175,8 @@ ggml_tensor* attention(ggml_context* ctx, const Shared& s, const Span& span, con
     ggml_tensor* q = head_norm(ctx, project(0, b.to_q), b.q_norm, s.heads, s.eps);
     ggml_tensor* k = head_norm(ctx, project(1, b.to_k), b.k_norm, s.heads, s.eps);
     ggml_tensor* v = project(2, b.to_v);
-    ggml_tensor* a = nn::attention(ctx, apply_rope(ctx, q, span.cos, span.sin), apply_rope(ctx, k, span.cos, span.sin),
-                                   v, span.attn);
+    ggml_tensor* a = nn::attention(ctx, nn::rope_pairs(ctx, q, span.cos, span.sin),
+                                   nn::rope_pairs(ctx, k, span.cos, span.sin), v, span.attn);
     return nn::linear(ctx, b.out, a);
 }
 
@@ -517,7 +486,7 @@ Result<ggml_tensor*> ZImageDit::build(ggml_context* ctx, const ZImageInputs& in,
         return fail("x size " + std::to_string(in.x->ne[0]) + "x" + std::to_string(in.x->ne[1]) +
                     " is not a multiple of " + std::to_string(c.patch));
     }
-    if (!has_ne(in.timesteps, {B}) || in.timesteps->type != GGML_TYPE_F32) {
+    if (!nn::has_ne(in.timesteps, {B}) || in.timesteps->type != GGML_TYPE_F32) {
         return fail("timesteps must be F32 ne [" + std::to_string(B) + "]");
     }
     if (in.context->ne[0] != c.cap_dim) {
@@ -532,8 +501,9 @@ Result<ggml_tensor*> ZImageDit::build(ggml_context* ctx, const ZImageInputs& in,
     const int64_t N = gw * gh, Np = z_image_padded(N), Tp = z_image_padded(T);
     auto check_table = [&](const ggml_tensor* t, const std::vector<int64_t>& ne, const std::string& name,
                            const std::string& maker) -> Status {
-        if (t->type != GGML_TYPE_F32 || !has_ne(t, ne)) {
-            return fail(name + " is " + ne_string(t) + ", these tokens need F32 " + ne_string(ne) + " (" + maker + ")");
+        if (t->type != GGML_TYPE_F32 || !nn::has_ne(t, ne)) {
+            return fail(name + " is " + nn::ne_string(t) + ", these tokens need F32 " + nn::ne_string(ne) + " (" +
+                        maker + ")");
         }
         return Status::Ok();
     };

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "util/format.h"
+#include "util/message_text.h"
 namespace kiln::pipeline {
 namespace {
 
@@ -27,14 +28,6 @@ constexpr size_t kClipMergeCount = 49152 - 256 - 2;
 // distinct words.
 constexpr size_t kMaxCacheEntries = 1 << 16;
 constexpr char32_t kReplacement = 0xFFFD;
-
-// A JSON value from a tokenizer file, safe to put in a message: invalid UTF-8
-// replaced (dump() would throw on it), control bytes escaped, cut at 200 bytes.
-std::string json_text(const json& value) {
-    std::string text = value.dump(-1, ' ', false, json::error_handler_t::replace);
-    if (text.size() > 200) text = text.substr(0, 200) + "...";
-    return escaped(text);
-}
 
 struct Range {
     char32_t lo;

@@ -17,6 +17,7 @@
 #include "pipeline/clip_tokenizer.h"
 #include "util/files.h"
 #include "util/format.h"
+#include "util/message_text.h"
 
 namespace kiln::pipeline {
 namespace {
@@ -36,44 +37,6 @@ constexpr std::string_view kQwen2Pattern =
     "\\s+(?!\\S)|\\s+";
 
 Error bad(const std::string& label, const std::string& what) { return Error::bad_file(label + ": " + what); }
-
-// A token or text, safe and short enough for a message.
-std::string shown(std::string_view text) {
-    std::string s = escaped(text.substr(0, 80));
-    if (text.size() > 80) s += "...";
-    return "'" + s + "'";
-}
-
-// A JSON value for a message, walking only its top level (a hostile file can
-// nest 100k deep and dump() recurses), invalid UTF-8 replaced, cut short.
-std::string json_text(const json& value) {
-    const auto scalar = [](const json& v) -> std::string {
-        if (v.is_array()) return "<array>";
-        if (v.is_object()) return "<object>";
-        std::string text = v.dump(-1, ' ', false, json::error_handler_t::replace);
-        if (text.size() > 80) text = text.substr(0, 80) + "...";
-        return text;
-    };
-    std::string text;
-    if (value.is_array() || value.is_object()) {
-        text = value.is_array() ? "[" : "{";
-        size_t n = 0;
-        for (auto it = value.begin(); it != value.end(); ++it) {
-            if (n == 4) {
-                text += ", ...";
-                break;
-            }
-            if (n++ > 0) text += ", ";
-            if (value.is_object()) text += json(it.key()).dump(-1, ' ', false, json::error_handler_t::replace) + ": ";
-            text += scalar(*it);
-        }
-        text += value.is_array() ? "]" : "}";
-    } else {
-        text = scalar(value);
-    }
-    if (text.size() > 200) text = text.substr(0, 200) + "...";
-    return escaped(text);
-}
 
 // ---- files ----
 
@@ -283,7 +246,7 @@ Status add_vocab_object(const json& object, const std::string& where, const std:
     for (auto it = object.begin(); it != object.end(); ++it) {
         int64_t id = 0;
         if (!json_id(it.value(), id)) {
-            return bad(label, where + ": token " + shown(it.key()) + " has id " + json_text(it.value()) +
+            return bad(label, where + ": token " + quoted_text(it.key()) + " has id " + json_text(it.value()) +
                                   ", not an integer in [0, " + std::to_string(kMaxTokens) + ")");
         }
         if (static_cast<size_t>(id) >= vocab.tokens.size()) vocab.tokens.resize(static_cast<size_t>(id) + 1);
@@ -291,8 +254,8 @@ Status add_vocab_object(const json& object, const std::string& where, const std:
         if (!slot.empty()) {
             const std::string& a = std::min(slot, it.key());
             const std::string& b = std::max(slot, it.key());
-            return bad(label,
-                       where + ": id " + std::to_string(id) + " is used by both " + shown(a) + " and " + shown(b));
+            return bad(label, where + ": id " + std::to_string(id) + " is used by both " + quoted_text(a) + " and " +
+                                  quoted_text(b));
         }
         if (it.key().empty()) return bad(label, where + ": an empty token (id " + std::to_string(id) + ")");
         slot = it.key();
@@ -307,8 +270,8 @@ Status add_added_token(const std::string& content, int64_t id, const std::string
     if (static_cast<size_t>(id) >= vocab.tokens.size()) vocab.tokens.resize(static_cast<size_t>(id) + 1);
     std::string& slot = vocab.tokens[static_cast<size_t>(id)];
     if (!slot.empty() && slot != content) {
-        return bad(label, where + ": added token " + shown(content) + " has id " + std::to_string(id) +
-                              ", which the vocabulary gives to " + shown(slot));
+        return bad(label, where + ": added token " + quoted_text(content) + " has id " + std::to_string(id) +
+                              ", which the vocabulary gives to " + quoted_text(slot));
     }
     slot = content;
     vocab.added_ids.push_back(static_cast<int32_t>(id));
@@ -331,7 +294,7 @@ Status parse_merges_text(std::string_view text, const std::string& label, LlmBpe
         if (line.find_first_not_of(" \t") == std::string_view::npos) continue;
         std::pair<std::string, std::string> merge;
         if (!split_merge(line, merge)) {
-            return bad(label, "line " + std::to_string(line_no) + ": expected two symbols, got " + shown(line));
+            return bad(label, "line " + std::to_string(line_no) + ": expected two symbols, got " + quoted_text(line));
         }
         vocab.merges.push_back(std::move(merge));
     }
@@ -437,8 +400,8 @@ Result<LlmTokenizer> LlmTokenizer::from_vocab(LlmBpeVocab vocab, const std::stri
         }
         auto [it, inserted] = t->token_to_id.emplace(token, static_cast<int32_t>(id));
         if (!inserted) {
-            return bad(label, "token " + shown(token) + " appears at ids " + std::to_string(it->second) + " and " +
-                                  std::to_string(id));
+            return bad(label, "token " + quoted_text(token) + " appears at ids " + std::to_string(it->second) +
+                                  " and " + std::to_string(id));
         }
     }
     if (t->token_to_id.empty()) return bad(label, "the vocabulary is empty");
@@ -480,8 +443,8 @@ Result<LlmTokenizer> LlmTokenizer::from_vocab(LlmBpeVocab vocab, const std::stri
         for (int k = 0; k < 3; ++k) {
             auto it = t->token_to_id.find(*symbols[k]);
             if (it == t->token_to_id.end()) {
-                return bad(label, "merge " + std::to_string(rank) + " " + shown(a + " " + b) + " uses " +
-                                      shown(*symbols[k]) + ", which is not in the vocabulary");
+                return bad(label, "merge " + std::to_string(rank) + " " + quoted_text(a + " " + b) + " uses " +
+                                      quoted_text(*symbols[k]) + ", which is not in the vocabulary");
             }
             ids[k] = it->second;
         }
@@ -595,8 +558,8 @@ Result<LlmTokenizer> LlmTokenizer::from_vocab_merges(const std::string& vocab_pa
                 }
                 const json* content = member(it.value(), "content");
                 if (id < 0 || id >= kMaxTokens || !content || !content->is_string()) {
-                    return bad(config_path, "added_tokens_decoder entry " + shown(key) + ": " + json_text(it.value()) +
-                                                " needs an id key and a string content");
+                    return bad(config_path, "added_tokens_decoder entry " + quoted_text(key) + ": " +
+                                                json_text(it.value()) + " needs an id key and a string content");
                 }
                 KILN_TRY(add_added_token(content->get<std::string>(), id, "added_tokens_decoder", config_path, vocab));
             }
@@ -613,7 +576,7 @@ Result<LlmTokenizer> LlmTokenizer::from_gguf_metadata(const io::Metadata& metada
     const io::MetaValue* model = find_key(metadata, "tokenizer.ggml.model");
     if (!model) return bad(label, "no tokenizer.ggml.model: the file carries no tokenizer");
     if (model->kind != io::MetaValue::Kind::String || model->str != "gpt2") {
-        return bad(label, "tokenizer.ggml.model is " + shown(model->to_string()) +
+        return bad(label, "tokenizer.ggml.model is " + quoted_text(model->to_string()) +
                               ", not \"gpt2\" (a byte-level BPE tokenizer)");
     }
     LlmBpeVocab vocab;
@@ -626,7 +589,7 @@ Result<LlmTokenizer> LlmTokenizer::from_gguf_metadata(const io::Metadata& metada
     } else if (pre->str == "gpt-2") {
         vocab.pre = LlmPreTokenizer::Gpt2;
     } else {
-        return bad(label, "tokenizer.ggml.pre is " + shown(pre->str) +
+        return bad(label, "tokenizer.ggml.pre is " + quoted_text(pre->str) +
                               ", a pre-tokenizer kiln does not know (supported: \"qwen2\", \"gpt-2\")");
     }
 
@@ -679,7 +642,7 @@ Result<LlmTokenizer> LlmTokenizer::from_gguf_metadata(const io::Metadata& metada
         const io::MetaValue& m = merges->array[i];
         std::pair<std::string, std::string> merge;
         if (m.kind != io::MetaValue::Kind::String || !split_merge(m.str, merge)) {
-            return bad(label, "tokenizer.ggml.merges[" + std::to_string(i) + "] " + shown(m.to_string()) +
+            return bad(label, "tokenizer.ggml.merges[" + std::to_string(i) + "] " + quoted_text(m.to_string()) +
                                   " is not two space-separated symbols");
         }
         vocab.merges.push_back(std::move(merge));

@@ -14,6 +14,7 @@
 #include "io/model_file.h"
 #include "util/files.h"
 #include "util/format.h"
+#include "util/message_text.h"
 
 namespace kiln::pipeline {
 namespace {
@@ -68,46 +69,6 @@ Result<std::string> read_file(const std::string& path) {
     }
     ::close(*fd);
     return bytes;
-}
-
-// A piece or JSON value, safe and short enough for a message.
-std::string shown(std::string_view text) {
-    std::string s = escaped(text.substr(0, 80));
-    if (text.size() > 80) s += "...";
-    return "'" + s + "'";
-}
-
-// A JSON value for a message, walking only its top level: nested arrays and
-// objects print as <array> and <object> (dump() recurses once per nesting
-// level, and a hostile file can nest 100k deep), invalid UTF-8 is replaced,
-// long text is cut.
-std::string json_text(const json& value) {
-    const auto scalar = [](const json& v) -> std::string {
-        if (v.is_array()) return "<array>";
-        if (v.is_object()) return "<object>";
-        std::string text = v.dump(-1, ' ', false, json::error_handler_t::replace);
-        if (text.size() > 80) text = text.substr(0, 80) + "...";
-        return text;
-    };
-    std::string text;
-    if (value.is_array() || value.is_object()) {
-        text = value.is_array() ? "[" : "{";
-        size_t shown_items = 0;
-        for (auto it = value.begin(); it != value.end(); ++it) {
-            if (shown_items == 4) {
-                text += ", ...";
-                break;
-            }
-            if (shown_items++ > 0) text += ", ";
-            if (value.is_object()) text += json(it.key()).dump(-1, ' ', false, json::error_handler_t::replace) + ": ";
-            text += scalar(*it);
-        }
-        text += value.is_array() ? "]" : "}";
-    } else {
-        text = scalar(value);
-    }
-    if (text.size() > 200) text = text.substr(0, 200) + "...";
-    return escaped(text);
 }
 
 // ---- UTF-8 ----
@@ -343,7 +304,7 @@ bool parse_piece(ProtoReader& r, UnigramPiece& piece, size_t index, std::string&
         }
     }
     if (!valid_piece_type(type)) {
-        why = "piece " + std::to_string(index) + " " + shown(piece.text) + " has type " + std::to_string(type) +
+        why = "piece " + std::to_string(index) + " " + quoted_text(piece.text) + " has type " + std::to_string(type) +
               ", not one of sentencepiece's 1..6";
         return false;
     }
@@ -634,7 +595,7 @@ Result<T5Tokenizer> T5Tokenizer::from_vocab(UnigramVocab vocab, const std::strin
     for (size_t i = 0; i < pieces.size(); ++i) {
         const UnigramPiece& p = pieces[i];
         const int32_t id = static_cast<int32_t>(i);
-        const std::string where = "piece " + std::to_string(i) + " " + shown(p.text);
+        const std::string where = "piece " + std::to_string(i) + " " + quoted_text(p.text);
         if (p.text.empty()) return bad(label, "piece " + std::to_string(i) + " is empty");
         if (p.text.size() > kMaxPieceBytes) {
             return bad(label, "piece " + std::to_string(i) + " is " + std::to_string(p.text.size()) +
@@ -1036,7 +997,7 @@ Status read_normalizer(const json& n, const std::string& label, JsonSettings& s,
                               " is not supported (only T5's Replace of \" {2,}\" by \" \")");
     }
     if (type == "Strip") return Status::Ok();  // ends are trimmed with remove_extra_whitespaces anyway
-    return bad(label, "normalizer " + shown(type) +
+    return bad(label, "normalizer " + quoted_text(type) +
                           " is not supported (a SentencePiece unigram tokenizer has Precompiled and Replace)");
 }
 
@@ -1073,8 +1034,8 @@ Status read_pre_tokenizer(const json& p, const std::string& label, JsonSettings&
         }
         return Status::Ok();
     }
-    return bad(label,
-               "pre_tokenizer " + shown(type) + " is not supported (a SentencePiece unigram tokenizer has Metaspace)");
+    return bad(label, "pre_tokenizer " + quoted_text(type) +
+                          " is not supported (a SentencePiece unigram tokenizer has Metaspace)");
 }
 
 Result<UnigramVocab> vocab_from_tokenizer_json(const json& root, const std::string& label) {
@@ -1086,7 +1047,7 @@ Result<UnigramVocab> vocab_from_tokenizer_json(const json& root, const std::stri
     }
     const std::string type = model["type"].get<std::string>();
     if (type != "Unigram") {
-        return bad(label, "model.type is " + shown(type) +
+        return bad(label, "model.type is " + quoted_text(type) +
                               ", not \"Unigram\": this is not a SentencePiece unigram tokenizer such as T5's" +
                               (type == "BPE" ? " (a BPE one, such as CLIP's)" : ""));
     }
@@ -1140,7 +1101,7 @@ Result<UnigramVocab> vocab_from_tokenizer_json(const json& root, const std::stri
             const int64_t id = a["id"].get<int64_t>();
             const std::string& content = a["content"].get_ref<const std::string&>();
             if (id < 0 || static_cast<uint64_t>(id) >= n || vocab.pieces[static_cast<size_t>(id)].text != content) {
-                return bad(label, "added token " + shown(content) + " (id " + std::to_string(id) +
+                return bad(label, "added token " + quoted_text(content) + " (id " + std::to_string(id) +
                                       ") is not that entry of model.vocab");
             }
             UnigramPiece& p = vocab.pieces[static_cast<size_t>(id)];
@@ -1241,7 +1202,7 @@ Result<T5Tokenizer> T5Tokenizer::from_gguf_metadata(const io::Metadata& metadata
     const io::MetaValue* model = find_key(metadata, "tokenizer.ggml.model");
     if (!model) return bad(label, "no tokenizer.ggml.model: the file carries no tokenizer");
     if (model->kind != io::MetaValue::Kind::String || model->str != "t5") {
-        return bad(label, "tokenizer.ggml.model is " + shown(model->to_string()) +
+        return bad(label, "tokenizer.ggml.model is " + quoted_text(model->to_string()) +
                               ", not \"t5\" (a SentencePiece unigram tokenizer)");
     }
     const io::MetaValue* tokens = find_key(metadata, "tokenizer.ggml.tokens");
