@@ -505,6 +505,13 @@ Status Model::load_networks(const ModelPaths& paths, const ModelOptions& options
     // A file given for one module that also holds others: say which were not taken from it.
     for (size_t i = 0; i < given.size(); ++i) {
         if (given[i].flag.empty()) continue;
+        const bool taken = std::any_of(family_->modules.begin(), family_->modules.end(),
+                                       [&](const models::ModuleSpec& spec) { return spec.flag == given[i].flag; });
+        if (!taken) {
+            KILN_LOG_WARN("%s (%s): %s takes no such part; the file is not used", given[i].path.c_str(),
+                          given[i].flag.c_str(), family_label_.c_str());
+            continue;
+        }
         for (const models::ModuleSpec& spec : family_->modules) {
             if (spec.flag != given[i].flag && find_prefix(*files_[i], spec.network, spec.prefixes)) {
                 KILN_LOG_WARN("%s (%s): its %s is not used", given[i].path.c_str(), given[i].flag.c_str(),

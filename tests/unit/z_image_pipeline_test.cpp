@@ -567,6 +567,16 @@ TEST_F(ZImageInputs, QuantizedGgufDitRuns) {
     EXPECT_LE(difference_from_reference(images->front().image, *io_), 8);
 }
 
+// An LLM given to a family without one is not silently dropped.
+TEST_F(ZImageInputs, LlmForAFamilyWithoutOneWarns) {
+    const std::string out = dir_->file("sd1.png");
+    auto r = test::run_command(std::string(KILN_BIN) + " -m " + KILN_DEFAULT_MODEL + " --llm " + part("qwen3.gguf") +
+                               " -p x --steps 1 -o " + out);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE((r.out + r.err).find("(--llm): SD1.x takes no such part; the file is not used"), std::string::npos)
+        << r.out << r.err;
+}
+
 // Bad parts: one clear error line, exit code 1 or 2, no output file.
 TEST_F(ZImageInputs, WrongOrMissingPartsAreOneClearError) {
     const std::string dit = part("z_image_turbo_dit.safetensors");
