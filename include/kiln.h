@@ -193,9 +193,10 @@ typedef void (*kiln_convert_progress)(int done, int total, void* user_data);
 /* Rewrites the model made of `paths` as one GGUF file at out_path, tensor by
  * tensor, converted to weight_type ("q8_0", ...; NULL keeps each tensor's
  * compute type). `tokenizer` is --tokenizer's value or NULL: its t5xxl=PATH
- * (spiece.model, a T5 tokenizer.json or its folder) is written into the file
- * (tokenizer.ggml.*), so a converted T5 needs no --tokenizer. No file appears
- * unless it is complete. */
+ * (spiece.model, a T5 tokenizer.json or its folder) or llm=PATH (a GGUF,
+ * tokenizer.json, vocab.json + merges.txt or their folder) is written into
+ * the file (tokenizer.ggml.*), so a converted T5 or LLM needs no --tokenizer;
+ * naming both is an invalid request. No file appears unless it is complete. */
 kiln_status kiln_model_convert(const char* const* paths, int n_paths, const char* out_path, const char* weight_type,
                                const char* tokenizer, kiln_convert_progress progress, void* user_data,
                                char** error);

@@ -435,13 +435,23 @@ kiln_status kiln_model_convert(const char* const* paths, int n_paths, const char
         if (tokenizer) {
             auto paths = kiln::pipeline::parse_tokenizer_flag(tokenizer);
             if (!paths.ok()) return fail(error, paths.error());
-            if (paths->t5.empty()) {
-                KILN_LOG_WARN("convert: --tokenizer is written into the GGUF only as t5xxl=PATH; '%s' is not used",
-                              tokenizer);
-            } else {
+            // A GGUF carries one tokenizer: the one of the text encoder it holds.
+            if (!paths->t5.empty() && !paths->llm.empty()) {
+                return fail(error, kiln::Error::invalid_request(
+                                       "convert: --tokenizer names both t5xxl and llm; a GGUF carries one tokenizer"));
+            }
+            if (!paths->t5.empty()) {
                 auto t5 = kiln::pipeline::T5Tokenizer::load(paths->t5);
                 if (!t5.ok()) return fail(error, t5.error().as(kiln::ErrorKind::BadFile));
                 options.extra_metadata = t5->gguf_metadata();
+            } else if (!paths->llm.empty()) {
+                auto llm = kiln::pipeline::LlmTokenizer::load(paths->llm);
+                if (!llm.ok()) return fail(error, llm.error().as(kiln::ErrorKind::BadFile));
+                options.extra_metadata = llm->gguf_metadata();
+            } else {
+                KILN_LOG_WARN(
+                    "convert: --tokenizer is written into the GGUF only as t5xxl=PATH or llm=PATH; '%s' is not used",
+                    tokenizer);
             }
         }
         auto model = kiln::io::ModelFile::open(files);

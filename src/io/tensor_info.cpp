@@ -50,6 +50,20 @@ MetaValue MetaValue::of_bool(bool x) {
     return v;
 }
 
+MetaValue MetaValue::of_array(std::vector<MetaValue> items, int type) {
+    MetaValue v;
+    v.kind = Kind::Array;
+    v.array = std::move(items);
+    v.gguf_type = type;
+    return v;
+}
+
+MetaValue MetaValue::as_gguf(int type) const {
+    MetaValue v = *this;
+    v.gguf_type = type;
+    return v;
+}
+
 std::string MetaValue::to_string(size_t max_items) const {
     switch (kind) {
         case Kind::String: return str;

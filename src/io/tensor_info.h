@@ -47,6 +47,10 @@ struct MetaValue {
     static MetaValue of_uint(uint64_t v);
     static MetaValue of_float(double v);
     static MetaValue of_bool(bool v);
+    // An array of `items`, stored in a GGUF as elements of `gguf_type`.
+    static MetaValue of_array(std::vector<MetaValue> items, int gguf_type);
+    // This value, stored in a GGUF as `gguf_type` (a GGUF_TYPE_*).
+    MetaValue as_gguf(int type) const;
 
     // Human-readable; arrays longer than max_items are elided with a count.
     std::string to_string(size_t max_items = 8) const;

@@ -11,6 +11,7 @@
 #include <queue>
 #include <unordered_map>
 
+#include "gguf.h"
 #include "io/gguf_file.h"
 #include "io/mapped_file.h"
 #include "io/model_file.h"
@@ -862,5 +863,39 @@ bool LlmTokenizer::is_added(int32_t id) const {
 int32_t LlmTokenizer::size() const { return static_cast<int32_t>(tables_->id_to_token.size()); }
 
 LlmPreTokenizer LlmTokenizer::pre_tokenizer() const { return tables_->pre; }
+
+io::Metadata LlmTokenizer::gguf_metadata() const {
+    const Tables& t = *tables_;
+    std::vector<io::MetaValue> tokens, types;
+    tokens.reserve(t.id_to_token.size());
+    types.reserve(t.id_to_token.size());
+    for (size_t id = 0; id < t.id_to_token.size(); ++id) {
+        const std::string& text = t.id_to_token[id];
+        // A hole gets llama.cpp's placeholder name, which no text can produce.
+        tokens.push_back(io::MetaValue::of_string(text.empty() ? "[PAD" + std::to_string(id) + "]" : text));
+        types.push_back(io::MetaValue::of_int(text.empty() ? 5 : t.added[id] ? 3 : 1));
+    }
+    // Merges by rank: the first of duplicates is the one that counts.
+    std::vector<std::pair<int32_t, std::string>> ranked;
+    ranked.reserve(t.merges.size());
+    for (const auto& [pair, merge] : t.merges) {
+        const auto left = static_cast<int32_t>(pair >> 32), right = static_cast<int32_t>(pair & 0xFFFFFFFFu);
+        ranked.emplace_back(merge.rank,
+                            t.id_to_token[static_cast<size_t>(left)] + " " + t.id_to_token[static_cast<size_t>(right)]);
+    }
+    std::sort(ranked.begin(), ranked.end());
+    std::vector<io::MetaValue> merges;
+    merges.reserve(ranked.size());
+    for (auto& [rank, text] : ranked) merges.push_back(io::MetaValue::of_string(std::move(text)));
+    io::Metadata m;
+    m["tokenizer.ggml.model"] = io::MetaValue::of_string("gpt2").as_gguf(GGUF_TYPE_STRING);
+    m["tokenizer.ggml.pre"] =
+        io::MetaValue::of_string(t.pre == LlmPreTokenizer::Qwen2 ? "qwen2" : "gpt-2").as_gguf(GGUF_TYPE_STRING);
+    m["tokenizer.ggml.tokens"] = io::MetaValue::of_array(std::move(tokens), GGUF_TYPE_STRING);
+    m["tokenizer.ggml.token_type"] = io::MetaValue::of_array(std::move(types), GGUF_TYPE_INT32);
+    m["tokenizer.ggml.merges"] = io::MetaValue::of_array(std::move(merges), GGUF_TYPE_STRING);
+    m["tokenizer.ggml.add_bos_token"] = io::MetaValue::of_bool(false).as_gguf(GGUF_TYPE_BOOL);
+    return m;
+}
 
 }  // namespace kiln::pipeline

@@ -142,6 +142,13 @@ class LlmTokenizer {
     int32_t size() const;
     LlmPreTokenizer pre_tokenizer() const;
 
+    // The tokenizer.ggml.* keys from_gguf_metadata() reads, as llama.cpp's
+    // converter writes them (model "gpt2", pre, tokens, merges by rank,
+    // token_type: 3 for added tokens, 5 for ids without a token, 1 for the
+    // rest; no BOS added), with their GGUF types: what -M convert --tokenizer
+    // llm=PATH writes into the GGUF it makes.
+    io::Metadata gguf_metadata() const;
+
   private:
     struct Tables;
 

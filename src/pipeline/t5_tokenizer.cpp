@@ -1183,19 +1183,6 @@ bool meta_integer(const io::MetaValue& v, int64_t& out) {
     return false;
 }
 
-io::MetaValue typed(io::MetaValue v, int gguf_type) {
-    v.gguf_type = gguf_type;
-    return v;
-}
-
-io::MetaValue typed_array(std::vector<io::MetaValue> items, int gguf_type) {
-    io::MetaValue v;
-    v.kind = io::MetaValue::Kind::Array;
-    v.array = std::move(items);
-    v.gguf_type = gguf_type;
-    return v;
-}
-
 }  // namespace
 
 Result<T5Tokenizer> T5Tokenizer::from_gguf_metadata(const io::Metadata& metadata, const std::string& label) {
@@ -1310,31 +1297,31 @@ io::Metadata T5Tokenizer::gguf_metadata() const {
         scores.push_back(io::MetaValue::of_float(p.score));
         types.push_back(io::MetaValue::of_int(static_cast<int32_t>(p.type)));
     }
-    m["tokenizer.ggml.model"] = typed(io::MetaValue::of_string("t5"), GGUF_TYPE_STRING);
-    m["tokenizer.ggml.tokens"] = typed_array(std::move(tokens), GGUF_TYPE_STRING);
-    m["tokenizer.ggml.scores"] = typed_array(std::move(scores), GGUF_TYPE_FLOAT32);
-    m["tokenizer.ggml.token_type"] = typed_array(std::move(types), GGUF_TYPE_INT32);
+    m["tokenizer.ggml.model"] = io::MetaValue::of_string("t5").as_gguf(GGUF_TYPE_STRING);
+    m["tokenizer.ggml.tokens"] = io::MetaValue::of_array(std::move(tokens), GGUF_TYPE_STRING);
+    m["tokenizer.ggml.scores"] = io::MetaValue::of_array(std::move(scores), GGUF_TYPE_FLOAT32);
+    m["tokenizer.ggml.token_type"] = io::MetaValue::of_array(std::move(types), GGUF_TYPE_INT32);
     m["tokenizer.ggml.unknown_token_id"] =
-        typed(io::MetaValue::of_uint(static_cast<uint64_t>(unk_id_)), GGUF_TYPE_UINT32);
+        io::MetaValue::of_uint(static_cast<uint64_t>(unk_id_)).as_gguf(GGUF_TYPE_UINT32);
     if (eos_id_ >= 0) {
         m["tokenizer.ggml.eos_token_id"] =
-            typed(io::MetaValue::of_uint(static_cast<uint64_t>(eos_id_)), GGUF_TYPE_UINT32);
+            io::MetaValue::of_uint(static_cast<uint64_t>(eos_id_)).as_gguf(GGUF_TYPE_UINT32);
     }
     if (pad_id_ >= 0) {
         m["tokenizer.ggml.padding_token_id"] =
-            typed(io::MetaValue::of_uint(static_cast<uint64_t>(pad_id_)), GGUF_TYPE_UINT32);
+            io::MetaValue::of_uint(static_cast<uint64_t>(pad_id_)).as_gguf(GGUF_TYPE_UINT32);
     }
-    m["tokenizer.ggml.add_space_prefix"] = typed(io::MetaValue::of_bool(vocab_.add_dummy_prefix), GGUF_TYPE_BOOL);
+    m["tokenizer.ggml.add_space_prefix"] = io::MetaValue::of_bool(vocab_.add_dummy_prefix).as_gguf(GGUF_TYPE_BOOL);
     m["tokenizer.ggml.remove_extra_whitespaces"] =
-        typed(io::MetaValue::of_bool(vocab_.remove_extra_whitespaces), GGUF_TYPE_BOOL);
+        io::MetaValue::of_bool(vocab_.remove_extra_whitespaces).as_gguf(GGUF_TYPE_BOOL);
     // T5 appends EOS and no BOS (llama.cpp's converter writes the same).
-    m["tokenizer.ggml.add_bos_token"] = typed(io::MetaValue::of_bool(false), GGUF_TYPE_BOOL);
-    m["tokenizer.ggml.add_eos_token"] = typed(io::MetaValue::of_bool(true), GGUF_TYPE_BOOL);
+    m["tokenizer.ggml.add_bos_token"] = io::MetaValue::of_bool(false).as_gguf(GGUF_TYPE_BOOL);
+    m["tokenizer.ggml.add_eos_token"] = io::MetaValue::of_bool(true).as_gguf(GGUF_TYPE_BOOL);
     if (!vocab_.precompiled_charsmap.empty()) {
         std::vector<io::MetaValue> bytes;
         bytes.reserve(vocab_.precompiled_charsmap.size());
         for (char c : vocab_.precompiled_charsmap) bytes.push_back(io::MetaValue::of_uint(static_cast<uint8_t>(c)));
-        m["tokenizer.ggml.precompiled_charsmap"] = typed_array(std::move(bytes), GGUF_TYPE_UINT8);
+        m["tokenizer.ggml.precompiled_charsmap"] = io::MetaValue::of_array(std::move(bytes), GGUF_TYPE_UINT8);
     }
     return m;
 }

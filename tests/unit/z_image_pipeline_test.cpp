@@ -398,6 +398,33 @@ TEST_F(ZImageInputs, GgufLlmCarriesItsTokenizerAndGivesTheSameConditioning) {
     EXPECT_LT(relative_error(b->hidden, fixture_tensor(*io_, "llm.hidden").values), 1e-4);
 }
 
+// -M convert --tokenizer llm=PATH writes the tokenizer into the GGUF it
+// makes (as llama.cpp's converter does): the converted LLM needs no
+// --tokenizer and gives the same ids and conditioning.
+TEST_F(ZImageInputs, ConvertedLlmCarriesTheTokenizer) {
+    const std::string gguf = dir_->file("qwen3-q8_0.gguf");
+    auto convert =
+        test::run_command(std::string(KILN_BIN) + " -M convert -m " + dir_->file("lonely/qwen3.safetensors") +
+                          " --tokenizer llm=" + part("tokenizer") + " --type f16 -o " + gguf);
+    ASSERT_EQ(convert.exit_code, 0) << convert.err;
+    ModelPaths paths = turbo_parts();
+    paths.llm = gguf;
+    auto model = Model::load(paths, golden_options());
+    ASSERT_TRUE(model.ok()) << model.error().message;
+    EXPECT_EQ(as_floats((*model)->llm_tokenizer().encode(templated(kPrompt))),
+              fixture_tensor(*io_, "llm.tokens").values);
+    auto c = encode_prompt(**model, kPrompt, 0);
+    ASSERT_TRUE(c.ok()) << c.error().message;
+    EXPECT_LT(relative_error(c->hidden, fixture_tensor(*io_, "llm.hidden").values), 1e-4);
+
+    auto both = test::run_command(std::string(KILN_BIN) + " -M convert -m " + part("qwen3.safetensors") +
+                                  " --tokenizer llm=" + part("tokenizer") + ",t5xxl=" + part("tokenizer") + " -o " +
+                                  dir_->file("never.gguf"));
+    EXPECT_EQ(both.exit_code, 2) << both.err;
+    EXPECT_NE(both.err.find("a GGUF carries one tokenizer"), std::string::npos) << both.err;
+    EXPECT_FALSE(std::filesystem::exists(dir_->file("never.gguf")));
+}
+
 // --tokenizer llm=PATH for an LLM without one: the folder, or the GGUF.
 TEST_F(ZImageInputs, TokenizerFlagServesALonelyLlm) {
     for (const std::string& tokenizer : {part("tokenizer"), part("qwen3.gguf"), part("tokenizer/vocab.json")}) {

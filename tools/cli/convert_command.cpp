@@ -45,16 +45,15 @@ int run_convert(const Options& options) {
         if (done == total || done % 64 == 0) KILN_LOG_VERBOSE("convert: %d/%d tensors", done, total);
     };
     char* error = nullptr;
-    const int rc =
+    const kiln_status rc =
         kiln_model_convert(c_paths.data(), static_cast<int>(c_paths.size()), options.output.c_str(),
                            options.weight_type.empty() ? nullptr : options.weight_type.c_str(),
                            options.tokenizer.empty() ? nullptr : options.tokenizer.c_str(), progress, nullptr, &error);
-    if (rc != 0) {
+    if (rc != KILN_OK) {
         const std::string message = error ? error : "unknown error";
         kiln_free_string(error);
         KILN_LOG_ERROR("%s", message.c_str());
-        // A bad --type or --tokenizer is a usage error; anything else is the model's or the disk's.
-        return message.rfind("--type:", 0) == 0 || message.rfind("--tokenizer:", 0) == 0 ? kExitUsage : kExitFailure;
+        return exit_code_of(rc);
     }
     KILN_LOG_INFO("convert: done");
     return kExitOk;

@@ -61,10 +61,6 @@ struct Progress {
     }
 };
 
-// The exit status of a failed kiln call: 2 for a request to fix (bad flags
-// or values), 1 for everything else (bad files, out of memory, a failed job).
-int exit_code_of(kiln_status status) { return status == KILN_ERROR_INVALID_REQUEST ? kExitUsage : kExitFailure; }
-
 }  // namespace
 
 int run_generate(const Options& options) {
