@@ -79,7 +79,7 @@ std::vector<BenchFlag> gemm_flags(GemmOptions& o) {
         {"-m", "--model", "PATH",
          "the model whose UNet products the 'model' set lists (default: models/kiln-tiny.gguf)",
          text_setter(&o.model, "a path")},
-        {nullptr, "--tokenizer", "DIR", "CLIP tokenizer folder, for checkpoints without one",
+        {nullptr, "--tokenizer", "SPEC", "as kiln's --tokenizer: CLIP's, or clip_l=PATH,t5xxl=PATH,llm=PATH",
          text_setter(&o.tokenizer, "a path")},
         {"-W", "--width", "N", "image width of the model's job (default: the model's)",
          [&o](const std::string& v) { return parse_int(v, 8, 8192, &o.width); }},
@@ -110,7 +110,8 @@ Result<ShapeSet> model_shapes(const GemmOptions& o) {
     const int width = o.width > 0 ? o.width : d.width;
     const int height = o.height > 0 ? o.height : d.height;
     const bool cfg = d.cfg_scale != 1.0f;
-    const UnetStepGraph unet = build_unet_step_graph(**model, width, height, cfg, /*flash_attention=*/false);
+    const UnetStepGraph unet = build_unet_step_graph(**model, width, height, cfg, /*flash_attention=*/false,
+                                                     /*prompt=*/nullptr);  // an LLM: kiln plan's prompt length
     ShapeSet set;
     set.title = std::filesystem::path(o.model).filename().string() + " UNet step at " + std::to_string(width) + "x" +
                 std::to_string(height) + (cfg ? ", CFG batch 2" : "") + " (from its graph)";

@@ -32,6 +32,10 @@ struct Summary {
     std::optional<double> fraction_of_limit;
     std::optional<double> unet_products_limit_flops_per_s;
     std::optional<double> fraction_of_unet_products_limit;
+    double text_encode_s = 0;  // median of the encodings after the runs
+    double text_encoder_flops_per_s = 0;
+    std::optional<double> text_encoder_products_limit_flops_per_s;
+    std::optional<double> fraction_of_text_encoder_products_limit;
 };
 
 Summary summarize(const GenerationBenchmark& b) {
@@ -65,6 +69,17 @@ Summary summarize(const GenerationBenchmark& b) {
         s.unet_products_limit_flops_per_s = static_cast<double>(b.unet_products_flops) / *b.unet_products_sgemm_s;
         s.fraction_of_unet_products_limit = s.unet_flops_per_s / *s.unet_products_limit_flops_per_s;
     }
+    s.text_encode_s = median(b.text_encode_s);
+    if (s.text_encode_s > 0)
+        s.text_encoder_flops_per_s = static_cast<double>(b.text_encoder_flops_per_run) / s.text_encode_s;
+    if (b.text_encoder_products_sgemm_s && *b.text_encoder_products_sgemm_s > 0) {
+        s.text_encoder_products_limit_flops_per_s =
+            static_cast<double>(b.text_encoder_products_flops) / *b.text_encoder_products_sgemm_s;
+        if (s.text_encoder_flops_per_s > 0) {
+            s.fraction_of_text_encoder_products_limit =
+                s.text_encoder_flops_per_s / *s.text_encoder_products_limit_flops_per_s;
+        }
+    }
     return s;
 }
 
@@ -72,6 +87,18 @@ std::string json_array(const std::vector<double>& values) {
     std::string out = "[";
     for (size_t i = 0; i < values.size(); ++i) out += (i ? ", " : "") + json_number(values[i]);
     return out + "]";
+}
+
+std::string json_strings(const std::vector<std::string>& values) {
+    std::string out = "[";
+    for (size_t i = 0; i < values.size(); ++i) out += (i ? ", " : "") + json_quote(values[i]);
+    return out + "]";
+}
+
+std::string gflop(double flops) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.3g GFLOP", flops * 1e-9);
+    return buf;
 }
 
 std::string percent(double fraction) {
@@ -95,6 +122,7 @@ std::string to_json(const GenerationBenchmark& b) {
       << ", \"flash_attention\": " << (b.flash_attention ? "true" : "false") << ", \"runs\": " << b.runs.size()
       << "},\n";
     j << "  \"placement\": " << json_quote(b.placement) << ",\n";
+    j << "  \"diffusion_network\": " << json_quote(b.diffusion_label) << ",\n";
     j << "  \"startup\": {\"load_s\": " << json_number(b.load_s)
       << ", \"to_first_step_s\": " << json_number(b.to_first_step_s)
       << ", \"rss_at_first_step_bytes\": " << b.rss_at_first_step_bytes
@@ -127,6 +155,28 @@ std::string to_json(const GenerationBenchmark& b) {
     }
     j << "  \"unet_fraction_of_unet_products_limit\": "
       << (s.fraction_of_unet_products_limit ? json_number(*s.fraction_of_unet_products_limit) : "null") << ",\n";
+    j << "  \"text_encoder\": {\"graphs\": " << json_strings(b.text_encoder_graphs)
+      << ", \"flops_per_run\": " << b.text_encoder_flops_per_run << ", \"encode_s\": " << json_array(b.text_encode_s)
+      << ", \"encode_median_s\": " << json_number(s.text_encode_s)
+      << ", \"flops_per_s\": " << json_number(s.text_encoder_flops_per_s) << "},\n";
+    if (s.text_encoder_products_limit_flops_per_s) {
+        j << "  \"text_encoder_products_limit\": {\"path\": \"openblas_sgemm\", \"seconds_per_run\": "
+          << json_number(*b.text_encoder_products_sgemm_s) << ", \"flops_per_run\": " << b.text_encoder_products_flops
+          << ", \"flops_per_s\": " << json_number(*s.text_encoder_products_limit_flops_per_s) << "},\n";
+    } else {
+        j << "  \"text_encoder_products_limit\": null,\n";
+    }
+    j << "  \"text_encoder_fraction_of_products_limit\": "
+      << (s.fraction_of_text_encoder_products_limit ? json_number(*s.fraction_of_text_encoder_products_limit) : "null")
+      << ",\n";
+    j << "  \"matmul_paths\": [";
+    for (size_t i = 0; i < b.matmul_paths.size(); ++i) {
+        const MatmulPathRow& r = b.matmul_paths[i];
+        j << (i ? ",\n    " : "\n    ") << "{\"network\": " << json_quote(r.network)
+          << ", \"type\": " << json_quote(r.type) << ", \"path\": " << json_quote(r.path)
+          << ", \"products\": " << r.products << ", \"flops\": " << r.flops << "}";
+    }
+    j << (b.matmul_paths.empty() ? "],\n" : "\n  ],\n");
     j << "  \"memory\": {\"peak_rss_bytes\": " << b.peak_rss_bytes << ", \"devices\": [";
     for (size_t i = 0; i < b.devices.size(); ++i) {
         const DevicePeak& d = b.devices[i];
@@ -150,14 +200,13 @@ std::string to_json(const GenerationBenchmark& b) {
 std::string to_markdown(const GenerationBenchmark& b) {
     const Summary s = summarize(b);
     const double flops = s.unet_flops_per_step;
-    char gflop[32];
-    std::snprintf(gflop, sizeof gflop, "%.3g GFLOP", flops * 1e-9);
+    const std::string& net = b.diffusion_label;
     std::ostringstream m;
     m << "### kiln-bench: " << b.model << " (" << b.family << "), " << b.width << "x" << b.height << ", " << b.steps
       << " steps, " << b.sampler << ", cfg " << b.cfg_scale << ", seed " << b.seed << ", " << b.threads
       << (b.threads == 1 ? " thread" : " threads") << (b.flash_attention ? ", flash attention" : "")
       << (b.cfg_scale != 1.0f && !b.cfg_batched ? ", CFG passes apart" : "")
-      << (b.unet_segments > 1 ? ", UNet in " + std::to_string(b.unet_segments) + " segments" : std::string())
+      << (b.unet_segments > 1 ? ", " + net + " in " + std::to_string(b.unet_segments) + " segments" : std::string())
       << "; median of " << b.runs.size() << " run" << (b.runs.size() == 1 ? "" : "s") << "\n\n";
     std::string placement = b.placement;  // one line per module
     while (!placement.empty() && placement.back() == '\n') placement.pop_back();
@@ -167,13 +216,24 @@ std::string to_markdown(const GenerationBenchmark& b) {
     m << "Placement: " << placement << "\n\n";
     m << "| module | time | FLOPs | FLOP/s |\n|---|---:|---:|---:|\n";
     m << "| text encoding | " << human_seconds(s.text_encoding_s) << " | | |\n";
-    m << "| denoising step (median) | " << human_seconds(s.step_median_s) << " | " << gflop << " | "
+    if (!b.text_encode_s.empty()) {
+        const double te_flops = static_cast<double>(b.text_encoder_flops_per_run);
+        m << "| text encoding again, weights loaded (median of " << b.text_encode_s.size() << " after the runs) | "
+          << human_seconds(s.text_encode_s) << " | " << gflop(te_flops) << " | "
+          << human_gflops(te_flops, s.text_encode_s) << " |\n";
+    }
+    m << "| denoising step (median) | " << human_seconds(s.step_median_s) << " | " << gflop(flops) << " | "
       << human_gflops(flops, s.step_median_s) << " |\n";
-    m << "| denoising step (mean) | " << human_seconds(s.step_mean_s) << " | " << gflop << " | "
+    m << "| denoising step (mean) | " << human_seconds(s.step_mean_s) << " | " << gflop(flops) << " | "
       << human_gflops(flops, s.step_mean_s) << " |\n";
     m << "| denoising, all " << s.step_s.size() << " steps | " << human_seconds(s.sampling_s) << " | | |\n";
     m << "| VAE decode | " << human_seconds(s.vae_decode_s) << " | | |\n";
     m << "| whole generation | " << human_seconds(s.total_s) << " | | |\n\n";
+    if (!b.text_encoder_graphs.empty()) {
+        m << "Text-encoder graphs of a run: ";
+        for (size_t i = 0; i < b.text_encoder_graphs.size(); ++i) m << (i ? "; " : "") << b.text_encoder_graphs[i];
+        m << "\n\n";
+    }
 
     m << "| start-up, memory, limit | value |\n|---|---:|\n";
     m << "| model load | " << human_seconds(b.load_s) << " |\n";
@@ -192,16 +252,35 @@ std::string to_markdown(const GenerationBenchmark& b) {
         char rate[32];
         std::snprintf(rate, sizeof rate, "%.1f GFLOP/s", *b.limit_flops_per_s * 1e-9);
         m << "| GEMM limit: OpenBLAS sgemm (" << b.openblas_core << "), " << b.limit_shape << " | " << rate << " |\n";
-        m << "| UNet step FLOP/s as a fraction of that | "
+        m << "| " << net << " step FLOP/s as a fraction of that | "
           << (s.fraction_of_limit ? percent(*s.fraction_of_limit) : "-") << " |\n";
     }
     if (s.unet_products_limit_flops_per_s) {
         char rate[32];
         std::snprintf(rate, sizeof rate, "%.1f GFLOP/s", *s.unet_products_limit_flops_per_s * 1e-9);
-        m << "| GEMM limit on the UNet's own products: OpenBLAS sgemm, each product of a step alone | " << rate << " ("
-          << human_seconds(*b.unet_products_sgemm_s) << " per evaluation) |\n";
-        m << "| UNet step FLOP/s as a fraction of that (issue 6's target: at least 70%) | "
+        m << "| GEMM limit on the " << net << "'s own products: OpenBLAS sgemm, each product of a step alone | " << rate
+          << " (" << human_seconds(*b.unet_products_sgemm_s) << " per evaluation) |\n";
+        m << "| " << net << " step FLOP/s as a fraction of that (issue 6's target: at least 70%) | "
           << percent(*s.fraction_of_unet_products_limit) << " |\n";
+    }
+    if (s.text_encoder_products_limit_flops_per_s) {
+        char rate[32];
+        std::snprintf(rate, sizeof rate, "%.1f GFLOP/s", *s.text_encoder_products_limit_flops_per_s * 1e-9);
+        m << "| GEMM limit on the text encoder's own products: OpenBLAS sgemm, each product of a run alone | " << rate
+          << " (" << human_seconds(*b.text_encoder_products_sgemm_s) << " per run) |\n";
+        m << "| text encoding FLOP/s (weights loaded) as a fraction of that (target: at least 70%) | "
+          << (s.fraction_of_text_encoder_products_limit ? percent(*s.fraction_of_text_encoder_products_limit) : "-")
+          << " |\n";
+    }
+    if (!b.matmul_paths.empty()) {
+        m << "\n| network | weight type | matrix-product path on the CPU | products | share of the network's FLOPs |\n"
+             "|---|---|---|---:|---:|\n";
+        for (const MatmulPathRow& r : b.matmul_paths) {
+            uint64_t total = 0;
+            for (const MatmulPathRow& o : b.matmul_paths) total += o.network == r.network ? o.flops : 0;
+            m << "| " << r.network << " | " << r.type << " | " << r.path << " | " << r.products << " | "
+              << (total > 0 ? percent(static_cast<double>(r.flops) / static_cast<double>(total)) : "-") << " |\n";
+        }
     }
     m << "\n| step | time (median) |\n|---:|---:|\n";
     for (size_t i = 0; i < s.step_s.size(); ++i) m << "| " << i + 1 << " | " << human_seconds(s.step_s[i]) << " |\n";

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "matmul_paths.h"
+
 namespace kiln::bench {
 
 // One generate() call.
@@ -30,7 +32,8 @@ struct GenerationBenchmark {
     // The job.
     std::string model;  // path
     std::string family;
-    std::string placement;  // pipeline::describe_placement
+    std::string diffusion_label = "UNet";  // what the report calls the diffusion network: "UNet" or "DiT"
+    std::string placement;                 // pipeline::describe_placement
     std::string prompt;
     int width = 0, height = 0, steps = 0;
     float cfg_scale = 0;
@@ -70,6 +73,21 @@ struct GenerationBenchmark {
     // shapes (issue 6: the shapes the UNet actually uses).
     std::optional<double> unet_products_sgemm_s;  // per evaluation
     uint64_t unet_products_flops = 0;             // per evaluation, the same products
+
+    // The text encoder(s), reported as the diffusion network is: the graphs
+    // one run encodes (text_encoder_graphs.h; the prompt, and the negative
+    // prompt with CFG), their FLOPs, the time of that encoding measured again
+    // after the runs with the weights loaded (the first run's encoding also
+    // reads them: lazy loading), and their products timed alone on sgemm.
+    std::vector<std::string> text_encoder_graphs;  // one label per graph
+    uint64_t text_encoder_flops_per_run = 0;
+    std::vector<double> text_encode_s;                    // each encoding of the job's prompts, after the runs
+    std::optional<double> text_encoder_products_sgemm_s;  // per run: every product of every graph
+    uint64_t text_encoder_products_flops = 0;             // per run, the same products
+
+    // Where the products of both networks run (matmul_paths.h), for modules
+    // computed on the CPU; empty when none is.
+    std::vector<MatmulPathRow> matmul_paths;
 };
 
 std::string to_json(const GenerationBenchmark& b);

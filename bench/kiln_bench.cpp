@@ -1,7 +1,9 @@
 // kiln-bench: one text-to-image job with a fixed seed, prompt, size, steps
 // and sampler, timed module by module (text encoding, every denoising step,
-// VAE decode), with peak memory, the UNet's FLOP/s and the machine's GEMM
-// limit to compare it with (issue 6; bench/README.md explains the output).
+// VAE decode), with peak memory, the diffusion network's and the text
+// encoder's FLOP/s, the machine's GEMM limit to compare them with, and the
+// kernel each matrix product reaches (issue 6; bench/README.md explains the
+// output).
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -12,7 +14,9 @@
 #include "bench_flags.h"
 #include "gemm_timer.h"
 #include "generation_report.h"
+#include "matmul_paths.h"
 #include "model_path.h"
+#include "pipeline/conditioner.h"
 #include "pipeline/generate.h"
 #include "pipeline/model.h"
 #include "pipeline/placement.h"
@@ -21,6 +25,7 @@
 #include "runtime/device_budget.h"
 #include "runtime/devices.h"
 #include "runtime/graph_flops.h"
+#include "text_encoder_graphs.h"
 #include "unet_step_graph.h"
 #include "util/log.h"
 
@@ -60,7 +65,8 @@ std::vector<BenchFlag> bench_flags(BenchOptions& o) {
     return {
         {"-m", "--model", "PATH", "model file or diffusers folder (default: models/kiln-tiny.gguf)",
          text_setter(&o.model, "a path")},
-        {nullptr, "--tokenizer", "DIR", "CLIP tokenizer folder, for checkpoints without one",
+        {nullptr, "--tokenizer", "SPEC",
+         "as kiln's --tokenizer: CLIP's tokenizer, or per encoder clip_l=PATH,t5xxl=PATH,llm=PATH",
          text_setter(&o.tokenizer, "a path")},
         {"-p", "--prompt", "TEXT", "prompt (default: \"a red circle on a white background\")",
          [&o](const std::string& v) -> std::optional<std::string> {
@@ -83,7 +89,8 @@ std::vector<BenchFlag> bench_flags(BenchOptions& o) {
          [&o](const std::string& v) { return parse_int64(v, 0, INT64_MAX, &o.seed); }},
         {"-t", "--threads", "N", "CPU threads (default: every core)",
          [&o](const std::string& v) { return parse_int(v, 1, 4096, &o.threads); }},
-        {nullptr, "--diffusion-fa", nullptr, "flash attention in the UNet", switch_setter(&o.flash_attention, true)},
+        {nullptr, "--diffusion-fa", nullptr, "flash attention in the diffusion network",
+         switch_setter(&o.flash_attention, true)},
         {nullptr, "--no-cfg-batch", nullptr,
          "run CFG's conditional and unconditional passes one after the other (default: one batch of two)",
          switch_setter(&o.batch_cfg, false)},
@@ -115,7 +122,8 @@ std::vector<BenchFlag> bench_flags(BenchOptions& o) {
          }},
         {nullptr, "--runs", "N", "generate N times and report medians (default 3)",
          [&o](const std::string& v) { return parse_int(v, 1, 1000, &o.runs); }},
-        {nullptr, "--no-limit", nullptr, "skip measuring the OpenBLAS sgemm limit (a few seconds)",
+        {nullptr, "--no-limit", nullptr,
+         "skip measuring the OpenBLAS sgemm limits (a few seconds for small models, minutes for large ones)",
          switch_setter(&o.measure_limit, false)},
         {nullptr, "--json", "PATH", "also write the results as JSON", text_setter(&o.json_path, "a path")},
         {nullptr, "--markdown", "PATH", "also write the markdown tables to a file",
@@ -259,10 +267,65 @@ int run(const std::vector<std::string>& args) {
     b.peak_rss_bytes = peak_rss_bytes();
     for (const auto& [name, ledger] : model.ledgers()) b.devices.push_back({name, ledger->peak(), ledger->budget()});
 
+    // Encoding the job's prompts again, now that the weights are loaded: the
+    // first run's encoding also read them (lazy loading), and a one-run
+    // benchmark has no other encoding to take.
+    const std::vector<std::string> prompts =
+        encoded_prompts(model, request.prompt, request.negative_prompt, b.cfg_scale);
+    constexpr int kTextEncodings = 3;
+    for (int r = 0; r < kTextEncodings; ++r) {
+        const Clock::time_point start = Clock::now();
+        for (const std::string& prompt : prompts) {
+            auto encoded = pipeline::encode_prompt(model, prompt, request.clip_skip);
+            if (!encoded) {
+                KILN_LOG_ERROR("%s", encoded.error().message.c_str());
+                return kExitFailure;
+            }
+        }
+        b.text_encode_s.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+    }
+
     // One evaluation's graph: the batch of two, or one pass when they run
-    // apart (evaluations_per_run counts both passes then).
-    const UnetStepGraph unet = build_unet_step_graph(model, b.width, b.height, b.cfg_batched, o.flash_attention);
-    b.unet_flops_per_evaluation = runtime::graph_flops(unet.graph);
+    // apart (evaluations_per_run counts both passes then). An LLM's context
+    // is as long as its prompt, so apart, the unconditional pass has the
+    // negative prompt's length: its graph is averaged in when it differs.
+    b.diffusion_label = model.has_unet() ? "UNet" : "DiT";
+    const UnetStepGraph unet =
+        build_unet_step_graph(model, b.width, b.height, b.cfg_batched, o.flash_attention, &request.prompt);
+    std::vector<ggml_cgraph*> step_graphs;
+    uint64_t step_flops = 0;
+    if (unet.graph) {
+        step_graphs.push_back(unet.graph);
+        step_flops = runtime::graph_flops(unet.graph);
+    }
+    UnetStepGraph uncond;
+    if (unet.graph && b.cfg_scale != 1.0f && !b.cfg_batched) {
+        uncond = build_unet_step_graph(model, b.width, b.height, false, o.flash_attention, &request.negative_prompt);
+        if (uncond.graph && runtime::graph_flops(uncond.graph) != step_flops) {
+            step_graphs.push_back(uncond.graph);
+            step_flops += runtime::graph_flops(uncond.graph);
+        }
+    }
+    if (!step_graphs.empty()) b.unet_flops_per_evaluation = step_flops / step_graphs.size();
+
+    const std::vector<TextEncoderJobGraph> text_graphs = build_text_encoder_graphs(model, prompts);
+    std::vector<ggml_cgraph*> text_cgraphs;
+    for (const TextEncoderJobGraph& g : text_graphs) {
+        b.text_encoder_graphs.push_back(g.label);
+        b.text_encoder_flops_per_run += runtime::graph_flops(g.cgraph);
+        text_cgraphs.push_back(g.cgraph);
+    }
+
+    // The kernels the products reach, for modules computed on the CPU.
+    const bool blas = cpu_scheduler_has_blas();
+    if (model.diffusion_compute().compute().device_name() == "CPU") {
+        add_matmul_paths("diffusion (" + b.diffusion_label + ")", step_graphs, blas, &b.matmul_paths);
+    }
+    for (const TextEncoderJobGraph& g : text_graphs) {
+        if (g.encoder->executor->compute().device_name() == "CPU") {
+            add_matmul_paths("text encoder", {g.cgraph}, blas, &b.matmul_paths);
+        }
+    }
 
     if (o.measure_limit) {
         const MatmulShape shape = reference_shape();
@@ -270,8 +333,30 @@ int run(const std::vector<std::string>& args) {
             b.limit_flops_per_s = static_cast<double>(matmul_flops(shape)) / *seconds;
             b.limit_shape = describe_shape(shape);
             b.openblas_core = openblas_info().corename;
-            b.unet_products_sgemm_s =
-                time_graph_products(unet.graph, GemmPath::OpenBlasSgemm, b.threads, 3, &b.unet_products_flops);
+            double step_seconds = 0;
+            uint64_t products_flops = 0;
+            bool timed = true;
+            for (ggml_cgraph* graph : step_graphs) {
+                uint64_t f = 0;
+                const auto t = time_graph_products(graph, GemmPath::OpenBlasSgemm, b.threads, 3, &f);
+                timed = timed && t.has_value();
+                step_seconds += t.value_or(0);
+                products_flops += f;
+            }
+            if (timed && !step_graphs.empty()) {
+                b.unet_products_sgemm_s = step_seconds / static_cast<double>(step_graphs.size());
+                b.unet_products_flops = products_flops / step_graphs.size();
+            }
+            double text_seconds = 0;
+            timed = true;
+            for (ggml_cgraph* graph : text_cgraphs) {
+                uint64_t f = 0;
+                const auto t = time_graph_products(graph, GemmPath::OpenBlasSgemm, b.threads, 3, &f);
+                timed = timed && t.has_value();
+                text_seconds += t.value_or(0);
+                b.text_encoder_products_flops += f;
+            }
+            if (timed && !text_cgraphs.empty()) b.text_encoder_products_sgemm_s = text_seconds;
         } else {
             KILN_LOG_WARN("kiln-bench was built without OpenBLAS: no GEMM limit to compare with");
         }

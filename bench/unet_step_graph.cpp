@@ -1,15 +1,16 @@
 #include "unet_step_graph.h"
 
+#include "pipeline/conditioner.h"
 #include "pipeline/graphs.h"
 
 namespace kiln::bench {
 
-UnetStepGraph build_unet_step_graph(const pipeline::Model& model, int width, int height, bool cfg,
-                                    bool flash_attention) {
+UnetStepGraph build_unet_step_graph(const pipeline::Model& model, int width, int height, bool cfg, bool flash_attention,
+                                    const std::string* prompt) {
     const int64_t lw = width / model.vae().config().downscale();
     const int64_t lh = height / model.vae().config().downscale();
     auto g = pipeline::build_diffusion_graph(
-        model, {lw, lh, cfg ? 2 : 1, pipeline::single_chunk_tokens(model), flash_attention, {}, false});
+        model, {lw, lh, cfg ? 2 : 1, pipeline::context_length(model, prompt), flash_attention, {}, false});
     UnetStepGraph out;
     if (!g.ok()) return out;
     out.graph = g->session->graph(g->out);
