@@ -10,6 +10,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 
+#include "pipeline/bpe_merges.h"
 #include "util/format.h"
 #include "util/message_text.h"
 namespace kiln::pipeline {
@@ -608,48 +609,6 @@ Result<std::unordered_map<std::string, int32_t>> vocab_from_json(const json& obj
         vocab[it.key()] = static_cast<int32_t>(id.get<int64_t>());
     }
     return vocab;
-}
-
-// "a b" -> (a, b): exactly two whitespace-separated symbols (HF splits merge
-// lines on whitespace).
-bool split_merge(std::string_view line, std::pair<std::string, std::string>& out) {
-    std::vector<std::string_view> parts;
-    size_t i = 0;
-    while (i < line.size()) {
-        while (i < line.size() && (line[i] == ' ' || line[i] == '\t')) ++i;
-        const size_t start = i;
-        while (i < line.size() && line[i] != ' ' && line[i] != '\t') ++i;
-        if (i > start) parts.push_back(line.substr(start, i - start));
-    }
-    if (parts.size() != 2) return false;
-    out = {std::string(parts[0]), std::string(parts[1])};
-    return true;
-}
-
-// merges.txt / bpe_simple_vocab text: optional "#version" first line, blank
-// lines ignored, \r\n accepted.
-Result<std::vector<std::pair<std::string, std::string>>> parse_merges_text(std::string_view text,
-                                                                           const std::string& label) {
-    std::vector<std::pair<std::string, std::string>> merges;
-    size_t pos = 0;
-    size_t line_no = 0;
-    while (pos < text.size()) {
-        size_t end = text.find('\n', pos);
-        if (end == std::string_view::npos) end = text.size();
-        std::string_view line = text.substr(pos, end - pos);
-        pos = end + 1;
-        ++line_no;
-        if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-        if (line_no == 1 && line.substr(0, 8) == "#version") continue;
-        if (line.find_first_not_of(" \t") == std::string_view::npos) continue;
-        std::pair<std::string, std::string> merge;
-        if (!split_merge(line, merge)) {
-            return Error{label + ": line " + std::to_string(line_no) + ": expected two symbols, got '" +
-                         escaped(line.substr(0, 80)) + "'"};
-        }
-        merges.push_back(std::move(merge));
-    }
-    return merges;
 }
 
 }  // namespace

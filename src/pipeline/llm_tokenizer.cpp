@@ -15,6 +15,7 @@
 #include "io/gguf_file.h"
 #include "io/mapped_file.h"
 #include "io/model_file.h"
+#include "pipeline/bpe_merges.h"
 #include "pipeline/clip_tokenizer.h"
 #include "util/files.h"
 #include "util/format.h"
@@ -41,36 +42,7 @@ Error bad(const std::string& label, const std::string& what) { return Error::bad
 
 // ---- files ----
 
-Result<std::string> read_file(const std::string& path) {
-    auto status = regular_file_status(path);
-    if (!status.ok()) return status.error().as(ErrorKind::BadFile);
-    if (status->size > kMaxFileBytes) {
-        return bad(path, "is " + human_bytes(status->size) + ", larger than any tokenizer file (" +
-                             human_bytes(kMaxFileBytes) + " at most)");
-    }
-    auto fd = open_regular_file(path);
-    if (!fd.ok()) return fd.error().as(ErrorKind::BadFile);
-    std::string bytes;
-    bytes.reserve(static_cast<size_t>(status->size));
-    char buffer[1 << 16];
-    for (;;) {
-        const ssize_t n = ::read(*fd, buffer, sizeof(buffer));
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0) {
-            const std::string why = std::strerror(errno);
-            ::close(*fd);
-            return bad(path, "read error: " + why);
-        }
-        if (n == 0) break;
-        bytes.append(buffer, static_cast<size_t>(n));
-        if (bytes.size() > kMaxFileBytes) {
-            ::close(*fd);
-            return bad(path, "larger than any tokenizer file (" + human_bytes(kMaxFileBytes) + " at most)");
-        }
-    }
-    ::close(*fd);
-    return bytes;
-}
+Result<std::string> read_file(const std::string& path) { return read_whole_file(path, kMaxFileBytes, "tokenizer"); }
 
 Result<json> read_json(const std::string& path) {
     auto text = read_file(path);
@@ -222,25 +194,6 @@ bool looks_special(const std::string& token) {
     return token.size() > 4 && token.compare(0, 2, "<|") == 0 && token.compare(token.size() - 2, 2, "|>") == 0;
 }
 
-// "a b" -> (a, b): exactly two symbols separated by spaces (HF splits merge
-// lines on whitespace).
-bool split_merge(std::string_view line, std::pair<std::string, std::string>& out) {
-    std::vector<std::string_view> parts;
-    size_t i = 0;
-    while (i < line.size()) {
-        while (i < line.size() && (line[i] == ' ' || line[i] == '\t')) ++i;
-        const size_t start = i;
-        while (i < line.size() && line[i] != ' ' && line[i] != '\t') ++i;
-        if (i > start) {
-            if (parts.size() == 2) return false;
-            parts.push_back(line.substr(start, i - start));
-        }
-    }
-    if (parts.size() != 2) return false;
-    out = {std::string(parts[0]), std::string(parts[1])};
-    return true;
-}
-
 // {token: id} into vocab.tokens.
 Status add_vocab_object(const json& object, const std::string& where, const std::string& label, LlmBpeVocab& vocab) {
     if (!object.is_object()) return bad(label, where + " is not a JSON object of token -> id");
@@ -276,29 +229,6 @@ Status add_added_token(const std::string& content, int64_t id, const std::string
     }
     slot = content;
     vocab.added_ids.push_back(static_cast<int32_t>(id));
-    return Status::Ok();
-}
-
-// Parses merges.txt text: optional "#version" first line, blank lines
-// ignored, \r\n accepted.
-Status parse_merges_text(std::string_view text, const std::string& label, LlmBpeVocab& vocab) {
-    size_t pos = 0;
-    size_t line_no = 0;
-    while (pos < text.size()) {
-        size_t end = text.find('\n', pos);
-        if (end == std::string_view::npos) end = text.size();
-        std::string_view line = text.substr(pos, end - pos);
-        pos = end + 1;
-        ++line_no;
-        if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-        if (line_no == 1 && line.substr(0, 8) == "#version") continue;
-        if (line.find_first_not_of(" \t") == std::string_view::npos) continue;
-        std::pair<std::string, std::string> merge;
-        if (!split_merge(line, merge)) {
-            return bad(label, "line " + std::to_string(line_no) + ": expected two symbols, got " + quoted_text(line));
-        }
-        vocab.merges.push_back(std::move(merge));
-    }
     return Status::Ok();
 }
 
@@ -569,7 +499,9 @@ Result<LlmTokenizer> LlmTokenizer::from_vocab_merges(const std::string& vocab_pa
 
     auto text = read_file(merges_path);
     if (!text.ok()) return text.error();
-    KILN_TRY(parse_merges_text(text.value(), merges_path, vocab));
+    auto merges = parse_merges_text(text.value(), merges_path);
+    if (!merges.ok()) return merges.error();
+    vocab.merges = std::move(merges).value();
     return from_vocab(std::move(vocab), vocab_path + " + " + merges_path);
 }
 

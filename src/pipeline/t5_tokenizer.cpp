@@ -40,36 +40,7 @@ Error bad(const std::string& label, const std::string& what) { return Error::bad
 
 // ---- files ----
 
-Result<std::string> read_file(const std::string& path) {
-    auto status = regular_file_status(path);
-    if (!status.ok()) return status.error().as(ErrorKind::BadFile);
-    if (status->size > kMaxFileBytes) {
-        return bad(path, "is " + human_bytes(status->size) + ", larger than any tokenizer file (" +
-                             human_bytes(kMaxFileBytes) + " at most)");
-    }
-    auto fd = open_regular_file(path);
-    if (!fd.ok()) return fd.error().as(ErrorKind::BadFile);
-    std::string bytes;
-    bytes.reserve(static_cast<size_t>(status->size));
-    char buffer[1 << 16];
-    for (;;) {
-        const ssize_t n = ::read(*fd, buffer, sizeof(buffer));
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0) {
-            const std::string why = std::strerror(errno);
-            ::close(*fd);
-            return bad(path, "read error: " + why);
-        }
-        if (n == 0) break;
-        bytes.append(buffer, static_cast<size_t>(n));
-        if (bytes.size() > kMaxFileBytes) {
-            ::close(*fd);
-            return bad(path, "larger than any tokenizer file (" + human_bytes(kMaxFileBytes) + " at most)");
-        }
-    }
-    ::close(*fd);
-    return bytes;
-}
+Result<std::string> read_file(const std::string& path) { return read_whole_file(path, kMaxFileBytes, "tokenizer"); }
 
 // ---- UTF-8 ----
 

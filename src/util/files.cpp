@@ -9,6 +9,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include "util/format.h"
+
 namespace kiln {
 namespace {
 
@@ -120,6 +122,38 @@ Result<int> open_regular_file(const std::string& path) {
     // descriptor behaves as an ordinary one.
     ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
     return fd;
+}
+
+Result<std::string> read_whole_file(const std::string& path, size_t max_bytes, const std::string& what) {
+    auto status = regular_file_status(path);
+    if (!status.ok()) return status.error().as(ErrorKind::BadFile);
+    if (status->size > max_bytes) {
+        return Error::bad_file(path + ": is " + human_bytes(status->size) + ", larger than any " + what + " file (" +
+                               human_bytes(max_bytes) + " at most)");
+    }
+    auto fd = open_regular_file(path);
+    if (!fd.ok()) return fd.error().as(ErrorKind::BadFile);
+    std::string bytes;
+    bytes.reserve(static_cast<size_t>(status->size));
+    char buffer[1 << 16];
+    for (;;) {
+        const ssize_t n = ::read(*fd, buffer, sizeof(buffer));
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) {
+            const std::string why = std::strerror(errno);
+            ::close(*fd);
+            return Error::bad_file(path + ": read error: " + why);
+        }
+        if (n == 0) break;
+        bytes.append(buffer, static_cast<size_t>(n));
+        if (bytes.size() > max_bytes) {
+            ::close(*fd);
+            return Error::bad_file(path + ": larger than any " + what + " file (" + human_bytes(max_bytes) +
+                                   " at most)");
+        }
+    }
+    ::close(*fd);
+    return bytes;
 }
 
 }  // namespace kiln

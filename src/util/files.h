@@ -54,4 +54,9 @@ Result<std::vector<FolderEntry>> list_folder(const std::string& folder);
 // the caller closes it.
 Result<int> open_regular_file(const std::string& path);
 
+// The whole of a regular file of at most `max_bytes` (checked before and
+// while reading, so a file that grows meanwhile is caught too). Errors are
+// BadFile naming the path; a larger file is "larger than any `what` file".
+Result<std::string> read_whole_file(const std::string& path, size_t max_bytes, const std::string& what);
+
 }  // namespace kiln
