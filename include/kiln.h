@@ -65,6 +65,10 @@ typedef struct {
     /* --tokenizer: CLIP's tokenizer, or per encoder "t5xxl=PATH,llm=PATH,clip_l=PATH"; NULL: the model's */
     const char* tokenizer_path;
     const char* embeddings_dir;       /* --embd-dir: textual-inversion embeddings, or NULL */
+    /* --lora-model-dir: where a prompt's <lora:NAME:WEIGHT> finds NAME.safetensors (.ckpt, .pt, .gguf),
+     * or NULL. The tags leave the prompt; the next job may name other LoRAs at no reload. */
+    const char* lora_model_dir;
+    const char* lora_apply_mode; /* --lora-apply-mode: "auto" (default), "immediately", "at_runtime" */
     const char* weight_type;          /* --type ("f32", "q8_0", ...), or NULL to keep the file's */
     const char* prediction;           /* "eps", "v", or NULL (the model's) */
     const char* rpc_servers;          /* --rpc-servers "host:port[,host:port]": remote ggml devices, or NULL */
@@ -100,6 +104,7 @@ typedef enum {
     KILN_VALUE_RNG,         /* "cuda", "cpu" */
     KILN_VALUE_RPC_SERVERS, /* "host:port[,host:port]" */
     KILN_VALUE_MAX_VRAM,    /* "6", "-1", "rpc0=0.5,cuda0=6", "96M" */
+    KILN_VALUE_LORA_APPLY_MODE, /* "auto", "immediately", "at_runtime" */
 } kiln_value_kind;
 /* KILN_OK, or KILN_ERROR_INVALID_REQUEST with *error saying what is wrong
  * (without the flag's name: the caller knows it). */

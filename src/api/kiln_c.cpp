@@ -16,6 +16,7 @@
 #include "kiln.h"
 #include "models/registry.h"
 #include "pipeline/generate.h"
+#include "pipeline/loras.h"
 #include "pipeline/job_forecast.h"
 #include "pipeline/request.h"
 #include "runtime/device_budget.h"
@@ -139,6 +140,12 @@ kiln::Result<kiln::pipeline::ModelOptions> model_options(const kiln_context_para
             return Error::invalid_request("--prediction: unknown prediction '" + p + "' (valid: eps, v)");
         }
     }
+    options.lora_dir = str(params->lora_model_dir);
+    if (params->lora_apply_mode) {
+        auto mode = kiln::pipeline::parse_lora_apply_mode(params->lora_apply_mode);
+        if (!mode.ok()) return Error::invalid_request("--lora-apply-mode: " + mode.error().message);
+        options.lora_apply_mode = *mode;
+    }
     if (params->rpc_servers && *params->rpc_servers) {
         // A malformed endpoint is an invalid request; an unreachable server is not.
         if (kiln::Status s = kiln::runtime::add_rpc_servers(params->rpc_servers); !s.ok()) return s.error();
@@ -240,6 +247,9 @@ kiln_status kiln_check_value(kiln_value_kind kind, const char* value, char** err
             break;
         case KILN_VALUE_MAX_VRAM:
             if (auto r = kiln::runtime::parse_max_vram(v); !r.ok()) status = r.error();
+            break;
+        case KILN_VALUE_LORA_APPLY_MODE:
+            if (auto r = kiln::pipeline::parse_lora_apply_mode(v); !r.ok()) status = r.error();
             break;
     }
     if (status.ok()) return KILN_OK;

@@ -370,6 +370,8 @@ std::vector<std::pair<int64_t, int64_t>> reference_offsets(const std::vector<Flu
 
 }  // namespace
 
+std::vector<std::string> flux_diffusers_names(const std::string& bfl_stem) { return Naming(true).parts(bfl_stem); }
+
 int64_t flux_token_count(int64_t txt_tokens, FluxTokenGrid image, const std::vector<FluxTokenGrid>& refs) {
     int64_t n = txt_tokens + image.w * image.h;
     for (const FluxTokenGrid& g : refs) n += g.w * g.h;

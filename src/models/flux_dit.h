@@ -121,6 +121,11 @@ struct FluxTokenGrid {
 // Tokens of one evaluation: text, image, references.
 int64_t flux_token_count(int64_t txt_tokens, FluxTokenGrid image, const std::vector<FluxTokenGrid>& refs);
 
+// BFL's layer `bfl_stem` ("double_blocks.0.img_attn.qkv") in diffusers'
+// FluxTransformer2DModel names: one name, or a fused projection's parts in
+// row order (attn.to_q, attn.to_k, attn.to_v, then a single block's proj_mlp).
+std::vector<std::string> flux_diffusers_names(const std::string& bfl_stem);
+
 // The RoPE table of every token, in the layout above, for FluxInputs::rope:
 // ne [head_dim, tokens, 2], F32. Plane 0 holds each pair's cosine twice
 // (cos a_j, cos a_j); plane 1 the signed sines (-sin a_j, sin a_j), so that

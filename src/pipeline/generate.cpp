@@ -7,6 +7,7 @@
 #include <cstdlib>
 
 #include "pipeline/graphs.h"
+#include "pipeline/loras.h"
 #include "pipeline/schedulers.h"
 #include "pipeline/size_conditioning.h"
 #include "pipeline/vae_tiling.h"
@@ -396,9 +397,15 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
         return std::chrono::duration<double>(Clock::now() - start).count();
     };
 
+    // <lora:NAME:W> tags choose the adapters and leave the prompt; the
+    // image's parameters keep them, as A1111's do.
+    auto tagged = extract_lora_tags(request.prompt);
+    if (!tagged.ok()) return tagged.error();
+    KILN_TRY(apply_loras(model, tagged->loras));
+
     const bool use_cfg = p.cfg != 1.0f;
     const Clock::time_point encoding_start = Clock::now();
-    auto cond = encode_prompt(model, request.prompt, request.clip_skip);
+    auto cond = encode_prompt(model, tagged->prompt, request.clip_skip);
     if (!cond.ok()) return cond.error();
     std::optional<Conditioning> uncond;
     if (use_cfg) {

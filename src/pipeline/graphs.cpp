@@ -28,7 +28,7 @@ TextEncoderGraph build_text_encoder_graph(const TextEncoder& encoder, const int3
         const std::vector<int32_t> buckets = encoder.t5->relative_buckets(length);
         options.relative_buckets = s.input(GGML_TYPE_I32, {length, length}, buckets.data(), "relative_buckets");
         if (key_mask) options.key_mask = s.input(GGML_TYPE_F32, {length, batch}, key_mask, "key_mask");
-        g.out = encoder.t5->encode(s.ctx(), tokens, options);
+        g.out = encoder.t5->weights().apply_patches(s.ctx(), encoder.t5->encode(s.ctx(), tokens, options));
         return g;
     }
     if (encoder.llm) {
@@ -42,7 +42,7 @@ TextEncoderGraph build_text_encoder_graph(const TextEncoder& encoder, const int3
         options.mask = s.input(GGML_TYPE_F32, {length, length}, mask.data(), "causal_mask");
         // Every declared layer runs; the final norm only when that is all of them.
         options.final_norm = encoder.use->final_norm && encoder.llm->declared_layers() == encoder.llm->config().layers;
-        g.out = encoder.llm->encode(s.ctx(), tokens, options);
+        g.out = encoder.llm->weights().apply_patches(s.ctx(), encoder.llm->encode(s.ctx(), tokens, options));
         return g;
     }
     ggml_tensor* extra_rows = nullptr;
@@ -63,6 +63,7 @@ TextEncoderGraph build_text_encoder_graph(const TextEncoder& encoder, const int3
         g.out = ggml_concat(c, ggml_reshape_1d(c, ggml_cont(c, out.hidden), ggml_nelements(out.hidden)),
                             ggml_reshape_1d(c, ggml_cont(c, out.pooled), ggml_nelements(out.pooled)), 0);
     }
+    g.out = encoder.network->weights().apply_patches(s.ctx(), g.out);
     return g;
 }
 
@@ -115,7 +116,7 @@ Result<DiffusionGraph> build_flux_graph(const Model& model, const DiffusionShape
     options.target = model.diffusion_target();
     auto out = model.flux().build(s.ctx(), in, options);
     if (!out.ok()) return Error{"DiT graph: " + out.error().message};
-    g.out = *out;
+    g.out = model.flux().weights().apply_patches(s.ctx(), *out);
     return g;
 }
 
@@ -147,7 +148,7 @@ Result<DiffusionGraph> build_z_image_graph(const Model& model, const DiffusionSh
     options.flash_attention = shape.flash_attention;
     auto out = model.z_image().build(s.ctx(), in, options);
     if (!out.ok()) return Error{"DiT graph: " + out.error().message};
-    g.out = *out;
+    g.out = model.z_image().weights().apply_patches(s.ctx(), *out);
     return g;
 }
 
@@ -177,7 +178,7 @@ Result<DiffusionGraph> build_diffusion_graph(const Model& model, const Diffusion
     // own config, so the contract holds; a failure here is a bug.
     auto out = model.unet().build(s.ctx(), in, options);
     if (!out.ok()) return Error{"UNet graph: " + out.error().message};
-    g.out = *out;
+    g.out = model.unet().weights().apply_patches(s.ctx(), *out);
     return g;
 }
 
@@ -198,7 +199,8 @@ VaeGraph build_vae_decode_graph(const Model& model, int64_t latent_w, int64_t la
     ggml_tensor* in = g.session->input(
         GGML_TYPE_F32, {latent_w, latent_h, vc.latent_channels, 1},
         or_zeros(latent, static_cast<size_t>(latent_w * latent_h * vc.latent_channels), zeros), "latent");
-    g.out = model.vae().build_decoder(g.session->ctx(), in, model.vae_target());
+    g.out = model.vae().weights().apply_patches(g.session->ctx(),
+                                                model.vae().build_decoder(g.session->ctx(), in, model.vae_target()));
     return g;
 }
 
@@ -211,9 +213,10 @@ VaeGraph build_vae_encode_graph(const Model& model, int64_t width, int64_t heigh
     ggml_tensor* in =
         g.session->input(GGML_TYPE_F32, {width, height, vc.image_channels, 1},
                          or_zeros(pixels, static_cast<size_t>(width * height * vc.image_channels), zeros), "image");
-    g.out = encoding == VaeEncoding::Moments
-                ? model.vae().build_encoder_moments(g.session->ctx(), in, model.vae_target())
-                : model.vae().build_encoder(g.session->ctx(), in, model.vae_target());
+    g.out = model.vae().weights().apply_patches(
+        g.session->ctx(), encoding == VaeEncoding::Moments
+                              ? model.vae().build_encoder_moments(g.session->ctx(), in, model.vae_target())
+                              : model.vae().build_encoder(g.session->ctx(), in, model.vae_target()));
     return g;
 }
 

@@ -210,6 +210,7 @@ const runtime::ModuleWeights& Module::weights() const { return const_cast<Module
 Model::~Model() {
     // The books outlive this model (other models share them): give back
     // everything it holds there.
+    for (auto& [ledger, bytes] : lora_reservations_) ledger->release(bytes);
     for (auto& module : modules_) module->executor.reset();
     for (auto& [name, store] : stores_) {
         for (auto& module : modules_) store->drop_module(module->weights());
@@ -236,6 +237,8 @@ std::unique_ptr<NoiseSchedule> Model::noise_schedule(int width, int height, std:
 
 Result<std::unique_ptr<Model>> Model::load(const ModelPaths& paths, const ModelOptions& options) {
     std::unique_ptr<Model> m(new Model());
+    m->lora_dir_ = options.lora_dir;
+    m->lora_apply_mode_ = options.lora_apply_mode;
     KILN_TRY(m->load_networks(paths, options));
     KILN_TRY(m->read_metadata(options));
 

@@ -48,6 +48,13 @@ struct ModelPaths {
     std::string embeddings;  // --embd-dir: textual-inversion embeddings
 };
 
+// --lora-apply-mode: how a LoRA changes a weight (pipeline/loras.h).
+enum class LoraApplyMode {
+    Auto,         // merged into float weights, beside quantized ones at run time
+    Immediately,  // merged into every weight it changes (quantized ones requantized)
+    AtRuntime,    // beside every weight, as a low-rank product in the graph
+};
+
 struct ModelOptions {
     std::optional<ggml_type> weight_type;  // --type
     std::optional<Prediction> prediction;  // --prediction; default: metadata, else the family's
@@ -58,6 +65,8 @@ struct ModelOptions {
     runtime::ExecutorOptions executor;  // --disable-segmented-compute, --disable-prefetch
     bool eager_load = false;            // --eager-load: read every module's weights at start
     bool plan_only = false;             // kiln plan / --dry-run: place modules, load no weights
+    std::string lora_dir;               // --lora-model-dir: where <lora:NAME:W> finds NAME
+    LoraApplyMode lora_apply_mode = LoraApplyMode::Auto;
     // The job auto-fit checks its placement against (0: the model's defaults).
     int job_width = 0;
     int job_height = 0;
@@ -181,6 +190,13 @@ class Model {
     // clears it when a job starts and checks it at every denoising step, and
     // the executors before every graph they run.
     void request_cancel() { cancel_.store(true); }
+    // --lora-model-dir and --lora-apply-mode; the LoRAs the modules carry now
+    // (pipeline/loras.h keeps them), as "path\tstrength" lines.
+    const std::string& lora_dir() const { return lora_dir_; }
+    LoraApplyMode lora_apply_mode() const { return lora_apply_mode_; }
+    std::string& applied_loras() { return applied_loras_; }
+    // Bytes of LoRA weights counted on a device's ledger, to give back when they change.
+    std::vector<std::pair<runtime::DeviceLedger*, uint64_t>>& lora_reservations() { return lora_reservations_; }
     void clear_cancel() { cancel_.store(false); }
     bool cancel_requested() const { return cancel_.load(); }
 
@@ -222,6 +238,10 @@ class Model {
     Module* diffusion_ = nullptr;
     Module* vae_ = nullptr;
     std::atomic<bool> cancel_{false};
+    std::string lora_dir_;
+    LoraApplyMode lora_apply_mode_ = LoraApplyMode::Auto;
+    std::string applied_loras_;
+    std::vector<std::pair<runtime::DeviceLedger*, uint64_t>> lora_reservations_;
 };
 
 }  // namespace kiln::pipeline

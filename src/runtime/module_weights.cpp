@@ -38,6 +38,7 @@ const char* params_location_name(ParamsLocation location) {
 }
 
 ModuleWeights::~ModuleWeights() {
+    free_extras();
     if (buffer_) ggml_backend_buffer_free(buffer_);
     for (ggml_backend_buffer_t mapped : mapped_) ggml_backend_buffer_free(mapped);
     if (host_buffer_) ggml_backend_buffer_free(host_buffer_);
@@ -201,7 +202,7 @@ Status ModuleWeights::load_params(ParamsLocation location, ggml_backend_t comput
 bool ModuleWeights::owns(const ggml_tensor* tensor) const { return by_tensor_.count(tensor) != 0; }
 
 uint64_t ModuleWeights::declared_bytes() const {
-    uint64_t total = 0;
+    uint64_t total = extra_bytes();
     for (const auto& [tensor, info] : declared_) total += ggml_nbytes(tensor);
     return total;
 }
@@ -210,7 +211,12 @@ Result<const void*> ModuleWeights::params_data(const ggml_tensor* tensor, std::v
     auto it = by_tensor_.find(tensor);
     if (it == by_tensor_.end()) return Error{std::string("'") + tensor->name + "' is not a weight of " + prefix_};
     const auto& [info, host_twin] = it->second;
-    if (host_twin && ggml_backend_buffer_is_host(host_buffer_)) return static_cast<const void*>(host_twin->data);
+    if (!info && !host_twin) {  // an extra on the compute device
+        staging.resize(ggml_nbytes(tensor));
+        ggml_backend_tensor_get(tensor, staging.data(), 0, staging.size());
+        return static_cast<const void*>(staging.data());
+    }
+    if (host_twin && ggml_backend_buffer_is_host(host_twin->buffer)) return static_cast<const void*>(host_twin->data);
     if (host_twin) {
         staging.resize(ggml_nbytes(host_twin));
         ggml_backend_tensor_get(host_twin, staging.data(), 0, staging.size());
@@ -223,6 +229,68 @@ Result<const void*> ModuleWeights::params_data(const ggml_tensor* tensor, std::v
     return static_cast<const void*>(staging.data());
 }
 
-size_t ModuleWeights::bytes() const { return buffer_ ? ggml_backend_buffer_get_size(buffer_) : 0; }
+size_t ModuleWeights::bytes() const {
+    size_t total = buffer_ ? ggml_backend_buffer_get_size(buffer_) : 0;
+    if (extra_buffer_ && !extra_host_ctx_) total += ggml_backend_buffer_get_size(extra_buffer_);
+    return total;
+}
+
+uint64_t ModuleWeights::extra_bytes() const {
+    uint64_t total = 0;
+    for (const ggml_tensor* t : extras_) total += ggml_nbytes(t);
+    return total;
+}
+
+void ModuleWeights::free_extras() {
+    for (ggml_tensor* t : extras_) by_tensor_.erase(t);
+    extras_.clear();
+    patches_.clear();
+    if (extra_buffer_) ggml_backend_buffer_free(extra_buffer_);
+    extra_buffer_ = nullptr;
+    if (extra_host_ctx_) ggml_free(extra_host_ctx_);
+    extra_host_ctx_ = nullptr;
+    if (extra_ctx_) ggml_free(extra_ctx_);
+    extra_ctx_ = nullptr;
+}
+
+Result<std::vector<ggml_tensor*>> ModuleWeights::set_extras(std::vector<Extra> extras, ggml_backend_t compute_backend) {
+    free_extras();
+    if (extras.empty()) return std::vector<ggml_tensor*>{};
+    ggml_init_params params{ggml_tensor_overhead() * extras.size(), nullptr, /*no_alloc=*/true};
+    extra_ctx_ = ggml_init(params);
+    for (const Extra& e : extras) {
+        int64_t ne[GGML_MAX_DIMS] = {1, 1, 1, 1};
+        for (size_t d = 0; d < e.ne.size() && d < GGML_MAX_DIMS; ++d) ne[d] = e.ne[d];
+        ggml_tensor* t = ggml_new_tensor(extra_ctx_, e.type, static_cast<int>(std::max<size_t>(1, e.ne.size())), ne);
+        ggml_set_name(t, e.name.c_str());
+        if (ggml_nbytes(t) != e.data.size()) {
+            free_extras();
+            return Error{"extra weight '" + e.name + "': " + std::to_string(e.data.size()) + " bytes for " +
+                         std::to_string(ggml_nbytes(t))};
+        }
+        extras_.push_back(t);
+    }
+    // On the compute device when the module's params are there; otherwise
+    // in RAM, as host twins the memory system copies from when a segment
+    // needs them (unbound compute tensors, as the module's own).
+    const bool on_device = location_ == ParamsLocation::ComputeDevice;
+    std::vector<ggml_tensor*> holders = extras_;
+    if (!on_device) {
+        ggml_init_params host{ggml_tensor_overhead() * extras.size(), nullptr, /*no_alloc=*/true};
+        extra_host_ctx_ = ggml_init(host);
+        for (ggml_tensor*& h : holders) h = ggml_dup_tensor(extra_host_ctx_, h);
+    }
+    extra_buffer_ = on_device ? ggml_backend_alloc_ctx_tensors(extra_ctx_, compute_backend)
+                              : ggml_backend_alloc_ctx_tensors_from_buft(extra_host_ctx_, ggml_backend_cpu_buffer_type());
+    if (!extra_buffer_) {
+        free_extras();
+        return Error::out_of_memory("out of memory allocating the adapter weights of " + prefix_ + "*");
+    }
+    for (size_t i = 0; i < extras.size(); ++i) {
+        ggml_backend_tensor_set(holders[i], extras[i].data.data(), 0, extras[i].data.size());
+        by_tensor_[extras_[i]] = {nullptr, on_device ? nullptr : holders[i]};
+    }
+    return extras_;
+}
 
 }  // namespace kiln::runtime

@@ -22,6 +22,7 @@
 
 #include "ggml-backend.h"
 #include "io/model_file.h"
+#include "runtime/weight_patches.h"
 #include "util/result.h"
 
 namespace kiln::runtime {
@@ -77,6 +78,35 @@ class ModuleWeights {
     uint64_t declared_bytes() const;
     size_t count() const { return declared_.size(); }
 
+    // Weights from outside the model file (LoRA factors, merged layers):
+    // one set at a time, replaced whole between jobs, the base weights
+    // untouched. They live where the module's params live (allocated now on
+    // the compute device, or in RAM for host, other-device and disk params,
+    // whose compute copies the memory system makes as for any weight), and
+    // count as this module's weights in owns(), declared_bytes() and
+    // params_data(). `patches` says how graphs use them (apply_patches).
+    struct Extra {
+        std::string name;
+        std::vector<int64_t> ne;  // ggml order, innermost first
+        ggml_type type = GGML_TYPE_F32;
+        std::vector<uint8_t> data;  // ggml_nbytes of it
+    };
+    // Returns the tensors made for `extras`, in order, to key `patches` on
+    // (set_patches). An empty list removes the current set.
+    Result<std::vector<ggml_tensor*>> set_extras(std::vector<Extra> extras, ggml_backend_t compute_backend);
+    void set_patches(WeightPatches patches) { patches_ = std::move(patches); }
+    const WeightPatches& patches() const { return patches_; }
+    // The graph ending at `out` with this module's patches applied (every
+    // graph builder passes its output through this).
+    ggml_tensor* apply_patches(ggml_context* ctx, ggml_tensor* out) const {
+        return apply_weight_patches(ctx, out, patches_);
+    }
+    // Bytes of the extras (counted in declared_bytes()).
+    uint64_t extra_bytes() const;
+    // The declared weights, in declaration order, with their file entries.
+    const std::vector<std::pair<ggml_tensor*, const io::TensorInfo*>>& declared() const { return declared_; }
+    const std::string& prefix() const { return prefix_; }
+
     // Whether `tensor` is one of this module's compute tensors.
     bool owns(const ggml_tensor* tensor) const;
     // The compute-type bytes of a compute tensor from its params: a pointer
@@ -107,6 +137,14 @@ class ModuleWeights {
     std::unordered_map<const ggml_tensor*, std::pair<const io::TensorInfo*, ggml_tensor*>> by_tensor_;
     std::vector<std::pair<ggml_tensor*, const io::TensorInfo*>> declared_;
     std::vector<std::string> errors_;
+    // set_extras(): the tensors, their buffer, and host twins when the
+    // params are not on the compute device.
+    void free_extras();
+    ggml_context* extra_ctx_ = nullptr;
+    ggml_context* extra_host_ctx_ = nullptr;
+    ggml_backend_buffer_t extra_buffer_ = nullptr;
+    std::vector<ggml_tensor*> extras_;
+    WeightPatches patches_;
 };
 
 }  // namespace kiln::runtime

@@ -119,6 +119,14 @@ const std::vector<Flag>& flags() {
             {nullptr, "--embd-dir", "PATH",
              "folder of textual-inversion embeddings (.pt, .safetensors); use a file's name in the prompt",
              path_setter(&Options::embeddings_dir)},
+            {nullptr, "--lora-model-dir", "PATH",
+             "folder of LoRA/LoHa/LoKr files (.safetensors, .ckpt, .pt, .gguf); apply one with <lora:NAME:WEIGHT> "
+             "in the prompt",
+             path_setter(&Options::lora_model_dir)},
+            {nullptr, "--lora-apply-mode", "MODE",
+             "auto (default: merged into float weights, at run time beside quantized ones), immediately (merged), "
+             "or at_runtime",
+             checked_setter(&Options::lora_apply_mode, KILN_VALUE_LORA_APPLY_MODE)},
             {nullptr, "--type", "TYPE",
              "weight type to compute with: f32, f16, bf16, q8_0, q5_0, q5_1, q4_0, q4_1, q2_K..q6_K",
              string_setter(&Options::weight_type)},

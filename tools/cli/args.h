@@ -37,6 +37,8 @@ struct Options {
     std::string llm;  // --llm
     std::string tokenizer;
     std::string embeddings_dir;  // --embd-dir
+    std::string lora_model_dir;  // --lora-model-dir
+    std::string lora_apply_mode; // --lora-apply-mode
     std::string weight_type;     // --type, validated by the io layer
 
     // Generation.

@@ -99,6 +99,8 @@ int run_generate(const Options& options) {
     cp.llm_path = options.llm.empty() ? nullptr : options.llm.c_str();
     cp.tokenizer_path = options.tokenizer.empty() ? nullptr : options.tokenizer.c_str();
     cp.embeddings_dir = options.embeddings_dir.empty() ? nullptr : options.embeddings_dir.c_str();
+    cp.lora_model_dir = options.lora_model_dir.empty() ? nullptr : options.lora_model_dir.c_str();
+    cp.lora_apply_mode = options.lora_apply_mode.empty() ? nullptr : options.lora_apply_mode.c_str();
     cp.weight_type = options.weight_type.empty() ? nullptr : options.weight_type.c_str();
     cp.prediction = options.prediction.empty() ? nullptr : options.prediction.c_str();
     cp.n_threads = options.threads;

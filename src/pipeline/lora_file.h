@@ -1,0 +1,70 @@
+// One adapter file as the weight changes it holds: LoRA (kohya lora_down /
+// lora_up / alpha, PEFT and diffusers lora_A / lora_B), LyCORIS LoHa
+// (hada_*) and LoKr (lokr_*), in safetensors, GGUF or .ckpt/.pt. Each layer
+// is keyed by the name the file gives it with the adapter's suffix removed
+// ("lora_unet_down_blocks_0_attentions_0_proj_in"); which of a model's
+// weights that names is pipeline/lora_targets.h's business.
+//
+// The weight change of a layer at strength s is, as kohya's and ComfyUI's
+// loaders compute it (W in PyTorch's [out, in, kh, kw] order):
+//   LoRA  s * alpha / rank * up @ down           (rank = down's rows; no alpha: alpha = rank)
+//   LoHa  s * alpha / rank * (w1a @ w1b) * (w2a @ w2b)   (rank = w1b's rows; no alpha: 1)
+//   LoKr  s * alpha / dim * kron(w1, w2), w1 = w1 or w1a @ w1b, w2 = w2 or w2a @ w2b
+//         (dim = the rows of the last factored b; nothing factored or no alpha: 1)
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "util/result.h"
+
+namespace kiln::pipeline {
+
+// A matrix read as F32, PyTorch's shape (outermost first).
+struct HostTensor {
+    std::vector<int64_t> shape;
+    std::vector<float> data;
+
+    int64_t rows() const { return shape.empty() ? 1 : shape.front(); }
+    int64_t columns() const;  // the product of the other dimensions
+};
+
+enum class AdapterKind { LoRA, LoHa, LoKr };
+const char* adapter_kind_name(AdapterKind kind);  // "LoRA", "LoHa", "LoKr"
+
+struct LayerAdapter {
+    std::string key;  // the file's layer name, without the adapter suffix
+    AdapterKind kind = AdapterKind::LoRA;
+    // LoRA: down, up. LoHa: w1a, w1b, w2a, w2b. LoKr: w1 or w1a and w1b, w2 or w2a and w2b.
+    std::optional<HostTensor> down, up, w1, w1a, w1b, w2, w2a, w2b;
+    std::optional<float> alpha;
+
+    // alpha / rank, or 1, as the header says.
+    float scale() const;
+    // LoRA's factors as matrices: down [rank, in], up [out, rank].
+    int64_t rank() const { return down->rows(); }
+    // The change at strength 1, [out, in] (a convolution's in = in * kh * kw), for
+    // a weight of `out` rows and `in` columns; an error names the layer when the
+    // factors do not make that shape.
+    Result<std::vector<float>> dense_delta(int64_t out, int64_t in) const;
+    // Rows and columns of the weight this adapter changes (from its factors).
+    int64_t out_rows() const;
+    int64_t in_columns() const;
+};
+
+struct AdapterFile {
+    std::string path;
+    std::vector<LayerAdapter> layers;
+    // Tensors that belong to no adapter kiln applies ("x.dora_scale",
+    // "x.hada_t1", "x.lora_mid.weight", unknown suffixes): named at -v.
+    std::vector<std::string> unused;
+};
+
+// Reads and groups every adapter of the file. Errors (bad file): the file
+// cannot be read, a layer lacks one of its factors or has factors whose
+// shapes do not chain, an alpha that is not one finite number, or the file
+// holds no adapter at all.
+Result<AdapterFile> read_adapter_file(const std::string& path);
+
+}  // namespace kiln::pipeline

@@ -1,0 +1,156 @@
+#include "pipeline/lora_targets.h"
+
+#include <climits>
+
+#include "io/name_map.h"
+
+namespace kiln::pipeline {
+namespace {
+
+// kohya writes a path's dots as underscores; every key is compared that way.
+std::string normalized(std::string key) {
+    for (char& c : key) {
+        if (c == '.') c = '_';
+    }
+    return key;
+}
+
+bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
+bool ends_with(const std::string& s, const std::string& suffix) {
+    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// The UNet's block layout, as the diffusers name tables number blocks.
+io::UnetLayout unet_layout(const models::UnetConfig& c) {
+    io::UnetLayout layout;
+    layout.levels = static_cast<int>(c.level_channels.size());
+    layout.layers_per_block = c.res_blocks;
+    layout.attention_levels = 0;
+    for (int level = 0; level < layout.levels; ++level) {
+        const size_t first = static_cast<size_t>(level * (c.res_blocks + 1));
+        if (first < c.input_depth.size() && c.input_depth[first] > 0) layout.attention_levels |= 1u << level;
+    }
+    return layout;
+}
+
+// The parts of a fused layer in another naming, in row order: diffusers'
+// split q/k/v of a DiT's fused projections. One name when it is not fused.
+std::vector<std::string> split_names(models::NetworkKind network, const std::string& stem) {
+    if (network == models::NetworkKind::FluxDit) return models::flux_diffusers_names(stem);
+    if (network == models::NetworkKind::ZImageDit) {
+        // Z-Image's single file fuses q/k/v and names the output "out";
+        // Tongyi's and diffusers' names (and the LoRAs trained on them) split them.
+        if (ends_with(stem, ".attention.qkv")) {
+            const std::string base = stem.substr(0, stem.size() - 3);
+            return {base + "to_q", base + "to_k", base + "to_v"};
+        }
+        if (ends_with(stem, ".attention.out")) return {stem.substr(0, stem.size() - 3) + "to_out.0"};
+    }
+    return {stem};
+}
+
+}  // namespace
+
+void LoraTargets::add(const std::string& key, size_t target) {
+    auto [it, inserted] = by_key_.emplace(normalized(key), target);
+    if (!inserted && it->second != target) it->second = SIZE_MAX;  // two weights answer to it: never guess
+}
+
+LoraTargets::LoraTargets(Model& model) {
+    const io::ModelFamily family = model.family().diffusers_family;
+    std::optional<io::NameMap> names;
+    if (model.has_unet()) names.emplace(family, unet_layout(model.unet().config()));
+    for (const auto& owned : model.modules()) {
+        Module& module = *owned;
+        const bool diffusion = module.spec.role == models::ModuleRole::Diffusion;
+        const io::ModelComponent component =
+            module.spec.diffusers_component
+                ? *module.spec.diffusers_component
+                : (diffusion ? io::ModelComponent::Unet
+                             : module.spec.role == models::ModuleRole::Vae ? io::ModelComponent::Vae
+                                                                           : io::ModelComponent::TextEncoder);
+        // Where the module's tensors start in its file ("cond_stage_model.transformer."),
+        // which may be above where its network reads them from ("...text_model.").
+        const std::string& prefix = module.prefix;
+        for (const auto& [tensor, info] : module.weights().declared()) {
+            if (info->shape.size() < 2 || !starts_with(info->name, prefix)) continue;
+            const std::string rel = info->name.substr(prefix.size());
+            std::string stem;
+            if (ends_with(rel, ".weight")) stem = rel.substr(0, rel.size() - 7);
+            else if (ends_with(rel, "_weight")) stem = rel.substr(0, rel.size() - 7);  // OpenCLIP's in_proj_weight
+            else continue;
+            LoraTarget whole{&module, tensor, info->name, 0, info->shape[0], 0};
+            whole.columns = 1;
+            for (size_t d = 1; d < info->shape.size(); ++d) whole.columns *= info->shape[d];
+            const size_t index = targets_.size();
+            targets_.push_back(whole);
+
+            // The checkpoint's own names, and ComfyUI's "diffusion_model." form.
+            add(prefix + stem, index);
+            if (starts_with(prefix, "model.")) add(prefix.substr(6) + stem, index);
+            if (diffusion) {
+                for (const char* p : {"", "lora_unet_", "diffusion_model.", "transformer.", "lora_transformer_"})
+                    add(p + stem, index);
+            }
+            // Other namings of the same layer: diffusers' and HF's (SD
+            // families' name tables), or a DiT's split projections.
+            std::vector<std::pair<std::string, int>> aliases;  // stem, part (-1: whole)
+            int parts = 1;
+            if (names && (module.spec.network == models::NetworkKind::Unet ||
+                          module.spec.network == models::NetworkKind::ClipText)) {
+                const std::string ldm = std::string(io::ldm_prefix(family, component)) + rel;
+                if (auto mapped = names->ldm_to_diffusers(ldm)) {
+                    for (const io::NameMapping& m : mapped->tensors) {
+                        if (!ends_with(m.name, ".weight")) continue;
+                        const bool slice = m.op == io::NameMapping::Op::Slice3;
+                        if (slice) parts = 3;
+                        aliases.emplace_back(m.name.substr(0, m.name.size() - 7), slice ? m.part : -1);
+                    }
+                }
+            } else if (diffusion) {
+                const std::vector<std::string> split = split_names(module.spec.network, stem);
+                parts = static_cast<int>(split.size());
+                for (size_t i = 0; i < split.size(); ++i) {
+                    if (split[i] != stem) aliases.emplace_back(split[i], split.size() > 1 ? static_cast<int>(i) : -1);
+                }
+            }
+            for (const auto& [alias, part] : aliases) {
+                size_t target = index;
+                if (part >= 0) {
+                    // q, k and v are each `in` rows of the fused weight (its
+                    // input is the model width); a single block's proj_mlp
+                    // takes the rest.
+                    LoraTarget range = whole;
+                    const int64_t each = parts == 3 ? whole.rows / 3 : info->shape[1];
+                    range.first_row = each * part;
+                    range.rows = part == parts - 1 ? whole.rows - range.first_row : each;
+                    range.name = info->name + " rows " + std::to_string(range.first_row) + "-" +
+                                 std::to_string(range.first_row + range.rows - 1) + " (" + alias + ")";
+                    target = targets_.size();
+                    targets_.push_back(range);
+                }
+                if (diffusion) {
+                    for (const char* p : {"", "lora_unet_", "unet.", "transformer.", "lora_transformer_",
+                                          "diffusion_model."})
+                        add(p + alias, target);
+                } else if (component == io::ModelComponent::TextEncoder2) {
+                    for (const char* p : {"lora_te2_", "text_encoder_2."}) add(p + alias, target);
+                } else if (component == io::ModelComponent::TextEncoder) {
+                    for (const char* p : {"lora_te_", "lora_te1_", "text_encoder."}) add(p + alias, target);
+                }
+            }
+        }
+    }
+}
+
+const LoraTarget* LoraTargets::find(const std::string& layer_key) const {
+    std::string key = normalized(layer_key);
+    for (const char* wrapper : {"base_model_model_"}) {  // PEFT's wrapper around the model
+        if (starts_with(key, wrapper)) key = key.substr(std::string(wrapper).size());
+    }
+    auto it = by_key_.find(key);
+    if (it == by_key_.end() || it->second == SIZE_MAX) return nullptr;
+    return &targets_[it->second];
+}
+
+}  // namespace kiln::pipeline

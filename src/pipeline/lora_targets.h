@@ -1,0 +1,44 @@
+// Which of a loaded model's weights an adapter file's layer name means, for
+// every naming convention adapter files use:
+//   kohya              lora_unet_<ldm or diffusers path>, lora_te_/lora_te1_/lora_te2_<HF CLIP path>,
+//                      lora_unet_<BFL path> (Flux), lora_transformer_<diffusers path> (Flux, Z-Image)
+//   diffusers / PEFT   unet.<path>, text_encoder.<path>, text_encoder_2.<path>, transformer.<path>,
+//                      base_model.model.<path>
+//   the model's own    <prefix><path> as in the checkpoint, ComfyUI's diffusion_model.<path>
+// with '.' and '_' treated alike (kohya writes paths with '_'). A name in a
+// split convention (diffusers' to_q, to_k, to_v, OpenCLIP's q/k/v of a
+// fused in_proj) means a range of rows of the fused weight.
+#pragma once
+
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "pipeline/model.h"
+
+namespace kiln::pipeline {
+
+struct LoraTarget {
+    Module* module = nullptr;
+    ggml_tensor* weight = nullptr;  // the module's declared weight
+    std::string name;               // its full name, for messages
+    int64_t first_row = 0;          // the rows of it the layer changes
+    int64_t rows = 0;
+    int64_t columns = 0;  // per row: in, or in * kh * kw for a convolution
+};
+
+class LoraTargets {
+  public:
+    // Indexes every matrix and convolution weight of every module.
+    explicit LoraTargets(Model& model);
+    // The weight a file's layer name means, or nullptr.
+    const LoraTarget* find(const std::string& layer_key) const;
+    size_t size() const { return targets_.size(); }
+
+  private:
+    void add(const std::string& key, size_t target);
+    std::vector<LoraTarget> targets_;
+    std::unordered_map<std::string, size_t> by_key_;  // normalized key -> target; SIZE_MAX: ambiguous
+};
+
+}  // namespace kiln::pipeline

@@ -1,0 +1,343 @@
+#include "pipeline/loras.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <map>
+
+#include "ggml.h"
+#include "io/tensor_convert.h"
+#include "pipeline/lora_file.h"
+#include "pipeline/lora_targets.h"
+#include "util/files.h"
+#include "util/format.h"
+#include "util/log.h"
+
+namespace kiln::pipeline {
+namespace {
+
+bool is_float(ggml_type type) { return type == GGML_TYPE_F32 || type == GGML_TYPE_F16 || type == GGML_TYPE_BF16; }
+
+std::string trim(const std::string& s) {
+    const size_t b = s.find_first_not_of(" \t\n");
+    if (b == std::string::npos) return "";
+    return s.substr(b, s.find_last_not_of(" \t\n") - b + 1);
+}
+
+Result<float> tag_weight(const std::string& text, const std::string& tag) {
+    const std::string t = trim(text);
+    char* end = nullptr;
+    const float w = std::strtof(t.c_str(), &end);
+    if (t.empty() || end != t.c_str() + t.size() || !std::isfinite(w)) {
+        return Error::invalid_request("prompt: in " + tag + ", '" + t + "' is not a weight (a number such as 0.8)");
+    }
+    return w;
+}
+
+// One weight's changes, in the order the files and their layers name them
+// (a fixed order, so a job's numbers do not depend on a map's).
+struct Change {
+    const LayerAdapter* layer;
+    const LoraTarget* target;
+    float strength;
+};
+struct WeightChanges {
+    Module* module = nullptr;
+    ggml_tensor* weight = nullptr;
+    const io::TensorInfo* info = nullptr;
+    std::vector<Change> changes;
+};
+
+template <class T>
+std::vector<uint8_t> bytes_of(const std::vector<T>& v) {
+    const auto* p = reinterpret_cast<const uint8_t*>(v.data());
+    return std::vector<uint8_t>(p, p + v.size() * sizeof(T));
+}
+
+// The target's rows of a [rows, columns] change, in a zero matrix of the
+// whole weight's rows.
+std::vector<float> in_weight_rows(const std::vector<float>& part, const LoraTarget& t, int64_t weight_rows) {
+    if (t.first_row == 0 && t.rows == weight_rows) return part;
+    std::vector<float> whole(static_cast<size_t>(weight_rows * t.columns), 0.0f);
+    std::copy(part.begin(), part.end(), whole.begin() + t.first_row * t.columns);
+    return whole;
+}
+
+// W + the changes, in W's compute type (requantized when it is quantized).
+Result<std::vector<uint8_t>> merged_weight(const WeightChanges& w) {
+    auto base = io::convert_tensor(*w.info, w.module->file->data(*w.info), GGML_TYPE_F32);
+    if (!base.ok()) return base.error();
+    auto* values = reinterpret_cast<float*>(base->data());
+    for (const Change& c : w.changes) {
+        auto delta = c.layer->dense_delta(c.target->rows, c.target->columns);
+        if (!delta.ok()) return delta.error();
+        float* rows = values + c.target->first_row * c.target->columns;
+        for (size_t i = 0; i < delta->size(); ++i) rows[i] += c.strength * (*delta)[i];
+    }
+    const ggml_type type = w.weight->type;
+    if (type == GGML_TYPE_F32) return std::move(base).value();
+    const int64_t row_length = w.weight->ne[0];
+    const int64_t rows = ggml_nelements(w.weight) / row_length;
+    std::vector<uint8_t> out(ggml_nbytes(w.weight));
+    ggml_quantize_init(type);
+    ggml_quantize_chunk(type, values, out.data(), 0, rows, row_length, nullptr);
+    return out;
+}
+
+void clear_loras(Model& model) {
+    for (auto& module : model.modules()) (void)module->weights().set_extras({}, nullptr);
+    for (auto& [ledger, bytes] : model.lora_reservations()) ledger->release(bytes);
+    model.lora_reservations().clear();
+    model.applied_loras().clear();
+    model.release_caches();  // compute copies of the old adapters must not be found again
+}
+
+Status install(Model& model, const std::vector<std::pair<std::string, LoraRequest>>& active,
+               std::vector<AdapterFile>& files) {
+    LoraTargets targets(model);
+    std::vector<WeightChanges> weights;
+    std::map<const ggml_tensor*, size_t> weight_index;
+    std::map<const ggml_tensor*, const io::TensorInfo*> infos;
+    for (auto& module : model.modules()) {
+        for (const auto& [tensor, info] : module->weights().declared()) infos[tensor] = info;
+    }
+    files.reserve(active.size());
+    for (const auto& [path, request] : active) {
+        auto file = read_adapter_file(path);
+        if (!file.ok()) return file.error();
+        files.push_back(std::move(file).value());
+        const AdapterFile& f = files.back();
+        std::vector<std::string> unmatched = f.unused;
+        int matched = 0;
+        for (const LayerAdapter& layer : f.layers) {
+            const LoraTarget* t = targets.find(layer.key);
+            if (!t) {
+                unmatched.push_back(layer.key);
+                continue;
+            }
+            if (layer.out_rows() != t->rows || layer.in_columns() != t->columns) {
+                return Error::bad_file(path + ": adapter '" + layer.key + "' changes a " +
+                                       std::to_string(layer.out_rows()) + "x" + std::to_string(layer.in_columns()) +
+                                       " weight; " + t->name + " is " + std::to_string(t->rows) + "x" +
+                                       std::to_string(t->columns) + " (a LoRA for another model?)");
+            }
+            auto [it, added] = weight_index.emplace(t->weight, weights.size());
+            if (added) weights.push_back({t->module, t->weight, infos.at(t->weight), {}});
+            weights[it->second].changes.push_back({&layer, t, request.strength});
+            ++matched;
+        }
+        if (matched == 0) {
+            return Error::bad_file(path + ": none of its " + std::to_string(f.layers.size()) +
+                                   " layers names a weight of this " + model.family_label() + " model (first: '" +
+                                   f.layers.front().key + "'); is it a LoRA for another family?");
+        }
+        KILN_LOG_INFO("LoRA %s (strength %g): %d layers applied, %zu names matched nothing%s", request.name.c_str(),
+                      static_cast<double>(request.strength), matched, unmatched.size(),
+                      unmatched.empty() ? "" : " (-v lists them)");
+        for (const std::string& name : unmatched) KILN_LOG_VERBOSE("LoRA %s: unused '%s'", request.name.c_str(), name.c_str());
+    }
+
+    // Each module's adapter weights, then the patches that use them.
+    const LoraApplyMode mode = model.lora_apply_mode();
+    int merged = 0, at_runtime = 0;
+    for (auto& owned : model.modules()) {
+        Module& module = *owned;
+        std::vector<runtime::ModuleWeights::Extra> extras;
+        // What each extra is for: the weight, and which term (-1: the replacement).
+        struct Use {
+            const ggml_tensor* weight;
+            int kind;  // 0 replacement, 1 low-rank down, 2 low-rank up, 3 dense
+            float scale;
+        };
+        std::vector<Use> uses;
+        for (const WeightChanges& w : weights) {
+            if (w.module != &module) continue;
+            const int64_t weight_rows = w.info->shape[0];
+            const bool merge = mode == LoraApplyMode::Immediately ||
+                               (mode == LoraApplyMode::Auto && is_float(w.weight->type));
+            if (merge && !ggml_quantize_requires_imatrix(w.weight->type)) {
+                auto data = merged_weight(w);
+                if (!data.ok()) return data.error();
+                std::vector<int64_t> ne(w.weight->ne, w.weight->ne + GGML_MAX_DIMS);
+                extras.push_back({"lora merged " + std::to_string(uses.size()), ne, w.weight->type, std::move(*data)});
+                uses.push_back({w.weight, 0, 1.0f});
+                ++merged;
+                continue;
+            }
+            ++at_runtime;
+            for (const Change& c : w.changes) {
+                const LayerAdapter& l = *c.layer;
+                const std::string n = "lora " + std::to_string(uses.size());
+                if (l.kind == AdapterKind::LoRA) {
+                    // down [rank, columns] is ggml's ne [columns, rank]; up
+                    // [rows, rank] is ne [rank, rows].
+                    extras.push_back({n + " down", {c.target->columns, l.rank()}, GGML_TYPE_F32, bytes_of(l.down->data)});
+                    uses.push_back({w.weight, 1, 1.0f});
+                    extras.push_back({n + " up",
+                                      {l.rank(), weight_rows},
+                                      GGML_TYPE_F32,
+                                      bytes_of(in_weight_rows(l.up->data, *c.target, weight_rows))});
+                    uses.push_back({w.weight, 2, c.strength * l.scale()});
+                } else {
+                    auto delta = l.dense_delta(c.target->rows, c.target->columns);
+                    if (!delta.ok()) return delta.error();
+                    for (float& v : *delta) v *= c.strength;
+                    extras.push_back({n + " delta",
+                                      {c.target->columns, weight_rows},
+                                      GGML_TYPE_F32,
+                                      bytes_of(in_weight_rows(*delta, *c.target, weight_rows))});
+                    uses.push_back({w.weight, 3, 1.0f});
+                }
+            }
+        }
+        if (extras.empty()) continue;
+        uint64_t bytes = 0;
+        for (const auto& e : extras) bytes += e.data.size();
+        const bool on_device = module.target == nn::ComputeTarget::Device &&
+                               module.weights().params_location() == runtime::ParamsLocation::ComputeDevice;
+        if (on_device) {
+            runtime::DeviceLedger& ledger = module.executor->store().ledger();
+            if (ledger.managed() + bytes > ledger.limit()) {
+                return Error::out_of_memory("out of memory: the LoRA weights of the " + std::string(module.role()) +
+                                            " need " + human_bytes(bytes) + " on " + ledger.device_name() +
+                                            ", the budget leaves " +
+                                            human_bytes(ledger.limit() > ledger.managed()
+                                                            ? ledger.limit() - ledger.managed()
+                                                            : 0));
+            }
+            ledger.add(bytes);
+            model.lora_reservations().emplace_back(&ledger, bytes);
+        }
+        auto tensors = module.weights().set_extras(std::move(extras), module.executor->compute().weights_backend());
+        if (!tensors.ok()) return tensors.error();
+        runtime::WeightPatches patches;
+        for (size_t i = 0; i < uses.size(); ++i) {
+            runtime::WeightPatch& p = patches[uses[i].weight];
+            ggml_tensor* t = (*tensors)[i];
+            switch (uses[i].kind) {
+                case 0: p.replacement = t; break;
+                case 1: p.low_rank.push_back({t, nullptr, 1.0f}); break;
+                case 2: p.low_rank.back().up = t, p.low_rank.back().scale = uses[i].scale; break;
+                default: p.dense.push_back(t); break;
+            }
+        }
+        module.weights().set_patches(std::move(patches));
+    }
+    KILN_LOG_VERBOSE("LoRA: %d weights merged, %d changed at run time", merged, at_runtime);
+    return Status::Ok();
+}
+
+}  // namespace
+
+Result<PromptLoras> extract_lora_tags(const std::string& prompt) {
+    PromptLoras out;
+    size_t pos = 0;
+    while (true) {
+        size_t open = std::string::npos;
+        for (const char* opener : {"<lora:", "<lyco:"}) {
+            const size_t at = prompt.find(opener, pos);
+            if (at < open) open = at;
+        }
+        if (open == std::string::npos) {
+            out.prompt += prompt.substr(pos);
+            break;
+        }
+        const size_t close = prompt.find('>', open);
+        if (close == std::string::npos) {
+            out.prompt += prompt.substr(pos);
+            break;  // not a tag: A1111 leaves an unclosed "<lora:" as text
+        }
+        out.prompt += prompt.substr(pos, open - pos);
+        const std::string tag = prompt.substr(open, close - open + 1);
+        const std::string body = prompt.substr(open + 6, close - open - 6);
+        std::vector<std::string> fields;
+        size_t start = 0;
+        while (true) {
+            const size_t colon = body.find(':', start);
+            fields.push_back(body.substr(start, colon == std::string::npos ? std::string::npos : colon - start));
+            if (colon == std::string::npos) break;
+            start = colon + 1;
+        }
+        LoraRequest request;
+        request.name = trim(fields[0]);
+        if (request.name.empty()) return Error::invalid_request("prompt: " + tag + " names no LoRA");
+        if (request.name.front() == '/' || request.name.find("..") != std::string::npos) {
+            return Error::invalid_request("prompt: " + tag + ": a LoRA name is a file under --lora-model-dir, not a path out of it");
+        }
+        if (fields.size() > 2) {
+            return Error::invalid_request("prompt: " + tag + ": expected <lora:NAME> or <lora:NAME:WEIGHT>");
+        }
+        if (fields.size() == 2) {
+            auto w = tag_weight(fields[1], tag);
+            if (!w.ok()) return w.error();
+            request.strength = *w;
+        }
+        auto same = std::find_if(out.loras.begin(), out.loras.end(),
+                                 [&](const LoraRequest& r) { return r.name == request.name; });
+        if (same != out.loras.end()) {
+            same->strength += request.strength;
+        } else {
+            out.loras.push_back(request);
+        }
+        pos = close + 1;
+    }
+    return out;
+}
+
+Result<LoraApplyMode> parse_lora_apply_mode(const std::string& text) {
+    for (LoraApplyMode m : {LoraApplyMode::Auto, LoraApplyMode::Immediately, LoraApplyMode::AtRuntime}) {
+        if (text == lora_apply_mode_name(m)) return m;
+    }
+    return Error::invalid_request("'" + text + "' is not a LoRA apply mode (auto, immediately, at_runtime)");
+}
+
+const char* lora_apply_mode_name(LoraApplyMode mode) {
+    switch (mode) {
+        case LoraApplyMode::Auto: return "auto";
+        case LoraApplyMode::Immediately: return "immediately";
+        case LoraApplyMode::AtRuntime: return "at_runtime";
+    }
+    return "?";
+}
+
+Result<std::string> find_lora_file(const std::string& folder, const std::string& name) {
+    if (folder.empty()) {
+        return Error::invalid_request("the prompt names LoRA '" + name + "' but no --lora-model-dir was given");
+    }
+    for (const char* ext : {"", ".safetensors", ".sft", ".ckpt", ".pt", ".gguf"}) {
+        const std::string path = folder + "/" + name + ext;
+        const PathStatus status = path_status(path);
+        if (status.kind == PathKind::File) return path;
+        if (status.kind == PathKind::SymlinkLoop || status.kind == PathKind::Special) {
+            return path_error(path, status).as(ErrorKind::BadFile);
+        }
+    }
+    return Error::invalid_request("LoRA '" + name + "': no " + name +
+                                  ".safetensors (.sft, .ckpt, .pt, .gguf) in --lora-model-dir " + folder);
+}
+
+Status apply_loras(Model& model, const std::vector<LoraRequest>& loras) {
+    std::vector<std::pair<std::string, LoraRequest>> active;
+    std::string key;
+    for (const LoraRequest& r : loras) {
+        if (r.strength == 0.0f) continue;
+        auto path = find_lora_file(model.lora_dir(), r.name);
+        if (!path.ok()) return path.error();
+        char strength[32];
+        std::snprintf(strength, sizeof(strength), "%a", static_cast<double>(r.strength));
+        key += *path + "\t" + strength + "\n";
+        active.emplace_back(*path, r);
+    }
+    if (key == model.applied_loras()) return Status::Ok();
+    clear_loras(model);
+    if (active.empty()) return Status::Ok();
+    std::vector<AdapterFile> files;
+    Status installed = install(model, active, files);
+    if (!installed.ok()) {
+        clear_loras(model);
+        return installed;
+    }
+    model.applied_loras() = key;
+    return Status::Ok();
+}
+
+}  // namespace kiln::pipeline

@@ -1,0 +1,60 @@
+// LoRA, LoHa and LoKr for every family: A1111's and sd-cli's prompt syntax
+// <lora:NAME:WEIGHT>, files found in --lora-model-dir, and the weights of a
+// loaded model changed without touching its base weights
+// (runtime/weight_patches.h), so the next job may name other LoRAs at no
+// reload. docs/lora.md.
+//
+// Per weight, --lora-apply-mode decides:
+//   immediately  W + delta merged once into a copy of W (requantized when W
+//                is quantized); the graph reads the copy;
+//   at_runtime   W untouched; a LoRA adds scale * up (down x) to W x, a LoHa
+//                or LoKr its dense delta times x;
+//   auto         immediately for float weights, at run time for quantized
+//                ones (no precision lost to requantizing), as sd-cli.
+// Every adapter tensor is a weight of the module it changes: placed,
+// streamed and counted with it by the memory system.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "pipeline/model.h"
+#include "util/result.h"
+
+namespace kiln::pipeline {
+
+struct LoraRequest {
+    std::string name;  // as in the tag: a file stem under --lora-model-dir
+    float strength = 1.0f;
+};
+
+struct PromptLoras {
+    std::string prompt;  // the prompt with every tag removed
+    std::vector<LoraRequest> loras;
+};
+
+// Removes every <lora:NAME> / <lora:NAME:WEIGHT> tag (A1111's syntax: the
+// weight defaults to 1, may be negative; a later tag of the same name adds
+// to it as A1111 does). Errors (invalid request): a tag without a name, a
+// weight that is not a finite number, or a name that is a path out of the
+// folder ("..", an absolute path).
+Result<PromptLoras> extract_lora_tags(const std::string& prompt);
+
+// "auto", "immediately", "at_runtime".
+Result<LoraApplyMode> parse_lora_apply_mode(const std::string& text);
+const char* lora_apply_mode_name(LoraApplyMode mode);
+
+// Makes `loras` the model's adapters, replacing those of the last call (an
+// identical list costs nothing; an empty one restores the base weights).
+// Zero-strength LoRAs are skipped, so they change nothing at all. Errors:
+// no --lora-model-dir, a name with no file there (invalid request, naming
+// both); a file that cannot be read or whose layers match no weight of the
+// model (bad file); no room on the device for the adapter weights (out of
+// memory). On an error the model is left with no LoRA.
+Status apply_loras(Model& model, const std::vector<LoraRequest>& loras);
+
+// The file a LoRA name means: NAME.safetensors, .sft, .ckpt, .pt or .gguf
+// under `folder` (NAME may hold subfolders).
+Result<std::string> find_lora_file(const std::string& folder, const std::string& name);
+
+}  // namespace kiln::pipeline
