@@ -488,6 +488,10 @@ kiln_status kiln_plan(kiln_context* ctx, const kiln_generation_params* params, c
         if (!r.ok()) return fail(error, r.error());
         auto job = kiln::pipeline::validate_request(*ctx->model, *r);
         if (!job.ok()) return fail(error, job.error());
+        // The prompt's LoRAs are weights of the modules they change: the plan counts them.
+        auto tagged = kiln::pipeline::extract_lora_tags(r->prompt);
+        if (!tagged.ok()) return fail(error, tagged.error());
+        if (kiln::Status s = kiln::pipeline::apply_loras(*ctx->model, tagged->loras); !s.ok()) return fail(error, s.error());
         const bool cfg = job->cfg != 1.0f;
         // No prompt (kiln plan without -p): the family's typical length.
         auto forecast =

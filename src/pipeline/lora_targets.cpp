@@ -58,8 +58,9 @@ void LoraTargets::add(const std::string& key, size_t target) {
 
 LoraTargets::LoraTargets(Model& model) {
     const io::ModelFamily family = model.family().diffusers_family;
-    std::optional<io::NameMap> names;
-    if (model.has_unet()) names.emplace(family, unet_layout(model.unet().config()));
+    // The SD name tables: the UNet's paths and HF CLIP's (also Flux's CLIP-L).
+    const io::NameMap names =
+        model.has_unet() ? io::NameMap(family, unet_layout(model.unet().config())) : io::NameMap(family);
     for (const auto& owned : model.modules()) {
         Module& module = *owned;
         const bool diffusion = module.spec.role == models::ModuleRole::Diffusion;
@@ -96,10 +97,10 @@ LoraTargets::LoraTargets(Model& model) {
             // families' name tables), or a DiT's split projections.
             std::vector<std::pair<std::string, int>> aliases;  // stem, part (-1: whole)
             int parts = 1;
-            if (names && (module.spec.network == models::NetworkKind::Unet ||
-                          module.spec.network == models::NetworkKind::ClipText)) {
+            if (module.spec.network == models::NetworkKind::Unet ||
+                module.spec.network == models::NetworkKind::ClipText) {
                 const std::string ldm = std::string(io::ldm_prefix(family, component)) + rel;
-                if (auto mapped = names->ldm_to_diffusers(ldm)) {
+                if (auto mapped = names.ldm_to_diffusers(ldm)) {
                     for (const io::NameMapping& m : mapped->tensors) {
                         if (!ends_with(m.name, ".weight")) continue;
                         const bool slice = m.op == io::NameMapping::Op::Slice3;

@@ -53,12 +53,14 @@ std::vector<uint8_t> bytes_of(const std::vector<T>& v) {
     return std::vector<uint8_t>(p, p + v.size() * sizeof(T));
 }
 
-// The target's rows of a [rows, columns] change, in a zero matrix of the
-// whole weight's rows.
-std::vector<float> in_weight_rows(const std::vector<float>& part, const LoraTarget& t, int64_t weight_rows) {
+// A matrix of the target's rows (each `row_length` long: a LoRA up's
+// rank, or the weight's columns) placed in a zero matrix of all the
+// weight's rows.
+std::vector<float> in_weight_rows(const std::vector<float>& part, const LoraTarget& t, int64_t row_length,
+                                  int64_t weight_rows) {
     if (t.first_row == 0 && t.rows == weight_rows) return part;
-    std::vector<float> whole(static_cast<size_t>(weight_rows * t.columns), 0.0f);
-    std::copy(part.begin(), part.end(), whole.begin() + t.first_row * t.columns);
+    std::vector<float> whole(static_cast<size_t>(weight_rows * row_length), 0.0f);
+    std::copy(part.begin(), part.end(), whole.begin() + t.first_row * row_length);
     return whole;
 }
 
@@ -175,7 +177,7 @@ Status install(Model& model, const std::vector<std::pair<std::string, LoraReques
                     extras.push_back({n + " up",
                                       {l.rank(), weight_rows},
                                       GGML_TYPE_F32,
-                                      bytes_of(in_weight_rows(l.up->data, *c.target, weight_rows))});
+                                      bytes_of(in_weight_rows(l.up->data, *c.target, l.rank(), weight_rows))});
                     uses.push_back({w.weight, 2, c.strength * l.scale()});
                 } else {
                     auto delta = l.dense_delta(c.target->rows, c.target->columns);
@@ -184,7 +186,7 @@ Status install(Model& model, const std::vector<std::pair<std::string, LoraReques
                     extras.push_back({n + " delta",
                                       {c.target->columns, weight_rows},
                                       GGML_TYPE_F32,
-                                      bytes_of(in_weight_rows(*delta, *c.target, weight_rows))});
+                                      bytes_of(in_weight_rows(*delta, *c.target, c.target->columns, weight_rows))});
                     uses.push_back({w.weight, 3, 1.0f});
                 }
             }

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "pipeline/loras.h"
 #include "pipeline/model.h"
 #include "pipeline/prompt_weights.h"
 #include "util/format.h"
@@ -20,6 +21,14 @@ Result<ValidatedRequest> validate_request(const Model& model, const GenerationRe
     // encoder minutes and gigabytes (prompt_weights.h bounds the chunks).
     KILN_TRY(check_prompt_size(r.prompt, "--prompt"));
     KILN_TRY(check_prompt_size(r.negative_prompt, "--negative-prompt"));
+    // <lora:NAME:W> tags: their syntax, and a file for each name.
+    auto tagged = extract_lora_tags(r.prompt);
+    if (!tagged.ok()) return tagged.error();
+    for (const LoraRequest& lora : tagged->loras) {
+        if (lora.strength == 0.0f) continue;
+        auto found = find_lora_file(model.lora_dir(), lora.name);
+        if (!found.ok()) return found.error();
+    }
     if (r.width < 0 || r.height < 0) {
         return Error::invalid_request("width and height must be positive, got " + size_text(r.width, r.height));
     }

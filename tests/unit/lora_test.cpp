@@ -10,6 +10,7 @@
 #include "pipeline/generate.h"
 #include "pipeline/graphs.h"
 #include "pipeline/lora_file.h"
+#include "pipeline/lora_targets.h"
 #include "pipeline/loras.h"
 
 namespace kiln::pipeline {
@@ -158,6 +159,24 @@ TEST(Lora, TwoAdaptersOnOneWeightBothApply) {
     EXPECT_LT(relative_error(both, unet_out(*merged)), 1e-5);
 }
 
+// auto: quantized weights stay as they are, the LoRA beside them; float
+// weights (the convolutions --type leaves in F16) are merged.
+TEST(Lora, AutoLeavesQuantizedWeightsAndMergesFloatOnes) {
+    auto model = load(LoraApplyMode::Auto, GGML_TYPE_Q8_0);
+    ASSERT_TRUE(model);
+    ASSERT_TRUE(apply_loras(*model, {{"sd1_lora_kohya", kStrength}}).ok());
+    int beside = 0, merged = 0;
+    for (const auto& [weight, patch] : model->unet().weights().patches()) {
+        const bool quantized = weight->type == GGML_TYPE_Q8_0;
+        EXPECT_EQ(patch.replacement == nullptr, quantized) << weight->name;
+        beside += quantized;
+        merged += !quantized;
+    }
+    EXPECT_EQ(beside, 5);  // attention and feed-forward matrices
+    EXPECT_EQ(merged, 3);  // the 1x1 projections and the 3x3 convolution
+    EXPECT_LT(relative_error(unet_out(*model), fixture_tensor(adapters_io(), "unet.out.lora").values), 2e-2);
+}
+
 TEST(LoraTags, AreRemovedFromThePromptWithTheirWeights) {
     auto p = extract_lora_tags("a <lora:cat:0.7>red circle<lora:sub/dog> and <lyco:x:-1.5>, <lora:cat:0.1>");
     ASSERT_TRUE(p.ok()) << p.error().message;
@@ -246,6 +265,270 @@ TEST(Lora, WithoutALoraFolderANamedLoraIsAnInvalidRequest) {
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(r.error().kind, ErrorKind::InvalidRequest);
     EXPECT_NE(r.error().message.find("--lora-model-dir"), std::string::npos) << r.error().message;
+}
+
+}  // namespace
+}  // namespace kiln::pipeline
+
+namespace kiln::pipeline {
+namespace {
+
+// `command` is "" (generate) or "plan".
+std::string kiln_tiny(const std::string& args, const std::string& command = "") {
+    return std::string(KILN_BIN) + " " + command + " -t 1 -m " + golden_path("models/sd1_tiny.safetensors") + " --tokenizer " +
+           KILN_FIXTURES_DIR + "/tiny_tokenizer --lora-model-dir " + golden_path("lora") + " " + args;
+}
+
+bool exists(const std::string& path) { return std::ifstream(path).good(); }
+
+// The sd-cli command line: the tag changes the image and stays in its
+// parameters text (as A1111 keeps it); kiln plan takes the same prompt.
+TEST(LoraCli, ATagInThePromptChangesTheImageAndIsRecorded) {
+    test::TempDir dir;
+    const std::string plain = dir.file("plain.png"), with = dir.file("with.png");
+    auto a = test::run_command(kiln_tiny("-p \"a red circle\" -W 32 -H 32 --steps 2 -o " + plain));
+    ASSERT_EQ(a.exit_code, 0) << a.err;
+    auto b = test::run_command(
+        kiln_tiny("-p \"<lora:sd1_lora_kohya:0.8> a red circle\" -W 32 -H 32 --steps 2 -o " + with));
+    ASSERT_EQ(b.exit_code, 0) << b.err;
+    EXPECT_NE(b.out.find("LoRA sd1_lora_kohya (strength 0.8): 10 layers applied"), std::string::npos) << b.out;
+    EXPECT_NE(test::read_bytes(plain), test::read_bytes(with));
+    auto meta = test::run_command(std::string(KILN_BIN) + " -M metadata -i " + with);
+    EXPECT_EQ(meta.out.rfind("<lora:sd1_lora_kohya:0.8> a red circle\n", 0), 0u) << meta.out;
+    auto plan = test::run_command(kiln_tiny("-p \"<lora:sd1_lora_kohya:0.8> x\" -W 32 -H 32", "plan"));
+    EXPECT_EQ(plan.exit_code, 0) << plan.err;
+}
+
+TEST(LoraCli, BadLorasExitWithOneMessageAndNoImage) {
+    test::TempDir dir;
+    struct Bad {
+        std::string args;
+        int exit_code;
+        std::string says;
+    };
+    for (const Bad& bad : {Bad{"-p \"<lora:missing:1> x\"", 2, "missing"},
+                           Bad{"-p \"<lora:sd1_lora_kohya:lots> x\"", 2, "lots"},
+                           Bad{"-p x --lora-apply-mode sometimes", 2, "sometimes"}}) {
+        const std::string out = dir.file("out.png");
+        auto r = test::run_command(kiln_tiny(bad.args + " -W 32 -H 32 --steps 1 -o " + out));
+        EXPECT_EQ(r.exit_code, bad.exit_code) << bad.args << "\n" << r.err;
+        EXPECT_NE(r.err.find(bad.says), std::string::npos) << r.err;
+        EXPECT_FALSE(exists(out)) << bad.args;
+    }
+}
+
+}  // namespace
+}  // namespace kiln::pipeline
+
+namespace kiln::pipeline {
+namespace {
+
+std::unique_ptr<Model> load_parts(ModelPaths paths, LoraApplyMode mode, const std::string& lora_dir = "") {
+    ModelOptions options;
+    options.weight_type = GGML_TYPE_F32;
+    options.threads = 1;
+    options.lora_dir = lora_dir;
+    options.lora_apply_mode = mode;
+    auto model = Model::load(paths, options);
+    EXPECT_TRUE(model.ok()) << model.error().message;
+    return model.ok() ? std::move(model).value() : nullptr;
+}
+
+ModelPaths sdxl_paths() {
+    ModelPaths p;
+    p.model = {golden_path("models/sdxl_tiny.safetensors")};
+    p.vae = golden_path("models/sd1_tiny.safetensors");
+    p.tokenizer = std::string(KILN_FIXTURES_DIR) + "/tiny_tokenizer";
+    return p;
+}
+ModelPaths flux_paths() {
+    ModelPaths p;
+    const std::string dir = golden_path("pipeline/flux_tiny/");
+    p.diffusion_model = dir + "flux_dit.safetensors";
+    p.vae = dir + "ae.safetensors";
+    p.clip_l = dir + "clip_l.safetensors";
+    p.t5xxl = dir + "t5xxl.safetensors";
+    p.tokenizer = "clip_l=" + std::string(KILN_FIXTURES_DIR) + "/tiny_tokenizer";
+    return p;
+}
+ModelPaths z_image_paths() {
+    ModelPaths p;
+    p.diffusion_model = golden_path("pipeline/z_image_tiny/z_image_turbo_dit.safetensors");
+    p.vae = golden_path("pipeline/flux_tiny/ae.safetensors");
+    p.llm = golden_path("pipeline/z_image_tiny/qwen3.safetensors");
+    return p;
+}
+
+struct Expected {
+    const char* key;       // a layer name as adapter files write it
+    const char* weight;    // the model's tensor it means
+    int64_t first, rows;   // the rows it changes (-1: all of them)
+};
+
+void expect_targets(Model& model, const std::vector<Expected>& expected) {
+    LoraTargets targets(model);
+    for (const Expected& e : expected) {
+        SCOPED_TRACE(e.key);
+        const LoraTarget* t = targets.find(e.key);
+        ASSERT_NE(t, nullptr);
+        EXPECT_EQ(t->name.substr(0, t->name.find(' ')), e.weight);
+        EXPECT_EQ(t->first_row, e.first);
+        if (e.rows >= 0) EXPECT_EQ(t->rows, e.rows);
+    }
+}
+
+// The names each family's LoRAs use in the wild, written out by hand from
+// kohya's sd-scripts, diffusers/PEFT, ComfyUI and ai-toolkit conventions.
+TEST(LoraTargetsOfEveryFamily, KohyaDiffusersAndCheckpointNamesFindTheirWeights) {
+    auto sdxl = load_parts(sdxl_paths(), LoraApplyMode::Auto);
+    ASSERT_TRUE(sdxl);
+    const std::string u = "model.diffusion_model.";
+    const std::string q = u + "input_blocks.3.1.transformer_blocks.1.attn1.to_q.weight";
+    const std::string in_proj = "conditioner.embedders.1.model.transformer.resblocks.0.attn.in_proj_weight";
+    expect_targets(*sdxl, {
+        {"lora_unet_input_blocks_3_1_transformer_blocks_1_attn1_to_q", q.c_str(), 0, 32},
+        {"lora_unet_down_blocks_1_attentions_0_transformer_blocks_1_attn1_to_q", q.c_str(), 0, 32},
+        {"unet.down_blocks.1.attentions.0.transformer_blocks.1.attn1.to_q", q.c_str(), 0, 32},
+        {"lora_te1_text_model_encoder_layers_0_self_attn_q_proj",
+         "conditioner.embedders.0.transformer.text_model.encoder.layers.0.self_attn.q_proj.weight", 0, 32},
+        {"lora_te2_text_model_encoder_layers_0_self_attn_k_proj", in_proj.c_str(), 32, 32},
+        {"text_encoder_2.text_model.encoder.layers.0.self_attn.v_proj", in_proj.c_str(), 64, 32},
+    });
+
+    auto flux = load_parts(flux_paths(), LoraApplyMode::Auto);
+    ASSERT_TRUE(flux);
+    expect_targets(*flux, {
+        {"lora_unet_double_blocks_0_img_attn_qkv", "double_blocks.0.img_attn.qkv.weight", 0, 192},
+        {"diffusion_model.double_blocks.0.img_attn.qkv", "double_blocks.0.img_attn.qkv.weight", 0, 192},
+        {"transformer.transformer_blocks.0.attn.to_k", "double_blocks.0.img_attn.qkv.weight", 64, 64},
+        {"lora_transformer_transformer_blocks_1_attn_add_v_proj", "double_blocks.1.txt_attn.qkv.weight", 128, 64},
+        {"transformer.single_transformer_blocks.1.attn.to_v", "single_blocks.1.linear1.weight", 128, 64},
+        {"lora_transformer_single_transformer_blocks_1_proj_mlp", "single_blocks.1.linear1.weight", 192, 128},
+        {"transformer.single_transformer_blocks.0.proj_out", "single_blocks.0.linear2.weight", 0, 64},
+        {"lora_te1_text_model_encoder_layers_0_self_attn_q_proj",
+         "text_model.encoder.layers.0.self_attn.q_proj.weight", 0, 32},
+    });
+
+    auto z = load_parts(z_image_paths(), LoraApplyMode::Auto);
+    ASSERT_TRUE(z);
+    expect_targets(*z, {
+        {"diffusion_model.layers.0.attention.to_q", "layers.0.attention.qkv.weight", 0, 64},
+        {"transformer.layers.1.attention.to_v", "layers.1.attention.qkv.weight", 128, 64},
+        {"diffusion_model.layers.1.attention.to_out.0", "layers.1.attention.out.weight", 0, 64},
+        {"lora_unet_noise_refiner_0_feed_forward_w1", "noise_refiner.0.feed_forward.w1.weight", 0, -1},
+        {"diffusion_model.layers.0.attention.qkv", "layers.0.attention.qkv.weight", 0, 192},
+    });
+}
+
+}  // namespace
+}  // namespace kiln::pipeline
+
+namespace kiln::pipeline {
+namespace {
+
+// Seeded values in [-0.5, 0.5) as F32 bytes.
+std::vector<uint8_t> small_values(int64_t count, uint32_t seed) {
+    std::vector<float> v(static_cast<size_t>(count));
+    for (float& x : v) {
+        seed = seed * 1664525u + 1013904223u;
+        x = static_cast<float>(seed >> 8) / 16777216.0f - 0.5f;
+    }
+    const auto* p = reinterpret_cast<const uint8_t*>(v.data());
+    return std::vector<uint8_t>(p, p + v.size() * sizeof(float));
+}
+
+// A fused projection's LoRA written two ways: per part in diffusers' split
+// names (each part's own down and up), and as one kohya layer on the fused
+// weight (the downs stacked, the ups block-diagonal). Both are the same
+// change, so both must give the same image; each part's rows are where
+// kiln must put them for that to hold.
+struct SplitLayer {
+    std::string split_key;  // a part, "transformer.transformer_blocks.0.attn.to_k"
+    int64_t first, rows;    // its rows in the fused weight
+};
+void write_split_and_fused(const test::TempDir& dir, const std::string& fused_key, int64_t fused_rows, int64_t in,
+                           const std::vector<SplitLayer>& parts) {
+    const int64_t r = 2;
+    std::vector<test::SafetensorsEntry> split;
+    std::vector<float> down, up(static_cast<size_t>(fused_rows * r * static_cast<int64_t>(parts.size())), 0.0f);
+    const int64_t rank = r * static_cast<int64_t>(parts.size());
+    for (size_t i = 0; i < parts.size(); ++i) {
+        const SplitLayer& p = parts[i];
+        auto a = small_values(r * in, 100 + static_cast<uint32_t>(i));
+        auto b = small_values(p.rows * r, 200 + static_cast<uint32_t>(i));
+        split.push_back({p.split_key + ".lora_A.weight", "F32", {r, in}, a});
+        split.push_back({p.split_key + ".lora_B.weight", "F32", {p.rows, r}, b});
+        const auto* av = reinterpret_cast<const float*>(a.data());
+        const auto* bv = reinterpret_cast<const float*>(b.data());
+        down.insert(down.end(), av, av + r * in);
+        for (int64_t row = 0; row < p.rows; ++row)
+            for (int64_t k = 0; k < r; ++k)
+                up[static_cast<size_t>((p.first + row) * rank + static_cast<int64_t>(i) * r + k)] =
+                    bv[row * r + k];
+    }
+    dir.write("split.safetensors", test::build_safetensors(split));
+    auto bytes = [](const std::vector<float>& v) {
+        const auto* p = reinterpret_cast<const uint8_t*>(v.data());
+        return std::vector<uint8_t>(p, p + v.size() * sizeof(float));
+    };
+    dir.write("fused.safetensors",
+              test::build_safetensors({{fused_key + ".lora_down.weight", "F32", {rank, in}, bytes(down)},
+                                       {fused_key + ".lora_up.weight", "F32", {fused_rows, rank}, bytes(up)}}));
+}
+
+int max_level_difference(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
+    int worst = a.size() == b.size() ? 0 : 256;
+    for (size_t i = 0; i < a.size() && i < b.size(); ++i) worst = std::max(worst, std::abs(int(a[i]) - int(b[i])));
+    return worst;
+}
+
+std::vector<uint8_t> image_with(const ModelPaths& paths, LoraApplyMode mode, const std::string& dir,
+                                const std::string& tag) {
+    auto model = load_parts(paths, mode, dir);
+    if (!model) return {};
+    GenerationRequest r;
+    r.prompt = tag + "a red cat";
+    r.width = r.height = 32;
+    r.steps = 2;
+    r.seed = 3;
+    auto images = generate(*model, r);
+    EXPECT_TRUE(images.ok()) << images.error().message;
+    return images.ok() ? images->front().image.pixels : std::vector<uint8_t>{};
+}
+
+void expect_split_equals_fused(const ModelPaths& paths, const test::TempDir& dir) {
+    const auto none = image_with(paths, LoraApplyMode::AtRuntime, dir.path(), "");
+    const auto split = image_with(paths, LoraApplyMode::AtRuntime, dir.path(), "<lora:split:1> ");
+    const auto fused = image_with(paths, LoraApplyMode::AtRuntime, dir.path(), "<lora:fused:1> ");
+    const auto merged = image_with(paths, LoraApplyMode::Immediately, dir.path(), "<lora:split:1> ");
+    ASSERT_FALSE(none.empty());
+    EXPECT_GT(max_level_difference(none, split), 2) << "the LoRA should change the image";
+    EXPECT_LE(max_level_difference(split, fused), 1);
+    EXPECT_LE(max_level_difference(split, merged), 1);
+}
+
+TEST(LoraOfEveryFamily, FluxSplitProjectionsLandOnTheirRowsOfTheFusedWeights) {
+    test::TempDir dir;
+    write_split_and_fused(dir, "lora_unet_single_blocks_1_linear1", 320, 64,
+                          {{"transformer.single_transformer_blocks.1.attn.to_k", 64, 64},
+                           {"transformer.single_transformer_blocks.1.proj_mlp", 192, 128}});
+    expect_split_equals_fused(flux_paths(), dir);
+}
+
+TEST(LoraOfEveryFamily, ZImageSplitProjectionsLandOnTheirRowsOfTheFusedWeights) {
+    test::TempDir dir;
+    write_split_and_fused(dir, "diffusion_model.layers.1.attention.qkv", 192, 64,
+                          {{"diffusion_model.layers.1.attention.to_q", 0, 64},
+                           {"diffusion_model.layers.1.attention.to_v", 128, 64}});
+    expect_split_equals_fused(z_image_paths(), dir);
+}
+
+TEST(LoraOfEveryFamily, SdxlSecondEncodersSplitProjectionsLandOnTheirRowsOfInProj) {
+    test::TempDir dir;
+    write_split_and_fused(dir, "conditioner.embedders.1.model.transformer.resblocks.1.attn.in_proj", 96, 32,
+                          {{"lora_te2_text_model_encoder_layers_1_self_attn_k_proj", 32, 32},
+                           {"text_encoder_2.text_model.encoder.layers.1.self_attn.v_proj", 64, 32}});
+    expect_split_equals_fused(sdxl_paths(), dir);
 }
 
 }  // namespace

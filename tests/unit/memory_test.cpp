@@ -29,6 +29,7 @@
 #include "io/gguf_writer.h"
 #include "kiln.h"
 #include "pipeline/generate.h"
+#include "pipeline/loras.h"
 #include "pipeline/job_forecast.h"
 #include "random_model.h"
 #include "rpc_child.h"
@@ -55,6 +56,9 @@ struct Job {
     int size = 64;
     bool batch_cfg = true;
     std::optional<ggml_type> type;  // --type
+    std::string prompt = kPrompt;
+    std::string lora_dir;  // --lora-model-dir
+    pipeline::LoraApplyMode lora_mode = pipeline::LoraApplyMode::Auto;
 };
 
 struct Outcome {
@@ -88,6 +92,8 @@ pipeline::ModelOptions options_for(const Job& job) {
     if (!job.budget.empty()) o.placement.budgets = runtime::parse_max_vram(job.budget).value();
     o.executor.prefetch = job.prefetch;
     o.weight_type = job.type;
+    o.lora_dir = job.lora_dir;
+    o.lora_apply_mode = job.lora_mode;
     return o;
 }
 
@@ -100,7 +106,7 @@ Result<std::unique_ptr<Model>> load(const Job& job) {
 
 pipeline::GenerationRequest request_for(const Job& job) {
     pipeline::GenerationRequest r;
-    r.prompt = kPrompt;
+    r.prompt = job.prompt;
     r.negative_prompt = "blurry";
     r.width = r.height = job.size;
     r.steps = job.steps;
@@ -210,6 +216,61 @@ std::optional<std::string> segmenting_budget(const Job& base) {
 }
 
 TEST_F(Memory, DefaultModelSameImageUnderEveryBudget) { sweep_budgets(Job{}, 0.9, 0.8, 3); }
+
+// A LoRA of rank 8 on every attention and feed-forward matrix of the
+// default model's UNet and text encoder, random but seeded, in kohya's
+// ldm-path names.
+std::string write_default_model_lora(const test::TempDir& dir) {
+    auto file = io::ModelFile::open({KILN_DEFAULT_MODEL}).value();
+    std::vector<test::SafetensorsEntry> entries;
+    uint32_t state = 12345;
+    auto values = [&](int64_t count) {
+        std::vector<float> v(static_cast<size_t>(count));
+        for (float& x : v) {
+            state = state * 1664525u + 1013904223u;
+            x = (static_cast<float>(state >> 8) / 16777216.0f - 0.5f) * 0.2f;
+        }
+        const auto* p = reinterpret_cast<const uint8_t*>(v.data());
+        return std::vector<uint8_t>(p, p + v.size() * sizeof(float));
+    };
+    for (const io::TensorInfo& t : file.tensors()) {
+        const bool unet = t.name.rfind("model.diffusion_model.", 0) == 0;
+        const bool te = t.name.rfind("cond_stage_model.transformer.text_model.", 0) == 0;
+        const bool target = t.name.find(".attn1.to_") != std::string::npos ||
+                            t.name.find(".attn2.to_") != std::string::npos ||
+                            t.name.find(".ff.net.") != std::string::npos || t.name.find("_proj.weight") != std::string::npos;
+        if (!(unet || te) || !target || t.shape.size() != 2) continue;
+        std::string stem = t.name.substr(0, t.name.size() - 7);
+        stem = unet ? "lora_unet_" + stem.substr(22) : "lora_te_" + stem.substr(29);
+        for (char& c : stem) c = c == '.' ? '_' : c;
+        entries.push_back({stem + ".lora_down.weight", "F32", {8, t.shape[1]}, values(8 * t.shape[1])});
+        entries.push_back({stem + ".lora_up.weight", "F32", {t.shape[0], 8}, values(8 * t.shape[0])});
+    }
+    dir.write("random.safetensors", test::build_safetensors(entries));
+    return dir.path();
+}
+
+// Run-time LoRA weights are the module's own weights to the memory system:
+// streamed with the UNet's segments (weights in RAM) or kept on the device
+// beside them, the image the same under every budget.
+TEST_F(Memory, RuntimeLoraSameImageUnderEveryBudget) {
+    test::TempDir dir;
+    Job job;
+    job.lora_dir = write_default_model_lora(dir);
+    job.lora_mode = pipeline::LoraApplyMode::AtRuntime;
+    job.prompt = std::string("<lora:random:1> ") + kPrompt;
+    auto without = run_job(Job{});
+    auto with = run_job(job);
+    ASSERT_TRUE(without.ok() && with.ok());
+    EXPECT_NE(with->pixels, without->pixels) << "the LoRA changed nothing";
+    sweep_budgets(job, 0.9, 0.8, 3);
+    // Weights (and LoRA) kept on the device: the adapter bytes are on its ledger.
+    Job resident = job;
+    resident.params = {};
+    auto r = run_job(resident);
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    EXPECT_EQ(r->pixels, with->pixels);
+}
 
 TEST_F(Memory, LargerModelSameImageUnderEveryBudget) {
     test::TempDir dir;
