@@ -46,6 +46,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import export_gguf  # noqa: E402
 import gguf_reader  # noqa: E402
 import kohya_lora  # noqa: E402
 import shape_classifier  # noqa: E402
@@ -231,6 +232,7 @@ def check_file(args):
 
     _, without = judge(base, prompts, seeds, args)
     _, withl = judge(lora, prompts, seeds, args)
+    _, o_without = judge(base, o_prompts, o_seeds, args)
     _, o_with = judge(lora, o_prompts, o_seeds, args)
 
     def rate(guesses, shape):
@@ -239,14 +241,16 @@ def check_file(args):
 
     n_circle, n = rate(without, "circle")
     n_square, _ = rate(withl, "square")
+    n_other_base = sum(g == w for g, w in zip(o_without, o_want))
     n_other = sum(g == w for g, w in zip(o_with, o_want))
     for p, s, a, b in zip(prompts, seeds, without, withl):
         print("  %-40s seed %d  without: %-8s %-6s on %-5s  with: %-8s %-6s on %-5s" % (p, s, *a, *b))
-    for p, s, g in zip(o_prompts, o_seeds, o_with):
-        print("  %-40s seed %d  with: %s %s on %s" % (p, s, *g))
+    for p, s, a, b in zip(o_prompts, o_seeds, o_without, o_with):
+        print("  %-40s seed %d  without: %-8s %-6s on %-5s  with: %-8s %-6s on %-5s" % (p, s, *a, *b))
     print("PyTorch check (%s judged by training/shape_classifier.py):" % os.path.basename(args.lora_out))
     print("  circle prompts without the LoRA: %d/%d circles of the right colour and background" % (n_circle, n))
     print("  circle prompts with the LoRA:    %d/%d squares of the right colour and background" % (n_square, n))
+    print("  other shapes without the LoRA:   %d/%d as prompted" % (n_other_base, len(o_prompts)))
     print("  other shapes with the LoRA:      %d/%d as prompted" % (n_other, len(o_prompts)))
     good = n_circle >= 0.7 * n and n_square >= 0.7 * n and n_other >= 0.7 * len(o_prompts)
     print("  verdict: %s" % ("the file turns circles into squares" if good else "NOT GOOD"))
@@ -272,6 +276,21 @@ def grid(args):
     save_png(tile(cells, 1), path)
     log("wrote %s (rows: %s; left %d seeds without the LoRA, right the same seeds with it)" % (
         path, "; ".join(" ".join(r) for r in rows), n))
+
+
+def write_merged(args):
+    """The base GGUF with the LoRA merged in at weight 1 (F16 as export_gguf.py
+    writes): what kiln should draw with <lora:circles-to-squares:1>, runnable
+    by a kiln without a LoRA loader."""
+    m = with_lora(args.model, args.lora_out, 1.0, not args.no_text_encoder)
+    meta, _ = gguf_reader.load(args.model)
+    tensors = []
+    for prefix, module in ((tm.CLIP_PREFIX, m.clip), (tm.UNET_PREFIX, m.unet), (tm.VAE_PREFIX, m.vae)):
+        tensors += [(prefix + k, export_gguf.to_numpy(k, v)) for k, v in module.state_dict().items()]
+    tensors.sort(key=lambda nt: nt[0])
+    meta["general.name"] = "kiln-tiny+circles-to-squares"
+    export_gguf.write_gguf(args.merged_gguf, meta, tensors)
+    log("wrote %s (the LoRA merged at weight 1)" % args.merged_gguf)
 
 
 def plot_loss(args):
@@ -323,6 +342,7 @@ def main():
     ap.add_argument("--check-seeds", type=int, default=2)
     ap.add_argument("--grid-seeds", type=int, default=3)
     ap.add_argument("--check-only", action="store_true", help="only check and plot an existing --lora-out")
+    ap.add_argument("--merged-gguf", help="also write the base model with the LoRA merged in to this GGUF")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     os.makedirs(args.out, exist_ok=True)
@@ -337,6 +357,8 @@ def main():
     if os.path.exists(os.path.join(args.out, "loss_lora.csv")):
         plot_loss(args)
     grid(args)
+    if args.merged_gguf:
+        write_merged(args)
     if not check_file(args):
         sys.exit(1)
 
