@@ -27,6 +27,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import gguf_reader  # noqa: E402
 import shapes_dataset as ds  # noqa: E402
 import tiny_model as tm  # noqa: E402
 import tiny_tokenizer  # noqa: E402
@@ -41,18 +42,35 @@ def f16_round(sd):
 
 
 class Model:
-    def __init__(self, run):
-        ck = torch.load(os.path.join(run, "final.pt"))
-        self.tok = tiny_tokenizer.Tokenizer(ck["tokens"], ck["merges"])
-        self.clip = tm.make_clip(len(ck["tokens"]), ck["config"]["clip"]).eval()
-        self.unet = tm.make_unet(ck["config"]["clip"]["width"], ck["config"]["unet"]).eval()
-        self.vae = tm.make_vae(ck["config"]["vae"]).eval()
-        self.clip.load_state_dict(f16_round(ck["clip"]))
-        self.unet.load_state_dict(f16_round(ck["unet"]))
-        dec = os.path.join(run, "vae_decoder.pt")
-        self.vae.load_state_dict(f16_round(torch.load(dec)["model"] if os.path.exists(dec) else ck["vae"]))
-        self.scale = ck["scale_factor"]
+    """kiln-tiny's networks in PyTorch with a reference sampler."""
+
+    def __init__(self, tokens, merges, config, clip_sd, unet_sd, vae_sd, scale_factor):
+        self.tok = tiny_tokenizer.Tokenizer(tokens, merges)
+        self.clip = tm.make_clip(len(tokens), config["clip"]).eval()
+        self.unet = tm.make_unet(config["clip"]["width"], config["unet"]).eval()
+        self.vae = tm.make_vae(config["vae"]).eval()
+        self.clip.load_state_dict(clip_sd)
+        self.unet.load_state_dict(unet_sd)
+        self.vae.load_state_dict(vae_sd)
+        self.scale = scale_factor
         self.schedule = sampling.DiscreteSchedule(sampling.scaled_linear_alphas_cumprod())
+
+    @classmethod
+    def from_run(cls, run):
+        """A training run's final.pt (weights rounded to F16 as the GGUF stores them)."""
+        ck = torch.load(os.path.join(run, "final.pt"))
+        dec = os.path.join(run, "vae_decoder.pt")
+        vae = torch.load(dec)["model"] if os.path.exists(dec) else ck["vae"]
+        return cls(ck["tokens"], ck["merges"], ck["config"], f16_round(ck["clip"]), f16_round(ck["unet"]),
+                   f16_round(vae), ck["scale_factor"])
+
+    @classmethod
+    def from_gguf(cls, path):
+        """The exported file itself (models/kiln-tiny.gguf), read with gguf_reader."""
+        meta, tensors = gguf_reader.load(path)
+        return cls(meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.merges"], tm.CONFIG,
+                   gguf_reader.split_prefix(tensors, tm.CLIP_PREFIX), gguf_reader.split_prefix(tensors, tm.UNET_PREFIX),
+                   gguf_reader.split_prefix(tensors, tm.VAE_PREFIX), float(meta["kiln.vae.scale_factor"]))
 
     @torch.no_grad()
     def generate(self, prompts, seeds, cfg=5.0, steps=20, sampler="euler_a", scheduler="discrete"):
@@ -171,7 +189,7 @@ def main():
     if args.plots_only:
         plot_losses(args.run)
         return
-    m = Model(args.run)
+    m = Model.from_run(args.run)
 
     total = ok = 0
     per = {"colour": 0, "background": 0, "shape": 0}

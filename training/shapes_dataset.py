@@ -130,26 +130,28 @@ def draw(shape, colour, background, frac, u, v):
     return np.clip(np.rint(img), 0, 255).astype(np.uint8)
 
 
-def sample(rng):
-    """One random example: (uint8 image [64, 64, 3], caption, labels dict)."""
+def sample(rng, drawn=None):
+    """One random example: (uint8 image [64, 64, 3], caption, labels dict).
+    drawn: optional {captioned shape: shape drawn instead} (a LoRA's altered
+    data set, e.g. {"circle": "square"}); the draws from rng are the same."""
     shape = SHAPES[rng.integers(len(SHAPES))]
     colour = COLOUR_NAMES[rng.integers(len(COLOUR_NAMES))]
     background = BACKGROUND_NAMES[rng.integers(len(BACKGROUND_NAMES))]
     frac = rng.uniform(MIN_FRAC, MAX_FRAC)
     u, v = rng.uniform(), rng.uniform()
     short = rng.uniform() < VARIANT_SHORT
-    img = draw(shape, colour, background, frac, u, v)
+    img = draw((drawn or {}).get(shape, shape), colour, background, frac, u, v)
     labels = dict(shape=shape, colour=colour, background=background, frac=frac, short=short)
     return img, caption(shape, colour, background, short), labels
 
 
-def batch(seed, n):
+def batch(seed, n, drawn=None):
     """n examples from a generator seeded with `seed` (an int or a sequence):
-    float32 [n, 3, 64, 64] in [-1, 1], captions, labels."""
+    float32 [n, 3, 64, 64] in [-1, 1], captions, labels (see sample for drawn)."""
     rng = np.random.default_rng(seed)
     imgs, caps, labels = [], [], []
     for _ in range(n):
-        img, cap, lab = sample(rng)
+        img, cap, lab = sample(rng, drawn)
         imgs.append(img)
         caps.append(cap)
         labels.append(lab)
