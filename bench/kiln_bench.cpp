@@ -17,7 +17,9 @@
 #include "matmul_paths.h"
 #include "model_path.h"
 #include "pipeline/conditioner.h"
+#include "io/tensor_convert.h"
 #include "pipeline/generate.h"
+#include "pipeline/loras.h"
 #include "pipeline/model.h"
 #include "pipeline/placement.h"
 #include "process_stats.h"
@@ -59,6 +61,9 @@ struct BenchOptions {
     std::string markdown_path;
     bool verbose = false;
     bool help = false;
+    std::string weight_type;      // --type: "" keeps the file's
+    std::string lora_dir;         // --lora-model-dir: for <lora:NAME:W> in the prompt
+    std::string lora_apply_mode;  // --lora-apply-mode: "" is auto
 };
 
 std::vector<BenchFlag> bench_flags(BenchOptions& o) {
@@ -68,6 +73,12 @@ std::vector<BenchFlag> bench_flags(BenchOptions& o) {
         {nullptr, "--tokenizer", "SPEC",
          "as kiln's --tokenizer: CLIP's tokenizer, or per encoder clip_l=PATH,t5xxl=PATH,llm=PATH",
          text_setter(&o.tokenizer, "a path")},
+        {nullptr, "--type", "TYPE", "weight type to compute with, as kiln's --type (default: the file's)",
+         text_setter(&o.weight_type, "a type")},
+        {nullptr, "--lora-model-dir", "PATH", "LoRA folder for <lora:NAME:W> tags in the prompt, as kiln's",
+         text_setter(&o.lora_dir, "a path")},
+        {nullptr, "--lora-apply-mode", "MODE", "auto, immediately or at_runtime, as kiln's",
+         text_setter(&o.lora_apply_mode, "a mode")},
         {"-p", "--prompt", "TEXT", "prompt (default: \"a red circle on a white background\")",
          [&o](const std::string& v) -> std::optional<std::string> {
              o.prompt = v;
@@ -193,6 +204,17 @@ int run(const std::vector<std::string>& args) {
     model_options.placement = std::move(placement).value();
     model_options.job_width = o.width;  // auto-fit checks its placement against this job (0: the defaults)
     model_options.job_height = o.height;
+    model_options.lora_dir = o.lora_dir;
+    if (!o.weight_type.empty()) {
+        auto type = io::parse_weight_type(o.weight_type);
+        if (!type) return usage_error("--type: " + type.error().message);
+        model_options.weight_type = *type;
+    }
+    if (!o.lora_apply_mode.empty()) {
+        auto mode = pipeline::parse_lora_apply_mode(o.lora_apply_mode);
+        if (!mode) return usage_error("--lora-apply-mode: " + mode.error().message);
+        model_options.lora_apply_mode = *mode;
+    }
     const Clock::time_point load_start = Clock::now();
     auto loaded = pipeline::Model::load(paths, model_options);
     if (!loaded) {

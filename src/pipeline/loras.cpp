@@ -90,7 +90,7 @@ void clear_loras(Model& model) {
     for (auto& [ledger, bytes] : model.lora_reservations()) ledger->release(bytes);
     model.lora_reservations().clear();
     model.applied_loras().clear();
-    model.release_caches();  // compute copies of the old adapters must not be found again
+    model.forget_weight_copies();  // compute copies of the old adapters must not be found again
 }
 
 Status install(Model& model, const std::vector<std::pair<std::string, LoraRequest>>& active,

@@ -820,4 +820,11 @@ void Model::release_caches() {
     for (auto& [name, store] : stores_) store->evict_all();
 }
 
+void Model::forget_weight_copies() {
+    release_caches();
+    for (auto& [name, store] : stores_) {
+        for (auto& module : modules_) store->drop_module(module->weights());
+    }
+}
+
 }  // namespace kiln::pipeline

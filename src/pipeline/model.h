@@ -185,6 +185,10 @@ class Model {
     // Frees the compute copies and workspaces the memory system keeps
     // between jobs (a job ended with an error, or the caller wants the room).
     void release_caches();
+    // As release_caches(), and forgets which weights the stores' blocks
+    // held: a module's extra weights (LoRA) were replaced, and new tensors
+    // may reuse the old ones' addresses.
+    void forget_weight_copies();
 
     // Cancellation (kiln_cancel): any thread may request it; generate()
     // clears it when a job starts and checks it at every denoising step, and

@@ -264,6 +264,24 @@ TEST_F(Memory, RuntimeLoraSameImageUnderEveryBudget) {
     ASSERT_TRUE(without.ok() && with.ok());
     EXPECT_NE(with->pixels, without->pixels) << "the LoRA changed nothing";
     sweep_budgets(job, 0.9, 0.8, 3);
+    // One model, other LoRAs job after job under a budget that streams the
+    // weights: each job's image is the one a fresh model gives.
+    {
+        Job budgeted = job;
+        budgeted.budget = segmenting_budget(job).value_or("");
+        ASSERT_FALSE(budgeted.budget.empty());
+        auto model = load(budgeted);
+        ASSERT_TRUE(model.ok()) << model.error().message;
+        for (const char* prompt : {"<lora:random:1> ", "", "<lora:random:-0.7> ", "<lora:random:1> "}) {
+            SCOPED_TRACE(prompt);
+            Job fresh = budgeted;
+            fresh.prompt = std::string(prompt) + kPrompt;
+            auto expected = run_job(fresh);
+            auto images = pipeline::generate(**model, request_for(fresh), {});
+            ASSERT_TRUE(expected.ok() && images.ok());
+            EXPECT_EQ(images->front().image.pixels, expected->pixels);
+        }
+    }
     // Weights (and LoRA) kept on the device: the adapter bytes are on its ledger.
     Job resident = job;
     resident.params = {};
