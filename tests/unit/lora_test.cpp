@@ -507,28 +507,32 @@ void expect_split_equals_fused(const ModelPaths& paths, const test::TempDir& dir
     EXPECT_LE(max_level_difference(split, merged), 1);
 }
 
-TEST(LoraOfEveryFamily, FluxSplitProjectionsLandOnTheirRowsOfTheFusedWeights) {
-    test::TempDir dir;
-    write_split_and_fused(dir, "lora_unet_single_blocks_1_linear1", 320, 64,
-                          {{"transformer.single_transformer_blocks.1.attn.to_k", 64, 64},
-                           {"transformer.single_transformer_blocks.1.proj_mlp", 192, 128}});
-    expect_split_equals_fused(flux_paths(), dir);
-}
-
-TEST(LoraOfEveryFamily, ZImageSplitProjectionsLandOnTheirRowsOfTheFusedWeights) {
-    test::TempDir dir;
-    write_split_and_fused(dir, "diffusion_model.layers.1.attention.qkv", 192, 64,
-                          {{"diffusion_model.layers.1.attention.to_q", 0, 64},
-                           {"diffusion_model.layers.1.attention.to_v", 128, 64}});
-    expect_split_equals_fused(z_image_paths(), dir);
-}
-
-TEST(LoraOfEveryFamily, SdxlSecondEncodersSplitProjectionsLandOnTheirRowsOfInProj) {
-    test::TempDir dir;
-    write_split_and_fused(dir, "conditioner.embedders.1.model.transformer.resblocks.1.attn.in_proj", 96, 32,
-                          {{"lora_te2_text_model_encoder_layers_1_self_attn_k_proj", 32, 32},
-                           {"text_encoder_2.text_model.encoder.layers.1.self_attn.v_proj", 64, 32}});
-    expect_split_equals_fused(sdxl_paths(), dir);
+// Flux's single-block linear1 (q, k, v, then the MLP's rows), Z-Image's
+// qkv, and the q/k/v of SDXL's second encoder's fused in_proj.
+TEST(LoraOfEveryFamily, SplitProjectionsLandOnTheirRowsOfTheFusedWeights) {
+    struct Family {
+        const char* name;
+        ModelPaths paths;
+        const char* fused_key;
+        int64_t rows, in;
+        std::vector<SplitLayer> parts;
+    };
+    const Family families[] = {
+        {"Flux", flux_paths(), "lora_unet_single_blocks_1_linear1", 320, 64,
+         {{"transformer.single_transformer_blocks.1.attn.to_k", 64, 64},
+          {"transformer.single_transformer_blocks.1.proj_mlp", 192, 128}}},
+        {"Z-Image", z_image_paths(), "diffusion_model.layers.1.attention.qkv", 192, 64,
+         {{"diffusion_model.layers.1.attention.to_q", 0, 64}, {"diffusion_model.layers.1.attention.to_v", 128, 64}}},
+        {"SDXL", sdxl_paths(), "conditioner.embedders.1.model.transformer.resblocks.1.attn.in_proj", 96, 32,
+         {{"lora_te2_text_model_encoder_layers_1_self_attn_k_proj", 32, 32},
+          {"text_encoder_2.text_model.encoder.layers.1.self_attn.v_proj", 64, 32}}},
+    };
+    for (const Family& f : families) {
+        SCOPED_TRACE(f.name);
+        test::TempDir dir;
+        write_split_and_fused(dir, f.fused_key, f.rows, f.in, f.parts);
+        expect_split_equals_fused(f.paths, dir);
+    }
 }
 
 }  // namespace
