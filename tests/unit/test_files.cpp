@@ -14,6 +14,17 @@
 namespace fs = std::filesystem;
 
 namespace kiln::test {
+namespace {
+
+// The tests never see the user's own kiln cache (~/.cache/kiln, which `kiln
+// pull` fills): a tokenizer there would change what a model without one
+// finds. Every test and every kiln it runs share this empty one instead.
+const bool kCacheIsolated = [] {
+    static const std::string cache = (fs::temp_directory_path() / "kiln-test-cache-none").string();
+    return setenv("KILN_CACHE", cache.c_str(), 1) == 0;
+}();
+
+}  // namespace
 
 TempDir::TempDir() {
     std::string tmpl = (fs::temp_directory_path() / "kiln-test-XXXXXX").string();
