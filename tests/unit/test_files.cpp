@@ -112,6 +112,22 @@ std::vector<uint8_t> f32_bytes(size_t count, float start) {
     return out;
 }
 
+ScopedEnv::ScopedEnv(std::string name, const std::string& value) : name_(std::move(name)) {
+    if (const char* old = std::getenv(name_.c_str())) {
+        had_value_ = true;
+        old_value_ = old;
+    }
+    setenv(name_.c_str(), value.c_str(), 1);
+}
+
+ScopedEnv::~ScopedEnv() {
+    if (had_value_) {
+        setenv(name_.c_str(), old_value_.c_str(), 1);
+    } else {
+        unsetenv(name_.c_str());
+    }
+}
+
 CommandResult run_command(const std::string& command_line) {
     TempDir dir;
     const std::string out_path = dir.file("stdout"), err_path = dir.file("stderr");
