@@ -291,6 +291,14 @@ class FluxInputs : public ::testing::Test {
         delete reference_;
         delete dir_;
     }
+    // BFL's parts with the T5 that has no tokenizer near it.
+    static Result<std::unique_ptr<Model>> load_lonely_t5() {
+        ModelPaths lonely = bfl_parts();
+        lonely.t5xxl = dir_->file("lonely/t5xxl.safetensors");
+        ModelOptions options;
+        options.threads = 1;
+        return Model::load(lonely, options);
+    }
     static test::TempDir* dir_;
     static image::Image* reference_;
 };
@@ -411,9 +419,7 @@ TEST_F(FluxInputs, MissingOrMismatchedPartsAreOneClearError) {
     EXPECT_NE(missing.error().message.find("no t5xxl found"), std::string::npos) << missing.error().message;
     EXPECT_NE(missing.error().message.find("--t5xxl"), std::string::npos) << missing.error().message;
 
-    ModelPaths lonely = bfl_parts();
-    lonely.t5xxl = dir_->file("lonely/t5xxl.safetensors");
-    auto no_tokenizer = Model::load(lonely, options);
+    auto no_tokenizer = load_lonely_t5();
     ASSERT_FALSE(no_tokenizer.ok());
     EXPECT_EQ(no_tokenizer.error().kind, ErrorKind::BadFile);
     EXPECT_NE(no_tokenizer.error().message.find("tokenizer t5xxl=PATH"), std::string::npos)
@@ -439,11 +445,7 @@ TEST_F(FluxInputs, LonelyT5FindsItsTokenizerInKilnsCache) {
     test::TempDir cache;
     cache.write("tokenizers/t5xxl/tokenizer.json", test::read_bytes(part("tokenizer_2/tokenizer.json")));
     test::ScopedEnv env("KILN_CACHE", cache.path());
-    ModelPaths lonely = bfl_parts();
-    lonely.t5xxl = dir_->file("lonely/t5xxl.safetensors");
-    ModelOptions options;
-    options.threads = 1;
-    auto model = Model::load(lonely, options);
+    auto model = load_lonely_t5();
     ASSERT_TRUE(model.ok()) << model.error().message;
     auto reference = T5Tokenizer::load(part("tokenizer_2"));
     ASSERT_TRUE(reference.ok()) << reference.error().message;
