@@ -608,7 +608,7 @@ std::string help_text() {
         std::string files;
         for (const std::string& f : s.files) files += (files.empty() ? "" : " + ") + f;
         out << "    " << s.name << std::string(s.name.size() < 8 ? 8 - s.name.size() : 1, ' ') << s.repo << ": "
-            << files << " (" << s.used_by << ")\n";
+            << files << "; " << s.used_by << "\n";
     }
     return out.str();
 }

@@ -14,7 +14,7 @@ struct TokenizerSource {
     std::string repo;      // "openai/clip-vit-large-patch14"
     std::string revision;  // "main"
     std::vector<std::string> files;
-    std::string used_by;  // for --help and errors: "SD1.x, SDXL, Flux (CLIP-L)"
+    std::string used_by;  // for --help: "SD1.x, SDXL, Flux (CLIP-L)"
 };
 
 const std::vector<TokenizerSource>& tokenizer_sources();
