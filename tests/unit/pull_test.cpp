@@ -87,6 +87,7 @@ class LocalHub {
     std::set<std::string> redirected;               // "REPO/PATH": resolve answers 302 to /cdn/REPO/PATH
     std::set<std::string> unserved;                 // "REPO/PATH": listed, but resolve answers 404
     std::string extra_sibling;                      // a raw JSON object appended to every list
+    bool ignore_ranges = false;                     // answer every GET with 200 and the whole file, as some servers do
 
     // What the server saw.
     std::vector<std::string> range_headers() {
@@ -158,6 +159,19 @@ class LocalHub {
         }
         auto data = std::make_shared<std::string>(read_text(file.string()));
         auto cut = cut_after.find(key);
+        if (cut == cut_after.end() && ignore_ranges) {
+            // Chunked: the one kind of answer httplib does not cut to the Range.
+            res.set_chunked_content_provider("application/octet-stream",
+                                             [data](size_t offset, httplib::DataSink& sink) {
+                                                 if (offset < data->size()) {
+                                                     sink.write(data->data() + offset, data->size() - offset);
+                                                 } else {
+                                                     sink.done();
+                                                 }
+                                                 return true;
+                                             });
+            return;
+        }
         if (cut == cut_after.end()) {
             res.set_content(*data, "application/octet-stream");  // httplib answers a Range with 206
             return;
@@ -271,6 +285,25 @@ TEST(Pull, ResumesWithARangeAfterACutConnection) {
     EXPECT_FALSE(exists(final_path + ".part"));
     EXPECT_NE(second.out.find("resuming at"), std::string::npos) << second.out;
     EXPECT_NE(second.out.find("sha256 ok"), std::string::npos) << second.out;
+}
+
+// A server that ignores the Range sends the whole file again, which
+// replaces the part instead of being appended to it.
+TEST(Pull, ServerIgnoringTheRangeRestartsTheFile) {
+    Fixture f;
+    LocalHub hub(f.hub_root.path());
+    hub.cut_after["acme/tiny/model.safetensors"] = 70000;
+    hub.ignore_ranges = true;
+    const std::string cmd = f.kiln() + "pull acme/tiny --include model.safetensors --hub-url " + hub.url();
+    const std::string final_path = f.cache() + "/models/acme/tiny/main/model.safetensors";
+    EXPECT_EQ(run_command(cmd).exit_code, 1);
+    ASSERT_EQ(fs::file_size(final_path + ".part"), 70000u);
+
+    auto second = run_command(cmd);
+    ASSERT_EQ(second.exit_code, 0) << second.err << second.out;
+    EXPECT_EQ(hub.range_headers(), (std::vector<std::string>{"", "bytes=70000-"}));
+    EXPECT_TRUE(same_file(final_path, f.weights_path));
+    EXPECT_EQ(second.out.find("resuming at"), std::string::npos) << second.out;
 }
 
 TEST(Pull, WrongChecksumIsRejectedAndLeavesNothing) {
