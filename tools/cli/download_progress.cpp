@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "util/format.h"
+#include "util/log.h"
 
 namespace kiln::cli {
 namespace {
@@ -45,8 +46,7 @@ void DownloadProgress::begin(const std::string& name, uint64_t resumed_at, std::
         std::string line = name_ + ": downloading";
         if (total_) line += " " + human_bytes(*total_);
         if (resumed_at_ > 0) line += ", resuming at " + human_bytes(resumed_at_);
-        std::fprintf(out_, "%s\n", line.c_str());
-        std::fflush(out_);
+        KILN_LOG_INFO("%s", line.c_str());
         return;
     }
     draw(true);
@@ -84,13 +84,13 @@ void DownloadProgress::draw(bool force) {
 void DownloadProgress::finish(const std::string& note) {
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
     const double speed = elapsed > 0 ? static_cast<double>(done_ - resumed_at_) / elapsed : 0.0;
-    if (terminal_) {
-        draw(true);
-        std::fprintf(out_, " %s\n", note.c_str());
-    } else {
-        std::fprintf(out_, "%s: %s in %.1f s (%s), %s\n", name_.c_str(), human_bytes(done_ - resumed_at_).c_str(),
-                     elapsed, speed_text(speed).c_str(), note.c_str());
+    if (!terminal_) {
+        KILN_LOG_INFO("%s: %s in %.1f s (%s), %s", name_.c_str(), human_bytes(done_ - resumed_at_).c_str(), elapsed,
+                      speed_text(speed).c_str(), note.c_str());
+        return;
     }
+    draw(true);
+    std::fprintf(out_, " %s\n", note.c_str());
     std::fflush(out_);
 }
 

@@ -1,6 +1,6 @@
 // How `kiln pull` shows a download: on a terminal, one bar per file redrawn
-// in place with bytes, speed and ETA; otherwise (a log, a CI job) a plain
-// line when a file starts and one when it ends.
+// in place with bytes, speed and ETA; otherwise (a log, a CI job) an info
+// line when a file starts and one when it ends (so --log-level applies).
 #pragma once
 
 #include <chrono>
@@ -13,7 +13,7 @@ namespace kiln::cli {
 
 class DownloadProgress {
   public:
-    // `terminal`: redraw a bar (isatty(stdout)); `out`: where it goes.
+    // `terminal`: redraw a bar (isatty(stdout)) on `out`; else log lines.
     explicit DownloadProgress(bool terminal, std::FILE* out = stdout);
 
     // A file starts: `name` as shown, `resumed_at` bytes already on disk,
