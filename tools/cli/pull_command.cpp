@@ -20,8 +20,6 @@ namespace {
 
 constexpr const char* kDefaultHubUrl = "https://huggingface.co";
 
-int exit_code_of(ErrorKind kind) { return kind == ErrorKind::InvalidRequest ? kExitUsage : kExitFailure; }
-
 int fail(const Error& error) {
     KILN_LOG_ERROR("pull: %s", error.message.c_str());
     return exit_code_of(error.kind);
