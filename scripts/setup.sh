@@ -27,6 +27,8 @@ PACKAGES=(
     libopenblas-openmp-dev   # ggml's BLAS backend (KILN_BLAS), on OpenMP like ggml (cmake/openblas.cmake)
     nlohmann-json3-dev       # JSON headers (safetensors, model_index.json)
     libpng-dev libjpeg62-turbo-dev libwebp-dev zlib1g-dev  # image files (src/image)
+    libcurl4-openssl-dev libssl-dev  # kiln pull: HTTPS downloads, SHA-256 checks (tools/cli/hub_client, sha256)
+    libcpp-httplib-dev       # the local hub the kiln pull tests serve (tests/unit/pull_test.cpp)
     libgtest-dev libgmock-dev googletest
     clang libclang-rt-14-dev # libFuzzer targets in tests/fuzz
 )

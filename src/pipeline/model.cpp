@@ -15,6 +15,7 @@
 #include "runtime/host_memory.h"
 #include "util/files.h"
 #include "util/format.h"
+#include "util/kiln_cache.h"
 #include "util/log.h"
 
 namespace fs = std::filesystem;
@@ -73,6 +74,17 @@ std::optional<std::string> find_prefix(const io::ModelFile& file, models::Networ
     return std::nullopt;
 }
 
+// kiln's cache folder for tokenizer NAME (filled by `kiln pull --tokenizer
+// NAME`): the last place every tokenizer search looks, after the model's own
+// files. Empty without a cache root (no KILN_CACHE, no HOME).
+std::vector<fs::path> cached_tokenizer_folders(std::initializer_list<const char*> names) {
+    std::vector<fs::path> out;
+    for (const char* name : names) {
+        if (auto folder = tokenizer_cache_folder(name)) out.emplace_back(*folder);
+    }
+    return out;
+}
+
 Result<std::unique_ptr<ClipTokenizer>> load_tokenizer(const std::string& flag_path,
                                                       const std::vector<std::unique_ptr<io::ModelFile>>& files) {
     if (!flag_path.empty()) {
@@ -104,9 +116,21 @@ Result<std::unique_ptr<ClipTokenizer>> load_tokenizer(const std::string& flag_pa
             }
         }
     }
-    return Error{
-        "the model carries no tokenizer: pass --tokenizer PATH (a CLIP tokenizer.json, vocab.json with "
-        "merges.txt, a diffusers tokenizer/ folder, or open_clip's bpe_simple_vocab_16e6.txt)"};
+    // CLIP-L's and CLIP-G's tokenizers are the same BPE (the pad token is
+    // the conditioner's business), so either cached one serves every CLIP.
+    std::string looked;
+    for (const fs::path& folder : cached_tokenizer_folders({"clip-l", "clip-g"})) {
+        if (path_status(folder.string()).kind == PathKind::Folder) {
+            auto t = ClipTokenizer::load(folder.string());
+            if (!t.ok()) return t.error();
+            return std::make_unique<ClipTokenizer>(std::move(t).value());
+        }
+        looked += (looked.empty() ? "" : ", ") + folder.string();
+    }
+    return Error{"the model carries no tokenizer" + (looked.empty() ? "" : " (looked in: " + looked + ")") +
+                 ": pass --tokenizer PATH (a CLIP tokenizer.json, vocab.json with merges.txt, a diffusers "
+                 "tokenizer/ folder, or open_clip's bpe_simple_vocab_16e6.txt), or fetch it once with "
+                 "'kiln pull --tokenizer clip-l'"};
 }
 
 Result<std::unique_ptr<T5Tokenizer>> load_t5_tokenizer_at(const std::string& path) {
@@ -132,6 +156,7 @@ Result<std::unique_ptr<T5Tokenizer>> load_t5_tokenizer(const std::string& flag_p
         if (s.component == "text_encoder_2") candidates.push_back(dir.parent_path() / "tokenizer_2");
         for (const char* name : {"spiece.model", "tokenizer_2", "t5_tokenizer"}) candidates.push_back(dir / name);
     }
+    for (const fs::path& folder : cached_tokenizer_folders({"t5xxl"})) candidates.push_back(folder);
     std::string looked;
     for (const fs::path& c : candidates) {
         const PathKind kind = path_status(c.string()).kind;
@@ -140,8 +165,9 @@ Result<std::unique_ptr<T5Tokenizer>> load_t5_tokenizer(const std::string& flag_p
     }
     return Error::bad_file(t5_file.sources().front().path +
                            ": the T5 text encoder needs its tokenizer and the file carries none (looked in: " + looked +
-                           "); pass --tokenizer t5xxl=PATH (spiece.model, a T5 tokenizer.json or its folder), or "
-                           "convert the T5 once with -M convert --tokenizer t5xxl=PATH to carry it");
+                           "); pass --tokenizer t5xxl=PATH (spiece.model, a T5 tokenizer.json or its folder), fetch it "
+                           "once with 'kiln pull --tokenizer t5xxl', or convert the T5 once with -M convert "
+                           "--tokenizer t5xxl=PATH to carry it");
 }
 
 // A number from the metadata, checked against [min, max]; the error names
@@ -338,6 +364,8 @@ Status Model::load_llm_tokenizer(const std::string& flag_path, const TextEncoder
             if (s.component == "text_encoder") candidates.push_back(dir.parent_path() / "tokenizer");
             for (const char* name : {"tokenizer.json", "vocab.json", "tokenizer"}) candidates.push_back(dir / name);
         }
+        const std::string arch = encoder.llm->config().arch_name();
+        for (const fs::path& folder : cached_tokenizer_folders({arch.c_str()})) candidates.push_back(folder);
         std::string looked;
         for (const fs::path& c : candidates) {
             const PathKind kind = path_status(c.string()).kind;
@@ -351,7 +379,9 @@ Status Model::load_llm_tokenizer(const std::string& flag_path, const TextEncoder
             return Error::bad_file(file.sources().front().path + ": the " + encoder.llm->config().arch_name() +
                                    " text encoder needs its tokenizer and the file carries none (looked in: " + looked +
                                    "); pass --tokenizer llm=PATH (a GGUF of the same model, even a vocab-only one, "
-                                   "its tokenizer.json, or vocab.json with merges.txt)");
+                                   "its tokenizer.json, or vocab.json with merges.txt), or fetch it once with "
+                                   "'kiln pull --tokenizer " +
+                                   arch + "'");
         }
     }
     if (llm_tokenizer_->size() > encoder.llm->config().vocab) {

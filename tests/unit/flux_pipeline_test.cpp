@@ -14,6 +14,7 @@
 #include "pipeline/conditioner.h"
 #include "pipeline/generate.h"
 #include "pipeline/schedulers.h"
+#include "pipeline/t5_tokenizer.h"
 #include "test_files.h"
 
 namespace kiln::pipeline {
@@ -290,6 +291,14 @@ class FluxInputs : public ::testing::Test {
         delete reference_;
         delete dir_;
     }
+    // BFL's parts with the T5 that has no tokenizer near it.
+    static Result<std::unique_ptr<Model>> load_lonely_t5() {
+        ModelPaths lonely = bfl_parts();
+        lonely.t5xxl = dir_->file("lonely/t5xxl.safetensors");
+        ModelOptions options;
+        options.threads = 1;
+        return Model::load(lonely, options);
+    }
     static test::TempDir* dir_;
     static image::Image* reference_;
 };
@@ -410,14 +419,16 @@ TEST_F(FluxInputs, MissingOrMismatchedPartsAreOneClearError) {
     EXPECT_NE(missing.error().message.find("no t5xxl found"), std::string::npos) << missing.error().message;
     EXPECT_NE(missing.error().message.find("--t5xxl"), std::string::npos) << missing.error().message;
 
-    ModelPaths lonely = bfl_parts();
-    lonely.t5xxl = dir_->file("lonely/t5xxl.safetensors");
-    auto no_tokenizer = Model::load(lonely, options);
+    auto no_tokenizer = load_lonely_t5();
     ASSERT_FALSE(no_tokenizer.ok());
     EXPECT_EQ(no_tokenizer.error().kind, ErrorKind::BadFile);
     EXPECT_NE(no_tokenizer.error().message.find("tokenizer t5xxl=PATH"), std::string::npos)
         << no_tokenizer.error().message;
     EXPECT_NE(no_tokenizer.error().message.find("looked in"), std::string::npos);
+    EXPECT_NE(no_tokenizer.error().message.find("tokenizers/t5xxl); "), std::string::npos)
+        << no_tokenizer.error().message;
+    EXPECT_NE(no_tokenizer.error().message.find("kiln pull --tokenizer t5xxl"), std::string::npos)
+        << no_tokenizer.error().message;
 
     ModelPaths sd_vae = bfl_parts();
     sd_vae.vae = golden_path("models/sd1_tiny.safetensors");
@@ -428,6 +439,20 @@ TEST_F(FluxInputs, MissingOrMismatchedPartsAreOneClearError) {
 }
 
 // The CLI with sd-cli's flags: an image, no partial file on a bad request.
+// A T5 without a tokenizer near it finds the one `kiln pull --tokenizer
+// t5xxl` puts in kiln's cache, the last place searched.
+TEST_F(FluxInputs, LonelyT5FindsItsTokenizerInKilnsCache) {
+    test::TempDir cache;
+    cache.write("tokenizers/t5xxl/tokenizer.json", test::read_bytes(part("tokenizer_2/tokenizer.json")));
+    test::ScopedEnv env("KILN_CACHE", cache.path());
+    auto model = load_lonely_t5();
+    ASSERT_TRUE(model.ok()) << model.error().message;
+    auto reference = T5Tokenizer::load(part("tokenizer_2"));
+    ASSERT_TRUE(reference.ok()) << reference.error().message;
+    const std::string prompt = "a red circle on a white background";
+    EXPECT_EQ((*model)->t5_tokenizer().encode(prompt), reference->encode(prompt));
+}
+
 TEST_F(FluxInputs, SdCliCommandLineWorks) {
     const std::string out = dir_->file("flux.png");
     const std::string base = std::string(KILN_BIN) + " --diffusion-model " + part("flux_dit.safetensors") + " --vae " +

@@ -14,6 +14,17 @@
 namespace fs = std::filesystem;
 
 namespace kiln::test {
+namespace {
+
+// The tests never see the user's own kiln cache (~/.cache/kiln, which `kiln
+// pull` fills): a tokenizer there would change what a model without one
+// finds. Every test and every kiln it runs share this empty one instead.
+const bool kCacheIsolated = [] {
+    static const std::string cache = (fs::temp_directory_path() / "kiln-test-cache-none").string();
+    return setenv("KILN_CACHE", cache.c_str(), 1) == 0;
+}();
+
+}  // namespace
 
 TempDir::TempDir() {
     std::string tmpl = (fs::temp_directory_path() / "kiln-test-XXXXXX").string();
@@ -99,6 +110,22 @@ std::vector<uint8_t> f32_bytes(size_t count, float start) {
         std::memcpy(out.data() + 4 * i, &v, 4);
     }
     return out;
+}
+
+ScopedEnv::ScopedEnv(std::string name, const std::string& value) : name_(std::move(name)) {
+    if (const char* old = std::getenv(name_.c_str())) {
+        had_value_ = true;
+        old_value_ = old;
+    }
+    setenv(name_.c_str(), value.c_str(), 1);
+}
+
+ScopedEnv::~ScopedEnv() {
+    if (had_value_) {
+        setenv(name_.c_str(), old_value_.c_str(), 1);
+    } else {
+        unsetenv(name_.c_str());
+    }
 }
 
 CommandResult run_command(const std::string& command_line) {

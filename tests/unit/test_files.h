@@ -55,6 +55,22 @@ std::vector<uint8_t> raw_safetensors(std::string_view header_json, const std::ve
 // `count` little-endian float32 values start, start+1, ...
 std::vector<uint8_t> f32_bytes(size_t count, float start = 0.0f);
 
+// Sets environment variable `name` to `value` for the object's lifetime,
+// then restores what was there (kiln's cache folder, KILN_CACHE, in
+// in-process tests).
+class ScopedEnv {
+  public:
+    ScopedEnv(std::string name, const std::string& value);
+    ~ScopedEnv();
+    ScopedEnv(const ScopedEnv&) = delete;
+    ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+  private:
+    std::string name_;
+    bool had_value_ = false;
+    std::string old_value_;
+};
+
 struct CommandResult {
     int exit_code = -1;
     std::string out;  // stdout

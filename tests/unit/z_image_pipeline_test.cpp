@@ -446,6 +446,25 @@ TEST_F(ZImageInputs, TokenizerFlagServesALonelyLlm) {
     EXPECT_EQ(missing.error().kind, ErrorKind::BadFile);
     EXPECT_NE(missing.error().message.find("--tokenizer llm=PATH"), std::string::npos) << missing.error().message;
     EXPECT_NE(missing.error().message.find("looked in"), std::string::npos) << missing.error().message;
+    EXPECT_NE(missing.error().message.find("tokenizers/qwen3); "), std::string::npos) << missing.error().message;
+    EXPECT_NE(missing.error().message.find("kiln pull --tokenizer qwen3"), std::string::npos)
+        << missing.error().message;
+}
+
+// An LLM without a tokenizer near it finds the one `kiln pull --tokenizer
+// qwen3` puts in kiln's cache, the last place searched.
+TEST_F(ZImageInputs, LonelyLlmFindsItsTokenizerInKilnsCache) {
+    test::TempDir cache;
+    for (const char* name : {"vocab.json", "merges.txt", "tokenizer_config.json"}) {
+        cache.write(std::string("tokenizers/qwen3/") + name, test::read_bytes(part(std::string("tokenizer/") + name)));
+    }
+    test::ScopedEnv env("KILN_CACHE", cache.path());
+    ModelPaths paths = turbo_parts();
+    paths.llm = dir_->file("lonely/qwen3.safetensors");
+    auto model = Model::load(paths, golden_options());
+    ASSERT_TRUE(model.ok()) << model.error().message;
+    EXPECT_EQ(as_floats((*model)->llm_tokenizer().encode(templated(kPrompt))),
+              fixture_tensor(*io_, "llm.tokens").values);
 }
 
 // The CLI with sd-cli's flags writes the reference image; Base with its

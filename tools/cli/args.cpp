@@ -10,7 +10,9 @@
 #include <functional>
 #include <sstream>
 
+#include "hub_client.h"
 #include "kiln.h"
+#include "tokenizer_sources.h"
 
 namespace kiln::cli {
 
@@ -398,6 +400,73 @@ const std::vector<Flag>& rpc_server_flags() {
     return table;
 }
 
+// `kiln pull` has options of its own and takes only the logging and help
+// flags besides (its --tokenizer names a tokenizer to fetch, not a path).
+const std::vector<Flag>& pull_flags() {
+    static const std::vector<Flag> table = {
+        {nullptr, "--include", "PATTERN",
+         "pull only files whose path matches PATTERN ('*' also matches '/'; repeatable, any may match)",
+         [](Options& o, const std::string& v) -> std::optional<std::string> {
+             if (v.empty()) return std::string("expected a file pattern such as '*.json', got an empty string");
+             o.pull_includes.push_back(v);
+             return std::nullopt;
+         }},
+        {nullptr, "--revision", "REV", "branch, tag or commit to pull (default main)",
+         [](Options& o, const std::string& v) -> std::optional<std::string> {
+             if (auto problem = check_revision(v)) return problem;
+             o.pull_revision = v;
+             o.pull_revision_given = true;
+             return std::nullopt;
+         }},
+        {nullptr, "--hub-url", "URL", "the hub (default $HF_ENDPOINT, else https://huggingface.co)",
+         [](Options& o, const std::string& v) -> std::optional<std::string> {
+             if (v.rfind("http://", 0) != 0 && v.rfind("https://", 0) != 0)
+                 return "expected an http:// or https:// URL, got '" + v + "'";
+             o.pull_hub_url = v;
+             return std::nullopt;
+         }},
+        {nullptr, "--tokenizer", "NAME",
+         "fetch the tokenizer files a text encoder needs into kiln's cache, where later runs find them",
+         [](Options& o, const std::string& v) -> std::optional<std::string> {
+             if (!find_tokenizer_source(v))
+                 return "unknown tokenizer '" + v + "' (valid: " + tokenizer_source_names() + ")";
+             o.pull_tokenizer = v;
+             return std::nullopt;
+         }},
+        {nullptr, "--to", "DIR", "write the files under DIR instead of kiln's cache (e.g. a server's --model-dir)",
+         path_setter(&Options::pull_to)},
+    };
+    return table;
+}
+
+// The flags of the main table that every subcommand takes.
+bool is_common_flag(const Flag& f) {
+    const std::string name = f.long_name;
+    return name == "--verbose" || name == "--log-level" || name == "--color" || name == "--help";
+}
+
+// The parts of a `kiln pull` command line that only make sense together.
+std::optional<UsageError> check_pull(const Options& o) {
+    const UsageError usage{"",
+                           "usage: kiln pull REPO [--include PATTERN]... [--revision R] [--hub-url URL] [--to DIR] "
+                           "| kiln pull --tokenizer NAME"};
+    if (o.pull_repo.empty() && o.pull_tokenizer.empty()) {
+        return UsageError{"pull: name a repository (OWNER/NAME) or --tokenizer NAME", usage.hint};
+    }
+    if (!o.pull_repo.empty() && !o.pull_tokenizer.empty()) {
+        return UsageError{
+            "pull: '" + o.pull_repo + "' and --tokenizer " + o.pull_tokenizer + " both name what to pull; give one",
+            usage.hint};
+    }
+    if (!o.pull_tokenizer.empty() && (!o.pull_includes.empty() || o.pull_revision_given)) {
+        return UsageError{"pull: --tokenizer " + o.pull_tokenizer +
+                              " fetches fixed files from a fixed repository; --include and --revision apply to "
+                              "a repository pull",
+                          usage.hint};
+    }
+    return std::nullopt;
+}
+
 size_t edit_distance(const std::string& a, const std::string& b) {
     std::vector<size_t> row(b.size() + 1);
     for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
@@ -450,6 +519,14 @@ std::variant<Options, UsageError> parse_args(const std::vector<std::string>& arg
     } else if (!args.empty() && args[0] == "plan") {
         options.command = Command::Plan;
         i = 1;
+    } else if (!args.empty() && args[0] == "pull") {
+        options.command = Command::Pull;
+        known.clear();
+        for (const Flag& f : pull_flags()) known.push_back(&f);
+        for (const Flag& f : flags()) {
+            if (is_common_flag(f)) known.push_back(&f);
+        }
+        i = 1;
     } else if (!args.empty() && args[0] == "rpc-server") {
         options.command = Command::RpcServer;
         for (const Flag& f : rpc_server_flags()) known.push_back(&f);
@@ -462,9 +539,15 @@ std::variant<Options, UsageError> parse_args(const std::vector<std::string>& arg
                 options.info_paths.push_back(arg);
                 continue;
             }
+            if (options.command == Command::Pull && options.pull_repo.empty() && arg != "--") {
+                if (auto problem = check_repo_name(arg)) return UsageError{"pull: " + *problem, "see 'kiln --help'"};
+                options.pull_repo = arg;
+                continue;
+            }
             return UsageError{"unexpected argument '" + arg + "'",
                               arg == "info"         ? "'info' must come first: kiln info FILE..."
                               : arg == "rpc-server" ? "'rpc-server' must come first: kiln rpc-server --port P"
+                              : arg == "pull"       ? "'pull' must come first: kiln pull REPO"
                                                     : "see 'kiln --help'"};
         }
         std::optional<std::string> inline_value;
@@ -491,6 +574,9 @@ std::variant<Options, UsageError> parse_args(const std::vector<std::string>& arg
             return UsageError{std::string(flag->long_name) + ": " + *err, "see 'kiln --help'"};
         }
     }
+    if (options.command == Command::Pull) {
+        if (auto usage = check_pull(options)) return *usage;
+    }
     return options;
 }
 
@@ -502,7 +588,9 @@ std::string help_text() {
            "       kiln info [--tensors] [FILE|FOLDER...]   (no file: the default model)\n"
            "       kiln --list-devices [--rpc-servers HOST:PORT,...]\n"
            "       kiln plan [options]                  will the job fit, and how? (same as --dry-run)\n"
-           "       kiln rpc-server [--host ADDRESS] [--port N] [--device NAME]   serve a device to other kilns\n\n"
+           "       kiln rpc-server [--host ADDRESS] [--port N] [--device NAME]   serve a device to other kilns\n"
+           "       kiln pull REPO [--include PATTERN]... [--revision R] [--to DIR]   download from a model hub\n"
+           "       kiln pull --tokenizer NAME           fetch a tokenizer into kiln's cache (docs/pull.md)\n\n"
            "options:\n";
     auto print = [&](const std::vector<Flag>& table) {
         for (const Flag& f : table) {
@@ -520,6 +608,16 @@ std::string help_text() {
     out << "\nrpc-server options (ggml's RPC protocol has no authentication: keep it on 127.0.0.1 or a trusted "
            "network):\n";
     print(rpc_server_flags());
+    out << "\npull options (HF_TOKEN is sent as a bearer token when set; files go to $KILN_CACHE, else "
+           "~/.cache/kiln):\n";
+    print(pull_flags());
+    out << "  tokenizers:\n";
+    for (const TokenizerSource& s : tokenizer_sources()) {
+        std::string files;
+        for (const std::string& f : s.files) files += (files.empty() ? "" : " + ") + f;
+        out << "    " << s.name << std::string(s.name.size() < 8 ? 8 - s.name.size() : 1, ' ') << s.repo << ": "
+            << files << "; " << s.used_by << "\n";
+    }
     return out.str();
 }
 

@@ -20,6 +20,7 @@ enum class Command {
     ListDevices,  // --list-devices: every ggml device (with --rpc-servers: the remote ones too)
     RpcServer,    // kiln rpc-server [--host H] [--port P] [--device NAME]
     Plan,         // kiln plan [generation options], or --dry-run: placement and memory forecast
+    Pull,         // kiln pull REPO [...] | kiln pull --tokenizer NAME: download from a model hub
     Help,         // -h/--help
     Version,      // --version
 };
@@ -96,6 +97,15 @@ struct Options {
     // `kiln info`.
     std::vector<std::string> info_paths;
     bool info_list_tensors = false;
+
+    // `kiln pull` (docs/pull.md).
+    std::string pull_repo;                   // OWNER/NAME
+    std::vector<std::string> pull_includes;  // --include PATTERN (repeatable; none: every file)
+    std::string pull_revision = "main";      // --revision
+    bool pull_revision_given = false;
+    std::string pull_hub_url;    // --hub-url; "": $HF_ENDPOINT, else https://huggingface.co
+    std::string pull_tokenizer;  // --tokenizer NAME (tools/cli/tokenizer_sources.h)
+    std::string pull_to;         // --to DIR; "": kiln's cache
 
     // Logging; the last of -v/--verbose/--log-level wins.
     LogLevel log_level = LogLevel::Info;

@@ -6,6 +6,7 @@
 #include "convert_command.h"
 #include "generate_command.h"
 #include "info_command.h"
+#include "pull_command.h"
 #include "rpc_server_command.h"
 #include "util/log.h"
 
@@ -34,6 +35,7 @@ int run_cli(const std::vector<std::string>& args) {
         case Command::Metadata: return run_metadata(options);
         case Command::ListDevices: return run_list_devices(options, std::cout);
         case Command::RpcServer: return run_rpc_server(options);
+        case Command::Pull: return run_pull(options);
     }
     return kExitFailure;
 }

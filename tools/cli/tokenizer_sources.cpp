@@ -1,0 +1,34 @@
+#include "tokenizer_sources.h"
+
+namespace kiln::cli {
+
+const std::vector<TokenizerSource>& tokenizer_sources() {
+    // CLIP-L and CLIP-G share one BPE vocabulary; each is fetched from its
+    // own model's repository so the files are the ones that model shipped.
+    static const std::vector<TokenizerSource> table = {
+        {"clip-l", "openai/clip-vit-large-patch14", "main", {"vocab.json", "merges.txt"}, "SD1.x, SDXL, Flux (CLIP-L)"},
+        {"clip-g",
+         "laion/CLIP-ViT-bigG-14-laion2B-39B-b160k",
+         "main",
+         {"vocab.json", "merges.txt"},
+         "SDXL (CLIP-G; the same BPE as CLIP-L)"},
+        {"t5xxl", "google/t5-v1_1-xxl", "main", {"spiece.model"}, "Flux, Chroma (T5-XXL)"},
+        {"qwen3", "Qwen/Qwen3-4B", "main", {"tokenizer.json"}, "Z-Image (Qwen3-4B)"},
+    };
+    return table;
+}
+
+const TokenizerSource* find_tokenizer_source(const std::string& name) {
+    for (const TokenizerSource& s : tokenizer_sources()) {
+        if (s.name == name) return &s;
+    }
+    return nullptr;
+}
+
+std::string tokenizer_source_names() {
+    std::string out;
+    for (const TokenizerSource& s : tokenizer_sources()) out += (out.empty() ? "" : ", ") + s.name;
+    return out;
+}
+
+}  // namespace kiln::cli
