@@ -7,6 +7,7 @@
 #include "generate_command.h"
 #include "info_command.h"
 #include "rpc_server_command.h"
+#include "upscale_command.h"
 #include "util/log.h"
 
 namespace kiln::cli {
@@ -32,6 +33,7 @@ int run_cli(const std::vector<std::string>& args) {
         case Command::Generate:
         case Command::Plan: return run_generate(options);
         case Command::Metadata: return run_metadata(options);
+        case Command::Upscale: return run_upscale(options);
         case Command::ListDevices: return run_list_devices(options, std::cout);
         case Command::RpcServer: return run_rpc_server(options);
     }
