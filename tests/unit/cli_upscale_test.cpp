@@ -13,13 +13,9 @@
 namespace kiln {
 namespace {
 
+using test::kiln_with_sd1_tiny;
 using test::run_command;
 using test::TempDir;
-
-std::string kiln_with_model(const std::string& args) {
-    return std::string(KILN_BIN) + " -t 1 -m " + test::golden_path("models/sd1_tiny.safetensors") + " --tokenizer " +
-           KILN_FIXTURES_DIR + "/tiny_tokenizer " + args;
-}
 
 std::string kiln(const std::string& args) { return std::string(KILN_BIN) + " -t 1 " + args; }
 
@@ -42,7 +38,7 @@ image::Image read(const std::string& path) {
 // A 32x32 image generated with the tiny model, with its parameters.
 std::string generate_small(const TempDir& dir, const std::string& name) {
     const std::string path = dir.file(name);
-    auto r = run_command(kiln_with_model("-p \"a red circle\" -W 32 -H 32 --steps 2 -s 7 -o " + path));
+    auto r = run_command(kiln_with_sd1_tiny("-p \"a red circle\" -W 32 -H 32 --steps 2 -s 7 -o " + path));
     EXPECT_EQ(r.exit_code, 0) << r.err;
     return path;
 }
@@ -123,8 +119,8 @@ TEST(CliUpscale, ErrorsExitWithTheirKindAndWriteNothing) {
 
 TEST(CliUpscale, UpscaleModelAfterGeneration) {
     TempDir dir;
-    auto r = run_command(kiln_with_model("-p x -W 32 -H 32 --steps 1 -b 2 --upscale-model " +
-                                         upscaler("rrdbnet_x2.safetensors") + " -o " + dir.file("o_%d.png")));
+    auto r = run_command(kiln_with_sd1_tiny("-p x -W 32 -H 32 --steps 1 -b 2 --upscale-model " +
+                                            upscaler("rrdbnet_x2.safetensors") + " -o " + dir.file("o_%d.png")));
     ASSERT_EQ(r.exit_code, 0) << r.err;
     for (const char* name : {"o_0.png", "o_1.png"}) {
         EXPECT_EQ(read(dir.file(name)).width, 64) << name;
@@ -133,16 +129,16 @@ TEST(CliUpscale, UpscaleModelAfterGeneration) {
         EXPECT_NE(text.find("Postprocess upscale by: 2, Postprocess upscaler: rrdbnet_x2"), std::string::npos) << text;
     }
     // A bad upscaler fails before any generation.
-    auto bad = run_command(kiln_with_model("-p x -W 32 -H 32 --steps 1 --upscale-model " + dir.file("absent.pth") +
-                                           " -o " + dir.file("never.png")));
+    auto bad = run_command(kiln_with_sd1_tiny("-p x -W 32 -H 32 --steps 1 --upscale-model " + dir.file("absent.pth") +
+                                              " -o " + dir.file("never.png")));
     EXPECT_EQ(bad.exit_code, 1) << bad.err;
     EXPECT_FALSE(exists(dir.file("never.png")));
 }
 
 TEST(CliHires, LatentHiresWritesTheHiresSizeAndA1111Parameters) {
     TempDir dir;
-    auto r =
-        run_command(kiln_with_model("-p \"a red circle\" -W 32 -H 32 --steps 2 -s 3 --hires -o " + dir.file("h.png")));
+    auto r = run_command(
+        kiln_with_sd1_tiny("-p \"a red circle\" -W 32 -H 32 --steps 2 -s 3 --hires -o " + dir.file("h.png")));
     ASSERT_EQ(r.exit_code, 0) << r.err;
     const image::Image img = read(dir.file("h.png"));
     EXPECT_EQ(img.width, 64);
@@ -155,9 +151,9 @@ TEST(CliHires, LatentHiresWritesTheHiresSizeAndA1111Parameters) {
     EXPECT_EQ(text.find("Hires steps"), std::string::npos) << text;  // A1111 records it only when given
 
     auto sized =
-        run_command(kiln_with_model("-p x -W 32 -H 32 --steps 2 --hires --hires-width 48 --hires-steps 3 "
-                                    "--hires-upscaler latent-nearest --hires-denoising-strength 0.5 -o " +
-                                    dir.file("s.png")));
+        run_command(kiln_with_sd1_tiny("-p x -W 32 -H 32 --steps 2 --hires --hires-width 48 --hires-steps 3 "
+                                       "--hires-upscaler latent-nearest --hires-denoising-strength 0.5 -o " +
+                                       dir.file("s.png")));
     ASSERT_EQ(sized.exit_code, 0) << sized.err;
     EXPECT_EQ(read(dir.file("s.png")).width, 48);
     EXPECT_EQ(read(dir.file("s.png")).height, 48);  // the aspect of the first pass
@@ -175,13 +171,13 @@ TEST(CliHires, StrengthZeroWithAModelIsThePlainUpscaleOfTheFirstPass) {
     TempDir dir;
     const std::string x2 = upscaler("rrdbnet_x2.safetensors");
     const std::string common = "-p \"a red circle\" -W 32 -H 32 --steps 2 -s 11 ";
-    ASSERT_EQ(run_command(kiln_with_model(common + "-o " + dir.file("plain.png"))).exit_code, 0);
+    ASSERT_EQ(run_command(kiln_with_sd1_tiny(common + "-o " + dir.file("plain.png"))).exit_code, 0);
     ASSERT_EQ(run_command(kiln("-M upscale -i " + dir.file("plain.png") + " --upscale-model " + x2 + " -o " +
                                dir.file("upscaled.png")))
                   .exit_code,
               0);
-    auto r = run_command(kiln_with_model(common + "--hires --hires-upscaler " + x2 +
-                                         " --hires-denoising-strength 0 -o " + dir.file("hires0.png")));
+    auto r = run_command(kiln_with_sd1_tiny(common + "--hires --hires-upscaler " + x2 +
+                                            " --hires-denoising-strength 0 -o " + dir.file("hires0.png")));
     ASSERT_EQ(r.exit_code, 0) << r.err;
     const image::Image upscaled = read(dir.file("upscaled.png"));
     const image::Image hires0 = read(dir.file("hires0.png"));
@@ -190,8 +186,8 @@ TEST(CliHires, StrengthZeroWithAModelIsThePlainUpscaleOfTheFirstPass) {
     EXPECT_NE(parameters_of(dir.file("hires0.png")).find("Hires upscaler: rrdbnet_x2"), std::string::npos);
 
     // ... and a real second pass changes it.
-    ASSERT_EQ(run_command(kiln_with_model(common + "--hires --hires-upscaler " + x2 +
-                                          " --hires-denoising-strength 0.6 -o " + dir.file("hires6.png")))
+    ASSERT_EQ(run_command(kiln_with_sd1_tiny(common + "--hires --hires-upscaler " + x2 +
+                                             " --hires-denoising-strength 0.6 -o " + dir.file("hires6.png")))
                   .exit_code,
               0);
     const image::Image hires6 = read(dir.file("hires6.png"));
@@ -220,14 +216,14 @@ TEST(CliHires, BadValuesExit2AndWriteNothing) {
         {"--hires --hires-scale x", "--hires-scale"},
     };
     for (const Case& c : cases) {
-        auto r = run_command(kiln_with_model("-p x -W 32 -H 32 --steps 1 " + c.args + " -o " + out));
+        auto r = run_command(kiln_with_sd1_tiny("-p x -W 32 -H 32 --steps 1 " + c.args + " -o " + out));
         EXPECT_EQ(r.exit_code, 2) << c.args << "\n" << r.err;
         EXPECT_NE(r.err.find(c.message), std::string::npos) << c.args << "\n" << r.err;
         EXPECT_FALSE(exists(out)) << c.args;
     }
     // A file that is no upscaler is a bad file (exit 1).
-    auto r = run_command(kiln_with_model("-p x -W 32 -H 32 --steps 1 --hires --hires-upscaler " +
-                                         test::golden_path("models/sd1_tiny.safetensors") + " -o " + out));
+    auto r = run_command(kiln_with_sd1_tiny("-p x -W 32 -H 32 --steps 1 --hires --hires-upscaler " +
+                                            test::golden_path("models/sd1_tiny.safetensors") + " -o " + out));
     EXPECT_EQ(r.exit_code, 1) << r.err;
     EXPECT_FALSE(exists(out));
 }

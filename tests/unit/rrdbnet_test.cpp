@@ -67,24 +67,25 @@ TEST(RrdbNet, ConfigurationComesFromTheWeights) {
     EXPECT_EQ(x4->name(), "rrdbnet_x4");
 }
 
-TEST(RrdbNet, X4MatchesTheReference) {
-    auto up = load_golden("rrdbnet_x4.safetensors");
+// The golden input through `model`, untiled, against the reference's output.
+void expect_matches_reference(const std::string& model, const std::vector<float>& input,
+                              const std::vector<float>& expected) {
+    auto up = load_golden(model);
     ASSERT_TRUE(up);
-    const GoldenIo io = golden_io();
-    auto out = up->upscale_planar(io.input, kWidth, kHeight, pipeline::kDefaultUpscaleTile);
+    auto out = up->upscale_planar(input, kWidth, kHeight, pipeline::kDefaultUpscaleTile);
     ASSERT_TRUE(out.ok()) << out.error().message;
-    ASSERT_EQ(out->size(), io.x4.size());
-    EXPECT_LT(test::relative_error(*out, io.x4), 1e-5);
+    ASSERT_EQ(out->size(), expected.size());
+    EXPECT_LT(test::relative_error(*out, expected), 1e-5) << model;
+}
+
+TEST(RrdbNet, X4MatchesTheReference) {
+    const GoldenIo io = golden_io();
+    expect_matches_reference("rrdbnet_x4.safetensors", io.input, io.x4);
 }
 
 TEST(RrdbNet, X2WithPixelUnshuffleMatchesTheReference) {
-    auto up = load_golden("rrdbnet_x2.safetensors");
-    ASSERT_TRUE(up);
     const GoldenIo io = golden_io();
-    auto out = up->upscale_planar(io.input, kWidth, kHeight, pipeline::kDefaultUpscaleTile);
-    ASSERT_TRUE(out.ok()) << out.error().message;
-    ASSERT_EQ(out->size(), io.x2.size());
-    EXPECT_LT(test::relative_error(*out, io.x2), 1e-5);
+    expect_matches_reference("rrdbnet_x2.safetensors", io.input, io.x2);
 }
 
 TEST(RrdbNet, BasicSrNamesInAPthGiveTheSameImageAsEsrganNames) {
