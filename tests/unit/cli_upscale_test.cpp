@@ -1,13 +1,15 @@
 // ESRGAN upscaling and the hires fix end to end: the real `kiln` binary, the
 // tiny golden SD1 model and the small random RRDBNets of
-// training/make_rrdbnet_fixtures.py.
+// training/make_rrdbnet_fixtures.py; then the C API's kiln_upscaler.
 #include <gtest/gtest.h>
 
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "golden.h"
 #include "image/image_io.h"
+#include "kiln.h"
 #include "test_files.h"
 
 namespace kiln {
@@ -226,6 +228,97 @@ TEST(CliHires, BadValuesExit2AndWriteNothing) {
                                             test::golden_path("models/sd1_tiny.safetensors") + " -o " + out));
     EXPECT_EQ(r.exit_code, 1) << r.err;
     EXPECT_FALSE(exists(out));
+}
+
+}  // namespace
+}  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// The C API's upscaler directly: status codes by kind, the result's size and
+// parameters, nothing returned on failure.
+struct ApiError {
+    char* text = nullptr;
+    ~ApiError() { kiln_free_string(text); }
+    std::string str() const { return text ? text : ""; }
+};
+
+TEST(UpscalerApi, CreateReportsErrorsByKind) {
+    kiln_upscaler_params params;
+    kiln_upscaler_params_init(&params);
+    EXPECT_EQ(params.tile_size, 128);
+    kiln_upscaler* up = reinterpret_cast<kiln_upscaler*>(&params);  // must be reset to NULL on failure
+    {
+        ApiError e;
+        EXPECT_EQ(kiln_upscaler_create(&params, &up, &e.text), KILN_ERROR_INVALID_REQUEST);  // no model path
+        EXPECT_EQ(up, nullptr);
+    }
+    const std::string absent = test::golden_path("models/absent.pth");
+    params.model_path = absent.c_str();
+    {
+        ApiError e;
+        EXPECT_EQ(kiln_upscaler_create(&params, &up, &e.text), KILN_ERROR_BAD_FILE);
+        EXPECT_NE(e.str().find("absent.pth"), std::string::npos) << e.str();
+    }
+    const std::string x4 = test::golden_path("models/rrdbnet_x4.safetensors");
+    params.model_path = x4.c_str();
+    params.tile_size = 16;
+    {
+        ApiError e;
+        EXPECT_EQ(kiln_upscaler_create(&params, &up, &e.text), KILN_ERROR_INVALID_REQUEST);
+        EXPECT_NE(e.str().find("--upscale-tile-size"), std::string::npos) << e.str();
+        EXPECT_EQ(up, nullptr);
+    }
+}
+
+TEST(UpscalerApi, UpscaleReturnsTheImageWithPostprocessParameters) {
+    kiln_upscaler_params params;
+    kiln_upscaler_params_init(&params);
+    const std::string x4 = test::golden_path("models/rrdbnet_x4.safetensors");
+    params.model_path = x4.c_str();
+    params.n_threads = 1;
+    kiln_upscaler* up = nullptr;
+    ApiError create_error;
+    ASSERT_EQ(kiln_upscaler_create(&params, &up, &create_error.text), KILN_OK) << create_error.str();
+    EXPECT_EQ(kiln_upscaler_scale(up), 4);
+
+    std::vector<uint8_t> pixels(12 * 8 * 3, 90);
+    kiln_image image{12, 8, 3, pixels.data(), nullptr};
+    kiln_image* result = nullptr;
+    ApiError e;
+    ASSERT_EQ(kiln_upscale(up, &image, 1, &result, &e.text), KILN_OK) << e.str();
+    EXPECT_EQ(result->width, 48u);
+    EXPECT_EQ(result->height, 32u);
+    EXPECT_EQ(result->channels, 3u);
+    ASSERT_NE(result->parameters, nullptr);
+    EXPECT_EQ(std::string(result->parameters), "Postprocess upscale by: 4, Postprocess upscaler: rrdbnet_x4");
+    kiln_images_free(result, 1);
+
+    result = reinterpret_cast<kiln_image*>(&image);
+    {
+        ApiError bad;
+        EXPECT_EQ(kiln_upscale(up, &image, 0, &result, &bad.text), KILN_ERROR_INVALID_REQUEST);
+        EXPECT_EQ(result, nullptr);
+    }
+    kiln_image empty{12, 8, 3, nullptr, nullptr};
+    {
+        ApiError bad;
+        EXPECT_EQ(kiln_upscale(up, &empty, 1, &result, &bad.text), KILN_ERROR_INVALID_REQUEST);
+        EXPECT_EQ(result, nullptr);
+    }
+    kiln_upscaler_free(up);
+}
+
+TEST(UpscalerApi, GenerationParamsDefaultToSdCliHiresDefaults) {
+    kiln_generation_params gp;
+    kiln_generation_params_init(&gp);
+    EXPECT_EQ(gp.hires, 0);
+    EXPECT_EQ(gp.hires_scale, 2.0f);
+    EXPECT_EQ(gp.hires_denoising_strength, 0.7f);
+    EXPECT_EQ(gp.hires_steps, 0);
+    EXPECT_EQ(gp.hires_upscaler, nullptr);  // "latent"
+    EXPECT_EQ(gp.hires_upscale_tile_size, 128);
 }
 
 }  // namespace
