@@ -435,23 +435,26 @@ Result<image::Image> hires_pass(Model& model, const GenerationRequest& request, 
     at.latent_h = h.latent_h;
     at.steps = h.steps;
     std::vector<float> start;
-    if (h.upscaler != HiresUpscaler::Model) {
-        start = resize_latent(latent, out_channels(model), p.latent_w, p.latent_h, h.latent_w, h.latent_h,
-                              h.upscaler == HiresUpscaler::Latent ? LatentResize::Bilinear : LatentResize::Nearest);
+    if (h.upscaler == HiresUpscaler::Latent) {
+        start =
+            resize_latent(latent, out_channels(model), p.latent_w, p.latent_h, h.latent_w, h.latent_h, h.latent_mode);
         if (strength == 0.0f) return decode_latent(model, start, at, request.vae_tiling);
     } else {
         auto decoded = decode_latent(model, latent, p, request.vae_tiling);
         if (!decoded.ok()) return decoded.error();
-        // The model as many times as it takes to reach the hires size, then
-        // Lanczos to that size exactly (A1111's way with an upscaler model).
-        int repeats = 1;
-        for (int64_t f = upscaler->scale();
-             repeats < kMaxUpscaleRepeats && (decoded->width * f < h.width || decoded->height * f < h.height);
-             f *= upscaler->scale()) {
-            ++repeats;
+        Result<image::Image> big = std::move(decoded).value();
+        if (h.upscaler == HiresUpscaler::Model) {
+            // The model as many times as it takes to reach the hires size, then
+            // Lanczos to that size exactly (A1111's way with an upscaler model).
+            int repeats = 1;
+            for (int64_t f = upscaler->scale();
+                 repeats < kMaxUpscaleRepeats && (big->width * f < h.width || big->height * f < h.height);
+                 f *= upscaler->scale()) {
+                ++repeats;
+            }
+            big = upscaler->upscale(*big, request.hires->upscale_tile, repeats);
+            if (!big.ok()) return big.error().in_context("hires upscale: ");
         }
-        auto big = upscaler->upscale(*decoded, request.hires->upscale_tile, repeats);
-        if (!big.ok()) return big.error().in_context("hires upscale: ");
         if (big->width != h.width || big->height != h.height) {
             big = image::resize_image(*big, h.width, h.height, image::ResizeFilter::Lanczos3);
             if (!big.ok()) return big.error();

@@ -18,9 +18,10 @@ std::vector<Tap> taps(int64_t in, int64_t out, LatentResize mode) {
     const double scale = static_cast<double>(in) / static_cast<double>(out);
     for (int64_t i = 0; i < out; ++i) {
         Tap& tap = t[static_cast<size_t>(i)];
-        if (mode == LatentResize::Nearest) {
-            // torch's "nearest": floor(i * in / out).
-            tap.i0 = tap.i1 = std::min(in - 1, static_cast<int64_t>(std::floor(static_cast<double>(i) * scale)));
+        if (mode != LatentResize::Bilinear) {
+            const double offset = mode == LatentResize::NearestExact ? 0.5 : 0.0;
+            tap.i0 = tap.i1 =
+                std::min(in - 1, static_cast<int64_t>(std::floor((static_cast<double>(i) + offset) * scale)));
             continue;
         }
         // align_corners=False: pixel centres line up; clamped at the low edge.

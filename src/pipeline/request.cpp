@@ -59,26 +59,42 @@ Result<ValidatedHires> validate_hires(const Model& model, const GenerationReques
         return Error::invalid_request("--hires-denoising-strength must be in [0, 1], got " +
                                       format_number(h.denoising_strength));
     }
-    if (h.upscaler == "latent" || h.upscaler == "Latent") {
-        v.upscaler = HiresUpscaler::Latent;
-        v.label = "Latent";
-    } else if (h.upscaler == "latent-nearest" || h.upscaler == "Latent (nearest)") {
-        v.upscaler = HiresUpscaler::LatentNearest;
-        v.label = "Latent (nearest)";
+    // kiln's name, A1111's (which the parameters text records), what it does.
+    struct BuiltIn {
+        const char* name;
+        const char* a1111;
+        HiresUpscaler upscaler;
+        LatentResize latent_mode;
+    };
+    static const BuiltIn kBuiltIn[] = {
+        {"latent", "Latent", HiresUpscaler::Latent, LatentResize::Bilinear},
+        {"latent-nearest", "Latent (nearest)", HiresUpscaler::Latent, LatentResize::Nearest},
+        {"latent-nearest-exact", "Latent (nearest-exact)", HiresUpscaler::Latent, LatentResize::NearestExact},
+        {"lanczos", "Lanczos", HiresUpscaler::Lanczos, LatentResize::Bilinear},
+    };
+    const BuiltIn* built_in = nullptr;
+    for (const BuiltIn& b : kBuiltIn) {
+        if (h.upscaler == b.name || h.upscaler == b.a1111) built_in = &b;
+    }
+    if (built_in) {
+        v.upscaler = built_in->upscaler;
+        v.latent_mode = built_in->latent_mode;
+        v.label = built_in->a1111;
     } else {
         std::error_code ec;
         if (h.upscaler.empty() || !std::filesystem::is_regular_file(h.upscaler, ec)) {
             return Error::invalid_request("--hires-upscaler: '" + h.upscaler +
-                                          "' is neither a latent mode (latent, latent-nearest) nor an ESRGAN model "
-                                          "file");
+                                          "' is none of latent, latent-nearest, latent-nearest-exact, lanczos and "
+                                          "no ESRGAN model file");
         }
         KILN_TRY(validate_upscale_tile(h.upscale_tile, "--hires-upscale-tile-size"));
         v.upscaler = HiresUpscaler::Model;
         v.model_path = h.upscaler;
         v.label = std::filesystem::path(h.upscaler).stem().string();
     }
-    if (!model.vae().config().has_encoder && v.upscaler == HiresUpscaler::Model && h.denoising_strength > 0.0f) {
-        return Error::invalid_request("this model's VAE has no encoder: a hires fix with a model upscaler needs one");
+    if (!model.vae().config().has_encoder && v.upscaler != HiresUpscaler::Latent && h.denoising_strength > 0.0f) {
+        return Error::invalid_request("this model's VAE has no encoder: a hires fix with an image upscaler (" +
+                                      v.label + ") needs one");
     }
     return v;
 }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "image/image.h"
+#include "pipeline/latent_resize.h"
 #include "pipeline/rng.h"
 #include "pipeline/samplers.h"
 #include "pipeline/schedulers.h"
@@ -41,14 +42,18 @@ struct HiresFix {
     // 0 runs none (the result is the upscaled first pass).
     float denoising_strength = 0.7f;
     // --hires-upscaler: "latent" (bilinear, sd-cli's default; "Latent" as
-    // A1111 names it), "latent-nearest" ("Latent (nearest)"), or the path of
-    // an ESRGAN model file (the decoded image is upscaled, resized to the
+    // A1111 names it), "latent-nearest" ("Latent (nearest)"),
+    // "latent-nearest-exact" ("Latent (nearest-exact)"), "lanczos"
+    // ("Lanczos": the decoded image resized and encoded again), or the path
+    // of an ESRGAN model file (the decoded image is upscaled, resized to the
     // hires size and encoded again).
     std::string upscaler = "latent";
     int upscale_tile = kDefaultUpscaleTile;  // --hires-upscale-tile-size, for a model upscaler
 };
 
-enum class HiresUpscaler { Latent, LatentNearest, Model };
+// Where the second pass starts: the first pass's latent resized, or its
+// decoded image resized (Lanczos) or upscaled by a model, encoded again.
+enum class HiresUpscaler { Latent, Lanczos, Model };
 
 struct GenerationRequest {
     std::string prompt;
@@ -95,8 +100,9 @@ struct ValidatedHires {
     int64_t latent_w = 0, latent_h = 0;
     int steps = 0;
     HiresUpscaler upscaler = HiresUpscaler::Latent;
-    std::string model_path;  // HiresUpscaler::Model
-    std::string label;       // "Latent", "Latent (nearest)" or the model file's stem (A1111's "Hires upscaler")
+    LatentResize latent_mode = LatentResize::Bilinear;  // HiresUpscaler::Latent
+    std::string model_path;                             // HiresUpscaler::Model
+    std::string label;  // "Latent", "Latent (nearest)" or the model file's stem (A1111's "Hires upscaler")
 };
 
 // A request with the model's defaults filled in and every field checked.

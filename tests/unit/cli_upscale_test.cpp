@@ -164,6 +164,22 @@ TEST(CliHires, LatentHiresWritesTheHiresSizeAndA1111Parameters) {
     EXPECT_NE(s.find("Hires resize: 48x48"), std::string::npos) << s;
     EXPECT_NE(s.find("Hires steps: 3"), std::string::npos) << s;
     EXPECT_NE(s.find("Hires upscaler: Latent (nearest)"), std::string::npos) << s;
+
+    // A1111's own names are accepted, and the image upscaler Lanczos.
+    for (const char* upscaler : {"\"Latent (nearest-exact)\"", "lanczos"}) {
+        auto other =
+            run_command(kiln_with_sd1_tiny("-p x -W 32 -H 32 --steps 2 --hires --hires-scale 1.5 "
+                                           "--hires-upscaler " +
+                                           std::string(upscaler) + " -o " + dir.file("o.png")));
+        ASSERT_EQ(other.exit_code, 0) << upscaler << "\n" << other.err;
+        EXPECT_EQ(read(dir.file("o.png")).width, 48) << upscaler;
+        const std::string t = parameters_of(dir.file("o.png"));
+        EXPECT_NE(t.find("Hires upscale: 1.5"), std::string::npos) << t;
+        EXPECT_NE(t.find(std::string(upscaler) == "lanczos" ? "Hires upscaler: Lanczos"
+                                                            : "Hires upscaler: Latent (nearest-exact)"),
+                  std::string::npos)
+            << t;
+    }
 }
 
 // With a model upscaler at its own scale and denoising strength 0, the hires

@@ -39,10 +39,23 @@ TEST(LatentResize, NearestMatchesTorchAndChannelsStayApart) {
               (std::vector<float>{0, 0, 1, 1, 0, 0, 1, 1, 2, 2, 3, 3, 10, 10, 11, 11, 10, 10, 11, 11, 12, 12, 13, 13}));
 }
 
+TEST(LatentResize, NearestAndNearestExactPickTorchsPixels) {
+    // arange(12).view(1, 1, 3, 4) to 5x6, as torch gives it.
+    std::vector<float> x(12);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i);
+    EXPECT_EQ(resize_latent(x, 1, 4, 3, 6, 5, LatentResize::Nearest),
+              (std::vector<float>{0, 0, 1, 2, 2, 3, 0, 0, 1, 2, 2, 3, 4,  4,  5,
+                                  6, 6, 7, 4, 4, 5, 6, 6, 7, 8, 8, 9, 10, 10, 11}));
+    EXPECT_EQ(resize_latent(x, 1, 4, 3, 6, 5, LatentResize::NearestExact),
+              (std::vector<float>{0, 1, 1, 2, 3, 3, 0,  1,  1,  2, 3, 3, 4,  5,  5,
+                                  6, 7, 7, 8, 9, 9, 10, 11, 11, 8, 9, 9, 10, 11, 11}));
+}
+
 TEST(LatentResize, SameSizeIsACopy) {
     const std::vector<float> x = {0.5f, -1, 2, 7, 3, 1};
     EXPECT_EQ(resize_latent(x, 1, 3, 2, 3, 2, LatentResize::Bilinear), x);
     EXPECT_EQ(resize_latent(x, 2, 3, 1, 3, 1, LatentResize::Nearest), x);
+    EXPECT_EQ(resize_latent(x, 1, 2, 3, 2, 3, LatentResize::NearestExact), x);
 }
 
 }  // namespace

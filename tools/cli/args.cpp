@@ -293,7 +293,8 @@ const std::vector<Flag>& flags() {
             {nullptr, "--hires-denoising-strength", "X",
              "share of the second pass's schedule to run, in [0, 1] (default 0.7; 0: upscale only)",
              float_setter(&Options::hires_denoising_strength)},
-            {nullptr, "--hires-upscaler", "NAME", "latent (bilinear, default), latent-nearest, or an ESRGAN model file",
+            {nullptr, "--hires-upscaler", "NAME",
+             "latent (bilinear, default), latent-nearest, latent-nearest-exact, lanczos, or an ESRGAN model file",
              [](Options& o, const std::string& v) -> std::optional<std::string> {
                  if (v.empty()) return std::string("expected latent, latent-nearest or a model file");
                  o.hires_upscaler = v;
