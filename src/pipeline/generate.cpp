@@ -612,6 +612,7 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
         auto loaded = Upscaler::load(p.hires->model_path, model.vae_compute().compute().threads());
         if (!loaded.ok()) return loaded.error().in_context("--hires-upscaler: ");
         hires_upscaler = std::move(loaded).value();
+        hires_upscaler->set_cancel_check([&model] { return model.cancel_requested(); });
     }
     const bool flow = schedule->flow();
     const size_t latent_size = static_cast<size_t>(p.latent_w) * p.latent_h * out_channels(model);
@@ -644,7 +645,7 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
                          "prompt's embeddings"};
         }
         times.sampling_s += seconds_since(sampling_start);
-        const Clock::time_point vae_start = Clock::now();
+        const Clock::time_point finish_start = Clock::now();
         auto img =
             p.hires ? hires_pass(model, request, p, *latent, run, *cond, uncond, hires_upscaler.get(), *rng, progress,
                                  [&](int total) {
@@ -653,7 +654,7 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
                                  })
                     : decode_latent(model, *latent, p, request.vae_tiling);
         if (!img.ok()) return img.error();
-        times.vae_s += seconds_since(vae_start);
+        (p.hires ? times.hires_s : times.vae_s) += seconds_since(finish_start);
 
         GeneratedImage g;
         g.image = std::move(img).value();

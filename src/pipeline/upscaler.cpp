@@ -44,6 +44,7 @@ Result<std::unique_ptr<Upscaler>> Upscaler::load(const std::string& path, int th
 }
 
 Result<std::vector<float>> Upscaler::run_tile(const std::vector<float>& pixels, int64_t width, int64_t height) {
+    if (cancelled_ && cancelled_()) return Error::cancelled("cancelled");
     const int64_t channels = net_->config().image_channels;
     if (!session_ || session_input_->ne[0] != width || session_input_->ne[1] != height) {
         session_.reset();

@@ -13,6 +13,7 @@
 // compute buffers; the weights of real upscalers are 17-67 MB).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -54,6 +55,9 @@ class Upscaler {
     // The file's stem ("RealESRGAN_x4plus"), the name A1111 records.
     const std::string& name() const { return name_; }
     const models::RrdbNet& network() const { return *net_; }
+    // Asked before every tile: true stops the run with a Cancelled error
+    // (the hires fix passes its model's kiln_cancel flag).
+    void set_cancel_check(std::function<bool()> cancelled) { cancelled_ = std::move(cancelled); }
 
     // pixels: planar [3, height, width] in [0, 1] -> planar [3, height *
     // scale, width * scale], unclamped, computed in tiles of `tile` input
@@ -72,6 +76,7 @@ class Upscaler {
     Result<std::vector<float>> run_tile(const std::vector<float>& pixels, int64_t width, int64_t height);
 
     std::string name_;
+    std::function<bool()> cancelled_;
     std::unique_ptr<io::ModelFile> file_;
     std::unique_ptr<models::RrdbNet> net_;
     std::unique_ptr<runtime::Compute> compute_;

@@ -275,6 +275,20 @@ TEST(RrdbNet, BadFilesAreBadFileErrorsNamingTheTensor) {
     EXPECT_EQ(missing.error().kind, ErrorKind::BadFile);
 }
 
+TEST(RrdbNet, ACancelCheckStopsTheRunBetweenTiles) {
+    auto up = load_golden("rrdbnet_x4.safetensors");
+    ASSERT_TRUE(up);
+    const std::vector<float> img = random_image(96, 64, 5);
+    int asked = 0;
+    up->set_cancel_check([&asked] { return ++asked == 3; });  // cancel before the third of 3x2 tiles
+    auto out = up->upscale_planar(img, 96, 64, 48);
+    ASSERT_FALSE(out.ok());
+    EXPECT_EQ(out.error().kind, ErrorKind::Cancelled);
+    EXPECT_EQ(asked, 3);
+    up->set_cancel_check(nullptr);
+    EXPECT_TRUE(up->upscale_planar(img, 96, 64, 48).ok());  // the upscaler serves the next run
+}
+
 TEST(RrdbNet, PostprocessKeysAreAddedToTheParametersText) {
     const std::string text =
         "a red circle\nNegative prompt: blurry\nSteps: 20, Sampler: Euler a, CFG scale: 7, Seed: 42, Size: 64x64, "
