@@ -166,6 +166,17 @@ typedef struct {
     int n_ref_images;
     kiln_progress_callback progress;
     void* progress_user_data;
+    /* The hires fix (sd-cli's --hires, A1111's "Hires. fix"), text-to-image only: the first
+     * pass is upscaled to the hires size and denoised again there as image-to-image. */
+    int hires;                      /* --hires: run the second pass */
+    float hires_scale;              /* used when hires_width and hires_height are 0 (default 2) */
+    int hires_width, hires_height;  /* the hires size; one alone keeps the aspect; 0: from the scale */
+    int hires_steps;                /* the second schedule's steps; 0: steps */
+    float hires_denoising_strength; /* share of the second schedule run, [0, 1] (default 0.7); 0: upscale only */
+    /* "latent" (bilinear, the default), "latent-nearest", or the path of an ESRGAN model file;
+     * A1111's names "Latent" and "Latent (nearest)" are accepted too. NULL: "latent". */
+    const char* hires_upscaler;
+    int hires_upscale_tile_size; /* a model upscaler's tile side in pixels (default 128) */
 } kiln_generation_params;
 
 void kiln_generation_params_init(kiln_generation_params* params);
@@ -175,6 +186,34 @@ void kiln_generation_params_init(kiln_generation_params* params);
 kiln_status kiln_generate(kiln_context* ctx, const kiln_generation_params* params, kiln_image** images, int* n_images,
                           char** error);
 void kiln_images_free(kiln_image* images, int n_images);
+
+/* An ESRGAN / Real-ESRGAN upscaler (an RRDBNet in ESRGAN's or BasicSR's
+ * names, x1 to x8, configured from its weights), run on the CPU in
+ * overlapping tiles so memory stays bounded. One thread at a time. */
+typedef struct kiln_upscaler kiln_upscaler;
+
+typedef struct {
+    const char* model_path; /* --upscale-model: .safetensors, .pth/.ckpt (read without running code) or .gguf */
+    int n_threads;          /* <= 0: all cores */
+    int tile_size;          /* --upscale-tile-size: input pixels per tile side, [32, 16384] (default 128) */
+} kiln_upscaler_params;
+
+void kiln_upscaler_params_init(kiln_upscaler_params* params);
+/* Loads the upscaler into *upscaler (NULL on failure): KILN_ERROR_BAD_FILE for
+ * a file that cannot be read or is not an RRDBNet (the message names the
+ * missing tensor), KILN_ERROR_INVALID_REQUEST for a bad tile size. */
+kiln_status kiln_upscaler_create(const kiln_upscaler_params* params, kiln_upscaler** upscaler, char** error);
+void kiln_upscaler_free(kiln_upscaler* upscaler);
+/* Output pixels per input pixel along each side, for one run (2, 4, ...). */
+int kiln_upscaler_scale(const kiln_upscaler* upscaler);
+/* Upscales `image` `repeats` times (sd-cli's --upscale-repeats, [1, 8]) into
+ * *result (free with kiln_images_free(*result, 1)), RGB. Its parameters are
+ * image->parameters with A1111's "Postprocess upscale by: F, Postprocess
+ * upscaler: NAME" added (NAME: the model file's stem). Errors:
+ * KILN_ERROR_INVALID_REQUEST for bad repeats, an invalid image or a result
+ * over 16384 pixels a side. */
+kiln_status kiln_upscale(kiln_upscaler* upscaler, const kiln_image* image, int repeats, kiln_image** result,
+                         char** error);
 
 /* Writes `image` as PNG, JPEG or WebP, chosen by the extension; PNG carries
  * image->parameters as an A1111 "parameters" text chunk. The file appears

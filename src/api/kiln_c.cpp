@@ -19,11 +19,17 @@
 #include "pipeline/loras.h"
 #include "pipeline/job_forecast.h"
 #include "pipeline/request.h"
+#include "pipeline/upscaler.h"
 #include "runtime/device_budget.h"
 #include "runtime/devices.h"
 #include "runtime/rpc_server.h"
 #include "util/format.h"
 #include "util/log.h"
+
+struct kiln_upscaler {
+    std::unique_ptr<kiln::pipeline::Upscaler> upscaler;
+    int tile_size = kiln::pipeline::kDefaultUpscaleTile;
+};
 
 struct kiln_context {
     std::unique_ptr<kiln::pipeline::Model> model;
@@ -224,6 +230,17 @@ kiln::Result<kiln::pipeline::GenerationRequest> generation_request(const kiln_ge
         if (!img.ok()) return img.error().in_context("reference image " + std::to_string(i + 1) + ": ");
         r.ref_images.push_back(std::move(img).value());
     }
+    if (params->hires) {
+        kiln::pipeline::HiresFix h;
+        h.scale = params->hires_scale;
+        h.width = params->hires_width;
+        h.height = params->hires_height;
+        h.steps = params->hires_steps;
+        h.denoising_strength = params->hires_denoising_strength;
+        if (params->hires_upscaler) h.upscaler = params->hires_upscaler;
+        h.upscale_tile = params->hires_upscale_tile_size;
+        r.hires = h;
+    }
     return r;
 }
 
@@ -324,6 +341,62 @@ void kiln_generation_params_init(kiln_generation_params* params) {
     params->guidance = -1.0f;
     params->vae_tile_size = 32;
     params->vae_tile_overlap = 0.5f;
+    const kiln::pipeline::HiresFix hires;
+    params->hires_scale = hires.scale;
+    params->hires_denoising_strength = hires.denoising_strength;
+    params->hires_upscale_tile_size = hires.upscale_tile;
+}
+
+void kiln_upscaler_params_init(kiln_upscaler_params* params) {
+    std::memset(params, 0, sizeof *params);
+    params->tile_size = kiln::pipeline::kDefaultUpscaleTile;
+}
+
+kiln_status kiln_upscaler_create(const kiln_upscaler_params* params, kiln_upscaler** upscaler, char** error) {
+    *upscaler = nullptr;
+    try {
+        if (kiln::Status s = kiln::pipeline::validate_upscale_tile(params->tile_size); !s.ok())
+            return fail(error, s.error());
+        if (!params->model_path || !*params->model_path)
+            return fail(error, kiln::Error::invalid_request("no upscale model given (--upscale-model)"));
+        kiln::log_capture_ggml();
+        auto loaded = kiln::pipeline::Upscaler::load(params->model_path, params->n_threads);
+        if (!loaded.ok()) return fail(error, loaded.error());
+        auto* created = new kiln_upscaler();
+        created->upscaler = std::move(loaded).value();
+        created->tile_size = params->tile_size;
+        *upscaler = created;
+        return KILN_OK;
+    } catch (const std::bad_alloc&) {
+        return out_of_memory(error, "loading the upscaler");
+    }
+}
+
+void kiln_upscaler_free(kiln_upscaler* upscaler) { delete upscaler; }
+
+int kiln_upscaler_scale(const kiln_upscaler* upscaler) { return upscaler->upscaler->scale(); }
+
+kiln_status kiln_upscale(kiln_upscaler* upscaler, const kiln_image* image, int repeats, kiln_image** result,
+                         char** error) {
+    *result = nullptr;
+    try {
+        auto img = import_image(image);
+        if (!img.ok()) return fail(error, img.error().in_context("image to upscale: "));
+        auto out = upscaler->upscaler->upscale(*img, upscaler->tile_size, repeats);
+        if (!out.ok()) return fail(error, out.error());
+        const int factor = out->width / img->width;
+        const std::string parameters = kiln::pipeline::add_postprocess_upscale(
+            image->parameters ? image->parameters : "", upscaler->upscaler->name(), factor);
+        auto* exported = static_cast<kiln_image*>(std::calloc(1, sizeof(kiln_image)));
+        if (!exported || !export_image(*out, parameters, exported)) {
+            kiln_images_free(exported, exported ? 1 : 0);
+            return out_of_memory(error, "returning the upscaled image");
+        }
+        *result = exported;
+        return KILN_OK;
+    } catch (const std::bad_alloc&) {
+        return out_of_memory(error, "upscaling");
+    }
 }
 
 kiln_status kiln_generate(kiln_context* ctx, const kiln_generation_params* params, kiln_image** images, int* n_images,

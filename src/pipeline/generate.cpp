@@ -7,9 +7,11 @@
 #include <cstdlib>
 
 #include "pipeline/graphs.h"
+#include "pipeline/latent_resize.h"
 #include "pipeline/loras.h"
 #include "pipeline/schedulers.h"
 #include "pipeline/size_conditioning.h"
+#include "pipeline/upscaler.h"
 #include "pipeline/vae_tiling.h"
 #include "runtime/graph_session.h"
 #include "util/format.h"
@@ -310,6 +312,40 @@ void match_context_lengths(Conditioning& cond, Conditioning& uncond) {
     shorter.tokens = longer.tokens;
 }
 
+// The diffusion network's vector input: SDXL's pooled text and size
+// embedding (sd-cli's micro-conditioning: original size = target size =
+// the image's, no crop), or Flux's pooled CLIP-L output itself.
+void condition_on_size(const Model& model, Conditioning& cond, std::optional<Conditioning>& uncond, int width,
+                       int height) {
+    if (model.family().conditioning.size_embedding) {
+        SizeConditioning size;
+        size.original_height = size.target_height = height;
+        size.original_width = size.target_width = width;
+        const int dim =
+            static_cast<int>(model.unet().config().adm_in_channels - static_cast<int64_t>(cond.pooled.size())) / 6;
+        cond.y = sdxl_conditioning_vector(cond.pooled, size, dim);
+        if (uncond) uncond->y = sdxl_conditioning_vector(uncond->pooled, size, dim);
+    } else if (model.has_flux()) {
+        cond.y = cond.pooled;
+        if (uncond) uncond->y = uncond->pooled;
+    }
+}
+
+// The starting point of image-to-image from `x0` (scaled latent): noise at
+// the first sigma, x0 + sigma * noise, or on a flow model (1 - sigma) x0 +
+// sigma * noise. `noise` is replaced by the result.
+void noise_to_first_sigma(std::vector<float>& noise, const std::vector<float>* x0, float sigma, bool flow) {
+    const float keep = flow ? 1.0f - sigma : 1.0f;
+    for (size_t k = 0; k < noise.size(); ++k) noise[k] = noise[k] * sigma + (x0 ? keep * (*x0)[k] : 0.0f);
+}
+
+// The schedule's last `strength` share: int(steps * strength) steps, as
+// A1111 and sd-cli count them (at least one).
+void keep_last_share(std::vector<float>& sigmas, int steps, float strength) {
+    const int skip = steps - std::max(1, static_cast<int>(static_cast<float>(steps) * strength));
+    sigmas.erase(sigmas.begin(), sigmas.begin() + skip);
+}
+
 }  // namespace
 
 Result<std::vector<float>> sample_latent(Model& model, const SamplingRun& run, std::vector<float> x,
@@ -376,6 +412,102 @@ std::string a1111_sampler_name(const std::string& sampler) {
     return sampler;
 }
 
+namespace {
+
+// The hires fix's second pass for one image (A1111's "Hires. fix", sd-cli's
+// --hires): the first pass's `latent` (scaled) is upscaled to the hires
+// size, in latent space or, with a model upscaler, as a decoded image that
+// is upscaled, resized to the hires size and encoded again (a sample of its
+// latent distribution, drawn from `rng`, as for an init image); then the
+// last `denoising_strength` of a fresh schedule of hires steps runs on it,
+// with noise from `rng` (the image's generator, continued). Strength 0 runs
+// no step: the result is the upscaled first pass itself. `started` is
+// called with the second pass's step count before it runs.
+Result<image::Image> hires_pass(Model& model, const GenerationRequest& request, const ValidatedRequest& p,
+                                const std::vector<float>& latent, const SamplingRun& first, Conditioning cond,
+                                std::optional<Conditioning> uncond, Upscaler* upscaler, Rng& rng,
+                                const ProgressFn& progress, const std::function<void(int)>& started) {
+    const ValidatedHires& h = *p.hires;
+    const float strength = request.hires->denoising_strength;
+    ValidatedRequest at = p;
+    at.width = h.width;
+    at.height = h.height;
+    at.latent_w = h.latent_w;
+    at.latent_h = h.latent_h;
+    at.steps = h.steps;
+    std::vector<float> start;
+    if (h.upscaler == HiresUpscaler::Latent) {
+        start =
+            resize_latent(latent, out_channels(model), p.latent_w, p.latent_h, h.latent_w, h.latent_h, h.latent_mode);
+        if (strength == 0.0f) return decode_latent(model, start, at, request.vae_tiling);
+    } else {
+        auto decoded = decode_latent(model, latent, p, request.vae_tiling);
+        if (!decoded.ok()) return decoded.error();
+        Result<image::Image> big = std::move(decoded).value();
+        if (h.upscaler == HiresUpscaler::Model) {
+            // The model as many times as it takes to reach the hires size, then
+            // Lanczos to that size exactly (A1111's way with an upscaler model).
+            int repeats = 1;
+            for (int64_t f = upscaler->scale();
+                 repeats < kMaxUpscaleRepeats && (big->width * f < h.width || big->height * f < h.height);
+                 f *= upscaler->scale()) {
+                ++repeats;
+            }
+            big = upscaler->upscale(*big, request.hires->upscale_tile, repeats);
+            if (!big.ok()) return big.error().in_context("hires upscale: ");
+        }
+        if (big->width != h.width || big->height != h.height) {
+            big = image::resize_image(*big, h.width, h.height, image::ResizeFilter::Lanczos3);
+            if (!big.ok()) return big.error();
+        }
+        if (strength == 0.0f) return big;
+        std::vector<float> sampled;
+        auto encoded = encode_image(model, *big, at, request.vae_tiling, &rng, &sampled);
+        if (!encoded.ok()) return encoded.error();
+        start = std::move(sampled);
+    }
+    const std::unique_ptr<NoiseSchedule> schedule = model.noise_schedule(h.width, h.height, request.flow_shift);
+    auto sigmas = get_sigmas(p.scheduler, h.steps, *schedule);
+    if (!sigmas.ok()) return sigmas.error();
+    keep_last_share(*sigmas, h.steps, strength);
+    SamplingRun run = first;
+    run.latent_w = h.latent_w;
+    run.latent_h = h.latent_h;
+    run.sigmas = *sigmas;
+    run.schedule = schedule.get();
+    // The first pass's inpainting inputs have its size; an inpainting UNet
+    // then repaints everything, as in text-to-image.
+    run.concat.clear();
+    run.keep_weight.clear();
+    run.keep_latent.clear();
+    condition_on_size(model, cond, uncond, h.width, h.height);
+    std::vector<float> x = rng.randn(start.size());
+    noise_to_first_sigma(x, &start, run.sigmas.front(), schedule->flow());
+    started(static_cast<int>(run.sigmas.size()) - 1);
+    auto sampled = sample_latent(model, run, std::move(x), cond, uncond ? &*uncond : nullptr, rng, progress);
+    if (!sampled.ok()) return sampled.error();
+    if (!std::all_of(sampled->begin(), sampled->end(), [](float v) { return std::isfinite(v); })) {
+        return Error{"the hires pass produced non-finite values (NaN or Inf)"};
+    }
+    return decode_latent(model, *sampled, at, request.vae_tiling);
+}
+
+// A1111's keys for a hires fix: "Denoising strength", then "Hires upscale"
+// (with a scale) or "Hires resize" (with a size), "Hires steps" (when given),
+// "Hires upscaler".
+void add_hires_info(const HiresFix& request, const ValidatedHires& h, image::GenerationInfo& info) {
+    info.extra.emplace_back("Denoising strength", format_number(request.denoising_strength));
+    if (request.width == 0 && request.height == 0) {
+        info.extra.emplace_back("Hires upscale", format_number(request.scale));
+    } else {
+        info.extra.emplace_back("Hires resize", std::to_string(h.width) + "x" + std::to_string(h.height));
+    }
+    if (request.steps > 0) info.extra.emplace_back("Hires steps", std::to_string(request.steps));
+    info.extra.emplace_back("Hires upscaler", h.label);
+}
+
+}  // namespace
+
 Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationRequest& request,
                                              const StepCallback& on_step, GenerationTimings* timings) {
     auto planned = validate_request(model, request);
@@ -423,21 +555,7 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
         // different lengths run as two passes (run_diffusion).
         if (!model.text_encoders().front().llm) match_context_lengths(*cond, *uncond);
     }
-    if (model.family().conditioning.size_embedding) {
-        // sd-cli's micro-conditioning: original size = target size = the
-        // image's, no crop.
-        SizeConditioning size;
-        size.original_height = size.target_height = p.height;
-        size.original_width = size.target_width = p.width;
-        const int dim =
-            static_cast<int>(model.unet().config().adm_in_channels - static_cast<int64_t>(cond->pooled.size())) / 6;
-        cond->y = sdxl_conditioning_vector(cond->pooled, size, dim);
-        if (uncond) uncond->y = sdxl_conditioning_vector(uncond->pooled, size, dim);
-    } else if (model.has_flux()) {
-        // The DiT's vector input is the pooled CLIP-L output itself.
-        cond->y = cond->pooled;
-        if (uncond) uncond->y = uncond->pooled;
-    }
+    condition_on_size(model, *cond, uncond, p.width, p.height);
     times.text_encoding_s = seconds_since(encoding_start);
 
     const std::unique_ptr<NoiseSchedule> schedule = model.noise_schedule(p.width, p.height, request.flow_shift);
@@ -460,10 +578,8 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
         if (!encoded.ok()) return encoded.error();
         mean_latent = std::move(encoded).value();
         init_latent = std::move(sampled);
-        // Run only the last `strength` of the schedule: int(steps * strength)
-        // steps, as A1111 and sd-cli count them (at least one).
-        const int skip = p.steps - std::max(1, static_cast<int>(static_cast<float>(p.steps) * request.strength));
-        sigmas.erase(sigmas.begin(), sigmas.begin() + skip);
+        // Run only the last `strength` of the schedule.
+        keep_last_share(sigmas, p.steps, request.strength);
     }
 
     SamplingRun run;
@@ -496,6 +612,15 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
         run.ref_sizes.push_back(
             {at.width / model.vae().config().downscale(), at.height / model.vae().config().downscale()});
     }
+    // The hires fix's model upscaler, loaded once for the batch.
+    std::unique_ptr<Upscaler> hires_upscaler;
+    if (p.hires && p.hires->upscaler == HiresUpscaler::Model) {
+        // On the VAE's thread count (the CPU's computes use the job's -t).
+        auto loaded = Upscaler::load(p.hires->model_path, model.vae_compute().compute().threads());
+        if (!loaded.ok()) return loaded.error().in_context("--hires-upscaler: ");
+        hires_upscaler = std::move(loaded).value();
+        hires_upscaler->set_cancel_check([&model] { return model.cancel_requested(); });
+    }
     const bool flow = schedule->flow();
     const size_t latent_size = static_cast<size_t>(p.latent_w) * p.latent_h * out_channels(model);
     std::vector<GeneratedImage> results;
@@ -503,12 +628,7 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
         const int64_t seed = request.seed + i;
         std::unique_ptr<Rng> rng = make_rng(request.rng, static_cast<uint64_t>(seed));
         std::vector<float> x = rng->randn(latent_size);
-        // Noise at the first sigma: x0 + sigma * noise, or on a flow model
-        // (1 - sigma) x0 + sigma * noise.
-        const float keep = flow ? 1.0f - sigmas.front() : 1.0f;
-        for (size_t k = 0; k < x.size(); ++k) {
-            x[k] = x[k] * sigmas.front() + (init_latent ? keep * (*init_latent)[k] : 0.0f);
-        }
+        noise_to_first_sigma(x, init_latent ? &*init_latent : nullptr, sigmas.front(), flow);
         Clock::time_point step_start;
         ProgressFn progress = [&](int step, int total) {
             times.step_s.push_back(seconds_since(step_start));
@@ -532,10 +652,16 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
                          "prompt's embeddings"};
         }
         times.sampling_s += seconds_since(sampling_start);
-        const Clock::time_point vae_start = Clock::now();
-        auto img = decode_latent(model, *latent, p, request.vae_tiling);
+        const Clock::time_point finish_start = Clock::now();
+        auto img =
+            p.hires ? hires_pass(model, request, p, *latent, run, *cond, uncond, hires_upscaler.get(), *rng, progress,
+                                 [&](int total) {
+                                     if (on_step) on_step(i, 0, total);
+                                     step_start = Clock::now();
+                                 })
+                    : decode_latent(model, *latent, p, request.vae_tiling);
         if (!img.ok()) return img.error();
-        times.vae_s += seconds_since(vae_start);
+        (p.hires ? times.hires_s : times.vae_s) += seconds_since(finish_start);
 
         GeneratedImage g;
         g.image = std::move(img).value();
@@ -551,6 +677,7 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
         info.height = p.height;
         info.model = model.name();
         if (request.init_image) info.extra.emplace_back("Denoising strength", format_number(request.strength));
+        if (p.hires) add_hires_info(*request.hires, *p.hires, info);
         if (request.mask) info.extra.emplace_back("Mask", "yes");
         if (request.clip_skip > 1) info.extra.emplace_back("Clip skip", std::to_string(request.clip_skip));
         if (p.guidance > 0.0f) info.extra.emplace_back("Guidance", format_number(p.guidance));

@@ -35,9 +35,12 @@ using StepCallback = std::function<void(int image, int step, int total)>;
 // Summed over the images of a batch; step_s has one entry per denoising step
 // of every image, in order. Image-to-image encoding is in none of them.
 struct GenerationTimings {
-    double text_encoding_s = 0;     // the prompt and, with CFG, the negative prompt
-    double sampling_s = 0;          // the sampler loop: every denoising step
-    double vae_s = 0;               // VAE decode of the final latent
+    double text_encoding_s = 0;  // the prompt and, with CFG, the negative prompt
+    double sampling_s = 0;       // the sampler loop: every denoising step
+    double vae_s = 0;            // VAE decode of the final latent (without --hires)
+    // --hires: the second pass after the first pass's sampling: upscale,
+    // encode, sampling and decode (its steps are in step_s too).
+    double hires_s = 0;
     std::vector<double> step_s;     // each denoising step
     bool cfg_passes_apart = false;  // CFG's passes ran one after the other (batch_cfg off, or no room)
 };

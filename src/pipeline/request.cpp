@@ -1,6 +1,7 @@
 #include "pipeline/request.h"
 
 #include <cmath>
+#include <filesystem>
 
 #include "pipeline/loras.h"
 #include "pipeline/model.h"
@@ -11,6 +12,93 @@ namespace kiln::pipeline {
 namespace {
 
 std::string size_text(int width, int height) { return std::to_string(width) + "x" + std::to_string(height); }
+
+// `size` rounded to the nearest multiple of `stride`, at least one stride.
+int round_to_stride(double size, int stride) {
+    return std::max(stride, static_cast<int>(std::lround(size / stride)) * stride);
+}
+
+// The hires fix's sizes, steps and upscaler; `p` is the first pass's.
+Result<ValidatedHires> validate_hires(const Model& model, const GenerationRequest& r, const ValidatedRequest& p) {
+    const HiresFix& h = *r.hires;
+    ValidatedHires v;
+    if (r.init_image) return Error::invalid_request("--hires is for text-to-image; it cannot be used with -i");
+    const int stride = model.size_stride();
+    if (h.width < 0 || h.height < 0) {
+        return Error::invalid_request("--hires-width and --hires-height must be positive, got " +
+                                      size_text(h.width, h.height));
+    }
+    if (h.width == 0 && h.height == 0) {
+        if (!std::isfinite(h.scale) || !(h.scale > 0.0f && h.scale <= kMaxHiresScale)) {
+            return Error::invalid_request("--hires-scale must be a number in (0, " + format_number(kMaxHiresScale) +
+                                          "], got " + format_number(h.scale));
+        }
+        v.width = round_to_stride(p.width * static_cast<double>(h.scale), stride);
+        v.height = round_to_stride(p.height * static_cast<double>(h.scale), stride);
+    } else {
+        // One side given: the other keeps the first pass's aspect ratio (A1111's rule).
+        v.width = h.width > 0 ? h.width : round_to_stride(static_cast<double>(h.height) * p.width / p.height, stride);
+        v.height = h.height > 0 ? h.height : round_to_stride(static_cast<double>(h.width) * p.height / p.width, stride);
+        if (v.width % stride != 0 || v.height % stride != 0) {
+            return Error::invalid_request("--hires-width and --hires-height must be multiples of " +
+                                          std::to_string(stride) + " for this model (" + model.family_label() +
+                                          "), got " + size_text(v.width, v.height));
+        }
+    }
+    if (v.width > image::kMaxDimension || v.height > image::kMaxDimension) {
+        return Error::invalid_request("the hires size must be at most " + std::to_string(image::kMaxDimension) +
+                                      " a side, got " + size_text(v.width, v.height));
+    }
+    v.latent_w = v.width / model.vae().config().downscale();
+    v.latent_h = v.height / model.vae().config().downscale();
+    if (h.steps < 0 || h.steps > kMaxSteps) {
+        return Error::invalid_request("--hires-steps must be in [0, " + std::to_string(kMaxSteps) +
+                                      "] (0: the first pass's steps), got " + std::to_string(h.steps));
+    }
+    v.steps = h.steps > 0 ? h.steps : p.steps;
+    if (!(h.denoising_strength >= 0.0f && h.denoising_strength <= 1.0f)) {
+        return Error::invalid_request("--hires-denoising-strength must be in [0, 1], got " +
+                                      format_number(h.denoising_strength));
+    }
+    // kiln's name, A1111's (which the parameters text records), what it does.
+    struct BuiltIn {
+        const char* name;
+        const char* a1111;
+        HiresUpscaler upscaler;
+        LatentResize latent_mode;
+    };
+    static const BuiltIn kBuiltIn[] = {
+        {"latent", "Latent", HiresUpscaler::Latent, LatentResize::Bilinear},
+        {"latent-nearest", "Latent (nearest)", HiresUpscaler::Latent, LatentResize::Nearest},
+        {"latent-nearest-exact", "Latent (nearest-exact)", HiresUpscaler::Latent, LatentResize::NearestExact},
+        {"lanczos", "Lanczos", HiresUpscaler::Lanczos, LatentResize::Bilinear},
+    };
+    const BuiltIn* built_in = nullptr;
+    for (const BuiltIn& b : kBuiltIn) {
+        if (h.upscaler == b.name || h.upscaler == b.a1111) built_in = &b;
+    }
+    if (built_in) {
+        v.upscaler = built_in->upscaler;
+        v.latent_mode = built_in->latent_mode;
+        v.label = built_in->a1111;
+    } else {
+        std::error_code ec;
+        if (h.upscaler.empty() || !std::filesystem::is_regular_file(h.upscaler, ec)) {
+            return Error::invalid_request("--hires-upscaler: '" + h.upscaler +
+                                          "' is none of latent, latent-nearest, latent-nearest-exact, lanczos and "
+                                          "no ESRGAN model file");
+        }
+        KILN_TRY(validate_upscale_tile(h.upscale_tile, "--hires-upscale-tile-size"));
+        v.upscaler = HiresUpscaler::Model;
+        v.model_path = h.upscaler;
+        v.label = std::filesystem::path(h.upscaler).stem().string();
+    }
+    if (!model.vae().config().has_encoder && v.upscaler != HiresUpscaler::Latent && h.denoising_strength > 0.0f) {
+        return Error::invalid_request("this model's VAE has no encoder: a hires fix with an image upscaler (" +
+                                      v.label + ") needs one");
+    }
+    return v;
+}
 
 }  // namespace
 
@@ -131,6 +219,11 @@ Result<ValidatedRequest> validate_request(const Model& model, const GenerationRe
                                               "]");
             }
         }
+    }
+    if (r.hires) {
+        auto hires = validate_hires(model, r, p);
+        if (!hires.ok()) return hires.error();
+        p.hires = std::move(hires).value();
     }
     return p;
 }

@@ -10,9 +10,11 @@
 #include <vector>
 
 #include "image/image.h"
+#include "pipeline/latent_resize.h"
 #include "pipeline/rng.h"
 #include "pipeline/samplers.h"
 #include "pipeline/schedulers.h"
+#include "pipeline/upscaler.h"
 #include "pipeline/vae_tiling.h"
 #include "util/result.h"
 
@@ -26,6 +28,32 @@ constexpr float kMaxCfgScale = 100.0f;
 constexpr int kMaxBatchCount = 1000;
 constexpr float kMaxFlowShift = 20.0f;
 constexpr size_t kMaxReferenceImages = 8;
+constexpr float kMaxHiresScale = 8.0f;
+
+// The hires fix (sd-cli's --hires, A1111's "Hires. fix"): after the first
+// pass, the result is upscaled to the hires size and denoised again there as
+// image-to-image with `denoising_strength`. Text-to-image only.
+struct HiresFix {
+    float scale = 2.0f;  // --hires-scale: used when width and height are both 0
+    int width = 0;       // --hires-width; 0: from the scale (or from height, keeping the aspect)
+    int height = 0;      // --hires-height
+    int steps = 0;       // --hires-steps: the second pass's schedule; 0: the first pass's steps
+    // --hires-denoising-strength: share of the second schedule to run, [0, 1];
+    // 0 runs none (the result is the upscaled first pass).
+    float denoising_strength = 0.7f;
+    // --hires-upscaler: "latent" (bilinear, sd-cli's default; "Latent" as
+    // A1111 names it), "latent-nearest" ("Latent (nearest)"),
+    // "latent-nearest-exact" ("Latent (nearest-exact)"), "lanczos"
+    // ("Lanczos": the decoded image resized and encoded again), or the path
+    // of an ESRGAN model file (the decoded image is upscaled, resized to the
+    // hires size and encoded again).
+    std::string upscaler = "latent";
+    int upscale_tile = kDefaultUpscaleTile;  // --hires-upscale-tile-size, for a model upscaler
+};
+
+// Where the second pass starts: the first pass's latent resized, or its
+// decoded image resized (Lanczos) or upscaled by a model, encoded again.
+enum class HiresUpscaler { Latent, Lanczos, Model };
 
 struct GenerationRequest {
     std::string prompt;
@@ -63,6 +91,18 @@ struct GenerationRequest {
     std::optional<float> guidance;
     std::optional<float> flow_shift;
     std::vector<image::Image> ref_images;
+    std::optional<HiresFix> hires;  // --hires
+};
+
+// A hires fix with its sizes worked out.
+struct ValidatedHires {
+    int width = 0, height = 0;  // the final image's
+    int64_t latent_w = 0, latent_h = 0;
+    int steps = 0;
+    HiresUpscaler upscaler = HiresUpscaler::Latent;
+    LatentResize latent_mode = LatentResize::Bilinear;  // HiresUpscaler::Latent
+    std::string model_path;                             // HiresUpscaler::Model
+    std::string label;  // "Latent", "Latent (nearest)" or the model file's stem (A1111's "Hires upscaler")
 };
 
 // A request with the model's defaults filled in and every field checked.
@@ -73,6 +113,7 @@ struct ValidatedRequest {
     SamplerKind sampler = SamplerKind::Euler;
     SchedulerKind scheduler = SchedulerKind::Discrete;
     float guidance = 0.0f;  // the DiT's distilled guidance (0: the network takes none)
+    std::optional<ValidatedHires> hires;
 };
 
 // Errors (each an invalid request naming the field and what is accepted):
@@ -84,7 +125,11 @@ struct ValidatedRequest {
 // (0, 1] with an init image; bad VAE tiling; guidance outside [0,
 // kMaxCfgScale]; flow shift outside [-kMaxFlowShift, kMaxFlowShift];
 // reference images for a family that takes none, more than
-// kMaxReferenceImages, or of a side outside [stride, kMaxDimension].
+// kMaxReferenceImages, or of a side outside [stride, kMaxDimension]; a hires
+// fix with an init image, a scale not in (0, kMaxHiresScale], a width or
+// height not a multiple of the stride or above kMaxDimension, steps outside
+// [0, kMaxSteps], a denoising strength outside [0, 1], an upscaler that is
+// neither a latent mode nor an existing file, or a bad upscale tile size.
 Result<ValidatedRequest> validate_request(const Model& model, const GenerationRequest& request);
 
 }  // namespace kiln::pipeline

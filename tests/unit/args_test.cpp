@@ -77,7 +77,7 @@ TEST(Args, SdCliFlagsShortAndLong) {
 TEST(Args, Modes) {
     EXPECT_EQ(parse_ok({"-M", "convert"}).command, Command::Convert);
     EXPECT_EQ(parse_ok({"--mode", "img_gen"}).command, Command::Generate);
-    EXPECT_EQ(parse_error({"-M", "paint"}).message, "--mode: unknown mode 'paint' (valid: img_gen, convert, metadata)");
+    EXPECT_EQ(parse_error({"-M", "paint"}).message, "--mode: unknown mode 'paint' (valid: img_gen, convert, metadata, upscale)");
     EXPECT_EQ(parse_error({"-M", "vid_gen"}).message,
               "--mode: mode 'vid_gen' is not available in this version of kiln");
 }

@@ -13,15 +13,9 @@
 namespace kiln {
 namespace {
 
+using test::kiln_with_sd1_tiny;
 using test::run_command;
 using test::TempDir;
-
-std::string kiln_with_model(const std::string& args) {
-    // One thread: ctest runs tests in parallel, and ggml's spinning thread pool
-    // slows down badly when its threads outnumber the free cores.
-    return std::string(KILN_BIN) + " -t 1 -m " + test::golden_path("models/sd1_tiny.safetensors") + " --tokenizer " +
-           KILN_FIXTURES_DIR + "/tiny_tokenizer " + args;
-}
 
 bool exists(const std::string& path) { return std::ifstream(path).good(); }
 
@@ -29,7 +23,7 @@ TEST(CliGenerate, WritesAnImageOfTheRequestedSizeWithItsParameters) {
     TempDir dir;
     const std::string out = dir.file("out.png");
     auto r = run_command(
-        kiln_with_model("-p \"a red circle\" -n blurry -W 48 -H 32 --steps 3 -s 5 --cfg-scale 4 -o " + out));
+        kiln_with_sd1_tiny("-p \"a red circle\" -n blurry -W 48 -H 32 --steps 3 -s 5 --cfg-scale 4 -o " + out));
     ASSERT_EQ(r.exit_code, 0) << r.err;
     auto img = image::read_image(out);
     ASSERT_TRUE(img.ok()) << img.error().message;
@@ -50,7 +44,7 @@ TEST(CliGenerate, WritesAnImageOfTheRequestedSizeWithItsParameters) {
 TEST(CliGenerate, UnetGraphIsBuiltOncePerSamplingRun) {
     TempDir dir;
     auto r =
-        run_command(kiln_with_model("-v -p x -W 32 -H 32 --steps 6 --sampling-method heun -o " + dir.file("o.png")));
+        run_command(kiln_with_sd1_tiny("-v -p x -W 32 -H 32 --steps 6 --sampling-method heun -o " + dir.file("o.png")));
     ASSERT_EQ(r.exit_code, 0) << r.err;
     // Heun evaluates the UNet twice per step but the last: 11 evaluations.
     EXPECT_NE(r.out.find("diffusion graph: built once, allocated 1 time(s) for 11 evaluation(s)"), std::string::npos)
@@ -60,9 +54,9 @@ TEST(CliGenerate, UnetGraphIsBuiltOncePerSamplingRun) {
 TEST(CliGenerate, SameSeedSameImageOtherSeedOtherImage) {
     TempDir dir;
     const std::string common = "-p \"a red circle\" -W 32 -H 32 --steps 2 --sampling-method euler ";
-    ASSERT_EQ(run_command(kiln_with_model(common + "-s 1 -o " + dir.file("a.png"))).exit_code, 0);
-    ASSERT_EQ(run_command(kiln_with_model(common + "-s 1 -o " + dir.file("b.png"))).exit_code, 0);
-    ASSERT_EQ(run_command(kiln_with_model(common + "-s 2 -o " + dir.file("c.png"))).exit_code, 0);
+    ASSERT_EQ(run_command(kiln_with_sd1_tiny(common + "-s 1 -o " + dir.file("a.png"))).exit_code, 0);
+    ASSERT_EQ(run_command(kiln_with_sd1_tiny(common + "-s 1 -o " + dir.file("b.png"))).exit_code, 0);
+    ASSERT_EQ(run_command(kiln_with_sd1_tiny(common + "-s 2 -o " + dir.file("c.png"))).exit_code, 0);
     auto a = image::read_image(dir.file("a.png"));
     auto b = image::read_image(dir.file("b.png"));
     auto c = image::read_image(dir.file("c.png"));
@@ -73,7 +67,7 @@ TEST(CliGenerate, SameSeedSameImageOtherSeedOtherImage) {
 
 TEST(CliGenerate, BatchesNumberTheirFilesAndSeeds) {
     TempDir dir;
-    auto r = run_command(kiln_with_model("-p x -W 32 -H 32 --steps 1 -b 2 -s 10 -o " + dir.file("img_%03d.png")));
+    auto r = run_command(kiln_with_sd1_tiny("-p x -W 32 -H 32 --steps 1 -b 2 -s 10 -o " + dir.file("img_%03d.png")));
     ASSERT_EQ(r.exit_code, 0) << r.err;
     ASSERT_TRUE(exists(dir.file("img_000.png")));
     ASSERT_TRUE(exists(dir.file("img_001.png")));
@@ -84,7 +78,7 @@ TEST(CliGenerate, BatchesNumberTheirFilesAndSeeds) {
 TEST(CliGenerate, JpegAndWebpOutputs) {
     TempDir dir;
     for (const char* name : {"o.jpg", "o.webp"}) {
-        auto r = run_command(kiln_with_model("-p x -W 32 -H 32 --steps 1 -o " + dir.file(name)));
+        auto r = run_command(kiln_with_sd1_tiny("-p x -W 32 -H 32 --steps 1 -o " + dir.file(name)));
         ASSERT_EQ(r.exit_code, 0) << r.err;
         auto img = image::read_image(dir.file(name));
         ASSERT_TRUE(img.ok()) << img.error().message;
@@ -94,9 +88,9 @@ TEST(CliGenerate, JpegAndWebpOutputs) {
 
 TEST(CliGenerate, ImageToImageStartsFromTheGivenImage) {
     TempDir dir;
-    ASSERT_EQ(run_command(kiln_with_model("-p x -W 32 -H 32 --steps 2 -o " + dir.file("init.png"))).exit_code, 0);
-    auto r = run_command(kiln_with_model("-p x -W 32 -H 32 --steps 4 --strength 0.5 -i " + dir.file("init.png") +
-                                         " -o " + dir.file("out.png")));
+    ASSERT_EQ(run_command(kiln_with_sd1_tiny("-p x -W 32 -H 32 --steps 2 -o " + dir.file("init.png"))).exit_code, 0);
+    auto r = run_command(kiln_with_sd1_tiny("-p x -W 32 -H 32 --steps 4 --strength 0.5 -i " + dir.file("init.png") +
+                                            " -o " + dir.file("out.png")));
     ASSERT_EQ(r.exit_code, 0) << r.err;
     auto meta = run_command(std::string(KILN_BIN) + " -M metadata -i " + dir.file("out.png"));
     EXPECT_NE(meta.out.find("Denoising strength: 0.5"), std::string::npos) << meta.out;
@@ -115,9 +109,9 @@ std::string write_mask(const TempDir& dir, const std::string& name, uint8_t valu
 TEST(CliGenerate, VaeTilingMakesTheSameSizeOfImage) {
     TempDir dir;
     const std::string common = "-p x -W 64 -H 64 --steps 1 -s 3 ";
-    ASSERT_EQ(run_command(kiln_with_model(common + "-o " + dir.file("whole.png"))).exit_code, 0);
-    auto r = run_command(kiln_with_model(common + "--vae-tiling --vae-tile-size 16x16 --vae-tile-overlap 0.5 -o " +
-                                         dir.file("tiled.png")));
+    ASSERT_EQ(run_command(kiln_with_sd1_tiny(common + "-o " + dir.file("whole.png"))).exit_code, 0);
+    auto r = run_command(kiln_with_sd1_tiny(common + "--vae-tiling --vae-tile-size 16x16 --vae-tile-overlap 0.5 -o " +
+                                            dir.file("tiled.png")));
     ASSERT_EQ(r.exit_code, 0) << r.err;
     auto whole = image::read_image(dir.file("whole.png"));
     auto tiled = image::read_image(dir.file("tiled.png"));
@@ -126,7 +120,7 @@ TEST(CliGenerate, VaeTilingMakesTheSameSizeOfImage) {
     const double diff = test::pixel_difference(*whole, *tiled).mean;
     EXPECT_GT(diff, 0.0) << "tiling must have run";
     EXPECT_LT(diff, 20.0) << "mean absolute pixel difference";
-    r = run_command(kiln_with_model(common + "--vae-tiling --vae-tile-size 16x8 -o " + dir.file("x.png")));
+    r = run_command(kiln_with_sd1_tiny(common + "--vae-tiling --vae-tile-size 16x8 -o " + dir.file("x.png")));
     EXPECT_EQ(r.exit_code, 2);
     EXPECT_NE(r.err.find("only square tiles are supported"), std::string::npos) << r.err;
 }
@@ -135,13 +129,13 @@ TEST(CliGenerate, VaeTilingMakesTheSameSizeOfImage) {
 // the seed cannot matter; an all-white one repaints everything, so it must.
 TEST(CliGenerate, InpaintingWithARegularUnetKeepsTheBlackArea) {
     TempDir dir;
-    ASSERT_EQ(run_command(kiln_with_model("-p x -W 32 -H 32 --steps 2 -o " + dir.file("init.png"))).exit_code, 0);
+    ASSERT_EQ(run_command(kiln_with_sd1_tiny("-p x -W 32 -H 32 --steps 2 -o " + dir.file("init.png"))).exit_code, 0);
     const std::string keep = write_mask(dir, "keep.png", 0);
     const std::string repaint = write_mask(dir, "repaint.png", 255);
     auto run = [&](const std::string& mask, int seed, const std::string& out) {
         auto r =
-            run_command(kiln_with_model("-p x -W 32 -H 32 --steps 3 --strength 1 -i " + dir.file("init.png") +
-                                        " --mask " + mask + " -s " + std::to_string(seed) + " -o " + dir.file(out)));
+            run_command(kiln_with_sd1_tiny("-p x -W 32 -H 32 --steps 3 --strength 1 -i " + dir.file("init.png") +
+                                           " --mask " + mask + " -s " + std::to_string(seed) + " -o " + dir.file(out)));
         EXPECT_EQ(r.exit_code, 0) << r.err;
         return image::read_image(dir.file(out)).value().pixels;
     };
@@ -151,15 +145,15 @@ TEST(CliGenerate, InpaintingWithARegularUnetKeepsTheBlackArea) {
 
 TEST(CliGenerate, InpaintingUnetTakesTheMaskAndMaskedImage) {
     TempDir dir;
-    ASSERT_EQ(run_command(kiln_with_model("-p x -W 32 -H 32 --steps 2 -o " + dir.file("init.png"))).exit_code, 0);
+    ASSERT_EQ(run_command(kiln_with_sd1_tiny("-p x -W 32 -H 32 --steps 2 -o " + dir.file("init.png"))).exit_code, 0);
     const std::string inpaint_unet = test::golden_path("models/sd1_inpaint_tiny.safetensors");
-    auto r = run_command(kiln_with_model("--diffusion-model " + inpaint_unet +
-                                         " -p x -W 32 -H 32 --steps 2 --strength 1 -i " + dir.file("init.png") +
-                                         " --mask " + write_mask(dir, "m.png", 255) + " -o " + dir.file("out.png")));
+    auto r = run_command(kiln_with_sd1_tiny("--diffusion-model " + inpaint_unet +
+                                            " -p x -W 32 -H 32 --steps 2 --strength 1 -i " + dir.file("init.png") +
+                                            " --mask " + write_mask(dir, "m.png", 255) + " -o " + dir.file("out.png")));
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_TRUE(image::read_image(dir.file("out.png")).ok());
     r = run_command(
-        kiln_with_model("-p x -W 32 -H 32 --steps 1 --mask " + dir.file("m.png") + " -o " + dir.file("x.png")));
+        kiln_with_sd1_tiny("-p x -W 32 -H 32 --steps 1 --mask " + dir.file("m.png") + " -o " + dir.file("x.png")));
     EXPECT_EQ(r.exit_code, 2);
     EXPECT_NE(r.err.find("--mask needs an init image (-i)"), std::string::npos) << r.err;
 }
@@ -196,13 +190,13 @@ TEST(CliGenerate, BadRequestsFailCleanlyWithoutOutput) {
         {"-W 8192 -H 8192", 1, "out of memory: diffusion segment"},
     };
     for (const Case& c : cases) {
-        auto r = run_command(kiln_with_model("-p x -W 32 -H 32 --steps 1 -b 2 " + c.args + " -o " + out));
+        auto r = run_command(kiln_with_sd1_tiny("-p x -W 32 -H 32 --steps 1 -b 2 " + c.args + " -o " + out));
         EXPECT_EQ(r.exit_code, c.exit_code) << c.args << ": " << r.err;
         EXPECT_NE(r.err.find(c.message), std::string::npos) << c.args << ": " << r.err;
         EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << c.args << ": " << r.err;
         EXPECT_FALSE(exists(out)) << c.args;
     }
-    auto r = run_command(kiln_with_model("-p x -W 32 -H 32 --steps 1 -o " + dir.file("out.bmp")));
+    auto r = run_command(kiln_with_sd1_tiny("-p x -W 32 -H 32 --steps 1 -o " + dir.file("out.bmp")));
     EXPECT_EQ(r.exit_code, 2);
     EXPECT_NE(r.err.find("unsupported image extension"), std::string::npos) << r.err;
 }
@@ -220,7 +214,7 @@ TEST(CliGenerate, PlanRefusesWhatGenerationRefuses) {
     };
     for (const auto& [args, message] : cases) {
         for (const std::string& mode : {std::string("--dry-run "), std::string("")}) {
-            auto r = run_command(kiln_with_model(mode + "-p x --steps 1 " + args + " -o " + dir.file("out.png")));
+            auto r = run_command(kiln_with_sd1_tiny(mode + "-p x --steps 1 " + args + " -o " + dir.file("out.png")));
             EXPECT_EQ(r.exit_code, 2) << mode << args << ": " << r.err;
             EXPECT_EQ(r.err, "error: " + message + "\n") << mode << args;
             EXPECT_FALSE(exists(dir.file("out.png")));
@@ -235,7 +229,8 @@ TEST(CliGenerate, BreakStormIsAUsageError) {
     for (int i = 0; i < 5000; ++i) storm += " BREAK a";
     const std::string out = dir.file("out.png");
     for (const char* flag : {"-p", "-n"}) {
-        auto r = run_command(kiln_with_model(std::string(flag) + " \"" + storm + "\" -W 32 -H 32 --steps 1 -o " + out));
+        auto r =
+            run_command(kiln_with_sd1_tiny(std::string(flag) + " \"" + storm + "\" -W 32 -H 32 --steps 1 -o " + out));
         EXPECT_EQ(r.exit_code, 2) << r.err;
         EXPECT_NE(r.err.find("5000 BREAKs make at least 5001 chunks; at most 64"), std::string::npos) << r.err;
         EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;

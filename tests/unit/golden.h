@@ -17,6 +17,12 @@ namespace kiln::test {
 // tests/golden/<relative>
 std::string golden_path(const std::string& relative);
 
+// The `kiln` command line with the tiny golden SD1 model and the tokenizer
+// fixture, then `args`. One thread: ctest runs tests in parallel, and ggml's
+// spinning thread pool slows down badly when its threads outnumber the free
+// cores.
+std::string kiln_with_sd1_tiny(const std::string& args);
+
 // A fixture tensor's values as float (F32 or I32 in the file) and its shape
 // (PyTorch order). Fails the current test if missing.
 struct FixtureTensor {

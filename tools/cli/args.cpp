@@ -53,6 +53,17 @@ auto int_setter(int Options::*field, long long min, long long max) {
     };
 }
 
+// A number, range-checked later by the request validation.
+auto float_setter(float Options::*field) {
+    return [field](Options& o, const std::string& v) -> std::optional<std::string> {
+        char* end = nullptr;
+        const float f = std::strtof(v.c_str(), &end);
+        if (v.empty() || *end != '\0' || !std::isfinite(f)) return "expected a number, got '" + v + "'";
+        o.*field = f;
+        return std::nullopt;
+    };
+}
+
 auto string_setter(std::string Options::*field) {
     return [field](Options& o, const std::string& v) -> std::optional<std::string> {
         o.*field = v;
@@ -88,7 +99,9 @@ auto path_setter(std::string Options::*field) {
 const std::vector<Flag>& flags() {
     static const std::vector<Flag> table =
         {
-            {"-M", "--mode", "MODE", "run mode: img_gen (default), convert, or metadata (print an image's parameters)",
+            {"-M", "--mode", "MODE",
+             "run mode: img_gen (default), convert, metadata (print an image's parameters), or upscale (-i with "
+             "--upscale-model)",
              [](Options& o, const std::string& v) -> std::optional<std::string> {
                  if (v == "img_gen" || v == "txt2img" || v == "img2img") {
                      o.command = Command::Generate;
@@ -96,10 +109,12 @@ const std::vector<Flag>& flags() {
                      o.command = Command::Convert;
                  } else if (v == "metadata") {
                      o.command = Command::Metadata;
-                 } else if (v == "vid_gen" || v == "upscale") {
+                 } else if (v == "upscale") {
+                     o.command = Command::Upscale;
+                 } else if (v == "vid_gen") {
                      return "mode '" + v + "' is not available in this version of kiln";
                  } else {
-                     return "unknown mode '" + v + "' (valid: img_gen, convert, metadata)";
+                     return "unknown mode '" + v + "' (valid: img_gen, convert, metadata, upscale)";
                  }
                  return std::nullopt;
              }},
@@ -263,6 +278,40 @@ const std::vector<Flag>& flags() {
                  o.vae_tile_overlap = f;
                  return std::nullopt;
              }},
+            {nullptr, "--upscale-model", "PATH",
+             "ESRGAN / Real-ESRGAN upscaler (.safetensors, .pth, .gguf) run on the generated images, or on -i "
+             "with -M upscale",
+             path_setter(&Options::upscale_model)},
+            {nullptr, "--upscale-repeats", "N", "run the upscaler this many times, 1 to 8 (default 1)",
+             int_setter(&Options::upscale_repeats, 1, 8)},
+            {nullptr, "--upscale-tile-size", "N", "upscaler tile side in pixels (default 128)",
+             int_setter(&Options::upscale_tile_size, 0, 1 << 20)},
+            {nullptr, "--hires", nullptr,
+             "hires fix: upscale the first pass and denoise it again at the larger size (text-to-image)",
+             [](Options& o, const std::string&) -> std::optional<std::string> {
+                 o.hires = true;
+                 return std::nullopt;
+             }},
+            {nullptr, "--hires-scale", "X", "hires size as a multiple of the first pass's (default 2)",
+             float_setter(&Options::hires_scale)},
+            {nullptr, "--hires-width", "N", "hires width in pixels; 0 uses --hires-scale (default 0)",
+             int_setter(&Options::hires_width, -(1 << 20), 1 << 20)},
+            {nullptr, "--hires-height", "N", "hires height in pixels; 0 uses --hires-scale (default 0)",
+             int_setter(&Options::hires_height, -(1 << 20), 1 << 20)},
+            {nullptr, "--hires-steps", "N", "second pass steps; 0 reuses --steps (default 0)",
+             int_setter(&Options::hires_steps, -(1 << 20), 1 << 20)},
+            {nullptr, "--hires-denoising-strength", "X",
+             "share of the second pass's schedule to run, in [0, 1] (default 0.7; 0: upscale only)",
+             float_setter(&Options::hires_denoising_strength)},
+            {nullptr, "--hires-upscaler", "NAME",
+             "latent (bilinear, default), latent-nearest, latent-nearest-exact, lanczos, or an ESRGAN model file",
+             [](Options& o, const std::string& v) -> std::optional<std::string> {
+                 if (v.empty()) return std::string("expected latent, latent-nearest or a model file");
+                 o.hires_upscaler = v;
+                 return std::nullopt;
+             }},
+            {nullptr, "--hires-upscale-tile-size", "N", "tile side of a model --hires-upscaler in pixels (default 128)",
+             int_setter(&Options::hires_upscale_tile_size, 0, 1 << 20)},
             {nullptr, "--diffusion-fa", nullptr, "use flash attention in the diffusion model",
              [](Options& o, const std::string&) -> std::optional<std::string> {
                  o.diffusion_fa = true;
@@ -585,6 +634,7 @@ std::string help_text() {
     out << "usage: kiln [options]                 generate an image\n"
            "       kiln -M convert -m MODEL -o OUT.gguf [--type TYPE]\n"
            "       kiln -M metadata -i IMAGE\n"
+           "       kiln -M upscale -i IMAGE --upscale-model FILE [-o OUT]\n"
            "       kiln info [--tensors] [FILE|FOLDER...]   (no file: the default model)\n"
            "       kiln --list-devices [--rpc-servers HOST:PORT,...]\n"
            "       kiln plan [options]                  will the job fit, and how? (same as --dry-run)\n"

@@ -16,6 +16,7 @@ enum class Command {
     Generate,     // -M img_gen (default)
     Convert,      // -M convert: rewrite a model as GGUF, optionally re-quantised with --type
     Metadata,     // -M metadata -i IMAGE: print the generation parameters stored in an image
+    Upscale,      // -M upscale -i IMAGE --upscale-model FILE: upscale an existing image
     Info,         // kiln info FILE|FOLDER...
     ListDevices,  // --list-devices: every ggml device (with --rpc-servers: the remote ones too)
     RpcServer,    // kiln rpc-server [--host H] [--port P] [--device NAME]
@@ -74,6 +75,22 @@ struct Options {
     bool vae_tiling = false;
     int vae_tile_size = 32;
     float vae_tile_overlap = 0.5f;
+
+    // ESRGAN upscaling: after generation, or of -i with -M upscale.
+    std::string upscale_model;  // --upscale-model
+    int upscale_repeats = 1;    // --upscale-repeats
+    int upscale_tile_size = 128;
+
+    // The hires fix. Values are checked by the request validation (kiln.h),
+    // the one place that knows the model's size stride.
+    bool hires = false;
+    float hires_scale = 2.0f;
+    int hires_width = 0;
+    int hires_height = 0;
+    int hires_steps = 0;
+    float hires_denoising_strength = 0.7f;
+    std::string hires_upscaler = "latent";
+    int hires_upscale_tile_size = 128;
 
     // Devices. Both strings are validated when used (src/runtime/devices.h):
     // devices are only known once the --rpc-servers servers have been added.

@@ -8,6 +8,7 @@
 #include "info_command.h"
 #include "pull_command.h"
 #include "rpc_server_command.h"
+#include "upscale_command.h"
 #include "util/log.h"
 
 namespace kiln::cli {
@@ -33,6 +34,7 @@ int run_cli(const std::vector<std::string>& args) {
         case Command::Generate:
         case Command::Plan: return run_generate(options);
         case Command::Metadata: return run_metadata(options);
+        case Command::Upscale: return run_upscale(options);
         case Command::ListDevices: return run_list_devices(options, std::cout);
         case Command::RpcServer: return run_rpc_server(options);
         case Command::Pull: return run_pull(options);

@@ -12,25 +12,11 @@
 #include "default_model.h"
 #include "kiln.h"
 #include "output_pattern.h"
+#include "upscale_command.h"
 #include "util/log.h"
 
 namespace kiln::cli {
 namespace {
-
-// Owns a C API error string.
-struct ErrorText {
-    char* text = nullptr;
-    ~ErrorText() { kiln_free_string(text); }
-    const char* c_str() const { return text ? text : "unknown error"; }
-};
-
-bool has_image_extension(const std::string& path) {
-    const auto dot = path.rfind('.');
-    if (dot == std::string::npos) return false;
-    std::string ext = path.substr(dot);
-    for (char& c : ext) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    return ext == ".png" || ext == ".jpg" || ext == ".jpeg" || ext == ".webp";
-}
 
 // Progress on a terminal: one line per step, redrawn in place.
 struct Progress {
@@ -128,6 +114,14 @@ int run_generate(const Options& options) {
         }
     }
 
+    // The upscaler before the model: a bad --upscale-model fails before any generation.
+    UpscalerPtr upscaler;
+    if (!options.upscale_model.empty() && !plan_only) {
+        int exit_code = kExitOk;
+        upscaler = load_upscaler(options, &exit_code);
+        if (!upscaler) return exit_code;
+    }
+
     kiln_image* init = nullptr;
     if (!options.init_image.empty()) {
         ErrorText error;
@@ -210,6 +204,14 @@ int run_generate(const Options& options) {
     gp.n_ref_images = static_cast<int>(ref_array.size());
     gp.progress = &Progress::on_step;
     gp.progress_user_data = &progress;
+    gp.hires = options.hires ? 1 : 0;
+    gp.hires_scale = options.hires_scale;
+    gp.hires_width = options.hires_width;
+    gp.hires_height = options.hires_height;
+    gp.hires_steps = options.hires_steps;
+    gp.hires_denoising_strength = options.hires_denoising_strength;
+    gp.hires_upscaler = options.hires_upscaler.c_str();
+    gp.hires_upscale_tile_size = options.hires_upscale_tile_size;
 
     ErrorText load_error;
     KILN_LOG_VERBOSE("loading %s", model.empty() ? options.diffusion_model.c_str() : model.c_str());
@@ -251,6 +253,12 @@ int run_generate(const Options& options) {
         return exit_code_of(st);
     }
     int exit_code = kExitOk;
+    for (int i = 0; upscaler && i < count; ++i) {
+        if (int code = upscale_in_place(upscaler.get(), options, images[i]); code != kExitOk) {
+            kiln_images_free(images, count);  // no image is written half-done
+            return code;
+        }
+    }
     for (int i = 0; i < count; ++i) {
         const std::string path = output->path(i, count);
         ErrorText error;
