@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -52,8 +53,16 @@ bool accepts_connections(int port) {
 
 KilnChild::KilnChild(const std::vector<std::string>& args)
     : out_path_(dir_.file("stdout")), err_path_(dir_.file("stderr")) {
+    const pid_t parent = ::getpid();
     pid_ = ::fork();
     if (pid_ == 0) {
+        // The child dies with the test process (a test killed by its
+        // timeout must not leave a server behind), and keeps none of its
+        // descriptors: an inherited lock (flock around ctest) would be held
+        // for as long as an orphan lived.
+        ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (::getppid() != parent) ::_exit(127);
+        ::close_range(3, ~0u, 0);
         const int out = ::open(out_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
         const int err = ::open(err_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
         ::dup2(out, STDOUT_FILENO);
