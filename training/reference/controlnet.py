@@ -1,0 +1,127 @@
+"""PyTorch reference for ControlNet (Zhang et al. 2023) as lllyasviel's
+ControlNet repository builds it (cldm/cldm.py: ControlNet and
+ControlledUnetModel), and sgm's SDXL variant (label_emb, per-level
+transformer depths).
+
+Parameter names follow cldm, so ``ControlNet(...).state_dict()`` prefixed
+with ``control_model.`` is an original release (control_v11p_sd15_canny).
+The encoder half reuses training/reference/unet.py's blocks; differences
+from cldm that do not change the result: no dropout, no checkpointing, no
+zero-init (callers set the weights; the zero convolutions are random here so
+they matter in a test).
+
+``ControlNet.forward(x, hint, t, context, y=None)`` returns the list of
+residuals: one per input block (after its zero conv) and the middle block's
+(after middle_block_out). ``controlled_unet(unet, x, t, context, control,
+strength, y)`` is cldm's ControlledUnetModel.forward with ControlLDM's
+control scales: every residual times ``strength``, the last added to the
+middle block's output, the others to the skips the output blocks read.
+"""
+
+import torch
+import torch.nn as nn
+
+from reference.unet import ResBlock, SpatialTransformer, TimestepEmbedSequential, Downsample, timestep_embedding
+
+# cldm's input_hint_block widths: conv(hint, 16), conv(16, 16), conv(16, 32, s2),
+# conv(32, 32), conv(32, 96, s2), conv(96, 96), conv(96, 256, s2), zero conv(256, C).
+LDM_HINT_WIDTHS = (16, 16, 32, 32, 96, 96, 256)
+
+
+class ControlNet(nn.Module):
+    def __init__(self, in_channels=4, hint_channels=3, model_channels=320, channel_mult=(1, 2, 4, 4),
+                 num_res_blocks=2, attention_levels=(0, 1, 2), num_heads=8, num_head_channels=-1,
+                 transformer_depth=1, context_dim=768, use_linear_in_transformer=False,
+                 transformer_depth_middle=None, adm_in_channels=None, hint_widths=LDM_HINT_WIDTHS):
+        super().__init__()
+        self.model_channels = model_channels
+        ted = model_channels * 4
+        self.time_embed = nn.Sequential(nn.Linear(model_channels, ted), nn.SiLU(), nn.Linear(ted, ted))
+        self.adm_in_channels = adm_in_channels
+        if adm_in_channels:
+            self.label_emb = nn.Sequential(
+                nn.Sequential(nn.Linear(adm_in_channels, ted), nn.SiLU(), nn.Linear(ted, ted)))
+        if isinstance(transformer_depth, int):
+            transformer_depth = [transformer_depth] * len(channel_mult)
+        if transformer_depth_middle is None:
+            transformer_depth_middle = transformer_depth[-1]
+
+        hint = []
+        widths = list(hint_widths) + [model_channels]
+        ch = hint_channels
+        for k, w in enumerate(widths):
+            hint.append(nn.Conv2d(ch, w, 3, padding=1, stride=2 if k in (2, 4, 6) else 1))
+            if k + 1 < len(widths):
+                hint.append(nn.SiLU())
+            ch = w
+        self.input_hint_block = TimestepEmbedSequential(*hint)
+
+        def transformer(ch, depth):
+            if num_head_channels > 0:
+                heads, dim_head = ch // num_head_channels, num_head_channels
+            else:
+                heads, dim_head = num_heads, ch // num_heads
+            return SpatialTransformer(ch, heads, dim_head, depth, context_dim, use_linear_in_transformer)
+
+        def zero_conv(ch):
+            return TimestepEmbedSequential(nn.Conv2d(ch, ch, 1))
+
+        self.input_blocks = nn.ModuleList(
+            [TimestepEmbedSequential(nn.Conv2d(in_channels, model_channels, 3, padding=1))])
+        self.zero_convs = nn.ModuleList([zero_conv(model_channels)])
+        ch = model_channels
+        for level, mult in enumerate(channel_mult):
+            for _ in range(num_res_blocks):
+                layers = [ResBlock(ch, ted, mult * model_channels)]
+                ch = mult * model_channels
+                if level in attention_levels and transformer_depth[level]:
+                    layers.append(transformer(ch, transformer_depth[level]))
+                self.input_blocks.append(TimestepEmbedSequential(*layers))
+                self.zero_convs.append(zero_conv(ch))
+            if level != len(channel_mult) - 1:
+                self.input_blocks.append(TimestepEmbedSequential(Downsample(ch)))
+                self.zero_convs.append(zero_conv(ch))
+
+        middle = transformer(ch, transformer_depth_middle) if transformer_depth_middle else nn.Identity()
+        self.middle_block = TimestepEmbedSequential(ResBlock(ch, ted), middle, ResBlock(ch, ted))
+        self.middle_block_out = zero_conv(ch)
+
+    def forward(self, x, hint, timesteps, context, y=None):
+        if (y is None) != (not self.adm_in_channels):
+            raise ValueError("y must be given exactly when the model has label_emb")
+        emb = self.time_embed(timestep_embedding(timesteps, self.model_channels).to(x.dtype))
+        if y is not None:
+            emb = emb + self.label_emb(y)
+        guided_hint = self.input_hint_block(hint, emb, context)
+        outs = []
+        h = x
+        for module, zero_conv in zip(self.input_blocks, self.zero_convs):
+            if guided_hint is not None:
+                h = module(h, emb, context)
+                h = h + guided_hint
+                guided_hint = None
+            else:
+                h = module(h, emb, context)
+            outs.append(zero_conv(h, emb, context))
+        h = self.middle_block(h, emb, context)
+        outs.append(self.middle_block_out(h, emb, context))
+        return outs
+
+
+def controlled_unet(unet, x, timesteps, context, control, strength, y=None):
+    """cldm's ControlledUnetModel.forward over training/reference/unet.py's UNet."""
+    control = [c * strength for c in control]
+    emb = unet.time_embed(timestep_embedding(timesteps, unet.model_channels).to(x.dtype))
+    if y is not None:
+        emb = emb + unet.label_emb(y)
+    hs = []
+    h = x
+    for module in unet.input_blocks:
+        h = module(h, emb, context)
+        hs.append(h)
+    h = unet.middle_block(h, emb, context)
+    h = h + control.pop()
+    for module in unet.output_blocks:
+        h = torch.cat([h, hs.pop() + control.pop()], dim=1)
+        h = module(h, emb, context)
+    return unet.out(h)
