@@ -224,6 +224,12 @@ kiln::Result<kiln::pipeline::GenerationRequest> generation_request(const kiln_ge
         if (!img.ok()) return img.error().in_context("reference image " + std::to_string(i + 1) + ": ");
         r.ref_images.push_back(std::move(img).value());
     }
+    if (params->control_image) {
+        auto img = import_image(params->control_image);
+        if (!img.ok()) return img.error().in_context("control image: ");
+        r.control_image = std::move(img).value();
+    }
+    r.control_strength = params->control_strength;
     return r;
 }
 
@@ -282,6 +288,7 @@ kiln_status kiln_context_create(const kiln_context_params* params, kiln_context*
         paths.llm = str(params->llm_path);
         paths.tokenizer = str(params->tokenizer_path);
         paths.embeddings = str(params->embeddings_dir);
+        paths.control_net = str(params->control_net_path);
         auto options = model_options(params);
         if (!options.ok()) return fail(error, options.error());
         kiln::log_capture_ggml();
@@ -321,6 +328,7 @@ void kiln_generation_params_init(kiln_generation_params* params) {
     params->seed = 42;
     params->batch_count = 1;
     params->strength = 0.75f;
+    params->control_strength = 0.9f;
     params->guidance = -1.0f;
     params->vae_tile_size = 32;
     params->vae_tile_overlap = 0.5f;

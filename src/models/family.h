@@ -28,12 +28,14 @@ enum class NetworkKind {
     FluxDit,    // models/flux_dit: Flux.1 / Chroma transformer
     Llm,        // models/llm_encoder: decoder-only language model (Qwen3) as a text encoder
     ZImageDit,  // models/z_image_dit: Z-Image's single-stream transformer
+    ControlNet, // models/controlnet: ldm / sgm ControlNet (--control-net, not part of a family)
 };
 
 // The role a module plays; placement (--backend te=...,diffusion=...,vae=...)
-// is by role, so every text encoder of a family goes where "te" says.
-enum class ModuleRole { TextEncoder, Diffusion, Vae };
-// "te", "diffusion", "vae": the names of --backend and --params-backend.
+// is by role, so every text encoder of a family goes where "te" says. A
+// ControlNet (--control-net) is a module of its own role, "control".
+enum class ModuleRole { TextEncoder, Diffusion, Vae, Control };
+// "te", "diffusion", "vae", "control": the names of --backend and --params-backend.
 const char* module_role_name(ModuleRole role);
 
 // One network of a family. It is found in the given files by a tensor whose

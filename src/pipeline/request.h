@@ -26,6 +26,7 @@ constexpr float kMaxCfgScale = 100.0f;
 constexpr int kMaxBatchCount = 1000;
 constexpr float kMaxFlowShift = 20.0f;
 constexpr size_t kMaxReferenceImages = 8;
+constexpr float kMaxControlStrength = 10.0f;
 
 struct GenerationRequest {
     std::string prompt;
@@ -63,6 +64,11 @@ struct GenerationRequest {
     std::optional<float> guidance;
     std::optional<float> flow_shift;
     std::vector<image::Image> ref_images;
+    // --control-image: the ControlNet's (--control-net) condition, any
+    // channels, resized to the output size when it has the same aspect
+    // ratio; and --control-strength, sd-cli's factor on its residuals.
+    std::optional<image::Image> control_image;
+    float control_strength = 0.9f;
 };
 
 // A request with the model's defaults filled in and every field checked.
@@ -84,7 +90,9 @@ struct ValidatedRequest {
 // (0, 1] with an init image; bad VAE tiling; guidance outside [0,
 // kMaxCfgScale]; flow shift outside [-kMaxFlowShift, kMaxFlowShift];
 // reference images for a family that takes none, more than
-// kMaxReferenceImages, or of a side outside [stride, kMaxDimension].
+// kMaxReferenceImages, or of a side outside [stride, kMaxDimension]; a
+// control image without a ControlNet, or of another aspect ratio than the
+// output; a control strength outside [0, kMaxControlStrength].
 Result<ValidatedRequest> validate_request(const Model& model, const GenerationRequest& request);
 
 }  // namespace kiln::pipeline

@@ -99,6 +99,7 @@ int run_generate(const Options& options) {
     cp.llm_path = options.llm.empty() ? nullptr : options.llm.c_str();
     cp.tokenizer_path = options.tokenizer.empty() ? nullptr : options.tokenizer.c_str();
     cp.embeddings_dir = options.embeddings_dir.empty() ? nullptr : options.embeddings_dir.c_str();
+    cp.control_net_path = options.control_net.empty() ? nullptr : options.control_net.c_str();
     cp.lora_model_dir = options.lora_model_dir.empty() ? nullptr : options.lora_model_dir.c_str();
     cp.lora_apply_mode = options.lora_apply_mode.empty() ? nullptr : options.lora_apply_mode.c_str();
     cp.weight_type = options.weight_type.empty() ? nullptr : options.weight_type.c_str();
@@ -150,16 +151,29 @@ int run_generate(const Options& options) {
         }
     }
     std::vector<kiln_image*> refs;
+    kiln_image* control = nullptr;
     struct FreeImages {
         kiln_image*& init;
         kiln_image*& mask;
         std::vector<kiln_image*>& refs;
+        kiln_image*& control;
         ~FreeImages() {
             kiln_images_free(init, init ? 1 : 0);
             kiln_images_free(mask, mask ? 1 : 0);
             for (kiln_image* r : refs) kiln_images_free(r, 1);
+            kiln_images_free(control, control ? 1 : 0);
         }
-    } free_images{init, mask, refs};
+    } free_images{init, mask, refs, control};
+    if (!options.control_image.empty()) {
+        ErrorText error;
+        if (kiln_status st = kiln_image_load_limited(options.control_image.c_str(),
+                                                     static_cast<uint64_t>(options.max_image_pixels), &control,
+                                                     &error.text);
+            st != KILN_OK) {
+            KILN_LOG_ERROR("--control-image: %s", error.c_str());
+            return exit_code_of(st);
+        }
+    }
     for (const std::string& path : options.ref_images) {
         ErrorText error;
         kiln_image* ref = nullptr;
@@ -208,6 +222,8 @@ int run_generate(const Options& options) {
     gp.flow_shift = options.flow_shift;
     gp.ref_images = ref_array.empty() ? nullptr : ref_array.data();
     gp.n_ref_images = static_cast<int>(ref_array.size());
+    gp.control_image = control;
+    gp.control_strength = options.control_strength;
     gp.progress = &Progress::on_step;
     gp.progress_user_data = &progress;
 
