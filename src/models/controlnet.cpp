@@ -123,10 +123,9 @@ Result<ggml_tensor*> ControlNet::build(ggml_context* ctx, const UnetInputs& inpu
         return ggml_reshape_1d(ctx, t, ggml_nelements(t));
     };
     ggml_tensor* out = nullptr;
-    auto append = [&](ggml_tensor* residual) {
-        out = out ? ggml_concat(ctx, out, flat(residual), 0) : flat(residual);
-    };
-    for (size_t k = 0; k < b.zero_convs.size(); ++k) append(nn::conv2d(ctx, target, b.zero_convs[k], encoded->blocks[k]));
+    auto append = [&](ggml_tensor* residual) { out = out ? ggml_concat(ctx, out, flat(residual), 0) : flat(residual); };
+    for (size_t k = 0; k < b.zero_convs.size(); ++k)
+        append(nn::conv2d(ctx, target, b.zero_convs[k], encoded->blocks[k]));
     append(nn::conv2d(ctx, target, b.middle_out, encoded->middle));
     return out;
 }

@@ -149,7 +149,8 @@ Status read_unet_encoder_config(const io::ModelFile& file, const std::string& pr
     if (!middle.ok()) return middle.error();
     c.middle_depth = *middle;
     if (const io::TensorInfo* label = find("label_emb.0.0.weight")) {
-        if (label->shape.size() != 2) return Error{what + " under '" + prefix + "': label_emb.0.0.weight is not a matrix"};
+        if (label->shape.size() != 2)
+            return Error{what + " under '" + prefix + "': label_emb.0.0.weight is not a matrix"};
         c.adm_in_channels = label->shape[1];
     }
 

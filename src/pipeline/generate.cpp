@@ -145,7 +145,8 @@ Result<std::vector<float>> run_diffusion_batch(Model& model, const std::vector<f
         size_t offset = 0;
         for (ggml_tensor* residual : g.control) {
             const size_t values = static_cast<size_t>(ggml_nelements(residual));
-            if (offset + values > residuals->size()) return Error{"the ControlNet gave fewer residuals than the UNet takes"};
+            if (offset + values > residuals->size())
+                return Error{"the ControlNet gave fewer residuals than the UNet takes"};
             g.session->set_input(residual, residuals->data() + offset);
             offset += values;
         }

@@ -172,7 +172,8 @@ Result<DiffusionGraph> build_diffusion_graph(const Model& model, const Diffusion
     in.context = g.context = s.input(GGML_TYPE_F32, {uc.context_dim, shape.tokens, b}, zeros.data(), "context");
     if (uc.adm_in_channels > 0) in.y = g.y = s.input(GGML_TYPE_F32, {uc.adm_in_channels, b}, zeros.data(), "y");
     if (shape.control) {
-        for (const models::ControlResidualShape& r : model.control_net().residual_shapes(shape.latent_w, shape.latent_h)) {
+        for (const models::ControlResidualShape& r :
+             model.control_net().residual_shapes(shape.latent_w, shape.latent_h)) {
             const std::vector<float> none(static_cast<size_t>(r.values() * b));
             g.control.push_back(s.input(GGML_TYPE_F32, {r.w, r.h, r.c, b}, none.data(),
                                         ("control" + std::to_string(g.control.size())).c_str()));
@@ -201,16 +202,16 @@ Result<ControlGraph> build_control_graph(const Model& model, const DiffusionShap
     const int64_t b = shape.batch;
     const int64_t f = models::ControlNetConfig::kHintDownscale;
     const int64_t hint_values = shape.latent_w * f * shape.latent_h * f * cc.hint_channels;
-    const std::vector<float> zeros(static_cast<size_t>(std::max({shape.latent_w * shape.latent_h * uc.in_channels * b,
-                                                                uc.context_dim * shape.tokens * b,
-                                                                uc.adm_in_channels * b, hint_values})));
+    const std::vector<float> zeros(
+        static_cast<size_t>(std::max({shape.latent_w * shape.latent_h * uc.in_channels * b,
+                                      uc.context_dim * shape.tokens * b, uc.adm_in_channels * b, hint_values})));
     models::UnetInputs in;
     in.x = g.x = s.input(GGML_TYPE_F32, {shape.latent_w, shape.latent_h, uc.in_channels, b}, zeros.data(), "x");
     in.timesteps = g.timesteps = s.input(GGML_TYPE_F32, {b}, zeros.data(), "timesteps");
     in.context = g.context = s.input(GGML_TYPE_F32, {uc.context_dim, shape.tokens, b}, zeros.data(), "context");
     if (uc.adm_in_channels > 0) in.y = g.y = s.input(GGML_TYPE_F32, {uc.adm_in_channels, b}, zeros.data(), "y");
-    g.hint = s.input(GGML_TYPE_F32, {shape.latent_w * f, shape.latent_h * f, cc.hint_channels, 1}, zeros.data(),
-                     "hint");
+    g.hint =
+        s.input(GGML_TYPE_F32, {shape.latent_w * f, shape.latent_h * f, cc.hint_channels, 1}, zeros.data(), "hint");
     models::UnetBuildOptions options;
     options.flash_attention = shape.flash_attention;
     options.target = model.control_target();

@@ -221,9 +221,7 @@ Model::~Model() {
     stores_.clear();
 }
 
-std::string Model::control_net_name() const {
-    return fs::path(control_->file->sources().front().path).stem().string();
-}
+std::string Model::control_net_name() const { return fs::path(control_->file->sources().front().path).stem().string(); }
 
 int Model::size_stride() const {
     if (has_flux()) return vae().config().downscale() * flux().config().patch;
@@ -544,15 +542,15 @@ Status Model::load_control_net(const std::string& path, const ModelOptions& opti
     const io::ModelFile& file = *files_.back();
     const std::string where = "--control-net " + path + ": ";
     if (!has_unet()) {
-        return Error::invalid_request(where + "ControlNets are for UNet models (SD1.x, SD2.x, SDXL); " +
-                                      family_label_ + " has none");
+        return Error::invalid_request(where + "ControlNets are for UNet models (SD1.x, SD2.x, SDXL); " + family_label_ +
+                                      " has none");
     }
     auto prefix = models::ControlNet::find_prefix(file);
     if (!prefix) {
         models::FileSet alone;
         alone.files = {&file};
-        return Error::bad_file(where + "not a ControlNet (no input_hint_block; found: " +
-                               models::detect_family(alone).label + ")");
+        return Error::bad_file(
+            where + "not a ControlNet (no input_hint_block; found: " + models::detect_family(alone).label + ")");
     }
     auto net = models::ControlNet::create(file, *prefix, options.weight_type);
     if (!net.ok()) return net.error().as(ErrorKind::BadFile).in_context(where);
@@ -575,11 +573,12 @@ Status Model::load_control_net(const std::string& path, const ModelOptions& opti
                                " UNet's (channels per level, resnets per level or label_emb width differ)");
     }
     if (cc.in_channels != unet().config().out_channels) {
-        return Error::bad_file(where + "it takes " + std::to_string(cc.in_channels) + " latent channels, the UNet makes " +
-                               std::to_string(uc.out_channels));
+        return Error::bad_file(where + "it takes " + std::to_string(cc.in_channels) +
+                               " latent channels, the UNet makes " + std::to_string(uc.out_channels));
     }
     auto module = std::make_unique<Module>();
-    module->spec = {"controlnet", models::ModuleRole::Control, models::NetworkKind::ControlNet, {}, "--control-net", {}};
+    module->spec = {
+        "controlnet", models::ModuleRole::Control, models::NetworkKind::ControlNet, {}, "--control-net", {}};
     module->file = &file;
     module->prefix = *prefix;
     module->control = std::move(net).value();

@@ -46,7 +46,7 @@ struct ModelPaths {
     std::string llm;                 // --llm: an LLM text encoder (Z-Image's Qwen3-4B)
     // --tokenizer: PATH (CLIP's), or per encoder "t5xxl=PATH,llm=PATH,clip_l=PATH".
     std::string tokenizer;
-    std::string embeddings;  // --embd-dir: textual-inversion embeddings
+    std::string embeddings;   // --embd-dir: textual-inversion embeddings
     std::string control_net;  // --control-net: a ControlNet for the UNet (models/controlnet.h)
 };
 

@@ -360,7 +360,8 @@ Result<std::map<std::string, std::string>> parse_module_assignments(std::string_
     const std::string f(flag);
     const std::string valid_devices = (f == "--backend" ? "valid devices: " : "valid values: ") + join(device_names);
     const std::string valid_modules = "valid modules: " + join(known_modules()) +
-                                      "; aliases: unet, dit, transformer, " + "clip, text_encoder, cond_stage, controlnet";
+                                      "; aliases: unet, dit, transformer, " +
+                                      "clip, text_encoder, cond_stage, controlnet";
     auto resolve_device = [&](const std::string& name) -> Result<std::string> {
         for (const std::string& d : device_names) {
             if (lower(d) == lower(name)) return d;

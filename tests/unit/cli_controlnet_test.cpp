@@ -58,8 +58,7 @@ TEST(CliControlNet, ChangesTheImageAndStrengthZeroChangesNothing) {
     EXPECT_EQ(pixels(dir.file("zero.png")), pixels(dir.file("plain.png")));
 
     auto meta = run_command(std::string(KILN_BIN) + " -M metadata -i " + dir.file("controlled.png"));
-    EXPECT_NE(meta.out.find("ControlNet: controlnet_sd1_tiny, ControlNet weight: 0.9,"), std::string::npos)
-        << meta.out;
+    EXPECT_NE(meta.out.find("ControlNet: controlnet_sd1_tiny, ControlNet weight: 0.9,"), std::string::npos) << meta.out;
 }
 
 // A condition of the output's aspect ratio at another size is resized: the
@@ -68,9 +67,10 @@ TEST(CliControlNet, ChangesTheImageAndStrengthZeroChangesNothing) {
 TEST(CliControlNet, ConditionOfTheSameAspectIsResized) {
     TempDir dir;
     const std::string common = "-W 32 -H 32 --control-net " + controlnet() + " --control-image ";
-    auto a = run_command(kiln_with_model(common + write_condition(dir, "a.png", 64, 64) + " -o " + dir.file("a_out.png")));
-    auto b = run_command(
-        kiln_with_model(common + write_condition(dir, "b.png", 128, 128) + " -o " + dir.file("b_out.png")));
+    auto a =
+        run_command(kiln_with_model(common + write_condition(dir, "a.png", 64, 64) + " -o " + dir.file("a_out.png")));
+    auto b =
+        run_command(kiln_with_model(common + write_condition(dir, "b.png", 128, 128) + " -o " + dir.file("b_out.png")));
     ASSERT_EQ(a.exit_code, 0) << a.err;
     ASSERT_EQ(b.exit_code, 0) << b.err;
     auto plain = run_command(kiln_with_model("-W 32 -H 32 -o " + dir.file("plain.png")));
@@ -88,7 +88,8 @@ TEST(CliControlNet, BadInputFailsCleanlyWithoutOutput) {
     ASSERT_TRUE(tiny.ok());
     std::vector<test::SafetensorsEntry> entries;
     for (const io::TensorInfo& t : tiny->tensors()) {
-        const bool kv = t.name.find("attn2.to_k.") != std::string::npos || t.name.find("attn2.to_v.") != std::string::npos;
+        const bool kv =
+            t.name.find("attn2.to_k.") != std::string::npos || t.name.find("attn2.to_v.") != std::string::npos;
         if (!kv) {
             entries.push_back(test::copy_entry(*tiny, t, t.name));
             continue;
@@ -130,9 +131,9 @@ TEST(CliControlNet, BadInputFailsCleanlyWithoutOutput) {
 
 // kiln plan counts the ControlNet as a module of its own.
 TEST(CliControlNet, PlanCountsTheControlNet) {
-    auto r = run_command(std::string(KILN_BIN) + " plan -t 1 -m " + test::golden_path("models/sd1_tiny.safetensors") +
-                         " --tokenizer " + KILN_FIXTURES_DIR + "/tiny_tokenizer -W 32 -H 32 --control-net " +
-                         controlnet());
+    auto r =
+        run_command(std::string(KILN_BIN) + " plan -t 1 -m " + test::golden_path("models/sd1_tiny.safetensors") +
+                    " --tokenizer " + KILN_FIXTURES_DIR + "/tiny_tokenizer -W 32 -H 32 --control-net " + controlnet());
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_NE(r.out.find("control: computes on CPU"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("  control on CPU: "), std::string::npos) << r.out;

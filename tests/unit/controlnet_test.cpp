@@ -2,10 +2,11 @@
 // against the PyTorch reference (training/reference/controlnet.py) on the
 // tiny ControlNet training/make_controlnet_fixtures.py writes for
 // tests/golden/models/sd1_tiny.safetensors' UNet.
+#include "models/controlnet.h"
+
 #include <gtest/gtest.h>
 
 #include "golden.h"
-#include "models/controlnet.h"
 #include "models/unet.h"
 #include "runtime/graph_session.h"
 
@@ -112,7 +113,8 @@ TEST(ControlNet, BareNamesGiveTheSameResiduals) {
         entries.push_back(test::copy_entry(f.control, t, t.name.substr(std::string("control_model.").size())));
     }
     test::TempDir dir;
-    const std::string path = dir.write("bare.safetensors", test::build_safetensors(entries, {{"kiln.unet.heads", "2"}}));
+    const std::string path =
+        dir.write("bare.safetensors", test::build_safetensors(entries, {{"kiln.unet.heads", "2"}}));
     io::ModelFile bare = open_file(path);
     ASSERT_EQ(models::ControlNet::find_prefix(bare).value_or("?"), "");
     auto net = load_controlnet(bare, "");

@@ -54,11 +54,8 @@ const std::vector<std::string> kDevices = {"CUDA0", "RPC0", "CPU"};
 TEST(Devices, OneDeviceForEveryModule) {
     auto a = parse_backend_assignments("cuda0", kDevices);
     ASSERT_TRUE(a.ok()) << a.error().message;
-    const std::map<std::string, std::string> expected = {{"diffusion", "CUDA0"},
-                                                         {"te", "CUDA0"},
-                                                         {"vae", "CUDA0"},
-                                                         {"clip_vision", "CUDA0"},
-                                                         {"control", "CUDA0"}};
+    const std::map<std::string, std::string> expected = {
+        {"diffusion", "CUDA0"}, {"te", "CUDA0"}, {"vae", "CUDA0"}, {"clip_vision", "CUDA0"}, {"control", "CUDA0"}};
     EXPECT_EQ(*a, expected);
 }
 

@@ -119,7 +119,8 @@ const std::vector<Flag>& flags() {
             {nullptr, "--embd-dir", "PATH",
              "folder of textual-inversion embeddings (.pt, .safetensors); use a file's name in the prompt",
              path_setter(&Options::embeddings_dir)},
-            {nullptr, "--control-net", "PATH", "ControlNet weights for the UNet (SD1.x, SD2.x, SDXL; needs --control-image)",
+            {nullptr, "--control-net", "PATH",
+             "ControlNet weights for the UNet (SD1.x, SD2.x, SDXL; needs --control-image)",
              path_setter(&Options::control_net)},
             {nullptr, "--lora-model-dir", "PATH",
              "folder of LoRA/LoHa/LoKr files (.safetensors, .ckpt, .pt, .gguf); apply one with <lora:NAME:WEIGHT> "

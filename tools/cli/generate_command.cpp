@@ -166,9 +166,8 @@ int run_generate(const Options& options) {
     } free_images{init, mask, refs, control};
     if (!options.control_image.empty()) {
         ErrorText error;
-        if (kiln_status st = kiln_image_load_limited(options.control_image.c_str(),
-                                                     static_cast<uint64_t>(options.max_image_pixels), &control,
-                                                     &error.text);
+        if (kiln_status st = kiln_image_load_limited(
+                options.control_image.c_str(), static_cast<uint64_t>(options.max_image_pixels), &control, &error.text);
             st != KILN_OK) {
             KILN_LOG_ERROR("--control-image: %s", error.c_str());
             return exit_code_of(st);

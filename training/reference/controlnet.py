@@ -21,7 +21,7 @@ middle block's output, the others to the skips the output blocks read.
 import torch
 import torch.nn as nn
 
-from reference.unet import ResBlock, SpatialTransformer, TimestepEmbedSequential, Downsample, timestep_embedding
+from reference.unet import Downsample, ResBlock, TimestepEmbedSequential, UNet, timestep_embedding
 
 # cldm's input_hint_block widths: conv(hint, 16), conv(16, 16), conv(16, 32, s2),
 # conv(32, 32), conv(32, 96, s2), conv(96, 96), conv(96, 256, s2), zero conv(256, C).
@@ -29,22 +29,19 @@ LDM_HINT_WIDTHS = (16, 16, 32, 32, 96, 96, 256)
 
 
 class ControlNet(nn.Module):
-    def __init__(self, in_channels=4, hint_channels=3, model_channels=320, channel_mult=(1, 2, 4, 4),
-                 num_res_blocks=2, attention_levels=(0, 1, 2), num_heads=8, num_head_channels=-1,
-                 transformer_depth=1, context_dim=768, use_linear_in_transformer=False,
-                 transformer_depth_middle=None, adm_in_channels=None, hint_widths=LDM_HINT_WIDTHS):
+    """cldm's ControlNet. The encoder half (time_embed, label_emb, input_blocks, middle_block) is
+    built by training/reference/unet.py's UNet from the same arguments, as cldm's copy of
+    UNetModel's constructor builds it; the decoder half is dropped."""
+
+    def __init__(self, in_channels=4, hint_channels=3, model_channels=320, hint_widths=LDM_HINT_WIDTHS,
+                 **unet_args):
         super().__init__()
+        unet = UNet(in_channels=in_channels, out_channels=in_channels, model_channels=model_channels, **unet_args)
         self.model_channels = model_channels
-        ted = model_channels * 4
-        self.time_embed = nn.Sequential(nn.Linear(model_channels, ted), nn.SiLU(), nn.Linear(ted, ted))
-        self.adm_in_channels = adm_in_channels
-        if adm_in_channels:
-            self.label_emb = nn.Sequential(
-                nn.Sequential(nn.Linear(adm_in_channels, ted), nn.SiLU(), nn.Linear(ted, ted)))
-        if isinstance(transformer_depth, int):
-            transformer_depth = [transformer_depth] * len(channel_mult)
-        if transformer_depth_middle is None:
-            transformer_depth_middle = transformer_depth[-1]
+        self.adm_in_channels = unet.adm_in_channels
+        self.time_embed = unet.time_embed
+        if unet.adm_in_channels:
+            self.label_emb = unet.label_emb
 
         hint = []
         widths = list(hint_widths) + [model_channels]
@@ -56,35 +53,24 @@ class ControlNet(nn.Module):
             ch = w
         self.input_hint_block = TimestepEmbedSequential(*hint)
 
-        def transformer(ch, depth):
-            if num_head_channels > 0:
-                heads, dim_head = ch // num_head_channels, num_head_channels
-            else:
-                heads, dim_head = num_heads, ch // num_heads
-            return SpatialTransformer(ch, heads, dim_head, depth, context_dim, use_linear_in_transformer)
-
         def zero_conv(ch):
             return TimestepEmbedSequential(nn.Conv2d(ch, ch, 1))
 
-        self.input_blocks = nn.ModuleList(
-            [TimestepEmbedSequential(nn.Conv2d(in_channels, model_channels, 3, padding=1))])
-        self.zero_convs = nn.ModuleList([zero_conv(model_channels)])
-        ch = model_channels
-        for level, mult in enumerate(channel_mult):
-            for _ in range(num_res_blocks):
-                layers = [ResBlock(ch, ted, mult * model_channels)]
-                ch = mult * model_channels
-                if level in attention_levels and transformer_depth[level]:
-                    layers.append(transformer(ch, transformer_depth[level]))
-                self.input_blocks.append(TimestepEmbedSequential(*layers))
-                self.zero_convs.append(zero_conv(ch))
-            if level != len(channel_mult) - 1:
-                self.input_blocks.append(TimestepEmbedSequential(Downsample(ch)))
-                self.zero_convs.append(zero_conv(ch))
-
-        middle = transformer(ch, transformer_depth_middle) if transformer_depth_middle else nn.Identity()
-        self.middle_block = TimestepEmbedSequential(ResBlock(ch, ted), middle, ResBlock(ch, ted))
-        self.middle_block_out = zero_conv(ch)
+        self.input_blocks = unet.input_blocks
+        # Each input block's output channels: its last resnet's, or its
+        # downsampler's, or input_blocks.0's convolution's.
+        channels = []
+        for block in self.input_blocks:
+            layer = block[0]
+            if isinstance(layer, ResBlock):
+                channels.append(layer.out_layers[-1].out_channels)
+            elif isinstance(layer, Downsample):
+                channels.append(layer.op.out_channels)
+            else:
+                channels.append(layer.out_channels)
+        self.zero_convs = nn.ModuleList([zero_conv(ch) for ch in channels])
+        self.middle_block = unet.middle_block
+        self.middle_block_out = zero_conv(channels[-1])
 
     def forward(self, x, hint, timesteps, context, y=None):
         if (y is None) != (not self.adm_in_channels):
