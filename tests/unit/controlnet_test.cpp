@@ -1,7 +1,7 @@
 // kiln's ControlNet (models/controlnet) and the UNet's control residuals
 // against the PyTorch reference (training/reference/controlnet.py) on the
-// tiny ControlNet training/make_controlnet_fixtures.py writes for
-// tests/golden/models/sd1_tiny.safetensors' UNet.
+// tiny ControlNets training/make_controlnet_fixtures.py writes for
+// tests/golden/models/sd1_tiny.safetensors' and sdxl_tiny.safetensors' UNets.
 #include "models/controlnet.h"
 
 #include <gtest/gtest.h>
@@ -27,24 +27,39 @@ io::ModelFile open_file(const std::string& path) {
     return std::move(file).value();
 }
 
+// A ControlNet fixture: "sd1" or "sdxl" (which adds the UNet's y).
 struct Fixture {
-    io::ModelFile control = open_file(golden_path("models/controlnet_sd1_tiny.safetensors"));
-    io::ModelFile io = open_file(golden_path("models/controlnet_sd1_tiny_io.safetensors"));
-    io::ModelFile sd1 = open_file(golden_path("models/sd1_tiny.safetensors"));
+    explicit Fixture(const std::string& family = "sd1")
+        : control(open_file(golden_path("models/controlnet_" + family + "_tiny.safetensors"))),
+          io(open_file(golden_path("models/controlnet_" + family + "_tiny_io.safetensors"))),
+          model(open_file(golden_path("models/" + family + "_tiny.safetensors"))) {
+        if (io.find("y")) y = fixture_tensor(io, "y");
+    }
+    io::ModelFile control;
+    io::ModelFile io;
+    io::ModelFile model;  // the model whose UNet the ControlNet was made for
     test::FixtureTensor x = fixture_tensor(io, "x");
     test::FixtureTensor hint = fixture_tensor(io, "hint");
     test::FixtureTensor t = fixture_tensor(io, "t");
     test::FixtureTensor context = fixture_tensor(io, "context");
+    std::optional<test::FixtureTensor> y;
+
+    // The UNet's inputs in `session`.
+    models::UnetInputs inputs(runtime::GraphSession& session) const {
+        models::UnetInputs in;
+        in.x = session.input(GGML_TYPE_F32, ggml_ne(x.shape), x.values.data());
+        in.timesteps = session.input(GGML_TYPE_F32, ggml_ne(t.shape), t.values.data());
+        in.context = session.input(GGML_TYPE_F32, ggml_ne(context.shape), context.values.data());
+        if (y) in.y = session.input(GGML_TYPE_F32, ggml_ne(y->shape), y->values.data());
+        return in;
+    }
 };
 
 // The ControlNet's flat output, run on the fixture's inputs.
 std::vector<float> run_controlnet(const models::ControlNet& net, const Fixture& f) {
     auto compute = test::golden_cpu();
     runtime::GraphSession session;
-    models::UnetInputs in;
-    in.x = session.input(GGML_TYPE_F32, ggml_ne(f.x.shape), f.x.values.data());
-    in.timesteps = session.input(GGML_TYPE_F32, ggml_ne(f.t.shape), f.t.values.data());
-    in.context = session.input(GGML_TYPE_F32, ggml_ne(f.context.shape), f.context.values.data());
+    const models::UnetInputs in = f.inputs(session);
     ggml_tensor* hint = session.input(GGML_TYPE_F32, ggml_ne(f.hint.shape), f.hint.values.data());
     auto out = net.build(session.ctx(), in, hint, models::UnetBuildOptions{});
     if (!out.ok()) throw std::runtime_error(out.error().message);
@@ -123,8 +138,8 @@ TEST(ControlNet, BareNamesGiveTheSameResiduals) {
 
 TEST(ControlNet, FileWithoutControlNetIsRefused) {
     Fixture f;
-    EXPECT_FALSE(models::ControlNet::find_prefix(f.sd1).has_value());
-    auto net = models::ControlNet::create(f.sd1, "model.diffusion_model.", std::nullopt);
+    EXPECT_FALSE(models::ControlNet::find_prefix(f.model).has_value());
+    auto net = models::ControlNet::create(f.model, "model.diffusion_model.", std::nullopt);
     ASSERT_FALSE(net.ok());
     EXPECT_NE(net.error().message.find("input_hint_block"), std::string::npos) << net.error().message;
 }
@@ -132,9 +147,9 @@ TEST(ControlNet, FileWithoutControlNetIsRefused) {
 // The UNet with the reference's residuals at strength 0.9 (ldm's
 // ControlledUnetModel), with kiln's own residuals, and at strength 0, which
 // must be the plain UNet's output bit for bit.
-TEST(ControlNet, ControlledUnetMatchesReference) {
-    Fixture f;
-    auto unet = models::Unet::create(f.sd1, "model.diffusion_model.", GGML_TYPE_F32);
+void expect_controlled_unet_matches_reference(const std::string& family) {
+    Fixture f(family);
+    auto unet = models::Unet::create(f.model, "model.diffusion_model.", GGML_TYPE_F32);
     ASSERT_TRUE(unet.ok()) << unet.error().message;
     auto compute = test::golden_cpu();
     ASSERT_TRUE((*unet)->weights().load(compute->weights_backend()).ok());
@@ -145,10 +160,7 @@ TEST(ControlNet, ControlledUnetMatchesReference) {
 
     auto run_unet = [&](const std::vector<float>* residuals, float s) {
         runtime::GraphSession session;
-        models::UnetInputs in;
-        in.x = session.input(GGML_TYPE_F32, ggml_ne(f.x.shape), f.x.values.data());
-        in.timesteps = session.input(GGML_TYPE_F32, ggml_ne(f.t.shape), f.t.values.data());
-        in.context = session.input(GGML_TYPE_F32, ggml_ne(f.context.shape), f.context.values.data());
+        models::UnetInputs in = f.inputs(session);
         size_t offset = 0;
         for (size_t k = 0; residuals && k < shapes.size(); ++k) {
             const auto& r = shapes[k];
@@ -176,9 +188,23 @@ TEST(ControlNet, ControlledUnetMatchesReference) {
     EXPECT_GT(relative_error(plain, expected), 1e-2);  // the control matters
 }
 
+TEST(ControlNet, ControlledUnetMatchesReference) { expect_controlled_unet_matches_reference("sd1"); }
+
+// sgm's SDXL layout: label_emb takes y, per-level transformer depths (none
+// at the first level), linear projections, 16-wide heads from the metadata.
+TEST(ControlNet, SdxlResidualsAndControlledUnetMatchReference) {
+    Fixture f("sdxl");
+    auto net = load_controlnet(f.control, "control_model.");
+    EXPECT_GT(net->config().unet.adm_in_channels, 0);
+    EXPECT_TRUE(net->config().unet.linear_projection);
+    EXPECT_EQ(net->config().unet.input_depth, (std::vector<int>{0, 0, 2}));
+    expect_residuals_match(*net, f, run_controlnet(*net, f));
+    expect_controlled_unet_matches_reference("sdxl");
+}
+
 TEST(ControlNet, UnetRefusesResidualsOfTheWrongShape) {
     Fixture f;
-    auto unet = models::Unet::create(f.sd1, "model.diffusion_model.", std::nullopt);
+    auto unet = models::Unet::create(f.model, "model.diffusion_model.", std::nullopt);
     ASSERT_TRUE(unet.ok()) << unet.error().message;
     runtime::GraphSession session;
     const std::vector<float> zeros(64 * 77);
