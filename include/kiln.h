@@ -62,7 +62,7 @@ typedef struct {
     const char* clip_g_path;          /* --clip_g (SDXL's OpenCLIP ViT-bigG), or NULL */
     const char* t5xxl_path;           /* --t5xxl (Flux's and Chroma's T5-XXL), or NULL */
     const char* llm_path;             /* --llm (Z-Image's Qwen3-4B), or NULL */
-    const char* control_net_path;     /* --control-net: a ControlNet for the model's UNet (SD1.x, SD2.x, SDXL), or NULL */
+    const char* control_net_path;     /* --control-net: a ControlNet for the UNet (SD1.x, SD2.x, SDXL), or NULL */
     /* --tokenizer: CLIP's tokenizer, or per encoder "t5xxl=PATH,llm=PATH,clip_l=PATH"; NULL: the model's */
     const char* tokenizer_path;
     const char* embeddings_dir;       /* --embd-dir: textual-inversion embeddings, or NULL */
