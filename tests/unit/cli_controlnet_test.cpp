@@ -16,8 +16,7 @@ using test::run_command;
 using test::TempDir;
 
 std::string kiln_with_model(const std::string& args) {
-    return std::string(KILN_BIN) + " -t 1 -m " + test::golden_path("models/sd1_tiny.safetensors") + " --tokenizer " +
-           KILN_FIXTURES_DIR + "/tiny_tokenizer -p \"a red circle\" --steps 3 -s 9 " + args;
+    return test::kiln_with_tiny_sd1("-p \"a red circle\" --steps 3 -s 9 " + args);
 }
 
 std::string controlnet() { return test::golden_path("models/controlnet_sd1_tiny.safetensors"); }

@@ -16,12 +16,7 @@ namespace {
 using test::run_command;
 using test::TempDir;
 
-std::string kiln_with_model(const std::string& args) {
-    // One thread: ctest runs tests in parallel, and ggml's spinning thread pool
-    // slows down badly when its threads outnumber the free cores.
-    return std::string(KILN_BIN) + " -t 1 -m " + test::golden_path("models/sd1_tiny.safetensors") + " --tokenizer " +
-           KILN_FIXTURES_DIR + "/tiny_tokenizer " + args;
-}
+std::string kiln_with_model(const std::string& args) { return test::kiln_with_tiny_sd1(args); }
 
 bool exists(const std::string& path) { return std::ifstream(path).good(); }
 

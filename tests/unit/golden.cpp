@@ -14,6 +14,11 @@ namespace kiln::test {
 
 std::string golden_path(const std::string& relative) { return std::string(KILN_GOLDEN_DIR) + "/" + relative; }
 
+std::string kiln_with_tiny_sd1(const std::string& args) {
+    return std::string(KILN_BIN) + " -t 1 -m " + golden_path("models/sd1_tiny.safetensors") + " --tokenizer " +
+           KILN_FIXTURES_DIR + "/tiny_tokenizer " + args;
+}
+
 std::vector<int64_t> ggml_ne(const std::vector<int64_t>& torch_shape) {
     return std::vector<int64_t>(torch_shape.rbegin(), torch_shape.rend());
 }

@@ -33,6 +33,12 @@ SafetensorsEntry copy_entry(const io::ModelFile& file, const io::TensorInfo& t, 
 // by io::NameMap `map`; none for names diffusers has no counterpart of.
 std::vector<SafetensorsEntry> to_diffusers(const SafetensorsEntry& e, const io::NameMap& map, std::string* folder);
 
+// The kiln binary's command line with the tiny golden SD1 model and the
+// tokenizer fixture, then `args`. One thread: ctest runs tests in parallel,
+// and ggml's spinning thread pool slows down badly when its threads
+// outnumber the free cores.
+std::string kiln_with_tiny_sd1(const std::string& args);
+
 // A PyTorch shape as ggml's ne (innermost first).
 std::vector<int64_t> ggml_ne(const std::vector<int64_t>& torch_shape);
 
