@@ -247,10 +247,6 @@ Result<image::Image> decode_latent(Model& model, const std::vector<float>& laten
     return img;
 }
 
-// The image's latent (scaled): the latent distribution's mean and, with
-// `sample_rng`, also a sample of it drawn from that generator, mean + std *
-// noise (ldm's DiagonalGaussianDistribution.sample, as sd-cli and A1111
-// encode an init image) into *sample.
 // The range of rgb_planes' values: the VAE's [-1, 1], or the ControlNet's [0, 1].
 enum class PixelRange { Signed, Unit };
 
@@ -275,6 +271,10 @@ Result<std::vector<float>> rgb_planes(const image::Image& source, int width, int
     return pixels;
 }
 
+// The image's latent (scaled): the latent distribution's mean and, with
+// `sample_rng`, also a sample of it drawn from that generator, mean + std *
+// noise (ldm's DiagonalGaussianDistribution.sample, as sd-cli and A1111
+// encode an init image) into *sample.
 Result<std::vector<float>> encode_image(Model& model, const image::Image& source, const ValidatedRequest& p,
                                         const std::optional<VaeTiling>& tiling, Rng* sample_rng = nullptr,
                                         std::vector<float>* sample = nullptr) {
