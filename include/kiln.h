@@ -62,6 +62,7 @@ typedef struct {
     const char* clip_g_path;          /* --clip_g (SDXL's OpenCLIP ViT-bigG), or NULL */
     const char* t5xxl_path;           /* --t5xxl (Flux's and Chroma's T5-XXL), or NULL */
     const char* llm_path;             /* --llm (Z-Image's Qwen3-4B), or NULL */
+    const char* control_net_path;     /* --control-net: a ControlNet for the UNet (SD1.x, SD2.x, SDXL), or NULL */
     /* --tokenizer: CLIP's tokenizer, or per encoder "t5xxl=PATH,llm=PATH,clip_l=PATH"; NULL: the model's */
     const char* tokenizer_path;
     const char* embeddings_dir;       /* --embd-dir: textual-inversion embeddings, or NULL */
@@ -164,6 +165,11 @@ typedef struct {
     float flow_shift;             /* the flow time shift mu (Flux: 1.15 at 1024x1024) */
     const kiln_image* ref_images; /* -r: Flux.1-Kontext reference images, n_ref_images of them, or NULL */
     int n_ref_images;
+    /* --control-image: the ControlNet's condition (needs control_net_path), of the output's aspect
+     * ratio (resized to its size), or NULL; --control-strength: the factor on its residuals, [0, 10]
+     * (default 0.9, as sd-cli). */
+    const kiln_image* control_image;
+    float control_strength;
     kiln_progress_callback progress;
     void* progress_user_data;
     /* The hires fix (sd-cli's --hires, A1111's "Hires. fix"), text-to-image only: the first

@@ -241,6 +241,12 @@ kiln::Result<kiln::pipeline::GenerationRequest> generation_request(const kiln_ge
         h.upscale_tile = params->hires_upscale_tile_size;
         r.hires = h;
     }
+    if (params->control_image) {
+        auto img = import_image(params->control_image);
+        if (!img.ok()) return img.error().in_context("control image: ");
+        r.control_image = std::move(img).value();
+    }
+    r.control_strength = params->control_strength;
     return r;
 }
 
@@ -299,6 +305,7 @@ kiln_status kiln_context_create(const kiln_context_params* params, kiln_context*
         paths.llm = str(params->llm_path);
         paths.tokenizer = str(params->tokenizer_path);
         paths.embeddings = str(params->embeddings_dir);
+        paths.control_net = str(params->control_net_path);
         auto options = model_options(params);
         if (!options.ok()) return fail(error, options.error());
         kiln::log_capture_ggml();
@@ -338,6 +345,7 @@ void kiln_generation_params_init(kiln_generation_params* params) {
     params->seed = 42;
     params->batch_count = 1;
     params->strength = 0.75f;
+    params->control_strength = 0.9f;
     params->guidance = -1.0f;
     params->vae_tile_size = 32;
     params->vae_tile_overlap = 0.5f;

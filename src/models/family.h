@@ -21,19 +21,21 @@ namespace kiln::models {
 
 // The networks kiln can build (each a file pair under src/models/).
 enum class NetworkKind {
-    ClipText,   // models/clip_text: OpenAI CLIP and OpenCLIP text towers
-    Unet,       // models/unet: ldm / sgm UNetModel
-    Vae,        // models/vae: AutoencoderKL (SD's, Flux's)
-    T5,         // models/t5_encoder: T5 v1.1 encoder (T5-XXL)
-    FluxDit,    // models/flux_dit: Flux.1 / Chroma transformer
-    Llm,        // models/llm_encoder: decoder-only language model (Qwen3) as a text encoder
-    ZImageDit,  // models/z_image_dit: Z-Image's single-stream transformer
+    ClipText,    // models/clip_text: OpenAI CLIP and OpenCLIP text towers
+    Unet,        // models/unet: ldm / sgm UNetModel
+    Vae,         // models/vae: AutoencoderKL (SD's, Flux's)
+    T5,          // models/t5_encoder: T5 v1.1 encoder (T5-XXL)
+    FluxDit,     // models/flux_dit: Flux.1 / Chroma transformer
+    Llm,         // models/llm_encoder: decoder-only language model (Qwen3) as a text encoder
+    ZImageDit,   // models/z_image_dit: Z-Image's single-stream transformer
+    ControlNet,  // models/controlnet: ldm / sgm ControlNet (--control-net, not part of a family)
 };
 
 // The role a module plays; placement (--backend te=...,diffusion=...,vae=...)
-// is by role, so every text encoder of a family goes where "te" says.
-enum class ModuleRole { TextEncoder, Diffusion, Vae };
-// "te", "diffusion", "vae": the names of --backend and --params-backend.
+// is by role, so every text encoder of a family goes where "te" says. A
+// ControlNet (--control-net) is a module of its own role, "control".
+enum class ModuleRole { TextEncoder, Diffusion, Vae, Control };
+// "te", "diffusion", "vae", "control": the names of --backend and --params-backend.
 const char* module_role_name(ModuleRole role);
 
 // One network of a family. It is found in the given files by a tensor whose

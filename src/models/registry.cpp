@@ -99,6 +99,7 @@ const char* module_role_name(ModuleRole role) {
         case ModuleRole::TextEncoder: return "te";
         case ModuleRole::Diffusion: return "diffusion";
         case ModuleRole::Vae: return "vae";
+        case ModuleRole::Control: return "control";
     }
     return "?";
 }

@@ -54,6 +54,14 @@ struct UnetInputs {
     ggml_tensor* timesteps = nullptr;  // F32 ne [B]
     ggml_tensor* context = nullptr;    // ne [context_dim, tokens, B]
     ggml_tensor* y = nullptr;          // ne [adm_in_channels, B] when the UNet has label_emb, else null
+    // A ControlNet's residuals (models/controlnet.h), as ldm's
+    // ControlledUnetModel adds them: one per input block output (the shape
+    // of input_blocks.K's output), then one for the middle block; each is
+    // multiplied by control_strength and added to the skip connection the
+    // output block reads, the last to the middle block's output. Empty: no
+    // control, and the graph is the plain UNet's.
+    std::vector<ggml_tensor*> control;
+    float control_strength = 1.0f;
 };
 
 struct UnetBuildOptions {
@@ -76,7 +84,7 @@ class Unet {
     // (nothing built) when the inputs do not fit the network: x's channels,
     // W and H not multiples of 2^(levels-1), the context width, batch sizes,
     // or `y` missing for a UNet with label_emb, given to one without, or of
-    // the wrong width.
+    // the wrong width, or control residuals of the wrong count or shapes.
     Result<ggml_tensor*> build(ggml_context* ctx, const UnetInputs& inputs, const UnetBuildOptions& options) const;
 
     // SD1/SD2's call: build() without y. Requires a UNet without label_emb
@@ -85,7 +93,7 @@ class Unet {
                        bool flash_attention) const;
 
   private:
-    struct Blocks;
+    struct Blocks;  // the decoder half; the encoder half is models/unet_encoder.h's
     Unet();
     Status declare();
 

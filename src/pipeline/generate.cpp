@@ -28,6 +28,8 @@ struct DiffusionGraphs {
     // By batch and token count: the CFG batch, or the two passes apart (one
     // graph, or two when the prompts' contexts differ in length).
     std::vector<DiffusionGraph> graphs;
+    // The ControlNet's graphs, by the same batch and token count.
+    std::vector<ControlGraph> control;
     // The CFG batch of two did not fit, or the contexts differ in length:
     // the passes run one at a time.
     bool separate_passes = false;
@@ -39,6 +41,39 @@ int64_t in_channels(const Model& model) {
 }
 int64_t out_channels(const Model& model) {
     return model.has_unet() ? model.unet().config().out_channels : model.latent_channels();
+}
+
+// The ControlNet's residuals for one evaluation of the UNet: `input` is the
+// UNet's (batch items of in_channels planes; the ControlNet reads the
+// latent's planes), and the rest as run_diffusion_batch takes them.
+Result<std::vector<float>> run_control_net(Model& model, const std::vector<float>& input,
+                                           const std::vector<float>& timesteps, const SamplingRun& p,
+                                           const std::vector<float>& context, int64_t tokens,
+                                           const std::vector<float>& y, int64_t batch, DiffusionGraphs& graphs) {
+    auto found = std::find_if(graphs.control.begin(), graphs.control.end(), [&](const ControlGraph& g) {
+        return g.shape.batch == batch && g.shape.tokens == tokens;
+    });
+    if (found == graphs.control.end()) {
+        DiffusionShape shape{p.latent_w, p.latent_h, batch, tokens, p.flash_attention};
+        auto built = build_control_graph(model, shape);
+        if (!built.ok()) return built.error();
+        graphs.control.push_back(std::move(built).value());
+        found = graphs.control.end() - 1;
+    }
+    ControlGraph& g = *found;
+    const int64_t in_ch = in_channels(model), latent_values = p.latent_w * p.latent_h * out_channels(model);
+    std::vector<float> latents;
+    for (int64_t b = 0; b < batch; ++b) {
+        const auto item = input.begin() + b * p.latent_w * p.latent_h * in_ch;
+        latents.insert(latents.end(), item, item + latent_values);
+    }
+    g.session->set_input(g.x, latents.data());
+    g.session->set_input(g.timesteps, timesteps.data());
+    g.session->set_input(g.context, context.data());
+    if (g.y) g.session->set_input(g.y, y.data());
+    g.session->set_input(g.hint, p.control_hint.data());
+    KILN_TRY(g.session->run(model.control_compute(), g.out));
+    return runtime::GraphSession::read(g.out);
 }
 
 // Runs the diffusion network on `batch` copies of the scaled latent with
@@ -74,6 +109,8 @@ Result<std::vector<float>> run_diffusion_batch(Model& model, const std::vector<f
     });
     if (found == unet.graphs.end()) {
         DiffusionShape shape{p.latent_w, p.latent_h, batch, tokens, p.flash_attention, p.ref_sizes, !valid.empty()};
+        shape.control = !p.control_hint.empty();
+        shape.control_strength = p.control_strength;
         auto built = build_diffusion_graph(model, shape);
         if (!built.ok()) return built.error();
         unet.graphs.push_back(std::move(built).value());
@@ -103,6 +140,18 @@ Result<std::vector<float>> run_diffusion_batch(Model& model, const std::vector<f
         for (const LatentSize& r : p.ref_sizes) image_tokens += (r.w / patch) * (r.h / patch);
         const std::vector<float> mask = models::flux_attention_mask(valid, image_tokens, batch);
         g.session->set_input(g.mask, mask.data());
+    }
+    if (!g.control.empty()) {
+        auto residuals = run_control_net(model, input, timesteps, p, context, tokens, y, batch, unet);
+        if (!residuals.ok()) return residuals.error();
+        size_t offset = 0;
+        for (ggml_tensor* residual : g.control) {
+            const size_t values = static_cast<size_t>(ggml_nelements(residual));
+            if (offset + values > residuals->size())
+                return Error{"the ControlNet gave fewer residuals than the UNet takes"};
+            g.session->set_input(residual, residuals->data() + offset);
+            offset += values;
+        }
     }
     KILN_TRY(g.session->run(model.diffusion_compute(), g.out));
     return runtime::GraphSession::read(g.out);
@@ -138,6 +187,7 @@ Result<std::vector<float>> run_diffusion(Model& model, const std::vector<float>&
             graph.separate_passes = true;
             // Its inputs and kept activations would hold room the passes need.
             graph.graphs.clear();
+            graph.control.clear();
         } else {
             return both.error();
         }
@@ -199,6 +249,30 @@ Result<image::Image> decode_latent(Model& model, const std::vector<float>& laten
     return img;
 }
 
+// The range of rgb_planes' values: the VAE's [-1, 1], or the ControlNet's [0, 1].
+enum class PixelRange { Signed, Unit };
+
+// `source` as planar RGB floats at width x height (resized when its size differs).
+Result<std::vector<float>> rgb_planes(const image::Image& source, int width, int height, PixelRange range) {
+    auto rgb = image::convert_channels(source, 3);
+    if (!rgb.ok()) return rgb.error();
+    image::Image img = std::move(rgb).value();
+    if (img.width != width || img.height != height) {
+        auto resized = image::resize_image(img, width, height);
+        if (!resized.ok()) return resized.error();
+        img = std::move(resized).value();
+    }
+    const size_t plane = static_cast<size_t>(width) * height;
+    std::vector<float> pixels(plane * 3);
+    for (size_t i = 0; i < plane; ++i) {
+        for (size_t ch = 0; ch < 3; ++ch) {
+            const uint8_t v = img.pixels[i * 3 + ch];
+            pixels[ch * plane + i] = range == PixelRange::Signed ? v / 127.5f - 1.0f : v / 255.0f;
+        }
+    }
+    return pixels;
+}
+
 // The image's latent (scaled): the latent distribution's mean and, with
 // `sample_rng`, also a sample of it drawn from that generator, mean + std *
 // noise (ldm's DiagonalGaussianDistribution.sample, as sd-cli and A1111
@@ -206,19 +280,9 @@ Result<image::Image> decode_latent(Model& model, const std::vector<float>& laten
 Result<std::vector<float>> encode_image(Model& model, const image::Image& source, const ValidatedRequest& p,
                                         const std::optional<VaeTiling>& tiling, Rng* sample_rng = nullptr,
                                         std::vector<float>* sample = nullptr) {
-    auto rgb = image::convert_channels(source, 3);
-    if (!rgb.ok()) return rgb.error();
-    image::Image img = std::move(rgb).value();
-    if (img.width != p.width || img.height != p.height) {
-        auto resized = image::resize_image(img, p.width, p.height);
-        if (!resized.ok()) return resized.error();
-        img = std::move(resized).value();
-    }
-    const size_t plane = static_cast<size_t>(p.width) * p.height;
-    std::vector<float> pixels(plane * 3);
-    for (size_t i = 0; i < plane; ++i) {
-        for (size_t ch = 0; ch < 3; ++ch) pixels[ch * plane + i] = img.pixels[i * 3 + ch] / 127.5f - 1.0f;
-    }
+    auto planes = rgb_planes(source, p.width, p.height, PixelRange::Signed);
+    if (!planes.ok()) return planes.error();
+    const std::vector<float>& pixels = *planes;
     auto encoded = run_vae(model, /*decode=*/false, pixels, p.width, p.height, tiling,
                            sample_rng ? VaeEncoding::Moments : VaeEncoding::Mean);
     if (!encoded.ok()) return encoded.error();
@@ -599,6 +663,19 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
     run.batch_cfg = request.batch_cfg;
     run.schedule = schedule.get();
     run.guidance = p.guidance;
+    if (request.control_image) {
+        // sd-cli's control image: RGB in [0, 1] at 8x the latent's size (the
+        // output's size with SD's VAE; the ControlNet's hint block
+        // downsamples by 8 whatever the VAE does).
+        const int64_t f = models::ControlNetConfig::kHintDownscale;
+        auto hint = rgb_planes(*request.control_image, static_cast<int>(p.latent_w * f),
+                               static_cast<int>(p.latent_h * f), PixelRange::Unit);
+        if (!hint.ok()) return hint.error().in_context("--control-image: ");
+        run.control_hint = std::move(hint).value();
+        run.control_strength = request.control_strength;
+    } else if (model.has_control_net()) {
+        KILN_LOG_WARN("--control-net without --control-image: the ControlNet is not used");
+    }
     // Kontext's reference images: each encoded (the latent distribution's
     // mean) at its own size, as sd-cli does.
     for (const image::Image& ref : request.ref_images) {
@@ -679,6 +756,10 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
         if (request.init_image) info.extra.emplace_back("Denoising strength", format_number(request.strength));
         if (p.hires) add_hires_info(*request.hires, *p.hires, info);
         if (request.mask) info.extra.emplace_back("Mask", "yes");
+        if (!run.control_hint.empty()) {
+            info.extra.emplace_back("ControlNet", model.control_net_name());
+            info.extra.emplace_back("ControlNet weight", format_number(request.control_strength));
+        }
         if (request.clip_skip > 1) info.extra.emplace_back("Clip skip", std::to_string(request.clip_skip));
         if (p.guidance > 0.0f) info.extra.emplace_back("Guidance", format_number(p.guidance));
         if (flow) {

@@ -80,6 +80,11 @@ struct SamplingRun {
     // Flux.1-Kontext's reference latents (scaled) and their sizes.
     std::vector<std::vector<float>> refs;
     std::vector<LatentSize> ref_sizes;
+    // ControlNet (Model::has_control_net()): its condition, planar RGB in
+    // [0, 1] at 8x the latent's size (empty: no control, the plain UNet),
+    // and --control-strength, the factor on its residuals.
+    std::vector<float> control_hint;
+    float control_strength = 0.9f;
 };
 
 // Runs the sampler from `x` (noise * sigmas[0], plus the init latent for

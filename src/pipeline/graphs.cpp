@@ -171,6 +171,16 @@ Result<DiffusionGraph> build_diffusion_graph(const Model& model, const Diffusion
     in.timesteps = g.timesteps = s.input(GGML_TYPE_F32, {b}, zeros.data(), "timesteps");
     in.context = g.context = s.input(GGML_TYPE_F32, {uc.context_dim, shape.tokens, b}, zeros.data(), "context");
     if (uc.adm_in_channels > 0) in.y = g.y = s.input(GGML_TYPE_F32, {uc.adm_in_channels, b}, zeros.data(), "y");
+    if (shape.control) {
+        for (const models::ControlResidualShape& r :
+             model.control_net().residual_shapes(shape.latent_w, shape.latent_h)) {
+            const std::vector<float> none(static_cast<size_t>(r.values() * b));
+            g.control.push_back(s.input(GGML_TYPE_F32, {r.w, r.h, r.c, b}, none.data(),
+                                        ("control" + std::to_string(g.control.size())).c_str()));
+        }
+        in.control = g.control;
+        in.control_strength = shape.control_strength;
+    }
     models::UnetBuildOptions options;
     options.flash_attention = shape.flash_attention;
     options.target = model.diffusion_target();
@@ -179,6 +189,35 @@ Result<DiffusionGraph> build_diffusion_graph(const Model& model, const Diffusion
     auto out = model.unet().build(s.ctx(), in, options);
     if (!out.ok()) return Error{"UNet graph: " + out.error().message};
     g.out = model.unet().weights().apply_patches(s.ctx(), *out);
+    return g;
+}
+
+Result<ControlGraph> build_control_graph(const Model& model, const DiffusionShape& shape) {
+    const models::ControlNetConfig& cc = model.control_net().config();
+    const models::UnetConfig& uc = cc.unet;
+    ControlGraph g;
+    g.shape = shape;
+    g.session = std::make_unique<runtime::GraphSession>();
+    runtime::GraphSession& s = *g.session;
+    const int64_t b = shape.batch;
+    const int64_t f = models::ControlNetConfig::kHintDownscale;
+    const int64_t hint_values = shape.latent_w * f * shape.latent_h * f * cc.hint_channels;
+    const std::vector<float> zeros(
+        static_cast<size_t>(std::max({shape.latent_w * shape.latent_h * uc.in_channels * b,
+                                      uc.context_dim * shape.tokens * b, uc.adm_in_channels * b, hint_values})));
+    models::UnetInputs in;
+    in.x = g.x = s.input(GGML_TYPE_F32, {shape.latent_w, shape.latent_h, uc.in_channels, b}, zeros.data(), "x");
+    in.timesteps = g.timesteps = s.input(GGML_TYPE_F32, {b}, zeros.data(), "timesteps");
+    in.context = g.context = s.input(GGML_TYPE_F32, {uc.context_dim, shape.tokens, b}, zeros.data(), "context");
+    if (uc.adm_in_channels > 0) in.y = g.y = s.input(GGML_TYPE_F32, {uc.adm_in_channels, b}, zeros.data(), "y");
+    g.hint =
+        s.input(GGML_TYPE_F32, {shape.latent_w * f, shape.latent_h * f, cc.hint_channels, 1}, zeros.data(), "hint");
+    models::UnetBuildOptions options;
+    options.flash_attention = shape.flash_attention;
+    options.target = model.control_target();
+    auto out = model.control_net().build(s.ctx(), in, g.hint, options);
+    if (!out.ok()) return Error{"ControlNet graph: " + out.error().message};
+    g.out = model.control_net().weights().apply_patches(s.ctx(), *out);
     return g;
 }
 

@@ -46,6 +46,10 @@ struct DiffusionShape {
     // tokens' padding is masked (Chroma).
     std::vector<LatentSize> refs;
     bool mask = false;
+    // The UNet takes the ControlNet's residuals (Model::has_control_net()),
+    // times this strength.
+    bool control = false;
+    float control_strength = 1.0f;
 };
 
 // The inputs are the graph's; set them with session->set_input. Those a
@@ -63,10 +67,28 @@ struct DiffusionGraph {
     std::vector<ggml_tensor*> refs;   // Kontext: ne [w, h, channels, batch] each
     // Chroma: the key mask ne flux_attention_mask_shape() over the tokens.
     ggml_tensor* mask = nullptr;
+    // The ControlNet's residuals, ne [w, h, c, batch] each
+    // (models::ControlNet::residual_shapes); set them from ControlGraph::out.
+    std::vector<ggml_tensor*> control;
     ggml_tensor* out = nullptr;  // ne [W, H, out_channels, batch]
 };
 // An error only when the shapes break the UNet's contract (a bug upstream).
 Result<DiffusionGraph> build_diffusion_graph(const Model& model, const DiffusionShape& shape);
+// The ControlNet's graph over the diffusion network's inputs of `shape` and
+// the control image (planar RGB in [0, 1] at 8x the latent's size, batch 1:
+// every batch item reads the same condition).
+struct ControlGraph {
+    std::unique_ptr<runtime::GraphSession> session;
+    DiffusionShape shape;
+    ggml_tensor* x = nullptr;          // ne [W, H, latent channels, batch]
+    ggml_tensor* timesteps = nullptr;  // ne [batch]
+    ggml_tensor* context = nullptr;    // ne [context width, tokens, batch]
+    ggml_tensor* y = nullptr;          // SDXL's label_emb vector ne [adm width, batch], else null
+    ggml_tensor* hint = nullptr;       // ne [8 W, 8 H, hint channels, 1]
+    ggml_tensor* out = nullptr;        // every residual, flattened (models::ControlNet::build)
+};
+// An error only when the shapes break the ControlNet's contract (a bug upstream).
+Result<ControlGraph> build_control_graph(const Model& model, const DiffusionShape& shape);
 // The number of tokens a job's context has when its prompts fit one chunk
 // (CLIP's 77), T5's fixed length, or the prompt length kiln plan assumes for
 // an LLM (TextEncoderUse::plan_tokens).

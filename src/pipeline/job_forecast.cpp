@@ -35,17 +35,30 @@ Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, 
     // Chroma's DiT takes the padding mask as an input of its own.
     bool masked = false;
     for (const TextEncoder& encoder : model.text_encoders()) masked = masked || encoder.use->mask_padding;
+    // With a ControlNet, it runs before the UNet at every step, at the same
+    // batch, and the UNet takes its residuals as inputs.
+    const bool control = model.has_control_net();
     auto add_unet = [&](int64_t b) -> Status {
-        auto g = build_diffusion_graph(model, {lw, lh, b, context_tokens, flash_attention, {}, masked});
+        DiffusionShape shape{lw, lh, b, context_tokens, flash_attention, {}, masked};
+        shape.control = control;
+        if (control) {
+            auto c = build_control_graph(model, shape);
+            if (!c.ok()) return c.error();
+            KILN_TRY(add(model.control_compute(), *c->session, c->out));
+        }
+        auto g = build_diffusion_graph(model, shape);
         if (!g.ok()) return g.error();
         return add(model.diffusion_compute(), *g->session, g->out);
     };
+    const size_t before_unet = out.modules.size();
     KILN_TRY(add_unet(batch));
     // A CFG batch that does not fit runs as two passes of one (generate).
-    if (!out.modules.back().run.fits && batch == 2) {
-        out.modules.pop_back();
+    const bool batch_fits = std::all_of(out.modules.begin() + static_cast<long>(before_unet), out.modules.end(),
+                                        [](const ModuleForecast& m) { return m.run.fits; });
+    if (!batch_fits && batch == 2) {
+        out.modules.resize(before_unet);
         KILN_TRY(add_unet(1));
-        out.modules.back().separate_cfg = true;
+        for (size_t i = before_unet; i < out.modules.size(); ++i) out.modules[i].separate_cfg = true;
     }
     // The VAE decode; one that does not fit is retried in tiles (generate).
     auto add_decoder = [&](int64_t w, int64_t h) -> Status {

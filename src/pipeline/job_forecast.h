@@ -1,6 +1,6 @@
 // `kiln plan` / `--dry-run`: what a generation job would need where, without
-// running it. The text encoder, UNet (CFG batch of two) and VAE decoder
-// graphs of the job are built and planned by each module's executor at the
+// running it. The text encoder, ControlNet (when the model has one), UNet
+// (CFG batch of two) and VAE decoder graphs of the job are built and planned by each module's executor at the
 // device's current limit; nothing is uploaded or computed.
 #pragma once
 
@@ -16,7 +16,7 @@
 namespace kiln::pipeline {
 
 struct ModuleForecast {
-    std::string module;  // "te", "diffusion", "vae"
+    std::string module;  // "te", "diffusion", "control", "vae"
     std::string device;  // where it computes
     runtime::RunForecast run;
     bool tiled = false;         // the VAE decode would not fit whole: figures for one tile

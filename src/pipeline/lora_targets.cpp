@@ -63,6 +63,9 @@ LoraTargets::LoraTargets(Model& model) {
         model.has_unet() ? io::NameMap(family, unet_layout(model.unet().config())) : io::NameMap(family);
     for (const auto& owned : model.modules()) {
         Module& module = *owned;
+        // LoRAs are trained for the model, not its ControlNet, whose bare
+        // names (input_blocks.*) would make the UNet's ambiguous.
+        if (module.spec.role == models::ModuleRole::Control) continue;
         const bool diffusion = module.spec.role == models::ModuleRole::Diffusion;
         const io::ModelComponent component =
             module.spec.diffusers_component

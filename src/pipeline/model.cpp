@@ -51,6 +51,7 @@ std::vector<std::string> network_probes(models::NetworkKind kind) {
         // LlmEncoder's clear error instead of "no llm in it".
         case models::NetworkKind::Llm: return {"embed_tokens.weight", "token_embd.weight"};
         case models::NetworkKind::ZImageDit: return {"cap_pad_token"};
+        case models::NetworkKind::ControlNet: return {"input_hint_block.0.weight"};
     }
     return {};
 }
@@ -228,6 +229,7 @@ runtime::ModuleWeights& Module::weights() {
     if (unet) return unet->weights();
     if (flux) return flux->weights();
     if (z_image) return z_image->weights();
+    if (control) return control->weights();
     return vae->weights();
 }
 
@@ -244,6 +246,8 @@ Model::~Model() {
     for (auto& [module, reservation] : reserved_params_) reservation.first->release(reservation.second);
     stores_.clear();
 }
+
+std::string Model::control_net_name() const { return fs::path(control_->file->sources().front().path).stem().string(); }
 
 int Model::size_stride() const {
     if (has_flux()) return vae().config().downscale() * flux().config().patch;
@@ -525,6 +529,8 @@ Status Model::load_networks(const ModelPaths& paths, const ModelOptions& options
                 diffusion_ = module.get();
                 break;
             }
+            case models::NetworkKind::ControlNet:
+                return Error{"internal: a family lists a ControlNet module (it comes from --control-net)"};
         }
         modules_.push_back(std::move(module));
     }
@@ -535,6 +541,7 @@ Status Model::load_networks(const ModelPaths& paths, const ModelOptions& options
         }
     }
     KILN_TRY(has_unet() ? check_unet_inputs() : has_flux() ? check_flux_inputs() : check_z_image_inputs());
+    if (!paths.control_net.empty()) KILN_TRY(load_control_net(paths.control_net, options));
     // A file given for one module that also holds others: say which were not taken from it.
     for (size_t i = 0; i < given.size(); ++i) {
         if (given[i].flag.empty()) continue;
@@ -552,6 +559,61 @@ Status Model::load_networks(const ModelPaths& paths, const ModelOptions& options
             }
         }
     }
+    return Status::Ok();
+}
+
+// --control-net: a ControlNet for this model's UNet, a module of its own.
+// It must have been trained for the UNet's family: the same context width
+// (SD1 768, SD2 1024, SDXL 2048), channels and label_emb vector.
+Status Model::load_control_net(const std::string& path, const ModelOptions& options) {
+    auto opened = io::ModelFile::open({path});
+    if (!opened.ok()) return opened.error().as(ErrorKind::BadFile).in_context("--control-net: ");
+    files_.push_back(std::make_unique<io::ModelFile>(std::move(opened).value()));
+    const io::ModelFile& file = *files_.back();
+    const std::string where = "--control-net " + path + ": ";
+    if (!has_unet()) {
+        return Error::invalid_request(where + "ControlNets are for UNet models (SD1.x, SD2.x, SDXL); " + family_label_ +
+                                      " has none");
+    }
+    auto prefix = models::ControlNet::find_prefix(file);
+    if (!prefix) {
+        models::FileSet alone;
+        alone.files = {&file};
+        return Error::bad_file(
+            where + "not a ControlNet (no input_hint_block; found: " + models::detect_family(alone).label + ")");
+    }
+    auto net = models::ControlNet::create(file, *prefix, options.weight_type);
+    if (!net.ok()) return net.error().as(ErrorKind::BadFile).in_context(where);
+    const models::UnetConfig& cc = (*net)->config().unet;
+    const models::UnetConfig& uc = unet().config();
+    auto family_of = [](int64_t context) -> std::string {
+        if (context == 768) return "SD1.x";
+        if (context == 1024) return "SD2.x";
+        if (context == 2048) return "SDXL";
+        return "context width " + std::to_string(context);
+    };
+    if (cc.context_dim != uc.context_dim) {
+        return Error::bad_file(where + "a ControlNet for " + family_of(cc.context_dim) + " (context width " +
+                               std::to_string(cc.context_dim) + "), the model is " + family_label_ +
+                               " (its UNet's context width is " + std::to_string(uc.context_dim) + ")");
+    }
+    if (cc.model_channels != uc.model_channels || cc.level_channels != uc.level_channels ||
+        cc.res_blocks != uc.res_blocks || cc.adm_in_channels != uc.adm_in_channels) {
+        return Error::bad_file(where + "its blocks do not match the " + family_label_ +
+                               " UNet's (channels per level, resnets per level or label_emb width differ)");
+    }
+    if (cc.in_channels != unet().config().out_channels) {
+        return Error::bad_file(where + "it takes " + std::to_string(cc.in_channels) +
+                               " latent channels, the UNet makes " + std::to_string(uc.out_channels));
+    }
+    auto module = std::make_unique<Module>();
+    module->spec = {
+        "controlnet", models::ModuleRole::Control, models::NetworkKind::ControlNet, {}, "--control-net", {}};
+    module->file = &file;
+    module->prefix = *prefix;
+    module->control = std::move(net).value();
+    control_ = module.get();
+    modules_.push_back(std::move(module));
     return Status::Ok();
 }
 
@@ -694,6 +756,7 @@ namespace kiln::pipeline {
 Status Model::place_modules(const ModelOptions& options) {
     const ggml_backend_buffer_type_t cpu = ggml_backend_cpu_buffer_type();
     module_bytes_ = {{"diffusion", 0}, {"te", 0}, {"vae", 0}};
+    if (control_) module_bytes_["control"] = 0;
     for (const auto& module : modules_) module_bytes_[module->role()] += module->weights().allocation_size(cpu);
     auto placement = pipeline::place_modules(options.placement, module_bytes_, runtime::list_devices(),
                                              runtime::host_available_bytes());
@@ -726,12 +789,12 @@ Status Model::place_modules(const ModelOptions& options) {
         ggml_backend_buffer_type_t params_buft = nullptr;
         runtime::DeviceLedger* params_ledger = nullptr;  // weights kept on a device are counted there
     };
-    // In placement's priority order: diffusion, text encoders, VAE. A
+    // In placement's priority order: diffusion, ControlNet, text encoders, VAE. A
     // module's executor is named by its role ("te"), or role and network
     // when a role has several ("te.clip_g").
     std::vector<Placed> modules;
-    for (models::ModuleRole role :
-         {models::ModuleRole::Diffusion, models::ModuleRole::TextEncoder, models::ModuleRole::Vae}) {
+    for (models::ModuleRole role : {models::ModuleRole::Diffusion, models::ModuleRole::Control,
+                                    models::ModuleRole::TextEncoder, models::ModuleRole::Vae}) {
         const auto same_role =
             std::count_if(modules_.begin(), modules_.end(), [&](const auto& m) { return m->spec.role == role; });
         for (auto& module : modules_) {

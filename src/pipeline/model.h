@@ -15,6 +15,7 @@
 
 #include "io/model_file.h"
 #include "models/clip_text.h"
+#include "models/controlnet.h"
 #include "models/family.h"
 #include "models/flux_dit.h"
 #include "models/llm_encoder.h"
@@ -45,7 +46,8 @@ struct ModelPaths {
     std::string llm;                 // --llm: an LLM text encoder (Z-Image's Qwen3-4B)
     // --tokenizer: PATH (CLIP's), or per encoder "t5xxl=PATH,llm=PATH,clip_l=PATH".
     std::string tokenizer;
-    std::string embeddings;  // --embd-dir: textual-inversion embeddings
+    std::string embeddings;   // --embd-dir: textual-inversion embeddings
+    std::string control_net;  // --control-net: a ControlNet for the UNet (models/controlnet.h)
 };
 
 // --lora-apply-mode: how a LoRA changes a weight (pipeline/loras.h).
@@ -86,7 +88,7 @@ Result<TokenizerPaths> parse_tokenizer_flag(const std::string& value);
 using ModelDefaults = models::Defaults;
 
 // One network of the model and its runner. Exactly one of clip, t5, llm,
-// unet, flux, z_image and vae is set, the one spec.network names.
+// unet, flux, z_image, vae and control is set, the one spec.network names.
 struct Module {
     models::ModuleSpec spec;
     std::string prefix;  // where its tensors live in `file`
@@ -98,6 +100,7 @@ struct Module {
     std::unique_ptr<models::FluxDit> flux;
     std::unique_ptr<models::ZImageDit> z_image;
     std::unique_ptr<models::Vae> vae;
+    std::unique_ptr<models::ControlNet> control;
     std::unique_ptr<runtime::Executor> executor;
     // Where its graphs compute (placement decides; the graph builders take
     // it as a build option).
@@ -175,7 +178,15 @@ class Model {
     nn::ComputeTarget diffusion_target() const { return diffusion_->target; }
     nn::ComputeTarget vae_target() const { return vae_->target; }
     runtime::Executor& vae_compute() { return *vae_->executor; }
-    // Every module, text encoders first, then diffusion, then the VAE.
+    // The ControlNet given with --control-net, a module of its own ("control").
+    bool has_control_net() const { return control_ != nullptr; }
+    const models::ControlNet& control_net() const { return *control_->control; }
+    runtime::Executor& control_compute() { return *control_->executor; }
+    nn::ComputeTarget control_target() const { return control_->target; }
+    // The ControlNet file's stem, for image metadata.
+    std::string control_net_name() const;
+    // Every module, text encoders first, then diffusion, then the VAE, then
+    // the ControlNet.
     const std::vector<std::unique_ptr<Module>>& modules() const { return modules_; }
 
     const std::vector<ModulePlacement>& placement() const { return placement_; }
@@ -207,6 +218,7 @@ class Model {
   private:
     Model() = default;
     Status load_networks(const ModelPaths& paths, const ModelOptions& options);
+    Status load_control_net(const std::string& path, const ModelOptions& options);
     Status load_clip_tokenizer(const std::string& flag_path, const std::string& embeddings_dir,
                                const models::ClipTextEncoder& first);
     Status check_unet_inputs() const;
@@ -241,6 +253,7 @@ class Model {
     std::map<std::string, std::pair<runtime::DeviceLedger*, uint64_t>> reserved_params_;
     Module* diffusion_ = nullptr;
     Module* vae_ = nullptr;
+    Module* control_ = nullptr;
     std::atomic<bool> cancel_{false};
     std::string lora_dir_;
     LoraApplyMode lora_apply_mode_ = LoraApplyMode::Auto;

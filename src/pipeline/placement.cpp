@@ -11,14 +11,17 @@ namespace {
 using runtime::DeviceInfo;
 using runtime::ParamsLocation;
 
-const std::vector<std::string> kModules = {"diffusion", "te", "vae"};
+// In priority order. The ControlNet runs at every step beside the diffusion
+// network, so it comes next; it is placed only when the model has one.
+const std::vector<std::string> kModules = {"diffusion", "control", "te", "vae"};
+const std::string kOptionalModule = "control";
 
 // Compute buffers a module needs besides its weights, as a share of them:
 // the UNet's activations are small next to its weights, the VAE's decoder
 // works on full-resolution images with few weights. A guide for auto-fit
 // only; the executor measures the real graphs and segments or fails cleanly.
 double compute_reserve_share(const std::string& module) {
-    if (module == "diffusion") return 0.5;
+    if (module == "diffusion" || module == "control") return 0.5;
     if (module == "te") return 0.25;
     return 8.0;
 }
@@ -58,10 +61,14 @@ Result<std::vector<ModulePlacement>> place_modules(const PlacementRequest& reque
         auto it = bytes.find(m);
         return it == bytes.end() ? uint64_t{0} : it->second;
     };
+    std::vector<std::string> modules;
+    for (const std::string& m : kModules) {
+        if (m != kOptionalModule || bytes.count(m)) modules.push_back(m);
+    }
     std::vector<ModulePlacement> out;
     const bool auto_fit = request.auto_fit && request.backend.empty() && request.params_backend.empty();
     if (!auto_fit) {
-        for (const std::string& m : kModules) {
+        for (const std::string& m : modules) {
             ModulePlacement p;
             p.module = m;
             if (auto it = request.backend.find(m); it != request.backend.end()) p.compute_device = it->second;
@@ -83,7 +90,7 @@ Result<std::vector<ModulePlacement>> place_modules(const PlacementRequest& reque
     }
     if (!gpu) {
         KILN_LOG_INFO("auto-fit: no GPU-type device; every module runs on the CPU");
-        for (const std::string& m : kModules) {
+        for (const std::string& m : modules) {
             ModulePlacement p;
             p.module = m;
             out.push_back(p);
@@ -102,12 +109,12 @@ Result<std::vector<ModulePlacement>> place_modules(const PlacementRequest& reque
     // Modules run one at a time: the device keeps room for the hungriest
     // one's compute, plus staging room for every offloaded module.
     uint64_t compute_reserve = 0;
-    for (const std::string& m : kModules) {
+    for (const std::string& m : modules) {
         compute_reserve = std::max<uint64_t>(
             compute_reserve, static_cast<uint64_t>(static_cast<double>(bytes_of(m)) * compute_reserve_share(m)));
     }
     uint64_t placed = 0, staging = 0;
-    for (const std::string& m : kModules) {
+    for (const std::string& m : modules) {
         ModulePlacement p;
         p.module = m;
         p.compute_device = gpu->name;

@@ -4,7 +4,7 @@
 //
 // Auto-fit (on unless --backend or --params-backend is given): the GPU-type
 // device with the largest budget computes every module. Modules are placed
-// in priority order diffusion, text encoder, VAE; each one's weights go to
+// in priority order diffusion, ControlNet, text encoder, VAE; each one's weights go to
 // the first place with room: that GPU (leaving its compute reserve and
 // staging room for the higher-priority modules already offloaded), RAM
 // (keeping max(2 GiB, 10% of what is available) free), another GPU, disk.
@@ -24,7 +24,7 @@
 namespace kiln::pipeline {
 
 struct ModulePlacement {
-    std::string module;                  // "diffusion", "te", "vae"
+    std::string module;                  // "diffusion", "control", "te", "vae"
     std::string compute_device = "CPU";  // ggml's device name
     runtime::ParamsLocation params = runtime::ParamsLocation::ComputeDevice;
     std::string params_device;  // for ParamsLocation::OtherDevice
@@ -38,10 +38,12 @@ struct PlacementRequest {
     runtime::BudgetSpec budgets;                        // --max-vram
 };
 
-// Weight bytes of each module ("diffusion", "te", "vae") in compute types.
+// Weight bytes of each module ("diffusion", "te", "vae", and "control" when
+// the model has a ControlNet) in compute types.
 using ModuleBytes = std::map<std::string, uint64_t>;
 
-// The placement of "diffusion", "te" and "vae" in that order. `devices` is
+// The placement of "diffusion", "control" (only when `bytes` has it), "te"
+// and "vae" in that order. `devices` is
 // the registry (runtime::list_devices()); `host_available` the RAM kiln may
 // use. Errors name the flag and the bad value.
 Result<std::vector<ModulePlacement>> place_modules(const PlacementRequest& request, const ModuleBytes& bytes,

@@ -225,6 +225,26 @@ Result<ValidatedRequest> validate_request(const Model& model, const GenerationRe
         if (!hires.ok()) return hires.error();
         p.hires = std::move(hires).value();
     }
+    if (!std::isfinite(r.control_strength) || r.control_strength < 0 || r.control_strength > kMaxControlStrength) {
+        return Error::invalid_request("--control-strength must be a number in [0, " +
+                                      format_number(kMaxControlStrength) + "], got " +
+                                      format_number(r.control_strength));
+    }
+    if (r.control_image) {
+        if (!model.has_control_net()) {
+            return Error::invalid_request("--control-image needs a ControlNet: pass --control-net FILE");
+        }
+        const image::Image& control = *r.control_image;
+        if (Status s = image::validate_image(control, "--control-image"); !s.ok())
+            return s.error().as(ErrorKind::InvalidRequest);
+        // Same aspect ratio: it is resized to the output size; another one
+        // would stretch the condition out of register with the image.
+        if (static_cast<int64_t>(control.width) * p.height != static_cast<int64_t>(control.height) * p.width) {
+            return Error::invalid_request("--control-image is " + size_text(control.width, control.height) +
+                                          ", another aspect ratio than the " + size_text(p.width, p.height) +
+                                          " output; crop it or pass -W/-H of its aspect");
+        }
+    }
     return p;
 }
 

@@ -54,6 +54,7 @@ struct HiresFix {
 // Where the second pass starts: the first pass's latent resized, or its
 // decoded image resized (Lanczos) or upscaled by a model, encoded again.
 enum class HiresUpscaler { Latent, Lanczos, Model };
+constexpr float kMaxControlStrength = 10.0f;
 
 struct GenerationRequest {
     std::string prompt;
@@ -103,6 +104,11 @@ struct ValidatedHires {
     LatentResize latent_mode = LatentResize::Bilinear;  // HiresUpscaler::Latent
     std::string model_path;                             // HiresUpscaler::Model
     std::string label;  // "Latent", "Latent (nearest)" or the model file's stem (A1111's "Hires upscaler")
+    // --control-image: the ControlNet's (--control-net) condition, any
+    // channels, resized to the output size when it has the same aspect
+    // ratio; and --control-strength, sd-cli's factor on its residuals.
+    std::optional<image::Image> control_image;
+    float control_strength = 0.9f;
 };
 
 // A request with the model's defaults filled in and every field checked.
@@ -130,6 +136,9 @@ struct ValidatedRequest {
 // height not a multiple of the stride or above kMaxDimension, steps outside
 // [0, kMaxSteps], a denoising strength outside [0, 1], an upscaler that is
 // neither a latent mode nor an existing file, or a bad upscale tile size.
+// kMaxReferenceImages, or of a side outside [stride, kMaxDimension]; a
+// control image without a ControlNet, or of another aspect ratio than the
+// output; a control strength outside [0, kMaxControlStrength].
 Result<ValidatedRequest> validate_request(const Model& model, const GenerationRequest& request);
 
 }  // namespace kiln::pipeline

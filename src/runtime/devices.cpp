@@ -219,6 +219,8 @@ const std::map<std::string, std::string>& module_aliases() {
         {"condstage", "te"},
         {"vae", "vae"},
         {"clipvision", "clip_vision"},
+        {"control", "control"},
+        {"controlnet", "control"},
     };
     return aliases;
 }
@@ -338,7 +340,7 @@ Result<ggml_backend_dev_t> find_device(std::string_view name) {
 }
 
 const std::vector<std::string>& known_modules() {
-    static const std::vector<std::string> modules = {"diffusion", "te", "vae", "clip_vision"};
+    static const std::vector<std::string> modules = {"diffusion", "te", "vae", "clip_vision", "control"};
     return modules;
 }
 
@@ -358,7 +360,8 @@ Result<std::map<std::string, std::string>> parse_module_assignments(std::string_
     const std::string f(flag);
     const std::string valid_devices = (f == "--backend" ? "valid devices: " : "valid values: ") + join(device_names);
     const std::string valid_modules = "valid modules: " + join(known_modules()) +
-                                      "; aliases: unet, dit, transformer, " + "clip, text_encoder, cond_stage";
+                                      "; aliases: unet, dit, transformer, " +
+                                      "clip, text_encoder, cond_stage, controlnet";
     auto resolve_device = [&](const std::string& name) -> Result<std::string> {
         for (const std::string& d : device_names) {
             if (lower(d) == lower(name)) return d;

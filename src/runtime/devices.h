@@ -58,7 +58,7 @@ Status add_rpc_servers(const std::string& endpoints);
 // error lists the valid names.
 Result<ggml_backend_dev_t> find_device(std::string_view name);
 
-// The model modules that can be placed: "diffusion", "te", "vae", "clip_vision".
+// The model modules that can be placed: "diffusion", "te", "vae", "clip_vision", "control".
 const std::vector<std::string>& known_modules();
 
 // The canonical module name for `name`, or "" when it names no module.

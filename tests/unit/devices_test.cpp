@@ -55,7 +55,7 @@ TEST(Devices, OneDeviceForEveryModule) {
     auto a = parse_backend_assignments("cuda0", kDevices);
     ASSERT_TRUE(a.ok()) << a.error().message;
     const std::map<std::string, std::string> expected = {
-        {"diffusion", "CUDA0"}, {"te", "CUDA0"}, {"vae", "CUDA0"}, {"clip_vision", "CUDA0"}};
+        {"diffusion", "CUDA0"}, {"te", "CUDA0"}, {"vae", "CUDA0"}, {"clip_vision", "CUDA0"}, {"control", "CUDA0"}};
     EXPECT_EQ(*a, expected);
 }
 
@@ -74,8 +74,8 @@ TEST(Devices, UnknownModuleListsTheValidNames) {
     auto a = parse_backend_assignments("diffusion=cpu,upscaler=cpu", kDevices);
     ASSERT_FALSE(a.ok());
     EXPECT_EQ(a.error().message,
-              "--backend: unknown module 'upscaler' (valid modules: diffusion, te, vae, clip_vision; aliases: unet, "
-              "dit, transformer, clip, text_encoder, cond_stage)");
+              "--backend: unknown module 'upscaler' (valid modules: diffusion, te, vae, clip_vision, control; aliases: "
+              "unet, dit, transformer, clip, text_encoder, cond_stage, controlnet)");
 }
 
 TEST(Devices, UnknownDeviceListsTheValidNames) {

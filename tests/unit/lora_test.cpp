@@ -379,6 +379,28 @@ void expect_targets(Model& model, const std::vector<Expected>& expected) {
 
 // The names each family's LoRAs use in the wild, written out by hand from
 // kohya's sd-scripts, diffusers/PEFT, ComfyUI and ai-toolkit conventions.
+// A ControlNet in bare names (input_blocks.*, as ComfyUI keeps them) is no
+// LoRA target: the UNet's bare and kohya names still find the UNet's weights.
+TEST(LoraTargetsOfEveryFamily, ControlNetWeightsAreNoTargets) {
+    auto control = io::ModelFile::open({golden_path("models/controlnet_sd1_tiny.safetensors")});
+    ASSERT_TRUE(control.ok());
+    std::vector<test::SafetensorsEntry> entries;
+    for (const io::TensorInfo& t : control->tensors()) {
+        entries.push_back(test::copy_entry(*control, t, t.name.substr(std::string("control_model.").size())));
+    }
+    test::TempDir dir;
+    ModelPaths paths;
+    paths.model = {golden_path("models/sd1_tiny.safetensors")};
+    paths.tokenizer = std::string(KILN_FIXTURES_DIR) + "/tiny_tokenizer";
+    paths.control_net = dir.write("bare.safetensors", test::build_safetensors(entries, {{"kiln.unet.heads", "2"}}));
+    auto model = load_parts(paths, LoraApplyMode::Auto);
+    ASSERT_NE(model, nullptr);
+    ASSERT_TRUE(model->has_control_net());
+    const char* unet_weight = "model.diffusion_model.input_blocks.1.1.proj_in.weight";
+    expect_targets(*model, {{"input_blocks.1.1.proj_in", unet_weight, 0, -1},
+                            {"lora_unet_input_blocks_1_1_proj_in", unet_weight, 0, -1}});
+}
+
 TEST(LoraTargetsOfEveryFamily, KohyaDiffusersAndCheckpointNamesFindTheirWeights) {
     auto sdxl = load_parts(sdxl_paths(), LoraApplyMode::Auto);
     ASSERT_TRUE(sdxl);

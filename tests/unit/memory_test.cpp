@@ -59,6 +59,10 @@ struct Job {
     std::string prompt = kPrompt;
     std::string lora_dir;  // --lora-model-dir
     pipeline::LoraApplyMode lora_mode = pipeline::LoraApplyMode::Auto;
+    // --control-net, computing on the device with its weights in RAM, and
+    // --control-image (a disc of the output's size; empty: none).
+    std::string control_net;
+    bool control_image = false;
 };
 
 struct Outcome {
@@ -70,6 +74,7 @@ struct Outcome {
     int te_builds = 0, vae_builds = 0;
     int unet_runs = 0;  // UNet graph runs: one per step batched, two with separate CFG passes
     int prefetches = 0;
+    int control_segments = 0;  // the ControlNet's groups in its last run
 };
 
 // The device under test: the RPC server's RPC0, or KILN_TEST_DEVICE.
@@ -94,6 +99,10 @@ pipeline::ModelOptions options_for(const Job& job) {
     o.weight_type = job.type;
     o.lora_dir = job.lora_dir;
     o.lora_apply_mode = job.lora_mode;
+    if (!job.control_net.empty()) {
+        o.placement.backend["control"] = dev();
+        if (!o.placement.params_backend.empty()) o.placement.params_backend["control"] = "CPU";
+    }
     return o;
 }
 
@@ -101,6 +110,7 @@ Result<std::unique_ptr<Model>> load(const Job& job) {
     pipeline::ModelPaths paths;
     paths.model = {job.model};
     paths.tokenizer = job.tokenizer;
+    paths.control_net = job.control_net;
     return Model::load(paths, options_for(job));
 }
 
@@ -113,6 +123,17 @@ pipeline::GenerationRequest request_for(const Job& job) {
     r.cfg_scale = job.cfg;
     r.seed = 7;
     r.batch_cfg = job.batch_cfg;
+    if (job.control_image) {
+        image::Image disc = image::make_image(job.size, job.size, 3, 0);
+        for (int y = 0; y < job.size; ++y) {
+            for (int x = 0; x < job.size; ++x) {
+                const int dx = x - job.size / 2, dy = y - job.size / 2;
+                if (16 * (dx * dx + dy * dy) < job.size * job.size)
+                    std::fill(disc.pixel(x, y), disc.pixel(x, y) + 3, 255);
+            }
+        }
+        r.control_image = std::move(disc);
+    }
     return r;
 }
 
@@ -134,6 +155,7 @@ Result<Outcome> run_job(const Job& job) {
     o.te_builds = (*model)->text_encoders().front().executor->plans().builds();
     o.vae_builds = (*model)->vae_compute().plans().builds();
     o.prefetches = unet.store().stats().prefetches;
+    if ((*model)->has_control_net()) o.control_segments = (*model)->control_compute().stats().last_segments;
     return o;
 }
 
@@ -288,6 +310,49 @@ TEST_F(Memory, RuntimeLoraSameImageUnderEveryBudget) {
     auto r = run_job(resident);
     ASSERT_TRUE(r.ok()) << r.error().message;
     EXPECT_EQ(r->pixels, with->pixels);
+}
+
+// The ControlNet is a module of its own on the device, its weights in RAM
+// streamed by segments under a budget like the UNet's: the image is the
+// unconstrained one under every budget that runs.
+TEST_F(Memory, ControlNetSameImageUnderEveryBudget) {
+    Job job;
+    job.model = std::string(KILN_GOLDEN_DIR) + "/models/sd1_tiny.safetensors";
+    job.tokenizer = std::string(KILN_FIXTURES_DIR) + "/tiny_tokenizer";
+    job.control_net = std::string(KILN_GOLDEN_DIR) + "/models/controlnet_sd1_tiny.safetensors";
+    job.size = 16;
+    job.steps = 2;
+    auto without = run_job(job);
+    job.control_image = true;
+    auto with = run_job(job);
+    ASSERT_TRUE(without.ok()) << without.error().message;
+    ASSERT_TRUE(with.ok()) << with.error().message;
+    EXPECT_NE(with->pixels, without->pixels) << "the ControlNet changed nothing";
+    EXPECT_EQ(with->control_segments, 1);
+    // Budgets from the unconstrained peak down until a run fails: (a) and
+    // (b) on every run; the ControlNet's hint block at 8x the latent is most
+    // of its compute, so it segments in fewer budgets than the UNet.
+    const double peak_mib = static_cast<double>(with->peak) / (1024.0 * 1024.0);
+    int most_control_segments = 1, runs = 0;
+    std::string failure;
+    for (double budget = peak_mib * 0.9; budget > 0.1; budget *= 0.85) {
+        Job constrained = job;
+        constrained.budget = mib(budget);
+        auto r = run_job(constrained);
+        if (!r.ok()) {
+            failure = r.error().message;
+            break;
+        }
+        SCOPED_TRACE("budget " + constrained.budget);
+        ++runs;
+        EXPECT_EQ(r->pixels, with->pixels) << "(a) the image differs from the unconstrained run";
+        ASSERT_TRUE(r->budget.has_value());
+        EXPECT_LE(r->peak, *r->budget) << "(b) managed peak above the budget";
+        most_control_segments = std::max(most_control_segments, r->control_segments);
+    }
+    EXPECT_GE(runs, 3);
+    EXPECT_GT(most_control_segments, 1) << "the sweep should reach budgets that segment the ControlNet";
+    EXPECT_EQ(failure.rfind("out of memory: ", 0), 0u) << failure;
 }
 
 TEST_F(Memory, LargerModelSameImageUnderEveryBudget) {

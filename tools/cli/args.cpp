@@ -136,6 +136,9 @@ const std::vector<Flag>& flags() {
             {nullptr, "--embd-dir", "PATH",
              "folder of textual-inversion embeddings (.pt, .safetensors); use a file's name in the prompt",
              path_setter(&Options::embeddings_dir)},
+            {nullptr, "--control-net", "PATH",
+             "ControlNet weights for the UNet (SD1.x, SD2.x, SDXL; needs --control-image)",
+             path_setter(&Options::control_net)},
             {nullptr, "--lora-model-dir", "PATH",
              "folder of LoRA/LoHa/LoKr files (.safetensors, .ckpt, .pt, .gguf); apply one with <lora:NAME:WEIGHT> "
              "in the prompt",
@@ -233,6 +236,19 @@ const std::vector<Flag>& flags() {
              [](Options& o, const std::string& v) -> std::optional<std::string> {
                  if (v.empty()) return std::string("expected a path, got an empty string");
                  o.ref_images.push_back(v);
+                 return std::nullopt;
+             }},
+            {nullptr, "--control-image", "PATH",
+             "the ControlNet's condition (edges, depth, pose, ...), of the output's aspect ratio",
+             path_setter(&Options::control_image)},
+            {nullptr, "--control-strength", "X", "factor on the ControlNet's residuals, 0 to 10 (default 0.9)",
+             [](Options& o, const std::string& v) -> std::optional<std::string> {
+                 char* end = nullptr;
+                 const double f = std::strtod(v.c_str(), &end);
+                 if (v.empty() || *end != '\0' || !(f >= 0 && f <= 10)) {
+                     return "expected a number from 0 to 10, got '" + v + "'";
+                 }
+                 o.control_strength = static_cast<float>(f);
                  return std::nullopt;
              }},
             {nullptr, "--sampling-method", "NAME",

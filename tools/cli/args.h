@@ -39,6 +39,7 @@ struct Options {
     std::string llm;  // --llm
     std::string tokenizer;
     std::string embeddings_dir;  // --embd-dir
+    std::string control_net;     // --control-net
     std::string lora_model_dir;  // --lora-model-dir
     std::string lora_apply_mode; // --lora-apply-mode
     std::string weight_type;     // --type, validated by the io layer
@@ -64,6 +65,8 @@ struct Options {
     float flow_shift = 0.0f;  // --flow-shift: the flow time shift
     bool flow_shift_given = false;
     std::vector<std::string> ref_images;  // -r/--ref-image, repeatable
+    std::string control_image;            // --control-image
+    float control_strength = 0.9f;        // --control-strength (sd-cli's default)
     std::string sampling_method;
     std::string scheduler;
     std::string rng = "cuda";

@@ -85,6 +85,7 @@ int run_generate(const Options& options) {
     cp.llm_path = options.llm.empty() ? nullptr : options.llm.c_str();
     cp.tokenizer_path = options.tokenizer.empty() ? nullptr : options.tokenizer.c_str();
     cp.embeddings_dir = options.embeddings_dir.empty() ? nullptr : options.embeddings_dir.c_str();
+    cp.control_net_path = options.control_net.empty() ? nullptr : options.control_net.c_str();
     cp.lora_model_dir = options.lora_model_dir.empty() ? nullptr : options.lora_model_dir.c_str();
     cp.lora_apply_mode = options.lora_apply_mode.empty() ? nullptr : options.lora_apply_mode.c_str();
     cp.weight_type = options.weight_type.empty() ? nullptr : options.weight_type.c_str();
@@ -123,46 +124,42 @@ int run_generate(const Options& options) {
     }
 
     kiln_image* init = nullptr;
-    if (!options.init_image.empty()) {
-        ErrorText error;
-        if (kiln_status st = kiln_image_load_limited(
-                options.init_image.c_str(), static_cast<uint64_t>(options.max_image_pixels), &init, &error.text);
-            st != KILN_OK) {
-            KILN_LOG_ERROR("%s", error.c_str());
-            return exit_code_of(st);
-        }
-    }
     kiln_image* mask = nullptr;
-    if (!options.mask.empty()) {
-        ErrorText error;
-        if (kiln_status st = kiln_image_load_limited(
-                options.mask.c_str(), static_cast<uint64_t>(options.max_image_pixels), &mask, &error.text);
-            st != KILN_OK) {
-            kiln_images_free(init, init ? 1 : 0);
-            KILN_LOG_ERROR("%s", error.c_str());
-            return exit_code_of(st);
-        }
-    }
+    kiln_image* control = nullptr;
     std::vector<kiln_image*> refs;
     struct FreeImages {
         kiln_image*& init;
         kiln_image*& mask;
+        kiln_image*& control;
         std::vector<kiln_image*>& refs;
         ~FreeImages() {
             kiln_images_free(init, init ? 1 : 0);
             kiln_images_free(mask, mask ? 1 : 0);
+            kiln_images_free(control, control ? 1 : 0);
             for (kiln_image* r : refs) kiln_images_free(r, 1);
         }
-    } free_images{init, mask, refs};
-    for (const std::string& path : options.ref_images) {
+    } free_images{init, mask, control, refs};
+    // Reads an image flag's file; on failure logs the error after `label`.
+    auto load_image = [&](const std::string& path, const char* label, kiln_image** image) -> kiln_status {
         ErrorText error;
-        kiln_image* ref = nullptr;
-        if (kiln_status st = kiln_image_load_limited(path.c_str(), static_cast<uint64_t>(options.max_image_pixels),
-                                                     &ref, &error.text);
-            st != KILN_OK) {
-            KILN_LOG_ERROR("-r: %s", error.c_str());
+        const kiln_status st =
+            kiln_image_load_limited(path.c_str(), static_cast<uint64_t>(options.max_image_pixels), image, &error.text);
+        if (st != KILN_OK) KILN_LOG_ERROR("%s%s", label, error.c_str());
+        return st;
+    };
+    if (!options.init_image.empty()) {
+        if (kiln_status st = load_image(options.init_image, "", &init); st != KILN_OK) return exit_code_of(st);
+    }
+    if (!options.mask.empty()) {
+        if (kiln_status st = load_image(options.mask, "", &mask); st != KILN_OK) return exit_code_of(st);
+    }
+    if (!options.control_image.empty()) {
+        if (kiln_status st = load_image(options.control_image, "--control-image: ", &control); st != KILN_OK)
             return exit_code_of(st);
-        }
+    }
+    for (const std::string& path : options.ref_images) {
+        kiln_image* ref = nullptr;
+        if (kiln_status st = load_image(path, "-r: ", &ref); st != KILN_OK) return exit_code_of(st);
         refs.push_back(ref);
     }
     // kiln_generation_params takes the images as one array.
@@ -202,6 +199,8 @@ int run_generate(const Options& options) {
     gp.flow_shift = options.flow_shift;
     gp.ref_images = ref_array.empty() ? nullptr : ref_array.data();
     gp.n_ref_images = static_cast<int>(ref_array.size());
+    gp.control_image = control;
+    gp.control_strength = options.control_strength;
     gp.progress = &Progress::on_step;
     gp.progress_user_data = &progress;
     gp.hires = options.hires ? 1 : 0;
