@@ -93,6 +93,11 @@ struct GenerationRequest {
     std::optional<float> flow_shift;
     std::vector<image::Image> ref_images;
     std::optional<HiresFix> hires;  // --hires
+    // --control-image: the ControlNet's (--control-net) condition, any
+    // channels, resized to the output size when it has the same aspect
+    // ratio; and --control-strength, sd-cli's factor on its residuals.
+    std::optional<image::Image> control_image;
+    float control_strength = 0.9f;
 };
 
 // A hires fix with its sizes worked out.
@@ -104,11 +109,6 @@ struct ValidatedHires {
     LatentResize latent_mode = LatentResize::Bilinear;  // HiresUpscaler::Latent
     std::string model_path;                             // HiresUpscaler::Model
     std::string label;  // "Latent", "Latent (nearest)" or the model file's stem (A1111's "Hires upscaler")
-    // --control-image: the ControlNet's (--control-net) condition, any
-    // channels, resized to the output size when it has the same aspect
-    // ratio; and --control-strength, sd-cli's factor on its residuals.
-    std::optional<image::Image> control_image;
-    float control_strength = 0.9f;
 };
 
 // A request with the model's defaults filled in and every field checked.
