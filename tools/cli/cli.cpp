@@ -7,6 +7,7 @@
 #include "generate_command.h"
 #include "info_command.h"
 #include "rpc_server_command.h"
+#include "serve_command.h"
 #include "util/log.h"
 
 namespace kiln::cli {
@@ -34,6 +35,7 @@ int run_cli(const std::vector<std::string>& args) {
         case Command::Metadata: return run_metadata(options);
         case Command::ListDevices: return run_list_devices(options, std::cout);
         case Command::RpcServer: return run_rpc_server(options);
+        case Command::Serve: return run_serve(options);
     }
     return kExitFailure;
 }
