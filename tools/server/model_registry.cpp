@@ -95,7 +95,7 @@ std::vector<ModelEntry> ModelRegistry::list() {
                 if (it->is_directory(ec)) it.disable_recursion_pending();
                 continue;
             }
-            const std::string name = fs::relative(path, root, link_ec).generic_string();
+            const std::string name = path.lexically_relative(root).generic_string();
             if (fs::is_directory(target, link_ec)) {
                 if (fs::exists(target / "model_index.json", link_ec)) {
                     entries.push_back({name, target.string(), ""});
