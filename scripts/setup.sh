@@ -27,6 +27,7 @@ PACKAGES=(
     libopenblas-openmp-dev   # ggml's BLAS backend (KILN_BLAS), on OpenMP like ggml (cmake/openblas.cmake)
     nlohmann-json3-dev       # JSON headers (safetensors, model_index.json)
     libcpp-httplib-dev       # kiln serve's HTTP server (tools/server)
+    chromium                 # the web page's browser test (tests/web, with npm's playwright-core)
     libpng-dev libjpeg62-turbo-dev libwebp-dev zlib1g-dev  # image files (src/image)
     libgtest-dev libgmock-dev googletest
     clang libclang-rt-14-dev # libFuzzer targets in tests/fuzz
