@@ -257,7 +257,7 @@ TEST(ServerApi, BadRequestsGet400NamingTheField) {
     httplib::Client client("127.0.0.1", server.port());
     const json good = {{"prompt", "x"}, {"width", 32}, {"height", 32}, {"steps", 1}};
     const std::vector<std::pair<std::string, json>> cases = {
-        {"width", "wide"},           {"width", 512},          {"height", 1024},  {"steps", 51},
+        {"width", "wide"},           {"width", 512},          {"height", 36},          {"height", 1024},  {"steps", 51},
         {"steps", 2.5},              {"batch_count", 3},      {"cfg_scale", "x"}, {"seed", -2},
         {"sampler", "nope"},         {"scheduler", "nope"},   {"prompt", 42},    {"model", "../sd1_tiny.safetensors"},
         {"model", "/etc/passwd"},    {"model", "other.gguf"}, {"init_image", "!!not base64!!"},

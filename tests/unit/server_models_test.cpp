@@ -98,6 +98,39 @@ TEST(ServerModels, TwoModelsFromTheFolderRequestedAlternately) {
     EXPECT_EQ(server.stop(SIGINT), 0);
 }
 
+// A job that fails in the worker (a model file that cannot be loaded) is
+// reported as failed with its kind; the next job runs.
+TEST(ServerModels, AFailedJobLeavesTheServerServing) {
+    test::TempDir dir;
+    fs::copy_file(test::golden_path("models/sd1_tiny.safetensors"), dir.file("good.safetensors"));
+    dir.write("broken.safetensors", "this is not a safetensors file");
+    ServerProcess server("-t 1 " + test::tokenizer_flag() + "--model-dir " + dir.path());
+    ASSERT_TRUE(server.started()) << server.log();
+    httplib::Client client("127.0.0.1", server.port());
+    client.set_read_timeout(120, 0);
+    auto broken = client.Post("/kiln/v1/jobs", json{{"model", "broken.safetensors"}, {"prompt", "x"}}.dump(),
+                              "application/json");
+    ASSERT_TRUE(broken);
+    ASSERT_EQ(broken->status, 202);
+    const std::string id = body_json(broken)["id"];
+    EXPECT_EQ(test::wait_for_state(client, id, "failed"), "failed");
+    const json state = body_json(client.Get(("/kiln/v1/jobs/" + id).c_str()));
+    EXPECT_EQ(state["error"]["kind"], "bad file");
+    EXPECT_NE(state["error"]["message"].get<std::string>().find("broken.safetensors"), std::string::npos) << state;
+    // The synchronous APIs answer a failed job with its status.
+    auto sync = client.Post("/v1/images/generations",
+                            json{{"model", "broken.safetensors"}, {"prompt", "x"}}.dump(), "application/json");
+    ASSERT_TRUE(sync);
+    EXPECT_EQ(sync->status, 500);
+    EXPECT_EQ(body_json(sync)["error"]["type"], "server_error");
+    auto good = client.Post("/v1/images/generations",
+                            json{{"model", "good.safetensors"}, {"prompt", "x"}, {"size", "32x32"}, {"steps", 1}}.dump(),
+                            "application/json");
+    ASSERT_TRUE(good);
+    EXPECT_EQ(good->status, 200) << good->body;
+    EXPECT_EQ(server.stop(SIGTERM), 0);
+}
+
 TEST(ServerModels, BadFolderOrFlagsFailAtStart) {
     auto missing = test::run_command(std::string(KILN_BIN) + " serve --model-dir /no/such/folder --listen-port 0");
     EXPECT_EQ(missing.exit_code, 2);

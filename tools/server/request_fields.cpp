@@ -179,6 +179,9 @@ void check_limits(const JobRequest& request, const ServerLimits& limits) {
     };
     over("width", request.width, limits.max_width);
     over("height", request.height, limits.max_height);
+    // Every family's size stride is a multiple of 8 (kiln_generate checks the model's own).
+    if (request.width % 8) bad_field("width", "expected a multiple of 8, got " + std::to_string(request.width));
+    if (request.height % 8) bad_field("height", "expected a multiple of 8, got " + std::to_string(request.height));
     over("steps", request.steps, limits.max_steps);
     over("batch", request.batch, limits.max_batch);
     over("prompt", static_cast<long long>(request.prompt.size()), static_cast<long long>(limits.max_prompt_chars));
