@@ -5,8 +5,10 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <thread>
+#include <tuple>
 
 #include "server_state.h"
 
