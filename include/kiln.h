@@ -230,6 +230,18 @@ kiln_status kiln_image_save(const kiln_image* image, const char* path, char** er
  * decoding; kiln_image_load_limited sets that limit (0: the default). */
 kiln_status kiln_image_load(const char* path, kiln_image** image, char** error);
 kiln_status kiln_image_load_limited(const char* path, uint64_t max_pixels, kiln_image** image, char** error);
+/* An image file's bytes in memory, for front-ends that send images rather
+ * than write them (kiln-server). kiln_image_encode writes `format` ("png",
+ * "jpeg" or "webp") with image->parameters as kiln_image_save does; free
+ * *bytes with kiln_free_bytes. kiln_image_decode is kiln_image_load_limited
+ * on bytes (PNG, JPEG or WebP by signature, refused from the header past
+ * max_pixels, 0: the default), except that an image with alpha comes back
+ * RGBA (channels 4); its errors start with `label`. */
+kiln_status kiln_image_encode(const kiln_image* image, const char* format, uint8_t** bytes, size_t* size,
+                              char** error);
+kiln_status kiln_image_decode(const void* bytes, size_t size, const char* label, uint64_t max_pixels,
+                              kiln_image** image, char** error);
+void kiln_free_bytes(void* bytes);
 /* The generation parameters stored in an image file, as text. */
 kiln_status kiln_image_read_parameters(const char* path, char** text, char** error);
 

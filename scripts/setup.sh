@@ -26,6 +26,8 @@ PACKAGES=(
     build-essential cmake pkg-config git
     libopenblas-openmp-dev   # ggml's BLAS backend (KILN_BLAS), on OpenMP like ggml (cmake/openblas.cmake)
     nlohmann-json3-dev       # JSON headers (safetensors, model_index.json)
+    libcpp-httplib-dev       # kiln serve's HTTP server (tools/server)
+    chromium                 # the web page's browser test (tests/web, with npm's playwright-core)
     libpng-dev libjpeg62-turbo-dev libwebp-dev zlib1g-dev  # image files (src/image)
     libcurl4-openssl-dev libssl-dev  # kiln pull: HTTPS downloads, SHA-256 checks (tools/cli/hub_client, sha256)
     libcpp-httplib-dev       # the local hub the kiln pull tests serve (tests/unit/pull_test.cpp)

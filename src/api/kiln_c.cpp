@@ -485,6 +485,57 @@ kiln_status kiln_image_load_limited(const char* path, uint64_t max_pixels, kiln_
     return KILN_OK;
 }
 
+kiln_status kiln_image_encode(const kiln_image* image, const char* format, uint8_t** bytes, size_t* size,
+                              char** error) {
+    *bytes = nullptr;
+    *size = 0;
+    const std::string name = str(format);
+    kiln::image::ImageFormat fmt;
+    if (name == "png") {
+        fmt = kiln::image::ImageFormat::Png;
+    } else if (name == "jpeg" || name == "jpg") {
+        fmt = kiln::image::ImageFormat::Jpeg;
+    } else if (name == "webp") {
+        fmt = kiln::image::ImageFormat::WebP;
+    } else {
+        return fail(error, kiln::Error::invalid_request("unknown image format '" + name + "' (valid: png, jpeg, webp)"));
+    }
+    auto img = import_image(image);
+    if (!img.ok()) return fail(error, img.error());
+    kiln::image::ImageWriteOptions options;
+    if (image->parameters) options.text[kiln::image::kParametersKeyword] = image->parameters;
+    auto encoded = kiln::image::encode_image(*img, fmt, options);
+    if (!encoded.ok()) return fail(error, encoded.error());
+    auto* out = static_cast<uint8_t*>(std::malloc(encoded->empty() ? 1 : encoded->size()));
+    if (!out) return out_of_memory(error, "encoding an image");
+    std::memcpy(out, encoded->data(), encoded->size());
+    *bytes = out;
+    *size = encoded->size();
+    return KILN_OK;
+}
+
+kiln_status kiln_image_decode(const void* bytes, size_t size, const char* label, uint64_t max_pixels,
+                              kiln_image** image, char** error) {
+    *image = nullptr;
+    const std::string what = label ? label : "image";
+    if (!bytes || size == 0) return fail(error, kiln::Error::bad_file(what + ": empty image"));
+    auto img = kiln::image::decode_image(static_cast<const uint8_t*>(bytes), size, what,
+                                         max_pixels ? max_pixels : kiln::image::kDefaultMaxImagePixels);
+    if (!img.ok()) return fail(error, img.error().as(kiln::ErrorKind::BadFile));
+    // An uploaded mask may say what to repaint by its alpha (OpenAI's edits), so alpha stays.
+    auto rgb = kiln::image::convert_channels(*img, img->channels == 4 ? 4 : 3);
+    if (!rgb.ok()) return fail(error, rgb.error().as(kiln::ErrorKind::BadFile).in_context(what + ": "));
+    auto* out = static_cast<kiln_image*>(std::calloc(1, sizeof(kiln_image)));
+    if (!out || !export_image(*rgb, "", out)) {
+        kiln_images_free(out, out ? 1 : 0);
+        return out_of_memory(error, "decoding " + what);
+    }
+    *image = out;
+    return KILN_OK;
+}
+
+void kiln_free_bytes(void* bytes) { std::free(bytes); }
+
 kiln_status kiln_image_read_parameters(const char* path, char** text, char** error) {
     *text = nullptr;
     auto chunks = kiln::image::read_image_text(path);

@@ -504,6 +504,57 @@ const std::vector<Flag>& pull_flags() {
     return table;
 }
 
+// `kiln serve` has options of its own; kiln's context flags (-m, --vae, -t, ...) apply too.
+const std::vector<Flag>& serve_flags() {
+    static const std::vector<Flag> table = {
+        {nullptr, "--listen-ip", "ADDRESS",
+         "address to listen on (default 127.0.0.1; any other lets other machines in: use --api-key)",
+         [](Options& o, const std::string& v) -> std::optional<std::string> {
+             const std::string ip = v == "localhost" ? "127.0.0.1" : v;
+             in_addr addr{};
+             in6_addr addr6{};
+             if (inet_pton(AF_INET, ip.c_str(), &addr) != 1 && inet_pton(AF_INET6, ip.c_str(), &addr6) != 1)
+                 return "expected an IP address such as 127.0.0.1 or 0.0.0.0, got '" + v + "'";
+             o.listen_ip = ip;
+             return std::nullopt;
+         }},
+        {nullptr, "--listen-port", "N", "TCP port (default 1234; 0 picks a free one and prints it)",
+         int_setter(&Options::listen_port, 0, 65535)},
+        {nullptr, "--model-dir", "DIR",
+         "serve every model file and diffusers folder under DIR, chosen per request by its path in DIR",
+         path_setter(&Options::model_dir)},
+        {nullptr, "--api-key", "KEY", "require 'Authorization: Bearer KEY' or 'X-Api-Key: KEY' on every request",
+         [](Options& o, const std::string& v) -> std::optional<std::string> {
+             if (v.empty()) return std::string("expected a key, got an empty string");
+             o.api_key = v;
+             return std::nullopt;
+         }},
+        {nullptr, "--max-queue", "N", "jobs that may wait (default 16); past it requests get 429",
+         int_setter(&Options::max_queue, 1, 100000)},
+        {nullptr, "--max-loaded-models", "N", "models kept loaded at once (default 2; least recently used goes first)",
+         int_setter(&Options::max_loaded_models, 1, 64)},
+        {nullptr, "--max-width", "N", "widest image a request may ask for (default 2048)",
+         int_setter(&Options::max_width, 8, 16384)},
+        {nullptr, "--max-height", "N", "tallest image a request may ask for (default 2048)",
+         int_setter(&Options::max_height, 8, 16384)},
+        {nullptr, "--max-steps", "N", "most steps a request may ask for (default 150)",
+         int_setter(&Options::max_steps, 1, 10000)},
+        {nullptr, "--max-batch", "N", "most images per request (default 8)", int_setter(&Options::max_batch, 1, 10000)},
+        {nullptr, "--max-body-bytes", "N", "largest request body (default 67108864); larger ones get 413",
+         [](Options& o, const std::string& v) -> std::optional<std::string> {
+             long long parsed = 0;
+             if (auto err = parse_integer(v, 1024, 1ll << 34, &parsed)) return err;
+             o.max_body_bytes = parsed;
+             return std::nullopt;
+         }},
+        {nullptr, "--result-ttl", "SECONDS", "how long finished jobs and their images are kept (default 600)",
+         int_setter(&Options::result_ttl, 1, 604800)},
+        {nullptr, "--max-results", "N", "how many finished jobs are kept (default 64)",
+         int_setter(&Options::max_results, 1, 100000)},
+    };
+    return table;
+}
+
 // The flags of the main table that every subcommand takes.
 bool is_common_flag(const Flag& f) {
     const std::string name = f.long_name;
@@ -592,6 +643,10 @@ std::variant<Options, UsageError> parse_args(const std::vector<std::string>& arg
             if (is_common_flag(f)) known.push_back(&f);
         }
         i = 1;
+    } else if (!args.empty() && args[0] == "serve") {
+        options.command = Command::Serve;
+        for (const Flag& f : serve_flags()) known.push_back(&f);
+        i = 1;
     } else if (!args.empty() && args[0] == "rpc-server") {
         options.command = Command::RpcServer;
         for (const Flag& f : rpc_server_flags()) known.push_back(&f);
@@ -656,7 +711,8 @@ std::string help_text() {
            "       kiln plan [options]                  will the job fit, and how? (same as --dry-run)\n"
            "       kiln rpc-server [--host ADDRESS] [--port N] [--device NAME]   serve a device to other kilns\n"
            "       kiln pull REPO [--include PATTERN]... [--revision R] [--to DIR]   download from a model hub\n"
-           "       kiln pull --tokenizer NAME           fetch a tokenizer into kiln's cache (docs/pull.md)\n\n"
+           "       kiln pull --tokenizer NAME           fetch a tokenizer into kiln's cache (docs/pull.md)\n"
+           "       kiln serve [-m MODEL | --model-dir DIR] [--listen-port N] [--api-key KEY] ...   the HTTP server\n\n"
            "options:\n";
     auto print = [&](const std::vector<Flag>& table) {
         for (const Flag& f : table) {
@@ -684,6 +740,8 @@ std::string help_text() {
         out << "    " << s.name << std::string(s.name.size() < 8 ? 8 - s.name.size() : 1, ' ') << s.repo << ": "
             << files << "; " << s.used_by << "\n";
     }
+    out << "\nserve options (docs/server.md):\n";
+    print(serve_flags());
     return out.str();
 }
 

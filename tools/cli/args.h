@@ -22,6 +22,7 @@ enum class Command {
     RpcServer,    // kiln rpc-server [--host H] [--port P] [--device NAME]
     Plan,         // kiln plan [generation options], or --dry-run: placement and memory forecast
     Pull,         // kiln pull REPO [...] | kiln pull --tokenizer NAME: download from a model hub
+    Serve,        // kiln serve [context options] [--listen-port N] [--model-dir DIR] ...: the HTTP server
     Help,         // -h/--help
     Version,      // --version
 };
@@ -113,6 +114,21 @@ struct Options {
     std::string rpc_host = "127.0.0.1";  // an IPv4 address ("localhost" is turned into 127.0.0.1)
     int rpc_port = 50052;                // ggml's rpc-server default
     std::string rpc_device;              // "": the CPU
+
+    // `kiln serve` (tools/server/server_options.h says what each means).
+    std::string listen_ip = "127.0.0.1";
+    int listen_port = 1234;  // 0: any free port (printed at start)
+    std::string model_dir;
+    std::string api_key;
+    int max_queue = 16;
+    int max_loaded_models = 2;
+    int max_width = 2048;
+    int max_height = 2048;
+    int max_steps = 150;
+    int max_batch = 8;
+    long long max_body_bytes = 64ll << 20;
+    int result_ttl = 600;
+    int max_results = 64;
 
     // `kiln info`.
     std::vector<std::string> info_paths;

@@ -9,6 +9,7 @@
 #include "pull_command.h"
 #include "rpc_server_command.h"
 #include "upscale_command.h"
+#include "serve_command.h"
 #include "util/log.h"
 
 namespace kiln::cli {
@@ -38,6 +39,7 @@ int run_cli(const std::vector<std::string>& args) {
         case Command::ListDevices: return run_list_devices(options, std::cout);
         case Command::RpcServer: return run_rpc_server(options);
         case Command::Pull: return run_pull(options);
+        case Command::Serve: return run_serve(options);
     }
     return kExitFailure;
 }

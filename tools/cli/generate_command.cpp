@@ -9,6 +9,7 @@
 #include <string>
 
 #include "cli.h"
+#include "context_params.h"
 #include "default_model.h"
 #include "kiln.h"
 #include "output_pattern.h"
@@ -74,32 +75,8 @@ int run_generate(const Options& options) {
         model = *found;
     }
 
-    kiln_context_params cp;
-    kiln_context_params_init(&cp);
+    kiln_context_params cp = context_params_of(options);
     cp.model_path = model.empty() ? nullptr : model.c_str();
-    cp.diffusion_model_path = options.diffusion_model.empty() ? nullptr : options.diffusion_model.c_str();
-    cp.vae_path = options.vae.empty() ? nullptr : options.vae.c_str();
-    cp.clip_l_path = options.clip_l.empty() ? nullptr : options.clip_l.c_str();
-    cp.clip_g_path = options.clip_g.empty() ? nullptr : options.clip_g.c_str();
-    cp.t5xxl_path = options.t5xxl.empty() ? nullptr : options.t5xxl.c_str();
-    cp.llm_path = options.llm.empty() ? nullptr : options.llm.c_str();
-    cp.tokenizer_path = options.tokenizer.empty() ? nullptr : options.tokenizer.c_str();
-    cp.embeddings_dir = options.embeddings_dir.empty() ? nullptr : options.embeddings_dir.c_str();
-    cp.control_net_path = options.control_net.empty() ? nullptr : options.control_net.c_str();
-    cp.lora_model_dir = options.lora_model_dir.empty() ? nullptr : options.lora_model_dir.c_str();
-    cp.lora_apply_mode = options.lora_apply_mode.empty() ? nullptr : options.lora_apply_mode.c_str();
-    cp.weight_type = options.weight_type.empty() ? nullptr : options.weight_type.c_str();
-    cp.prediction = options.prediction.empty() ? nullptr : options.prediction.c_str();
-    cp.n_threads = options.threads;
-    cp.rpc_servers = options.rpc_servers.empty() ? nullptr : options.rpc_servers.c_str();
-    cp.backend = options.backend.empty() ? nullptr : options.backend.c_str();
-    cp.params_backend = options.params_backend.empty() ? nullptr : options.params_backend.c_str();
-    cp.offload_to_cpu = options.offload_to_cpu ? 1 : 0;
-    cp.disable_auto_fit = options.auto_fit ? 0 : 1;
-    cp.max_vram = options.max_vram.empty() ? nullptr : options.max_vram.c_str();
-    cp.disable_prefetch = options.disable_prefetch ? 1 : 0;
-    cp.disable_segmented_compute = options.disable_segmented_compute ? 1 : 0;
-    cp.eager_load = options.eager_load ? 1 : 0;
     const bool plan_only = options.command == Command::Plan;
     cp.plan_only = plan_only ? 1 : 0;
     cp.job_width = options.width;

@@ -1,0 +1,404 @@
+// kiln serve over real HTTP on 127.0.0.1: the native jobs API, OpenAI's and
+// A1111's, each endpoint's success and its error statuses. The images a
+// server makes must equal the CLI's for the same parameters.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+
+#include <thread>
+
+#include "server_test_support.h"
+#include "test_files.h"
+
+namespace kiln {
+namespace {
+
+using test::body_json;
+using test::error_param;
+using test::json;
+using test::ServerProcess;
+
+// A job long enough to still be running when the test acts on it; it is
+// always cancelled, never waited for.
+const json kLongJob = {{"prompt", "a long job"}, {"width", 32}, {"height", 32}, {"steps", 3000}};
+
+std::string post_job(httplib::Client& client, const json& job, int* status = nullptr) {
+    auto r = client.Post("/kiln/v1/jobs", job.dump(), "application/json");
+    if (status) *status = r ? r->status : 0;
+    return r && r->status == 202 ? body_json(r)["id"].get<std::string>() : "";
+}
+
+TEST(ServerApi, NativeJobRunsToDoneWithEventsAndTheCliImage) {
+    ServerProcess server(test::tiny_server_flags());
+    ASSERT_TRUE(server.started()) << server.log();
+    httplib::Client client("127.0.0.1", server.port());
+    const json job = {{"prompt", "a red circle"}, {"width", 32},     {"height", 48},         {"steps", 3},
+                      {"seed", 5},                {"cfg_scale", 4}, {"sampler", "euler"}, {"negative_prompt", "blurry"}};
+    auto posted = client.Post("/kiln/v1/jobs", job.dump(), "application/json");
+    ASSERT_TRUE(posted);
+    ASSERT_EQ(posted->status, 202) << posted->body;
+    const std::string id = body_json(posted)["id"];
+    EXPECT_EQ(body_json(posted)["position"], 0);
+
+    const auto events = test::read_events(server.port(), id);
+    EXPECT_EQ(events, (std::vector<std::string>{"queued", "started", "step", "step", "step", "done"}));
+
+    auto got = client.Get(("/kiln/v1/jobs/" + id).c_str());
+    ASSERT_TRUE(got);
+    ASSERT_EQ(got->status, 200);
+    const json state = body_json(got);
+    EXPECT_EQ(state["state"], "done");
+    EXPECT_EQ(state["step"], 3);
+    EXPECT_EQ(state["steps"], 3);
+    EXPECT_EQ(state["progress"], 1.0);
+    ASSERT_EQ(state["results"].size(), 1u);
+    const json& result = state["results"][0];
+    EXPECT_EQ(result["seed"], 5);
+    EXPECT_NE(result["parameters"].get<std::string>().find("Steps: 3, Sampler: Euler, Schedule type: discrete, CFG "
+                                                          "scale: 4, Seed: 5, Size: 32x48"),
+              std::string::npos)
+        << result["parameters"];
+    const image::Image served = test::decode_base64_image(result["image"]);
+    const image::Image cli = test::cli_image(
+        test::tiny_server_flags(), "-p \"a red circle\" -n blurry -W 32 -H 48 --steps 3 -s 5 --cfg-scale 4 --sampling-method euler");
+    ASSERT_EQ(served.width, 32);
+    ASSERT_EQ(served.height, 48);
+    EXPECT_EQ(served.pixels, cli.pixels);
+
+    // The same image by URL.
+    auto file = client.Get(result["url"].get<std::string>().c_str());
+    ASSERT_TRUE(file);
+    EXPECT_EQ(file->status, 200);
+    EXPECT_EQ(file->get_header_value("Content-Type"), "image/png");
+    EXPECT_EQ(file->body.substr(1, 3), "PNG");
+
+    auto models = client.Get("/kiln/v1/models");
+    ASSERT_TRUE(models);
+    EXPECT_EQ(body_json(models)["models"][0]["name"], "sd1_tiny.safetensors");
+    EXPECT_EQ(body_json(models)["models"][0]["family"], "SD1.x");
+    EXPECT_EQ(body_json(models)["models"][0]["loaded"], true);
+    EXPECT_EQ(server.stop(SIGTERM), 0);
+}
+
+TEST(ServerApi, OpenAiGenerationsEditsAndModels) {
+    ServerProcess server(test::tiny_server_flags());
+    ASSERT_TRUE(server.started()) << server.log();
+    httplib::Client client("127.0.0.1", server.port());
+    client.set_read_timeout(120, 0);
+
+    auto models = client.Get("/v1/models");
+    ASSERT_TRUE(models);
+    EXPECT_EQ(body_json(models)["data"][0]["id"], "sd1_tiny.safetensors");
+
+    // An SDK's default model name means the server's model.
+    json request = {{"model", "dall-e-3"}, {"prompt", "a red circle"}, {"n", 2}, {"size", "32x32"}, {"seed", 3}, {"steps", 2}};
+    auto generated = client.Post("/v1/images/generations", request.dump(), "application/json");
+    ASSERT_TRUE(generated);
+    ASSERT_EQ(generated->status, 200) << generated->body;
+    const json data = body_json(generated)["data"];
+    ASSERT_EQ(data.size(), 2u);
+    const image::Image first = test::decode_base64_image(data[0]["b64_json"]);
+    const image::Image second = test::decode_base64_image(data[1]["b64_json"]);
+    EXPECT_EQ(first.width, 32);
+    EXPECT_EQ(second.height, 32);
+    EXPECT_NE(first.pixels, second.pixels);  // seeds 3 and 4
+
+    request["n"] = 1;
+    request["response_format"] = "url";
+    request["output_format"] = "jpeg";
+    auto by_url = client.Post("/v1/images/generations", request.dump(), "application/json");
+    ASSERT_TRUE(by_url);
+    ASSERT_EQ(by_url->status, 200) << by_url->body;
+    const std::string url = body_json(by_url)["data"][0]["url"];
+    const std::string prefix = "http://127.0.0.1:" + std::to_string(server.port());
+    ASSERT_EQ(url.rfind(prefix, 0), 0u) << url;
+    auto jpeg = client.Get(url.substr(prefix.size()).c_str());
+    ASSERT_TRUE(jpeg);
+    EXPECT_EQ(jpeg->get_header_value("Content-Type"), "image/jpeg");
+    EXPECT_EQ(static_cast<unsigned char>(jpeg->body[0]), 0xFF);
+    EXPECT_EQ(static_cast<unsigned char>(jpeg->body[1]), 0xD8);
+
+    for (const auto& [field, value] : {std::pair<std::string, json>{"size", "32"}, {"n", 0}, {"response_format", "gif"},
+                                       {"model", "no-such-model"}}) {
+        json bad = request;
+        bad[field] = value;
+        auto r = client.Post("/v1/images/generations", bad.dump(), "application/json");
+        ASSERT_TRUE(r);
+        EXPECT_EQ(r->status, 400) << field;
+        EXPECT_EQ(error_param(r), field) << r->body;
+    }
+
+    // Edits: the first image, its right half masked white (repaint); the
+    // same as the CLI's inpainting with those files.
+    test::TempDir dir;
+    ASSERT_TRUE(image::write_image(dir.file("in.png"), first).ok());
+    image::Image mask{32, 32, 3, std::vector<uint8_t>(32 * 32 * 3, 0)};
+    for (int y = 0; y < 32; ++y)
+        for (int x = 16; x < 32; ++x) std::fill_n(mask.pixel(x, y), 3, 255);
+    ASSERT_TRUE(image::write_image(dir.file("mask.png"), mask).ok());
+    const std::vector<uint8_t> png = test::read_bytes(dir.file("in.png"));
+    const std::vector<uint8_t> mask_png = test::read_bytes(dir.file("mask.png"));
+    httplib::MultipartFormDataItems form = {
+        {"image", std::string(png.begin(), png.end()), "in.png", "image/png"},
+        {"mask", std::string(mask_png.begin(), mask_png.end()), "mask.png", "image/png"},
+        {"prompt", "a blue square", "", ""},
+        {"steps", "2", "", ""},
+        {"seed", "9", "", ""},
+    };
+    auto edited = client.Post("/v1/images/edits", form);
+    ASSERT_TRUE(edited);
+    ASSERT_EQ(edited->status, 200) << edited->body;
+    const image::Image out = test::decode_base64_image(body_json(edited)["data"][0]["b64_json"]);
+    ASSERT_EQ(out.width, 32);
+    EXPECT_EQ(out.pixels, test::cli_image(test::tiny_server_flags(), "-p \"a blue square\" --steps 2 -s 9 -i " +
+                                                                         dir.file("in.png") + " --mask " +
+                                                                         dir.file("mask.png") + " --strength 1")
+                              .pixels);
+
+    form[0].content = "this is not an image";
+    auto not_image = client.Post("/v1/images/edits", form);
+    ASSERT_TRUE(not_image);
+    EXPECT_EQ(not_image->status, 400);
+    EXPECT_EQ(error_param(not_image), "image") << not_image->body;
+    EXPECT_EQ(server.stop(SIGTERM), 0);
+}
+
+TEST(ServerApi, A1111Txt2ImgImg2ImgAndLists) {
+    ServerProcess server(test::tiny_server_flags() + " --max-steps 5000");
+    ASSERT_TRUE(server.started()) << server.log();
+    httplib::Client client("127.0.0.1", server.port());
+    client.set_read_timeout(120, 0);
+
+    const json txt2img = {{"prompt", "a red circle"}, {"negative_prompt", "blurry"}, {"seed", 7},   {"steps", 2},
+                          {"cfg_scale", 5},             {"width", 32},                {"height", 32}, {"batch_size", 2},
+                          {"sampler_name", "Euler a"},  {"scheduler", "karras"},
+                          {"override_settings", {{"sd_model_checkpoint", "sd1_tiny"}}}};
+    auto r = client.Post("/sdapi/v1/txt2img", txt2img.dump(), "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    const json reply = body_json(r);
+    ASSERT_EQ(reply["images"].size(), 2u);
+    const json info = json::parse(reply["info"].get<std::string>());
+    EXPECT_EQ(info["all_seeds"], json::array({7, 8}));
+    EXPECT_EQ(info["sampler_name"], "Euler a");
+    EXPECT_EQ(info["sd_model_name"], "sd1_tiny");
+    EXPECT_NE(info["infotexts"][1].get<std::string>().find("Sampler: Euler a, Schedule type: karras, CFG scale: 5, Seed: 8"),
+              std::string::npos)
+        << info["infotexts"][1];
+    EXPECT_EQ(reply["parameters"]["prompt"], "a red circle");
+    const image::Image second = test::decode_base64_image(reply["images"][1]);
+    EXPECT_EQ(second.pixels,
+              test::cli_image(test::tiny_server_flags(), "-p \"a red circle\" -n blurry -W 32 -H 32 --steps 2 -s 8 "
+                                                         "--cfg-scale 5 --sampling-method euler_a --scheduler karras")
+                  .pixels);
+
+    json img2img = {{"prompt", "a blue square"}, {"init_images", {reply["images"][0]}}, {"denoising_strength", 0.5},
+                    {"steps", 4},                {"width", 512},                        {"height", 512}};
+    auto i2i = client.Post("/sdapi/v1/img2img", img2img.dump(), "application/json");
+    ASSERT_TRUE(i2i);
+    ASSERT_EQ(i2i->status, 200) << i2i->body;
+    EXPECT_EQ(test::decode_base64_image(body_json(i2i)["images"][0]).width, 32);  // the init image's size
+
+    img2img["init_images"] = json::array({"bm90IGFuIGltYWdl"});  // "not an image"
+    auto bad_image = client.Post("/sdapi/v1/img2img", img2img.dump(), "application/json");
+    ASSERT_TRUE(bad_image);
+    EXPECT_EQ(bad_image->status, 400);
+    EXPECT_EQ(error_param(bad_image), "init_images[0]") << bad_image->body;
+
+    json bad_sampler = txt2img;
+    bad_sampler["sampler_name"] = "Nope";
+    auto sampler = client.Post("/sdapi/v1/txt2img", bad_sampler.dump(), "application/json");
+    ASSERT_TRUE(sampler);
+    EXPECT_EQ(sampler->status, 400);
+    EXPECT_EQ(error_param(sampler), "sampler_name");
+
+    auto samplers = body_json(client.Get("/sdapi/v1/samplers"));
+    EXPECT_EQ(samplers[0]["name"], "Euler a");
+    EXPECT_EQ(samplers.size(), 11u);
+    auto schedulers = body_json(client.Get("/sdapi/v1/schedulers"));
+    EXPECT_EQ(schedulers[2]["name"], "karras");
+    EXPECT_EQ(body_json(client.Get("/sdapi/v1/loras")), json::array());
+    EXPECT_EQ(body_json(client.Get("/sdapi/v1/upscalers")), json::array());
+    auto models = body_json(client.Get("/sdapi/v1/sd-models"));
+    EXPECT_EQ(models[0]["title"], "sd1_tiny.safetensors");
+    EXPECT_EQ(models[0]["model_name"], "sd1_tiny");
+    EXPECT_EQ(body_json(client.Get("/sdapi/v1/options"))["sd_model_checkpoint"], "sd1_tiny.safetensors");
+    auto bad_option = client.Post("/sdapi/v1/options", R"({"sd_model_checkpoint": "other.safetensors"})", "application/json");
+    ASSERT_TRUE(bad_option);
+    EXPECT_EQ(bad_option->status, 400);
+    EXPECT_EQ(error_param(bad_option), "sd_model_checkpoint");
+    auto good_option = client.Post("/sdapi/v1/options", R"({"sd_model_checkpoint": "sd1_tiny.safetensors"})", "application/json");
+    ASSERT_TRUE(good_option);
+    EXPECT_EQ(good_option->status, 200);
+
+    // Progress while a job runs, interrupt stops it.
+    const std::string id = post_job(client, kLongJob);
+    ASSERT_FALSE(id.empty());
+    ASSERT_EQ(test::wait_for_state(client, id, "running"), "running");
+    json progress;
+    do {
+        progress = body_json(client.Get("/sdapi/v1/progress"));
+    } while (progress["state"]["sampling_step"] == 0);
+    EXPECT_EQ(progress["state"]["job"], id);
+    EXPECT_EQ(progress["state"]["sampling_steps"], 3000);
+    EXPECT_GT(progress["progress"].get<double>(), 0.0);
+    EXPECT_TRUE(progress["current_image"].is_null());
+    auto interrupted = client.Post("/sdapi/v1/interrupt", "", "application/json");
+    ASSERT_TRUE(interrupted);
+    EXPECT_EQ(interrupted->status, 200);
+    EXPECT_EQ(test::wait_for_state(client, id, "cancelled"), "cancelled");
+    EXPECT_EQ(server.stop(SIGTERM), 0);
+}
+
+TEST(ServerApi, BadRequestsGet400NamingTheField) {
+    ServerProcess server(test::tiny_server_flags() + " --max-width 256 --max-height 256 --max-steps 50 --max-batch 2 "
+                                                     "--max-body-bytes 100000");
+    ASSERT_TRUE(server.started()) << server.log();
+    httplib::Client client("127.0.0.1", server.port());
+    const json good = {{"prompt", "x"}, {"width", 32}, {"height", 32}, {"steps", 1}};
+    const std::vector<std::pair<std::string, json>> cases = {
+        {"width", "wide"},           {"width", 512},          {"height", 36},          {"height", 1024},  {"steps", 51},
+        {"steps", 2.5},              {"batch_count", 3},      {"cfg_scale", "x"}, {"seed", -2},
+        {"sampler", "nope"},         {"scheduler", "nope"},   {"prompt", 42},    {"model", "../sd1_tiny.safetensors"},
+        {"model", "/etc/passwd"},    {"model", "other.gguf"}, {"init_image", "!!not base64!!"},
+        {"init_image", "aGVsbG8gd29ybGQ="},  // "hello world"
+        {"mask", "aGVsbG8gd29ybGQ="},        {"output_format", "gif"}, {"strength", 2}};
+    for (const auto& [field, value] : cases) {
+        json bad = good;
+        bad[field] = value;
+        auto r = client.Post("/kiln/v1/jobs", bad.dump(), "application/json");
+        ASSERT_TRUE(r);
+        EXPECT_EQ(r->status, 400) << field << " = " << value.dump();
+        EXPECT_EQ(error_param(r), field) << r->body;
+        EXPECT_EQ(body_json(r)["error"]["message"].get<std::string>().rfind(field, 0), 0u) << r->body;
+    }
+    auto prompt = client.Post("/kiln/v1/jobs", json{{"prompt", std::string(20000, 'a')}}.dump(), "application/json");
+    ASSERT_TRUE(prompt);
+    EXPECT_EQ(prompt->status, 400);
+    EXPECT_EQ(error_param(prompt), "prompt");
+
+    auto not_json = client.Post("/kiln/v1/jobs", "{\"prompt\": ", "application/json");
+    ASSERT_TRUE(not_json);
+    EXPECT_EQ(not_json->status, 400);
+    EXPECT_EQ(error_param(not_json), "body");
+    auto array = client.Post("/kiln/v1/jobs", "[1, 2]", "application/json");
+    ASSERT_TRUE(array);
+    EXPECT_EQ(error_param(array), "body");
+
+    // Over --max-body-bytes: refused from Content-Length.
+    auto big = client.Post("/kiln/v1/jobs", json{{"prompt", std::string(200000, 'a')}}.dump(), "application/json");
+    ASSERT_TRUE(big);
+    EXPECT_EQ(big->status, 413);
+
+    auto missing = client.Get("/kiln/v1/jobs/0123abcd");
+    ASSERT_TRUE(missing);
+    EXPECT_EQ(missing->status, 404);
+    auto no_route = client.Get("/no/such/endpoint");
+    ASSERT_TRUE(no_route);
+    EXPECT_EQ(no_route->status, 404);
+    EXPECT_EQ(body_json(no_route)["error"]["type"], "invalid_request_error");
+
+    // After all that, a good job still runs.
+    const std::string id = post_job(client, good);
+    ASSERT_FALSE(id.empty());
+    EXPECT_EQ(test::wait_for_state(client, id, "done"), "done");
+    EXPECT_EQ(server.stop(SIGTERM), 0);
+}
+
+TEST(ServerApi, ApiKeyIsRequiredFromEitherHeader) {
+    ServerProcess server(test::tiny_server_flags() + " --api-key s3cret");
+    ASSERT_TRUE(server.started()) << server.log();
+    httplib::Client client("127.0.0.1", server.port());
+    auto none = client.Get("/v1/models");
+    ASSERT_TRUE(none);
+    EXPECT_EQ(none->status, 401);
+    EXPECT_EQ(body_json(none)["error"]["type"], "authentication_error");
+    auto wrong = client.Get("/v1/models", {{"Authorization", "Bearer s3cre"}});
+    ASSERT_TRUE(wrong);
+    EXPECT_EQ(wrong->status, 401);
+    auto wrong_long = client.Get("/v1/models", {{"X-Api-Key", "s3cret-and-more"}});
+    ASSERT_TRUE(wrong_long);
+    EXPECT_EQ(wrong_long->status, 401);
+    auto post = client.Post("/kiln/v1/jobs", json{{"prompt", "x"}}.dump(), "application/json");
+    ASSERT_TRUE(post);
+    EXPECT_EQ(post->status, 401);
+    auto bearer = client.Get("/v1/models", {{"Authorization", "Bearer s3cret"}});
+    ASSERT_TRUE(bearer);
+    EXPECT_EQ(bearer->status, 200);
+    auto header = client.Get("/sdapi/v1/sd-models", {{"X-Api-Key", "s3cret"}});
+    ASSERT_TRUE(header);
+    EXPECT_EQ(header->status, 200);
+    auto page = client.Get("/");  // the page asks for the key itself
+    ASSERT_TRUE(page);
+    EXPECT_EQ(page->status, 200);
+    EXPECT_EQ(server.stop(SIGTERM), 0);
+}
+
+TEST(ServerApi, CancelsQueuedAndRunningJobsAndAFullQueueGets429) {
+    ServerProcess server(test::tiny_server_flags() + " --max-queue 1 --max-steps 5000");
+    ASSERT_TRUE(server.started()) << server.log();
+    httplib::Client client("127.0.0.1", server.port());
+    const std::string running = post_job(client, kLongJob);
+    ASSERT_FALSE(running.empty());
+    ASSERT_EQ(test::wait_for_state(client, running, "running"), "running");
+
+    auto queued_reply = client.Post("/kiln/v1/jobs", kLongJob.dump(), "application/json");
+    ASSERT_TRUE(queued_reply);
+    ASSERT_EQ(queued_reply->status, 202);
+    EXPECT_EQ(body_json(queued_reply)["position"], 1);
+    const std::string queued = body_json(queued_reply)["id"];
+
+    auto full = client.Post("/kiln/v1/jobs", kLongJob.dump(), "application/json");
+    ASSERT_TRUE(full);
+    EXPECT_EQ(full->status, 429);
+    ASSERT_TRUE(full->has_header("Retry-After"));
+    EXPECT_GE(std::stoi(full->get_header_value("Retry-After")), 1);
+
+    auto cancel_queued = client.Post(("/kiln/v1/jobs/" + queued + "/cancel").c_str(), "", "application/json");
+    ASSERT_TRUE(cancel_queued);
+    EXPECT_EQ(cancel_queued->status, 200);
+    EXPECT_EQ(body_json(cancel_queued)["state"], "cancelled");
+    EXPECT_EQ(test::read_events(server.port(), queued), (std::vector<std::string>{"queued", "cancelled"}));
+
+    auto cancel_running = client.Post(("/kiln/v1/jobs/" + running + "/cancel").c_str(), "", "application/json");
+    ASSERT_TRUE(cancel_running);
+    EXPECT_EQ(cancel_running->status, 200);
+    EXPECT_EQ(test::wait_for_state(client, running, "cancelled"), "cancelled");
+    const json state = body_json(client.Get(("/kiln/v1/jobs/" + running).c_str()));
+    EXPECT_EQ(state["error"]["kind"], "cancelled");
+    EXPECT_LT(state["step"].get<int>(), 3000);
+    auto again = client.Post(("/kiln/v1/jobs/" + running + "/cancel").c_str(), "", "application/json");
+    ASSERT_TRUE(again);
+    EXPECT_EQ(again->status, 409);
+
+    // The next job starts and finishes.
+    const std::string next = post_job(client, {{"prompt", "x"}, {"width", 32}, {"height", 32}, {"steps", 1}});
+    ASSERT_FALSE(next.empty());
+    EXPECT_EQ(test::wait_for_state(client, next, "done"), "done");
+    EXPECT_EQ(server.stop(SIGTERM), 0);
+}
+
+TEST(ServerApi, ShutdownCancelsTheRunningJobAnswersQueued503AndExits0) {
+    ServerProcess server(test::tiny_server_flags() + " --max-steps 5000");
+    ASSERT_TRUE(server.started()) << server.log();
+    httplib::Client client("127.0.0.1", server.port());
+    const std::string running = post_job(client, kLongJob);
+    ASSERT_EQ(test::wait_for_state(client, running, "running"), "running");
+
+    int waiting_status = 0;
+    std::thread waiting([&] {
+        httplib::Client sync_client("127.0.0.1", server.port());
+        sync_client.set_read_timeout(120, 0);
+        auto r = sync_client.Post("/sdapi/v1/txt2img", R"({"prompt": "queued", "width": 32, "height": 32})",
+                                  "application/json");
+        waiting_status = r ? r->status : -1;
+    });
+    // Stop once the synchronous request's job is queued behind the running one.
+    while (body_json(client.Get("/sdapi/v1/progress"))["state"]["job_count"] != 2) std::this_thread::yield();
+    EXPECT_EQ(server.stop(SIGTERM), 0);
+    waiting.join();
+    EXPECT_EQ(waiting_status, 503);
+}
+
+}  // namespace
+}  // namespace kiln

@@ -1,0 +1,217 @@
+// kiln serve with --model-dir: models listed with their family, chosen per
+// request, loaded on first use and evicted past --max-loaded-models; names
+// resolve only inside the folder. And a small load: many clients at once.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "server_test_support.h"
+#include "test_files.h"
+
+namespace kiln {
+namespace {
+
+namespace fs = std::filesystem;
+using test::body_json;
+using test::error_param;
+using test::json;
+using test::ServerProcess;
+
+// A model folder with two tiny models, a folder that is no model, and
+// symlinks in and out of it.
+struct ModelFolder {
+    test::TempDir outside;
+    test::TempDir dir;
+    ModelFolder() {
+        fs::create_directories(dir.file("sd2"));
+        fs::copy_file(test::golden_path("models/sd1_tiny.safetensors"), dir.file("sd1_tiny.safetensors"));
+        fs::copy_file(test::golden_path("models/sd2_tiny.safetensors"), dir.file("sd2/sd2_tiny.safetensors"));
+        dir.write("notes/readme.txt", "not a model");
+        fs::copy_file(test::golden_path("models/sd1_tiny.safetensors"), outside.file("secret.safetensors"));
+        fs::create_symlink(outside.file("secret.safetensors"), dir.file("escape.safetensors"));
+        fs::create_symlink(dir.file("sd1_tiny.safetensors"), dir.file("alias.safetensors"));
+    }
+};
+
+TEST(ServerModels, TwoModelsFromTheFolderRequestedAlternately) {
+    ModelFolder folder;
+    ServerProcess server("-t 1 " + test::tokenizer_flag() + "--model-dir " + folder.dir.path() +
+                         " --max-loaded-models 1");
+    ASSERT_TRUE(server.started()) << server.log();
+    httplib::Client client("127.0.0.1", server.port());
+    client.set_read_timeout(120, 0);
+
+    const json models = body_json(client.Get("/kiln/v1/models"))["models"];
+    ASSERT_EQ(models.size(), 3u) << models.dump();
+    EXPECT_EQ(models[0]["name"], "alias.safetensors");  // a symlink inside the folder counts
+    EXPECT_EQ(models[1]["name"], "sd1_tiny.safetensors");
+    EXPECT_EQ(models[1]["family"], "SD1.x");
+    EXPECT_EQ(models[2]["name"], "sd2/sd2_tiny.safetensors");
+    EXPECT_EQ(models[2]["family"], "SD2.x");
+
+    const std::string args = "-W 32 -H 32 --steps 2 -s 4 --cfg-scale 3 --sampling-method euler -p \"a red circle\"";
+    const image::Image sd1 = test::cli_image("-t 1 " + test::tokenizer_flag() + "-m " + folder.dir.file("sd1_tiny.safetensors"), args);
+    const image::Image sd2 =
+        test::cli_image("-t 1 " + test::tokenizer_flag() + "-m " + folder.dir.file("sd2/sd2_tiny.safetensors"), args);
+    ASSERT_FALSE(sd1.pixels.empty());
+    ASSERT_NE(sd1.pixels, sd2.pixels);
+    for (const char* model : {"sd1_tiny.safetensors", "sd2/sd2_tiny.safetensors", "sd1_tiny", "sd2/sd2_tiny.safetensors"}) {
+        const json request = {{"model", model}, {"prompt", "a red circle"}, {"size", "32x32"}, {"steps", 2},
+                              {"seed", 4},      {"cfg_scale", 3},          {"sampler", "euler"}};
+        auto r = client.Post("/v1/images/generations", request.dump(), "application/json");
+        ASSERT_TRUE(r);
+        ASSERT_EQ(r->status, 200) << r->body;
+        const image::Image got = test::decode_base64_image(body_json(r)["data"][0]["b64_json"]);
+        EXPECT_EQ(got.pixels, std::string(model).rfind("sd1", 0) == 0 ? sd1.pixels : sd2.pixels) << model;
+        // --max-loaded-models 1: only the last one stays loaded.
+        const json listed = body_json(client.Get("/kiln/v1/models"))["models"];
+        int loaded = 0;
+        for (const json& m : listed) loaded += m["loaded"].get<bool>() ? 1 : 0;
+        EXPECT_EQ(loaded, 1);
+    }
+    // A1111's options switch the default model.
+    auto set = client.Post("/sdapi/v1/options", R"({"sd_model_checkpoint": "sd2/sd2_tiny.safetensors"})", "application/json");
+    ASSERT_TRUE(set);
+    EXPECT_EQ(set->status, 200);
+    auto txt2img = client.Post("/sdapi/v1/txt2img",
+                               R"({"prompt": "a red circle", "width": 32, "height": 32, "steps": 2, "seed": 4,
+                                   "cfg_scale": 3, "sampler_name": "Euler"})",
+                               "application/json");
+    ASSERT_TRUE(txt2img);
+    ASSERT_EQ(txt2img->status, 200) << txt2img->body;
+    EXPECT_EQ(test::decode_base64_image(body_json(txt2img)["images"][0]).pixels, sd2.pixels);
+
+    for (const char* name : {"../" , "../outside.safetensors", "sd2/../../x.safetensors", "/etc/passwd",
+                             "escape.safetensors", "notes", "notes/readme.txt", "missing.gguf"}) {
+        const json request = {{"model", name}, {"prompt", "x"}};
+        auto r = client.Post("/kiln/v1/jobs", request.dump(), "application/json");
+        ASSERT_TRUE(r);
+        EXPECT_EQ(r->status, 400) << name;
+        EXPECT_EQ(error_param(r), "model") << r->body;
+    }
+    EXPECT_EQ(server.stop(SIGINT), 0);
+}
+
+// A job that fails in the worker (a model file that cannot be loaded) is
+// reported as failed with its kind; the next job runs.
+TEST(ServerModels, AFailedJobLeavesTheServerServing) {
+    test::TempDir dir;
+    fs::copy_file(test::golden_path("models/sd1_tiny.safetensors"), dir.file("good.safetensors"));
+    dir.write("broken.safetensors", "this is not a safetensors file");
+    ServerProcess server("-t 1 " + test::tokenizer_flag() + "--model-dir " + dir.path());
+    ASSERT_TRUE(server.started()) << server.log();
+    httplib::Client client("127.0.0.1", server.port());
+    client.set_read_timeout(120, 0);
+    auto broken = client.Post("/kiln/v1/jobs", json{{"model", "broken.safetensors"}, {"prompt", "x"}}.dump(),
+                              "application/json");
+    ASSERT_TRUE(broken);
+    ASSERT_EQ(broken->status, 202);
+    const std::string id = body_json(broken)["id"];
+    EXPECT_EQ(test::wait_for_state(client, id, "failed"), "failed");
+    const json state = body_json(client.Get(("/kiln/v1/jobs/" + id).c_str()));
+    EXPECT_EQ(state["error"]["kind"], "bad file");
+    EXPECT_NE(state["error"]["message"].get<std::string>().find("broken.safetensors"), std::string::npos) << state;
+    // The synchronous APIs answer a failed job with its status.
+    auto sync = client.Post("/v1/images/generations",
+                            json{{"model", "broken.safetensors"}, {"prompt", "x"}}.dump(), "application/json");
+    ASSERT_TRUE(sync);
+    EXPECT_EQ(sync->status, 500);
+    EXPECT_EQ(body_json(sync)["error"]["type"], "server_error");
+    auto good = client.Post("/v1/images/generations",
+                            json{{"model", "good.safetensors"}, {"prompt", "x"}, {"size", "32x32"}, {"steps", 1}}.dump(),
+                            "application/json");
+    ASSERT_TRUE(good);
+    EXPECT_EQ(good->status, 200) << good->body;
+    EXPECT_EQ(server.stop(SIGTERM), 0);
+}
+
+TEST(ServerModels, BadFolderOrFlagsFailAtStart) {
+    auto missing = test::run_command(std::string(KILN_BIN) + " serve --model-dir /no/such/folder --listen-port 0");
+    EXPECT_EQ(missing.exit_code, 2);
+    EXPECT_NE(missing.err.find("--model-dir"), std::string::npos) << missing.err;
+    auto both = test::run_command(std::string(KILN_BIN) + " serve -m x.gguf --model-dir /tmp --listen-port 0");
+    EXPECT_EQ(both.exit_code, 2);
+    auto bad_port = test::run_command(std::string(KILN_BIN) + " serve --listen-port 70000");
+    EXPECT_EQ(bad_port.exit_code, 2);
+    EXPECT_NE(bad_port.err.find("--listen-port"), std::string::npos) << bad_port.err;
+}
+
+TEST(ServerModels, NonLoopbackWithoutKeyWarns) {
+    ServerProcess server(test::tiny_server_flags() + " --listen-ip 0.0.0.0");
+    ASSERT_TRUE(server.started()) << server.log();
+    EXPECT_NE(server.log().find("WARNING: listening on 0.0.0.0 without --api-key"), std::string::npos) << server.log();
+    EXPECT_EQ(server.stop(SIGTERM), 0);
+}
+
+// 8 clients x 5 requests, mixed sizes, some cancelled: every answer is 200,
+// 202 or 429, and every accepted job ends done or cancelled.
+TEST(ServerLoad, ConcurrentClientsGetOnlyAcceptedOrBusy) {
+    ServerProcess server(test::tiny_server_flags() + " --max-queue 4");
+    ASSERT_TRUE(server.started()) << server.log();
+    std::mutex mutex;
+    std::multiset<int> statuses;
+    std::vector<std::string> accepted, cancelled_ids;
+    std::vector<std::thread> clients;
+    for (int c = 0; c < 8; ++c) {
+        clients.emplace_back([&, c] {
+            httplib::Client client("127.0.0.1", server.port());
+            client.set_read_timeout(120, 0);
+            for (int i = 0; i < 5; ++i) {
+                const int side = 32 + 8 * ((c + i) % 3);
+                const json job = {{"prompt", "load"}, {"width", side}, {"height", side}, {"steps", 1 + (i % 3)}};
+                if ((c + i) % 4 == 3) {  // the synchronous API too
+                    auto r = client.Post("/sdapi/v1/txt2img", job.dump(), "application/json");
+                    std::lock_guard<std::mutex> lock(mutex);
+                    statuses.insert(r ? r->status : -1);
+                    continue;
+                }
+                auto r = client.Post("/kiln/v1/jobs", job.dump(), "application/json");
+                std::lock_guard<std::mutex> lock(mutex);
+                statuses.insert(r ? r->status : -1);
+                if (r && r->status == 202) {
+                    const std::string id = body_json(r)["id"];
+                    accepted.push_back(id);
+                    if (i == 2) cancelled_ids.push_back(id);
+                }
+            }
+        });
+    }
+    {
+        httplib::Client canceller("127.0.0.1", server.port());
+        for (size_t done = 0; done < 4;) {
+            std::string id;
+            {
+                std::lock_guard<std::mutex> lock(mutex);
+                if (cancelled_ids.size() > done) id = cancelled_ids[done++];
+            }
+            if (id.empty()) {
+                std::this_thread::yield();
+                std::lock_guard<std::mutex> lock(mutex);
+                if (statuses.size() == 40) break;
+                continue;
+            }
+            auto r = canceller.Post(("/kiln/v1/jobs/" + id + "/cancel").c_str(), "", "application/json");
+            ASSERT_TRUE(r);
+            EXPECT_TRUE(r->status == 200 || r->status == 409) << r->status;  // 409: it had finished
+        }
+    }
+    for (std::thread& t : clients) t.join();
+    for (int status : statuses) EXPECT_TRUE(status == 200 || status == 202 || status == 429) << status;
+    EXPECT_EQ(statuses.size(), 40u);
+    EXPECT_GT(statuses.count(202), 0u);
+    httplib::Client client("127.0.0.1", server.port());
+    for (const std::string& id : accepted) {
+        const std::string state = test::wait_for_state(client, id, "done");
+        EXPECT_TRUE(state == "done" || state == "cancelled") << id << ": " << state;
+    }
+    EXPECT_EQ(server.stop(SIGTERM), 0);
+}
+
+}  // namespace
+}  // namespace kiln

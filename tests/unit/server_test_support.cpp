@@ -1,0 +1,73 @@
+#include "server_test_support.h"
+
+#include <thread>
+
+#include "test_files.h"
+
+namespace kiln::test {
+
+image::Image decode_base64_image(const std::string& text) {
+    // Small enough to decode by hand here, independent of the server's own decoder.
+    static const std::string alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    std::vector<uint8_t> bytes;
+    uint32_t bits = 0;
+    int count = 0;
+    for (char c : text) {
+        const auto v = alphabet.find(c);
+        if (v == std::string::npos) continue;
+        bits = (bits << 6) | uint32_t(v);
+        if (++count == 4) {
+            bytes.push_back(uint8_t(bits >> 16));
+            bytes.push_back(uint8_t(bits >> 8));
+            bytes.push_back(uint8_t(bits));
+            bits = 0;
+            count = 0;
+        }
+    }
+    if (count == 2) bytes.push_back(uint8_t(bits >> 4));
+    if (count == 3) {
+        bytes.push_back(uint8_t(bits >> 10));
+        bytes.push_back(uint8_t(bits >> 2));
+    }
+    auto img = image::decode_image(bytes.data(), bytes.size(), "reply");
+    return img.ok() ? *img : image::Image{};
+}
+
+image::Image cli_image(const std::string& model_flags, const std::string& args) {
+    TempDir dir;
+    const std::string out = dir.file("cli.png");
+    auto r = run_command(std::string(KILN_BIN) + " " + model_flags + " " + args + " -o " + out);
+    if (r.exit_code != 0) return {};
+    auto img = image::read_image(out);
+    return img.ok() ? *img : image::Image{};
+}
+
+std::vector<std::string> read_events(int port, const std::string& job_id, const httplib::Headers& headers) {
+    httplib::Client client("127.0.0.1", port);
+    client.set_read_timeout(120, 0);
+    std::vector<std::string> types;
+    std::string pending;
+    client.Get(("/kiln/v1/jobs/" + job_id + "/events").c_str(), headers, [&](const char* data, size_t size) {
+        pending.append(data, size);
+        for (size_t end; (end = pending.find("\n\n")) != std::string::npos;) {
+            const std::string event = pending.substr(0, end);
+            pending.erase(0, end + 2);
+            if (event.rfind("event: ", 0) == 0) types.push_back(event.substr(7, event.find('\n') - 7));
+        }
+        return true;
+    });
+    return types;
+}
+
+std::string wait_for_state(httplib::Client& client, const std::string& job_id, const std::string& state) {
+    std::string now;
+    for (;;) {
+        auto r = client.Get(("/kiln/v1/jobs/" + job_id).c_str());
+        if (!r) return "no reply";
+        now = body_json(r).value("state", "");
+        if (now == state || now == "done" || now == "failed" || now == "cancelled") return now;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+}
+
+}  // namespace kiln::test

@@ -1,0 +1,44 @@
+// What the kiln serve tests share: the tiny SD1 model's server flags, HTTP
+// helpers, and decoding a base64 PNG from a reply.
+#pragma once
+
+#include <httplib.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "golden.h"
+#include "image/image_io.h"
+#include "server_process.h"
+
+namespace kiln::test {
+
+using nlohmann::json;
+
+// One thread: ctest runs tests in parallel (see cli_generate_test.cpp).
+inline std::string tokenizer_flag() { return std::string("--tokenizer ") + KILN_FIXTURES_DIR + "/tiny_tokenizer "; }
+inline std::string tiny_server_flags() {
+    return "-t 1 -m " + golden_path("models/sd1_tiny.safetensors") + " " + tokenizer_flag();
+}
+
+inline json body_json(const httplib::Result& r) { return r ? json::parse(r->body, nullptr, false) : json(); }
+
+// The field a 400 names, from the error body.
+inline std::string error_param(const httplib::Result& r) {
+    const json j = body_json(r);
+    return j.contains("error") && j["error"]["param"].is_string() ? j["error"]["param"].get<std::string>() : "";
+}
+
+// A base64 image from a reply, decoded.
+image::Image decode_base64_image(const std::string& text);
+
+// `kiln -p PROMPT ...` with the same model, for the image a job must equal.
+image::Image cli_image(const std::string& model_flags, const std::string& args);
+
+// Reads a job's server-sent events until its last one; returns their types in order.
+std::vector<std::string> read_events(int port, const std::string& job_id, const httplib::Headers& headers = {});
+
+// Polls the job until its state is `state` (or it finished otherwise); returns the last state.
+std::string wait_for_state(httplib::Client& client, const std::string& job_id, const std::string& state);
+
+}  // namespace kiln::test

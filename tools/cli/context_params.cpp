@@ -1,0 +1,35 @@
+#include "context_params.h"
+
+namespace kiln::cli {
+
+kiln_context_params context_params_of(const Options& options) {
+    auto optional = [](const std::string& s) { return s.empty() ? nullptr : s.c_str(); };
+    kiln_context_params cp;
+    kiln_context_params_init(&cp);
+    cp.diffusion_model_path = optional(options.diffusion_model);
+    cp.vae_path = optional(options.vae);
+    cp.clip_l_path = optional(options.clip_l);
+    cp.clip_g_path = optional(options.clip_g);
+    cp.t5xxl_path = optional(options.t5xxl);
+    cp.llm_path = optional(options.llm);
+    cp.tokenizer_path = optional(options.tokenizer);
+    cp.embeddings_dir = optional(options.embeddings_dir);
+    cp.control_net_path = optional(options.control_net);
+    cp.lora_model_dir = optional(options.lora_model_dir);
+    cp.lora_apply_mode = optional(options.lora_apply_mode);
+    cp.weight_type = optional(options.weight_type);
+    cp.prediction = optional(options.prediction);
+    cp.n_threads = options.threads;
+    cp.rpc_servers = optional(options.rpc_servers);
+    cp.backend = optional(options.backend);
+    cp.params_backend = optional(options.params_backend);
+    cp.offload_to_cpu = options.offload_to_cpu ? 1 : 0;
+    cp.disable_auto_fit = options.auto_fit ? 0 : 1;
+    cp.max_vram = optional(options.max_vram);
+    cp.disable_prefetch = options.disable_prefetch ? 1 : 0;
+    cp.disable_segmented_compute = options.disable_segmented_compute ? 1 : 0;
+    cp.eager_load = options.eager_load ? 1 : 0;
+    return cp;
+}
+
+}  // namespace kiln::cli

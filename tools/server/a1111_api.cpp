@@ -1,0 +1,226 @@
+// A1111's web UI API under /sdapi/v1/, as its clients (KoboldCpp's mimic,
+// sd.cpp-webui, bots and scripts) call it: txt2img and img2img answer with
+// the images, `info` and the parameters text; progress, interrupt, options
+// (sd_model_checkpoint switches the model) and the lists.
+#include <filesystem>
+
+#include "a1111_names.h"
+#include "base64.h"
+#include "request_fields.h"
+#include "server_state.h"
+
+namespace kiln::server {
+namespace {
+
+JobRequest parse_a1111(ServerState& state, const json& j, bool img2img) {
+    const ServerLimits& limits = state.options.limits;
+    JobRequest r;
+    std::string checkpoint;
+    if (j.contains("override_settings") && !j["override_settings"].is_null()) {
+        if (!j["override_settings"].is_object()) {
+            throw RequestError{400, "override_settings", "override_settings: expected an object"};
+        }
+        checkpoint = read_string(j["override_settings"], "sd_model_checkpoint");
+    }
+    r.model = state.models.resolve(checkpoint, "override_settings.sd_model_checkpoint").name;
+    r.prompt = read_string(j, "prompt");
+    r.negative_prompt = read_string(j, "negative_prompt");
+    r.width = static_cast<int>(read_integer(j, "width", 0, 0, limits.max_width));
+    r.height = static_cast<int>(read_integer(j, "height", 0, 0, limits.max_height));
+    r.steps = static_cast<int>(read_integer(j, "steps", 0, 0, limits.max_steps));
+    r.cfg_scale = static_cast<float>(read_number(j, "cfg_scale", -1, -1, 1000));
+    r.seed = read_integer(j, "seed", -1, -1, INT64_MAX);
+    const long long batch_size = read_integer(j, "batch_size", 1, 1, limits.max_batch);
+    const long long n_iter = read_integer(j, "n_iter", 1, 1, limits.max_batch);
+    if (batch_size * n_iter > limits.max_batch) {
+        throw RequestError{400, "n_iter",
+                           "n_iter: batch_size x n_iter is " + std::to_string(batch_size * n_iter) +
+                               ", over this server's limit of " + std::to_string(limits.max_batch)};
+    }
+    r.batch = static_cast<int>(batch_size * n_iter);
+    // sampler_index is the older name of sampler_name.
+    const bool has_name = j.contains("sampler_name") && !j["sampler_name"].is_null();
+    set_sampler(r, has_name ? "sampler_name" : "sampler_index", read_string(j, has_name ? "sampler_name" : "sampler_index"));
+    set_scheduler(r, "scheduler", read_string(j, "scheduler"));
+    if (!img2img) return r;
+
+    const json* images = j.contains("init_images") ? &j["init_images"] : nullptr;
+    if (!images || !images->is_array() || images->empty()) {
+        throw RequestError{400, "init_images", "init_images: expected a list of one or more base64 images"};
+    }
+    r.init_image = without_alpha(read_base64_image((*images)[0], "init_images[0]", limits));
+    if (j.contains("mask") && !j["mask"].is_null()) {
+        SharedImage mask = mask_of(read_base64_image(j["mask"], "mask", limits), false);
+        if (read_integer(j, "inpainting_mask_invert", 0, 0, 1) == 1) {
+            for (size_t i = 0; i < size_t(mask->width) * mask->height * 3; ++i) mask->data[i] = 255 - mask->data[i];
+        }
+        r.mask = mask;
+    }
+    r.strength = static_cast<float>(read_number(j, "denoising_strength", 0.75, 0.0001, 1));
+    // kiln works at the init image's size; A1111 clients send their UI's size along.
+    r.width = 0;
+    r.height = 0;
+    return r;
+}
+
+json info_of(const Job& job, const json& request) {
+    const JobRequest& r = job.request;
+    json seeds = json::array(), prompts = json::array(), negatives = json::array(), infotexts = json::array();
+    for (const JobImage& image : job.results) {
+        seeds.push_back(image.seed);
+        prompts.push_back(r.prompt);
+        negatives.push_back(r.negative_prompt);
+        infotexts.push_back(image.parameters);
+    }
+    const JobImage& first = job.results.front();
+    return {{"prompt", r.prompt},
+            {"all_prompts", prompts},
+            {"negative_prompt", r.negative_prompt},
+            {"all_negative_prompts", negatives},
+            {"seed", r.seed},
+            {"all_seeds", seeds},
+            {"subseed", -1},
+            {"all_subseeds", seeds},
+            {"subseed_strength", 0},
+            {"width", first.width},
+            {"height", first.height},
+            {"sampler_name", r.sampler.empty() ? json(nullptr) : json(a1111_sampler_label(r.sampler))},
+            {"scheduler", r.scheduler.empty() ? json("automatic") : json(r.scheduler)},
+            {"cfg_scale", r.cfg_scale < 0 ? json(nullptr) : json(r.cfg_scale)},
+            {"steps", job.steps},
+            {"batch_size", request.value("batch_size", 1)},
+            {"n_iter", request.value("n_iter", 1)},
+            {"denoising_strength", r.init_image ? json(r.strength) : json(nullptr)},
+            {"restore_faces", false},
+            {"sd_model_name", std::filesystem::path(r.model).stem().string()},
+            {"sd_model_hash", nullptr},
+            {"index_of_first_image", 0},
+            {"infotexts", infotexts},
+            {"styles", json::array()},
+            {"job_timestamp", static_cast<long long>(job.created)},
+            {"version", std::string("kiln ") + kiln_version()}};
+}
+
+void generate(ServerState& state, const httplib::Request& req, httplib::Response& res, bool img2img) {
+    const json body = parse_json_object(req.body);
+    JobRequest request = parse_a1111(state, body, img2img);
+    check_limits(request, state.options.limits);
+    int position = 0;
+    auto job = submit_job(state, std::move(request), &position);
+    wait_for_images(state, job);
+    json images = json::array();
+    json info;
+    state.jobs.with_lock([&] {
+        for (const JobImage& image : job->results) images.push_back(base64_encode(image.bytes));
+        info = info_of(*job, body);
+        return 0;
+    });
+    json parameters = body;
+    // The images are in the answer already; echoing them would double its size.
+    if (parameters.contains("init_images")) parameters["init_images"] = json::array();
+    if (parameters.contains("mask")) parameters["mask"] = nullptr;
+    send_json(res, 200, {{"images", images}, {"parameters", parameters}, {"info", info.dump()}});
+}
+
+}  // namespace
+
+void add_a1111_routes(httplib::Server& server, ServerState& state) {
+    server.Post("/sdapi/v1/txt2img", [&state](const httplib::Request& req, httplib::Response& res) {
+        guarded(res, [&] { generate(state, req, res, false); });
+    });
+    server.Post("/sdapi/v1/img2img", [&state](const httplib::Request& req, httplib::Response& res) {
+        guarded(res, [&] { generate(state, req, res, true); });
+    });
+    server.Get("/sdapi/v1/progress", [&state](const httplib::Request&, httplib::Response& res) {
+        guarded(res, [&] {
+            const auto job = state.jobs.running();
+            const int queued = state.jobs.queued_count();
+            json progress = {{"progress", 0.0}, {"eta_relative", 0.0}, {"current_image", nullptr}, {"textinfo", nullptr}};
+            json job_state = {{"skipped", false}, {"interrupted", false}, {"job", ""}, {"job_count", queued},
+                              {"job_timestamp", "0"}, {"job_no", 0}, {"sampling_step", 0}, {"sampling_steps", 0}};
+            if (job) {
+                const json d = state.jobs.describe(*job, false);
+                progress["progress"] = d["progress"];
+                progress["eta_relative"] = d["eta"].is_null() ? json(0.0) : d["eta"];
+                job_state["job"] = job->id;
+                job_state["job_count"] = queued + 1;
+                job_state["job_no"] = d["image"];
+                job_state["sampling_step"] = d["step"];
+                job_state["sampling_steps"] = d["steps"];
+                job_state["interrupted"] = state.jobs.with_lock([&] { return job->cancel_requested; });
+                job_state["job_timestamp"] = std::to_string(static_cast<long long>(job->created));
+            }
+            progress["state"] = job_state;
+            send_json(res, 200, progress);
+        });
+    });
+    server.Post("/sdapi/v1/interrupt", [&state](const httplib::Request&, httplib::Response& res) {
+        guarded(res, [&] {
+            state.jobs.cancel_running();
+            send_json(res, 200, json::object());
+        });
+    });
+    server.Post("/sdapi/v1/skip", [&state](const httplib::Request&, httplib::Response& res) {
+        guarded(res, [&] {
+            state.jobs.cancel_running();
+            send_json(res, 200, json::object());
+        });
+    });
+    server.Get("/sdapi/v1/options", [&state](const httplib::Request&, httplib::Response& res) {
+        guarded(res, [&] {
+            send_json(res, 200,
+                      {{"sd_model_checkpoint", state.models.default_model()},
+                       {"samples_format", "png"},
+                       {"sd_checkpoints_limit", state.options.max_loaded_models}});
+        });
+    });
+    server.Post("/sdapi/v1/options", [&state](const httplib::Request& req, httplib::Response& res) {
+        guarded(res, [&] {
+            const json body = parse_json_object(req.body);
+            if (body.contains("sd_model_checkpoint")) {
+                const std::string name = read_string(body, "sd_model_checkpoint");
+                state.models.set_default_model(state.models.resolve(name, "sd_model_checkpoint").name);
+            }
+            send_json(res, 200, nullptr);
+        });
+    });
+    server.Get("/sdapi/v1/sd-models", [&state](const httplib::Request&, httplib::Response& res) {
+        guarded(res, [&] {
+            json models = json::array();
+            for (const ModelEntry& m : state.models.list()) {
+                models.push_back({{"title", m.name},
+                                  {"model_name", std::filesystem::path(m.name).replace_extension().generic_string()},
+                                  {"hash", nullptr},
+                                  {"sha256", nullptr},
+                                  {"filename", m.name},
+                                  {"config", nullptr}});
+            }
+            send_json(res, 200, models);
+        });
+    });
+    server.Get("/sdapi/v1/samplers", [](const httplib::Request&, httplib::Response& res) {
+        json samplers = json::array();
+        for (const SamplerName& s : sampler_names()) {
+            json aliases = json::array({s.kiln});
+            for (const char* alias : s.aliases) aliases.push_back(alias);
+            samplers.push_back({{"name", s.a1111}, {"aliases", aliases}, {"options", json::object()}});
+        }
+        send_json(res, 200, samplers);
+    });
+    server.Get("/sdapi/v1/schedulers", [](const httplib::Request&, httplib::Response& res) {
+        json schedulers = json::array();
+        for (const SchedulerName& s : scheduler_names()) {
+            schedulers.push_back({{"name", s.a1111},
+                                  {"label", s.label},
+                                  {"aliases", nullptr},
+                                  {"default_rho", -1},
+                                  {"need_inner_model", false}});
+        }
+        send_json(res, 200, schedulers);
+    });
+    // Not served yet: LoRAs and upscalers are lists clients read at start.
+    server.Get("/sdapi/v1/loras", [](const httplib::Request&, httplib::Response& res) { send_json(res, 200, json::array()); });
+    server.Get("/sdapi/v1/upscalers", [](const httplib::Request&, httplib::Response& res) { send_json(res, 200, json::array()); });
+}
+
+}  // namespace kiln::server

@@ -1,0 +1,194 @@
+// `kiln serve`: the HTTP server around the job queue. Authentication and
+// the body limit run before routing; each API adds its own routes.
+#include <arpa/inet.h>
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <thread>
+#include <tuple>
+
+#include "server_state.h"
+
+namespace kiln::server {
+namespace {
+
+// Enough handler threads that clients waiting on synchronous APIs (A1111,
+// OpenAI) and event streams do not starve quick requests.
+constexpr size_t kHandlerThreads = 32;
+
+// Equal strings in time that depends on the length of `given` only, so a
+// wrong key's timing says nothing about how much of it was right.
+bool same_key(const std::string& given, const std::string& key) {
+    unsigned diff = given.size() == key.size() ? 0 : 1;
+    for (size_t i = 0; i < given.size(); ++i) {
+        diff |= static_cast<unsigned char>(given[i]) ^ static_cast<unsigned char>(key.empty() ? 0 : key[i % key.size()]);
+    }
+    return diff == 0;
+}
+
+bool authorized(const httplib::Request& req, const std::string& key) {
+    const std::string bearer = req.get_header_value("Authorization");
+    if (bearer.rfind("Bearer ", 0) == 0 && same_key(bearer.substr(7), key)) return true;
+    return req.has_header("X-Api-Key") && same_key(req.get_header_value("X-Api-Key"), key);
+}
+
+bool is_loopback(const std::string& ip) {
+    in_addr addr{};
+    if (inet_pton(AF_INET, ip.c_str(), &addr) == 1) return (ntohl(addr.s_addr) >> 24) == 127;
+    return ip == "::1" || ip == "localhost";
+}
+
+}  // namespace
+
+void send_json(httplib::Response& res, int status, const nlohmann::json& body) {
+    res.status = status;
+    res.set_content(body.dump(), "application/json");
+}
+
+void send_error(httplib::Response& res, const RequestError& error) {
+    const char* type = error.status == 401   ? "authentication_error"
+                       : error.status == 429 ? "rate_limit_error"
+                       : error.status >= 500 ? "server_error"
+                                             : "invalid_request_error";
+    nlohmann::json body = {{"error",
+                            {{"message", error.message},
+                             {"type", type},
+                             {"param", error.field.empty() ? nlohmann::json(nullptr) : nlohmann::json(error.field)}}},
+                           {"detail", error.message}};
+    if (error.retry_after > 0) res.set_header("Retry-After", std::to_string(error.retry_after));
+    send_json(res, error.status, body);
+}
+
+int status_for_failure(kiln_status status, bool shutdown) {
+    if (shutdown) return 503;
+    switch (status) {
+        case KILN_ERROR_INVALID_REQUEST: return 400;
+        case KILN_ERROR_CANCELLED: return 409;
+        default: return 500;
+    }
+}
+
+std::shared_ptr<Job> submit_job(ServerState& state, JobRequest request, int* position) {
+    std::shared_ptr<Job> job;
+    switch (state.jobs.submit(std::move(request), &job, position)) {
+        case JobQueue::Submitted::Accepted: return job;
+        case JobQueue::Submitted::Full:
+            throw RequestError{429, "", "the queue is full (" + std::to_string(state.options.max_queue) +
+                                            " jobs waiting); retry later",
+                               state.jobs.retry_after_seconds()};
+        case JobQueue::Submitted::ShuttingDown: break;
+    }
+    throw RequestError{503, "", "the server is shutting down"};
+}
+
+void wait_for_images(ServerState& state, const std::shared_ptr<Job>& job) {
+    state.jobs.wait_finished(*job);
+    const auto [jstate, status, shutdown, message] = state.jobs.with_lock(
+        [&] { return std::make_tuple(job->state, job->error_status, job->shutdown, job->error_message); });
+    if (jstate == JobState::Done) return;
+    throw RequestError{status_for_failure(status, shutdown), "",
+                       shutdown ? "the server is shutting down" : message};
+}
+
+int run_server(const ServerOptions& options) {
+    if (!options.model_dir.empty() && !std::filesystem::is_directory(options.model_dir)) {
+        std::fprintf(stderr, "kiln serve: --model-dir %s: not a folder\n", options.model_dir.c_str());
+        return 2;
+    }
+    // SIGINT and SIGTERM go to one thread that shuts down in order; every
+    // thread started from here on inherits the blocked mask.
+    sigset_t stop_signals;
+    sigemptyset(&stop_signals);
+    sigaddset(&stop_signals, SIGINT);
+    sigaddset(&stop_signals, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+    signal(SIGPIPE, SIG_IGN);
+
+    httplib::Server http;
+    http.new_task_queue = [] { return new httplib::ThreadPool(kHandlerThreads); };
+    int port = options.listen_port;
+    const bool bound = port == 0 ? (port = http.bind_to_any_port(options.listen_ip)) > 0
+                                 : http.bind_to_port(options.listen_ip, port);
+    if (!bound) {
+        std::fprintf(stderr, "kiln serve: cannot listen on %s:%d (in use, or not an address of this machine)\n",
+                     options.listen_ip.c_str(), options.listen_port);
+        return 1;
+    }
+    if (options.api_key.empty() && !is_loopback(options.listen_ip)) {
+        std::fprintf(stderr,
+                     "kiln serve: WARNING: listening on %s without --api-key: anyone who can reach this address "
+                     "can run jobs on this machine. Pass --api-key KEY, or listen on 127.0.0.1.\n",
+                     options.listen_ip.c_str());
+    }
+
+    ModelRegistry models(options);
+    JobQueue jobs(models, options);
+    ServerState state{options, models, jobs};
+
+    http.set_payload_max_length(options.limits.max_body_bytes);
+    http.set_pre_routing_handler([&state](const httplib::Request& req, httplib::Response& res) {
+        if (state.stopping) {
+            send_error(res, {503, "", "the server is shutting down"});
+            return httplib::Server::HandlerResponse::Handled;
+        }
+        // The web page itself is public (it asks for the key); everything else needs it.
+        const bool is_public = req.method == "GET" && (req.path == "/" || req.path == "/health");
+        if (!state.options.api_key.empty() && !is_public && !authorized(req, state.options.api_key)) {
+            res.set_header("WWW-Authenticate", "Bearer");
+            send_error(res, {401, "", "missing or wrong API key: send 'Authorization: Bearer KEY' or 'X-Api-Key: KEY'"});
+            return httplib::Server::HandlerResponse::Handled;
+        }
+        // Refuse an oversized body from its Content-Length, before reading it.
+        if (req.has_header("Content-Length")) {
+            const unsigned long long length = std::strtoull(req.get_header_value("Content-Length").c_str(), nullptr, 10);
+            if (length > state.options.limits.max_body_bytes) {
+                res.set_header("Connection", "close");
+                send_error(res, {413, "body",
+                                 "body: " + std::to_string(length) + " bytes is over this server's limit of " +
+                                     std::to_string(state.options.limits.max_body_bytes) + " (--max-body-bytes)"});
+                return httplib::Server::HandlerResponse::Handled;
+            }
+        }
+        return httplib::Server::HandlerResponse::Unhandled;
+    });
+    // Replies httplib makes itself (no route, a body over the limit) get a JSON body too.
+    http.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req,
+                                                                   httplib::Response& res) {
+        if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+        if (res.status == 404) {
+            send_error(res, {404, "", "no such endpoint: " + req.method + " " + req.path});
+        } else if (res.status == 413) {
+            send_error(res, {413, "body", "body: over this server's limit (--max-body-bytes)"});
+        } else {
+            send_error(res, {res.status, "", "request failed (HTTP " + std::to_string(res.status) + ")"});
+        }
+        return httplib::Server::HandlerResponse::Handled;
+    }));
+    http.Get("/health", [](const httplib::Request&, httplib::Response& res) { send_json(res, 200, {{"status", "ok"}}); });
+    add_native_routes(http, state);
+    add_openai_routes(http, state);
+    add_a1111_routes(http, state);
+    add_web_page_route(http);
+
+    std::thread stopper([&] {
+        int signal_number = 0;
+        sigwait(&stop_signals, &signal_number);
+        std::fprintf(stderr, "kiln serve: %s: stopping (queued jobs get 503, the running one is cancelled)\n",
+                     signal_number == SIGINT ? "SIGINT" : "SIGTERM");
+        state.stopping = true;
+        jobs.shutdown();
+        http.stop();
+    });
+    std::printf("kiln serve: listening on http://%s:%d\n", options.listen_ip.c_str(), port);
+    std::fflush(stdout);
+    const bool listened = http.listen_after_bind();
+    if (!state.stopping) pthread_kill(stopper.native_handle(), SIGTERM);  // listen failed: end the stopper
+    stopper.join();
+    std::fprintf(stderr, "kiln serve: stopped\n");
+    return listened || state.stopping ? 0 : 1;
+}
+
+}  // namespace kiln::server

@@ -1,0 +1,363 @@
+#include "job_queue.h"
+
+#include <chrono>
+#include <cstdio>
+#include <random>
+
+#include "base64.h"
+
+namespace kiln::server {
+namespace {
+
+double unix_now() {
+    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// Ids are unguessable, so one client cannot read or cancel another's jobs by counting.
+std::string new_job_id(uint64_t serial) {
+    static std::mutex mutex;
+    static std::mt19937_64 random{std::random_device{}()};
+    std::lock_guard<std::mutex> lock(mutex);
+    char id[48];
+    std::snprintf(id, sizeof id, "%06llx%016llx", static_cast<unsigned long long>(serial & 0xffffff),
+                  static_cast<unsigned long long>(random()));
+    return id;
+}
+
+// What the progress callback needs: the job it reports on and the context to cancel.
+struct ProgressTarget {
+    JobQueue* queue;
+    Job* job;
+    kiln_context* ctx;
+};
+
+}  // namespace
+
+const char* job_state_name(JobState state) {
+    switch (state) {
+        case JobState::Queued: return "queued";
+        case JobState::Running: return "running";
+        case JobState::Done: return "done";
+        case JobState::Failed: return "failed";
+        case JobState::Cancelled: return "cancelled";
+    }
+    return "unknown";
+}
+
+JobQueue::JobQueue(ModelRegistry& models, const ServerOptions& options)
+    : models_(models), options_(options), worker_([this] { work(); }) {}
+
+JobQueue::~JobQueue() { shutdown(); }
+
+JobQueue::Submitted JobQueue::submit(JobRequest request, std::shared_ptr<Job>* job, int* position) {
+    if (request.seed < 0) request.seed = static_cast<int64_t>(std::random_device{}() & 0x7fffffff);
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping_) return Submitted::ShuttingDown;
+    forget_old_jobs();
+    if (pending_.size() >= static_cast<size_t>(options_.max_queue)) return Submitted::Full;
+    auto created = std::make_shared<Job>();
+    created->id = new_job_id(next_id_++);
+    created->request = std::move(request);
+    created->created = unix_now();
+    created->images = created->request.batch;
+    created->steps = created->request.steps;
+    *position = static_cast<int>(pending_.size()) + (running_ ? 1 : 0);
+    add_event(*created, "queued", {{"position", *position}});
+    pending_.push_back(created);
+    jobs_[created->id] = created;
+    *job = created;
+    changed_.notify_all();
+    return Submitted::Accepted;
+}
+
+std::shared_ptr<Job> JobQueue::find(const std::string& id) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    forget_old_jobs();
+    auto it = jobs_.find(id);
+    return it == jobs_.end() ? nullptr : it->second;
+}
+
+bool JobQueue::cancel(const std::shared_ptr<Job>& job) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (job->state == JobState::Queued) {
+        for (auto it = pending_.begin(); it != pending_.end(); ++it) {
+            if (*it == job) {
+                pending_.erase(it);
+                break;
+            }
+        }
+        finish(*job, JobState::Cancelled, KILN_ERROR_CANCELLED, "cancelled while queued");
+        return true;
+    }
+    if (job->state != JobState::Running) return false;
+    job->cancel_requested = true;
+    // Also checked by the progress callback: a cancel that lands between
+    // kiln_generate's start and its first step would otherwise be lost.
+    if (running_ == job && running_ctx_) kiln_cancel(running_ctx_);
+    return true;
+}
+
+void JobQueue::cancel_running() {
+    std::shared_ptr<Job> job = running();
+    if (job) cancel(job);
+}
+
+std::shared_ptr<Job> JobQueue::running() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return running_;
+}
+
+int JobQueue::queued_count() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return static_cast<int>(pending_.size());
+}
+
+int JobQueue::retry_after_seconds() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    // The queue is full: about one job's time frees a place.
+    return std::max(1, static_cast<int>(recent_job_seconds_ + 0.5));
+}
+
+nlohmann::json JobQueue::describe(const Job& job, bool with_images) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    nlohmann::json out = {{"id", job.id},
+                          {"state", job_state_name(job.state)},
+                          {"model", job.request.model},
+                          {"seed", job.request.seed},
+                          {"image", job.image},
+                          {"images", job.images},
+                          {"step", job.step},
+                          {"steps", job.steps},
+                          {"created", job.created}};
+    const double total = double(job.images) * std::max(1, job.steps);
+    const double done = job.state == JobState::Done ? total : double(job.image) * job.steps + job.step;
+    out["progress"] = total > 0 ? std::min(1.0, done / total) : 0.0;
+    out["eta"] = nullptr;
+    if (job.state == JobState::Running && done > 0 && job.sampling_started > 0) {
+        out["eta"] = (unix_now() - job.sampling_started) / done * (total - done);
+    }
+    if (job.state == JobState::Queued) {
+        int position = running_ ? 1 : 0;
+        for (const auto& pending : pending_) {
+            if (pending.get() == &job) break;
+            ++position;
+        }
+        out["position"] = position;
+    }
+    if (job.started > 0) out["started"] = job.started;
+    if (job.finished > 0) out["finished"] = job.finished;
+    if (job.error_status != KILN_OK) {
+        out["error"] = {{"kind", job.shutdown ? "shutdown" : kiln_status_name(job.error_status)},
+                        {"message", job.error_message}};
+    }
+    if (job.state == JobState::Done) {
+        nlohmann::json results = nlohmann::json::array();
+        for (size_t i = 0; i < job.results.size(); ++i) {
+            const JobImage& r = job.results[i];
+            nlohmann::json item = {{"index", i},          {"seed", r.seed},
+                                   {"width", r.width},    {"height", r.height},
+                                   {"parameters", r.parameters}, {"format", job.request.output_format},
+                                   {"url", "/kiln/v1/results/" + job.id + "/" + std::to_string(i) + "." +
+                                               job.request.output_format}};
+            if (with_images) item["image"] = base64_encode(r.bytes);
+            results.push_back(std::move(item));
+        }
+        out["results"] = std::move(results);
+    }
+    return out;
+}
+
+std::vector<JobEvent> JobQueue::events_since(const Job& job, size_t seen, int wait_ms, bool* over) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    changed_.wait_for(lock, std::chrono::milliseconds(wait_ms), [&] { return job.events.size() > seen; });
+    std::vector<JobEvent> out;
+    for (size_t i = seen; i < job.events.size(); ++i) out.push_back(job.events[i]);
+    *over = job.finished > 0 && seen + out.size() == job.events.size();
+    return out;
+}
+
+void JobQueue::wait_finished(const Job& job) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    changed_.wait(lock, [&] { return job.finished > 0; });
+}
+
+void JobQueue::shutdown() {
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        stopping_ = true;
+        for (const auto& job : pending_) {
+            job->shutdown = true;
+            finish(*job, JobState::Cancelled, KILN_ERROR_CANCELLED, "the server is shutting down");
+        }
+        pending_.clear();
+        if (running_) {
+            running_->shutdown = true;
+            running_->cancel_requested = true;
+            if (running_ctx_) kiln_cancel(running_ctx_);
+        }
+        changed_.notify_all();
+    }
+    if (worker_.joinable()) worker_.join();
+}
+
+void JobQueue::work() {
+    for (;;) {
+        std::shared_ptr<Job> job;
+        {
+            std::unique_lock<std::mutex> lock(mutex_);
+            changed_.wait(lock, [&] { return stopping_ || !pending_.empty(); });
+            if (pending_.empty()) return;  // stopping
+            job = pending_.front();
+            pending_.pop_front();
+            running_ = job;
+            job->state = JobState::Running;
+            job->started = unix_now();
+            add_event(*job, "started", {{"model", job->request.model}});
+        }
+        run(job);
+        std::lock_guard<std::mutex> lock(mutex_);
+        recent_job_seconds_ = 0.7 * recent_job_seconds_ + 0.3 * (job->finished - job->started);
+        running_ = nullptr;
+        changed_.notify_all();
+    }
+}
+
+void JobQueue::run(const std::shared_ptr<Job>& job) {
+    const JobRequest& r = job->request;
+    kiln_context* ctx = nullptr;
+    std::string load_error;
+    kiln_status status = KILN_OK;
+    try {
+        status = models_.acquire(models_.resolve(r.model, "model"), &ctx, &load_error);
+    } catch (const RequestError& e) {  // the model left the folder since the job was queued
+        status = KILN_ERROR_INVALID_REQUEST;
+        load_error = e.message;
+    }
+    if (status != KILN_OK) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        finish(*job, JobState::Failed, status, load_error);
+        return;
+    }
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (job->cancel_requested) {
+            finish(*job, JobState::Cancelled, KILN_ERROR_CANCELLED, "cancelled");
+            return;
+        }
+        running_ctx_ = ctx;
+    }
+    ProgressTarget target{this, job.get(), ctx};
+    kiln_generation_params gp;
+    kiln_generation_params_init(&gp);
+    gp.prompt = r.prompt.c_str();
+    gp.negative_prompt = r.negative_prompt.c_str();
+    gp.width = r.width;
+    gp.height = r.height;
+    gp.steps = r.steps;
+    gp.cfg_scale = r.cfg_scale;
+    gp.seed = r.seed;
+    gp.batch_count = r.batch;
+    gp.sampler = r.sampler.empty() ? nullptr : r.sampler.c_str();
+    gp.scheduler = r.scheduler.empty() ? nullptr : r.scheduler.c_str();
+    gp.init_image = r.init_image.get();
+    gp.strength = r.strength;
+    gp.mask = r.mask.get();
+    gp.progress = &JobQueue::on_progress;
+    gp.progress_user_data = &target;
+
+    kiln_image* images = nullptr;
+    int count = 0;
+    char* message = nullptr;
+    status = kiln_generate(ctx, &gp, &images, &count, &message);
+    std::string error = message ? message : "";
+    kiln_free_string(message);
+    std::vector<JobImage> results;
+    for (int i = 0; status == KILN_OK && i < count; ++i) {
+        JobImage out;
+        uint8_t* bytes = nullptr;
+        size_t size = 0;
+        char* encode_error = nullptr;
+        status = kiln_image_encode(&images[i], r.output_format.c_str(), &bytes, &size, &encode_error);
+        if (status != KILN_OK) {
+            error = encode_error ? encode_error : "encoding the image failed";
+            kiln_free_string(encode_error);
+            break;
+        }
+        out.bytes.assign(bytes, bytes + size);
+        kiln_free_bytes(bytes);
+        out.parameters = images[i].parameters ? images[i].parameters : "";
+        out.seed = r.seed + i;
+        out.width = images[i].width;
+        out.height = images[i].height;
+        results.push_back(std::move(out));
+    }
+    kiln_images_free(images, count);
+
+    std::lock_guard<std::mutex> lock(mutex_);
+    running_ctx_ = nullptr;
+    if (status == KILN_OK) {
+        job->results = std::move(results);
+        finish(*job, JobState::Done, KILN_OK, "");
+    } else if (status == KILN_ERROR_CANCELLED) {
+        finish(*job, JobState::Cancelled, status, job->shutdown ? "the server is shutting down" : error);
+    } else {
+        std::fprintf(stderr, "kiln serve: job %s failed (%s): %s\n", job->id.c_str(), kiln_status_name(status),
+                     error.c_str());
+        finish(*job, JobState::Failed, status, error);
+    }
+}
+
+void JobQueue::on_progress(int image, int step, int steps, void* user_data) {
+    auto* target = static_cast<ProgressTarget*>(user_data);
+    JobQueue& self = *target->queue;
+    std::lock_guard<std::mutex> lock(self.mutex_);
+    Job& job = *target->job;
+    if (step == 0 && image == 0) job.sampling_started = unix_now();
+    job.image = image;
+    job.step = step;
+    job.steps = steps;
+    if (step > 0) {
+        const double total = double(job.images) * steps;
+        const double done = double(image) * steps + step;
+        const double elapsed = unix_now() - job.sampling_started;
+        self.add_event(job, "step",
+                       {{"image", image}, {"step", step}, {"steps", steps}, {"progress", done / total},
+                        {"eta", elapsed / done * (total - done)}});
+    }
+    if (job.cancel_requested) kiln_cancel(target->ctx);
+}
+
+void JobQueue::finish(Job& job, JobState state, kiln_status status, const std::string& message) {
+    job.state = state;
+    job.finished = unix_now();
+    job.error_status = status;
+    job.error_message = message;
+    if (state == JobState::Done) {
+        add_event(job, "done", {{"images", job.results.size()}, {"url", "/kiln/v1/jobs/" + job.id}});
+    } else {
+        add_event(job, job_state_name(state),
+                  {{"kind", job.shutdown ? "shutdown" : kiln_status_name(status)}, {"message", message}});
+    }
+    for (const auto& pending : finished_) {
+        if (pending.get() == &job) return;
+    }
+    if (auto it = jobs_.find(job.id); it != jobs_.end()) finished_.push_back(it->second);
+    changed_.notify_all();
+}
+
+void JobQueue::add_event(Job& job, const std::string& type, nlohmann::json data) {
+    data["id"] = job.id;
+    job.events.push_back({type, std::move(data)});
+    changed_.notify_all();
+}
+
+void JobQueue::forget_old_jobs() {
+    const double now = unix_now();
+    while (!finished_.empty() && (finished_.size() > static_cast<size_t>(options_.max_results) ||
+                                  now - finished_.front()->finished > options_.result_ttl_seconds)) {
+        jobs_.erase(finished_.front()->id);
+        finished_.pop_front();
+    }
+}
+
+}  // namespace kiln::server

@@ -1,0 +1,45 @@
+// One generation as the server queues it, whichever API it came from, and
+// the error a request gets when a field is wrong.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "kiln.h"
+
+namespace kiln::server {
+
+// An HTTP error that names the field at fault ("steps: expected an integer
+// from 1 to 150, got 500"). Thrown while a request is read; the route turns
+// it into the status and a JSON error body.
+struct RequestError {
+    int status = 400;
+    std::string field;  // "" when the whole body is at fault
+    std::string message;
+    int retry_after = 0;  // seconds, sent as Retry-After when > 0 (429)
+};
+
+// A decoded image owned by the request (kiln_images_free on release).
+using SharedImage = std::shared_ptr<kiln_image>;
+SharedImage share_image(kiln_image* image);
+
+struct JobRequest {
+    std::string model;  // a name the registry resolved
+    std::string prompt;
+    std::string negative_prompt;
+    int width = 0;   // 0: the model's default
+    int height = 0;  // 0: the model's default
+    int steps = 0;   // 0: the model's default
+    int batch = 1;
+    float cfg_scale = -1.0f;  // < 0: the model's default
+    int64_t seed = -1;        // -1: the server picks one (reported with the results)
+    std::string sampler;      // kiln's name ("euler_a"); "": the model's default
+    std::string scheduler;    // kiln's name ("karras"); "": the model's default
+    float strength = 0.75f;   // image-to-image: the share of the schedule to run
+    SharedImage init_image;   // RGB, or null for text-to-image
+    SharedImage mask;         // RGB, white repaints; needs init_image
+    std::string output_format = "png";  // png, jpeg or webp
+};
+
+}  // namespace kiln::server

@@ -1,0 +1,217 @@
+#include "model_registry.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <system_error>
+
+namespace fs = std::filesystem;
+
+namespace kiln::server {
+namespace {
+
+constexpr int kMaxFolderDepth = 4;
+
+bool is_model_file(const fs::path& path) {
+    std::string ext = path.extension().string();
+    for (char& c : ext) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (ext != ".safetensors" && ext != ".gguf" && ext != ".ckpt" && ext != ".pt" && ext != ".pth" && ext != ".sft") {
+        return false;
+    }
+    // Split files are one model, named by their first part ("-00001-of-00003").
+    const std::string stem = path.stem().string();
+    const auto of = stem.rfind("-of-");
+    if (of != std::string::npos && of >= 6 && stem[of - 6] == '-') return stem.compare(of - 5, 5, "00001") == 0;
+    return true;
+}
+
+// `path` lies inside `root` (both canonical), component by component.
+bool inside(const fs::path& root, const fs::path& path) {
+    auto r = root.begin();
+    auto p = path.begin();
+    for (; r != root.end(); ++r, ++p) {
+        if (p == path.end() || *r != *p) return false;
+    }
+    return true;
+}
+
+std::string family_of(const std::string& path) {
+    char* text = nullptr;
+    char* error = nullptr;
+    std::string family;
+    if (kiln_model_describe(path.c_str(), 0, &text, &error) == KILN_OK && text) {
+        const std::string report = text;
+        const auto at = report.find("family: ");
+        if (at != std::string::npos) {
+            const auto end = report.find('\n', at);
+            family = report.substr(at + 8, end == std::string::npos ? std::string::npos : end - at - 8);
+        }
+    }
+    kiln_free_string(text);
+    kiln_free_string(error);
+    return family;
+}
+
+// A1111 titles carry a hash ("model.safetensors [6ce0161689]"); the name is before it.
+std::string without_hash(const std::string& name) {
+    if (name.size() > 3 && name.back() == ']') {
+        const auto open = name.rfind(" [");
+        if (open != std::string::npos) return name.substr(0, open);
+    }
+    return name;
+}
+
+[[noreturn]] void bad_model(const std::string& field, const std::string& name, const std::string& problem) {
+    throw RequestError{400, field, field + ": '" + name + "' " + problem};
+}
+
+}  // namespace
+
+ModelRegistry::ModelRegistry(const ServerOptions& options) : options_(options) {}
+
+ModelRegistry::~ModelRegistry() {
+    for (Loaded& l : loaded_) kiln_context_free(l.ctx);
+}
+
+std::vector<ModelEntry> ModelRegistry::list() {
+    std::vector<ModelEntry> entries;
+    if (options_.model_dir.empty()) {
+        entries.push_back({fs::path(options_.model).filename().string(), options_.model, ""});
+    } else {
+        std::error_code ec;
+        const fs::path root = fs::canonical(options_.model_dir, ec);
+        if (ec) return entries;
+        fs::recursive_directory_iterator it(root, fs::directory_options::skip_permission_denied, ec);
+        for (; !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+            const fs::path& path = it->path();
+            if (path.filename().string().front() == '.') {
+                if (it->is_directory(ec)) it.disable_recursion_pending();
+                continue;
+            }
+            // A symlink counts only when it points inside the folder.
+            std::error_code link_ec;
+            const fs::path target = fs::canonical(path, link_ec);
+            if (link_ec || !inside(root, target)) {
+                if (it->is_directory(ec)) it.disable_recursion_pending();
+                continue;
+            }
+            const std::string name = path.lexically_relative(root).generic_string();
+            if (fs::is_directory(target, link_ec)) {
+                if (fs::exists(target / "model_index.json", link_ec)) {
+                    entries.push_back({name, target.string(), ""});
+                    it.disable_recursion_pending();
+                } else if (it.depth() + 1 >= kMaxFolderDepth) {
+                    it.disable_recursion_pending();
+                }
+            } else if (is_model_file(path)) {
+                entries.push_back({name, target.string(), ""});
+            }
+        }
+    }
+    std::sort(entries.begin(), entries.end(), [](const ModelEntry& a, const ModelEntry& b) { return a.name < b.name; });
+    for (ModelEntry& e : entries) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        auto cached = family_cache_.find(e.path);
+        if (cached == family_cache_.end()) cached = family_cache_.emplace(e.path, family_of(e.path)).first;
+        e.family = cached->second;
+    }
+    return entries;
+}
+
+ModelEntry ModelRegistry::resolve(const std::string& requested, const std::string& field) {
+    std::string name = without_hash(requested);
+    if (name.empty()) name = default_model();
+    if (name.find('\0') != std::string::npos || name.find('\\') != std::string::npos) {
+        bad_model(field, name, "is not a model name");
+    }
+    const fs::path relative(name);
+    if (relative.is_absolute()) bad_model(field, name, "is an absolute path; name a model inside the model folder");
+    for (const fs::path& part : relative) {
+        if (part == "..") bad_model(field, name, "leaves the model folder ('..')");
+    }
+    if (!options_.model_dir.empty()) {
+        std::error_code ec;
+        const fs::path root = fs::canonical(options_.model_dir, ec);
+        const fs::path target = fs::weakly_canonical(root / relative, ec);
+        if (ec || !inside(root, target)) bad_model(field, name, "leaves the model folder");
+    }
+    const std::vector<ModelEntry> models = list();
+    for (const ModelEntry& m : models) {
+        if (m.name == name) return m;
+    }
+    // A1111 clients may send the name without its extension (model_name).
+    for (const ModelEntry& m : models) {
+        if (fs::path(m.name).replace_extension().generic_string() == name) return m;
+    }
+    std::string known;
+    for (const ModelEntry& m : models) known += (known.empty() ? "" : ", ") + m.name;
+    bad_model(field, name, "is not a model of this server (GET /v1/models lists them: " + known + ")");
+}
+
+std::string ModelRegistry::default_model() {
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (!default_model_.empty()) return default_model_;
+    }
+    const std::vector<ModelEntry> models = list();
+    return models.empty() ? "" : models.front().name;
+}
+
+void ModelRegistry::set_default_model(const std::string& name) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    default_model_ = name;
+}
+
+std::vector<std::string> ModelRegistry::loaded() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<std::string> names;
+    for (const Loaded& l : loaded_) names.push_back(l.name);
+    return names;
+}
+
+void ModelRegistry::evict_least_recent() {
+    kiln_context* ctx = nullptr;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (loaded_.empty()) return;
+        std::fprintf(stderr, "kiln serve: unloading %s\n", loaded_.back().name.c_str());
+        ctx = loaded_.back().ctx;
+        loaded_.pop_back();
+    }
+    kiln_context_free(ctx);
+}
+
+kiln_status ModelRegistry::acquire(const ModelEntry& model, kiln_context** ctx, std::string* error) {
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        for (auto it = loaded_.begin(); it != loaded_.end(); ++it) {
+            if (it->name == model.name) {
+                loaded_.splice(loaded_.begin(), loaded_, it);
+                *ctx = it->ctx;
+                return KILN_OK;
+            }
+        }
+    }
+    while (loaded().size() >= static_cast<size_t>(std::max(1, options_.max_loaded_models))) evict_least_recent();
+    kiln_context_params params = options_.context;
+    params.model_path = model.path.c_str();
+    for (;;) {
+        std::fprintf(stderr, "kiln serve: loading %s\n", model.name.c_str());
+        char* message = nullptr;
+        kiln_context* created = nullptr;
+        const kiln_status status = kiln_context_create(&params, &created, &message);
+        if (status == KILN_OK) {
+            std::lock_guard<std::mutex> lock(mutex_);
+            loaded_.push_front({model.name, created});
+            *ctx = created;
+            return KILN_OK;
+        }
+        *error = message ? message : "loading " + model.name + " failed";
+        kiln_free_string(message);
+        // Out of memory with others loaded: free the least recently used and try again.
+        if (status != KILN_ERROR_OUT_OF_MEMORY || loaded().empty()) return status;
+        evict_least_recent();
+    }
+}
+
+}  // namespace kiln::server

@@ -1,0 +1,65 @@
+// The models a server offers: every model file and diffusers folder under
+// --model-dir (or the one -m model), named by their path relative to it.
+// Names resolve only inside the folder. Contexts are loaded on first use and
+// kept while memory allows: the least recently used is freed when a load
+// runs out of memory or more than --max-loaded-models are loaded.
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "job_request.h"
+#include "server_options.h"
+
+namespace kiln::server {
+
+struct ModelEntry {
+    std::string name;    // "sd15.safetensors", "sdxl/base-diffusers": what requests name
+    std::string path;    // the file or folder
+    std::string family;  // as `kiln info` says ("SD1.x"), or "" when it could not tell
+};
+
+class ModelRegistry {
+  public:
+    explicit ModelRegistry(const ServerOptions& options);
+    ~ModelRegistry();
+    ModelRegistry(const ModelRegistry&) = delete;
+    ModelRegistry& operator=(const ModelRegistry&) = delete;
+
+    // The models now on disk (the folder is read again each time, so models
+    // copied in while the server runs are offered). Any thread.
+    std::vector<ModelEntry> list();
+    // The model `name` names: "" gives the default one. 400 naming `field`
+    // for a path out of the folder (../, absolute, a symlink out) or a name
+    // that is no model there. Any thread.
+    ModelEntry resolve(const std::string& name, const std::string& field);
+
+    // The model requests without a name get (A1111's sd_model_checkpoint).
+    std::string default_model();
+    void set_default_model(const std::string& name);
+
+    // The loaded context for `model`, loading it (and evicting others) as
+    // needed. Only the job worker calls this, and it alone uses the contexts.
+    kiln_status acquire(const ModelEntry& model, kiln_context** ctx, std::string* error);
+    // The names of the loaded models, most recently used first. Any thread.
+    std::vector<std::string> loaded();
+
+  private:
+    void evict_least_recent();
+
+    const ServerOptions& options_;
+    std::mutex mutex_;
+    std::string default_model_;
+    std::map<std::string, std::string> family_cache_;  // path -> family
+    struct Loaded {
+        std::string name;
+        kiln_context* ctx;
+    };
+    std::list<Loaded> loaded_;  // most recently used first
+};
+
+}  // namespace kiln::server

@@ -1,0 +1,127 @@
+// kiln's own API under /kiln/v1: jobs that answer at once (202) and are
+// followed by polling or server-sent events, cancelled while queued or
+// running, and their images served by URL.
+#include "request_fields.h"
+#include "server_state.h"
+
+namespace kiln::server {
+namespace {
+
+JobRequest parse_native(ServerState& state, const std::string& body) {
+    const json j = parse_json_object(body);
+    const ServerLimits& limits = state.options.limits;
+    JobRequest r;
+    r.model = state.models.resolve(read_string(j, "model"), "model").name;
+    r.prompt = read_string(j, "prompt");
+    r.negative_prompt = read_string(j, "negative_prompt");
+    r.width = static_cast<int>(read_integer(j, "width", 0, 0, limits.max_width));
+    r.height = static_cast<int>(read_integer(j, "height", 0, 0, limits.max_height));
+    r.steps = static_cast<int>(read_integer(j, "steps", 0, 0, limits.max_steps));
+    r.batch = static_cast<int>(read_integer(j, "batch_count", 1, 1, limits.max_batch));
+    r.cfg_scale = static_cast<float>(read_number(j, "cfg_scale", -1, -1, 1000));
+    r.seed = read_integer(j, "seed", -1, -1, INT64_MAX);
+    set_sampler(r, "sampler", read_string(j, "sampler"));
+    set_scheduler(r, "scheduler", read_string(j, "scheduler"));
+    r.strength = static_cast<float>(read_number(j, "strength", 0.75, 0.0001, 1));
+    if (j.contains("init_image") && !j["init_image"].is_null()) {
+        r.init_image = without_alpha(read_base64_image(j["init_image"], "init_image", limits));
+    }
+    if (j.contains("mask") && !j["mask"].is_null()) r.mask = mask_of(read_base64_image(j["mask"], "mask", limits), false);
+    r.output_format = read_string(j, "output_format", "png");
+    if (r.output_format != "png" && r.output_format != "jpeg" && r.output_format != "webp") {
+        throw RequestError{400, "output_format",
+                           "output_format: unknown format '" + r.output_format + "' (valid: png, jpeg, webp)"};
+    }
+    check_limits(r, limits);
+    return r;
+}
+
+std::shared_ptr<Job> job_of(ServerState& state, const httplib::Request& req) {
+    auto job = state.jobs.find(req.matches[1]);
+    if (!job) throw RequestError{404, "id", "no job " + std::string(req.matches[1]) + " (finished jobs are kept for a while only)"};
+    return job;
+}
+
+const char* content_type_of(const std::string& format) {
+    return format == "jpeg" ? "image/jpeg" : format == "webp" ? "image/webp" : "image/png";
+}
+
+}  // namespace
+
+void add_native_routes(httplib::Server& server, ServerState& state) {
+    server.Post("/kiln/v1/jobs", [&state](const httplib::Request& req, httplib::Response& res) {
+        guarded(res, [&] {
+            int position = 0;
+            auto job = submit_job(state, parse_native(state, req.body), &position);
+            send_json(res, 202,
+                      {{"id", job->id},
+                       {"state", "queued"},
+                       {"position", position},
+                       {"url", "/kiln/v1/jobs/" + job->id},
+                       {"events", "/kiln/v1/jobs/" + job->id + "/events"}});
+        });
+    });
+    server.Get(R"(/kiln/v1/jobs/([0-9a-f]+))", [&state](const httplib::Request& req, httplib::Response& res) {
+        guarded(res, [&] { send_json(res, 200, state.jobs.describe(*job_of(state, req), true)); });
+    });
+    server.Post(R"(/kiln/v1/jobs/([0-9a-f]+)/cancel)", [&state](const httplib::Request& req, httplib::Response& res) {
+        guarded(res, [&] {
+            auto job = job_of(state, req);
+            if (!state.jobs.cancel(job)) {
+                throw RequestError{409, "id", "job " + job->id + " has already finished"};
+            }
+            send_json(res, 200, state.jobs.describe(*job, false));
+        });
+    });
+    server.Get(R"(/kiln/v1/jobs/([0-9a-f]+)/events)", [&state](const httplib::Request& req, httplib::Response& res) {
+        guarded(res, [&] {
+            auto job = job_of(state, req);
+            auto seen = std::make_shared<size_t>(0);
+            res.set_header("Cache-Control", "no-cache");
+            res.set_chunked_content_provider(
+                "text/event-stream", [&state, job, seen](size_t, httplib::DataSink& sink) {
+                    bool over = false;
+                    const auto events = state.jobs.events_since(*job, *seen, 1000, &over);
+                    std::string text;
+                    for (const JobEvent& e : events) text += "event: " + e.type + "\ndata: " + e.data.dump() + "\n\n";
+                    // A comment line while nothing happens, so a gone client is noticed.
+                    if (text.empty()) text = ": waiting\n\n";
+                    if (!sink.write(text.data(), text.size())) return false;
+                    *seen += events.size();
+                    if (over) sink.done();
+                    return true;
+                });
+        });
+    });
+    server.Get(R"(/kiln/v1/results/([0-9a-f]+)/(\d+)\.(png|jpeg|webp))",
+               [&state](const httplib::Request& req, httplib::Response& res) {
+                   guarded(res, [&] {
+                       auto job = job_of(state, req);
+                       const size_t index = std::stoul(req.matches[2]);
+                       std::string bytes;
+                       const bool found = state.jobs.with_lock([&] {
+                           if (job->state != JobState::Done || index >= job->results.size() ||
+                               req.matches[3] != job->request.output_format) {
+                               return false;
+                           }
+                           bytes.assign(job->results[index].bytes.begin(), job->results[index].bytes.end());
+                           return true;
+                       });
+                       if (!found) throw RequestError{404, "", "no such result: " + req.path};
+                       res.set_content(bytes, content_type_of(job->request.output_format));
+                   });
+               });
+    server.Get("/kiln/v1/models", [&state](const httplib::Request&, httplib::Response& res) {
+        guarded(res, [&] {
+            const auto loaded = state.models.loaded();
+            json models = json::array();
+            for (const ModelEntry& m : state.models.list()) {
+                const bool is_loaded = std::find(loaded.begin(), loaded.end(), m.name) != loaded.end();
+                models.push_back({{"name", m.name}, {"family", m.family}, {"loaded", is_loaded}});
+            }
+            send_json(res, 200, {{"models", models}, {"default", state.models.default_model()}});
+        });
+    });
+}
+
+}  // namespace kiln::server

@@ -1,0 +1,212 @@
+#include "request_fields.h"
+
+#include <cerrno>
+#include <climits>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "a1111_names.h"
+#include "base64.h"
+
+namespace kiln::server {
+namespace {
+
+const json* find_field(const json& body, const std::string& field) {
+    const auto it = body.find(field);
+    if (it == body.end() || it->is_null()) return nullptr;
+    return &*it;
+}
+
+[[noreturn]] void bad_field(const std::string& field, const std::string& problem) {
+    throw RequestError{400, field, field + ": " + problem};
+}
+
+std::string type_name(const json& value) { return value.type_name(); }
+
+SharedImage blank_like(const kiln_image& like, uint32_t channels) {
+    auto* out = static_cast<kiln_image*>(std::calloc(1, sizeof(kiln_image)));
+    if (!out) throw RequestError{500, "", "out of memory"};
+    out->width = like.width;
+    out->height = like.height;
+    out->channels = channels;
+    out->data = static_cast<uint8_t*>(std::malloc(size_t(like.width) * like.height * channels));
+    if (!out->data) {
+        kiln_images_free(out, 1);
+        throw RequestError{500, "", "out of memory"};
+    }
+    return share_image(out);
+}
+
+}  // namespace
+
+SharedImage share_image(kiln_image* image) {
+    return SharedImage(image, [](kiln_image* img) { kiln_images_free(img, img ? 1 : 0); });
+}
+
+json parse_json_object(const std::string& body) {
+    json parsed = json::parse(body, nullptr, /*allow_exceptions=*/false);
+    if (parsed.is_discarded()) throw RequestError{400, "body", "body: not valid JSON"};
+    if (!parsed.is_object()) throw RequestError{400, "body", "body: expected a JSON object, got " + type_name(parsed)};
+    return parsed;
+}
+
+std::string read_string(const json& body, const std::string& field, const std::string& fallback) {
+    const json* value = find_field(body, field);
+    if (!value) return fallback;
+    if (!value->is_string()) bad_field(field, "expected a string, got " + type_name(*value));
+    return value->get<std::string>();
+}
+
+long long read_integer(const json& body, const std::string& field, long long fallback, long long min, long long max) {
+    const json* value = find_field(body, field);
+    if (!value) return fallback;
+    long long v = 0;
+    if (value->is_number_integer()) {
+        if (value->is_number_unsigned() && value->get<unsigned long long>() > static_cast<unsigned long long>(max)) {
+            v = max + (max < LLONG_MAX ? 1 : 0);
+        } else {
+            v = value->get<long long>();
+        }
+    } else if (value->is_number_float() && std::floor(value->get<double>()) == value->get<double>() &&
+               std::fabs(value->get<double>()) < 9e18) {
+        v = static_cast<long long>(value->get<double>());  // 20.0 from clients that only have doubles
+    } else if (value->is_string()) {
+        // A1111 clients send some numbers as strings ("512").
+        const std::string text = value->get<std::string>();
+        char* end = nullptr;
+        errno = 0;
+        v = std::strtoll(text.c_str(), &end, 10);
+        if (text.empty() || *end != '\0' || errno == ERANGE) bad_field(field, "expected an integer, got '" + text + "'");
+    } else {
+        bad_field(field, "expected an integer, got " + type_name(*value));
+    }
+    if (v < min || v > max) {
+        bad_field(field, "expected an integer from " + std::to_string(min) + " to " + std::to_string(max) + ", got " +
+                             value->dump());
+    }
+    return v;
+}
+
+double read_number(const json& body, const std::string& field, double fallback, double min, double max) {
+    const json* value = find_field(body, field);
+    if (!value) return fallback;
+    double v = 0;
+    if (value->is_number()) {
+        v = value->get<double>();
+    } else if (value->is_string()) {
+        const std::string text = value->get<std::string>();
+        char* end = nullptr;
+        v = std::strtod(text.c_str(), &end);
+        if (text.empty() || *end != '\0') bad_field(field, "expected a number, got '" + text + "'");
+    } else {
+        bad_field(field, "expected a number, got " + type_name(*value));
+    }
+    if (!(v >= min && v <= max)) {
+        char range[96];
+        std::snprintf(range, sizeof range, "expected a number from %g to %g, got ", min, max);
+        bad_field(field, range + value->dump());
+    }
+    return v;
+}
+
+void set_sampler(JobRequest& request, const std::string& field, const std::string& name) {
+    if (name.empty()) return;
+    auto choice = resolve_sampler(name);
+    if (!choice) {
+        std::string valid;
+        for (const SamplerName& s : sampler_names()) valid += std::string(valid.empty() ? "" : ", ") + s.a1111;
+        bad_field(field, "unknown sampler '" + name + "' (valid: " + valid + ", or kiln's names)");
+    }
+    request.sampler = choice->sampler;
+    if (!choice->scheduler.empty()) request.scheduler = choice->scheduler;
+}
+
+void set_scheduler(JobRequest& request, const std::string& field, const std::string& name) {
+    if (name.empty()) return;
+    auto kiln_name = resolve_scheduler(name);
+    if (!kiln_name) {
+        std::string valid;
+        for (const SchedulerName& s : scheduler_names()) valid += std::string(valid.empty() ? "" : ", ") + s.a1111;
+        bad_field(field, "unknown scheduler '" + name + "' (valid: " + valid + ", or kiln's names)");
+    }
+    request.scheduler = *kiln_name;
+}
+
+SharedImage decode_upload(const std::string& field, const std::string& bytes, const ServerLimits& limits) {
+    kiln_image* image = nullptr;
+    char* error = nullptr;
+    if (kiln_image_decode(bytes.data(), bytes.size(), field.c_str(), limits.max_image_pixels, &image, &error) !=
+        KILN_OK) {
+        std::string message = error ? error : field + ": not an image";
+        kiln_free_string(error);
+        throw RequestError{400, field, message};
+    }
+    return share_image(image);
+}
+
+SharedImage read_base64_image(const json& value, const std::string& field, const ServerLimits& limits) {
+    if (!value.is_string()) bad_field(field, "expected a base64 image string, got " + type_name(value));
+    auto bytes = base64_decode(value.get_ref<const std::string&>());
+    if (!bytes) bad_field(field, "not valid base64");
+    return decode_upload(field, std::string(bytes->begin(), bytes->end()), limits);
+}
+
+SharedImage without_alpha(const SharedImage& image) {
+    if (!image || image->channels == 3) return image;
+    SharedImage out = blank_like(*image, 3);
+    const size_t pixels = size_t(image->width) * image->height;
+    for (size_t i = 0; i < pixels; ++i) std::memcpy(out->data + i * 3, image->data + i * image->channels, 3);
+    return out;
+}
+
+SharedImage mask_of(const SharedImage& image, bool alpha_repaints) {
+    if (!image || image->channels == 3 || !alpha_repaints) return without_alpha(image);
+    SharedImage out = blank_like(*image, 3);
+    const size_t pixels = size_t(image->width) * image->height;
+    for (size_t i = 0; i < pixels; ++i) {
+        const uint8_t repaint = image->data[i * 4 + 3] < 128 ? 255 : 0;
+        std::memset(out->data + i * 3, repaint, 3);
+    }
+    return out;
+}
+
+void check_limits(const JobRequest& request, const ServerLimits& limits) {
+    auto over = [](const std::string& field, long long value, long long max) {
+        if (value > max) {
+            bad_field(field, std::to_string(value) + " is over this server's limit of " + std::to_string(max));
+        }
+    };
+    over("width", request.width, limits.max_width);
+    over("height", request.height, limits.max_height);
+    // Every family's size stride is a multiple of 8 (kiln_generate checks the model's own).
+    if (request.width % 8) bad_field("width", "expected a multiple of 8, got " + std::to_string(request.width));
+    if (request.height % 8) bad_field("height", "expected a multiple of 8, got " + std::to_string(request.height));
+    over("steps", request.steps, limits.max_steps);
+    over("batch", request.batch, limits.max_batch);
+    over("prompt", static_cast<long long>(request.prompt.size()), static_cast<long long>(limits.max_prompt_chars));
+    over("negative_prompt", static_cast<long long>(request.negative_prompt.size()),
+         static_cast<long long>(limits.max_prompt_chars));
+    if (request.init_image) {
+        // An image-to-image job runs at its init image's size (kiln_generate's rule).
+        const kiln_image& init = *request.init_image;
+        const std::string init_size = std::to_string(init.width) + "x" + std::to_string(init.height);
+        if (request.width && request.width != static_cast<int>(init.width)) {
+            bad_field("width", std::to_string(request.width) + " differs from the init image's " + init_size);
+        }
+        if (request.height && request.height != static_cast<int>(init.height)) {
+            bad_field("height", std::to_string(request.height) + " differs from the init image's " + init_size);
+        }
+        over("width", init.width, limits.max_width);
+        over("height", init.height, limits.max_height);
+    }
+    if (request.mask && !request.init_image) bad_field("mask", "a mask needs an init image");
+    if (request.mask && (request.mask->width != request.init_image->width ||
+                         request.mask->height != request.init_image->height)) {
+        bad_field("mask", "is " + std::to_string(request.mask->width) + "x" + std::to_string(request.mask->height) +
+                              ", the init image " + std::to_string(request.init_image->width) + "x" +
+                              std::to_string(request.init_image->height));
+    }
+}
+
+}  // namespace kiln::server

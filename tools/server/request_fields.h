@@ -1,0 +1,45 @@
+// Reading request fields with their types and ranges checked: every reader
+// throws a RequestError that names the field, so each API's parser is a
+// list of fields and no bad value reaches kiln_generate unexplained.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "job_request.h"
+#include "server_options.h"
+
+namespace kiln::server {
+
+using nlohmann::json;
+
+// The body as a JSON object; 400 for anything else.
+json parse_json_object(const std::string& body);
+
+// Each reader returns `fallback` when the field is absent or null.
+std::string read_string(const json& body, const std::string& field, const std::string& fallback = "");
+long long read_integer(const json& body, const std::string& field, long long fallback, long long min, long long max);
+double read_number(const json& body, const std::string& field, double fallback, double min, double max);
+
+// "euler_a" or "Euler a" into request.sampler (and, for "DPM++ 2M Karras",
+// request.scheduler); 400 naming `field` when unknown.
+void set_sampler(JobRequest& request, const std::string& field, const std::string& name);
+void set_scheduler(JobRequest& request, const std::string& field, const std::string& name);
+
+// An uploaded image file's bytes, decoded (PNG, JPEG, WebP) within the
+// pixel limit; 400 naming `field` when they are not an image.
+SharedImage decode_upload(const std::string& field, const std::string& bytes, const ServerLimits& limits);
+// A base64 string field (with or without a data: prefix), decoded as above.
+SharedImage read_base64_image(const json& value, const std::string& field, const ServerLimits& limits);
+
+// The image without its alpha (init images), and a mask as kiln takes it:
+// RGB, white repaints. With `alpha_repaints` (OpenAI's edits) an RGBA mask's
+// transparent pixels are the ones to repaint, else the alpha is dropped.
+SharedImage without_alpha(const SharedImage& image);
+SharedImage mask_of(const SharedImage& image, bool alpha_repaints);
+
+// The server's limits on a parsed request: width, height, steps, batch,
+// prompt length, and a mask only with an init image of its size.
+void check_limits(const JobRequest& request, const ServerLimits& limits);
+
+}  // namespace kiln::server

@@ -1,0 +1,56 @@
+// What every API's routes share: the options, the models, the job queue,
+// and the replies they all send (JSON, errors naming the field).
+#pragma once
+
+#include <httplib.h>
+
+#include <atomic>
+#include <nlohmann/json.hpp>
+
+#include "job_queue.h"
+#include "model_registry.h"
+#include "server_options.h"
+
+namespace kiln::server {
+
+struct ServerState {
+    const ServerOptions& options;
+    ModelRegistry& models;
+    JobQueue& jobs;
+    std::atomic<bool> stopping{false};
+};
+
+void send_json(httplib::Response& res, int status, const nlohmann::json& body);
+// {"error": {"message", "type", "param", "kind"}, "detail"}: OpenAI's error
+// shape, plus "detail" as A1111 clients read it.
+void send_error(httplib::Response& res, const RequestError& error);
+
+// Runs a route, turning a RequestError (or any exception) into its reply,
+// so a bad request never takes the server down.
+template <typename Route>
+void guarded(httplib::Response& res, Route&& route) {
+    try {
+        route();
+    } catch (const RequestError& e) {
+        send_error(res, e);
+    } catch (const std::exception& e) {
+        send_error(res, {500, "", std::string("internal error: ") + e.what()});
+    }
+}
+
+// Queues the request: 429 with Retry-After when the queue is full, 503 while shutting down.
+std::shared_ptr<Job> submit_job(ServerState& state, JobRequest request, int* position);
+// For the APIs that answer with the images: waits for the job, then throws
+// the error a failed or cancelled one gets (400 for a bad request, 503 on
+// shutdown, 409 when cancelled, 500 otherwise).
+void wait_for_images(ServerState& state, const std::shared_ptr<Job>& job);
+// The job's HTTP status for its error kind.
+int status_for_failure(kiln_status status, bool shutdown);
+
+// Each API's routes.
+void add_native_routes(httplib::Server& server, ServerState& state);
+void add_openai_routes(httplib::Server& server, ServerState& state);
+void add_a1111_routes(httplib::Server& server, ServerState& state);
+void add_web_page_route(httplib::Server& server);
+
+}  // namespace kiln::server
