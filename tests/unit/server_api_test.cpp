@@ -402,3 +402,41 @@ TEST(ServerApi, ShutdownCancelsTheRunningJobAnswersQueued503AndExits0) {
 
 }  // namespace
 }  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// A prompt's <lora:NAME:W> works through the server as on the command line,
+// job after job on one loaded model (other LoRAs, then none), and
+// /sdapi/v1/loras lists what --lora-model-dir holds.
+TEST(ServerApi, LorasFromThePromptJobAfterJob) {
+    const std::string flags = test::tiny_server_flags() + " --lora-model-dir " + test::golden_path("lora");
+    ServerProcess server(flags);
+    ASSERT_TRUE(server.started()) << server.log();
+    httplib::Client client("127.0.0.1", server.port());
+    client.set_read_timeout(120, 0);
+    auto loras = body_json(client.Get("/sdapi/v1/loras"));
+    ASSERT_EQ(loras.size(), 6u) << loras;
+    EXPECT_EQ(loras[0]["name"], "sd1_adapters_io");  // every safetensors file: A1111 lists them unread
+    EXPECT_EQ(loras[1]["name"], "sd1_loha");
+    for (const char* prompt : {"<lora:sd1_lora_kohya:0.8> a red circle", "<lora:sd1_loha:1> a red circle",
+                               "a red circle"}) {
+        SCOPED_TRACE(prompt);
+        const json txt2img = {{"prompt", prompt}, {"seed", 3}, {"steps", 2}, {"width", 32}, {"height", 32}};
+        auto r = client.Post("/sdapi/v1/txt2img", txt2img.dump(), "application/json");
+        ASSERT_TRUE(r);
+        ASSERT_EQ(r->status, 200) << r->body;
+        const image::Image served = test::decode_base64_image(body_json(r)["images"][0]);
+        EXPECT_EQ(served.pixels, test::cli_image(flags, std::string("-p \"") + prompt +
+                                                            "\" -W 32 -H 32 --steps 2 -s 3 --sampling-method euler_a")
+                                     .pixels);
+    }
+    const json missing = {{"prompt", "<lora:nothing:1> x"}, {"steps", 1}, {"width", 32}, {"height", 32}};
+    auto bad = client.Post("/sdapi/v1/txt2img", missing.dump(), "application/json");
+    ASSERT_TRUE(bad);
+    EXPECT_EQ(bad->status, 400) << bad->body;
+    EXPECT_NE(bad->body.find("nothing"), std::string::npos) << bad->body;
+}
+
+}  // namespace
+}  // namespace kiln

@@ -2,6 +2,7 @@
 // sd.cpp-webui, bots and scripts) call it: txt2img and img2img answer with
 // the images, `info` and the parameters text; progress, interrupt, options
 // (sd_model_checkpoint switches the model) and the lists.
+#include <algorithm>
 #include <filesystem>
 
 #include "a1111_names.h"
@@ -11,6 +12,31 @@
 
 namespace kiln::server {
 namespace {
+
+// A1111's /sdapi/v1/loras entries, sorted by name. Never throws: a folder
+// that cannot be read (or a symlink loop in it) lists what it could.
+json lora_list(const char* folder) {
+    json out = json::array();
+    if (!folder || !*folder) return out;
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    std::vector<std::pair<std::string, std::string>> found;  // name, path
+    for (fs::recursive_directory_iterator it(folder, fs::directory_options::skip_permission_denied, ec), end;
+         !ec && it != end; it.increment(ec)) {
+        std::error_code type_error;
+        if (!it->is_regular_file(type_error)) continue;
+        const fs::path& path = it->path();
+        const std::string ext = path.extension().string();
+        if (ext != ".safetensors" && ext != ".sft" && ext != ".ckpt" && ext != ".pt" && ext != ".gguf") continue;
+        std::string name = fs::relative(path, folder, type_error).replace_extension().generic_string();
+        if (!type_error) found.emplace_back(name, path.string());
+    }
+    std::sort(found.begin(), found.end());
+    for (const auto& [name, path] : found) {
+        out.push_back({{"name", name}, {"alias", name}, {"path", path}, {"metadata", json::object()}});
+    }
+    return out;
+}
 
 JobRequest parse_a1111(ServerState& state, const json& j, bool img2img) {
     const ServerLimits& limits = state.options.limits;
@@ -218,8 +244,12 @@ void add_a1111_routes(httplib::Server& server, ServerState& state) {
         }
         send_json(res, 200, schedulers);
     });
-    // Not served yet: LoRAs and upscalers are lists clients read at start.
-    server.Get("/sdapi/v1/loras", [](const httplib::Request&, httplib::Response& res) { send_json(res, 200, json::array()); });
+    // The LoRAs a prompt's <lora:NAME:W> can name: every adapter file under
+    // --lora-model-dir, NAME being its path there without the extension.
+    server.Get("/sdapi/v1/loras", [&state](const httplib::Request&, httplib::Response& res) {
+        guarded(res, [&] { send_json(res, 200, lora_list(state.options.context.lora_model_dir)); });
+    });
+    // Not served yet: upscalers are a list clients read at start.
     server.Get("/sdapi/v1/upscalers", [](const httplib::Request&, httplib::Response& res) { send_json(res, 200, json::array()); });
 }
 
