@@ -63,6 +63,7 @@ LoraTargets::LoraTargets(Model& model) {
         model.has_unet() ? io::NameMap(family, unet_layout(model.unet().config())) : io::NameMap(family);
     for (const auto& owned : model.modules()) {
         Module& module = *owned;
+        if (module.spec.network == models::NetworkKind::Taesd) continue;  // --taesd's previews take no LoRA
         const bool diffusion = module.spec.role == models::ModuleRole::Diffusion;
         const io::ModelComponent component =
             module.spec.diffusers_component

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "image/image.h"
+#include "pipeline/preview.h"
 #include "pipeline/rng.h"
 #include "pipeline/samplers.h"
 #include "pipeline/schedulers.h"
@@ -26,6 +27,7 @@ constexpr float kMaxCfgScale = 100.0f;
 constexpr int kMaxBatchCount = 1000;
 constexpr float kMaxFlowShift = 20.0f;
 constexpr size_t kMaxReferenceImages = 8;
+constexpr int kMaxPreviewInterval = kMaxSteps;
 
 struct GenerationRequest {
     std::string prompt;
@@ -63,6 +65,9 @@ struct GenerationRequest {
     std::optional<float> guidance;
     std::optional<float> flow_shift;
     std::vector<image::Image> ref_images;
+    // Live previews (--preview, pipeline/preview.h); only made when
+    // generate() is given a preview callback.
+    PreviewOptions preview;
 };
 
 // A request with the model's defaults filled in and every field checked.
@@ -84,7 +89,9 @@ struct ValidatedRequest {
 // (0, 1] with an init image; bad VAE tiling; guidance outside [0,
 // kMaxCfgScale]; flow shift outside [-kMaxFlowShift, kMaxFlowShift];
 // reference images for a family that takes none, more than
-// kMaxReferenceImages, or of a side outside [stride, kMaxDimension].
+// kMaxReferenceImages, or of a side outside [stride, kMaxDimension]; a
+// preview interval outside [1, kMaxPreviewInterval]; --preview proj for a
+// latent format without a projection of the model's latent channels.
 Result<ValidatedRequest> validate_request(const Model& model, const GenerationRequest& request);
 
 }  // namespace kiln::pipeline
