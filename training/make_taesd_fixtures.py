@@ -10,6 +10,9 @@ Writes into tests/golden/models/:
                                 madebyollin's names ("1.weight", "3.conv.0.weight", ...)
   taef1_tiny.safetensors        16 latent channels (TAEF1's), 8 channels, blocks (2, 1, 1, 1), in
                                 diffusers' AutoencoderTiny names ("decoder.layers.0.weight", ...)
+  taesd_x4_tiny.safetensors     4 latent channels, 8 channels, blocks (1, 1, 1): 4x upscaling, for the
+                                default model's 4x VAE (models/kiln-tiny.gguf), diffusers' names;
+                                end-to-end tests only (no golden output)
   taesd_tiny_io.safetensors     for each (prefix taesd. and taef1.): latent [1, C, 5, 4] (values past
                                 +-3, so the Clamp matters) and decoded [1, 3, 40, 32], the Decoder's
                                 output (madebyollin's convention, about [0, 1], not clamped)
@@ -50,6 +53,8 @@ def make(seed, latent_channels, blocks):
 def main():
     taesd, taesd_latent, taesd_out = make(1, 4, (3, 3, 3, 1))
     taef1, taef1_latent, taef1_out = make(2, 16, (2, 1, 1, 1))
+    taesd_x4, _, _ = make(3, 4, (1, 1, 1))
+    safetensors_io.save_file(diffusers_names(taesd_x4), os.path.join(OUT, "taesd_x4_tiny.safetensors"))
     safetensors_io.save_file(taesd, os.path.join(OUT, "taesd_tiny.safetensors"))
     safetensors_io.save_file(diffusers_names(taef1), os.path.join(OUT, "taef1_tiny.safetensors"))
     safetensors_io.save_file(

@@ -163,15 +163,15 @@ TEST(CliPreview, DefaultModelWritesProjectionAndVaePreviews) {
                              " -t 1 --log-level debug -p \"a red circle\" -W 64 -H 64 "
                              "--steps 3 -o " +
                              dir.file("out.png");
-    // proj: one pixel per latent pixel (the 64x64 image's latent is 8x8), as sd-cli's projection.
+    // proj: one pixel per latent pixel (the default model's VAE is 4x: 16x16), as sd-cli's projection.
     auto proj = run_command(base + " --preview proj --preview-path " + dir.file("proj.png"));
     ASSERT_EQ(proj.exit_code, 0) << proj.err;
     EXPECT_EQ(preview_steps(proj.out), (std::vector<int>{1, 2, 3})) << proj.out;
     auto small = image::read_image(dir.file("proj.png"));
     ASSERT_TRUE(small.ok()) << small.error().message;
-    EXPECT_EQ(small->width, 8);
-    EXPECT_EQ(small->height, 8);
-    // vae with --preview-noisy: the latent size times 8.
+    EXPECT_EQ(small->width, 16);
+    EXPECT_EQ(small->height, 16);
+    // vae with --preview-noisy: the latent size times the VAE's 4.
     auto vae = run_command(base + " --preview vae --preview-noisy --preview-interval 3 --preview-path " +
                            dir.file("vae.webp"));
     ASSERT_EQ(vae.exit_code, 0) << vae.err;
@@ -272,7 +272,8 @@ TEST(CApiPreview, CallbackGetsEachImagesStepsAtTheInterval) {
 // another latent is refused naming the file.
 TEST(CliTaesd, DecodesPreviewsAndTheFinalImageUnlessPreviewOnly) {
     TempDir dir;
-    const std::string taesd = test::golden_path("models/taesd_tiny.safetensors");
+    // A 4x tiny autoencoder, as the default model's VAE is 4x.
+    const std::string taesd = test::golden_path("models/taesd_x4_tiny.safetensors");
     const std::string base =
         std::string(KILN_BIN) + " -t 1 --log-level debug -p \"a red circle\" -W 64 -H 64 --steps 2 -s 3 ";
     ASSERT_EQ(run_command(base + "-o " + dir.file("vae.png")).exit_code, 0);
@@ -301,6 +302,10 @@ TEST(CliTaesd, DecodesPreviewsAndTheFinalImageUnlessPreviewOnly) {
     EXPECT_NE(wrong.err.find("taef1_tiny.safetensors (--taesd): a tiny autoencoder for 16-channel latents"),
               std::string::npos)
         << wrong.err;
+    auto upscale = run_command(base + "--taesd " + test::golden_path("models/taesd_tiny.safetensors") + " -o " +
+                               dir.file("wrong.png"));
+    EXPECT_EQ(upscale.exit_code, 1);
+    EXPECT_NE(upscale.err.find("(--taesd): it upscales 8x, the model's VAE 4x"), std::string::npos) << upscale.err;
     EXPECT_FALSE(std::filesystem::exists(dir.file("wrong.png")));
 }
 
