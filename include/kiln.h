@@ -66,6 +66,11 @@ typedef struct {
     /* --tokenizer: CLIP's tokenizer, or per encoder "t5xxl=PATH,llm=PATH,clip_l=PATH"; NULL: the model's */
     const char* tokenizer_path;
     const char* embeddings_dir;       /* --embd-dir: textual-inversion embeddings, or NULL */
+    /* --taesd: a tiny autoencoder's decoder (TAESD, TAESDXL, TAEF1; madebyollin's taesd_decoder.safetensors or
+     * diffusers' AutoencoderTiny), or NULL. It makes KILN_PREVIEW_TAE previews and, unless taesd_preview_only,
+     * decodes the final images instead of the VAE, as sd-cli's --taesd does. */
+    const char* taesd_path;
+    int taesd_preview_only; /* --taesd-preview-only: the final images still come from the VAE */
     /* --lora-model-dir: where a prompt's <lora:NAME:WEIGHT> finds NAME.safetensors (.ckpt, .pt, .gguf),
      * or NULL. The tags leave the prompt; the next job may name other LoRAs at no reload. */
     const char* lora_model_dir;
@@ -106,6 +111,7 @@ typedef enum {
     KILN_VALUE_RPC_SERVERS, /* "host:port[,host:port]" */
     KILN_VALUE_MAX_VRAM,    /* "6", "-1", "rpc0=0.5,cuda0=6", "96M" */
     KILN_VALUE_LORA_APPLY_MODE, /* "auto", "immediately", "at_runtime" */
+    KILN_VALUE_PREVIEW,         /* "none", "proj", "tae", "vae" */
 } kiln_value_kind;
 /* KILN_OK, or KILN_ERROR_INVALID_REQUEST with *error saying what is wrong
  * (without the flag's name: the caller knows it). */
@@ -141,6 +147,20 @@ typedef struct {
 /* Called with step 0 when an image's sampling starts, then after each
  * denoising step: image index in the batch, steps done, total. */
 typedef void (*kiln_progress_callback)(int image, int step, int steps, void* user_data);
+
+/* What a live preview shows (sd-cli's --preview). */
+typedef enum {
+    KILN_PREVIEW_NONE = 0,
+    KILN_PREVIEW_PROJ = 1, /* the latent-to-RGB projection of the model's latent format: latent-sized, free */
+    KILN_PREVIEW_TAE = 2,  /* the context's --taesd decoder (the VAE when it has none): image-sized, cheap */
+    KILN_PREVIEW_VAE = 3,  /* the model's VAE: image-sized, as slow as the final decode */
+} kiln_preview_mode;
+
+/* Called after every preview_interval-th denoising step (step counts from 1,
+ * as kiln_progress_callback's) with an RGB preview of the image being made:
+ * image index in the batch, steps done, the preview (parameters NULL). The
+ * preview and its pixels belong to kiln and are valid only during the call. */
+typedef void (*kiln_preview_callback)(int image, int step, const kiln_image* preview, void* user_data);
 
 typedef struct {
     const char* prompt;
@@ -183,6 +203,12 @@ typedef struct {
      * A1111's names "Latent" and "Latent (nearest)" are accepted too. NULL: "latent". */
     const char* hires_upscaler;
     int hires_upscale_tile_size; /* a model upscaler's tile side in pixels (default 128) */
+    /* Live previews: made only when preview_mode is not KILN_PREVIEW_NONE and preview is set. */
+    kiln_preview_mode preview_mode;
+    int preview_interval; /* every N-th step, N in [1, 10000]; <= 0: 1 */
+    int preview_noisy;    /* --preview-noisy: the noisy latent the network was given, not the denoised estimate */
+    kiln_preview_callback preview;
+    void* preview_user_data;
 } kiln_generation_params;
 
 void kiln_generation_params_init(kiln_generation_params* params);

@@ -147,6 +147,7 @@ kiln::Result<kiln::pipeline::ModelOptions> model_options(const kiln_context_para
         }
     }
     options.lora_dir = str(params->lora_model_dir);
+    options.taesd_preview_only = params->taesd_preview_only != 0;
     if (params->lora_apply_mode) {
         auto mode = kiln::pipeline::parse_lora_apply_mode(params->lora_apply_mode);
         if (!mode.ok()) return Error::invalid_request("--lora-apply-mode: " + mode.error().message);
@@ -247,6 +248,17 @@ kiln::Result<kiln::pipeline::GenerationRequest> generation_request(const kiln_ge
         r.control_image = std::move(img).value();
     }
     r.control_strength = params->control_strength;
+    switch (params->preview_mode) {
+        case KILN_PREVIEW_NONE: r.preview.mode = kiln::pipeline::PreviewMode::None; break;
+        case KILN_PREVIEW_PROJ: r.preview.mode = kiln::pipeline::PreviewMode::Proj; break;
+        case KILN_PREVIEW_TAE: r.preview.mode = kiln::pipeline::PreviewMode::Tae; break;
+        case KILN_PREVIEW_VAE: r.preview.mode = kiln::pipeline::PreviewMode::Vae; break;
+        default:
+            return kiln::Error::invalid_request("preview_mode: " + std::to_string(params->preview_mode) +
+                                                " is not a kiln_preview_mode");
+    }
+    r.preview.interval = params->preview_interval <= 0 ? 1 : params->preview_interval;
+    r.preview.noisy = params->preview_noisy != 0;
     return r;
 }
 
@@ -273,6 +285,9 @@ kiln_status kiln_check_value(kiln_value_kind kind, const char* value, char** err
             break;
         case KILN_VALUE_LORA_APPLY_MODE:
             if (auto r = kiln::pipeline::parse_lora_apply_mode(v); !r.ok()) status = r.error();
+            break;
+        case KILN_VALUE_PREVIEW:
+            if (auto r = kiln::pipeline::parse_preview_mode(v); !r.ok()) status = r.error();
             break;
     }
     if (status.ok()) return KILN_OK;
@@ -306,6 +321,7 @@ kiln_status kiln_context_create(const kiln_context_params* params, kiln_context*
         paths.tokenizer = str(params->tokenizer_path);
         paths.embeddings = str(params->embeddings_dir);
         paths.control_net = str(params->control_net_path);
+        paths.taesd = str(params->taesd_path);
         auto options = model_options(params);
         if (!options.ok()) return fail(error, options.error());
         kiln::log_capture_ggml();
@@ -424,7 +440,15 @@ kiln_status kiln_generate(kiln_context* ctx, const kiln_generation_params* param
             return fail(error, kiln::Error::invalid_request(
                                    "this context was created with plan_only: it can plan, not generate"));
         }
-        auto result = kiln::pipeline::generate(*ctx->model, *r, on_step);
+        kiln::pipeline::PreviewCallback on_preview;
+        if (params->preview) {
+            on_preview = [params](int image, int step, const kiln::image::Image& rgb) {
+                kiln_image view{static_cast<uint32_t>(rgb.width), static_cast<uint32_t>(rgb.height), 3,
+                                const_cast<uint8_t*>(rgb.pixels.data()), nullptr};
+                params->preview(image, step, &view, params->preview_user_data);
+            };
+        }
+        auto result = kiln::pipeline::generate(*ctx->model, *r, on_step, nullptr, on_preview);
         if (!result.ok()) {
             ctx->model->release_caches();  // a failed job gives back what it took
             return fail(error, result.error());

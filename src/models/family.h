@@ -10,6 +10,7 @@
 // family needs that kiln lacks gets its own pair under src/models/.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -29,6 +30,7 @@ enum class NetworkKind {
     Llm,         // models/llm_encoder: decoder-only language model (Qwen3) as a text encoder
     ZImageDit,   // models/z_image_dit: Z-Image's single-stream transformer
     ControlNet,  // models/controlnet: ldm / sgm ControlNet (--control-net, not part of a family)
+    Taesd,       // models/taesd: a tiny autoencoder's decoder (--taesd), no family's own module
 };
 
 // The role a module plays; placement (--backend te=...,diffusion=...,vae=...)
@@ -109,6 +111,13 @@ struct LatentFormat {
     int channels = 4;
     float scale = 0.18215f;  // latent = (vae latent - shift) * scale
     float shift = 0.0f;
+    // The latent-to-RGB projection of --preview proj, one row per channel:
+    // rgb = sum_c latent[c] * rgb_factors[c] + rgb_bias, in [-1, 1], on the
+    // scaled latent the sampler works on (ComfyUI's latent_formats.py
+    // latent_rgb_factors and latent_rgb_factors_bias; sd-cli's
+    // latent-preview.h has the same numbers). Empty: no projection known.
+    std::vector<std::array<float, 3>> rgb_factors;
+    std::array<float, 3> rgb_bias{};
 };
 
 // What the diffusion network predicts: the noise (SD1.x, SD2.x base, SDXL),

@@ -18,10 +18,10 @@ ggml_tensor* linear(ggml_context* ctx, const Linear& layer, ggml_tensor* x) {
 }
 
 Conv2d declare_conv2d(runtime::ModuleWeights& w, const std::string& name, int64_t in, int64_t out, int kernel,
-                      int stride, int padding) {
+                      int stride, int padding, bool bias) {
     Conv2d c;
     c.weight = w.require(name + ".weight", {out, in, kernel, kernel});
-    c.bias = w.require(name + ".bias", {out});
+    if (bias) c.bias = w.require(name + ".bias", {out});
     c.stride = stride;
     c.padding = padding;
     return c;

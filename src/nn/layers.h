@@ -28,8 +28,9 @@ struct Conv2d {
     int stride = 1;
     int padding = 0;
 };
+// `bias` false: a convolution without one (PyTorch's bias=False), no .bias tensor.
 Conv2d declare_conv2d(runtime::ModuleWeights& w, const std::string& name, int64_t in, int64_t out, int kernel,
-                      int stride = 1, int padding = 0);
+                      int stride = 1, int padding = 0, bool bias = true);
 // Where a graph will compute, for layers whose best form differs: on the
 // CPU convolutions unfold into F32 patches that reach BLAS; on a device they
 // use ggml's own im2col and kernels. A build option of each network, set by

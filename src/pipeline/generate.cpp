@@ -226,23 +226,22 @@ Result<std::vector<float>> run_vae(Model& model, bool decode, const std::vector<
     return run_vae(model, decode, input, w, h, VaeTiling{}, encoding);
 }
 
-Result<image::Image> decode_latent(Model& model, const std::vector<float>& latent, const ValidatedRequest& p,
-                                   const std::optional<VaeTiling>& tiling) {
-    std::vector<float> z(latent);
-    for (float& v : z) v = v / model.latent_scale() + model.latent_shift();
-    auto decoded = run_vae(model, /*decode=*/true, z, p.latent_w, p.latent_h, tiling);
-    if (!decoded.ok()) return decoded.error();
-    if (!std::all_of(decoded->begin(), decoded->end(), [](float v) { return std::isfinite(v); })) {
-        return Error{
-            "the VAE decoder produced non-finite values (NaN or Inf): its weights or the latent scale are "
-            "not finite, or it overflowed (an f16 SDXL VAE: use the fp16-fix VAE with --vae)"};
+// The decoder's planar [W, H, 3] pixels as an 8-bit RGB image: a VAE's
+// [-1, 1], or with `unit_range` a tiny autoencoder's [0, 1], clamped.
+Result<image::Image> pixels_to_image(const std::vector<float>& pixels, const ValidatedRequest& p, bool unit_range,
+                                     const char* decoder) {
+    if (!std::all_of(pixels.begin(), pixels.end(), [](float v) { return std::isfinite(v); })) {
+        return Error{std::string("the ") + decoder +
+                     " produced non-finite values (NaN or Inf): its weights or the latent scale are "
+                     "not finite, or it overflowed (an f16 SDXL VAE: use the fp16-fix VAE with --vae)"};
     }
-    const std::vector<float>& pixels = *decoded;  // [W, H, 3] planar in [-1, 1]
     image::Image img = image::make_image(p.width, p.height, 3);
     const size_t plane = static_cast<size_t>(p.width) * p.height;
+    if (pixels.size() != plane * 3) return Error{std::string("the ") + decoder + " gave an image of the wrong size"};
     for (size_t i = 0; i < plane; ++i) {
         for (size_t ch = 0; ch < 3; ++ch) {
-            const float v = std::clamp((pixels[ch * plane + i] + 1.0f) * 0.5f, 0.0f, 1.0f);
+            const float x = pixels[ch * plane + i];
+            const float v = std::clamp(unit_range ? x : (x + 1.0f) * 0.5f, 0.0f, 1.0f);
             img.pixels[i * 3 + ch] = static_cast<uint8_t>(std::lround(v * 255.0f));
         }
     }
@@ -271,6 +270,58 @@ Result<std::vector<float>> rgb_planes(const image::Image& source, int width, int
         }
     }
     return pixels;
+}
+
+// The model's VAE on the scaled latent.
+Result<image::Image> decode_latent_vae(Model& model, const std::vector<float>& latent, const ValidatedRequest& p,
+                                       const std::optional<VaeTiling>& tiling) {
+    std::vector<float> z(latent);
+    for (float& v : z) v = v / model.latent_scale() + model.latent_shift();
+    auto decoded = run_vae(model, /*decode=*/true, z, p.latent_w, p.latent_h, tiling);
+    if (!decoded.ok()) return decoded.error();
+    return pixels_to_image(*decoded, p, /*unit_range=*/false, "VAE decoder");
+}
+
+// --taesd's decoder on the scaled latent itself (its latent API is the
+// diffusion network's).
+Result<image::Image> decode_latent_taesd(Model& model, const std::vector<float>& latent, const ValidatedRequest& p) {
+    VaeGraph g = build_taesd_decode_graph(model, p.latent_w, p.latent_h, latent.data());
+    KILN_TRY(g.session->run(model.taesd_compute(), g.out));
+    return pixels_to_image(runtime::GraphSession::read(g.out), p, /*unit_range=*/true, "tiny autoencoder");
+}
+
+// The final image: the VAE's, or with --taesd (not --taesd-preview-only)
+// the tiny autoencoder's, as sd-cli decodes it.
+Result<image::Image> decode_latent(Model& model, const std::vector<float>& latent, const ValidatedRequest& p,
+                                   const std::optional<VaeTiling>& tiling) {
+    if (model.taesd_decodes_images()) return decode_latent_taesd(model, latent, p);
+    return decode_latent_vae(model, latent, p, tiling);
+}
+
+// One preview of `latent` (scaled) as request.preview.mode says: the
+// family's projection at the latent's size, or a decode at the image's size.
+// A failure is warned about once per job (`warned`) and skipped.
+Result<image::Image> make_preview(Model& model, const std::vector<float>& latent, const ValidatedRequest& p,
+                                  const GenerationRequest& request, bool& warned) {
+    Result<image::Image> preview = Error{"no latent to preview yet"};
+    switch (request.preview.mode) {
+        case PreviewMode::Proj:
+            preview = project_latent_to_rgb(latent, p.latent_w, p.latent_h, model.family().latent);
+            break;
+        case PreviewMode::Tae:
+            if (model.has_taesd()) {
+                preview = decode_latent_taesd(model, latent, p);
+                break;
+            }
+            [[fallthrough]];  // no --taesd: the VAE, as sd-cli falls back to it
+        case PreviewMode::Vae: preview = decode_latent_vae(model, latent, p, request.vae_tiling); break;
+        case PreviewMode::None: break;
+    }
+    if (!preview.ok() && !warned) {
+        KILN_LOG_WARN("preview: %s; the job goes on without previews that fail", preview.error().message.c_str());
+        warned = true;
+    }
+    return preview;
 }
 
 // The image's latent (scaled): the latent distribution's mean and, with
@@ -435,6 +486,7 @@ Result<std::vector<float>> sample_latent(Model& model, const SamplingRun& run, s
         if (model.cancel_requested()) return Error::cancelled("cancelled");
         auto denoised = run_diffusion(model, xt, sigma, run, cond, run.cfg_scale != 1.0f ? uncond : nullptr, graph);
         if (denoised.ok() && !run.keep_weight.empty()) keep_region(*denoised);
+        if (denoised.ok() && run.on_denoised) run.on_denoised(xt, sigma, *denoised);
         return denoised;
     };
     runtime::Executor& unet = model.diffusion_compute();
@@ -573,7 +625,8 @@ void add_hires_info(const HiresFix& request, const ValidatedHires& h, image::Gen
 }  // namespace
 
 Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationRequest& request,
-                                             const StepCallback& on_step, GenerationTimings* timings) {
+                                             const StepCallback& on_step, GenerationTimings* timings,
+                                             const PreviewCallback& on_preview) {
     auto planned = validate_request(model, request);
     if (!planned.ok()) return planned.error();
     model.clear_cancel();
@@ -699,6 +752,7 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
         hires_upscaler->set_cancel_check([&model] { return model.cancel_requested(); });
     }
     const bool flow = schedule->flow();
+    bool preview_failed = false;  // warned once per job
     const size_t latent_size = static_cast<size_t>(p.latent_w) * p.latent_h * out_channels(model);
     std::vector<GeneratedImage> results;
     for (int i = 0; i < request.batch_count; ++i) {
@@ -706,11 +760,32 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
         std::unique_ptr<Rng> rng = make_rng(request.rng, static_cast<uint64_t>(seed));
         std::vector<float> x = rng->randn(latent_size);
         noise_to_first_sigma(x, init_latent ? &*init_latent : nullptr, sigmas.front(), flow);
+        // The latent the next preview shows: the last denoiser call's
+        // estimate, or its noisy input as the network saw it (sd-cli's
+        // noised_input, x * c_in).
+        const bool previewing = on_preview && request.preview.mode != PreviewMode::None;
+        std::vector<float> shown;
+        run.on_denoised = nullptr;
+        if (previewing) {
+            run.on_denoised = [&](const std::vector<float>& xt, float sigma, const std::vector<float>& denoised) {
+                if (!request.preview.noisy) {
+                    shown = denoised;
+                    return;
+                }
+                const float c_in = get_scalings(model.prediction(), sigma).c_in;
+                shown.resize(xt.size());
+                for (size_t k = 0; k < xt.size(); ++k) shown[k] = xt[k] * c_in;
+            };
+        }
         Clock::time_point step_start;
         ProgressFn progress = [&](int step, int total) {
             times.step_s.push_back(seconds_since(step_start));
             if (on_step) on_step(i, step, total);
-            step_start = Clock::now();  // the caller's callback is no step's time
+            if (previewing && step % request.preview.interval == 0) {
+                auto preview = make_preview(model, shown, p, request, preview_failed);
+                if (preview.ok()) on_preview(i, step, *preview);
+            }
+            step_start = Clock::now();  // the callbacks' time is no step's
         };
         // Step 0: sampling of this image starts now (front-ends time from here).
         if (on_step) on_step(i, 0, static_cast<int>(sigmas.size()) - 1);

@@ -14,6 +14,7 @@
 #include "pipeline/conditioner.h"
 #include "pipeline/graphs.h"
 #include "pipeline/model.h"
+#include "pipeline/preview.h"
 #include "pipeline/request.h"
 #include "pipeline/rng.h"
 #include "pipeline/samplers.h"
@@ -48,10 +49,14 @@ struct GenerationTimings {
 // The request is checked first (validate_request, pipeline/request.h), so a
 // bad one fails before any graph is built. Other errors: out of memory,
 // cancelled (kiln_cancel), a failed graph. With `timings`, it is reset and
-// filled.
+// filled. With `on_preview` and request.preview.mode not None, a preview is
+// made after every request.preview.interval-th step of each image (steps
+// count from 1, as on_step's) and handed to it; its time is no step's. A
+// preview that fails to decode is a warning, not a failed job.
 Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationRequest& request,
                                              const StepCallback& on_step = nullptr,
-                                             GenerationTimings* timings = nullptr);
+                                             GenerationTimings* timings = nullptr,
+                                             const PreviewCallback& on_preview = nullptr);
 
 // The sampling loop alone, for callers that bring their own conditioning
 // and starting latent (tests compare it with the reference sampler).
@@ -85,6 +90,9 @@ struct SamplingRun {
     // and --control-strength, the factor on its residuals.
     std::vector<float> control_hint;
     float control_strength = 0.9f;
+    // Called after each denoiser evaluation with its input x, sigma and the
+    // denoised estimate (after latent masking); previews read them. Null: none.
+    std::function<void(const std::vector<float>& x, float sigma, const std::vector<float>& denoised)> on_denoised;
 };
 
 // Runs the sampler from `x` (noise * sigmas[0], plus the init latent for

@@ -243,6 +243,18 @@ VaeGraph build_vae_decode_graph(const Model& model, int64_t latent_w, int64_t la
     return g;
 }
 
+VaeGraph build_taesd_decode_graph(const Model& model, int64_t latent_w, int64_t latent_h, const float* latent) {
+    const int64_t channels = model.taesd().config().latent_channels;
+    VaeGraph g;
+    g.session = std::make_unique<runtime::GraphSession>();
+    std::vector<float> zeros;
+    ggml_tensor* in =
+        g.session->input(GGML_TYPE_F32, {latent_w, latent_h, channels, 1},
+                         or_zeros(latent, static_cast<size_t>(latent_w * latent_h * channels), zeros), "latent");
+    g.out = model.taesd().build_decoder(g.session->ctx(), in, model.taesd_target());
+    return g;
+}
+
 VaeGraph build_vae_encode_graph(const Model& model, int64_t width, int64_t height, const float* pixels,
                                 VaeEncoding encoding) {
     const models::VaeConfig& vc = model.vae().config();

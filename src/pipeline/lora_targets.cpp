@@ -66,6 +66,7 @@ LoraTargets::LoraTargets(Model& model) {
         // LoRAs are trained for the model, not its ControlNet, whose bare
         // names (input_blocks.*) would make the UNet's ambiguous.
         if (module.spec.role == models::ModuleRole::Control) continue;
+        if (module.spec.network == models::NetworkKind::Taesd) continue;  // --taesd's previews take no LoRA
         const bool diffusion = module.spec.role == models::ModuleRole::Diffusion;
         const io::ModelComponent component =
             module.spec.diffusers_component

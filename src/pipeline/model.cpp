@@ -52,6 +52,7 @@ std::vector<std::string> network_probes(models::NetworkKind kind) {
         case models::NetworkKind::Llm: return {"embed_tokens.weight", "token_embd.weight"};
         case models::NetworkKind::ZImageDit: return {"cap_pad_token"};
         case models::NetworkKind::ControlNet: return {"input_hint_block.0.weight"};
+        case models::NetworkKind::Taesd: return {"decoder.layers.0.weight", "1.weight"};
     }
     return {};
 }
@@ -230,6 +231,7 @@ runtime::ModuleWeights& Module::weights() {
     if (flux) return flux->weights();
     if (z_image) return z_image->weights();
     if (control) return control->weights();
+    if (taesd) return taesd->weights();
     return vae->weights();
 }
 
@@ -270,6 +272,7 @@ Result<std::unique_ptr<Model>> Model::load(const ModelPaths& paths, const ModelO
     m->lora_dir_ = options.lora_dir;
     m->lora_apply_mode_ = options.lora_apply_mode;
     KILN_TRY(m->load_networks(paths, options));
+    if (!paths.taesd.empty()) KILN_TRY(m->load_taesd(paths.taesd, options));
     KILN_TRY(m->read_metadata(options));
 
     auto tokenizer_paths = parse_tokenizer_flag(paths.tokenizer);
@@ -307,6 +310,36 @@ Result<std::unique_ptr<Model>> Model::load(const ModelPaths& paths, const ModelO
     }
     KILN_LOG_VERBOSE("loaded %s (%s): tensors of %s", m->name_.c_str(), m->family_label_.c_str(), counts.c_str());
     return m;
+}
+
+// --taesd's decoder: a module of its own in the "vae" role, after the
+// family's modules (placement puts it with the VAE; the memory report
+// names it vae.taesd). Its latent must be the model's.
+Status Model::load_taesd(const std::string& path, const ModelOptions& options) {
+    auto file = io::ModelFile::open({path});
+    if (!file.ok()) return file.error().as(ErrorKind::BadFile);
+    files_.push_back(std::make_unique<io::ModelFile>(std::move(file).value()));
+    auto module = std::make_unique<Module>();
+    module->spec = {"taesd", models::ModuleRole::Vae, models::NetworkKind::Taesd, {}, "--taesd", {}};
+    module->file = files_.back().get();
+    module->prefix = "";
+    auto net = models::Taesd::create(*module->file, module->prefix, options.weight_type);
+    if (!net.ok()) return net.error().as(ErrorKind::BadFile).in_context(path + " (--taesd): ");
+    const int64_t channels = (*net)->config().latent_channels;
+    if (channels != latent_channels()) {
+        return Error::bad_file(path + " (--taesd): a tiny autoencoder for " + std::to_string(channels) +
+                               "-channel latents, but " + family_label_ + "'s latent has " +
+                               std::to_string(latent_channels()) + " channels (TAESD and TAESDXL take 4, TAEF1 16)");
+    }
+    if ((*net)->config().upscale() != vae().config().downscale()) {
+        return Error::bad_file(path + " (--taesd): it upscales " + std::to_string((*net)->config().upscale()) +
+                               "x, the model's VAE " + std::to_string(vae().config().downscale()) + "x");
+    }
+    module->taesd = std::move(net).value();
+    taesd_ = module.get();
+    taesd_preview_only_ = options.taesd_preview_only;
+    modules_.push_back(std::move(module));
+    return Status::Ok();
 }
 
 // CLIP's tokenizer (and textual-inversion embeddings for `first`, the
@@ -531,6 +564,8 @@ Status Model::load_networks(const ModelPaths& paths, const ModelOptions& options
             }
             case models::NetworkKind::ControlNet:
                 return Error{"internal: a family lists a ControlNet module (it comes from --control-net)"};
+            case models::NetworkKind::Taesd:
+                return Error{"a family lists a tiny autoencoder as its own module; it comes from --taesd only"};
         }
         modules_.push_back(std::move(module));
     }

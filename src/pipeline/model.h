@@ -20,6 +20,7 @@
 #include "models/flux_dit.h"
 #include "models/llm_encoder.h"
 #include "models/t5_encoder.h"
+#include "models/taesd.h"
 #include "models/unet.h"
 #include "models/vae.h"
 #include "models/z_image_dit.h"
@@ -48,6 +49,10 @@ struct ModelPaths {
     std::string tokenizer;
     std::string embeddings;   // --embd-dir: textual-inversion embeddings
     std::string control_net;  // --control-net: a ControlNet for the UNet (models/controlnet.h)
+    std::string embeddings;  // --embd-dir: textual-inversion embeddings
+    // --taesd: a tiny autoencoder's decoder (models/taesd.h) for --preview
+    // tae and, unless ModelOptions::taesd_preview_only, the final decode.
+    std::string taesd;
 };
 
 // --lora-apply-mode: how a LoRA changes a weight (pipeline/loras.h).
@@ -69,6 +74,9 @@ struct ModelOptions {
     bool plan_only = false;             // kiln plan / --dry-run: place modules, load no weights
     std::string lora_dir;               // --lora-model-dir: where <lora:NAME:W> finds NAME
     LoraApplyMode lora_apply_mode = LoraApplyMode::Auto;
+    // --taesd-preview-only: the tiny autoencoder makes previews only; the
+    // final image still comes from the VAE.
+    bool taesd_preview_only = false;
     // The job auto-fit checks its placement against (0: the model's defaults).
     int job_width = 0;
     int job_height = 0;
@@ -88,7 +96,7 @@ Result<TokenizerPaths> parse_tokenizer_flag(const std::string& value);
 using ModelDefaults = models::Defaults;
 
 // One network of the model and its runner. Exactly one of clip, t5, llm,
-// unet, flux, z_image, vae and control is set, the one spec.network names.
+// unet, flux, z_image, vae, control and taesd is set, the one spec.network names.
 struct Module {
     models::ModuleSpec spec;
     std::string prefix;  // where its tensors live in `file`
@@ -101,6 +109,7 @@ struct Module {
     std::unique_ptr<models::ZImageDit> z_image;
     std::unique_ptr<models::Vae> vae;
     std::unique_ptr<models::ControlNet> control;
+    std::unique_ptr<models::Taesd> taesd;
     std::unique_ptr<runtime::Executor> executor;
     // Where its graphs compute (placement decides; the graph builders take
     // it as a build option).
@@ -178,6 +187,15 @@ class Model {
     nn::ComputeTarget diffusion_target() const { return diffusion_->target; }
     nn::ComputeTarget vae_target() const { return vae_->target; }
     runtime::Executor& vae_compute() { return *vae_->executor; }
+    // --taesd's decoder, a module of the "vae" role (placed and budgeted with
+    // the VAE); only when has_taesd().
+    bool has_taesd() const { return taesd_ != nullptr; }
+    const models::Taesd& taesd() const { return *taesd_->taesd; }
+    runtime::Executor& taesd_compute() { return *taesd_->executor; }
+    nn::ComputeTarget taesd_target() const { return taesd_->target; }
+    // Whether the final image is decoded by the tiny autoencoder (--taesd
+    // without --taesd-preview-only, as sd-cli does) instead of the VAE.
+    bool taesd_decodes_images() const { return taesd_ && !taesd_preview_only_; }
     // The ControlNet given with --control-net, a module of its own ("control").
     bool has_control_net() const { return control_ != nullptr; }
     const models::ControlNet& control_net() const { return *control_->control; }
@@ -219,6 +237,7 @@ class Model {
     Model() = default;
     Status load_networks(const ModelPaths& paths, const ModelOptions& options);
     Status load_control_net(const std::string& path, const ModelOptions& options);
+    Status load_taesd(const std::string& path, const ModelOptions& options);
     Status load_clip_tokenizer(const std::string& flag_path, const std::string& embeddings_dir,
                                const models::ClipTextEncoder& first);
     Status check_unet_inputs() const;
@@ -254,6 +273,8 @@ class Model {
     Module* diffusion_ = nullptr;
     Module* vae_ = nullptr;
     Module* control_ = nullptr;
+    Module* taesd_ = nullptr;
+    bool taesd_preview_only_ = false;
     std::atomic<bool> cancel_{false};
     std::string lora_dir_;
     LoraApplyMode lora_apply_mode_ = LoraApplyMode::Auto;

@@ -245,6 +245,16 @@ Result<ValidatedRequest> validate_request(const Model& model, const GenerationRe
                                           " output; crop it or pass -W/-H of its aspect");
         }
     }
+    if (r.preview.interval < 1 || r.preview.interval > kMaxPreviewInterval) {
+        return Error::invalid_request("--preview-interval must be in [1, " + std::to_string(kMaxPreviewInterval) +
+                                      "], got " + std::to_string(r.preview.interval));
+    }
+    if (r.preview.mode == PreviewMode::Proj &&
+        static_cast<int64_t>(model.family().latent.rgb_factors.size()) != model.latent_channels()) {
+        return Error::invalid_request("--preview proj: no latent-to-RGB projection is known for " +
+                                      model.family_label() + "'s " + std::to_string(model.latent_channels()) +
+                                      "-channel latent (use --preview vae)");
+    }
     return p;
 }
 

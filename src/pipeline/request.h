@@ -11,6 +11,7 @@
 
 #include "image/image.h"
 #include "pipeline/latent_resize.h"
+#include "pipeline/preview.h"
 #include "pipeline/rng.h"
 #include "pipeline/samplers.h"
 #include "pipeline/schedulers.h"
@@ -55,6 +56,7 @@ struct HiresFix {
 // decoded image resized (Lanczos) or upscaled by a model, encoded again.
 enum class HiresUpscaler { Latent, Lanczos, Model };
 constexpr float kMaxControlStrength = 10.0f;
+constexpr int kMaxPreviewInterval = kMaxSteps;
 
 struct GenerationRequest {
     std::string prompt;
@@ -98,6 +100,9 @@ struct GenerationRequest {
     // ratio; and --control-strength, sd-cli's factor on its residuals.
     std::optional<image::Image> control_image;
     float control_strength = 0.9f;
+    // Live previews (--preview, pipeline/preview.h); only made when
+    // generate() is given a preview callback.
+    PreviewOptions preview;
 };
 
 // A hires fix with its sizes worked out.
@@ -135,10 +140,11 @@ struct ValidatedRequest {
 // fix with an init image, a scale not in (0, kMaxHiresScale], a width or
 // height not a multiple of the stride or above kMaxDimension, steps outside
 // [0, kMaxSteps], a denoising strength outside [0, 1], an upscaler that is
-// neither a latent mode nor an existing file, or a bad upscale tile size.
-// kMaxReferenceImages, or of a side outside [stride, kMaxDimension]; a
+// neither a latent mode nor an existing file, or a bad upscale tile size; a
 // control image without a ControlNet, or of another aspect ratio than the
-// output; a control strength outside [0, kMaxControlStrength].
+// output; a control strength outside [0, kMaxControlStrength]; a preview
+// interval outside [1, kMaxPreviewInterval]; --preview proj for a latent
+// format without a projection of the model's latent channels.
 Result<ValidatedRequest> validate_request(const Model& model, const GenerationRequest& request);
 
 }  // namespace kiln::pipeline

@@ -328,6 +328,32 @@ const std::vector<Flag>& flags() {
              }},
             {nullptr, "--hires-upscale-tile-size", "N", "tile side of a model --hires-upscaler in pixels (default 128)",
              int_setter(&Options::hires_upscale_tile_size, 0, 1 << 20)},
+            {nullptr, "--taesd", "PATH",
+             "tiny autoencoder decoder (TAESD, TAESDXL, TAEF1): decodes the final image instead of the VAE (fast, "
+             "lower quality) and makes --preview tae previews",
+             path_setter(&Options::taesd)},
+            {nullptr, "--taesd-preview-only", nullptr,
+             "use --taesd for --preview tae only; the final image still comes from the VAE",
+             [](Options& o, const std::string&) -> std::optional<std::string> {
+                 o.taesd_preview_only = true;
+                 return std::nullopt;
+             }},
+            {nullptr, "--preview", "MODE",
+             "live preview while sampling: none (default), proj (latent-to-RGB projection, latent-sized), tae "
+             "(--taesd), vae (the full VAE)",
+             checked_setter(&Options::preview, KILN_VALUE_PREVIEW)},
+            {nullptr, "--preview-path", "PATH",
+             "where the preview image goes, replaced at each update (default "
+             "preview.png)",
+             path_setter(&Options::preview_path)},
+            {nullptr, "--preview-interval", "N", "update the preview every N denoising steps (default 1)",
+             int_setter(&Options::preview_interval, 1, 10000)},
+            {nullptr, "--preview-noisy", nullptr,
+             "preview the noisy latent the network is given instead of the denoised estimate",
+             [](Options& o, const std::string&) -> std::optional<std::string> {
+                 o.preview_noisy = true;
+                 return std::nullopt;
+             }},
             {nullptr, "--diffusion-fa", nullptr, "use flash attention in the diffusion model",
              [](Options& o, const std::string&) -> std::optional<std::string> {
                  o.diffusion_fa = true;

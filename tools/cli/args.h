@@ -76,6 +76,13 @@ struct Options {
     float strength = 0.75f;
     bool strength_given = false;  // --strength was passed (it needs -i)
     bool diffusion_fa = false;
+    // Live previews (docs/preview.md), as sd-cli's flags.
+    std::string preview = "none";  // --preview none|proj|tae|vae, checked at parse time
+    std::string preview_path = "preview.png";
+    int preview_interval = 1;
+    bool preview_noisy = false;
+    std::string taesd;                // --taesd
+    bool taesd_preview_only = false;  // --taesd-preview-only
     bool vae_tiling = false;
     int vae_tile_size = 32;
     float vae_tile_overlap = 0.5f;

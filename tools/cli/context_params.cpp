@@ -17,6 +17,8 @@ kiln_context_params context_params_of(const Options& options) {
     cp.control_net_path = optional(options.control_net);
     cp.lora_model_dir = optional(options.lora_model_dir);
     cp.lora_apply_mode = optional(options.lora_apply_mode);
+    cp.taesd_path = optional(options.taesd);
+    cp.taesd_preview_only = options.taesd_preview_only ? 1 : 0;
     cp.weight_type = optional(options.weight_type);
     cp.prediction = optional(options.prediction);
     cp.n_threads = options.threads;

@@ -48,6 +48,33 @@ struct Progress {
     }
 };
 
+// --preview: each preview replaces the file at --preview-path
+// (kiln_image_save writes a temporary file beside it and renames it over, so
+// a viewer never reads half an image). A failed write is reported once and
+// the job goes on.
+struct PreviewWriter {
+    std::string path;
+    bool failed = false;
+
+    static void on_preview(int image, int step, const kiln_image* preview, void* user_data) {
+        auto* self = static_cast<PreviewWriter*>(user_data);
+        ErrorText error;
+        if (kiln_image_save(preview, self->path.c_str(), &error.text) != KILN_OK) {
+            if (!self->failed) KILN_LOG_ERROR("preview: %s", error.c_str());
+            self->failed = true;
+            return;
+        }
+        KILN_LOG_DEBUG("preview of image %d at step %d: %s", image + 1, step, self->path.c_str());
+    }
+};
+
+kiln_preview_mode preview_mode(const std::string& name) {
+    if (name == "proj") return KILN_PREVIEW_PROJ;
+    if (name == "tae") return KILN_PREVIEW_TAE;
+    if (name == "vae") return KILN_PREVIEW_VAE;
+    return KILN_PREVIEW_NONE;  // "none"; the parser refused anything else
+}
+
 }  // namespace
 
 int run_generate(const Options& options) {
@@ -55,6 +82,17 @@ int run_generate(const Options& options) {
     if (!has_image_extension(options.output)) {
         KILN_LOG_ERROR("%s: unsupported image extension (valid: .png, .jpg, .jpeg, .webp)", options.output.c_str());
         return kExitUsage;
+    }
+    if (options.preview != "none" && !has_image_extension(options.preview_path)) {
+        KILN_LOG_ERROR("--preview-path %s: unsupported image extension (valid: .png, .jpg, .jpeg, .webp)",
+                       options.preview_path.c_str());
+        return kExitUsage;
+    }
+    if (options.preview == "tae" && options.taesd.empty()) {
+        KILN_LOG_WARN("--preview tae without --taesd: the previews come from the VAE (as sd-cli's do)");
+    }
+    if (options.taesd_preview_only && options.taesd.empty()) {
+        KILN_LOG_WARN("--taesd-preview-only does nothing without --taesd");
     }
     auto output = OutputPattern::parse(options.output);
     if (!output) {
@@ -188,6 +226,14 @@ int run_generate(const Options& options) {
     gp.hires_denoising_strength = options.hires_denoising_strength;
     gp.hires_upscaler = options.hires_upscaler.c_str();
     gp.hires_upscale_tile_size = options.hires_upscale_tile_size;
+    PreviewWriter preview{options.preview_path};
+    gp.preview_mode = preview_mode(options.preview);
+    gp.preview_interval = options.preview_interval;
+    gp.preview_noisy = options.preview_noisy ? 1 : 0;
+    if (gp.preview_mode != KILN_PREVIEW_NONE) {
+        gp.preview = &PreviewWriter::on_preview;
+        gp.preview_user_data = &preview;
+    }
 
     ErrorText load_error;
     KILN_LOG_VERBOSE("loading %s", model.empty() ? options.diffusion_model.c_str() : model.c_str());

@@ -15,6 +15,7 @@ Family make() {
     f.modules = {single_clip_module("clip_l"), unet_module(), vae_module()};
     // ldm's FrozenCLIPEmbedder: the last layer through the final layer norm,
     // padded with EOS.
+    f.latent = sd15_latent_format();
     f.conditioning.encoders = {{"clip_l", /*default_layer=*/1, /*final_norm=*/true, /*pad_token=*/-1}};
     return f;
 }

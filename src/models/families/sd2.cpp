@@ -15,6 +15,7 @@ Family make() {
     f.modules = {single_clip_module("open_clip_h"), unet_module(), vae_module()};
     // ldm's FrozenOpenCLIPEmbedder: the penultimate layer through ln_final,
     // padded with zeros.
+    f.latent = sd15_latent_format();
     f.conditioning.encoders = {{"open_clip_h", /*default_layer=*/2, /*final_norm=*/true, /*pad_token=*/0}};
     return f;
 }

@@ -42,7 +42,13 @@ Family make() {
     };
     f.conditioning.size_embedding = true;
     f.conditioning.zero_empty_negative = true;
+    // ComfyUI's SDXL latent format: its scale and preview projection.
     f.latent.scale = 0.13025f;
+    f.latent.rgb_factors = {{0.3651f, 0.4232f, 0.4341f},
+                            {-0.2533f, -0.0042f, 0.1068f},
+                            {0.1076f, 0.1111f, -0.0362f},
+                            {-0.3165f, -0.2492f, -0.2188f}};
+    f.latent.rgb_bias = {0.1084f, -0.0175f, -0.0011f};
     f.defaults.width = 1024;
     f.defaults.height = 1024;
     return f;
