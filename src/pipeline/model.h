@@ -49,7 +49,6 @@ struct ModelPaths {
     std::string tokenizer;
     std::string embeddings;   // --embd-dir: textual-inversion embeddings
     std::string control_net;  // --control-net: a ControlNet for the UNet (models/controlnet.h)
-    std::string embeddings;  // --embd-dir: textual-inversion embeddings
     // --taesd: a tiny autoencoder's decoder (models/taesd.h) for --preview
     // tae and, unless ModelOptions::taesd_preview_only, the final decode.
     std::string taesd;
