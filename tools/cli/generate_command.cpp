@@ -128,11 +128,25 @@ int run_generate(const Options& options) {
         }
     }
 
+    ErrorText load_error;
+    KILN_LOG_VERBOSE("loading %s", model.empty() ? options.diffusion_model.c_str() : model.c_str());
+    kiln_context* ctx = nullptr;
+    if (kiln_status st = kiln_context_create(&cp, &ctx, &load_error.text); st != KILN_OK) {
+        KILN_LOG_ERROR("%s", load_error.c_str());
+        return exit_code_of(st);
+    }
+    struct FreeContext {
+        kiln_context*& ctx;
+        ~FreeContext() { kiln_context_free(ctx); }
+    } free_context{ctx};
+
+    // The images are read for the context, after its (lazy, fast) load: a
+    // decoded size that RAM's books cannot hold is refused from the header.
     kiln_image* init = nullptr;
     if (!options.init_image.empty()) {
         ErrorText error;
-        if (kiln_status st = kiln_image_load_limited(
-                options.init_image.c_str(), static_cast<uint64_t>(options.max_image_pixels), &init, &error.text);
+        if (kiln_status st = kiln_context_image_load(
+                ctx, options.init_image.c_str(), static_cast<uint64_t>(options.max_image_pixels), &init, &error.text);
             st != KILN_OK) {
             KILN_LOG_ERROR("%s", error.c_str());
             return exit_code_of(st);
@@ -141,8 +155,8 @@ int run_generate(const Options& options) {
     kiln_image* mask = nullptr;
     if (!options.mask.empty()) {
         ErrorText error;
-        if (kiln_status st = kiln_image_load_limited(
-                options.mask.c_str(), static_cast<uint64_t>(options.max_image_pixels), &mask, &error.text);
+        if (kiln_status st = kiln_context_image_load(
+                ctx, options.mask.c_str(), static_cast<uint64_t>(options.max_image_pixels), &mask, &error.text);
             st != KILN_OK) {
             kiln_images_free(init, init ? 1 : 0);
             KILN_LOG_ERROR("%s", error.c_str());
@@ -163,7 +177,7 @@ int run_generate(const Options& options) {
     for (const std::string& path : options.ref_images) {
         ErrorText error;
         kiln_image* ref = nullptr;
-        if (kiln_status st = kiln_image_load_limited(path.c_str(), static_cast<uint64_t>(options.max_image_pixels),
+        if (kiln_status st = kiln_context_image_load(ctx, path.c_str(), static_cast<uint64_t>(options.max_image_pixels),
                                                      &ref, &error.text);
             st != KILN_OK) {
             KILN_LOG_ERROR("-r: %s", error.c_str());
@@ -211,20 +225,11 @@ int run_generate(const Options& options) {
     gp.progress = &Progress::on_step;
     gp.progress_user_data = &progress;
 
-    ErrorText load_error;
-    KILN_LOG_VERBOSE("loading %s", model.empty() ? options.diffusion_model.c_str() : model.c_str());
-    kiln_context* ctx = nullptr;
-    if (kiln_status st = kiln_context_create(&cp, &ctx, &load_error.text); st != KILN_OK) {
-        KILN_LOG_ERROR("%s", load_error.c_str());
-        return exit_code_of(st);
-    }
-
     if (plan_only) {
         char* text = nullptr;
         int fits = 0;
         ErrorText error;
         const kiln_status st = kiln_plan(ctx, &gp, &text, &fits, &error.text);
-        kiln_context_free(ctx);
         if (st != KILN_OK) {
             KILN_LOG_ERROR("%s", error.c_str());
             return exit_code_of(st);
@@ -244,7 +249,6 @@ int run_generate(const Options& options) {
         }
         kiln_free_string(report);
     }
-    kiln_context_free(ctx);
     if (st != KILN_OK) {
         if (progress.terminal) std::printf("\n");
         KILN_LOG_ERROR("%s", gen_error.c_str());
