@@ -158,6 +158,8 @@ Result<std::unique_ptr<Unet>> Unet::create(const io::ModelFile& file, const std:
     std::unique_ptr<Unet> unet(new Unet());
     UnetConfig& c = unet->config_;
     auto find = [&](const std::string& name) { return file.find(prefix + name); };
+    // Dimension i of a tensor, 0 when it has fewer (a safetensors scalar): refused below as a zero size.
+    auto dim = [](const io::TensorInfo* t, size_t i) -> int64_t { return i < t->shape.size() ? t->shape[i] : 0; };
     const io::TensorInfo* conv_in = find("input_blocks.0.0.weight");
     const io::TensorInfo* conv_out = find("out.2.weight");
     const io::TensorInfo* time1 = find("time_embed.0.weight");
@@ -179,7 +181,7 @@ Result<std::unique_ptr<Unet>> Unet::create(const io::ModelFile& file, const std:
         const io::TensorInfo* proj = find(p + "proj_in.weight");
         if (!proj) return Status::Ok();
         c.linear_projection = proj->shape.size() == 2;
-        if (const io::TensorInfo* k2 = find(p + "transformer_blocks.0.attn2.to_k.weight")) c.context_dim = k2->shape[1];
+        if (const io::TensorInfo* k2 = find(p + "transformer_blocks.0.attn2.to_k.weight")) c.context_dim = dim(k2, 1);
         *depth = count_transformer_blocks(file, prefix + p);
         if (*depth == 0) return Error{"UNet under '" + prefix + "': " + p + " has no transformer_blocks"};
         return Status::Ok();
@@ -194,7 +196,7 @@ Result<std::unique_ptr<Unet>> Unet::create(const io::ModelFile& file, const std:
         }
         const io::TensorInfo* res = find(p + "0.in_layers.2.weight");
         if (!res) break;
-        c.level_channels.back() = res->shape[0];
+        c.level_channels.back() = dim(res, 0);
         ++res_per_level.back();
         int depth = 0;
         KILN_TRY(read_transformer(p + "1.", &depth));
@@ -218,25 +220,26 @@ Result<std::unique_ptr<Unet>> Unet::create(const io::ModelFile& file, const std:
     }
 
     // Head counts a file may fix (small test models); present means valid.
-    for (const char* key : {"kiln.unet.heads", "kiln.unet.head_channels"}) {
-        if (file.metadata().count(key) == 0) continue;
-        const double v = file.metadata_number(key, -1);
-        if (!(v >= 1 && v <= 4096) || v != static_cast<double>(static_cast<int64_t>(v))) {
-            return Error{std::string("metadata ") + key + " is " + file.metadata().at(key).to_string() +
-                         ", expected an integer in [1, 4096]"};
-        }
-    }
-    const double fixed_heads = file.metadata_number("kiln.unet.heads", 0);
-    const double fixed_head_channels = file.metadata_number("kiln.unet.head_channels", 0);
-    if (fixed_heads > 0) {
-        c.heads = static_cast<int64_t>(fixed_heads);
-    } else if (fixed_head_channels > 0) {
-        c.head_channels = static_cast<int64_t>(fixed_head_channels);
+    auto fixed_heads = file.metadata_integer("kiln.unet.heads", 1, 4096);
+    if (!fixed_heads.ok()) return fixed_heads.error();
+    auto fixed_head_channels = file.metadata_integer("kiln.unet.head_channels", 1, 4096);
+    if (!fixed_head_channels.ok()) return fixed_head_channels.error();
+    if (*fixed_heads) {
+        c.heads = **fixed_heads;
+    } else if (*fixed_head_channels) {
+        c.head_channels = **fixed_head_channels;
     } else if (c.context_dim == 768) {
         c.heads = 8;
     } else {
         // ldm's SD2 and sgm's SDXL configs: num_head_channels 64.
         c.head_channels = 64;
+    }
+    // A zero size would reach ggml as an empty weight (or a division by zero).
+    bool sizes_positive = c.model_channels > 0 && c.in_channels > 0 && c.out_channels > 0 && c.time_embed_dim > 0 &&
+                          c.context_dim > 0 && c.adm_in_channels >= 0;
+    for (int64_t ch : c.level_channels) sizes_positive = sizes_positive && ch > 0;
+    if (!sizes_positive) {
+        return Error{"UNet under '" + prefix + "': a zero size in its channels, time embedding or context width"};
     }
     for (int64_t ch : c.level_channels) {
         const int64_t heads = c.heads_at(ch);
