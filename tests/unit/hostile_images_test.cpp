@@ -99,6 +99,19 @@ std::string tiny_kiln(const std::string& command, const std::string& out) {
            " --tokenizer " + KILN_FIXTURES_DIR + "/tiny_tokenizer -p x --steps 1 -o " + out + " ";
 }
 
+// kiln and kiln plan with `flags` both end with one error line holding
+// `message`, exit 1 (out of memory), and write no `out`.
+void expect_out_of_memory_in_generate_and_plan(const std::string& flags, const std::string& out,
+                                               const std::string& message) {
+    for (const std::string& command : {std::string(""), std::string(" plan")}) {
+        auto r = run_command(tiny_kiln(command, out) + flags);
+        EXPECT_EQ(r.exit_code, 1) << command << ": " << r.err;
+        EXPECT_NE(r.err.find(message), std::string::npos) << r.err;
+        EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+        EXPECT_FALSE(std::ifstream(out).good());
+    }
+}
+
 // Within --max-image-pixels (4096x4096 of 8192x8192) but beyond what RAM's
 // books leave: one out-of-memory error from the header, before decoding
 // (the bomb's image data is not even valid deflate).
@@ -109,13 +122,7 @@ TEST(HostileImages, ABombWithinThePixelLimitButBeyondTheRamBudgetIsOutOfMemory) 
     const std::string message = bomb +
                                 ": out of memory: decoding this 4096x4096 image takes 64.00 MiB of RAM, but the "
                                 "budget on CPU leaves 32.00 MiB; checked from the header, nothing was decoded";
-    for (const std::string& command : {std::string(""), std::string(" plan")}) {
-        auto r = run_command(tiny_kiln(command, out) + "--max-vram cpu=32M -i " + bomb);
-        EXPECT_EQ(r.exit_code, 1) << command << ": " << r.err;
-        EXPECT_NE(r.err.find(message), std::string::npos) << r.err;
-        EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
-        EXPECT_FALSE(std::ifstream(out).good());
-    }
+    expect_out_of_memory_in_generate_and_plan("--max-vram cpu=32M -i " + bomb, out, message);
     // Its own bytes, without a budget, are a corrupt file as before.
     auto r = run_command(tiny_kiln("", out) + "-i " + bomb);
     EXPECT_EQ(r.exit_code, 1) << r.err;
@@ -138,12 +145,7 @@ TEST(HostileImages, AJobsImagesAreCountedInRamsBooks) {
     const std::string message =
         "out of memory: the job's decoded images (init image, mask, references): 18.00 MiB on CPU, but the budget "
         "leaves 16.00 MiB";
-    for (const std::string& command : {std::string(""), std::string(" plan")}) {
-        auto r = run_command(tiny_kiln(command, out) + "--max-vram cpu=16M -i " + init);
-        EXPECT_EQ(r.exit_code, 1) << command << ": " << r.err;
-        EXPECT_NE(r.err.find(message), std::string::npos) << r.err;
-        EXPECT_FALSE(std::ifstream(out).good());
-    }
+    expect_out_of_memory_in_generate_and_plan("--max-vram cpu=16M -i " + init, out, message);
 }
 
 }  // namespace
