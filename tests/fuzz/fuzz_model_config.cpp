@@ -224,15 +224,21 @@ void add_layout(const std::string& path) {
     layouts().push_back(std::move(layout));
 }
 
+// A new size for a dimension now `current` (which an earlier edit may have
+// made huge: the arithmetic saturates rather than overflow).
 int64_t interesting_dim(FuzzedDataProvider& in, int64_t current) {
+    const auto times = [current](int64_t k) {
+        int64_t out = 0;
+        return __builtin_mul_overflow(current, k, &out) ? current : out;
+    };
     switch (in.ConsumeIntegralInRange<int>(0, 9)) {
         case 0: return 0;
         case 1: return 1;
-        case 2: return current + 1;
-        case 3: return current - 1;
-        case 4: return current * 2;
+        case 2: return current == INT64_MAX ? current : current + 1;
+        case 3: return current == INT64_MIN ? current : current - 1;
+        case 4: return times(2);
         case 5: return current / 2;
-        case 6: return current * 3;
+        case 6: return times(3);
         case 7: return int64_t(1) << in.ConsumeIntegralInRange<int>(8, 62);
         case 8: return -in.ConsumeIntegralInRange<int64_t>(1, 1 << 20);
         default: return in.ConsumeIntegralInRange<int64_t>(0, 1 << 16);
