@@ -268,6 +268,14 @@ kiln_status kiln_image_encode(const kiln_image* image, const char* format, uint8
 kiln_status kiln_image_decode(const void* bytes, size_t size, const char* label, uint64_t max_pixels,
                               kiln_image** image, char** error);
 void kiln_free_bytes(void* bytes);
+/* As kiln_image_load_limited, for a job of `ctx`: the decoded size, read
+ * from the file's header, is checked against what RAM's books leave (the
+ * CPU's --max-vram budget, else free memory, less what kiln holds there)
+ * before a pixel is decoded; an image that does not fit is
+ * KILN_ERROR_OUT_OF_MEMORY naming the file. kiln_generate and kiln_plan
+ * count the job's images in those books while they run. */
+kiln_status kiln_context_image_load(kiln_context* ctx, const char* path, uint64_t max_pixels, kiln_image** image,
+                                    char** error);
 /* The generation parameters stored in an image file, as text. */
 kiln_status kiln_image_read_parameters(const char* path, char** text, char** error);
 

@@ -3,7 +3,8 @@
 # them. Not part of the normal build or CI.
 #
 #   scripts/fuzz.sh TARGET SECONDS    fuzz one target (safetensors, gguf, pickle, tokenizer,
-#                                     t5_tokenizer, llm_tokenizer, prompt, a1111, args) for SECONDS
+#                                     t5_tokenizer, llm_tokenizer, prompt, a1111, args,
+#                                     model_config) for SECONDS
 #   scripts/fuzz.sh all SECONDS       each target in turn, SECONDS each
 #   scripts/fuzz.sh check             run the committed seeds and regressions once through each target
 #
@@ -29,10 +30,10 @@ build="${KILN_FUZZ_BUILD_DIR:-$root/build-fuzz}"
 jobs="${KILN_FUZZ_JOBS:-$(nproc 2>/dev/null || echo 2)}"
 max_len="${KILN_FUZZ_MAX_LEN:-65536}"
 stack_kb="${KILN_FUZZ_STACK_KB:-1024}"
-all_targets=(safetensors gguf pickle tokenizer t5_tokenizer llm_tokenizer prompt a1111 args)
+all_targets=(safetensors gguf pickle tokenizer t5_tokenizer llm_tokenizer prompt a1111 args model_config)
 
 usage() {
-    echo "usage: $0 {safetensors|gguf|pickle|tokenizer|t5_tokenizer|llm_tokenizer|prompt|a1111|args|all} SECONDS" >&2
+    echo "usage: $0 {safetensors|gguf|pickle|tokenizer|t5_tokenizer|llm_tokenizer|prompt|a1111|args|model_config|all} SECONDS" >&2
     echo "       $0 check" >&2
     exit 2
 }
@@ -42,7 +43,7 @@ mode="$1"
 seconds=""
 case "$mode" in
     check) [[ $# -eq 1 ]] || usage ;;
-    safetensors | gguf | pickle | tokenizer | t5_tokenizer | llm_tokenizer | prompt | a1111 | args | all)
+    safetensors | gguf | pickle | tokenizer | t5_tokenizer | llm_tokenizer | prompt | a1111 | args | model_config | all)
         [[ $# -eq 2 && "$2" =~ ^[0-9]+$ && "$2" -gt 0 ]] || usage
         seconds="$2"
         ;;
@@ -130,6 +131,7 @@ for t in "${targets[@]}"; do
     new="$(comm -13 <(printf '%s\n' "$before") <(printf '%s\n' "$after") | sed '/^$/d' || true)"
 
     execs="$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)"
+    edges="$(grep -oE 'cov: [0-9]+' "$log" | tail -n 1 | cut -d' ' -f2 || true)"
     corpus_files="$(find "$corpus" -type f | wc -l)"
     corpus_kb="$(find "$corpus" -type f -printf '%s\n' | awk '{ s += $1 } END { printf "%.0f", s / 1024 }')"
     if [[ -n "$new" ]]; then
@@ -142,7 +144,7 @@ for t in "${targets[@]}"; do
     else
         crash="no crash"
     fi
-    summaries+=("$t: ${execs:-?} execs in ${elapsed}s, corpus $corpus_files files (${corpus_kb} KB), $crash")
+    summaries+=("$t: ${execs:-?} execs in ${elapsed}s, coverage ${edges:-?} edges, corpus $corpus_files files (${corpus_kb} KB), $crash")
 done
 
 for s in "${summaries[@]}"; do echo "fuzz.sh: $s"; done

@@ -16,8 +16,8 @@
 #include "kiln.h"
 #include "models/registry.h"
 #include "pipeline/generate.h"
-#include "pipeline/loras.h"
 #include "pipeline/job_forecast.h"
+#include "pipeline/loras.h"
 #include "pipeline/request.h"
 #include "pipeline/upscaler.h"
 #include "runtime/device_budget.h"
@@ -494,9 +494,13 @@ kiln_status kiln_image_load(const char* path, kiln_image** image, char** error) 
     return kiln_image_load_limited(path, 0, image, error);
 }
 
-kiln_status kiln_image_load_limited(const char* path, uint64_t max_pixels, kiln_image** image, char** error) {
+namespace {
+
+// kiln_image_load_limited and kiln_context_image_load: `limits.max_pixels` 0 is the default.
+kiln_status load_image(const char* path, kiln::image::DecodeLimits limits, kiln_image** image, char** error) {
     *image = nullptr;
-    auto img = kiln::image::read_image(path, max_pixels ? max_pixels : kiln::image::kDefaultMaxImagePixels);
+    if (limits.max_pixels == 0) limits.max_pixels = kiln::image::kDefaultMaxImagePixels;
+    auto img = kiln::image::read_image(path, limits);
     if (!img.ok()) return fail(error, img.error().as(kiln::ErrorKind::BadFile));
     auto rgb = kiln::image::convert_channels(*img, 3);
     if (!rgb.ok()) return fail(error, rgb.error().as(kiln::ErrorKind::BadFile).in_context(std::string(path) + ": "));
@@ -507,6 +511,22 @@ kiln_status kiln_image_load_limited(const char* path, uint64_t max_pixels, kiln_
     }
     *image = out;
     return KILN_OK;
+}
+
+}  // namespace
+
+kiln_status kiln_image_load_limited(const char* path, uint64_t max_pixels, kiln_image** image, char** error) {
+    return load_image(path, kiln::image::DecodeLimits{max_pixels}, image, error);
+}
+
+kiln_status kiln_context_image_load(kiln_context* ctx, const char* path, uint64_t max_pixels, kiln_image** image,
+                                    char** error) {
+    const kiln::runtime::DeviceLedger& ram = ctx->model->host_ledger();
+    const uint64_t limit = ram.limit();
+    kiln::image::DecodeLimits limits{max_pixels};
+    limits.max_bytes = limit > ram.managed() ? limit - ram.managed() : 0;
+    limits.memory_owner = "the budget on " + ram.device_name();
+    return load_image(path, limits, image, error);
 }
 
 kiln_status kiln_image_encode(const kiln_image* image, const char* format, uint8_t** bytes, size_t* size,
@@ -647,15 +667,23 @@ kiln_status kiln_plan(kiln_context* ctx, const kiln_generation_params* params, c
         // The prompt's LoRAs are weights of the modules they change: the plan counts them.
         auto tagged = kiln::pipeline::extract_lora_tags(r->prompt);
         if (!tagged.ok()) return fail(error, tagged.error());
-        if (kiln::Status s = kiln::pipeline::apply_loras(*ctx->model, tagged->loras); !s.ok()) return fail(error, s.error());
+        if (kiln::Status s = kiln::pipeline::apply_loras(*ctx->model, tagged->loras); !s.ok())
+            return fail(error, s.error());
+        // The images are in RAM's books while the job runs, so the plan counts them too.
+        auto images_held = kiln::pipeline::reserve_request_images(*ctx->model, *r);
+        if (!images_held.ok()) return fail(error, images_held.error());
         const bool cfg = job->cfg != 1.0f;
         // No prompt (kiln plan without -p): the family's typical length.
         auto forecast =
             kiln::pipeline::forecast_job(*ctx->model, job->width, job->height, cfg, params->flash_attention != 0,
                                          r->prompt.empty() ? nullptr : &r->prompt);
         if (!forecast.ok()) return fail(error, forecast.error());
+        const std::string images = images_held->bytes()
+                                       ? "images: " + kiln::human_bytes(images_held->bytes()) + " in RAM (" +
+                                             ctx->model->host_ledger().device_name() + "'s books)\n"
+                                       : std::string();
         *text = copy_string("job: " + std::to_string(job->width) + "x" + std::to_string(job->height) +
-                            (cfg ? ", CFG batch of two\n" : "\n") +
+                            (cfg ? ", CFG batch of two\n" : "\n") + images +
                             kiln::pipeline::describe_forecast(*ctx->model, *forecast));
         if (fits) *fits = forecast->fits ? 1 : 0;
         return KILN_OK;

@@ -23,6 +23,7 @@
 
 #include "image/png_metadata.h"
 #include "util/files.h"
+#include "util/format.h"
 #include "util/log.h"
 
 // libpng and libjpeg report errors by calling a handler that must not
@@ -44,15 +45,21 @@ Error too_large(const std::string& label, uint64_t w, uint64_t h) {
                  " limit"};
 }
 
-// The header's size against both limits, before any pixel is decoded.
-Status check_size(const std::string& label, uint64_t w, uint64_t h, uint64_t max_pixels) {
+// The header's size against the limits, before any pixel is decoded.
+Status check_size(const std::string& label, uint64_t w, uint64_t h, const DecodeLimits& limits) {
     if (w > static_cast<uint64_t>(kMaxDimension) || h > static_cast<uint64_t>(kMaxDimension)) {
         return too_large(label, w, h);
     }
-    if (w * h > max_pixels) {
+    if (w * h > limits.max_pixels) {
         return Error{label + ": image is " + dims(w, h) + " = " + std::to_string(w * h) +
-                     " pixels, more than the limit of " + std::to_string(max_pixels) +
+                     " pixels, more than the limit of " + std::to_string(limits.max_pixels) +
                      " (--max-image-pixels); checked from the header, nothing was decoded"};
+    }
+    if (decoded_image_bytes(w, h) > limits.max_bytes) {
+        return Error::out_of_memory(label + ": out of memory: decoding this " + dims(w, h) + " image takes " +
+                                    human_bytes(decoded_image_bytes(w, h)) + " of RAM, but " + limits.memory_owner +
+                                    " leaves " + human_bytes(limits.max_bytes) +
+                                    "; checked from the header, nothing was decoded");
     }
     return Status::Ok();
 }
@@ -181,7 +188,7 @@ Error png_failure(const std::string& label, const CodecError& err) {
     return Error{label + ": corrupt PNG: " + err.message};
 }
 
-Result<Image> decode_png(const uint8_t* data, size_t size, const std::string& label, uint64_t max_pixels) {
+Result<Image> decode_png(const uint8_t* data, size_t size, const std::string& label, const DecodeLimits& limits) {
     CodecError err;
     PngSource src{data, size, 0};
     PngReadGuard guard;
@@ -199,7 +206,7 @@ Result<Image> decode_png(const uint8_t* data, size_t size, const std::string& la
 
     PngLayout layout;
     if (!png_header_step(guard.png, guard.info, &layout)) return png_failure(label, err);
-    KILN_TRY(check_size(label, layout.width, layout.height, max_pixels));
+    KILN_TRY(check_size(label, layout.width, layout.height, limits));
     // Deflate packs at most about 1032 bytes into one, so a file too small to
     // hold its image is cut short; saying so now saves allocating up to 1 GiB
     // of pixels for a few bytes of header.
@@ -318,14 +325,14 @@ Error jpeg_failure(const std::string& label, const JpegError& err) {
     return Error{label + ": corrupt JPEG: " + err.error.message};
 }
 
-Result<Image> decode_jpeg(const uint8_t* data, size_t size, const std::string& label, uint64_t max_pixels) {
+Result<Image> decode_jpeg(const uint8_t* data, size_t size, const std::string& label, const DecodeLimits& limits) {
     JpegError err;
     JpegDecompressGuard guard;
     guard.cinfo.err = &err.mgr;
     init_jpeg_error(&err);
     if (!jpeg_header_step(&guard.cinfo, &err, data, size)) return jpeg_failure(label, err);
     jpeg_decompress_struct& cinfo = guard.cinfo;
-    KILN_TRY(check_size(label, cinfo.image_width, cinfo.image_height, max_pixels));
+    KILN_TRY(check_size(label, cinfo.image_width, cinfo.image_height, limits));
     // libjpeg converts YCbCr, RGB and grey to RGB itself, but not CMYK.
     const bool cmyk = cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK;
     cinfo.out_color_space = cmyk ? JCS_CMYK : JCS_RGB;
@@ -363,7 +370,7 @@ Error webp_failure(const std::string& label, VP8StatusCode status) {
 
 uint32_t le32(const uint8_t* p) { return p[0] | (p[1] << 8) | (p[2] << 16) | (uint32_t(p[3]) << 24); }
 
-Result<Image> decode_webp(const uint8_t* data, size_t size, const std::string& label, uint64_t max_pixels) {
+Result<Image> decode_webp(const uint8_t* data, size_t size, const std::string& label, const DecodeLimits& limits) {
     // libwebp can decode a stream cut a little short of its end without
     // complaint; the RIFF header states the full length, so compare.
     const uint64_t riff_end = uint64_t(le32(data + 4)) + 8;
@@ -378,7 +385,7 @@ Result<Image> decode_webp(const uint8_t* data, size_t size, const std::string& l
     if (status != VP8_STATUS_OK) return webp_failure(label, status);
     if (config.input.has_animation) return Error{label + ": animated WebP is not supported"};
     KILN_TRY(check_size(label, static_cast<uint64_t>(config.input.width), static_cast<uint64_t>(config.input.height),
-                        max_pixels));
+                        limits));
     const int channels = config.input.has_alpha ? 4 : 3;
     Image image = make_image(config.input.width, config.input.height, channels);
     config.output.colorspace = channels == 4 ? MODE_RGBA : MODE_RGB;
@@ -743,14 +750,18 @@ Result<std::vector<uint8_t>> read_file_bytes(const std::string& path, size_t max
 }
 
 Result<Image> decode_image(const uint8_t* data, size_t size, const std::string& label, uint64_t max_pixels) {
+    return decode_image(data, size, label, DecodeLimits{max_pixels});
+}
+
+Result<Image> decode_image(const uint8_t* data, size_t size, const std::string& label, const DecodeLimits& limits) {
     if (size == 0) return Error{label + ": file is empty"};
     const std::optional<ImageFormat> format = detect_image_format(data, size);
     if (!format) return Error{label + ": " + describe_unknown(data, size)};
     try {
         switch (*format) {
-            case ImageFormat::Png: return decode_png(data, size, label, max_pixels);
-            case ImageFormat::Jpeg: return decode_jpeg(data, size, label, max_pixels);
-            case ImageFormat::WebP: return decode_webp(data, size, label, max_pixels);
+            case ImageFormat::Png: return decode_png(data, size, label, limits);
+            case ImageFormat::Jpeg: return decode_jpeg(data, size, label, limits);
+            case ImageFormat::WebP: return decode_webp(data, size, label, limits);
         }
     } catch (const std::bad_alloc&) {
         return Error{label + ": out of memory decoding the image"};
@@ -759,9 +770,13 @@ Result<Image> decode_image(const uint8_t* data, size_t size, const std::string& 
 }
 
 Result<Image> read_image(const std::string& path, uint64_t max_pixels) {
+    return read_image(path, DecodeLimits{max_pixels});
+}
+
+Result<Image> read_image(const std::string& path, const DecodeLimits& limits) {
     Result<std::vector<uint8_t>> bytes = read_file_bytes(path);
     if (!bytes) return bytes.error();
-    return decode_image(bytes->data(), bytes->size(), path, max_pixels);
+    return decode_image(bytes->data(), bytes->size(), path, limits);
 }
 
 Result<ImageFormat> format_for_path(const std::string& path) {

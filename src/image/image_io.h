@@ -33,6 +33,20 @@ constexpr uint64_t kDefaultMaxImagePixels = uint64_t(8192) * 8192;
 // Largest image file read_image accepts (a 16384x16384 RGBA PNG of noise fits).
 constexpr size_t kMaxImageFileBytes = size_t(1) << 30;
 
+// RAM a decoded w x h image takes at most: 8-bit RGBA, the widest form the
+// decoders return. Checked against DecodeLimits::max_bytes from the header.
+constexpr uint64_t decoded_image_bytes(uint64_t width, uint64_t height) { return width * height * 4; }
+
+// What read_image may decode, checked from the file's header before a pixel
+// is decoded or allocated.
+struct DecodeLimits {
+    uint64_t max_pixels = kDefaultMaxImagePixels;  // more is a bad file (--max-image-pixels)
+    // RAM the decoded pixels may take (decoded_image_bytes); more is an
+    // out-of-memory error saying that `memory_owner` leaves only this much.
+    uint64_t max_bytes = UINT64_MAX;
+    std::string memory_owner = "free memory";
+};
+
 // Decodes a PNG, JPEG or WebP file, chosen by its signature, never by its
 // name. The result is 8-bit RGB, or RGBA when the file has an alpha channel
 // or transparency (PNG tRNS): palette, grey, grey+alpha, 1/2/4-bit and
@@ -44,12 +58,16 @@ constexpr size_t kMaxImageFileBytes = size_t(1) << 30;
 // kMaxDimension on either side, or with more than `max_pixels` pixels, are
 // rejected from their header, before a pixel is decoded or allocated (a
 // 261 KB PNG can claim 16384x16384).
+// A decode beyond `limits.max_bytes` is an out-of-memory error (its kind);
+// every other failure is a plain error the caller gives its kind.
 Result<Image> read_image(const std::string& path, uint64_t max_pixels = kDefaultMaxImagePixels);
+Result<Image> read_image(const std::string& path, const DecodeLimits& limits);
 
 // read_image on bytes already in memory (an HTTP body, a fuzzer input);
 // errors start with `label`.
 Result<Image> decode_image(const uint8_t* data, size_t size, const std::string& label,
                            uint64_t max_pixels = kDefaultMaxImagePixels);
+Result<Image> decode_image(const uint8_t* data, size_t size, const std::string& label, const DecodeLimits& limits);
 
 struct ImageWriteOptions {
     // JPEG and WebP quality, 1..100.

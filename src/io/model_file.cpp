@@ -1,6 +1,7 @@
 #include "io/model_file.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -137,11 +138,21 @@ Status ModelFile::add_file(const std::string& path, const std::string& component
     if (!map.ok()) return map.error();
     auto parsed = parse_model_bytes((*map)->data(), (*map)->size(), path);
     if (!parsed.ok()) return parsed.error();
+    return add_parsed(std::move(parsed).value(), path, *map, component);
+}
 
+Result<ModelFile> ModelFile::from_header(ParsedFile parsed, const std::string& label) {
+    ModelFile model;
+    KILN_TRY(model.add_parsed(std::move(parsed), label, nullptr, ""));
+    return model;
+}
+
+Status ModelFile::add_parsed(ParsedFile parsed, const std::string& path, std::shared_ptr<MappedFile> map,
+                             const std::string& component) {
     const size_t source = sources_.size();
-    sources_.push_back(SourceFile{path, parsed->format, *map, component});
-    for (auto& [key, value] : parsed->metadata) metadata_.emplace(key, value);
-    for (TensorInfo& t : parsed->tensors) {
+    sources_.push_back(SourceFile{path, parsed.format, std::move(map), component});
+    for (auto& [key, value] : parsed.metadata) metadata_.emplace(key, value);
+    for (TensorInfo& t : parsed.tensors) {
         t.source = source;
         if (!component.empty()) t.name = component + "/" + t.name;
         auto [it, inserted] = by_name_.emplace(t.name, tensors_.size());
@@ -244,6 +255,18 @@ double ModelFile::metadata_number(const std::string& key, double fallback) const
         }
         default: return fallback;
     }
+}
+
+Result<std::optional<int64_t>> ModelFile::metadata_integer(const std::string& key, int64_t min, int64_t max) const {
+    auto it = metadata_.find(key);
+    if (it == metadata_.end()) return std::optional<int64_t>();
+    const double v = metadata_number(key, std::nan(""));
+    // Compared as doubles before any cast: a cast of NaN or 1e30 to an integer is undefined.
+    if (!(v >= static_cast<double>(min) && v <= static_cast<double>(max)) || v != std::floor(v)) {
+        return Error{"metadata " + key + " is " + it->second.to_string() + ", expected an integer in [" +
+                     std::to_string(min) + ", " + std::to_string(max) + "]"};
+    }
+    return std::optional<int64_t>(static_cast<int64_t>(v));
 }
 
 std::string ModelFile::metadata_string(const std::string& key, const std::string& fallback) const {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -34,6 +35,12 @@ class ModelFile {
     // problem: a missing or broken file, a missing part, or a tensor name that
     // two files both define.
     static Result<ModelFile> open(const std::vector<std::string>& paths);
+    // A model of one parsed header and no bytes: its tensor list and
+    // metadata, named `label` in messages. What networks read from headers
+    // (create(), declarations checked by ModuleWeights::load_params(Disk))
+    // works on it; data() must not be called. For the model-config fuzz
+    // target and tests that vary a layout without writing files.
+    static Result<ModelFile> from_header(ParsedFile parsed, const std::string& label);
 
     const std::vector<SourceFile>& sources() const { return sources_; }
     const std::vector<TensorInfo>& tensors() const { return tensors_; }
@@ -44,6 +51,10 @@ class ModelFile {
     // or as text; `fallback` when the key is absent or not a number.
     double metadata_number(const std::string& key, double fallback) const;
     std::string metadata_string(const std::string& key, const std::string& fallback) const;
+    // A metadata value that must be a whole number in [min, max] (a model's
+    // head count): nullopt when the key is absent; an error naming the key,
+    // the value and the range when it is anything else (text, NaN, 3.5, 1e30).
+    Result<std::optional<int64_t>> metadata_integer(const std::string& key, int64_t min, int64_t max) const;
 
     // Renames the tensors of a file that holds one diffusers component in its
     // own naming (diffusers', or HF transformers' for text encoders), given
@@ -59,6 +70,9 @@ class ModelFile {
 
   private:
     Status add_file(const std::string& path, const std::string& component);
+    // Adds one parsed file's tensors (renamed under `component/`) and metadata.
+    Status add_parsed(ParsedFile parsed, const std::string& path, std::shared_ptr<MappedFile> map,
+                      const std::string& component);
     Status add_folder(const std::string& path);
     Status add_component_folder(const std::string& folder, const std::string& component);
 

@@ -43,7 +43,17 @@ Result<std::unique_ptr<ClipTextEncoder>> ClipTextEncoder::create(const io::Model
     const std::string fc1_name = hf ? ".mlp.fc1.weight" : ".mlp.c_fc.weight";
     while (file.find(layer_root + std::to_string(c.layers) + fc1_name)) ++c.layers;
     if (c.layers == 0) return Error{"CLIP text encoder under '" + prefix + "' has no transformer layers"};
-    c.intermediate = file.find(layer_root + "0" + fc1_name)->shape[0];
+    const io::TensorInfo* fc1 = file.find(layer_root + "0" + fc1_name);
+    if (fc1->shape.size() != 2) {
+        return Error{"CLIP text encoder under '" + prefix + "': " + fc1->name + " is not a matrix"};
+    }
+    c.intermediate = fc1->shape[0];
+    // A zero size would reach ggml as an empty weight (or a division by zero).
+    if (c.vocab <= 0 || c.width <= 0 || c.context <= 0 || c.intermediate <= 0) {
+        return Error{"CLIP text encoder under '" + prefix + "': a zero size in its embeddings or feed-forward (vocab " +
+                     std::to_string(c.vocab) + ", width " + std::to_string(c.width) + ", context " +
+                     std::to_string(c.context) + ", feed-forward " + std::to_string(c.intermediate) + ")"};
+    }
     // open_clip's text_projection [width, projection], applied as x @ P, or
     // the Linear of HF's CLIPTextModelWithProjection, [projection, width] =
     // P^T, which a diffusers text_encoder_2 keeps under its HF name
@@ -59,7 +69,9 @@ Result<std::unique_ptr<ClipTextEncoder>> ClipTextEncoder::create(const io::Model
         c.projection_linear = true;
     }
     // Small models may say otherwise in their metadata.
-    c.heads = static_cast<int64_t>(file.metadata_number("kiln.clip.heads", static_cast<double>(c.heads)));
+    auto fixed_heads = file.metadata_integer("kiln.clip.heads", 1, 4096);
+    if (!fixed_heads.ok()) return fixed_heads.error();
+    if (*fixed_heads) c.heads = **fixed_heads;
     if (c.heads <= 0 || c.width % c.heads != 0)
         return Error{"CLIP text encoder: width " + std::to_string(c.width) + " is not divisible by its head count"};
 

@@ -495,6 +495,10 @@ Result<std::unique_ptr<FluxDit>> FluxDit::create(const io::ModelFile& file, cons
     c.out_channels = final_linear->shape[0];
     c.mlp_hidden = mlp_in->shape[0];
     const int64_t head_dim = query_norm->shape[0];
+    // A zero size would reach ggml as an empty weight (or as zero heads).
+    if (c.hidden <= 0 || c.in_channels <= 0 || c.context_dim <= 0 || c.out_channels <= 0 || c.mlp_hidden <= 0) {
+        return Error::bad_file(where + ": a zero size in img_in, txt_in, final_layer or the MLP");
+    }
     if (head_dim <= 0 || c.hidden % head_dim != 0) {
         return Error::bad_file(where + ": width " + std::to_string(c.hidden) + " does not split into heads of " +
                                std::to_string(head_dim));

@@ -153,6 +153,12 @@ Result<std::unique_ptr<T5Encoder>> T5Encoder::create(const io::ModelFile& file, 
     if (!gate) return bad("no feed-forward gate " + name(0, Part::Gate));
     if (gate->shape.size() != 2) return bad(name(0, Part::Gate) + " has shape " + gate->shape_string());
     c.d_ff = gate->shape[0];
+    // A zero size would reach ggml as an empty weight.
+    if (c.vocab <= 0 || c.d_model <= 0 || c.d_kv <= 0 || c.d_ff <= 0) {
+        return bad("a zero size in its embedding, attention or feed-forward (vocab " + std::to_string(c.vocab) +
+                   ", d_model " + std::to_string(c.d_model) + ", d_kv " + std::to_string(c.d_kv) + ", d_ff " +
+                   std::to_string(c.d_ff) + ")");
+    }
     // The log-spaced buckets start at buckets / 4 (half a direction's).
     if (c.max_distance <= c.buckets / 4) {
         return bad(std::to_string(c.buckets) + " buckets leave no log-spaced range below max_distance " +

@@ -27,6 +27,7 @@ Result<std::unique_ptr<Unet>> Unet::create(const io::ModelFile& file, const std:
     }
     KILN_TRY(read_unet_encoder_config(file, prefix, "UNet", c));
     c.out_channels = conv_out->shape[0];
+    if (c.out_channels <= 0) return Error{"UNet under '" + prefix + "': out.2.weight has zero output channels"};
     const size_t outputs = c.level_channels.size() * static_cast<size_t>(c.res_blocks + 1);
     for (size_t k = 0; k < outputs; ++k) {
         auto depth = read_unet_transformer_depth(file, prefix, "output_blocks." + std::to_string(k) + ".1.", "UNet", c);

@@ -101,7 +101,7 @@ Result<int> read_unet_transformer_depth(const io::ModelFile& file, const std::st
     if (!proj) return 0;
     c.linear_projection = proj->shape.size() == 2;
     if (const io::TensorInfo* k2 = file.find(prefix + p + "transformer_blocks.0.attn2.to_k.weight"))
-        c.context_dim = k2->shape[1];
+        c.context_dim = k2->shape.size() > 1 ? k2->shape[1] : 0;  // a malformed one is refused as a zero size
     int depth = 0;
     while (file.find(prefix + p + "transformer_blocks." + std::to_string(depth) + ".norm1.weight")) ++depth;
     if (depth == 0) return Error{what + " under '" + prefix + "': " + p + " has no transformer_blocks"};
@@ -134,7 +134,7 @@ Status read_unet_encoder_config(const io::ModelFile& file, const std::string& pr
         }
         const io::TensorInfo* res = find(p + "0.in_layers.2.weight");
         if (!res) break;
-        c.level_channels.back() = res->shape[0];
+        c.level_channels.back() = res->shape.empty() ? 0 : res->shape[0];  // refused below as a zero size
         ++res_per_level.back();
         auto depth = read_unet_transformer_depth(file, prefix, p + "1.", what, c);
         if (!depth.ok()) return depth.error();
@@ -174,6 +174,13 @@ Status read_unet_encoder_config(const io::ModelFile& file, const std::string& pr
     } else {
         // ldm's SD2 and sgm's SDXL configs: num_head_channels 64.
         c.head_channels = 64;
+    }
+    // A zero size would reach ggml as an empty weight (or a division by zero).
+    bool sizes_positive = c.model_channels > 0 && c.in_channels > 0 && c.time_embed_dim > 0 && c.context_dim > 0 &&
+                          c.adm_in_channels >= 0;
+    for (int64_t ch : c.level_channels) sizes_positive = sizes_positive && ch > 0;
+    if (!sizes_positive) {
+        return Error{what + " under '" + prefix + "': a zero size in its channels, time embedding or context width"};
     }
     for (int64_t ch : c.level_channels) {
         const int64_t heads = c.heads_at(ch);

@@ -118,9 +118,15 @@ Result<std::unique_ptr<Vae>> Vae::create(const io::ModelFile& file, const std::s
     for (int level = 0;; ++level) {
         const io::TensorInfo* conv = find("decoder.up." + std::to_string(level) + ".block.0.conv1.weight");
         if (!conv) break;
-        c.level_channels.push_back(conv->shape[0]);
+        c.level_channels.push_back(conv->shape.empty() ? 0 : conv->shape[0]);  // a scalar: refused below
     }
     if (c.level_channels.empty()) return Error{"VAE under '" + prefix + "' has no decoder levels"};
+    // A zero size would reach ggml as an empty weight; a 2^levels stride must fit an int.
+    bool sizes_positive = c.latent_channels > 0 && c.image_channels > 0;
+    for (int64_t ch : c.level_channels) sizes_positive = sizes_positive && ch > 0;
+    if (!sizes_positive || c.level_channels.size() > 16) {
+        return Error{"VAE under '" + prefix + "': a zero size in its channels, or more than 16 decoder levels"};
+    }
     int blocks = 0;
     while (find("decoder.up.0.block." + std::to_string(blocks) + ".conv1.weight")) ++blocks;
     c.res_blocks = blocks - 1;

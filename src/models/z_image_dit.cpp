@@ -368,6 +368,11 @@ Result<std::unique_ptr<ZImageDit>> ZImageDit::create(const io::ModelFile& file, 
     c.t_embed_dim = t_out->shape[0];
     c.ffn_hidden = w1->shape[0];
     c.head_dim = q_norm->shape[0];
+    // A zero size would reach ggml as an empty weight (or as zero heads).
+    if (c.dim <= 0 || c.in_channels <= 0 || c.out_channels <= 0 || c.cap_dim <= 0 || c.t_mid <= 0 ||
+        c.t_freq_dim <= 0 || c.t_embed_dim <= 0 || c.ffn_hidden <= 0) {
+        return Error::bad_file(where + ": a zero size in its embedders, final layer or feed-forward");
+    }
     if (c.head_dim <= 0 || c.dim % c.head_dim != 0) {
         return Error::bad_file(where + ": width " + std::to_string(c.dim) + " does not split into heads of " +
                                std::to_string(c.head_dim));

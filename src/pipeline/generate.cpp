@@ -629,6 +629,8 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
                                              const PreviewCallback& on_preview) {
     auto planned = validate_request(model, request);
     if (!planned.ok()) return planned.error();
+    auto images_held = reserve_request_images(model, request);
+    if (!images_held.ok()) return images_held.error();
     model.clear_cancel();
     const ValidatedRequest& p = *planned;
     if (request.guidance && (!model.has_flux() || !model.flux().config().guidance_embed)) {

@@ -113,7 +113,8 @@ std::string describe_forecast(const Model& model, const JobForecast& forecast) {
     out += "devices:\n";
     for (const DeviceForecast& d : forecast.devices) {
         // The CPU's own weights are the mapped model file: RAM the ledger does not manage.
-        const std::string split = d.device == "CPU" ? " of compute buffers (weights: the mapped file)"
+        // What it does count besides compute buffers is the job's images (kiln_plan's "images:").
+        const std::string split = d.device == "CPU" ? " of compute buffers and images (weights: the mapped file)"
                                                     : " (weights kept there " + human_bytes(d.weights_kept) +
                                                           ", the rest compute copies and buffers)";
         out += "  " + d.device + ": peak " + human_bytes(d.peak) + split + "; " +

@@ -926,6 +926,12 @@ Status Model::place_modules(const ModelOptions& options) {
         KILN_LOG_VERBOSE("placement:\n%s", text.substr(0, text.size() - 1).c_str());
     }
 
+    // RAM's books, whether or not a module computes on the CPU: a job's
+    // decoded images are counted there (pipeline/request.h).
+    host_ledger_ = ledgers_.count("CPU")
+                       ? ledgers_["CPU"]
+                       : runtime::shared_ledger("CPU", nullptr, options.placement.budgets.for_device("CPU"));
+
     if (options.plan_only) return Status::Ok();
     for (Placed& m : modules) {
         auto loader = [weights = m.weights, backend = m.backend, buft = m.params_buft, name = m.name]() -> Status {

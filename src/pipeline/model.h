@@ -210,6 +210,9 @@ class Model {
     const ModuleBytes& module_bytes() const { return module_bytes_; }
     // The ledgers of the devices in use, by device name.
     const std::map<std::string, std::shared_ptr<runtime::DeviceLedger>>& ledgers() const { return ledgers_; }
+    // RAM's ledger (the CPU's, shared with every model of the process), which
+    // counts a job's decoded images even when no module computes on the CPU.
+    runtime::DeviceLedger& host_ledger() { return *host_ledger_; }
     // Frees the compute copies and workspaces the memory system keeps
     // between jobs (a job ended with an error, or the caller wants the room).
     void release_caches();
@@ -267,6 +270,7 @@ class Model {
     // The device books this model uses (runtime/device_books.h, shared).
     std::map<std::string, std::shared_ptr<runtime::DeviceLedger>> ledgers_;
     std::map<std::string, std::shared_ptr<runtime::WeightStore>> stores_;
+    std::shared_ptr<runtime::DeviceLedger> host_ledger_;
     // Params kept on a device, by executor name: the ledger and the bytes.
     std::map<std::string, std::pair<runtime::DeviceLedger*, uint64_t>> reserved_params_;
     Module* diffusion_ = nullptr;

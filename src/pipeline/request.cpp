@@ -258,4 +258,21 @@ Result<ValidatedRequest> validate_request(const Model& model, const GenerationRe
     return p;
 }
 
+uint64_t request_image_bytes(const GenerationRequest& request) {
+    auto bytes = [](const image::Image& img) {
+        const uint64_t pixels = static_cast<uint64_t>(img.width) * static_cast<uint64_t>(img.height);
+        return static_cast<uint64_t>(img.pixels.size()) + pixels * 3 * (1 + sizeof(float));
+    };
+    uint64_t total = 0;
+    if (request.init_image) total += bytes(*request.init_image);
+    if (request.mask) total += bytes(*request.mask);
+    for (const image::Image& ref : request.ref_images) total += bytes(ref);
+    return total;
+}
+
+Result<runtime::LedgerReservation> reserve_request_images(Model& model, const GenerationRequest& request) {
+    return runtime::LedgerReservation::make(model.host_ledger(), request_image_bytes(request),
+                                            "the job's decoded images (init image, mask, references)");
+}
+
 }  // namespace kiln::pipeline

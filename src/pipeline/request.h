@@ -17,6 +17,7 @@
 #include "pipeline/schedulers.h"
 #include "pipeline/upscaler.h"
 #include "pipeline/vae_tiling.h"
+#include "runtime/device_budget.h"
 #include "util/result.h"
 
 namespace kiln::pipeline {
@@ -146,5 +147,15 @@ struct ValidatedRequest {
 // interval outside [1, kMaxPreviewInterval]; --preview proj for a latent
 // format without a projection of the model's latent channels.
 Result<ValidatedRequest> validate_request(const Model& model, const GenerationRequest& request);
+
+// RAM a job holds for the request's decoded images (init image, mask,
+// reference images): per image, its 8-bit pixels, the RGB copy the VAE
+// encoder's input is made from and that input's three float planes.
+uint64_t request_image_bytes(const GenerationRequest& request);
+
+// Counts request_image_bytes on the model's host ledger (RAM's books) for as
+// long as the reservation lives, so a job's runs and kiln plan see the
+// images; an out-of-memory error when RAM's budget cannot hold them.
+Result<runtime::LedgerReservation> reserve_request_images(Model& model, const GenerationRequest& request);
 
 }  // namespace kiln::pipeline

@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "runtime/host_memory.h"
+#include "util/format.h"
 #include "util/log.h"
 
 namespace kiln::runtime {
@@ -119,6 +120,37 @@ void DeviceLedger::release(uint64_t bytes) { managed_ -= std::min(bytes, managed
 uint64_t DeviceLedger::limit() const {
     const uint64_t live = managed_ + device_free_bytes(device_);
     return budget_ ? std::min(*budget_, live) : live;
+}
+
+LedgerReservation& LedgerReservation::operator=(LedgerReservation&& other) noexcept {
+    if (this != &other) {
+        release();
+        ledger_ = other.ledger_;
+        bytes_ = other.bytes_;
+        other.ledger_ = nullptr;
+        other.bytes_ = 0;
+    }
+    return *this;
+}
+
+Result<LedgerReservation> LedgerReservation::make(DeviceLedger& ledger, uint64_t bytes, const std::string& what) {
+    const uint64_t limit = ledger.limit();
+    const uint64_t room = limit > ledger.managed() ? limit - ledger.managed() : 0;
+    if (bytes > room) {
+        return Error::out_of_memory("out of memory: " + what + ": " + human_bytes(bytes) + " on " +
+                                    ledger.device_name() + ", but the budget leaves " + human_bytes(room));
+    }
+    LedgerReservation out;
+    out.ledger_ = &ledger;
+    out.bytes_ = bytes;
+    ledger.add(bytes);
+    return out;
+}
+
+void LedgerReservation::release() {
+    if (ledger_) ledger_->release(bytes_);
+    ledger_ = nullptr;
+    bytes_ = 0;
 }
 
 }  // namespace kiln::runtime

@@ -71,6 +71,29 @@ class DeviceLedger {
     uint64_t peak_ = 0;
 };
 
+// Bytes counted on a ledger for as long as the reservation lives: memory
+// kiln holds outside the weight stores and workspaces (a job's decoded
+// images), so that every run and plan on the device sees it.
+class LedgerReservation {
+  public:
+    LedgerReservation() = default;
+    LedgerReservation(LedgerReservation&& other) noexcept { *this = std::move(other); }
+    LedgerReservation& operator=(LedgerReservation&& other) noexcept;
+    LedgerReservation(const LedgerReservation&) = delete;
+    LedgerReservation& operator=(const LedgerReservation&) = delete;
+    ~LedgerReservation() { release(); }
+
+    // Counts `bytes` on `ledger` when they fit under its limit; otherwise an
+    // out-of-memory error naming `what`, the bytes and what the budget leaves.
+    static Result<LedgerReservation> make(DeviceLedger& ledger, uint64_t bytes, const std::string& what);
+    uint64_t bytes() const { return bytes_; }
+    void release();
+
+  private:
+    DeviceLedger* ledger_ = nullptr;
+    uint64_t bytes_ = 0;
+};
+
 // Free bytes of `device` as it reports them now (for the CPU: MemAvailable).
 uint64_t device_free_bytes(ggml_backend_dev_t device);
 

@@ -93,5 +93,60 @@ TEST(HostileImages, KilnRefusesABombAsInitImageOrMask) {
         << r.err;
 }
 
+// kiln with the tiny golden SD1 model, writing `out`; the caller appends the flags.
+std::string tiny_kiln(const std::string& command, const std::string& out) {
+    return std::string(KILN_BIN) + command + " -t 1 -m " + test::golden_path("models/sd1_tiny.safetensors") +
+           " --tokenizer " + KILN_FIXTURES_DIR + "/tiny_tokenizer -p x --steps 1 -o " + out + " ";
+}
+
+// kiln and kiln plan with `flags` both end with one error line holding
+// `message`, exit 1 (out of memory), and write no `out`.
+void expect_out_of_memory_in_generate_and_plan(const std::string& flags, const std::string& out,
+                                               const std::string& message) {
+    for (const std::string& command : {std::string(""), std::string(" plan")}) {
+        auto r = run_command(tiny_kiln(command, out) + flags);
+        EXPECT_EQ(r.exit_code, 1) << command << ": " << r.err;
+        EXPECT_NE(r.err.find(message), std::string::npos) << r.err;
+        EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+        EXPECT_FALSE(std::ifstream(out).good());
+    }
+}
+
+// Within --max-image-pixels (4096x4096 of 8192x8192) but beyond what RAM's
+// books leave: one out-of-memory error from the header, before decoding
+// (the bomb's image data is not even valid deflate).
+TEST(HostileImages, ABombWithinThePixelLimitButBeyondTheRamBudgetIsOutOfMemory) {
+    TempDir dir;
+    const std::string bomb = dir.write("bomb.png", bomb_png(4096, 4096, 270000));
+    const std::string out = dir.file("out.png");
+    const std::string message = bomb +
+                                ": out of memory: decoding this 4096x4096 image takes 64.00 MiB of RAM, but the "
+                                "budget on CPU leaves 32.00 MiB; checked from the header, nothing was decoded";
+    expect_out_of_memory_in_generate_and_plan("--max-vram cpu=32M -i " + bomb, out, message);
+    // Its own bytes, without a budget, are a corrupt file as before.
+    auto r = run_command(tiny_kiln("", out) + "-i " + bomb);
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_NE(r.err.find(bomb + ": corrupt PNG"), std::string::npos) << r.err;
+}
+
+// A 1024x1024 RGB init image holds 3 MiB of pixels, and the job 15 bytes a
+// pixel more (the VAE input's RGB copy and float planes): 18 MiB, counted in
+// RAM's books. kiln plan shows them; under a 16 MiB RAM budget both plan and
+// generation refuse the job before anything runs.
+TEST(HostileImages, AJobsImagesAreCountedInRamsBooks) {
+    TempDir dir;
+    const std::string init = dir.file("init.png");
+    ASSERT_TRUE(image::write_image(init, image::make_image(1024, 1024, 3, 128)).ok());
+    const std::string out = dir.file("out.png");
+    auto plan = run_command(tiny_kiln(" plan", out) + "-i " + init);
+    EXPECT_NE(plan.out.find("job: 1024x1024, CFG batch of two\nimages: 18.00 MiB in RAM (CPU's books)\n"),
+              std::string::npos)
+        << plan.out << plan.err;
+    const std::string message =
+        "out of memory: the job's decoded images (init image, mask, references): 18.00 MiB on CPU, but the budget "
+        "leaves 16.00 MiB";
+    expect_out_of_memory_in_generate_and_plan("--max-vram cpu=16M -i " + init, out, message);
+}
+
 }  // namespace
 }  // namespace kiln

@@ -204,6 +204,11 @@ TEST(Request, BadModelMetadataIsABadFileNamingTheKey) {
         {"kiln.unet.heads", "3", "do not split into attention heads"},
         {"kiln.unet.heads", "0", "metadata kiln.unet.heads is 0, expected an integer in [1, 4096]"},
         {"kiln.unet.heads", "4294967295", "metadata kiln.unet.heads is 4294967295"},
+        // Compared before any cast (a cast of 1e30 or NaN to an integer is
+        // undefined), and never truncated (2.5 heads used to be 2).
+        {"kiln.clip.heads", "1e30", "metadata kiln.clip.heads is 1e30, expected an integer in [1, 4096]"},
+        {"kiln.clip.heads", "nan", "metadata kiln.clip.heads is nan, expected an integer in [1, 4096]"},
+        {"kiln.clip.heads", "2.5", "metadata kiln.clip.heads is 2.5, expected an integer in [1, 4096]"},
     };
     for (const auto& c : cases) {
         const std::string path = with_metadata(dir, c.key, c.value);

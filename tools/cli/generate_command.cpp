@@ -138,6 +138,20 @@ int run_generate(const Options& options) {
         if (!upscaler) return exit_code;
     }
 
+    // The images are read for the context, after its (lazy, fast) load: a
+    // decoded size that RAM's books cannot hold is refused from the header.
+    ErrorText load_error;
+    KILN_LOG_VERBOSE("loading %s", model.empty() ? options.diffusion_model.c_str() : model.c_str());
+    kiln_context* ctx = nullptr;
+    if (kiln_status st = kiln_context_create(&cp, &ctx, &load_error.text); st != KILN_OK) {
+        KILN_LOG_ERROR("%s", load_error.c_str());
+        return exit_code_of(st);
+    }
+    struct FreeContext {
+        kiln_context*& ctx;
+        ~FreeContext() { kiln_context_free(ctx); }
+    } free_context{ctx};
+
     kiln_image* init = nullptr;
     kiln_image* mask = nullptr;
     kiln_image* control = nullptr;
@@ -157,8 +171,9 @@ int run_generate(const Options& options) {
     // Reads an image flag's file; on failure logs the error after `label`.
     auto load_image = [&](const std::string& path, const char* label, kiln_image** image) -> kiln_status {
         ErrorText error;
-        const kiln_status st =
-            kiln_image_load_limited(path.c_str(), static_cast<uint64_t>(options.max_image_pixels), image, &error.text);
+        const kiln_status st = kiln_context_image_load(ctx, path.c_str(),
+                                                       static_cast<uint64_t>(options.max_image_pixels), image,
+                                                       &error.text);
         if (st != KILN_OK) KILN_LOG_ERROR("%s%s", label, error.c_str());
         return st;
     };
@@ -235,20 +250,12 @@ int run_generate(const Options& options) {
         gp.preview_user_data = &preview;
     }
 
-    ErrorText load_error;
-    KILN_LOG_VERBOSE("loading %s", model.empty() ? options.diffusion_model.c_str() : model.c_str());
-    kiln_context* ctx = nullptr;
-    if (kiln_status st = kiln_context_create(&cp, &ctx, &load_error.text); st != KILN_OK) {
-        KILN_LOG_ERROR("%s", load_error.c_str());
-        return exit_code_of(st);
-    }
 
     if (plan_only) {
         char* text = nullptr;
         int fits = 0;
         ErrorText error;
         const kiln_status st = kiln_plan(ctx, &gp, &text, &fits, &error.text);
-        kiln_context_free(ctx);
         if (st != KILN_OK) {
             KILN_LOG_ERROR("%s", error.c_str());
             return exit_code_of(st);
@@ -268,7 +275,6 @@ int run_generate(const Options& options) {
         }
         kiln_free_string(report);
     }
-    kiln_context_free(ctx);
     if (st != KILN_OK) {
         if (progress.terminal) std::printf("\n");
         KILN_LOG_ERROR("%s", gen_error.c_str());
