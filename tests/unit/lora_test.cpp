@@ -22,19 +22,26 @@ using test::relative_error;
 
 constexpr float kStrength = 0.8f;  // the fixture's
 
-std::unique_ptr<Model> load(LoraApplyMode mode, std::optional<ggml_type> type = GGML_TYPE_F32,
-                            const std::string& lora_dir = golden_path("lora")) {
-    ModelPaths paths;
-    paths.model = {golden_path("models/sd1_tiny.safetensors")};
-    paths.tokenizer = std::string(KILN_FIXTURES_DIR) + "/tiny_tokenizer";
+// `type` F32: the references compute with the stored weights widened.
+std::unique_ptr<Model> load_model(const ModelPaths& paths, LoraApplyMode mode, std::optional<ggml_type> type,
+                                  const std::string& lora_dir) {
     ModelOptions options;
-    options.weight_type = type;  // F32: the reference computes with the stored weights widened
+    options.weight_type = type;
     options.threads = 1;
     options.lora_dir = lora_dir;
     options.lora_apply_mode = mode;
     auto model = Model::load(paths, options);
     EXPECT_TRUE(model.ok()) << model.error().message;
     return model.ok() ? std::move(model).value() : nullptr;
+}
+
+// The tiny SD1 model.
+std::unique_ptr<Model> load(LoraApplyMode mode, std::optional<ggml_type> type = GGML_TYPE_F32,
+                            const std::string& lora_dir = golden_path("lora")) {
+    ModelPaths paths;
+    paths.model = {golden_path("models/sd1_tiny.safetensors")};
+    paths.tokenizer = std::string(KILN_FIXTURES_DIR) + "/tiny_tokenizer";
+    return load_model(paths, mode, type, lora_dir);
 }
 
 const io::ModelFile& model_io() {
@@ -323,15 +330,8 @@ TEST(LoraCli, BadLorasExitWithOneMessageAndNoImage) {
 namespace kiln::pipeline {
 namespace {
 
-std::unique_ptr<Model> load_parts(ModelPaths paths, LoraApplyMode mode, const std::string& lora_dir = "") {
-    ModelOptions options;
-    options.weight_type = GGML_TYPE_F32;
-    options.threads = 1;
-    options.lora_dir = lora_dir;
-    options.lora_apply_mode = mode;
-    auto model = Model::load(paths, options);
-    EXPECT_TRUE(model.ok()) << model.error().message;
-    return model.ok() ? std::move(model).value() : nullptr;
+std::unique_ptr<Model> load_parts(const ModelPaths& paths, LoraApplyMode mode, const std::string& lora_dir = "") {
+    return load_model(paths, mode, GGML_TYPE_F32, lora_dir);
 }
 
 ModelPaths sdxl_paths() {
