@@ -492,10 +492,14 @@ Status Executor::run_group(ggml_cgraph* graph, const GraphPlan& plan, const std:
     if (index + 1 < static_cast<int>(groups.size())) {
         // The next group reuses this workspace: what this group computed
         // and nobody keeps must not look placed any more (ggml's RPC client
-        // sends a graph's whole ancestry, placements included).
+        // sends a graph's whole ancestry, placements included). That covers
+        // earlier groups' nodes too: a view of a weight that an earlier
+        // group made and this one read was placed again as this group's
+        // leaf, and its weight's block may be freed before the next group
+        // runs, leaving the view pointing at a freed buffer.
         std::vector<char> kept(plan.n_nodes, 0);
         for (int i : carried_nodes_) kept[i] = 1;
-        for (int i = begin; i < stop; ++i) {
+        for (int i = 0; i < stop; ++i) {
             ggml_tensor* node = ggml_graph_node(graph, i);
             if (kept[i]) continue;
             node->data = nullptr;
