@@ -94,10 +94,21 @@ Result<std::vector<std::string>> component_weight_files(const std::string& folde
     return expand_split_parts(folder + "/" + candidates.front());
 }
 
+// A safetensors file starts with its header's length (8 bytes, little
+// endian) and the header, a JSON object. Checked before the pickle magic: a
+// header of 384 bytes starts 0x80 0x01, which is also how a pickle starts.
+bool looks_like_safetensors(const uint8_t* data, size_t size) {
+    if (size < 9 || data[8] != '{') return false;
+    uint64_t header = 0;
+    for (int i = 7; i >= 0; --i) header = header << 8 | data[i];
+    return header <= size - 8;
+}
+
 }  // namespace
 
 Result<ParsedFile> parse_model_bytes(const uint8_t* data, size_t size, const std::string& label) {
     if (looks_like_gguf(data, size)) return parse_gguf(data, size, label);
+    if (looks_like_safetensors(data, size)) return parse_safetensors(data, size, label);
     if (size >= 4 && std::memcmp(data, "PK\x03\x04", 4) == 0) return parse_ckpt(data, size, label);
     if (size >= 2 && data[0] == 0x80 && data[1] <= 5) return parse_ckpt(data, size, label);  // legacy torch pickle
     if (has_suffix(label, ".gguf")) return parse_gguf(data, size, label);

@@ -46,6 +46,26 @@ TEST(ModelFile, MissingEmptyAndUnrecognisedFiles) {
               text + ": unrecognised model format (expected safetensors, GGUF or a PyTorch checkpoint)");
 }
 
+// A header of 384 bytes starts the file 0x80 0x01, like a pickle stream; with
+// any name (here .bin, which also names PyTorch checkpoints) it is still
+// read as the safetensors file it is.
+TEST(ModelFile, SafetensorsWhoseHeaderLengthLooksLikeAPickle) {
+    TempDir dir;
+    std::string header = R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
+    header.resize(0x180, ' ');
+    const std::vector<uint8_t> bytes = test::raw_safetensors(header, f32_bytes(2, 3.0f));
+    ASSERT_EQ(bytes[0], 0x80);
+    ASSERT_EQ(bytes[1], 0x01);
+    for (const char* name : {"m.safetensors", "m.bin"}) {
+        auto model = ModelFile::open({dir.write(name, bytes)});
+        ASSERT_TRUE(model.ok()) << name << ": " << model.error().message;
+        ASSERT_NE(model->find("w"), nullptr) << name;
+        float values[2];
+        std::memcpy(values, model->data(*model->find("w")), sizeof values);
+        EXPECT_EQ(values[1], 4.0f) << name;
+    }
+}
+
 TEST(ModelFile, SplitFilesAreOneModel) {
     TempDir dir;
     dir.write("m-00001-of-00002.safetensors", build_safetensors({{"a", "F32", {1}, f32_bytes(1)}}));
