@@ -134,6 +134,7 @@ typedef struct {
     char sampler[32];
     char scheduler[32];
     char family[64];
+    int latent_preview; /* 1 when KILN_PREVIEW_PROJ works: the family's latent-to-RGB factors fit the model's latent */
 } kiln_model_info;
 void kiln_context_info(const kiln_context* ctx, kiln_model_info* info);
 

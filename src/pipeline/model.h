@@ -157,6 +157,11 @@ class Model {
     int size_stride() const;
     // The latent's channels (the VAE's).
     int64_t latent_channels() const { return vae().config().latent_channels; }
+    // Whether --preview proj can show this model's latent: the family's
+    // latent-to-RGB factors have one row per latent channel.
+    bool has_latent_projection() const {
+        return static_cast<int64_t>(family_->latent.rgb_factors.size()) == latent_channels();
+    }
     // The noise table of a width x height job: the DDPM's, or the flow
     // schedule with --flow-shift (`flow_shift`) or the family's shift.
     std::unique_ptr<NoiseSchedule> noise_schedule(int width, int height, std::optional<float> flow_shift) const;

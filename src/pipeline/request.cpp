@@ -249,8 +249,7 @@ Result<ValidatedRequest> validate_request(const Model& model, const GenerationRe
         return Error::invalid_request("--preview-interval must be in [1, " + std::to_string(kMaxPreviewInterval) +
                                       "], got " + std::to_string(r.preview.interval));
     }
-    if (r.preview.mode == PreviewMode::Proj &&
-        static_cast<int64_t>(model.family().latent.rgb_factors.size()) != model.latent_channels()) {
+    if (r.preview.mode == PreviewMode::Proj && !model.has_latent_projection()) {
         return Error::invalid_request("--preview proj: no latent-to-RGB projection is known for " +
                                       model.family_label() + "'s " + std::to_string(model.latent_channels()) +
                                       "-channel latent (use --preview vae)");

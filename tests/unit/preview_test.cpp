@@ -226,6 +226,9 @@ TEST(CApiPreview, CallbackGetsEachImagesStepsAtTheInterval) {
     kiln_context* ctx = nullptr;
     char* error = nullptr;
     ASSERT_EQ(kiln_context_create(&cp, &ctx, &error), KILN_OK) << (error ? error : "");
+    kiln_model_info info;
+    kiln_context_info(ctx, &info);
+    EXPECT_EQ(info.latent_preview, 1);  // SD1's projection fits the tiny model's 4-channel latent
 
     kiln_generation_params gp;
     kiln_generation_params_init(&gp);

@@ -42,20 +42,37 @@ image::Image cli_image(const std::string& model_flags, const std::string& args) 
     return img.ok() ? *img : image::Image{};
 }
 
-std::vector<std::string> read_events(int port, const std::string& job_id, const httplib::Headers& headers) {
+std::string post_job(httplib::Client& client, const json& job, int* status) {
+    auto r = client.Post("/kiln/v1/jobs", job.dump(), "application/json");
+    if (status) *status = r ? r->status : 0;
+    return r && r->status == 202 ? body_json(r)["id"].get<std::string>() : "";
+}
+
+std::vector<ServerEvent> read_event_stream(int port, const std::string& job_id, const httplib::Headers& headers) {
     httplib::Client client("127.0.0.1", port);
     client.set_read_timeout(120, 0);
-    std::vector<std::string> types;
+    std::vector<ServerEvent> events;
     std::string pending;
     client.Get(("/kiln/v1/jobs/" + job_id + "/events").c_str(), headers, [&](const char* data, size_t size) {
         pending.append(data, size);
         for (size_t end; (end = pending.find("\n\n")) != std::string::npos;) {
             const std::string event = pending.substr(0, end);
             pending.erase(0, end + 2);
-            if (event.rfind("event: ", 0) == 0) types.push_back(event.substr(7, event.find('\n') - 7));
+            if (event.rfind("event: ", 0) != 0) continue;  // a ": waiting" comment
+            const size_t line_end = event.find('\n');
+            ServerEvent e{event.substr(7, line_end - 7), json()};
+            const size_t data_at = event.find("data: ", line_end);
+            if (data_at != std::string::npos) e.data = json::parse(event.substr(data_at + 6), nullptr, false);
+            events.push_back(std::move(e));
         }
         return true;
     });
+    return events;
+}
+
+std::vector<std::string> read_events(int port, const std::string& job_id, const httplib::Headers& headers) {
+    std::vector<std::string> types;
+    for (const ServerEvent& e : read_event_stream(port, job_id, headers)) types.push_back(e.type);
     return types;
 }
 

@@ -35,7 +35,17 @@ image::Image decode_base64_image(const std::string& text);
 // `kiln -p PROMPT ...` with the same model, for the image a job must equal.
 image::Image cli_image(const std::string& model_flags, const std::string& args);
 
-// Reads a job's server-sent events until its last one; returns their types in order.
+// One server-sent event of a job's stream.
+struct ServerEvent {
+    std::string type;
+    json data;
+};
+// POSTs a native job; its id, or "" when it was not accepted (*status: the reply's status, 0 for none).
+std::string post_job(httplib::Client& client, const json& job, int* status = nullptr);
+
+// Reads a job's server-sent events until its last one, in order.
+std::vector<ServerEvent> read_event_stream(int port, const std::string& job_id, const httplib::Headers& headers = {});
+// The same events' types.
 std::vector<std::string> read_events(int port, const std::string& job_id, const httplib::Headers& headers = {});
 
 // Polls the job until its state is `state` (or it finished otherwise); returns the last state.

@@ -1,5 +1,5 @@
 // kiln serve's page at / in headless chromium: it lists the model, a job's
-// progress bar moves and the image lands in the gallery with its parameters;
+// progress bar moves, its live preview shows, and the image lands in the gallery with its parameters;
 // a second job is cancelled from its button. Exits non-zero on any failure.
 "use strict";
 const { spawn } = require("child_process");
@@ -51,7 +51,13 @@ async function main() {
       const v = document.getElementById("progress").value;
       return v > 0 && v < 1;
     }, null, { polling: "raf", timeout: 120000 });
+    // The live preview (the server's default, proj) is shown from the step events.
+    await page.waitForFunction(() => document.getElementById("preview").src.startsWith("data:image/png;base64,"),
+                               null, { polling: "raf", timeout: 120000 });
+    check((await page.textContent("#preview-caption")).startsWith("live preview: image 1, step "),
+          "the live preview has no caption");
     await page.waitForSelector("#gallery figure", { timeout: 120000 });
+    check(await page.locator("#live").isHidden(), "the live preview stays after the job");
     check((await page.textContent("#status")) === "done", "status is not 'done'");
     const caption = await page.textContent("#gallery figcaption");
     check(caption.includes("Steps: 300") && caption.includes("Seed: 11") && caption.includes("Size: 64x64"),

@@ -340,8 +340,12 @@ const std::vector<Flag>& flags() {
              }},
             {nullptr, "--preview", "MODE",
              "live preview while sampling: none (default), proj (latent-to-RGB projection, latent-sized), tae "
-             "(--taesd), vae (the full VAE)",
-             checked_setter(&Options::preview, KILN_VALUE_PREVIEW)},
+             "(--taesd), vae (the full VAE); kiln serve: the default of its jobs (default proj)",
+             [](Options& o, const std::string& v) -> std::optional<std::string> {
+                 if (auto err = checked_setter(&Options::preview, KILN_VALUE_PREVIEW)(o, v)) return err;
+                 o.preview_given = true;
+                 return std::nullopt;
+             }},
             {nullptr, "--preview-path", "PATH",
              "where the preview image goes, replaced at each update (default "
              "preview.png)",

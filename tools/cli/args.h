@@ -78,6 +78,7 @@ struct Options {
     bool diffusion_fa = false;
     // Live previews (docs/preview.md), as sd-cli's flags.
     std::string preview = "none";  // --preview none|proj|tae|vae, checked at parse time
+    bool preview_given = false;    // kiln serve's default differs (docs/server.md)
     std::string preview_path = "preview.png";
     int preview_interval = 1;
     bool preview_noisy = false;

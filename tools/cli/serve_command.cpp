@@ -25,6 +25,9 @@ int run_serve(const Options& options) {
     so.limits.max_batch = options.max_batch;
     so.limits.max_body_bytes = static_cast<size_t>(options.max_body_bytes);
     if (options.max_image_pixels > 0) so.limits.max_image_pixels = static_cast<uint64_t>(options.max_image_pixels);
+    // Without --preview, jobs get proj previews where the model has the projection.
+    if (options.preview_given) so.preview = options.preview;
+    so.preview_interval = options.preview_interval;
     so.context = context_params_of(options);
     if (!so.model_dir.empty() && !so.model.empty()) {
         KILN_LOG_ERROR("serve: -m and --model-dir exclude each other (put the model in the folder)");

@@ -38,16 +38,47 @@ json lora_list(const char* folder) {
     return out;
 }
 
+// A1111's live-preview settings in `settings` (an options body or a request's
+// override_settings) over `base`; 400 naming the field when one is wrong.
+A1111PreviewSettings read_preview_settings(const json& settings, A1111PreviewSettings base) {
+    base.live_previews_enable = read_bool(settings, "live_previews_enable", base.live_previews_enable);
+    if (settings.contains("show_progress_every_n_steps") && !settings["show_progress_every_n_steps"].is_null()) {
+        base.show_progress_every_n_steps =
+            static_cast<int>(read_integer(settings, "show_progress_every_n_steps", 0, -1, kMaxPreviewInterval));
+    }
+    return base;
+}
+
+A1111PreviewSettings current_preview_settings(ServerState& state) {
+    std::lock_guard<std::mutex> lock(state.a1111_mutex);
+    return state.a1111_previews;
+}
+
+// As A1111 reads them: previews off, or -1 steps (A1111: the final image
+// only), is no preview; 0 is every step; unset leaves the server's interval.
+void apply_preview_settings(const A1111PreviewSettings& settings, JobRequest& request) {
+    if (!settings.live_previews_enable || settings.show_progress_every_n_steps == -1) {
+        request.preview = "none";
+        return;
+    }
+    if (settings.show_progress_every_n_steps) {
+        request.preview_interval = std::max(1, *settings.show_progress_every_n_steps);
+    }
+}
+
 JobRequest parse_a1111(ServerState& state, const json& j, bool img2img) {
     const ServerLimits& limits = state.options.limits;
     JobRequest r;
     std::string checkpoint;
+    A1111PreviewSettings previews = current_preview_settings(state);
     if (j.contains("override_settings") && !j["override_settings"].is_null()) {
         if (!j["override_settings"].is_object()) {
             throw RequestError{400, "override_settings", "override_settings: expected an object"};
         }
         checkpoint = read_string(j["override_settings"], "sd_model_checkpoint");
+        previews = read_preview_settings(j["override_settings"], previews);
     }
+    apply_preview_settings(previews, r);
     r.model = state.models.resolve(checkpoint, "override_settings.sd_model_checkpoint").name;
     r.prompt = read_string(j, "prompt");
     r.negative_prompt = read_string(j, "negative_prompt");
@@ -157,7 +188,7 @@ void add_a1111_routes(httplib::Server& server, ServerState& state) {
     server.Post("/sdapi/v1/img2img", [&state](const httplib::Request& req, httplib::Response& res) {
         guarded(res, [&] { generate(state, req, res, true); });
     });
-    server.Get("/sdapi/v1/progress", [&state](const httplib::Request&, httplib::Response& res) {
+    server.Get("/sdapi/v1/progress", [&state](const httplib::Request& req, httplib::Response& res) {
         guarded(res, [&] {
             const auto job = state.jobs.running();
             const int queued = state.jobs.queued_count();
@@ -175,6 +206,12 @@ void add_a1111_routes(httplib::Server& server, ServerState& state) {
                 job_state["sampling_steps"] = d["steps"];
                 job_state["interrupted"] = state.jobs.with_lock([&] { return job->cancel_requested; });
                 job_state["job_timestamp"] = std::to_string(static_cast<long long>(job->created));
+                // The latest preview, base64 PNG without a data: prefix, as A1111 sends it.
+                const std::string skip = req.get_param_value("skip_current_image");
+                if (skip != "true" && skip != "True" && skip != "1") {
+                    std::string preview = state.jobs.latest_preview(*job);
+                    if (!preview.empty()) progress["current_image"] = std::move(preview);
+                }
             }
             progress["state"] = job_state;
             send_json(res, 200, progress);
@@ -194,18 +231,29 @@ void add_a1111_routes(httplib::Server& server, ServerState& state) {
     });
     server.Get("/sdapi/v1/options", [&state](const httplib::Request&, httplib::Response& res) {
         guarded(res, [&] {
+            const A1111PreviewSettings previews = current_preview_settings(state);
             send_json(res, 200,
                       {{"sd_model_checkpoint", state.models.default_model()},
                        {"samples_format", "png"},
-                       {"sd_checkpoints_limit", state.options.max_loaded_models}});
+                       {"sd_checkpoints_limit", state.options.max_loaded_models},
+                       {"live_previews_enable", previews.live_previews_enable},
+                       {"show_progress_every_n_steps",
+                        previews.show_progress_every_n_steps.value_or(state.options.preview_interval)}});
         });
     });
     server.Post("/sdapi/v1/options", [&state](const httplib::Request& req, httplib::Response& res) {
         guarded(res, [&] {
             const json body = parse_json_object(req.body);
+            // Every field is read before any is set, so a bad one changes nothing.
+            std::string model;
             if (body.contains("sd_model_checkpoint")) {
-                const std::string name = read_string(body, "sd_model_checkpoint");
-                state.models.set_default_model(state.models.resolve(name, "sd_model_checkpoint").name);
+                model = state.models.resolve(read_string(body, "sd_model_checkpoint"), "sd_model_checkpoint").name;
+            }
+            const A1111PreviewSettings previews = read_preview_settings(body, current_preview_settings(state));
+            if (!model.empty()) state.models.set_default_model(model);
+            {
+                std::lock_guard<std::mutex> lock(state.a1111_mutex);
+                state.a1111_previews = previews;
             }
             send_json(res, 200, nullptr);
         });

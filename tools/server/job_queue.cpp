@@ -2,9 +2,12 @@
 
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <random>
+#include <utility>
 
 #include "base64.h"
+#include "request_fields.h"
 
 namespace kiln::server {
 namespace {
@@ -24,12 +27,36 @@ std::string new_job_id(uint64_t serial) {
     return id;
 }
 
-// What the progress callback needs: the job it reports on and the context to cancel.
+// The previews a job's stored step events may carry, in bytes of base64. A
+// client that follows the stream live gets every preview; one that falls this
+// far behind (or reads the history later) finds the oldest ones left out.
+// Only the running job and the one before it keep any (JobQueue::work).
+constexpr size_t kMaxPreviewBytesInEvents = size_t(8) << 20;
+
+// What the progress and preview callbacks need: the job they report on, the
+// context to cancel, and the step event that waits for its preview.
 struct ProgressTarget {
+    ProgressTarget(JobQueue* q, Job* j, kiln_context* c) : queue(q), job(j), ctx(c) {}
     JobQueue* queue;
     Job* job;
     kiln_context* ctx;
+    int preview_interval = 0;  // 0: no previews
+    // A step that has a preview due: its event goes out with the preview
+    // (on_preview), or without it at the next step or the job's end when
+    // the preview failed. Read and written under the queue's lock.
+    std::optional<nlohmann::json> held_step;
+    bool preview_failed = false;  // logged once per job
 };
+
+// The preview mode a job runs with: its own, else the server's --preview,
+// else proj where the model can project its latent (all families kiln loads).
+kiln_preview_mode preview_mode_of(const JobRequest& request, const ServerOptions& options, kiln_context* ctx) {
+    const std::string& name = request.preview.empty() ? options.preview : request.preview;
+    if (!name.empty()) return preview_mode_named(name).value_or(KILN_PREVIEW_NONE);
+    kiln_model_info info;
+    kiln_context_info(ctx, &info);
+    return info.latent_preview ? KILN_PREVIEW_PROJ : KILN_PREVIEW_NONE;
+}
 
 }  // namespace
 
@@ -176,6 +203,11 @@ std::vector<JobEvent> JobQueue::events_since(const Job& job, size_t seen, int wa
     return out;
 }
 
+std::string JobQueue::latest_preview(const Job& job) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return job.preview;
+}
+
 void JobQueue::wait_finished(const Job& job) {
     std::unique_lock<std::mutex> lock(mutex_);
     changed_.wait(lock, [&] { return job.finished > 0; });
@@ -216,6 +248,9 @@ void JobQueue::work() {
         }
         run(job);
         std::lock_guard<std::mutex> lock(mutex_);
+        // The job before this one gives up its previews: at most two jobs hold any.
+        if (auto previous = last_run_.lock()) drop_previews(*previous);
+        last_run_ = job;
         recent_job_seconds_ = 0.7 * recent_job_seconds_ + 0.3 * (job->finished - job->started);
         running_ = nullptr;
         changed_.notify_all();
@@ -264,6 +299,13 @@ void JobQueue::run(const std::shared_ptr<Job>& job) {
     gp.mask = r.mask.get();
     gp.progress = &JobQueue::on_progress;
     gp.progress_user_data = &target;
+    gp.preview_mode = preview_mode_of(r, options_, ctx);
+    if (gp.preview_mode != KILN_PREVIEW_NONE) {
+        gp.preview_interval = r.preview_interval > 0 ? r.preview_interval : options_.preview_interval;
+        gp.preview = &JobQueue::on_preview;
+        gp.preview_user_data = &target;
+        target.preview_interval = std::max(1, gp.preview_interval);
+    }
 
     kiln_image* images = nullptr;
     int count = 0;
@@ -295,6 +337,7 @@ void JobQueue::run(const std::shared_ptr<Job>& job) {
 
     std::lock_guard<std::mutex> lock(mutex_);
     running_ctx_ = nullptr;
+    if (target.held_step) add_step_event(*job, *std::exchange(target.held_step, std::nullopt), "");
     if (status == KILN_OK) {
         job->results = std::move(results);
         finish(*job, JobState::Done, KILN_OK, "");
@@ -316,15 +359,80 @@ void JobQueue::on_progress(int image, int step, int steps, void* user_data) {
     job.image = image;
     job.step = step;
     job.steps = steps;
+    // An earlier step whose preview never came (it failed) goes out without it.
+    if (target->held_step) self.add_step_event(job, *std::exchange(target->held_step, std::nullopt), "");
     if (step > 0) {
         const double total = double(job.images) * steps;
         const double done = double(image) * steps + step;
         const double elapsed = unix_now() - job.sampling_started;
-        self.add_event(job, "step",
-                       {{"image", image}, {"step", step}, {"steps", steps}, {"progress", done / total},
-                        {"eta", elapsed / done * (total - done)}});
+        nlohmann::json data = {{"image", image},
+                               {"step", step},
+                               {"steps", steps},
+                               {"progress", done / total},
+                               {"eta", elapsed / done * (total - done)}};
+        // kiln makes a step's preview right after reporting the step.
+        if (target->preview_interval > 0 && step % target->preview_interval == 0) {
+            target->held_step = std::move(data);
+        } else {
+            self.add_step_event(job, std::move(data), "");
+        }
     }
     if (job.cancel_requested) kiln_cancel(target->ctx);
+}
+
+void JobQueue::on_preview(int image, int step, const kiln_image* preview, void* user_data) {
+    auto* target = static_cast<ProgressTarget*>(user_data);
+    JobQueue& self = *target->queue;
+    // Encoded outside the lock: a large preview must not hold up the API's readers.
+    uint8_t* bytes = nullptr;
+    size_t size = 0;
+    char* error = nullptr;
+    const kiln_status status = kiln_image_encode(preview, "png", &bytes, &size, &error);
+    std::string encoded;
+    if (status == KILN_OK) encoded = base64_encode(bytes, size);
+    kiln_free_bytes(bytes);
+    if (status != KILN_OK && !target->preview_failed) {
+        std::fprintf(stderr, "kiln serve: job %s: a preview could not be encoded (%s); the job goes on without it\n",
+                     target->job->id.c_str(), error ? error : kiln_status_name(status));
+    }
+    kiln_free_string(error);
+    std::lock_guard<std::mutex> lock(self.mutex_);
+    Job& job = *target->job;
+    if (status != KILN_OK) {
+        target->preview_failed = true;
+        return;  // the held step goes out without a preview at the next step
+    }
+    const bool for_held_step =
+        target->held_step && (*target->held_step)["image"] == image && (*target->held_step)["step"] == step;
+    if (for_held_step) self.add_step_event(job, *std::exchange(target->held_step, std::nullopt), encoded);
+    job.preview = std::move(encoded);
+}
+
+void JobQueue::add_step_event(Job& job, nlohmann::json data, const std::string& preview) {
+    if (!preview.empty()) {
+        data["preview"] = preview;
+        job.preview_bytes_in_events += preview.size();
+    }
+    add_event(job, "step", std::move(data));
+    bound_previews(job);
+}
+
+void JobQueue::bound_previews(Job& job) {
+    // Oldest first; the latest event keeps its preview whatever its size.
+    for (size_t i = 0; i + 1 < job.events.size() && job.preview_bytes_in_events > kMaxPreviewBytesInEvents; ++i) {
+        nlohmann::json& data = job.events[i].data;
+        const auto it = data.find("preview");
+        if (it == data.end()) continue;
+        job.preview_bytes_in_events -= it->get_ref<const std::string&>().size();
+        data.erase(it);
+    }
+}
+
+void JobQueue::drop_previews(Job& job) {
+    for (JobEvent& event : job.events) event.data.erase("preview");
+    job.preview_bytes_in_events = 0;
+    job.preview.clear();
+    job.preview.shrink_to_fit();
 }
 
 void JobQueue::finish(Job& job, JobState state, kiln_status status, const std::string& message) {

@@ -30,6 +30,8 @@ struct JobImage {
 };
 
 // One server-sent event: its type (queued, started, step, done, failed, cancelled) and data.
+// A step event carries its live preview ("preview", base64 PNG) while the
+// job's event history has room for it (see JobQueue::bound_previews).
 struct JobEvent {
     std::string type;
     nlohmann::json data;
@@ -49,6 +51,11 @@ struct Job {
     std::string error_message;
     std::vector<JobImage> results;
     std::vector<JobEvent> events;
+    // The latest live preview as base64 PNG ("" when there is none): only
+    // the latest is kept, and it is dropped with the previews in the job's
+    // events once the next job has ended (JobQueue::work).
+    std::string preview;
+    size_t preview_bytes_in_events = 0;  // of the previews its stored step events carry
 };
 
 class JobQueue {
@@ -73,6 +80,8 @@ class JobQueue {
     // Events from index `seen` on, waiting up to `wait_ms` for one; *over
     // is set once the job's last event is among those returned.
     std::vector<JobEvent> events_since(const Job& job, size_t seen, int wait_ms, bool* over);
+    // The job's latest live preview (base64 PNG); "" when it has none.
+    std::string latest_preview(const Job& job);
     // Blocks until the job has finished, however it finished.
     void wait_finished(const Job& job);
     // A snapshot of what runs now, for A1111's /progress: null when idle.
@@ -97,7 +106,12 @@ class JobQueue {
     void finish(Job& job, JobState state, kiln_status status, const std::string& message);  // locked
     void add_event(Job& job, const std::string& type, nlohmann::json data);                // locked
     void forget_old_jobs();                                                                 // locked
+    // Step events and their previews (the latter made in the job's worker thread).
+    void add_step_event(Job& job, nlohmann::json data, const std::string& preview);  // locked
+    void bound_previews(Job& job);                                                   // locked
+    void drop_previews(Job& job);                                                    // locked
     static void on_progress(int image, int step, int steps, void* user_data);
+    static void on_preview(int image, int step, const kiln_image* preview, void* user_data);
 
     ModelRegistry& models_;
     const ServerOptions& options_;
@@ -107,6 +121,7 @@ class JobQueue {
     std::map<std::string, std::shared_ptr<Job>> jobs_;
     std::deque<std::shared_ptr<Job>> finished_;  // oldest first
     std::shared_ptr<Job> running_;
+    std::weak_ptr<Job> last_run_;  // the job that ran before: its previews are kept until the next one ends
     kiln_context* running_ctx_ = nullptr;
     double recent_job_seconds_ = 1.0;
     bool stopping_ = false;

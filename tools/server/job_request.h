@@ -40,6 +40,11 @@ struct JobRequest {
     SharedImage init_image;   // RGB, or null for text-to-image
     SharedImage mask;         // RGB, white repaints; needs init_image
     std::string output_format = "png";  // png, jpeg or webp
+
+    // Live previews: "none", "proj", "tae", "vae", or "" for the server's --preview,
+    // every preview_interval-th step (0: the server's --preview-interval).
+    std::string preview;
+    int preview_interval = 0;
 };
 
 }  // namespace kiln::server

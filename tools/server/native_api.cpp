@@ -32,6 +32,8 @@ JobRequest parse_native(ServerState& state, const std::string& body) {
         throw RequestError{400, "output_format",
                            "output_format: unknown format '" + r.output_format + "' (valid: png, jpeg, webp)"};
     }
+    set_preview(r, "preview", read_string(j, "preview"));
+    r.preview_interval = static_cast<int>(read_integer(j, "preview_interval", 0, 1, kMaxPreviewInterval));
     check_limits(r, limits);
     return r;
 }
@@ -62,7 +64,17 @@ void add_native_routes(httplib::Server& server, ServerState& state) {
         });
     });
     server.Get(R"(/kiln/v1/jobs/([0-9a-f]+))", [&state](const httplib::Request& req, httplib::Response& res) {
-        guarded(res, [&] { send_json(res, 200, state.jobs.describe(*job_of(state, req), true)); });
+        guarded(res, [&] {
+            const auto job = job_of(state, req);
+            json described = state.jobs.describe(*job, true);
+            // The latest live preview only when asked: polling stays small by default.
+            const std::string asked = req.get_param_value("preview");
+            if (asked == "1" || asked == "true") {
+                const std::string preview = state.jobs.latest_preview(*job);
+                described["preview"] = preview.empty() ? json(nullptr) : json(preview);
+            }
+            send_json(res, 200, described);
+        });
     });
     server.Post(R"(/kiln/v1/jobs/([0-9a-f]+)/cancel)", [&state](const httplib::Request& req, httplib::Response& res) {
         guarded(res, [&] {

@@ -110,6 +110,13 @@ double read_number(const json& body, const std::string& field, double fallback, 
     return v;
 }
 
+bool read_bool(const json& body, const std::string& field, bool fallback) {
+    const json* value = find_field(body, field);
+    if (!value) return fallback;
+    if (!value->is_boolean()) bad_field(field, "expected true or false, got " + value->dump());
+    return value->get<bool>();
+}
+
 void set_sampler(JobRequest& request, const std::string& field, const std::string& name) {
     if (name.empty()) return;
     auto choice = resolve_sampler(name);
@@ -131,6 +138,22 @@ void set_scheduler(JobRequest& request, const std::string& field, const std::str
         bad_field(field, "unknown scheduler '" + name + "' (valid: " + valid + ", or kiln's names)");
     }
     request.scheduler = *kiln_name;
+}
+
+std::optional<kiln_preview_mode> preview_mode_named(const std::string& name) {
+    if (name == "none") return KILN_PREVIEW_NONE;
+    if (name == "proj") return KILN_PREVIEW_PROJ;
+    if (name == "tae") return KILN_PREVIEW_TAE;
+    if (name == "vae") return KILN_PREVIEW_VAE;
+    return std::nullopt;
+}
+
+void set_preview(JobRequest& request, const std::string& field, const std::string& name) {
+    if (name.empty()) return;
+    if (!preview_mode_named(name)) {
+        bad_field(field, "unknown preview mode '" + name + "' (valid: none, proj, tae, vae)");
+    }
+    request.preview = name;
 }
 
 SharedImage decode_upload(const std::string& field, const std::string& bytes, const ServerLimits& limits) {

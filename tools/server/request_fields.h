@@ -4,6 +4,7 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 #include "job_request.h"
@@ -20,11 +21,21 @@ json parse_json_object(const std::string& body);
 std::string read_string(const json& body, const std::string& field, const std::string& fallback = "");
 long long read_integer(const json& body, const std::string& field, long long fallback, long long min, long long max);
 double read_number(const json& body, const std::string& field, double fallback, double min, double max);
+bool read_bool(const json& body, const std::string& field, bool fallback);
 
 // "euler_a" or "Euler a" into request.sampler (and, for "DPM++ 2M Karras",
 // request.scheduler); 400 naming `field` when unknown.
 void set_sampler(JobRequest& request, const std::string& field, const std::string& name);
 void set_scheduler(JobRequest& request, const std::string& field, const std::string& name);
+
+// kiln.h's range of kiln_generation_params.preview_interval is [1, 10000].
+constexpr int kMaxPreviewInterval = 10000;
+
+// kiln's live preview modes by the names --preview takes ("none", "proj",
+// "tae", "vae"); nullopt for any other.
+std::optional<kiln_preview_mode> preview_mode_named(const std::string& name);
+// A preview mode's name into request.preview ("" leaves the server's); 400 naming `field` when unknown.
+void set_preview(JobRequest& request, const std::string& field, const std::string& name);
 
 // An uploaded image file's bytes, decoded (PNG, JPEG, WebP) within the
 // pixel limit; 400 naming `field` when they are not an image.

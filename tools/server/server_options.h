@@ -34,6 +34,12 @@ struct ServerOptions {
     int result_ttl_seconds = 600;  // finished jobs (and their images) are dropped after this ...
     int max_results = 64;          // ... or when more than this many have finished
     ServerLimits limits;
+    // Live previews of jobs that do not choose (docs/server.md), from kiln's
+    // --preview and --preview-interval: "none", "proj", "tae", "vae", or ""
+    // for proj on every model that has a latent-to-RGB projection (all
+    // families kiln loads; none otherwise).
+    std::string preview;
+    int preview_interval = 1;
     // kiln's context flags (-t, --vae, --tokenizer, --max-vram, ...) for
     // every model; model_path is set per model. The strings belong to the caller.
     kiln_context_params context{};

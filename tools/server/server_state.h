@@ -5,7 +5,9 @@
 #include <httplib.h>
 
 #include <atomic>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "job_queue.h"
 #include "model_registry.h"
@@ -13,11 +15,22 @@
 
 namespace kiln::server {
 
+// A1111's live-preview settings, server-wide as A1111 keeps them: POST
+// /sdapi/v1/options sets them for later A1111 requests (a request's
+// override_settings wins). Unset: the server's --preview and --preview-interval.
+struct A1111PreviewSettings {
+    bool live_previews_enable = true;                // false: no previews
+    std::optional<int> show_progress_every_n_steps;  // -1: none, 0: every step, N: every N-th
+};
+
 struct ServerState {
+    ServerState(const ServerOptions& o, ModelRegistry& m, JobQueue& j) : options(o), models(m), jobs(j) {}
     const ServerOptions& options;
     ModelRegistry& models;
     JobQueue& jobs;
     std::atomic<bool> stopping{false};
+    std::mutex a1111_mutex;
+    A1111PreviewSettings a1111_previews;  // guarded by a1111_mutex
 };
 
 void send_json(httplib::Response& res, int status, const nlohmann::json& body);
