@@ -86,11 +86,14 @@ Result<std::vector<uint8_t>> merged_weight(const WeightChanges& w) {
 }
 
 void clear_loras(Model& model) {
+    // The stores' blocks hold the old adapters' tensors: they are dropped
+    // before the adapters are freed (and their copies must not be found
+    // again, as new tensors may reuse the old addresses).
+    model.forget_weight_copies();
     for (auto& module : model.modules()) (void)module->weights().set_extras({}, nullptr);
     for (auto& [ledger, bytes] : model.lora_reservations()) ledger->release(bytes);
     model.lora_reservations().clear();
     model.applied_loras().clear();
-    model.forget_weight_copies();  // compute copies of the old adapters must not be found again
 }
 
 Status install(Model& model, const std::vector<std::pair<std::string, LoraRequest>>& active,
