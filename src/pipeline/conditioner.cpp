@@ -45,10 +45,7 @@ Result<EncodedChunks> encode_chunks(Model& model, const TextEncoder& encoder, co
     const auto batch = static_cast<int64_t>(chunks.tokens.size());
     std::vector<int32_t> ids;
     for (const auto& chunk : chunks.tokens) ids.insert(ids.end(), chunk.begin(), chunk.end());
-    // Textual-inversion vectors are as wide as the encoder they were made for.
-    const EmbeddingTable& extra = model.embeddings();
-    TextEncoderGraph g = build_text_encoder_graph(encoder, ids.data(), static_cast<int64_t>(length), batch, skip,
-                                                  extra.width == width ? &extra : nullptr);
+    TextEncoderGraph g = build_text_encoder_graph(encoder, ids.data(), static_cast<int64_t>(length), batch, skip);
     KILN_TRY(g.session->run(*encoder.executor, g.out));
 
     EncodedChunks out;

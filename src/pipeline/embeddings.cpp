@@ -12,14 +12,15 @@ namespace fs = std::filesystem;
 
 namespace kiln::pipeline {
 
-Result<std::vector<float>> read_embedding(const std::string& path, int64_t width) {
+Result<std::vector<float>> read_embedding(const std::string& path, const EmbeddingTarget& target) {
     auto file = io::ModelFile::open({path});
     if (!file.ok()) return file.error();
     const io::TensorInfo* chosen = nullptr;
+    const int64_t width = target.width;
     auto fits = [&](const io::TensorInfo& t) {
         return io::dtype_is_float(t.dtype) && !t.shape.empty() && t.shape.size() <= 2 && t.shape.back() == width;
     };
-    for (const char* preferred : {"string_to_param.*", "emb_params", "clip_l"}) {
+    for (const std::string& preferred : {target.name, std::string("string_to_param.*"), std::string("emb_params")}) {
         if (const io::TensorInfo* t = file->find(preferred); t && fits(*t)) chosen = t;
         if (chosen) break;
     }
@@ -32,8 +33,8 @@ Result<std::vector<float>> read_embedding(const std::string& path, int64_t width
         }
     }
     if (!chosen) {
-        return Error{path + ": no embedding vectors of width " + std::to_string(width) +
-                     " (the text encoder's) in the file"};
+        return Error{path + ": no embedding vectors of width " + std::to_string(width) + " (the " + target.name +
+                     " text encoder's) in the file"};
     }
     auto values = io::convert_tensor(*chosen, file->data(*chosen), GGML_TYPE_F32);
     if (!values.ok()) return Error{path + ": " + values.error().message};
@@ -42,7 +43,10 @@ Result<std::vector<float>> read_embedding(const std::string& path, int64_t width
     return out;
 }
 
-Result<EmbeddingTable> load_embeddings(const std::string& folder, int64_t width, ClipTokenizer& tokenizer) {
+Result<std::vector<EmbeddingTable>> load_embeddings(const std::string& folder,
+                                                    const std::vector<EmbeddingTarget>& targets,
+                                                    ClipTokenizer& tokenizer) {
+    if (targets.empty()) return Error{"--embd-dir: no CLIP text encoder to take the embeddings"};
     const PathStatus status = path_status(folder);
     if (status.kind == PathKind::SymlinkLoop) return path_error(folder, status);
     if (status.kind != PathKind::Folder) return Error{folder + ": --embd-dir is not a folder"};
@@ -58,17 +62,31 @@ Result<EmbeddingTable> load_embeddings(const std::string& folder, int64_t width,
             return path_error(entry.path, entry.status);
         }
     }
-    EmbeddingTable table;
-    table.width = width;
+    std::vector<EmbeddingTable> tables(targets.size());
+    for (size_t t = 0; t < targets.size(); ++t) tables[t].width = targets[t].width;
     for (const fs::path& f : files) {
-        auto vectors = read_embedding(f.string(), width);
-        if (!vectors.ok()) return vectors.error();
-        const auto n = static_cast<int>(vectors->size() / static_cast<size_t>(width));
+        // The one word stands for the same number of tokens in every encoder.
+        std::vector<std::vector<float>> vectors;
+        for (const EmbeddingTarget& target : targets) {
+            auto v = read_embedding(f.string(), target);
+            if (!v.ok()) return v.error();
+            vectors.push_back(std::move(v).value());
+        }
+        const auto n = static_cast<int>(vectors.front().size() / static_cast<size_t>(targets.front().width));
+        for (size_t t = 1; t < targets.size(); ++t) {
+            const auto m = static_cast<int>(vectors[t].size() / static_cast<size_t>(targets[t].width));
+            if (m != n) {
+                return Error{f.string() + ": " + std::to_string(n) + " vectors for " + targets.front().name +
+                             " but " + std::to_string(m) + " for " + targets[t].name};
+            }
+        }
         auto first = tokenizer.add_embedding_token(f.stem().string(), n);
         if (!first.ok()) return Error{f.string() + ": " + first.error().message};
-        table.vectors.insert(table.vectors.end(), vectors->begin(), vectors->end());
+        for (size_t t = 0; t < targets.size(); ++t) {
+            tables[t].vectors.insert(tables[t].vectors.end(), vectors[t].begin(), vectors[t].end());
+        }
     }
-    return table;
+    return tables;
 }
 
 }  // namespace kiln::pipeline

@@ -15,16 +15,30 @@ namespace kiln::pipeline {
 struct EmbeddingTable {
     int64_t width = 0;
     std::vector<float> vectors;  // rows of `width`, for ids vocab_size().. in order
+    int32_t eos_id = -1;         // the tokenizer's EOS, where a pooling encoder pools
     size_t rows() const { return width ? vectors.size() / static_cast<size_t>(width) : 0; }
 };
 
-// Reads one embedding file: the first 2-D tensor (or 1-D: one vector) whose
-// last dimension is `width`, preferring A1111's "string_to_param.*" and the
-// safetensors "emb_params"/"clip_l" keys. Errors name the file.
-Result<std::vector<float>> read_embedding(const std::string& path, int64_t width);
+// A CLIP text encoder that takes embeddings: its module name, which is also
+// the key SDXL embedding files use for its vectors ("clip_l", "clip_g"), and
+// its width.
+struct EmbeddingTarget {
+    std::string name;
+    int64_t width = 0;
+};
+
+// Reads one embedding file's vectors for `target`: the first 2-D tensor (or
+// 1-D: one vector) whose last dimension is the target's width, preferring the
+// target's own key, then A1111's "string_to_param.*" and "emb_params". Errors
+// name the file.
+Result<std::vector<float>> read_embedding(const std::string& path, const EmbeddingTarget& target);
 
 // Loads every embedding file of `folder` into `tokenizer` (new ids) and
-// returns the vectors for those ids. A file that cannot be read is an error.
-Result<EmbeddingTable> load_embeddings(const std::string& folder, int64_t width, ClipTokenizer& tokenizer);
+// returns the vectors for those ids, one table per target in order. Each
+// file must give every target the same number of vectors (an SDXL file
+// carries clip_l and clip_g rows); a file that cannot be read is an error.
+Result<std::vector<EmbeddingTable>> load_embeddings(const std::string& folder,
+                                                    const std::vector<EmbeddingTarget>& targets,
+                                                    ClipTokenizer& tokenizer);
 
 }  // namespace kiln::pipeline

@@ -16,7 +16,7 @@ const T* or_zeros(const T* data, size_t count, std::vector<T>& zeros) {
 }  // namespace
 
 TextEncoderGraph build_text_encoder_graph(const TextEncoder& encoder, const int32_t* ids, int64_t length, int64_t batch,
-                                          int layer, const EmbeddingTable* extra, const float* key_mask) {
+                                          int layer, const float* key_mask) {
     TextEncoderGraph g;
     g.session = std::make_unique<runtime::GraphSession>();
     runtime::GraphSession& s = *g.session;
@@ -45,16 +45,18 @@ TextEncoderGraph build_text_encoder_graph(const TextEncoder& encoder, const int3
         g.out = encoder.llm->weights().apply_patches(s.ctx(), encoder.llm->encode(s.ctx(), tokens, options));
         return g;
     }
-    ggml_tensor* extra_rows = nullptr;
-    if (extra && extra->rows() > 0) {
-        extra_rows = s.input(GGML_TYPE_F32, {extra->width, static_cast<int64_t>(extra->rows())}, extra->vectors.data(),
-                             "embeddings");
-    }
     models::ClipTextOptions options;
     options.layer_from_end = layer;
     options.final_norm = encoder.use->final_norm;
     options.pooled = encoder.use->pooled;
-    options.extra_embeddings = extra_rows;
+    const EmbeddingTable& extra = encoder.embeddings;
+    if (extra.rows() > 0) {
+        options.extra_embeddings = s.input(GGML_TYPE_F32, {extra.width, static_cast<int64_t>(extra.rows())},
+                                           extra.vectors.data(), "embeddings");
+        // Embedding ids lie above the vocabulary, so the largest id is no
+        // longer the EOS: pool at the EOS itself (sd-cli, ComfyUI).
+        options.pooled_token = extra.eos_id;
+    }
     const models::ClipTextOutput out = encoder.network->encode(s.ctx(), tokens, options);
     g.out = out.hidden;
     if (out.pooled) {

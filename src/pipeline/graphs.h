@@ -23,11 +23,11 @@ struct TextEncoderGraph {
     int64_t pooled_width = 0;  // 0: no pooled vectors follow
 };
 // `ids`: length * batch token ids (null: zeros); `layer`: clip skip (CLIP
-// only; an LLM reads the layers its module declared); `extra`: textual-inversion rows [width, rows] (CLIP only; null:
-// none); `key_mask`: length * batch, 1 real 0 padding (T5 only; null: none).
+// only; an LLM reads the layers its module declared); a CLIP reads its
+// textual-inversion rows from encoder.embeddings; `key_mask`: length *
+// batch, 1 real 0 padding (T5 only; null: none).
 TextEncoderGraph build_text_encoder_graph(const TextEncoder& encoder, const int32_t* ids, int64_t length, int64_t batch,
-                                          int layer, const EmbeddingTable* extra = nullptr,
-                                          const float* key_mask = nullptr);
+                                          int layer, const float* key_mask = nullptr);
 
 // A reference image's latent size (Flux.1-Kontext's -r).
 struct LatentSize {

@@ -277,9 +277,9 @@ Result<std::unique_ptr<Model>> Model::load(const ModelPaths& paths, const ModelO
 
     auto tokenizer_paths = parse_tokenizer_flag(paths.tokenizer);
     if (!tokenizer_paths.ok()) return tokenizer_paths.error();
-    const TextEncoder* first_clip = nullptr;
+    bool has_clip = false;
     for (const TextEncoder& te : m->text_encoders_) {
-        if (te.network && !first_clip) first_clip = &te;
+        has_clip = has_clip || te.network;
         if (!te.t5 || m->t5_tokenizer_) continue;
         const Module* t5_module = nullptr;
         for (const auto& module : m->modules_) {
@@ -296,8 +296,8 @@ Result<std::unique_ptr<Model>> Model::load(const ModelPaths& paths, const ModelO
     for (const TextEncoder& te : m->text_encoders_) {
         if (te.llm) KILN_TRY(m->load_llm_tokenizer(tokenizer_paths->llm, te));
     }
-    if (first_clip) {
-        KILN_TRY(m->load_clip_tokenizer(tokenizer_paths->clip, paths.embeddings, *first_clip->network));
+    if (has_clip) {
+        KILN_TRY(m->load_clip_tokenizer(tokenizer_paths->clip, paths.embeddings));
     } else if (!paths.embeddings.empty()) {
         return Error::invalid_request("--embd-dir: textual-inversion embeddings need a CLIP text encoder, which " +
                                       m->family_label_ + " does not have");
@@ -342,34 +342,41 @@ Status Model::load_taesd(const std::string& path, const ModelOptions& options) {
     return Status::Ok();
 }
 
-// CLIP's tokenizer (and textual-inversion embeddings for `first`, the
-// first CLIP of the conditioning), checked against every CLIP's vocabulary.
-Status Model::load_clip_tokenizer(const std::string& flag_path, const std::string& embeddings_dir,
-                                  const models::ClipTextEncoder& first) {
+// CLIP's tokenizer, checked against every CLIP's vocabulary, and the
+// textual-inversion embeddings of every CLIP (SDXL's two take their own rows
+// of each file).
+Status Model::load_clip_tokenizer(const std::string& flag_path, const std::string& embeddings_dir) {
     auto tokenizer = load_tokenizer(flag_path, files_);
     if (!tokenizer.ok()) return tokenizer.error().as(ErrorKind::BadFile);
     tokenizer_ = std::move(tokenizer).value();
+    std::vector<EmbeddingTarget> targets;
     for (const TextEncoder& te : text_encoders_) {
         if (!te.network) continue;
-        if (tokenizer_->vocab_size() > te.network->config().vocab) {
+        const int64_t vocab = te.network->config().vocab;
+        if (tokenizer_->vocab_size() > vocab) {
             return Error::bad_file("the tokenizer has " + std::to_string(tokenizer_->vocab_size()) +
-                                   " tokens but the " + te.use->module + " text encoder only " +
-                                   std::to_string(te.network->config().vocab));
+                                   " tokens but the " + te.use->module + " text encoder only " + std::to_string(vocab));
         }
+        // An embedding's ids follow the tokenizer's vocabulary in every encoder's table.
+        if (!embeddings_dir.empty() && tokenizer_->vocab_size() != vocab) {
+            return Error::bad_file("textual-inversion embeddings need the tokenizer's vocabulary (" +
+                                   std::to_string(tokenizer_->vocab_size()) + " tokens) to match the " +
+                                   te.use->module + " text encoder's (" + std::to_string(vocab) + ")");
+        }
+        targets.push_back({te.use->module, te.network->config().width});
     }
     if (!embeddings_dir.empty()) {
-        if (tokenizer_->vocab_size() != first.config().vocab) {
-            return Error::bad_file("textual-inversion embeddings need the tokenizer's vocabulary (" +
-                                   std::to_string(tokenizer_->vocab_size()) + " tokens) to match the text encoder's (" +
-                                   std::to_string(first.config().vocab) + ")");
+        auto tables = load_embeddings(embeddings_dir, targets, *tokenizer_);
+        if (!tables.ok()) return tables.error().as(ErrorKind::BadFile);
+        size_t next = 0;
+        for (TextEncoder& te : text_encoders_) {
+            if (!te.network) continue;
+            te.embeddings = std::move((*tables)[next++]);
+            te.embeddings.eos_id = tokenizer_->eos_id();
         }
-        auto table = load_embeddings(embeddings_dir, first.config().width, *tokenizer_);
-        if (!table.ok()) return table.error().as(ErrorKind::BadFile);
-        embeddings_ = std::move(table).value();
-        KILN_LOG_VERBOSE("textual inversion: %zu embeddings, %zu vectors", tokenizer_->embeddings().size(),
-                         embeddings_.rows());
+        KILN_LOG_VERBOSE("textual inversion: %zu embeddings for %zu text encoder(s)", tokenizer_->embeddings().size(),
+                         targets.size());
     }
-
     return Status::Ok();
 }
 

@@ -127,6 +127,9 @@ struct TextEncoder {
     const models::T5Encoder* t5 = nullptr;
     const models::LlmEncoder* llm = nullptr;
     runtime::Executor* executor = nullptr;
+    // A CLIP's textual-inversion vectors (--embd-dir), for the token ids
+    // after the tokenizer's vocabulary.
+    EmbeddingTable embeddings;
 
     // The width of its hidden states.
     int64_t width() const {
@@ -175,7 +178,6 @@ class Model {
     const LlmTokenizer& llm_tokenizer() const { return *llm_tokenizer_; }
     // Textual-inversion vectors for token ids from the vocabulary's end on
     // (the first text encoder's width).
-    const EmbeddingTable& embeddings() const { return embeddings_; }
     // The text encoders in the order of the family's conditioning.
     const std::vector<TextEncoder>& text_encoders() const { return text_encoders_; }
     // The diffusion network: a UNet (SD1.x, SD2.x, SDXL), a Flux DiT (Flux,
@@ -245,8 +247,7 @@ class Model {
     Status load_networks(const ModelPaths& paths, const ModelOptions& options);
     Status load_control_net(const std::string& path, const ModelOptions& options);
     Status load_taesd(const std::string& path, const ModelOptions& options);
-    Status load_clip_tokenizer(const std::string& flag_path, const std::string& embeddings_dir,
-                               const models::ClipTextEncoder& first);
+    Status load_clip_tokenizer(const std::string& flag_path, const std::string& embeddings_dir);
     Status check_unet_inputs() const;
     Status check_flux_inputs() const;
     Status check_z_image_inputs() const;
@@ -263,7 +264,6 @@ class Model {
     std::unique_ptr<ClipTokenizer> tokenizer_;
     std::unique_ptr<T5Tokenizer> t5_tokenizer_;
     std::unique_ptr<LlmTokenizer> llm_tokenizer_;
-    EmbeddingTable embeddings_;
     std::vector<ModulePlacement> placement_;
     ModuleBytes module_bytes_;
     // The networks (their weights) outlive this model's hold on the stores
