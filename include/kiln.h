@@ -269,6 +269,12 @@ kiln_status kiln_image_encode(const kiln_image* image, const char* format, uint8
 kiln_status kiln_image_decode(const void* bytes, size_t size, const char* label, uint64_t max_pixels,
                               kiln_image** image, char** error);
 void kiln_free_bytes(void* bytes);
+/* `image` resampled to width x height (Lanczos 3, as A1111 resizes init
+ * images; alpha premultiplied), into *result (free with
+ * kiln_images_free(*result, 1)); parameters are not kept. Errors:
+ * KILN_ERROR_INVALID_REQUEST for an invalid image or a size outside
+ * [1, 8192]. */
+kiln_status kiln_image_resize(const kiln_image* image, int width, int height, kiln_image** result, char** error);
 /* As kiln_image_load_limited, for a job of `ctx`: the decoded size, read
  * from the file's header, is checked against what RAM's books leave (the
  * CPU's --max-vram budget, else free memory, less what kiln holds there)

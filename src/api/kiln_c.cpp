@@ -581,6 +581,22 @@ kiln_status kiln_image_decode(const void* bytes, size_t size, const char* label,
 
 void kiln_free_bytes(void* bytes) { std::free(bytes); }
 
+kiln_status kiln_image_resize(const kiln_image* image, int width, int height, kiln_image** result, char** error) {
+    *result = nullptr;
+    if (!image) return fail(error, kiln::Error::invalid_request("resize: no image"));
+    auto in = import_image(image);
+    if (!in.ok()) return fail(error, in.error());
+    auto resized = kiln::image::resize_image(*in, width, height);
+    if (!resized.ok()) return fail(error, resized.error().as(kiln::ErrorKind::InvalidRequest));
+    auto* out = static_cast<kiln_image*>(std::calloc(1, sizeof(kiln_image)));
+    if (!out || !export_image(*resized, "", out)) {
+        kiln_images_free(out, out ? 1 : 0);
+        return out_of_memory(error, "resizing an image");
+    }
+    *result = out;
+    return KILN_OK;
+}
+
 kiln_status kiln_image_read_parameters(const char* path, char** text, char** error) {
     *text = nullptr;
     auto chunks = kiln::image::read_image_text(path);

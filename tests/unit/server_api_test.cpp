@@ -188,11 +188,27 @@ TEST(ServerApi, A1111Txt2ImgImg2ImgAndLists) {
                   .pixels);
 
     json img2img = {{"prompt", "a blue square"}, {"init_images", {reply["images"][0]}}, {"denoising_strength", 0.5},
-                    {"steps", 4},                {"width", 512},                        {"height", 512}};
+                    {"steps", 4},                {"width", 48},                         {"height", 40}};
     auto i2i = client.Post("/sdapi/v1/img2img", img2img.dump(), "application/json");
     ASSERT_TRUE(i2i);
     ASSERT_EQ(i2i->status, 200) << i2i->body;
-    EXPECT_EQ(test::decode_base64_image(body_json(i2i)["images"][0]).width, 32);  // the init image's size
+    // As A1111: the 32x32 init image is resized to the requested size first.
+    const image::Image i2i_image = test::decode_base64_image(body_json(i2i)["images"][0]);
+    EXPECT_EQ(i2i_image.width, 48);
+    EXPECT_EQ(i2i_image.height, 40);
+    json unsized = img2img;
+    unsized.erase("width");
+    unsized.erase("height");
+    auto same_size = client.Post("/sdapi/v1/img2img", unsized.dump(), "application/json");
+    ASSERT_TRUE(same_size);
+    ASSERT_EQ(same_size->status, 200) << same_size->body;
+    EXPECT_EQ(test::decode_base64_image(body_json(same_size)["images"][0]).width, 32);  // the init image's size
+    json cropped = img2img;
+    cropped["resize_mode"] = 1;  // crop and resize: not implemented
+    auto crop = client.Post("/sdapi/v1/img2img", cropped.dump(), "application/json");
+    ASSERT_TRUE(crop);
+    EXPECT_EQ(crop->status, 400);
+    EXPECT_EQ(error_param(crop), "resize_mode");
 
     img2img["init_images"] = json::array({"bm90IGFuIGltYWdl"});  // "not an image"
     auto bad_image = client.Post("/sdapi/v1/img2img", img2img.dump(), "application/json");

@@ -89,6 +89,32 @@ TEST(ServerImages, EncodeThenDecodeKeepsPixelsParametersAndAlpha) {
     kiln_free_string(error);
 }
 
+// kiln_image_resize is src/image's Lanczos resize behind the C API: the
+// same pixels, and an invalid size is a request error.
+TEST(ServerImages, ResizeIsTheLanczosResizeAndRefusesBadSizes) {
+    std::vector<uint8_t> pixels(6 * 4 * 3);
+    for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = static_cast<uint8_t>(i * 11);
+    char parameters[] = "kept out";
+    kiln_image image{6, 4, 3, pixels.data(), parameters};
+    kiln_image* out = nullptr;
+    ASSERT_EQ(kiln_image_resize(&image, 9, 5, &out, nullptr), KILN_OK);
+    image::Image in = image::make_image(6, 4, 3, 0);
+    in.pixels = pixels;
+    auto expected = image::resize_image(in, 9, 5, image::ResizeFilter::Lanczos3);
+    ASSERT_TRUE(expected.ok());
+    EXPECT_EQ(out->width, 9u);
+    EXPECT_EQ(out->height, 5u);
+    EXPECT_EQ(std::vector<uint8_t>(out->data, out->data + 9 * 5 * 3), expected->pixels);
+    EXPECT_EQ(out->parameters, nullptr);
+    kiln_images_free(out, 1);
+
+    char* error = nullptr;
+    EXPECT_EQ(kiln_image_resize(&image, 0, 5, &out, &error), KILN_ERROR_INVALID_REQUEST);
+    EXPECT_EQ(out, nullptr);
+    ASSERT_NE(error, nullptr);
+    kiln_free_string(error);
+}
+
 TEST(ServerImages, DecodeRefusesNonImagesAndImagesOverThePixelLimit) {
     char* error = nullptr;
     kiln_image* image = nullptr;

@@ -114,7 +114,18 @@ JobRequest parse_a1111(ServerState& state, const json& j, bool img2img) {
         r.mask = mask;
     }
     r.strength = static_cast<float>(read_number(j, "denoising_strength", 0.75, 0.0001, 1));
-    // kiln works at the init image's size; A1111 clients send their UI's size along.
+    // A1111 makes the image width x height by resizing the init image and
+    // the mask to it first; kiln then works at that size. Only resize_mode
+    // 0 ("Just resize", A1111's default) is implemented.
+    if (read_integer(j, "resize_mode", 0, 0, 3) != 0) {
+        throw RequestError{400, "resize_mode", "resize_mode: only 0 (just resize) is supported"};
+    }
+    if (r.width > 0 || r.height > 0) {
+        const int width = r.width > 0 ? r.width : int(r.init_image->width);
+        const int height = r.height > 0 ? r.height : int(r.init_image->height);
+        r.init_image = resized(r.init_image, width, height, "init_images[0]");
+        r.mask = resized(r.mask, width, height, "mask");
+    }
     r.width = 0;
     r.height = 0;
     return r;

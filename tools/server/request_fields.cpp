@@ -175,6 +175,18 @@ SharedImage read_base64_image(const json& value, const std::string& field, const
     return decode_upload(field, std::string(bytes->begin(), bytes->end()), limits);
 }
 
+SharedImage resized(const SharedImage& image, int width, int height, const std::string& field) {
+    if (!image || (int(image->width) == width && int(image->height) == height)) return image;
+    kiln_image* out = nullptr;
+    char* error = nullptr;
+    if (kiln_image_resize(image.get(), width, height, &out, &error) != KILN_OK) {
+        std::string message = error ? error : "cannot be resized";
+        kiln_free_string(error);
+        bad_field(field, message);
+    }
+    return share_image(out);
+}
+
 SharedImage without_alpha(const SharedImage& image) {
     if (!image || image->channels == 3) return image;
     SharedImage out = blank_like(*image, 3);

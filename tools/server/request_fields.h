@@ -47,6 +47,9 @@ SharedImage read_base64_image(const json& value, const std::string& field, const
 // RGB, white repaints. With `alpha_repaints` (OpenAI's edits) an RGBA mask's
 // transparent pixels are the ones to repaint, else the alpha is dropped.
 SharedImage without_alpha(const SharedImage& image);
+// `image` at width x height (Lanczos, stretched as A1111's "Just resize");
+// 400 naming `field` when it cannot be.
+SharedImage resized(const SharedImage& image, int width, int height, const std::string& field);
 SharedImage mask_of(const SharedImage& image, bool alpha_repaints);
 
 // The server's limits on a parsed request: width, height, steps, batch,
