@@ -317,6 +317,20 @@ kiln_status kiln_plan(kiln_context* ctx, const kiln_generation_params* params, c
  * module's peak compute buffers. Free with kiln_free_string. */
 char* kiln_memory_report(kiln_context* ctx);
 
+/* One device's books, as kiln_memory_report prints them, in bytes. The
+ * books belong to the device: every context of the process that uses it
+ * counts in them, and they live while one of those contexts does. */
+typedef struct kiln_device_memory {
+    char name[32];     /* the device ("RPC0", "CPU") */
+    uint64_t managed;  /* counted now: weights kept there, compute copies, workspaces, kept activations */
+    uint64_t peak;     /* the most counted at once since the books were opened */
+    uint64_t budget;   /* the --max-vram budget; 0 when there is none */
+} kiln_device_memory;
+/* Writes the books of up to `max` of the devices ctx uses to out[] and
+ * returns how many devices it uses (more than `max`: the rest were left
+ * out). Call it from the thread that uses ctx. */
+int kiln_memory_devices(kiln_context* ctx, kiln_device_memory* out, int max);
+
 /* `kiln --list-devices`: adds the RPC servers of `rpc_servers` (or NULL),
  * then *text gets one line per ggml device (name, type, free and total
  * memory, description). */

@@ -1,6 +1,7 @@
 // The C API (include/kiln.h) over the C++ pipeline: converts parameters,
 // catches every failure into an error string, owns the returned buffers.
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -723,6 +724,21 @@ char* kiln_memory_report(kiln_context* ctx) {
                e->store().ledger().device_name() + "\n";
     }
     return copy_string(out);
+}
+
+int kiln_memory_devices(kiln_context* ctx, kiln_device_memory* out, int max) {
+    int count = 0;
+    for (const auto& [name, ledger] : ctx->model->ledgers()) {
+        if (count < max) {
+            kiln_device_memory& d = out[count];
+            std::snprintf(d.name, sizeof d.name, "%s", name.c_str());
+            d.managed = ledger->managed();
+            d.peak = ledger->peak();
+            d.budget = ledger->budget().value_or(0);
+        }
+        ++count;
+    }
+    return count;
 }
 
 kiln_status kiln_list_devices(const char* rpc_servers, char** text, char** error) {

@@ -59,6 +59,15 @@ int ServerProcess::stop(int signal) {
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+uint64_t ServerProcess::resident_bytes() const {
+    std::ifstream status("/proc/" + std::to_string(pid_) + "/status");
+    for (std::string line; std::getline(status, line);) {
+        // "VmRSS:     123 kB"
+        if (line.rfind("VmRSS:", 0) == 0) return std::strtoull(line.c_str() + 6, nullptr, 10) * 1024;
+    }
+    return 0;
+}
+
 std::string ServerProcess::log() const {
     std::ifstream in(log_path_);
     std::stringstream text;

@@ -5,6 +5,7 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <string>
 
 namespace kiln::test {
@@ -19,6 +20,9 @@ class ServerProcess {
 
     bool started() const { return port_ > 0; }
     int port() const { return port_; }
+    pid_t pid() const { return pid_; }
+    // The server's resident memory now (VmRSS in /proc/PID/status), 0 when it cannot be read.
+    uint64_t resident_bytes() const;
     // Sends `signal` and returns the exit status (-1 when killed by a signal).
     int stop(int signal);
     // What the server wrote to stderr so far.

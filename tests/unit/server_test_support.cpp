@@ -81,6 +81,7 @@ std::string wait_for_state(httplib::Client& client, const std::string& job_id, c
     for (;;) {
         auto r = client.Get(("/kiln/v1/jobs/" + job_id).c_str());
         if (!r) return "no reply";
+        if (r->status != 200) return "HTTP " + std::to_string(r->status);  // 404: never was, or forgotten
         now = body_json(r).value("state", "");
         if (now == state || now == "done" || now == "failed" || now == "cancelled") return now;
         std::this_thread::sleep_for(std::chrono::milliseconds(20));

@@ -48,7 +48,8 @@ std::vector<ServerEvent> read_event_stream(int port, const std::string& job_id, 
 // The same events' types.
 std::vector<std::string> read_events(int port, const std::string& job_id, const httplib::Headers& headers = {});
 
-// Polls the job until its state is `state` (or it finished otherwise); returns the last state.
+// Polls the job until its state is `state` (or it finished otherwise); returns the last state,
+// or "HTTP 404" (any status but 200) when the server does not know the job.
 std::string wait_for_state(httplib::Client& client, const std::string& job_id, const std::string& state);
 
 }  // namespace kiln::test

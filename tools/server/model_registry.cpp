@@ -169,6 +169,27 @@ std::vector<std::string> ModelRegistry::loaded() {
     return names;
 }
 
+void ModelRegistry::note_memory() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    memory_.clear();
+    for (const Loaded& l : loaded_) {
+        kiln_device_memory devices[16];
+        const int count = std::min(kiln_memory_devices(l.ctx, devices, 16), 16);
+        for (int i = 0; i < count; ++i) {
+            const bool known = std::any_of(memory_.begin(), memory_.end(),
+                                           [&](const DeviceMemory& m) { return m.name == devices[i].name; });
+            if (!known) memory_.push_back({devices[i].name, devices[i].managed, devices[i].peak, devices[i].budget});
+        }
+    }
+    std::sort(memory_.begin(), memory_.end(),
+              [](const DeviceMemory& a, const DeviceMemory& b) { return a.name < b.name; });
+}
+
+std::vector<DeviceMemory> ModelRegistry::memory() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return memory_;
+}
+
 void ModelRegistry::evict_least_recent() {
     kiln_context* ctx = nullptr;
     {
@@ -179,6 +200,7 @@ void ModelRegistry::evict_least_recent() {
         loaded_.pop_back();
     }
     kiln_context_free(ctx);
+    note_memory();
 }
 
 kiln_status ModelRegistry::acquire(const ModelEntry& model, kiln_context** ctx, std::string* error) {
@@ -201,8 +223,11 @@ kiln_status ModelRegistry::acquire(const ModelEntry& model, kiln_context** ctx, 
         kiln_context* created = nullptr;
         const kiln_status status = kiln_context_create(&params, &created, &message);
         if (status == KILN_OK) {
-            std::lock_guard<std::mutex> lock(mutex_);
-            loaded_.push_front({model.name, created});
+            {
+                std::lock_guard<std::mutex> lock(mutex_);
+                loaded_.push_front({model.name, created});
+            }
+            note_memory();
             *ctx = created;
             return KILN_OK;
         }

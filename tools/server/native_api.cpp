@@ -134,6 +134,20 @@ void add_native_routes(httplib::Server& server, ServerState& state) {
             send_json(res, 200, {{"models", models}, {"default", state.models.default_model()}});
         });
     });
+    // The memory books of the devices the loaded models use, as the last job
+    // (or model load or unload) left them: a client that saw its job end reads that job's books.
+    server.Get("/kiln/v1/memory", [&state](const httplib::Request&, httplib::Response& res) {
+        guarded(res, [&] {
+            json devices = json::array();
+            for (const DeviceMemory& d : state.models.memory()) {
+                devices.push_back({{"device", d.name},
+                                   {"managed_bytes", d.managed},
+                                   {"peak_bytes", d.peak},
+                                   {"budget_bytes", d.budget ? json(d.budget) : json(nullptr)}});
+            }
+            send_json(res, 200, {{"devices", devices}, {"loaded", state.models.loaded()}});
+        });
+    });
 }
 
 }  // namespace kiln::server
