@@ -107,25 +107,23 @@ TEST(Embeddings, SdxlEncodersEachTakeTheirOwnVectors) {
     ASSERT_NE(clip_l, clip_g);
     const int64_t width = static_cast<int64_t>(clip_l.size() / 4);  // two F16 rows
 
-    test::TempDir dir;
-    dir.write("embd/mytoken.safetensors", test::build_safetensors({{"clip_g", "F16", {2, width}, clip_g},
-                                                                   {"clip_l", "F16", {2, width}, clip_l}}));
-    auto with_embedding = load_tiny(dir.file("embd"), "sdxl_tiny");
-    ASSERT_TRUE(with_embedding);
+    // "mytoken" encoded with an embedding whose clip_l and clip_g tensors hold `l` and `g`.
+    auto encode_with = [&](const std::vector<uint8_t>& l, const std::vector<uint8_t>& g) -> Result<Conditioning> {
+        test::TempDir dir;
+        dir.write("embd/mytoken.safetensors",
+                  test::build_safetensors({{"clip_g", "F16", {2, width}, g}, {"clip_l", "F16", {2, width}, l}}));
+        auto model = load_tiny(dir.file("embd"), "sdxl_tiny");
+        if (!model) return Error{"the model did not load"};
+        return encode_prompt(*model, "mytoken", 0);
+    };
     auto expected = encode_prompt(*plain, "ab", 0);
-    auto actual = encode_prompt(*with_embedding, "mytoken", 0);
+    auto actual = encode_with(clip_l, clip_g);
     ASSERT_TRUE(expected.ok() && actual.ok());
     EXPECT_EQ(actual->hidden, expected->hidden);
     EXPECT_EQ(actual->pooled, expected->pooled);
-
-    test::TempDir swapped;
-    swapped.write("embd/mytoken.safetensors", test::build_safetensors({{"clip_g", "F16", {2, width}, clip_l},
-                                                                       {"clip_l", "F16", {2, width}, clip_g}}));
-    auto wrong = load_tiny(swapped.file("embd"), "sdxl_tiny");
-    ASSERT_TRUE(wrong);
-    auto mixed = encode_prompt(*wrong, "mytoken", 0);
-    ASSERT_TRUE(mixed.ok());
-    EXPECT_NE(mixed->hidden, expected->hidden);
+    auto swapped = encode_with(clip_g, clip_l);
+    ASSERT_TRUE(swapped.ok());
+    EXPECT_NE(swapped->hidden, expected->hidden);
 }
 
 // A file that gives the two encoders different numbers of vectors is an
