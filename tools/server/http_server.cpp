@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/socket.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -18,6 +19,8 @@ namespace {
 // Enough handler threads that clients waiting on synchronous APIs (A1111,
 // OpenAI) and event streams do not starve quick requests.
 constexpr size_t kHandlerThreads = 32;
+// Requests one connection may carry before the server closes it.
+constexpr size_t kKeepAliveRequests = 100;
 
 // Equal strings in time that depends on the length of `given` only, so a
 // wrong key's timing says nothing about how much of it was right.
@@ -109,9 +112,24 @@ int run_server(const ServerOptions& options) {
 
     httplib::Server http;
     http.new_task_queue = [] { return new httplib::ThreadPool(kHandlerThreads); };
+    // httplib closes a connection after 5 requests by default, so busy
+    // clients reconnect all the time; keep connections for longer.
+    http.set_keep_alive_max_count(kKeepAliveRequests);
+    // httplib listens with a backlog of 5. When more clients connect at once
+    // than that (16 in tests/unit/server_load_test.cpp, on a loaded machine),
+    // the kernel drops their handshakes and some of them see a failed read a
+    // second later. The socket is remembered here, where httplib lets us set
+    // its options, and listened on again with the system's backlog once bound.
+    socket_t listening_socket = INVALID_SOCKET;
+    http.set_socket_options([&listening_socket](socket_t sock) {
+        const int yes = 1;
+        setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));  // what httplib's default option does
+        listening_socket = sock;
+    });
     int port = options.listen_port;
-    const bool bound = port == 0 ? (port = http.bind_to_any_port(options.listen_ip)) > 0
-                                 : http.bind_to_port(options.listen_ip, port);
+    const bool bound = (port == 0 ? (port = http.bind_to_any_port(options.listen_ip)) > 0
+                                  : http.bind_to_port(options.listen_ip, port)) &&
+                       ::listen(listening_socket, SOMAXCONN) == 0;
     if (!bound) {
         std::fprintf(stderr, "kiln serve: cannot listen on %s:%d (in use, or not an address of this machine)\n",
                      options.listen_ip.c_str(), options.listen_port);
