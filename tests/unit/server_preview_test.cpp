@@ -200,6 +200,9 @@ TEST(ServerPreview, A1111ProgressShowsTheRunningJobsPreview) {
     EXPECT_TRUE(skipped["current_image"].is_null());
     ASSERT_TRUE(client.Post("/sdapi/v1/interrupt", "", "application/json"));
     EXPECT_EQ(test::wait_for_state(client, id, "cancelled"), "cancelled");
+    // Once a client has seen it end, it is no longer the running job (an
+    // interrupt then would cancel nothing, and the next job would run on).
+    EXPECT_EQ(test::body_json(client.Get("/sdapi/v1/progress"))["state"]["job"], "");
 
     // A1111's settings, server-wide through /sdapi/v1/options: every 2nd step.
     auto set = client.Post("/sdapi/v1/options", R"({"show_progress_every_n_steps": 2})", "application/json");

@@ -437,6 +437,10 @@ void JobQueue::drop_previews(Job& job) {
 }
 
 void JobQueue::finish(Job& job, JobState state, kiln_status status, const std::string& message) {
+    // A job that has ended stops being the running one in the same critical
+    // section, so that a client which saw it end never finds it "running"
+    // (A1111's /progress) or cancels it in place of the next (interrupt).
+    if (running_.get() == &job) running_ = nullptr;
     job.state = state;
     job.finished = unix_now();
     job.error_status = status;
