@@ -20,6 +20,14 @@ namespace kiln::nn {
 // padding, 1, 1, true, GGML_TYPE_F32) computes. A GGML_OP_CUSTOM node: only
 // ggml's CPU backend runs it. nullptr when `x` is not F32 with contiguous
 // rows (callers use ggml_im2col then).
-ggml_tensor* im2col_f32_cpu(ggml_context* ctx, const ggml_tensor* kernel, ggml_tensor* x, int stride, int padding);
+//
+// `first_row` and `rows` (-1: to the last) unfold only that band of output
+// rows, ne [IC*KH*KW, OW, rows, N]: the same patches as those rows of the
+// whole unfold, so a large convolution can be multiplied a band at a time.
+ggml_tensor* im2col_f32_cpu(ggml_context* ctx, const ggml_tensor* kernel, ggml_tensor* x, int stride, int padding,
+                            int64_t first_row = 0, int64_t rows = -1);
+
+// The output rows (OH) of a convolution of `x` by `kernel`.
+int64_t conv_output_rows(const ggml_tensor* kernel, const ggml_tensor* x, int stride, int padding);
 
 }  // namespace kiln::nn

@@ -1,5 +1,9 @@
 #include "nn/layers.h"
 
+#include <algorithm>
+#include <vector>
+
+#include "nn/concat_rows_cpu.h"
 #include "nn/im2col_cpu.h"
 
 namespace kiln::nn {
@@ -53,7 +57,50 @@ ggml_tensor* kernel_for_cpu(ggml_context* ctx, ggml_tensor* kernel) {
     return kernel->type == GGML_TYPE_F32 ? kernel : ggml_cast(ctx, kernel, GGML_TYPE_F32);
 }
 
+// The most bytes of F32 patches a convolution on the CPU unfolds at once.
+// Bands this size still give sgemm thousands of pixel rows per product.
+constexpr int64_t kMaxPatchBytesOnCpu = 64ll << 20;
+constexpr int64_t kMaxBands = 64;
+
 }  // namespace
+
+ggml_tensor* conv2d_cpu_in_row_bands(ggml_context* ctx, const Conv2d& layer, ggml_tensor* x, int64_t max_patch_bytes) {
+    ggml_tensor* w = layer.weight;
+    const int64_t N = x->ne[3];
+    const int64_t OW = (x->ne[0] + 2 * layer.padding - w->ne[0]) / layer.stride + 1;
+    const int64_t OH = conv_output_rows(w, x, layer.stride, layer.padding);
+    const int64_t K = w->ne[0] * w->ne[1] * w->ne[2];
+    ggml_tensor* kernel = kernel_for_cpu(ctx, ggml_reshape_2d(ctx, w, K, w->ne[3]));
+    // F32 patches (kiln's unfold, nn/im2col_cpu.h) by the F32 kernel: the
+    // product sgemm takes, several times faster than ggml's F16 dot products.
+    // Patches first, so the result is already pixels by channels.
+    //
+    // A band of output rows at a time when the patches would be large: a
+    // full-size VAE decoder's top level unfolds 2.4 GB of them at 512x512.
+    // Each band's patches are freed before the next band's are made, and the
+    // bands' results are joined in one copy.
+    // At most kMaxBands bands, so a graph's node count stays within a
+    // constant factor of the unbanded one's at any size (GraphSession's
+    // context is sized in nodes).
+    const int64_t row_bytes = K * OW * N * static_cast<int64_t>(sizeof(float));
+    const int64_t fewest_rows = (OH + kMaxBands - 1) / kMaxBands;
+    const int64_t band_rows = std::clamp<int64_t>(max_patch_bytes / row_bytes, fewest_rows, OH);
+    std::vector<ggml_tensor*> bands;
+    for (int64_t first = 0; first < OH; first += band_rows) {
+        const int64_t rows = std::min(band_rows, OH - first);
+        ggml_tensor* patches = im2col_f32_cpu(ctx, w, x, layer.stride, layer.padding, first, rows);
+        if (!patches) {  // an input kiln's unfold does not take: ggml's, whole
+            GGML_ASSERT(first == 0);
+            patches = ggml_im2col(ctx, w, x, layer.stride, layer.stride, layer.padding, layer.padding, 1, 1,
+                                  /*is_2D=*/true, GGML_TYPE_F32);
+            return pixels_by_channels_to_image(ctx, ggml_reshape_2d(ctx, patches, K, OW * OH * N), kernel, OW, OH, N,
+                                               layer.bias);
+        }
+        bands.push_back(pixels_by_channels_to_image(ctx, ggml_reshape_2d(ctx, patches, K, OW * rows * N), kernel, OW,
+                                                    rows, N, layer.bias));
+    }
+    return concat_rows_cpu(ctx, bands);
+}
 
 ggml_tensor* conv2d(ggml_context* ctx, ComputeTarget target, const Conv2d& layer, ggml_tensor* x) {
     ggml_tensor* w = layer.weight;
@@ -73,22 +120,11 @@ ggml_tensor* conv2d(ggml_context* ctx, ComputeTarget target, const Conv2d& layer
         y = ggml_cont(ctx, ggml_permute(ctx, y, 1, 0, 2, 3));  // [WH, out, N]
         return add_channel_bias(ctx, ggml_reshape_4d(ctx, y, W, H, OC, N), layer.bias);
     }
+    if (on_cpu) return conv2d_cpu_in_row_bands(ctx, layer, x, kMaxPatchBytesOnCpu);
     const int64_t OW = (x->ne[0] + 2 * layer.padding - w->ne[0]) / layer.stride + 1;
-    const int64_t OH = (x->ne[1] + 2 * layer.padding - w->ne[1]) / layer.stride + 1;
+    const int64_t OH = conv_output_rows(w, x, layer.stride, layer.padding);
     const int64_t K = w->ne[0] * w->ne[1] * w->ne[2];
     ggml_tensor* kernel = ggml_reshape_2d(ctx, w, K, OC);
-    if (on_cpu) {
-        // F32 patches (kiln's unfold, nn/im2col_cpu.h) by the F32 kernel:
-        // the product sgemm takes, several times faster than ggml's F16 dot
-        // products. Patches first, so the result is already pixels by channels.
-        ggml_tensor* patches = im2col_f32_cpu(ctx, w, x, layer.stride, layer.padding);
-        if (!patches) {
-            patches = ggml_im2col(ctx, w, x, layer.stride, layer.stride, layer.padding, layer.padding, 1, 1,
-                                  /*is_2D=*/true, GGML_TYPE_F32);
-        }
-        return pixels_by_channels_to_image(ctx, ggml_reshape_2d(ctx, patches, K, OW * OH * N),
-                                           kernel_for_cpu(ctx, kernel), OW, OH, N, layer.bias);
-    }
     // On a device, F32 patches with the kernel first; they cost twice the
     // memory of F16 ones, so an F16 kernel keeps F16 patches when those are
     // large (a full-size VAE decoder's top level: over a gigabyte in F32).

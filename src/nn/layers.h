@@ -39,6 +39,11 @@ enum class ComputeTarget { Cpu, Device };
 
 // x: ne [W, H, in, N] -> ne [W', H', out, N]
 ggml_tensor* conv2d(ggml_context* ctx, ComputeTarget target, const Conv2d& layer, ggml_tensor* x);
+// conv2d on the CPU, unfolding and multiplying at most `max_patch_bytes` of
+// F32 patches at a time (bands of output rows; at least one row, at most 64
+// bands, so a very large image's bands exceed the limit). conv2d uses 64 MiB;
+// the same numbers for any limit.
+ggml_tensor* conv2d_cpu_in_row_bands(ggml_context* ctx, const Conv2d& layer, ggml_tensor* x, int64_t max_patch_bytes);
 // A 1x1 convolution (stride 1, no padding) is a linear layer over channels:
 // this one, its weights viewed as ne [in, out], for activations already laid
 // out as tokens. Same numbers as conv2d, without the two transposes conv2d
