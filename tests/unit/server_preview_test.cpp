@@ -139,6 +139,31 @@ TEST(ServerPreview, BadA1111PreviewSettingsGet400NamingTheField) {
     EXPECT_EQ(server.stop(SIGTERM), 0);
 }
 
+// Two clients setting different A1111 preview settings at once both keep
+// theirs, round after round (each POST reads, merges and writes the settings).
+TEST(ServerPreview, ConcurrentOptionsPostsKeepEveryField) {
+    test::ServerProcess server(test::tiny_server_flags());
+    ASSERT_TRUE(server.started()) << server.log();
+    httplib::Client client("127.0.0.1", server.port());
+    for (int round = 0; round < 40; ++round) {
+        const bool enable = round % 2 == 1;
+        const int every = 2 + round % 5;
+        auto post = [&](const json& body) {
+            httplib::Client c("127.0.0.1", server.port());
+            auto r = c.Post("/sdapi/v1/options", body.dump(), "application/json");
+            return r ? r->status : 0;
+        };
+        auto a = std::async(std::launch::async, post, json{{"live_previews_enable", enable}});
+        auto b = std::async(std::launch::async, post, json{{"show_progress_every_n_steps", every}});
+        ASSERT_EQ(a.get(), 200);
+        ASSERT_EQ(b.get(), 200);
+        const json options = test::body_json(client.Get("/sdapi/v1/options"));
+        ASSERT_EQ(options["live_previews_enable"], enable) << "round " << round;
+        ASSERT_EQ(options["show_progress_every_n_steps"], every) << "round " << round;
+    }
+    EXPECT_EQ(server.stop(SIGTERM), 0);
+}
+
 // Polls A1111's progress until the running job's preview shows (or it ends); the last reply.
 json progress_with_image(httplib::Client& client, const std::string& query = "") {
     json progress;

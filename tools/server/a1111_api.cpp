@@ -260,12 +260,12 @@ void add_a1111_routes(httplib::Server& server, ServerState& state) {
             if (body.contains("sd_model_checkpoint")) {
                 model = state.models.resolve(read_string(body, "sd_model_checkpoint"), "sd_model_checkpoint").name;
             }
-            const A1111PreviewSettings previews = read_preview_settings(body, current_preview_settings(state));
+            // Read, merged and written under one lock: two clients setting
+            // different fields at once both keep theirs.
+            std::lock_guard<std::mutex> lock(state.a1111_mutex);
+            const A1111PreviewSettings previews = read_preview_settings(body, state.a1111_previews);
             if (!model.empty()) state.models.set_default_model(model);
-            {
-                std::lock_guard<std::mutex> lock(state.a1111_mutex);
-                state.a1111_previews = previews;
-            }
+            state.a1111_previews = previews;
             send_json(res, 200, nullptr);
         });
     });
