@@ -113,6 +113,43 @@ TEST(ServerPreview, ServerFlagsSetTheDefaultAndARequestOverridesIt) {
     EXPECT_EQ(server.stop(SIGTERM), 0);
 }
 
+// preview_noisy (sd-cli's --preview-noisy): previews of the noisy latent, per
+// job or from the server's flag; the same job's denoised previews differ.
+TEST(ServerPreview, NoisyPreviewsPerJobAndFromTheServerFlag) {
+    test::ServerProcess server(test::tiny_server_flags());
+    ASSERT_TRUE(server.started()) << server.log();
+    httplib::Client client("127.0.0.1", server.port());
+    json denoised = kJob;
+    denoised["preview"] = "proj";
+    json noisy = denoised;
+    noisy["preview_noisy"] = true;
+    const StreamedPreviews clean = previews_of(server.port(), test::post_job(client, denoised));
+    const StreamedPreviews with_noise = previews_of(server.port(), test::post_job(client, noisy));
+    ASSERT_EQ(clean.images.size(), 4u);
+    ASSERT_EQ(with_noise.images.size(), 4u);
+    EXPECT_NE(clean.images[0].pixels, with_noise.images[0].pixels);
+    json bad = kJob;
+    bad["preview_noisy"] = "yes";
+    int status = 0;
+    EXPECT_TRUE(test::post_job(client, bad, &status).empty());
+    EXPECT_EQ(status, 400);
+    EXPECT_EQ(server.stop(SIGTERM), 0);
+
+    test::ServerProcess noisy_server(test::tiny_server_flags() + " --preview-noisy --preview-path ignored.png");
+    ASSERT_TRUE(noisy_server.started()) << noisy_server.log();
+    EXPECT_NE(noisy_server.log().find("--preview-path is ignored"), std::string::npos) << noisy_server.log();
+    httplib::Client noisy_client("127.0.0.1", noisy_server.port());
+    const StreamedPreviews by_flag = previews_of(noisy_server.port(), test::post_job(noisy_client, denoised));
+    ASSERT_EQ(by_flag.images.size(), 4u);
+    EXPECT_EQ(by_flag.images[0].pixels, with_noise.images[0].pixels);
+    json asked_clean = denoised;
+    asked_clean["preview_noisy"] = false;
+    const StreamedPreviews overridden = previews_of(noisy_server.port(), test::post_job(noisy_client, asked_clean));
+    ASSERT_EQ(overridden.images.size(), 4u);
+    EXPECT_EQ(overridden.images[0].pixels, clean.images[0].pixels);
+    EXPECT_EQ(noisy_server.stop(SIGTERM), 0);
+}
+
 TEST(ServerPreview, BadA1111PreviewSettingsGet400NamingTheField) {
     test::ServerProcess server(test::tiny_server_flags());
     ASSERT_TRUE(server.started()) << server.log();

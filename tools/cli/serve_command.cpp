@@ -1,5 +1,7 @@
 #include "serve_command.h"
 
+#include <cstdio>
+
 #include "cli.h"
 #include "context_params.h"
 #include "default_model.h"
@@ -28,6 +30,11 @@ int run_serve(const Options& options) {
     // Without --preview, jobs get proj previews where the model has the projection.
     if (options.preview_given) so.preview = options.preview;
     so.preview_interval = options.preview_interval;
+    so.preview_noisy = options.preview_noisy;
+    if (options.preview_path != Options{}.preview_path) {
+        // On stderr, as the server's other warnings: its first line on stdout says where it listens.
+        std::fprintf(stderr, "kiln serve: --preview-path is ignored: previews go to clients in the job's events and progress\n");
+    }
     so.context = context_params_of(options);
     if (!so.model_dir.empty() && !so.model.empty()) {
         KILN_LOG_ERROR("serve: -m and --model-dir exclude each other (put the model in the folder)");

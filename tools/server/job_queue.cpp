@@ -302,6 +302,7 @@ void JobQueue::run(const std::shared_ptr<Job>& job) {
     gp.preview_mode = preview_mode_of(r, options_, ctx);
     if (gp.preview_mode != KILN_PREVIEW_NONE) {
         gp.preview_interval = r.preview_interval > 0 ? r.preview_interval : options_.preview_interval;
+        gp.preview_noisy = r.preview_noisy.value_or(options_.preview_noisy) ? 1 : 0;
         gp.preview = &JobQueue::on_preview;
         gp.preview_user_data = &target;
         target.preview_interval = std::max(1, gp.preview_interval);

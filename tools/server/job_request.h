@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "kiln.h"
@@ -45,6 +46,9 @@ struct JobRequest {
     // every preview_interval-th step (0: the server's --preview-interval).
     std::string preview;
     int preview_interval = 0;
+    // Previews of the noisy latent instead of the denoised estimate (sd-cli's
+    // --preview-noisy); unset: the server's --preview-noisy.
+    std::optional<bool> preview_noisy;
 };
 
 }  // namespace kiln::server

@@ -40,6 +40,7 @@ struct ServerOptions {
     // families kiln loads; none otherwise).
     std::string preview;
     int preview_interval = 1;
+    bool preview_noisy = false;  // --preview-noisy: previews of the noisy latent
     // kiln's context flags (-t, --vae, --tokenizer, --max-vram, ...) for
     // every model; model_path is set per model. The strings belong to the caller.
     kiln_context_params context{};
