@@ -135,6 +135,7 @@ typedef struct {
     char scheduler[32];
     char family[64];
     int latent_preview; /* 1 when KILN_PREVIEW_PROJ works: the family's latent-to-RGB factors fit the model's latent */
+    int taesd;          /* 1 when a tiny autoencoder (--taesd) is loaded; without one KILN_PREVIEW_TAE decodes with the VAE */
 } kiln_model_info;
 void kiln_context_info(const kiln_context* ctx, kiln_model_info* info);
 

@@ -355,6 +355,7 @@ void kiln_context_info(const kiln_context* ctx, kiln_model_info* info) {
     std::strncpy(info->scheduler, d.scheduler.c_str(), sizeof info->scheduler - 1);
     std::strncpy(info->family, ctx->model->family_label().c_str(), sizeof info->family - 1);
     info->latent_preview = ctx->model->has_latent_projection() ? 1 : 0;
+    info->taesd = ctx->model->has_taesd() ? 1 : 0;
 }
 
 void kiln_generation_params_init(kiln_generation_params* params) {

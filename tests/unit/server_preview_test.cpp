@@ -110,7 +110,14 @@ TEST(ServerPreview, ServerFlagsSetTheDefaultAndARequestOverridesIt) {
     ASSERT_EQ(vae.images.size(), 1u);
     EXPECT_EQ(vae.images[0].width, 64);
     EXPECT_EQ(vae.images[0].height, 48);
+    // tae without --taesd decodes with the VAE, and the server's log says so.
+    json tae = kJob;
+    tae["preview"] = "tae";
+    const StreamedPreviews from_vae = previews_of(server.port(), test::post_job(client, tae));
+    ASSERT_EQ(from_vae.images.size(), 1u);
+    EXPECT_EQ(from_vae.images[0].pixels, vae.images[0].pixels);
     EXPECT_EQ(server.stop(SIGTERM), 0);
+    EXPECT_NE(server.log().find("preview tae without --taesd"), std::string::npos) << server.log();
 }
 
 // preview_noisy (sd-cli's --preview-noisy): previews of the noisy latent, per

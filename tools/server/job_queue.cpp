@@ -300,6 +300,14 @@ void JobQueue::run(const std::shared_ptr<Job>& job) {
     gp.progress = &JobQueue::on_progress;
     gp.progress_user_data = &target;
     gp.preview_mode = preview_mode_of(r, options_, ctx);
+    if (gp.preview_mode == KILN_PREVIEW_TAE) {
+        kiln_model_info info;
+        kiln_context_info(ctx, &info);
+        if (!info.taesd) {
+            std::fprintf(stderr, "kiln serve: job %s: preview tae without --taesd: the previews come from the VAE\n",
+                         job->id.c_str());
+        }
+    }
     if (gp.preview_mode != KILN_PREVIEW_NONE) {
         gp.preview_interval = r.preview_interval > 0 ? r.preview_interval : options_.preview_interval;
         gp.preview_noisy = r.preview_noisy.value_or(options_.preview_noisy) ? 1 : 0;
