@@ -7,40 +7,59 @@
 #include "io/model_file.h"
 #include "io/tensor_convert.h"
 #include "util/files.h"
+#include "util/log.h"
 
 namespace fs = std::filesystem;
 
 namespace kiln::pipeline {
 
-Result<std::vector<float>> read_embedding(const std::string& path, const EmbeddingTarget& target) {
-    auto file = io::ModelFile::open({path});
-    if (!file.ok()) return file.error();
+namespace {
+
+// The tensor of `file` that holds `target`'s vectors (read_embedding's
+// choice), or null when none has its width.
+const io::TensorInfo* vectors_for(const io::ModelFile& file, const EmbeddingTarget& target) {
     const io::TensorInfo* chosen = nullptr;
     const int64_t width = target.width;
     auto fits = [&](const io::TensorInfo& t) {
         return io::dtype_is_float(t.dtype) && !t.shape.empty() && t.shape.size() <= 2 && t.shape.back() == width;
     };
     for (const std::string& preferred : {target.name, std::string("string_to_param.*"), std::string("emb_params")}) {
-        if (const io::TensorInfo* t = file->find(preferred); t && fits(*t)) chosen = t;
+        if (const io::TensorInfo* t = file.find(preferred); t && fits(*t)) chosen = t;
         if (chosen) break;
     }
     if (!chosen) {
-        for (const io::TensorInfo& t : file->tensors()) {
+        for (const io::TensorInfo& t : file.tensors()) {
             if (fits(t)) {
                 chosen = &t;
                 break;
             }
         }
     }
-    if (!chosen) {
-        return Error{path + ": no embedding vectors of width " + std::to_string(width) + " (the " + target.name +
-                     " text encoder's) in the file"};
-    }
-    auto values = io::convert_tensor(*chosen, file->data(*chosen), GGML_TYPE_F32);
+    return chosen;
+}
+
+std::string no_vectors_message(const std::string& path, const EmbeddingTarget& target) {
+    return path + ": no embedding vectors of width " + std::to_string(target.width) + " (the " + target.name +
+           " text encoder's) in the file";
+}
+
+Result<std::vector<float>> read_vectors(const io::ModelFile& file, const io::TensorInfo& tensor,
+                                        const std::string& path) {
+    auto values = io::convert_tensor(tensor, file.data(tensor), GGML_TYPE_F32);
     if (!values.ok()) return Error{path + ": " + values.error().message};
     std::vector<float> out(values->size() / sizeof(float));
     std::memcpy(out.data(), values->data(), values->size());
     return out;
+}
+
+}  // namespace
+
+Result<std::vector<float>> read_embedding(const std::string& path, const EmbeddingTarget& target) {
+    auto file = io::ModelFile::open({path});
+    if (!file.ok()) return file.error();
+    const io::TensorInfo* tensor = vectors_for(*file, target);
+    if (!tensor) return Error{no_vectors_message(path, target)};
+    return read_vectors(*file, *tensor, path);
 }
 
 Result<std::vector<EmbeddingTable>> load_embeddings(const std::string& folder,
@@ -65,10 +84,22 @@ Result<std::vector<EmbeddingTable>> load_embeddings(const std::string& folder,
     std::vector<EmbeddingTable> tables(targets.size());
     for (size_t t = 0; t < targets.size(); ++t) tables[t].width = targets[t].width;
     for (const fs::path& f : files) {
+        auto file = io::ModelFile::open({f.string()});
+        if (!file.ok()) return file.error();
+        // A file made for another model (an SD1.5 embedding beside SDXL ones
+        // in a shared folder: no vectors of this model's widths) is skipped,
+        // as A1111 skips it; its word stays plain text.
+        std::vector<const io::TensorInfo*> tensors;
+        for (const EmbeddingTarget& target : targets) tensors.push_back(vectors_for(*file, target));
+        if (const auto missing = std::find(tensors.begin(), tensors.end(), nullptr); missing != tensors.end()) {
+            KILN_LOG_WARN("--embd-dir: skipped %s (made for another model)",
+                          no_vectors_message(f.string(), targets[size_t(missing - tensors.begin())]).c_str());
+            continue;
+        }
         // The one word stands for the same number of tokens in every encoder.
         std::vector<std::vector<float>> vectors;
-        for (const EmbeddingTarget& target : targets) {
-            auto v = read_embedding(f.string(), target);
+        for (const io::TensorInfo* tensor : tensors) {
+            auto v = read_vectors(*file, *tensor, f.string());
             if (!v.ok()) return v.error();
             vectors.push_back(std::move(v).value());
         }

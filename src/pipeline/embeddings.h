@@ -36,7 +36,10 @@ Result<std::vector<float>> read_embedding(const std::string& path, const Embeddi
 // Loads every embedding file of `folder` into `tokenizer` (new ids) and
 // returns the vectors for those ids, one table per target in order. Each
 // file must give every target the same number of vectors (an SDXL file
-// carries clip_l and clip_g rows); a file that cannot be read is an error.
+// carries clip_l and clip_g rows); a file that cannot be read is an error. A
+// file with no vectors of some target's width was made for another model: it
+// is skipped with a warning (A1111 lists it as skipped), and its word stays
+// plain text.
 Result<std::vector<EmbeddingTable>> load_embeddings(const std::string& folder,
                                                     const std::vector<EmbeddingTarget>& targets,
                                                     ClipTokenizer& tokenizer);

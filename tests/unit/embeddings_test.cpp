@@ -126,6 +126,22 @@ TEST(Embeddings, SdxlEncodersEachTakeTheirOwnVectors) {
     EXPECT_NE(swapped->hidden, expected->hidden);
 }
 
+// A shared folder: an embedding made for another model (no vectors of this
+// model's widths) is skipped, as A1111 skips it; its word stays plain text,
+// and the folder's other embeddings load.
+TEST(Embeddings, FileForAnotherModelIsSkipped) {
+    auto plain = load_tiny("", "sdxl_tiny");
+    ASSERT_TRUE(plain);
+    test::TempDir dir;
+    dir.write("embd/other.safetensors", test::build_safetensors({{"emb_params", "F32", {2, 7}, test::f32_bytes(14)}}));
+    auto model = load_tiny(dir.file("embd"), "sdxl_tiny");
+    ASSERT_TRUE(model);
+    auto expected = encode_prompt(*plain, "other", 0);
+    auto actual = encode_prompt(*model, "other", 0);
+    ASSERT_TRUE(expected.ok() && actual.ok());
+    EXPECT_EQ(actual->hidden, expected->hidden);
+}
+
 // A file that gives the two encoders different numbers of vectors is an
 // error naming the file and both encoders.
 TEST(Embeddings, SdxlFileWithUnequalVectorCountsIsAnError) {
