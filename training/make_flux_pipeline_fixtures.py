@@ -318,8 +318,9 @@ def main():
         io["image"] = mmf.f32(image)
         # Image-to-image from that image (as 8-bit pixels): the init latent is a sample of the
         # autoencoder's posterior drawn from the job's generator at the seed (sd-cli's order), the
-        # noise starts again from a generator at the seed, and with strength 0.5 the last
-        # int(4 * 0.5) = 2 steps run from x = (1 - sigma) x0 + sigma noise.
+        # noise starts again from a generator at the seed, and with strength 0.5 sd-cli's
+        # t_enc = int(4 * 0.5) = 2: the sigmas from index 4 - 2 - 1 = 1 on, so 3 steps run from
+        # x = (1 - sigma) x0 + sigma noise.
         pixels = torch.round(torch.clamp((image + 1) / 2, 0, 1) * 255)
         io["i2i.init_pixels"] = pixels.to(torch.float32)
         moments = ae.encoder(pixels / 127.5 - 1, {})
@@ -327,8 +328,8 @@ def main():
         std = torch.exp(0.5 * torch.clamp(logvar, -30, 20))
         draw = torch.tensor(PhiloxGenerator(NOISE_SEED).randn(mean.numel()), dtype=torch.float64).reshape(mean.shape)
         x0 = (mean + std * draw - SHIFT) * SCALE
-        skip = STEPS - max(1, int(STEPS * 0.5))
-        tail = sigmas[skip:]
+        t_enc = min(STEPS - 1, int(STEPS * 0.5))
+        tail = sigmas[STEPS - t_enc - 1:]
         x = (1 - tail[0]) * x0 + tail[0] * noise.double()
         for i in range(len(tail) - 1):
             v, _ = dit(x, hidden, torch.tensor([tail[i]], dtype=torch.float64), y=pooled, guidance=guidance)

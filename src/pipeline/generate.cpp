@@ -454,11 +454,13 @@ void noise_to_first_sigma(std::vector<float>& noise, const std::vector<float>* x
     for (size_t k = 0; k < noise.size(); ++k) noise[k] = noise[k] * sigma + (x0 ? keep * (*x0)[k] : 0.0f);
 }
 
-// The schedule's last `strength` share: int(steps * strength) steps, as
-// A1111 and sd-cli count them (at least one).
+// The schedule's last `strength` share as sd-cli and A1111 cut it (sd-cli's
+// generate_image, A1111's setup_img2img_steps and sample_img2img): with
+// t_enc = int(steps * strength), at most steps - 1, the sigmas from index
+// steps - t_enc - 1 on, so t_enc + 1 steps run (at least one, at most all).
 void keep_last_share(std::vector<float>& sigmas, int steps, float strength) {
-    const int skip = steps - std::max(1, static_cast<int>(static_cast<float>(steps) * strength));
-    sigmas.erase(sigmas.begin(), sigmas.begin() + skip);
+    const int t_enc = std::min(steps - 1, static_cast<int>(static_cast<float>(steps) * strength));
+    sigmas.erase(sigmas.begin(), sigmas.begin() + (steps - t_enc - 1));
 }
 
 }  // namespace

@@ -143,7 +143,7 @@ TEST_F(FluxPipeline, TextToImageMatchesTheReferenceJob) {
 
 // Image-to-image on a flow model: the init latent a posterior sample at the
 // seed, noise mixed in by sigma ((1 - sigma) x0 + sigma noise), the last
-// int(steps * strength) steps.
+// int(steps * strength) + 1 steps (sd-cli's cut of the schedule).
 TEST_F(FluxPipeline, ImageToImageMixesTheInitLatentBySigma) {
     ASSERT_NE(model_, nullptr);
     const auto init = fixture_tensor(*io_, "i2i.init_pixels");  // [1, 3, 32, 32]

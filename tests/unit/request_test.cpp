@@ -232,13 +232,14 @@ TEST(Request, PlanOnlyContextCannotGenerate) {
 namespace kiln {
 namespace {
 
-// A strength runs int(steps x strength) steps, as A1111 and sd-cli count them.
-TEST(Request, StrengthRunsTheFlooredShareOfTheSteps) {
+// A strength runs t_enc + 1 steps, t_enc = int(steps x strength) at most
+// steps - 1, as sd-cli and A1111 cut the schedule.
+TEST(Request, StrengthRunsSdClisShareOfTheSteps) {
     auto model = open();
     ASSERT_EQ(model->status, KILN_OK) << model->error;
     std::vector<uint8_t> pixels(32 * 32 * 3, 100);
     const kiln_image init{32, 32, 3, pixels.data(), nullptr};
-    for (const auto& [strength, expected] : {std::pair<float, int>{0.63f, 6}, {0.69f, 6}, {0.05f, 1}, {1.0f, 10}}) {
+    for (const auto& [strength, expected] : {std::pair<float, int>{0.63f, 7}, {0.69f, 7}, {0.05f, 1}, {0.99f, 10}, {1.0f, 10}}) {
         kiln_generation_params gp = small_job();
         gp.steps = 10;
         gp.init_image = &init;
