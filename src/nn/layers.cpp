@@ -78,11 +78,10 @@ ggml_tensor* conv2d_cpu_in_row_bands(ggml_context* ctx, const Conv2d& layer, ggm
     // A band of output rows at a time when the patches would be large: a
     // full-size VAE decoder's top level unfolds 2.4 GB of them at 512x512.
     // Each band's patches are freed before the next band's are made, and the
-    // bands' results are joined in one copy.
-    // At most kMaxBands bands, so a graph's node count stays within a
-    // constant factor of the unbanded one's at any size (GraphSession's
-    // context is sized in nodes).
-    const int64_t row_bytes = K * OW * N * static_cast<int64_t>(sizeof(float));
+    // bands' results are joined in one copy. At most kMaxBands bands, so a
+    // graph's node count stays within a constant factor of the unbanded one's
+    // at any size (GraphSession's context is sized in nodes).
+    const int64_t row_bytes = std::max<int64_t>(1, K * OW * N * static_cast<int64_t>(sizeof(float)));
     const int64_t fewest_rows = (OH + kMaxBands - 1) / kMaxBands;
     const int64_t band_rows = std::clamp<int64_t>(max_patch_bytes / row_bytes, fewest_rows, OH);
     std::vector<ggml_tensor*> bands;
