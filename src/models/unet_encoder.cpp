@@ -100,8 +100,15 @@ Result<int> read_unet_transformer_depth(const io::ModelFile& file, const std::st
     const io::TensorInfo* proj = file.find(prefix + p + "proj_in.weight");
     if (!proj) return 0;
     c.linear_projection = proj->shape.size() == 2;
-    if (const io::TensorInfo* k2 = file.find(prefix + p + "transformer_blocks.0.attn2.to_k.weight"))
-        c.context_dim = k2->shape.size() > 1 ? k2->shape[1] : 0;  // a malformed one is refused as a zero size
+    // Checked here, not with the other sizes: the output blocks are read
+    // after those checks, and a zero width would reach ggml.
+    if (const io::TensorInfo* k2 = file.find(prefix + p + "transformer_blocks.0.attn2.to_k.weight")) {
+        if (k2->shape.size() != 2 || k2->shape[1] <= 0) {
+            return Error{what + " under '" + prefix + "': " + p +
+                         "transformer_blocks.0.attn2.to_k.weight is not a matrix with a context width"};
+        }
+        c.context_dim = k2->shape[1];
+    }
     int depth = 0;
     while (file.find(prefix + p + "transformer_blocks." + std::to_string(depth) + ".norm1.weight")) ++depth;
     if (depth == 0) return Error{what + " under '" + prefix + "': " + p + " has no transformer_blocks"};

@@ -35,7 +35,7 @@ TEST(OutputPattern, NamesWithoutAFieldNumberBatchesFromTheSecondImage) {
 TEST(OutputPattern, RefusesEveryOtherConversion) {
     for (const std::string bad :
          {"out_%n.png", "out_%s.png", "out_%5$s.png", "out_%x.png", "out_%d_%d.png", "out_%.png", "out_%",
-          "out_%-3d.png", "out_%lld.png", "out_%100d.png", "out_%*d.png", "out_%f.png"}) {
+          "out_%-3d.png", "out_%lld.png", "out_%100d.png", "out_%8888888888888d.png", "out_%*d.png", "out_%f.png"}) {
         auto parsed = OutputPattern::parse(bad);
         ASSERT_FALSE(parsed.ok()) << bad;
         EXPECT_EQ(parsed.error().message.rfind(bad + ": ", 0), 0u) << parsed.error().message;

@@ -219,6 +219,30 @@ TEST(Request, BadModelMetadataIsABadFileNamingTheKey) {
     }
 }
 
+// An output block's cross-attention key with no context width (found by
+// fuzz_model_config: the output blocks are read after the sizes are checked).
+TEST(Request, OutputBlockWithoutAContextWidthIsABadFile) {
+    TempDir dir;
+    io::Metadata original;
+    std::vector<test::SafetensorsEntry> entries = tiny_entries(&original);
+    bool edited = false;
+    for (test::SafetensorsEntry& e : entries) {
+        if (edited || e.name.find("output_blocks.") == std::string::npos ||
+            e.name.find("attn2.to_k.weight") == std::string::npos)
+            continue;
+        e.shape = {e.shape[0], 0};
+        e.data.clear();
+        edited = true;
+    }
+    ASSERT_TRUE(edited);
+    std::vector<std::pair<std::string, std::string>> metadata;
+    for (const auto& [k, v] : original) metadata.emplace_back(k, v.to_string());
+    auto model = open(dir.write("bad.safetensors", test::build_safetensors(entries, metadata)));
+    EXPECT_EQ(model->status, KILN_ERROR_BAD_FILE) << model->error;
+    EXPECT_NE(model->error.find("attn2.to_k.weight is not a matrix with a context width"), std::string::npos)
+        << model->error;
+}
+
 TEST(Request, PlanOnlyContextCannotGenerate) {
     auto model = open(test::golden_path("models/sd1_tiny.safetensors"), /*plan_only=*/true);
     ASSERT_EQ(model->status, KILN_OK) << model->error;

@@ -28,7 +28,7 @@ Result<OutputPattern> OutputPattern::parse(const std::string& text) {
         int width = 0;
         size_t digits = 0;
         for (; i < text.size() && text[i] >= '0' && text[i] <= '9'; ++i, ++digits) {
-            width = width * 10 + (text[i] - '0');
+            if (digits == 0) width = text[i] - '0';  // more digits are refused below
         }
         if (i >= text.size() || (text[i] != 'd' && text[i] != 'i' && text[i] != 'u')) {
             return fail("'" + text.substr(start, i + 1 - start) + "' is not an integer field");
