@@ -6,8 +6,10 @@
 // job on the same context survives.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <functional>
 
 #include "golden.h"
 #include "io/dtype.h"
@@ -174,6 +176,18 @@ std::vector<test::SafetensorsEntry> tiny_entries(io::Metadata* metadata) {
     return entries;
 }
 
+// The tiny SD1 model rewritten with the first tensor that `edit` changes
+// (it returns true) changed; "" when it changed none.
+std::string with_edited_tensor(const TempDir& dir, const std::function<bool(test::SafetensorsEntry&)>& edit) {
+    io::Metadata original;
+    std::vector<test::SafetensorsEntry> entries = tiny_entries(&original);
+    const bool edited = std::any_of(entries.begin(), entries.end(), edit);
+    if (!edited) return "";
+    std::vector<std::pair<std::string, std::string>> metadata;
+    for (const auto& [k, v] : original) metadata.emplace_back(k, v.to_string());
+    return dir.write("edited.safetensors", test::build_safetensors(entries, metadata));
+}
+
 // The tiny SD1 model rewritten with one more metadata key.
 std::string with_metadata(const TempDir& dir, const std::string& key, const std::string& value) {
     io::Metadata original;
@@ -223,21 +237,15 @@ TEST(Request, BadModelMetadataIsABadFileNamingTheKey) {
 // fuzz_model_config: the output blocks are read after the sizes are checked).
 TEST(Request, OutputBlockWithoutAContextWidthIsABadFile) {
     TempDir dir;
-    io::Metadata original;
-    std::vector<test::SafetensorsEntry> entries = tiny_entries(&original);
-    bool edited = false;
-    for (test::SafetensorsEntry& e : entries) {
-        if (edited || e.name.find("output_blocks.") == std::string::npos ||
-            e.name.find("attn2.to_k.weight") == std::string::npos)
-            continue;
+    const std::string path = with_edited_tensor(dir, [](test::SafetensorsEntry& e) {
+        if (e.name.find("output_blocks.") == std::string::npos || e.name.find("attn2.to_k.weight") == std::string::npos)
+            return false;
         e.shape = {e.shape[0], 0};
         e.data.clear();
-        edited = true;
-    }
-    ASSERT_TRUE(edited);
-    std::vector<std::pair<std::string, std::string>> metadata;
-    for (const auto& [k, v] : original) metadata.emplace_back(k, v.to_string());
-    auto model = open(dir.write("bad.safetensors", test::build_safetensors(entries, metadata)));
+        return true;
+    });
+    ASSERT_FALSE(path.empty());
+    auto model = open(path);
     EXPECT_EQ(model->status, KILN_ERROR_BAD_FILE) << model->error;
     EXPECT_NE(model->error.find("attn2.to_k.weight is not a matrix with a context width"), std::string::npos)
         << model->error;
@@ -285,20 +293,13 @@ namespace {
 // Non-finite weights give one error naming the module, not a flat image.
 TEST(Request, NonFiniteWeightsAreNamedNotAFlatImage) {
     TempDir dir;
-    io::Metadata original;
-    std::vector<test::SafetensorsEntry> entries = tiny_entries(&original);
-    bool poisoned = false;
-    for (test::SafetensorsEntry& e : entries) {
-        if (e.name != "model.diffusion_model.out.2.bias") continue;
-        ASSERT_EQ(e.dtype, "F16");
+    const std::string path = with_edited_tensor(dir, [](test::SafetensorsEntry& e) {
+        if (e.name != "model.diffusion_model.out.2.bias" || e.dtype != "F16") return false;
         e.data[0] = 0x00;  // F16 0x7e00: NaN
         e.data[1] = 0x7e;
-        poisoned = true;
-    }
-    ASSERT_TRUE(poisoned);
-    std::vector<std::pair<std::string, std::string>> metadata;
-    for (const auto& [k, v] : original) metadata.emplace_back(k, v.to_string());
-    const std::string path = dir.write("nan.safetensors", test::build_safetensors(entries, metadata));
+        return true;
+    });
+    ASSERT_FALSE(path.empty()) << "no F16 out.2.bias to poison";
     auto ctx = open(path);
     ASSERT_EQ(ctx->status, KILN_OK) << ctx->error;
     const Outcome o = generate(ctx->ctx, small_job());
