@@ -829,10 +829,7 @@ void expect_quantized_run_under_budget(ggml_type type) {
 
 TEST_F(Memory, FluxQ8RunsUnderABudget) { expect_quantized_run_under_budget(GGML_TYPE_Q8_0); }
 
-// The same at q4_K. Not in the default run: ggml's q4_K quantization of the
-// 2 billion weights takes about 8 minutes on 2 cores, which CI does not have
-// to spare; run it with --gtest_also_run_disabled_tests (docs/flux.md).
-TEST_F(Memory, DISABLED_FluxQ4KRunsUnderABudget) { expect_quantized_run_under_budget(GGML_TYPE_Q4_K); }
+TEST_F(Memory, FluxQ4KRunsUnderABudget) { expect_quantized_run_under_budget(GGML_TYPE_Q4_K); }
 
 // Z-Image-Turbo at full width (tests/fixtures/z_image_medium.spec: the
 // 3840-wide DiT with its 2 + 2 refiners and 4 of its 30 layers, Qwen3-4B's

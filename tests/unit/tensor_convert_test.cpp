@@ -97,6 +97,25 @@ TEST(TensorConvert, Fp8MatricesComputeAsQ8WithinOneStep) {
     }
 }
 
+// Large matrices quantize on every core, row ranges apart; the bytes are
+// those of one ggml call over the whole matrix (an odd row count, so the
+// ranges differ in size).
+TEST(TensorConvert, QuantizingOnManyThreadsGivesTheBytesOfOneCall) {
+    const int64_t rows = 1023, row = 2304;  // 2.4 M weights, 9 q4_K blocks a row
+    TensorInfo t{"w", DType::F32, {rows, row}};
+    std::vector<float> values(static_cast<size_t>(rows * row));
+    for (size_t i = 0; i < values.size(); ++i) values[i] = std::sin(static_cast<float>(i) * 0.37f) * 0.02f;
+    t.nbytes = values.size() * 4;
+    for (ggml_type type : {GGML_TYPE_Q4_K, GGML_TYPE_Q8_0}) {
+        SCOPED_TRACE(ggml_type_name(type));
+        std::vector<uint8_t> whole(rows * ggml_row_size(type, row));
+        ggml_quantize_chunk(type, values.data(), whole.data(), 0, rows, row, nullptr);
+        auto threaded = convert_tensor(t, reinterpret_cast<const uint8_t*>(values.data()), type);
+        ASSERT_TRUE(threaded.ok()) << threaded.error().message;
+        EXPECT_TRUE(*threaded == whole);
+    }
+}
+
 TEST(TensorConvert, RejectsRowsThatDoNotFillBlocks) {
     TensorInfo t{"w", DType::F32, {2, 33}};
     t.nbytes = 66 * 4;
