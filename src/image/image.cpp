@@ -70,16 +70,25 @@ Result<Image> convert_channels(const Image& image, int channels) {
 }
 
 // ---- resizing -------------------------------------------------------------
+//
+// Pillow's resampling (libImaging/Resample.c, as of Pillow 9), so that an
+// image kiln resizes is, byte for byte, the image PIL.Image.resize makes:
+// A1111 prepares init images, masks and hires inputs with it, and users
+// compare with A1111. Weights in 22-bit fixed point, the horizontal pass
+// first into 8-bit rows, then the vertical pass; RGBA through premultiplied
+// 8-bit colour (PIL's RGBa).
 
 namespace {
 
+constexpr int kPrecisionBits = 32 - 8 - 2;
+
 // For one axis: which source samples each output sample reads, and with what
-// weights (normalised to sum 1).
-struct Contributions {
-    int taps = 0;                // weights per output sample (the widest window)
-    std::vector<int> first;      // first source index per output sample
-    std::vector<int> count;      // used taps per output sample
-    std::vector<float> weights;  // taps per output sample, row-major
+// fixed-point weights.
+struct Coefficients {
+    int taps = 0;                 // weights per output sample (the widest window)
+    std::vector<int> first;       // first source index per output sample
+    std::vector<int> count;       // used taps per output sample
+    std::vector<int32_t> weights; // taps per output sample, row-major
 };
 
 double sinc(double x) {
@@ -89,100 +98,107 @@ double sinc(double x) {
 }
 
 double filter_value(ResizeFilter filter, double x) {
-    x = std::fabs(x);
-    if (filter == ResizeFilter::Bilinear) return x < 1.0 ? 1.0 - x : 0.0;
-    return x < 3.0 ? sinc(x) * sinc(x / 3.0) : 0.0;
+    if (filter == ResizeFilter::Bilinear) {
+        x = std::fabs(x);
+        return x < 1.0 ? 1.0 - x : 0.0;
+    }
+    return -3.0 <= x && x < 3.0 ? sinc(x) * sinc(x / 3.0) : 0.0;
 }
 
 double filter_support(ResizeFilter filter) { return filter == ResizeFilter::Bilinear ? 1.0 : 3.0; }
 
-// Pixel centres sit at i + 0.5 in both grids, so the image edges line up
-// exactly (the convention of PIL, OpenCV's INTER_AREA and A1111).
-Contributions contributions(int in_size, int out_size, ResizeFilter filter) {
+// Pixel centres sit at i + 0.5 in both grids, so the image edges line up.
+// When shrinking, the filter is stretched by the scale (area-aware).
+Coefficients coefficients(int in_size, int out_size, ResizeFilter filter) {
     const double scale = static_cast<double>(in_size) / out_size;
     const double stretch = std::max(scale, 1.0);
     const double support = filter_support(filter) * stretch;
-    Contributions c;
+    Coefficients c;
     c.taps = static_cast<int>(std::ceil(support)) * 2 + 1;
     c.first.resize(out_size);
     c.count.resize(out_size);
-    c.weights.assign(static_cast<size_t>(out_size) * c.taps, 0.0f);
+    c.weights.assign(static_cast<size_t>(out_size) * c.taps, 0);
     std::vector<double> w(c.taps);
     for (int o = 0; o < out_size; ++o) {
         const double center = (o + 0.5) * scale;
-        const int lo = std::max(0, static_cast<int>(std::floor(center - support + 0.5)));
-        const int hi = std::min(in_size, static_cast<int>(std::floor(center + support + 0.5)));
+        // PIL's rounding: truncation of x + 0.5.
+        const int lo = std::max(0, static_cast<int>(center - support + 0.5));
+        const int hi = std::min(in_size, static_cast<int>(center + support + 0.5));
         const int n = std::min(hi - lo, c.taps);
         double sum = 0.0;
         for (int k = 0; k < n; ++k) {
-            w[k] = filter_value(filter, (lo + k + 0.5 - center) / stretch);
+            w[k] = filter_value(filter, (k + lo - center + 0.5) / stretch);
             sum += w[k];
         }
         c.first[o] = lo;
         c.count[o] = n;
-        float* dst = c.weights.data() + static_cast<size_t>(o) * c.taps;
-        // sum is positive: the window always holds the sample nearest the centre.
-        for (int k = 0; k < n; ++k) dst[k] = static_cast<float>(sum != 0.0 ? w[k] / sum : 0.0);
+        int32_t* dst = c.weights.data() + static_cast<size_t>(o) * c.taps;
+        for (int k = 0; k < n; ++k) {
+            const double v = (sum != 0.0 ? w[k] / sum : w[k]) * (1 << kPrecisionBits);
+            dst[k] = static_cast<int32_t>(v < 0 ? v - 0.5 : v + 0.5);
+        }
     }
     return c;
 }
 
-// One source row as floats, colour premultiplied by alpha for RGBA.
-void load_row(const Image& image, int y, float* out) {
-    const uint8_t* src = image.pixel(0, y);
-    const size_t n = image.row_bytes();
-    if (image.channels != 4) {
-        for (size_t i = 0; i < n; ++i) out[i] = src[i];
-        return;
-    }
-    for (size_t i = 0; i < n; i += 4) {
-        const float a = src[i + 3] * (1.0f / 255.0f);
-        out[i] = src[i] * a;
-        out[i + 1] = src[i + 1] * a;
-        out[i + 2] = src[i + 2] * a;
-        out[i + 3] = src[i + 3];
-    }
-}
+uint8_t clip8(int32_t sum) { return static_cast<uint8_t>(std::clamp(sum >> kPrecisionBits, 0, 255)); }
 
-uint8_t to_u8(float v) { return static_cast<uint8_t>(std::lround(std::clamp(v, 0.0f, 255.0f))); }
-
-// Inverse of load_row.
-void store_row(const float* in, int width, int channels, uint8_t* dst) {
-    const size_t n = static_cast<size_t>(width) * channels;
-    if (channels != 4) {
-        for (size_t i = 0; i < n; ++i) dst[i] = to_u8(in[i]);
-        return;
-    }
-    for (size_t i = 0; i < n; i += 4) {
-        const uint8_t a = to_u8(in[i + 3]);
-        dst[i + 3] = a;
-        const float alpha = std::clamp(in[i + 3], 0.0f, 255.0f) * (1.0f / 255.0f);
-        for (int c = 0; c < 3; ++c) dst[i + c] = alpha > 0.0f ? to_u8(in[i + c] / alpha) : 0;
-    }
-}
-
-void resample_row(const float* in, float* out, int out_width, int channels, const Contributions& cx) {
-    for (int o = 0; o < out_width; ++o) {
-        const float* w = cx.weights.data() + static_cast<size_t>(o) * cx.taps;
-        const float* src = in + static_cast<size_t>(cx.first[o]) * channels;
-        float acc[4] = {0, 0, 0, 0};
-        for (int k = 0; k < cx.count[o]; ++k, src += channels) {
-            for (int c = 0; c < channels; ++c) acc[c] += w[k] * src[c];
+// PIL's RGBA -> RGBa and back (Convert.c).
+void premultiply(Image& image) {
+    for (size_t i = 0; i < image.pixels.size(); i += 4) {
+        const unsigned alpha = image.pixels[i + 3];
+        for (int c = 0; c < 3; ++c) {
+            const unsigned t = image.pixels[i + c] * alpha + 128;
+            image.pixels[i + c] = static_cast<uint8_t>(((t >> 8) + t) >> 8);
         }
-        for (int c = 0; c < channels; ++c) out[static_cast<size_t>(o) * channels + c] = acc[c];
     }
 }
 
-// Accumulates sum_k w_k * row(first + k) into `out` (row_len floats).
-template <class RowAt>
-void resample_column(int o, const Contributions& cy, size_t row_len, RowAt row_at, float* out) {
-    std::fill(out, out + row_len, 0.0f);
-    const float* w = cy.weights.data() + static_cast<size_t>(o) * cy.taps;
-    for (int k = 0; k < cy.count[o]; ++k) {
-        const float* row = row_at(cy.first[o] + k);
-        const float wk = w[k];
-        for (size_t i = 0; i < row_len; ++i) out[i] += wk * row[i];
+void unpremultiply(Image& image) {
+    for (size_t i = 0; i < image.pixels.size(); i += 4) {
+        const unsigned alpha = image.pixels[i + 3];
+        if (alpha == 0 || alpha == 255) continue;
+        for (int c = 0; c < 3; ++c) {
+            image.pixels[i + c] = static_cast<uint8_t>(std::min(255u, 255u * image.pixels[i + c] / alpha));
+        }
     }
+}
+
+// Rows [first_row, first_row + rows) of `in`, each resampled to cx's width.
+Image resample_horizontal(const Image& in, const Coefficients& cx, int out_width, int first_row, int rows) {
+    const int ch = in.channels;
+    Image out = make_image(out_width, rows, ch);
+    for (int y = 0; y < rows; ++y) {
+        const uint8_t* src = in.pixel(0, first_row + y);
+        uint8_t* dst = out.pixel(0, y);
+        for (int o = 0; o < out_width; ++o) {
+            const int32_t* w = cx.weights.data() + static_cast<size_t>(o) * cx.taps;
+            const uint8_t* px = src + static_cast<size_t>(cx.first[o]) * ch;
+            for (int c = 0; c < ch; ++c) {
+                int32_t sum = 1 << (kPrecisionBits - 1);
+                for (int k = 0; k < cx.count[o]; ++k) sum += px[static_cast<size_t>(k) * ch + c] * w[k];
+                dst[static_cast<size_t>(o) * ch + c] = clip8(sum);
+            }
+        }
+    }
+    return out;
+}
+
+// `in` resampled to cy's height; cy's source indices are offset by `first_row`.
+Image resample_vertical(const Image& in, const Coefficients& cy, int out_height, int first_row) {
+    Image out = make_image(in.width, out_height, in.channels);
+    const size_t row = in.row_bytes();
+    for (int o = 0; o < out_height; ++o) {
+        const int32_t* w = cy.weights.data() + static_cast<size_t>(o) * cy.taps;
+        const uint8_t* src = in.pixel(0, cy.first[o] - first_row);
+        uint8_t* dst = out.pixel(0, o);
+        for (size_t i = 0; i < row; ++i) {
+            int32_t sum = 1 << (kPrecisionBits - 1);
+            for (int k = 0; k < cy.count[o]; ++k) sum += src[static_cast<size_t>(k) * row + i] * w[k];
+            dst[i] = clip8(sum);
+        }
+    }
+    return out;
 }
 
 }  // namespace
@@ -194,45 +210,19 @@ Result<Image> resize_image(const Image& image, int width, int height, ResizeFilt
                      " is outside 1x1 .. " + std::to_string(kMaxDimension) + "x" + std::to_string(kMaxDimension)};
     }
     if (width == image.width && height == image.height) return image;
-
-    const int ch = image.channels;
-    const Contributions cx = contributions(image.width, width, filter);
-    const Contributions cy = contributions(image.height, height, filter);
     try {
-        Image out = make_image(width, height, ch);
-        // Two passes through a float buffer; the pass that shrinks more goes
-        // first so the intermediate buffer is the smaller of the two options.
-        const bool horizontal_first =
-            static_cast<size_t>(width) * image.height <= static_cast<size_t>(image.width) * height;
-        if (horizontal_first) {
-            const size_t mid_row = static_cast<size_t>(width) * ch;
-            std::vector<float> mid(mid_row * image.height);
-            std::vector<float> row(image.row_bytes());
-            for (int y = 0; y < image.height; ++y) {
-                load_row(image, y, row.data());
-                resample_row(row.data(), mid.data() + y * mid_row, width, ch, cx);
-            }
-            std::vector<float> acc(mid_row);
-            for (int y = 0; y < height; ++y) {
-                resample_column(
-                    y, cy, mid_row, [&](int sy) { return mid.data() + sy * mid_row; }, acc.data());
-                store_row(acc.data(), width, ch, out.pixel(0, y));
-            }
-        } else {
-            const size_t in_row = image.row_bytes();
-            // Source rows are converted as they are read (each a few times)
-            // rather than all at once, which would cost 4 bytes per sample.
-            std::vector<float> scratch(in_row), acc(in_row), row(static_cast<size_t>(width) * ch);
-            auto row_at = [&](int sy) {
-                load_row(image, sy, scratch.data());
-                return static_cast<const float*>(scratch.data());
-            };
-            for (int y = 0; y < height; ++y) {
-                resample_column(y, cy, in_row, row_at, acc.data());
-                resample_row(acc.data(), row.data(), width, ch, cx);
-                store_row(row.data(), width, ch, out.pixel(0, y));
-            }
+        const Coefficients cx = coefficients(image.width, width, filter);
+        const Coefficients cy = coefficients(image.height, height, filter);
+        Image in = image;
+        if (in.channels == 4) premultiply(in);
+        int offset = 0;
+        if (width != image.width) {
+            // Only the source rows the vertical pass reads go through the horizontal one.
+            offset = cy.first.front();
+            in = resample_horizontal(in, cx, width, offset, cy.first.back() + cy.count.back() - offset);
         }
+        Image out = height != image.height ? resample_vertical(in, cy, height, offset) : std::move(in);
+        if (out.channels == 4) unpremultiply(out);
         return out;
     } catch (const std::bad_alloc&) {
         return Error{"resize_image: out of memory resizing " + std::to_string(image.width) + "x" +

@@ -58,13 +58,15 @@ enum class ResizeFilter {
     Lanczos3,
 };
 
-// Resamples to width x height with a separable convolution. When shrinking,
-// the filter is stretched by the scale factor so that every source pixel
-// contributes (area-aware, like PIL's resize), so large reductions do not
-// alias the way point-sampled bilinear does. RGBA is filtered with
-// premultiplied alpha so fully transparent pixels lend no colour to their
-// neighbours. Same size in and out returns an exact copy. Errors: an invalid
-// input image or a target size outside [1, kMaxDimension].
+// Resamples to width x height exactly as Pillow's Image.resize does (the
+// image A1111 makes from an init image, a mask or a hires input): a
+// separable convolution in 22-bit fixed point, the horizontal pass first
+// into 8-bit rows. When shrinking, the filter is stretched by the scale
+// factor so that every source pixel contributes (area-aware), so large
+// reductions do not alias the way point-sampled bilinear does. RGBA is
+// filtered premultiplied (Pillow's RGBa) so fully transparent pixels lend no
+// colour to their neighbours. Same size in and out returns an exact copy.
+// Errors: an invalid input image or a target size outside [1, kMaxDimension].
 Result<Image> resize_image(const Image& image, int width, int height, ResizeFilter filter = ResizeFilter::Lanczos3);
 
 }  // namespace kiln::image

@@ -791,18 +791,53 @@ TEST(ImagePixels, ConvertChannels) {
 
 TEST(ImagePixels, ResizeKeepsFlatColourAndCopiesAtTheSameSize) {
     for (ResizeFilter filter : {ResizeFilter::Bilinear, ResizeFilter::Lanczos3}) {
-        Image flat = make_image(37, 23, 4);
-        for (size_t i = 0; i < flat.pixels.size(); ++i) flat.pixels[i] = static_cast<uint8_t>(40 + 50 * (i % 4));
-        for (auto [w, h] : {std::pair{10, 7}, std::pair{100, 64}, std::pair{37, 5}, std::pair{3, 90}}) {
-            Result<Image> r = resize_image(flat, w, h, filter);
-            ASSERT_TRUE(r.ok()) << r.error().message;
-            ASSERT_EQ(r->width, w);
-            ASSERT_EQ(r->height, h);
-            for (size_t i = 0; i < r->pixels.size(); ++i) ASSERT_EQ(r->pixels[i], 40 + 50 * (i % 4)) << w << "x" << h;
+        for (int channels : {1, 3, 4}) {  // RGBA opaque: PIL's premultiplied round trip is exact at alpha 255
+            Image flat = make_image(37, 23, channels);
+            const auto value = [&](size_t i) { return channels == 4 && i % 4 == 3 ? 255 : int(40 + 50 * (i % channels)); };
+            for (size_t i = 0; i < flat.pixels.size(); ++i) flat.pixels[i] = static_cast<uint8_t>(value(i));
+            for (auto [w, h] : {std::pair{10, 7}, std::pair{100, 64}, std::pair{37, 5}, std::pair{3, 90}}) {
+                Result<Image> r = resize_image(flat, w, h, filter);
+                ASSERT_TRUE(r.ok()) << r.error().message;
+                ASSERT_EQ(r->width, w);
+                ASSERT_EQ(r->height, h);
+                for (size_t i = 0; i < r->pixels.size(); ++i) ASSERT_EQ(r->pixels[i], value(i)) << w << "x" << h;
+            }
         }
     }
     const Image n = noise(9, 9, 3);
     EXPECT_EQ(resize_image(n, 9, 9)->pixels, n.pixels);
+}
+
+// Byte for byte PIL's Image.resize (Pillow 9.4), as training/reference/
+// a1111_resize.py wrote it: A1111 resizes init images, masks and hires
+// inputs with it.
+TEST(ImagePixels, ResizeIsPilsResize) {
+    const std::string dir = std::string(KILN_GOLDEN_DIR) + "/a1111_resize/";
+    Result<Image> rgb = read_image(dir + "input.png");
+    Result<Image> rgba = read_image(dir + "input_rgba.png");
+    ASSERT_TRUE(rgb.ok() && rgba.ok());
+    struct Case {
+        const Image& input;
+        int channels, width, height;
+        ResizeFilter filter;
+        const char* expected;
+    } cases[] = {
+        {*rgb, 3, 17, 50, ResizeFilter::Lanczos3, "pil_lanczos_17x50.png"},
+        {*rgb, 3, 100, 9, ResizeFilter::Bilinear, "pil_bilinear_100x9.png"},
+        {*rgb, 1, 7, 5, ResizeFilter::Lanczos3, "pil_grey_lanczos_7x5.png"},
+        {*rgba, 4, 30, 61, ResizeFilter::Lanczos3, "pil_rgba_lanczos_30x61.png"},
+    };
+    for (const Case& c : cases) {
+        SCOPED_TRACE(c.expected);
+        Result<Image> input = convert_channels(c.input, c.channels);  // grey: PIL's convert("L")
+        Result<Image> file = read_image(dir + c.expected);
+        ASSERT_TRUE(input.ok() && file.ok());
+        Result<Image> expected = convert_channels(*file, c.channels);  // read_image gives grey as RGB
+        ASSERT_TRUE(expected.ok());
+        Result<Image> got = resize_image(*input, c.width, c.height, c.filter);
+        ASSERT_TRUE(got.ok()) << got.error().message;
+        EXPECT_EQ(got->pixels, expected->pixels);
+    }
 }
 
 TEST(ImagePixels, ResizeBilinearValuesAndAreaAwareShrinking) {
