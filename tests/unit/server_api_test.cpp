@@ -189,26 +189,41 @@ TEST(ServerApi, A1111Txt2ImgImg2ImgAndLists) {
 
     json img2img = {{"prompt", "a blue square"}, {"init_images", {reply["images"][0]}}, {"denoising_strength", 0.5},
                     {"steps", 4},                {"width", 48},                         {"height", 40}};
-    auto i2i = client.Post("/sdapi/v1/img2img", img2img.dump(), "application/json");
-    ASSERT_TRUE(i2i);
-    ASSERT_EQ(i2i->status, 200) << i2i->body;
+    // An img2img request's first image; a failed request fails the test.
+    auto first_image = [&](const json& request) {
+        auto r = client.Post("/sdapi/v1/img2img", request.dump(), "application/json");
+        EXPECT_TRUE(r && r->status == 200) << (r ? r->body : "no response");
+        return r && r->status == 200 ? test::decode_base64_image(body_json(r)["images"][0]) : image::Image{};
+    };
     // As A1111: the 32x32 init image is resized to the requested size first.
-    const image::Image i2i_image = test::decode_base64_image(body_json(i2i)["images"][0]);
+    const image::Image i2i_image = first_image(img2img);
     EXPECT_EQ(i2i_image.width, 48);
     EXPECT_EQ(i2i_image.height, 40);
     json unsized = img2img;
     unsized.erase("width");
     unsized.erase("height");
-    auto same_size = client.Post("/sdapi/v1/img2img", unsized.dump(), "application/json");
-    ASSERT_TRUE(same_size);
-    ASSERT_EQ(same_size->status, 200) << same_size->body;
-    EXPECT_EQ(test::decode_base64_image(body_json(same_size)["images"][0]).width, 32);  // the init image's size
-    json cropped = img2img;
-    cropped["resize_mode"] = 1;  // crop and resize: not implemented
-    auto crop = client.Post("/sdapi/v1/img2img", cropped.dump(), "application/json");
-    ASSERT_TRUE(crop);
-    EXPECT_EQ(crop->status, 400);
-    EXPECT_EQ(error_param(crop), "resize_mode");
+    EXPECT_EQ(first_image(unsized).width, 32);  // the init image's size
+    // A1111's resize modes (tools/server/a1111_resize.h, checked against A1111's
+    // code in ServerImages.A1111ResizeModesMatchA1111): crop and fill give
+    // other init images, so other results, at the requested size.
+    std::vector<std::vector<uint8_t>> by_mode = {i2i_image.pixels};
+    for (int mode : {1, 2}) {
+        json moded = img2img;
+        moded["resize_mode"] = mode;
+        const image::Image result = first_image(moded);
+        EXPECT_EQ(result.width, 48);
+        EXPECT_EQ(result.height, 40);
+        for (const auto& other : by_mode) EXPECT_NE(result.pixels, other) << "resize_mode " << mode;
+        by_mode.push_back(result.pixels);
+    }
+    for (int mode : {3, 4}) {  // latent upscale is not kiln's; 4 is no mode
+        json moded = img2img;
+        moded["resize_mode"] = mode;
+        auto r = client.Post("/sdapi/v1/img2img", moded.dump(), "application/json");
+        ASSERT_TRUE(r);
+        EXPECT_EQ(r->status, 400);
+        EXPECT_EQ(error_param(r), "resize_mode");
+    }
 
     img2img["init_images"] = json::array({"bm90IGFuIGltYWdl"});  // "not an image"
     auto bad_image = client.Post("/sdapi/v1/img2img", img2img.dump(), "application/json");

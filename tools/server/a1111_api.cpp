@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "a1111_names.h"
+#include "a1111_resize.h"
 #include "base64.h"
 #include "request_fields.h"
 #include "server_state.h"
@@ -114,17 +115,19 @@ JobRequest parse_a1111(ServerState& state, const json& j, bool img2img) {
         r.mask = mask;
     }
     r.strength = static_cast<float>(read_number(j, "denoising_strength", 0.75, 0.0001, 1));
-    // A1111 makes the image width x height by resizing the init image and
-    // the mask to it first; kiln then works at that size. Only resize_mode
-    // 0 ("Just resize", A1111's default) is implemented.
-    if (read_integer(j, "resize_mode", 0, 0, 3) != 0) {
-        throw RequestError{400, "resize_mode", "resize_mode: only 0 (just resize) is supported"};
+    // A1111 makes the init image and the mask width x height first, by
+    // resize_mode (a1111_resize.h); kiln then works at that size.
+    const int resize_mode = static_cast<int>(read_integer(j, "resize_mode", 0, 0, 3));
+    if (resize_mode == 3) {
+        throw RequestError{400, "resize_mode",
+                           "resize_mode: 3 (just resize, latent upscale) is not supported; use 0 (just resize), 1 "
+                           "(crop and resize) or 2 (resize and fill)"};
     }
     if (r.width > 0 || r.height > 0) {
         const int width = r.width > 0 ? r.width : int(r.init_image->width);
         const int height = r.height > 0 ? r.height : int(r.init_image->height);
-        r.init_image = resized(r.init_image, width, height, "init_images[0]");
-        r.mask = resized(r.mask, width, height, "mask");
+        r.init_image = a1111_resize(r.init_image, resize_mode, width, height, "init_images[0]");
+        r.mask = a1111_resize(r.mask, resize_mode, width, height, "mask");
     }
     r.width = 0;
     r.height = 0;

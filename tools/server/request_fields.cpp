@@ -25,17 +25,7 @@ const json* find_field(const json& body, const std::string& field) {
 std::string type_name(const json& value) { return value.type_name(); }
 
 SharedImage blank_like(const kiln_image& like, uint32_t channels) {
-    auto* out = static_cast<kiln_image*>(std::calloc(1, sizeof(kiln_image)));
-    if (!out) throw RequestError{500, "", "out of memory"};
-    out->width = like.width;
-    out->height = like.height;
-    out->channels = channels;
-    out->data = static_cast<uint8_t*>(std::malloc(size_t(like.width) * like.height * channels));
-    if (!out->data) {
-        kiln_images_free(out, 1);
-        throw RequestError{500, "", "out of memory"};
-    }
-    return share_image(out);
+    return blank_image(like.width, like.height, channels);
 }
 
 }  // namespace
@@ -154,6 +144,20 @@ void set_preview(JobRequest& request, const std::string& field, const std::strin
         bad_field(field, "unknown preview mode '" + name + "' (valid: none, proj, tae, vae)");
     }
     request.preview = name;
+}
+
+SharedImage blank_image(uint32_t width, uint32_t height, uint32_t channels) {
+    auto* out = static_cast<kiln_image*>(std::calloc(1, sizeof(kiln_image)));
+    if (!out) throw RequestError{500, "", "out of memory"};
+    out->width = width;
+    out->height = height;
+    out->channels = channels;
+    out->data = static_cast<uint8_t*>(std::calloc(size_t(width) * height * channels, 1));
+    if (!out->data) {
+        kiln_images_free(out, 1);
+        throw RequestError{500, "", "out of memory"};
+    }
+    return share_image(out);
 }
 
 SharedImage decode_upload(const std::string& field, const std::string& bytes, const ServerLimits& limits) {

@@ -37,6 +37,9 @@ std::optional<kiln_preview_mode> preview_mode_named(const std::string& name);
 // A preview mode's name into request.preview ("" leaves the server's); 400 naming `field` when unknown.
 void set_preview(JobRequest& request, const std::string& field, const std::string& name);
 
+// A black image of that size (500 when memory runs out).
+SharedImage blank_image(uint32_t width, uint32_t height, uint32_t channels);
+
 // An uploaded image file's bytes, decoded (PNG, JPEG, WebP) within the
 // pixel limit; 400 naming `field` when they are not an image.
 SharedImage decode_upload(const std::string& field, const std::string& bytes, const ServerLimits& limits);
