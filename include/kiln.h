@@ -192,6 +192,9 @@ typedef struct {
      * (default 0.9, as sd-cli). */
     const kiln_image* control_image;
     float control_strength;
+    /* --canny: the control image, at the output's size, replaced by its edges as sd-cli's canny
+     * preprocessor finds them (white on black). */
+    int control_canny;
     kiln_progress_callback progress;
     void* progress_user_data;
     /* The hires fix (sd-cli's --hires, A1111's "Hires. fix"), text-to-image only: the first

@@ -249,6 +249,7 @@ kiln::Result<kiln::pipeline::GenerationRequest> generation_request(const kiln_ge
         r.control_image = std::move(img).value();
     }
     r.control_strength = params->control_strength;
+    r.control_canny = params->control_canny != 0;
     switch (params->preview_mode) {
         case KILN_PREVIEW_NONE: r.preview.mode = kiln::pipeline::PreviewMode::None; break;
         case KILN_PREVIEW_PROJ: r.preview.mode = kiln::pipeline::PreviewMode::Proj; break;

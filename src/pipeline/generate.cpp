@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "image/canny.h"
 #include "pipeline/graphs.h"
 #include "pipeline/latent_resize.h"
 #include "pipeline/loras.h"
@@ -725,13 +726,23 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
         // output's size with SD's VAE; the ControlNet's hint block
         // downsamples by 8 whatever the VAE does).
         const int64_t f = models::ControlNetConfig::kHintDownscale;
-        auto hint = rgb_planes(*request.control_image, static_cast<int>(p.latent_w * f),
-                               static_cast<int>(p.latent_h * f), PixelRange::Unit);
+        const int hint_w = static_cast<int>(p.latent_w * f), hint_h = static_cast<int>(p.latent_h * f);
+        image::Image control = *request.control_image;
+        if (request.control_canny) {  // as sd-cli: the edges of the image at the size it is used at
+            auto rgb = image::convert_channels(control, 3);
+            if (rgb.ok()) rgb = image::resize_image(*rgb, hint_w, hint_h);
+            if (!rgb.ok()) return rgb.error().in_context("--control-image: ");
+            control = image::canny_edges(*rgb);
+        }
+        auto hint = rgb_planes(control, hint_w, hint_h, PixelRange::Unit);
         if (!hint.ok()) return hint.error().in_context("--control-image: ");
         run.control_hint = std::move(hint).value();
         run.control_strength = request.control_strength;
     } else if (model.has_control_net()) {
         KILN_LOG_WARN("--control-net without --control-image: the ControlNet is not used");
+    }
+    if (request.control_canny && !request.control_image) {
+        KILN_LOG_WARN("--canny without --control-image: there is no image to find edges in");
     }
     // Kontext's reference images: each encoded (the latent distribution's
     // mean) at its own size, as sd-cli does.
@@ -838,6 +849,7 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
         if (!run.control_hint.empty()) {
             info.extra.emplace_back("ControlNet", model.control_net_name());
             info.extra.emplace_back("ControlNet weight", format_number(request.control_strength));
+            if (request.control_canny) info.extra.emplace_back("ControlNet preprocessor", "canny");
         }
         if (request.clip_skip > 1) info.extra.emplace_back("Clip skip", std::to_string(request.clip_skip));
         if (p.guidance > 0.0f) info.extra.emplace_back("Guidance", format_number(p.guidance));

@@ -101,6 +101,7 @@ struct GenerationRequest {
     // ratio; and --control-strength, sd-cli's factor on its residuals.
     std::optional<image::Image> control_image;
     float control_strength = 0.9f;
+    bool control_canny = false;  // --canny: edges of the resized control image (image/canny.h)
     // Live previews (--preview, pipeline/preview.h); only made when
     // generate() is given a preview callback.
     PreviewOptions preview;

@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "golden.h"
+#include "image/canny.h"
 #include "image/image_io.h"
 #include "test_files.h"
 
@@ -76,6 +77,45 @@ TEST(CliControlNet, ConditionOfTheSameAspectIsResized) {
     ASSERT_EQ(plain.exit_code, 0) << plain.err;
     EXPECT_EQ(pixels(dir.file("a_out.png")).size(), 32u * 32u * 3u);
     EXPECT_NE(pixels(dir.file("b_out.png")), pixels(dir.file("plain.png")));
+}
+
+// sd-cli's --canny: the control image, resized to the size the ControlNet
+// sees (8x the latent), is replaced by its edges (image/canny.h, checked
+// against sd-cli's code in Canny.IsSdClisEdgeImage). The job equals one
+// given those edges as its control image, and differs from one given the
+// picture itself.
+TEST(CliControlNet, CannyConditionsOnTheEdgesOfTheControlImage) {
+    TempDir dir;
+    image::Image picture = image::make_image(96, 96, 3, 70);  // a grey disc on darker grey, resized to 128
+    for (int y = 0; y < 96; ++y) {
+        for (int x = 0; x < 96; ++x) {
+            if ((x - 40) * (x - 40) + (y - 50) * (y - 50) < 26 * 26) std::fill(picture.pixel(x, y), picture.pixel(x, y) + 3, 180);
+        }
+    }
+    const std::string photo = dir.file("photo.png");
+    ASSERT_TRUE(image::write_image(photo, picture).ok());
+    auto resized = image::resize_image(picture, 128, 128);
+    ASSERT_TRUE(resized.ok());
+    const std::string edges = dir.file("edges.png");
+    ASSERT_TRUE(image::write_image(edges, image::canny_edges(*resized)).ok());
+
+    const std::string common = "-W 32 -H 32 --control-net " + controlnet() + " --control-image ";
+    auto canny = run_command(kiln_with_model(common + photo + " --canny -o " + dir.file("canny.png")));
+    auto given = run_command(kiln_with_model(common + edges + " -o " + dir.file("given.png")));
+    auto raw = run_command(kiln_with_model(common + photo + " -o " + dir.file("raw.png")));
+    ASSERT_EQ(canny.exit_code, 0) << canny.err;
+    ASSERT_EQ(given.exit_code, 0) << given.err;
+    ASSERT_EQ(raw.exit_code, 0) << raw.err;
+    EXPECT_EQ(pixels(dir.file("canny.png")), pixels(dir.file("given.png")));
+    EXPECT_NE(pixels(dir.file("canny.png")), pixels(dir.file("raw.png")));
+    auto meta = run_command(std::string(KILN_BIN) + " -M metadata -i " + dir.file("canny.png"));
+    EXPECT_NE(meta.out.find("ControlNet preprocessor: canny"), std::string::npos) << meta.out;
+
+    // Without a control image there is nothing to preprocess: a warning, as
+    // sd-cli takes the flag.
+    auto alone = run_command(kiln_with_model("-W 32 -H 32 --canny -o " + dir.file("alone.png")));
+    ASSERT_EQ(alone.exit_code, 0) << alone.err;
+    EXPECT_NE(alone.out.find("--canny without --control-image"), std::string::npos) << alone.out;
 }
 
 TEST(CliControlNet, BadInputFailsCleanlyWithoutOutput) {

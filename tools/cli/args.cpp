@@ -251,6 +251,12 @@ const std::vector<Flag>& flags() {
                  o.control_strength = static_cast<float>(f);
                  return std::nullopt;
              }},
+            {nullptr, "--canny", nullptr,
+             "replace the control image by its edges, as sd-cli's canny preprocessor finds them",
+             [](Options& o, const std::string&) -> std::optional<std::string> {
+                 o.canny = true;
+                 return std::nullopt;
+             }},
             {nullptr, "--sampling-method", "NAME",
              "sampler: euler, euler_a, heun, dpm2, dpm++2s_a, dpm++2m, dpm++2mv2, ipndm, lcm, ddim_trailing, tcd",
              checked_setter(&Options::sampling_method, KILN_VALUE_SAMPLER)},

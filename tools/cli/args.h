@@ -68,6 +68,7 @@ struct Options {
     std::vector<std::string> ref_images;  // -r/--ref-image, repeatable
     std::string control_image;            // --control-image
     float control_strength = 0.9f;        // --control-strength (sd-cli's default)
+    bool canny = false;                   // --canny
     std::string sampling_method;
     std::string scheduler;
     std::string rng = "cuda";

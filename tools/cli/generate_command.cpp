@@ -231,6 +231,7 @@ int run_generate(const Options& options) {
     gp.n_ref_images = static_cast<int>(ref_array.size());
     gp.control_image = control;
     gp.control_strength = options.control_strength;
+    gp.control_canny = options.canny ? 1 : 0;
     gp.progress = &Progress::on_step;
     gp.progress_user_data = &progress;
     gp.hires = options.hires ? 1 : 0;
