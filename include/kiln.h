@@ -346,6 +346,14 @@ kiln_status kiln_list_devices(const char* rpc_servers, char** text, char** error
 kiln_status kiln_rpc_server_run(const char* host, int port, const char* device, int n_threads, char** error);
 const char* kiln_version(void);
 
+/* The kernel set OpenBLAS runs ("Haswell", "SkylakeX"; "" without OpenBLAS). */
+const char* kiln_blas_core(void);
+/* The OPENBLAS_CORETYPE a program should restart with before its first job,
+ * or NULL: OpenBLAS did not know this CPU and fell back to SSE kernels
+ * (several times slower) while the CPU has AVX2 or AVX-512. OpenBLAS reads
+ * the variable only as it loads; `kiln` restarts itself with it. */
+const char* kiln_blas_core_to_request(void);
+
 #ifdef __cplusplus
 }
 #endif

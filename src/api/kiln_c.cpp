@@ -21,6 +21,7 @@
 #include "pipeline/loras.h"
 #include "pipeline/request.h"
 #include "pipeline/upscaler.h"
+#include "runtime/blas_core.h"
 #include "runtime/device_budget.h"
 #include "runtime/devices.h"
 #include "runtime/rpc_server.h"
@@ -764,5 +765,16 @@ kiln_status kiln_rpc_server_run(const char* host, int port, const char* device, 
 }
 
 const char* kiln_version(void) { return KILN_VERSION; }
+
+const char* kiln_blas_core(void) {
+    static const std::string core = kiln::runtime::openblas_core();
+    return core.c_str();
+}
+
+const char* kiln_blas_core_to_request(void) {
+    static const std::string better =
+        kiln::runtime::better_openblas_core(kiln::runtime::openblas_core(), kiln::runtime::cpu_vector_level());
+    return better.empty() ? nullptr : better.c_str();
+}
 
 }  // extern "C"

@@ -1,13 +1,16 @@
 #include "runtime/compute.h"
 
 #include <cstdlib>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "ggml-cpu.h"
+#include "runtime/blas_core.h"
 #include "runtime/blas_threads.h"
 #include "runtime/host_memory.h"
 #include "util/format.h"
+#include "util/log.h"
 #if __has_include("ggml-blas.h")
 #include "ggml-blas.h"
 #endif
@@ -38,6 +41,19 @@ Result<std::unique_ptr<Compute>> Compute::create(ggml_backend_dev_t device, int 
         ggml_backend_cpu_set_n_threads(c->cpu_, split.ggml_cpu);
         ggml_backend_blas_set_n_threads(c->blas_, split.blas);
         backends.push_back(c->blas_);
+        static const bool logged = [] {  // once a process: the kernels are the library's, chosen as it loaded
+            const char* requested = std::getenv("OPENBLAS_CORETYPE");
+            const char* fallback = std::getenv("KILN_BLAS_RESTARTED");  // tools/cli/main.cpp
+            std::string why;
+            if (requested) why = std::string(" (OPENBLAS_CORETYPE=") + requested + ")";
+            if (requested && fallback) {
+                why = std::string(" (OPENBLAS_CORETYPE=") + requested + ", set by kiln: OpenBLAS fell back to its " +
+                      fallback + " kernels on this CPU)";
+            }
+            KILN_LOG_VERBOSE("OpenBLAS runs its %s kernels%s", openblas_core().c_str(), why.c_str());
+            return true;
+        }();
+        (void)logged;
     }
 #endif
     backends.push_back(c->cpu_);  // the scheduler's last backend must be the CPU
