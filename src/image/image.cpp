@@ -85,10 +85,10 @@ constexpr int kPrecisionBits = 32 - 8 - 2;
 // For one axis: which source samples each output sample reads, and with what
 // fixed-point weights.
 struct Coefficients {
-    int taps = 0;                 // weights per output sample (the widest window)
-    std::vector<int> first;       // first source index per output sample
-    std::vector<int> count;       // used taps per output sample
-    std::vector<int32_t> weights; // taps per output sample, row-major
+    int taps = 0;                  // weights per output sample (the widest window)
+    std::vector<int> first;        // first source index per output sample
+    std::vector<int> count;        // used taps per output sample
+    std::vector<int32_t> weights;  // taps per output sample, row-major
 };
 
 double sinc(double x) {

@@ -79,6 +79,56 @@ UnetLayout detect_unet_layout(const std::vector<TensorInfo>& tensors) {
     return layout;
 }
 
+bool is_diffusers_controlnet(const std::vector<TensorInfo>& tensors) {
+    return std::any_of(tensors.begin(), tensors.end(),
+                       [](const TensorInfo& t) { return t.name == "controlnet_cond_embedding.conv_in.weight"; });
+}
+
+void rename_diffusers_controlnet(std::vector<TensorInfo>& tensors) {
+    constexpr std::string_view kPrefix = "control_model.";
+    constexpr std::string_view kEmbedding = "controlnet_cond_embedding.";
+    // The encoder's block numbering comes from its layout, read as a UNet's.
+    std::vector<TensorInfo> as_unet = tensors;
+    for (TensorInfo& t : as_unet) t.name = "unet/" + t.name;
+    // The family only picks text-encoder tables; a UNet's names are the same in each.
+    const NameMap map(ModelFamily::SD1, detect_unet_layout(as_unet));
+    int hint_blocks = 0;
+    for (const TensorInfo& t : tensors) {
+        if (auto k = index_after(t.name, "controlnet_cond_embedding.blocks."))
+            hint_blocks = std::max(hint_blocks, *k + 1);
+    }
+    // "<head><index>.<rest>" -> head, index and rest; nullopt when it is not that.
+    auto split = [](std::string_view name, std::string_view head) -> std::optional<std::pair<int, std::string_view>> {
+        if (!starts_with(name, head)) return std::nullopt;
+        const auto index = index_after(name, head);
+        const size_t dot = name.find('.', head.size());
+        if (!index || dot == std::string_view::npos) return std::nullopt;
+        return std::make_pair(*index, name.substr(dot + 1));
+    };
+    for (TensorInfo& t : tensors) {
+        const std::string_view name = t.name;
+        std::string renamed;
+        if (starts_with(name, kEmbedding)) {
+            const std::string_view rest = name.substr(kEmbedding.size());
+            if (starts_with(rest, "conv_in.")) {
+                renamed = "input_hint_block.0." + std::string(rest.substr(8));
+            } else if (starts_with(rest, "conv_out.")) {
+                renamed = "input_hint_block." + std::to_string(2 * hint_blocks + 2) + "." + std::string(rest.substr(9));
+            } else if (auto block = split(rest, "blocks.")) {
+                renamed = "input_hint_block." + std::to_string(2 * block->first + 2) + "." + std::string(block->second);
+            }
+        } else if (auto zero = split(name, "controlnet_down_blocks.")) {
+            renamed = "zero_convs." + std::to_string(zero->first) + ".0." + std::string(zero->second);
+        } else if (starts_with(name, "controlnet_mid_block.")) {
+            renamed = "middle_block_out.0." + std::string(name.substr(21));
+        } else if (auto mapping = map.diffusers_to_ldm(ModelComponent::Unet, name);
+                   mapping && mapping->op == NameMapping::Op::Same) {
+            renamed = mapping->name.substr(ldm_prefix(ModelFamily::SD1, ModelComponent::Unet).size());
+        }
+        if (!renamed.empty()) t.name = std::string(kPrefix) + renamed;
+    }
+}
+
 void rename_diffusers_tensors(ModelFamily family, std::vector<TensorInfo>& tensors) {
     const NameMap map(family, detect_unet_layout(tensors));
     for (TensorInfo& t : tensors) {

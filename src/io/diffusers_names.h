@@ -29,4 +29,16 @@ UnetLayout detect_unet_layout(const std::vector<TensorInfo>& tensors);
 // Names nobody maps (extras) stay "component/name".
 void rename_diffusers_tensors(ModelFamily family, std::vector<TensorInfo>& tensors);
 
+// A ControlNet in diffusers' names (ControlNetModel, its folder or its
+// diffusion_pytorch_model.safetensors): controlnet_cond_embedding.* is there.
+bool is_diffusers_controlnet(const std::vector<TensorInfo>& tensors);
+// Renames such a ControlNet's tensors to the original releases' ldm names
+// under "control_model.", as diffusers' conversion script pairs them: the
+// UNet encoder's names as for a UNet (down_blocks -> input_blocks, ...),
+// controlnet_cond_embedding.{conv_in, blocks.k, conv_out} ->
+// input_hint_block.{0, 2k + 2, 2n + 2} (n blocks), controlnet_down_blocks.k ->
+// zero_convs.k.0, controlnet_mid_block -> middle_block_out.0. Names nobody
+// maps stay.
+void rename_diffusers_controlnet(std::vector<TensorInfo>& tensors);
+
 }  // namespace kiln::io

@@ -234,6 +234,17 @@ void ModelFile::rename_as_diffusers_component(ModelFamily family, ModelComponent
     }
 }
 
+Status ModelFile::rename_as_diffusers_controlnet() {
+    rename_diffusers_controlnet(tensors_);
+    by_name_.clear();
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+        if (!by_name_.emplace(tensors_[i].name, i).second) {
+            return Error{"two tensors map to the ControlNet name '" + tensors_[i].name + "'"};
+        }
+    }
+    return Status::Ok();
+}
+
 Result<ModelFile> ModelFile::open(const std::vector<std::string>& paths) {
     if (paths.empty()) return Error{"no model file given"};
     ModelFile model;

@@ -62,6 +62,9 @@ class ModelFile {
     // passed as --clip_g), to kiln's ldm names, as in a diffusers folder of
     // `family` (io/diffusers_names.h). Names the map does not know stay.
     void rename_as_diffusers_component(ModelFamily family, ModelComponent component);
+    // A diffusers ControlNet's tensors to the ldm names under "control_model."
+    // (io/diffusers_names.h). Error when two tensors would share a name.
+    Status rename_as_diffusers_controlnet();
 
     // nullptr if there is no tensor of that name.
     const TensorInfo* find(std::string_view name) const;

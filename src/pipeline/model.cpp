@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "image/image.h"
+#include "io/diffusers_names.h"
 #include "models/registry.h"
 #include "pipeline/job_forecast.h"
 #include "pipeline/request.h"
@@ -610,9 +611,13 @@ Status Model::load_networks(const ModelPaths& paths, const ModelOptions& options
 Status Model::load_control_net(const std::string& path, const ModelOptions& options) {
     auto opened = io::ModelFile::open({path});
     if (!opened.ok()) return opened.error().as(ErrorKind::BadFile).in_context("--control-net: ");
+    const std::string where = "--control-net " + path + ": ";
+    if (io::is_diffusers_controlnet(opened->tensors())) {  // diffusers' ControlNetModel names
+        if (Status s = opened->rename_as_diffusers_controlnet(); !s.ok())
+            return s.error().as(ErrorKind::BadFile).in_context(where);
+    }
     files_.push_back(std::make_unique<io::ModelFile>(std::move(opened).value()));
     const io::ModelFile& file = *files_.back();
-    const std::string where = "--control-net " + path + ": ";
     if (!has_unet()) {
         return Error::invalid_request(where + "ControlNets are for UNet models (SD1.x, SD2.x, SDXL); " + family_label_ +
                                       " has none");

@@ -16,8 +16,8 @@ VectorLevel cpu_vector_level() {
     // libgcc's CPU model checks the OS's saved-state flags (XGETBV) before
     // it reports AVX, AVX2 or AVX-512 usable.
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")) {
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512vl")) {
         return VectorLevel::Avx512;
     }
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return VectorLevel::Avx2;
@@ -39,7 +39,7 @@ std::string better_openblas_core(const std::string& chosen, VectorLevel cpu) {
     // OpenBLAS's x86-64 cores without AVX: what it falls back to for a CPU it
     // does not know (Prescott for Intel), and the older CPUs' own.
     static constexpr std::array<std::string_view, 16> kSseCores = {
-        "Prescott", "Core2",    "Penryn", "Dunnington", "Nehalem",  "Atom",   "Katmai", "Coppermine",
+        "Prescott",  "Core2",  "Penryn", "Dunnington", "Nehalem",       "Atom",      "Katmai", "Coppermine",
         "Northwood", "Banias", "Athlon", "Opteron",    "Opteron(SSE3)", "Barcelona", "Bobcat", "Nano"};
     const bool sse_core = std::find(kSseCores.begin(), kSseCores.end(), chosen) != kSseCores.end();
     if (!sse_core) return "";

@@ -8,6 +8,8 @@
 #include "golden.h"
 #include "image/canny.h"
 #include "image/image_io.h"
+#include "io/model_file.h"
+#include "io/name_map.h"
 #include "test_files.h"
 
 namespace kiln {
@@ -42,6 +44,13 @@ std::vector<uint8_t> pixels(const std::string& path) {
     auto img = image::read_image(path);
     EXPECT_TRUE(img.ok()) << path;
     return img.ok() ? img->pixels : std::vector<uint8_t>{};
+}
+
+// The image `kiln ARGS -o DIR/NAME` makes; a failed run fails the test.
+std::vector<uint8_t> image_of(const TempDir& dir, const std::string& args, const std::string& name) {
+    auto r = run_command(kiln_with_model(args + " -o " + dir.file(name)));
+    EXPECT_EQ(r.exit_code, 0) << args << ": " << r.err;
+    return r.exit_code == 0 ? pixels(dir.file(name)) : std::vector<uint8_t>{};
 }
 
 TEST(CliControlNet, ChangesTheImageAndStrengthZeroChangesNothing) {
@@ -89,7 +98,8 @@ TEST(CliControlNet, CannyConditionsOnTheEdgesOfTheControlImage) {
     image::Image picture = image::make_image(96, 96, 3, 70);  // a grey disc on darker grey, resized to 128
     for (int y = 0; y < 96; ++y) {
         for (int x = 0; x < 96; ++x) {
-            if ((x - 40) * (x - 40) + (y - 50) * (y - 50) < 26 * 26) std::fill(picture.pixel(x, y), picture.pixel(x, y) + 3, 180);
+            if ((x - 40) * (x - 40) + (y - 50) * (y - 50) < 26 * 26)
+                std::fill(picture.pixel(x, y), picture.pixel(x, y) + 3, 180);
         }
     }
     const std::string photo = dir.file("photo.png");
@@ -100,14 +110,10 @@ TEST(CliControlNet, CannyConditionsOnTheEdgesOfTheControlImage) {
     ASSERT_TRUE(image::write_image(edges, image::canny_edges(*resized)).ok());
 
     const std::string common = "-W 32 -H 32 --control-net " + controlnet() + " --control-image ";
-    auto canny = run_command(kiln_with_model(common + photo + " --canny -o " + dir.file("canny.png")));
-    auto given = run_command(kiln_with_model(common + edges + " -o " + dir.file("given.png")));
-    auto raw = run_command(kiln_with_model(common + photo + " -o " + dir.file("raw.png")));
-    ASSERT_EQ(canny.exit_code, 0) << canny.err;
-    ASSERT_EQ(given.exit_code, 0) << given.err;
-    ASSERT_EQ(raw.exit_code, 0) << raw.err;
-    EXPECT_EQ(pixels(dir.file("canny.png")), pixels(dir.file("given.png")));
-    EXPECT_NE(pixels(dir.file("canny.png")), pixels(dir.file("raw.png")));
+    const auto canny = image_of(dir, common + photo + " --canny", "canny.png");
+    ASSERT_FALSE(canny.empty());
+    EXPECT_EQ(canny, image_of(dir, common + edges, "given.png"));
+    EXPECT_NE(canny, image_of(dir, common + photo, "raw.png"));
     auto meta = run_command(std::string(KILN_BIN) + " -M metadata -i " + dir.file("canny.png"));
     EXPECT_NE(meta.out.find("ControlNet preprocessor: canny"), std::string::npos) << meta.out;
 
@@ -116,6 +122,55 @@ TEST(CliControlNet, CannyConditionsOnTheEdgesOfTheControlImage) {
     auto alone = run_command(kiln_with_model("-W 32 -H 32 --canny -o " + dir.file("alone.png")));
     ASSERT_EQ(alone.exit_code, 0) << alone.err;
     EXPECT_NE(alone.out.find("--canny without --control-image"), std::string::npos) << alone.out;
+}
+
+// The tiny ControlNet rewritten in diffusers' ControlNetModel names (as its
+// diffusion_pytorch_model.safetensors, and as that file in a folder): the
+// UNet encoder's names through the UNet name map run backwards, the rest as
+// diffusers' conversion script pairs them. Same image as the original names.
+TEST(CliControlNet, DiffusersControlNetGivesTheSameImage) {
+    TempDir dir;
+    auto tiny = io::ModelFile::open({controlnet()});
+    ASSERT_TRUE(tiny.ok());
+    io::UnetLayout layout;  // the tiny UNet's: 2 levels of 1 resnet, attention on both
+    layout.levels = 2;
+    layout.layers_per_block = 1;
+    layout.attention_levels = 0b11;
+    const io::NameMap map(io::ModelFamily::SD1, layout);
+    std::vector<test::SafetensorsEntry> entries;
+    for (const io::TensorInfo& t : tiny->tensors()) {
+        std::string name = t.name.substr(std::string("control_model.").size());
+        const size_t dot = name.find('.', name.find('.') + 1);
+        const std::string head = name.substr(0, name.find('.')),
+                          index = name.substr(head.size() + 1, dot - head.size() - 1);
+        const std::string param = name.substr(name.rfind('.') + 1);
+        if (head == "input_hint_block") {
+            const int k = std::stoi(index);
+            name = k == 0    ? "controlnet_cond_embedding.conv_in." + param
+                   : k == 14 ? "controlnet_cond_embedding.conv_out." + param
+                             : "controlnet_cond_embedding.blocks." + std::to_string(k / 2 - 1) + "." + param;
+        } else if (head == "zero_convs") {
+            name = "controlnet_down_blocks." + index + "." + param;
+        } else if (head == "middle_block_out") {
+            name = "controlnet_mid_block." + param;
+        } else {
+            auto names = map.ldm_to_diffusers("model.diffusion_model." + name);
+            ASSERT_TRUE(names && names->tensors.size() == 1) << t.name;
+            name = names->tensors[0].name;
+        }
+        entries.push_back(test::copy_entry(*tiny, t, name));
+    }
+    const auto bytes = test::build_safetensors(entries, {{"kiln.unet.heads", "2"}});
+    const std::string file = dir.write("diffusion_pytorch_model.safetensors", bytes);
+    const std::string folder = dir.file("controlnet");
+    dir.write("controlnet/diffusion_pytorch_model.safetensors", bytes);
+
+    const std::string condition = write_condition(dir, "disc.png", 64, 64);
+    const std::string common = "-W 32 -H 32 --control-image " + condition + " --control-net ";
+    const auto ldm = image_of(dir, common + controlnet(), "ldm.png");
+    ASSERT_FALSE(ldm.empty());
+    EXPECT_EQ(image_of(dir, common + file, "single.png"), ldm);
+    EXPECT_EQ(image_of(dir, common + folder, "folder.png"), ldm);
 }
 
 TEST(CliControlNet, BadInputFailsCleanlyWithoutOutput) {

@@ -793,7 +793,9 @@ TEST(ImagePixels, ResizeKeepsFlatColourAndCopiesAtTheSameSize) {
     for (ResizeFilter filter : {ResizeFilter::Bilinear, ResizeFilter::Lanczos3}) {
         for (int channels : {1, 3, 4}) {  // RGBA opaque: PIL's premultiplied round trip is exact at alpha 255
             Image flat = make_image(37, 23, channels);
-            const auto value = [&](size_t i) { return channels == 4 && i % 4 == 3 ? 255 : int(40 + 50 * (i % channels)); };
+            const auto value = [&](size_t i) {
+                return channels == 4 && i % 4 == 3 ? 255 : int(40 + 50 * (i % channels));
+            };
             for (size_t i = 0; i < flat.pixels.size(); ++i) flat.pixels[i] = static_cast<uint8_t>(value(i));
             for (auto [w, h] : {std::pair{10, 7}, std::pair{100, 64}, std::pair{37, 5}, std::pair{3, 90}}) {
                 Result<Image> r = resize_image(flat, w, h, filter);

@@ -69,9 +69,11 @@ void fill_rows(kiln_image& canvas, const kiln_image& part, int edge, int y, int 
     const auto [first, weights] = edge_blend(edge, int(part.height));
     const size_t c = canvas.channels, row_bytes = size_t(part.width) * c;
     std::vector<uint8_t> line(row_bytes);
-    for (size_t i = 0; i < row_bytes; ++i) line[i] = blend(weights, part.data + size_t(first) * row_bytes + i, row_bytes);
+    for (size_t i = 0; i < row_bytes; ++i)
+        line[i] = blend(weights, part.data + size_t(first) * row_bytes + i, row_bytes);
     for (int row = std::max(y, 0); row < std::min(y + rows, int(canvas.height)); ++row) {
-        std::memcpy(canvas.data + size_t(row) * canvas.width * c, line.data(), std::min<size_t>(row_bytes, canvas.width * c));
+        std::memcpy(canvas.data + size_t(row) * canvas.width * c, line.data(),
+                    std::min<size_t>(row_bytes, canvas.width * c));
     }
 }
 
