@@ -332,7 +332,8 @@ typedef struct kiln_device_memory {
 } kiln_device_memory;
 /* Writes the books of up to `max` of the devices ctx uses to out[] and
  * returns how many devices it uses (more than `max`: the rest were left
- * out). Call it from the thread that uses ctx. */
+ * out). Any thread may call it, also while a job runs on ctx (the counters
+ * are read atomically), but not while ctx is being created or freed. */
 int kiln_memory_devices(kiln_context* ctx, kiln_device_memory* out, int max);
 
 /* `kiln --list-devices`: adds the RPC servers of `rpc_servers` (or NULL),

@@ -111,14 +111,20 @@ DeviceLedger::DeviceLedger(ggml_backend_dev_t device, std::optional<double> budg
 }
 
 void DeviceLedger::add(uint64_t bytes) {
-    managed_ += bytes;
-    peak_ = std::max(peak_, managed_);
+    const uint64_t now = managed_.fetch_add(bytes) + bytes;
+    uint64_t peak = peak_.load();
+    while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
+    }
 }
 
-void DeviceLedger::release(uint64_t bytes) { managed_ -= std::min(bytes, managed_); }
+void DeviceLedger::release(uint64_t bytes) {
+    uint64_t held = managed_.load();
+    while (!managed_.compare_exchange_weak(held, held - std::min(bytes, held))) {
+    }
+}
 
 uint64_t DeviceLedger::limit() const {
-    const uint64_t live = managed_ + device_free_bytes(device_);
+    const uint64_t live = managed() + device_free_bytes(device_);
     return budget_ ? std::min(*budget_, live) : live;
 }
 

@@ -10,6 +10,7 @@
 // invariant "managed bytes never exceed the budget" from kiln's own books.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -53,22 +54,24 @@ class DeviceLedger {
     // The explicit managed budget in bytes, if any (positive or negative spec).
     std::optional<uint64_t> budget() const { return budget_; }
 
-    uint64_t managed() const { return managed_; }
-    uint64_t peak() const { return peak_; }
+    // Any thread may read these while a job changes them (kiln serve's
+    // /kiln/v1/memory reads them live): the counters are atomic.
+    uint64_t managed() const { return managed_.load(std::memory_order_relaxed); }
+    uint64_t peak() const { return peak_.load(std::memory_order_relaxed); }
     void add(uint64_t bytes);
     void release(uint64_t bytes);
     // The most the managed bytes may reach now: the budget, lowered by the
     // device's live free memory (managed + free).
     uint64_t limit() const;
     // Forget the peak (a new job starts).
-    void reset_peak() { peak_ = managed_; }
+    void reset_peak() { peak_.store(managed()); }
 
   private:
     ggml_backend_dev_t device_;
     std::string name_;
     std::optional<uint64_t> budget_;
-    uint64_t managed_ = 0;
-    uint64_t peak_ = 0;
+    std::atomic<uint64_t> managed_{0};
+    std::atomic<uint64_t> peak_{0};
 };
 
 // Bytes counted on a ledger for as long as the reservation lives: memory

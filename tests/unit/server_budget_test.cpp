@@ -4,6 +4,10 @@
 // budget, the books never pass the budget, and the server unloads one model
 // to run the other.
 #include <gtest/gtest.h>
+
+#include <chrono>
+
+#include <thread>
 #include <signal.h>
 
 #include <algorithm>
@@ -117,6 +121,33 @@ TEST(ServerMemory, ReportsTheDevicesBooks) {
     EXPECT_GE(cpu["peak_bytes"].get<uint64_t>(), cpu["managed_bytes"].get<uint64_t>()) << after;
     EXPECT_LE(cpu["peak_bytes"].get<uint64_t>(), uint64_t(2) << 30) << after;
     EXPECT_EQ(after["loaded"], json::array({"sd1_tiny.safetensors"})) << after;
+    EXPECT_EQ(server.stop(SIGTERM), 0);
+}
+
+// The books are read when asked: a running job's weights and compute
+// buffers show while it runs (the model's weights load lazily, in the job).
+TEST(ServerMemory, ARunningJobsBooksShowWhileItRuns) {
+    ServerProcess server(test::tiny_server_flags() + " --max-steps 5000");
+    ASSERT_TRUE(server.started()) << server.log();
+    httplib::Client client("127.0.0.1", server.port());
+    const std::string id =
+        test::post_job(client, {{"prompt", "a long job"}, {"width", 32}, {"height", 32}, {"steps", 3000}});
+    ASSERT_FALSE(id.empty());
+    json state;
+    for (int i = 0; i < 600; ++i) {  // until its second step has started (at most a minute)
+        state = body_json(client.Get("/kiln/v1/jobs/" + id));
+        const std::string now = state.value("state", "");
+        if (state.value("step", 0) >= 2 || (now != "running" && now != "queued")) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    ASSERT_EQ(state.value("state", ""), "running") << state;
+    const json during = body_json(client.Get("/kiln/v1/memory"));
+    ASSERT_EQ(during["devices"].size(), 1u) << during;
+    EXPECT_GT(during["devices"][0]["managed_bytes"].get<uint64_t>(), 0u) << during;
+    EXPECT_GT(during["devices"][0]["peak_bytes"].get<uint64_t>(), 0u) << during;
+    EXPECT_EQ(during["loaded"], json::array({"sd1_tiny.safetensors"})) << during;
+    client.Post("/kiln/v1/jobs/" + id + "/cancel", "", "application/json");
+    EXPECT_EQ(test::wait_for_state(client, id, "cancelled"), "cancelled");
     EXPECT_EQ(server.stop(SIGTERM), 0);
 }
 

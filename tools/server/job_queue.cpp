@@ -343,7 +343,6 @@ void JobQueue::run(const std::shared_ptr<Job>& job) {
         results.push_back(std::move(out));
     }
     kiln_images_free(images, count);
-    models_.note_memory();  // before the job ends, so a client that saw it end reads its books
 
     std::lock_guard<std::mutex> lock(mutex_);
     running_ctx_ = nullptr;

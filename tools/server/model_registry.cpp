@@ -169,25 +169,23 @@ std::vector<std::string> ModelRegistry::loaded() {
     return names;
 }
 
-void ModelRegistry::note_memory() {
+std::vector<DeviceMemory> ModelRegistry::memory() {
+    // Under the lock no context can be freed: eviction takes it out of
+    // loaded_ first.
     std::lock_guard<std::mutex> lock(mutex_);
-    memory_.clear();
+    std::vector<DeviceMemory> memory;
     for (const Loaded& l : loaded_) {
         kiln_device_memory devices[16];
         const int count = std::min(kiln_memory_devices(l.ctx, devices, 16), 16);
         for (int i = 0; i < count; ++i) {
-            const bool known = std::any_of(memory_.begin(), memory_.end(),
+            const bool known = std::any_of(memory.begin(), memory.end(),
                                            [&](const DeviceMemory& m) { return m.name == devices[i].name; });
-            if (!known) memory_.push_back({devices[i].name, devices[i].managed, devices[i].peak, devices[i].budget});
+            if (!known) memory.push_back({devices[i].name, devices[i].managed, devices[i].peak, devices[i].budget});
         }
     }
-    std::sort(memory_.begin(), memory_.end(),
+    std::sort(memory.begin(), memory.end(),
               [](const DeviceMemory& a, const DeviceMemory& b) { return a.name < b.name; });
-}
-
-std::vector<DeviceMemory> ModelRegistry::memory() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return memory_;
+    return memory;
 }
 
 void ModelRegistry::evict_least_recent() {
@@ -200,7 +198,6 @@ void ModelRegistry::evict_least_recent() {
         loaded_.pop_back();
     }
     kiln_context_free(ctx);
-    note_memory();
 }
 
 kiln_status ModelRegistry::acquire(const ModelEntry& model, kiln_context** ctx, std::string* error) {
@@ -227,7 +224,6 @@ kiln_status ModelRegistry::acquire(const ModelEntry& model, kiln_context** ctx, 
                 std::lock_guard<std::mutex> lock(mutex_);
                 loaded_.push_front({model.name, created});
             }
-            note_memory();
             *ctx = created;
             return KILN_OK;
         }

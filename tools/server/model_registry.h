@@ -23,11 +23,10 @@ struct ModelEntry {
     std::string family;  // as `kiln info` says ("SD1.x"), or "" when it could not tell
 };
 
-// One device's memory books (kiln_memory_devices) as they stood when the
-// job worker last finished a job, loaded a model or freed one.
+// One device's memory books (kiln_memory_devices) as they stand.
 struct DeviceMemory {
     std::string name;      // "RPC0", "CPU"
-    uint64_t managed = 0;  // bytes counted then
+    uint64_t managed = 0;  // bytes counted now
     uint64_t peak = 0;     // the most counted at once since the device's books were opened
     uint64_t budget = 0;   // --max-vram's budget, 0 for none
 };
@@ -57,12 +56,9 @@ class ModelRegistry {
     // The names of the loaded models, most recently used first. Any thread.
     std::vector<std::string> loaded();
 
-    // Reads the books of the devices the loaded models use, for memory().
-    // Only the job worker calls this (after each job): the books change
-    // while a job runs, and only the thread using the contexts may read them.
-    void note_memory();
-    // The books as note_memory (or the last load or unload) left them, one
-    // entry per device: the models of the process share each device's books. Any thread.
+    // The books of the devices the loaded models use, read now (a running
+    // job's too), one entry per device: the models of the process share
+    // each device's books. Any thread.
     std::vector<DeviceMemory> memory();
 
   private:
@@ -76,8 +72,7 @@ class ModelRegistry {
         std::string name;
         kiln_context* ctx;
     };
-    std::list<Loaded> loaded_;  // most recently used first
-    std::vector<DeviceMemory> memory_;
+    std::list<Loaded> loaded_;  // most recently used first; a context leaves it before it is freed
 };
 
 }  // namespace kiln::server

@@ -135,8 +135,8 @@ void add_native_routes(httplib::Server& server, ServerState& state) {
             send_json(res, 200, {{"models", models}, {"default", state.models.default_model()}});
         });
     });
-    // The memory books of the devices the loaded models use, as the last job
-    // (or model load or unload) left them: a client that saw its job end reads that job's books.
+    // The memory books of the devices the loaded models use, read now: a
+    // running job's bytes show while it runs.
     server.Get("/kiln/v1/memory", [&state](const httplib::Request&, httplib::Response& res) {
         guarded(res, [&] {
             json devices = json::array();
