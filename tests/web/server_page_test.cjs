@@ -28,8 +28,13 @@ function check(condition, message) {
   if (!condition) throw new Error(message);
 }
 
+// The server, so that a failure anywhere still stops it: left running, it
+// would hold the test runner's output pipe open and ctest would wait forever.
+let runningServer = null;
+
 async function main() {
   const { server, port } = await startServer();
+  runningServer = server;
   const browser = await chromium.launch({ executablePath: chromiumPath, args: ["--no-sandbox"] });
   try {
     const page = await browser.newPage({ viewport: { width: 1100, height: 700 } });
@@ -37,7 +42,10 @@ async function main() {
     page.on("pageerror", (e) => failures.push(e.message));
     page.on("requestfailed", (r) => { if (!r.url().includes("/events")) failures.push("request failed: " + r.url()); });
     await page.goto("http://127.0.0.1:" + port + "/");
-    await page.waitForFunction(() => document.getElementById("model").options.length > 0);
+    // The page fills its lists from separate requests, which may answer in any order.
+    await page.waitForFunction(() => document.getElementById("model").options.length > 0 &&
+                                     document.getElementById("sampler").options.length > 5, null, { timeout: 60000 })
+      .catch(() => {});
     check((await page.inputValue("#model")) === "kiln-tiny.gguf", "the model list lacks kiln-tiny.gguf");
     check((await page.locator("#sampler option").count()) > 5, "no samplers listed");
 
@@ -83,11 +91,13 @@ async function main() {
   const exited = new Promise((resolve) => server.on("exit", (code) => resolve(code)));
   server.kill("SIGTERM");
   const code = await exited;
+  runningServer = null;
   check(code === 0, "kiln serve exited with " + code + " on SIGTERM");
   console.log("web page test passed; screenshot: " + path.join(workDir, "server_page.png"));
 }
 
 main().catch((e) => {
   console.error("web page test failed: " + e.message);
+  if (runningServer) runningServer.kill("SIGKILL");
   process.exit(1);
 });
