@@ -53,8 +53,9 @@ Mid declare_mid(runtime::ModuleWeights& w, const std::string& p, int64_t ch, boo
 }
 
 ggml_tensor* apply_resnet(ggml_context* ctx, nn::ComputeTarget target, const ResnetBlock& r, ggml_tensor* x) {
-    ggml_tensor* h = nn::conv2d(ctx, target, r.conv1, ggml_silu(ctx, nn::group_norm(ctx, r.norm1, x, 32, kEps)));
-    h = nn::conv2d(ctx, target, r.conv2, ggml_silu(ctx, nn::group_norm(ctx, r.norm2, h, 32, kEps)));
+    ggml_tensor* h =
+        nn::conv2d(ctx, target, r.conv1, ggml_silu_inplace(ctx, nn::group_norm(ctx, r.norm1, x, 32, kEps)));
+    h = nn::conv2d(ctx, target, r.conv2, ggml_silu_inplace(ctx, nn::group_norm(ctx, r.norm2, h, 32, kEps)));
     return ggml_add(ctx, r.shortcut ? nn::conv2d(ctx, target, *r.shortcut, x) : x, h);
 }
 
@@ -202,7 +203,7 @@ ggml_tensor* Vae::build_decoder(ggml_context* ctx, ggml_tensor* latent, nn::Comp
         if (b.upsample[level]) h = nn::conv2d(ctx, target, *b.upsample[level], nn::upsample_nearest_2x(ctx, h));
         h = nn::mark_cut(h, "decoder.up." + std::to_string(level));
     }
-    h = ggml_silu(ctx, nn::group_norm(ctx, b.dec_norm, h, 32, kEps));
+    h = ggml_silu_inplace(ctx, nn::group_norm(ctx, b.dec_norm, h, 32, kEps));
     return nn::conv2d(ctx, target, b.dec_out, h);
 }
 

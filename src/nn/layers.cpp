@@ -105,7 +105,15 @@ ggml_tensor* conv2d(ggml_context* ctx, ComputeTarget target, const Conv2d& layer
     ggml_tensor* w = layer.weight;
     const bool on_cpu = target == ComputeTarget::Cpu;
     const int64_t OC = w->ne[3], N = x->ne[3];
-    if (w->ne[0] == 1 && w->ne[1] == 1 && layer.stride == 1 && layer.padding == 0) {
+    const bool pointwise = w->ne[0] == 1 && w->ne[1] == 1 && layer.stride == 1 && layer.padding == 0;
+    // On the CPU a large 1x1 convolution goes a band of rows at a time too:
+    // its input turned channels-first whole is as large as the input (a
+    // 1024x1024 VAE decoder's top-level shortcut: 1 GiB).
+    if (pointwise && on_cpu &&
+        x->ne[0] * x->ne[1] * x->ne[2] * N * static_cast<int64_t>(sizeof(float)) > kMaxPatchBytesOnCpu) {
+        return conv2d_cpu_in_row_bands(ctx, layer, x, kMaxPatchBytesOnCpu);
+    }
+    if (pointwise) {
         // A 1x1 convolution is a matrix product over channels; skip im2col.
         const int64_t W = x->ne[0], H = x->ne[1], C = x->ne[2];
         ggml_tensor* flat =
@@ -163,8 +171,11 @@ ggml_tensor* layer_norm(ggml_context* ctx, const Norm& norm, ggml_tensor* x, flo
 ggml_tensor* group_norm(ggml_context* ctx, const Norm& norm, ggml_tensor* x, int groups, float eps) {
     ggml_tensor* y = ggml_group_norm(ctx, x, groups, eps);
     const int64_t C = norm.weight->ne[0];
-    return ggml_add(ctx, ggml_mul(ctx, y, ggml_reshape_4d(ctx, norm.weight, 1, 1, C, 1)),
-                    ggml_reshape_4d(ctx, norm.bias, 1, 1, C, 1));
+    // In place on the fresh normalised tensor: the scale and shift never
+    // need a second activation-sized buffer, whatever the allocator does
+    // (a 1024x1024 VAE decoder's top level: 1 GiB each).
+    return ggml_add_inplace(ctx, ggml_mul_inplace(ctx, y, ggml_reshape_4d(ctx, norm.weight, 1, 1, C, 1)),
+                            ggml_reshape_4d(ctx, norm.bias, 1, 1, C, 1));
 }
 
 ggml_tensor* quick_gelu(ggml_context* ctx, ggml_tensor* x) {
