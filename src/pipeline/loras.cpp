@@ -1,6 +1,8 @@
 #include "pipeline/loras.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstdlib>
 #include <map>
 
@@ -14,6 +16,34 @@
 
 namespace kiln::pipeline {
 namespace {
+
+// Parts of LyCORIS and DoRA files kiln does not apply, by their name's end.
+// A layer that has one still gets its plain LoRA, LoHa or LoKr change, so
+// the image differs from ComfyUI's: said at every log level, not only -v.
+void warn_unsupported_parts(const std::string& lora, const std::vector<std::string>& unused) {
+    struct Part {
+        const char* suffix;
+        const char* what;
+    };
+    static constexpr Part kParts[] = {
+        {".dora_scale", "DoRA magnitudes (dora_scale)"},
+        {".lora_mid.weight", "Tucker cores (lora_mid)"},
+        {".hada_t1", "LoHa Tucker cores (hada_t1, hada_t2)"},
+        {".lokr_t2", "LoKr Tucker cores (lokr_t2)"},
+        {".diff", "full weight differences (diff)"},
+        {".diff_b", "bias differences (diff_b)"},
+    };
+    for (const Part& part : kParts) {
+        const size_t n = std::count_if(unused.begin(), unused.end(), [&](const std::string& name) {
+            return name.size() >= std::strlen(part.suffix) &&
+                   name.compare(name.size() - std::strlen(part.suffix), std::string::npos, part.suffix) == 0;
+        });
+        if (n == 0) continue;
+        KILN_LOG_WARN("LoRA %s: %zu %s are not applied; those layers take only their low-rank change, so the image "
+                      "differs from ComfyUI's",
+                      lora.c_str(), n, part.what);
+    }
+}
 
 bool is_float(ggml_type type) { return type == GGML_TYPE_F32 || type == GGML_TYPE_F16 || type == GGML_TYPE_BF16; }
 
@@ -139,6 +169,7 @@ Status install(Model& model, const std::vector<std::pair<std::string, LoraReques
                       static_cast<double>(request.strength), matched, unmatched.size(),
                       unmatched.empty() ? "" : " (-v lists them)");
         for (const std::string& name : unmatched) KILN_LOG_VERBOSE("LoRA %s: unused '%s'", request.name.c_str(), name.c_str());
+        warn_unsupported_parts(request.name, f.unused);
     }
 
     // Each module's adapter weights, then the patches that use them.

@@ -306,6 +306,35 @@ TEST(LoraCli, ATagInThePromptChangesTheImageAndIsRecorded) {
     EXPECT_EQ(plan.exit_code, 0) << plan.err;
 }
 
+// A DoRA file's magnitudes (and LyCORIS parts kiln does not apply) are said
+// at the default log level: those layers get only their low-rank change.
+TEST(LoraCli, PartsKilnDoesNotApplyAreWarnedAbout) {
+    test::TempDir dir;
+    auto kohya = io::ModelFile::open({golden_path("lora/sd1_lora_kohya.safetensors")});
+    ASSERT_TRUE(kohya.ok());
+    std::vector<test::SafetensorsEntry> entries;
+    int downs = 0;
+    for (const io::TensorInfo& t : kohya->tensors()) {
+        entries.push_back(test::copy_entry(*kohya, t, t.name));
+        const std::string suffix = ".lora_down.weight";
+        if (t.name.size() > suffix.size() && t.name.compare(t.name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+            const std::string key = t.name.substr(0, t.name.size() - suffix.size());
+            entries.push_back({key + ".dora_scale", "F32", {1, t.shape[1]}, test::f32_bytes(t.shape[1], 1.0f)});
+            ++downs;
+        }
+    }
+    ASSERT_GT(downs, 0);
+    dir.write("loras/dora.safetensors", test::build_safetensors(entries));
+    auto r = test::run_command(std::string(KILN_BIN) + " -t 1 -m " + golden_path("models/sd1_tiny.safetensors") +
+                               " --tokenizer " + KILN_FIXTURES_DIR + "/tiny_tokenizer --lora-model-dir " +
+                               dir.file("loras") + " -p \"<lora:dora:1> x\" -W 32 -H 32 --steps 1 -o " +
+                               dir.file("a.png"));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("LoRA dora: " + std::to_string(downs) + " DoRA magnitudes (dora_scale) are not applied"),
+              std::string::npos)
+        << r.out;
+}
+
 TEST(LoraCli, BadLorasExitWithOneMessageAndNoImage) {
     test::TempDir dir;
     struct Bad {
