@@ -63,8 +63,8 @@ bool decode_to_f32(DType dtype, const uint8_t* src, int64_t n, float* out) {
 
 // ggml's quantizers work row by row with no state shared between rows, so
 // rows split among threads give the bytes of one call. The K-quants' scale
-// search runs about 5 M weights a second a core: a 12 B model at q4_K is
-// 40 minutes on one core, so every core takes a share.
+// search makes a large model's conversion minutes of one core's work, so
+// every core takes a share.
 void quantize_rows(ggml_type target, const float* values, uint8_t* out, int64_t rows, int64_t row) {
     constexpr int64_t kWeightsPerThread = int64_t{1} << 20;  // below this a thread costs more than it saves
     const int64_t wanted = std::max<int64_t>(1, rows * row / kWeightsPerThread);

@@ -45,10 +45,10 @@ Result<std::unique_ptr<Compute>> Compute::create(ggml_backend_dev_t device, int 
             const char* requested = std::getenv("OPENBLAS_CORETYPE");
             const char* fallback = std::getenv("KILN_BLAS_RESTARTED");  // tools/cli/main.cpp
             std::string why;
-            if (requested) why = std::string(" (OPENBLAS_CORETYPE=") + requested + ")";
-            if (requested && fallback) {
-                why = std::string(" (OPENBLAS_CORETYPE=") + requested + ", set by kiln: OpenBLAS fell back to its " +
-                      fallback + " kernels on this CPU)";
+            if (requested) {
+                why = std::string(" (OPENBLAS_CORETYPE=") + requested;
+                if (fallback) why += std::string(", set by kiln: OpenBLAS fell back to its ") + fallback + " kernels";
+                why += ")";
             }
             KILN_LOG_VERBOSE("OpenBLAS runs its %s kernels%s", openblas_core().c_str(), why.c_str());
             return true;
