@@ -60,8 +60,11 @@ ggml_tensor* patched_product(ggml_context* ctx, ggml_tensor* product, int side, 
     for (const LowRankTerm& term : patch.low_rank) {
         ggml_tensor* up = row_range(ctx, term.up, rows.first, rows.count);
         ggml_tensor* h = ggml_mul_mat(ctx, term.down, x);  // [rank, tokens...]
+        // Scaled at the rank's width, not the layer's: the term's only pass
+        // over a tensor as large as the layer's output is then the add.
+        if (term.scale != 1.0f) h = ggml_scale_inplace(ctx, h, term.scale);
         ggml_tensor* d = side == 0 ? ggml_mul_mat(ctx, up, h) : ggml_mul_mat(ctx, h, up);
-        sum = ggml_add(ctx, sum, term.scale == 1.0f ? d : ggml_scale(ctx, d, term.scale));
+        sum = ggml_add(ctx, sum, d);
     }
     for (ggml_tensor* delta : patch.dense) {
         ggml_tensor* flat = ggml_reshape_2d(ctx, delta, ggml_nelements(delta) / output_rows(delta), output_rows(delta));
