@@ -53,9 +53,8 @@ Mid declare_mid(runtime::ModuleWeights& w, const std::string& p, int64_t ch, boo
 }
 
 ggml_tensor* apply_resnet(ggml_context* ctx, nn::ComputeTarget target, const ResnetBlock& r, ggml_tensor* x) {
-    ggml_tensor* h =
-        nn::conv2d(ctx, target, r.conv1, ggml_silu_inplace(ctx, nn::group_norm(ctx, r.norm1, x, 32, kEps)));
-    h = nn::conv2d(ctx, target, r.conv2, ggml_silu_inplace(ctx, nn::group_norm(ctx, r.norm2, h, 32, kEps)));
+    ggml_tensor* h = nn::conv2d_of_group_norm_silu(ctx, target, r.conv1, r.norm1, x, 32, kEps);
+    h = nn::conv2d_of_group_norm_silu(ctx, target, r.conv2, r.norm2, h, 32, kEps);
     return ggml_add(ctx, r.shortcut ? nn::conv2d(ctx, target, *r.shortcut, x) : x, h);
 }
 
@@ -200,11 +199,10 @@ ggml_tensor* Vae::build_decoder(ggml_context* ctx, ggml_tensor* latent, nn::Comp
     h = nn::mark_cut(apply_mid(ctx, target, b.dec_mid, h), "decoder.mid");
     for (int level = static_cast<int>(b.up.size()) - 1; level >= 0; --level) {
         for (const ResnetBlock& r : b.up[level]) h = apply_resnet(ctx, target, r, h);
-        if (b.upsample[level]) h = nn::conv2d(ctx, target, *b.upsample[level], nn::upsample_nearest_2x(ctx, h));
+        if (b.upsample[level]) h = nn::conv2d_of_upsample_2x(ctx, target, *b.upsample[level], h);
         h = nn::mark_cut(h, "decoder.up." + std::to_string(level));
     }
-    h = ggml_silu_inplace(ctx, nn::group_norm(ctx, b.dec_norm, h, 32, kEps));
-    return nn::conv2d(ctx, target, b.dec_out, h);
+    return nn::conv2d_of_group_norm_silu(ctx, target, b.dec_out, b.dec_norm, h, 32, kEps);
 }
 
 ggml_tensor* Vae::build_encoder(ggml_context* ctx, ggml_tensor* image, nn::ComputeTarget target) const {

@@ -27,6 +27,26 @@ namespace kiln::nn {
 ggml_tensor* im2col_f32_cpu(ggml_context* ctx, const ggml_tensor* kernel, ggml_tensor* x, int stride, int padding,
                             int64_t first_row = 0, int64_t rows = -1);
 
+// The same unfold of silu(group_norm(x) * gamma + beta), the normalised
+// tensor never made: each input row is normalised as the unfold reads it,
+// with `statistics` from group_norm_statistics_cpu. Bit for bit the patches
+// of nn::group_norm followed by ggml_silu (the same float operations in the
+// same order, ggml-cpu's own SiLU). `gamma` and `beta`: F32, one per
+// channel. nullptr for an input or band im2col_f32_cpu does not take.
+ggml_tensor* im2col_group_norm_silu_f32_cpu(ggml_context* ctx, const ggml_tensor* kernel, ggml_tensor* x,
+                                            ggml_tensor* statistics, ggml_tensor* gamma, ggml_tensor* beta, int stride,
+                                            int padding, int64_t first_row, int64_t rows = -1);
+// The same unfold of ggml_upscale(x, 2, nearest), the upsample never made:
+// the unfold reads each sample of x where the upsample would hold it. Rows
+// and the band are counted in the upsampled image's (and the output's)
+// rows. nullptr for an input or band im2col_f32_cpu does not take.
+ggml_tensor* im2col_upsampled_2x_f32_cpu(ggml_context* ctx, const ggml_tensor* kernel, ggml_tensor* x, int stride,
+                                         int padding, int64_t first_row, int64_t rows = -1);
+// ggml_group_norm's per-group numbers of `x` (ne [W, H, C, N], F32, rows
+// contiguous): ne [2, groups, N], each group's mean and 1 / sqrt(variance +
+// eps), summed as ggml's CPU group norm sums them. nullptr for other inputs.
+ggml_tensor* group_norm_statistics_cpu(ggml_context* ctx, ggml_tensor* x, int groups, float eps);
+
 // The output rows (OH) of a convolution of `x` by `kernel`.
 int64_t conv_output_rows(const ggml_tensor* kernel, const ggml_tensor* x, int stride, int padding);
 

@@ -64,11 +64,25 @@ constexpr int64_t kMaxBands = 64;
 
 }  // namespace
 
-ggml_tensor* conv2d_cpu_in_row_bands(ggml_context* ctx, const Conv2d& layer, ggml_tensor* x, int64_t max_patch_bytes) {
+namespace {
+
+// What a banded convolution unfolds: its input as it is, the input's group
+// norm and SiLU, or the input's nearest 2x upsample (the last two never made
+// whole: nn/im2col_cpu.h folds them into the unfold).
+struct BandInput {
+    enum class Kind { Plain, GroupNormSilu, Upsampled2x } kind = Kind::Plain;
+    const Norm* norm = nullptr;  // GroupNormSilu
+    int groups = 32;
+    float eps = 1e-5f;
+};
+
+ggml_tensor* conv_in_row_bands(ggml_context* ctx, const Conv2d& layer, ggml_tensor* x, int64_t max_patch_bytes,
+                               const BandInput& input) {
     ggml_tensor* w = layer.weight;
+    const int64_t scale = input.kind == BandInput::Kind::Upsampled2x ? 2 : 1;
     const int64_t N = x->ne[3];
-    const int64_t OW = (x->ne[0] + 2 * layer.padding - w->ne[0]) / layer.stride + 1;
-    const int64_t OH = conv_output_rows(w, x, layer.stride, layer.padding);
+    const int64_t OW = (scale * x->ne[0] + 2 * layer.padding - w->ne[0]) / layer.stride + 1;
+    const int64_t OH = (scale * x->ne[1] + 2 * layer.padding - w->ne[1]) / layer.stride + 1;
     const int64_t K = w->ne[0] * w->ne[1] * w->ne[2];
     ggml_tensor* kernel = kernel_for_cpu(ctx, ggml_reshape_2d(ctx, w, K, w->ne[3]));
     // F32 patches (kiln's unfold, nn/im2col_cpu.h) by the F32 kernel: the
@@ -77,19 +91,35 @@ ggml_tensor* conv2d_cpu_in_row_bands(ggml_context* ctx, const Conv2d& layer, ggm
     //
     // A band of output rows at a time when the patches would be large: a
     // full-size VAE decoder's top level unfolds 2.4 GB of them at 512x512.
-    // Each band's patches are freed before the next band's are made, and the
-    // bands' results are joined in one copy. At most kMaxBands bands, so a
-    // graph's node count stays within a constant factor of the unbanded one's
-    // at any size (GraphSession's context is sized in nodes).
+    // Each band's patches are freed before the next band's are made, and
+    // each band's result goes into the output as it is made. At most
+    // kMaxBands bands, so a graph's node count stays within a constant
+    // factor of the unbanded one's at any size (GraphSession's context is
+    // sized in nodes).
     const int64_t row_bytes = std::max<int64_t>(1, K * OW * N * static_cast<int64_t>(sizeof(float)));
     const int64_t fewest_rows = (OH + kMaxBands - 1) / kMaxBands;
     const int64_t band_rows = std::clamp<int64_t>(max_patch_bytes / row_bytes, fewest_rows, OH);
+    ggml_tensor* statistics = input.kind == BandInput::Kind::GroupNormSilu
+                                  ? group_norm_statistics_cpu(ctx, x, input.groups, input.eps)
+                                  : nullptr;
     std::vector<ggml_tensor*> bands;
     for (int64_t first = 0; first < OH; first += band_rows) {
         const int64_t rows = std::min(band_rows, OH - first);
-        ggml_tensor* patches = im2col_f32_cpu(ctx, w, x, layer.stride, layer.padding, first, rows);
+        ggml_tensor* patches = nullptr;
+        switch (input.kind) {
+            case BandInput::Kind::Plain:
+                patches = im2col_f32_cpu(ctx, w, x, layer.stride, layer.padding, first, rows);
+                break;
+            case BandInput::Kind::GroupNormSilu:
+                patches = im2col_group_norm_silu_f32_cpu(ctx, w, x, statistics, input.norm->weight, input.norm->bias,
+                                                         layer.stride, layer.padding, first, rows);
+                break;
+            case BandInput::Kind::Upsampled2x:
+                patches = im2col_upsampled_2x_f32_cpu(ctx, w, x, layer.stride, layer.padding, first, rows);
+                break;
+        }
         if (!patches) {  // an input kiln's unfold does not take: ggml's, whole
-            GGML_ASSERT(first == 0);
+            GGML_ASSERT(first == 0 && input.kind == BandInput::Kind::Plain);
             patches = ggml_im2col(ctx, w, x, layer.stride, layer.stride, layer.padding, layer.padding, 1, 1,
                                   /*is_2D=*/true, GGML_TYPE_F32);
             return pixels_by_channels_to_image(ctx, ggml_reshape_2d(ctx, patches, K, OW * OH * N), kernel, OW, OH, N,
@@ -101,16 +131,59 @@ ggml_tensor* conv2d_cpu_in_row_bands(ggml_context* ctx, const Conv2d& layer, ggm
     return concat_rows_cpu(ctx, bands);
 }
 
+bool is_pointwise(const Conv2d& layer) {
+    return layer.weight->ne[0] == 1 && layer.weight->ne[1] == 1 && layer.stride == 1 && layer.padding == 0;
+}
+
+int64_t f32_bytes(const ggml_tensor* x) { return ggml_nelements(x) * static_cast<int64_t>(sizeof(float)); }
+
+}  // namespace
+
+ggml_tensor* conv2d_cpu_in_row_bands(ggml_context* ctx, const Conv2d& layer, ggml_tensor* x, int64_t max_patch_bytes) {
+    return conv_in_row_bands(ctx, layer, x, max_patch_bytes, BandInput{});
+}
+
+// The folds below apply on the CPU where the input they spare would be
+// large (as a whole conv2d would band it), for inputs the unfold takes.
+bool worth_folding(ComputeTarget target, const Conv2d& layer, const ggml_tensor* spared, int64_t max_patch_bytes) {
+    return target == ComputeTarget::Cpu && !is_pointwise(layer) && f32_bytes(spared) > max_patch_bytes;
+}
+
+ggml_tensor* conv2d_of_group_norm_silu(ggml_context* ctx, ComputeTarget target, const Conv2d& layer, const Norm& norm,
+                                       ggml_tensor* x, int groups, float eps, int64_t max_patch_bytes) {
+    const bool fold = worth_folding(target, layer, x, max_patch_bytes) && x->type == GGML_TYPE_F32 &&
+                      ggml_is_contiguous(x) && norm.weight->type == GGML_TYPE_F32 &&
+                      norm.bias->type == GGML_TYPE_F32;
+    if (!fold) return conv2d(ctx, target, layer, ggml_silu_inplace(ctx, group_norm(ctx, norm, x, groups, eps)));
+    BandInput input;
+    input.kind = BandInput::Kind::GroupNormSilu;
+    input.norm = &norm;
+    input.groups = groups;
+    input.eps = eps;
+    return conv_in_row_bands(ctx, layer, x, max_patch_bytes, input);
+}
+
+ggml_tensor* conv2d_of_upsample_2x(ggml_context* ctx, ComputeTarget target, const Conv2d& layer, ggml_tensor* x,
+                                   int64_t max_patch_bytes) {
+    ggml_tensor* upsampled = upsample_nearest_2x(ctx, x);  // a node only if it is used
+    if (!worth_folding(target, layer, upsampled, max_patch_bytes) || x->type != GGML_TYPE_F32 ||
+        x->nb[0] != sizeof(float)) {
+        return conv2d(ctx, target, layer, upsampled);
+    }
+    BandInput input;
+    input.kind = BandInput::Kind::Upsampled2x;
+    return conv_in_row_bands(ctx, layer, x, max_patch_bytes, input);
+}
+
 ggml_tensor* conv2d(ggml_context* ctx, ComputeTarget target, const Conv2d& layer, ggml_tensor* x) {
     ggml_tensor* w = layer.weight;
     const bool on_cpu = target == ComputeTarget::Cpu;
     const int64_t OC = w->ne[3], N = x->ne[3];
-    const bool pointwise = w->ne[0] == 1 && w->ne[1] == 1 && layer.stride == 1 && layer.padding == 0;
+    const bool pointwise = is_pointwise(layer);
     // On the CPU a large 1x1 convolution goes a band of rows at a time too:
     // its input turned channels-first whole is as large as the input (a
     // 1024x1024 VAE decoder's top-level shortcut: 1 GiB).
-    if (pointwise && on_cpu &&
-        x->ne[0] * x->ne[1] * x->ne[2] * N * static_cast<int64_t>(sizeof(float)) > kMaxPatchBytesOnCpu) {
+    if (pointwise && on_cpu && f32_bytes(x) > kMaxPatchBytesOnCpu) {
         return conv2d_cpu_in_row_bands(ctx, layer, x, kMaxPatchBytesOnCpu);
     }
     if (pointwise) {

@@ -59,6 +59,15 @@ Norm declare_norm(runtime::ModuleWeights& w, const std::string& name, int64_t ch
 ggml_tensor* layer_norm(ggml_context* ctx, const Norm& norm, ggml_tensor* x, float eps = 1e-5f);
 // x: ne [W, H, C, N]; normalises each of `groups` channel groups.
 ggml_tensor* group_norm(ggml_context* ctx, const Norm& norm, ggml_tensor* x, int groups = 32, float eps = 1e-5f);
+// conv2d of silu(group_norm(x)): a residual block's "norm, SiLU,
+// convolution". On the CPU, when x is over `max_patch_bytes` (as a whole
+// conv2d would band it), the normalisation is folded into the convolution's
+// unfold (nn/im2col_cpu.h), so the normalised tensor, as large as x, is never
+// made; the numbers are the unfused graph's, bit for bit. Elsewhere it is
+// the three ops. `norm`'s weights must be F32 for the fold (kiln holds
+// vectors as F32).
+ggml_tensor* conv2d_of_group_norm_silu(ggml_context* ctx, ComputeTarget target, const Conv2d& layer, const Norm& norm,
+                                       ggml_tensor* x, int groups, float eps, int64_t max_patch_bytes = 64ll << 20);
 
 // x * sigmoid(1.702 x): CLIP ViT-L's activation.
 ggml_tensor* quick_gelu(ggml_context* ctx, ggml_tensor* x);
@@ -72,6 +81,12 @@ ggml_tensor* gelu_tanh(ggml_context* ctx, ComputeTarget target, ggml_tensor* x);
 
 // Nearest-neighbour 2x upsampling of ne [W, H, C, N].
 ggml_tensor* upsample_nearest_2x(ggml_context* ctx, ggml_tensor* x);
+// conv2d of upsample_nearest_2x(x): a decoder's upsampler. On the CPU, when
+// the upsample would be over `max_patch_bytes`, the convolution's unfold
+// reads x where the upsample would hold each sample, so the upsample (four
+// times x) is never made; the same numbers.
+ggml_tensor* conv2d_of_upsample_2x(ggml_context* ctx, ComputeTarget target, const Conv2d& layer, ggml_tensor* x,
+                                   int64_t max_patch_bytes = 64ll << 20);
 
 // Names `x` "cut:<name>": a block boundary where the runtime may cut the
 // graph into segments (DESIGN.md, the memory system).
