@@ -695,9 +695,12 @@ kiln_status kiln_plan(kiln_context* ctx, const kiln_generation_params* params, c
         if (!images_held.ok()) return fail(error, images_held.error());
         const bool cfg = job->cfg != 1.0f;
         // No prompt (kiln plan without -p): the family's typical length.
+        kiln::pipeline::JobPasses passes;
+        passes.encode_init = r->init_image.has_value();
+        passes.hires = job->hires ? &*job->hires : nullptr;
         auto forecast =
             kiln::pipeline::forecast_job(*ctx->model, job->width, job->height, cfg, params->flash_attention != 0,
-                                         r->prompt.empty() ? nullptr : &r->prompt);
+                                         r->prompt.empty() ? nullptr : &r->prompt, passes);
         if (!forecast.ok()) return fail(error, forecast.error());
         const std::string images = images_held->bytes()
                                        ? "images: " + kiln::human_bytes(images_held->bytes()) + " in RAM (" +

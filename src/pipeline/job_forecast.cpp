@@ -1,6 +1,7 @@
 #include "pipeline/job_forecast.h"
 
 #include <algorithm>
+#include <map>
 
 #include "pipeline/conditioner.h"
 #include "pipeline/graphs.h"
@@ -11,15 +12,21 @@
 namespace kiln::pipeline {
 
 Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, bool flash_attention,
-                                 const std::string* prompt) {
+                                 const std::string* prompt, const JobPasses& passes) {
     const int64_t batch = cfg ? 2 : 1;
     const auto& vc = model.vae().config();
     const int64_t lw = width / vc.downscale(), lh = height / vc.downscale();
     JobForecast out;
-    auto add = [&](runtime::Executor& executor, runtime::GraphSession& session, ggml_tensor* output) -> Status {
+    auto add = [&](runtime::Executor& executor, runtime::GraphSession& session, ggml_tensor* output,
+                   const std::string& pass) -> Status {
         auto f = executor.forecast(session, output);
         if (!f.ok()) return f.error();
-        out.modules.push_back({executor.module(), executor.store().ledger().device_name(), *f});
+        ModuleForecast m;
+        m.module = executor.module();
+        m.device = executor.store().ledger().device_name();
+        m.run = *f;
+        m.pass = pass;
+        out.modules.push_back(std::move(m));
         return Status::Ok();
     };
     const int64_t context_tokens = context_length(model, prompt);
@@ -30,47 +37,65 @@ Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, 
         // An LLM encodes one prompt at a time (conditioner.cpp).
         TextEncoderGraph g =
             build_text_encoder_graph(encoder, nullptr, length, encoder.llm ? 1 : batch, encoder.use->default_layer);
-        KILN_TRY(add(*encoder.executor, *g.session, g.out));
+        KILN_TRY(add(*encoder.executor, *g.session, g.out, ""));
     }
+    // The VAE, encoding an image of w x h pixels or decoding a w x h
+    // latent; one that does not fit is retried in tiles (generate).
+    const int64_t tile = VaeTiling{}.tile;
+    auto add_vae = [&](bool decode, int64_t w, int64_t h, const std::string& pass) -> Status {
+        auto graph = [&](int64_t gw, int64_t gh) {
+            return decode ? build_vae_decode_graph(model, gw, gh, nullptr)
+                          : build_vae_encode_graph(model, gw, gh, nullptr);
+        };
+        VaeGraph g = graph(w, h);
+        KILN_TRY(add(model.vae_compute(), *g.session, g.out, pass));
+        const int64_t side = decode ? tile : tile * vc.downscale();  // tiles are counted in latent pixels
+        if (out.modules.back().run.fits || (w <= side && h <= side)) return Status::Ok();
+        out.modules.pop_back();
+        VaeGraph t = graph(std::min(w, side), std::min(h, side));
+        KILN_TRY(add(model.vae_compute(), *t.session, t.out, pass));
+        out.modules.back().tiled = true;
+        return Status::Ok();
+    };
+    if (passes.encode_init) KILN_TRY(add_vae(/*decode=*/false, width, height, "init image encode"));
     // Chroma's DiT takes the padding mask as an input of its own.
     bool masked = false;
     for (const TextEncoder& encoder : model.text_encoders()) masked = masked || encoder.use->mask_padding;
     // With a ControlNet, it runs before the UNet at every step, at the same
     // batch, and the UNet takes its residuals as inputs.
     const bool control = model.has_control_net();
-    auto add_unet = [&](int64_t b) -> Status {
-        DiffusionShape shape{lw, lh, b, context_tokens, flash_attention, {}, masked};
+    auto add_unet_at = [&](int64_t w, int64_t h, int64_t b, const std::string& pass) -> Status {
+        DiffusionShape shape{w, h, b, context_tokens, flash_attention, {}, masked};
         shape.control = control;
         if (control) {
             auto c = build_control_graph(model, shape);
             if (!c.ok()) return c.error();
-            KILN_TRY(add(model.control_compute(), *c->session, c->out));
+            KILN_TRY(add(model.control_compute(), *c->session, c->out, pass));
         }
         auto g = build_diffusion_graph(model, shape);
         if (!g.ok()) return g.error();
-        return add(model.diffusion_compute(), *g->session, g->out);
+        return add(model.diffusion_compute(), *g->session, g->out, pass);
     };
-    const size_t before_unet = out.modules.size();
-    KILN_TRY(add_unet(batch));
     // A CFG batch that does not fit runs as two passes of one (generate).
-    const bool batch_fits = std::all_of(out.modules.begin() + static_cast<long>(before_unet), out.modules.end(),
-                                        [](const ModuleForecast& m) { return m.run.fits; });
-    if (!batch_fits && batch == 2) {
-        out.modules.resize(before_unet);
-        KILN_TRY(add_unet(1));
-        for (size_t i = before_unet; i < out.modules.size(); ++i) out.modules[i].separate_cfg = true;
-    }
-    // The VAE decode; one that does not fit is retried in tiles (generate).
-    auto add_decoder = [&](int64_t w, int64_t h) -> Status {
-        VaeGraph g = build_vae_decode_graph(model, w, h, nullptr);
-        return add(model.vae_compute(), *g.session, g.out);
+    auto add_unet = [&](int64_t w, int64_t h, const std::string& pass) -> Status {
+        const size_t before = out.modules.size();
+        KILN_TRY(add_unet_at(w, h, batch, pass));
+        const bool batch_fits = std::all_of(out.modules.begin() + static_cast<long>(before), out.modules.end(),
+                                            [](const ModuleForecast& m) { return m.run.fits; });
+        if (batch_fits || batch != 2) return Status::Ok();
+        out.modules.resize(before);
+        KILN_TRY(add_unet_at(w, h, 1, pass));
+        for (size_t i = before; i < out.modules.size(); ++i) out.modules[i].separate_cfg = true;
+        return Status::Ok();
     };
-    KILN_TRY(add_decoder(lw, lh));
-    const int64_t tile = VaeTiling{}.tile;
-    if (!out.modules.back().run.fits && (lw > tile || lh > tile)) {
-        out.modules.pop_back();
-        KILN_TRY(add_decoder(std::min(lw, tile), std::min(lh, tile)));
-        out.modules.back().tiled = true;
+    KILN_TRY(add_unet(lw, lh, ""));
+    KILN_TRY(add_vae(/*decode=*/true, lw, lh, ""));
+    if (const ValidatedHires* h = passes.hires) {
+        // A pixel upscaler's result is encoded again at the hires size.
+        if (h->upscaler != HiresUpscaler::Latent)
+            KILN_TRY(add_vae(/*decode=*/false, h->width, h->height, "hires encode"));
+        KILN_TRY(add_unet(h->latent_w, h->latent_h, "hires pass"));
+        KILN_TRY(add_vae(/*decode=*/true, h->latent_w, h->latent_h, "hires pass"));
     }
     for (const auto& [name, ledger] : model.ledgers()) {
         DeviceForecast d;
@@ -79,12 +104,16 @@ Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, 
         d.limit = ledger->limit();
         d.peak = d.weights_kept = ledger->managed();
         // Modules run in job order; what one leaves on the device (compute
-        // copies, idle workspace) stays until a later one needs the room.
-        uint64_t left_behind = 0;
+        // copies, idle workspace) stays until a later one needs the room. A
+        // module that runs again (the VAE of a hires job) reuses its own
+        // workspace, grown to the larger run.
+        std::map<std::string, uint64_t> left_behind;
         for (const ModuleForecast& m : out.modules) {
             if (m.device != name) continue;
-            d.peak = std::max(d.peak, std::min(d.limit, m.run.fixed + left_behind + m.run.peak));
-            left_behind += m.run.peak;
+            uint64_t others = 0;
+            for (const auto& [module, bytes] : left_behind) others += module == m.module ? 0 : bytes;
+            d.peak = std::max(d.peak, std::min(d.limit, m.run.fixed + others + m.run.peak));
+            left_behind[m.module] = std::max(left_behind[m.module], m.run.peak);
         }
         out.devices.push_back(d);
     }
@@ -103,7 +132,8 @@ std::string describe_forecast(const Model& model, const JobForecast& forecast) {
     out += "modules:\n";
     for (const ModuleForecast& m : forecast.modules) {
         const auto& r = m.run;
-        out += "  " + m.module + " on " + m.device + ": " + (m.tiled ? std::string("in tiles, ") : std::string()) +
+        out += "  " + m.module + (m.pass.empty() ? std::string() : " (" + m.pass + ")") + " on " + m.device + ": " +
+               (m.tiled ? std::string("in tiles, ") : std::string()) +
                (m.separate_cfg ? std::string("CFG passes one at a time, ") : std::string()) +
                (r.segments == 1 ? std::string("whole graph") : std::to_string(r.segments) + " segments") +
                ", compute " + human_bytes(r.whole_workspace) + " whole, hungriest part " +

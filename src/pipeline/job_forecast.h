@@ -1,7 +1,8 @@
 // `kiln plan` / `--dry-run`: what a generation job would need where, without
 // running it. The text encoder, ControlNet (when the model has one), UNet
-// (CFG batch of two) and VAE decoder graphs of the job are built and planned by each module's executor at the
-// device's current limit; nothing is uploaded or computed.
+// (CFG batch of two) and VAE decoder graphs of the job, and the VAE encoder
+// and hires pass when it has them, are built and planned by each module's
+// executor at the device's current limit; nothing is uploaded or computed.
 #pragma once
 
 #include <map>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "pipeline/model.h"
+#include "pipeline/request.h"
 #include "runtime/executor.h"
 #include "util/result.h"
 
@@ -19,8 +21,16 @@ struct ModuleForecast {
     std::string module;  // "te", "diffusion", "control", "vae"
     std::string device;  // where it computes
     runtime::RunForecast run;
-    bool tiled = false;         // the VAE decode would not fit whole: figures for one tile
+    bool tiled = false;         // the VAE would not fit whole: figures for one tile
     bool separate_cfg = false;  // the UNet's CFG batch of two would not fit: figures for one pass
+    std::string pass;           // "" for the job's own size; "init image encode", "hires pass", ...
+};
+
+// What a job runs besides its text encoding, one denoising pass and a decode
+// at its own size.
+struct JobPasses {
+    bool encode_init = false;               // image-to-image or inpainting: the init image's encode
+    const ValidatedHires* hires = nullptr;  // the hires fix: its encode (pixel upscalers), UNet and decode
 };
 
 struct DeviceForecast {
@@ -43,7 +53,7 @@ struct JobForecast {
 // `prompt`: the job's prompt, whose length under an LLM's chat template is
 // the LLM's and the DiT's context length (null: the family's plan_tokens).
 Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, bool flash_attention,
-                                 const std::string* prompt = nullptr);
+                                 const std::string* prompt = nullptr, const JobPasses& passes = {});
 
 // The placement, per-device peaks, per-module segment counts and the verdict.
 std::string describe_forecast(const Model& model, const JobForecast& forecast);

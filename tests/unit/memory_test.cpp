@@ -63,6 +63,9 @@ struct Job {
     // --control-image (a disc of the output's size; empty: none).
     std::string control_net;
     bool control_image = false;
+    // The hires fix at twice the size: "" for none, else the upscaler
+    // ("latent", "lanczos").
+    std::string hires;
 };
 
 struct Outcome {
@@ -133,6 +136,12 @@ pipeline::GenerationRequest request_for(const Job& job) {
             }
         }
         r.control_image = std::move(disc);
+    }
+    if (!job.hires.empty()) {
+        pipeline::HiresFix h;
+        h.upscaler = job.hires;
+        h.steps = 2;
+        r.hires = h;
     }
     return r;
 }
@@ -379,7 +388,12 @@ Result<Outcome> expect_plan_matches_run(const Job& job) {
     auto planned = Model::load(paths, o);
     if (!planned.ok()) return planned.error();
     const std::string prompt = kPrompt;
-    auto forecast = pipeline::forecast_job(**planned, job.size, job.size, job.cfg != 1.0f, false, &prompt);
+    auto validated = pipeline::validate_request(**planned, request_for(job));
+    if (!validated.ok()) return validated.error();
+    pipeline::JobPasses passes;
+    passes.hires = validated->hires ? &*validated->hires : nullptr;
+    auto forecast =
+        pipeline::forecast_job(**planned, job.size, job.size, job.cfg != 1.0f, false, &prompt, passes);
     if (!forecast.ok()) return forecast.error();
     const std::string text = pipeline::describe_forecast(**planned, *forecast);
     const pipeline::ModuleForecast* unet = nullptr;
@@ -739,6 +753,23 @@ TEST_F(Memory, EagerLoadReadsEveryModuleFirst) {
     EXPECT_GT(lazy.out.find("vae: weights loaded"), first_plan(lazy.out)) << lazy.out;
     EXPECT_LT(eager.out.find("vae: weights loaded"), first_plan(eager.out)) << eager.out;
     EXPECT_EQ(test::read_bytes(dir.file("a.png")), test::read_bytes(dir.file("b.png")));
+}
+
+// A hires job's second pass (its UNet and VAE at twice the size, and with
+// a pixel upscaler the VAE's encode) is in the plan: the predicted peak is
+// the run's, and above the plain job's.
+TEST_F(Memory, PlanPredictsAHiresRun) {
+    Job plain;
+    auto base = expect_plan_matches_run(plain);
+    ASSERT_TRUE(base.ok()) << base.error().message;
+    for (const char* upscaler : {"latent", "lanczos"}) {
+        SCOPED_TRACE(upscaler);
+        Job job;
+        job.hires = upscaler;
+        auto run = expect_plan_matches_run(job);  // its expectations are the test
+        ASSERT_TRUE(run.ok()) << run.error().message;
+        EXPECT_GT(run->peak, base->peak);
+    }
 }
 
 // kiln plan predicts what the run does.
