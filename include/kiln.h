@@ -83,6 +83,9 @@ typedef struct {
     /* The memory system (docs/memory.md). Zero means the default everywhere. */
     const char* params_backend;    /* --params-backend "cpu", "disk", a device, or module=location pairs */
     int offload_to_cpu;            /* --offload-to-cpu: every module's weights stay in RAM */
+    /* sd-cli's --clip-on-cpu, --vae-on-cpu, --control-net-cpu: "te", "vae", "control", comma-separated,
+     * compute on the CPU (weights in RAM) whatever backend or auto-fit chose; or NULL */
+    const char* modules_on_cpu;
     int disable_auto_fit;          /* --auto-fit off (also off whenever backend or params_backend is set) */
     const char* max_vram;          /* --max-vram "6", "-1", "rpc0=0.5,cuda0=6" (GiB; K/M/G suffixes allowed) */
     int disable_prefetch;          /* --disable-prefetch */

@@ -178,6 +178,19 @@ kiln::Result<kiln::pipeline::ModelOptions> model_options(const kiln_context_para
         options.placement.budgets = std::move(budgets).value();
     }
     options.placement.offload_to_cpu = params->offload_to_cpu != 0;
+    if (params->modules_on_cpu && *params->modules_on_cpu) {
+        std::string list = params->modules_on_cpu;
+        for (size_t start = 0; start <= list.size();) {
+            const size_t comma = std::min(list.find(',', start), list.size());
+            const std::string module = list.substr(start, comma - start);
+            if (module != "te" && module != "vae" && module != "control") {
+                return Error::invalid_request("modules on the CPU: unknown module '" + module +
+                                              "' (valid: te, vae, control)");
+            }
+            options.placement.on_cpu.insert(module);
+            start = comma + 1;
+        }
+    }
     options.placement.auto_fit = params->disable_auto_fit == 0;
     options.executor.prefetch = params->disable_prefetch == 0;
     options.executor.segmented = params->disable_segmented_compute == 0;

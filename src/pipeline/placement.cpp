@@ -55,8 +55,11 @@ Result<std::map<std::string, std::string>> parse_params_backend(std::string_view
     return runtime::parse_module_assignments("--params-backend", spec, values);
 }
 
-Result<std::vector<ModulePlacement>> place_modules(const PlacementRequest& request, const ModuleBytes& bytes,
-                                                   const std::vector<DeviceInfo>& devices, uint64_t host_available) {
+namespace {
+
+Result<std::vector<ModulePlacement>> place_each_module(const PlacementRequest& request, const ModuleBytes& bytes,
+                                                      const std::vector<DeviceInfo>& devices,
+                                                      uint64_t host_available) {
     auto bytes_of = [&](const std::string& m) {
         auto it = bytes.find(m);
         return it == bytes.end() ? uint64_t{0} : it->second;
@@ -142,6 +145,26 @@ Result<std::vector<ModulePlacement>> place_modules(const PlacementRequest& reque
         out.push_back(p);
     }
     return out;
+}
+
+}  // namespace
+
+Result<std::vector<ModulePlacement>> place_modules(const PlacementRequest& request, const ModuleBytes& bytes,
+                                                   const std::vector<DeviceInfo>& devices, uint64_t host_available) {
+    auto placed = place_each_module(request, bytes, devices, host_available);
+    if (!placed.ok() || request.on_cpu.empty()) return placed;
+    for (ModulePlacement& p : *placed) {
+        if (!request.on_cpu.count(p.module)) continue;
+        p.compute_device = "CPU";
+        p.params_device.clear();
+        p.params = ParamsLocation::ComputeDevice;  // RAM, or the mapped file
+        if (auto it = request.params_backend.find(p.module); it != request.params_backend.end()) {
+            auto where = params_location_of(it->second, p.compute_device, p.params_device);
+            if (!where.ok()) return where.error();
+            p.params = *where;
+        }
+    }
+    return placed;
 }
 
 std::string describe_placement(const std::vector<ModulePlacement>& placement, const ModuleBytes& bytes) {

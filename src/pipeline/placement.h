@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,10 @@ struct PlacementRequest {
     bool offload_to_cpu = false;                        // --offload-to-cpu: every module's params in RAM
     bool auto_fit = true;                               // --auto-fit (off when backend/params_backend given)
     runtime::BudgetSpec budgets;                        // --max-vram
+    // sd-cli's --clip-on-cpu (te), --vae-on-cpu (vae) and --control-net-cpu
+    // (control): these compute on the CPU whatever --backend or auto-fit
+    // chose for them; the other modules are placed as without them.
+    std::set<std::string> on_cpu;
 };
 
 // Weight bytes of each module ("diffusion", "te", "vae", and "control" when

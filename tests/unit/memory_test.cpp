@@ -684,6 +684,29 @@ TEST_F(Memory, ParamsOnAnotherDeviceGiveTheSameImage) {
     EXPECT_EQ(test::read_bytes(dir.file("a.png")), test::read_bytes(dir.file("b.png")));
 }
 
+// sd-cli's --clip-on-cpu and --vae-on-cpu keep those modules on the CPU
+// beside --backend DEVICE or auto-fit, which place the rest; same image.
+TEST_F(Memory, ClipAndVaeOnCpuAsSdCli) {
+    if (!on_rpc()) GTEST_SKIP() << "needs the loopback RPC device";
+    test::TempDir dir;
+    const std::string rpc = device_flags();
+    for (const std::string& placement : {" --backend " + dev(), std::string()}) {
+        SCOPED_TRACE(placement.empty() ? "auto-fit" : placement);
+        auto all = test::run_command(kiln_cli(rpc + placement + " -v -p x -o " + dir.file("all.png")));
+        auto split = test::run_command(
+            kiln_cli(rpc + placement + " -v --clip-on-cpu --vae-on-cpu -p x -o " + dir.file("split.png")));
+        ASSERT_EQ(all.exit_code, 0) << all.err;
+        ASSERT_EQ(split.exit_code, 0) << split.err;
+        EXPECT_NE(all.out.find("te: computes on " + dev()), std::string::npos) << all.out;
+        EXPECT_NE(split.out.find("diffusion: computes on " + dev()), std::string::npos) << split.out;
+        EXPECT_NE(split.out.find("te: computes on CPU"), std::string::npos) << split.out;
+        EXPECT_NE(split.out.find("vae: computes on CPU"), std::string::npos) << split.out;
+    }
+    auto bad = test::run_command(kiln_cli("--clip-on-cpu=yes -p x -o " + dir.file("bad.png")));
+    EXPECT_NE(bad.exit_code, 0);
+    EXPECT_FALSE(std::ifstream(dir.file("bad.png")).good());
+}
+
 // Auto-fit with an RPC device: it computes everything there and says so;
 // under a small budget the weights move to RAM and the UNet segments.
 TEST_F(Memory, AutoFitUsesTheGpuTypeDevice) {

@@ -394,6 +394,21 @@ const std::vector<Flag>& flags() {
                  o.params_backend = v;
                  return std::nullopt;
              }},
+            {nullptr, "--clip-on-cpu", nullptr, "the text encoders compute on the CPU, as sd-cli's flag",
+             [](Options& o, const std::string&) -> std::optional<std::string> {
+                 o.modules_on_cpu += o.modules_on_cpu.empty() ? "te" : ",te";
+                 return std::nullopt;
+             }},
+            {nullptr, "--vae-on-cpu", nullptr, "the VAE computes on the CPU, as sd-cli's flag",
+             [](Options& o, const std::string&) -> std::optional<std::string> {
+                 o.modules_on_cpu += o.modules_on_cpu.empty() ? "vae" : ",vae";
+                 return std::nullopt;
+             }},
+            {nullptr, "--control-net-cpu", nullptr, "the ControlNet computes on the CPU, as sd-cli's flag",
+             [](Options& o, const std::string&) -> std::optional<std::string> {
+                 o.modules_on_cpu += o.modules_on_cpu.empty() ? "control" : ",control";
+                 return std::nullopt;
+             }},
             {nullptr, "--offload-to-cpu", nullptr, "keep every module's weights in RAM (--params-backend cpu)",
              [](Options& o, const std::string&) -> std::optional<std::string> {
                  o.offload_to_cpu = true;

@@ -112,6 +112,7 @@ struct Options {
 
     // The memory system (docs/memory.md).
     std::string params_backend;  // --params-backend cpu|disk|DEVICE or module=...,...
+    std::string modules_on_cpu;  // --clip-on-cpu, --vae-on-cpu, --control-net-cpu: "te,vae,control"
     bool offload_to_cpu = false;
     std::string max_vram;  // --max-vram, validated at parse time
     bool auto_fit = true;  // --auto-fit on|off

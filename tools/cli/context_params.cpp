@@ -26,6 +26,7 @@ kiln_context_params context_params_of(const Options& options) {
     cp.backend = optional(options.backend);
     cp.params_backend = optional(options.params_backend);
     cp.offload_to_cpu = options.offload_to_cpu ? 1 : 0;
+    cp.modules_on_cpu = optional(options.modules_on_cpu);
     cp.disable_auto_fit = options.auto_fit ? 0 : 1;
     cp.max_vram = optional(options.max_vram);
     cp.disable_prefetch = options.disable_prefetch ? 1 : 0;
