@@ -96,6 +96,14 @@ auto path_setter(std::string Options::*field) {
     };
 }
 
+// sd-cli's --clip-on-cpu and the like: `module` joins the modules that compute on the CPU.
+auto module_on_cpu(const char* module) {
+    return [module](Options& o, const std::string&) -> std::optional<std::string> {
+        o.modules_on_cpu += (o.modules_on_cpu.empty() ? "" : ",") + std::string(module);
+        return std::nullopt;
+    };
+}
+
 const std::vector<Flag>& flags() {
     static const std::vector<Flag> table =
         {
@@ -395,20 +403,10 @@ const std::vector<Flag>& flags() {
                  return std::nullopt;
              }},
             {nullptr, "--clip-on-cpu", nullptr, "the text encoders compute on the CPU, as sd-cli's flag",
-             [](Options& o, const std::string&) -> std::optional<std::string> {
-                 o.modules_on_cpu += o.modules_on_cpu.empty() ? "te" : ",te";
-                 return std::nullopt;
-             }},
-            {nullptr, "--vae-on-cpu", nullptr, "the VAE computes on the CPU, as sd-cli's flag",
-             [](Options& o, const std::string&) -> std::optional<std::string> {
-                 o.modules_on_cpu += o.modules_on_cpu.empty() ? "vae" : ",vae";
-                 return std::nullopt;
-             }},
+             module_on_cpu("te")},
+            {nullptr, "--vae-on-cpu", nullptr, "the VAE computes on the CPU, as sd-cli's flag", module_on_cpu("vae")},
             {nullptr, "--control-net-cpu", nullptr, "the ControlNet computes on the CPU, as sd-cli's flag",
-             [](Options& o, const std::string&) -> std::optional<std::string> {
-                 o.modules_on_cpu += o.modules_on_cpu.empty() ? "control" : ",control";
-                 return std::nullopt;
-             }},
+             module_on_cpu("control")},
             {nullptr, "--offload-to-cpu", nullptr, "keep every module's weights in RAM (--params-backend cpu)",
              [](Options& o, const std::string&) -> std::optional<std::string> {
                  o.offload_to_cpu = true;
