@@ -74,6 +74,15 @@ TEST(Args, SdCliFlagsShortAndLong) {
     EXPECT_EQ(parse_ok({"--model=x.gguf"}).model, "x.gguf");
 }
 
+// sd-cli's placement switches, and its switches for choices kiln makes itself.
+TEST(Args, SdCliPlacementAndPathSwitches) {
+    const Options o = parse_ok({"-p", "x", "--clip-on-cpu", "--vae-on-cpu", "--control-net-cpu", "--mmap",
+                                "--vae-conv-direct", "--diffusion-conv-direct"});
+    EXPECT_EQ(o.modules_on_cpu, "te,vae,control");
+    EXPECT_EQ(parse_ok({"-p", "x"}).modules_on_cpu, "");
+    EXPECT_NE(parse_error({"--mmap=yes"}).message.find("--mmap"), std::string::npos);
+}
+
 TEST(Args, Modes) {
     EXPECT_EQ(parse_ok({"-M", "convert"}).command, Command::Convert);
     EXPECT_EQ(parse_ok({"--mode", "img_gen"}).command, Command::Generate);

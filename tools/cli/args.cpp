@@ -96,6 +96,10 @@ auto path_setter(std::string Options::*field) {
     };
 }
 
+auto ignored_switch() {
+    return [](Options&, const std::string&) -> std::optional<std::string> { return std::nullopt; };
+}
+
 // sd-cli's --clip-on-cpu and the like: `module` joins the modules that compute on the CPU.
 auto module_on_cpu(const char* module) {
     return [module](Options& o, const std::string&) -> std::optional<std::string> {
@@ -407,6 +411,14 @@ const std::vector<Flag>& flags() {
             {nullptr, "--vae-on-cpu", nullptr, "the VAE computes on the CPU, as sd-cli's flag", module_on_cpu("vae")},
             {nullptr, "--control-net-cpu", nullptr, "the ControlNet computes on the CPU, as sd-cli's flag",
              module_on_cpu("control")},
+            // sd-cli's switches for choices kiln makes itself: accepted, so
+            // that an sd-cli command line runs unchanged, and nothing more.
+            {nullptr, "--mmap", nullptr, "accepted for sd-cli command lines: kiln always maps model files",
+             ignored_switch()},
+            {nullptr, "--vae-conv-direct", nullptr,
+             "accepted for sd-cli command lines: kiln picks each convolution's path itself", ignored_switch()},
+            {nullptr, "--diffusion-conv-direct", nullptr,
+             "accepted for sd-cli command lines: kiln picks each convolution's path itself", ignored_switch()},
             {nullptr, "--offload-to-cpu", nullptr, "keep every module's weights in RAM (--params-backend cpu)",
              [](Options& o, const std::string&) -> std::optional<std::string> {
                  o.offload_to_cpu = true;
