@@ -59,12 +59,13 @@ std::optional<ModelFamily> detect_diffusers_family(const std::vector<TensorInfo>
     return std::nullopt;
 }
 
-UnetLayout detect_unet_layout(const std::vector<TensorInfo>& tensors) {
+UnetLayout detect_unet_layout(const std::vector<TensorInfo>& tensors, std::string_view prefix) {
     UnetLayout layout;
     int levels = 0, layers = 0;
     unsigned attention = 0;
+    const std::string down_blocks = std::string(prefix) + "down_blocks.";
     for (const TensorInfo& t : tensors) {
-        if (!starts_with(t.name, "unet/down_blocks.")) continue;
+        if (!starts_with(t.name, down_blocks)) continue;
         const auto level = index_after(t.name, "down_blocks.");
         if (!level || *level > 31) continue;
         levels = std::max(levels, *level + 1);
@@ -88,10 +89,8 @@ void rename_diffusers_controlnet(std::vector<TensorInfo>& tensors) {
     constexpr std::string_view kPrefix = "control_model.";
     constexpr std::string_view kEmbedding = "controlnet_cond_embedding.";
     // The encoder's block numbering comes from its layout, read as a UNet's.
-    std::vector<TensorInfo> as_unet = tensors;
-    for (TensorInfo& t : as_unet) t.name = "unet/" + t.name;
     // The family only picks text-encoder tables; a UNet's names are the same in each.
-    const NameMap map(ModelFamily::SD1, detect_unet_layout(as_unet));
+    const NameMap map(ModelFamily::SD1, detect_unet_layout(tensors, ""));
     int hint_blocks = 0;
     for (const TensorInfo& t : tensors) {
         if (auto k = index_after(t.name, "controlnet_cond_embedding.blocks."))

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <optional>
+#include <string_view>
 #include <vector>
 
 #include "io/name_map.h"
@@ -18,8 +19,9 @@ namespace kiln::io {
 // projections are linear, SD1 if they are convolutions; nullopt for other
 // pipelines (their names stay as they are).
 std::optional<ModelFamily> detect_diffusers_family(const std::vector<TensorInfo>& tensors);
-// Levels, resnets per level and attention levels from "unet/down_blocks.*" names.
-UnetLayout detect_unet_layout(const std::vector<TensorInfo>& tensors);
+// Levels, resnets per level and attention levels from "<prefix>down_blocks.*"
+// names ("unet/" in a diffusers folder; "" in a ControlNet's own file).
+UnetLayout detect_unet_layout(const std::vector<TensorInfo>& tensors, std::string_view prefix = "unet/");
 
 // Renames every "component/name" tensor that has a one-to-one ldm name, and
 // gives VAE mid-attention weights their ldm 1x1-conv shape (the bytes are the

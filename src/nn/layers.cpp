@@ -145,13 +145,13 @@ ggml_tensor* conv2d_cpu_in_row_bands(ggml_context* ctx, const Conv2d& layer, ggm
 
 // The folds below apply on the CPU where the input they spare would be
 // large (as a whole conv2d would band it), for inputs the unfold takes.
-bool worth_folding(ComputeTarget target, const Conv2d& layer, const ggml_tensor* spared, int64_t max_patch_bytes) {
-    return target == ComputeTarget::Cpu && !is_pointwise(layer) && f32_bytes(spared) > max_patch_bytes;
+bool worth_folding(ComputeTarget target, const Conv2d& layer, int64_t spared_bytes, int64_t max_patch_bytes) {
+    return target == ComputeTarget::Cpu && !is_pointwise(layer) && spared_bytes > max_patch_bytes;
 }
 
 ggml_tensor* conv2d_of_group_norm_silu(ggml_context* ctx, ComputeTarget target, const Conv2d& layer, const Norm& norm,
                                        ggml_tensor* x, int groups, float eps, int64_t max_patch_bytes) {
-    const bool fold = worth_folding(target, layer, x, max_patch_bytes) && x->type == GGML_TYPE_F32 &&
+    const bool fold = worth_folding(target, layer, f32_bytes(x), max_patch_bytes) && x->type == GGML_TYPE_F32 &&
                       ggml_is_contiguous(x) && norm.weight->type == GGML_TYPE_F32 &&
                       norm.bias->type == GGML_TYPE_F32;
     if (!fold) return conv2d(ctx, target, layer, ggml_silu_inplace(ctx, group_norm(ctx, norm, x, groups, eps)));
@@ -165,10 +165,9 @@ ggml_tensor* conv2d_of_group_norm_silu(ggml_context* ctx, ComputeTarget target, 
 
 ggml_tensor* conv2d_of_upsample_2x(ggml_context* ctx, ComputeTarget target, const Conv2d& layer, ggml_tensor* x,
                                    int64_t max_patch_bytes) {
-    ggml_tensor* upsampled = upsample_nearest_2x(ctx, x);  // a node only if it is used
-    if (!worth_folding(target, layer, upsampled, max_patch_bytes) || x->type != GGML_TYPE_F32 ||
+    if (!worth_folding(target, layer, 4 * f32_bytes(x), max_patch_bytes) || x->type != GGML_TYPE_F32 ||
         x->nb[0] != sizeof(float)) {
-        return conv2d(ctx, target, layer, upsampled);
+        return conv2d(ctx, target, layer, upsample_nearest_2x(ctx, x));
     }
     BandInput input;
     input.kind = BandInput::Kind::Upsampled2x;
