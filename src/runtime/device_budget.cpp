@@ -26,8 +26,9 @@ std::string_view trim(std::string_view s) {
     return s;
 }
 
-// "6", "-1.5", "0", "96M", "512MiB", "2G" -> GiB.
-Result<double> parse_amount(std::string_view text) {
+}  // namespace
+
+Result<double> parse_gib_amount(std::string_view text) {
     const std::string s(trim(text));
     if (s.empty()) return Error{"an empty value"};
     char* end = nullptr;
@@ -41,8 +42,6 @@ Result<double> parse_amount(std::string_view text) {
     if (unit == "K") return value / (1024.0 * 1024.0);
     return Error{"'" + s + "' has an unknown unit (use GiB numbers, or K, M, G)"};
 }
-
-}  // namespace
 
 std::optional<double> BudgetSpec::for_device(std::string_view device) const {
     auto it = per_device_gib.find(upper(device));
@@ -75,13 +74,13 @@ Result<BudgetSpec> parse_max_vram(std::string_view spec) {
         const size_t eq = part.find('=');
         if (eq == std::string_view::npos) {
             if (out.all_gib) return Error{"--max-vram: two budgets for every device in '" + std::string(spec) + "'"};
-            auto v = parse_amount(part);
+            auto v = parse_gib_amount(part);
             if (!v.ok()) return Error::invalid_request("--max-vram: " + v.error().message);
             out.all_gib = *v;
         } else {
             const std::string device = upper(trim(part.substr(0, eq)));
             if (device.empty()) return Error{"--max-vram: '" + std::string(part) + "' names no device"};
-            auto v = parse_amount(part.substr(eq + 1));
+            auto v = parse_gib_amount(part.substr(eq + 1));
             if (!v.ok()) return Error::invalid_request("--max-vram: " + device + ": " + v.error().message);
             if (!out.per_device_gib.emplace(device, *v).second) {
                 return Error{"--max-vram: two budgets for " + device};

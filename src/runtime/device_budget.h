@@ -40,6 +40,10 @@ struct BudgetSpec {
     Status check_devices(const std::vector<std::string>& devices) const;
 };
 
+// "6", "-1.5", "0", "96M", "512MiB", "2G" -> GiB: a number of GiB, or of
+// K, M or G with a unit suffix (optionally "B" or "iB").
+Result<double> parse_gib_amount(std::string_view text);
+
 // Errors name the flag and the bad part.
 Result<BudgetSpec> parse_max_vram(std::string_view spec);
 

@@ -13,6 +13,8 @@
 #include <thread>
 
 #include "ggml-rpc.h"
+#include "runtime/alloc_limited_device.h"
+#include "runtime/device_budget.h"
 #include "runtime/devices.h"
 #include "util/format.h"
 #include "util/log.h"
@@ -40,11 +42,29 @@ Status check_can_listen(const std::string& host, int port) {
     return Status::Ok();
 }
 
+// --max-alloc in bytes; the device's total memory when not given.
+Result<size_t> max_alloc_bytes(const std::string& spec, ggml_backend_dev_t device) {
+    if (spec.empty()) {
+        size_t free = 0, total = 0;
+        ggml_backend_dev_memory(device, &free, &total);
+        return total > 0 ? total : SIZE_MAX;
+    }
+    auto gib = parse_gib_amount(spec);
+    if (!gib.ok()) return Error::invalid_request("--max-alloc: " + gib.error().message);
+    const double bytes = *gib * 1024.0 * 1024.0 * 1024.0;
+    if (!(bytes >= 1.0) || bytes > 1e18) {
+        return Error::invalid_request("--max-alloc: expected a size from 1K to 1e9G, got '" + spec + "'");
+    }
+    return static_cast<size_t>(bytes);
+}
+
 }  // namespace
 
 Status serve_rpc(const RpcServeOptions& options) {
     auto device = find_device(options.device.empty() ? "CPU" : options.device);
     if (!device) return Error::invalid_request("--device: " + device.error().message);
+    auto max_alloc = max_alloc_bytes(options.max_alloc, *device);
+    if (!max_alloc.ok()) return max_alloc.error();
     KILN_TRY(check_can_listen(options.host, options.port));
     if (!is_loopback(options.host)) {
         KILN_LOG_WARN(
@@ -55,15 +75,16 @@ Status serve_rpc(const RpcServeOptions& options) {
     const std::string endpoint = options.host + ":" + std::to_string(options.port);
     const size_t threads =
         options.threads > 0 ? static_cast<size_t>(options.threads) : std::max(1u, std::thread::hardware_concurrency());
-    KILN_LOG_INFO("kiln rpc-server: serving %s (%s) on %s with %zu threads", ggml_backend_dev_name(*device),
-                  ggml_backend_dev_description(*device), endpoint.c_str(), threads);
+    KILN_LOG_INFO("kiln rpc-server: serving %s (%s) on %s with %zu threads; buffers up to %s (--max-alloc)",
+                  ggml_backend_dev_name(*device), ggml_backend_dev_description(*device), endpoint.c_str(), threads,
+                  human_bytes(*max_alloc).c_str());
     std::fflush(stdout);
     // A client that closes its socket while the server still writes to it
     // must cost that client's connection only: without this, the write
     // raises SIGPIPE and ends the whole server. ggml then sees EPIPE and
     // drops the connection.
     std::signal(SIGPIPE, SIG_IGN);
-    ggml_backend_dev_t dev = *device;
+    ggml_backend_dev_t dev = alloc_limited_device(*device, *max_alloc);
     ggml_backend_rpc_start_server(endpoint.c_str(), /*cache_dir=*/nullptr, threads, 1, &dev);
     // ggml returns only when it could not set up (or keep) the listening socket.
     return Error{"rpc-server: the ggml RPC server on " + endpoint + " stopped (see the messages above)"};

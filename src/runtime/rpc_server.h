@@ -14,12 +14,17 @@ struct RpcServeOptions {
     int port = 50052;
     std::string device = "CPU";  // a ggml device name
     int threads = 0;             // <= 0: every core
+    // --max-alloc: the largest buffer a client may allocate, as for
+    // --max-vram ("2G", "512M"); empty: the device's total memory.
+    std::string max_alloc;
 };
 
 // Serves until the process ends; returns only on failure. Errors: an
 // unknown device (invalid request), a port that cannot be bound. Any
 // address but loopback logs a warning: the protocol has no authentication.
 // A client that closes early costs only its connection (SIGPIPE ignored).
+// A buffer over max_alloc is refused (alloc_limited_device.h). A bad
+// max_alloc is an invalid request.
 Status serve_rpc(const RpcServeOptions& options);
 
 // One line per ggml device: name, type, free and total memory, description.

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
 #include <thread>
 #include <vector>
 
@@ -70,6 +71,88 @@ TEST(RpcServerHostile, SurvivesAClientThatWritesThenCloses) {
     std::memcpy(&devices, answer.data() + 8 + 28 + 8, 4);
     EXPECT_EQ(devices, 1u);
     EXPECT_FALSE(server.exited());
+}
+
+// Reads exactly `size` bytes of answer, or fewer if the server hangs up.
+std::vector<uint8_t> read_answer(int fd, size_t size) {
+    std::vector<uint8_t> answer(size);
+    size_t got = 0;
+    while (got < size) {
+        const ssize_t n = ::recv(fd, answer.data() + got, size - got, 0);
+        if (n <= 0) break;
+        got += static_cast<size_t>(n);
+    }
+    answer.resize(got);
+    return answer;
+}
+
+uint64_t u64_at(const std::vector<uint8_t>& bytes, size_t at) {
+    uint64_t v = 0;
+    std::memcpy(&v, bytes.data() + at, 8);
+    return v;
+}
+
+// ALLOC_BUFFER (command 0) asks for {u32 device, u64 size} and gets {u64
+// remote pointer, u64 size}, zero when refused; GET_MAX_SIZE (command 2)
+// asks for {u32 device} and gets {u64 max size}.
+TEST(RpcServerHostile, MaxAllocRefusesLargerBuffers) {
+    const int port = test::free_port();
+    ASSERT_GT(port, 0);
+    test::KilnChild server({"rpc-server", "--port", std::to_string(port), "-t", "1", "--max-alloc", "64M"});
+    ASSERT_TRUE(server.wait_listening(port)) << server.err();
+    const int fd = test::connect_loopback(port);
+    ASSERT_GE(fd, 0);
+    auto alloc = [](uint64_t size) {
+        std::vector<uint8_t> payload(4, 0);  // device 0
+        test::put_u64(payload, size);
+        std::vector<uint8_t> bytes;
+        put_command(bytes, 0, payload);
+        return bytes;
+    };
+    std::vector<uint8_t> bytes;
+    put_command(bytes, 14, std::vector<uint8_t>(24, 0));
+    const std::vector<uint8_t> huge = alloc(4ull << 30), small = alloc(1 << 20);
+    bytes.insert(bytes.end(), huge.begin(), huge.end());
+    bytes.insert(bytes.end(), small.begin(), small.end());
+    put_command(bytes, 2, std::vector<uint8_t>(4, 0));
+    ASSERT_EQ(::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL), static_cast<ssize_t>(bytes.size()));
+    const size_t hello = 8 + 28, alloc_answer = 8 + 16;
+    const std::vector<uint8_t> answer = read_answer(fd, hello + 2 * alloc_answer + 8 + 8);
+    ::close(fd);
+    ASSERT_EQ(answer.size(), hello + 2 * alloc_answer + 16) << server.err();
+    EXPECT_EQ(u64_at(answer, hello + 8), 0u) << "the 4 GiB buffer was allocated";
+    EXPECT_EQ(u64_at(answer, hello + 16), 0u);
+    EXPECT_NE(u64_at(answer, hello + alloc_answer + 8), 0u) << "the 1 MiB buffer was refused";
+    EXPECT_EQ(u64_at(answer, hello + alloc_answer + 16), 1u << 20);
+    EXPECT_EQ(u64_at(answer, hello + 2 * alloc_answer + 8), 64u << 20) << "max size";
+    EXPECT_FALSE(server.exited());
+    const std::string log = server.out() + server.err();
+    EXPECT_NE(log.find("refused a 4.00 GiB buffer on CPU: --max-alloc is 64.00 MiB"), std::string::npos) << log;
+}
+
+// A job whose buffers exceed the server's limit fails as out of memory on
+// that device: exit 1, the device named, no image.
+TEST(RpcServerHostile, AJobOverMaxAllocIsOutOfMemory) {
+    const int port = test::free_port();
+    ASSERT_GT(port, 0);
+    test::KilnChild server({"rpc-server", "--port", std::to_string(port), "-t", "1", "--max-alloc", "1M"});
+    ASSERT_TRUE(server.wait_listening(port)) << server.err();
+    test::TempDir dir;
+    const std::string out = dir.file("out.png");
+    auto r = test::run_command(std::string(KILN_BIN) + " -p x --steps 1 --rpc-servers 127.0.0.1:" +
+                               std::to_string(port) + " --backend rpc0 -o " + out);
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_NE(r.err.find("error: out of memory on RPC0"), std::string::npos) << r.err;
+    EXPECT_FALSE(std::filesystem::exists(out));
+    EXPECT_FALSE(server.exited()) << server.err();
+}
+
+TEST(RpcServerHostile, ABadMaxAllocIsAUsageError) {
+    for (const char* bad : {"0", "-1", "5X", "nan"}) {
+        auto r = test::run_command(std::string(KILN_BIN) + " rpc-server --port 1 --max-alloc " + bad);
+        EXPECT_EQ(r.exit_code, 2) << bad << ": " << r.err;
+        EXPECT_NE(r.err.find("--max-alloc: "), std::string::npos) << r.err;
+    }
 }
 
 // A fake RPC server: it answers each connection's HELLO like ggml's, then

@@ -522,6 +522,13 @@ const std::vector<Flag>& rpc_server_flags() {
              o.rpc_device = v;
              return std::nullopt;
          }},
+        {nullptr, "--max-alloc", "SIZE",
+         "largest buffer a client may allocate, GiB or with a K/M/G suffix (default: the device's total memory)",
+         [](Options& o, const std::string& v) -> std::optional<std::string> {
+             if (v.empty()) return std::string("expected a size such as 2G or 512M, got an empty string");
+             o.rpc_max_alloc = v;
+             return std::nullopt;
+         }},
     };
     return table;
 }
@@ -770,7 +777,7 @@ std::string help_text() {
            "       kiln info [--tensors] [FILE|FOLDER...]   (no file: the default model)\n"
            "       kiln --list-devices [--rpc-servers HOST:PORT,...]\n"
            "       kiln plan [options]                  will the job fit, and how? (same as --dry-run)\n"
-           "       kiln rpc-server [--host ADDRESS] [--port N] [--device NAME]   serve a device to other kilns\n"
+           "       kiln rpc-server [--host ADDRESS] [--port N] [--device NAME] [--max-alloc SIZE]   serve a device\n"
            "       kiln pull REPO [--include PATTERN]... [--revision R] [--to DIR]   download from a model hub\n"
            "       kiln pull --tokenizer NAME           fetch a tokenizer into kiln's cache (docs/pull.md)\n"
            "       kiln serve [-m MODEL | --model-dir DIR] [--listen-port N] [--api-key KEY] ...   the HTTP server\n\n"

@@ -123,6 +123,7 @@ struct Options {
     // `kiln rpc-server`.
     std::string rpc_host = "127.0.0.1";  // an IPv4 address ("localhost" is turned into 127.0.0.1)
     int rpc_port = 50052;                // ggml's rpc-server default
+    std::string rpc_max_alloc;           // rpc-server --max-alloc; empty: the device's memory
     std::string rpc_device;              // "": the CPU
 
     // `kiln serve` (tools/server/server_options.h says what each means).
