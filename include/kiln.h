@@ -181,6 +181,10 @@ typedef struct {
     int flash_attention;          /* --diffusion-fa */
     const kiln_image* init_image; /* image-to-image, or NULL */
     float strength;               /* with init_image: share of the schedule to run, (0, 1] */
+    /* A1111's resize_mode 3: init_image keeps its own size (multiples of the size stride), is
+     * encoded there and its latent resized (bilinear) to width x height; not with a mask.
+     * 0: init_image is the output's size. */
+    int init_latent_resize;
     const kiln_image* mask;       /* inpainting (needs init_image): white repaints, black keeps; or NULL */
     int vae_tiling;               /* decode/encode the VAE in tiles */
     int vae_tile_size;            /* latent pixels per tile side (default 32) */

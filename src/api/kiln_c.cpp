@@ -218,6 +218,7 @@ kiln::Result<kiln::pipeline::GenerationRequest> generation_request(const kiln_ge
     r.clip_skip = params->clip_skip;
     r.flash_attention = params->flash_attention != 0;
     r.strength = params->strength;
+    r.init_latent_resize = params->init_latent_resize != 0;
     if (params->rng) {
         auto rng = kiln::pipeline::parse_rng_kind(params->rng);
         if (!rng.ok()) return rng.error().as(kiln::ErrorKind::InvalidRequest);
@@ -709,7 +710,7 @@ kiln_status kiln_plan(kiln_context* ctx, const kiln_generation_params* params, c
         const bool cfg = job->cfg != 1.0f;
         // No prompt (kiln plan without -p): the family's typical length.
         kiln::pipeline::JobPasses passes;
-        passes.encode_init = r->init_image.has_value();
+        if (r->init_image) passes.init_encode_size = {r->init_image->width, r->init_image->height};
         passes.hires = job->hires ? &*job->hires : nullptr;
         auto forecast =
             kiln::pipeline::forecast_job(*ctx->model, job->width, job->height, cfg, params->flash_attention != 0,

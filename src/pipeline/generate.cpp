@@ -696,9 +696,20 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
         // what the mask keeps does not depend on the seed (docs/sd1.md).
         std::unique_ptr<Rng> encode_rng = make_rng(request.rng, static_cast<uint64_t>(request.seed));
         std::vector<float> sampled;
-        auto encoded = encode_image(model, *request.init_image, p, request.vae_tiling, encode_rng.get(), &sampled);
+        ValidatedRequest at = p;
+        at.width = request.init_image->width;
+        at.height = request.init_image->height;
+        auto encoded = encode_image(model, *request.init_image, at, request.vae_tiling, encode_rng.get(), &sampled);
         if (!encoded.ok()) return encoded.error();
         mean_latent = std::move(encoded).value();
+        if (at.width != p.width || at.height != p.height) {
+            // init_latent_resize (A1111's resize_mode 3): the sample is resized,
+            // as A1111 resizes its encoding (a sample too).
+            const int64_t down = model.vae().config().downscale();
+            sampled = resize_latent(sampled, model.latent_channels(), at.width / down, at.height / down, p.latent_w,
+                                    p.latent_h, LatentResize::Bilinear);
+            mean_latent.clear();  // only an inpainting job reads it, and it has no mask
+        }
         init_latent = std::move(sampled);
         // Run only the last `strength` of the schedule.
         keep_last_share(sigmas, p.steps, request.strength);

@@ -57,7 +57,10 @@ Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, 
         out.modules.back().tiled = true;
         return Status::Ok();
     };
-    if (passes.encode_init) KILN_TRY(add_vae(/*decode=*/false, width, height, "init image encode"));
+    if (passes.init_encode_size) {
+        KILN_TRY(add_vae(/*decode=*/false, passes.init_encode_size->first, passes.init_encode_size->second,
+                         "init image encode"));
+    }
     // Chroma's DiT takes the padding mask as an input of its own.
     bool masked = false;
     for (const TextEncoder& encoder : model.text_encoders()) masked = masked || encoder.use->mask_padding;

@@ -29,7 +29,9 @@ struct ModuleForecast {
 // What a job runs besides its text encoding, one denoising pass and a decode
 // at its own size.
 struct JobPasses {
-    bool encode_init = false;               // image-to-image or inpainting: the init image's encode
+    // Image-to-image or inpainting: the init image's encode, at its own size
+    // (the output's, or another with GenerationRequest::init_latent_resize).
+    std::optional<std::pair<int, int>> init_encode_size;
     const ValidatedHires* hires = nullptr;  // the hires fix: its encode (pixel upscalers), UNet and decode
 };
 

@@ -125,12 +125,29 @@ Result<ValidatedRequest> validate_request(const Model& model, const GenerationRe
     if (r.init_image) {
         // Image-to-image works at the init image's size (stable-diffusion.cpp's rule).
         const image::Image& init = *r.init_image;
-        if ((r.width > 0 && r.width != init.width) || (r.height > 0 && r.height != init.height)) {
+        if (r.init_latent_resize) {
+            // The init image is encoded at its own size, and only its latent resized.
+            if (r.mask) return Error::invalid_request("a mask cannot be used when the init image's latent is resized");
+            const int stride = model.size_stride();
+            if (init.width % stride != 0 || init.height % stride != 0) {
+                return Error::invalid_request("init image is " + size_text(init.width, init.height) +
+                                              ": its latent is resized, so its sides must be multiples of " +
+                                              std::to_string(stride) + " for this model (" + model.family_label() +
+                                              ")");
+            }
+            if (init.width > image::kMaxDimension || init.height > image::kMaxDimension) {
+                return Error::invalid_request("init image is " + size_text(init.width, init.height) +
+                                              ": its sides must be at most " + std::to_string(image::kMaxDimension));
+            }
+            p.width = r.width > 0 ? r.width : init.width;
+            p.height = r.height > 0 ? r.height : init.height;
+        } else if ((r.width > 0 && r.width != init.width) || (r.height > 0 && r.height != init.height)) {
             return Error::invalid_request("init image is " + size_text(init.width, init.height) +
                                           " but the requested size is " + size_text(p.width, p.height));
+        } else {
+            p.width = init.width;
+            p.height = init.height;
         }
-        p.width = init.width;
-        p.height = init.height;
         if (r.mask && (r.mask->width != init.width || r.mask->height != init.height)) {
             return Error::invalid_request("mask is " + size_text(r.mask->width, r.mask->height) +
                                           " but the init image is " + size_text(init.width, init.height));

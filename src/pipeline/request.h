@@ -78,6 +78,11 @@ struct GenerationRequest {
     // run (1 = all of it, like txt2img).
     std::optional<image::Image> init_image;
     float strength = 0.75f;
+    // A1111's resize_mode 3, "Just resize (latent upscale)": the init image
+    // keeps its own size (a multiple of the size stride), is encoded there,
+    // and its latent is resized to the output's (bilinear, as torch's
+    // F.interpolate). Not with a mask.
+    bool init_latent_resize = false;
     // Inpainting (needs init_image): white repaints, black keeps (A1111's
     // convention), the init image's size. A 9-channel inpainting UNet sees the
     // mask and the masked image; a regular UNet keeps the unmasked latent.
@@ -131,7 +136,9 @@ struct ValidatedRequest {
 
 // Errors (each an invalid request naming the field and what is accepted):
 // width or height not a positive multiple of the model's size stride or
-// above image::kMaxDimension; an init image of another size than asked;
+// above image::kMaxDimension; an init image of another size than asked
+// (with init_latent_resize: an init image whose sides are not multiples of
+// the stride, or with a mask);
 // a mask of another size than the init image, or without one; steps outside
 // [1, kMaxSteps]; cfg not finite or outside [0, kMaxCfgScale]; batch count
 // outside [1, kMaxBatchCount]; unknown sampler or scheduler; strength outside

@@ -96,6 +96,10 @@ TEST(Request, GenerateAndPlanRefuseTheSameBadRequests) {
     };
     static const kiln_image* mask = nullptr;
     mask = &small_image;
+    uint8_t odd_pixels[18 * 16 * 3] = {};
+    const kiln_image odd_image{18, 16, 3, odd_pixels, nullptr};
+    static const kiln_image* odd = nullptr;
+    odd = &odd_image;
     const Case cases[] = {
         {"width not a multiple of the stride", [](kiln_generation_params& p) { p.width = 34; },
          "width and height must be multiples of 4 for this model (SD1.x), got 34x32"},
@@ -110,6 +114,18 @@ TEST(Request, GenerateAndPlanRefuseTheSameBadRequests) {
         {"mask without init image", [](kiln_generation_params& p) { p.mask = mask; }, "--mask needs an init image"},
         {"init image of another size", [](kiln_generation_params& p) { p.init_image = mask; },
          "init image is 16x16 but the requested size is 32x32"},
+        {"init latent resize with a mask",
+         [](kiln_generation_params& p) {
+             p.init_image = p.mask = mask;
+             p.init_latent_resize = 1;
+         },
+         "a mask cannot be used when the init image's latent is resized"},
+        {"init latent resize off the stride",
+         [](kiln_generation_params& p) {
+             p.init_image = odd;
+             p.init_latent_resize = 1;
+         },
+         "init image is 18x16: its latent is resized, so its sides must be multiples of 4"},
         {"clip skip above the encoder's layers", [](kiln_generation_params& p) { p.clip_skip = 5; },
          "clip skip must be at most 2 for this model's clip_l text encoder, got 5"},
         {"width above the limit", [](kiln_generation_params& p) { p.width = p.height = 16384 + 4; }, "at most 16384"},
@@ -282,6 +298,63 @@ TEST(Request, StrengthRunsSdClisShareOfTheSteps) {
         ASSERT_EQ(generate(model->ctx, gp).status, KILN_OK);
         EXPECT_EQ(total, expected) << "strength " << strength;
     }
+}
+
+// A1111's resize_mode 3: the init image is encoded at its own size and its
+// latent resized (pipeline/latent_resize.h, goldens from torch) to the
+// output's. At the same size that is plain image-to-image, byte for byte.
+TEST(Request, InitLatentResizeEncodesAtTheInitImagesSize) {
+    auto model = open();
+    ASSERT_EQ(model->status, KILN_OK) << model->error;
+    std::vector<uint8_t> pixels(16 * 16 * 3);
+    for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = uint8_t(i * 7 % 251);
+    const kiln_image small_init{16, 16, 3, pixels.data(), nullptr};
+    std::vector<uint8_t> doubled(32 * 32 * 3);
+    for (int y = 0; y < 32; ++y)
+        for (int x = 0; x < 32; ++x)
+            for (int c = 0; c < 3; ++c) doubled[(y * 32 + x) * 3 + c] = pixels[((y / 2) * 16 + x / 2) * 3 + c];
+    const kiln_image init{32, 32, 3, doubled.data(), nullptr};
+    auto run = [&](const kiln_image& from, bool resize, int w, int h) {
+        kiln_generation_params gp = small_job();
+        gp.width = w;
+        gp.height = h;
+        gp.init_image = &from;
+        gp.strength = 0.6f;
+        gp.init_latent_resize = resize ? 1 : 0;
+        kiln_image* images = nullptr;
+        int n = 0;
+        char* error = nullptr;
+        EXPECT_EQ(kiln_generate(model->ctx, &gp, &images, &n, &error), KILN_OK) << (error ? error : "");
+        kiln_free_string(error);
+        std::vector<uint8_t> out;
+        if (n == 1) {
+            EXPECT_EQ(images[0].width, uint32_t(w));
+            EXPECT_EQ(images[0].height, uint32_t(h));
+            out.assign(images[0].data, images[0].data + size_t(w) * h * 3);
+        }
+        kiln_images_free(images, n);
+        return out;
+    };
+    EXPECT_EQ(run(init, true, 32, 32), run(init, false, 32, 32));
+    const std::vector<uint8_t> upscaled = run(small_init, true, 32, 32);
+    const std::vector<uint8_t> stretched = run(init, false, 32, 32);
+    ASSERT_EQ(upscaled.size(), stretched.size());
+    EXPECT_NE(upscaled, stretched);  // the latent, not the image, was resized
+    EXPECT_EQ(run(small_init, true, 32, 24).size(), size_t(32 * 24 * 3));
+    // The plan counts the encode at the init image's size.
+    kiln_generation_params gp = small_job();
+    gp.width = 64;
+    gp.height = 64;
+    gp.init_image = &small_init;
+    gp.init_latent_resize = 1;
+    char* text = nullptr;
+    char* error = nullptr;
+    int fits = 0;
+    ASSERT_EQ(kiln_plan(model->ctx, &gp, &text, &fits, &error), KILN_OK) << (error ? error : "");
+    const std::string plan_text = text;
+    kiln_free_string(text);
+    EXPECT_NE(plan_text.find("job: 64x64"), std::string::npos) << plan_text;
+    EXPECT_NE(plan_text.find("init image encode"), std::string::npos) << plan_text;
 }
 
 }  // namespace

@@ -216,12 +216,20 @@ TEST(ServerApi, A1111Txt2ImgImg2ImgAndLists) {
         for (const auto& other : by_mode) EXPECT_NE(result.pixels, other) << "resize_mode " << mode;
         by_mode.push_back(result.pixels);
     }
-    for (int mode : {3, 4}) {  // latent upscale is not kiln's; 4 is no mode
-        json moded = img2img;
-        moded["resize_mode"] = mode;
-        auto r = client.Post("/sdapi/v1/img2img", moded.dump(), "application/json");
+    // Latent upscale: the 32x32 init image's latent is resized to 48x40.
+    json latent = img2img;
+    latent["resize_mode"] = 3;
+    const image::Image latent_result = first_image(latent);
+    EXPECT_EQ(latent_result.width, 48);
+    EXPECT_EQ(latent_result.height, 40);
+    for (const auto& other : by_mode) EXPECT_NE(latent_result.pixels, other) << "resize_mode 3";
+    latent["mask"] = reply["images"][0];  // A1111 cannot do that either
+    json no_mode = img2img;
+    no_mode["resize_mode"] = 4;
+    for (const json& bad : {latent, no_mode}) {
+        auto r = client.Post("/sdapi/v1/img2img", bad.dump(), "application/json");
         ASSERT_TRUE(r);
-        EXPECT_EQ(r->status, 400);
+        EXPECT_EQ(r->status, 400) << r->body;
         EXPECT_EQ(error_param(r), "resize_mode");
     }
 

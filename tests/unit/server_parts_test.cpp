@@ -155,6 +155,26 @@ TEST(ServerImages, A1111ResizeModesMatchA1111) {
     for (size_t i = 0; i < 8 * 8 * 3; ++i) ASSERT_EQ(filled->data[i], 90) << i;
 }
 
+// Mode 3 encodes the image at its own size: its sides are cut to multiples
+// of 8, keeping the top-left pixels.
+TEST(ServerImages, LatentUpscaleCutsTheInitImageToMultiplesOf8) {
+    SharedImage image = blank_image(21, 17, 3);
+    for (size_t i = 0; i < 21 * 17 * 3; ++i) image->data[i] = uint8_t(i % 253);
+    const SharedImage cut = cut_to_multiples_of_8(image, "init_images[0]");
+    ASSERT_EQ(cut->width, 16u);
+    ASSERT_EQ(cut->height, 16u);
+    for (size_t y = 0; y < 16; ++y)
+        for (size_t i = 0; i < 16 * 3; ++i) ASSERT_EQ(cut->data[y * 16 * 3 + i], image->data[y * 21 * 3 + i]);
+    EXPECT_EQ(cut_to_multiples_of_8(cut, "x").get(), cut.get());  // already whole: not copied
+    try {
+        cut_to_multiples_of_8(blank_image(7, 40, 3), "init_images[0]");
+        ADD_FAILURE() << "a 7-pixel-wide image was accepted";
+    } catch (const RequestError& e) {
+        EXPECT_EQ(e.status, 400);
+        EXPECT_EQ(e.field, "init_images[0]");
+    }
+}
+
 TEST(ServerImages, DecodeRefusesNonImagesAndImagesOverThePixelLimit) {
     char* error = nullptr;
     kiln_image* image = nullptr;

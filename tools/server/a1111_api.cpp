@@ -119,9 +119,15 @@ JobRequest parse_a1111(ServerState& state, const json& j, bool img2img) {
     // resize_mode (a1111_resize.h); kiln then works at that size.
     const int resize_mode = static_cast<int>(read_integer(j, "resize_mode", 0, 0, 3));
     if (resize_mode == 3) {
-        throw RequestError{400, "resize_mode",
-                           "resize_mode: 3 (just resize, latent upscale) is not supported; use 0 (just resize), 1 "
-                           "(crop and resize) or 2 (resize and fill)"};
+        // Its latent is resized to width x height (0: the image's own) by kiln.
+        if (r.mask) {
+            throw RequestError{400, "resize_mode",
+                               "resize_mode: 3 (just resize, latent upscale) cannot be used with a mask; use 0 (just "
+                               "resize), 1 (crop and resize) or 2 (resize and fill)"};
+        }
+        r.init_image = cut_to_multiples_of_8(r.init_image, "init_images[0]");
+        r.init_latent_resize = true;
+        return r;
     }
     if (r.width > 0 || r.height > 0) {
         const int width = r.width > 0 ? r.width : int(r.init_image->width);

@@ -122,4 +122,16 @@ SharedImage a1111_resize(const SharedImage& image, int mode, int width, int heig
     return canvas;
 }
 
+SharedImage cut_to_multiples_of_8(const SharedImage& image, const std::string& field) {
+    if (image->width < 8 || image->height < 8) {
+        throw RequestError{400, field,
+                           field + ": a " + std::to_string(image->width) + "x" + std::to_string(image->height) +
+                               " image is too small to encode (8x8 at least)"};
+    }
+    if (image->width % 8 == 0 && image->height % 8 == 0) return image;
+    SharedImage cut = blank_image(image->width / 8 * 8, image->height / 8 * 8, image->channels);
+    paste(*cut, *image, 0, 0);
+    return cut;
+}
+
 }  // namespace kiln::server

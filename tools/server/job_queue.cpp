@@ -296,6 +296,7 @@ void JobQueue::run(const std::shared_ptr<Job>& job) {
     gp.scheduler = r.scheduler.empty() ? nullptr : r.scheduler.c_str();
     gp.init_image = r.init_image.get();
     gp.strength = r.strength;
+    gp.init_latent_resize = r.init_latent_resize ? 1 : 0;
     gp.mask = r.mask.get();
     gp.progress = &JobQueue::on_progress;
     gp.progress_user_data = &target;

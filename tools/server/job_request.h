@@ -39,6 +39,9 @@ struct JobRequest {
     std::string scheduler;    // kiln's name ("karras"); "": the model's default
     float strength = 0.75f;   // image-to-image: the share of the schedule to run
     SharedImage init_image;   // RGB, or null for text-to-image
+    // The init image keeps its own size and its latent is resized to
+    // width x height (kiln_generation_params.init_latent_resize).
+    bool init_latent_resize = false;
     SharedImage mask;         // RGB, white repaints; needs init_image
     std::string output_format = "png";  // png, jpeg or webp
 

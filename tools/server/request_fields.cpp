@@ -226,7 +226,7 @@ void check_limits(const JobRequest& request, const ServerLimits& limits) {
     over("prompt", static_cast<long long>(request.prompt.size()), static_cast<long long>(limits.max_prompt_chars));
     over("negative_prompt", static_cast<long long>(request.negative_prompt.size()),
          static_cast<long long>(limits.max_prompt_chars));
-    if (request.init_image) {
+    if (request.init_image && !request.init_latent_resize) {
         // An image-to-image job runs at its init image's size (kiln_generate's rule).
         const kiln_image& init = *request.init_image;
         const std::string init_size = std::to_string(init.width) + "x" + std::to_string(init.height);
@@ -236,8 +236,10 @@ void check_limits(const JobRequest& request, const ServerLimits& limits) {
         if (request.height && request.height != static_cast<int>(init.height)) {
             bad_field("height", std::to_string(request.height) + " differs from the init image's " + init_size);
         }
-        over("width", init.width, limits.max_width);
-        over("height", init.height, limits.max_height);
+    }
+    if (request.init_image) {
+        over("width", request.init_image->width, limits.max_width);
+        over("height", request.init_image->height, limits.max_height);
     }
     if (request.mask && !request.init_image) bad_field("mask", "a mask needs an init image");
     if (request.mask && (request.mask->width != request.init_image->width ||
