@@ -17,9 +17,14 @@ Writes into tests/golden/lora/:
                                   text_encoder.text_model...), no alpha (alpha / rank folded into lora_B)
   sd1_loha.safetensors            LyCORIS LoHa (hada_w1_a ...), 3 layers, rank 4, alpha 4
   sd1_lokr.safetensors            LyCORIS LoKr (lokr_w1, lokr_w2_a/_b, lokr_w2), 2 layers
+  sd1_lycoris.safetensors         LyCORIS's other parts, each on its own UNet layer (kohya ldm names):
+                                  Tucker cores of a LoRA (lora_mid), a LoHa (hada_t1/t2) and a LoKr
+                                  (lokr_t2) on 3x3 convolutions; a full difference with its bias's
+                                  (diff, diff_b) and a bias-only change; DoRA magnitudes (dora_scale)
+                                  per output row of a linear layer and per input channel of a conv
   sd1_adapters_io.safetensors     for each adapter at strength 0.8: unet.out.<kind> on the model's golden
                                   inputs (sd1_tiny_io's unet.x, unet.t, unet.context) and clip.out.<kind>
-                                  (clip skip 1 on clip.tokens); <kind> = lora, loha, lokr
+                                  (clip skip 1 on clip.tokens); <kind> = lora, loha, lokr, lycoris
 
 The ldm-to-diffusers paths are written out here by hand, from diffusers'
 convert_original_stable_diffusion_to_diffusers block numbering for this
@@ -36,7 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from make_model_fixtures import PRESETS, make_clip, make_unet  # noqa: E402
 from reference import safetensors_io  # noqa: E402
-from reference.lora import lokr_delta, loha_delta, lora_delta  # noqa: E402
+from reference.lora import dora_weight, lokr_delta, loha_delta, lora_delta  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "tests", "golden", "lora")
@@ -153,6 +158,67 @@ def main():
     files["sd1_lokr"] = lokr_file
     deltas["lokr"] = lokr
 
+    # --- LyCORIS's other parts (drawn after the above, which stay as they were).
+    ly_file, ly, ly_set = {}, {}, {}  # file; weight -> delta; weight -> whole new value (DoRA)
+
+    def ldm_key(ldm):
+        return kohya(ldm)
+
+    conv = "input_blocks.1.0.out_layers.3"  # (32, 32, 3, 3): LoRA with a Tucker core
+    f = {"down": rand(4, 32, 1, 1), "mid": rand(4, 4, 3, 3), "up": rand(32, 4, 1, 1)}
+    for part, v in (("lora_down.weight", f["down"]), ("lora_mid.weight", f["mid"]), ("lora_up.weight", f["up"])):
+        ly_file[ldm_key(conv) + "." + part] = v.to(torch.float16)
+    ly_file[ldm_key(conv) + ".alpha"] = torch.tensor(2.0)
+    ly[UNET + conv + ".weight"] = lora_delta((32, 32, 3, 3), f["down"].double(), f["up"].double(), 2.0,
+                                             mid=f["mid"].double())
+    conv = "middle_block.0.in_layers.2"  # (64, 64, 3, 3): LoHa with Tucker cores
+    f = {"w1_a": rand(4, 64), "w1_b": rand(4, 64), "t1": rand(4, 4, 3, 3),
+         "w2_a": rand(4, 64), "w2_b": rand(4, 64), "t2": rand(4, 4, 3, 3)}
+    for part, v in f.items():
+        ly_file[ldm_key(conv) + ".hada_" + part] = v.to(torch.float16)
+    ly_file[ldm_key(conv) + ".alpha"] = torch.tensor(4.0)
+    d = {k: v.double() for k, v in f.items()}
+    ly[UNET + conv + ".weight"] = loha_delta((64, 64, 3, 3), d["w1_a"], d["w1_b"], d["w2_a"], d["w2_b"], 4.0,
+                                             t1=d["t1"], t2=d["t2"])
+    conv = "middle_block.0.out_layers.3"  # (64, 64, 3, 3): LoKr with a Tucker core, kron([4, 4], [16, 16, 3, 3])
+    f = {"w1": rand(4, 4), "w2_a": rand(4, 16), "w2_b": rand(4, 16), "t2": rand(4, 4, 3, 3)}
+    for part, v in f.items():
+        ly_file[ldm_key(conv) + ".lokr_" + part] = v.to(torch.float16)
+    ly_file[ldm_key(conv) + ".alpha"] = torch.tensor(2.0)
+    d = {k: v.double() for k, v in f.items()}
+    ly[UNET + conv + ".weight"] = lokr_delta((64, 64, 3, 3), w1=d["w1"], w2a=d["w2_a"], w2b=d["w2_b"], alpha=2.0,
+                                             t2=d["t2"])
+    layer = "input_blocks.1.1.proj_in"  # (32, 32, 1, 1) with a bias: a full difference
+    diff, diff_b = rand(32, 32, 1, 1, std=0.05), rand(32, std=0.2)
+    ly_file[ldm_key(layer) + ".diff"] = diff.to(torch.float16)
+    ly_file[ldm_key(layer) + ".diff_b"] = diff_b.to(torch.float16)
+    ly[UNET + layer + ".weight"] = diff.double()
+    ly[UNET + layer + ".bias"] = diff_b.double()
+    layer = "middle_block.1.proj_out"  # a bias-only change
+    diff_b = rand(64, std=0.2)
+    ly_file[ldm_key(layer) + ".diff_b"] = diff_b.to(torch.float16)
+    ly[UNET + layer + ".bias"] = diff_b.double()
+    # DoRA per output row (a linear layer) and per input channel (a conv), magnitudes near W's norms.
+    for layer, down_shape, up_shape, per_row in (
+            ("middle_block.1.transformer_blocks.0.attn2.to_q", (4, 64), (64, 4), True),
+            ("input_blocks.3.0.in_layers.2", (4, 32, 3, 3), (64, 4, 1, 1), False)):
+        w = weights[UNET + layer + ".weight"].double()
+        down, up = rand(*down_shape), rand(*up_shape)
+        if per_row:
+            norms = w.reshape(w.shape[0], -1).norm(dim=1).reshape(w.shape[0], *[1] * (w.dim() - 1))
+        else:
+            norms = w.transpose(0, 1).reshape(w.shape[1], -1).norm(dim=1).reshape(1, w.shape[1], *[1] * (w.dim() - 2))
+        magnitude = (norms * (1 + 0.3 * torch.randn(norms.shape, generator=gen, dtype=torch.float64))).float()
+        key = ldm_key(layer)
+        ly_file[key + ".lora_down.weight"] = down.to(torch.float16)
+        ly_file[key + ".lora_up.weight"] = up.to(torch.float16)
+        ly_file[key + ".alpha"] = torch.tensor(2.0)
+        ly_file[key + ".dora_scale"] = magnitude.to(torch.float16)
+        delta = lora_delta(w.shape, down.double(), up.double(), 2.0)
+        ly_set[UNET + layer + ".weight"] = dora_weight(w, delta, magnitude.to(torch.float16).double(), STRENGTH)
+    files["sd1_lycoris"] = ly_file
+    deltas["lycoris"] = ly
+
     os.makedirs(OUT, exist_ok=True)
     for name, tensors in files.items():
         path = os.path.join(OUT, name + ".safetensors")
@@ -166,6 +232,8 @@ def main():
         patched = {k: v.double() if v.is_floating_point() else v for k, v in weights.items()}
         for full, d in delta.items():
             patched[full] = patched[full] + STRENGTH * d
+        if kind == "lycoris":
+            patched.update(ly_set)
         unet = make_unet(spec["unet"], 4, spec["clip"]["width"], linear=False).double().eval()
         unet.load_state_dict({k[len(UNET):]: v for k, v in patched.items() if k.startswith(UNET)})
         clip = make_clip("hf", spec["clip"]).double().eval()

@@ -77,6 +77,8 @@ LoraTargets::LoraTargets(Model& model) {
         // Where the module's tensors start in its file ("cond_stage_model.transformer."),
         // which may be above where its network reads them from ("...text_model.").
         const std::string& prefix = module.prefix;
+        std::unordered_map<std::string, ggml_tensor*> by_name;  // for each layer's bias
+        for (const auto& [tensor, info] : module.weights().declared()) by_name[info->name] = tensor;
         for (const auto& [tensor, info] : module.weights().declared()) {
             if (info->shape.size() < 2 || !starts_with(info->name, prefix)) continue;
             const std::string rel = info->name.substr(prefix.size());
@@ -85,6 +87,8 @@ LoraTargets::LoraTargets(Model& model) {
             else if (ends_with(rel, "_weight")) stem = rel.substr(0, rel.size() - 7);  // OpenCLIP's in_proj_weight
             else continue;
             LoraTarget whole{&module, tensor, info->name, 0, info->shape[0], 0};
+            const std::string bias_name = info->name.substr(0, info->name.size() - 6) + "bias";  // "weight" off
+            if (auto b = by_name.find(bias_name); b != by_name.end()) whole.bias = b->second;
             whole.columns = 1;
             for (size_t d = 1; d < info->shape.size(); ++d) whole.columns *= info->shape[d];
             const size_t index = targets_.size();

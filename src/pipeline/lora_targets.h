@@ -25,6 +25,7 @@ struct LoraTarget {
     int64_t first_row = 0;          // the rows of it the layer changes
     int64_t rows = 0;
     int64_t columns = 0;  // per row: in, or in * kh * kw for a convolution
+    ggml_tensor* bias = nullptr;  // the layer's declared bias (the same rows), if it has one
 };
 
 class LoraTargets {

@@ -17,34 +17,6 @@
 namespace kiln::pipeline {
 namespace {
 
-// Parts of LyCORIS and DoRA files kiln does not apply, by their name's end.
-// A layer that has one still gets its plain LoRA, LoHa or LoKr change, so
-// the image differs from ComfyUI's: said at every log level, not only -v.
-void warn_unsupported_parts(const std::string& lora, const std::vector<std::string>& unused) {
-    struct Part {
-        const char* suffix;
-        const char* what;
-    };
-    static constexpr Part kParts[] = {
-        {".dora_scale", "DoRA magnitudes (dora_scale)"},
-        {".lora_mid.weight", "Tucker cores (lora_mid)"},
-        {".hada_t1", "LoHa Tucker cores (hada_t1, hada_t2)"},
-        {".lokr_t2", "LoKr Tucker cores (lokr_t2)"},
-        {".diff", "full weight differences (diff)"},
-        {".diff_b", "bias differences (diff_b)"},
-    };
-    for (const Part& part : kParts) {
-        const size_t n = std::count_if(unused.begin(), unused.end(), [&](const std::string& name) {
-            return name.size() >= std::strlen(part.suffix) &&
-                   name.compare(name.size() - std::strlen(part.suffix), std::string::npos, part.suffix) == 0;
-        });
-        if (n == 0) continue;
-        KILN_LOG_WARN("LoRA %s: %zu %s are not applied; those layers take only their low-rank change, so the image "
-                      "differs from ComfyUI's",
-                      lora.c_str(), n, part.what);
-    }
-}
-
 bool is_float(ggml_type type) { return type == GGML_TYPE_F32 || type == GGML_TYPE_F16 || type == GGML_TYPE_BF16; }
 
 std::string trim(const std::string& s) {
@@ -69,6 +41,7 @@ struct Change {
     const LayerAdapter* layer;
     const LoraTarget* target;
     float strength;
+    bool bias = false;  // the layer's diff_b on the target's bias, not its weight change
 };
 struct WeightChanges {
     Module* module = nullptr;
@@ -98,20 +71,31 @@ std::vector<float> in_weight_rows(const std::vector<float>& part, const LoraTarg
 Result<std::vector<uint8_t>> merged_weight(const WeightChanges& w) {
     auto base = io::convert_tensor(*w.info, w.module->file->data(*w.info), GGML_TYPE_F32);
     if (!base.ok()) return base.error();
-    auto* values = reinterpret_cast<float*>(base->data());
+    std::vector<float> values(base->size() / sizeof(float));
+    std::memcpy(values.data(), base->data(), base->size());
     for (const Change& c : w.changes) {
+        if (c.bias) {
+            const std::vector<float>& d = c.layer->diff_b->data;
+            for (size_t i = 0; i < d.size(); ++i) values[size_t(c.target->first_row) + i] += c.strength * d[i];
+            continue;
+        }
         auto delta = c.layer->dense_delta(c.target->rows, c.target->columns);
         if (!delta.ok()) return delta.error();
-        float* rows = values + c.target->first_row * c.target->columns;
+        if (c.layer->dora_scale) {
+            KILN_TRY(apply_dora(*c.layer, values, c.target->first_row, c.target->rows, c.target->columns, *delta,
+                                c.strength));
+            continue;
+        }
+        float* rows = values.data() + c.target->first_row * c.target->columns;
         for (size_t i = 0; i < delta->size(); ++i) rows[i] += c.strength * (*delta)[i];
     }
     const ggml_type type = w.weight->type;
-    if (type == GGML_TYPE_F32) return std::move(base).value();
+    if (type == GGML_TYPE_F32) return bytes_of(values);
     const int64_t row_length = w.weight->ne[0];
     const int64_t rows = ggml_nelements(w.weight) / row_length;
     std::vector<uint8_t> out(ggml_nbytes(w.weight));
     ggml_quantize_init(type);
-    ggml_quantize_chunk(type, values, out.data(), 0, rows, row_length, nullptr);
+    ggml_quantize_chunk(type, values.data(), out.data(), 0, rows, row_length, nullptr);
     return out;
 }
 
@@ -149,6 +133,23 @@ Status install(Model& model, const std::vector<std::pair<std::string, LoraReques
                 unmatched.push_back(layer.key);
                 continue;
             }
+            if (layer.diff_b) {
+                if (!t->bias) {
+                    unmatched.push_back(layer.key + ".diff_b (" + t->name + " has no bias)");
+                } else if (layer.diff_b->rows() != t->rows) {
+                    return Error::bad_file(path + ": adapter '" + layer.key + "' changes a bias of " +
+                                           std::to_string(layer.diff_b->rows()) + " values; " + t->name + " has " +
+                                           std::to_string(t->rows) + " rows (a LoRA for another model?)");
+                } else {
+                    auto [it, added] = weight_index.emplace(t->bias, weights.size());
+                    if (added) weights.push_back({t->module, t->bias, infos.at(t->bias), {}});
+                    weights[it->second].changes.push_back({&layer, t, request.strength, /*bias=*/true});
+                }
+            }
+            if (!layer.changes_weight()) {
+                ++matched;
+                continue;
+            }
             if (layer.out_rows() != t->rows || layer.in_columns() != t->columns) {
                 return Error::bad_file(path + ": adapter '" + layer.key + "' changes a " +
                                        std::to_string(layer.out_rows()) + "x" + std::to_string(layer.in_columns()) +
@@ -169,7 +170,6 @@ Status install(Model& model, const std::vector<std::pair<std::string, LoraReques
                       static_cast<double>(request.strength), matched, unmatched.size(),
                       unmatched.empty() ? "" : " (-v lists them)");
         for (const std::string& name : unmatched) KILN_LOG_VERBOSE("LoRA %s: unused '%s'", request.name.c_str(), name.c_str());
-        warn_unsupported_parts(request.name, f.unused);
     }
 
     // Each module's adapter weights, then the patches that use them.
@@ -188,8 +188,18 @@ Status install(Model& model, const std::vector<std::pair<std::string, LoraReques
         for (const WeightChanges& w : weights) {
             if (w.module != &module) continue;
             const int64_t weight_rows = w.info->shape[0];
-            const bool merge = mode == LoraApplyMode::Immediately ||
+            // A bias change, and DoRA (which rescales W itself), are always
+            // merged: neither is a term beside the product.
+            const bool must_merge = std::any_of(w.changes.begin(), w.changes.end(), [](const Change& c) {
+                return c.bias || c.layer->dora_scale.has_value();
+            });
+            const bool merge = must_merge || mode == LoraApplyMode::Immediately ||
                                (mode == LoraApplyMode::Auto && is_float(w.weight->type));
+            if (must_merge && ggml_quantize_requires_imatrix(w.weight->type)) {
+                return Error::invalid_request("LoRA: " + std::string(w.info->name) + " is " +
+                                              ggml_type_name(w.weight->type) +
+                                              ", which kiln cannot requantize; a DoRA layer on it must be merged");
+            }
             if (merge && !ggml_quantize_requires_imatrix(w.weight->type)) {
                 auto data = merged_weight(w);
                 if (!data.ok()) return data.error();

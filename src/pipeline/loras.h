@@ -7,8 +7,9 @@
 // Per weight, --lora-apply-mode decides:
 //   immediately  W + delta merged once into a copy of W (requantized when W
 //                is quantized); the graph reads the copy;
-//   at_runtime   W untouched; a LoRA adds scale * up (down x) to W x, a LoHa
-//                or LoKr its dense delta times x;
+//   at_runtime   W untouched; a LoRA adds scale * up (down x) to W x, a LoHa,
+//                LoKr or full diff its dense delta times x (DoRA layers and
+//                bias changes are merged whatever the mode);
 //   auto         immediately for float weights, at run time for quantized
 //                ones (no precision lost to requantizing), as sd-cli.
 // Every adapter tensor is a weight of the module it changes: placed,

@@ -7,7 +7,7 @@
 //   - low-rank terms: the product's result plus scale * up (down x), the
 //     LoRA form, which leaves a quantized W untouched (no requantization)
 //     and costs two thin products;
-//   - dense terms: plus delta x, for LoHa and LoKr at run time, whose
+//   - dense terms: plus delta x, for LoHa, LoKr and full diffs at run time, whose
 //     delta is no low-rank product;
 //   - or a replacement: W + delta computed once (merged), read instead of W.
 // The extra tensors are the module's own weights (ModuleWeights::set_extras):

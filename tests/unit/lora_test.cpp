@@ -1,4 +1,5 @@
-// LoRA, LoHa and LoKr (pipeline/loras.h) on the tiny SD1 model, against the
+// LoRA, LoHa, LoKr and LyCORIS's Tucker cores, full differences and DoRA
+// (pipeline/loras.h) on the tiny SD1 model, against the
 // PyTorch reference (training/make_lora_fixtures.py: the model's UNet and
 // CLIP in float64 with W + strength * delta), in both application modes and
 // in every naming the fixture writes; the prompt syntax; and bad input.
@@ -93,7 +94,7 @@ TEST_P(LoraGolden, EveryAdapterKindMatchesTheReference) {
     auto model = load(GetParam());
     ASSERT_TRUE(model);
     for (const Case& c : {Case{"sd1_lora_kohya", "lora", true}, Case{"sd1_loha", "loha", false},
-                          Case{"sd1_lokr", "lokr", false}}) {
+                          Case{"sd1_lokr", "lokr", false}, Case{"sd1_lycoris", "lycoris", false}}) {
         SCOPED_TRACE(c.file);
         Status applied = apply_loras(*model, {{c.file, kStrength}});
         ASSERT_TRUE(applied.ok()) << applied.error().message;
@@ -255,7 +256,24 @@ TEST(Lora, BadRequestsAndFilesAreCleanErrorsAndLeaveNoLora) {
                                        {"a.alpha", "F32", {2}, test::f32_bytes(2)}}));
     dir.write("none.safetensors", test::build_safetensors({{"weight", "F32", {2}, test::f32_bytes(2)}}));
     dir.write("text.safetensors", std::string("not a model"));
-    for (const char* name : {"half", "alpha", "none", "text"}) {
+    // A Tucker core that does not chain with its down ([3, 3, ...] for rank 2), one whose
+    // factor would be 2^30 values, a full diff mixed with LoRA factors, a 2-D bias change.
+    dir.write("tucker.safetensors",
+              test::build_safetensors({{"a.lora_down.weight", "F32", {2, 4, 1, 1}, test::f32_bytes(8)},
+                                       {"a.lora_up.weight", "F32", {4, 2, 1, 1}, test::f32_bytes(8)},
+                                       {"a.lora_mid.weight", "F32", {3, 3, 1, 1}, test::f32_bytes(9)}}));
+    dir.write("huge.safetensors",
+              test::build_safetensors({{"a.hada_w1_a", "F32", {1, 32768}, test::f32_bytes(32768)},
+                                       {"a.hada_w1_b", "F32", {1, 32768}, test::f32_bytes(32768)},
+                                       {"a.hada_t1", "F32", {1, 1, 1, 1}, test::f32_bytes(1)},
+                                       {"a.hada_w2_a", "F32", {1, 32768}, test::f32_bytes(32768)},
+                                       {"a.hada_w2_b", "F32", {1, 32768}, test::f32_bytes(32768)},
+                                       {"a.hada_t2", "F32", {1, 1, 1, 1}, test::f32_bytes(1)}}));
+    dir.write("mixed.safetensors",
+              test::build_safetensors({{"a.lora_down.weight", "F32", {2, 4}, test::f32_bytes(8)},
+                                       {"a.diff", "F32", {4, 4}, test::f32_bytes(16)}}));
+    dir.write("bias.safetensors", test::build_safetensors({{"a.diff_b", "F32", {4, 2}, test::f32_bytes(8)}}));
+    for (const char* name : {"half", "alpha", "none", "text", "tucker", "huge", "mixed", "bias"}) {
         auto r = apply_loras(*model, {{name, 1.0f}});
         ASSERT_FALSE(r.ok()) << name;
         EXPECT_EQ(r.error().kind, ErrorKind::BadFile) << name;
@@ -306,33 +324,26 @@ TEST(LoraCli, ATagInThePromptChangesTheImageAndIsRecorded) {
     EXPECT_EQ(plan.exit_code, 0) << plan.err;
 }
 
-// A DoRA file's magnitudes (and LyCORIS parts kiln does not apply) are said
-// at the default log level: those layers get only their low-rank change.
-TEST(LoraCli, PartsKilnDoesNotApplyAreWarnedAbout) {
+// DoRA magnitudes that fit neither axis of their weight are a bad file,
+// named with the layer, and no image is written.
+TEST(LoraCli, DoraMagnitudesOfNeitherAxisAreABadFile) {
     test::TempDir dir;
     auto kohya = io::ModelFile::open({golden_path("lora/sd1_lora_kohya.safetensors")});
     ASSERT_TRUE(kohya.ok());
     std::vector<test::SafetensorsEntry> entries;
-    int downs = 0;
-    for (const io::TensorInfo& t : kohya->tensors()) {
-        entries.push_back(test::copy_entry(*kohya, t, t.name));
-        const std::string suffix = ".lora_down.weight";
-        if (t.name.size() > suffix.size() && t.name.compare(t.name.size() - suffix.size(), suffix.size(), suffix) == 0) {
-            const std::string key = t.name.substr(0, t.name.size() - suffix.size());
-            entries.push_back({key + ".dora_scale", "F32", {1, t.shape[1]}, test::f32_bytes(t.shape[1], 1.0f)});
-            ++downs;
-        }
-    }
-    ASSERT_GT(downs, 0);
+    for (const io::TensorInfo& t : kohya->tensors()) entries.push_back(test::copy_entry(*kohya, t, t.name));
+    const std::string layer = "lora_unet_down_blocks_0_attentions_0_proj_in";
+    entries.push_back({layer + ".dora_scale", "F32", {2, 1}, test::f32_bytes(2, 1.0f)});
     dir.write("loras/dora.safetensors", test::build_safetensors(entries));
+    const std::string out = dir.file("a.png");
     auto r = test::run_command(std::string(KILN_BIN) + " -t 1 -m " + golden_path("models/sd1_tiny.safetensors") +
                                " --tokenizer " + KILN_FIXTURES_DIR + "/tiny_tokenizer --lora-model-dir " +
-                               dir.file("loras") + " -p \"<lora:dora:1> x\" -W 32 -H 32 --steps 1 -o " +
-                               dir.file("a.png"));
-    ASSERT_EQ(r.exit_code, 0) << r.err;
-    EXPECT_NE(r.out.find("LoRA dora: " + std::to_string(downs) + " DoRA magnitudes (dora_scale) are not applied"),
+                               dir.file("loras") + " -p \"<lora:dora:1> x\" -W 32 -H 32 --steps 1 -o " + out);
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_NE(r.err.find("adapter '" + layer + "': dora_scale has 2 values; its weight has 32 rows"),
               std::string::npos)
-        << r.out;
+        << r.err;
+    EXPECT_FALSE(exists(out));
 }
 
 TEST(LoraCli, BadLorasExitWithOneMessageAndNoImage) {
