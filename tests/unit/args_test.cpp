@@ -83,6 +83,19 @@ TEST(Args, SdCliPlacementAndPathSwitches) {
     EXPECT_NE(parse_error({"--mmap=yes"}).message.find("--mmap"), std::string::npos);
 }
 
+// sd-cli's aliases, and its options for features kiln lacks: a usage error
+// that names the option and the feature, not "unknown option".
+TEST(Args, SdCliAliasesAndOptionsOfMissingFeatures) {
+    EXPECT_EQ(parse_ok({"--tae", "taesd.safetensors"}).taesd, "taesd.safetensors");
+    EXPECT_EQ(parse_ok({"--qwen2vl", "qwen.gguf"}).llm, "qwen.gguf");
+    for (const char* flag : {"--photo-maker", "--video-frames", "--high-noise-steps", "--cache-mode", "--slg-scale",
+                             "--img-cfg-scale", "--tensor-type-rules", "--circular", "--llm_vision"}) {
+        const UsageError e = parse_error({"-p", "x", flag, "1"});
+        EXPECT_EQ(e.message.rfind(std::string(flag) + " is ", 0), 0u) << e.message;
+        EXPECT_NE(e.message.find("kiln"), std::string::npos) << e.message;
+    }
+}
+
 TEST(Args, Modes) {
     EXPECT_EQ(parse_ok({"-M", "convert"}).command, Command::Convert);
     EXPECT_EQ(parse_ok({"--mode", "img_gen"}).command, Command::Generate);

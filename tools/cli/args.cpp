@@ -12,6 +12,7 @@
 
 #include "hub_client.h"
 #include "kiln.h"
+#include "sd_cli_flags.h"
 #include "tokenizer_sources.h"
 
 namespace kiln::cli {
@@ -140,6 +141,7 @@ const std::vector<Flag>& flags() {
             {nullptr, "--t5xxl", "PATH", "standalone T5-XXL text encoder weights", path_setter(&Options::t5xxl)},
             {nullptr, "--llm", "PATH", "standalone LLM text encoder weights (Z-Image's Qwen3-4B: GGUF or safetensors)",
              path_setter(&Options::llm)},
+            {nullptr, "--qwen2vl", "PATH", "alias of --llm (sd-cli's older name)", path_setter(&Options::llm)},
             {nullptr, "--tokenizer", "PATH",
              "CLIP tokenizer data (tokenizer.json, vocab.json + merges.txt, or a folder), or per encoder "
              "t5xxl=PATH (spiece.model or a T5 tokenizer.json), llm=PATH (a GGUF, tokenizer.json or vocab.json) and "
@@ -350,6 +352,7 @@ const std::vector<Flag>& flags() {
              "tiny autoencoder decoder (TAESD, TAESDXL, TAEF1): decodes the final image instead of the VAE (fast, "
              "lower quality) and makes --preview tae previews",
              path_setter(&Options::taesd)},
+            {nullptr, "--tae", "PATH", "alias of --taesd", path_setter(&Options::taesd)},
             {nullptr, "--taesd-preview-only", nullptr,
              "use --taesd for --preview tae only; the final image still comes from the VAE",
              [](Options& o, const std::string&) -> std::optional<std::string> {
@@ -744,7 +747,10 @@ std::variant<Options, UsageError> parse_args(const std::vector<std::string>& arg
             arg = arg.substr(0, eq);
         }
         const Flag* flag = find_flag(arg, known);
-        if (!flag) return UsageError{"unknown option '" + arg + "'", suggestion_for(arg, known)};
+        if (!flag) {
+            if (auto missing = sd_cli_feature_missing(arg)) return UsageError{*missing, "see 'kiln --help'"};
+            return UsageError{"unknown option '" + arg + "'", suggestion_for(arg, known)};
+        }
         std::string value;
         if (flag->value_name) {
             if (inline_value) {
