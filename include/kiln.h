@@ -177,6 +177,12 @@ typedef struct {
     const char* sampler;          /* NULL: the model's default */
     const char* scheduler;        /* NULL: the model's default */
     const char* rng;              /* "cuda" (default) or "cpu" */
+    const char* sampler_rng;      /* --sampler-rng: the sampler's noise stream, "cuda" or "cpu"; NULL: rng's */
+    float eta;                    /* --eta: ancestral, DDIM and TCD noise share in [0, 1]; < 0: the sampler's */
+    /* --sigmas: the schedule itself, n_sigmas values descending to a last 0 (n_sigmas - 1 steps);
+     * NULL: the scheduler's */
+    const float* sigmas;
+    int n_sigmas;
     int clip_skip;                /* <= 0: the model's default */
     int flash_attention;          /* --diffusion-fa */
     const kiln_image* init_image; /* image-to-image, or NULL */
@@ -189,6 +195,9 @@ typedef struct {
     int vae_tiling;               /* decode/encode the VAE in tiles */
     int vae_tile_size;            /* latent pixels per tile side (default 32) */
     float vae_tile_overlap;       /* share of a tile overlapping its neighbour, [0, 1) (default 0.5) */
+    /* --vae-relative-tile-size: a tile side as a share of the latent's (< 1) or as tiles per side
+     * (>= 1), overriding vae_tile_size on that axis; 0: vae_tile_size */
+    float vae_relative_tile_w, vae_relative_tile_h;
     float guidance;               /* --guidance: Flux-dev's distilled guidance; < 0: the model's (3.5) */
     int flow_shift_given;         /* --flow-shift given: use flow_shift instead of the model's time shift */
     float flow_shift;             /* the flow time shift mu (Flux: 1.15 at 1024x1024) */

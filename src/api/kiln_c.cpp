@@ -229,7 +229,20 @@ kiln::Result<kiln::pipeline::GenerationRequest> generation_request(const kiln_ge
         if (!img.ok()) return img.error().in_context("init image: ");
         r.init_image = std::move(img).value();
     }
-    if (params->vae_tiling) r.vae_tiling = kiln::pipeline::VaeTiling{params->vae_tile_size, params->vae_tile_overlap};
+    if (params->vae_tiling) {
+        r.vae_tiling = kiln::pipeline::VaeTiling{params->vae_tile_size, params->vae_tile_overlap,
+                                                 params->vae_relative_tile_w, params->vae_relative_tile_h};
+    }
+    if (params->sampler_rng) {
+        auto rng = kiln::pipeline::parse_rng_kind(params->sampler_rng, "--sampler-rng");
+        if (!rng.ok()) return rng.error().as(kiln::ErrorKind::InvalidRequest);
+        r.sampler_rng = *rng;
+    }
+    if (params->eta >= 0 || std::isnan(params->eta)) r.eta = params->eta;  // NaN: refused by validation, by name
+    if (params->n_sigmas < 0 || (params->n_sigmas > 0 && !params->sigmas)) {
+        return kiln::Error::invalid_request("sigmas: " + std::to_string(params->n_sigmas) + " values but no array");
+    }
+    if (params->n_sigmas > 0) r.sigmas.assign(params->sigmas, params->sigmas + params->n_sigmas);
     if (params->mask) {
         auto img = import_image(params->mask);
         if (!img.ok()) return img.error().in_context("mask: ");
@@ -382,6 +395,7 @@ void kiln_generation_params_init(kiln_generation_params* params) {
     params->strength = 0.75f;
     params->control_strength = 0.9f;
     params->guidance = -1.0f;
+    params->eta = -1.0f;
     params->vae_tile_size = 32;
     params->vae_tile_overlap = 0.5f;
     const kiln::pipeline::HiresFix hires;

@@ -539,12 +539,13 @@ namespace {
 // is upscaled, resized to the hires size and encoded again (a sample of its
 // latent distribution, drawn from `rng`, as for an init image); then the
 // last `denoising_strength` of a fresh schedule of hires steps runs on it,
-// with noise from `rng` (the image's generator, continued). Strength 0 runs
+// with noise from `rng` (the image's generator, continued; the sampler's
+// from `sampler_rng`, the same one unless --sampler-rng). Strength 0 runs
 // no step: the result is the upscaled first pass itself. `started` is
 // called with the second pass's step count before it runs.
 Result<image::Image> hires_pass(Model& model, const GenerationRequest& request, const ValidatedRequest& p,
                                 const std::vector<float>& latent, const SamplingRun& first, Conditioning cond,
-                                std::optional<Conditioning> uncond, Upscaler* upscaler, Rng& rng,
+                                std::optional<Conditioning> uncond, Upscaler* upscaler, Rng& rng, Rng& sampler_rng,
                                 const ProgressFn& progress, const std::function<void(int)>& started) {
     const ValidatedHires& h = *p.hires;
     const float strength = request.hires->denoising_strength;
@@ -603,7 +604,7 @@ Result<image::Image> hires_pass(Model& model, const GenerationRequest& request, 
     std::vector<float> x = rng.randn(start.size());
     noise_to_first_sigma(x, &start, run.sigmas.front(), schedule->flow());
     started(static_cast<int>(run.sigmas.size()) - 1);
-    auto sampled = sample_latent(model, run, std::move(x), cond, uncond ? &*uncond : nullptr, rng, progress);
+    auto sampled = sample_latent(model, run, std::move(x), cond, uncond ? &*uncond : nullptr, sampler_rng, progress);
     if (!sampled.ok()) return sampled.error();
     if (!std::all_of(sampled->begin(), sampled->end(), [](float v) { return std::isfinite(v); })) {
         return Error{"the hires pass produced non-finite values (NaN or Inf)"};
@@ -681,9 +682,12 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
     times.text_encoding_s = seconds_since(encoding_start);
 
     const std::unique_ptr<NoiseSchedule> schedule = model.noise_schedule(p.width, p.height, request.flow_shift);
-    auto all_sigmas = get_sigmas(p.scheduler, p.steps, *schedule);
-    if (!all_sigmas.ok()) return all_sigmas.error();
-    std::vector<float> sigmas = *all_sigmas;
+    std::vector<float> sigmas = request.sigmas;  // --sigmas, or the scheduler's
+    if (sigmas.empty()) {
+        auto scheduled = get_sigmas(p.scheduler, p.steps, *schedule);
+        if (!scheduled.ok()) return scheduled.error();
+        sigmas = std::move(scheduled).value();
+    }
     std::optional<std::vector<float>> init_latent;
     std::vector<float> mean_latent;
     if (request.init_image) {
@@ -727,7 +731,7 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
     run.cfg_scale = p.cfg;
     run.sampler = p.sampler;
     run.sigmas = sigmas;
-    run.eta = default_eta(p.sampler);
+    run.eta = request.eta.value_or(default_eta(p.sampler));
     run.flash_attention = request.flash_attention;
     run.batch_cfg = request.batch_cfg;
     run.schedule = schedule.get();
@@ -784,6 +788,12 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
     for (int i = 0; i < request.batch_count; ++i) {
         const int64_t seed = request.seed + i;
         std::unique_ptr<Rng> rng = make_rng(request.rng, static_cast<uint64_t>(seed));
+        // --sampler-rng: the sampler's noise from a stream of its own, seeded alike (sd-cli's).
+        std::unique_ptr<Rng> own_sampler_rng;
+        if (request.sampler_rng && *request.sampler_rng != request.rng) {
+            own_sampler_rng = make_rng(*request.sampler_rng, static_cast<uint64_t>(seed));
+        }
+        Rng& sampler_rng = own_sampler_rng ? *own_sampler_rng : *rng;
         std::vector<float> x = rng->randn(latent_size);
         noise_to_first_sigma(x, init_latent ? &*init_latent : nullptr, sigmas.front(), flow);
         // The latent the next preview shows: the last denoiser call's
@@ -819,7 +829,8 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
         step_start = sampling_start;
         bool passes_apart = false;
         auto latent =
-            sample_latent(model, run, std::move(x), *cond, uncond ? &*uncond : nullptr, *rng, progress, &passes_apart);
+            sample_latent(model, run, std::move(x), *cond, uncond ? &*uncond : nullptr, sampler_rng, progress,
+                          &passes_apart);
         times.cfg_passes_apart = times.cfg_passes_apart || passes_apart;
         if (!latent.ok()) return latent.error();
         // NaN or Inf in weights, embeddings or the latent scale would give a
@@ -832,7 +843,8 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
         times.sampling_s += seconds_since(sampling_start);
         const Clock::time_point finish_start = Clock::now();
         auto img =
-            p.hires ? hires_pass(model, request, p, *latent, run, *cond, uncond, hires_upscaler.get(), *rng, progress,
+            p.hires ? hires_pass(model, request, p, *latent, run, *cond, uncond, hires_upscaler.get(), *rng,
+                                 sampler_rng, progress,
                                  [&](int total) {
                                      if (on_step) on_step(i, 0, total);
                                      step_start = Clock::now();
@@ -855,6 +867,7 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
         info.height = p.height;
         info.model = model.name();
         if (request.init_image) info.extra.emplace_back("Denoising strength", format_number(request.strength));
+        if (request.eta) info.extra.emplace_back("Eta", format_number(*request.eta));
         if (p.hires) add_hires_info(*request.hires, *p.hires, info);
         if (request.mask) info.extra.emplace_back("Mask", "yes");
         if (!run.control_hint.empty()) {

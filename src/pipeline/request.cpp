@@ -100,6 +100,38 @@ Result<ValidatedHires> validate_hires(const Model& model, const GenerationReques
     return v;
 }
 
+// --sigmas: a schedule the samplers can run. Strictly descending (equal
+// neighbours would make a step of zero length, which some samplers divide
+// by), every value finite and positive but the last, which is 0: kiln's
+// samplers end on the clean latent (sd-cli would decode a still-noisy one).
+// A flow model's sigmas are shares of noise, so at most 1.
+Status check_sigmas(const std::vector<float>& sigmas, bool flow) {
+    if (sigmas.size() < 2 || sigmas.size() > static_cast<size_t>(kMaxSteps) + 1) {
+        return Error::invalid_request("--sigmas: expected 2 to " + std::to_string(kMaxSteps + 1) + " values, got " +
+                                      std::to_string(sigmas.size()));
+    }
+    const float most = flow ? 1.0f : kMaxSigma;
+    for (size_t i = 0; i < sigmas.size(); ++i) {
+        const float s = sigmas[i];
+        const bool last = i + 1 == sigmas.size();
+        if (!std::isfinite(s) || s < 0.0f || s > most) {
+            return Error::invalid_request("--sigmas: value " + std::to_string(i + 1) + " is " + format_number(s) +
+                                          "; each must be in [0, " + format_number(most) + "]" +
+                                          (flow ? " for a flow model" : ""));
+        }
+        if (last && s != 0.0f) {
+            return Error::invalid_request("--sigmas: the last value must be 0 (the clean image), got " +
+                                          format_number(s));
+        }
+        if (!last && !(s > sigmas[i + 1])) {
+            return Error::invalid_request("--sigmas: values must descend, but value " + std::to_string(i + 1) + " (" +
+                                          format_number(s) + ") is not above the next (" +
+                                          format_number(sigmas[i + 1]) + ")");
+        }
+    }
+    return Status::Ok();
+}
+
 }  // namespace
 
 Result<ValidatedRequest> validate_request(const Model& model, const GenerationRequest& r) {
@@ -175,6 +207,13 @@ Result<ValidatedRequest> validate_request(const Model& model, const GenerationRe
     if (p.steps < 1 || p.steps > kMaxSteps) {
         return Error::invalid_request("steps must be in [1, " + std::to_string(kMaxSteps) + "], got " +
                                       std::to_string(p.steps));
+    }
+    if (!r.sigmas.empty()) {
+        KILN_TRY(check_sigmas(r.sigmas, model.noise_schedule(p.width, p.height, std::nullopt)->flow()));
+        p.steps = static_cast<int>(r.sigmas.size()) - 1;
+    }
+    if (r.eta && !(*r.eta >= 0.0f && *r.eta <= 1.0f)) {
+        return Error::invalid_request("--eta must be a number in [0, 1], got " + format_number(*r.eta));
     }
     p.cfg = r.cfg_scale >= 0 ? r.cfg_scale : d.cfg_scale;
     if (!std::isfinite(r.cfg_scale) || !(p.cfg >= 0 && p.cfg <= kMaxCfgScale)) {

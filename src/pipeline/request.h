@@ -29,6 +29,7 @@ constexpr int kMaxSteps = 10000;
 constexpr float kMaxCfgScale = 100.0f;
 constexpr int kMaxBatchCount = 1000;
 constexpr float kMaxFlowShift = 20.0f;
+constexpr float kMaxSigma = 1000.0f;  // --sigmas (SD's largest is 14.6, EDM models' 80)
 constexpr size_t kMaxReferenceImages = 8;
 constexpr float kMaxHiresScale = 8.0f;
 
@@ -71,6 +72,14 @@ struct GenerationRequest {
     std::string sampler;          // "": the model's default
     std::string scheduler;        // "": the model's default
     RngKind rng = RngKind::Cuda;  // stable-diffusion.cpp's default
+    // --sampler-rng: the stochastic samplers' noise from a stream of its own
+    // (seeded as the image's); unset: the image's stream, continued after
+    // the initial noise (sd-cli's default).
+    std::optional<RngKind> sampler_rng;
+    std::optional<float> eta;  // --eta, [0, 1]; unset: default_eta(sampler)
+    // --sigmas: the schedule itself (descending to a last 0), replacing the
+    // scheduler's; its length less one is the step count.
+    std::vector<float> sigmas;
     int clip_skip = 0;            // <= 0: the model's default
     bool flash_attention = false;
     // Image-to-image: the starting image (its size is the output size; a
@@ -153,7 +162,9 @@ struct ValidatedRequest {
 // control image without a ControlNet, or of another aspect ratio than the
 // output; a control strength outside [0, kMaxControlStrength]; a preview
 // interval outside [1, kMaxPreviewInterval]; --preview proj for a latent
-// format without a projection of the model's latent channels.
+// format without a projection of the model's latent channels; --eta
+// outside [0, 1]; --sigmas that are not 2 to kMaxSteps + 1 values descending
+// from at most kMaxSigma (1 for flow models) to a last 0.
 Result<ValidatedRequest> validate_request(const Model& model, const GenerationRequest& request);
 
 // RAM a job holds for the request's decoded images (init image, mask,

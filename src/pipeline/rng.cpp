@@ -187,12 +187,12 @@ std::string rng_kind_names() {
     return names;
 }
 
-Result<RngKind> parse_rng_kind(std::string_view name) {
+Result<RngKind> parse_rng_kind(std::string_view name, std::string_view flag) {
     const std::string wanted = lower(name);
     for (const RngName& entry : kRngNames) {
         if (entry.name == wanted) return entry.kind;
     }
-    return Error{"--rng: unknown RNG '" + std::string(name) + "' (valid: " + rng_kind_names() + ")"};
+    return Error{std::string(flag) + ": unknown RNG '" + std::string(name) + "' (valid: " + rng_kind_names() + ")"};
 }
 
 std::unique_ptr<Rng> make_rng(RngKind kind, uint64_t seed) {

@@ -30,9 +30,9 @@ enum class RngKind { Cpu, Cuda };
 std::string_view rng_kind_name(RngKind kind);
 // "cpu, cuda": the valid --rng values, for help and error texts.
 std::string rng_kind_names();
-// Parses an --rng value (case-insensitive). The error names the flag and
-// lists the valid values.
-Result<RngKind> parse_rng_kind(std::string_view name);
+// Parses an --rng (or --sampler-rng) value (case-insensitive). The error
+// names the flag and lists the valid values.
+Result<RngKind> parse_rng_kind(std::string_view name, std::string_view flag = "--rng");
 
 class Rng {
   public:

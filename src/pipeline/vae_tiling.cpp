@@ -6,6 +6,7 @@
 
 #include "pipeline/graphs.h"
 #include "runtime/graph_session.h"
+#include "util/format.h"
 #include "util/log.h"
 
 namespace kiln::pipeline {
@@ -14,6 +15,7 @@ namespace {
 // In smaller tiles the VAE's convolutions would mostly see the zero padding
 // at the tile's edges, and the blend would have next to nothing to work with.
 constexpr int kMinTile = 8;
+constexpr float kMaxRelativeTile = 1000.0f;  // tiles per side
 
 // Blend weights of each tile along one axis, in output pixels: a linear ramp
 // across the overlap with the previous tile, 1 in the middle, a ramp down
@@ -62,7 +64,24 @@ Status validate_tiling(const VaeTiling& tiling) {
     if (!(tiling.overlap >= 0.0f && tiling.overlap < 1.0f)) {
         return Error{"VAE tile overlap must be in [0, 1), got " + std::to_string(tiling.overlap)};
     }
+    for (const float r : {tiling.relative_w, tiling.relative_h}) {
+        if (!(r == 0.0f || (r > 0.0f && r <= kMaxRelativeTile))) {
+            return Error{"--vae-relative-tile-size must be 0 or in (0, " + format_number(kMaxRelativeTile) +
+                         "], got " + format_number(r)};
+        }
+    }
     return Status::Ok();
+}
+
+int64_t tile_side(const VaeTiling& tiling, float relative, int64_t size) {
+    if (relative <= 0.0f) return std::min<int64_t>(tiling.tile, size);
+    double share = relative;
+    if (relative > 1.0f) {
+        const double overlap = std::clamp(static_cast<double>(tiling.overlap), 0.0, 0.5);
+        share = 1.0 / (relative - relative * overlap + overlap);
+    }
+    const auto tile = static_cast<int64_t>(std::llround(static_cast<double>(size) * share));
+    return std::clamp<int64_t>(tile, std::min<int64_t>(kMinTile, size), size);
 }
 
 std::vector<int64_t> tile_starts(int64_t size, int64_t tile, float overlap) {
@@ -94,8 +113,8 @@ Result<std::vector<float>> run_tiled(const std::vector<float>& input, const Tile
     }
 
     // A tile never exceeds the image: a strip narrower than one tile is one tile wide.
-    const int64_t tile_w = std::min<int64_t>(tiling.tile, map.grid_w);
-    const int64_t tile_h = std::min<int64_t>(tiling.tile, map.grid_h);
+    const int64_t tile_w = tile_side(tiling, tiling.relative_w, map.grid_w);
+    const int64_t tile_h = tile_side(tiling, tiling.relative_h, map.grid_h);
     const std::vector<int64_t> xs = tile_starts(map.grid_w, tile_w, tiling.overlap);
     const std::vector<int64_t> ys = tile_starts(map.grid_h, tile_h, tiling.overlap);
     const AxisWeights wx = axis_weights(xs, tile_w, map.grid_w, map.out_scale);

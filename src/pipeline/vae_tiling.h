@@ -22,7 +22,16 @@ namespace kiln::pipeline {
 struct VaeTiling {
     int tile = 32;         // latent pixels per tile side (sd.cpp's default); clamped to the latent's size
     float overlap = 0.5f;  // fraction of a tile shared with its neighbour (sd.cpp's default), in [0, 1)
+    // --vae-relative-tile-size, per axis (0: `tile`; see tile_side).
+    float relative_w = 0.0f, relative_h = 0.0f;
 };
+
+// The tile side along an axis of `size` latent pixels, as sd-cli's
+// get_tile_sizes makes it: `relative` in (0, 1] is a share of the side,
+// above 1 a number of tiles per side (the share 1 / (r - (r - 1) * overlap),
+// overlap capped at 0.5 there); the result is rounded and kept in
+// [min(8, size), size]. relative 0: `tile`, kept at most `size`.
+int64_t tile_side(const VaeTiling& tiling, float relative, int64_t size);
 
 // What a tiled run did, for logs and tests.
 struct TilingStats {
@@ -31,7 +40,8 @@ struct TilingStats {
     int tiles() const { return tiles_x * tiles_y; }
 };
 
-// tile >= 8 latent pixels and 0 <= overlap < 1; errors name the parameter and the valid range.
+// tile >= 8 latent pixels, 0 <= overlap < 1, relative sides 0 or in (0,
+// 1000]; errors name the parameter and the valid range.
 Status validate_tiling(const VaeTiling& tiling);
 
 // Start offsets of the tiles along one axis of `size` latent pixels: a regular

@@ -96,6 +96,23 @@ TEST(Args, SdCliAliasesAndOptionsOfMissingFeatures) {
     }
 }
 
+TEST(Args, SdCliSamplingOptions) {
+    const Options o = parse_ok({"--eta", "0.3", "--sampler-rng", "cpu", "--sigmas", "[14.6, 7.8,3.5,0]",
+                                "--vae-relative-tile-size", "0.5x2", "--force-sdxl-vae-conv-scale"});
+    EXPECT_FLOAT_EQ(*o.eta, 0.3f);
+    EXPECT_EQ(o.sampler_rng, "cpu");
+    EXPECT_EQ(o.sigmas, (std::vector<float>{14.6f, 7.8f, 3.5f, 0.0f}));
+    EXPECT_FLOAT_EQ(o.vae_relative_tile_w, 0.5f);
+    EXPECT_FLOAT_EQ(o.vae_relative_tile_h, 2.0f);
+    EXPECT_FLOAT_EQ(parse_ok({"--vae-relative-tile-size", "3"}).vae_relative_tile_h, 3.0f);
+    EXPECT_EQ(parse_error({"--eta", "1.5"}).message, "--eta: expected a number in [0, 1], got '1.5'");
+    EXPECT_EQ(parse_error({"--sigmas", "1,,0"}).message, "--sigmas: an empty value in '1,,0'");
+    EXPECT_EQ(parse_error({"--sigmas", "1,x"}).message, "--sigmas: 'x' is not a number");
+    EXPECT_EQ(parse_error({"--sampler-rng", "std_default"}).message,
+              "--sampler-rng: unknown RNG 'std_default' (valid: cpu, cuda)");
+    EXPECT_NE(parse_error({"--vae-relative-tile-size", "0x1"}).message.find("(0, 1000]"), std::string::npos);
+}
+
 TEST(Args, Modes) {
     EXPECT_EQ(parse_ok({"-M", "convert"}).command, Command::Convert);
     EXPECT_EQ(parse_ok({"--mode", "img_gen"}).command, Command::Generate);

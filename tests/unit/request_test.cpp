@@ -15,6 +15,7 @@
 #include "io/dtype.h"
 #include "io/model_file.h"
 #include "kiln.h"
+#include "pipeline/schedulers.h"
 #include "test_files.h"
 
 namespace kiln {
@@ -126,6 +127,23 @@ TEST(Request, GenerateAndPlanRefuseTheSameBadRequests) {
              p.init_latent_resize = 1;
          },
          "init image is 18x16: its latent is resized, so its sides must be multiples of 4"},
+        {"eta above 1", [](kiln_generation_params& p) { p.eta = 1.5f; }, "--eta must be a number in [0, 1], got 1.5"},
+        {"eta nan", [](kiln_generation_params& p) { p.eta = std::nanf(""); }, "--eta must be a number in [0, 1]"},
+        {"sigmas not descending",
+         [](kiln_generation_params& p) {
+             static const float sigmas[] = {1.0f, 2.0f, 0.0f};
+             p.sigmas = sigmas;
+             p.n_sigmas = 3;
+         },
+         "--sigmas: values must descend"},
+        {"sigmas without a last 0",
+         [](kiln_generation_params& p) {
+             static const float sigmas[] = {3.0f, 1.0f};
+             p.sigmas = sigmas;
+             p.n_sigmas = 2;
+         },
+         "--sigmas: the last value must be 0"},
+        {"sampler rng", [](kiln_generation_params& p) { p.sampler_rng = "dice"; }, "--sampler-rng: unknown RNG 'dice'"},
         {"clip skip above the encoder's layers", [](kiln_generation_params& p) { p.clip_skip = 5; },
          "clip skip must be at most 2 for this model's clip_l text encoder, got 5"},
         {"width above the limit", [](kiln_generation_params& p) { p.width = p.height = 16384 + 4; }, "at most 16384"},
@@ -362,6 +380,76 @@ TEST(Request, InitLatentResizeEncodesAtTheInitImagesSize) {
 
 namespace kiln {
 namespace {
+
+// The pixels of a job on the tiny model, and how many steps it reported.
+std::vector<uint8_t> pixels_of(kiln_context* ctx, kiln_generation_params gp, int* steps = nullptr) {
+    gp.progress = [](int, int, int total, void* user) { *static_cast<int*>(user) = total; };
+    int total = 0;
+    gp.progress_user_data = &total;
+    kiln_image* images = nullptr;
+    int n = 0;
+    char* error = nullptr;
+    EXPECT_EQ(kiln_generate(ctx, &gp, &images, &n, &error), KILN_OK) << (error ? error : "");
+    kiln_free_string(error);
+    std::vector<uint8_t> out;
+    if (n == 1) out.assign(images[0].data, images[0].data + size_t(images[0].width) * images[0].height * 3);
+    kiln_images_free(images, n);
+    if (steps) *steps = total;
+    return out;
+}
+
+// sd-cli's --eta, --sampler-rng and --sigmas. The defaults spelled out
+// give the same bits; other values change the image where they should.
+TEST(Request, EtaSamplerRngAndSigmasAsSdCli) {
+    auto model = open();
+    ASSERT_EQ(model->status, KILN_OK) << model->error;
+    kiln_generation_params ddim = small_job();
+    ddim.sampler = "ddim_trailing";
+    const std::vector<uint8_t> ddim_default = pixels_of(model->ctx, ddim);
+    ddim.eta = 0.0f;  // its default
+    EXPECT_EQ(pixels_of(model->ctx, ddim), ddim_default);
+    ddim.eta = 0.7f;
+    EXPECT_NE(pixels_of(model->ctx, ddim), ddim_default);
+
+    kiln_generation_params ancestral = small_job();
+    ancestral.sampler = "euler_a";
+    ancestral.steps = 3;
+    const std::vector<uint8_t> shared = pixels_of(model->ctx, ancestral);
+    ancestral.eta = 1.0f;  // its default
+    EXPECT_EQ(pixels_of(model->ctx, ancestral), shared);
+    ancestral.eta = -1.0f;
+    ancestral.sampler_rng = "cuda";  // the same kind as --rng: the one stream, as unset
+    EXPECT_EQ(pixels_of(model->ctx, ancestral), shared);
+    ancestral.sampler_rng = "cpu";  // the steps' noise from a stream of its own
+    const std::vector<uint8_t> own = pixels_of(model->ctx, ancestral);
+    EXPECT_NE(own, shared);
+    ancestral.sampler = "euler";  // draws no step noise: the sampler rng changes nothing
+    const std::vector<uint8_t> euler_own = pixels_of(model->ctx, ancestral);
+    ancestral.sampler_rng = nullptr;
+    EXPECT_EQ(pixels_of(model->ctx, ancestral), euler_own);
+
+    // The scheduler's own 3-step sigmas given as --sigmas run the same 3 steps, bit for bit.
+    kiln_generation_params euler = small_job();
+    euler.sampler = "euler";
+    euler.steps = 3;
+    int scheduled_steps = 0;
+    const std::vector<uint8_t> scheduled = pixels_of(model->ctx, euler, &scheduled_steps);
+    const std::vector<float> sigmas =
+        pipeline::get_sigmas(pipeline::SchedulerKind::Discrete, 3, pipeline::DiscreteSchedule::stable_diffusion())
+            .value();
+    euler.steps = 0;
+    euler.sigmas = sigmas.data();
+    euler.n_sigmas = static_cast<int>(sigmas.size());
+    int custom_steps = 0;
+    EXPECT_EQ(pixels_of(model->ctx, euler, &custom_steps), scheduled);
+    EXPECT_EQ(custom_steps, 3);
+    EXPECT_EQ(scheduled_steps, 3);
+    const std::vector<float> other = {10.0f, 1.0f, 0.0f};
+    euler.sigmas = other.data();
+    euler.n_sigmas = 3;
+    EXPECT_NE(pixels_of(model->ctx, euler, &custom_steps), scheduled);
+    EXPECT_EQ(custom_steps, 2);
+}
 
 // Non-finite weights give one error naming the module, not a flat image.
 TEST(Request, NonFiniteWeightsAreNamedNotAFlatImage) {

@@ -44,6 +44,26 @@ TEST(VaeTiling, ValidateTilingNamesTheParameterAndRange) {
     }
 }
 
+// --vae-relative-tile-size: sd-cli's get_tile_sizes, worked by hand.
+TEST(VaeTiling, RelativeTileSidesAreSdClisShareOrTilesPerSide) {
+    const VaeTiling half_overlap{32, 0.5f};
+    EXPECT_EQ(pipeline::tile_side(half_overlap, 0.0f, 64), 32);   // absolute
+    EXPECT_EQ(pipeline::tile_side(half_overlap, 0.0f, 20), 20);   // at most the side
+    EXPECT_EQ(pipeline::tile_side(half_overlap, 0.5f, 64), 32);   // a share
+    EXPECT_EQ(pipeline::tile_side(half_overlap, 1.0f, 64), 64);   // 1 is a share: the whole side
+    EXPECT_EQ(pipeline::tile_side(half_overlap, 2.0f, 16), 11);   // 16 / (2 - 1 + 0.5) = 10.67
+    EXPECT_EQ(pipeline::tile_side(VaeTiling{32, 0.25f}, 3.0f, 64), 26);  // 64 / (3 - 0.75 + 0.25) = 25.6
+    EXPECT_EQ(pipeline::tile_side(VaeTiling{32, 0.9f}, 2.0f, 60), 40);   // overlap capped at 0.5: 60 / 1.5
+    EXPECT_EQ(pipeline::tile_side(half_overlap, 0.01f, 64), 8);   // at least 8 ...
+    EXPECT_EQ(pipeline::tile_side(half_overlap, 0.01f, 6), 6);    // ... unless the side is shorter
+    EXPECT_TRUE(pipeline::validate_tiling(VaeTiling{32, 0.5f, 2.0f, 0.25f}).ok());
+    for (float bad : {-1.0f, 1001.0f, std::numeric_limits<float>::quiet_NaN()}) {
+        Status s = pipeline::validate_tiling(VaeTiling{32, 0.5f, bad, 0.0f});
+        ASSERT_FALSE(s.ok()) << bad;
+        EXPECT_NE(s.error().message.find("--vae-relative-tile-size"), std::string::npos) << s.error().message;
+    }
+}
+
 TEST(VaeTiling, TileStartsFormARegularGridWithTheLastTileFlushWithTheEdge) {
     using V = std::vector<int64_t>;
     EXPECT_EQ(pipeline::tile_starts(40, 16, 0.5f), (V{0, 8, 16, 24}));

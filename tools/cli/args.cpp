@@ -279,6 +279,54 @@ const std::vector<Flag>& flags() {
             {nullptr, "--rng", "NAME",
              "noise generator: cuda (torch CUDA's Philox, default) or cpu (torch CPU's mt19937)",
              checked_setter(&Options::rng, KILN_VALUE_RNG)},
+            {nullptr, "--sampler-rng", "NAME",
+             "noise generator of the stochastic samplers' steps (euler_a, dpm++2s_a, lcm, ddim_trailing, tcd), "
+             "seeded as --rng (default: --rng's stream, continued)",
+             [](Options& o, const std::string& v) -> std::optional<std::string> {
+                 char* error = nullptr;
+                 if (kiln_check_value(KILN_VALUE_RNG, v.c_str(), &error) != KILN_OK) {
+                     std::string message = error ? error : "invalid value";
+                     kiln_free_string(error);
+                     if (message.rfind("--rng: ", 0) == 0) message.erase(0, 7);
+                     return message;
+                 }
+                 o.sampler_rng = v;
+                 return std::nullopt;
+             }},
+            {nullptr, "--eta", "X",
+             "noise share of the stochastic steps in [0, 1]: DDIM's eta, TCD's gamma, the ancestral samplers' "
+             "(default: 0 for ddim_trailing and tcd, 1 for euler_a and dpm++2s_a)",
+             [](Options& o, const std::string& v) -> std::optional<std::string> {
+                 char* end = nullptr;
+                 const float f = std::strtof(v.c_str(), &end);
+                 if (v.empty() || *end != '\0' || !(f >= 0.0f && f <= 1.0f))
+                     return "expected a number in [0, 1], got '" + v + "'";
+                 o.eta = f;
+                 return std::nullopt;
+             }},
+            {nullptr, "--sigmas", "LIST",
+             "the noise schedule itself, comma-separated and descending to 0, e.g. \"14.6,7.8,3.5,0\" (brackets "
+             "allowed); replaces --scheduler, and --steps becomes the count less one",
+             [](Options& o, const std::string& v) -> std::optional<std::string> {
+                 std::string list = v;
+                 if (!list.empty() && list.front() == '[') list.erase(0, 1);
+                 if (!list.empty() && list.back() == ']') list.pop_back();
+                 std::vector<float> values;
+                 std::stringstream items(list);
+                 std::string item;
+                 while (std::getline(items, item, ',')) {
+                     const size_t b = item.find_first_not_of(" \t"), e = item.find_last_not_of(" \t");
+                     if (b == std::string::npos) return "an empty value in '" + v + "'";
+                     item = item.substr(b, e - b + 1);
+                     char* end = nullptr;
+                     const float f = std::strtof(item.c_str(), &end);
+                     if (*end != '\0' || !std::isfinite(f)) return "'" + item + "' is not a number";
+                     values.push_back(f);
+                 }
+                 if (values.empty()) return "expected comma-separated numbers, got '" + v + "'";
+                 o.sigmas = std::move(values);
+                 return std::nullopt;
+             }},
             {nullptr, "--clip-skip", "N", "text encoder layer to use, counted from the end (default: the model's)",
              int_setter(&Options::clip_skip, 1, 12)},
             {nullptr, "--prediction", "TYPE", "what the model predicts: eps or v (default: the model's)",
@@ -302,6 +350,23 @@ const std::vector<Flag>& flags() {
                  long long parsed = 0;
                  if (auto err = parse_integer(side, 8, 4096, &parsed)) return err;
                  o.vae_tile_size = static_cast<int>(parsed);
+                 return std::nullopt;
+             }},
+            {nullptr, "--vae-relative-tile-size", "X[xY]",
+             "VAE tile sides relative to the latent's: a share of the side if <= 1, tiles per side if > 1 "
+             "(overrides --vae-tile-size)",
+             [](Options& o, const std::string& v) -> std::optional<std::string> {
+                 const size_t x = v.find('x');
+                 const std::string sides[2] = {v.substr(0, x), x == std::string::npos ? v : v.substr(x + 1)};
+                 float values[2] = {};
+                 for (int i = 0; i < 2; ++i) {
+                     char* end = nullptr;
+                     values[i] = std::strtof(sides[i].c_str(), &end);
+                     if (sides[i].empty() || *end != '\0' || !(values[i] > 0.0f && values[i] <= 1000.0f))
+                         return "expected X or XxY with numbers in (0, 1000], got '" + v + "'";
+                 }
+                 o.vae_relative_tile_w = values[0];
+                 o.vae_relative_tile_h = values[1];
                  return std::nullopt;
              }},
             {nullptr, "--vae-tile-overlap", "X",
@@ -422,6 +487,10 @@ const std::vector<Flag>& flags() {
              "accepted for sd-cli command lines: kiln picks each convolution's path itself", ignored_switch()},
             {nullptr, "--diffusion-conv-direct", nullptr,
              "accepted for sd-cli command lines: kiln picks each convolution's path itself", ignored_switch()},
+            {nullptr, "--force-sdxl-vae-conv-scale", nullptr,
+             "accepted for sd-cli command lines: kiln does not rescale the VAE's convolutions; on the CPU it "
+             "computes the VAE in F32 (docs/sdxl.md)",
+             ignored_switch()},
             {nullptr, "--offload-to-cpu", nullptr, "keep every module's weights in RAM (--params-backend cpu)",
              [](Options& o, const std::string&) -> std::optional<std::string> {
                  o.offload_to_cpu = true;

@@ -72,6 +72,10 @@ struct Options {
     std::string sampling_method;
     std::string scheduler;
     std::string rng = "cuda";
+    std::string sampler_rng;     // --sampler-rng; empty: --rng's stream
+    std::optional<float> eta;    // --eta; unset: the sampler's
+    std::vector<float> sigmas;   // --sigmas; empty: the scheduler's
+    float vae_relative_tile_w = 0.0f, vae_relative_tile_h = 0.0f;  // --vae-relative-tile-size
     std::string prediction;  // "", "eps" or "v"
     int clip_skip = 0;       // 0: the model's default
     float strength = 0.75f;

@@ -216,6 +216,10 @@ int run_generate(const Options& options) {
     gp.sampler = options.sampling_method.empty() ? nullptr : options.sampling_method.c_str();
     gp.scheduler = options.scheduler.empty() ? nullptr : options.scheduler.c_str();
     gp.rng = options.rng.c_str();
+    gp.sampler_rng = options.sampler_rng.empty() ? nullptr : options.sampler_rng.c_str();
+    gp.eta = options.eta.value_or(-1.0f);
+    gp.sigmas = options.sigmas.empty() ? nullptr : options.sigmas.data();
+    gp.n_sigmas = static_cast<int>(options.sigmas.size());
     gp.clip_skip = options.clip_skip;
     gp.flash_attention = options.diffusion_fa ? 1 : 0;
     gp.init_image = init;
@@ -224,6 +228,8 @@ int run_generate(const Options& options) {
     gp.vae_tiling = options.vae_tiling ? 1 : 0;
     gp.vae_tile_size = options.vae_tile_size;
     gp.vae_tile_overlap = options.vae_tile_overlap;
+    gp.vae_relative_tile_w = options.vae_relative_tile_w;
+    gp.vae_relative_tile_h = options.vae_relative_tile_h;
     gp.guidance = options.guidance_given ? options.guidance : -1.0f;
     gp.flow_shift_given = options.flow_shift_given ? 1 : 0;
     gp.flow_shift = options.flow_shift;
