@@ -203,6 +203,10 @@ typedef struct {
     float flow_shift;             /* the flow time shift mu (Flux: 1.15 at 1024x1024) */
     const kiln_image* ref_images; /* -r: Flux.1-Kontext reference images, n_ref_images of them, or NULL */
     int n_ref_images;
+    /* --disable-auto-resize-ref-image: encode each at its own size, not at about the output's area
+     * (sd-cli's default); --increase-ref-index: index them 1, 2, ... instead of side by side at 1 */
+    int disable_auto_resize_ref_image;
+    int increase_ref_index;
     /* --control-image: the ControlNet's condition (needs control_net_path), of the output's aspect
      * ratio (resized to its size), or NULL; --control-strength: the factor on its residuals, [0, 10]
      * (default 0.9, as sd-cli). */

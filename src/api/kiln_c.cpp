@@ -260,6 +260,8 @@ kiln::Result<kiln::pipeline::GenerationRequest> generation_request(const kiln_ge
         if (!img.ok()) return img.error().in_context("reference image " + std::to_string(i + 1) + ": ");
         r.ref_images.push_back(std::move(img).value());
     }
+    r.auto_resize_ref_images = params->disable_auto_resize_ref_image == 0;
+    r.increase_ref_index = params->increase_ref_index != 0;
     if (params->hires) {
         kiln::pipeline::HiresFix h;
         h.scale = params->hires_scale;

@@ -384,7 +384,7 @@ std::vector<int64_t> flux_rope_shape(const FluxConfig& c, int64_t txt_tokens, Fl
 }
 
 std::vector<float> flux_rope_table(const FluxConfig& c, int64_t txt_tokens, FluxTokenGrid image,
-                                   const std::vector<FluxTokenGrid>& refs) {
+                                   const std::vector<FluxTokenGrid>& refs, bool increase_ref_index) {
     // Positions (index, row, col) of every token.
     std::vector<std::array<int64_t, 3>> ids(static_cast<size_t>(txt_tokens), {0, 0, 0});
     auto add_grid = [&](FluxTokenGrid g, int64_t index, int64_t h_off, int64_t w_off) {
@@ -393,7 +393,13 @@ std::vector<float> flux_rope_table(const FluxConfig& c, int64_t txt_tokens, Flux
     };
     add_grid(image, 0, 0, 0);
     const auto offsets = reference_offsets(refs);
-    for (size_t i = 0; i < refs.size(); ++i) add_grid(refs[i], 1, offsets[i].first, offsets[i].second);
+    for (size_t i = 0; i < refs.size(); ++i) {
+        if (increase_ref_index) {
+            add_grid(refs[i], static_cast<int64_t>(i) + 1, 0, 0);
+        } else {
+            add_grid(refs[i], 1, offsets[i].first, offsets[i].second);
+        }
+    }
 
     const int64_t D = c.head_dim(), n = static_cast<int64_t>(ids.size());
     std::vector<float> table(static_cast<size_t>(2 * D * n));

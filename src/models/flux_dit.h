@@ -132,8 +132,11 @@ std::vector<std::string> flux_diffusers_names(const std::string& bfl_stem);
 // rope(x) = x * plane0 + swap_pairs(x) * plane1. The angle of pair j of axis
 // a is pos_a * theta^(-2j / axes_dim[a]), axis 0's pairs first; computed in
 // double precision. The same for every batch entry.
+// References: index 1 each, laid out side by side (offsets, sd-cli's and
+// ComfyUI's default); with increase_ref_index (sd-cli's
+// --increase-ref-index), index 1, 2, ... in order, each at row and column 0.
 std::vector<float> flux_rope_table(const FluxConfig& c, int64_t txt_tokens, FluxTokenGrid image,
-                                   const std::vector<FluxTokenGrid>& refs);
+                                   const std::vector<FluxTokenGrid>& refs, bool increase_ref_index = false);
 std::vector<int64_t> flux_rope_shape(const FluxConfig& c, int64_t txt_tokens, FluxTokenGrid image,
                                      const std::vector<FluxTokenGrid>& refs);
 

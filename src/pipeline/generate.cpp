@@ -9,6 +9,7 @@
 #include "image/canny.h"
 #include "pipeline/graphs.h"
 #include "pipeline/latent_resize.h"
+#include "pipeline/reference_images.h"
 #include "pipeline/loras.h"
 #include "pipeline/schedulers.h"
 #include "pipeline/size_conditioning.h"
@@ -109,7 +110,9 @@ Result<std::vector<float>> run_diffusion_batch(Model& model, const std::vector<f
         return g.shape.batch == batch && g.shape.tokens == tokens;
     });
     if (found == unet.graphs.end()) {
-        DiffusionShape shape{p.latent_w, p.latent_h, batch, tokens, p.flash_attention, p.ref_sizes, !valid.empty()};
+        DiffusionShape shape{p.latent_w, p.latent_h, batch,         tokens,
+                             p.flash_attention, p.ref_sizes, !valid.empty()};
+        shape.increase_ref_index = p.increase_ref_index;
         shape.control = !p.control_hint.empty();
         shape.control_strength = p.control_strength;
         auto built = build_diffusion_graph(model, shape);
@@ -760,12 +763,20 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
         KILN_LOG_WARN("--canny without --control-image: there is no image to find edges in");
     }
     // Kontext's reference images: each encoded (the latent distribution's
-    // mean) at its own size, as sd-cli does.
-    for (const image::Image& ref : request.ref_images) {
+    // mean), as sd-cli does, at about the output's area
+    // (pipeline/reference_images.h) or, without auto-resize, at its own size.
+    run.increase_ref_index = request.increase_ref_index;
+    for (const image::Image& given : request.ref_images) {
         ValidatedRequest at = p;
         const int stride = model.size_stride();
+        image::Image ref = given;
+        if (request.auto_resize_ref_images) {
+            const ReferenceSize size = auto_reference_size(given.width, given.height, p.width, p.height, stride);
+            ref = nearest_resized(given, size.width, size.height);
+        }
         at.width = ref.width / stride * stride;
         at.height = ref.height / stride * stride;
+        KILN_LOG_VERBOSE("reference image %dx%d: encoded at %dx%d", given.width, given.height, at.width, at.height);
         auto encoded = encode_image(model, ref, at, request.vae_tiling);
         if (!encoded.ok()) return encoded.error().in_context("reference image: ");
         run.refs.push_back(std::move(encoded).value());

@@ -85,6 +85,7 @@ struct SamplingRun {
     // Flux.1-Kontext's reference latents (scaled) and their sizes.
     std::vector<std::vector<float>> refs;
     std::vector<LatentSize> ref_sizes;
+    bool increase_ref_index = false;
     // ControlNet (Model::has_control_net()): its condition, planar RGB in
     // [0, 1] at 8x the latent's size (empty: no control, the plain UNet),
     // and --control-strength, the factor on its residuals.

@@ -99,7 +99,8 @@ Result<DiffusionGraph> build_flux_graph(const Model& model, const DiffusionShape
     const models::FluxTokenGrid image{shape.latent_w / patch, shape.latent_h / patch};
     std::vector<models::FluxTokenGrid> ref_grids;
     for (const LatentSize& r : shape.refs) ref_grids.push_back({r.w / patch, r.h / patch});
-    const std::vector<float> rope = models::flux_rope_table(fc, shape.tokens, image, ref_grids);
+    const std::vector<float> rope =
+        models::flux_rope_table(fc, shape.tokens, image, ref_grids, shape.increase_ref_index);
     in.rope = s.input(GGML_TYPE_F32, models::flux_rope_shape(fc, shape.tokens, image, ref_grids), rope.data(), "rope");
     if (shape.mask) {
         int64_t image_tokens = image.w * image.h;

@@ -46,6 +46,7 @@ struct DiffusionShape {
     // tokens' padding is masked (Chroma).
     std::vector<LatentSize> refs;
     bool mask = false;
+    bool increase_ref_index = false;  // --increase-ref-index (models::flux_rope_table)
     // The UNet takes the ControlNet's residuals (Model::has_control_net()),
     // times this strength.
     bool control = false;

@@ -109,6 +109,12 @@ struct GenerationRequest {
     std::optional<float> guidance;
     std::optional<float> flow_shift;
     std::vector<image::Image> ref_images;
+    // sd-cli's reference handling: each is first resized (nearest) to about
+    // the output's area, at most 1024x1024 (auto_resize_ref_images, sd-cli's
+    // default; --disable-auto-resize-ref-image turns it off), and they sit
+    // side by side at index 1 unless increase_ref_index numbers them 1, 2, ...
+    bool auto_resize_ref_images = true;
+    bool increase_ref_index = false;
     std::optional<HiresFix> hires;  // --hires
     // --control-image: the ControlNet's (--control-net) condition, any
     // channels, resized to the output size when it has the same aspect

@@ -236,6 +236,25 @@ TEST_F(FluxTiny, RopeTableMatchesReference) {
     check("", {});
     // Kontext: references 4x6 and 6x2 latents, 3x2 and 1x3 patches (w x h).
     check("kontext2.", {{3, 2}, {1, 3}});
+
+    // --increase-ref-index: reference i has index i + 1 and starts at row and
+    // column 0. Axis 0's first pair turns by the index itself (theta^0), the
+    // other axes' first pairs by row and column.
+    const std::vector<models::FluxTokenGrid> refs = {{3, 2}, {1, 3}};
+    const auto plain = models::flux_rope_table((*d)->config(), 7, {4, 4}, refs);
+    const auto numbered = models::flux_rope_table((*d)->config(), 7, {4, 4}, refs, true);
+    ASSERT_EQ(plain.size(), numbered.size());
+    const std::vector<int>& axes = (*d)->config().axes_dim;
+    const int64_t D = 32, first_ref = 7 + 16, second_ref = first_ref + 6;
+    // The first reference is the same either way (index 1, no offset) ...
+    for (int64_t k = first_ref * D; k < second_ref * D; ++k) EXPECT_EQ(plain[k], numbered[k]) << k;
+    // ... the second moves to index 2, column 0 (it sat right of the first, from column 3).
+    EXPECT_NEAR(numbered[second_ref * D], std::cos(2.0), 1e-6);
+    EXPECT_NEAR(plain[second_ref * D], std::cos(1.0), 1e-6);
+    EXPECT_NEAR(numbered[second_ref * D + axes[0] + axes[1]], 1.0, 1e-6);
+    EXPECT_NEAR(plain[second_ref * D + axes[0] + axes[1]], std::cos(3.0), 1e-6);
+    EXPECT_NEAR(numbered[second_ref * D + axes[0]], 1.0, 1e-6);  // row 0 both ways
+    EXPECT_NEAR(plain[second_ref * D + axes[0]], 1.0, 1e-6);
 }
 
 TEST_F(FluxSchnellTiny, MatchesReferenceWithoutGuidance) {

@@ -403,6 +403,26 @@ TEST_F(FluxInputs, KontextReferenceImagesAreAttendedTo) {
     auto with_ref = generate(**model, r);
     ASSERT_TRUE(with_ref.ok()) << with_ref.error().message;
     EXPECT_GT(largest_pixel_difference(with_ref->front().image, *reference_), 0);
+    // sd-cli resizes a reference to about the output's area first (a 40x72 one to 24x40 for a
+    // 32x32 job and this model's stride of 8); --disable-auto-resize-ref-image encodes it as given.
+    image::Image large = image::make_image(40, 72, 3);
+    for (size_t i = 0; i < large.pixels.size(); ++i) large.pixels[i] = static_cast<uint8_t>((i * 37) % 256);
+    GenerationRequest sized = r;
+    sized.ref_images = {large};
+    auto resized = generate(**model, sized);
+    sized.auto_resize_ref_images = false;
+    auto as_given = generate(**model, sized);
+    ASSERT_TRUE(resized.ok() && as_given.ok());
+    EXPECT_GT(largest_pixel_difference(as_given->front().image, resized->front().image), 0);
+    // Two references side by side at index 1, or numbered 1 and 2.
+    r.ref_images.push_back(ref);
+    auto side_by_side = generate(**model, r);
+    r.increase_ref_index = true;
+    auto numbered = generate(**model, r);
+    ASSERT_TRUE(side_by_side.ok() && numbered.ok());
+    EXPECT_GT(largest_pixel_difference(side_by_side->front().image, numbered->front().image), 0);
+    r.increase_ref_index = false;
+    r.ref_images.pop_back();
     r.ref_images.push_back(image::make_image(2, 2, 3));  // smaller than the size stride
     auto bad = generate(**model, r);
     ASSERT_FALSE(bad.ok());

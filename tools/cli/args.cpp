@@ -252,6 +252,18 @@ const std::vector<Flag>& flags() {
                  o.ref_images.push_back(v);
                  return std::nullopt;
              }},
+            {nullptr, "--disable-auto-resize-ref-image", nullptr,
+             "encode each -r image at its own size, not resized to about the output's area (at most 1024x1024)",
+             [](Options& o, const std::string&) -> std::optional<std::string> {
+                 o.disable_auto_resize_ref_image = true;
+                 return std::nullopt;
+             }},
+            {nullptr, "--increase-ref-index", nullptr,
+             "give the -r images the position indices 1, 2, ... in order, instead of placing them side by side at 1",
+             [](Options& o, const std::string&) -> std::optional<std::string> {
+                 o.increase_ref_index = true;
+                 return std::nullopt;
+             }},
             {nullptr, "--control-image", "PATH",
              "the ControlNet's condition (edges, depth, pose, ...), of the output's aspect ratio",
              path_setter(&Options::control_image)},

@@ -66,6 +66,8 @@ struct Options {
     float flow_shift = 0.0f;  // --flow-shift: the flow time shift
     bool flow_shift_given = false;
     std::vector<std::string> ref_images;  // -r/--ref-image, repeatable
+    bool disable_auto_resize_ref_image = false;
+    bool increase_ref_index = false;
     std::string control_image;            // --control-image
     float control_strength = 0.9f;        // --control-strength (sd-cli's default)
     bool canny = false;                   // --canny

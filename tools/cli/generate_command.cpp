@@ -235,6 +235,8 @@ int run_generate(const Options& options) {
     gp.flow_shift = options.flow_shift;
     gp.ref_images = ref_array.empty() ? nullptr : ref_array.data();
     gp.n_ref_images = static_cast<int>(ref_array.size());
+    gp.disable_auto_resize_ref_image = options.disable_auto_resize_ref_image ? 1 : 0;
+    gp.increase_ref_index = options.increase_ref_index ? 1 : 0;
     gp.control_image = control;
     gp.control_strength = options.control_strength;
     gp.control_canny = options.canny ? 1 : 0;
