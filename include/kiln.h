@@ -207,6 +207,12 @@ typedef struct {
      * (sd-cli's default); --increase-ref-index: index them 1, 2, ... instead of side by side at 1 */
     int disable_auto_resize_ref_image;
     int increase_ref_index;
+    /* Chroma's T5 padding mask, as sd-cli's flags: --chroma-disable-dit-mask (none in the DiT's
+     * attention), --chroma-enable-t5-mask (also in T5's own), --chroma-t5-mask-pad (pad tokens after
+     * EOS the DiT still sees; < 0: 1, the default) */
+    int chroma_disable_dit_mask;
+    int chroma_enable_t5_mask;
+    int chroma_t5_mask_pad;
     /* --control-image: the ControlNet's condition (needs control_net_path), of the output's aspect
      * ratio (resized to its size), or NULL; --control-strength: the factor on its residuals, [0, 10]
      * (default 0.9, as sd-cli). */

@@ -262,6 +262,9 @@ kiln::Result<kiln::pipeline::GenerationRequest> generation_request(const kiln_ge
     }
     r.auto_resize_ref_images = params->disable_auto_resize_ref_image == 0;
     r.increase_ref_index = params->increase_ref_index != 0;
+    r.t5_masks.dit_mask = params->chroma_disable_dit_mask == 0;
+    r.t5_masks.t5_mask = params->chroma_enable_t5_mask != 0;
+    r.t5_masks.pad_tokens = params->chroma_t5_mask_pad;
     if (params->hires) {
         kiln::pipeline::HiresFix h;
         h.scale = params->hires_scale;
@@ -398,6 +401,7 @@ void kiln_generation_params_init(kiln_generation_params* params) {
     params->control_strength = 0.9f;
     params->guidance = -1.0f;
     params->eta = -1.0f;
+    params->chroma_t5_mask_pad = -1;
     params->vae_tile_size = 32;
     params->vae_tile_overlap = 0.5f;
     const kiln::pipeline::HiresFix hires;

@@ -67,22 +67,25 @@ Result<EncodedChunks> encode_chunks(Model& model, const TextEncoder& encoder, co
 
 // T5's one sequence of use.max_length tokens (EOS, then padding): its last
 // hidden state, as BFL's HFEmbedder takes it (no attention mask in T5
-// itself), and which tokens the DiT may attend to when the family masks the
-// padding (Chroma: the real tokens, EOS and mask_pad_tokens pad tokens).
+// itself unless masks.t5_mask), and which tokens the DiT may attend to when
+// the family masks the padding (Chroma: the real tokens, EOS and
+// mask_pad_tokens pad tokens; none with masks.dit_mask off).
 Result<EncodedChunks> encode_t5(const TextEncoder& encoder, const T5Tokenizer& tokenizer, const std::string& prompt,
-                                std::vector<float>* valid) {
+                                const T5MaskOptions& masks, std::vector<float>* valid) {
     const models::TextEncoderUse& use = *encoder.use;
     const PaddedTokens tokens = tokenizer.encode_padded(prompt, use.max_length, /*pad=*/true);
     const auto length = static_cast<int64_t>(tokens.ids.size());
-    TextEncoderGraph g = build_text_encoder_graph(encoder, tokens.ids.data(), length, 1, 0);
+    const std::vector<float> real(tokens.mask.begin(), tokens.mask.end());  // text and EOS
+    const bool t5_mask = use.mask_padding && masks.t5_mask;
+    TextEncoderGraph g = build_text_encoder_graph(encoder, tokens.ids.data(), length, 1, 0, t5_mask ? real.data() : nullptr);
     KILN_TRY(g.session->run(*encoder.executor, g.out));
     EncodedChunks out;
     out.hidden = runtime::GraphSession::read(g.out);
     out.length = length;
     out.chunks = 1;
-    if (use.mask_padding) {
-        valid->assign(tokens.mask.begin(), tokens.mask.end());
-        int extra = use.mask_pad_tokens;
+    if (use.mask_padding && masks.dit_mask) {
+        valid->assign(real.begin(), real.end());
+        int extra = masks.pad_tokens >= 0 ? masks.pad_tokens : use.mask_pad_tokens;
         for (float& v : *valid) {
             if (v == 0.0f && extra > 0) {
                 v = 1.0f;
@@ -142,12 +145,13 @@ LlmPrompt llm_prompt(const LlmTokenizer& tokenizer, const models::TextEncoderUse
     return out;
 }
 
-Result<Conditioning> encode_prompt(Model& model, const std::string& prompt, int clip_skip) {
+Result<Conditioning> encode_prompt(Model& model, const std::string& prompt, int clip_skip,
+                                   const T5MaskOptions& t5_masks) {
     Conditioning c;
     std::vector<std::vector<float>> parts;
     std::vector<int64_t> widths;
     for (const TextEncoder& encoder : model.text_encoders()) {
-        auto encoded = encoder.t5    ? encode_t5(encoder, model.t5_tokenizer(), prompt, &c.token_valid)
+        auto encoded = encoder.t5    ? encode_t5(encoder, model.t5_tokenizer(), prompt, t5_masks, &c.token_valid)
                        : encoder.llm ? encode_llm(encoder, model.llm_tokenizer(), prompt)
                                      : encode_chunks(model, encoder, prompt, clip_skip);
         if (!encoded.ok()) return encoded.error();

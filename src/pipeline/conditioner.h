@@ -51,10 +51,22 @@ LlmPrompt llm_prompt(const LlmTokenizer& tokenizer, const models::TextEncoderUse
 // single_chunk_tokens() (a prompt of one CLIP chunk, T5's fixed length).
 int64_t context_length(const Model& model, const std::string* prompt);
 
+// sd-cli's options for a family that masks T5's padding (Chroma): the mask
+// over the padding in the DiT's attention (--chroma-disable-dit-mask turns it
+// off), the same mask in T5's own attention (--chroma-enable-t5-mask), and
+// how many pad tokens after EOS the DiT still sees (--chroma-t5-mask-pad;
+// < 0: the family's, 1).
+struct T5MaskOptions {
+    bool dit_mask = true;
+    bool t5_mask = false;
+    int pad_tokens = -1;
+};
+
 // Encodes `prompt` with every text encoder of the model's family, each at
 // layer `clip_skip` from the end (<= 0: the family's default), in as many
 // 77-token chunks as the prompt takes (CLIP); T5 and LLM encoders ignore
 // clip_skip.
-Result<Conditioning> encode_prompt(Model& model, const std::string& prompt, int clip_skip);
+Result<Conditioning> encode_prompt(Model& model, const std::string& prompt, int clip_skip,
+                                   const T5MaskOptions& t5_masks = {});
 
 }  // namespace kiln::pipeline

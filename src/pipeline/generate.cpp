@@ -647,6 +647,15 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
     if (request.flow_shift && model.prediction() != Prediction::Flow) {
         KILN_LOG_WARN("--flow-shift does nothing for %s: not a flow model", model.family_label().c_str());
     }
+    const T5MaskOptions& masks = request.t5_masks;
+    if (!masks.dit_mask || masks.t5_mask || masks.pad_tokens >= 0) {
+        bool masked = false;
+        for (const TextEncoder& encoder : model.text_encoders()) masked = masked || encoder.use->mask_padding;
+        if (!masked) {
+            KILN_LOG_WARN("the --chroma-* options do nothing for %s: it does not mask T5's padding (Chroma does)",
+                          model.family_label().c_str());
+        }
+    }
     GenerationTimings unused;
     GenerationTimings& times = timings ? *timings : unused;
     times = GenerationTimings{};
@@ -663,7 +672,7 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
 
     const bool use_cfg = p.cfg != 1.0f;
     const Clock::time_point encoding_start = Clock::now();
-    auto cond = encode_prompt(model, tagged->prompt, request.clip_skip);
+    auto cond = encode_prompt(model, tagged->prompt, request.clip_skip, request.t5_masks);
     if (!cond.ok()) return cond.error();
     std::optional<Conditioning> uncond;
     if (use_cfg) {
@@ -673,7 +682,7 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
             std::fill(uncond->hidden.begin(), uncond->hidden.end(), 0.0f);
             std::fill(uncond->pooled.begin(), uncond->pooled.end(), 0.0f);
         } else {
-            auto encoded = encode_prompt(model, request.negative_prompt, request.clip_skip);
+            auto encoded = encode_prompt(model, request.negative_prompt, request.clip_skip, request.t5_masks);
             if (!encoded.ok()) return encoded.error();
             uncond = std::move(encoded).value();
         }

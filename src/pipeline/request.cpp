@@ -212,6 +212,10 @@ Result<ValidatedRequest> validate_request(const Model& model, const GenerationRe
         KILN_TRY(check_sigmas(r.sigmas, model.noise_schedule(p.width, p.height, std::nullopt)->flow()));
         p.steps = static_cast<int>(r.sigmas.size()) - 1;
     }
+    if (r.t5_masks.pad_tokens > kMaxT5MaskPad) {
+        return Error::invalid_request("--chroma-t5-mask-pad must be at most " + std::to_string(kMaxT5MaskPad) +
+                                      ", got " + std::to_string(r.t5_masks.pad_tokens));
+    }
     if (r.eta && !(*r.eta >= 0.0f && *r.eta <= 1.0f)) {
         return Error::invalid_request("--eta must be a number in [0, 1], got " + format_number(*r.eta));
     }

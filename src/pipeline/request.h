@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "image/image.h"
+#include "pipeline/conditioner.h"
 #include "pipeline/latent_resize.h"
 #include "pipeline/preview.h"
 #include "pipeline/rng.h"
@@ -30,6 +31,7 @@ constexpr float kMaxCfgScale = 100.0f;
 constexpr int kMaxBatchCount = 1000;
 constexpr float kMaxFlowShift = 20.0f;
 constexpr float kMaxSigma = 1000.0f;  // --sigmas (SD's largest is 14.6, EDM models' 80)
+constexpr int kMaxT5MaskPad = 512;    // --chroma-t5-mask-pad: Chroma's T5 sequence
 constexpr size_t kMaxReferenceImages = 8;
 constexpr float kMaxHiresScale = 8.0f;
 
@@ -115,6 +117,7 @@ struct GenerationRequest {
     // side by side at index 1 unless increase_ref_index numbers them 1, 2, ...
     bool auto_resize_ref_images = true;
     bool increase_ref_index = false;
+    T5MaskOptions t5_masks;  // sd-cli's --chroma-* options (pipeline/conditioner.h)
     std::optional<HiresFix> hires;  // --hires
     // --control-image: the ControlNet's (--control-net) condition, any
     // channels, resized to the output size when it has the same aspect

@@ -111,6 +111,14 @@ TEST(Args, SdCliSamplingOptions) {
     EXPECT_EQ(parse_error({"--sampler-rng", "std_default"}).message,
               "--sampler-rng: unknown RNG 'std_default' (valid: cpu, cuda)");
     EXPECT_NE(parse_error({"--vae-relative-tile-size", "0x1"}).message.find("(0, 1000]"), std::string::npos);
+    const Options refs = parse_ok({"-r", "a.png", "--increase-ref-index", "--disable-auto-resize-ref-image",
+                                   "--chroma-disable-dit-mask", "--chroma-enable-t5-mask", "--chroma-t5-mask-pad", "4"});
+    EXPECT_TRUE(refs.increase_ref_index);
+    EXPECT_TRUE(refs.disable_auto_resize_ref_image);
+    EXPECT_TRUE(refs.chroma_disable_dit_mask);
+    EXPECT_TRUE(refs.chroma_enable_t5_mask);
+    EXPECT_EQ(refs.chroma_t5_mask_pad, 4);
+    EXPECT_EQ(parse_ok({}).chroma_t5_mask_pad, -1);
 }
 
 TEST(Args, Modes) {

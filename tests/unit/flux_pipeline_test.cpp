@@ -247,6 +247,34 @@ TEST(ChromaPipeline, TextToImageMatchesTheReferenceJob) {
     auto images = generate(**model, tiny_job());
     ASSERT_TRUE(images.ok()) << images.error().message;
     EXPECT_LE(difference_from_reference(images->front().image, *io), 1);
+
+    // sd-cli's --chroma-* options. More pad tokens seen by the DiT ...
+    const auto seen = [](const std::vector<float>& valid) { return std::count(valid.begin(), valid.end(), 1.0f); };
+    T5MaskOptions masks;
+    masks.pad_tokens = 3;
+    auto padded = encode_prompt(**model, tiny_job().prompt, 0, masks);
+    ASSERT_TRUE(padded.ok());
+    EXPECT_EQ(seen(padded->token_valid), seen(cond->token_valid) + 2);
+    EXPECT_EQ(padded->hidden, cond->hidden);
+    // ... no DiT mask at all (T5 unchanged) ...
+    masks = {};
+    masks.dit_mask = false;
+    auto unmasked = encode_prompt(**model, tiny_job().prompt, 0, masks);
+    ASSERT_TRUE(unmasked.ok());
+    EXPECT_TRUE(unmasked->token_valid.empty());
+    EXPECT_EQ(unmasked->hidden, cond->hidden);
+    GenerationRequest r = tiny_job();
+    r.t5_masks = masks;
+    auto unmasked_image = generate(**model, r);
+    ASSERT_TRUE(unmasked_image.ok()) << unmasked_image.error().message;
+    EXPECT_GT(largest_pixel_difference(unmasked_image->front().image, images->front().image), 0);
+    // ... or the padding masked inside T5 too: the text's hidden states no longer see it.
+    masks = {};
+    masks.t5_mask = true;
+    auto t5_masked = encode_prompt(**model, tiny_job().prompt, 0, masks);
+    ASSERT_TRUE(t5_masked.ok());
+    EXPECT_EQ(t5_masked->token_valid, cond->token_valid);
+    EXPECT_GT(test::relative_error(t5_masked->hidden, cond->hidden), 1e-4);
 }
 
 // The tensors of a file, renamed.

@@ -264,6 +264,19 @@ const std::vector<Flag>& flags() {
                  o.increase_ref_index = true;
                  return std::nullopt;
              }},
+            {nullptr, "--chroma-disable-dit-mask", nullptr,
+             "Chroma: let the DiT attend to T5's padding (by default it sees only the text, EOS and one pad token)",
+             [](Options& o, const std::string&) -> std::optional<std::string> {
+                 o.chroma_disable_dit_mask = true;
+                 return std::nullopt;
+             }},
+            {nullptr, "--chroma-enable-t5-mask", nullptr, "Chroma: mask the padding in T5's own attention too",
+             [](Options& o, const std::string&) -> std::optional<std::string> {
+                 o.chroma_enable_t5_mask = true;
+                 return std::nullopt;
+             }},
+            {nullptr, "--chroma-t5-mask-pad", "N", "Chroma: pad tokens after EOS the DiT still sees (default 1)",
+             int_setter(&Options::chroma_t5_mask_pad, 0, 512)},
             {nullptr, "--control-image", "PATH",
              "the ControlNet's condition (edges, depth, pose, ...), of the output's aspect ratio",
              path_setter(&Options::control_image)},

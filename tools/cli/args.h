@@ -68,6 +68,9 @@ struct Options {
     std::vector<std::string> ref_images;  // -r/--ref-image, repeatable
     bool disable_auto_resize_ref_image = false;
     bool increase_ref_index = false;
+    bool chroma_disable_dit_mask = false;
+    bool chroma_enable_t5_mask = false;
+    int chroma_t5_mask_pad = -1;  // -1: the family's
     std::string control_image;            // --control-image
     float control_strength = 0.9f;        // --control-strength (sd-cli's default)
     bool canny = false;                   // --canny
