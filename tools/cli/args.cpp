@@ -97,6 +97,14 @@ auto path_setter(std::string Options::*field) {
     };
 }
 
+// A switch that sets `field`.
+auto switch_setter(bool Options::*field) {
+    return [field](Options& o, const std::string&) -> std::optional<std::string> {
+        o.*field = true;
+        return std::nullopt;
+    };
+}
+
 auto ignored_switch() {
     return [](Options&, const std::string&) -> std::optional<std::string> { return std::nullopt; };
 }
@@ -254,27 +262,15 @@ const std::vector<Flag>& flags() {
              }},
             {nullptr, "--disable-auto-resize-ref-image", nullptr,
              "encode each -r image at its own size, not resized to about the output's area (at most 1024x1024)",
-             [](Options& o, const std::string&) -> std::optional<std::string> {
-                 o.disable_auto_resize_ref_image = true;
-                 return std::nullopt;
-             }},
+             switch_setter(&Options::disable_auto_resize_ref_image)},
             {nullptr, "--increase-ref-index", nullptr,
              "give the -r images the position indices 1, 2, ... in order, instead of placing them side by side at 1",
-             [](Options& o, const std::string&) -> std::optional<std::string> {
-                 o.increase_ref_index = true;
-                 return std::nullopt;
-             }},
+             switch_setter(&Options::increase_ref_index)},
             {nullptr, "--chroma-disable-dit-mask", nullptr,
              "Chroma: let the DiT attend to T5's padding (by default it sees only the text, EOS and one pad token)",
-             [](Options& o, const std::string&) -> std::optional<std::string> {
-                 o.chroma_disable_dit_mask = true;
-                 return std::nullopt;
-             }},
+             switch_setter(&Options::chroma_disable_dit_mask)},
             {nullptr, "--chroma-enable-t5-mask", nullptr, "Chroma: mask the padding in T5's own attention too",
-             [](Options& o, const std::string&) -> std::optional<std::string> {
-                 o.chroma_enable_t5_mask = true;
-                 return std::nullopt;
-             }},
+             switch_setter(&Options::chroma_enable_t5_mask)},
             {nullptr, "--chroma-t5-mask-pad", "N", "Chroma: pad tokens after EOS the DiT still sees (default 1)",
              int_setter(&Options::chroma_t5_mask_pad, 0, 512)},
             {nullptr, "--control-image", "PATH",
@@ -292,10 +288,7 @@ const std::vector<Flag>& flags() {
              }},
             {nullptr, "--canny", nullptr,
              "replace the control image by its edges, as sd-cli's canny preprocessor finds them",
-             [](Options& o, const std::string&) -> std::optional<std::string> {
-                 o.canny = true;
-                 return std::nullopt;
-             }},
+             switch_setter(&Options::canny)},
             {nullptr, "--sampling-method", "NAME",
              "sampler: euler, euler_a, heun, dpm2, dpm++2s_a, dpm++2m, dpm++2mv2, ipndm, lcm, ddim_trailing, tcd",
              checked_setter(&Options::sampling_method, KILN_VALUE_SAMPLER)},
@@ -361,10 +354,7 @@ const std::vector<Flag>& flags() {
                  return std::nullopt;
              }},
             {nullptr, "--vae-tiling", nullptr, "decode and encode the VAE in overlapping tiles (less memory)",
-             [](Options& o, const std::string&) -> std::optional<std::string> {
-                 o.vae_tiling = true;
-                 return std::nullopt;
-             }},
+             switch_setter(&Options::vae_tiling)},
             {nullptr, "--vae-tile-size", "N", "VAE tile side in latent pixels, N or NxN (default 32)",
              [](Options& o, const std::string& v) -> std::optional<std::string> {
                  std::string side = v;
@@ -414,10 +404,7 @@ const std::vector<Flag>& flags() {
              int_setter(&Options::upscale_tile_size, 0, 1 << 20)},
             {nullptr, "--hires", nullptr,
              "hires fix: upscale the first pass and denoise it again at the larger size (text-to-image)",
-             [](Options& o, const std::string&) -> std::optional<std::string> {
-                 o.hires = true;
-                 return std::nullopt;
-             }},
+             switch_setter(&Options::hires)},
             {nullptr, "--hires-scale", "X", "hires size as a multiple of the first pass's (default 2)",
              float_setter(&Options::hires_scale)},
             {nullptr, "--hires-width", "N", "hires width in pixels; 0 uses --hires-scale (default 0)",
@@ -445,10 +432,7 @@ const std::vector<Flag>& flags() {
             {nullptr, "--tae", "PATH", "alias of --taesd", path_setter(&Options::taesd)},
             {nullptr, "--taesd-preview-only", nullptr,
              "use --taesd for --preview tae only; the final image still comes from the VAE",
-             [](Options& o, const std::string&) -> std::optional<std::string> {
-                 o.taesd_preview_only = true;
-                 return std::nullopt;
-             }},
+             switch_setter(&Options::taesd_preview_only)},
             {nullptr, "--preview", "MODE",
              "live preview while sampling: none (default), proj (latent-to-RGB projection, latent-sized), tae "
              "(--taesd), vae (the full VAE); kiln serve: the default of its jobs (default proj)",
@@ -465,15 +449,9 @@ const std::vector<Flag>& flags() {
              int_setter(&Options::preview_interval, 1, 10000)},
             {nullptr, "--preview-noisy", nullptr,
              "preview the noisy latent the network is given instead of the denoised estimate",
-             [](Options& o, const std::string&) -> std::optional<std::string> {
-                 o.preview_noisy = true;
-                 return std::nullopt;
-             }},
+             switch_setter(&Options::preview_noisy)},
             {nullptr, "--diffusion-fa", nullptr, "use flash attention in the diffusion model",
-             [](Options& o, const std::string&) -> std::optional<std::string> {
-                 o.diffusion_fa = true;
-                 return std::nullopt;
-             }},
+             switch_setter(&Options::diffusion_fa)},
             {nullptr, "--list-devices", nullptr,
              "list every compute device (name, type, free and total memory), --rpc-servers ones included",
              [](Options& o, const std::string&) -> std::optional<std::string> {
@@ -517,10 +495,7 @@ const std::vector<Flag>& flags() {
              "computes the VAE in F32 (docs/sdxl.md)",
              ignored_switch()},
             {nullptr, "--offload-to-cpu", nullptr, "keep every module's weights in RAM (--params-backend cpu)",
-             [](Options& o, const std::string&) -> std::optional<std::string> {
-                 o.offload_to_cpu = true;
-                 return std::nullopt;
-             }},
+             switch_setter(&Options::offload_to_cpu)},
             {nullptr, "--max-vram", "GIB",
              "memory budget per device in GiB: 6 (a managed budget), 0 (free memory), -1 (free memory at "
              "start minus 1 GiB), or per device: cuda0=6,rpc0=0.5; K/M/G suffixes allowed (96M)",
@@ -534,22 +509,13 @@ const std::vector<Flag>& flags() {
                  return std::nullopt;
              }},
             {nullptr, "--eager-load", nullptr, "read every module's weights at start instead of on first use",
-             [](Options& o, const std::string&) -> std::optional<std::string> {
-                 o.eager_load = true;
-                 return std::nullopt;
-             }},
+             switch_setter(&Options::eager_load)},
             {nullptr, "--disable-prefetch", nullptr,
              "do not upload the next segment's weights while the current one computes",
-             [](Options& o, const std::string&) -> std::optional<std::string> {
-                 o.disable_prefetch = true;
-                 return std::nullopt;
-             }},
+             switch_setter(&Options::disable_prefetch)},
             {nullptr, "--disable-segmented-compute", nullptr,
              "always run graphs whole (a graph that does not fit is an error)",
-             [](Options& o, const std::string&) -> std::optional<std::string> {
-                 o.disable_segmented_compute = true;
-                 return std::nullopt;
-             }},
+             switch_setter(&Options::disable_segmented_compute)},
             {nullptr, "--dry-run", nullptr,
              "print the placement, predicted memory per device and segments per module, then stop (kiln plan)",
              [](Options& o, const std::string&) -> std::optional<std::string> {
@@ -569,10 +535,7 @@ const std::vector<Flag>& flags() {
                  return std::nullopt;
              }},
             {nullptr, "--color", nullptr, "colour the log level tags",
-             [](Options& o, const std::string&) -> std::optional<std::string> {
-                 o.color = true;
-                 return std::nullopt;
-             }},
+             switch_setter(&Options::color)},
             {"-h", "--help", nullptr, "show this help",
              [](Options& o, const std::string&) -> std::optional<std::string> {
                  o.command = Command::Help;
@@ -591,10 +554,7 @@ const std::vector<Flag>& flags() {
 const std::vector<Flag>& info_flags() {
     static const std::vector<Flag> table = {
         {nullptr, "--tensors", nullptr, "list every tensor: name, dtype, shape, byte range",
-         [](Options& o, const std::string&) -> std::optional<std::string> {
-             o.info_list_tensors = true;
-             return std::nullopt;
-         }},
+         switch_setter(&Options::info_list_tensors)},
     };
     return table;
 }
