@@ -179,6 +179,7 @@ typedef struct {
     const char* rng;              /* "cuda" (default) or "cpu" */
     const char* sampler_rng;      /* --sampler-rng: the sampler's noise stream, "cuda" or "cpu"; NULL: rng's */
     float eta;                    /* --eta: ancestral, DDIM and TCD noise share in [0, 1]; < 0: the sampler's */
+    int timestep_shift;           /* --timestep-shift N in [0, 1000]: NitroFusion's SDXL models; 0: none */
     /* --sigmas: the schedule itself, n_sigmas values descending to a last 0 (n_sigmas - 1 steps);
      * NULL: the scheduler's */
     const float* sigmas;

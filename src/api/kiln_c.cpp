@@ -262,6 +262,7 @@ kiln::Result<kiln::pipeline::GenerationRequest> generation_request(const kiln_ge
     }
     r.auto_resize_ref_images = params->disable_auto_resize_ref_image == 0;
     r.increase_ref_index = params->increase_ref_index != 0;
+    r.timestep_shift = params->timestep_shift;
     r.t5_masks.dit_mask = params->chroma_disable_dit_mask == 0;
     r.t5_masks.t5_mask = params->chroma_enable_t5_mask != 0;
     r.t5_masks.pad_tokens = params->chroma_t5_mask_pad;

@@ -140,6 +140,9 @@ struct Schedule {
     // is mu itself (its FluxFlowDenoiser), SD3's and Z-Image's the factor
     // k = e^mu of s' = k s / (1 + (k - 1) s) (its DiscreteFlowDenoiser).
     bool flow_shift_factor = false;
+    // sd-cli's --timestep-shift applies (NitroFusion's distillations of
+    // SDXL): the network sees a shifted whole timestep (pipeline/generate.h).
+    bool shifted_timestep = false;
 };
 
 struct Defaults {

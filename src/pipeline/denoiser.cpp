@@ -30,11 +30,21 @@ Scalings get_scalings(Prediction prediction, float sigma) {
     return out;
 }
 
-std::vector<float> denoised_from_output(Prediction prediction, float sigma, const std::vector<float>& x,
+std::vector<float> denoised_from_output(const Scalings& sc, const std::vector<float>& x,
                                         const std::vector<float>& model_output) {
-    const Scalings sc = get_scalings(prediction, sigma);
     std::vector<float> out(x.size());
     for (size_t i = 0; i < x.size(); ++i) out[i] = sc.c_skip * x[i] + sc.c_out * model_output[i];
+    return out;
+}
+
+NetworkStep network_step(Prediction prediction, const NoiseSchedule& schedule, float sigma, int timestep_shift) {
+    NetworkStep out{schedule.sigma_to_t(sigma), get_scalings(prediction, sigma)};
+    if (timestep_shift <= 0) return out;
+    out.timestep =
+        std::clamp(std::round(out.timestep * (static_cast<float>(timestep_shift) / 1000.0f)), 0.0f, 999.0f);
+    const Scalings shifted = get_scalings(prediction, schedule.t_to_sigma(out.timestep));
+    out.scalings.c_skip = shifted.c_skip * out.scalings.c_in / shifted.c_in;
+    out.scalings.c_out = shifted.c_out;
     return out;
 }
 

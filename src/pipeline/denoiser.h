@@ -38,7 +38,7 @@ struct Scalings {
 Scalings get_scalings(Prediction prediction, float sigma);
 
 // denoised[i] = c_skip * x[i] + c_out * model_output[i]. Sizes must match (programmer error otherwise).
-std::vector<float> denoised_from_output(Prediction prediction, float sigma, const std::vector<float>& x,
+std::vector<float> denoised_from_output(const Scalings& scalings, const std::vector<float>& x,
                                         const std::vector<float>& model_output);
 
 // The per-timestep noise table a model was trained on, as the schedulers
@@ -60,6 +60,19 @@ class NoiseSchedule {
     // the samplers mix noise in differently.
     virtual bool flow() const { return false; }
 };
+
+// One network evaluation's timestep and scalings at `sigma`: t =
+// schedule.sigma_to_t(sigma) and get_scalings(sigma), or with sd-cli's
+// --timestep-shift N > 0 (NitroFusion's SDXL models) the whole timestep t'
+// = round(t * N / 1000) in [0, 999] and, with sigma' = t_to_sigma(t'),
+// c_skip(sigma') * c_in(sigma) / c_in(sigma') and c_out(sigma'); the input
+// keeps c_in(sigma). (For eps: c_skip = sqrt(sigma'^2 + 1) / sqrt(sigma^2 +
+// 1), c_out = -sigma'.)
+struct NetworkStep {
+    float timestep = 0.0f;
+    Scalings scalings;
+};
+NetworkStep network_step(Prediction prediction, const NoiseSchedule& schedule, float sigma, int timestep_shift = 0);
 
 // A discrete DDPM schedule.
 class DiscreteSchedule : public NoiseSchedule {

@@ -45,6 +45,12 @@ int64_t out_channels(const Model& model) {
     return model.has_unet() ? model.unet().config().out_channels : model.latent_channels();
 }
 
+// The network's timestep and scalings at `sigma` (SamplingRun::shifted_timestep).
+NetworkStep step_at(const Model& model, const SamplingRun& p, float sigma) {
+    return network_step(model.prediction(), p.schedule ? *p.schedule : DiscreteSchedule::stable_diffusion(), sigma,
+                        p.shifted_timestep);
+}
+
 // The ControlNet's residuals for one evaluation of the UNet: `input` is the
 // UNet's (batch items of in_channels planes; the ControlNet reads the
 // latent's planes), and the rest as run_diffusion_batch takes them.
@@ -88,8 +94,9 @@ Result<std::vector<float>> run_diffusion_batch(Model& model, const std::vector<f
                                                const std::vector<float>& y, const std::vector<float>& valid,
                                                int64_t batch, DiffusionGraphs& unet) {
     const int64_t in_ch = in_channels(model), out_ch = out_channels(model);
-    const Scalings s = get_scalings(model.prediction(), sigma);
-    const float t = p.schedule ? p.schedule->sigma_to_t(sigma) : DiscreteSchedule::stable_diffusion().sigma_to_t(sigma);
+    const NetworkStep step = step_at(model, p, sigma);
+    const Scalings& s = step.scalings;
+    const float t = step.timestep;
     const int64_t plane = p.latent_w * p.latent_h;
     const int64_t latent_values = plane * out_ch;
     std::vector<float> input(static_cast<size_t>(plane * in_ch * batch), 0.0f);
@@ -211,7 +218,7 @@ Result<std::vector<float>> run_diffusion(Model& model, const std::vector<float>&
     for (size_t i = 0; i < guided.size(); ++i) {
         guided[i] = uncond ? u_out[i] + p.cfg_scale * (c_out[i] - u_out[i]) : c_out[i];
     }
-    return denoised_from_output(model.prediction(), sigma, x, guided);
+    return denoised_from_output(step_at(model, p, sigma).scalings, x, guided);
 }
 
 // `encoding` matters for encoding only.
@@ -744,6 +751,14 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
     run.sampler = p.sampler;
     run.sigmas = sigmas;
     run.eta = request.eta.value_or(default_eta(p.sampler));
+    if (request.timestep_shift > 0) {
+        if (model.family().schedule.shifted_timestep) {
+            run.shifted_timestep = request.timestep_shift;
+        } else {
+            KILN_LOG_WARN("--timestep-shift does nothing for %s: it is for NitroFusion's SDXL models",
+                          model.family_label().c_str());
+        }
+    }
     run.flash_attention = request.flash_attention;
     run.batch_cfg = request.batch_cfg;
     run.schedule = schedule.get();

@@ -216,6 +216,9 @@ Result<ValidatedRequest> validate_request(const Model& model, const GenerationRe
         return Error::invalid_request("--chroma-t5-mask-pad must be at most " + std::to_string(kMaxT5MaskPad) +
                                       ", got " + std::to_string(r.t5_masks.pad_tokens));
     }
+    if (r.timestep_shift < 0 || r.timestep_shift > 1000) {
+        return Error::invalid_request("--timestep-shift must be in [0, 1000], got " + std::to_string(r.timestep_shift));
+    }
     if (r.eta && !(*r.eta >= 0.0f && *r.eta <= 1.0f)) {
         return Error::invalid_request("--eta must be a number in [0, 1], got " + format_number(*r.eta));
     }

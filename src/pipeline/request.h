@@ -79,6 +79,9 @@ struct GenerationRequest {
     // the initial noise (sd-cli's default).
     std::optional<RngKind> sampler_rng;
     std::optional<float> eta;  // --eta, [0, 1]; unset: default_eta(sampler)
+    // --timestep-shift N in [0, 1000] (SamplingRun::shifted_timestep);
+    // families without Schedule::shifted_timestep ignore it with a warning.
+    int timestep_shift = 0;
     // --sigmas: the schedule itself (descending to a last 0), replacing the
     // scheduler's; its length less one is the step count.
     std::vector<float> sigmas;

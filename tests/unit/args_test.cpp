@@ -119,6 +119,8 @@ TEST(Args, SdCliSamplingOptions) {
     EXPECT_TRUE(refs.chroma_enable_t5_mask);
     EXPECT_EQ(refs.chroma_t5_mask_pad, 4);
     EXPECT_EQ(parse_ok({}).chroma_t5_mask_pad, -1);
+    EXPECT_EQ(parse_ok({"--timestep-shift", "250"}).timestep_shift, 250);
+    EXPECT_NE(parse_error({"--timestep-shift", "1001"}).message.find("from 0 to 1000"), std::string::npos);
 }
 
 TEST(Args, Modes) {

@@ -32,11 +32,12 @@ struct Context {
 
 // A context on `model` (the tiny SD1 golden model unless given), one thread.
 std::unique_ptr<Context> open(const std::string& model = test::golden_path("models/sd1_tiny.safetensors"),
-                              bool plan_only = false) {
+                              bool plan_only = false, const std::string& vae = "") {
     auto c = std::make_unique<Context>();
     kiln_context_params cp;
     kiln_context_params_init(&cp);
     cp.model_path = model.c_str();
+    cp.vae_path = vae.empty() ? nullptr : vae.c_str();
     const std::string tokenizer = std::string(KILN_FIXTURES_DIR) + "/tiny_tokenizer";
     cp.tokenizer_path = tokenizer.c_str();
     cp.n_threads = 1;
@@ -449,6 +450,30 @@ TEST(Request, EtaSamplerRngAndSigmasAsSdCli) {
     euler.n_sigmas = 3;
     EXPECT_NE(pixels_of(model->ctx, euler, &custom_steps), scheduled);
     EXPECT_EQ(custom_steps, 2);
+}
+
+// --timestep-shift (NitroFusion) moves an SDXL job's steps; other families
+// ignore it (a warning), as sd-cli does.
+TEST(Request, TimestepShiftIsForSdxl) {
+    for (const char* model_file : {"models/sdxl_tiny.safetensors", "models/sd1_tiny.safetensors"}) {
+        SCOPED_TRACE(model_file);
+        // The tiny SDXL UNet and encoders take the tiny SD1 model's VAE.
+        auto model = open(test::golden_path(model_file), false, test::golden_path("models/sd1_tiny.safetensors"));
+        ASSERT_EQ(model->status, KILN_OK) << model->error;
+        kiln_generation_params gp = small_job();
+        const std::vector<uint8_t> plain = pixels_of(model->ctx, gp);
+        gp.timestep_shift = 500;
+        const std::vector<uint8_t> shifted = pixels_of(model->ctx, gp);
+        if (std::string(model_file).find("sdxl") != std::string::npos) {
+            EXPECT_NE(shifted, plain);
+        } else {
+            EXPECT_EQ(shifted, plain);
+        }
+    }
+    auto model = open();
+    kiln_generation_params gp = small_job();
+    gp.timestep_shift = 1001;
+    EXPECT_EQ(generate(model->ctx, gp).status, KILN_ERROR_INVALID_REQUEST);
 }
 
 // Non-finite weights give one error naming the module, not a flat image.

@@ -79,10 +79,31 @@ TEST(Denoiser, ScalingsMatchReference) {
 
 TEST(Denoiser, DenoisedFromOutput) {
     // eps: x - sigma * eps; v at sigma = 1: (x - v) / 2.
-    EXPECT_EQ(denoised_from_output(Prediction::Eps, 2.0f, {1.0f, 3.0f}, {0.5f, -1.0f}),
+    EXPECT_EQ(denoised_from_output(get_scalings(Prediction::Eps, 2.0f), {1.0f, 3.0f}, {0.5f, -1.0f}),
               (std::vector<float>{0.0f, 5.0f}));
-    const std::vector<float> v = denoised_from_output(Prediction::V, 1.0f, {1.0f}, {0.5f});
+    const std::vector<float> v = denoised_from_output(get_scalings(Prediction::V, 1.0f), {1.0f}, {0.5f});
     EXPECT_NEAR(v[0], 0.5f * 1.0f - std::sqrt(0.5f) * 0.5f, 1e-6f);
+}
+
+// sd-cli's --timestep-shift, worked out for eps by hand: the network sees
+// the whole step round(t * N / 1000), and the estimate is
+// x * sqrt(s'^2 + 1) / sqrt(s^2 + 1) - s' * eps with s' that step's sigma.
+TEST(Denoiser, ShiftedTimestepAsSdCli) {
+    const DiscreteSchedule& sd = DiscreteSchedule::stable_diffusion();
+    const float sigma = 3.0f;
+    const NetworkStep plain = network_step(Prediction::Eps, sd, sigma);
+    EXPECT_FLOAT_EQ(plain.timestep, sd.sigma_to_t(sigma));
+    EXPECT_FLOAT_EQ(plain.scalings.c_out, -3.0f);
+    const NetworkStep shifted = network_step(Prediction::Eps, sd, sigma, 500);
+    const float t = std::round(sd.sigma_to_t(sigma) * 0.5f);
+    EXPECT_EQ(shifted.timestep, t);
+    EXPECT_EQ(shifted.timestep, std::floor(shifted.timestep));
+    const double s2 = sd.t_to_sigma(t);
+    EXPECT_NEAR(shifted.scalings.c_out, -s2, 1e-6);
+    EXPECT_NEAR(shifted.scalings.c_skip, std::sqrt(s2 * s2 + 1) / std::sqrt(10.0), 1e-6);
+    EXPECT_FLOAT_EQ(shifted.scalings.c_in, plain.scalings.c_in);  // the input is scaled as before
+    // Clamped to the table: a shift of 1000 keeps the step, rounded.
+    EXPECT_EQ(network_step(Prediction::Eps, sd, sd.sigma_max(), 1000).timestep, 999.0f);
 }
 
 TEST(Denoiser, RejectsBadAlphasCumprod) {

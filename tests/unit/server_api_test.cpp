@@ -451,7 +451,7 @@ TEST(ServerApi, LorasFromThePromptJobAfterJob) {
     httplib::Client client("127.0.0.1", server.port());
     client.set_read_timeout(120, 0);
     auto loras = body_json(client.Get("/sdapi/v1/loras"));
-    ASSERT_EQ(loras.size(), 6u) << loras;
+    ASSERT_EQ(loras.size(), 7u) << loras;
     EXPECT_EQ(loras[0]["name"], "sd1_adapters_io");  // every safetensors file: A1111 lists them unread
     EXPECT_EQ(loras[1]["name"], "sd1_loha");
     for (const char* prompt : {"<lora:sd1_lora_kohya:0.8> a red circle", "<lora:sd1_loha:1> a red circle",

@@ -322,6 +322,10 @@ const std::vector<Flag>& flags() {
                  o.eta = f;
                  return std::nullopt;
              }},
+            {nullptr, "--timestep-shift", "N",
+             "NitroFusion's SDXL models: the UNet sees timestep round(t * N / 1000) (sd-cli's; NitroSD-Realism "
+             "about 250, NitroSD-Vibrant 500; default 0, none)",
+             int_setter(&Options::timestep_shift, 0, 1000)},
             {nullptr, "--sigmas", "LIST",
              "the noise schedule itself, comma-separated and descending to 0, e.g. \"14.6,7.8,3.5,0\" (brackets "
              "allowed); replaces --scheduler, and --steps becomes the count less one",

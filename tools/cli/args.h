@@ -79,6 +79,7 @@ struct Options {
     std::string rng = "cuda";
     std::string sampler_rng;     // --sampler-rng; empty: --rng's stream
     std::optional<float> eta;    // --eta; unset: the sampler's
+    int timestep_shift = 0;      // --timestep-shift
     std::vector<float> sigmas;   // --sigmas; empty: the scheduler's
     float vae_relative_tile_w = 0.0f, vae_relative_tile_h = 0.0f;  // --vae-relative-tile-size
     std::string prediction;  // "", "eps" or "v"

@@ -218,6 +218,7 @@ int run_generate(const Options& options) {
     gp.rng = options.rng.c_str();
     gp.sampler_rng = options.sampler_rng.empty() ? nullptr : options.sampler_rng.c_str();
     gp.eta = options.eta.value_or(-1.0f);
+    gp.timestep_shift = options.timestep_shift;
     gp.sigmas = options.sigmas.empty() ? nullptr : options.sigmas.data();
     gp.n_sigmas = static_cast<int>(options.sigmas.size());
     gp.clip_skip = options.clip_skip;

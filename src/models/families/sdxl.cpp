@@ -41,6 +41,7 @@ Family make() {
         {"clip_g", /*default_layer=*/2, /*final_norm=*/false, /*pad_token=*/0, /*pooled=*/true},
     };
     f.conditioning.size_embedding = true;
+    f.schedule.shifted_timestep = true;
     f.conditioning.zero_empty_negative = true;
     // ComfyUI's SDXL latent format: its scale and preview projection.
     f.latent.scale = 0.13025f;
