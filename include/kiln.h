@@ -93,6 +93,11 @@ typedef struct {
     int eager_load;                /* --eager-load: read every module's weights at start */
     int plan_only;                 /* place the modules but load no weights (for kiln_plan only) */
     int job_width, job_height;     /* the job auto-fit checks its placement against; 0: the model's defaults */
+    /* ... and its hires fix, whose second pass runs at the larger size: as kiln_generation_params'
+     * hires, hires_scale, hires_width and hires_height (a latent upscaler assumed) */
+    int job_hires;
+    float job_hires_scale;
+    int job_hires_width, job_hires_height;
 } kiln_context_params;
 
 void kiln_context_params_init(kiln_context_params* params);

@@ -198,6 +198,13 @@ kiln::Result<kiln::pipeline::ModelOptions> model_options(const kiln_context_para
     options.plan_only = params->plan_only != 0;
     options.job_width = params->job_width;
     options.job_height = params->job_height;
+    if (params->job_hires) {
+        kiln::pipeline::HiresFix h;
+        h.scale = params->job_hires_scale;
+        h.width = params->job_hires_width;
+        h.height = params->job_hires_height;
+        options.job_hires = h;
+    }
     return options;
 }
 

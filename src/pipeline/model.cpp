@@ -922,12 +922,28 @@ Status Model::place_modules(const ModelOptions& options) {
     if (auto_fit && placement_.front().compute_device != "CPU") {
         const int width = options.job_width > 0 ? options.job_width : defaults_.width;
         const int height = options.job_height > 0 ? options.job_height : defaults_.height;
+        // With a hires fix, its second pass at the larger size too; a fix the
+        // job's validation will refuse is left to it.
+        JobPasses passes;
+        std::optional<ValidatedRequest> planned;
+        if (options.job_hires) {
+            GenerationRequest job;
+            job.width = width;
+            job.height = height;
+            job.hires = *options.job_hires;
+            auto validated = validate_request(*this, job);
+            if (validated.ok() && validated->hires) {
+                planned = std::move(validated).value();
+                passes.hires = &*planned->hires;
+            }
+        }
         for (auto it = modules.rbegin(); it != modules.rend(); ++it) {
-            auto forecast = forecast_job(*this, width, height, /*cfg=*/true, /*flash_attention=*/false);
+            auto forecast =
+                forecast_job(*this, width, height, /*cfg=*/true, /*flash_attention=*/false, nullptr, passes);
             if (!forecast.ok() || forecast->fits) break;
             if (it->placement->params != runtime::ParamsLocation::ComputeDevice) continue;
-            KILN_LOG_VERBOSE("auto-fit: a %dx%d job does not fit; %s weights move to RAM", width, height,
-                             it->name.c_str());
+            KILN_LOG_VERBOSE("auto-fit: a %dx%d job%s does not fit; %s weights move to RAM", width, height,
+                             planned ? " with its hires pass" : "", it->name.c_str());
             KILN_TRY(place_params(*it, runtime::ParamsLocation::Host));
         }
     }

@@ -27,6 +27,7 @@
 #include "pipeline/clip_tokenizer.h"
 #include "pipeline/denoiser.h"
 #include "pipeline/embeddings.h"
+#include "pipeline/hires_fix.h"
 #include "pipeline/llm_tokenizer.h"
 #include "pipeline/placement.h"
 #include "pipeline/t5_tokenizer.h"
@@ -76,9 +77,11 @@ struct ModelOptions {
     // --taesd-preview-only: the tiny autoencoder makes previews only; the
     // final image still comes from the VAE.
     bool taesd_preview_only = false;
-    // The job auto-fit checks its placement against (0: the model's defaults).
+    // The job auto-fit checks its placement against (0: the model's
+    // defaults), and its hires fix (pipeline/request.h).
     int job_width = 0;
     int job_height = 0;
+    std::optional<HiresFix> job_hires;
 };
 
 // --tokenizer: a path (CLIP's tokenizer, the flag's meaning in sd-cli), or

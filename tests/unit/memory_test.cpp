@@ -727,6 +727,23 @@ TEST_F(Memory, AutoFitUsesTheGpuTypeDevice) {
     EXPECT_NE(off.out.find("diffusion: computes on CPU"), std::string::npos) << off.out;
 }
 
+// Auto-fit checks the whole job: with --hires, the second pass at twice the
+// size too. Under a budget the 64x64 job fits with every weight on the
+// device, auto-fit moves them to RAM once its 128x128 hires pass is counted.
+TEST_F(Memory, AutoFitCountsTheHiresPass) {
+    const std::string flags = device_flags() + " -v --max-vram " + mib(30) + " -p x";
+    auto plain = test::run_command(kiln_cli("plan " + flags));
+    ASSERT_EQ(plain.exit_code, 0) << plain.err;
+    EXPECT_NE(plain.out.find("diffusion: computes on " + dev() + ", weights on " + dev()), std::string::npos)
+        << plain.out;
+    // (Its 128x128 decode alone outgrows this budget, so the plan still says
+    // it does not fit: the exit code is 1 either way.)
+    auto hires = test::run_command(kiln_cli("plan " + flags + " --hires"));
+    EXPECT_NE(hires.out.find("auto-fit: a 64x64 job with its hires pass does not fit"), std::string::npos)
+        << hires.out;
+    EXPECT_NE(hires.out.find("vae: computes on " + dev() + ", weights in RAM"), std::string::npos) << hires.out;
+}
+
 TEST_F(Memory, DryRunPrintsThePlanAndWritesNothing) {
     test::TempDir dir;
     const std::string rpc = device_flags() + " --backend diffusion=" + dev() + ",te=" + dev() +

@@ -119,6 +119,10 @@ int run_generate(const Options& options) {
     cp.plan_only = plan_only ? 1 : 0;
     cp.job_width = options.width;
     cp.job_height = options.height;
+    cp.job_hires = options.hires ? 1 : 0;
+    cp.job_hires_scale = options.hires_scale;
+    cp.job_hires_width = options.hires_width;
+    cp.job_hires_height = options.hires_height;
 
     // Flags about devices are checked before the (slow) model load:
     // unreachable servers and unknown modules or devices fail fast.
