@@ -283,6 +283,11 @@ int kiln_upscaler_scale(const kiln_upscaler* upscaler);
  * over 16384 pixels a side. */
 kiln_status kiln_upscale(kiln_upscaler* upscaler, const kiln_image* image, int repeats, kiln_image** result,
                          char** error);
+/* What kiln_upscale of a width x height image takes in RAM besides the images: *weights and one
+ * tile's compute buffers (*compute), its graph measured, not run. KILN_ERROR_INVALID_REQUEST for
+ * sizes below 1 or bad repeats. */
+kiln_status kiln_upscaler_memory(kiln_upscaler* upscaler, int width, int height, int repeats, uint64_t* weights,
+                                 uint64_t* compute, char** error);
 
 /* Writes `image` as PNG, JPEG or WebP, chosen by the extension; PNG carries
  * image->parameters as an A1111 "parameters" text chunk. The file appears

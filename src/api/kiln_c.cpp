@@ -470,6 +470,25 @@ kiln_status kiln_upscale(kiln_upscaler* upscaler, const kiln_image* image, int r
     }
 }
 
+kiln_status kiln_upscaler_memory(kiln_upscaler* upscaler, int width, int height, int repeats, uint64_t* weights,
+                                 uint64_t* compute, char** error) {
+    if (width < 1 || height < 1 || width > kiln::image::kMaxDimension || height > kiln::image::kMaxDimension ||
+        repeats < 1 || repeats > kiln::pipeline::kMaxUpscaleRepeats) {
+        return fail(error, kiln::Error::invalid_request("upscaler memory: a " + std::to_string(width) + "x" +
+                                                        std::to_string(height) + " image, " + std::to_string(repeats) +
+                                                        " repeats"));
+    }
+    try {
+        auto m = upscaler->upscaler->memory(width, height, upscaler->tile_size, repeats);
+        if (!m.ok()) return fail(error, m.error());
+        *weights = m->weights;
+        *compute = m->tile_compute;
+        return KILN_OK;
+    } catch (const std::bad_alloc&) {
+        return out_of_memory(error, "measuring the upscaler");
+    }
+}
+
 kiln_status kiln_generate(kiln_context* ctx, const kiln_generation_params* params, kiln_image** images, int* n_images,
                           char** error) {
     *images = nullptr;
@@ -737,12 +756,11 @@ kiln_status kiln_plan(kiln_context* ctx, const kiln_generation_params* params, c
         if (!images_held.ok()) return fail(error, images_held.error());
         const bool cfg = job->cfg != 1.0f;
         // No prompt (kiln plan without -p): the family's typical length.
-        kiln::pipeline::JobPasses passes;
-        if (r->init_image) passes.init_encode_size = {r->init_image->width, r->init_image->height};
-        passes.hires = job->hires ? &*job->hires : nullptr;
+        auto passes = kiln::pipeline::passes_of(*r, *job);
+        if (!passes.ok()) return fail(error, passes.error());
         auto forecast =
             kiln::pipeline::forecast_job(*ctx->model, job->width, job->height, cfg, params->flash_attention != 0,
-                                         r->prompt.empty() ? nullptr : &r->prompt, passes);
+                                         r->prompt.empty() ? nullptr : &r->prompt, *passes);
         if (!forecast.ok()) return fail(error, forecast.error());
         const std::string images = images_held->bytes()
                                        ? "images: " + kiln::human_bytes(images_held->bytes()) + " in RAM (" +

@@ -577,12 +577,7 @@ Result<image::Image> hires_pass(Model& model, const GenerationRequest& request, 
         if (h.upscaler == HiresUpscaler::Model) {
             // The model as many times as it takes to reach the hires size, then
             // Lanczos to that size exactly (A1111's way with an upscaler model).
-            int repeats = 1;
-            for (int64_t f = upscaler->scale();
-                 repeats < kMaxUpscaleRepeats && (big->width * f < h.width || big->height * f < h.height);
-                 f *= upscaler->scale()) {
-                ++repeats;
-            }
+            const int repeats = repeats_to_reach(upscaler->scale(), big->width, big->height, h.width, h.height);
             big = upscaler->upscale(*big, request.hires->upscale_tile, repeats);
             if (!big.ok()) return big.error().in_context("hires upscale: ");
         }
@@ -678,6 +673,26 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
     KILN_TRY(apply_loras(model, tagged->loras));
 
     const bool use_cfg = p.cfg != 1.0f;
+    // The hires fix's model upscaler, loaded once for the batch and before
+    // anything runs: a file or a RAM budget it does not fit fails fast.
+    std::unique_ptr<Upscaler> hires_upscaler;
+    runtime::LedgerReservation upscaler_held;
+    if (p.hires && p.hires->upscaler == HiresUpscaler::Model) {
+        // On the VAE's thread count (the CPU's computes use the job's -t).
+        auto loaded = Upscaler::load(p.hires->model_path, model.vae_compute().compute().threads());
+        if (!loaded.ok()) return loaded.error().in_context("--hires-upscaler: ");
+        hires_upscaler = std::move(loaded).value();
+        hires_upscaler->set_cancel_check([&model] { return model.cancel_requested(); });
+        // In RAM's books while the batch holds it: its weights and its largest tile's buffers.
+        auto memory = hires_upscaler->memory(
+            p.width, p.height, request.hires->upscale_tile,
+            repeats_to_reach(hires_upscaler->scale(), p.width, p.height, p.hires->width, p.hires->height));
+        if (!memory.ok()) return memory.error();
+        auto held = runtime::LedgerReservation::make(model.host_ledger(), memory->total(),
+                                                     "the hires upscaler " + hires_upscaler->name());
+        if (!held.ok()) return held.error();
+        upscaler_held = std::move(held).value();
+    }
     const Clock::time_point encoding_start = Clock::now();
     auto cond = encode_prompt(model, tagged->prompt, request.clip_skip, request.t5_masks);
     if (!cond.ok()) return cond.error();
@@ -806,15 +821,6 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
         run.refs.push_back(std::move(encoded).value());
         run.ref_sizes.push_back(
             {at.width / model.vae().config().downscale(), at.height / model.vae().config().downscale()});
-    }
-    // The hires fix's model upscaler, loaded once for the batch.
-    std::unique_ptr<Upscaler> hires_upscaler;
-    if (p.hires && p.hires->upscaler == HiresUpscaler::Model) {
-        // On the VAE's thread count (the CPU's computes use the job's -t).
-        auto loaded = Upscaler::load(p.hires->model_path, model.vae_compute().compute().threads());
-        if (!loaded.ok()) return loaded.error().in_context("--hires-upscaler: ");
-        hires_upscaler = std::move(loaded).value();
-        hires_upscaler->set_cancel_check([&model] { return model.cancel_requested(); });
     }
     const bool flow = schedule->flow();
     bool preview_failed = false;  // warned once per job

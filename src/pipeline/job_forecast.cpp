@@ -121,7 +121,40 @@ Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, 
         out.devices.push_back(d);
     }
     for (const ModuleForecast& m : out.modules) out.fits = out.fits && m.run.fits;
+    if (passes.upscaler) {
+        // Held in RAM's books from before the first pass to the end.
+        out.upscaler = passes.upscaler;
+        runtime::DeviceLedger& ram = model.host_ledger();
+        auto cpu = std::find_if(out.devices.begin(), out.devices.end(),
+                                [&](const DeviceForecast& d) { return d.device == ram.device_name(); });
+        if (cpu == out.devices.end()) {
+            DeviceForecast d;
+            d.device = ram.device_name();
+            d.budget = ram.budget();
+            d.limit = ram.limit();
+            d.peak = d.weights_kept = ram.managed();
+            cpu = out.devices.insert(out.devices.end(), d);
+        }
+        cpu->peak += passes.upscaler->second.total();
+        out.fits = out.fits && cpu->peak <= cpu->limit;
+    }
     return out;
+}
+
+Result<JobPasses> passes_of(const GenerationRequest& request, const ValidatedRequest& job) {
+    JobPasses passes;
+    if (request.init_image) passes.init_encode_size = {request.init_image->width, request.init_image->height};
+    if (!job.hires) return passes;
+    passes.hires = &*job.hires;
+    if (job.hires->upscaler != HiresUpscaler::Model) return passes;
+    auto upscaler = Upscaler::load(job.hires->model_path, 1);
+    if (!upscaler.ok()) return upscaler.error().in_context("--hires-upscaler: ");
+    const int repeats =
+        repeats_to_reach((*upscaler)->scale(), job.width, job.height, job.hires->width, job.hires->height);
+    auto memory = (*upscaler)->memory(job.width, job.height, request.hires->upscale_tile, repeats);
+    if (!memory.ok()) return memory.error();
+    passes.upscaler = std::make_pair((*upscaler)->name(), *memory);
+    return passes;
 }
 
 std::string describe_forecast(const Model& model, const JobForecast& forecast) {
@@ -142,6 +175,12 @@ std::string describe_forecast(const Model& model, const JobForecast& forecast) {
                ", compute " + human_bytes(r.whole_workspace) + " whole, hungriest part " +
                human_bytes(r.largest_segment) + " (" + r.largest_segment_name + ")" +
                (r.fits ? "" : " - DOES NOT FIT") + "\n";
+    }
+    if (forecast.upscaler) {
+        const auto& [name, m] = *forecast.upscaler;
+        out += "  upscaler " + name + " on CPU: weights " + human_bytes(m.weights) + ", compute " +
+               human_bytes(m.tile_compute) + " per " + std::to_string(m.tile_w) + "x" + std::to_string(m.tile_h) +
+               " tile\n";
     }
     out += "devices:\n";
     for (const DeviceForecast& d : forecast.devices) {

@@ -33,6 +33,9 @@ struct JobPasses {
     // (the output's, or another with GenerationRequest::init_latent_resize).
     std::optional<std::pair<int, int>> init_encode_size;
     const ValidatedHires* hires = nullptr;  // the hires fix: its encode (pixel upscalers), UNet and decode
+    // The hires fix's model upscaler (its name and memory), held in RAM for
+    // the whole job; the caller measures it (Upscaler::memory).
+    std::optional<std::pair<std::string, UpscalerMemory>> upscaler;
 };
 
 struct DeviceForecast {
@@ -47,9 +50,16 @@ struct DeviceForecast {
 
 struct JobForecast {
     std::vector<ModuleForecast> modules;
+    std::optional<std::pair<std::string, UpscalerMemory>> upscaler;  // JobPasses::upscaler
     std::vector<DeviceForecast> devices;
     bool fits = true;
 };
+
+// The passes `request` runs besides the plain one, as validated into `job`
+// (which the result points into): the init image's encode, the hires fix,
+// and its model upscaler, measured (its weights are read, tens of MB, so
+// that its tile graph can be). Errors: the upscaler's file.
+Result<JobPasses> passes_of(const GenerationRequest& request, const ValidatedRequest& job);
 
 // `cfg`: the UNet runs the conditional and unconditional passes as one batch.
 // `prompt`: the job's prompt, whose length under an LLM's chat template is

@@ -98,6 +98,38 @@ Result<std::vector<float>> Upscaler::upscale_planar(const std::vector<float>& pi
     return out;
 }
 
+int repeats_to_reach(int scale, int64_t width, int64_t height, int64_t target_w, int64_t target_h) {
+    int repeats = 1;
+    for (int64_t f = scale; repeats < kMaxUpscaleRepeats && (width * f < target_w || height * f < target_h);
+         f *= scale) {
+        ++repeats;
+    }
+    return repeats;
+}
+
+Result<UpscalerMemory> Upscaler::memory(int width, int height, int tile, int repeats) {
+    KILN_TRY(validate_upscale_tile(tile));
+    UpscalerMemory m;
+    m.weights = net_->weights().declared_bytes();
+    // The tile of the last (largest) repeat, in whole unshuffle cells as upscale_planar cuts it.
+    int64_t w = width, h = height;
+    for (int i = 1; i < repeats; ++i) w *= scale(), h *= scale();
+    const int64_t r = net_->config().unshuffle;
+    const int64_t cell_tile = std::max<int64_t>(1, tile / r);
+    m.tile_w = std::min(cell_tile, (w + r - 1) / r) * r;
+    m.tile_h = std::min(cell_tile, (h + r - 1) / r) * r;
+    runtime::GraphSession session;
+    const int64_t channels = net_->config().image_channels;
+    const std::vector<float> zeros(static_cast<size_t>(m.tile_w * m.tile_h * channels), 0.0f);
+    ggml_tensor* input = session.input(GGML_TYPE_F32, {m.tile_w, m.tile_h, channels, 1}, zeros.data(), "image");
+    ggml_cgraph* graph = session.graph(net_->build(session.ctx(), input, nn::ComputeTarget::Cpu));
+    ggml_backend_sched_t sched = compute_->measure_sched();
+    std::vector<size_t> sizes(static_cast<size_t>(ggml_backend_sched_get_n_backends(sched)), 0);
+    ggml_backend_sched_reserve_size(sched, graph, sizes.data());
+    for (size_t s : sizes) m.tile_compute += s;
+    return m;
+}
+
 Result<image::Image> Upscaler::upscale(const image::Image& source, int tile, int repeats) {
     KILN_TRY(validate_upscale_tile(tile));
     if (repeats < 1 || repeats > kMaxUpscaleRepeats) {

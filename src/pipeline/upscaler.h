@@ -9,8 +9,9 @@
 // than the overlap, so a tiled result is close to the untiled one, not equal;
 // an image that fits one tile is the untiled run exactly.
 //
-// Runs on the CPU, outside the memory system's budgets (the tile bounds its
-// compute buffers; the weights of real upscalers are 17-67 MB).
+// Runs on the CPU (the tile bounds its compute buffers; the weights of real
+// upscalers are 17-67 MB). The hires fix counts an upscaler in RAM's books
+// and kiln plan forecasts it (memory()).
 #pragma once
 
 #include <functional>
@@ -41,6 +42,20 @@ constexpr int kMaxUpscaleRepeats = 8;
 // (invalid request) names `flag` and the range.
 Status validate_upscale_tile(int tile, const char* flag = "--upscale-tile-size");
 
+// How many runs of an upscaler of `scale` take a width x height image to at
+// least target_w x target_h (at most kMaxUpscaleRepeats): the hires fix's
+// model upscaler, A1111's way.
+int repeats_to_reach(int scale, int64_t width, int64_t height, int64_t target_w, int64_t target_h);
+
+// RAM an upscale takes besides its input and output images: the weights and
+// the compute buffers of its largest tile.
+struct UpscalerMemory {
+    uint64_t weights = 0;
+    uint64_t tile_compute = 0;
+    int64_t tile_w = 0, tile_h = 0;  // that tile's size in input pixels
+    uint64_t total() const { return weights + tile_compute; }
+};
+
 class Upscaler {
   public:
     // Opens the model file (.safetensors, .pth/.ckpt, .gguf), reads the
@@ -70,6 +85,10 @@ class Upscaler {
     // repeat count (invalid request), a result larger than
     // image::kMaxDimension (invalid request), a failed graph.
     Result<image::Image> upscale(const image::Image& image, int tile, int repeats = 1);
+    // What upscale() of a width x height image with `tile` takes in RAM
+    // (the tile graph measured, not run), its last repeat's tile being the
+    // largest. Errors: a bad tile (invalid request).
+    Result<UpscalerMemory> memory(int width, int height, int tile, int repeats = 1);
 
   private:
     Upscaler() = default;

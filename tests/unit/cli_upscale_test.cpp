@@ -213,6 +213,50 @@ TEST(CliHires, StrengthZeroWithAModelIsThePlainUpscaleOfTheFirstPass) {
     EXPECT_NE(hires6.pixels, upscaled.pixels);
 }
 
+// "... peak 12.34 MiB ..." after `key` in `text`, in bytes (0 when absent).
+double bytes_after(const std::string& text, const std::string& key) {
+    const size_t at = text.find(key);
+    if (at == std::string::npos) return 0;
+    char* end = nullptr;
+    const double value = std::strtod(text.c_str() + at + key.size(), &end);
+    const std::string unit(end + 1, 3);
+    return value * (unit == "GiB" ? 1 << 30 : unit == "MiB" ? 1 << 20 : unit == "KiB" ? 1 << 10 : 1);
+}
+
+// A hires fix's model upscaler is held in RAM's books for the job (its
+// weights and its largest tile's buffers), and kiln plan counts it: the
+// plan's RAM peak is the run's, and a RAM budget below it is a clean error.
+TEST(CliHires, TheModelUpscalerIsInRamsBooksAndThePlan) {
+    TempDir dir;
+    const std::string job = "-p \"a red circle\" -W 32 -H 32 --steps 2 --hires --hires-upscaler " +
+                            upscaler("rrdbnet_x4.safetensors") + " ";
+    auto plan = run_command(kiln_with_sd1_tiny(job + "--dry-run"));
+    ASSERT_EQ(plan.exit_code, 0) << plan.err;
+    EXPECT_NE(plan.out.find("upscaler rrdbnet_x4 on CPU: weights "), std::string::npos) << plan.out;
+    auto run = run_command(kiln_with_sd1_tiny(job + "-v -o " + dir.file("a.png")));
+    ASSERT_EQ(run.exit_code, 0) << run.err;
+    const double planned = bytes_after(plan.out, "CPU: peak "), measured = bytes_after(run.out, "memory: CPU peak ");
+    ASSERT_GT(measured, 0) << run.out;
+    EXPECT_NEAR(planned, measured, 0.15 * measured) << plan.out << run.out;
+    // Half the upscaler's room: refused before the first pass.
+    const double upscaler_bytes =
+        bytes_after(plan.out, "upscaler rrdbnet_x4 on CPU: weights ") + bytes_after(plan.out, ", compute ");
+    ASSERT_GT(upscaler_bytes, 0) << plan.out;
+    const std::string budget = " --max-vram cpu=" + std::to_string(static_cast<int>(upscaler_bytes / 2 / 1024)) + "K ";
+    auto small = run_command(kiln_with_sd1_tiny(job + budget + "-o " + dir.file("b.png")));
+    EXPECT_EQ(small.exit_code, 1) << small.err;
+    EXPECT_NE(small.err.find("out of memory: the hires upscaler rrdbnet_x4"), std::string::npos) << small.err;
+    EXPECT_FALSE(exists(dir.file("b.png")));
+    auto small_plan = run_command(kiln_with_sd1_tiny(job + budget + "--dry-run"));
+    EXPECT_NE(small_plan.out.find("fits: no"), std::string::npos) << small_plan.out;
+    // --upscale-model runs after the job, outside the model's books: the plan says what it takes.
+    auto after = run_command(kiln_with_sd1_tiny("-p x -W 32 -H 32 --dry-run --upscale-model " +
+                                                upscaler("rrdbnet_x4.safetensors")));
+    ASSERT_EQ(after.exit_code, 0) << after.err;
+    EXPECT_GT(bytes_after(after.out, "then --upscale-model on CPU (outside the model's books): weights "), 0)
+        << after.out;
+}
+
 TEST(CliHires, BadValuesExit2AndWriteNothing) {
     TempDir dir;
     const std::string out = dir.file("out.png");

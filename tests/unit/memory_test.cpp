@@ -388,12 +388,13 @@ Result<Outcome> expect_plan_matches_run(const Job& job) {
     auto planned = Model::load(paths, o);
     if (!planned.ok()) return planned.error();
     const std::string prompt = kPrompt;
-    auto validated = pipeline::validate_request(**planned, request_for(job));
+    const pipeline::GenerationRequest request = request_for(job);
+    auto validated = pipeline::validate_request(**planned, request);
     if (!validated.ok()) return validated.error();
-    pipeline::JobPasses passes;
-    passes.hires = validated->hires ? &*validated->hires : nullptr;
+    auto passes = pipeline::passes_of(request, *validated);
+    if (!passes.ok()) return passes.error();
     auto forecast =
-        pipeline::forecast_job(**planned, job.size, job.size, job.cfg != 1.0f, false, &prompt, passes);
+        pipeline::forecast_job(**planned, job.size, job.size, job.cfg != 1.0f, false, &prompt, *passes);
     if (!forecast.ok()) return forecast.error();
     const std::string text = pipeline::describe_forecast(**planned, *forecast);
     const pipeline::ModuleForecast* unet = nullptr;

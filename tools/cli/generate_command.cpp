@@ -12,6 +12,7 @@
 #include "context_params.h"
 #include "default_model.h"
 #include "kiln.h"
+#include "util/format.h"
 #include "output_pattern.h"
 #include "upscale_command.h"
 #include "util/log.h"
@@ -134,9 +135,10 @@ int run_generate(const Options& options) {
         }
     }
 
-    // The upscaler before the model: a bad --upscale-model fails before any generation.
+    // The upscaler before the model: a bad --upscale-model fails before any
+    // generation. kiln plan loads it too, to measure it.
     UpscalerPtr upscaler;
-    if (!options.upscale_model.empty() && !plan_only) {
+    if (!options.upscale_model.empty()) {
         int exit_code = kExitOk;
         upscaler = load_upscaler(options, &exit_code);
         if (!upscaler) return exit_code;
@@ -279,6 +281,20 @@ int run_generate(const Options& options) {
         }
         std::printf("%s", text);
         kiln_free_string(text);
+        if (upscaler) {
+            // It runs after the job, on the CPU, outside the model's books.
+            kiln_model_info info;
+            kiln_context_info(ctx, &info);
+            uint64_t weights = 0, compute = 0;
+            if (kiln_upscaler_memory(upscaler.get(), gp.width > 0 ? gp.width : info.width,
+                                     gp.height > 0 ? gp.height : info.height, options.upscale_repeats, &weights,
+                                     &compute, &error.text) != KILN_OK) {
+                KILN_LOG_ERROR("%s", error.c_str());
+                return kExitUsage;
+            }
+            std::printf("then --upscale-model on CPU (outside the model's books): weights %s, compute %s per tile\n",
+                        human_bytes(weights).c_str(), human_bytes(compute).c_str());
+        }
         return fits ? kExitOk : kExitFailure;
     }
 
