@@ -185,6 +185,13 @@ typedef struct {
     const char* sampler_rng;      /* --sampler-rng: the sampler's noise stream, "cuda" or "cpu"; NULL: rng's */
     float eta;                    /* --eta: ancestral, DDIM and TCD noise share in [0, 1]; < 0: the sampler's */
     int timestep_shift;           /* --timestep-shift N in [0, 1000]: NitroFusion's SDXL models; 0: none */
+    /* Skip-layer guidance for Flux and Chroma, as sd-cli: --slg-scale (0: off), --skip-layers (the
+     * DiT's blocks, double then single; NULL: 7, 8, 9), --skip-layer-start and --skip-layer-end
+     * (shares of the schedule, default 0.01 and 0.2) */
+    float slg_scale;
+    const int* skip_layers;
+    int n_skip_layers;
+    float skip_layer_start, skip_layer_end;
     /* --sigmas: the schedule itself, n_sigmas values descending to a last 0 (n_sigmas - 1 steps);
      * NULL: the scheduler's */
     const float* sigmas;

@@ -185,6 +185,8 @@ def build(kind, seed):
         grids = [(h // 2, w // 2) for h, w in REF_SIZES]
         cos, sin = rope_planes(ref.token_ids(TXT, (SIZE // 2, SIZE // 2), grids), model.axes_dim, model.theta)
         io["kontext2.rope.cos"], io["kontext2.rope.sin"] = f32(cos), f32(sin)
+        # Skip-layer guidance's pass: double block 1 and single block 1 left out.
+        run(model, io, "skip.", dict(inputs, skip=(1, 3)), blocks=False)
     if chroma:
         txt_mask = torch.tensor([[1.0] * v + [0.0] * (TXT - v) for v in VALID])
         io["masked.txt_mask"] = txt_mask

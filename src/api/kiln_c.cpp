@@ -270,6 +270,14 @@ kiln::Result<kiln::pipeline::GenerationRequest> generation_request(const kiln_ge
     r.auto_resize_ref_images = params->disable_auto_resize_ref_image == 0;
     r.increase_ref_index = params->increase_ref_index != 0;
     r.timestep_shift = params->timestep_shift;
+    r.slg.scale = params->slg_scale;
+    r.slg.start = params->skip_layer_start;
+    r.slg.end = params->skip_layer_end;
+    if (params->n_skip_layers < 0 || (params->n_skip_layers > 0 && !params->skip_layers)) {
+        return kiln::Error::invalid_request("skip_layers: " + std::to_string(params->n_skip_layers) +
+                                            " layers but no array");
+    }
+    if (params->skip_layers) r.slg.blocks.assign(params->skip_layers, params->skip_layers + params->n_skip_layers);
     r.t5_masks.dit_mask = params->chroma_disable_dit_mask == 0;
     r.t5_masks.t5_mask = params->chroma_enable_t5_mask != 0;
     r.t5_masks.pad_tokens = params->chroma_t5_mask_pad;
@@ -410,6 +418,9 @@ void kiln_generation_params_init(kiln_generation_params* params) {
     params->guidance = -1.0f;
     params->eta = -1.0f;
     params->chroma_t5_mask_pad = -1;
+    const kiln::pipeline::SkipLayerGuidance slg;
+    params->skip_layer_start = slg.start;
+    params->skip_layer_end = slg.end;
     params->vae_tile_size = 32;
     params->vae_tile_overlap = 0.5f;
     const kiln::pipeline::HiresFix hires;

@@ -770,13 +770,19 @@ Result<ggml_tensor*> FluxDit::build(ggml_context* ctx, const FluxInputs& in, con
     img = nn::linear(ctx, b.img_in, img);
     ggml_tensor* txt = nn::linear(ctx, b.txt_in, in.context);
     ggml_tensor* x = ggml_concat(ctx, txt, img, 1);  // [hidden, tokens, B]
+    auto skipped = [&](size_t block) {
+        return std::find(options.skip_blocks.begin(), options.skip_blocks.end(), static_cast<int>(block)) !=
+               options.skip_blocks.end();
+    };
     for (size_t i = 0; i < b.doubles.size(); ++i) {
+        if (skipped(i)) continue;
         const auto& m = double_mods[i];
         const Mod img_mod[2] = {m[0], m[1]}, txt_mod[2] = {m[2], m[3]};
         x = nn::mark_cut(double_block(ctx, s, b.doubles[i], x, T, img_mod, txt_mod),
                          "double_blocks." + std::to_string(i));
     }
     for (size_t i = 0; i < b.singles.size(); ++i) {
+        if (skipped(b.doubles.size() + i)) continue;
         x = nn::mark_cut(single_block(ctx, s, b.singles[i], x, single_mods[i]), "single_blocks." + std::to_string(i));
     }
     // The image's tokens (text and references dropped) through the final layer.

@@ -108,6 +108,10 @@ struct FluxInputs {
 
 struct FluxBuildOptions {
     bool flash_attention = false;  // ggml's fused kernel: K/V (and the mask) in F16, not bit-identical
+    // Skip-layer guidance's pass (sd-cli's --skip-layers): blocks left out,
+    // numbered double blocks first, then single blocks (double_blocks + j is
+    // single block j). Numbers past the last block skip nothing.
+    std::vector<int> skip_blocks;
     // Where the graph computes: on the CPU the tanh GELU is composed of exact
     // ops (ggml's CPU GELU reads an F16 table); on a device it is ggml_gelu.
     nn::ComputeTarget target = nn::ComputeTarget::Cpu;

@@ -27,8 +27,9 @@ namespace {
 // for separate CFG passes, the context change), so a step costs no graph
 // build and, with nothing else computed in between, no new allocation.
 struct DiffusionGraphs {
-    // By batch and token count: the CFG batch, or the two passes apart (one
-    // graph, or two when the prompts' contexts differ in length).
+    // By batch, token count and skipped blocks: the CFG batch, or the two
+    // passes apart (one graph, or two when the prompts' contexts differ in
+    // length), and skip-layer guidance's pass.
     std::vector<DiffusionGraph> graphs;
     // The ControlNet's graphs, by the same batch and token count.
     std::vector<ControlGraph> control;
@@ -92,7 +93,8 @@ Result<std::vector<float>> run_control_net(Model& model, const std::vector<float
 Result<std::vector<float>> run_diffusion_batch(Model& model, const std::vector<float>& x, float sigma,
                                                const SamplingRun& p, const std::vector<float>& context, int64_t tokens,
                                                const std::vector<float>& y, const std::vector<float>& valid,
-                                               int64_t batch, DiffusionGraphs& unet) {
+                                               int64_t batch, DiffusionGraphs& unet,
+                                               const std::vector<int>& skip_blocks = {}) {
     const int64_t in_ch = in_channels(model), out_ch = out_channels(model);
     const NetworkStep step = step_at(model, p, sigma);
     const Scalings& s = step.scalings;
@@ -114,12 +116,13 @@ Result<std::vector<float>> run_diffusion_batch(Model& model, const std::vector<f
     }
     std::vector<float> timesteps(static_cast<size_t>(batch), t);
     auto found = std::find_if(unet.graphs.begin(), unet.graphs.end(), [&](const DiffusionGraph& g) {
-        return g.shape.batch == batch && g.shape.tokens == tokens;
+        return g.shape.batch == batch && g.shape.tokens == tokens && g.shape.skip_blocks == skip_blocks;
     });
     if (found == unet.graphs.end()) {
         DiffusionShape shape{p.latent_w, p.latent_h, batch,         tokens,
                              p.flash_attention, p.ref_sizes, !valid.empty()};
         shape.increase_ref_index = p.increase_ref_index;
+        shape.skip_blocks = skip_blocks;
         shape.control = !p.control_hint.empty();
         shape.control_strength = p.control_strength;
         auto built = build_diffusion_graph(model, shape);
@@ -174,7 +177,8 @@ Result<std::vector<float>> run_diffusion_batch(Model& model, const std::vector<f
 // share one plan; when the two contexts differ in length, as two passes of
 // their own lengths.
 Result<std::vector<float>> run_diffusion(Model& model, const std::vector<float>& x, float sigma, const SamplingRun& p,
-                                         const Conditioning& cond, const Conditioning* uncond, DiffusionGraphs& graph) {
+                                         const Conditioning& cond, const Conditioning* uncond, int step,
+                                         DiffusionGraphs& graph) {
     const int64_t latent_values = p.latent_w * p.latent_h * out_channels(model);
     if (static_cast<int64_t>(x.size()) != latent_values) {
         return Error{"latent has the wrong size for the diffusion network"};
@@ -217,6 +221,12 @@ Result<std::vector<float>> run_diffusion(Model& model, const std::vector<float>&
     std::vector<float> guided(static_cast<size_t>(latent_values));
     for (size_t i = 0; i < guided.size(); ++i) {
         guided[i] = uncond ? u_out[i] + p.cfg_scale * (c_out[i] - u_out[i]) : c_out[i];
+    }
+    if (p.slg.applies(step, p.sigmas.size())) {
+        auto skipped = run_diffusion_batch(model, x, sigma, p, cond.hidden, cond.tokens, cond.y, cond.token_valid, 1,
+                                           graph, p.slg.blocks);
+        if (!skipped.ok()) return skipped.error();
+        for (size_t i = 0; i < guided.size(); ++i) guided[i] += p.slg.scale * (c_out[i] - (*skipped)[i]);
     }
     return denoised_from_output(step_at(model, p, sigma).scalings, x, guided);
 }
@@ -495,9 +505,10 @@ Result<std::vector<float>> sample_latent(Model& model, const SamplingRun& run, s
         }
     };
     DiffusionGraphs graph;
-    DenoiseFn denoise = [&](const std::vector<float>& xt, float sigma, int) -> Result<std::vector<float>> {
+    DenoiseFn denoise = [&](const std::vector<float>& xt, float sigma, int step) -> Result<std::vector<float>> {
         if (model.cancel_requested()) return Error::cancelled("cancelled");
-        auto denoised = run_diffusion(model, xt, sigma, run, cond, run.cfg_scale != 1.0f ? uncond : nullptr, graph);
+        auto denoised =
+            run_diffusion(model, xt, sigma, run, cond, run.cfg_scale != 1.0f ? uncond : nullptr, step, graph);
         if (denoised.ok() && !run.keep_weight.empty()) keep_region(*denoised);
         if (denoised.ok() && run.on_denoised) run.on_denoised(xt, sigma, *denoised);
         return denoised;
@@ -766,6 +777,14 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
     run.sampler = p.sampler;
     run.sigmas = sigmas;
     run.eta = request.eta.value_or(default_eta(p.sampler));
+    if (request.slg.scale != 0.0f) {
+        if (model.has_flux()) {
+            run.slg = request.slg;
+        } else {
+            KILN_LOG_WARN("--slg-scale does nothing for %s: its DiT takes no skip list (as in sd-cli)",
+                          model.family_label().c_str());
+        }
+    }
     if (request.timestep_shift > 0) {
         if (model.family().schedule.shifted_timestep) {
             run.shifted_timestep = request.timestep_shift;

@@ -88,6 +88,7 @@ struct SamplingRun {
     bool increase_ref_index = false;
     // sd-cli's --timestep-shift (NitroFusion; 0: none; pipeline/denoiser.h network_step).
     int shifted_timestep = 0;
+    SkipLayerGuidance slg;  // off unless the request asks and the DiT takes it
     // ControlNet (Model::has_control_net()): its condition, planar RGB in
     // [0, 1] at 8x the latent's size (empty: no control, the plain UNet),
     // and --control-strength, the factor on its residuals.

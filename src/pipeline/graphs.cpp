@@ -117,6 +117,7 @@ Result<DiffusionGraph> build_flux_graph(const Model& model, const DiffusionShape
     models::FluxBuildOptions options;
     options.flash_attention = shape.flash_attention;
     options.target = model.diffusion_target();
+    options.skip_blocks = shape.skip_blocks;
     auto out = model.flux().build(s.ctx(), in, options);
     if (!out.ok()) return Error{"DiT graph: " + out.error().message};
     g.out = model.flux().weights().apply_patches(s.ctx(), *out);

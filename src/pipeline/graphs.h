@@ -47,6 +47,7 @@ struct DiffusionShape {
     std::vector<LatentSize> refs;
     bool mask = false;
     bool increase_ref_index = false;  // --increase-ref-index (models::flux_rope_table)
+    std::vector<int> skip_blocks;     // skip-layer guidance's pass (models::FluxBuildOptions)
     // The UNet takes the ControlNet's residuals (Model::has_control_net()),
     // times this strength.
     bool control = false;

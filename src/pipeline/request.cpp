@@ -216,6 +216,27 @@ Result<ValidatedRequest> validate_request(const Model& model, const GenerationRe
         return Error::invalid_request("--chroma-t5-mask-pad must be at most " + std::to_string(kMaxT5MaskPad) +
                                       ", got " + std::to_string(r.t5_masks.pad_tokens));
     }
+    if (r.slg.scale != 0.0f) {
+        const SkipLayerGuidance& g = r.slg;
+        if (!std::isfinite(g.scale) || g.scale < 0 || g.scale > kMaxCfgScale) {
+            return Error::invalid_request("--slg-scale must be a number in [0, " + format_number(kMaxCfgScale) +
+                                          "], got " + format_number(g.scale));
+        }
+        if (!(g.start >= 0.0f && g.start <= 1.0f && g.end >= 0.0f && g.end <= 1.0f)) {
+            return Error::invalid_request("--skip-layer-start and --skip-layer-end must be in [0, 1], got " +
+                                          format_number(g.start) + " and " + format_number(g.end));
+        }
+        for (int b : g.blocks) {
+            if (b < 0 || b > kMaxSkipLayer) {
+                return Error::invalid_request("--skip-layers: a layer must be in [0, " + std::to_string(kMaxSkipLayer) +
+                                              "], got " + std::to_string(b));
+            }
+        }
+        if (model.has_unet()) {
+            return Error::invalid_request("--slg-scale is skip-layer guidance for DiT models (Flux, Chroma); " +
+                                          model.family_label() + " has a UNet");
+        }
+    }
     if (r.timestep_shift < 0 || r.timestep_shift > 1000) {
         return Error::invalid_request("--timestep-shift must be in [0, 1000], got " + std::to_string(r.timestep_shift));
     }

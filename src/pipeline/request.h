@@ -33,6 +33,7 @@ constexpr int kMaxBatchCount = 1000;
 constexpr float kMaxFlowShift = 20.0f;
 constexpr float kMaxSigma = 1000.0f;  // --sigmas (SD's largest is 14.6, EDM models' 80)
 constexpr int kMaxT5MaskPad = 512;    // --chroma-t5-mask-pad: Chroma's T5 sequence
+constexpr int kMaxSkipLayer = 1000;   // --skip-layers (flux1-dev has 57 blocks)
 constexpr size_t kMaxReferenceImages = 8;
 constexpr float kMaxHiresScale = 8.0f;
 
@@ -41,6 +42,24 @@ constexpr float kMaxHiresScale = 8.0f;
 enum class HiresUpscaler { Latent, Lanczos, Model };
 constexpr float kMaxControlStrength = 10.0f;
 constexpr int kMaxPreviewInterval = kMaxSteps;
+
+// sd-cli's skip-layer guidance (--slg-scale, --skip-layers,
+// --skip-layer-start, --skip-layer-end), for Flux's and Chroma's DiTs: on a
+// step whose 1-based number n has int(start * S) < n < int(end * S), S the
+// schedule's sigma count, a third pass of the conditional prompt with
+// `blocks` left out (models::FluxBuildOptions numbering) adds scale *
+// (conditional - skipped) to the guided output. scale 0: off.
+struct SkipLayerGuidance {
+    float scale = 0.0f;
+    std::vector<int> blocks = {7, 8, 9};
+    float start = 0.01f;
+    float end = 0.2f;
+
+    bool applies(int step, size_t sigmas) const {
+        const int n = step + 1, s = static_cast<int>(sigmas);
+        return scale != 0.0f && n > static_cast<int>(start * s) && n < static_cast<int>(end * s);
+    }
+};
 
 struct GenerationRequest {
     std::string prompt;
@@ -62,6 +81,7 @@ struct GenerationRequest {
     // --timestep-shift N in [0, 1000] (SamplingRun::shifted_timestep);
     // families without Schedule::shifted_timestep ignore it with a warning.
     int timestep_shift = 0;
+    SkipLayerGuidance slg;
     // --sigmas: the schedule itself (descending to a last 0), replacing the
     // scheduler's; its length less one is the step count.
     std::vector<float> sigmas;

@@ -88,7 +88,7 @@ TEST(Args, SdCliPlacementAndPathSwitches) {
 TEST(Args, SdCliAliasesAndOptionsOfMissingFeatures) {
     EXPECT_EQ(parse_ok({"--tae", "taesd.safetensors"}).taesd, "taesd.safetensors");
     EXPECT_EQ(parse_ok({"--qwen2vl", "qwen.gguf"}).llm, "qwen.gguf");
-    for (const char* flag : {"--photo-maker", "--video-frames", "--high-noise-steps", "--cache-mode", "--slg-scale",
+    for (const char* flag : {"--photo-maker", "--video-frames", "--high-noise-steps", "--cache-mode",
                              "--img-cfg-scale", "--tensor-type-rules", "--circular", "--llm_vision"}) {
         const UsageError e = parse_error({"-p", "x", flag, "1"});
         EXPECT_EQ(e.message.rfind(std::string(flag) + " is ", 0), 0u) << e.message;
@@ -120,6 +120,15 @@ TEST(Args, SdCliSamplingOptions) {
     EXPECT_EQ(refs.chroma_t5_mask_pad, 4);
     EXPECT_EQ(parse_ok({}).chroma_t5_mask_pad, -1);
     EXPECT_EQ(parse_ok({"--timestep-shift", "250"}).timestep_shift, 250);
+    const Options slg = parse_ok({"--slg-scale", "2.5", "--skip-layers", "[7, 8,9]", "--skip-layer-start", "0.05",
+                                  "--skip-layer-end", "0.5"});
+    EXPECT_FLOAT_EQ(slg.slg_scale, 2.5f);
+    EXPECT_EQ(slg.skip_layers, (std::vector<int>{7, 8, 9}));
+    EXPECT_FLOAT_EQ(slg.skip_layer_start, 0.05f);
+    EXPECT_FLOAT_EQ(slg.skip_layer_end, 0.5f);
+    EXPECT_EQ(parse_ok({}).skip_layers, (std::vector<int>{7, 8, 9}));
+    EXPECT_NE(parse_error({"--skip-layers", "[7,x]"}).message.find("--skip-layers: expected an integer"),
+              std::string::npos);
     EXPECT_NE(parse_error({"--timestep-shift", "1001"}).message.find("from 0 to 1000"), std::string::npos);
 }
 

@@ -160,6 +160,14 @@ TEST_F(FluxTiny, ConfigIsReadFromTheWeights) {
 
 TEST_F(FluxTiny, MatchesReferenceBlockByBlock) { EXPECT_EQ(expect_matches("", {}), 4); }
 
+// Skip-layer guidance's pass: double block 1 and single block 1 (numbered
+// 3 after the 2 double blocks) left out, against the reference's own skip.
+TEST_F(FluxTiny, SkippedBlocksMatchReference) {
+    Case skipped;
+    skipped.options.skip_blocks = {1, 3, 99};  // past the last block: nothing
+    EXPECT_EQ(expect_matches("skip.", skipped), 0);
+}
+
 TEST_F(FluxTiny, KontextReferenceLatentsMatchReference) {
     // One reference latent (4x6) of another size than x (8x8): its tokens
     // are in every block's output and dropped from the velocity.

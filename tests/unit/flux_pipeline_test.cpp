@@ -457,6 +457,40 @@ TEST_F(FluxInputs, KontextReferenceImagesAreAttendedTo) {
     EXPECT_EQ(bad.error().kind, ErrorKind::InvalidRequest);
 }
 
+// sd-cli's skip-layer guidance: a third pass without the listed blocks on
+// the steps of its window. The default window (0.01 to 0.2 of the 5 sigmas)
+// holds none of these 4 steps; 0 to 1 holds them all.
+TEST_F(FluxInputs, SkipLayerGuidanceRunsOnItsWindowsSteps) {
+    ModelOptions options;
+    options.threads = 1;
+    auto model = Model::load(bfl_parts(), options);
+    ASSERT_TRUE(model.ok()) << model.error().message;
+    GenerationRequest r = tiny_job();
+    r.slg.scale = 2.5f;
+    r.slg.blocks = {1};
+    auto outside = generate(**model, r);
+    ASSERT_TRUE(outside.ok()) << outside.error().message;
+    EXPECT_EQ(largest_pixel_difference(outside->front().image, *reference_), 0);
+    r.slg.start = 0.0f;
+    r.slg.end = 1.0f;
+    auto inside = generate(**model, r);
+    ASSERT_TRUE(inside.ok()) << inside.error().message;
+    EXPECT_GT(largest_pixel_difference(inside->front().image, *reference_), 0);
+    r.slg.scale = 0.0f;  // off
+    auto off = generate(**model, r);
+    ASSERT_TRUE(off.ok());
+    EXPECT_EQ(largest_pixel_difference(off->front().image, *reference_), 0);
+    for (auto bad : {std::pair<float, float>{-0.5f, 0.2f}, {0.0f, 1.5f}}) {
+        r.slg.scale = 1.0f;
+        r.slg.start = bad.first;
+        r.slg.end = bad.second;
+        auto refused = generate(**model, r);
+        ASSERT_FALSE(refused.ok());
+        EXPECT_EQ(refused.error().kind, ErrorKind::InvalidRequest);
+        EXPECT_NE(refused.error().message.find("--skip-layer-start and --skip-layer-end"), std::string::npos);
+    }
+}
+
 TEST_F(FluxInputs, MissingOrMismatchedPartsAreOneClearError) {
     ModelOptions options;
     options.threads = 1;

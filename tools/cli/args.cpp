@@ -97,6 +97,22 @@ auto path_setter(std::string Options::*field) {
     };
 }
 
+// sd-cli's list values ("[7, 8,9]", "14.6,7.8,0"): the comma-separated
+// items, brackets around the list allowed, each trimmed (empty ones kept).
+std::vector<std::string> list_items(const std::string& value) {
+    std::string list = value;
+    if (!list.empty() && list.front() == '[') list.erase(0, 1);
+    if (!list.empty() && list.back() == ']') list.pop_back();
+    std::vector<std::string> items;
+    std::stringstream in(list);
+    std::string item;
+    while (std::getline(in, item, ',')) {
+        const size_t b = item.find_first_not_of(" \t"), e = item.find_last_not_of(" \t");
+        items.push_back(b == std::string::npos ? std::string() : item.substr(b, e - b + 1));
+    }
+    return items;
+}
+
 // A switch that sets `field`.
 auto switch_setter(bool Options::*field) {
     return [field](Options& o, const std::string&) -> std::optional<std::string> {
@@ -326,20 +342,35 @@ const std::vector<Flag>& flags() {
              "NitroFusion's SDXL models: the UNet sees timestep round(t * N / 1000) (sd-cli's; NitroSD-Realism "
              "about 250, NitroSD-Vibrant 500; default 0, none)",
              int_setter(&Options::timestep_shift, 0, 1000)},
+            {nullptr, "--slg-scale", "X",
+             "skip-layer guidance for Flux and Chroma: a pass without --skip-layers adds X times its difference "
+             "from the conditional one (default 0, off)",
+             float_setter(&Options::slg_scale)},
+            {nullptr, "--skip-layers", "LIST",
+             "the DiT blocks skip-layer guidance leaves out, double blocks first then single, e.g. \"[7,8,9]\" "
+             "(the default)",
+             [](Options& o, const std::string& v) -> std::optional<std::string> {
+                 std::vector<int> layers;
+                 for (const std::string& item : list_items(v)) {
+                     if (item.empty()) continue;
+                     long long layer = 0;
+                     if (auto err = parse_integer(item, 0, 1000, &layer)) return err;
+                     layers.push_back(static_cast<int>(layer));
+                 }
+                 o.skip_layers = std::move(layers);
+                 return std::nullopt;
+             }},
+            {nullptr, "--skip-layer-start", "X", "share of the schedule where skip-layer guidance starts (default 0.01)",
+             float_setter(&Options::skip_layer_start)},
+            {nullptr, "--skip-layer-end", "X", "share of the schedule where skip-layer guidance ends (default 0.2)",
+             float_setter(&Options::skip_layer_end)},
             {nullptr, "--sigmas", "LIST",
              "the noise schedule itself, comma-separated and descending to 0, e.g. \"14.6,7.8,3.5,0\" (brackets "
              "allowed); replaces --scheduler, and --steps becomes the count less one",
              [](Options& o, const std::string& v) -> std::optional<std::string> {
-                 std::string list = v;
-                 if (!list.empty() && list.front() == '[') list.erase(0, 1);
-                 if (!list.empty() && list.back() == ']') list.pop_back();
                  std::vector<float> values;
-                 std::stringstream items(list);
-                 std::string item;
-                 while (std::getline(items, item, ',')) {
-                     const size_t b = item.find_first_not_of(" \t"), e = item.find_last_not_of(" \t");
-                     if (b == std::string::npos) return "an empty value in '" + v + "'";
-                     item = item.substr(b, e - b + 1);
+                 for (const std::string& item : list_items(v)) {
+                     if (item.empty()) return "an empty value in '" + v + "'";
                      char* end = nullptr;
                      const float f = std::strtof(item.c_str(), &end);
                      if (*end != '\0' || !std::isfinite(f)) return "'" + item + "' is not a number";

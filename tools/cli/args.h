@@ -80,6 +80,9 @@ struct Options {
     std::string sampler_rng;     // --sampler-rng; empty: --rng's stream
     std::optional<float> eta;    // --eta; unset: the sampler's
     int timestep_shift = 0;      // --timestep-shift
+    float slg_scale = 0.0f;      // --slg-scale and the skip-layer options
+    std::vector<int> skip_layers = {7, 8, 9};
+    float skip_layer_start = 0.01f, skip_layer_end = 0.2f;
     std::vector<float> sigmas;   // --sigmas; empty: the scheduler's
     float vae_relative_tile_w = 0.0f, vae_relative_tile_h = 0.0f;  // --vae-relative-tile-size
     std::string prediction;  // "", "eps" or "v"

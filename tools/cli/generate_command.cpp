@@ -225,6 +225,11 @@ int run_generate(const Options& options) {
     gp.sampler_rng = options.sampler_rng.empty() ? nullptr : options.sampler_rng.c_str();
     gp.eta = options.eta.value_or(-1.0f);
     gp.timestep_shift = options.timestep_shift;
+    gp.slg_scale = options.slg_scale;
+    gp.skip_layers = options.skip_layers.data();
+    gp.n_skip_layers = static_cast<int>(options.skip_layers.size());
+    gp.skip_layer_start = options.skip_layer_start;
+    gp.skip_layer_end = options.skip_layer_end;
     gp.sigmas = options.sigmas.empty() ? nullptr : options.sigmas.data();
     gp.n_sigmas = static_cast<int>(options.sigmas.size());
     gp.clip_skip = options.clip_skip;

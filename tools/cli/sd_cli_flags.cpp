@@ -12,9 +12,6 @@ constexpr const char* kVideo = "is for sd-cli's video families (Wan, SVD); kiln 
 constexpr const char* kPhotoMaker = "is for sd-cli's PhotoMaker; kiln has no PhotoMaker";
 constexpr const char* kQwenImage = "is for sd-cli's Qwen-Image family, which kiln does not have yet";
 constexpr const char* kCache = "is for sd-cli's step caches (EasyCache, cache-dit); kiln computes every step";
-constexpr const char* kSkipLayer =
-    "is for sd-cli's skip-layer guidance of SD3.5's DiT; kiln has no SD3 family, and its guidance is "
-    "--cfg-scale and --guidance";
 
 const Missing kMissing[] = {
     {"--clip_vision", kVideo},
@@ -47,10 +44,6 @@ const Missing kMissing[] = {
     {"--cache-preset", kCache},
     {"--scm-mask", kCache},
     {"--scm-policy", kCache},
-    {"--slg-scale", kSkipLayer},
-    {"--skip-layers", kSkipLayer},
-    {"--skip-layer-start", kSkipLayer},
-    {"--skip-layer-end", kSkipLayer},
     {"--img-cfg-scale",
      "is sd-cli's image guidance of instruct-pix2pix models, which kiln does not load (inpainting models "
      "take --cfg-scale alone, sd-cli's default)"},

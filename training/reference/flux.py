@@ -344,9 +344,10 @@ class Flux(nn.Module):
         index = timestep_embedding(torch.arange(M, dtype=torch.float64), 32)
         return torch.cat([tg[:, None, :].expand(B, M, 32), index[None].expand(B, M, 32)], dim=-1)
 
-    def forward_tokens(self, img, ids, txt, timesteps, y, guidance, mask):
-        """img [B, N, in_channels] (image then reference tokens), ids [txt + N, 3].
-        Returns (tokens [B, N, out_channels], blocks)."""
+    def forward_tokens(self, img, ids, txt, timesteps, y, guidance, mask, skip=()):
+        """img [B, N, in_channels] (image then reference tokens), ids [txt + N, 3];
+        skip: blocks left out (sd.cpp's skip-layer guidance: double block i as i,
+        single block j as depth + j). Returns (tokens [B, N, out_channels], blocks)."""
         blocks = {}
         img = self.img_in(img)
         txt = self.txt_in(txt)
@@ -373,15 +374,19 @@ class Flux(nn.Module):
             single_mods = [b.modulation(vec)[0] for b in self.single_blocks]
             final_shift, final_scale = self.final_layer.adaLN_modulation(vec)[:, None, :].chunk(2, dim=-1)
         for i, block in enumerate(self.double_blocks):
+            if i in skip:
+                continue
             img, txt = block(img, txt, pe, mask, *double_mods[i])
             blocks["double_blocks.%d" % i] = torch.cat((txt, img), dim=1)
         x = torch.cat((txt, img), dim=1)
         for i, block in enumerate(self.single_blocks):
+            if len(self.double_blocks) + i in skip:
+                continue
             x = block(x, pe, mask, single_mods[i])
             blocks["single_blocks.%d" % i] = x
         return self.final_layer(x[:, T:], final_shift, final_scale), blocks
 
-    def forward(self, x, context, timesteps, y=None, guidance=None, refs=(), txt_mask=None):
+    def forward(self, x, context, timesteps, y=None, guidance=None, refs=(), txt_mask=None, skip=()):
         """x [B, C, H, W]; context [B, T, context_dim]; timesteps, guidance [B] (sigma in [0, 1]
         and the distilled guidance); y [B, vec_in_dim]; refs: Kontext reference latents
         [B, C, h_i, w_i]; txt_mask [B, T] (1 real, 0 padding; Chroma). Returns
@@ -398,6 +403,6 @@ class Flux(nn.Module):
         if txt_mask is not None:
             keys = torch.cat([txt_mask.to(torch.float64), torch.ones(B, img.shape[1], dtype=torch.float64)], dim=1)
             mask = torch.where(keys > 0, torch.zeros_like(keys), torch.full_like(keys, -math.inf))
-        out, blocks = self.forward_tokens(img, ids, context, timesteps, y, guidance, mask)
+        out, blocks = self.forward_tokens(img, ids, context, timesteps, y, guidance, mask, skip)
         n = grid[0] * grid[1]
         return unpatchify(out[:, :n], grid[0], grid[1], p), blocks
