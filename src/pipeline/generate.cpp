@@ -9,8 +9,8 @@
 #include "image/canny.h"
 #include "pipeline/graphs.h"
 #include "pipeline/latent_resize.h"
-#include "pipeline/reference_images.h"
 #include "pipeline/loras.h"
+#include "pipeline/reference_images.h"
 #include "pipeline/schedulers.h"
 #include "pipeline/size_conditioning.h"
 #include "pipeline/upscaler.h"
@@ -119,8 +119,7 @@ Result<std::vector<float>> run_diffusion_batch(Model& model, const std::vector<f
         return g.shape.batch == batch && g.shape.tokens == tokens && g.shape.skip_blocks == skip_blocks;
     });
     if (found == unet.graphs.end()) {
-        DiffusionShape shape{p.latent_w, p.latent_h, batch,         tokens,
-                             p.flash_attention, p.ref_sizes, !valid.empty()};
+        DiffusionShape shape{p.latent_w, p.latent_h, batch, tokens, p.flash_attention, p.ref_sizes, !valid.empty()};
         shape.increase_ref_index = p.increase_ref_index;
         shape.skip_blocks = skip_blocks;
         shape.control = !p.control_hint.empty();

@@ -55,7 +55,8 @@ const ggml_backend_buffer_type_i kBufferTypeInterface = {
     [](ggml_backend_buffer_type_t buft, const ggml_tensor* tensor) {
         return ggml_backend_buft_get_alloc_size(of(buft).real_buffer_type, tensor);
     },
-    /* .is_host = */ [](ggml_backend_buffer_type_t buft) { return ggml_backend_buft_is_host(of(buft).real_buffer_type); },
+    /* .is_host = */
+    [](ggml_backend_buffer_type_t buft) { return ggml_backend_buft_is_host(of(buft).real_buffer_type); },
 };
 
 // The device interface: each member forwards to the real device's, and is

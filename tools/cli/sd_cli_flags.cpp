@@ -47,7 +47,8 @@ const Missing kMissing[] = {
     {"--img-cfg-scale",
      "is sd-cli's image guidance of instruct-pix2pix models, which kiln does not load (inpainting models "
      "take --cfg-scale alone, sd-cli's default)"},
-    {"--tensor-type-rules", "is sd-cli's weight types per tensor pattern; kiln's --type sets one type for every matrix"},
+    {"--tensor-type-rules",
+     "is sd-cli's weight types per tensor pattern; kiln's --type sets one type for every matrix"},
     {"--circular", "is sd-cli's circular (seamless) padding, which kiln does not have"},
     {"--circularx", "is sd-cli's circular (seamless) padding, which kiln does not have"},
     {"--circulary", "is sd-cli's circular (seamless) padding, which kiln does not have"},
