@@ -1,11 +1,10 @@
 #include "pipeline/lora_file.h"
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
 #include <map>
-
-#include <algorithm>
 #include <thread>
 
 #include "ggml-cpu.h"
@@ -95,12 +94,13 @@ HostTensor factor(const std::optional<HostTensor>& whole, const std::optional<Ho
 
 int64_t dim(const HostTensor& t, size_t i) { return i < t.shape.size() ? t.shape[i] : 1; }
 
-// LyCORIS's Tucker factor, einsum("i j k l, j r, i p -> p r k l", t, b, a):
-// core t [I, J, kh, kw], b [J, R], a [I, P] -> [P, R, kh, kw]. Nullopt
-// when the shapes do not chain.
 // A factor no model's weight is as large as: refused before it is made
 // (the shapes come from the file; their product could be any size).
 constexpr int64_t kMaxFactorElements = int64_t(1) << 28;
+
+// LyCORIS's Tucker factor, einsum("i j k l, j r, i p -> p r k l", t, b, a):
+// core t [I, J, kh, kw], b [J, R], a [I, P] -> [P, R, kh, kw]. Nullopt
+// when the shapes do not chain or the factor would be too large.
 
 std::optional<HostTensor> tucker_factor(const HostTensor& t, const HostTensor& b, const HostTensor& a) {
     const int64_t I = dim(t, 0), J = dim(t, 1), K = dim(t, 2) * dim(t, 3);
@@ -113,13 +113,15 @@ std::optional<HostTensor> tucker_factor(const HostTensor& t, const HostTensor& b
         for (int64_t j = 0; j < J; ++j)
             for (int64_t k = 0; k < K; ++k) {
                 const double tv = t.data[static_cast<size_t>((i * J + j) * K + k)];
-                for (int64_t r = 0; r < R; ++r) tb[static_cast<size_t>((i * R + r) * K + k)] += tv * b.data[static_cast<size_t>(j * R + r)];
+                for (int64_t r = 0; r < R; ++r)
+                    tb[static_cast<size_t>((i * R + r) * K + k)] += tv * b.data[static_cast<size_t>(j * R + r)];
             }
     HostTensor out{{P, R, dim(t, 2), dim(t, 3)}, std::vector<float>(static_cast<size_t>(P * R * K))};
     for (int64_t p = 0; p < P; ++p)
         for (int64_t rk = 0; rk < R * K; ++rk) {
             double sum = 0.0;
-            for (int64_t i = 0; i < I; ++i) sum += a.data[static_cast<size_t>(i * P + p)] * tb[static_cast<size_t>(i * R * K + rk)];
+            for (int64_t i = 0; i < I; ++i)
+                sum += a.data[static_cast<size_t>(i * P + p)] * tb[static_cast<size_t>(i * R * K + rk)];
             out.data[static_cast<size_t>(p * R * K + rk)] = static_cast<float>(sum);
         }
     return out;
@@ -137,7 +139,8 @@ std::optional<HostTensor> folded_down(const HostTensor& mid, const HostTensor& d
             for (int64_t k = 0; k < K; ++k) {
                 double sum = 0.0;
                 for (int64_t s = 0; s < S; ++s)
-                    sum += double(mid.data[static_cast<size_t>((r * S + s) * K + k)]) * down.data[static_cast<size_t>(s * in + i)];
+                    sum += double(mid.data[static_cast<size_t>((r * S + s) * K + k)]) *
+                           down.data[static_cast<size_t>(s * in + i)];
                 out.data[static_cast<size_t>((r * in + i) * K + k)] = static_cast<float>(sum);
             }
     return out;
@@ -314,7 +317,8 @@ Result<AdapterFile> read_adapter_file(const std::string& path) {
         if (!complete) {
             if (!factors && !layer.diff_b) {
                 // An alpha, core or magnitude with no factors.
-                for (const char* part : {".alpha", ".lora_mid.weight", ".hada_t1", ".hada_t2", ".lokr_t2", ".dora_scale"})
+                for (const char* part :
+                     {".alpha", ".lora_mid.weight", ".hada_t1", ".hada_t2", ".lokr_t2", ".dora_scale"})
                     out.unused.push_back(key + part);
                 continue;
             }
@@ -330,8 +334,9 @@ Result<AdapterFile> read_adapter_file(const std::string& path) {
             continue;
         }
         if (!fold_tucker(layer)) {
-            return Error::bad_file(where + ": its Tucker cores and factors do not chain (or make a factor larger "
-                                           "than any weight)");
+            return Error::bad_file(where +
+                                   ": its Tucker cores and factors do not chain (or make a factor larger "
+                                   "than any weight)");
         }
         // The factors must chain: inner dimensions agree.
         bool chains = true;
