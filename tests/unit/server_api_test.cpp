@@ -186,6 +186,17 @@ TEST(ServerApi, A1111Txt2ImgImg2ImgAndLists) {
               test::cli_image(test::tiny_server_flags(), "-p \"a red circle\" -n blurry -W 32 -H 32 --steps 2 -s 8 "
                                                          "--cfg-scale 5 --sampling-method euler_a --scheduler karras")
                   .pixels);
+    // A1111's eta, as sd-cli's --eta.
+    json with_eta = txt2img;
+    with_eta["eta"] = 0.25;
+    with_eta["batch_size"] = 1;
+    auto eta_reply = client.Post("/sdapi/v1/txt2img", with_eta.dump(), "application/json");
+    ASSERT_TRUE(eta_reply && eta_reply->status == 200) << (eta_reply ? eta_reply->body : "no response");
+    EXPECT_EQ(test::decode_base64_image(body_json(eta_reply)["images"][0]).pixels,
+              test::cli_image(test::tiny_server_flags(), "-p \"a red circle\" -n blurry -W 32 -H 32 --steps 2 -s 7 "
+                                                         "--cfg-scale 5 --sampling-method euler_a --scheduler karras "
+                                                         "--eta 0.25")
+                  .pixels);
 
     json img2img = {{"prompt", "a blue square"}, {"init_images", {reply["images"][0]}}, {"denoising_strength", 0.5},
                     {"steps", 4},                {"width", 48},                         {"height", 40}};
@@ -297,7 +308,7 @@ TEST(ServerApi, BadRequestsGet400NamingTheField) {
         {"init_image", "aGVsbG8gd29ybGQ="},  // "hello world"
         {"mask", "aGVsbG8gd29ybGQ="},        {"output_format", "gif"}, {"strength", 2},
         {"preview", "fast"},         {"preview", 1},          {"preview_interval", 0}, {"preview_interval", "often"},
-        {"preview_interval", 10001}};
+        {"preview_interval", 10001}, {"eta", 2},             {"eta", "x"}};
     for (const auto& [field, value] : cases) {
         json bad = good;
         bad[field] = value;

@@ -87,6 +87,7 @@ JobRequest parse_a1111(ServerState& state, const json& j, bool img2img) {
     r.height = static_cast<int>(read_integer(j, "height", 0, 0, limits.max_height));
     r.steps = static_cast<int>(read_integer(j, "steps", 0, 0, limits.max_steps));
     r.cfg_scale = static_cast<float>(read_number(j, "cfg_scale", -1, -1, 1000));
+    r.eta = static_cast<float>(read_number(j, "eta", -1, 0, 1));
     r.seed = read_integer(j, "seed", -1, -1, INT64_MAX);
     const long long batch_size = read_integer(j, "batch_size", 1, 1, limits.max_batch);
     const long long n_iter = read_integer(j, "n_iter", 1, 1, limits.max_batch);

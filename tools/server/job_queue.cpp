@@ -290,6 +290,7 @@ void JobQueue::run(const std::shared_ptr<Job>& job) {
     gp.height = r.height;
     gp.steps = r.steps;
     gp.cfg_scale = r.cfg_scale;
+    gp.eta = r.eta;
     gp.seed = r.seed;
     gp.batch_count = r.batch;
     gp.sampler = r.sampler.empty() ? nullptr : r.sampler.c_str();

@@ -34,6 +34,7 @@ struct JobRequest {
     int steps = 0;   // 0: the model's default
     int batch = 1;
     float cfg_scale = -1.0f;  // < 0: the model's default
+    float eta = -1.0f;        // A1111's and sd-cli's eta, [0, 1] (kiln_generation_params.eta); < 0: the sampler's
     int64_t seed = -1;        // -1: the server picks one (reported with the results)
     std::string sampler;      // kiln's name ("euler_a"); "": the model's default
     std::string scheduler;    // kiln's name ("karras"); "": the model's default

@@ -19,6 +19,7 @@ JobRequest parse_native(ServerState& state, const std::string& body) {
     r.steps = static_cast<int>(read_integer(j, "steps", 0, 0, limits.max_steps));
     r.batch = static_cast<int>(read_integer(j, "batch_count", 1, 1, limits.max_batch));
     r.cfg_scale = static_cast<float>(read_number(j, "cfg_scale", -1, -1, 1000));
+    r.eta = static_cast<float>(read_number(j, "eta", -1, 0, 1));
     r.seed = read_integer(j, "seed", -1, -1, INT64_MAX);
     set_sampler(r, "sampler", read_string(j, "sampler"));
     set_scheduler(r, "scheduler", read_string(j, "scheduler"));
