@@ -795,10 +795,20 @@ char* kiln_memory_report(kiln_context* ctx) {
         out += "\n";
     }
     auto& m = *ctx->model;
+    std::vector<const kiln::runtime::WeightStore*> stores;  // each device's, shared by its modules
     for (const auto& module : m.modules()) {
         kiln::runtime::Executor* e = module->executor.get();
         out += e->module() + " compute buffers peak " + kiln::human_bytes(e->stats().peak_workspace) + " on " +
                e->store().ledger().device_name() + "\n";
+        if (std::find(stores.begin(), stores.end(), &e->store()) == stores.end()) stores.push_back(&e->store());
+    }
+    // The weight traffic: what streaming under a budget costs.
+    for (const kiln::runtime::WeightStore* store : stores) {
+        const kiln::runtime::StoreStats& s = store->stats();
+        if (s.bytes_uploaded == 0) continue;
+        out += "weights uploaded to " + store->ledger().device_name() + " " + kiln::human_bytes(s.bytes_uploaded) +
+               " in " + std::to_string(s.loads) + " loads and " + std::to_string(s.prefetches) + " prefetches, " +
+               std::to_string(s.evictions) + " evictions\n";
     }
     return copy_string(out);
 }

@@ -63,6 +63,7 @@ class WeightStore {
     WeightStore& operator=(const WeightStore&) = delete;
 
     DeviceLedger& ledger() { return ledger_; }
+    const DeviceLedger& ledger() const { return ledger_; }
     ggml_backend_buffer_type_t buffer_type() const { return buft_; }
 
     // The block holding `weight`, or nullptr.
