@@ -660,13 +660,9 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
         KILN_LOG_WARN("--flow-shift does nothing for %s: not a flow model", model.family_label().c_str());
     }
     const T5MaskOptions& masks = request.t5_masks;
-    if (!masks.dit_mask || masks.t5_mask || masks.pad_tokens >= 0) {
-        bool masked = false;
-        for (const TextEncoder& encoder : model.text_encoders()) masked = masked || encoder.use->mask_padding;
-        if (!masked) {
-            KILN_LOG_WARN("the --chroma-* options do nothing for %s: it does not mask T5's padding (Chroma does)",
-                          model.family_label().c_str());
-        }
+    if ((!masks.dit_mask || masks.t5_mask || masks.pad_tokens >= 0) && !model.masks_text_padding()) {
+        KILN_LOG_WARN("the --chroma-* options do nothing for %s: it does not mask T5's padding (Chroma does)",
+                      model.family_label().c_str());
     }
     GenerationTimings unused;
     GenerationTimings& times = timings ? *timings : unused;

@@ -62,8 +62,7 @@ Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, 
                          "init image encode"));
     }
     // Chroma's DiT takes the padding mask as an input of its own.
-    bool masked = false;
-    for (const TextEncoder& encoder : model.text_encoders()) masked = masked || encoder.use->mask_padding;
+    const bool masked = model.masks_text_padding();
     // With a ControlNet, it runs before the UNet at every step, at the same
     // batch, and the UNet takes its residuals as inputs.
     const bool control = model.has_control_net();

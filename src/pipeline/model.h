@@ -183,6 +183,13 @@ class Model {
     // (the first text encoder's width).
     // The text encoders in the order of the family's conditioning.
     const std::vector<TextEncoder>& text_encoders() const { return text_encoders_; }
+    // A T5 of the family masks its padding out of the DiT's attention (Chroma).
+    bool masks_text_padding() const {
+        for (const TextEncoder& encoder : text_encoders_) {
+            if (encoder.use->mask_padding) return true;
+        }
+        return false;
+    }
     // The diffusion network: a UNet (SD1.x, SD2.x, SDXL), a Flux DiT (Flux,
     // Chroma) or a Z-Image DiT; exactly one has_*() is true.
     bool has_unet() const { return diffusion_->unet != nullptr; }
