@@ -30,6 +30,7 @@ struct GemmOptions {
     int repetitions = 3;
     bool reference = true;  // --shapes reference
     bool sd15 = true;       // --shapes sd15
+    bool llm = false;       // --shapes llm
     bool model_set = true;  // --shapes model
     std::string model;      // "": kiln's default model
     std::string tokenizer;
@@ -55,9 +56,9 @@ std::vector<BenchFlag> gemm_flags(GemmOptions& o) {
          [&o](const std::string& v) { return parse_int(v, 1, 4096, &o.threads); }},
         {nullptr, "--reps", "N", "timed repetitions per product after one warm-up; the best counts (default 3)",
          [&o](const std::string& v) { return parse_int(v, 1, 1000, &o.repetitions); }},
-        {nullptr, "--shapes", "LIST", "which products: reference, sd15, model, comma-separated (default: all three)",
+        {nullptr, "--shapes", "LIST", "which products: reference, sd15, llm, model, comma-separated (default: reference, sd15, model)",
          [&o](const std::string& v) -> std::optional<std::string> {
-             o.reference = o.sd15 = o.model_set = false;
+             o.reference = o.sd15 = o.llm = o.model_set = false;
              std::istringstream items(v);
              std::string item;
              bool any = false;
@@ -66,14 +67,16 @@ std::vector<BenchFlag> gemm_flags(GemmOptions& o) {
                      o.reference = true;
                  } else if (item == "sd15") {
                      o.sd15 = true;
+                 } else if (item == "llm") {
+                     o.llm = true;
                  } else if (item == "model") {
                      o.model_set = true;
                  } else {
-                     return "unknown shape set '" + item + "' (valid: reference, sd15, model)";
+                     return "unknown shape set '" + item + "' (valid: reference, sd15, llm, model)";
                  }
                  any = true;
              }
-             if (!any) return std::string("expected reference, sd15 or model, got an empty list");
+             if (!any) return std::string("expected reference, sd15, llm or model, got an empty list");
              return std::nullopt;
          }},
         {"-m", "--model", "PATH",
@@ -261,6 +264,7 @@ int run(const std::vector<std::string>& args) {
         }
         sets.push_back(std::move(set).value());
     }
+    if (o.llm) sets.insert(sets.begin(), {"Qwen3-4B layer over a prompt (thin products)", llm_matmul_shapes(), {}});
     if (o.sd15)
         sets.insert(sets.begin(), {"SD1.5 UNet at 512x512, CFG batch 2 (representative)", sd15_matmul_shapes(), {}});
     if (o.reference) sets.insert(sets.begin(), {"issue 6 reference", {reference_shape()}, {}});

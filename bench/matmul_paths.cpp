@@ -4,10 +4,8 @@
 
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
+#include "runtime/blas_device.h"
 #include "runtime/graph_flops.h"
-#if __has_include("ggml-blas.h")
-#include "ggml-blas.h"
-#endif
 
 namespace kiln::bench {
 
@@ -21,15 +19,10 @@ bool cpu_scheduler_has_blas() {
 
 namespace {
 
-// The BLAS device's own answer, the one the scheduler asks.
+// The answer of the BLAS device kiln's scheduler asks (runtime/blas_device.h).
 bool blas_takes(const ggml_tensor* node) {
-#ifdef GGML_USE_BLAS
-    static ggml_backend_dev_t device = ggml_backend_reg_dev_get(ggml_backend_blas_reg(), 0);
+    ggml_backend_dev_t device = runtime::blas_device();
     return device && ggml_backend_dev_supports_op(device, node);
-#else
-    (void)node;
-    return false;
-#endif
 }
 
 std::string cpu_path(ggml_type type) {

@@ -91,6 +91,19 @@ std::vector<MatmulShape> sd15_matmul_shapes() {
     };
 }
 
+std::vector<MatmulShape> llm_matmul_shapes() {
+    std::vector<MatmulShape> shapes;
+    for (int64_t tokens : {16, 24, 32, 48, 64, 96, 128, 192, 256, 512, 1024, 2048}) {
+        const std::string at = ", " + std::to_string(tokens) + " tokens";
+        shapes.push_back({"q" + at, tokens, 2560, 4096, 1, 1, 1});
+        shapes.push_back({"k, v" + at, tokens, 2560, 1024, 1, 1, 2});
+        shapes.push_back({"o" + at, tokens, 4096, 2560, 1, 1, 1});
+        shapes.push_back({"gate, up" + at, tokens, 2560, 9728, 1, 1, 2});
+        shapes.push_back({"down" + at, tokens, 9728, 2560, 1, 1, 1});
+    }
+    return shapes;
+}
+
 MatmulShape reference_shape() { return {"issue 6 reference (4096x14336 by 14336x512)", 4096, 14336, 512, 1, 1, 1}; }
 
 }  // namespace kiln::bench

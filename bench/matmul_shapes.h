@@ -40,6 +40,11 @@ std::vector<MatmulShape> graph_matmul_shapes(ggml_cgraph* graph);
 // 8 heads; 77 context tokens of 768), derived from the architecture.
 std::vector<MatmulShape> sd15_matmul_shapes();
 
+// One Qwen3-4B layer's products (2560 wide; q 4096, k and v 1024, SwiGLU
+// 9728) over prompts of 16 to 2048 tokens: where thin products cross from
+// ggml-cpu's vec_dot kernels to BLAS (runtime/thin_products.h).
+std::vector<MatmulShape> llm_matmul_shapes();
+
 // The product the first measurement used: 4096x14336 by 14336x512.
 MatmulShape reference_shape();
 

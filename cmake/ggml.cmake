@@ -18,6 +18,11 @@ message(STATUS "kiln: ggml from ${KILN_GGML_DIR} (${KILN_GGML_COMMIT})")
 
 set(GGML_NATIVE ON CACHE BOOL "" FORCE)
 set(GGML_RPC ON CACHE BOOL "" FORCE)  # the memory-system tests use RPC on 127.0.0.1 as a GPU-type device
+# Without llamafile's sgemm in ggml-cpu: it multiplies two or more rows of
+# activations converted to F16 (for F16 weights) with other sums than
+# vec_dot's one row, so a CFG batch of two and its two passes would differ
+# (runtime/blas_device.h).
+set(GGML_LLAMAFILE OFF CACHE BOOL "" FORCE)
 set(GGML_BUILD_TESTS OFF CACHE BOOL "" FORCE)
 set(GGML_BUILD_EXAMPLES OFF CACHE BOOL "" FORCE)
 set(GGML_BACKEND_DL OFF CACHE BOOL "" FORCE)

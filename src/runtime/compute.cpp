@@ -7,6 +7,7 @@
 
 #include "ggml-cpu.h"
 #include "runtime/blas_core.h"
+#include "runtime/blas_device.h"
 #include "runtime/blas_threads.h"
 #include "runtime/host_memory.h"
 #include "util/format.h"
@@ -35,7 +36,7 @@ Result<std::unique_ptr<Compute>> Compute::create(ggml_backend_dev_t device, int 
         backends.push_back(c->device_);
     }
 #ifdef GGML_USE_BLAS
-    c->blas_ = getenv("KILN_NO_BLAS") ? nullptr : ggml_backend_blas_init();
+    c->blas_ = getenv("KILN_NO_BLAS") || !blas_device() ? nullptr : ggml_backend_dev_init(blas_device(), nullptr);
     if (c->blas_) {
         const CpuThreadSplit split = split_cpu_threads(c->threads_, blas_shares_openmp_pool());
         ggml_backend_cpu_set_n_threads(c->cpu_, split.ggml_cpu);

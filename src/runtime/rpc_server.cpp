@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "ggml-rpc.h"
-#include "runtime/alloc_limited_device.h"
+#include "runtime/proxy_device.h"
 #include "runtime/device_budget.h"
 #include "runtime/devices.h"
 #include "util/format.h"
@@ -84,7 +84,9 @@ Status serve_rpc(const RpcServeOptions& options) {
     // raises SIGPIPE and ends the whole server. ggml then sees EPIPE and
     // drops the connection.
     std::signal(SIGPIPE, SIG_IGN);
-    ggml_backend_dev_t dev = alloc_limited_device(*device, *max_alloc);
+    ProxyRules rules;
+    rules.max_alloc = *max_alloc;
+    ggml_backend_dev_t dev = proxy_device(*device, rules);
     ggml_backend_rpc_start_server(endpoint.c_str(), /*cache_dir=*/nullptr, threads, 1, &dev);
     // ggml returns only when it could not set up (or keep) the listening socket.
     return Error{"rpc-server: the ggml RPC server on " + endpoint + " stopped (see the messages above)"};

@@ -23,7 +23,7 @@ struct RpcServeOptions {
 // unknown device (invalid request), a port that cannot be bound. Any
 // address but loopback logs a warning: the protocol has no authentication.
 // A client that closes early costs only its connection (SIGPIPE ignored).
-// A buffer over max_alloc is refused (alloc_limited_device.h). A bad
+// A buffer over max_alloc is refused (proxy_device.h). A bad
 // max_alloc is an invalid request.
 Status serve_rpc(const RpcServeOptions& options);
 

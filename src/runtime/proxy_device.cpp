@@ -1,4 +1,4 @@
-#include "runtime/alloc_limited_device.h"
+#include "runtime/proxy_device.h"
 
 #include <algorithm>
 
@@ -10,31 +10,32 @@ namespace kiln::runtime {
 namespace {
 
 // The proxy's device and buffer type, and what they stand for. Every call
-// goes to the real device or buffer type; only the buffer type's allocation
-// and max size differ, and a backend made from the proxy names the proxy as
-// its device, so that ggml_backend_get_default_buffer_type (how ggml's RPC
-// server finds where to allocate) returns the limited buffer type.
-struct LimitedDevice {
+// goes to the real device or buffer type; only the rules differ, and a
+// backend made from the proxy names the proxy as its device, so that
+// ggml_backend_get_default_buffer_type (how ggml's RPC server finds where to
+// allocate) returns the proxy's buffer type, and ggml's scheduler asks the
+// proxy which ops it takes.
+struct ProxyDevice {
     ggml_backend_device device{};
     ggml_backend_buffer_type buffer_type{};
     ggml_backend_dev_t real = nullptr;
     ggml_backend_buffer_type_t real_buffer_type = nullptr;
-    size_t max_alloc = 0;
+    ProxyRules rules;
 };
 
-LimitedDevice& of(ggml_backend_dev_t dev) { return *static_cast<LimitedDevice*>(dev->context); }
-LimitedDevice& of(ggml_backend_buffer_type_t buft) { return *static_cast<LimitedDevice*>(buft->context); }
+ProxyDevice& of(ggml_backend_dev_t dev) { return *static_cast<ProxyDevice*>(dev->context); }
+ProxyDevice& of(ggml_backend_buffer_type_t buft) { return *static_cast<ProxyDevice*>(buft->context); }
 
 // The real buffer type for the proxy's, any other unchanged.
-ggml_backend_buffer_type_t real_of(LimitedDevice& d, ggml_backend_buffer_type_t buft) {
+ggml_backend_buffer_type_t real_of(ProxyDevice& d, ggml_backend_buffer_type_t buft) {
     return buft == &d.buffer_type ? d.real_buffer_type : buft;
 }
 
 ggml_backend_buffer_t alloc_buffer(ggml_backend_buffer_type_t buft, size_t size) {
-    LimitedDevice& d = of(buft);
-    if (size > d.max_alloc) {
+    ProxyDevice& d = of(buft);
+    if (size > d.rules.max_alloc) {
         KILN_LOG_WARN("refused a %s buffer on %s: --max-alloc is %s", human_bytes(size).c_str(),
-                      ggml_backend_dev_name(d.real), human_bytes(d.max_alloc).c_str());
+                      ggml_backend_dev_name(d.real), human_bytes(d.rules.max_alloc).c_str());
         return nullptr;
     }
     // The buffer belongs to the real buffer type: freeing and using it never
@@ -49,7 +50,7 @@ const ggml_backend_buffer_type_i kBufferTypeInterface = {
     [](ggml_backend_buffer_type_t buft) { return ggml_backend_buft_get_alignment(of(buft).real_buffer_type); },
     /* .get_max_size = */
     [](ggml_backend_buffer_type_t buft) {
-        return std::min(ggml_backend_buft_get_max_size(of(buft).real_buffer_type), of(buft).max_alloc);
+        return std::min(ggml_backend_buft_get_max_size(of(buft).real_buffer_type), of(buft).rules.max_alloc);
     },
     /* .get_alloc_size = */
     [](ggml_backend_buffer_type_t buft, const ggml_tensor* tensor) {
@@ -87,6 +88,8 @@ ggml_backend_device_i device_interface(const ggml_backend_device_i& real) {
         };
     }
     i.supports_op = [](ggml_backend_dev_t dev, const ggml_tensor* op) {
+        const ProxyRules& rules = of(dev).rules;
+        if (rules.declines_op && rules.declines_op(op)) return false;
         return ggml_backend_dev_supports_op(of(dev).real, op);
     };
     i.supports_buft = [](ggml_backend_dev_t dev, ggml_backend_buffer_type_t buft) {
@@ -109,11 +112,11 @@ ggml_backend_device_i device_interface(const ggml_backend_device_i& real) {
 
 }  // namespace
 
-ggml_backend_dev_t alloc_limited_device(ggml_backend_dev_t device, size_t max_alloc) {
-    auto* d = new LimitedDevice;  // lives as long as the process, as ggml's devices do
+ggml_backend_dev_t proxy_device(ggml_backend_dev_t device, const ProxyRules& rules) {
+    auto* d = new ProxyDevice;  // lives as long as the process, as ggml's devices do
     d->real = device;
     d->real_buffer_type = ggml_backend_dev_buffer_type(device);
-    d->max_alloc = max_alloc;
+    d->rules = rules;
     d->device.iface = device_interface(device->iface);
     d->device.reg = device->reg;  // so ggml finds the real backend's functions (set_n_threads)
     d->device.context = d;
