@@ -4,6 +4,7 @@
 
 #include "nn/attention.h"
 #include "nn/layers.h"
+#include "nn/upsampled_block_cpu.h"
 
 namespace kiln::models {
 namespace {
@@ -54,8 +55,8 @@ Mid declare_mid(runtime::ModuleWeights& w, const std::string& p, int64_t ch, boo
 
 ggml_tensor* apply_resnet(ggml_context* ctx, nn::ComputeTarget target, const ResnetBlock& r, ggml_tensor* x) {
     ggml_tensor* h = nn::conv2d_of_group_norm_silu(ctx, target, r.conv1, r.norm1, x, 32, kEps);
-    h = nn::conv2d_of_group_norm_silu(ctx, target, r.conv2, r.norm2, h, 32, kEps);
-    return ggml_add(ctx, r.shortcut ? nn::conv2d(ctx, target, *r.shortcut, x) : x, h);
+    ggml_tensor* residual = r.shortcut ? nn::conv2d(ctx, target, *r.shortcut, x) : x;
+    return nn::conv2d_of_group_norm_silu(ctx, target, r.conv2, r.norm2, h, 32, kEps, 64ll << 20, residual);
 }
 
 ggml_tensor* apply_attn(ggml_context* ctx, nn::ComputeTarget target, const AttnBlock& a, ggml_tensor* x) {
@@ -192,14 +193,39 @@ void Vae::declare() {
     b.dec_out = nn::declare_conv2d(w, "decoder.conv_out", ch, c.image_channels, 3, 1, 1);
 }
 
-ggml_tensor* Vae::build_decoder(ggml_context* ctx, ggml_tensor* latent, nn::ComputeTarget target) const {
+ggml_tensor* Vae::build_decoder(ggml_context* ctx, ggml_tensor* latent, nn::ComputeTarget target,
+                                int64_t max_whole_upsample_bytes) const {
     const Blocks& b = *blocks_;
     if (b.post_quant) latent = nn::conv2d(ctx, target, *b.post_quant, latent);
     ggml_tensor* h = nn::conv2d(ctx, target, b.dec_in, latent);
     h = nn::mark_cut(apply_mid(ctx, target, b.dec_mid, h), "decoder.mid");
+    // An upsampler left for the next level's first block to read in bands
+    // (h is then its input, a quarter of its output's pixels).
+    const nn::Conv2d* pending_upsample = nullptr;
     for (int level = static_cast<int>(b.up.size()) - 1; level >= 0; --level) {
-        for (const ResnetBlock& r : b.up[level]) h = apply_resnet(ctx, target, r, h);
-        if (b.upsample[level]) h = nn::conv2d_of_upsample_2x(ctx, target, *b.upsample[level], h);
+        for (const ResnetBlock& r : b.up[level]) {
+            std::optional<nn::UpsampledBlockStart> start;
+            if (pending_upsample) {
+                start = nn::upsampled_block_start_cpu(ctx, *pending_upsample, h, r.norm1, 32, kEps, r.conv1,
+                                                      *r.shortcut, 64ll << 20);
+                if (!start) h = nn::conv2d_of_upsample_2x(ctx, target, *pending_upsample, h);
+                pending_upsample = nullptr;
+            }
+            h = start ? nn::conv2d_of_group_norm_silu(ctx, target, r.conv2, r.norm2, start->h, 32, kEps, 64ll << 20,
+                                                      start->residual)
+                      : apply_resnet(ctx, target, r, h);
+        }
+        if (b.upsample[level]) {
+            const nn::Conv2d& up = *b.upsample[level];
+            const ResnetBlock* next = level > 0 && !b.up[level - 1].empty() ? &b.up[level - 1][0] : nullptr;
+            const int64_t up_bytes = 4 * h->ne[0] * h->ne[1] * up.weight->ne[3] * h->ne[3] *
+                                     static_cast<int64_t>(sizeof(float));
+            if (target == nn::ComputeTarget::Cpu && next && next->shortcut && up_bytes > max_whole_upsample_bytes) {
+                pending_upsample = &up;
+            } else {
+                h = nn::conv2d_of_upsample_2x(ctx, target, up, h);
+            }
+        }
         h = nn::mark_cut(h, "decoder.up." + std::to_string(level));
     }
     return nn::conv2d_of_group_norm_silu(ctx, target, b.dec_out, b.dec_norm, h, 32, kEps);

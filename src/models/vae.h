@@ -40,9 +40,16 @@ class Vae {
     runtime::ModuleWeights& weights() { return *weights_; }
     const runtime::ModuleWeights& weights() const { return *weights_; }
 
+    // An upsampler's output larger than this is never made whole on the CPU
+    // when the block after it has a shortcut (nn/upsampled_block_cpu.h):
+    // 1 GiB at 1024x1024, where it is what holds the decode's peak; 256 MiB
+    // at 512x512, where the fold would cost time and save nothing needed.
+    static constexpr int64_t kMaxWholeUpsampleBytes = 512ll << 20;
+
     // latent: ne [w, h, latent_channels, B] (unscaled) -> image ne [W, H, 3, B] in [-1, 1].
     ggml_tensor* build_decoder(ggml_context* ctx, ggml_tensor* latent,
-                               nn::ComputeTarget target = nn::ComputeTarget::Cpu) const;
+                               nn::ComputeTarget target = nn::ComputeTarget::Cpu,
+                               int64_t max_whole_upsample_bytes = kMaxWholeUpsampleBytes) const;
     // image: ne [W, H, 3, B] in [-1, 1] -> the latent distribution's mean ne
     // [w, h, latent_channels, B], or with `moments` its mean then its log
     // variance ne [w, h, 2 * latent_channels, B]. Requires config().has_encoder.

@@ -24,4 +24,11 @@ namespace kiln::nn {
 // order follows the first source first).
 ggml_tensor* concat_rows_cpu(ggml_context* ctx, const std::vector<ggml_tensor*>& parts);
 
+// The same join a part at a time, for bands whose making interleaves with
+// other work: an image of `rows` rows whose top rows are `first` (the
+// GGML_OP_CUSTOM node that allocates it), then each later part set into its
+// rows in place (a view of that image).
+ggml_tensor* image_from_first_rows_cpu(ggml_context* ctx, ggml_tensor* first, int64_t rows);
+ggml_tensor* set_rows_cpu(ggml_context* ctx, ggml_tensor* image, ggml_tensor* part, int64_t first_row);
+
 }  // namespace kiln::nn

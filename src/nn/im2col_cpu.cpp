@@ -212,21 +212,21 @@ std::optional<Band> band_of(const ggml_tensor* kernel, const ggml_tensor* x, int
 }  // namespace
 
 ggml_tensor* im2col_f32_cpu(ggml_context* ctx, const ggml_tensor* kernel, ggml_tensor* x, int stride, int padding,
-                            int64_t first_row, int64_t rows) {
+                            int64_t first_row, int64_t rows, ggml_tensor* after) {
     const auto band = band_of(kernel, x, stride, padding, first_row, rows);
     if (!band) return nullptr;
-    ggml_tensor* args[] = {x};
-    return ggml_custom_4d(ctx, GGML_TYPE_F32, band->k, band->ow, band->rows, x->ne[3], args, 1, unfold_rows,
-                          GGML_N_TASKS_MAX, pack(band->geometry));
+    ggml_tensor* args[] = {x, after};
+    return ggml_custom_4d(ctx, GGML_TYPE_F32, band->k, band->ow, band->rows, x->ne[3], args, after ? 2 : 1,
+                          unfold_rows, GGML_N_TASKS_MAX, pack(band->geometry));
 }
 
 ggml_tensor* im2col_upsampled_2x_f32_cpu(ggml_context* ctx, const ggml_tensor* kernel, ggml_tensor* x, int stride,
-                                         int padding, int64_t first_row, int64_t rows) {
+                                         int padding, int64_t first_row, int64_t rows, ggml_tensor* after) {
     const auto band = band_of(kernel, x, stride, padding, first_row, rows, 2);
     if (!band) return nullptr;
-    ggml_tensor* args[] = {x};
-    return ggml_custom_4d(ctx, GGML_TYPE_F32, band->k, band->ow, band->rows, x->ne[3], args, 1, unfold_rows_upsampled,
-                          GGML_N_TASKS_MAX, pack(band->geometry));
+    ggml_tensor* args[] = {x, after};
+    return ggml_custom_4d(ctx, GGML_TYPE_F32, band->k, band->ow, band->rows, x->ne[3], args, after ? 2 : 1,
+                          unfold_rows_upsampled, GGML_N_TASKS_MAX, pack(band->geometry));
 }
 
 ggml_tensor* im2col_group_norm_silu_f32_cpu(ggml_context* ctx, const ggml_tensor* kernel, ggml_tensor* x,

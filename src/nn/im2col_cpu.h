@@ -24,8 +24,12 @@ namespace kiln::nn {
 // `first_row` and `rows` (-1: to the last) unfold only that band of output
 // rows, ne [IC*KH*KW, OW, rows, N]: the same patches as those rows of the
 // whole unfold, so a large convolution can be multiplied a band at a time.
+//
+// `after`: null, or a tensor the graph must compute before this unfold. It
+// is not read; it orders bands whose making interleaves (ggml's graph order
+// follows the sources, first to last).
 ggml_tensor* im2col_f32_cpu(ggml_context* ctx, const ggml_tensor* kernel, ggml_tensor* x, int stride, int padding,
-                            int64_t first_row = 0, int64_t rows = -1);
+                            int64_t first_row = 0, int64_t rows = -1, ggml_tensor* after = nullptr);
 
 // The same unfold of silu(group_norm(x) * gamma + beta), the normalised
 // tensor never made: each input row is normalised as the unfold reads it,
@@ -41,7 +45,8 @@ ggml_tensor* im2col_group_norm_silu_f32_cpu(ggml_context* ctx, const ggml_tensor
 // and the band are counted in the upsampled image's (and the output's)
 // rows. nullptr for an input or band im2col_f32_cpu does not take.
 ggml_tensor* im2col_upsampled_2x_f32_cpu(ggml_context* ctx, const ggml_tensor* kernel, ggml_tensor* x, int stride,
-                                         int padding, int64_t first_row, int64_t rows = -1);
+                                         int padding, int64_t first_row, int64_t rows = -1,
+                                         ggml_tensor* after = nullptr);
 // ggml_group_norm's per-group numbers of `x` (ne [W, H, C, N], F32, rows
 // contiguous): ne [2, groups, N], each group's mean and 1 / sqrt(variance +
 // eps), summed as ggml's CPU group norm sums them. nullptr for other inputs.

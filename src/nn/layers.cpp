@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "nn/concat_rows_cpu.h"
+#include "nn/conv_cpu.h"
 #include "nn/im2col_cpu.h"
 
 namespace kiln::nn {
@@ -33,30 +34,6 @@ Conv2d declare_conv2d(runtime::ModuleWeights& w, const std::string& name, int64_
 
 namespace {
 
-// y: ne [W, H, OC, N]; bias: ne [OC] or null.
-ggml_tensor* add_channel_bias(ggml_context* ctx, ggml_tensor* y, ggml_tensor* bias) {
-    return bias ? ggml_add(ctx, y, ggml_reshape_4d(ctx, bias, 1, 1, bias->ne[0], 1)) : y;
-}
-
-// The product of pixel rows [K, P] (P = W * H * N pixels) by a kernel [K, OC]
-// whose result is pixels by output channels, [P, OC], laid out as the image
-// [W, H, OC, N] with the bias added: the add reads the permuted result and
-// writes it contiguously, so the layout costs no copy of its own.
-ggml_tensor* pixels_by_channels_to_image(ggml_context* ctx, ggml_tensor* pixels, ggml_tensor* kernel, int64_t W,
-                                         int64_t H, int64_t N, ggml_tensor* bias) {
-    const int64_t OC = kernel->ne[1];
-    ggml_tensor* y = ggml_mul_mat(ctx, pixels, kernel);                       // [P, OC]
-    y = ggml_permute(ctx, ggml_reshape_4d(ctx, y, W, H, N, OC), 0, 1, 3, 2);  // [W, H, OC, N], a view
-    return bias ? add_channel_bias(ctx, y, bias) : ggml_cont(ctx, y);
-}
-
-// On the CPU the product goes to OpenBLAS's sgemm through ggml's BLAS
-// backend, which takes an F32 second operand: the kernel is widened once
-// per graph run, as the BLAS backend would otherwise do inside the product.
-ggml_tensor* kernel_for_cpu(ggml_context* ctx, ggml_tensor* kernel) {
-    return kernel->type == GGML_TYPE_F32 ? kernel : ggml_cast(ctx, kernel, GGML_TYPE_F32);
-}
-
 // The most bytes of F32 patches a convolution on the CPU unfolds at once.
 // Bands this size still give sgemm thousands of pixel rows per product.
 constexpr int64_t kMaxPatchBytesOnCpu = 64ll << 20;
@@ -76,15 +53,18 @@ struct BandInput {
     float eps = 1e-5f;
 };
 
+// `added_to`: null, or a tensor of the output's shape that each band is
+// added into in place (a residual block's x + conv(h)), so the output is
+// never a tensor of its own.
 ggml_tensor* conv_in_row_bands(ggml_context* ctx, const Conv2d& layer, ggml_tensor* x, int64_t max_patch_bytes,
-                               const BandInput& input) {
+                               const BandInput& input, ggml_tensor* added_to = nullptr) {
     ggml_tensor* w = layer.weight;
     const int64_t scale = input.kind == BandInput::Kind::Upsampled2x ? 2 : 1;
     const int64_t N = x->ne[3];
     const int64_t OW = (scale * x->ne[0] + 2 * layer.padding - w->ne[0]) / layer.stride + 1;
     const int64_t OH = (scale * x->ne[1] + 2 * layer.padding - w->ne[1]) / layer.stride + 1;
     const int64_t K = w->ne[0] * w->ne[1] * w->ne[2];
-    ggml_tensor* kernel = kernel_for_cpu(ctx, ggml_reshape_2d(ctx, w, K, w->ne[3]));
+    ggml_tensor* kernel = kernel_matrix_for_cpu(ctx, w);
     // F32 patches (kiln's unfold, nn/im2col_cpu.h) by the F32 kernel: the
     // product sgemm takes, several times faster than ggml's F16 dot products.
     // Patches first, so the result is already pixels by channels.
@@ -122,13 +102,22 @@ ggml_tensor* conv_in_row_bands(ggml_context* ctx, const Conv2d& layer, ggml_tens
             GGML_ASSERT(first == 0 && input.kind == BandInput::Kind::Plain);
             patches = ggml_im2col(ctx, w, x, layer.stride, layer.stride, layer.padding, layer.padding, 1, 1,
                                   /*is_2D=*/true, GGML_TYPE_F32);
-            return pixels_by_channels_to_image(ctx, ggml_reshape_2d(ctx, patches, K, OW * OH * N), kernel, OW, OH, N,
-                                               layer.bias);
+            ggml_tensor* y = pixels_by_channels_to_image(ctx, ggml_reshape_2d(ctx, patches, K, OW * OH * N), kernel,
+                                                         OW, OH, N, layer.bias);
+            return added_to ? ggml_add(ctx, added_to, y) : y;
         }
-        bands.push_back(pixels_by_channels_to_image(ctx, ggml_reshape_2d(ctx, patches, K, OW * rows * N), kernel, OW,
-                                                    rows, N, layer.bias));
+        ggml_tensor* band = pixels_by_channels_to_image(ctx, ggml_reshape_2d(ctx, patches, K, OW * rows * N), kernel,
+                                                        OW, rows, N, layer.bias);
+        if (added_to) {
+            // added_to + band, into added_to's rows in place: ggml_vec_add_f32
+            // on the same two operands as ggml_add, so the same bits.
+            added_to = ggml_acc_inplace(ctx, added_to, band, added_to->nb[1], added_to->nb[2], added_to->nb[3],
+                                        static_cast<size_t>(first) * added_to->nb[1]);
+        } else {
+            bands.push_back(band);
+        }
     }
-    return concat_rows_cpu(ctx, bands);
+    return added_to ? added_to : concat_rows_cpu(ctx, bands);
 }
 
 bool is_pointwise(const Conv2d& layer) {
@@ -150,17 +139,30 @@ bool worth_folding(ComputeTarget target, const Conv2d& layer, int64_t spared_byt
 }
 
 ggml_tensor* conv2d_of_group_norm_silu(ggml_context* ctx, ComputeTarget target, const Conv2d& layer, const Norm& norm,
-                                       ggml_tensor* x, int groups, float eps, int64_t max_patch_bytes) {
+                                       ggml_tensor* x, int groups, float eps, int64_t max_patch_bytes,
+                                       ggml_tensor* added_to) {
     const bool fold = worth_folding(target, layer, f32_bytes(x), max_patch_bytes) && x->type == GGML_TYPE_F32 &&
                       ggml_is_contiguous(x) && norm.weight->type == GGML_TYPE_F32 &&
                       norm.bias->type == GGML_TYPE_F32;
-    if (!fold) return conv2d(ctx, target, layer, ggml_silu_inplace(ctx, group_norm(ctx, norm, x, groups, eps)));
+    if (!fold) {
+        ggml_tensor* y = conv2d(ctx, target, layer, ggml_silu_inplace(ctx, group_norm(ctx, norm, x, groups, eps)));
+        return added_to ? ggml_add(ctx, added_to, y) : y;
+    }
     BandInput input;
     input.kind = BandInput::Kind::GroupNormSilu;
     input.norm = &norm;
     input.groups = groups;
     input.eps = eps;
-    return conv_in_row_bands(ctx, layer, x, max_patch_bytes, input);
+    // In place only into another tensor than x: a band's unfold reads the
+    // rows around it, which the band before would have changed.
+    auto root = [](const ggml_tensor* t) {
+        while (t->view_src) t = t->view_src;
+        return t;
+    };
+    const bool accumulate = added_to && added_to->type == GGML_TYPE_F32 && ggml_is_contiguous(added_to) &&
+                            root(added_to) != root(x);
+    ggml_tensor* y = conv_in_row_bands(ctx, layer, x, max_patch_bytes, input, accumulate ? added_to : nullptr);
+    return added_to && !accumulate ? ggml_add(ctx, added_to, y) : y;
 }
 
 ggml_tensor* conv2d_of_upsample_2x(ggml_context* ctx, ComputeTarget target, const Conv2d& layer, ggml_tensor* x,

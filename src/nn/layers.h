@@ -66,8 +66,13 @@ ggml_tensor* group_norm(ggml_context* ctx, const Norm& norm, ggml_tensor* x, int
 // made; the numbers are the unfused graph's, bit for bit. Elsewhere it is
 // the three ops. `norm`'s weights must be F32 for the fold (kiln holds
 // vectors as F32).
+// `added_to` (a residual block's x): the result is added_to + the
+// convolution, the same bits as ggml_add. Folded, each band of the
+// convolution is added into added_to in place, so neither the convolution's
+// output nor the sum is a tensor of its own; added_to's values are then gone.
 ggml_tensor* conv2d_of_group_norm_silu(ggml_context* ctx, ComputeTarget target, const Conv2d& layer, const Norm& norm,
-                                       ggml_tensor* x, int groups, float eps, int64_t max_patch_bytes = 64ll << 20);
+                                       ggml_tensor* x, int groups, float eps, int64_t max_patch_bytes = 64ll << 20,
+                                       ggml_tensor* added_to = nullptr);
 
 // x * sigmoid(1.702 x): CLIP ViT-L's activation.
 ggml_tensor* quick_gelu(ggml_context* ctx, ggml_tensor* x);

@@ -11,7 +11,7 @@
 #include <random>
 #include <vector>
 
-#include "ggml-alloc.h"
+#include "cpu_graph.h"
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 #include "nn/layers.h"
@@ -57,17 +57,8 @@ Computed compute(int64_t w, int64_t h, int64_t in, int64_t out, int64_t n, int t
         const auto v = random_values(ggml_nelements(t), seed++, input ? 3.0f : 1.0f, input ? 2.0f : 0.0f);
         ggml_backend_tensor_set(t, v.data(), 0, ggml_nbytes(t));
     }
-    ggml_tensor* y = make(ctx, layer, norm, x);
-    ggml_cgraph* graph = ggml_new_graph_custom(ctx, 8192, false);
-    ggml_build_forward_expand(graph, y);
-    ggml_gallocr_t allocator = ggml_gallocr_new(ggml_backend_get_default_buffer_type(cpu));
-    EXPECT_TRUE(ggml_gallocr_alloc_graph(allocator, graph));
-    Computed r;
-    r.compute_bytes = ggml_gallocr_get_buffer_size(allocator, 0);
-    EXPECT_EQ(ggml_backend_graph_compute(cpu, graph), GGML_STATUS_SUCCESS);
-    r.y.resize(static_cast<size_t>(ggml_nelements(y)));
-    ggml_backend_tensor_get(y, r.y.data(), 0, ggml_nbytes(y));
-    ggml_gallocr_free(allocator);
+    test::CpuGraphResult graph = test::compute_on_cpu(cpu, ctx, {make(ctx, layer, norm, x)}, 8192);
+    Computed r{std::move(graph.outputs[0]), graph.compute_bytes};
     ggml_backend_buffer_free(buffer);
     ggml_backend_free(cpu);
     ggml_free(ctx);
@@ -109,6 +100,42 @@ TEST(ConvFolds, GroupNormSiluFoldedIntoTheUnfoldGivesTheUnfusedBits) {
             // The unfused graph holds the normalised input; the fused one does not.
             EXPECT_LT(fused.compute_bytes + size_t(c.w * c.h * c.in * c.n * 4) / 2, unfused.compute_bytes);
         }
+    }
+}
+
+// A residual block's r + conv(silu(group_norm(x))): folded, each band is
+// added into r in place, the same bits as ggml_add of the whole convolution,
+// and neither the convolution's output nor the sum is a tensor of its own.
+// Added into x itself, the bands would change rows the next band's unfold
+// still reads: that is computed the unfused way.
+TEST(ConvFolds, BandsAddedIntoTheResidualGiveTheAddsBits) {
+    for (int threads : {1, 3}) {
+        SCOPED_TRACE(std::to_string(threads) + " threads");
+        const int64_t w = 61, h = 47, c = 8, n = 2;
+        const auto residual = [](ggml_context* ctx, ggml_tensor* x) { return ggml_scale(ctx, x, 0.5f); };
+        const Computed fused = compute(w, h, c, c, n, threads, [&](auto* ctx, auto& layer, auto& norm, auto* x) {
+            return conv2d_of_group_norm_silu(ctx, ComputeTarget::Cpu, layer, norm, x, 4, 1e-6f, kSmallLimit,
+                                             residual(ctx, x));
+        });
+        const Computed unfused = compute(w, h, c, c, n, threads, [&](auto* ctx, auto& layer, auto& norm, auto* x) {
+            return ggml_add(ctx, residual(ctx, x),
+                            conv2d_of_group_norm_silu(ctx, ComputeTarget::Cpu, layer, norm, x, 4, 1e-6f, kSmallLimit));
+        });
+        const Computed into_x = compute(w, h, c, c, n, threads, [&](auto* ctx, auto& layer, auto& norm, auto* x) {
+            return conv2d_of_group_norm_silu(ctx, ComputeTarget::Cpu, layer, norm, x, 4, 1e-6f, kSmallLimit, x);
+        });
+        const Computed into_x_unfused =
+            compute(w, h, c, c, n, threads, [&](auto* ctx, auto& layer, auto& norm, auto* x) {
+                return ggml_add(ctx, x,
+                                conv2d_of_group_norm_silu(ctx, ComputeTarget::Cpu, layer, norm, x, 4, 1e-6f,
+                                                          kSmallLimit));
+            });
+        EXPECT_TRUE(same_bits(into_x.y, into_x_unfused.y));
+        ASSERT_EQ(fused.y.size(), size_t(w * h * c * n));
+        EXPECT_TRUE(same_bits(fused.y, unfused.y));
+        // The unfused graph holds the convolution's output beside r (the sum
+        // goes into one of them).
+        EXPECT_LE(fused.compute_bytes + size_t(w * h * c * n * 4), unfused.compute_bytes);
     }
 }
 

@@ -129,6 +129,22 @@ TEST_P(ModelGolden, VaeDecoderAndEncoderMatchReference) {
               kTolerance);
     check_blocks(dec, "decoder.");
 
+    // The upsampler's output made in bands and never whole, as the decoder
+    // builds it on the CPU at 1024x1024 (nn/upsampled_block_cpu.h): the same
+    // reference. Its cut after level 1 is then the upsampler's input. Only
+    // before a block with a shortcut (sd1_tiny's; sd2_tiny's keeps its
+    // channels, so the graph is the usual one).
+    runtime::GraphSession banded;
+    ggml_tensor* banded_image =
+        (*vae)->build_decoder(banded.ctx(), banded.input(GGML_TYPE_F32, ggml_ne(z.shape), z.values.data()),
+                              nn::ComputeTarget::Cpu, /*max_whole_upsample_bytes=*/0);
+    ASSERT_TRUE(banded.run(*compute, banded_image, true).ok());
+    ASSERT_NE(banded.find("cut:decoder.up.1"), nullptr);
+    const bool shortcut = m.weights.find("first_stage_model.decoder.up.0.block.0.nin_shortcut.weight") != nullptr;
+    EXPECT_EQ((shortcut ? 2 : 1) * banded.find("cut:decoder.up.1")->ne[0], dec.find("cut:decoder.up.1")->ne[0]);
+    EXPECT_LT(relative_error(runtime::GraphSession::read(banded_image), fixture_tensor(m.io, "vae.decoded").values),
+              kTolerance);
+
     const auto pixels = fixture_tensor(m.io, "vae.image");
     runtime::GraphSession enc;
     ggml_tensor* mean =
