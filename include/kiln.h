@@ -115,7 +115,7 @@ kiln_status kiln_context_params_check(const kiln_context_params* params, char** 
 typedef enum {
     KILN_VALUE_SAMPLER,     /* "euler_a", ... */
     KILN_VALUE_SCHEDULER,   /* "discrete", "karras", ... */
-    KILN_VALUE_RNG,         /* "cuda", "cpu" */
+    KILN_VALUE_RNG,         /* "cuda", "cpu", "std_default" */
     KILN_VALUE_RPC_SERVERS, /* "host:port[,host:port]" */
     KILN_VALUE_MAX_VRAM,    /* "6", "-1", "rpc0=0.5,cuda0=6", "96M" */
     KILN_VALUE_LORA_APPLY_MODE, /* "auto", "immediately", "at_runtime" */
@@ -181,8 +181,8 @@ typedef struct {
     int batch_count;
     const char* sampler;          /* NULL: the model's default */
     const char* scheduler;        /* NULL: the model's default */
-    const char* rng;              /* "cuda" (default) or "cpu" */
-    const char* sampler_rng;      /* --sampler-rng: the sampler's noise stream, "cuda" or "cpu"; NULL: rng's */
+    const char* rng;              /* "cuda" (default), "cpu" or "std_default" */
+    const char* sampler_rng;      /* --sampler-rng: the sampler's noise stream, as rng; NULL: rng's */
     float eta;                    /* --eta: ancestral, DDIM and TCD noise share in [0, 1]; < 0: the sampler's */
     int timestep_shift;           /* --timestep-shift N in [0, 1000]: NitroFusion's SDXL models; 0: none */
     /* Skip-layer guidance for Flux and Chroma, as sd-cli: --slg-scale (0: off), --skip-layers (the

@@ -11,6 +11,8 @@ Writes, relative to the repository root, tests/golden/sampling/:
                   (ATEN_CPU_CAPABILITY=default: libm normal_fill_16). A 4x64x64 draw is kept as its first and
                   last 32 values plus an FNV-1a hash of all its float32 bytes.
   rng_cuda.txt    the same for stable-diffusion-webui's Philox emulation of CUDA randn (reference/sampling.py).
+  rng_std_default.txt  the same for sd-cli's --rng std_default (reference/sampling.py's StdDefaultGenerator,
+                  written from libstdc++'s <random>), one generator across calls.
   denoiser.txt    SD's alphas_cumprod and sigma table, t_to_sigma / sigma_to_t samples, eps and v scalings.
   schedules.txt   every scheduler's sigmas for a few step counts.
   flow.txt        Flux's rectified flow: BFL's get_schedule (dev: resolution-dependent shift, schnell: none) for
@@ -122,14 +124,25 @@ def make_rng_cpu():
           lines)
 
 
-def make_rng_cuda():
+def generator_records(prefix, seeds, calls, make):
+    """One generator per seed drawing `calls` in order, then a fresh one's BIG draw."""
     lines = []
-    for seed in PHILOX_SEEDS:
-        g = ref.PhiloxGenerator(seed)
-        for k, n in enumerate(PHILOX_CALLS):
-            lines.append(record("cuda/seed=%d/call=%d/n=%d" % (seed, k, n), g.randn(n)))
-        lines += big_records("cuda/seed=%d/n=%d" % (seed, BIG), ref.PhiloxGenerator(seed).randn(BIG))
-    write("rng_cuda.txt", "webui rng_philox.py (numpy %s) randn, float32" % np.__version__, lines)
+    for seed in seeds:
+        g = make(seed)
+        for k, n in enumerate(calls):
+            lines.append(record("%s/seed=%d/call=%d/n=%d" % (prefix, seed, k, n), g.randn(n)))
+        lines += big_records("%s/seed=%d/n=%d" % (prefix, seed, BIG), make(seed).randn(BIG))
+    return lines
+
+
+def make_rng_cuda():
+    write("rng_cuda.txt", "webui rng_philox.py (numpy %s) randn, float32" % np.__version__,
+          generator_records("cuda", PHILOX_SEEDS, PHILOX_CALLS, ref.PhiloxGenerator))
+
+
+def make_rng_std_default():
+    write("rng_std_default.txt", "sd-cli std_default randn (libstdc++ minstd_rand0 + polar method), float32",
+          generator_records("std_default", CPU_SEEDS, CPU_CALLS, ref.StdDefaultGenerator))
 
 
 def make_denoiser(schedule):
@@ -254,6 +267,7 @@ def main():
     schedule = ref.DiscreteSchedule(ref.scaled_linear_alphas_cumprod())
     make_rng_cpu()
     make_rng_cuda()
+    make_rng_std_default()
     make_denoiser(schedule)
     make_schedules(schedule)
     make_samplers(schedule)

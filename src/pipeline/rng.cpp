@@ -16,6 +16,7 @@ struct RngName {
 constexpr RngName kRngNames[] = {
     {RngKind::Cpu, "cpu"},
     {RngKind::Cuda, "cuda"},
+    {RngKind::StdDefault, "std_default"},
 };
 
 std::string lower(std::string_view text) {
@@ -199,6 +200,7 @@ std::unique_ptr<Rng> make_rng(RngKind kind, uint64_t seed) {
     switch (kind) {
         case RngKind::Cpu: return std::make_unique<TorchCpuRng>(seed);
         case RngKind::Cuda: return std::make_unique<PhiloxRng>(seed);
+        case RngKind::StdDefault: return std::make_unique<StdDefaultRng>(seed);
     }
     return nullptr;
 }
@@ -295,6 +297,50 @@ std::vector<float> PhiloxRng::randn(size_t n) {
         out[i] = philox_box_muller(counter[0], counter[1]);
     }
     ++offset_;
+    return out;
+}
+
+// ---- StdDefaultRng -------------------------------------------------------------------------------------------------
+
+namespace {
+constexpr uint64_t kMinstdModulus = 2147483647;  // 2^31 - 1
+}
+
+StdDefaultRng::StdDefaultRng(uint64_t seed) : state_((seed & 0xffffffffu) % kMinstdModulus) {
+    if (state_ == 0) state_ = 1;
+}
+
+float StdDefaultRng::canonical() {
+    state_ = state_ * 16807 % kMinstdModulus;
+    const float u = static_cast<float>(state_ - 1) / 2147483648.0f;
+    return u >= 1.0f ? std::nextafter(1.0f, 0.0f) : u;
+}
+
+std::vector<float> StdDefaultRng::randn(size_t n) {
+    std::vector<float> out(n);
+    bool saved_available = false;  // a new distribution per call, as sd-cli makes one
+    float saved = 0.0f;
+    for (size_t i = 0; i < n; ++i) {
+        if (saved_available) {
+            saved_available = false;
+            out[i] = saved;
+            continue;
+        }
+        float x, y, r2;
+        do {
+            x = static_cast<float>(static_cast<double>(2.0f * canonical()) - 1.0);
+            y = static_cast<float>(static_cast<double>(2.0f * canonical()) - 1.0);
+            // Rounded apart, as libstdc++ compiled without FMA rounds them.
+            volatile float xx = x * x;
+            volatile float yy = y * y;
+            r2 = xx + yy;
+        } while (r2 > 1.0f || r2 == 0.0f);
+        const float mult = std::sqrt(-2.0f * std::log(r2) / r2);
+        // "* stddev + mean" with 1 and 0: only a -0 becomes +0.
+        saved = x * mult + 0.0f;
+        saved_available = true;
+        out[i] = y * mult + 0.0f;
+    }
     return out;
 }
 

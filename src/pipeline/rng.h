@@ -7,9 +7,15 @@
 //   cuda  torch.randn(n, device="cuda") as stable-diffusion-webui emulates it on
 //         the CPU (modules/rng_philox.py): Philox 4x32-10 + one Box-Muller value
 //         per counter.
+//   std_default  sd-cli's STDDefaultRNG (--rng std_default): C++'s
+//         std::default_random_engine and std::normal_distribution<float> as
+//         GCC's libstdc++ computes them, so a seed gives sd-cli's image on
+//         Linux on every platform kiln builds for.
 // A stream keeps its state between randn() calls exactly as the torch
 // generator does (mt19937 position and the cached second Box-Muller value for
-// cpu; the per-call offset for cuda).
+// cpu; the per-call offset for cuda); std_default keeps its engine's state
+// but, as sd-cli makes a new distribution for every call, not the polar
+// method's second value.
 #pragma once
 
 #include <cstddef>
@@ -24,11 +30,11 @@
 
 namespace kiln::pipeline {
 
-enum class RngKind { Cpu, Cuda };
+enum class RngKind { Cpu, Cuda, StdDefault };
 
-// "cpu", "cuda".
+// "cpu", "cuda", "std_default".
 std::string_view rng_kind_name(RngKind kind);
-// "cpu, cuda": the valid --rng values, for help and error texts.
+// "cpu, cuda, std_default": the valid --rng values, for help and error texts.
 std::string rng_kind_names();
 // Parses an --rng (or --sampler-rng) value (case-insensitive). The error
 // names the flag and lists the valid values.
@@ -88,6 +94,29 @@ class PhiloxRng final : public Rng {
   private:
     uint64_t seed_;
     uint32_t offset_ = 0;
+};
+
+// sd-cli's STDDefaultRNG, written out from libstdc++ (GCC 12's <random>):
+// - std::default_random_engine is minstd_rand0, x = 16807 x mod (2^31 - 1),
+//   seeded with the seed's low 32 bits (x = 1 when that is 0 mod 2^31 - 1);
+// - generate_canonical<float, 24> takes one draw: float(x - 1) / 2^31 in
+//   float (its divisor 2^31 - 2 rounds to 2^31), 1 becoming nextafter(1, 0);
+// - normal_distribution<float> is Marsaglia's polar method: x and y =
+//   2u - 1 (in double, then float) until 0 < x^2 + y^2 <= 1 (float), then
+//   y * sqrt(-2 log(r2) / r2) and, from the next call of the same
+//   distribution, x times the same. sd-cli makes a new distribution for
+//   each randn() call, so a call of odd length drops its last x.
+// Written out rather than taken from <random>, whose engines and
+// distributions differ between standard libraries (libc++, MSVC).
+class StdDefaultRng final : public Rng {
+  public:
+    explicit StdDefaultRng(uint64_t seed);
+    std::vector<float> randn(size_t n) override;
+
+  private:
+    float canonical();
+
+    uint64_t state_;
 };
 
 }  // namespace kiln::pipeline

@@ -108,8 +108,8 @@ TEST(Args, SdCliSamplingOptions) {
     EXPECT_EQ(parse_error({"--eta", "1.5"}).message, "--eta: expected a number in [0, 1], got '1.5'");
     EXPECT_EQ(parse_error({"--sigmas", "1,,0"}).message, "--sigmas: an empty value in '1,,0'");
     EXPECT_EQ(parse_error({"--sigmas", "1,x"}).message, "--sigmas: 'x' is not a number");
-    EXPECT_EQ(parse_error({"--sampler-rng", "std_default"}).message,
-              "--sampler-rng: unknown RNG 'std_default' (valid: cpu, cuda)");
+    EXPECT_EQ(parse_error({"--sampler-rng", "mt19937"}).message,
+              "--sampler-rng: unknown RNG 'mt19937' (valid: cpu, cuda, std_default)");
     EXPECT_NE(parse_error({"--vae-relative-tile-size", "0x1"}).message.find("(0, 1000]"), std::string::npos);
     const Options refs = parse_ok({"-r", "a.png", "--increase-ref-index", "--disable-auto-resize-ref-image",
                                    "--chroma-disable-dit-mask", "--chroma-enable-t5-mask", "--chroma-t5-mask-pad", "4"});
@@ -177,7 +177,7 @@ TEST(Args, BadValues) {
                   .message.rfind("--sampling-method: unknown sampling method 'fast' (valid: euler", 0),
               0u);
     EXPECT_EQ(parse_error({"--scheduler", "weird"}).message.rfind("--scheduler: unknown scheduler 'weird'", 0), 0u);
-    EXPECT_EQ(parse_error({"--rng", "gpu"}).message, "--rng: unknown RNG 'gpu' (valid: cpu, cuda)");
+    EXPECT_EQ(parse_error({"--rng", "gpu"}).message, "--rng: unknown RNG 'gpu' (valid: cpu, cuda, std_default)");
     EXPECT_EQ(parse_error({"-m"}).message, "--model: missing value PATH");
     EXPECT_EQ(parse_error({"-m", ""}).message, "--model: expected a path, got an empty string");
     EXPECT_EQ(parse_error({"--color=yes"}).message, "--color takes no value");

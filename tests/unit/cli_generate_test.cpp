@@ -178,7 +178,7 @@ TEST(CliGenerate, BadRequestsFailCleanlyWithoutOutput) {
         {"-s 18446744073709551615", 2, "--seed: expected an integer from -1 to 9223372036854775807"},
         {"--sampling-method fast", 2, "euler, euler_a, heun"},
         {"--scheduler weird", 2, "discrete, karras"},
-        {"--rng gpu", 2, "--rng: unknown RNG 'gpu' (valid: cpu, cuda)"},
+        {"--rng gpu", 2, "--rng: unknown RNG 'gpu' (valid: cpu, cuda, std_default)"},
         {"--max-vram bogus=1", 2, "--max-vram: unknown device 'BOGUS' (valid: "},
         {"-i " + dir.file("missing.png"), 1, "missing.png"},
         {"-i " + dir.file("small.png"), 2, "init image is 16x16 but the requested size is 32x32"},

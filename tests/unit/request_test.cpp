@@ -454,6 +454,30 @@ TEST(Request, EtaSamplerRngAndSigmasAsSdCli) {
     EXPECT_EQ(custom_steps, 2);
 }
 
+// --rng std_default (sd-cli's STDDefaultRNG; its numbers: Rng.StdDefault*)
+// is a stream of its own: another image than cuda's and cpu's, the same one
+// again for the same seed, and a stream the ancestral steps can take.
+TEST(Request, StdDefaultRngIsAStreamOfItsOwn) {
+    auto model = open();
+    ASSERT_EQ(model->status, KILN_OK) << model->error;
+    kiln_generation_params job = small_job();
+    job.sampler = "euler_a";
+    job.steps = 3;
+    const std::vector<uint8_t> cuda = pixels_of(model->ctx, job);
+    job.rng = "cpu";
+    const std::vector<uint8_t> cpu = pixels_of(model->ctx, job);
+    job.rng = "std_default";
+    const std::vector<uint8_t> std_default = pixels_of(model->ctx, job);
+    EXPECT_NE(std_default, cuda);
+    EXPECT_NE(std_default, cpu);
+    EXPECT_EQ(pixels_of(model->ctx, job), std_default);
+    job.rng = "cuda";
+    job.sampler_rng = "std_default";
+    const std::vector<uint8_t> mixed = pixels_of(model->ctx, job);
+    EXPECT_NE(mixed, cuda);
+    EXPECT_NE(mixed, std_default);
+}
+
 // --timestep-shift (NitroFusion) moves an SDXL job's steps; other families
 // ignore it (a warning), as sd-cli does.
 TEST(Request, TimestepShiftIsForSdxl) {

@@ -311,7 +311,8 @@ const std::vector<Flag>& flags() {
             {nullptr, "--scheduler", "NAME", "sigma schedule: discrete, karras, exponential, ays, sgm_uniform, simple",
              checked_setter(&Options::scheduler, KILN_VALUE_SCHEDULER)},
             {nullptr, "--rng", "NAME",
-             "noise generator: cuda (torch CUDA's Philox, default) or cpu (torch CPU's mt19937)",
+             "noise generator: cuda (torch CUDA's Philox, default), cpu (torch CPU's mt19937) or std_default "
+             "(sd-cli's C++ std::default_random_engine)",
              checked_setter(&Options::rng, KILN_VALUE_RNG)},
             {nullptr, "--sampler-rng", "NAME",
              "noise generator of the stochastic samplers' steps (euler_a, dpm++2s_a, lcm, ddim_trailing, tcd), "

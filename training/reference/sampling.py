@@ -24,6 +24,8 @@ Samplers run in float64 on float32 inputs. Every sampler takes
 (same shape as x), so a test can replay one fixed noise stream.
 """
 
+import ctypes
+import ctypes.util
 import math
 
 import numpy as np
@@ -97,6 +99,47 @@ class PhiloxGenerator:
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Discrete DDPM schedule and denoiser scalings
+
+
+class StdDefaultGenerator:
+    """sd-cli's --rng std_default (STDDefaultRNG), written from GCC libstdc++'s <random>: minstd_rand0
+    (x = 16807 x mod 2^31 - 1, seeded with the seed's low 32 bits), generate_canonical<float, 24> (one draw,
+    float(x - 1) / float(2^31 - 2) in float32, where the divisor rounds to 2^31) and normal_distribution<float>'s
+    polar method. sd-cli makes a new distribution per randn call, so its cached second value does not carry
+    over between calls. log is glibc's logf through ctypes, the libm sd-cli calls on Linux: a correctly rounded
+    log differs from it by one unit in the last place in about 0.2% of draws."""
+
+    MODULUS = 2147483647
+    _libm = ctypes.CDLL(ctypes.util.find_library("m"))
+    _libm.logf.restype = ctypes.c_float
+    _libm.logf.argtypes = [ctypes.c_float]
+
+    def __init__(self, seed):
+        self.state = (seed & 0xFFFFFFFF) % self.MODULUS or 1
+
+    def _canonical(self):
+        self.state = self.state * 16807 % self.MODULUS
+        u = np.float32(self.state - 1) / np.float32(2147483648.0)
+        return np.nextafter(np.float32(1), np.float32(0)) if u >= 1 else u
+
+    def randn(self, n):
+        out, saved = [], None
+        while len(out) < n:
+            if saved is not None:
+                out.append(saved)
+                saved = None
+                continue
+            while True:
+                # result_type(2.0) * u - 1.0: the product in float, the difference in double, kept as float.
+                x = np.float32(float(np.float32(2) * self._canonical()) - 1.0)
+                y = np.float32(float(np.float32(2) * self._canonical()) - 1.0)
+                r2 = np.float32(x * x) + np.float32(y * y)
+                if not (r2 > 1 or r2 == 0):
+                    break
+            mult = np.sqrt(np.float32(np.float32(-2) * np.float32(self._libm.logf(float(r2)))) / r2)
+            saved = np.float32(x * mult) + np.float32(0)
+            out.append(np.float32(y * mult) + np.float32(0))
+        return np.array(out, dtype=np.float32)
 
 
 def scaled_linear_alphas_cumprod(beta_start=0.00085, beta_end=0.012, timesteps=1000):
