@@ -10,6 +10,8 @@ namespace kiln::models {
 namespace {
 
 constexpr float kEps = 1e-6f;
+// The patches a banded convolution unfolds at once (nn::conv2d's limit).
+constexpr int64_t kMaxPatchBytes = 64ll << 20;
 
 struct ResnetBlock {
     nn::Norm norm1, norm2;
@@ -56,7 +58,7 @@ Mid declare_mid(runtime::ModuleWeights& w, const std::string& p, int64_t ch, boo
 ggml_tensor* apply_resnet(ggml_context* ctx, nn::ComputeTarget target, const ResnetBlock& r, ggml_tensor* x) {
     ggml_tensor* h = nn::conv2d_of_group_norm_silu(ctx, target, r.conv1, r.norm1, x, 32, kEps);
     ggml_tensor* residual = r.shortcut ? nn::conv2d(ctx, target, *r.shortcut, x) : x;
-    return nn::conv2d_of_group_norm_silu(ctx, target, r.conv2, r.norm2, h, 32, kEps, 64ll << 20, residual);
+    return nn::conv2d_of_group_norm_silu(ctx, target, r.conv2, r.norm2, h, 32, kEps, kMaxPatchBytes, residual);
 }
 
 ggml_tensor* apply_attn(ggml_context* ctx, nn::ComputeTarget target, const AttnBlock& a, ggml_tensor* x) {
@@ -207,11 +209,11 @@ ggml_tensor* Vae::build_decoder(ggml_context* ctx, ggml_tensor* latent, nn::Comp
             std::optional<nn::UpsampledBlockStart> start;
             if (pending_upsample) {
                 start = nn::upsampled_block_start_cpu(ctx, *pending_upsample, h, r.norm1, 32, kEps, r.conv1,
-                                                      *r.shortcut, 64ll << 20);
+                                                      *r.shortcut, kMaxPatchBytes);
                 if (!start) h = nn::conv2d_of_upsample_2x(ctx, target, *pending_upsample, h);
                 pending_upsample = nullptr;
             }
-            h = start ? nn::conv2d_of_group_norm_silu(ctx, target, r.conv2, r.norm2, start->h, 32, kEps, 64ll << 20,
+            h = start ? nn::conv2d_of_group_norm_silu(ctx, target, r.conv2, r.norm2, start->h, 32, kEps, kMaxPatchBytes,
                                                       start->residual)
                       : apply_resnet(ctx, target, r, h);
         }

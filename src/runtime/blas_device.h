@@ -4,13 +4,12 @@
 // ggml's BLAS backend takes every product whose dimensions are all at least
 // 32, and first widens a weight that is not F32 to F32: the whole weight, on
 // every product. For a language model's prompt of a few dozen tokens that
-// widening is most of the work. `kiln-gemm-bench --shapes llm` (one Qwen3-4B
-// layer over 16 to 2048 tokens; bench/README.md) measured on 2 cores, F16
-// weights: through BLAS 47-86 GFLOP/s at 32 tokens, 94-115 at 64, 119-151 at
-// 96, 140-186 at 128; on ggml-cpu's vec_dot kernels (activations converted
-// to F16) 126-163 GFLOP/s at every length. A q4_K Qwen3 encode crosses at
-// the same place: vec_dot 146 ms against BLAS 263 ms at 37 tokens, 440
-// against 382 ms at 119.
+// widening is most of the work. ggml-cpu's vec_dot kernels (the activations
+// rounded to the weight's vec_dot type) run at about one rate whatever the
+// length; widening plus sgemm catches them between 64 and 128 rows, for F16
+// (`kiln-gemm-bench --shapes llm`, a Qwen3-4B layer over 16 to 2048 tokens)
+// and for q4_K (a Qwen3 encode: vec_dot 146 ms against BLAS 263 ms at 37
+// tokens, 440 against 382 ms at 119). bench/README.md has the table.
 #pragma once
 
 #include <cstdint>
