@@ -36,7 +36,8 @@ std::optional<UpsampledBlockStart> upsampled_block_start_cpu(ggml_context* ctx, 
     // At most kMaxBands bands, so that the graph's nodes stay within a
     // constant factor of the unbanded one's at any size.
     constexpr int64_t kMaxBands = 256;
-    const int64_t band_rows = std::clamp<int64_t>(max_patch_bytes / row_bytes - 2, (H + kMaxBands - 1) / kMaxBands, H);
+    const int64_t band_rows =
+        std::clamp<int64_t>(max_patch_bytes / row_bytes - 2, (H + kMaxBands - 1) / kMaxBands, H);
 
     ggml_tensor* up_kernel = kernel_matrix_for_cpu(ctx, upsample.weight);
     // Rows [first, first + rows) of x, ordered after `after` when given.
@@ -58,17 +59,31 @@ std::optional<UpsampledBlockStart> upsampled_block_start_cpu(ggml_context* ctx, 
     // unfolded normalised for conv1 and as it is for the shortcut. The
     // slab's rows past the image are the convolution's zero padding, so a
     // slab's first and last rows are the band's neighbours or the padding.
-    // The graph makes each slab, its h band and its residual band before
-    // the next slab (the `after` sources): otherwise one output's bands
-    // would all be made first and every slab held for the other's.
+    // A slab's first two rows are the previous slab's last two, copied
+    // rather than made again. The graph makes each slab, its h band and its
+    // residual band before the next slab (the `after` sources): otherwise
+    // one output's bands would all be made first and every slab held for
+    // the other's.
     ggml_tensor* conv1_kernel = kernel_matrix_for_cpu(ctx, conv1.weight);
     ggml_tensor* shortcut_kernel = kernel_matrix_for_cpu(ctx, shortcut.weight);
     UpsampledBlockStart out;
+    ggml_tensor* slab = nullptr;
+    int64_t slab_first = 0;
     for (int64_t first = 0; first < H; first += band_rows) {
         const int64_t rows = std::min(band_rows, H - first);
-        const int64_t slab_first = std::max<int64_t>(0, first - 1);
-        const int64_t slab_end = std::min(H, first + rows + 1);
-        ggml_tensor* slab = x_rows(slab_first, slab_end - slab_first, out.residual);
+        const int64_t next_first = std::max<int64_t>(0, first - 1);
+        const int64_t next_end = std::min(H, first + rows + 1);
+        if (!slab) {
+            slab = x_rows(next_first, next_end - next_first, out.residual);
+        } else {
+            const int64_t made_end = slab_first + slab->ne[1];
+            ggml_tensor* kept = ggml_view_4d(ctx, slab, W, made_end - next_first, C, N, slab->nb[1], slab->nb[2],
+                                             slab->nb[3], static_cast<size_t>(next_first - slab_first) * slab->nb[1]);
+            slab = next_end > made_end
+                       ? ggml_concat(ctx, kept, x_rows(made_end, next_end - made_end, out.residual), 1)
+                       : ggml_cont(ctx, kept);
+        }
+        slab_first = next_first;
         ggml_tensor* normalised = im2col_group_norm_silu_f32_cpu(ctx, conv1.weight, slab, statistics, norm.weight,
                                                                  norm.bias, 1, 1, first - slab_first, rows);
         ggml_tensor* h = pixels_by_channels_to_image(ctx, ggml_reshape_2d(ctx, normalised, conv_k, W * rows * N),

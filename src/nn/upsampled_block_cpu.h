@@ -9,9 +9,9 @@
 // once for the group norm's statistics (nn/band_statistics_cpu.h), and once
 // more, each band with the row above and below it, for the convolution and
 // the shortcut. What is held is y (a quarter of x's pixels), the two outputs
-// and one band's work. The cost is the upsampler's convolution about 2.3
-// times instead of once: about a sixth more decode time at 1024x1024
-// (docs/performance.md), which is why it is kept for inputs that are large.
+// and one band's work. The cost is the upsampler's convolution twice
+// instead of once: about a tenth more decode time at 1024x1024
+// (docs/sdxl.md), which is why it is kept for inputs that are large.
 #pragma once
 
 #include <cstdint>
