@@ -76,6 +76,21 @@ void expect_big_draw(Rng& rng, const Records& records, const std::string& prefix
     EXPECT_EQ(fnv1a(values), static_cast<uint32_t>(hash[0])) << prefix << ": some value differs";
 }
 
+// One generator from `make()` drawing `calls` in order (records
+// <prefix>/call=K/n=N: its state carries over between calls), then a fresh
+// one's big draw (<prefix>/n=kBig).
+template <class Calls, class Make>
+void expect_stream(const Records& records, const std::string& prefix, const Calls& calls, Make make) {
+    auto rng = make();
+    int call = 0;
+    for (size_t n : calls) {
+        const std::string name = prefix + "/call=" + std::to_string(call++) + "/n=" + std::to_string(n);
+        expect_bits_equal(rng.randn(n), get(records, name), name);
+    }
+    auto fresh = make();
+    expect_big_draw(fresh, records, prefix + "/n=" + std::to_string(kBig));
+}
+
 TEST(Rng, ParsesKinds) {
     EXPECT_EQ(parse_rng_kind("cpu").value(), RngKind::Cpu);
     EXPECT_EQ(parse_rng_kind("CUDA").value(), RngKind::Cuda);
@@ -89,18 +104,11 @@ TEST(Rng, ParsesKinds) {
 
 TEST(Rng, StdDefaultMatchesLibstdcxxBitForBit) {
     const Records records = load_golden("rng_std_default.txt");
+    // The engine carries over between calls, the polar method's second
+    // value does not (sd-cli makes a distribution per call).
     for (uint64_t seed : kCpuSeeds) {
-        const std::string prefix = "std_default/seed=" + std::to_string(seed);
-        // One generator across calls: the engine carries over, the polar
-        // method's second value does not (sd-cli makes a distribution per call).
-        StdDefaultRng rng(seed);
-        int call = 0;
-        for (size_t n : kCpuCalls) {
-            const std::string name = prefix + "/call=" + std::to_string(call++) + "/n=" + std::to_string(n);
-            expect_bits_equal(rng.randn(n), get(records, name), name);
-        }
-        StdDefaultRng fresh(seed);
-        expect_big_draw(fresh, records, prefix + "/n=" + std::to_string(kBig));
+        expect_stream(records, "std_default/seed=" + std::to_string(seed), kCpuCalls,
+                      [seed] { return StdDefaultRng(seed); });
     }
     // sd-cli's own code (std::default_random_engine seeded with 42, a new
     // std::normal_distribution<float>(0, 1) per call) built with g++ 12.
@@ -112,17 +120,10 @@ TEST(Rng, StdDefaultMatchesLibstdcxxBitForBit) {
 TEST(Rng, TorchCpuMatchesTorchBitForBit) {
     const Records records = load_golden("rng_cpu.txt");
     for (TorchCpuRng::Math math : {TorchCpuRng::Math::Avx2, TorchCpuRng::Math::Portable}) {
+        // The mt19937 position and the cached Box-Muller value carry over between calls.
         for (uint64_t seed : kCpuSeeds) {
-            const std::string prefix = "cpu/" + variant_name(math) + "/seed=" + std::to_string(seed);
-            // One generator across calls: the mt19937 position and the cached Box-Muller value carry over.
-            TorchCpuRng rng(seed, math);
-            int call = 0;
-            for (size_t n : kCpuCalls) {
-                const std::string name = prefix + "/call=" + std::to_string(call++) + "/n=" + std::to_string(n);
-                expect_bits_equal(rng.randn(n), get(records, name), name);
-            }
-            TorchCpuRng fresh(seed, math);
-            expect_big_draw(fresh, records, prefix + "/n=" + std::to_string(kBig));
+            expect_stream(records, "cpu/" + variant_name(math) + "/seed=" + std::to_string(seed), kCpuCalls,
+                          [seed, math] { return TorchCpuRng(seed, math); });
         }
     }
 }
@@ -130,15 +131,7 @@ TEST(Rng, TorchCpuMatchesTorchBitForBit) {
 TEST(Rng, PhiloxMatchesWebuiBitForBit) {
     const Records records = load_golden("rng_cuda.txt");
     for (uint64_t seed : kPhiloxSeeds) {
-        const std::string prefix = "cuda/seed=" + std::to_string(seed);
-        PhiloxRng rng(seed);
-        int call = 0;
-        for (size_t n : kPhiloxCalls) {
-            const std::string name = prefix + "/call=" + std::to_string(call++) + "/n=" + std::to_string(n);
-            expect_bits_equal(rng.randn(n), get(records, name), name);
-        }
-        PhiloxRng fresh(seed);
-        expect_big_draw(fresh, records, prefix + "/n=" + std::to_string(kBig));
+        expect_stream(records, "cuda/seed=" + std::to_string(seed), kPhiloxCalls, [seed] { return PhiloxRng(seed); });
     }
 }
 
