@@ -1,8 +1,8 @@
 // Rotary position embedding from a table the caller computes on the host
-// (the DiTs' multi-axis positions: models/flux_dit, models/z_image_dit), for
+// (the DiTs' multi-axis positions: models/nets/flux_dit, models/nets/z_image_dit), for
 // heads whose features rotate in consecutive pairs (BFL's and Tongyi's
 // complex-number RoPE). ggml_rope_ext serves the one-axis NeoX layout
-// (models/llm_encoder) and needs no table.
+// (models/nets/llm_encoder) and needs no table.
 #pragma once
 
 #include "ggml.h"

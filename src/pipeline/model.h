@@ -14,16 +14,16 @@
 #include <vector>
 
 #include "io/model_file.h"
-#include "models/clip_text.h"
-#include "models/controlnet.h"
+#include "models/nets/clip_text.h"
+#include "models/nets/controlnet.h"
 #include "models/family.h"
-#include "models/flux_dit.h"
-#include "models/llm_encoder.h"
-#include "models/t5_encoder.h"
-#include "models/taesd.h"
-#include "models/unet.h"
-#include "models/vae.h"
-#include "models/z_image_dit.h"
+#include "models/nets/flux_dit.h"
+#include "models/nets/llm_encoder.h"
+#include "models/nets/t5_encoder.h"
+#include "models/nets/taesd.h"
+#include "models/nets/unet.h"
+#include "models/nets/vae.h"
+#include "models/nets/z_image_dit.h"
 #include "pipeline/clip_tokenizer.h"
 #include "pipeline/denoiser.h"
 #include "pipeline/embeddings.h"
@@ -49,8 +49,8 @@ struct ModelPaths {
     // --tokenizer: PATH (CLIP's), or per encoder "t5xxl=PATH,llm=PATH,clip_l=PATH".
     std::string tokenizer;
     std::string embeddings;   // --embd-dir: textual-inversion embeddings
-    std::string control_net;  // --control-net: a ControlNet for the UNet (models/controlnet.h)
-    // --taesd: a tiny autoencoder's decoder (models/taesd.h) for --preview
+    std::string control_net;  // --control-net: a ControlNet for the UNet (models/nets/controlnet.h)
+    // --taesd: a tiny autoencoder's decoder (models/nets/taesd.h) for --preview
     // tae and, unless ModelOptions::taesd_preview_only, the final decode.
     std::string taesd;
 };

@@ -7,7 +7,7 @@
 //   proj  the latent-to-RGB linear projection of the family's latent format
 //         (models/family.h LatentFormat::rgb_factors): one pixel per latent
 //         pixel, no network, free
-//   tae   a tiny autoencoder's decoder (--taesd; models/taesd.h): the image size
+//   tae   a tiny autoencoder's decoder (--taesd; models/nets/taesd.h): the image size
 //   vae   the model's own VAE: the image size, as slow as the final decode
 #pragma once
 

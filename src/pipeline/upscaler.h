@@ -1,4 +1,4 @@
-// An ESRGAN / Real-ESRGAN upscaler (models/rrdbnet.h) loaded from its file
+// An ESRGAN / Real-ESRGAN upscaler (models/nets/rrdbnet.h) loaded from its file
 // and run over an image in overlapping tiles, so memory is bounded by the
 // tile size, not the image's: sd-cli's --upscale-model with
 // --upscale-tile-size, kiln's -M upscale, and the hires fix's model upscaler.
@@ -21,7 +21,7 @@
 
 #include "image/image.h"
 #include "io/model_file.h"
-#include "models/rrdbnet.h"
+#include "models/nets/rrdbnet.h"
 #include "runtime/compute.h"
 #include "runtime/graph_session.h"
 #include "util/result.h"

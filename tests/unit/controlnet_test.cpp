@@ -1,13 +1,13 @@
-// kiln's ControlNet (models/controlnet) and the UNet's control residuals
+// kiln's ControlNet (models/nets/controlnet) and the UNet's control residuals
 // against the PyTorch reference (training/reference/controlnet.py) on the
 // tiny ControlNets training/make_controlnet_fixtures.py writes for
 // tests/golden/models/sd1_tiny.safetensors' and sdxl_tiny.safetensors' UNets.
-#include "models/controlnet.h"
+#include "models/nets/controlnet.h"
 
 #include <gtest/gtest.h>
 
 #include "golden.h"
-#include "models/unet.h"
+#include "models/nets/unet.h"
 #include "runtime/graph_session.h"
 
 namespace kiln {

@@ -5,7 +5,7 @@
 // schnell-like (no guidance_in, ComfyUI prefix); Chroma with and without its
 // T5 padding mask. Also the host tables (RoPE, Chroma's index embedding), the
 // config read from the weights, and the errors for inputs that do not fit.
-#include "models/flux_dit.h"
+#include "models/nets/flux_dit.h"
 
 #include <gtest/gtest.h>
 

@@ -5,7 +5,7 @@
 // output, in HF's names and llama.cpp's GGUF names (also re-quantised to
 // q8_0), the configuration read from both, declaring only the first layers,
 // the cut markers, and the errors of files that are no Qwen3.
-#include "models/llm_encoder.h"
+#include "models/nets/llm_encoder.h"
 
 #include <gtest/gtest.h>
 

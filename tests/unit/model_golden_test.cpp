@@ -4,9 +4,9 @@
 #include <gtest/gtest.h>
 
 #include "golden.h"
-#include "models/clip_text.h"
-#include "models/unet.h"
-#include "models/vae.h"
+#include "models/nets/clip_text.h"
+#include "models/nets/unet.h"
+#include "models/nets/vae.h"
 #include "runtime/graph_session.h"
 
 namespace kiln {

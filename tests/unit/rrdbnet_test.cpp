@@ -1,9 +1,9 @@
-// ESRGAN's RRDBNet (models/rrdbnet.h) and the tiled upscaler around it
+// ESRGAN's RRDBNet (models/nets/rrdbnet.h) and the tiled upscaler around it
 // (pipeline/upscaler.h), against the PyTorch reference of
 // training/reference/rrdbnet.py (fixtures by training/make_rrdbnet_fixtures.py):
 // x4 in ESRGAN's names, x2 with Real-ESRGAN's pixel unshuffle, and the x4
 // network again in BasicSR's names inside a .pth under "params_ema".
-#include "models/rrdbnet.h"
+#include "models/nets/rrdbnet.h"
 
 #include <gtest/gtest.h>
 

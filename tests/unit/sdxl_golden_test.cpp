@@ -9,8 +9,8 @@
 
 #include "golden.h"
 #include "io/dtype.h"
-#include "models/clip_text.h"
-#include "models/unet.h"
+#include "models/nets/clip_text.h"
+#include "models/nets/unet.h"
 #include "pipeline/size_conditioning.h"
 #include "runtime/graph_session.h"
 #include "test_files.h"

@@ -2,7 +2,7 @@
 // on the tiny random-weight model training/make_t5_fixtures.py writes: final
 // output and every block, the key mask, a prompt longer than max_distance,
 // the bucket table, both namings, and the errors of files that are no T5 v1.1.
-#include "models/t5_encoder.h"
+#include "models/nets/t5_encoder.h"
 
 #include <gtest/gtest.h>
 

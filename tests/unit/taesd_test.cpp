@@ -1,9 +1,9 @@
-// The tiny autoencoder's decoder (models/taesd) against the PyTorch
+// The tiny autoencoder's decoder (models/nets/taesd) against the PyTorch
 // reference written from madebyollin's taesd.py (training/reference/taesd.py,
 // fixtures by training/make_taesd_fixtures.py): a TAESD-shaped decoder in
 // madebyollin's names and a TAEF1-shaped one (16 latent channels) in
 // diffusers' AutoencoderTiny names, each configured from its weights.
-#include "models/taesd.h"
+#include "models/nets/taesd.h"
 
 #include <gtest/gtest.h>
 

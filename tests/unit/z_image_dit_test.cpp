@@ -7,7 +7,7 @@
 // (no mask); one item with nothing to pad. Also the host tables, the config
 // read from the weights, the plan's segments, and the errors for inputs that
 // do not fit.
-#include "models/z_image_dit.h"
+#include "models/nets/z_image_dit.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "models/t5_encoder.h"
+#include "models/nets/t5_encoder.h"
 
 #include <algorithm>
 #include <cmath>

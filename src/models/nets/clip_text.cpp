@@ -1,4 +1,4 @@
-#include "models/clip_text.h"
+#include "models/nets/clip_text.h"
 
 #include "nn/attention.h"
 #include "nn/layers.h"

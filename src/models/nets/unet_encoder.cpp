@@ -1,4 +1,4 @@
-#include "models/unet_encoder.h"
+#include "models/nets/unet_encoder.h"
 
 namespace kiln::models {
 

@@ -1,4 +1,4 @@
-#include "models/flux_dit.h"
+#include "models/nets/flux_dit.h"
 
 #include <algorithm>
 #include <array>

@@ -54,7 +54,7 @@ struct UnetInputs {
     ggml_tensor* timesteps = nullptr;  // F32 ne [B]
     ggml_tensor* context = nullptr;    // ne [context_dim, tokens, B]
     ggml_tensor* y = nullptr;          // ne [adm_in_channels, B] when the UNet has label_emb, else null
-    // A ControlNet's residuals (models/controlnet.h), as ldm's
+    // A ControlNet's residuals (models/nets/controlnet.h), as ldm's
     // ControlledUnetModel adds them: one per input block output (the shape
     // of input_blocks.K's output), then one for the middle block; each is
     // multiplied by control_strength and added to the skip connection the
@@ -93,7 +93,7 @@ class Unet {
                        bool flash_attention) const;
 
   private:
-    struct Blocks;  // the decoder half; the encoder half is models/unet_encoder.h's
+    struct Blocks;  // the decoder half; the encoder half is models/nets/unet_encoder.h's
     Unet();
     Status declare();
 

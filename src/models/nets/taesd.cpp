@@ -1,4 +1,4 @@
-#include "models/taesd.h"
+#include "models/nets/taesd.h"
 
 namespace kiln::models {
 namespace {

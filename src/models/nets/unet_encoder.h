@@ -1,7 +1,7 @@
 // The encoder half of ldm's UNetModel: the time (and label) embedding,
 // input_blocks and middle_block, and the blocks they are made of (resnets,
-// spatial transformers). The UNet (models/unet) adds its decoder half to it;
-// the ControlNet (models/controlnet) is this half plus its hint block and
+// spatial transformers). The UNet (models/nets/unet) adds its decoder half to it;
+// the ControlNet (models/nets/controlnet) is this half plus its hint block and
 // zero convolutions, so both read, declare and build it from here.
 #pragma once
 
@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "io/model_file.h"
-#include "models/unet.h"
+#include "models/nets/unet.h"
 #include "nn/attention.h"
 #include "nn/layers.h"
 #include "runtime/module_weights.h"
@@ -62,7 +62,7 @@ ggml_tensor* apply_unet_transformer(ggml_context* ctx, const UnetSpatialTransfor
 // model and input channels, time embedding width, channels and resnets per
 // level, transformer depths of input_blocks and the middle block, context
 // width, projections, label_emb's width and the heads (with the metadata
-// overrides of models/unet.h). `what` ("UNet", "ControlNet") names the
+// overrides of models/nets/unet.h). `what` ("UNet", "ControlNet") names the
 // network in errors.
 Status read_unet_encoder_config(const io::ModelFile& file, const std::string& prefix, const std::string& what,
                                 UnetConfig& c);

@@ -1,4 +1,4 @@
-#include "models/z_image_dit.h"
+#include "models/nets/z_image_dit.h"
 
 #include <algorithm>
 #include <array>

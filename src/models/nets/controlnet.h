@@ -1,18 +1,18 @@
 // ControlNet (Zhang et al. 2023; ldm's cldm.py ControlNet, sgm's for SDXL):
 // a copy of a UNet's encoder half (time and label embedding, input_blocks,
-// middle_block; models/unet_encoder.h) that also reads a control image
+// middle_block; models/nets/unet_encoder.h) that also reads a control image
 // through its input_hint_block (eight 3x3 convolutions with SiLU between,
 // three of them with stride 2: the image at 8x the latent's size becomes
 // input_blocks.0's width) and gives, through 1x1 zero convolutions
 // (zero_convs.K after input_blocks.K, middle_block_out after the middle
 // block), one residual per input block and one for the middle block. The
-// UNet adds them to its skip connections (models/unet.h UnetInputs::control).
+// UNet adds them to its skip connections (models/nets/unet.h UnetInputs::control).
 //
 // Configured from its weights like the UNet: tensors under "control_model."
 // (the original .pth / .safetensors releases, control_v11p_sd15_canny) or
 // with no prefix (diffusers-converted single files, ComfyUI). SDXL
 // ControlNets have label_emb and per-level transformer depths. The metadata
-// keys of models/unet.h fix the heads of small test models.
+// keys of models/nets/unet.h fix the heads of small test models.
 #pragma once
 
 #include <memory>
@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "io/model_file.h"
-#include "models/unet.h"
+#include "models/nets/unet.h"
 #include "runtime/module_weights.h"
 #include "util/result.h"
 

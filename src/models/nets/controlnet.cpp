@@ -1,6 +1,6 @@
-#include "models/controlnet.h"
+#include "models/nets/controlnet.h"
 
-#include "models/unet_encoder.h"
+#include "models/nets/unet_encoder.h"
 #include "nn/layers.h"
 
 namespace kiln::models {

@@ -1,4 +1,4 @@
-#include "models/llm_encoder.h"
+#include "models/nets/llm_encoder.h"
 
 #include <cmath>
 #include <limits>

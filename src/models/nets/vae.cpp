@@ -1,4 +1,4 @@
-#include "models/vae.h"
+#include "models/nets/vae.h"
 
 #include <cmath>
 

@@ -1,4 +1,4 @@
-#include "models/rrdbnet.h"
+#include "models/nets/rrdbnet.h"
 
 #include <array>
 
