@@ -17,6 +17,7 @@
 #include "gemm_timer.h"
 #include "matmul_shapes.h"
 #include "model_path.h"
+#include "pipeline/auto_fit.h"
 #include "pipeline/model.h"
 #include "report_text.h"
 #include "unet_step_graph.h"
@@ -56,7 +57,8 @@ std::vector<BenchFlag> gemm_flags(GemmOptions& o) {
          [&o](const std::string& v) { return parse_int(v, 1, 4096, &o.threads); }},
         {nullptr, "--reps", "N", "timed repetitions per product after one warm-up; the best counts (default 3)",
          [&o](const std::string& v) { return parse_int(v, 1, 1000, &o.repetitions); }},
-        {nullptr, "--shapes", "LIST", "which products: reference, sd15, llm, model, comma-separated (default: reference, sd15, model)",
+        {nullptr, "--shapes", "LIST",
+         "which products: reference, sd15, llm, model, comma-separated (default: reference, sd15, model)",
          [&o](const std::string& v) -> std::optional<std::string> {
              o.reference = o.sd15 = o.llm = o.model_set = false;
              std::istringstream items(v);
@@ -107,7 +109,7 @@ Result<ShapeSet> model_shapes(const GemmOptions& o) {
     paths.tokenizer = o.tokenizer;
     pipeline::ModelOptions options;
     options.plan_only = true;
-    auto model = pipeline::Model::load(paths, options);
+    auto model = pipeline::load_model(paths, options);
     if (!model) return model.error();
     const pipeline::ModelDefaults& d = (*model)->defaults();
     const int width = o.width > 0 ? o.width : d.width;

@@ -14,13 +14,15 @@
 #include "bench_flags.h"
 #include "gemm_timer.h"
 #include "generation_report.h"
+#include "io/tensor_convert.h"
 #include "matmul_paths.h"
 #include "model_path.h"
+#include "pipeline/auto_fit.h"
 #include "pipeline/conditioner.h"
-#include "io/tensor_convert.h"
 #include "pipeline/generate.h"
 #include "pipeline/loras.h"
 #include "pipeline/model.h"
+#include "pipeline/module_roles.h"
 #include "pipeline/placement.h"
 #include "process_stats.h"
 #include "report_text.h"
@@ -154,7 +156,7 @@ int usage_error(const std::string& message) {
 Result<pipeline::PlacementRequest> placement_request(const BenchOptions& o) {
     pipeline::PlacementRequest request;
     if (!o.backend.empty()) {
-        auto assignments = runtime::parse_backend_assignments(o.backend);
+        auto assignments = pipeline::parse_backend_assignments(o.backend);
         if (!assignments) return assignments.error();
         request.backend = std::move(assignments).value();
     }
@@ -216,7 +218,7 @@ int run(const std::vector<std::string>& args) {
         model_options.lora_apply_mode = *mode;
     }
     const Clock::time_point load_start = Clock::now();
-    auto loaded = pipeline::Model::load(paths, model_options);
+    auto loaded = pipeline::load_model(paths, model_options);
     if (!loaded) {
         KILN_LOG_ERROR("%s", loaded.error().message.c_str());
         return kExitFailure;
@@ -311,7 +313,7 @@ int run(const std::vector<std::string>& args) {
     // apart (evaluations_per_run counts both passes then). An LLM's context
     // is as long as its prompt, so apart, the unconditional pass has the
     // negative prompt's length: its graph is averaged in when it differs.
-    b.diffusion_label = model.has_unet() ? "UNet" : "DiT";
+    b.diffusion_label = model.diffusion().capabilities().label;
     const UnetStepGraph unet =
         build_unet_step_graph(model, b.width, b.height, b.cfg_batched, o.flash_attention, &request.prompt);
     std::vector<ggml_cgraph*> step_graphs;

@@ -23,12 +23,12 @@ std::vector<TextEncoderJobGraph> build_text_encoder_graphs(const pipeline::Model
             const models::TextEncoderUse& use = *encoder.use;
             TextEncoderJobGraph g;
             g.encoder = &encoder;
-            if (encoder.llm) {
+            if (use.layout == models::PromptLayout::ChatTemplate) {
                 const pipeline::LlmPrompt input = pipeline::llm_prompt(model.llm_tokenizer(), use, prompt);
                 const auto length = static_cast<int64_t>(input.ids.size());
                 g.graph = pipeline::build_text_encoder_graph(encoder, input.ids.data(), length, 1, use.default_layer);
                 g.label = use.module + ", " + std::to_string(length) + " tokens";
-            } else if (encoder.t5) {
+            } else if (use.layout == models::PromptLayout::FixedLength) {
                 const pipeline::PaddedTokens tokens =
                     model.t5_tokenizer().encode_padded(prompt, use.max_length, /*pad=*/true);
                 const auto length = static_cast<int64_t>(tokens.ids.size());

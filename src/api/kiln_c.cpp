@@ -16,9 +16,11 @@
 #include "io/tensor_convert.h"
 #include "kiln.h"
 #include "models/registry.h"
+#include "pipeline/auto_fit.h"
 #include "pipeline/generate.h"
 #include "pipeline/job_forecast.h"
 #include "pipeline/loras.h"
+#include "pipeline/module_roles.h"
 #include "pipeline/request.h"
 #include "pipeline/upscaler.h"
 #include "runtime/blas_core.h"
@@ -160,7 +162,7 @@ kiln::Result<kiln::pipeline::ModelOptions> model_options(const kiln_context_para
         if (kiln::Status s = kiln::runtime::add_rpc_servers(params->rpc_servers); !s.ok()) return s.error();
     }
     if (params->backend && *params->backend) {
-        auto placement = kiln::runtime::parse_backend_assignments(params->backend);
+        auto placement = kiln::pipeline::parse_backend_assignments(params->backend);
         if (!placement.ok()) return placement.error().as(ErrorKind::InvalidRequest);
         // One device for everything parses as every module on it.
         options.placement.backend = std::move(placement).value();
@@ -376,7 +378,7 @@ kiln_status kiln_context_create(const kiln_context_params* params, kiln_context*
         auto options = model_options(params);
         if (!options.ok()) return fail(error, options.error());
         kiln::log_capture_ggml();
-        auto model = kiln::pipeline::Model::load(paths, *options);
+        auto model = kiln::pipeline::load_model(paths, *options);
         if (!model.ok()) return fail(error, model.error());
         auto* created = new kiln_context();
         created->model = std::move(model).value();
@@ -619,7 +621,8 @@ kiln_status kiln_image_encode(const kiln_image* image, const char* format, uint8
     } else if (name == "webp") {
         fmt = kiln::image::ImageFormat::WebP;
     } else {
-        return fail(error, kiln::Error::invalid_request("unknown image format '" + name + "' (valid: png, jpeg, webp)"));
+        return fail(error,
+                    kiln::Error::invalid_request("unknown image format '" + name + "' (valid: png, jpeg, webp)"));
     }
     auto img = import_image(image);
     if (!img.ok()) return fail(error, img.error());
@@ -837,8 +840,8 @@ kiln_status kiln_list_devices(const char* rpc_servers, char** text, char** error
     return *text ? KILN_OK : out_of_memory(error, "listing devices");
 }
 
-kiln_status kiln_rpc_server_run(const char* host, int port, const char* device, int n_threads,
-                                const char* max_alloc, char** error) {
+kiln_status kiln_rpc_server_run(const char* host, int port, const char* device, int n_threads, const char* max_alloc,
+                                char** error) {
     kiln::runtime::RpcServeOptions options;
     options.host = str(host);
     options.port = port;

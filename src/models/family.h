@@ -58,6 +58,14 @@ struct ModuleSpec {
     std::optional<io::ModelComponent> diffusers_component;
 };
 
+// How a prompt becomes an encoder's tokens; each layout has its tokenizer
+// (src/text/): CLIP's BPE, T5's SentencePiece, the LLM's byte-level BPE.
+enum class PromptLayout {
+    ClipChunks,    // 77-token chunks with A1111 weights (CLIP)
+    FixedLength,   // one sequence of max_length tokens, padded (T5)
+    ChatTemplate,  // the whole prompt in the family's chat template (an LLM)
+};
+
 // How a text encoder's output feeds the diffusion network.
 struct TextEncoderUse {
     std::string module;     // a ModuleSpec name
@@ -73,6 +81,7 @@ struct TextEncoderUse {
     // Its hidden states are part of the context (false: only its pooled
     // output is used, as Flux uses CLIP-L).
     bool context = true;
+    PromptLayout layout = PromptLayout::ClipChunks;
     // T5: every prompt is one sequence of exactly this many tokens, EOS
     // included, padded with the pad id (BFL's max_length: Flux-dev 512,
     // schnell 256). 0: CLIP's 77-token chunks.
@@ -96,8 +105,11 @@ struct TextEncoderUse {
 
 struct Conditioning {
     // Hidden states of every encoder are concatenated along the width, in
-    // this order (SDXL: CLIP-L 768 then CLIP-G 1280).
+    // this order (SDXL: CLIP-L 768 then CLIP-G 1280), or with
+    // join_tokens one after the other along the token axis (SD3's CLIP-L+G,
+    // then T5), each padded with zeros to the widest.
     std::vector<TextEncoderUse> encoders;
+    bool join_tokens = false;
     // SDXL's micro-conditioning: the UNet's `y` is the pooled vector then
     // sinusoidal embeddings of original size, crop and target size.
     bool size_embedding = false;

@@ -9,7 +9,7 @@
 
 namespace kiln::nn {
 
-Linear declare_linear(runtime::ModuleWeights& w, const std::string& name, int64_t in, int64_t out, bool bias) {
+Linear declare_linear(io::WeightDeclarer& w, const std::string& name, int64_t in, int64_t out, bool bias) {
     Linear l;
     l.weight = w.require(name + ".weight", {out, in});
     if (bias) l.bias = w.require(name + ".bias", {out});
@@ -22,8 +22,8 @@ ggml_tensor* linear(ggml_context* ctx, const Linear& layer, ggml_tensor* x) {
     return y;
 }
 
-Conv2d declare_conv2d(runtime::ModuleWeights& w, const std::string& name, int64_t in, int64_t out, int kernel,
-                      int stride, int padding, bool bias) {
+Conv2d declare_conv2d(io::WeightDeclarer& w, const std::string& name, int64_t in, int64_t out, int kernel, int stride,
+                      int padding, bool bias) {
     Conv2d c;
     c.weight = w.require(name + ".weight", {out, in, kernel, kernel});
     if (bias) c.bias = w.require(name + ".bias", {out});
@@ -102,8 +102,8 @@ ggml_tensor* conv_in_row_bands(ggml_context* ctx, const Conv2d& layer, ggml_tens
             GGML_ASSERT(first == 0 && input.kind == BandInput::Kind::Plain);
             patches = ggml_im2col(ctx, w, x, layer.stride, layer.stride, layer.padding, layer.padding, 1, 1,
                                   /*is_2D=*/true, GGML_TYPE_F32);
-            ggml_tensor* y = pixels_by_channels_to_image(ctx, ggml_reshape_2d(ctx, patches, K, OW * OH * N), kernel,
-                                                         OW, OH, N, layer.bias);
+            ggml_tensor* y = pixels_by_channels_to_image(ctx, ggml_reshape_2d(ctx, patches, K, OW * OH * N), kernel, OW,
+                                                         OH, N, layer.bias);
             return added_to ? ggml_add(ctx, added_to, y) : y;
         }
         ggml_tensor* band = pixels_by_channels_to_image(ctx, ggml_reshape_2d(ctx, patches, K, OW * rows * N), kernel,
@@ -142,8 +142,7 @@ ggml_tensor* conv2d_of_group_norm_silu(ggml_context* ctx, ComputeTarget target, 
                                        ggml_tensor* x, int groups, float eps, int64_t max_patch_bytes,
                                        ggml_tensor* added_to) {
     const bool fold = worth_folding(target, layer, f32_bytes(x), max_patch_bytes) && x->type == GGML_TYPE_F32 &&
-                      ggml_is_contiguous(x) && norm.weight->type == GGML_TYPE_F32 &&
-                      norm.bias->type == GGML_TYPE_F32;
+                      ggml_is_contiguous(x) && norm.weight->type == GGML_TYPE_F32 && norm.bias->type == GGML_TYPE_F32;
     if (!fold) {
         ggml_tensor* y = conv2d(ctx, target, layer, ggml_silu_inplace(ctx, group_norm(ctx, norm, x, groups, eps)));
         return added_to ? ggml_add(ctx, added_to, y) : y;
@@ -159,8 +158,8 @@ ggml_tensor* conv2d_of_group_norm_silu(ggml_context* ctx, ComputeTarget target, 
         while (t->view_src) t = t->view_src;
         return t;
     };
-    const bool accumulate = added_to && added_to->type == GGML_TYPE_F32 && ggml_is_contiguous(added_to) &&
-                            root(added_to) != root(x);
+    const bool accumulate =
+        added_to && added_to->type == GGML_TYPE_F32 && ggml_is_contiguous(added_to) && root(added_to) != root(x);
     ggml_tensor* y = conv_in_row_bands(ctx, layer, x, max_patch_bytes, input, accumulate ? added_to : nullptr);
     return added_to && !accumulate ? ggml_add(ctx, added_to, y) : y;
 }
@@ -233,7 +232,7 @@ Linear conv1x1_as_linear(ggml_context* ctx, const Conv2d& layer) {
     return Linear{ggml_reshape_2d(ctx, layer.weight, layer.weight->ne[2], layer.weight->ne[3]), layer.bias};
 }
 
-Norm declare_norm(runtime::ModuleWeights& w, const std::string& name, int64_t channels) {
+Norm declare_norm(io::WeightDeclarer& w, const std::string& name, int64_t channels) {
     return Norm{w.require(name + ".weight", {channels}), w.require(name + ".bias", {channels})};
 }
 
@@ -271,6 +270,30 @@ ggml_tensor* upsample_nearest_2x(ggml_context* ctx, ggml_tensor* x) {
 ggml_tensor* mark_cut(ggml_tensor* x, const std::string& name) {
     ggml_format_name(x, "cut:%s", name.c_str());
     return x;
+}
+
+Linear linear_rows(ggml_context* ctx, const Linear& layer, int64_t first, int64_t count) {
+    const ggml_tensor* w = layer.weight;
+    Linear part;
+    part.weight = ggml_view_2d(ctx, layer.weight, w->ne[0], count, w->nb[1], first * w->nb[1]);
+    if (layer.bias) part.bias = ggml_view_1d(ctx, layer.bias, count, first * layer.bias->nb[0]);
+    return part;
+}
+
+ggml_tensor* rms_norm(ggml_context* ctx, ggml_tensor* x, ggml_tensor* weight, float eps) {
+    return ggml_mul(ctx, ggml_rms_norm(ctx, x, eps), weight);
+}
+
+ggml_tensor* head_rms_norm(ggml_context* ctx, ggml_tensor* x, ggml_tensor* weight, int64_t heads, float eps) {
+    x = ggml_reshape_4d(ctx, x, x->ne[0] / heads, heads, x->ne[1], x->ne[2]);
+    return rms_norm(ctx, x, weight, eps);
+}
+
+ggml_tensor* token_range(ggml_context* ctx, ggml_tensor* x, int64_t first, int64_t count) {
+    ggml_tensor* v = ggml_view_3d(ctx, x, x->ne[0], count, x->ne[2], x->nb[1], x->nb[2], first * x->nb[1]);
+    ggml_set_name(v, "tokens");
+    if (ggml_is_contiguous(v)) return v;
+    return ggml_set_name(ggml_cont(ctx, v), "tokens");
 }
 
 }  // namespace kiln::nn

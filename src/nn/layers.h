@@ -1,6 +1,6 @@
 // ggml building blocks shared by every model: linear, 2-D convolution, layer
 // and group norm, activations. Each block is a small struct of weight
-// tensors, declared once from a ModuleWeights (which checks the shapes) and
+// tensors, declared once through io::WeightDeclarer (which checks the shapes) and
 // applied in graph builders.
 //
 // Layout: activations are ggml tensors with ne = [features, tokens, batch] for
@@ -10,7 +10,7 @@
 #include <string>
 
 #include "ggml.h"
-#include "runtime/module_weights.h"
+#include "io/weight_declarer.h"
 
 namespace kiln::nn {
 
@@ -18,9 +18,13 @@ struct Linear {
     ggml_tensor* weight = nullptr;  // ne [in, out]
     ggml_tensor* bias = nullptr;    // ne [out] or null
 };
-Linear declare_linear(runtime::ModuleWeights& w, const std::string& name, int64_t in, int64_t out, bool bias = true);
+Linear declare_linear(io::WeightDeclarer& w, const std::string& name, int64_t in, int64_t out, bool bias = true);
 // x: ne [in, ...] -> ne [out, ...]
 ggml_tensor* linear(ggml_context* ctx, const Linear& layer, ggml_tensor* x);
+// Rows [first, first + count) of a linear layer's output: views of its
+// weight rows and bias, so each part of a fused projection (qkv) is a
+// contiguous product of its own.
+Linear linear_rows(ggml_context* ctx, const Linear& layer, int64_t first, int64_t count);
 
 struct Conv2d {
     ggml_tensor* weight = nullptr;  // ne [kw, kh, in, out]
@@ -29,7 +33,7 @@ struct Conv2d {
     int padding = 0;
 };
 // `bias` false: a convolution without one (PyTorch's bias=False), no .bias tensor.
-Conv2d declare_conv2d(runtime::ModuleWeights& w, const std::string& name, int64_t in, int64_t out, int kernel,
+Conv2d declare_conv2d(io::WeightDeclarer& w, const std::string& name, int64_t in, int64_t out, int kernel,
                       int stride = 1, int padding = 0, bool bias = true);
 // Where a graph will compute, for layers whose best form differs: on the
 // CPU convolutions unfold into F32 patches that reach BLAS; on a device they
@@ -54,9 +58,14 @@ struct Norm {
     ggml_tensor* weight = nullptr;
     ggml_tensor* bias = nullptr;
 };
-Norm declare_norm(runtime::ModuleWeights& w, const std::string& name, int64_t channels);
+Norm declare_norm(io::WeightDeclarer& w, const std::string& name, int64_t channels);
 // Normalises over ne0 (features).
 ggml_tensor* layer_norm(ggml_context* ctx, const Norm& norm, ggml_tensor* x, float eps = 1e-5f);
+// RMSNorm over ne0 times `weight`.
+ggml_tensor* rms_norm(ggml_context* ctx, ggml_tensor* x, ggml_tensor* weight, float eps);
+// x ne [heads * head_dim, L, B] -> RMSNorm over each head times `weight`
+// (a DiT's QK norm): ne [head_dim, heads, L, B].
+ggml_tensor* head_rms_norm(ggml_context* ctx, ggml_tensor* x, ggml_tensor* weight, int64_t heads, float eps);
 // x: ne [W, H, C, N]; normalises each of `groups` channel groups.
 ggml_tensor* group_norm(ggml_context* ctx, const Norm& norm, ggml_tensor* x, int groups = 32, float eps = 1e-5f);
 // conv2d of silu(group_norm(x)): a residual block's "norm, SiLU,
@@ -96,5 +105,9 @@ ggml_tensor* conv2d_of_upsample_2x(ggml_context* ctx, ComputeTarget target, cons
 // Names `x` "cut:<name>": a block boundary where the runtime may cut the
 // graph into segments (DESIGN.md, the memory system).
 ggml_tensor* mark_cut(ggml_tensor* x, const std::string& name);
+// Tokens [first, first + count) of x ne [width, L, B], contiguous. Named
+// "tokens": ggml names a view after its source ("cut:layers.0 (view)"),
+// which would read as another cut marker.
+ggml_tensor* token_range(ggml_context* ctx, ggml_tensor* x, int64_t first, int64_t count);
 
 }  // namespace kiln::nn

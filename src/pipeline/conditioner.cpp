@@ -26,18 +26,17 @@ Result<EncodedChunks> encode_chunks(Model& model, const TextEncoder& encoder, co
     const models::TextEncoderUse& use = *encoder.use;
     TokenChunks chunks = tokenize_with_weights(model.tokenizer(), prompt, chunk_options(use));
     const size_t length = chunks.tokens.front().size();
-    const models::ClipTextEncoder& clip = *encoder.network;
-    const int64_t width = clip.config().width;
+    const int64_t width = encoder.width();
     // Only the first chunk's pooled vector is used: a CLIP used for nothing
     // else (Flux's CLIP-L) encodes that chunk alone.
     if (!use.context) {
         chunks.tokens.resize(1);
         chunks.weights.resize(1);
     }
-    if (static_cast<int64_t>(length) > clip.config().context) {
+    const int64_t context = encoder.network->max_length();
+    if (static_cast<int64_t>(length) > context) {
         return Error::invalid_request("prompt chunks of " + std::to_string(length) +
-                                      " tokens exceed the text encoder's context of " +
-                                      std::to_string(clip.config().context));
+                                      " tokens exceed the text encoder's context of " + std::to_string(context));
     }
     const int skip = clip_skip > 0 ? clip_skip : use.default_layer;
 
@@ -77,7 +76,8 @@ Result<EncodedChunks> encode_t5(const TextEncoder& encoder, const T5Tokenizer& t
     const auto length = static_cast<int64_t>(tokens.ids.size());
     const std::vector<float> real(tokens.mask.begin(), tokens.mask.end());  // text and EOS
     const bool t5_mask = use.mask_padding && masks.t5_mask;
-    TextEncoderGraph g = build_text_encoder_graph(encoder, tokens.ids.data(), length, 1, 0, t5_mask ? real.data() : nullptr);
+    TextEncoderGraph g =
+        build_text_encoder_graph(encoder, tokens.ids.data(), length, 1, 0, t5_mask ? real.data() : nullptr);
     KILN_TRY(g.session->run(*encoder.executor, g.out));
     EncodedChunks out;
     out.hidden = runtime::GraphSession::read(g.out);
@@ -122,7 +122,7 @@ Result<EncodedChunks> encode_llm(const TextEncoder& encoder, const LlmTokenizer&
 
 int64_t context_length(const Model& model, const std::string* prompt) {
     for (const TextEncoder& te : model.text_encoders()) {
-        if (!te.llm) continue;
+        if (te.use->layout != models::PromptLayout::ChatTemplate) continue;
         if (!prompt) return te.use->plan_tokens;
         return static_cast<int64_t>(llm_prompt(model.llm_tokenizer(), *te.use, *prompt).ids.size());
     }
@@ -148,34 +148,55 @@ LlmPrompt llm_prompt(const LlmTokenizer& tokenizer, const models::TextEncoderUse
 Result<Conditioning> encode_prompt(Model& model, const std::string& prompt, int clip_skip,
                                    const T5MaskOptions& t5_masks) {
     Conditioning c;
-    std::vector<std::vector<float>> parts;
-    std::vector<int64_t> widths;
+    std::vector<EncoderStates> states;
     for (const TextEncoder& encoder : model.text_encoders()) {
-        auto encoded = encoder.t5    ? encode_t5(encoder, model.t5_tokenizer(), prompt, t5_masks, &c.token_valid)
-                       : encoder.llm ? encode_llm(encoder, model.llm_tokenizer(), prompt)
-                                     : encode_chunks(model, encoder, prompt, clip_skip);
+        Result<EncodedChunks> encoded = Error{"unreachable"};
+        switch (encoder.use->layout) {
+            case models::PromptLayout::ClipChunks: encoded = encode_chunks(model, encoder, prompt, clip_skip); break;
+            case models::PromptLayout::FixedLength:
+                encoded = encode_t5(encoder, model.t5_tokenizer(), prompt, t5_masks, &c.token_valid);
+                break;
+            case models::PromptLayout::ChatTemplate:
+                encoded = encode_llm(encoder, model.llm_tokenizer(), prompt);
+                break;
+        }
         if (!encoded.ok()) return encoded.error();
         if (!encoded->pooled.empty()) c.pooled = std::move(encoded->pooled);
         if (!encoder.use->context) continue;  // Flux's CLIP-L: the pooled vector only
-        c.tokens = encoded->length * encoded->chunks;
-        widths.push_back(encoder.width());
-        c.width += widths.back();
-        parts.push_back(std::move(encoded->hidden));
+        states.push_back({std::move(encoded->hidden), encoder.width(), encoded->length * encoded->chunks});
     }
-    if (parts.size() == 1) {
-        c.hidden = std::move(parts.front());
-        return c;
-    }
-    // Side by side: each token's row is every encoder's row in turn.
-    c.hidden.resize(static_cast<size_t>(c.tokens * c.width));
-    int64_t offset = 0;
-    for (size_t e = 0; e < parts.size(); ++e) {
-        for (int64_t t = 0; t < c.tokens; ++t) {
-            std::copy_n(parts[e].begin() + t * widths[e], widths[e], c.hidden.begin() + t * c.width + offset);
-        }
-        offset += widths[e];
-    }
+    join_encoder_states(states, model.family().conditioning.join_tokens, c);
     return c;
+}
+
+void join_encoder_states(std::vector<EncoderStates>& states, bool join_tokens, Conditioning& c) {
+    if (states.size() == 1) {
+        c.hidden = std::move(states.front().hidden);
+        c.width = states.front().width;
+        c.tokens = states.front().tokens;
+        return;
+    }
+    c.width = 0;
+    c.tokens = 0;
+    for (const EncoderStates& e : states) {
+        c.width = join_tokens ? std::max(c.width, e.width) : c.width + e.width;
+        c.tokens = join_tokens ? c.tokens + e.tokens : e.tokens;
+    }
+    c.hidden.assign(static_cast<size_t>(c.tokens * c.width), 0.0f);
+    int64_t row = 0, offset = 0;
+    for (const EncoderStates& e : states) {
+        // Along the tokens: each encoder's rows after the one before, zeros
+        // beyond its width. Side by side: each token's row is every
+        // encoder's row in turn.
+        for (int64_t t = 0; t < e.tokens; ++t) {
+            std::copy_n(e.hidden.begin() + t * e.width, e.width, c.hidden.begin() + (row + t) * c.width + offset);
+        }
+        if (join_tokens) {
+            row += e.tokens;
+        } else {
+            offset += e.width;
+        }
+    }
 }
 
 }  // namespace kiln::pipeline

@@ -21,7 +21,8 @@ constexpr int64_t kMaxLlmTokens = 4096;
 
 struct Conditioning {
     // tokens rows of `width` floats: every text encoder of the family's
-    // conditioning side by side (SDXL: 768 CLIP-L then 1280 CLIP-G).
+    // conditioning side by side (SDXL: 768 CLIP-L then 1280 CLIP-G), or one
+    // after the other (models::Conditioning::join_tokens).
     std::vector<float> hidden;
     int64_t tokens = 0;
     int64_t width = 0;
@@ -61,6 +62,18 @@ struct T5MaskOptions {
     bool t5_mask = false;
     int pad_tokens = -1;
 };
+
+// One encoder's hidden states: `tokens` rows of `width` floats.
+struct EncoderStates {
+    std::vector<float> hidden;
+    int64_t width = 0;
+    int64_t tokens = 0;
+};
+// The context of several encoders in `c` (hidden, width, tokens): side by
+// side along the width (every encoder the same token count), or with
+// `join_tokens` one after the other along the tokens, each row padded with
+// zeros to the widest (SD3's CLIP-L+G then T5). Takes the states' data.
+void join_encoder_states(std::vector<EncoderStates>& states, bool join_tokens, Conditioning& c);
 
 // Encodes `prompt` with every text encoder of the model's family, each at
 // layer `clip_skip` from the end (<= 0: the family's default), in as many

@@ -39,12 +39,8 @@ struct DiffusionGraphs {
 };
 
 // The diffusion network's input and output channels.
-int64_t in_channels(const Model& model) {
-    return model.has_unet() ? model.unet().config().in_channels : model.latent_channels();
-}
-int64_t out_channels(const Model& model) {
-    return model.has_unet() ? model.unet().config().out_channels : model.latent_channels();
-}
+int64_t in_channels(const Model& model) { return model.diffusion().capabilities().in_channels; }
+int64_t out_channels(const Model& model) { return model.diffusion().capabilities().out_channels; }
 
 // The network's timestep and scalings at `sigma` (SamplingRun::shifted_timestep).
 NetworkStep step_at(const Model& model, const SamplingRun& p, float sigma) {
@@ -63,7 +59,7 @@ Result<std::vector<float>> run_control_net(Model& model, const std::vector<float
         return g.shape.batch == batch && g.shape.tokens == tokens;
     });
     if (found == graphs.control.end()) {
-        DiffusionShape shape{p.latent_w, p.latent_h, batch, tokens, p.flash_attention};
+        models::DiffusionShape shape{p.latent_w, p.latent_h, batch, tokens, p.flash_attention};
         auto built = build_control_graph(model, shape);
         if (!built.ok()) return built.error();
         graphs.control.push_back(std::move(built).value());
@@ -119,11 +115,11 @@ Result<std::vector<float>> run_diffusion_batch(Model& model, const std::vector<f
         return g.shape.batch == batch && g.shape.tokens == tokens && g.shape.skip_blocks == skip_blocks;
     });
     if (found == unet.graphs.end()) {
-        DiffusionShape shape{p.latent_w, p.latent_h, batch, tokens, p.flash_attention, p.ref_sizes, !valid.empty()};
+        models::DiffusionShape shape{p.latent_w,        p.latent_h,  batch,         tokens,
+                                     p.flash_attention, p.ref_sizes, !valid.empty()};
         shape.increase_ref_index = p.increase_ref_index;
         shape.skip_blocks = skip_blocks;
-        shape.control = !p.control_hint.empty();
-        shape.control_strength = p.control_strength;
+        if (!p.control_hint.empty()) add_control_residuals(model, shape, p.control_strength);
         auto built = build_diffusion_graph(model, shape);
         if (!built.ok()) return built.error();
         unet.graphs.push_back(std::move(built).value());
@@ -148,10 +144,7 @@ Result<std::vector<float>> run_diffusion_batch(Model& model, const std::vector<f
         g.session->set_input(g.refs[i], refs.data());
     }
     if (g.mask) {
-        const int64_t patch = model.flux().config().patch;  // only Chroma's DiT takes a mask
-        int64_t image_tokens = (p.latent_w / patch) * (p.latent_h / patch);
-        for (const LatentSize& r : p.ref_sizes) image_tokens += (r.w / patch) * (r.h / patch);
-        const std::vector<float> mask = models::flux_attention_mask(valid, image_tokens, batch);
+        const std::vector<float> mask = model.diffusion().text_mask_values(valid, g.shape);
         g.session->set_input(g.mask, mask.data());
     }
     if (!g.control.empty()) {
@@ -457,10 +450,11 @@ void condition_on_size(const Model& model, Conditioning& cond, std::optional<Con
         size.original_height = size.target_height = height;
         size.original_width = size.target_width = width;
         const int dim =
-            static_cast<int>(model.unet().config().adm_in_channels - static_cast<int64_t>(cond.pooled.size())) / 6;
+            static_cast<int>(model.diffusion().capabilities().vector_width - static_cast<int64_t>(cond.pooled.size())) /
+            6;
         cond.y = sdxl_conditioning_vector(cond.pooled, size, dim);
         if (uncond) uncond->y = sdxl_conditioning_vector(uncond->pooled, size, dim);
-    } else if (model.has_flux()) {
+    } else if (model.diffusion().capabilities().vector_width > 0) {
         cond.y = cond.pooled;
         if (uncond) uncond->y = uncond->pooled;
     }
@@ -652,7 +646,7 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
     if (!images_held.ok()) return images_held.error();
     model.clear_cancel();
     const ValidatedRequest& p = *planned;
-    if (request.guidance && (!model.has_flux() || !model.flux().config().guidance_embed)) {
+    if (request.guidance && !model.diffusion().capabilities().guidance) {
         KILN_LOG_WARN("--guidance does nothing for %s: its DiT has no guidance embedding (use --cfg-scale)",
                       model.family_label().c_str());
     }
@@ -716,7 +710,8 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
         }
         // CLIP's chunks repeat to a common length; an LLM's contexts of
         // different lengths run as two passes (run_diffusion).
-        if (!model.text_encoders().front().llm) match_context_lengths(*cond, *uncond);
+        if (model.text_encoders().front().use->layout != models::PromptLayout::ChatTemplate)
+            match_context_lengths(*cond, *uncond);
     }
     condition_on_size(model, *cond, uncond, p.width, p.height);
     times.text_encoding_s = seconds_since(encoding_start);
@@ -772,14 +767,8 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
     run.sampler = p.sampler;
     run.sigmas = sigmas;
     run.eta = request.eta.value_or(default_eta(p.sampler));
-    if (request.slg.scale != 0.0f) {
-        if (model.has_flux()) {
-            run.slg = request.slg;
-        } else {
-            KILN_LOG_WARN("--slg-scale does nothing for %s: its DiT takes no skip list (as in sd-cli)",
-                          model.family_label().c_str());
-        }
-    }
+    // The request's validation refused skip-layer guidance for a network without a skip list.
+    if (request.slg.scale != 0.0f) run.slg = request.slg;
     if (request.timestep_shift > 0) {
         if (model.family().schedule.shifted_timestep) {
             run.shifted_timestep = request.timestep_shift;
@@ -883,28 +872,26 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
         const Clock::time_point sampling_start = Clock::now();
         step_start = sampling_start;
         bool passes_apart = false;
-        auto latent =
-            sample_latent(model, run, std::move(x), *cond, uncond ? &*uncond : nullptr, sampler_rng, progress,
-                          &passes_apart);
+        auto latent = sample_latent(model, run, std::move(x), *cond, uncond ? &*uncond : nullptr, sampler_rng, progress,
+                                    &passes_apart);
         times.cfg_passes_apart = times.cfg_passes_apart || passes_apart;
         if (!latent.ok()) return latent.error();
         // NaN or Inf in weights, embeddings or the latent scale would give a
         // flat image with no word: say which module made them.
         if (!std::all_of(latent->begin(), latent->end(), [](float v) { return std::isfinite(v); })) {
-            return Error{"the " + std::string(model.has_unet() ? "UNet" : "DiT") +
+            return Error{"the " + std::string(model.diffusion().capabilities().label) +
                          " produced non-finite values (NaN or Inf): check the model's weights and the "
                          "prompt's embeddings"};
         }
         times.sampling_s += seconds_since(sampling_start);
         const Clock::time_point finish_start = Clock::now();
-        auto img =
-            p.hires ? hires_pass(model, request, p, *latent, run, *cond, uncond, hires_upscaler.get(), *rng,
-                                 sampler_rng, progress,
-                                 [&](int total) {
-                                     if (on_step) on_step(i, 0, total);
-                                     step_start = Clock::now();
-                                 })
-                    : decode_latent(model, *latent, p, request.vae_tiling);
+        auto img = p.hires ? hires_pass(model, request, p, *latent, run, *cond, uncond, hires_upscaler.get(), *rng,
+                                        sampler_rng, progress,
+                                        [&](int total) {
+                                            if (on_step) on_step(i, 0, total);
+                                            step_start = Clock::now();
+                                        })
+                           : decode_latent(model, *latent, p, request.vae_tiling);
         if (!img.ok()) return img.error();
         (p.hires ? times.hires_s : times.vae_s) += seconds_since(finish_start);
 

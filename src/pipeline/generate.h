@@ -84,7 +84,7 @@ struct SamplingRun {
     float guidance = 3.5f;
     // Flux.1-Kontext's reference latents (scaled) and their sizes.
     std::vector<std::vector<float>> refs;
-    std::vector<LatentSize> ref_sizes;
+    std::vector<models::LatentSize> ref_sizes;
     bool increase_ref_index = false;
     // sd-cli's --timestep-shift (NitroFusion; 0: none; pipeline/denoiser.h network_step).
     int shifted_timestep = 0;

@@ -29,59 +29,24 @@ struct TextEncoderGraph {
 TextEncoderGraph build_text_encoder_graph(const TextEncoder& encoder, const int32_t* ids, int64_t length, int64_t batch,
                                           int layer, const float* key_mask = nullptr);
 
-// A reference image's latent size (Flux.1-Kontext's -r).
-struct LatentSize {
-    int64_t w = 0;
-    int64_t h = 0;
-};
-
-// The diffusion network's inputs of one evaluation over `batch` latents.
-struct DiffusionShape {
-    int64_t latent_w = 0;
-    int64_t latent_h = 0;
-    int64_t batch = 1;
-    int64_t tokens = 77;  // context rows per batch item
-    bool flash_attention = false;
-    // Flux: the reference latents' sizes (Kontext), and whether the text
-    // tokens' padding is masked (Chroma).
-    std::vector<LatentSize> refs;
-    bool mask = false;
-    bool increase_ref_index = false;  // --increase-ref-index (models::flux_rope_table)
-    std::vector<int> skip_blocks;     // skip-layer guidance's pass (models::FluxBuildOptions)
-    // The UNet takes the ControlNet's residuals (Model::has_control_net()),
-    // times this strength.
-    bool control = false;
-    float control_strength = 1.0f;
-};
-
-// The inputs are the graph's; set them with session->set_input. Those a
-// network does not take are null.
-struct DiffusionGraph {
+// The diffusion network's graph of one evaluation: the inputs its network
+// made (set the per-evaluation ones with session->set_input) and its output.
+struct DiffusionGraph : models::DiffusionTensors {
     std::unique_ptr<runtime::GraphSession> session;
-    DiffusionShape shape;
-    ggml_tensor* x = nullptr;          // ne [W, H, in_channels, batch]
-    ggml_tensor* timesteps = nullptr;  // ne [batch]: the UNet's t, the DiT's sigma
-    ggml_tensor* context = nullptr;    // ne [context width, tokens, batch]
-    // The UNet's label_emb vector ne [adm width, batch] (SDXL), or the DiT's
-    // pooled vector ne [vec_dim, batch] (Flux).
-    ggml_tensor* y = nullptr;
-    ggml_tensor* guidance = nullptr;  // Flux-dev: ne [batch] distilled guidance
-    std::vector<ggml_tensor*> refs;   // Kontext: ne [w, h, channels, batch] each
-    // Chroma: the key mask ne flux_attention_mask_shape() over the tokens.
-    ggml_tensor* mask = nullptr;
-    // The ControlNet's residuals, ne [w, h, c, batch] each
-    // (models::ControlNet::residual_shapes); set them from ControlGraph::out.
-    std::vector<ggml_tensor*> control;
-    ggml_tensor* out = nullptr;  // ne [W, H, out_channels, batch]
+    models::DiffusionShape shape;
 };
-// An error only when the shapes break the UNet's contract (a bug upstream).
-Result<DiffusionGraph> build_diffusion_graph(const Model& model, const DiffusionShape& shape);
+// `shape.target` is the module's (placement's); an error only when the
+// shapes break the network's contract (a bug upstream).
+Result<DiffusionGraph> build_diffusion_graph(const Model& model, models::DiffusionShape shape);
+// The ControlNet's residual shapes at `shape`'s latent size, times
+// `strength`, into `shape` (Model::has_control_net()).
+void add_control_residuals(const Model& model, models::DiffusionShape& shape, float strength);
 // The ControlNet's graph over the diffusion network's inputs of `shape` and
 // the control image (planar RGB in [0, 1] at 8x the latent's size, batch 1:
 // every batch item reads the same condition).
 struct ControlGraph {
     std::unique_ptr<runtime::GraphSession> session;
-    DiffusionShape shape;
+    models::DiffusionShape shape;
     ggml_tensor* x = nullptr;          // ne [W, H, latent channels, batch]
     ggml_tensor* timesteps = nullptr;  // ne [batch]
     ggml_tensor* context = nullptr;    // ne [context width, tokens, batch]
@@ -90,7 +55,7 @@ struct ControlGraph {
     ggml_tensor* out = nullptr;        // every residual, flattened (models::ControlNet::build)
 };
 // An error only when the shapes break the ControlNet's contract (a bug upstream).
-Result<ControlGraph> build_control_graph(const Model& model, const DiffusionShape& shape);
+Result<ControlGraph> build_control_graph(const Model& model, const models::DiffusionShape& shape);
 // The number of tokens a job's context has when its prompts fit one chunk
 // (CLIP's 77), T5's fixed length, or the prompt length kiln plan assumes for
 // an LLM (TextEncoderUse::plan_tokens).

@@ -31,12 +31,14 @@ Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, 
     };
     const int64_t context_tokens = context_length(model, prompt);
     for (const TextEncoder& encoder : model.text_encoders()) {
-        const int64_t length = encoder.t5    ? encoder.use->max_length
-                               : encoder.llm ? context_tokens
-                                             : encoder.network->config().context;
-        // An LLM encodes one prompt at a time (conditioner.cpp).
+        // A chat template encodes one prompt at a time (conditioner.cpp).
+        const bool whole_prompt = encoder.use->layout == models::PromptLayout::ChatTemplate;
+        const int64_t length = whole_prompt ? context_tokens
+                               : encoder.use->layout == models::PromptLayout::FixedLength
+                                   ? encoder.use->max_length
+                                   : encoder.network->max_length();
         TextEncoderGraph g =
-            build_text_encoder_graph(encoder, nullptr, length, encoder.llm ? 1 : batch, encoder.use->default_layer);
+            build_text_encoder_graph(encoder, nullptr, length, whole_prompt ? 1 : batch, encoder.use->default_layer);
         KILN_TRY(add(*encoder.executor, *g.session, g.out, ""));
     }
     // The VAE, encoding an image of w x h pixels or decoding a w x h
@@ -67,9 +69,9 @@ Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, 
     // batch, and the UNet takes its residuals as inputs.
     const bool control = model.has_control_net();
     auto add_unet_at = [&](int64_t w, int64_t h, int64_t b, const std::string& pass) -> Status {
-        DiffusionShape shape{w, h, b, context_tokens, flash_attention, {}, masked};
-        shape.control = control;
+        models::DiffusionShape shape{w, h, b, context_tokens, flash_attention, {}, masked};
         if (control) {
+            add_control_residuals(model, shape, 1.0f);
             auto c = build_control_graph(model, shape);
             if (!c.ok()) return c.error();
             KILN_TRY(add(model.control_compute(), *c->session, c->out, pass));

@@ -20,35 +20,6 @@ bool ends_with(const std::string& s, const std::string& suffix) {
     return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-// The UNet's block layout, as the diffusers name tables number blocks.
-io::UnetLayout unet_layout(const models::UnetConfig& c) {
-    io::UnetLayout layout;
-    layout.levels = static_cast<int>(c.level_channels.size());
-    layout.layers_per_block = c.res_blocks;
-    layout.attention_levels = 0;
-    for (int level = 0; level < layout.levels; ++level) {
-        const size_t first = static_cast<size_t>(level * (c.res_blocks + 1));
-        if (first < c.input_depth.size() && c.input_depth[first] > 0) layout.attention_levels |= 1u << level;
-    }
-    return layout;
-}
-
-// The parts of a fused layer in another naming, in row order: diffusers'
-// split q/k/v of a DiT's fused projections. One name when it is not fused.
-std::vector<std::string> split_names(models::NetworkKind network, const std::string& stem) {
-    if (network == models::NetworkKind::FluxDit) return models::flux_diffusers_names(stem);
-    if (network == models::NetworkKind::ZImageDit) {
-        // Z-Image's single file fuses q/k/v and names the output "out";
-        // Tongyi's and diffusers' names (and the LoRAs trained on them) split them.
-        if (ends_with(stem, ".attention.qkv")) {
-            const std::string base = stem.substr(0, stem.size() - 3);
-            return {base + "to_q", base + "to_k", base + "to_v"};
-        }
-        if (ends_with(stem, ".attention.out")) return {stem.substr(0, stem.size() - 3) + "to_out.0"};
-    }
-    return {stem};
-}
-
 }  // namespace
 
 void LoraTargets::add(const std::string& key, size_t target) {
@@ -59,21 +30,18 @@ void LoraTargets::add(const std::string& key, size_t target) {
 LoraTargets::LoraTargets(Model& model) {
     const io::ModelFamily family = model.family().diffusers_family;
     // The SD name tables: the UNet's paths and HF CLIP's (also Flux's CLIP-L).
-    const io::NameMap names =
-        model.has_unet() ? io::NameMap(family, unet_layout(model.unet().config())) : io::NameMap(family);
+    const std::optional<io::UnetLayout> layout = model.diffusion().unet_layout();
+    const io::NameMap names = layout ? io::NameMap(family, *layout) : io::NameMap(family);
     for (const auto& owned : model.modules()) {
         Module& module = *owned;
-        // LoRAs are trained for the model, not its ControlNet, whose bare
-        // names (input_blocks.*) would make the UNet's ambiguous.
-        if (module.spec.role == models::ModuleRole::Control) continue;
-        if (module.spec.network == models::NetworkKind::Taesd) continue;  // --taesd's previews take no LoRA
+        if (!module.network->takes_lora()) continue;
         const bool diffusion = module.spec.role == models::ModuleRole::Diffusion;
         const io::ModelComponent component =
             module.spec.diffusers_component
                 ? *module.spec.diffusers_component
-                : (diffusion ? io::ModelComponent::Unet
-                             : module.spec.role == models::ModuleRole::Vae ? io::ModelComponent::Vae
-                                                                           : io::ModelComponent::TextEncoder);
+                : (diffusion                                     ? io::ModelComponent::Unet
+                   : module.spec.role == models::ModuleRole::Vae ? io::ModelComponent::Vae
+                                                                 : io::ModelComponent::TextEncoder);
         // Where the module's tensors start in its file ("cond_stage_model.transformer."),
         // which may be above where its network reads them from ("...text_model.").
         const std::string& prefix = module.prefix;
@@ -83,9 +51,12 @@ LoraTargets::LoraTargets(Model& model) {
             if (info->shape.size() < 2 || !starts_with(info->name, prefix)) continue;
             const std::string rel = info->name.substr(prefix.size());
             std::string stem;
-            if (ends_with(rel, ".weight")) stem = rel.substr(0, rel.size() - 7);
-            else if (ends_with(rel, "_weight")) stem = rel.substr(0, rel.size() - 7);  // OpenCLIP's in_proj_weight
-            else continue;
+            if (ends_with(rel, ".weight"))
+                stem = rel.substr(0, rel.size() - 7);
+            else if (ends_with(rel, "_weight"))
+                stem = rel.substr(0, rel.size() - 7);  // OpenCLIP's in_proj_weight
+            else
+                continue;
             LoraTarget whole{&module, tensor, info->name, 0, info->shape[0], 0};
             const std::string bias_name = info->name.substr(0, info->name.size() - 6) + "bias";  // "weight" off
             if (auto b = by_name.find(bias_name); b != by_name.end()) whole.bias = b->second;
@@ -105,8 +76,7 @@ LoraTargets::LoraTargets(Model& model) {
             // families' name tables), or a DiT's split projections.
             std::vector<std::pair<std::string, int>> aliases;  // stem, part (-1: whole)
             int parts = 1;
-            if (module.spec.network == models::NetworkKind::Unet ||
-                module.spec.network == models::NetworkKind::ClipText) {
+            if (module.network->uses_sd_name_tables()) {
                 const std::string ldm = std::string(io::ldm_prefix(family, component)) + rel;
                 if (auto mapped = names.ldm_to_diffusers(ldm)) {
                     for (const io::NameMapping& m : mapped->tensors) {
@@ -117,7 +87,7 @@ LoraTargets::LoraTargets(Model& model) {
                     }
                 }
             } else if (diffusion) {
-                const std::vector<std::string> split = split_names(module.spec.network, stem);
+                const std::vector<std::string> split = module.network->lora_split_names(stem);
                 parts = static_cast<int>(split.size());
                 for (size_t i = 0; i < split.size(); ++i) {
                     if (split[i] != stem) aliases.emplace_back(split[i], split.size() > 1 ? static_cast<int>(i) : -1);
@@ -139,8 +109,8 @@ LoraTargets::LoraTargets(Model& model) {
                     targets_.push_back(range);
                 }
                 if (diffusion) {
-                    for (const char* p : {"", "lora_unet_", "unet.", "transformer.", "lora_transformer_",
-                                          "diffusion_model."})
+                    for (const char* p :
+                         {"", "lora_unet_", "unet.", "transformer.", "lora_transformer_", "diffusion_model."})
                         add(p + alias, target);
                 } else if (component == io::ModelComponent::TextEncoder2) {
                     for (const char* p : {"lora_te2_", "text_encoder_2."}) add(p + alias, target);

@@ -6,9 +6,9 @@
 
 #include "image/image.h"
 #include "io/diffusers_names.h"
+#include "models/nets/registry.h"
 #include "models/registry.h"
-#include "pipeline/job_forecast.h"
-#include "pipeline/request.h"
+#include "pipeline/request_limits.h"
 #include "pipeline/samplers.h"
 #include "pipeline/schedulers.h"
 #include "runtime/device_books.h"
@@ -35,34 +35,11 @@ struct GivenFile {
     std::string flag;
 };
 
-// The tensor names that mark a network of this kind in a file of its own.
-std::vector<std::string> network_probes(models::NetworkKind kind) {
-    switch (kind) {
-        case models::NetworkKind::ClipText:
-            return {"text_model.embeddings.token_embedding.weight", "token_embedding.weight"};
-        case models::NetworkKind::Unet: return {"input_blocks.0.0.weight"};
-        case models::NetworkKind::Vae: return {"decoder.conv_in.weight"};
-        case models::NetworkKind::T5:
-            return {"encoder.block.0.layer.0.SelfAttention.q.weight", "enc.blk.0.attn_q.weight"};
-        case models::NetworkKind::FluxDit: return {"double_blocks.0.img_attn.qkv.weight", "x_embedder.weight"};
-        // HF names (Qwen3ForCausalLM's "model." becomes part of the prefix,
-        // as ComfyUI's text_encoders.*. and a diffusers folder's
-        // text_encoder/ do) and llama.cpp's GGUF names; the embedding rather
-        // than a layer, so a GGUF of another architecture reaches
-        // LlmEncoder's clear error instead of "no llm in it".
-        case models::NetworkKind::Llm: return {"embed_tokens.weight", "token_embd.weight"};
-        case models::NetworkKind::ZImageDit: return {"cap_pad_token"};
-        case models::NetworkKind::ControlNet: return {"input_hint_block.0.weight"};
-        case models::NetworkKind::Taesd: return {"decoder.layers.0.weight", "1.weight"};
-    }
-    return {};
-}
-
 // The prefix of the first tensor in `file` that is one of `prefixes` (any,
 // when empty) followed by one of the network's marker names.
 std::optional<std::string> find_prefix(const io::ModelFile& file, models::NetworkKind network,
                                        const std::vector<std::string>& prefixes) {
-    for (const std::string& probe : network_probes(network)) {
+    for (const std::string& probe : models::network_entry(network).probes) {
         for (const io::TensorInfo& t : file.tensors()) {
             if (t.name.size() < probe.size() ||
                 t.name.compare(t.name.size() - probe.size(), probe.size(), probe) != 0) {
@@ -224,20 +201,6 @@ Result<TokenizerPaths> parse_tokenizer_flag(const std::string& value) {
     return out;
 }
 
-runtime::ModuleWeights& Module::weights() {
-    if (clip) return clip->weights();
-    if (t5) return t5->weights();
-    if (llm) return llm->weights();
-    if (unet) return unet->weights();
-    if (flux) return flux->weights();
-    if (z_image) return z_image->weights();
-    if (control) return control->weights();
-    if (taesd) return taesd->weights();
-    return vae->weights();
-}
-
-const runtime::ModuleWeights& Module::weights() const { return const_cast<Module*>(this)->weights(); }
-
 Model::~Model() {
     // The books outlive this model (other models share them): give back
     // everything it holds there.
@@ -252,11 +215,7 @@ Model::~Model() {
 
 std::string Model::control_net_name() const { return fs::path(control_->file->sources().front().path).stem().string(); }
 
-int Model::size_stride() const {
-    if (has_flux()) return vae().config().downscale() * flux().config().patch;
-    if (has_z_image()) return vae().config().downscale() * z_image().config().patch;
-    return vae().config().downscale() * (1 << (unet().config().level_channels.size() - 1));
-}
+int Model::size_stride() const { return vae().config().downscale() * diffusion().capabilities().size_stride; }
 
 std::unique_ptr<NoiseSchedule> Model::noise_schedule(int width, int height, std::optional<float> flow_shift) const {
     if (prediction_ != Prediction::Flow)
@@ -280,22 +239,23 @@ Result<std::unique_ptr<Model>> Model::load(const ModelPaths& paths, const ModelO
     if (!tokenizer_paths.ok()) return tokenizer_paths.error();
     bool has_clip = false;
     for (const TextEncoder& te : m->text_encoders_) {
-        has_clip = has_clip || te.network;
-        if (!te.t5 || m->t5_tokenizer_) continue;
+        has_clip = has_clip || te.use->layout == models::PromptLayout::ClipChunks;
+        if (te.use->layout != models::PromptLayout::FixedLength || m->t5_tokenizer_) continue;
         const Module* t5_module = nullptr;
         for (const auto& module : m->modules_) {
-            if (module->t5.get() == te.t5) t5_module = module.get();
+            if (module->network.get() == te.network) t5_module = module.get();
         }
         auto t5_tokenizer = load_t5_tokenizer(tokenizer_paths->t5, *t5_module->file);
         if (!t5_tokenizer.ok()) return t5_tokenizer.error().as(ErrorKind::BadFile);
         m->t5_tokenizer_ = std::move(t5_tokenizer).value();
-        if (m->t5_tokenizer_->size() > te.t5->config().vocab) {
+        if (m->t5_tokenizer_->size() > te.network->vocab()) {
             return Error::bad_file("the T5 tokenizer has " + std::to_string(m->t5_tokenizer_->size()) +
-                                   " tokens but the t5xxl text encoder only " + std::to_string(te.t5->config().vocab));
+                                   " tokens but the t5xxl text encoder only " + std::to_string(te.network->vocab()));
         }
     }
     for (const TextEncoder& te : m->text_encoders_) {
-        if (te.llm) KILN_TRY(m->load_llm_tokenizer(tokenizer_paths->llm, te));
+        if (te.use->layout == models::PromptLayout::ChatTemplate)
+            KILN_TRY(m->load_llm_tokenizer(tokenizer_paths->llm, te));
     }
     if (has_clip) {
         KILN_TRY(m->load_clip_tokenizer(tokenizer_paths->clip, paths.embeddings));
@@ -324,19 +284,19 @@ Status Model::load_taesd(const std::string& path, const ModelOptions& options) {
     module->spec = {"taesd", models::ModuleRole::Vae, models::NetworkKind::Taesd, {}, "--taesd", {}};
     module->file = files_.back().get();
     module->prefix = "";
-    auto net = models::Taesd::create(*module->file, module->prefix, options.weight_type);
-    if (!net.ok()) return net.error().as(ErrorKind::BadFile).in_context(path + " (--taesd): ");
-    const int64_t channels = (*net)->config().latent_channels;
+    if (Status s = create_network(*module, {}, options.weight_type); !s.ok())
+        return s.error().as(ErrorKind::BadFile).in_context(path + " (--taesd): ");
+    const models::Taesd& net = static_cast<const models::Taesd&>(*module->network);
+    const int64_t channels = net.config().latent_channels;
     if (channels != latent_channels()) {
         return Error::bad_file(path + " (--taesd): a tiny autoencoder for " + std::to_string(channels) +
                                "-channel latents, but " + family_label_ + "'s latent has " +
                                std::to_string(latent_channels()) + " channels (TAESD and TAESDXL take 4, TAEF1 16)");
     }
-    if ((*net)->config().upscale() != vae().config().downscale()) {
-        return Error::bad_file(path + " (--taesd): it upscales " + std::to_string((*net)->config().upscale()) +
+    if (net.config().upscale() != vae().config().downscale()) {
+        return Error::bad_file(path + " (--taesd): it upscales " + std::to_string(net.config().upscale()) +
                                "x, the model's VAE " + std::to_string(vae().config().downscale()) + "x");
     }
-    module->taesd = std::move(net).value();
     taesd_ = module.get();
     taesd_preview_only_ = options.taesd_preview_only;
     modules_.push_back(std::move(module));
@@ -352,8 +312,8 @@ Status Model::load_clip_tokenizer(const std::string& flag_path, const std::strin
     tokenizer_ = std::move(tokenizer).value();
     std::vector<EmbeddingTarget> targets;
     for (const TextEncoder& te : text_encoders_) {
-        if (!te.network) continue;
-        const int64_t vocab = te.network->config().vocab;
+        if (te.use->layout != models::PromptLayout::ClipChunks) continue;
+        const int64_t vocab = te.network->vocab();
         if (tokenizer_->vocab_size() > vocab) {
             return Error::bad_file("the tokenizer has " + std::to_string(tokenizer_->vocab_size()) +
                                    " tokens but the " + te.use->module + " text encoder only " + std::to_string(vocab));
@@ -364,14 +324,14 @@ Status Model::load_clip_tokenizer(const std::string& flag_path, const std::strin
                                    std::to_string(tokenizer_->vocab_size()) + " tokens) to match the " +
                                    te.use->module + " text encoder's (" + std::to_string(vocab) + ")");
         }
-        targets.push_back({te.use->module, te.network->config().width});
+        targets.push_back({te.use->module, te.width()});
     }
     if (!embeddings_dir.empty()) {
         auto tables = load_embeddings(embeddings_dir, targets, *tokenizer_);
         if (!tables.ok()) return tables.error().as(ErrorKind::BadFile);
         size_t next = 0;
         for (TextEncoder& te : text_encoders_) {
-            if (!te.network) continue;
+            if (te.use->layout != models::PromptLayout::ClipChunks) continue;
             te.embeddings = std::move((*tables)[next++]);
             te.embeddings.eos_id = tokenizer_->eos_id();
         }
@@ -390,7 +350,7 @@ Status Model::load_clip_tokenizer(const std::string& flag_path, const std::strin
 Status Model::load_llm_tokenizer(const std::string& flag_path, const TextEncoder& encoder) {
     const Module* module = nullptr;
     for (const auto& m : modules_) {
-        if (m->llm.get() == encoder.llm) module = m.get();
+        if (m->network.get() == encoder.network) module = m.get();
     }
     const io::ModelFile& file = *module->file;
     auto take = [&](Result<LlmTokenizer> t) -> Status {
@@ -409,7 +369,7 @@ Status Model::load_llm_tokenizer(const std::string& flag_path, const TextEncoder
             if (s.component == "text_encoder") candidates.push_back(dir.parent_path() / "tokenizer");
             for (const char* name : {"tokenizer.json", "vocab.json", "tokenizer"}) candidates.push_back(dir / name);
         }
-        const std::string arch = encoder.llm->config().arch_name();
+        const std::string arch = encoder.network->label();
         for (const fs::path& folder : cached_tokenizer_folders({arch.c_str()})) candidates.push_back(folder);
         std::string looked;
         for (const fs::path& c : candidates) {
@@ -421,7 +381,7 @@ Status Model::load_llm_tokenizer(const std::string& flag_path, const TextEncoder
             looked += (looked.empty() ? "" : ", ") + c.string();
         }
         if (!llm_tokenizer_) {
-            return Error::bad_file(file.sources().front().path + ": the " + encoder.llm->config().arch_name() +
+            return Error::bad_file(file.sources().front().path + ": the " + encoder.network->label() +
                                    " text encoder needs its tokenizer and the file carries none (looked in: " + looked +
                                    "); pass --tokenizer llm=PATH (a GGUF of the same model, even a vocab-only one, "
                                    "its tokenizer.json, or vocab.json with merges.txt), or fetch it once with "
@@ -429,10 +389,9 @@ Status Model::load_llm_tokenizer(const std::string& flag_path, const TextEncoder
                                    arch + "'");
         }
     }
-    if (llm_tokenizer_->size() > encoder.llm->config().vocab) {
+    if (llm_tokenizer_->size() > encoder.network->vocab()) {
         return Error::bad_file("the LLM tokenizer has " + std::to_string(llm_tokenizer_->size()) + " tokens but the " +
-                               encoder.use->module + " text encoder only " +
-                               std::to_string(encoder.llm->config().vocab));
+                               encoder.use->module + " text encoder only " + std::to_string(encoder.network->vocab()));
     }
     return Status::Ok();
 }
@@ -511,79 +470,29 @@ Status Model::load_networks(const ModelPaths& paths, const ModelOptions& options
             return Error::bad_file(where + ": no " + spec.name + " found (family " + family_label_ + "); pass " +
                                    spec.flag);
         }
-        const std::string& path = module->file->sources().front().path;
-        switch (spec.network) {
-            case models::NetworkKind::ClipText: {
-                auto net = models::ClipTextEncoder::create(*module->file, module->prefix, options.weight_type);
-                if (!net.ok()) return net.error().as(ErrorKind::BadFile).in_context(path + ": ");
-                module->clip = std::move(net).value();
-                break;
-            }
-            case models::NetworkKind::Unet: {
-                auto net = models::Unet::create(*module->file, module->prefix, options.weight_type);
-                if (!net.ok()) return net.error().as(ErrorKind::BadFile).in_context(path + ": ");
-                module->unet = std::move(net).value();
-                diffusion_ = module.get();
-                break;
-            }
-            case models::NetworkKind::Vae: {
-                auto net = models::Vae::create(*module->file, module->prefix, options.weight_type);
-                if (!net.ok()) return net.error().as(ErrorKind::BadFile).in_context(path + ": ");
-                module->vae = std::move(net).value();
-                vae_ = module.get();
-                break;
-            }
-            case models::NetworkKind::T5: {
-                auto net = models::T5Encoder::create(*module->file, module->prefix, options.weight_type);
-                if (!net.ok()) return net.error().as(ErrorKind::BadFile).in_context(path + ": ");
-                module->t5 = std::move(net).value();
-                break;
-            }
-            case models::NetworkKind::FluxDit: {
-                auto net = models::FluxDit::create(*module->file, module->prefix, options.weight_type);
-                if (!net.ok()) return net.error().as(ErrorKind::BadFile).in_context(path + ": ");
-                module->flux = std::move(net).value();
-                diffusion_ = module.get();
-                break;
-            }
-            case models::NetworkKind::Llm: {
-                // Only the layers the family reads are declared (Z-Image's
-                // hidden_states[-2] never needs the last layer's weights):
-                // the first create() reads the file's layer count.
-                int from_end = 1;
-                for (const models::TextEncoderUse& use : family_->conditioning.encoders) {
-                    if (use.module == spec.name) from_end = use.default_layer;
-                }
-                auto net = models::LlmEncoder::create(*module->file, module->prefix, options.weight_type);
-                if (net.ok() && from_end > 1) {
-                    const int used = static_cast<int>((*net)->config().layers) - (from_end - 1);
-                    net = models::LlmEncoder::create(*module->file, module->prefix, options.weight_type, used);
-                }
-                if (!net.ok()) return net.error().as(ErrorKind::BadFile).in_context(path + ": ");
-                module->llm = std::move(net).value();
-                break;
-            }
-            case models::NetworkKind::ZImageDit: {
-                auto net = models::ZImageDit::create(*module->file, module->prefix, options.weight_type);
-                if (!net.ok()) return net.error().as(ErrorKind::BadFile).in_context(path + ": ");
-                module->z_image = std::move(net).value();
-                diffusion_ = module.get();
-                break;
-            }
-            case models::NetworkKind::ControlNet:
-                return Error{"internal: a family lists a ControlNet module (it comes from --control-net)"};
-            case models::NetworkKind::Taesd:
-                return Error{"a family lists a tiny autoencoder as its own module; it comes from --taesd only"};
+        if (spec.network == models::NetworkKind::ControlNet || spec.network == models::NetworkKind::Taesd) {
+            return Error{"internal: a family lists " + spec.name + ", which comes from " + spec.flag + " only"};
         }
+        // Only the layers the family reads are declared (Z-Image's
+        // hidden_states[-2] never needs the LLM's last layer's weights).
+        models::NetworkOptions network_options;
+        for (const models::TextEncoderUse& use : family_->conditioning.encoders) {
+            if (use.module == spec.name && use.layout == models::PromptLayout::ChatTemplate)
+                network_options.unused_last_layers = use.default_layer - 1;
+        }
+        if (Status s = create_network(*module, network_options, options.weight_type); !s.ok())
+            return s.error().as(ErrorKind::BadFile).in_context(module->file->sources().front().path + ": ");
+        if (spec.role == models::ModuleRole::Diffusion) diffusion_ = module.get();
+        if (spec.role == models::ModuleRole::Vae) vae_ = module.get();
         modules_.push_back(std::move(module));
     }
     for (const models::TextEncoderUse& use : family_->conditioning.encoders) {
         for (const auto& module : modules_) {
             if (module->spec.name == use.module)
-                text_encoders_.push_back({&use, module->clip.get(), module->t5.get(), module->llm.get(), nullptr});
+                text_encoders_.push_back({&use, module->network->as_text_encoder(), nullptr, module->params.get()});
         }
     }
-    KILN_TRY(has_unet() ? check_unet_inputs() : has_flux() ? check_flux_inputs() : check_z_image_inputs());
+    KILN_TRY(check_conditioning());
     if (!paths.control_net.empty()) KILN_TRY(load_control_net(paths.control_net, options));
     // A file given for one module that also holds others: say which were not taken from it.
     for (size_t i = 0; i < given.size(); ++i) {
@@ -618,7 +527,7 @@ Status Model::load_control_net(const std::string& path, const ModelOptions& opti
     }
     files_.push_back(std::make_unique<io::ModelFile>(std::move(opened).value()));
     const io::ModelFile& file = *files_.back();
-    if (!has_unet()) {
+    if (!diffusion().capabilities().control_residuals) {
         return Error::invalid_request(where + "ControlNets are for UNet models (SD1.x, SD2.x, SDXL); " + family_label_ +
                                       " has none");
     }
@@ -629,114 +538,40 @@ Status Model::load_control_net(const std::string& path, const ModelOptions& opti
         return Error::bad_file(
             where + "not a ControlNet (no input_hint_block; found: " + models::detect_family(alone).label + ")");
     }
-    auto net = models::ControlNet::create(file, *prefix, options.weight_type);
-    if (!net.ok()) return net.error().as(ErrorKind::BadFile).in_context(where);
-    const models::UnetConfig& cc = (*net)->config().unet;
-    const models::UnetConfig& uc = unet().config();
-    auto family_of = [](int64_t context) -> std::string {
-        if (context == 768) return "SD1.x";
-        if (context == 1024) return "SD2.x";
-        if (context == 2048) return "SDXL";
-        return "context width " + std::to_string(context);
-    };
-    if (cc.context_dim != uc.context_dim) {
-        return Error::bad_file(where + "a ControlNet for " + family_of(cc.context_dim) + " (context width " +
-                               std::to_string(cc.context_dim) + "), the model is " + family_label_ +
-                               " (its UNet's context width is " + std::to_string(uc.context_dim) + ")");
-    }
-    if (cc.model_channels != uc.model_channels || cc.level_channels != uc.level_channels ||
-        cc.res_blocks != uc.res_blocks || cc.adm_in_channels != uc.adm_in_channels) {
-        return Error::bad_file(where + "its blocks do not match the " + family_label_ +
-                               " UNet's (channels per level, resnets per level or label_emb width differ)");
-    }
-    if (cc.in_channels != unet().config().out_channels) {
-        return Error::bad_file(where + "it takes " + std::to_string(cc.in_channels) +
-                               " latent channels, the UNet makes " + std::to_string(uc.out_channels));
-    }
     auto module = std::make_unique<Module>();
     module->spec = {
         "controlnet", models::ModuleRole::Control, models::NetworkKind::ControlNet, {}, "--control-net", {}};
     module->file = &file;
     module->prefix = *prefix;
-    module->control = std::move(net).value();
+    if (Status s = create_network(*module, {}, options.weight_type); !s.ok())
+        return s.error().as(ErrorKind::BadFile).in_context(where);
+    const auto& net = static_cast<const models::ControlNet&>(*module->network);
+    if (Status s = diffusion().check_control_net(net, family_label_); !s.ok()) return s.error().in_context(where);
     control_ = module.get();
     modules_.push_back(std::move(module));
     return Status::Ok();
 }
 
-// The UNet's inputs must be what the family's text encoders and VAE make.
-Status Model::check_unet_inputs() const {
-    int64_t context = 0;
-    for (const TextEncoder& te : text_encoders_) context += te.network->config().width;
-    if (context != unet().config().context_dim) {
-        return Error::bad_file("the text encoders' width " + std::to_string(context) +
-                               " does not match the UNet's context width " +
-                               std::to_string(unet().config().context_dim));
-    }
-    // The UNet's vector input must be what the family's conditioning makes.
-    const int64_t adm = unet().config().adm_in_channels;
-    if (family_->conditioning.size_embedding) {
-        int64_t pooled = 0;
-        for (const TextEncoder& te : text_encoders_) {
-            if (te.use->pooled)
-                pooled =
-                    te.network->config().projection > 0 ? te.network->config().projection : te.network->config().width;
-        }
-        if (adm <= pooled || (adm - pooled) % 6 != 0) {
-            return Error::bad_file("the UNet's label_emb takes " + std::to_string(adm) +
-                                   " values, not the pooled width " + std::to_string(pooled) +
-                                   " plus six size embeddings of equal width");
-        }
-    } else if (adm > 0) {
-        return Error::bad_file("the UNet takes a " + std::to_string(adm) + "-wide label_emb vector, which " +
-                               family_->name + " does not make");
-    }
-    if (vae().config().latent_channels != unet().config().out_channels) {
-        return Error::bad_file("the VAE's latent channels (" + std::to_string(vae().config().latent_channels) +
-                               ") do not match the UNet's output channels (" +
-                               std::to_string(unet().config().out_channels) + ")");
-    }
+Status Model::create_network(Module& module, const models::NetworkOptions& options,
+                             std::optional<ggml_type> weight_type) const {
+    module.params = std::make_unique<runtime::ModuleWeights>(*module.file, module.prefix, weight_type);
+    auto net = models::network_entry(module.spec.network).create(*module.params, options);
+    if (!net.ok()) return net.error();
+    module.network = std::move(net).value();
     return Status::Ok();
 }
 
-// The DiT's inputs must be what the family's text encoders and VAE make.
-Status Model::check_flux_inputs() const {
-    const models::FluxConfig& fc = flux().config();
+Status Model::check_conditioning() const {
+    models::ConditioningShape shape;
+    shape.family = family_->name;
+    shape.family_label = family_label_;
+    shape.size_embedding = family_->conditioning.size_embedding;
+    shape.latent_channels = vae().config().latent_channels;
     for (const TextEncoder& te : text_encoders_) {
-        if (te.use->context && te.width() != fc.context_dim) {
-            return Error::bad_file("the " + te.use->module + " text encoder is " + std::to_string(te.width()) +
-                                   " wide but the DiT's txt_in takes " + std::to_string(fc.context_dim));
-        }
-        if (te.use->pooled && te.network && te.width() != fc.vec_dim) {
-            return Error::bad_file("the " + te.use->module + " pooled output is " + std::to_string(te.width()) +
-                                   " wide but the DiT's vector_in takes " + std::to_string(fc.vec_dim));
-        }
+        shape.encoders.push_back({te.use->module, te.network->label(), te.width(), te.network->pooled_width(),
+                                  te.use->context, te.use->pooled});
     }
-    if (vae().config().latent_channels != fc.latent_channels) {
-        return Error::bad_file("the VAE has " + std::to_string(vae().config().latent_channels) +
-                               " latent channels but the " + family_label_ + " DiT takes " +
-                               std::to_string(fc.latent_channels) + " (an SD VAE with a Flux model? pass Flux's ae)");
-    }
-    return Status::Ok();
-}
-
-// The DiT's inputs must be what the LLM and the VAE make.
-Status Model::check_z_image_inputs() const {
-    const models::ZImageConfig& zc = z_image().config();
-    for (const TextEncoder& te : text_encoders_) {
-        if (te.width() != zc.cap_dim) {
-            return Error::bad_file("the " + te.use->module + " text encoder (" + te.llm->config().arch_name() +
-                                   ") is " + std::to_string(te.width()) + " wide but the " + family_label_ +
-                                   " DiT's caption embedder takes " + std::to_string(zc.cap_dim) +
-                                   " (Z-Image reads Qwen3-4B: pass it with --llm)");
-        }
-    }
-    if (vae().config().latent_channels != zc.latent_channels()) {
-        return Error::bad_file("the VAE has " + std::to_string(vae().config().latent_channels) +
-                               " latent channels but the " + family_label_ + " DiT takes " +
-                               std::to_string(zc.latent_channels()) + " (an SD VAE with Z-Image? pass Flux's ae)");
-    }
-    return Status::Ok();
+    return diffusion().check_conditioning(shape);
 }
 
 Status Model::read_metadata(const ModelOptions& options) {
@@ -809,171 +644,121 @@ Status Model::place_modules(const ModelOptions& options) {
                                              runtime::host_available_bytes());
     if (!placement.ok()) return placement.error();
     placement_ = std::move(placement).value();
-    const bool auto_fit =
+    budgets_ = options.placement.budgets;
+    auto_fit_ =
         options.placement.auto_fit && options.placement.backend.empty() && options.placement.params_backend.empty();
 
-    auto device_of = [](const std::string& name) -> Result<ggml_backend_dev_t> {
-        if (name == "CPU") return static_cast<ggml_backend_dev_t>(nullptr);
-        auto dev = runtime::find_device(name);
-        if (!dev.ok()) return Error{"--backend: " + dev.error().message};
-        return *dev;
-    };
-    // The device's books, shared with every other model of the process.
-    auto ledger_for = [&](const std::string& name, ggml_backend_dev_t dev) -> runtime::DeviceLedger& {
-        auto& ledger = ledgers_[name];
-        if (!ledger) ledger = runtime::shared_ledger(name, dev, options.placement.budgets.for_device(name));
-        return *ledger;
-    };
-    // What each module needs to load its weights once placement is final.
-    struct Placed {
-        std::string name;
-        const char* role;
-        Module* module;
-        std::unique_ptr<runtime::Executor>* executor;
-        runtime::ModuleWeights* weights;
-        ModulePlacement* placement = nullptr;
-        ggml_backend_t backend = nullptr;
-        ggml_backend_buffer_type_t params_buft = nullptr;
-        runtime::DeviceLedger* params_ledger = nullptr;  // weights kept on a device are counted there
-    };
-    // In placement's priority order: diffusion, ControlNet, text encoders, VAE. A
-    // module's executor is named by its role ("te"), or role and network
-    // when a role has several ("te.clip_g").
-    std::vector<Placed> modules;
+    // In placement's priority order: diffusion, ControlNet, text encoders, VAE.
     for (models::ModuleRole role : {models::ModuleRole::Diffusion, models::ModuleRole::Control,
                                     models::ModuleRole::TextEncoder, models::ModuleRole::Vae}) {
-        const auto same_role =
-            std::count_if(modules_.begin(), modules_.end(), [&](const auto& m) { return m->spec.role == role; });
         for (auto& module : modules_) {
-            if (module->spec.role != role) continue;
-            const std::string name =
-                same_role > 1 ? std::string(module->role()) + "." + module->spec.name : std::string(module->role());
-            modules.push_back({name, module->role(), module.get(), &module->executor, &module->weights()});
+            if (module->spec.role == role) by_priority_.push_back(module.get());
         }
     }
-    // Records a module's params location (and the bytes it keeps on a device).
-    auto place_params = [&](Placed& m, runtime::ParamsLocation where) -> Status {
-        if (auto r = reserved_params_.find(m.name); r != reserved_params_.end()) {
-            r->second.first->release(r->second.second);
-            reserved_params_.erase(r);
-        }
-        m.params_ledger = nullptr;
-        m.params_buft = nullptr;
-        const bool on_cpu = m.placement->compute_device == "CPU";
-        if (on_cpu && where == runtime::ParamsLocation::Host) where = runtime::ParamsLocation::ComputeDevice;
-        m.placement->params = where;
-        m.weights->set_params_location(where);
-        if (where == runtime::ParamsLocation::ComputeDevice && !on_cpu) {
-            m.params_buft = (*m.executor)->compute().buffer_type();
-            m.params_ledger = &(*m.executor)->store().ledger();
-        } else if (where == runtime::ParamsLocation::OtherDevice) {
-            auto other = device_of(m.placement->params_device);
-            if (!other.ok()) return Error{"--params-backend: " + other.error().message};
-            m.params_buft = ggml_backend_dev_buffer_type(*other);
-            m.params_ledger = &ledger_for(m.placement->params_device, *other);
-        }
-        if (!m.params_ledger) return Status::Ok();
-        const uint64_t need = m.weights->allocation_size(m.params_buft);
-        const uint64_t limit = m.params_ledger->limit();
-        if (m.params_ledger->managed() + need > limit) {
-            return Error::out_of_memory(
-                "out of memory: the " + m.name + " weights need " + human_bytes(need) + " on " +
-                m.params_ledger->device_name() + ", the budget leaves " +
-                human_bytes(limit > m.params_ledger->managed() ? limit - m.params_ledger->managed() : 0) +
-                " (keep them in RAM with --params-backend " + m.role + "=cpu, or on disk)");
-        }
-        m.params_ledger->add(need);
-        reserved_params_[m.name] = {m.params_ledger, need};
-        return Status::Ok();
-    };
-    for (Placed& m : modules) {
-        m.placement =
-            &*std::find_if(placement_.begin(), placement_.end(), [&](const auto& x) { return x.module == m.role; });
-        auto dev = device_of(m.placement->compute_device);
+    for (Module* m : by_priority_) {
+        // A module's executor is named by its role ("te"), or role and
+        // network when a role has several ("te.clip_g").
+        const auto same_role = std::count_if(modules_.begin(), modules_.end(),
+                                             [&](const auto& other) { return other->spec.role == m->spec.role; });
+        m->executor_name = same_role > 1 ? std::string(m->role()) + "." + m->spec.name : std::string(m->role());
+        m->placement =
+            &*std::find_if(placement_.begin(), placement_.end(), [&](const auto& x) { return x.module == m->role(); });
+        auto dev = device_of(m->placement->compute_device);
         if (!dev.ok()) return dev.error();
         auto compute = runtime::Compute::create(*dev, options.threads);
         if (!compute.ok()) return compute.error();
-        m.backend = (*compute)->weights_backend();
-        m.module->target = *dev == nullptr ? nn::ComputeTarget::Cpu : nn::ComputeTarget::Device;
-        ledger_for(m.placement->compute_device, *dev);
-        auto& store = stores_[m.placement->compute_device];
+        m->backend = (*compute)->weights_backend();
+        m->target = *dev == nullptr ? nn::ComputeTarget::Cpu : nn::ComputeTarget::Device;
+        ledger_for(m->placement->compute_device, *dev);
+        auto& store = stores_[m->placement->compute_device];
         if (!store) {
-            store = runtime::shared_store(m.placement->compute_device, *dev,
-                                          options.placement.budgets.for_device(m.placement->compute_device),
-                                          (*compute)->buffer_type());
+            store = runtime::shared_store(m->placement->compute_device, *dev,
+                                          budgets_.for_device(m->placement->compute_device), (*compute)->buffer_type());
         }
         runtime::ExecutorOptions executor_options = options.executor;
         executor_options.cancel = &cancel_;
-        *m.executor = std::make_unique<runtime::Executor>(m.name, std::move(compute).value(), *m.weights, *store,
-                                                          executor_options);
-        KILN_TRY(place_params(m, m.placement->params));
+        m->executor = std::make_unique<runtime::Executor>(m->executor_name, std::move(compute).value(), m->weights(),
+                                                          *store, executor_options);
+        KILN_TRY(place_params(*m, m->placement->params));
     }
-
     for (TextEncoder& te : text_encoders_) {
         for (const auto& module : modules_) {
-            if ((te.network && module->clip.get() == te.network) || (te.t5 && module->t5.get() == te.t5) ||
-                (te.llm && module->llm.get() == te.llm))
-                te.executor = module->executor.get();
+            if (module->network.get() == te.network) te.executor = module->executor.get();
         }
-    }
-
-    // Auto-fit checks its guess against the job's measured plan and moves
-    // weights off the GPU (VAE first, the UNet last) until the job fits.
-    if (auto_fit && placement_.front().compute_device != "CPU") {
-        const int width = options.job_width > 0 ? options.job_width : defaults_.width;
-        const int height = options.job_height > 0 ? options.job_height : defaults_.height;
-        // With a hires fix, its second pass at the larger size too; a fix the
-        // job's validation will refuse is left to it.
-        JobPasses passes;
-        std::optional<ValidatedRequest> planned;
-        if (options.job_hires) {
-            GenerationRequest job;
-            job.width = width;
-            job.height = height;
-            job.hires = *options.job_hires;
-            auto validated = validate_request(*this, job);
-            if (validated.ok() && validated->hires) {
-                planned = std::move(validated).value();
-                passes.hires = &*planned->hires;
-            }
-        }
-        for (auto it = modules.rbegin(); it != modules.rend(); ++it) {
-            auto forecast =
-                forecast_job(*this, width, height, /*cfg=*/true, /*flash_attention=*/false, nullptr, passes);
-            if (!forecast.ok() || forecast->fits) break;
-            if (it->placement->params != runtime::ParamsLocation::ComputeDevice) continue;
-            KILN_LOG_VERBOSE("auto-fit: a %dx%d job%s does not fit; %s weights move to RAM", width, height,
-                             planned ? " with its hires pass" : "", it->name.c_str());
-            KILN_TRY(place_params(*it, runtime::ParamsLocation::Host));
-        }
-    }
-    const std::string text = describe_placement(placement_, module_bytes_);
-    if (auto_fit && placement_.front().compute_device != "CPU") {
-        KILN_LOG_INFO("auto-fit:\n%s", text.substr(0, text.size() - 1).c_str());
-    } else {
-        KILN_LOG_VERBOSE("placement:\n%s", text.substr(0, text.size() - 1).c_str());
     }
 
     // RAM's books, whether or not a module computes on the CPU: a job's
     // decoded images are counted there (pipeline/request.h).
-    host_ledger_ = ledgers_.count("CPU")
-                       ? ledgers_["CPU"]
-                       : runtime::shared_ledger("CPU", nullptr, options.placement.budgets.for_device("CPU"));
+    host_ledger_ =
+        ledgers_.count("CPU") ? ledgers_["CPU"] : runtime::shared_ledger("CPU", nullptr, budgets_.for_device("CPU"));
 
     if (options.plan_only) return Status::Ok();
-    for (Placed& m : modules) {
-        auto loader = [weights = m.weights, backend = m.backend, buft = m.params_buft, name = m.name]() -> Status {
-            KILN_TRY(weights->load_params(weights->params_location(), backend, buft));
-            KILN_LOG_VERBOSE("%s: weights loaded (%s)", name.c_str(),
-                             runtime::params_location_name(weights->params_location()));
+    // Weights load when a graph first needs them (or load_weights()), from
+    // where the params are then: auto-fit may still move them.
+    for (Module* m : by_priority_) {
+        m->executor->set_loader([m]() -> Status {
+            runtime::ModuleWeights& weights = m->weights();
+            KILN_TRY(weights.load_params(weights.params_location(), m->backend, m->params_buft));
+            KILN_LOG_VERBOSE("%s: weights loaded (%s)", m->executor_name.c_str(),
+                             runtime::params_location_name(weights.params_location()));
             return Status::Ok();
-        };
-        if (options.eager_load) {
-            KILN_TRY(loader());
-        } else {
-            (*m.executor)->set_loader(loader);
-        }
+        });
     }
+    return Status::Ok();
+}
+
+Result<ggml_backend_dev_t> Model::device_of(const std::string& name) const {
+    if (name == "CPU") return static_cast<ggml_backend_dev_t>(nullptr);
+    auto dev = runtime::find_device(name);
+    if (!dev.ok()) return Error{"--backend: " + dev.error().message};
+    return *dev;
+}
+
+runtime::DeviceLedger& Model::ledger_for(const std::string& name, ggml_backend_dev_t dev) {
+    auto& ledger = ledgers_[name];
+    if (!ledger) ledger = runtime::shared_ledger(name, dev, budgets_.for_device(name));
+    return *ledger;
+}
+
+Status Model::place_params(Module& m, runtime::ParamsLocation where) {
+    if (auto r = reserved_params_.find(m.executor_name); r != reserved_params_.end()) {
+        r->second.first->release(r->second.second);
+        reserved_params_.erase(r);
+    }
+    runtime::DeviceLedger* params_ledger = nullptr;
+    m.params_buft = nullptr;
+    const bool on_cpu = m.placement->compute_device == "CPU";
+    if (on_cpu && where == runtime::ParamsLocation::Host) where = runtime::ParamsLocation::ComputeDevice;
+    m.placement->params = where;
+    m.weights().set_params_location(where);
+    if (where == runtime::ParamsLocation::ComputeDevice && !on_cpu) {
+        m.params_buft = m.executor->compute().buffer_type();
+        params_ledger = &m.executor->store().ledger();
+    } else if (where == runtime::ParamsLocation::OtherDevice) {
+        auto other = device_of(m.placement->params_device);
+        if (!other.ok()) return Error{"--params-backend: " + other.error().message};
+        m.params_buft = ggml_backend_dev_buffer_type(*other);
+        params_ledger = &ledger_for(m.placement->params_device, *other);
+    }
+    if (!params_ledger) return Status::Ok();
+    const uint64_t need = m.weights().allocation_size(m.params_buft);
+    const uint64_t limit = params_ledger->limit();
+    if (params_ledger->managed() + need > limit) {
+        return Error::out_of_memory(
+            "out of memory: the " + m.executor_name + " weights need " + human_bytes(need) + " on " +
+            params_ledger->device_name() + ", the budget leaves " +
+            human_bytes(limit > params_ledger->managed() ? limit - params_ledger->managed() : 0) +
+            " (keep them in RAM with --params-backend " + m.role() + "=cpu, or on disk)");
+    }
+    params_ledger->add(need);
+    reserved_params_[m.executor_name] = {params_ledger, need};
+    return Status::Ok();
+}
+
+Status Model::keep_params_in_ram(Module& module) { return place_params(module, runtime::ParamsLocation::Host); }
+
+Status Model::load_weights() {
+    for (Module* m : by_priority_) KILN_TRY(m->executor->load_weights());
     return Status::Ok();
 }
 

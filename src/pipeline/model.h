@@ -14,16 +14,12 @@
 #include <vector>
 
 #include "io/model_file.h"
-#include "models/nets/clip_text.h"
-#include "models/nets/controlnet.h"
 #include "models/family.h"
-#include "models/nets/flux_dit.h"
-#include "models/nets/llm_encoder.h"
-#include "models/nets/t5_encoder.h"
+#include "models/nets/controlnet.h"
+#include "models/nets/registry.h"
 #include "models/nets/taesd.h"
-#include "models/nets/unet.h"
 #include "models/nets/vae.h"
-#include "models/nets/z_image_dit.h"
+#include "models/network.h"
 #include "pipeline/clip_tokenizer.h"
 #include "pipeline/denoiser.h"
 #include "pipeline/embeddings.h"
@@ -97,48 +93,46 @@ Result<TokenizerPaths> parse_tokenizer_flag(const std::string& value);
 // The family's defaults, overridden by a file's "kiln.default.*" metadata.
 using ModelDefaults = models::Defaults;
 
-// One network of the model and its runner. Exactly one of clip, t5, llm,
-// unet, flux, z_image, vae, control and taesd is set, the one spec.network names.
+// One network of the model and its runner: the network (any of the
+// registry's, held by the seam of models/network.h), the weights it declared
+// (their residency is the runtime's), where its graphs compute and the
+// executor that runs them.
 struct Module {
     models::ModuleSpec spec;
     std::string prefix;  // where its tensors live in `file`
     const io::ModelFile* file = nullptr;
-    std::unique_ptr<models::ClipTextEncoder> clip;
-    std::unique_ptr<models::T5Encoder> t5;
-    std::unique_ptr<models::LlmEncoder> llm;
-    std::unique_ptr<models::Unet> unet;
-    std::unique_ptr<models::FluxDit> flux;
-    std::unique_ptr<models::ZImageDit> z_image;
-    std::unique_ptr<models::Vae> vae;
-    std::unique_ptr<models::ControlNet> control;
-    std::unique_ptr<models::Taesd> taesd;
+    // Declared before the network: the network's tensors live in them.
+    std::unique_ptr<runtime::ModuleWeights> params;
+    std::unique_ptr<models::Network> network;
     std::unique_ptr<runtime::Executor> executor;
     // Where its graphs compute (placement decides; the graph builders take
     // it as a build option).
     nn::ComputeTarget target = nn::ComputeTarget::Cpu;
+    // Placement's record for its role, its executor's name ("te",
+    // "te.clip_g"), the backend its weights load for, and the buffer type
+    // its params live in (null: RAM or the mapped file).
+    ModulePlacement* placement = nullptr;
+    std::string executor_name;
+    ggml_backend_t backend = nullptr;
+    ggml_backend_buffer_type_t params_buft = nullptr;
 
-    runtime::ModuleWeights& weights();
-    const runtime::ModuleWeights& weights() const;
+    runtime::ModuleWeights& weights() { return *params; }
+    const runtime::ModuleWeights& weights() const { return *params; }
     const char* role() const { return models::module_role_name(spec.role); }
 };
 
-// A text encoder as the family's conditioning uses it: a CLIP (network), a
-// T5 (t5) or an LLM (llm); exactly one is set.
+// A text encoder as the family's conditioning uses it.
 struct TextEncoder {
     const models::TextEncoderUse* use = nullptr;
-    const models::ClipTextEncoder* network = nullptr;
-    const models::T5Encoder* t5 = nullptr;
-    const models::LlmEncoder* llm = nullptr;
+    const models::TextEncoderNetwork* network = nullptr;
     runtime::Executor* executor = nullptr;
+    const runtime::ModuleWeights* weights = nullptr;
     // A CLIP's textual-inversion vectors (--embd-dir), for the token ids
     // after the tokenizer's vocabulary.
     EmbeddingTable embeddings;
 
     // The width of its hidden states.
-    int64_t width() const {
-        if (network) return network->config().width;
-        return t5 ? t5->config().d_model : llm->config().width;
-    }
+    int64_t width() const { return network->width(); }
 };
 
 class Model {
@@ -190,15 +184,13 @@ class Model {
         }
         return false;
     }
-    // The diffusion network: a UNet (SD1.x, SD2.x, SDXL), a Flux DiT (Flux,
-    // Chroma) or a Z-Image DiT; exactly one has_*() is true.
-    bool has_unet() const { return diffusion_->unet != nullptr; }
-    bool has_flux() const { return diffusion_->flux != nullptr; }
-    bool has_z_image() const { return diffusion_->z_image != nullptr; }
-    const models::Unet& unet() const { return *diffusion_->unet; }
-    const models::FluxDit& flux() const { return *diffusion_->flux; }
-    const models::ZImageDit& z_image() const { return *diffusion_->z_image; }
-    const models::Vae& vae() const { return *vae_->vae; }
+    // The diffusion network (a UNet, a DiT) by its interface: what it takes
+    // is capabilities(), never its kind.
+    const models::DiffusionNetwork& diffusion() const { return *diffusion_->network->as_diffusion(); }
+    const runtime::ModuleWeights& diffusion_weights() const { return diffusion_->weights(); }
+    // The family's autoencoder (kiln has one kind: models/nets/vae.h).
+    const models::Vae& vae() const { return static_cast<const models::Vae&>(*vae_->network); }
+    const runtime::ModuleWeights& vae_weights() const { return vae_->weights(); }
     runtime::Executor& diffusion_compute() { return *diffusion_->executor; }
     nn::ComputeTarget diffusion_target() const { return diffusion_->target; }
     nn::ComputeTarget vae_target() const { return vae_->target; }
@@ -206,7 +198,7 @@ class Model {
     // --taesd's decoder, a module of the "vae" role (placed and budgeted with
     // the VAE); only when has_taesd().
     bool has_taesd() const { return taesd_ != nullptr; }
-    const models::Taesd& taesd() const { return *taesd_->taesd; }
+    const models::Taesd& taesd() const { return static_cast<const models::Taesd&>(*taesd_->network); }
     runtime::Executor& taesd_compute() { return *taesd_->executor; }
     nn::ComputeTarget taesd_target() const { return taesd_->target; }
     // Whether the final image is decoded by the tiny autoencoder (--taesd
@@ -214,7 +206,8 @@ class Model {
     bool taesd_decodes_images() const { return taesd_ && !taesd_preview_only_; }
     // The ControlNet given with --control-net, a module of its own ("control").
     bool has_control_net() const { return control_ != nullptr; }
-    const models::ControlNet& control_net() const { return *control_->control; }
+    const models::ControlNet& control_net() const { return static_cast<const models::ControlNet&>(*control_->network); }
+    const runtime::ModuleWeights& control_weights() const { return control_->weights(); }
     runtime::Executor& control_compute() { return *control_->executor; }
     nn::ComputeTarget control_target() const { return control_->target; }
     // The ControlNet file's stem, for image metadata.
@@ -224,6 +217,18 @@ class Model {
     const std::vector<std::unique_ptr<Module>>& modules() const { return modules_; }
 
     const std::vector<ModulePlacement>& placement() const { return placement_; }
+    // The modules in placement's priority order: diffusion, ControlNet, text
+    // encoders, VAE.
+    const std::vector<Module*>& modules_by_priority() const { return by_priority_; }
+    // Whether auto-fit chose the placement (--auto-fit, no --backend or
+    // --params-backend): pipeline/auto_fit.h may then refine it.
+    bool auto_fit() const { return auto_fit_; }
+    // Keeps a module's params in RAM (weights are copied to its device when a
+    // graph needs them), giving back what they held on the device's books.
+    Status keep_params_in_ram(Module& module);
+    // Loads every module's weights now (--eager-load) instead of when its
+    // first graph runs.
+    Status load_weights();
     const ModuleBytes& module_bytes() const { return module_bytes_; }
     // The ledgers of the devices in use, by device name.
     const std::map<std::string, std::shared_ptr<runtime::DeviceLedger>>& ledgers() const { return ledgers_; }
@@ -258,12 +263,20 @@ class Model {
     Status load_control_net(const std::string& path, const ModelOptions& options);
     Status load_taesd(const std::string& path, const ModelOptions& options);
     Status load_clip_tokenizer(const std::string& flag_path, const std::string& embeddings_dir);
-    Status check_unet_inputs() const;
-    Status check_flux_inputs() const;
-    Status check_z_image_inputs() const;
+    // Makes the module's weights and its network from the registry.
+    Status create_network(Module& module, const models::NetworkOptions& options,
+                          std::optional<ggml_type> weight_type) const;
+    // The diffusion network checked against what the encoders and VAE make.
+    Status check_conditioning() const;
     Status load_llm_tokenizer(const std::string& flag_path, const TextEncoder& encoder);
     Status read_metadata(const ModelOptions& options);
+    // Placement's guess: executors, devices' books, params locations; the
+    // weights load lazily from wherever the params are when first needed.
     Status place_modules(const ModelOptions& options);
+    Status place_params(Module& module, runtime::ParamsLocation where);
+    Result<ggml_backend_dev_t> device_of(const std::string& name) const;
+    // The device's books, shared with every other model of the process.
+    runtime::DeviceLedger& ledger_for(const std::string& name, ggml_backend_dev_t dev);
 
     std::vector<std::unique_ptr<io::ModelFile>> files_;
     const models::Family* family_ = nullptr;
@@ -275,6 +288,9 @@ class Model {
     std::unique_ptr<T5Tokenizer> t5_tokenizer_;
     std::unique_ptr<LlmTokenizer> llm_tokenizer_;
     std::vector<ModulePlacement> placement_;
+    std::vector<Module*> by_priority_;
+    runtime::BudgetSpec budgets_;
+    bool auto_fit_ = false;
     ModuleBytes module_bytes_;
     // The networks (their weights) outlive this model's hold on the stores
     // that keep copies of them, and the stores outlive the executors that

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "pipeline/module_roles.h"
 #include "util/format.h"
 #include "util/log.h"
 
@@ -52,14 +53,14 @@ Result<std::map<std::string, std::string>> parse_params_backend(std::string_view
                                                                 const std::vector<std::string>& device_names) {
     std::vector<std::string> values = device_names;
     values.push_back("disk");
-    return runtime::parse_module_assignments("--params-backend", spec, values);
+    return parse_module_assignments("--params-backend", spec, values);
 }
 
 namespace {
 
 Result<std::vector<ModulePlacement>> place_each_module(const PlacementRequest& request, const ModuleBytes& bytes,
-                                                      const std::vector<DeviceInfo>& devices,
-                                                      uint64_t host_available) {
+                                                       const std::vector<DeviceInfo>& devices,
+                                                       uint64_t host_available) {
     auto bytes_of = [&](const std::string& m) {
         auto it = bytes.find(m);
         return it == bytes.end() ? uint64_t{0} : it->second;

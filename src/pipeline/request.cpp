@@ -232,9 +232,11 @@ Result<ValidatedRequest> validate_request(const Model& model, const GenerationRe
                                               "], got " + std::to_string(b));
             }
         }
-        if (model.has_unet()) {
-            return Error::invalid_request("--slg-scale is skip-layer guidance for DiT models (Flux, Chroma); " +
-                                          model.family_label() + " has a UNet");
+        if (!model.diffusion().capabilities().skip_layers) {
+            return Error::invalid_request(
+                "--slg-scale is skip-layer guidance for DiTs that take a skip list "
+                "(Flux, Chroma); " +
+                model.family_label() + "'s " + model.diffusion().capabilities().label + " does not");
         }
     }
     if (r.timestep_shift < 0 || r.timestep_shift > 1000) {
@@ -262,10 +264,10 @@ Result<ValidatedRequest> validate_request(const Model& model, const GenerationRe
         if (Status s = validate_tiling(*r.vae_tiling); !s.ok()) return s.error().as(ErrorKind::InvalidRequest);
     }
     for (const TextEncoder& te : model.text_encoders()) {
-        if (te.network && r.clip_skip > te.network->config().layers) {
-            return Error::invalid_request("clip skip must be at most " + std::to_string(te.network->config().layers) +
-                                          " for this model's " + te.use->module + " text encoder, got " +
-                                          std::to_string(r.clip_skip));
+        const int64_t layers = te.network->clip_skip_layers();
+        if (layers > 0 && r.clip_skip > layers) {
+            return Error::invalid_request("clip skip must be at most " + std::to_string(layers) + " for this model's " +
+                                          te.use->module + " text encoder, got " + std::to_string(r.clip_skip));
         }
     }
     if ((r.init_image || !r.ref_images.empty()) && !model.vae().config().has_encoder) {
@@ -275,7 +277,7 @@ Result<ValidatedRequest> validate_request(const Model& model, const GenerationRe
         return Error::invalid_request("--guidance must be a number in [0, " + format_number(kMaxCfgScale) + "], got " +
                                       format_number(*r.guidance));
     }
-    if (model.has_flux() && model.flux().config().guidance_embed) p.guidance = r.guidance.value_or(d.guidance);
+    if (model.diffusion().capabilities().guidance) p.guidance = r.guidance.value_or(d.guidance);
     if (r.flow_shift && (!std::isfinite(*r.flow_shift) || std::fabs(*r.flow_shift) > kMaxFlowShift)) {
         return Error::invalid_request("--flow-shift must be a number in [-" + format_number(kMaxFlowShift) + ", " +
                                       format_number(kMaxFlowShift) + "], got " + format_number(*r.flow_shift));

@@ -14,6 +14,7 @@
 #include "pipeline/hires_fix.h"
 #include "pipeline/latent_resize.h"
 #include "pipeline/preview.h"
+#include "pipeline/request_limits.h"
 #include "pipeline/rng.h"
 #include "pipeline/samplers.h"
 #include "pipeline/schedulers.h"
@@ -26,22 +27,10 @@ namespace kiln::pipeline {
 
 class Model;
 
-// Limits of a request (and of a model file's defaults).
-constexpr int kMaxSteps = 10000;
-constexpr float kMaxCfgScale = 100.0f;
-constexpr int kMaxBatchCount = 1000;
-constexpr float kMaxFlowShift = 20.0f;
-constexpr float kMaxSigma = 1000.0f;  // --sigmas (SD's largest is 14.6, EDM models' 80)
-constexpr int kMaxT5MaskPad = 512;    // --chroma-t5-mask-pad: Chroma's T5 sequence
-constexpr int kMaxSkipLayer = 1000;   // --skip-layers (flux1-dev has 57 blocks)
-constexpr size_t kMaxReferenceImages = 8;
-constexpr float kMaxHiresScale = 8.0f;
 
 // Where the second pass starts: the first pass's latent resized, or its
 // decoded image resized (Lanczos) or upscaled by a model, encoded again.
 enum class HiresUpscaler { Latent, Lanczos, Model };
-constexpr float kMaxControlStrength = 10.0f;
-constexpr int kMaxPreviewInterval = kMaxSteps;
 
 // sd-cli's skip-layer guidance (--slg-scale, --skip-layers,
 // --skip-layer-start, --skip-layer-end), for Flux's and Chroma's DiTs: on a

@@ -28,13 +28,15 @@ Result<std::unique_ptr<Upscaler>> Upscaler::load(const std::string& path, int th
     auto file = io::ModelFile::open({path});
     if (!file.ok()) return file.error().as(ErrorKind::BadFile);
     up->file_ = std::make_unique<io::ModelFile>(std::move(file).value());
-    auto net = models::RrdbNet::create(*up->file_, std::nullopt);
+    // The whole file's names: the network finds its own prefix in them.
+    up->weights_ = std::make_unique<runtime::ModuleWeights>(*up->file_, "", std::nullopt);
+    auto net = models::RrdbNet::create(*up->weights_);
     if (!net.ok()) return net.error();
     up->net_ = std::move(net).value();
     auto compute = runtime::Compute::create(threads);
     if (!compute.ok()) return compute.error();
     up->compute_ = std::move(compute).value();
-    KILN_TRY(up->net_->weights().load(up->compute_->weights_backend()));
+    KILN_TRY(up->weights_->load(up->compute_->weights_backend()));
     up->name_ = std::filesystem::path(path).stem().string();
     const models::RrdbNetConfig& c = up->net_->config();
     KILN_LOG_VERBOSE("upscaler %s: RRDBNet x%d, %d blocks, %lld features, growth %lld%s", up->name_.c_str(), c.scale(),
@@ -110,7 +112,7 @@ int repeats_to_reach(int scale, int64_t width, int64_t height, int64_t target_w,
 Result<UpscalerMemory> Upscaler::memory(int width, int height, int tile, int repeats) {
     KILN_TRY(validate_upscale_tile(tile));
     UpscalerMemory m;
-    m.weights = net_->weights().declared_bytes();
+    m.weights = weights_->declared_bytes();
     // The tile of the last (largest) repeat, in whole unshuffle cells as upscale_planar cuts it.
     int64_t w = width, h = height;
     for (int i = 1; i < repeats; ++i) w *= scale(), h *= scale();

@@ -24,6 +24,7 @@
 #include "models/nets/rrdbnet.h"
 #include "runtime/compute.h"
 #include "runtime/graph_session.h"
+#include "runtime/module_weights.h"
 #include "util/result.h"
 
 namespace kiln::pipeline {
@@ -97,6 +98,7 @@ class Upscaler {
     std::string name_;
     std::function<bool()> cancelled_;
     std::unique_ptr<io::ModelFile> file_;
+    std::unique_ptr<runtime::ModuleWeights> weights_;  // before net_: its tensors live here
     std::unique_ptr<models::RrdbNet> net_;
     std::unique_ptr<runtime::Compute> compute_;
     // The last tile's graph: every tile but an image's only one has the same

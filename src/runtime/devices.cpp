@@ -21,6 +21,7 @@
 #include <set>
 
 #include "ggml-rpc.h"
+#include "util/format.h"
 
 namespace kiln::runtime {
 namespace {
@@ -57,37 +58,6 @@ void report_ggml_abort(const char* message) {
         std::fprintf(stderr, "error: ggml aborted: %s\n", message);
     }
     std::fflush(stderr);
-}
-
-std::string lower(std::string_view s) {
-    std::string out(s);
-    for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    return out;
-}
-
-std::string trim(std::string_view s) {
-    size_t b = 0, e = s.size();
-    while (b < e && std::isspace(static_cast<unsigned char>(s[b]))) ++b;
-    while (e > b && std::isspace(static_cast<unsigned char>(s[e - 1]))) --e;
-    return std::string(s.substr(b, e - b));
-}
-
-std::vector<std::string> split(std::string_view s, char sep) {
-    std::vector<std::string> parts;
-    size_t start = 0;
-    while (true) {
-        const size_t pos = s.find(sep, start);
-        parts.push_back(trim(s.substr(start, pos == std::string_view::npos ? std::string_view::npos : pos - start)));
-        if (pos == std::string_view::npos) break;
-        start = pos + 1;
-    }
-    return parts;
-}
-
-std::string join(const std::vector<std::string>& items) {
-    std::string out;
-    for (const std::string& item : items) out += (out.empty() ? "" : ", ") + item;
-    return out;
 }
 
 DeviceInfo::Type to_type(enum ggml_backend_dev_type type) {
@@ -205,26 +175,6 @@ Status probe_rpc_server(const std::string& endpoint) {
     return Status::Ok();
 }
 
-// Module aliases, keyed by the normalised spelling (lower case, no '-'/'_').
-const std::map<std::string, std::string>& module_aliases() {
-    static const std::map<std::string, std::string> aliases = {
-        {"diffusion", "diffusion"},
-        {"unet", "diffusion"},
-        {"dit", "diffusion"},
-        {"transformer", "diffusion"},
-        {"te", "te"},
-        {"clip", "te"},
-        {"textencoder", "te"},
-        {"textencoders", "te"},
-        {"condstage", "te"},
-        {"vae", "vae"},
-        {"clipvision", "clip_vision"},
-        {"control", "control"},
-        {"controlnet", "control"},
-    };
-    return aliases;
-}
-
 }  // namespace
 
 std::vector<std::string> registered_device_names() {
@@ -263,7 +213,7 @@ std::vector<DeviceInfo> list_devices() {
 
 Result<std::vector<std::string>> parse_rpc_endpoints(std::string_view endpoints) {
     std::vector<std::string> out;
-    for (const std::string& endpoint : split(endpoints, ',')) {
+    for (const std::string& endpoint : split_list(endpoints, ',')) {
         if (endpoint.empty())
             return Error::invalid_request("--rpc-servers: empty endpoint in '" + std::string(endpoints) +
                                           "' (expected host:port)");
@@ -331,82 +281,12 @@ Status add_rpc_servers(const std::string& endpoints) {
 }
 
 Result<ggml_backend_dev_t> find_device(std::string_view name) {
-    const std::string wanted = lower(trim(name));
+    const std::string wanted = ascii_lower(trim_space(name));
     for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
         ggml_backend_dev_t dev = ggml_backend_dev_get(i);
-        if (lower(ggml_backend_dev_name(dev)) == wanted) return dev;
+        if (ascii_lower(ggml_backend_dev_name(dev)) == wanted) return dev;
     }
-    return Error{"unknown device '" + std::string(name) + "' (valid: " + join(registered_device_names()) + ")"};
-}
-
-const std::vector<std::string>& known_modules() {
-    static const std::vector<std::string> modules = {"diffusion", "te", "vae", "clip_vision", "control"};
-    return modules;
-}
-
-std::string normalize_module_name(std::string_view name) {
-    std::string key;
-    for (char c : name) {
-        if (c == '-' || c == '_') continue;
-        key += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    }
-    const auto& aliases = module_aliases();
-    const auto it = aliases.find(key);
-    return it == aliases.end() ? std::string() : it->second;
-}
-
-Result<std::map<std::string, std::string>> parse_module_assignments(std::string_view flag, std::string_view spec,
-                                                                    const std::vector<std::string>& device_names) {
-    const std::string f(flag);
-    const std::string valid_devices = (f == "--backend" ? "valid devices: " : "valid values: ") + join(device_names);
-    const std::string valid_modules = "valid modules: " + join(known_modules()) +
-                                      "; aliases: unet, dit, transformer, " +
-                                      "clip, text_encoder, cond_stage, controlnet";
-    auto resolve_device = [&](const std::string& name) -> Result<std::string> {
-        for (const std::string& d : device_names) {
-            if (lower(d) == lower(name)) return d;
-        }
-        return Error{f + ": unknown device '" + name + "' (" + valid_devices + ")"};
-    };
-
-    const std::string whole = trim(spec);
-    if (whole.empty()) return Error{f + ": expected a device or module=device pairs (" + valid_devices + ")"};
-    std::map<std::string, std::string> out;
-    if (whole.find('=') == std::string::npos) {
-        if (whole.find(',') != std::string::npos) {
-            return Error{f + ": '" + whole + "': give one device, or module=device pairs such as " +
-                         "diffusion=cuda0,vae=cpu (" + valid_devices + ")"};
-        }
-        auto device = resolve_device(whole);
-        if (!device) return device.error();
-        for (const std::string& module : known_modules()) out[module] = *device;
-        return out;
-    }
-    for (const std::string& pair : split(whole, ',')) {
-        const size_t eq = pair.find('=');
-        if (eq == std::string::npos) {
-            return Error{f + ": '" + pair + "': expected module=device when assigning modules (" + valid_modules + ")"};
-        }
-        const std::string module_text = trim(pair.substr(0, eq));
-        const std::string device_text = trim(pair.substr(eq + 1));
-        const std::string module = normalize_module_name(module_text);
-        if (module.empty()) return Error{f + ": unknown module '" + module_text + "' (" + valid_modules + ")"};
-        if (out.count(module)) return Error{f + ": module '" + module + "' is assigned twice"};
-        if (device_text.empty()) return Error{f + ": " + module_text + "= needs a device (" + valid_devices + ")"};
-        auto device = resolve_device(device_text);
-        if (!device) return device.error();
-        out[module] = *device;
-    }
-    return out;
-}
-
-Result<std::map<std::string, std::string>> parse_backend_assignments(std::string_view spec,
-                                                                     const std::vector<std::string>& device_names) {
-    return parse_module_assignments("--backend", spec, device_names);
-}
-
-Result<std::map<std::string, std::string>> parse_backend_assignments(std::string_view spec) {
-    return parse_backend_assignments(spec, registered_device_names());
+    return Error{"unknown device '" + std::string(name) + "' (valid: " + join_list(registered_device_names()) + ")"};
 }
 
 }  // namespace kiln::runtime

@@ -58,28 +58,4 @@ Status add_rpc_servers(const std::string& endpoints);
 // error lists the valid names.
 Result<ggml_backend_dev_t> find_device(std::string_view name);
 
-// The model modules that can be placed: "diffusion", "te", "vae", "clip_vision", "control".
-const std::vector<std::string>& known_modules();
-
-// The canonical module name for `name`, or "" when it names no module.
-// Case-insensitive and blind to '-' and '_' (clip_vision = clip-vision =
-// ClipVision). Aliases: unet, dit, transformer -> diffusion; clip,
-// text_encoder(s), cond_stage -> te.
-std::string normalize_module_name(std::string_view name);
-
-// Parses `--backend SPEC`: either one device name (every module on it) or
-// comma-separated `module=device` pairs ("diffusion=rpc0,te=cpu,vae=cpu";
-// modules not named are left out of the map). Keys are canonical module names,
-// values the device names as `device_names` spells them. An unknown module or
-// device, a repeated module or a malformed pair is an Error, prefixed with
-// "--backend: ", that lists the valid names.
-Result<std::map<std::string, std::string>> parse_backend_assignments(std::string_view spec,
-                                                                     const std::vector<std::string>& device_names);
-// The same for any flag that assigns modules to one of `values`
-// (--params-backend adds "disk"); errors are prefixed with the flag.
-Result<std::map<std::string, std::string>> parse_module_assignments(std::string_view flag, std::string_view spec,
-                                                                    const std::vector<std::string>& values);
-// The same over the registered devices (add RPC servers first).
-Result<std::map<std::string, std::string>> parse_backend_assignments(std::string_view spec);
-
 }  // namespace kiln::runtime

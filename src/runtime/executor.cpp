@@ -515,16 +515,20 @@ Status Executor::run_group(ggml_cgraph* graph, const GraphPlan& plan, const std:
     return Status::Ok();
 }
 
+Status Executor::load_weights() {
+    if (!loader_) return Status::Ok();
+    KILN_TRY(loader_());
+    loader_ = nullptr;
+    return Status::Ok();
+}
+
 Status Executor::run(GraphSession& session, ggml_tensor* output) {
     busy_ = true;
     struct Idle {
         bool& busy;
         ~Idle() { busy = false; }
     } idle{busy_};
-    if (loader_) {
-        KILN_TRY(loader_());
-        loader_ = nullptr;
-    }
+    KILN_TRY(load_weights());
     ggml_cgraph* graph = session.graph(output);
     // A session's graph is built once: its next runs (every sampling step)
     // skip hashing it, listing its leafs and defining its blocks again.

@@ -67,8 +67,10 @@ class Executor {
     Executor& operator=(const Executor&) = delete;
 
     // Called once before the first run: loads the module's weights (lazy
-    // loading; --eager-load calls it at start instead).
+    // loading; --eager-load calls it at start instead, with load_weights()).
     void set_loader(std::function<Status()> loader) { loader_ = std::move(loader); }
+    // Runs the loader now, if it has not run.
+    Status load_weights();
 
     // Runs the session's graph ending at `output` (built on first use).
     // An error leaves the executor ready for the next run.

@@ -22,6 +22,7 @@
 
 #include "ggml-backend.h"
 #include "io/model_file.h"
+#include "io/weight_declarer.h"
 #include "runtime/weight_patches.h"
 #include "util/result.h"
 
@@ -32,7 +33,8 @@ enum class ParamsLocation { ComputeDevice, Host, OtherDevice, Disk };
 // "device", "cpu", "other device", "disk".
 const char* params_location_name(ParamsLocation location);
 
-class ModuleWeights {
+// The declaring interface (io/weight_declarer.h) with residency behind it.
+class ModuleWeights final : public io::WeightDeclarer {
   public:
     // `prefix` is prepended to every name ("model.diffusion_model.").
     // `weight_type`: --type, applied to matrices (compute_type's rule).
@@ -41,19 +43,15 @@ class ModuleWeights {
     ModuleWeights(const ModuleWeights&) = delete;
     ModuleWeights& operator=(const ModuleWeights&) = delete;
 
-    // Declares a tensor. `shape` is outermost first as in PyTorch; -1 accepts
-    // any size. Returns a tensor usable in graphs (data arrives with load()).
-    // On a problem, records an error (reported by load()) and returns a
-    // placeholder of the expected shape so declaration can go on.
-    ggml_tensor* require(const std::string& name, const std::vector<int64_t>& shape);
-    // As require(), held in F32 whatever the file and --type say: for tensors
-    // used in element-wise ops (ggml adds F32 only), such as position embeddings.
-    ggml_tensor* require_f32(const std::string& name, const std::vector<int64_t>& shape);
-    // As require(), or nullptr when the file does not have the tensor.
-    ggml_tensor* optional(const std::string& name, const std::vector<int64_t>& shape);
-    bool has(const std::string& name) const;
-    // The file's entry, or nullptr.
-    const io::TensorInfo* info(const std::string& name) const;
+    // io::WeightDeclarer. Declared tensors are usable in graphs; their data
+    // arrives with load().
+    const io::ModelFile& file() const override { return file_; }
+    const std::string& prefix() const override { return prefix_; }
+    ggml_tensor* require(const std::string& name, const std::vector<int64_t>& shape) override;
+    ggml_tensor* require_f32(const std::string& name, const std::vector<int64_t>& shape) override;
+    ggml_tensor* optional(const std::string& name, const std::vector<int64_t>& shape) override;
+    bool has(const std::string& name) const override;
+    const io::TensorInfo* info(const std::string& name) const override;
 
     // Allocates every declared tensor on `backend` and copies the data in
     // (on the CPU, tensors stored as computed point into the mapped file
@@ -105,7 +103,6 @@ class ModuleWeights {
     uint64_t extra_bytes() const;
     // The declared weights, in declaration order, with their file entries.
     const std::vector<std::pair<ggml_tensor*, const io::TensorInfo*>>& declared() const { return declared_; }
-    const std::string& prefix() const { return prefix_; }
 
     // Whether `tensor` is one of this module's compute tensors.
     bool owns(const ggml_tensor* tensor) const;

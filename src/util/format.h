@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace kiln {
 
@@ -18,5 +19,14 @@ std::string escaped(std::string_view text);
 // "0.5", "0.75", "1e+39": the shortest form that reads back as the same
 // float, as A1111 prints parameters.
 std::string format_number(float value);
+
+// ASCII lower case ("RPC0" -> "rpc0").
+std::string ascii_lower(std::string_view text);
+// `text` without leading and trailing white space.
+std::string trim_space(std::string_view text);
+// The items of a `sep`-separated list, each trimmed ("a, b," -> a, b, "").
+std::vector<std::string> split_list(std::string_view text, char sep);
+// "a, b, c".
+std::string join_list(const std::vector<std::string>& items);
 
 }  // namespace kiln

@@ -161,11 +161,15 @@ void check_llm(const kiln::models::LlmConfig& c) {
     KILN_FUZZ_CHECK(std::isfinite(c.norm_eps) && c.norm_eps > 0);
 }
 
-// create() of `network`; on success the configuration is checked and kept
-// alive in `holder` so its weights can be checked after.
-template <class Net, class Check>
-Outcome finish(kiln::Result<std::unique_ptr<Net>> created, Check check, std::shared_ptr<void>& holder) {
+// create() of `Net` over the tensors under `prefix`; on success the
+// configuration is checked, and the network with its weights kept alive in
+// `holder` so its weights can be checked after.
+template <class Net, class Check, class... Args>
+Outcome finish(const ModelFile& file, const std::string& prefix, std::optional<ggml_type> weight_type, Check check,
+               std::shared_ptr<void>& holder, Args... args) {
     Outcome out;
+    auto weights = std::make_shared<kiln::runtime::ModuleWeights>(file, prefix, weight_type);
+    auto created = Net::create(*weights, args...);
     if (!created.ok()) {
         out.error = created.error().message;
         return out;
@@ -173,22 +177,23 @@ Outcome finish(kiln::Result<std::unique_ptr<Net>> created, Check check, std::sha
     std::shared_ptr<Net> net(std::move(created).value());
     check(net->config());
     out.ok = true;
-    out.weights = &net->weights();
-    holder = net;
+    out.weights = weights.get();
+    holder =
+        std::make_shared<std::pair<std::shared_ptr<kiln::runtime::ModuleWeights>, std::shared_ptr<Net>>>(weights, net);
     return out;
 }
 
 Outcome create(Network network, const ModelFile& file, const std::string& prefix, std::optional<ggml_type> weight_type,
-               int llm_layers, std::shared_ptr<void>& holder) {
+               int llm_unused_layers, std::shared_ptr<void>& holder) {
     using namespace kiln::models;
     switch (network) {
-        case Network::Clip: return finish(ClipTextEncoder::create(file, prefix, weight_type), check_clip, holder);
-        case Network::Unet: return finish(Unet::create(file, prefix, weight_type), check_unet, holder);
-        case Network::Vae: return finish(Vae::create(file, prefix, weight_type), check_vae, holder);
-        case Network::T5: return finish(T5Encoder::create(file, prefix, weight_type), check_t5, holder);
-        case Network::Flux: return finish(FluxDit::create(file, prefix, weight_type), check_flux, holder);
-        case Network::ZImage: return finish(ZImageDit::create(file, prefix, weight_type), check_z_image, holder);
-        case Network::Llm: return finish(LlmEncoder::create(file, prefix, weight_type, llm_layers), check_llm, holder);
+        case Network::Clip: return finish<ClipTextEncoder>(file, prefix, weight_type, check_clip, holder);
+        case Network::Unet: return finish<Unet>(file, prefix, weight_type, check_unet, holder);
+        case Network::Vae: return finish<Vae>(file, prefix, weight_type, check_vae, holder);
+        case Network::T5: return finish<T5Encoder>(file, prefix, weight_type, check_t5, holder);
+        case Network::Flux: return finish<FluxDit>(file, prefix, weight_type, check_flux, holder);
+        case Network::ZImage: return finish<ZImageDit>(file, prefix, weight_type, check_z_image, holder);
+        case Network::Llm: return finish<LlmEncoder>(file, prefix, weight_type, check_llm, holder, llm_unused_layers);
     }
     return {};
 }
@@ -400,13 +405,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const std::optional<ggml_type> weight_types[] = {std::nullopt, GGML_TYPE_F16, GGML_TYPE_F32, GGML_TYPE_Q8_0,
                                                      GGML_TYPE_Q4_K};
     const auto weight_type = weight_types[in.ConsumeIntegralInRange<size_t>(0, std::size(weight_types) - 1)];
-    const int llm_layers = in.ConsumeIntegralInRange<int>(-1, 4);
+    const int llm_unused_layers = in.ConsumeIntegralInRange<int>(-1, 4);
 
     auto file = ModelFile::from_header(std::move(header), "fuzz.gguf");
     if (!file.ok()) return 0;  // a renamed tensor met its twin
     for (const auto& [network, prefix] : layout.networks) {
         std::shared_ptr<void> holder;
-        const Outcome out = create(network, *file, prefix, weight_type, llm_layers, holder);
+        const Outcome out = create(network, *file, prefix, weight_type, llm_unused_layers, holder);
         if (!out.ok) {
             KILN_FUZZ_CHECK(!out.error.empty());
             continue;

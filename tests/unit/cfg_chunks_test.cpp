@@ -39,7 +39,7 @@ class CfgChunks : public ::testing::Test {
         run.batch_cfg = batch_cfg;
         run.sigmas = get_sigmas(SchedulerKind::Discrete, 3, DiscreteSchedule::stable_diffusion()).value();
         auto rng = make_rng(RngKind::Cuda, 3);
-        std::vector<float> x = rng->randn(static_cast<size_t>(8 * 8 * model_->unet().config().out_channels));
+        std::vector<float> x = rng->randn(static_cast<size_t>(8 * 8 * model_->diffusion().capabilities().out_channels));
         for (float& v : x) v *= run.sigmas.front();
         auto out = sample_latent(*model_, run, std::move(x), cond, &uncond, *rng, nullptr, apart);
         EXPECT_TRUE(out.ok()) << out.error().message;

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include "declared_network.h"
 #include "golden.h"
 #include "models/nets/unet.h"
 #include "runtime/graph_session.h"
@@ -68,11 +69,11 @@ std::vector<float> run_controlnet(const models::ControlNet& net, const Fixture& 
     return runtime::GraphSession::read(*out);
 }
 
-std::unique_ptr<models::ControlNet> load_controlnet(const io::ModelFile& file, const std::string& prefix) {
-    auto net = models::ControlNet::create(file, prefix, GGML_TYPE_F32);
+test::DeclaredNetwork<models::ControlNet> load_controlnet(const io::ModelFile& file, const std::string& prefix) {
+    auto net = test::declare_network<models::ControlNet>(file, prefix, GGML_TYPE_F32);
     if (!net.ok()) throw std::runtime_error(net.error().message);
     auto compute = test::golden_cpu();
-    auto status = (*net)->weights().load(compute->weights_backend());
+    auto status = net->weights().load(compute->weights_backend());
     if (!status.ok()) throw std::runtime_error(status.error().message);
     return std::move(net).value();
 }
@@ -97,7 +98,7 @@ void expect_residuals_match(const models::ControlNet& net, const Fixture& f, con
 TEST(ControlNet, ConfiguredFromItsWeights) {
     Fixture f;
     ASSERT_EQ(models::ControlNet::find_prefix(f.control).value_or("?"), "control_model.");
-    auto net = models::ControlNet::create(f.control, "control_model.", std::nullopt);
+    auto net = test::declare_network<models::ControlNet>(f.control, "control_model.", std::nullopt);
     ASSERT_TRUE(net.ok()) << net.error().message;
     const models::ControlNetConfig& c = (*net)->config();
     EXPECT_EQ(c.hint_channels, 3);
@@ -139,7 +140,7 @@ TEST(ControlNet, BareNamesGiveTheSameResiduals) {
 TEST(ControlNet, FileWithoutControlNetIsRefused) {
     Fixture f;
     EXPECT_FALSE(models::ControlNet::find_prefix(f.model).has_value());
-    auto net = models::ControlNet::create(f.model, "model.diffusion_model.", std::nullopt);
+    auto net = test::declare_network<models::ControlNet>(f.model, "model.diffusion_model.", std::nullopt);
     ASSERT_FALSE(net.ok());
     EXPECT_NE(net.error().message.find("input_hint_block"), std::string::npos) << net.error().message;
 }
@@ -149,10 +150,10 @@ TEST(ControlNet, FileWithoutControlNetIsRefused) {
 // must be the plain UNet's output bit for bit.
 void expect_controlled_unet_matches_reference(const std::string& family) {
     Fixture f(family);
-    auto unet = models::Unet::create(f.model, "model.diffusion_model.", GGML_TYPE_F32);
+    auto unet = test::declare_network<models::Unet>(f.model, "model.diffusion_model.", GGML_TYPE_F32);
     ASSERT_TRUE(unet.ok()) << unet.error().message;
     auto compute = test::golden_cpu();
-    ASSERT_TRUE((*unet)->weights().load(compute->weights_backend()).ok());
+    ASSERT_TRUE(unet->weights().load(compute->weights_backend()).ok());
     auto net = load_controlnet(f.control, "control_model.");
     const std::vector<float> kiln_residuals = run_controlnet(*net, f);
     const auto shapes = net->residual_shapes(f.x.shape[3], f.x.shape[2]);
@@ -204,7 +205,7 @@ TEST(ControlNet, SdxlResidualsAndControlledUnetMatchReference) {
 
 TEST(ControlNet, UnetRefusesResidualsOfTheWrongShape) {
     Fixture f;
-    auto unet = models::Unet::create(f.model, "model.diffusion_model.", std::nullopt);
+    auto unet = test::declare_network<models::Unet>(f.model, "model.diffusion_model.", std::nullopt);
     ASSERT_TRUE(unet.ok()) << unet.error().message;
     runtime::GraphSession session;
     const std::vector<float> zeros(64 * 77);

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "image/image_io.h"
+#include "pipeline/module_roles.h"
 #include "pixel_difference.h"
 #include "rpc_child.h"
 #include "test_files.h"
@@ -24,8 +25,8 @@
 namespace kiln {
 namespace {
 
-using runtime::normalize_module_name;
-using runtime::parse_backend_assignments;
+using pipeline::normalize_module_name;
+using pipeline::parse_backend_assignments;
 using runtime::parse_rpc_endpoints;
 using test::free_port;
 using test::KilnChild;

@@ -87,8 +87,8 @@ TEST(DiffusersRoundTrip, Sd2FolderMakesTheSameImageAsTheCheckpoint) {
     auto converted = load(dir.file("sd2"));
     ASSERT_TRUE(converted.ok()) << converted.error().message;
     EXPECT_EQ((*converted)->family_label(), "SD2.x");
-    EXPECT_EQ((*converted)->unet().weights().count(), (*original)->unet().weights().count());
-    EXPECT_EQ((*converted)->vae().weights().count(), (*original)->vae().weights().count());
+    EXPECT_EQ((*converted)->diffusion_weights().count(), (*original)->diffusion_weights().count());
+    EXPECT_EQ((*converted)->vae_weights().count(), (*original)->vae_weights().count());
 
     auto ca = pipeline::encode_prompt(**original, "a red circle", 0);
     auto cb = pipeline::encode_prompt(**converted, "a red circle", 0);

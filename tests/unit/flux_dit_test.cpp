@@ -11,6 +11,7 @@
 
 #include <cmath>
 
+#include "declared_network.h"
 #include "golden.h"
 #include "io/dtype.h"
 #include "runtime/graph_plan.h"
@@ -46,10 +47,10 @@ struct FluxFixture {
           io(open_file(model + "_io.safetensors")),
           prefix(std::move(prefix_)) {}
 
-    std::unique_ptr<models::FluxDit> dit() {
-        auto d = models::FluxDit::create(weights, prefix, GGML_TYPE_F32);
+    test::DeclaredNetwork<models::FluxDit> dit() {
+        auto d = test::declare_network<models::FluxDit>(weights, prefix, GGML_TYPE_F32);
         if (!d.ok()) throw std::runtime_error(d.error().message);
-        auto status = (*d)->weights().load(compute->weights_backend());
+        auto status = d->weights().load(compute->weights_backend());
         if (!status.ok()) throw std::runtime_error(status.error().message);
         return std::move(d).value();
     }
@@ -137,7 +138,7 @@ struct ChromaTiny : ::testing::Test, FluxFixture {
 };
 
 TEST_F(FluxTiny, ConfigIsReadFromTheWeights) {
-    auto d = models::FluxDit::create(weights, "", std::nullopt);
+    auto d = test::declare_network<models::FluxDit>(weights, "", std::nullopt);
     ASSERT_TRUE(d.ok()) << d.error().message;
     const models::FluxConfig& c = (*d)->config();
     EXPECT_EQ(c.hidden, 64);
@@ -184,7 +185,7 @@ TEST_F(FluxTiny, EachBlockIsASegmentWithItsOwnWeights) {
     auto out = d->build(session.ctx(), inputs(*d, session, {}), {});
     ASSERT_TRUE(out.ok()) << out.error().message;
     ggml_cgraph* graph = session.graph(*out);
-    const runtime::GraphPlan plan = runtime::build_graph_plan(graph, d->weights());
+    const runtime::GraphPlan plan = runtime::build_graph_plan(graph, d.weights());
     ASSERT_TRUE(plan.valid) << plan.invalid_reason;
     std::vector<std::string> names;
     for (const runtime::PlanSegment& segment : plan.segments) names.push_back(segment.name);
@@ -206,7 +207,7 @@ TEST_F(FluxTiny, EachBlockIsASegmentWithItsOwnWeights) {
             }
         }
     }
-    EXPECT_EQ(weights, d->weights().count());
+    EXPECT_EQ(weights, d.weights().count());
 }
 
 TEST_F(FluxTiny, FlashAttentionAndDeviceGeluStayClose) {
@@ -219,7 +220,7 @@ TEST_F(FluxTiny, FlashAttentionAndDeviceGeluStayClose) {
 }
 
 TEST_F(FluxTiny, RopeTableMatchesReference) {
-    auto d = models::FluxDit::create(weights, "", std::nullopt);
+    auto d = test::declare_network<models::FluxDit>(weights, "", std::nullopt);
     ASSERT_TRUE(d.ok()) << d.error().message;
     auto check = [&](const std::string& prefix_, const std::vector<models::FluxTokenGrid>& refs) {
         const auto cos = test::fixture_tensor(io, prefix_ + "rope.cos");
@@ -266,7 +267,7 @@ TEST_F(FluxTiny, RopeTableMatchesReference) {
 }
 
 TEST_F(FluxSchnellTiny, MatchesReferenceWithoutGuidance) {
-    auto d = models::FluxDit::create(weights, prefix, std::nullopt);
+    auto d = test::declare_network<models::FluxDit>(weights, prefix, std::nullopt);
     ASSERT_TRUE(d.ok()) << d.error().message;
     EXPECT_FALSE((*d)->config().guidance_embed);
     EXPECT_EQ((*d)->config().vec_dim, 24);
@@ -274,7 +275,7 @@ TEST_F(FluxSchnellTiny, MatchesReferenceWithoutGuidance) {
 }
 
 TEST_F(ChromaTiny, ConfigIsReadFromTheWeights) {
-    auto d = models::FluxDit::create(weights, "", std::nullopt);
+    auto d = test::declare_network<models::FluxDit>(weights, "", std::nullopt);
     ASSERT_TRUE(d.ok()) << d.error().message;
     const models::FluxConfig& c = (*d)->config();
     EXPECT_TRUE(c.chroma);
@@ -284,11 +285,11 @@ TEST_F(ChromaTiny, ConfigIsReadFromTheWeights) {
     EXPECT_EQ(c.approximator_hidden, 48);
     EXPECT_EQ(c.approximator_layers, 2);
     EXPECT_EQ(c.chroma_modulations(), 3 * 2 + 12 * 2 + 2);
-    EXPECT_EQ((*d)->weights().has("final_layer.adaLN_modulation.1.weight"), false);
+    EXPECT_EQ(d->weights().has("final_layer.adaLN_modulation.1.weight"), false);
 }
 
 TEST_F(ChromaTiny, IndexTableMatchesReference) {
-    auto d = models::FluxDit::create(weights, "", std::nullopt);
+    auto d = test::declare_network<models::FluxDit>(weights, "", std::nullopt);
     ASSERT_TRUE(d.ok()) << d.error().message;
     const auto expected = test::fixture_tensor(io, "chroma.index");
     EXPECT_EQ(models::chroma_index_shape((*d)->config()), (std::vector<int64_t>{32, 32}));
@@ -334,10 +335,10 @@ TEST(FluxAttentionMask, RealTokensAndImageAttendPaddingDoesNot) {
 TEST_F(FluxTiny, InputsAreAContract) {
     auto d = dit();
     auto schnell_file = open_file("flux_schnell_tiny.safetensors");
-    auto schnell = models::FluxDit::create(schnell_file, "model.diffusion_model.", std::nullopt);
+    auto schnell = test::declare_network<models::FluxDit>(schnell_file, "model.diffusion_model.", std::nullopt);
     ASSERT_TRUE(schnell.ok()) << schnell.error().message;
     auto chroma_file = open_file("chroma_tiny.safetensors");
-    auto chroma = models::FluxDit::create(chroma_file, "", std::nullopt);
+    auto chroma = test::declare_network<models::FluxDit>(chroma_file, "", std::nullopt);
     ASSERT_TRUE(chroma.ok()) << chroma.error().message;
 
     runtime::GraphSession session;
@@ -394,7 +395,7 @@ TEST_F(FluxTiny, InputsAreAContract) {
 
 TEST(FluxDit, RefusesWhatIsNotAFluxDit) {
     auto sdxl = open_file("sdxl_tiny.safetensors");
-    auto r = models::FluxDit::create(sdxl, "model.diffusion_model.", std::nullopt);
+    auto r = test::declare_network<models::FluxDit>(sdxl, "model.diffusion_model.", std::nullopt);
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(r.error().kind, ErrorKind::BadFile);
     EXPECT_EQ(r.error().message,
@@ -402,7 +403,7 @@ TEST(FluxDit, RefusesWhatIsNotAFluxDit) {
               "missing or malformed)");
     // The tiny Flux under the wrong prefix is not one either.
     auto flux = open_file("flux_tiny.safetensors");
-    EXPECT_FALSE(models::FluxDit::create(flux, "model.diffusion_model.", std::nullopt).ok());
+    EXPECT_FALSE(test::declare_network<models::FluxDit>(flux, "model.diffusion_model.", std::nullopt).ok());
 
     // Heads of 32 without the axes metadata: BFL defines RoPE axes for 128 only.
     std::vector<test::SafetensorsEntry> entries;
@@ -413,14 +414,14 @@ TEST(FluxDit, RefusesWhatIsNotAFluxDit) {
     test::TempDir dir;
     auto bare = io::ModelFile::open({dir.write("bare.safetensors", test::build_safetensors(entries))});
     ASSERT_TRUE(bare.ok()) << bare.error().message;
-    auto no_axes = models::FluxDit::create(*bare, "", std::nullopt);
+    auto no_axes = test::declare_network<models::FluxDit>(*bare, "", std::nullopt);
     ASSERT_FALSE(no_axes.ok());
     EXPECT_EQ(no_axes.error().message,
               "Flux DiT under '': heads of 32 need RoPE axes (BFL's are for 128); set metadata kiln.flux.axes_dim");
     auto odd = io::ModelFile::open(
         {dir.write("odd.safetensors", test::build_safetensors(entries, {{"kiln.flux.axes_dim", "8,12,10"}}))});
     ASSERT_TRUE(odd.ok()) << odd.error().message;
-    auto bad_axes = models::FluxDit::create(*odd, "", std::nullopt);
+    auto bad_axes = test::declare_network<models::FluxDit>(*odd, "", std::nullopt);
     ASSERT_FALSE(bad_axes.ok());
     EXPECT_EQ(bad_axes.error().message, "Flux DiT under '': RoPE axes must be three and sum to the head width 32");
 }

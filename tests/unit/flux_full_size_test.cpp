@@ -8,6 +8,8 @@
 
 #include <regex>
 
+#include "models/nets/flux_dit.h"
+#include "models/nets/t5_encoder.h"
 #include "pipeline/model.h"
 #include "random_model.h"
 #include "rpc_child.h"
@@ -54,7 +56,7 @@ TEST_F(FluxFullSize, InfoAndLoaderSeeFlux1Dev) {
     ASSERT_TRUE(model.ok()) << model.error().message;
     EXPECT_EQ((*model)->family_label(), "Flux.1-dev");
     EXPECT_EQ((*model)->size_stride(), 16);
-    const models::FluxConfig& f = (*model)->flux().config();
+    const models::FluxConfig& f = dynamic_cast<const models::FluxDit&>((*model)->diffusion()).config();
     EXPECT_EQ(f.hidden, 3072);
     EXPECT_EQ(f.heads, 24);
     EXPECT_EQ(f.mlp_hidden, 12288);
@@ -65,7 +67,7 @@ TEST_F(FluxFullSize, InfoAndLoaderSeeFlux1Dev) {
     EXPECT_TRUE(f.guidance_embed);
     EXPECT_FALSE(f.chroma);
     ASSERT_EQ((*model)->text_encoders().size(), 2u);
-    const models::T5Config& t5 = (*model)->text_encoders()[1].t5->config();
+    const models::T5Config& t5 = dynamic_cast<const models::T5Encoder&>(*(*model)->text_encoders()[1].network).config();
     EXPECT_EQ(t5.d_model, 4096);
     EXPECT_EQ(t5.layers, 24);
     EXPECT_EQ(t5.heads, 64);

@@ -101,7 +101,7 @@ TEST_F(FluxPipeline, IsFluxDevWithItsDefaults) {
     EXPECT_EQ(model_->defaults().sampler, "euler");
     EXPECT_EQ(model_->defaults().cfg_scale, 1.0f);
     EXPECT_EQ(model_->defaults().steps, 20);
-    EXPECT_TRUE(model_->flux().config().guidance_embed);
+    EXPECT_TRUE(model_->diffusion().capabilities().guidance);
 }
 
 TEST_F(FluxPipeline, ConditioningIsT5AndThePooledClip) {

@@ -13,6 +13,7 @@
 #include <functional>
 #include <map>
 
+#include "declared_network.h"
 #include "golden.h"
 #include "io/gguf_writer.h"
 #include "runtime/graph_plan.h"
@@ -91,12 +92,12 @@ Encoded encode(const LlmEncoder& llm, runtime::Compute& compute, const FixtureTe
     return result;
 }
 
-std::unique_ptr<LlmEncoder> load(const io::ModelFile& file, runtime::Compute& compute,
-                                 std::optional<ggml_type> type = GGML_TYPE_F32, const std::string& prefix = "",
-                                 int used_layers = 0) {
-    auto llm = LlmEncoder::create(file, prefix, type, used_layers);
+test::DeclaredNetwork<LlmEncoder> load(const io::ModelFile& file, runtime::Compute& compute,
+                                       std::optional<ggml_type> type = GGML_TYPE_F32, const std::string& prefix = "",
+                                       int unused_last_layers = 0) {
+    auto llm = test::declare_network<LlmEncoder>(file, prefix, type, unused_last_layers);
     if (!llm.ok()) throw std::runtime_error(llm.error().message);
-    const Status status = (*llm)->weights().load(compute.weights_backend());
+    const Status status = llm->weights().load(compute.weights_backend());
     if (!status.ok()) throw std::runtime_error(status.error().message);
     return std::move(llm).value();
 }
@@ -146,8 +147,8 @@ std::string gguf_with_metadata(const test::TempDir& dir, const std::string& file
     return path;
 }
 
-Error create_error(const io::ModelFile& file, const std::string& prefix = "", int used_layers = 0) {
-    auto llm = LlmEncoder::create(file, prefix, std::nullopt, used_layers);
+Error create_error(const io::ModelFile& file, const std::string& prefix = "", int unused_last_layers = 0) {
+    auto llm = test::declare_network<LlmEncoder>(file, prefix, std::nullopt, unused_last_layers);
     if (llm.ok()) {
         ADD_FAILURE() << "create() succeeded";
         return Error::bad_file("");
@@ -222,7 +223,7 @@ TEST(LlmEncoderConfig, ReadFromBothNamings) {
         SCOPED_TRACE(is_gguf ? "gguf" : "safetensors");
         EXPECT_TRUE(LlmEncoder::looks_like_llm(*file, ""));
         EXPECT_FALSE(LlmEncoder::looks_like_llm(*file, "text_encoders.qwen3_4b.transformer."));
-        auto llm = LlmEncoder::create(*file, "", std::nullopt);
+        auto llm = test::declare_network<LlmEncoder>(*file, "", std::nullopt);
         ASSERT_TRUE(llm.ok()) << llm.error().message;
         const LlmConfig& c = (*llm)->config();
         EXPECT_EQ(c.arch, LlmConfig::Arch::Qwen3);
@@ -241,7 +242,7 @@ TEST(LlmEncoderConfig, ReadFromBothNamings) {
         EXPECT_FALSE(c.qkv_bias);
         EXPECT_EQ((*llm)->declared_layers(), 3);
         // 3 layers x 11 + embedding and final norm.
-        EXPECT_EQ((*llm)->weights().count(), 35u);
+        EXPECT_EQ(llm->weights().count(), 35u);
     }
 }
 
@@ -251,7 +252,7 @@ TEST(LlmEncoderConfig, RopeThetaAndEpsilonFromGgufMetadata) {
         open_file(gguf_with_metadata(dir, "theta.gguf",
                                      {{"qwen3.rope.freq_base", io::MetaValue::of_float(5e5)},
                                       {"qwen3.attention.layer_norm_rms_epsilon", io::MetaValue::of_float(1e-5)}}));
-    auto llm = LlmEncoder::create(gguf, "", std::nullopt);
+    auto llm = test::declare_network<LlmEncoder>(gguf, "", std::nullopt);
     ASSERT_TRUE(llm.ok()) << llm.error().message;
     EXPECT_EQ((*llm)->config().rope_theta, 5e5f);
     EXPECT_EQ((*llm)->config().norm_eps, 1e-5f);
@@ -276,7 +277,7 @@ TEST(LlmEncoderConfig, ComfyUiPrefixIgnoresLmHeadAndVisionTower) {
     EXPECT_FALSE(LlmEncoder::looks_like_llm(comfy, ""));
     auto compute = test::golden_cpu();
     auto llm = load(comfy, *compute, GGML_TYPE_F32, prefix);
-    EXPECT_EQ(llm->weights().count(), 35u);
+    EXPECT_EQ(llm.weights().count(), 35u);
     const FixtureTensor tokens = fixture_tensor(io, "llm.tokens");
     EXPECT_EQ(encode(*llm, *compute, tokens).out, encode(*load(weights, *compute), *compute, tokens).out);
 }
@@ -287,10 +288,10 @@ TEST(LlmEncoderUsedLayers, FirstLayersOnlyGiveTheSameHiddenStates) {
     auto compute = test::golden_cpu();
     const Encoded full = encode(*load(weights, *compute), *compute, tokens);
 
-    auto llm = load(weights, *compute, GGML_TYPE_F32, "", kLayers - 1);
+    auto llm = load(weights, *compute, GGML_TYPE_F32, "", /*unused_last_layers=*/1);
     EXPECT_EQ(llm->config().layers, kLayers);
     EXPECT_EQ(llm->declared_layers(), kLayers - 1);
-    EXPECT_EQ(llm->weights().count(), 1u + 11u * (kLayers - 1));  // embedding + 2 layers, no final norm
+    EXPECT_EQ(llm.weights().count(), 1u + 11u * (kLayers - 1));  // embedding + 2 layers, no final norm
     const Encoded got = encode(*llm, *compute, tokens, {}, /*final_norm=*/false);
     EXPECT_EQ(got.layers.size(), static_cast<size_t>(kLayers - 1));
     EXPECT_EQ(got.out, full.layers.at(kLayers - 2));
@@ -309,11 +310,12 @@ TEST(LlmEncoderUsedLayers, FirstLayersOnlyGiveTheSameHiddenStates) {
     });
     entries.push_back({"model.layers.2.mlp.down_proj.weight", "F32", {2, 2}, test::f32_bytes(4)});
     io::ModelFile broken = open_file(dir.write("broken.safetensors", test::build_safetensors(entries)));
-    EXPECT_EQ(encode(*load(broken, *compute, GGML_TYPE_F32, "", kLayers - 1), *compute, tokens, {}, false).out,
-              got.out);
-    auto all = LlmEncoder::create(broken, "", std::nullopt);
+    EXPECT_EQ(
+        encode(*load(broken, *compute, GGML_TYPE_F32, "", /*unused_last_layers=*/1), *compute, tokens, {}, false).out,
+        got.out);
+    auto all = test::declare_network<LlmEncoder>(broken, "", std::nullopt);
     ASSERT_TRUE(all.ok()) << all.error().message;
-    const Status status = (*all)->weights().load(compute->weights_backend());
+    const Status status = all->weights().load(compute->weights_backend());
     ASSERT_FALSE(status.ok());
     EXPECT_NE(status.error().message.find("model.layers.2.mlp.down_proj.weight"), std::string::npos)
         << status.error().message;
@@ -323,7 +325,7 @@ TEST(LlmEncoderPlan, SegmentsEndAtEveryLayer) {
     // The memory system can run the encoder a layer at a time: every leaf is
     // a weight or an input, and each layer's weights fall in its segment.
     io::ModelFile weights = qwen3_weights();
-    auto llm = LlmEncoder::create(weights, "", std::nullopt);
+    auto llm = test::declare_network<LlmEncoder>(weights, "", std::nullopt);
     ASSERT_TRUE(llm.ok()) << llm.error().message;
     const int64_t n = 12, batch = 2;
     const std::vector<int32_t> ids(n * batch, 5);
@@ -336,7 +338,7 @@ TEST(LlmEncoderPlan, SegmentsEndAtEveryLayer) {
     options.positions = session.input(GGML_TYPE_I32, {n}, positions.data());
     options.mask = session.input(GGML_TYPE_F32, {n, n}, mask.data());
     ggml_tensor* out = (*llm)->encode(session.ctx(), session.input(GGML_TYPE_I32, {n, batch}, ids.data()), options);
-    const runtime::GraphPlan plan = runtime::build_graph_plan(session.graph(out), (*llm)->weights());
+    const runtime::GraphPlan plan = runtime::build_graph_plan(session.graph(out), llm->weights());
     ASSERT_TRUE(plan.valid) << plan.invalid_reason;
     ASSERT_EQ(plan.segments.size(), 4u);
     const std::vector<size_t> weight_counts = {12, 11, 11, 1};  // + embedding; final norm
@@ -399,10 +401,10 @@ TEST(LlmEncoderErrors, MissingTensorIsNamedAtLoad) {
     io::ModelFile file = open_file(dir.write(
         "missing.safetensors",
         test::build_safetensors(renamed(weights, [&](const std::string& n) { return n == missing ? "" : n; }))));
-    auto llm = LlmEncoder::create(file, "", std::nullopt);
+    auto llm = test::declare_network<LlmEncoder>(file, "", std::nullopt);
     ASSERT_TRUE(llm.ok()) << llm.error().message;
     auto compute = test::golden_cpu();
-    const Status status = (*llm)->weights().load(compute->weights_backend());
+    const Status status = llm->weights().load(compute->weights_backend());
     ASSERT_FALSE(status.ok());
     EXPECT_NE(status.error().message.find(missing), std::string::npos) << status.error().message;
 }
@@ -471,11 +473,11 @@ TEST(LlmEncoderErrors, GgufMetadataThatDisagreesIsNamed) {
     }
 }
 
-TEST(LlmEncoderErrors, UsedLayersBeyondTheFileIsAnInvalidRequest) {
+TEST(LlmEncoderErrors, UnusedLayersOfAllTheFileIsAnInvalidRequest) {
     io::ModelFile weights = qwen3_weights();
-    const Error more = create_error(weights, "", 4);
+    const Error more = create_error(weights, "", 3);
     EXPECT_EQ(more.kind, ErrorKind::InvalidRequest);
-    EXPECT_EQ(more.message, "LLM text encoder under '': used_layers 4 but the file has 3 layers");
+    EXPECT_EQ(more.message, "LLM text encoder under '': unused_last_layers 3 but the file has 3 layers");
     EXPECT_EQ(create_error(weights, "", -1).kind, ErrorKind::InvalidRequest);
 }
 

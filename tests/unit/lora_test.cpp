@@ -59,7 +59,7 @@ std::vector<float> unet_out(Model& model) {
     const auto x = fixture_tensor(model_io(), "unet.x");
     const auto t = fixture_tensor(model_io(), "unet.t");
     const auto context = fixture_tensor(model_io(), "unet.context");
-    DiffusionShape shape{16, 16, 2, 77};
+    models::DiffusionShape shape{16, 16, 2, 77};
     auto g = build_diffusion_graph(model, shape);
     EXPECT_TRUE(g.ok()) << g.error().message;
     if (!g.ok()) return {};
@@ -98,8 +98,9 @@ TEST_P(LoraGolden, EveryAdapterKindMatchesTheReference) {
         SCOPED_TRACE(c.file);
         Status applied = apply_loras(*model, {{c.file, kStrength}});
         ASSERT_TRUE(applied.ok()) << applied.error().message;
-        EXPECT_LT(relative_error(unet_out(*model), fixture_tensor(adapters_io(), std::string("unet.out.") + c.kind).values),
-                  1e-4);
+        EXPECT_LT(
+            relative_error(unet_out(*model), fixture_tensor(adapters_io(), std::string("unet.out.") + c.kind).values),
+            1e-4);
         const std::vector<float> clip = clip_out(*model);
         EXPECT_LT(relative_error(clip, fixture_tensor(adapters_io(), std::string("clip.out.") + c.kind).values), 1e-4);
         if (!c.changes_clip) {
@@ -108,8 +109,7 @@ TEST_P(LoraGolden, EveryAdapterKindMatchesTheReference) {
     }
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, LoraGolden,
-                         ::testing::Values(LoraApplyMode::Immediately, LoraApplyMode::AtRuntime),
+INSTANTIATE_TEST_SUITE_P(Modes, LoraGolden, ::testing::Values(LoraApplyMode::Immediately, LoraApplyMode::AtRuntime),
                          [](const auto& info) { return std::string(lora_apply_mode_name(info.param)); });
 
 // The same adapter under kohya's diffusers paths, kohya's ldm paths and
@@ -174,7 +174,7 @@ TEST(Lora, AutoLeavesQuantizedWeightsAndMergesFloatOnes) {
     ASSERT_TRUE(model);
     ASSERT_TRUE(apply_loras(*model, {{"sd1_lora_kohya", kStrength}}).ok());
     int beside = 0, merged = 0;
-    for (const auto& [weight, patch] : model->unet().weights().patches()) {
+    for (const auto& [weight, patch] : model->diffusion_weights().patches()) {
         const bool quantized = weight->type == GGML_TYPE_Q8_0;
         EXPECT_EQ(patch.replacement == nullptr, quantized) << weight->name;
         beside += quantized;
@@ -203,8 +203,8 @@ TEST(LoraTags, AreRemovedFromThePromptWithTheirWeights) {
 }
 
 TEST(LoraTags, MalformedTagsAreInvalidRequests) {
-    for (const char* prompt : {"<lora::1>", "<lora:x:abc>", "<lora:x:1:2>", "<lora:../x:1>", "<lora:/etc/x>",
-                               "<lora:x:inf>"}) {
+    for (const char* prompt :
+         {"<lora::1>", "<lora:x:abc>", "<lora:x:1:2>", "<lora:../x:1>", "<lora:/etc/x>", "<lora:x:inf>"}) {
         auto p = extract_lora_tags(prompt);
         ASSERT_FALSE(p.ok()) << prompt;
         EXPECT_EQ(p.error().kind, ErrorKind::InvalidRequest) << prompt;
@@ -226,10 +226,9 @@ TEST(Lora, BadRequestsAndFilesAreCleanErrorsAndLeaveNoLora) {
 
     // Keys that name no weight of this model: a LoRA for another family.
     dir.write("other.safetensors",
-              test::build_safetensors({{"lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight", "F32", {2, 4},
-                                        test::f32_bytes(8)},
-                                       {"lora_unet_double_blocks_0_img_attn_qkv.lora_up.weight", "F32", {4, 2},
-                                        test::f32_bytes(8)}}));
+              test::build_safetensors(
+                  {{"lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight", "F32", {2, 4}, test::f32_bytes(8)},
+                   {"lora_unet_double_blocks_0_img_attn_qkv.lora_up.weight", "F32", {4, 2}, test::f32_bytes(8)}}));
     auto other = apply_loras(*model, {{"other", 1.0f}});
     ASSERT_FALSE(other.ok());
     EXPECT_EQ(other.error().kind, ErrorKind::BadFile);
@@ -238,22 +237,25 @@ TEST(Lora, BadRequestsAndFilesAreCleanErrorsAndLeaveNoLora) {
     // A real layer name with factors of the wrong size.
     dir.write("wrong.safetensors",
               test::build_safetensors(
-                  {{"lora_unet_down_blocks_0_attentions_0_transformer_blocks_0_attn1_to_q.lora_down.weight", "F32",
-                    {2, 7}, test::f32_bytes(14)},
-                   {"lora_unet_down_blocks_0_attentions_0_transformer_blocks_0_attn1_to_q.lora_up.weight", "F32",
-                    {32, 2}, test::f32_bytes(64)}}));
+                  {{"lora_unet_down_blocks_0_attentions_0_transformer_blocks_0_attn1_to_q.lora_down.weight",
+                    "F32",
+                    {2, 7},
+                    test::f32_bytes(14)},
+                   {"lora_unet_down_blocks_0_attentions_0_transformer_blocks_0_attn1_to_q.lora_up.weight",
+                    "F32",
+                    {32, 2},
+                    test::f32_bytes(64)}}));
     auto wrong = apply_loras(*model, {{"wrong", 1.0f}});
     ASSERT_FALSE(wrong.ok());
     EXPECT_EQ(wrong.error().kind, ErrorKind::BadFile);
     EXPECT_NE(wrong.error().message.find("32x7"), std::string::npos) << wrong.error().message;
 
     // Half an adapter, an alpha that is not a number, no adapter at all.
-    dir.write("half.safetensors", test::build_safetensors({{"lora_unet_x.lora_down.weight", "F32", {2, 4},
-                                                            test::f32_bytes(8)}}));
-    dir.write("alpha.safetensors",
-              test::build_safetensors({{"a.lora_down.weight", "F32", {2, 4}, test::f32_bytes(8)},
-                                       {"a.lora_up.weight", "F32", {4, 2}, test::f32_bytes(8)},
-                                       {"a.alpha", "F32", {2}, test::f32_bytes(2)}}));
+    dir.write("half.safetensors",
+              test::build_safetensors({{"lora_unet_x.lora_down.weight", "F32", {2, 4}, test::f32_bytes(8)}}));
+    dir.write("alpha.safetensors", test::build_safetensors({{"a.lora_down.weight", "F32", {2, 4}, test::f32_bytes(8)},
+                                                            {"a.lora_up.weight", "F32", {4, 2}, test::f32_bytes(8)},
+                                                            {"a.alpha", "F32", {2}, test::f32_bytes(2)}}));
     dir.write("none.safetensors", test::build_safetensors({{"weight", "F32", {2}, test::f32_bytes(2)}}));
     dir.write("text.safetensors", std::string("not a model"));
     // A Tucker core that does not chain with its down ([3, 3, ...] for rank 2), one whose
@@ -262,16 +264,14 @@ TEST(Lora, BadRequestsAndFilesAreCleanErrorsAndLeaveNoLora) {
               test::build_safetensors({{"a.lora_down.weight", "F32", {2, 4, 1, 1}, test::f32_bytes(8)},
                                        {"a.lora_up.weight", "F32", {4, 2, 1, 1}, test::f32_bytes(8)},
                                        {"a.lora_mid.weight", "F32", {3, 3, 1, 1}, test::f32_bytes(9)}}));
-    dir.write("huge.safetensors",
-              test::build_safetensors({{"a.hada_w1_a", "F32", {1, 32768}, test::f32_bytes(32768)},
-                                       {"a.hada_w1_b", "F32", {1, 32768}, test::f32_bytes(32768)},
-                                       {"a.hada_t1", "F32", {1, 1, 1, 1}, test::f32_bytes(1)},
-                                       {"a.hada_w2_a", "F32", {1, 32768}, test::f32_bytes(32768)},
-                                       {"a.hada_w2_b", "F32", {1, 32768}, test::f32_bytes(32768)},
-                                       {"a.hada_t2", "F32", {1, 1, 1, 1}, test::f32_bytes(1)}}));
-    dir.write("mixed.safetensors",
-              test::build_safetensors({{"a.lora_down.weight", "F32", {2, 4}, test::f32_bytes(8)},
-                                       {"a.diff", "F32", {4, 4}, test::f32_bytes(16)}}));
+    dir.write("huge.safetensors", test::build_safetensors({{"a.hada_w1_a", "F32", {1, 32768}, test::f32_bytes(32768)},
+                                                           {"a.hada_w1_b", "F32", {1, 32768}, test::f32_bytes(32768)},
+                                                           {"a.hada_t1", "F32", {1, 1, 1, 1}, test::f32_bytes(1)},
+                                                           {"a.hada_w2_a", "F32", {1, 32768}, test::f32_bytes(32768)},
+                                                           {"a.hada_w2_b", "F32", {1, 32768}, test::f32_bytes(32768)},
+                                                           {"a.hada_t2", "F32", {1, 1, 1, 1}, test::f32_bytes(1)}}));
+    dir.write("mixed.safetensors", test::build_safetensors({{"a.lora_down.weight", "F32", {2, 4}, test::f32_bytes(8)},
+                                                            {"a.diff", "F32", {4, 4}, test::f32_bytes(16)}}));
     dir.write("bias.safetensors", test::build_safetensors({{"a.diff_b", "F32", {4, 2}, test::f32_bytes(8)}}));
     for (const char* name : {"half", "alpha", "none", "text", "tucker", "huge", "mixed", "bias"}) {
         auto r = apply_loras(*model, {{name, 1.0f}});
@@ -300,8 +300,8 @@ namespace {
 
 // `command` is "" (generate) or "plan".
 std::string kiln_tiny(const std::string& args, const std::string& command = "") {
-    return std::string(KILN_BIN) + " " + command + " -t 1 -m " + golden_path("models/sd1_tiny.safetensors") + " --tokenizer " +
-           KILN_FIXTURES_DIR + "/tiny_tokenizer --lora-model-dir " + golden_path("lora") + " " + args;
+    return std::string(KILN_BIN) + " " + command + " -t 1 -m " + golden_path("models/sd1_tiny.safetensors") +
+           " --tokenizer " + KILN_FIXTURES_DIR + "/tiny_tokenizer --lora-model-dir " + golden_path("lora") + " " + args;
 }
 
 bool exists(const std::string& path) { return std::ifstream(path).good(); }
@@ -313,8 +313,8 @@ TEST(LoraCli, ATagInThePromptChangesTheImageAndIsRecorded) {
     const std::string plain = dir.file("plain.png"), with = dir.file("with.png");
     auto a = test::run_command(kiln_tiny("-p \"a red circle\" -W 32 -H 32 --steps 2 -o " + plain));
     ASSERT_EQ(a.exit_code, 0) << a.err;
-    auto b = test::run_command(
-        kiln_tiny("-p \"<lora:sd1_lora_kohya:0.8> a red circle\" -W 32 -H 32 --steps 2 -o " + with));
+    auto b =
+        test::run_command(kiln_tiny("-p \"<lora:sd1_lora_kohya:0.8> a red circle\" -W 32 -H 32 --steps 2 -o " + with));
     ASSERT_EQ(b.exit_code, 0) << b.err;
     EXPECT_NE(b.out.find("LoRA sd1_lora_kohya (strength 0.8): 10 layers applied"), std::string::npos) << b.out;
     EXPECT_NE(test::read_bytes(plain), test::read_bytes(with));
@@ -340,8 +340,7 @@ TEST(LoraCli, DoraMagnitudesOfNeitherAxisAreABadFile) {
                                " --tokenizer " + KILN_FIXTURES_DIR + "/tiny_tokenizer --lora-model-dir " +
                                dir.file("loras") + " -p \"<lora:dora:1> x\" -W 32 -H 32 --steps 1 -o " + out);
     EXPECT_EQ(r.exit_code, 1) << r.err;
-    EXPECT_NE(r.err.find("adapter '" + layer + "': dora_scale has 2 values; its weight has 32 rows"),
-              std::string::npos)
+    EXPECT_NE(r.err.find("adapter '" + layer + "': dora_scale has 2 values; its weight has 32 rows"), std::string::npos)
         << r.err;
     EXPECT_FALSE(exists(out));
 }
@@ -353,9 +352,9 @@ TEST(LoraCli, BadLorasExitWithOneMessageAndNoImage) {
         int exit_code;
         std::string says;
     };
-    for (const Bad& bad : {Bad{"-p \"<lora:missing:1> x\"", 2, "missing"},
-                           Bad{"-p \"<lora:sd1_lora_kohya:lots> x\"", 2, "lots"},
-                           Bad{"-p x --lora-apply-mode sometimes", 2, "sometimes"}}) {
+    for (const Bad& bad :
+         {Bad{"-p \"<lora:missing:1> x\"", 2, "missing"}, Bad{"-p \"<lora:sd1_lora_kohya:lots> x\"", 2, "lots"},
+          Bad{"-p x --lora-apply-mode sometimes", 2, "sometimes"}}) {
         const std::string out = dir.file("out.png");
         auto r = test::run_command(kiln_tiny(bad.args + " -W 32 -H 32 --steps 1 -o " + out));
         EXPECT_EQ(r.exit_code, bad.exit_code) << bad.args << "\n" << r.err;
@@ -400,9 +399,9 @@ ModelPaths z_image_paths() {
 }
 
 struct Expected {
-    const char* key;       // a layer name as adapter files write it
-    const char* weight;    // the model's tensor it means
-    int64_t first, rows;   // the rows it changes (-1: all of them)
+    const char* key;      // a layer name as adapter files write it
+    const char* weight;   // the model's tensor it means
+    int64_t first, rows;  // the rows it changes (-1: all of them)
 };
 
 void expect_targets(Model& model, const std::vector<Expected>& expected) {
@@ -447,39 +446,43 @@ TEST(LoraTargetsOfEveryFamily, KohyaDiffusersAndCheckpointNamesFindTheirWeights)
     const std::string u = "model.diffusion_model.";
     const std::string q = u + "input_blocks.3.1.transformer_blocks.1.attn1.to_q.weight";
     const std::string in_proj = "conditioner.embedders.1.model.transformer.resblocks.0.attn.in_proj_weight";
-    expect_targets(*sdxl, {
-        {"lora_unet_input_blocks_3_1_transformer_blocks_1_attn1_to_q", q.c_str(), 0, 32},
-        {"lora_unet_down_blocks_1_attentions_0_transformer_blocks_1_attn1_to_q", q.c_str(), 0, 32},
-        {"unet.down_blocks.1.attentions.0.transformer_blocks.1.attn1.to_q", q.c_str(), 0, 32},
-        {"lora_te1_text_model_encoder_layers_0_self_attn_q_proj",
-         "conditioner.embedders.0.transformer.text_model.encoder.layers.0.self_attn.q_proj.weight", 0, 32},
-        {"lora_te2_text_model_encoder_layers_0_self_attn_k_proj", in_proj.c_str(), 32, 32},
-        {"text_encoder_2.text_model.encoder.layers.0.self_attn.v_proj", in_proj.c_str(), 64, 32},
-    });
+    expect_targets(
+        *sdxl, {
+                   {"lora_unet_input_blocks_3_1_transformer_blocks_1_attn1_to_q", q.c_str(), 0, 32},
+                   {"lora_unet_down_blocks_1_attentions_0_transformer_blocks_1_attn1_to_q", q.c_str(), 0, 32},
+                   {"unet.down_blocks.1.attentions.0.transformer_blocks.1.attn1.to_q", q.c_str(), 0, 32},
+                   {"lora_te1_text_model_encoder_layers_0_self_attn_q_proj",
+                    "conditioner.embedders.0.transformer.text_model.encoder.layers.0.self_attn.q_proj.weight", 0, 32},
+                   {"lora_te2_text_model_encoder_layers_0_self_attn_k_proj", in_proj.c_str(), 32, 32},
+                   {"text_encoder_2.text_model.encoder.layers.0.self_attn.v_proj", in_proj.c_str(), 64, 32},
+               });
 
     auto flux = load_parts(flux_paths(), LoraApplyMode::Auto);
     ASSERT_TRUE(flux);
-    expect_targets(*flux, {
-        {"lora_unet_double_blocks_0_img_attn_qkv", "double_blocks.0.img_attn.qkv.weight", 0, 192},
-        {"diffusion_model.double_blocks.0.img_attn.qkv", "double_blocks.0.img_attn.qkv.weight", 0, 192},
-        {"transformer.transformer_blocks.0.attn.to_k", "double_blocks.0.img_attn.qkv.weight", 64, 64},
-        {"lora_transformer_transformer_blocks_1_attn_add_v_proj", "double_blocks.1.txt_attn.qkv.weight", 128, 64},
-        {"transformer.single_transformer_blocks.1.attn.to_v", "single_blocks.1.linear1.weight", 128, 64},
-        {"lora_transformer_single_transformer_blocks_1_proj_mlp", "single_blocks.1.linear1.weight", 192, 128},
-        {"transformer.single_transformer_blocks.0.proj_out", "single_blocks.0.linear2.weight", 0, 64},
-        {"lora_te1_text_model_encoder_layers_0_self_attn_q_proj",
-         "text_model.encoder.layers.0.self_attn.q_proj.weight", 0, 32},
-    });
+    expect_targets(
+        *flux,
+        {
+            {"lora_unet_double_blocks_0_img_attn_qkv", "double_blocks.0.img_attn.qkv.weight", 0, 192},
+            {"diffusion_model.double_blocks.0.img_attn.qkv", "double_blocks.0.img_attn.qkv.weight", 0, 192},
+            {"transformer.transformer_blocks.0.attn.to_k", "double_blocks.0.img_attn.qkv.weight", 64, 64},
+            {"lora_transformer_transformer_blocks_1_attn_add_v_proj", "double_blocks.1.txt_attn.qkv.weight", 128, 64},
+            {"transformer.single_transformer_blocks.1.attn.to_v", "single_blocks.1.linear1.weight", 128, 64},
+            {"lora_transformer_single_transformer_blocks_1_proj_mlp", "single_blocks.1.linear1.weight", 192, 128},
+            {"transformer.single_transformer_blocks.0.proj_out", "single_blocks.0.linear2.weight", 0, 64},
+            {"lora_te1_text_model_encoder_layers_0_self_attn_q_proj",
+             "text_model.encoder.layers.0.self_attn.q_proj.weight", 0, 32},
+        });
 
     auto z = load_parts(z_image_paths(), LoraApplyMode::Auto);
     ASSERT_TRUE(z);
-    expect_targets(*z, {
-        {"diffusion_model.layers.0.attention.to_q", "layers.0.attention.qkv.weight", 0, 64},
-        {"transformer.layers.1.attention.to_v", "layers.1.attention.qkv.weight", 128, 64},
-        {"diffusion_model.layers.1.attention.to_out.0", "layers.1.attention.out.weight", 0, 64},
-        {"lora_unet_noise_refiner_0_feed_forward_w1", "noise_refiner.0.feed_forward.w1.weight", 0, -1},
-        {"diffusion_model.layers.0.attention.qkv", "layers.0.attention.qkv.weight", 0, 192},
-    });
+    expect_targets(*z,
+                   {
+                       {"diffusion_model.layers.0.attention.to_q", "layers.0.attention.qkv.weight", 0, 64},
+                       {"transformer.layers.1.attention.to_v", "layers.1.attention.qkv.weight", 128, 64},
+                       {"diffusion_model.layers.1.attention.to_out.0", "layers.1.attention.out.weight", 0, 64},
+                       {"lora_unet_noise_refiner_0_feed_forward_w1", "noise_refiner.0.feed_forward.w1.weight", 0, -1},
+                       {"diffusion_model.layers.0.attention.qkv", "layers.0.attention.qkv.weight", 0, 192},
+                   });
 }
 
 }  // namespace
@@ -525,8 +528,7 @@ void write_split_and_fused(const test::TempDir& dir, const std::string& fused_ke
         down.insert(down.end(), av, av + r * in);
         for (int64_t row = 0; row < p.rows; ++row)
             for (int64_t k = 0; k < r; ++k)
-                up[static_cast<size_t>((p.first + row) * rank + static_cast<int64_t>(i) * r + k)] =
-                    bv[row * r + k];
+                up[static_cast<size_t>((p.first + row) * rank + static_cast<int64_t>(i) * r + k)] = bv[row * r + k];
     }
     dir.write("split.safetensors", test::build_safetensors(split));
     auto bytes = [](const std::vector<float>& v) {
@@ -580,12 +582,24 @@ TEST(LoraOfEveryFamily, SplitProjectionsLandOnTheirRowsOfTheFusedWeights) {
         std::vector<SplitLayer> parts;
     };
     const Family families[] = {
-        {"Flux", flux_paths(), "lora_unet_single_blocks_1_linear1", 320, 64,
+        {"Flux",
+         flux_paths(),
+         "lora_unet_single_blocks_1_linear1",
+         320,
+         64,
          {{"transformer.single_transformer_blocks.1.attn.to_k", 64, 64},
           {"transformer.single_transformer_blocks.1.proj_mlp", 192, 128}}},
-        {"Z-Image", z_image_paths(), "diffusion_model.layers.1.attention.qkv", 192, 64,
+        {"Z-Image",
+         z_image_paths(),
+         "diffusion_model.layers.1.attention.qkv",
+         192,
+         64,
          {{"diffusion_model.layers.1.attention.to_q", 0, 64}, {"diffusion_model.layers.1.attention.to_v", 128, 64}}},
-        {"SDXL", sdxl_paths(), "conditioner.embedders.1.model.transformer.resblocks.1.attn.in_proj", 96, 32,
+        {"SDXL",
+         sdxl_paths(),
+         "conditioner.embedders.1.model.transformer.resblocks.1.attn.in_proj",
+         96,
+         32,
          {{"lora_te2_text_model_encoder_layers_1_self_attn_k_proj", 32, 32},
           {"text_encoder_2.text_model.encoder.layers.1.self_attn.v_proj", 64, 32}}},
     };

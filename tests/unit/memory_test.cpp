@@ -28,9 +28,10 @@
 
 #include "io/gguf_writer.h"
 #include "kiln.h"
+#include "pipeline/auto_fit.h"
 #include "pipeline/generate.h"
-#include "pipeline/loras.h"
 #include "pipeline/job_forecast.h"
+#include "pipeline/loras.h"
 #include "random_model.h"
 #include "rpc_child.h"
 #include "runtime/devices.h"
@@ -114,7 +115,7 @@ Result<std::unique_ptr<Model>> load(const Job& job) {
     paths.model = {job.model};
     paths.tokenizer = job.tokenizer;
     paths.control_net = job.control_net;
-    return Model::load(paths, options_for(job));
+    return load_model(paths, options_for(job));
 }
 
 pipeline::GenerationRequest request_for(const Job& job) {
@@ -267,9 +268,9 @@ std::string write_default_model_lora(const test::TempDir& dir) {
     for (const io::TensorInfo& t : file.tensors()) {
         const bool unet = t.name.rfind("model.diffusion_model.", 0) == 0;
         const bool te = t.name.rfind("cond_stage_model.transformer.text_model.", 0) == 0;
-        const bool target = t.name.find(".attn1.to_") != std::string::npos ||
-                            t.name.find(".attn2.to_") != std::string::npos ||
-                            t.name.find(".ff.net.") != std::string::npos || t.name.find("_proj.weight") != std::string::npos;
+        const bool target =
+            t.name.find(".attn1.to_") != std::string::npos || t.name.find(".attn2.to_") != std::string::npos ||
+            t.name.find(".ff.net.") != std::string::npos || t.name.find("_proj.weight") != std::string::npos;
         if (!(unet || te) || !target || t.shape.size() != 2) continue;
         std::string stem = t.name.substr(0, t.name.size() - 7);
         stem = unet ? "lora_unet_" + stem.substr(22) : "lora_te_" + stem.substr(29);
@@ -385,7 +386,7 @@ Result<Outcome> expect_plan_matches_run(const Job& job) {
     paths.tokenizer = job.tokenizer;
     pipeline::ModelOptions o = options_for(job);
     o.plan_only = true;
-    auto planned = Model::load(paths, o);
+    auto planned = load_model(paths, o);
     if (!planned.ok()) return planned.error();
     const std::string prompt = kPrompt;
     const pipeline::GenerationRequest request = request_for(job);
@@ -393,8 +394,7 @@ Result<Outcome> expect_plan_matches_run(const Job& job) {
     if (!validated.ok()) return validated.error();
     auto passes = pipeline::passes_of(request, *validated);
     if (!passes.ok()) return passes.error();
-    auto forecast =
-        pipeline::forecast_job(**planned, job.size, job.size, job.cfg != 1.0f, false, &prompt, *passes);
+    auto forecast = pipeline::forecast_job(**planned, job.size, job.size, job.cfg != 1.0f, false, &prompt, *passes);
     if (!forecast.ok()) return forecast.error();
     const std::string text = pipeline::describe_forecast(**planned, *forecast);
     const pipeline::ModuleForecast* unet = nullptr;
@@ -740,8 +740,7 @@ TEST_F(Memory, AutoFitCountsTheHiresPass) {
     // (Its 128x128 decode alone outgrows this budget, so the plan still says
     // it does not fit: the exit code is 1 either way.)
     auto hires = test::run_command(kiln_cli("plan " + flags + " --hires"));
-    EXPECT_NE(hires.out.find("auto-fit: a 64x64 job with its hires pass does not fit"), std::string::npos)
-        << hires.out;
+    EXPECT_NE(hires.out.find("auto-fit: a 64x64 job with its hires pass does not fit"), std::string::npos) << hires.out;
     EXPECT_NE(hires.out.find("vae: computes on " + dev() + ", weights in RAM"), std::string::npos) << hires.out;
 }
 

@@ -3,6 +3,7 @@
 // training/make_model_fixtures.py writes: final outputs and every block.
 #include <gtest/gtest.h>
 
+#include "declared_network.h"
 #include "golden.h"
 #include "models/nets/clip_text.h"
 #include "models/nets/unet.h"
@@ -42,11 +43,11 @@ class ModelGolden : public ::testing::TestWithParam<std::string> {};
 TEST_P(ModelGolden, ClipTextEncoderMatchesReference) {
     GoldenModel m = open_golden(GetParam());
     const bool sd2 = GetParam().rfind("sd2", 0) == 0;
-    auto clip = models::ClipTextEncoder::create(
+    auto clip = test::declare_network<models::ClipTextEncoder>(
         m.weights, sd2 ? "cond_stage_model.model." : "cond_stage_model.transformer.", GGML_TYPE_F32);
     ASSERT_TRUE(clip.ok()) << clip.error().message;
     auto compute = cpu();
-    ASSERT_TRUE((*clip)->weights().load(compute->weights_backend()).ok());
+    ASSERT_TRUE(clip->weights().load(compute->weights_backend()).ok());
     const auto tokens = fixture_tensor(m.io, "clip.tokens");
     std::vector<int32_t> ids(tokens.values.begin(), tokens.values.end());
     for (int skip : {1, 2}) {
@@ -62,10 +63,10 @@ TEST_P(ModelGolden, ClipTextEncoderMatchesReference) {
 
 TEST_P(ModelGolden, UnetMatchesReferenceBlockByBlock) {
     GoldenModel m = open_golden(GetParam());
-    auto unet = models::Unet::create(m.weights, "model.diffusion_model.", GGML_TYPE_F32);
+    auto unet = test::declare_network<models::Unet>(m.weights, "model.diffusion_model.", GGML_TYPE_F32);
     ASSERT_TRUE(unet.ok()) << unet.error().message;
     auto compute = cpu();
-    auto status = (*unet)->weights().load(compute->weights_backend());
+    auto status = unet->weights().load(compute->weights_backend());
     ASSERT_TRUE(status.ok()) << status.error().message;
     const auto x = fixture_tensor(m.io, "unet.x");
     const auto t = fixture_tensor(m.io, "unet.t");
@@ -99,10 +100,10 @@ TEST_P(ModelGolden, UnetMatchesReferenceBlockByBlock) {
 
 TEST_P(ModelGolden, VaeDecoderAndEncoderMatchReference) {
     GoldenModel m = open_golden(GetParam());
-    auto vae = models::Vae::create(m.weights, "first_stage_model.", GGML_TYPE_F32);
+    auto vae = test::declare_network<models::Vae>(m.weights, "first_stage_model.", GGML_TYPE_F32);
     ASSERT_TRUE(vae.ok()) << vae.error().message;
     auto compute = cpu();
-    ASSERT_TRUE((*vae)->weights().load(compute->weights_backend()).ok());
+    ASSERT_TRUE(vae->weights().load(compute->weights_backend()).ok());
 
     // Each run reuses the scheduler's buffers, so a session's blocks are
     // checked before the next session runs.
@@ -159,7 +160,7 @@ INSTANTIATE_TEST_SUITE_P(Tiny, ModelGolden, ::testing::Values("sd1_tiny", "sd2_t
 
 TEST(ModelConfig, ReadFromWeights) {
     GoldenModel m = open_golden("sd1_tiny");
-    auto unet = models::Unet::create(m.weights, "model.diffusion_model.", std::nullopt);
+    auto unet = test::declare_network<models::Unet>(m.weights, "model.diffusion_model.", std::nullopt);
     ASSERT_TRUE(unet.ok()) << unet.error().message;
     const models::UnetConfig& c = (*unet)->config();
     EXPECT_EQ(c.model_channels, 32);
@@ -170,7 +171,7 @@ TEST(ModelConfig, ReadFromWeights) {
     EXPECT_FALSE(c.linear_projection);
     auto inpaint = io::ModelFile::open({golden_path("models/sd1_inpaint_tiny.safetensors")});
     ASSERT_TRUE(inpaint.ok());
-    auto unet9 = models::Unet::create(*inpaint, "model.diffusion_model.", std::nullopt);
+    auto unet9 = test::declare_network<models::Unet>(*inpaint, "model.diffusion_model.", std::nullopt);
     ASSERT_TRUE(unet9.ok()) << unet9.error().message;
     EXPECT_EQ((*unet9)->config().in_channels, 9);
 }
@@ -178,7 +179,7 @@ TEST(ModelConfig, ReadFromWeights) {
 TEST(ModelConfig, WrongShapeIsAnErrorNamingTheTensor) {
     // A UNet whose time embedding disagrees with its channel count.
     GoldenModel m = open_golden("sd1_tiny");
-    auto clip = models::ClipTextEncoder::create(m.weights, "model.diffusion_model.", std::nullopt);
+    auto clip = test::declare_network<models::ClipTextEncoder>(m.weights, "model.diffusion_model.", std::nullopt);
     ASSERT_FALSE(clip.ok());
     EXPECT_EQ(clip.error().message, "no CLIP text encoder under 'model.diffusion_model.' (no token embedding)");
 }

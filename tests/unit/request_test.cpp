@@ -146,7 +146,7 @@ TEST(Request, GenerateAndPlanRefuseTheSameBadRequests) {
          "--sigmas: the last value must be 0"},
         {"sampler rng", [](kiln_generation_params& p) { p.sampler_rng = "dice"; }, "--sampler-rng: unknown RNG 'dice'"},
         {"skip-layer guidance on a UNet", [](kiln_generation_params& p) { p.slg_scale = 2.5f; },
-         "--slg-scale is skip-layer guidance for DiT models (Flux, Chroma); SD1.x has a UNet"},
+         "--slg-scale is skip-layer guidance for DiTs that take a skip list (Flux, Chroma); SD1.x's UNet does not"},
         {"clip skip above the encoder's layers", [](kiln_generation_params& p) { p.clip_skip = 5; },
          "clip skip must be at most 2 for this model's clip_l text encoder, got 5"},
         {"width above the limit", [](kiln_generation_params& p) { p.width = p.height = 16384 + 4; }, "at most 16384"},
@@ -308,7 +308,8 @@ TEST(Request, StrengthRunsSdClisShareOfTheSteps) {
     ASSERT_EQ(model->status, KILN_OK) << model->error;
     std::vector<uint8_t> pixels(32 * 32 * 3, 100);
     const kiln_image init{32, 32, 3, pixels.data(), nullptr};
-    for (const auto& [strength, expected] : {std::pair<float, int>{0.63f, 7}, {0.69f, 7}, {0.05f, 1}, {0.99f, 10}, {1.0f, 10}}) {
+    for (const auto& [strength, expected] :
+         {std::pair<float, int>{0.63f, 7}, {0.69f, 7}, {0.05f, 1}, {0.99f, 10}, {1.0f, 10}}) {
         kiln_generation_params gp = small_job();
         gp.steps = 10;
         gp.init_image = &init;

@@ -8,6 +8,8 @@
 #include <regex>
 #include <string>
 
+#include "models/nets/clip_text.h"
+#include "models/nets/unet.h"
 #include "pipeline/model.h"
 #include "random_model.h"
 #include "test_files.h"
@@ -40,7 +42,7 @@ TEST(SdxlFullSize, InfoAndPlanSeeTheBaseModel) {
     EXPECT_EQ((*model)->family_label(), "SDXL");
     EXPECT_EQ((*model)->defaults().width, 1024);
     EXPECT_EQ((*model)->size_stride(), 32);
-    const models::UnetConfig& u = (*model)->unet().config();
+    const models::UnetConfig& u = dynamic_cast<const models::Unet&>((*model)->diffusion()).config();
     EXPECT_EQ(u.model_channels, 320);
     EXPECT_EQ(u.level_channels, (std::vector<int64_t>{320, 640, 1280}));
     EXPECT_EQ(u.res_blocks, 2);
@@ -54,8 +56,11 @@ TEST(SdxlFullSize, InfoAndPlanSeeTheBaseModel) {
     EXPECT_EQ(u.middle_depth, 10);
     EXPECT_EQ(u.output_depth, (std::vector<int>{10, 10, 10, 2, 2, 2, 0, 0, 0}));
     ASSERT_EQ((*model)->text_encoders().size(), 2u);
-    const models::ClipTextConfig& l = (*model)->text_encoders()[0].network->config();
-    const models::ClipTextConfig& g = (*model)->text_encoders()[1].network->config();
+    auto clip = [&](size_t i) -> const models::ClipTextConfig& {
+        return dynamic_cast<const models::ClipTextEncoder&>(*(*model)->text_encoders()[i].network).config();
+    };
+    const models::ClipTextConfig& l = clip(0);
+    const models::ClipTextConfig& g = clip(1);
     EXPECT_EQ(l.width, 768);
     EXPECT_EQ(l.layers, 12);
     EXPECT_TRUE(l.quick_gelu);

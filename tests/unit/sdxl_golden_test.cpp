@@ -7,6 +7,7 @@
 
 #include <cmath>
 
+#include "declared_network.h"
 #include "golden.h"
 #include "io/dtype.h"
 #include "models/nets/clip_text.h"
@@ -36,10 +37,10 @@ struct SdxlTiny : ::testing::Test {
     io::ModelFile io = open_file("sdxl_tiny_io.safetensors");
     std::unique_ptr<runtime::Compute> compute = test::golden_cpu();
 
-    std::unique_ptr<models::ClipTextEncoder> clip(const std::string& prefix) {
-        auto enc = models::ClipTextEncoder::create(weights, prefix, GGML_TYPE_F32);
+    test::DeclaredNetwork<models::ClipTextEncoder> clip(const std::string& prefix) {
+        auto enc = test::declare_network<models::ClipTextEncoder>(weights, prefix, GGML_TYPE_F32);
         if (!enc.ok()) throw std::runtime_error(enc.error().message);
-        auto status = (*enc)->weights().load(compute->weights_backend());
+        auto status = enc->weights().load(compute->weights_backend());
         if (!status.ok()) throw std::runtime_error(status.error().message);
         return std::move(enc).value();
     }
@@ -122,7 +123,7 @@ TEST_F(SdxlTiny, BigGPenultimateAndPooledThroughTextProjection) {
 }
 
 TEST_F(SdxlTiny, UnetConfigIsReadFromTheWeights) {
-    auto unet = models::Unet::create(weights, kUnet, std::nullopt);
+    auto unet = test::declare_network<models::Unet>(weights, kUnet, std::nullopt);
     ASSERT_TRUE(unet.ok()) << unet.error().message;
     const models::UnetConfig& c = (*unet)->config();
     EXPECT_EQ(c.adm_in_channels, 96);
@@ -138,9 +139,9 @@ TEST_F(SdxlTiny, UnetConfigIsReadFromTheWeights) {
 }
 
 TEST_F(SdxlTiny, UnetWithYMatchesReferenceBlockByBlock) {
-    auto unet = models::Unet::create(weights, kUnet, GGML_TYPE_F32);
+    auto unet = test::declare_network<models::Unet>(weights, kUnet, GGML_TYPE_F32);
     ASSERT_TRUE(unet.ok()) << unet.error().message;
-    auto status = (*unet)->weights().load(compute->weights_backend());
+    auto status = unet->weights().load(compute->weights_backend());
     ASSERT_TRUE(status.ok()) << status.error().message;
     runtime::GraphSession session;
     auto out = build_unet(**unet, session);
@@ -177,10 +178,10 @@ TEST_F(SdxlTiny, UnetWithoutMiddleTransformerMatchesReference) {
         dir.write("lean.safetensors", test::build_safetensors(entries, {{"kiln.unet.head_channels", "16"}}));
     auto file = io::ModelFile::open({path});
     ASSERT_TRUE(file.ok()) << file.error().message;
-    auto unet = models::Unet::create(*file, kUnet, GGML_TYPE_F32);
+    auto unet = test::declare_network<models::Unet>(*file, kUnet, GGML_TYPE_F32);
     ASSERT_TRUE(unet.ok()) << unet.error().message;
     EXPECT_EQ((*unet)->config().middle_depth, 0);
-    ASSERT_TRUE((*unet)->weights().load(compute->weights_backend()).ok());
+    ASSERT_TRUE(unet->weights().load(compute->weights_backend()).ok());
     runtime::GraphSession session;
     auto out = build_unet(**unet, session);
     ASSERT_TRUE(out.ok()) << out.error().message;
@@ -191,7 +192,7 @@ TEST_F(SdxlTiny, UnetWithoutMiddleTransformerMatchesReference) {
 }
 
 TEST_F(SdxlTiny, UnetYIsAContract) {
-    auto xl = models::Unet::create(weights, kUnet, std::nullopt);
+    auto xl = test::declare_network<models::Unet>(weights, kUnet, std::nullopt);
     ASSERT_TRUE(xl.ok()) << xl.error().message;
     runtime::GraphSession session;
     ggml_context* ctx = session.ctx();
@@ -214,7 +215,7 @@ TEST_F(SdxlTiny, UnetYIsAContract) {
 
     // An SD1 UNet has no label_emb: y is refused, and the SD1 call builds.
     auto sd1_file = open_file("sd1_tiny.safetensors");
-    auto sd1 = models::Unet::create(sd1_file, kUnet, std::nullopt);
+    auto sd1 = test::declare_network<models::Unet>(sd1_file, kUnet, std::nullopt);
     ASSERT_TRUE(sd1.ok()) << sd1.error().message;
     EXPECT_EQ((*sd1)->config().adm_in_channels, 0);
     models::UnetInputs sd1_in;

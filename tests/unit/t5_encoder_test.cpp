@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 
+#include "declared_network.h"
 #include "golden.h"
 #include "io/gguf_writer.h"
 #include "runtime/graph_plan.h"
@@ -75,11 +76,12 @@ Encoded encode(const models::T5Encoder& t5, runtime::Compute& compute, const Fix
     return result;
 }
 
-std::unique_ptr<models::T5Encoder> load(const io::ModelFile& file, runtime::Compute& compute,
-                                        std::optional<ggml_type> type = GGML_TYPE_F32, const std::string& prefix = "") {
-    auto t5 = models::T5Encoder::create(file, prefix, type);
+test::DeclaredNetwork<models::T5Encoder> load(const io::ModelFile& file, runtime::Compute& compute,
+                                              std::optional<ggml_type> type = GGML_TYPE_F32,
+                                              const std::string& prefix = "") {
+    auto t5 = test::declare_network<models::T5Encoder>(file, prefix, type);
     if (!t5.ok()) throw std::runtime_error(t5.error().message);
-    const Status status = (*t5)->weights().load(compute.weights_backend());
+    const Status status = t5->weights().load(compute.weights_backend());
     if (!status.ok()) throw std::runtime_error(status.error().message);
     return std::move(t5).value();
 }
@@ -148,7 +150,7 @@ TEST(T5Buckets, MatchReference) {
     }
     // The layout T5Options::relative_buckets expects: [q * n + k] is the bucket of k - q.
     io::ModelFile weights = t5_weights();
-    auto t5 = models::T5Encoder::create(weights, "", std::nullopt);
+    auto t5 = test::declare_network<models::T5Encoder>(weights, "", std::nullopt);
     ASSERT_TRUE(t5.ok()) << t5.error().message;
     const std::vector<int32_t> b = (*t5)->relative_buckets(40);
     ASSERT_EQ(b.size(), 1600u);
@@ -163,7 +165,7 @@ TEST(T5Config, ReadFromWeights) {
     io::ModelFile weights = t5_weights();
     EXPECT_TRUE(models::T5Encoder::looks_like_t5(weights, ""));
     EXPECT_FALSE(models::T5Encoder::looks_like_t5(weights, "text_encoders.t5xxl.transformer."));
-    auto t5 = models::T5Encoder::create(weights, "", std::nullopt);
+    auto t5 = test::declare_network<models::T5Encoder>(weights, "", std::nullopt);
     ASSERT_TRUE(t5.ok()) << t5.error().message;
     const models::T5Config& c = (*t5)->config();
     EXPECT_EQ(c.naming, models::T5Config::Naming::HuggingFace);
@@ -176,14 +178,14 @@ TEST(T5Config, ReadFromWeights) {
     EXPECT_EQ(c.buckets, 32);
     EXPECT_EQ(c.max_distance, 128);
     // 3 blocks x 9 + embedding, position table, final norm.
-    EXPECT_EQ((*t5)->weights().count(), 30u);
+    EXPECT_EQ(t5->weights().count(), 30u);
 }
 
 TEST(T5Plan, SegmentsEndAtEveryBlock) {
     // The memory system can run the encoder a block at a time: every leaf is
     // a weight or an input, and each block's weights fall in its segment.
     io::ModelFile weights = t5_weights();
-    auto t5 = models::T5Encoder::create(weights, "", std::nullopt);
+    auto t5 = test::declare_network<models::T5Encoder>(weights, "", std::nullopt);
     ASSERT_TRUE(t5.ok()) << t5.error().message;
     const int64_t n = 12, batch = 2;
     const std::vector<int32_t> ids(n * batch, 5), buckets = (*t5)->relative_buckets(n);
@@ -193,7 +195,7 @@ TEST(T5Plan, SegmentsEndAtEveryBlock) {
     options.relative_buckets = session.input(GGML_TYPE_I32, {n, n}, buckets.data());
     options.key_mask = session.input(GGML_TYPE_F32, {n, batch}, mask.data());
     ggml_tensor* out = (*t5)->encode(session.ctx(), session.input(GGML_TYPE_I32, {n, batch}, ids.data()), options);
-    const runtime::GraphPlan plan = runtime::build_graph_plan(session.graph(out), (*t5)->weights());
+    const runtime::GraphPlan plan = runtime::build_graph_plan(session.graph(out), t5->weights());
     ASSERT_TRUE(plan.valid) << plan.invalid_reason;
     ASSERT_EQ(plan.segments.size(), 4u);
     const std::vector<size_t> weight_counts = {11, 9, 9, 1};  // + embedding and position table; final norm
@@ -285,7 +287,7 @@ TEST(T5Errors, ClipFileNamesWhatIsMissing) {
     io::ModelFile clip = open_file(golden_path("models/sd1_tiny.safetensors"));
     EXPECT_FALSE(models::T5Encoder::looks_like_t5(clip, ""));
     EXPECT_FALSE(models::T5Encoder::looks_like_t5(clip, "cond_stage_model.transformer."));
-    auto t5 = models::T5Encoder::create(clip, "cond_stage_model.transformer.", std::nullopt);
+    auto t5 = test::declare_network<models::T5Encoder>(clip, "cond_stage_model.transformer.", std::nullopt);
     ASSERT_FALSE(t5.ok());
     EXPECT_EQ(t5.error().kind, ErrorKind::BadFile);
     EXPECT_EQ(t5.error().message,
@@ -303,7 +305,7 @@ TEST(T5Errors, VersionOneFeedForwardIsAnError) {
                       return replace(n, ".DenseReluDense.wi_0.", ".DenseReluDense.wi.");
                   })));
     io::ModelFile v10 = open_file(path);
-    auto t5 = models::T5Encoder::create(v10, "", std::nullopt);
+    auto t5 = test::declare_network<models::T5Encoder>(v10, "", std::nullopt);
     ASSERT_FALSE(t5.ok());
     EXPECT_EQ(t5.error().kind, ErrorKind::BadFile);
     EXPECT_EQ(t5.error().message,
@@ -317,7 +319,7 @@ TEST(T5Errors, VersionOneFeedForwardIsAnError) {
                       return llama_cpp_name(n);
                   })));
     io::ModelFile v10_llama = open_file(gguf_names);
-    auto t5_llama = models::T5Encoder::create(v10_llama, "", std::nullopt);
+    auto t5_llama = test::declare_network<models::T5Encoder>(v10_llama, "", std::nullopt);
     ASSERT_FALSE(t5_llama.ok());
     EXPECT_NE(t5_llama.error().message.find("enc.blk.0.ffn_up.weight without enc.blk.0.ffn_gate.weight is a T5 v1.0"),
               std::string::npos)
@@ -333,10 +335,10 @@ TEST(T5Errors, MissingBlockTensorIsNamedAtLoad) {
                       return n == missing ? std::string() : n;
                   })));
     io::ModelFile file = open_file(path);
-    auto t5 = models::T5Encoder::create(file, "", std::nullopt);
+    auto t5 = test::declare_network<models::T5Encoder>(file, "", std::nullopt);
     ASSERT_TRUE(t5.ok()) << t5.error().message;
     auto compute = test::golden_cpu();
-    const Status status = (*t5)->weights().load(compute->weights_backend());
+    const Status status = t5->weights().load(compute->weights_backend());
     ASSERT_FALSE(status.ok());
     EXPECT_NE(status.error().message.find(missing), std::string::npos) << status.error().message;
 }

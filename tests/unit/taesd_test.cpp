@@ -9,6 +9,7 @@
 
 #include <fstream>
 
+#include "declared_network.h"
 #include "golden.h"
 #include "runtime/graph_session.h"
 
@@ -30,10 +31,10 @@ io::ModelFile open_fixture(const std::string& name) {
 // Decodes `prefix`.latent of the io fixture with `file`'s decoder and
 // compares with `prefix`.decoded.
 void expect_matches_reference(const io::ModelFile& file, const std::string& prefix) {
-    auto taesd = models::Taesd::create(file, "", GGML_TYPE_F32);
+    auto taesd = test::declare_network<models::Taesd>(file, "", GGML_TYPE_F32);
     ASSERT_TRUE(taesd.ok()) << taesd.error().message;
     auto compute = test::golden_cpu();
-    ASSERT_TRUE((*taesd)->weights().load(compute->weights_backend()).ok());
+    ASSERT_TRUE(taesd->weights().load(compute->weights_backend()).ok());
     io::ModelFile io = open_fixture("taesd_tiny_io");
     const auto latent = fixture_tensor(io, prefix + ".latent");
     const auto expected = fixture_tensor(io, prefix + ".decoded");
@@ -47,7 +48,7 @@ void expect_matches_reference(const io::ModelFile& file, const std::string& pref
 
 TEST(Taesd, MadebyollinNamesConfiguredFromWeightsMatchReference) {
     io::ModelFile file = open_fixture("taesd_tiny");
-    auto taesd = models::Taesd::create(file, "", GGML_TYPE_F32);
+    auto taesd = test::declare_network<models::Taesd>(file, "", GGML_TYPE_F32);
     ASSERT_TRUE(taesd.ok()) << taesd.error().message;
     const models::TaesdConfig& c = (*taesd)->config();
     EXPECT_EQ(c.latent_channels, 4);
@@ -59,7 +60,7 @@ TEST(Taesd, MadebyollinNamesConfiguredFromWeightsMatchReference) {
 
 TEST(Taesd, DiffusersNamesWithSixteenChannelsMatchReference) {
     io::ModelFile file = open_fixture("taef1_tiny");
-    auto taesd = models::Taesd::create(file, "", GGML_TYPE_F32);
+    auto taesd = test::declare_network<models::Taesd>(file, "", GGML_TYPE_F32);
     ASSERT_TRUE(taesd.ok()) << taesd.error().message;
     EXPECT_EQ((*taesd)->config().latent_channels, 16);
     EXPECT_EQ((*taesd)->config().blocks_per_stage, (std::vector<int>{2, 1, 1, 1}));
@@ -69,7 +70,7 @@ TEST(Taesd, DiffusersNamesWithSixteenChannelsMatchReference) {
 TEST(Taesd, FilesThatAreNoDecoderAreRefusedByName) {
     // A VAE is not a tiny autoencoder.
     io::ModelFile vae = open_fixture("sd1_tiny");
-    auto refused = models::Taesd::create(vae, "", GGML_TYPE_F32);
+    auto refused = test::declare_network<models::Taesd>(vae, "", GGML_TYPE_F32);
     ASSERT_FALSE(refused.ok());
     EXPECT_NE(refused.error().message.find("no tiny autoencoder decoder"), std::string::npos)
         << refused.error().message;
@@ -86,7 +87,7 @@ TEST(Taesd, FilesThatAreNoDecoderAreRefusedByName) {
     std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), bytes.size());
     auto cut = io::ModelFile::open({path});
     ASSERT_TRUE(cut.ok()) << cut.error().message;
-    auto truncated = models::Taesd::create(*cut, "", GGML_TYPE_F32);
+    auto truncated = test::declare_network<models::Taesd>(*cut, "", GGML_TYPE_F32);
     ASSERT_FALSE(truncated.ok());
     EXPECT_NE(truncated.error().message.find("tiny autoencoder: no layer 20"), std::string::npos)
         << truncated.error().message;

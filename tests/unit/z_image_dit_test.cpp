@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "declared_network.h"
 #include "golden.h"
 #include "io/dtype.h"
 #include "runtime/graph_plan.h"
@@ -58,10 +59,10 @@ struct ZImageFixture {
     explicit ZImageFixture(const std::string& model = "z_image_tiny.safetensors")
         : weights(open_file(model)), io(open_file("z_image_tiny_io.safetensors")) {}
 
-    std::unique_ptr<models::ZImageDit> dit() {
-        auto d = models::ZImageDit::create(weights, "", GGML_TYPE_F32);
+    test::DeclaredNetwork<models::ZImageDit> dit() {
+        auto d = test::declare_network<models::ZImageDit>(weights, "", GGML_TYPE_F32);
         if (!d.ok()) throw std::runtime_error(d.error().message);
-        auto status = (*d)->weights().load(compute->weights_backend());
+        auto status = d->weights().load(compute->weights_backend());
         if (!status.ok()) throw std::runtime_error(status.error().message);
         return std::move(d).value();
     }
@@ -170,20 +171,20 @@ void expect_tiny_config(const models::ZImageConfig& c) {
 
 TEST_F(ZImageTiny, ConfigIsReadFromTheWeights) {
     EXPECT_TRUE(models::ZImageDit::looks_like_z_image(weights, ""));
-    auto d = models::ZImageDit::create(weights, "", std::nullopt);
+    auto d = test::declare_network<models::ZImageDit>(weights, "", std::nullopt);
     ASSERT_TRUE(d.ok()) << d.error().message;
     expect_tiny_config((*d)->config());
     EXPECT_FALSE((*d)->config().diffusers_names);
-    EXPECT_TRUE((*d)->weights().has("layers.0.attention.qkv.weight"));
+    EXPECT_TRUE(d->weights().has("layers.0.attention.qkv.weight"));
 }
 
 TEST_F(ZImageTinyDiffusers, ConfigIsReadFromTheWeights) {
     EXPECT_TRUE(models::ZImageDit::looks_like_z_image(weights, ""));
-    auto d = models::ZImageDit::create(weights, "", std::nullopt);
+    auto d = test::declare_network<models::ZImageDit>(weights, "", std::nullopt);
     ASSERT_TRUE(d.ok()) << d.error().message;
     expect_tiny_config((*d)->config());
     EXPECT_TRUE((*d)->config().diffusers_names);
-    EXPECT_TRUE((*d)->weights().has("all_final_layer.2-1.adaLN_modulation.1.weight"));
+    EXPECT_TRUE(d->weights().has("all_final_layer.2-1.adaLN_modulation.1.weight"));
 }
 
 TEST_F(ZImageTiny, MatchesReferenceLayerByLayerWithPadding) {
@@ -221,7 +222,7 @@ TEST_F(ZImageTiny, FlashAttentionStaysClose) {
 }
 
 TEST_F(ZImageTiny, HostTablesMatchReference) {
-    auto d = models::ZImageDit::create(weights, "", std::nullopt);
+    auto d = test::declare_network<models::ZImageDit>(weights, "", std::nullopt);
     ASSERT_TRUE(d.ok()) << d.error().message;
     const models::ZImageTokens t = tokens(**d, "batch.");
     EXPECT_EQ(t.grid_w, 5);
@@ -294,7 +295,7 @@ TEST_F(ZImageTiny, EachLayerIsASegmentWithItsOwnWeights) {
     auto out = d->build(session.ctx(), inputs(*d, session, "batch."), {});
     ASSERT_TRUE(out.ok()) << out.error().message;
     ggml_cgraph* graph = session.graph(*out);
-    const runtime::GraphPlan plan = runtime::build_graph_plan(graph, d->weights());
+    const runtime::GraphPlan plan = runtime::build_graph_plan(graph, d.weights());
     ASSERT_TRUE(plan.valid) << plan.invalid_reason;
     std::vector<std::string> names;
     for (const runtime::PlanSegment& segment : plan.segments) names.push_back(segment.name);
@@ -320,7 +321,7 @@ TEST_F(ZImageTiny, EachLayerIsASegmentWithItsOwnWeights) {
             EXPECT_EQ(segment.name, expected) << name;
         }
     }
-    EXPECT_EQ(weights, d->weights().count());
+    EXPECT_EQ(weights, d.weights().count());
 }
 
 TEST_F(ZImageTiny, InputsAreAContract) {
@@ -366,7 +367,7 @@ TEST_F(ZImageTiny, InputsAreAContract) {
 TEST(ZImageDit, RefusesWhatIsNotAZImageDit) {
     auto sdxl = open_file("sdxl_tiny.safetensors");
     EXPECT_FALSE(models::ZImageDit::looks_like_z_image(sdxl, "model.diffusion_model."));
-    auto r = models::ZImageDit::create(sdxl, "model.diffusion_model.", std::nullopt);
+    auto r = test::declare_network<models::ZImageDit>(sdxl, "model.diffusion_model.", std::nullopt);
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(r.error().kind, ErrorKind::BadFile);
     EXPECT_EQ(r.error().message,
@@ -374,11 +375,11 @@ TEST(ZImageDit, RefusesWhatIsNotAZImageDit) {
               "layers.0 or final_layer missing or malformed)");
     auto flux = open_file("flux_tiny.safetensors");
     EXPECT_FALSE(models::ZImageDit::looks_like_z_image(flux, ""));
-    EXPECT_FALSE(models::ZImageDit::create(flux, "", std::nullopt).ok());
+    EXPECT_FALSE(test::declare_network<models::ZImageDit>(flux, "", std::nullopt).ok());
     // The tiny Z-Image under the wrong prefix is not one either.
     auto z = open_file("z_image_tiny.safetensors");
     EXPECT_FALSE(models::ZImageDit::looks_like_z_image(z, "model.diffusion_model."));
-    EXPECT_FALSE(models::ZImageDit::create(z, "model.diffusion_model.", std::nullopt).ok());
+    EXPECT_FALSE(test::declare_network<models::ZImageDit>(z, "model.diffusion_model.", std::nullopt).ok());
 
     // Heads of 32 without the axes metadata: Z-Image defines RoPE axes for 128 only.
     std::vector<test::SafetensorsEntry> entries;
@@ -389,7 +390,7 @@ TEST(ZImageDit, RefusesWhatIsNotAZImageDit) {
     test::TempDir dir;
     auto bare = io::ModelFile::open({dir.write("bare.safetensors", test::build_safetensors(entries))});
     ASSERT_TRUE(bare.ok()) << bare.error().message;
-    auto no_axes = models::ZImageDit::create(*bare, "", std::nullopt);
+    auto no_axes = test::declare_network<models::ZImageDit>(*bare, "", std::nullopt);
     ASSERT_FALSE(no_axes.ok());
     EXPECT_EQ(no_axes.error().message,
               "Z-Image DiT under '': heads of 32 need RoPE axes (Z-Image's are for 128); set metadata "
@@ -397,7 +398,7 @@ TEST(ZImageDit, RefusesWhatIsNotAZImageDit) {
     auto odd = io::ModelFile::open(
         {dir.write("odd.safetensors", test::build_safetensors(entries, {{"kiln.z_image.axes_dim", "8,12,10"}}))});
     ASSERT_TRUE(odd.ok()) << odd.error().message;
-    auto bad_axes = models::ZImageDit::create(*odd, "", std::nullopt);
+    auto bad_axes = test::declare_network<models::ZImageDit>(*odd, "", std::nullopt);
     ASSERT_FALSE(bad_axes.ok());
     EXPECT_EQ(bad_axes.error().message, "Z-Image DiT under '': RoPE axes must be three and sum to the head width 32");
 }

@@ -23,6 +23,8 @@
 #include <sstream>
 
 #include "gguf.h"
+#include "models/nets/llm_encoder.h"
+#include "models/nets/z_image_dit.h"
 #include "pipeline/model.h"
 #include "random_model.h"
 #include "rpc_child.h"
@@ -232,8 +234,9 @@ void expect_z_image_turbo(const pipeline::Model& m) {
     EXPECT_EQ(m.family_label(), "Z-Image-Turbo");
     EXPECT_EQ(m.size_stride(), 16);
     EXPECT_EQ(m.defaults().steps, 8);
-    ASSERT_TRUE(m.has_z_image());
-    const models::ZImageConfig& z = m.z_image().config();
+    const auto* dit = dynamic_cast<const models::ZImageDit*>(&m.diffusion());
+    ASSERT_NE(dit, nullptr);
+    const models::ZImageConfig& z = dit->config();
     EXPECT_EQ(z.dim, 3840);
     EXPECT_EQ(z.layers, 30);
     EXPECT_EQ(z.noise_refiner_layers, 2);
@@ -245,8 +248,9 @@ void expect_z_image_turbo(const pipeline::Model& m) {
     EXPECT_EQ(z.in_channels, 64);
     EXPECT_FALSE(z.diffusers_names);
     ASSERT_EQ(m.text_encoders().size(), 1u);
-    ASSERT_NE(m.text_encoders()[0].llm, nullptr);
-    const models::LlmEncoder& llm = *m.text_encoders()[0].llm;
+    const auto* encoder = dynamic_cast<const models::LlmEncoder*>(m.text_encoders()[0].network);
+    ASSERT_NE(encoder, nullptr);
+    const models::LlmEncoder& llm = *encoder;
     const models::LlmConfig& q = llm.config();
     EXPECT_EQ(q.vocab, 151936);
     EXPECT_EQ(q.width, 2560);
@@ -264,7 +268,8 @@ TEST_F(ZImageFullSize, LoaderReadsTheBf16Files) {
     auto model = load_plan_only(paths(bf16()));
     ASSERT_TRUE(model.ok()) << model.error().message;
     expect_z_image_turbo(**model);
-    const models::LlmConfig& q = (*model)->text_encoders()[0].llm->config();
+    const models::LlmConfig& q =
+        dynamic_cast<const models::LlmEncoder&>(*(*model)->text_encoders()[0].network).config();
     EXPECT_NE(q.naming, models::LlmConfig::Naming::LlamaCpp);
     EXPECT_FLOAT_EQ(q.rope_theta, 1e6f) << "no metadata: Qwen3's default";
     // tokenizer.json: 151643 BPE tokens and 26 added ones (the embedding's
@@ -278,7 +283,8 @@ TEST_F(ZImageFullSize, LoaderReadsTheGgufFilesAndTheTokenizerTheLlmCarries) {
     auto model = load_plan_only(paths(q4k()));  // no --tokenizer
     ASSERT_TRUE(model.ok()) << model.error().message;
     expect_z_image_turbo(**model);
-    const models::LlmConfig& q = (*model)->text_encoders()[0].llm->config();
+    const models::LlmConfig& q =
+        dynamic_cast<const models::LlmEncoder&>(*(*model)->text_encoders()[0].network).config();
     EXPECT_EQ(q.naming, models::LlmConfig::Naming::LlamaCpp);
     EXPECT_FLOAT_EQ(q.rope_theta, 5e6f) << "the file's qwen3.rope.freq_base";
     // llama.cpp's vocabulary fills the embedding's rows ([PAD...] tokens).

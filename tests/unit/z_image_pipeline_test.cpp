@@ -15,11 +15,14 @@
 
 #include "golden.h"
 #include "image/image_io.h"
+#include "models/nets/llm_encoder.h"
+#include "models/nets/z_image_dit.h"
 #include "pipeline/conditioner.h"
 #include "pipeline/generate.h"
 #include "pipeline/graphs.h"
 #include "pipeline/llm_tokenizer.h"
 #include "pipeline/prompt_weights.h"
+#include "pipeline/request.h"
 #include "pipeline/schedulers.h"
 #include "test_files.h"
 
@@ -122,7 +125,7 @@ io::ModelFile* ZImagePipeline::io_ = nullptr;
 
 TEST_F(ZImagePipeline, IsZImageTurboWithItsDefaults) {
     EXPECT_EQ(model_->family_label(), "Z-Image-Turbo");
-    EXPECT_TRUE(model_->has_z_image());
+    EXPECT_NE(dynamic_cast<const models::ZImageDit*>(&model_->diffusion()), nullptr);
     EXPECT_EQ(model_->prediction(), Prediction::Flow);
     EXPECT_EQ(model_->size_stride(), 4);  // the tiny ae's 2 times the patch 2
     EXPECT_EQ(model_->latent_channels(), 16);
@@ -133,6 +136,29 @@ TEST_F(ZImagePipeline, IsZImageTurboWithItsDefaults) {
     EXPECT_EQ(model_->defaults().height, 1024);
     ASSERT_EQ(model_->text_encoders().size(), 1u);
     EXPECT_EQ(model_->text_encoders().front().width(), 64);
+}
+
+// What the DiT takes is decided once, from its capabilities: Z-Image's DiT
+// takes no skip list, so skip-layer guidance is refused before any graph
+// (as for a UNet), and no distilled guidance is set.
+TEST_F(ZImagePipeline, CapabilitiesDecideWhatARequestMayAsk) {
+    const models::DiffusionCapabilities& can = model_->diffusion().capabilities();
+    EXPECT_FALSE(can.skip_layers);
+    EXPECT_FALSE(can.guidance);
+    EXPECT_FALSE(can.control_residuals);
+    GenerationRequest r;
+    r.width = r.height = 64;
+    r.slg.scale = 2.5f;
+    auto refused = validate_request(*model_, r);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_EQ(refused.error().kind, ErrorKind::InvalidRequest);
+    EXPECT_NE(refused.error().message.find("Z-Image-Turbo's DiT does not"), std::string::npos)
+        << refused.error().message;
+    r.slg.scale = 0.0f;
+    r.guidance = 4.0f;
+    auto planned = validate_request(*model_, r);
+    ASSERT_TRUE(planned.ok()) << planned.error().message;
+    EXPECT_EQ(planned->guidance, 0.0f);
 }
 
 // The tokenizer/ folder beside qwen3.safetensors is found without

@@ -19,6 +19,7 @@ Family make() {
     TextEncoderUse t5;
     t5.module = "t5xxl";
     t5.pad_token = 0;
+    t5.layout = PromptLayout::FixedLength;
     t5.max_length = 512;
     t5.mask_padding = true;
     t5.mask_pad_tokens = 1;

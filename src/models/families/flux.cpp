@@ -33,6 +33,7 @@ Conditioning flux_conditioning(int t5_length) {
     TextEncoderUse t5;
     t5.module = "t5xxl";
     t5.pad_token = 0;
+    t5.layout = PromptLayout::FixedLength;
     t5.max_length = t5_length;
     c.encoders = {clip, t5};
     return c;

@@ -38,6 +38,7 @@ TextEncoderUse qwen3_use() {
     use.module = "llm";
     use.default_layer = 2;
     use.final_norm = false;
+    use.layout = PromptLayout::ChatTemplate;
     use.chat_prefix = "<|im_start|>user\n";
     use.chat_suffix = "<|im_end|>\n<|im_start|>assistant\n";
     // A prompt of about 100 words under the template.

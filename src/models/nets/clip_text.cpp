@@ -12,8 +12,9 @@ struct ClipTextEncoder::Layer {
     nn::Linear fc1, fc2;
 };
 
-Result<std::unique_ptr<ClipTextEncoder>> ClipTextEncoder::create(const io::ModelFile& file, const std::string& prefix,
-                                                                 std::optional<ggml_type> weight_type) {
+Result<std::unique_ptr<ClipTextEncoder>> ClipTextEncoder::create(io::WeightDeclarer& weights) {
+    const io::ModelFile& file = weights.file();
+    const std::string& prefix = weights.prefix();
     std::unique_ptr<ClipTextEncoder> enc(new ClipTextEncoder());
     ClipTextConfig& c = enc->config_;
     std::string root;
@@ -75,21 +76,21 @@ Result<std::unique_ptr<ClipTextEncoder>> ClipTextEncoder::create(const io::Model
     if (c.heads <= 0 || c.width % c.heads != 0)
         return Error{"CLIP text encoder: width " + std::to_string(c.width) + " is not divisible by its head count"};
 
-    enc->weights_ = std::make_unique<runtime::ModuleWeights>(file, root, weight_type);
-    enc->declare();
+    enc->root_ = root.substr(prefix.size());
+    enc->declare(weights);
     return enc;
 }
 
-void ClipTextEncoder::declare() {
+void ClipTextEncoder::declare(io::WeightDeclarer& w) {
     const ClipTextConfig& c = config_;
-    runtime::ModuleWeights& w = *weights_;
     const int64_t W = c.width;
     if (c.naming == ClipTextConfig::Naming::HuggingFace) {
-        token_embedding_ = w.require("embeddings.token_embedding.weight", {c.vocab, W});
-        position_embedding_ = w.require_f32("embeddings.position_embedding.weight", {c.context, W});
+        const std::string& r = root_;
+        token_embedding_ = w.require(r + "embeddings.token_embedding.weight", {c.vocab, W});
+        position_embedding_ = w.require_f32(r + "embeddings.position_embedding.weight", {c.context, W});
         for (int64_t i = 0; i < c.layers; ++i) {
             auto layer = std::make_shared<Layer>();
-            const std::string p = "encoder.layers." + std::to_string(i) + ".";
+            const std::string p = r + "encoder.layers." + std::to_string(i) + ".";
             layer->norm1 = nn::declare_norm(w, p + "layer_norm1", W);
             layer->q = nn::declare_linear(w, p + "self_attn.q_proj", W, W);
             layer->k = nn::declare_linear(w, p + "self_attn.k_proj", W, W);
@@ -100,8 +101,8 @@ void ClipTextEncoder::declare() {
             layer->fc2 = nn::declare_linear(w, p + "mlp.fc2", c.intermediate, W);
             layers_.push_back(layer);
         }
-        final_norm_weight_ = w.require("final_layer_norm.weight", {W});
-        final_norm_bias_ = w.require("final_layer_norm.bias", {W});
+        final_norm_weight_ = w.require(r + "final_layer_norm.weight", {W});
+        final_norm_bias_ = w.require(r + "final_layer_norm.bias", {W});
     } else {
         token_embedding_ = w.require("token_embedding.weight", {c.vocab, W});
         position_embedding_ = w.require_f32("positional_embedding", {c.context, W});
@@ -221,6 +222,31 @@ ggml_tensor* ClipTextEncoder::pool(ggml_context* ctx, ggml_tensor* normed, ggml_
     // [width, projection], the layout a Linear's weight already has.
     ggml_tensor* p = config_.projection_linear ? projection_ : ggml_cont(ctx, ggml_transpose(ctx, projection_));
     return ggml_mul_mat(ctx, p, pooled);  // [projection, B]
+}
+
+TextEncoderTensors ClipTextEncoder::build(nn::GraphInputs& s, const TextEncodeShape& shape) const {
+    TextEncoderTensors g;
+    g.tokens = s.input(GGML_TYPE_I32, {shape.length, shape.batch}, nullptr, "tokens");
+    ClipTextOptions options;
+    options.layer_from_end = shape.layer;
+    options.final_norm = shape.final_norm;
+    options.pooled = shape.pooled;
+    if (shape.extra_rows > 0) {
+        options.extra_embeddings =
+            s.input(GGML_TYPE_F32, {config_.width, shape.extra_rows}, shape.extra_embeddings, "embeddings");
+        // Embedding ids lie above the vocabulary, so the largest id is no
+        // longer the EOS: pool at the EOS itself (sd-cli, ComfyUI).
+        options.pooled_token = shape.pooled_token;
+    }
+    const ClipTextOutput out = encode(s.ctx(), g.tokens, options);
+    g.out = out.hidden;
+    if (out.pooled) {
+        ggml_context* c = s.ctx();
+        g.pooled_width = out.pooled->ne[0];
+        g.out = ggml_concat(c, ggml_reshape_1d(c, ggml_cont(c, out.hidden), ggml_nelements(out.hidden)),
+                            ggml_reshape_1d(c, ggml_cont(c, out.pooled), ggml_nelements(out.pooled)), 0);
+    }
+    return g;
 }
 
 }  // namespace kiln::models

@@ -11,7 +11,8 @@
 #include <string>
 
 #include "io/model_file.h"
-#include "runtime/module_weights.h"
+#include "io/weight_declarer.h"
+#include "models/network.h"
 #include "util/result.h"
 
 namespace kiln::models {
@@ -62,17 +63,14 @@ struct ClipTextOutput {
     ggml_tensor* pooled = nullptr;  // ne [projection or width, batch]; null unless asked for
 };
 
-class ClipTextEncoder {
+class ClipTextEncoder final : public TextEncoderNetwork {
   public:
     // `prefix`: where the encoder's tensors live ("cond_stage_model.transformer.",
     // "cond_stage_model.model.", SDXL's "conditioner.embedders.0.transformer." and
     // "conditioner.embedders.1.model."). Error if the tensors do not form a CLIP text encoder.
-    static Result<std::unique_ptr<ClipTextEncoder>> create(const io::ModelFile& file, const std::string& prefix,
-                                                           std::optional<ggml_type> weight_type);
+    static Result<std::unique_ptr<ClipTextEncoder>> create(io::WeightDeclarer& weights);
 
     const ClipTextConfig& config() const { return config_; }
-    runtime::ModuleWeights& weights() { return *weights_; }
-    const runtime::ModuleWeights& weights() const { return *weights_; }
 
     // tokens: I32 ne [context, batch] (at most `context` tokens per prompt).
     // Cut markers "clip.layers.<i>" after each layer that runs.
@@ -83,16 +81,29 @@ class ClipTextEncoder {
     ggml_tensor* build(ggml_context* ctx, ggml_tensor* tokens, int clip_skip,
                        ggml_tensor* extra_embeddings = nullptr) const;
 
+    // TextEncoderNetwork.
+    int64_t width() const override { return config_.width; }
+    int64_t pooled_width() const override { return config_.projection > 0 ? config_.projection : config_.width; }
+    int64_t vocab() const override { return config_.vocab; }
+    int64_t max_length() const override { return config_.context; }
+    int64_t clip_skip_layers() const override { return config_.layers; }
+    std::string label() const override { return "CLIP"; }
+    bool uses_sd_name_tables() const override { return true; }
+    TextEncoderTensors build(nn::GraphInputs& inputs, const TextEncodeShape& shape) const override;
+
   private:
     struct Layer;
     ClipTextEncoder() = default;
-    void declare();
+    void declare(io::WeightDeclarer& w);
+
+    // HF names: "text_model.", where the tower's names start under the
+    // declarer's prefix; "" for open_clip's names.
+    std::string root_;
     // normed: ne [width, n, B], the final-normed last layer. Returns ne [projection or width, B].
     ggml_tensor* pool(ggml_context* ctx, ggml_tensor* normed, ggml_tensor* tokens,
                       std::optional<int32_t> pooled_token) const;
 
     ClipTextConfig config_;
-    std::unique_ptr<runtime::ModuleWeights> weights_;
     ggml_tensor* token_embedding_ = nullptr;
     ggml_tensor* position_embedding_ = nullptr;
     std::vector<std::shared_ptr<Layer>> layers_;

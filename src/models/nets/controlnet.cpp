@@ -33,8 +33,9 @@ std::optional<std::string> ControlNet::find_prefix(const io::ModelFile& file) {
     return std::nullopt;
 }
 
-Result<std::unique_ptr<ControlNet>> ControlNet::create(const io::ModelFile& file, const std::string& prefix,
-                                                       std::optional<ggml_type> weight_type) {
+Result<std::unique_ptr<ControlNet>> ControlNet::create(io::WeightDeclarer& weights) {
+    const io::ModelFile& file = weights.file();
+    const std::string& prefix = weights.prefix();
     std::unique_ptr<ControlNet> net(new ControlNet());
     ControlNetConfig& c = net->config_;
     const std::string where = "ControlNet under '" + prefix + "'";
@@ -58,8 +59,7 @@ Result<std::unique_ptr<ControlNet>> ControlNet::create(const io::ModelFile& file
         return Error{where + ": input_hint_block gives " + std::to_string(c.hint_widths.back()) +
                      " channels, input_blocks.0 " + std::to_string(c.unet.model_channels)};
     }
-    net->weights_ = std::make_unique<runtime::ModuleWeights>(file, prefix, weight_type);
-    runtime::ModuleWeights& w = *net->weights_;
+    io::WeightDeclarer& w = weights;
     net->blocks_ = std::make_unique<Blocks>();
     Blocks& b = *net->blocks_;
     b.encoder = declare_unet_encoder(w, c.unet, "ControlNet");

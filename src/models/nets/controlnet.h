@@ -21,8 +21,9 @@
 #include <vector>
 
 #include "io/model_file.h"
+#include "io/weight_declarer.h"
 #include "models/nets/unet.h"
-#include "runtime/module_weights.h"
+#include "models/network.h"
 #include "util/result.h"
 
 namespace kiln::models {
@@ -43,20 +44,21 @@ struct ControlResidualShape {
     int64_t values() const { return w * h * c; }
 };
 
-class ControlNet {
+class ControlNet final : public Network {
   public:
+    // LoRAs are trained for the model, not its ControlNet, whose bare
+    // names (input_blocks.*) would make the UNet's ambiguous.
+    bool takes_lora() const override { return false; }
+
     // The ControlNet under `prefix` in `file`; an error naming what is
     // missing or malformed when the tensors are no ControlNet.
-    static Result<std::unique_ptr<ControlNet>> create(const io::ModelFile& file, const std::string& prefix,
-                                                      std::optional<ggml_type> weight_type);
+    static Result<std::unique_ptr<ControlNet>> create(io::WeightDeclarer& weights);
     // "control_model." when a file holds ldm's names, else "" (bare names);
     // none when the file holds no ControlNet (no input_hint_block).
     static std::optional<std::string> find_prefix(const io::ModelFile& file);
     ~ControlNet();
 
     const ControlNetConfig& config() const { return config_; }
-    runtime::ModuleWeights& weights() { return *weights_; }
-    const runtime::ModuleWeights& weights() const { return *weights_; }
 
     // The residuals of a latent_w x latent_h latent, in the order build()
     // gives them and the UNet takes them: input_blocks.0.. then the middle.
@@ -77,7 +79,6 @@ class ControlNet {
     ControlNet();
 
     ControlNetConfig config_;
-    std::unique_ptr<runtime::ModuleWeights> weights_;
     std::unique_ptr<Blocks> blocks_;
 };
 

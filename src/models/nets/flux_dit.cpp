@@ -9,6 +9,8 @@
 
 #include "nn/attention.h"
 #include "nn/layers.h"
+#include "nn/modulation.h"
+#include "nn/patches.h"
 #include "nn/rope.h"
 #include "nn/shapes.h"
 
@@ -58,21 +60,11 @@ struct SingleBlock {
     ggml_tensor* k_scale = nullptr;
 };
 
-// Rows [first, first + count) of a linear layer's output: views of its weight
-// rows and bias, so each part of a fused projection (qkv, linear1) is a
-// contiguous product of its own.
-nn::Linear rows(ggml_context* ctx, const nn::Linear& l, int64_t first, int64_t count) {
-    nn::Linear part;
-    part.weight = ggml_view_2d(ctx, l.weight, l.weight->ne[0], count, l.weight->nb[1], first * l.weight->nb[1]);
-    if (l.bias) part.bias = ggml_view_1d(ctx, l.bias, count, first * l.bias->nb[0]);
-    return part;
-}
-
 nn::Linear part(ggml_context* ctx, const Fused& f, size_t i) {
     if (!f.split.empty()) return f.split[i];
     int64_t first = 0;
     for (size_t j = 0; j < i; ++j) first += f.widths[j];
-    return rows(ctx, f.whole, first, f.widths[i]);
+    return nn::linear_rows(ctx, f.whole, first, f.widths[i]);
 }
 
 ggml_tensor* embed(ggml_context* ctx, const Embedder& e, ggml_tensor* x) {
@@ -84,22 +76,6 @@ ggml_tensor* time_embedding(ggml_context* ctx, ggml_tensor* t, int dim) {
     return ggml_timestep_embedding(ctx, ggml_scale(ctx, t, 1000.0f), dim, 10000);
 }
 
-// Modulation vectors as one contiguous table ne [hidden, B, K]: vector k of
-// every batch entry is the contiguous chunk k.
-struct ModTable {
-    ggml_tensor* table = nullptr;
-
-    // From ne [hidden, K, B] (a Modulation's output viewed per chunk, or
-    // Chroma's approximator output).
-    static ModTable from_chunks(ggml_context* ctx, ggml_tensor* chunks) {
-        return {ggml_cont(ctx, ggml_permute(ctx, chunks, 0, 2, 1, 3))};
-    }
-    // Vector k, ne [hidden, 1, B]: broadcasts over the tokens.
-    ggml_tensor* at(ggml_context* ctx, int64_t k) const {
-        return ggml_view_3d(ctx, table, table->ne[0], 1, table->ne[1], table->nb[1], table->nb[1], k * table->nb[2]);
-    }
-};
-
 // (shift, scale, gate) of one modulated sub-block, each ne [hidden, 1, B];
 // `scale1` is 1 + scale (BFL's (1 + scale) * x + shift).
 struct Mod {
@@ -108,63 +84,22 @@ struct Mod {
     ggml_tensor* gate = nullptr;
 };
 
-Mod mod_at(ggml_context* ctx, const ModTable& t, int64_t k, bool with_gate = true) {
+Mod mod_at(ggml_context* ctx, const nn::ModulationTable& t, int64_t k, bool with_gate = true) {
     Mod m;
     m.shift = t.at(ctx, k);
-    m.scale1 = ggml_scale_bias(ctx, t.at(ctx, k + 1), 1.0f, 1.0f);
+    m.scale1 = nn::one_plus(ctx, t.at(ctx, k + 1));
     if (with_gate) m.gate = t.at(ctx, k + 2);
     return m;
 }
 
 // BFL's Modulation: lin(silu(vec)) in `k` chunks of hidden.
-ModTable modulation(ggml_context* ctx, const nn::Linear& lin, ggml_tensor* silu_vec, int64_t k) {
-    ggml_tensor* m = nn::linear(ctx, lin, silu_vec);  // [k * hidden, B]
-    return ModTable::from_chunks(ctx, ggml_reshape_3d(ctx, m, m->ne[0] / k, k, m->ne[1]));
+nn::ModulationTable modulation(ggml_context* ctx, const nn::Linear& lin, ggml_tensor* silu_vec, int64_t k) {
+    return nn::ModulationTable::split(ctx, nn::linear(ctx, lin, silu_vec), k);  // of [k * hidden, B]
 }
 
 // (1 + scale) * LayerNorm(x) + shift, the LayerNorm without affine.
 ggml_tensor* modulate(ggml_context* ctx, ggml_tensor* x, const Mod& m) {
-    return ggml_add(ctx, ggml_mul(ctx, ggml_norm(ctx, x, kNormEps), m.scale1), m.shift);
-}
-
-// x + gate * y
-ggml_tensor* gated(ggml_context* ctx, ggml_tensor* x, ggml_tensor* y, ggml_tensor* gate) {
-    return ggml_add(ctx, x, ggml_mul(ctx, y, gate));
-}
-
-// [hidden, L, B] -> RMSNorm over each head: ne [head_dim, heads, L, B].
-ggml_tensor* head_norm(ggml_context* ctx, ggml_tensor* x, ggml_tensor* scale, int64_t heads) {
-    x = ggml_reshape_4d(ctx, x, x->ne[0] / heads, heads, x->ne[1], x->ne[2]);
-    return ggml_mul(ctx, ggml_rms_norm(ctx, x, kNormEps), scale);
-}
-
-// Tokens [first, first + count) of ne [hidden, L, B], contiguous.
-// Named: ggml names a view after its source ("cut:double_blocks.0 (view)"),
-// which would read as another cut marker.
-ggml_tensor* tokens(ggml_context* ctx, ggml_tensor* x, int64_t first, int64_t count) {
-    ggml_tensor* v = ggml_view_3d(ctx, x, x->ne[0], count, x->ne[2], x->nb[1], x->nb[2], first * x->nb[1]);
-    ggml_set_name(v, "tokens");
-    if (ggml_is_contiguous(v)) return v;
-    return ggml_set_name(ggml_cont(ctx, v), "tokens");
-}
-
-// "b c (h ph) (w pw) -> b (h w) (c ph pw)": ne [W, H, C, B] -> [C p p, (H/p)(W/p), B].
-ggml_tensor* patchify(ggml_context* ctx, ggml_tensor* x, int p) {
-    const int64_t W = x->ne[0], H = x->ne[1], C = x->ne[2], B = x->ne[3];
-    const int64_t w = W / p, h = H / p;
-    // [pw, col, ph, (row, C, B)] -> [pw, ph, col, (row, C, B)]
-    x = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_4d(ctx, x, p, w, p, h * C * B), 0, 2, 1, 3));
-    // [(pw ph), (col row), C, B] -> [(pw ph), C, (col row), B]
-    x = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_4d(ctx, x, p * p, w * h, C, B), 0, 2, 1, 3));
-    return ggml_reshape_3d(ctx, x, p * p * C, w * h, B);
-}
-
-// The inverse: ne [C p p, h w, B] -> [w p, h p, C, B].
-ggml_tensor* unpatchify(ggml_context* ctx, ggml_tensor* x, int64_t w, int64_t h, int p) {
-    const int64_t C = x->ne[0] / (p * p), B = x->ne[2];
-    x = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_4d(ctx, x, p * p, C, w * h, B), 0, 2, 1, 3));
-    x = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_4d(ctx, x, p, p, w, h * C * B), 0, 2, 1, 3));
-    return ggml_reshape_4d(ctx, x, w * p, h * p, C, B);
+    return nn::modulate(ctx, ggml_norm(ctx, x, kNormEps), m.scale1, m.shift);
 }
 
 // What every block of one evaluation shares.
@@ -187,17 +122,17 @@ struct StreamQkv {
 };
 
 StreamQkv stream_qkv(ggml_context* ctx, const Shared& s, const Attention& a, ggml_tensor* x) {
-    return {head_norm(ctx, nn::linear(ctx, part(ctx, a.qkv, 0), x), a.q_scale, s.heads),
-            head_norm(ctx, nn::linear(ctx, part(ctx, a.qkv, 1), x), a.k_scale, s.heads),
+    return {nn::head_rms_norm(ctx, nn::linear(ctx, part(ctx, a.qkv, 0), x), a.q_scale, s.heads, kNormEps),
+            nn::head_rms_norm(ctx, nn::linear(ctx, part(ctx, a.qkv, 1), x), a.k_scale, s.heads, kNormEps),
             nn::linear(ctx, part(ctx, a.qkv, 2), x)};
 }
 
 // One stream's update after the joint attention: gated projection and MLP.
 ggml_tensor* stream_out(ggml_context* ctx, const Shared& s, const Stream& st, ggml_tensor* x, ggml_tensor* attn,
                         const Mod& m1, const Mod& m2) {
-    x = gated(ctx, x, nn::linear(ctx, st.attn.proj, attn), m1.gate);
+    x = nn::gated_add(ctx, x, nn::linear(ctx, st.attn.proj, attn), m1.gate);
     ggml_tensor* h = nn::gelu_tanh(ctx, s.target, nn::linear(ctx, st.mlp_in, modulate(ctx, x, m2)));
-    return gated(ctx, x, nn::linear(ctx, st.mlp_out, h), m2.gate);
+    return nn::gated_add(ctx, x, nn::linear(ctx, st.mlp_out, h), m2.gate);
 }
 
 // A double block on the joint tokens ne [hidden, T + N, B] (text first);
@@ -205,25 +140,25 @@ ggml_tensor* stream_out(ggml_context* ctx, const Shared& s, const Stream& st, gg
 ggml_tensor* double_block(ggml_context* ctx, const Shared& s, const DoubleBlock& b, ggml_tensor* joint, int64_t T,
                           const Mod img_mod[2], const Mod txt_mod[2]) {
     const int64_t N = joint->ne[1] - T;
-    ggml_tensor* txt = tokens(ctx, joint, 0, T);
-    ggml_tensor* img = tokens(ctx, joint, T, N);
+    ggml_tensor* txt = nn::token_range(ctx, joint, 0, T);
+    ggml_tensor* img = nn::token_range(ctx, joint, T, N);
     const StreamQkv ti = stream_qkv(ctx, s, b.txt.attn, modulate(ctx, txt, txt_mod[0]));
     const StreamQkv ii = stream_qkv(ctx, s, b.img.attn, modulate(ctx, img, img_mod[0]));
     ggml_tensor* attn = joint_attention(ctx, s, ggml_concat(ctx, ti.q, ii.q, 2), ggml_concat(ctx, ti.k, ii.k, 2),
                                         ggml_concat(ctx, ti.v, ii.v, 1));
-    img = stream_out(ctx, s, b.img, img, tokens(ctx, attn, T, N), img_mod[0], img_mod[1]);
-    txt = stream_out(ctx, s, b.txt, txt, tokens(ctx, attn, 0, T), txt_mod[0], txt_mod[1]);
+    img = stream_out(ctx, s, b.img, img, nn::token_range(ctx, attn, T, N), img_mod[0], img_mod[1]);
+    txt = stream_out(ctx, s, b.txt, txt, nn::token_range(ctx, attn, 0, T), txt_mod[0], txt_mod[1]);
     return ggml_concat(ctx, txt, img, 1);
 }
 
 ggml_tensor* single_block(ggml_context* ctx, const Shared& s, const SingleBlock& b, ggml_tensor* x, const Mod& m) {
     ggml_tensor* xm = modulate(ctx, x, m);
-    ggml_tensor* q = head_norm(ctx, nn::linear(ctx, part(ctx, b.linear1, 0), xm), b.q_scale, s.heads);
-    ggml_tensor* k = head_norm(ctx, nn::linear(ctx, part(ctx, b.linear1, 1), xm), b.k_scale, s.heads);
+    ggml_tensor* q = nn::head_rms_norm(ctx, nn::linear(ctx, part(ctx, b.linear1, 0), xm), b.q_scale, s.heads, kNormEps);
+    ggml_tensor* k = nn::head_rms_norm(ctx, nn::linear(ctx, part(ctx, b.linear1, 1), xm), b.k_scale, s.heads, kNormEps);
     ggml_tensor* v = nn::linear(ctx, part(ctx, b.linear1, 2), xm);
     ggml_tensor* h = nn::gelu_tanh(ctx, s.target, nn::linear(ctx, part(ctx, b.linear1, 3), xm));
     ggml_tensor* out = nn::linear(ctx, b.linear2, ggml_concat(ctx, joint_attention(ctx, s, q, k, v), h, 0));
-    return gated(ctx, x, out, m.gate);
+    return nn::gated_add(ctx, x, out, m.gate);
 }
 
 // The file's names for BFL's: BFL's own (flux1-dev.safetensors, ComfyUI,
@@ -317,7 +252,7 @@ class Naming {
 };
 
 // A fused projection `stem` (BFL) or its split parts (diffusers), declared.
-Fused declare_fused(runtime::ModuleWeights& w, const Naming& names, const std::string& stem, int64_t in,
+Fused declare_fused(io::WeightDeclarer& w, const Naming& names, const std::string& stem, int64_t in,
                     const std::vector<int64_t>& widths, bool bias) {
     Fused f;
     f.widths = widths;
@@ -474,8 +409,9 @@ struct FluxDit::Blocks {
 FluxDit::FluxDit() = default;
 FluxDit::~FluxDit() = default;
 
-Result<std::unique_ptr<FluxDit>> FluxDit::create(const io::ModelFile& file, const std::string& prefix,
-                                                 std::optional<ggml_type> weight_type) {
+Result<std::unique_ptr<FluxDit>> FluxDit::create(io::WeightDeclarer& weights) {
+    const io::ModelFile& file = weights.file();
+    const std::string& prefix = weights.prefix();
     std::unique_ptr<FluxDit> dit(new FluxDit());
     FluxConfig& c = dit->config_;
     c.diffusers_names = file.find(prefix + "x_embedder.weight") != nullptr;
@@ -561,14 +497,22 @@ Result<std::unique_ptr<FluxDit>> FluxDit::create(const io::ModelFile& file, cons
                                std::to_string(head_dim));
     }
 
-    dit->weights_ = std::make_unique<runtime::ModuleWeights>(file, prefix, weight_type);
-    KILN_TRY(dit->declare());
+    KILN_TRY(dit->declare(weights));
+    DiffusionCapabilities& can = dit->capabilities_;
+    can.label = "DiT";
+    can.in_channels = can.out_channels = c.latent_channels;
+    can.context_width = c.context_dim;
+    can.vector_width = c.vec_dim;
+    can.size_stride = c.patch;
+    can.guidance = c.guidance_embed;
+    can.skip_layers = true;
+    can.text_mask = true;
+    can.reference_images = true;
     return dit;
 }
 
-Status FluxDit::declare() {
+Status FluxDit::declare(io::WeightDeclarer& w) {
     const FluxConfig& c = config_;
-    runtime::ModuleWeights& w = *weights_;
     blocks_ = std::make_unique<Blocks>();
     Blocks& b = *blocks_;
     const int64_t h = c.hidden, hd = c.head_dim();
@@ -731,10 +675,11 @@ Result<ggml_tensor*> FluxDit::build(ggml_context* ctx, const FluxInputs& in, con
                         0);  // [64, M, B]
         ggml_tensor* a = nn::linear(ctx, b.approx_in, input);
         for (size_t i = 0; i < b.approx_layers.size(); ++i) {
-            ggml_tensor* n = ggml_mul(ctx, ggml_rms_norm(ctx, a, kNormEps), b.approx_norms[i]);
+            ggml_tensor* n = nn::rms_norm(ctx, a, b.approx_norms[i], kNormEps);
             a = ggml_add(ctx, a, embed(ctx, b.approx_layers[i], n));
         }
-        const ModTable t = ModTable::from_chunks(ctx, nn::linear(ctx, b.approx_out, a));  // [hidden, B, M]
+        const nn::ModulationTable t =
+            nn::ModulationTable::from_chunks(ctx, nn::linear(ctx, b.approx_out, a));  // [hidden, B, M]
         const int64_t S = c.single_blocks, D = c.double_blocks;
         for (int64_t i = 0; i < D; ++i) {
             const int64_t img = 3 * S + 6 * i, txt = 3 * S + 6 * D + 6 * i;
@@ -750,13 +695,13 @@ Result<ggml_tensor*> FluxDit::build(ggml_context* ctx, const FluxInputs& in, con
         vec = ggml_add(ctx, vec, embed(ctx, b.vector_in, ggml_reshape_2d(ctx, in.pooled, c.vec_dim, B)));
         ggml_tensor* silu_vec = ggml_silu(ctx, vec);
         for (const DoubleBlock& block : b.doubles) {
-            const ModTable img = modulation(ctx, block.img.mod, silu_vec, 6);
-            const ModTable txt = modulation(ctx, block.txt.mod, silu_vec, 6);
+            const nn::ModulationTable img = modulation(ctx, block.img.mod, silu_vec, 6);
+            const nn::ModulationTable txt = modulation(ctx, block.txt.mod, silu_vec, 6);
             double_mods.push_back({mod_at(ctx, img, 0), mod_at(ctx, img, 3), mod_at(ctx, txt, 0), mod_at(ctx, txt, 3)});
         }
         for (const SingleBlock& block : b.singles)
             single_mods.push_back(mod_at(ctx, modulation(ctx, block.mod, silu_vec, 3), 0));
-        const ModTable final_table = modulation(ctx, b.final_mod, silu_vec, 2);
+        const nn::ModulationTable final_table = modulation(ctx, b.final_mod, silu_vec, 2);
         final_mod = mod_at(ctx, final_table, 0, /*with_gate=*/false);
         if (b.final_scale_first) {
             final_mod.shift = final_table.at(ctx, 1);
@@ -765,8 +710,9 @@ Result<ggml_tensor*> FluxDit::build(ggml_context* ctx, const FluxInputs& in, con
     }
 
     // Tokens: text, then the image's patches and each reference's.
-    ggml_tensor* img = patchify(ctx, in.x, c.patch);
-    for (ggml_tensor* r : in.refs) img = ggml_concat(ctx, img, patchify(ctx, r, c.patch), 1);
+    ggml_tensor* img = nn::patchify(ctx, in.x, c.patch, nn::PatchFeatures::ChannelSlowest);
+    for (ggml_tensor* r : in.refs)
+        img = ggml_concat(ctx, img, nn::patchify(ctx, r, c.patch, nn::PatchFeatures::ChannelSlowest), 1);
     img = nn::linear(ctx, b.img_in, img);
     ggml_tensor* txt = nn::linear(ctx, b.txt_in, in.context);
     ggml_tensor* x = ggml_concat(ctx, txt, img, 1);  // [hidden, tokens, B]
@@ -786,8 +732,93 @@ Result<ggml_tensor*> FluxDit::build(ggml_context* ctx, const FluxInputs& in, con
         x = nn::mark_cut(single_block(ctx, s, b.singles[i], x, single_mods[i]), "single_blocks." + std::to_string(i));
     }
     // The image's tokens (text and references dropped) through the final layer.
-    ggml_tensor* out = nn::linear(ctx, b.final_linear, modulate(ctx, tokens(ctx, x, T, grid.w * grid.h), final_mod));
-    return unpatchify(ctx, out, grid.w, grid.h, c.patch);
+    ggml_tensor* out =
+        nn::linear(ctx, b.final_linear, modulate(ctx, nn::token_range(ctx, x, T, grid.w * grid.h), final_mod));
+    return nn::unpatchify(ctx, out, grid.w, grid.h, c.patch, nn::PatchFeatures::ChannelSlowest);
+}
+
+Status FluxDit::check_conditioning(const ConditioningShape& shape) const {
+    const FluxConfig& fc = config_;
+    for (const EncoderOutput& e : shape.encoders) {
+        if (e.context && e.width != fc.context_dim) {
+            return Error::bad_file("the " + e.module + " text encoder is " + std::to_string(e.width) +
+                                   " wide but the DiT's txt_in takes " + std::to_string(fc.context_dim));
+        }
+        if (e.pooled && e.pooled_width > 0 && e.width != fc.vec_dim) {
+            return Error::bad_file("the " + e.module + " pooled output is " + std::to_string(e.width) +
+                                   " wide but the DiT's vector_in takes " + std::to_string(fc.vec_dim));
+        }
+    }
+    if (shape.latent_channels != fc.latent_channels) {
+        return Error::bad_file("the VAE has " + std::to_string(shape.latent_channels) + " latent channels but the " +
+                               shape.family_label + " DiT takes " + std::to_string(fc.latent_channels) +
+                               " (an SD VAE with a Flux model? pass Flux's ae)");
+    }
+    return Status::Ok();
+}
+
+namespace {
+
+// The latent grids of an evaluation, in patches.
+FluxTokenGrid image_grid(const FluxConfig& fc, const DiffusionShape& shape) {
+    return {shape.latent_w / fc.patch, shape.latent_h / fc.patch};
+}
+std::vector<FluxTokenGrid> reference_grids(const FluxConfig& fc, const DiffusionShape& shape) {
+    std::vector<FluxTokenGrid> grids;
+    for (const LatentSize& r : shape.refs) grids.push_back({r.w / fc.patch, r.h / fc.patch});
+    return grids;
+}
+int64_t image_tokens(const FluxConfig& fc, const DiffusionShape& shape) {
+    const FluxTokenGrid image = image_grid(fc, shape);
+    int64_t tokens = image.w * image.h;
+    for (const FluxTokenGrid& r : reference_grids(fc, shape)) tokens += r.w * r.h;
+    return tokens;
+}
+
+}  // namespace
+
+Result<DiffusionTensors> FluxDit::build(nn::GraphInputs& s, const DiffusionShape& shape) const {
+    const FluxConfig& fc = config_;
+    DiffusionTensors g;
+    const int64_t b = shape.batch;
+    const int64_t c = fc.latent_channels;
+    FluxInputs in;
+    in.x = g.x = s.input(GGML_TYPE_F32, {shape.latent_w, shape.latent_h, c, b}, nullptr, "x");
+    for (size_t i = 0; i < shape.refs.size(); ++i) {
+        g.refs.push_back(s.input(GGML_TYPE_F32, {shape.refs[i].w, shape.refs[i].h, c, b}, nullptr,
+                                 ("ref" + std::to_string(i)).c_str()));
+    }
+    in.refs = g.refs;
+    in.timesteps = g.timesteps = s.input(GGML_TYPE_F32, {b}, nullptr, "timesteps");
+    if (fc.guidance_embed) in.guidance = g.guidance = s.input(GGML_TYPE_F32, {b}, nullptr, "guidance");
+    in.context = g.context = s.input(GGML_TYPE_F32, {fc.context_dim, shape.tokens, b}, nullptr, "context");
+    if (fc.vec_dim > 0) in.pooled = g.y = s.input(GGML_TYPE_F32, {fc.vec_dim, b}, nullptr, "pooled");
+    const FluxTokenGrid image = image_grid(fc, shape);
+    const std::vector<FluxTokenGrid> ref_grids = reference_grids(fc, shape);
+    const std::vector<float> rope = flux_rope_table(fc, shape.tokens, image, ref_grids, shape.increase_ref_index);
+    in.rope = s.input(GGML_TYPE_F32, flux_rope_shape(fc, shape.tokens, image, ref_grids), rope.data(), "rope");
+    if (shape.mask) {
+        const std::vector<float> open(static_cast<size_t>(shape.tokens * b), 1.0f);
+        const std::vector<float> mask = text_mask_values(open, shape);
+        in.mask = g.mask = s.input(GGML_TYPE_F32, flux_attention_mask_shape(shape.tokens, image_tokens(fc, shape), b),
+                                   mask.data(), "mask");
+    }
+    if (fc.chroma) {
+        const std::vector<float> index = chroma_index_table(fc);
+        in.chroma_index = s.input(GGML_TYPE_F32, chroma_index_shape(fc), index.data(), "chroma_index");
+    }
+    FluxBuildOptions options;
+    options.flash_attention = shape.flash_attention;
+    options.target = shape.target;
+    options.skip_blocks = shape.skip_blocks;
+    auto out = build(s.ctx(), in, options);
+    if (!out.ok()) return Error{"DiT graph: " + out.error().message};
+    g.out = *out;
+    return g;
+}
+
+std::vector<float> FluxDit::text_mask_values(const std::vector<float>& text_valid, const DiffusionShape& shape) const {
+    return flux_attention_mask(text_valid, image_tokens(config_, shape), shape.batch);
 }
 
 }  // namespace kiln::models

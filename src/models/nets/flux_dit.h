@@ -35,8 +35,9 @@
 #include <vector>
 
 #include "io/model_file.h"
+#include "io/weight_declarer.h"
+#include "models/network.h"
 #include "nn/layers.h"
-#include "runtime/module_weights.h"
 #include "util/result.h"
 
 namespace kiln::models {
@@ -160,15 +161,12 @@ std::vector<int64_t> flux_attention_mask_shape(int64_t txt_tokens, int64_t image
 std::vector<float> chroma_index_table(const FluxConfig& c);
 std::vector<int64_t> chroma_index_shape(const FluxConfig& c);
 
-class FluxDit {
+class FluxDit final : public DiffusionNetwork {
   public:
     // Error if the tensors under `prefix` are not a Flux or Chroma DiT.
-    static Result<std::unique_ptr<FluxDit>> create(const io::ModelFile& file, const std::string& prefix,
-                                                   std::optional<ggml_type> weight_type);
+    static Result<std::unique_ptr<FluxDit>> create(io::WeightDeclarer& weights);
     ~FluxDit();
     const FluxConfig& config() const { return config_; }
-    runtime::ModuleWeights& weights() { return *weights_; }
-    const runtime::ModuleWeights& weights() const { return *weights_; }
 
     // Returns the velocity ne [W, H, velocity_channels(), B] (unpatchified,
     // reference tokens dropped), with cut markers "double_blocks.N" (the
@@ -180,13 +178,24 @@ class FluxDit {
     // batch sizes, the rope, mask or chroma_index shape.
     Result<ggml_tensor*> build(ggml_context* ctx, const FluxInputs& in, const FluxBuildOptions& options) const;
 
+    // DiffusionNetwork: the inputs above made from a job's shape (the RoPE
+    // table, Chroma's index embeddings), and Chroma's text mask.
+    const DiffusionCapabilities& capabilities() const override { return capabilities_; }
+    Status check_conditioning(const ConditioningShape& shape) const override;
+    Result<DiffusionTensors> build(nn::GraphInputs& inputs, const DiffusionShape& shape) const override;
+    std::vector<float> text_mask_values(const std::vector<float>& text_valid,
+                                        const DiffusionShape& shape) const override;
+    std::vector<std::string> lora_split_names(const std::string& stem) const override {
+        return flux_diffusers_names(stem);
+    }
+
   private:
     struct Blocks;
     FluxDit();
-    Status declare();
+    Status declare(io::WeightDeclarer& w);
 
     FluxConfig config_;
-    std::unique_ptr<runtime::ModuleWeights> weights_;
+    DiffusionCapabilities capabilities_;
     std::unique_ptr<Blocks> blocks_;
 };
 

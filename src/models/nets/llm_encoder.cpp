@@ -126,14 +126,16 @@ bool LlmEncoder::looks_like_llm(const io::ModelFile& file, const std::string& pr
     return false;
 }
 
-Result<std::unique_ptr<LlmEncoder>> LlmEncoder::create(const io::ModelFile& file, const std::string& prefix,
-                                                       std::optional<ggml_type> weight_type, int used_layers) {
+Result<std::unique_ptr<LlmEncoder>> LlmEncoder::create(io::WeightDeclarer& weights, int unused_last_layers) {
+    const io::ModelFile& file = weights.file();
+    const std::string& prefix = weights.prefix();
     std::unique_ptr<LlmEncoder> enc(new LlmEncoder());
     LlmConfig& c = enc->config_;
     const std::string where = "LLM text encoder under '" + prefix + "'";
     auto bad = [&](const std::string& what) { return Error::bad_file(where + ": " + what); };
-    if (used_layers < 0) {
-        return Error::invalid_request(where + ": used_layers " + std::to_string(used_layers) + " is negative");
+    if (unused_last_layers < 0) {
+        return Error::invalid_request(where + ": unused_last_layers " + std::to_string(unused_last_layers) +
+                                      " is negative");
     }
 
     // The naming follows the token embedding's name.
@@ -242,18 +244,16 @@ Result<std::unique_ptr<LlmEncoder>> LlmEncoder::create(const io::ModelFile& file
                    file.metadata_string(meta + "attention.layer_norm_rms_epsilon", "") + ", not in (0, 1)");
     }
 
-    if (used_layers > c.layers) {
-        return Error::invalid_request(where + ": used_layers " + std::to_string(used_layers) + " but the file has " +
-                                      std::to_string(c.layers) + " layers");
+    if (unused_last_layers >= c.layers) {
+        return Error::invalid_request(where + ": unused_last_layers " + std::to_string(unused_last_layers) +
+                                      " but the file has " + std::to_string(c.layers) + " layers");
     }
-    enc->weights_ = std::make_unique<runtime::ModuleWeights>(file, prefix, weight_type);
-    enc->declare(used_layers > 0 ? used_layers : c.layers);
+    enc->declare(weights, c.layers - unused_last_layers);
     return enc;
 }
 
-void LlmEncoder::declare(int64_t used_layers) {
+void LlmEncoder::declare(io::WeightDeclarer& w, int64_t used_layers) {
     const LlmConfig& c = config_;
-    runtime::ModuleWeights& w = *weights_;
     const int64_t q_rows = c.heads * c.head_dim, kv_rows = c.kv_heads * c.head_dim;
     token_embedding_ = w.require(embedding_name(c.naming), {c.vocab, c.width});
     for (int64_t i = 0; i < used_layers; ++i) {
@@ -341,6 +341,21 @@ ggml_tensor* LlmEncoder::encode(ggml_context* ctx, ggml_tensor* tokens, const Ll
         x = nn::mark_cut(x, "llm.layers." + std::to_string(i));
     }
     return options.final_norm ? rms_norm(x, final_norm_) : x;
+}
+
+TextEncoderTensors LlmEncoder::build(nn::GraphInputs& s, const TextEncodeShape& shape) const {
+    TextEncoderTensors g;
+    const int64_t length = shape.length;
+    g.tokens = s.input(GGML_TYPE_I32, {length, shape.batch}, nullptr, "tokens");
+    std::vector<int32_t> positions(static_cast<size_t>(length));
+    for (int64_t i = 0; i < length; ++i) positions[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+    const std::vector<float> mask = llm_causal_mask(length);
+    LlmOptions options;
+    options.positions = s.input(GGML_TYPE_I32, {length}, positions.data(), "positions");
+    options.mask = s.input(GGML_TYPE_F32, {length, length}, mask.data(), "causal_mask");
+    options.final_norm = shape.final_norm && declared_layers() == config_.layers;
+    g.out = encode(s.ctx(), g.tokens, options);
+    return g;
 }
 
 }  // namespace kiln::models

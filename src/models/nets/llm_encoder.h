@@ -64,7 +64,8 @@
 #include <vector>
 
 #include "io/model_file.h"
-#include "runtime/module_weights.h"
+#include "io/weight_declarer.h"
+#include "models/network.h"
 #include "util/result.h"
 
 namespace kiln::models {
@@ -109,7 +110,7 @@ struct LlmOptions {
 // k <= q, -inf for keys after the query.
 std::vector<float> llm_causal_mask(int64_t n);
 
-class LlmEncoder {
+class LlmEncoder final : public TextEncoderNetwork {
   public:
     // Whether `prefix` holds a decoder this class reads, in either naming:
     // layer 0's q projection (`model.layers.0.self_attn.q_proj.weight` or
@@ -119,24 +120,21 @@ class LlmEncoder {
     static bool looks_like_llm(const io::ModelFile& file, const std::string& prefix);
 
     // Reads the configuration from the tensors and metadata under `prefix`
-    // and declares the weights. `used_layers` > 0 declares only the first
-    // `used_layers` layers, and the final norm only when that is all of
-    // them (a caller that reads an inner layer never loads the rest).
+    // and declares the weights. `unused_last_layers` > 0 leaves that many
+    // layers at the end undeclared, and the final norm with them (a caller
+    // that reads an inner layer never loads the rest).
     // Errors (BadFile unless said): no LLM there (naming the tensors looked
     // for), an unsupported GGUF architecture or a decoder without QK norm,
     // sizes that do not divide (naming the tensor), metadata that disagrees
     // with the tensors or is not a usable number (naming the key);
-    // InvalidRequest: used_layers negative or more than the file has. A
+    // InvalidRequest: unused_last_layers negative or not fewer than the file has. A
     // wrong shape or a missing tensor further on is reported by
-    // weights().load(), naming the tensor.
-    static Result<std::unique_ptr<LlmEncoder>> create(const io::ModelFile& file, const std::string& prefix,
-                                                      std::optional<ggml_type> weight_type, int used_layers = 0);
+    // loading the weights, naming the tensor.
+    static Result<std::unique_ptr<LlmEncoder>> create(io::WeightDeclarer& weights, int unused_last_layers = 0);
 
     const LlmConfig& config() const { return config_; }
-    // The layers declared (and runnable): config().layers or create()'s used_layers.
+    // The layers declared (and runnable): config().layers less create()'s unused_last_layers.
     int64_t declared_layers() const { return static_cast<int64_t>(layers_.size()); }
-    runtime::ModuleWeights& weights() { return *weights_; }
-    const runtime::ModuleWeights& weights() const { return *weights_; }
 
     // tokens: I32 ne [n, batch]. Returns F32 ne [width, n, batch]: the output
     // of layer options.layers - 1, final-normed on request. Cut markers
@@ -146,14 +144,21 @@ class LlmEncoder {
     // batch floats per layer.
     ggml_tensor* encode(ggml_context* ctx, ggml_tensor* tokens, const LlmOptions& options) const;
 
+    // TextEncoderNetwork: positions 0..n-1 and the causal mask, every
+    // sequence of a batch of the same length (the conditioner encodes one
+    // prompt at a time); the final norm only when every layer runs.
+    int64_t width() const override { return config_.width; }
+    int64_t vocab() const override { return config_.vocab; }
+    std::string label() const override { return config_.arch_name(); }
+    TextEncoderTensors build(nn::GraphInputs& inputs, const TextEncodeShape& shape) const override;
+
   private:
     struct Layer;
     LlmEncoder() = default;
-    void declare(int64_t used_layers);
+    void declare(io::WeightDeclarer& w, int64_t used_layers);
     ggml_tensor* self_attention(ggml_context* ctx, const Layer& layer, ggml_tensor* h, const LlmOptions& options) const;
 
     LlmConfig config_;
-    std::unique_ptr<runtime::ModuleWeights> weights_;
     ggml_tensor* token_embedding_ = nullptr;  // ne [width, vocab]
     std::vector<std::shared_ptr<Layer>> layers_;
     ggml_tensor* final_norm_ = nullptr;  // null unless every layer is declared

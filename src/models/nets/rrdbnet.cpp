@@ -90,7 +90,8 @@ struct RrdbNet::Layers {
 RrdbNet::RrdbNet() = default;
 RrdbNet::~RrdbNet() = default;
 
-Result<std::unique_ptr<RrdbNet>> RrdbNet::create(const io::ModelFile& file, std::optional<ggml_type> weight_type) {
+Result<std::unique_ptr<RrdbNet>> RrdbNet::create(io::WeightDeclarer& weights) {
+    const io::ModelFile& file = weights.file();
     std::unique_ptr<RrdbNet> net(new RrdbNet());
     RrdbNetConfig& c = net->config_;
     // The naming and the prefix: the first of these that has a first convolution.
@@ -155,27 +156,29 @@ Result<std::unique_ptr<RrdbNet>> RrdbNet::create(const io::ModelFile& file, std:
                              " upsampler(s): the network would downscale");
     }
 
-    net->weights_ = std::make_unique<runtime::ModuleWeights>(file, c.prefix, weight_type);
-    runtime::ModuleWeights& w = *net->weights_;
+    // `weights` is the whole file's (prefix ""): the network found its own prefix above.
+    io::WeightDeclarer& w = weights;
+    auto at = [&](const std::string& name) { return c.prefix + name; };
     net->layers_ = std::make_unique<Layers>();
     Layers& l = *net->layers_;
     const int64_t nf = c.features, gc = c.growth;
-    l.first = nn::declare_conv2d(w, names.conv_first(), in, nf, 3, 1, 1);
+    l.first = nn::declare_conv2d(w, at(names.conv_first()), in, nf, 3, 1, 1);
     for (int b = 0; b < c.blocks; ++b) {
         Rrdb block;
         for (int r = 0; r < 3; ++r) {
             for (int j = 0; j < 5; ++j) {
                 const int64_t out = j == 4 ? nf : gc;
                 block.rdb[static_cast<size_t>(r)].conv[static_cast<size_t>(j)] =
-                    nn::declare_conv2d(w, names.dense(b, r + 1, j + 1), nf + j * gc, out, 3, 1, 1);
+                    nn::declare_conv2d(w, at(names.dense(b, r + 1, j + 1)), nf + j * gc, out, 3, 1, 1);
             }
         }
         l.blocks.push_back(block);
     }
-    l.body = nn::declare_conv2d(w, names.conv_body(), nf, nf, 3, 1, 1);
-    for (int k = 1; k <= c.upsamplers; ++k) l.up.push_back(nn::declare_conv2d(w, names.conv_up(k), nf, nf, 3, 1, 1));
-    l.hr = nn::declare_conv2d(w, names.conv_hr(), nf, nf, 3, 1, 1);
-    l.last = nn::declare_conv2d(w, names.conv_last(), nf, c.image_channels, 3, 1, 1);
+    l.body = nn::declare_conv2d(w, at(names.conv_body()), nf, nf, 3, 1, 1);
+    for (int k = 1; k <= c.upsamplers; ++k)
+        l.up.push_back(nn::declare_conv2d(w, at(names.conv_up(k)), nf, nf, 3, 1, 1));
+    l.hr = nn::declare_conv2d(w, at(names.conv_hr()), nf, nf, 3, 1, 1);
+    l.last = nn::declare_conv2d(w, at(names.conv_last()), nf, c.image_channels, 3, 1, 1);
     return net;
 }
 

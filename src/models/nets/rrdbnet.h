@@ -30,8 +30,8 @@
 #include <string>
 
 #include "io/model_file.h"
+#include "io/weight_declarer.h"
 #include "nn/layers.h"
-#include "runtime/module_weights.h"
 #include "util/result.h"
 
 namespace kiln::models {
@@ -55,11 +55,9 @@ class RrdbNet {
   public:
     // Reads the configuration from `file` and declares the weights (loaded
     // by weights().load()). Errors are BadFile and name the tensor.
-    static Result<std::unique_ptr<RrdbNet>> create(const io::ModelFile& file, std::optional<ggml_type> weight_type);
+    static Result<std::unique_ptr<RrdbNet>> create(io::WeightDeclarer& weights);
     ~RrdbNet();
     const RrdbNetConfig& config() const { return config_; }
-    runtime::ModuleWeights& weights() { return *weights_; }
-    const runtime::ModuleWeights& weights() const { return *weights_; }
 
     // image: ne [W, H, image_channels, 1], values in [0, 1] (ESRGAN's
     // range), W and H multiples of config().unshuffle -> ne [W * scale,
@@ -71,7 +69,6 @@ class RrdbNet {
     RrdbNet();
 
     RrdbNetConfig config_;
-    std::unique_ptr<runtime::ModuleWeights> weights_;
     std::unique_ptr<Layers> layers_;
 };
 

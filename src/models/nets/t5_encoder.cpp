@@ -88,8 +88,9 @@ bool T5Encoder::looks_like_t5(const io::ModelFile& file, const std::string& pref
            file.find(prefix + block_tensor(T5Config::Naming::LlamaCpp, 0, Part::RelativeBias));
 }
 
-Result<std::unique_ptr<T5Encoder>> T5Encoder::create(const io::ModelFile& file, const std::string& prefix,
-                                                     std::optional<ggml_type> weight_type) {
+Result<std::unique_ptr<T5Encoder>> T5Encoder::create(io::WeightDeclarer& weights) {
+    const io::ModelFile& file = weights.file();
+    const std::string& prefix = weights.prefix();
     std::unique_ptr<T5Encoder> enc(new T5Encoder());
     T5Config& c = enc->config_;
     const std::string where = "T5 encoder under '" + prefix + "'";
@@ -165,14 +166,12 @@ Result<std::unique_ptr<T5Encoder>> T5Encoder::create(const io::ModelFile& file, 
                    std::to_string(c.max_distance));
     }
 
-    enc->weights_ = std::make_unique<runtime::ModuleWeights>(file, prefix, weight_type);
-    enc->declare(embedding);
+    enc->declare(weights, embedding);
     return enc;
 }
 
-void T5Encoder::declare(const std::string& embedding_name) {
+void T5Encoder::declare(io::WeightDeclarer& w, const std::string& embedding_name) {
     const T5Config& c = config_;
-    runtime::ModuleWeights& w = *weights_;
     const int64_t inner = c.heads * c.d_kv;
     token_embedding_ = w.require(embedding_name, {c.vocab, c.d_model});
     // F32: its rows are added to the scores.
@@ -273,6 +272,19 @@ ggml_tensor* T5Encoder::encode(ggml_context* ctx, ggml_tensor* tokens, const T5O
         x = nn::mark_cut(x, "t5.blocks." + std::to_string(i));
     }
     return rms_norm(ctx, x, final_norm_);
+}
+
+TextEncoderTensors T5Encoder::build(nn::GraphInputs& s, const TextEncodeShape& shape) const {
+    TextEncoderTensors g;
+    g.tokens = s.input(GGML_TYPE_I32, {shape.length, shape.batch}, nullptr, "tokens");
+    T5Options options;
+    const std::vector<int32_t> buckets = relative_buckets(shape.length);
+    options.relative_buckets = s.input(GGML_TYPE_I32, {shape.length, shape.length}, buckets.data(), "relative_buckets");
+    if (shape.key_mask) {
+        options.key_mask = s.input(GGML_TYPE_F32, {shape.length, shape.batch}, shape.key_mask, "key_mask");
+    }
+    g.out = encode(s.ctx(), g.tokens, options);
+    return g;
 }
 
 }  // namespace kiln::models

@@ -45,7 +45,8 @@
 #include <vector>
 
 #include "io/model_file.h"
-#include "runtime/module_weights.h"
+#include "io/weight_declarer.h"
+#include "models/network.h"
 #include "util/result.h"
 
 namespace kiln::models {
@@ -76,7 +77,7 @@ struct T5Options {
     ggml_tensor* relative_buckets = nullptr;
 };
 
-class T5Encoder {
+class T5Encoder final : public TextEncoderNetwork {
   public:
     // Whether `prefix` holds a T5 encoder in either naming: checks for block
     // 0's relative position table, `encoder.block.0.layer.0.SelfAttention.
@@ -89,12 +90,9 @@ class T5Encoder {
     // the weights. Errors: no T5 there (naming the tensors looked for), a v1.0
     // (ungated) feed-forward, inconsistent sizes; a wrong shape further on is
     // reported by weights().load(), naming the tensor.
-    static Result<std::unique_ptr<T5Encoder>> create(const io::ModelFile& file, const std::string& prefix,
-                                                     std::optional<ggml_type> weight_type);
+    static Result<std::unique_ptr<T5Encoder>> create(io::WeightDeclarer& weights);
 
     const T5Config& config() const { return config_; }
-    runtime::ModuleWeights& weights() { return *weights_; }
-    const runtime::ModuleWeights& weights() const { return *weights_; }
 
     // The bucket of a relative position (key index - query index) in a
     // bidirectional table of `buckets` (HF's _relative_position_bucket with
@@ -112,17 +110,22 @@ class T5Encoder {
     // Compute memory: the scores are n * n * heads * batch floats per block.
     ggml_tensor* encode(ggml_context* ctx, ggml_tensor* tokens, const T5Options& options) const;
 
+    // TextEncoderNetwork.
+    int64_t width() const override { return config_.d_model; }
+    int64_t vocab() const override { return config_.vocab; }
+    std::string label() const override { return "T5"; }
+    TextEncoderTensors build(nn::GraphInputs& inputs, const TextEncodeShape& shape) const override;
+
   private:
     struct Block;
     T5Encoder() = default;
-    void declare(const std::string& embedding_name);
+    void declare(io::WeightDeclarer& w, const std::string& embedding_name);
     // [n keys, n queries, heads, batch or 1]: the position bias plus the key
     // mask, added to every block's scores.
     ggml_tensor* attention_bias(ggml_context* ctx, const T5Options& options, int64_t n, int64_t batch) const;
     ggml_tensor* self_attention(ggml_context* ctx, const Block& block, ggml_tensor* h, ggml_tensor* bias) const;
 
     T5Config config_;
-    std::unique_ptr<runtime::ModuleWeights> weights_;
     ggml_tensor* token_embedding_ = nullptr;  // ne [d_model, vocab]
     ggml_tensor* relative_bias_ = nullptr;    // F32 ne [heads, buckets]
     std::vector<std::shared_ptr<Block>> blocks_;

@@ -36,8 +36,9 @@ struct Taesd::Layers {
 Taesd::Taesd() = default;
 Taesd::~Taesd() = default;
 
-Result<std::unique_ptr<Taesd>> Taesd::create(const io::ModelFile& file, const std::string& prefix,
-                                             std::optional<ggml_type> weight_type) {
+Result<std::unique_ptr<Taesd>> Taesd::create(io::WeightDeclarer& weights) {
+    const io::ModelFile& file = weights.file();
+    const std::string& prefix = weights.prefix();
     // The naming: diffusers' decoder.layers.N from 0, or madebyollin's bare
     // Sequential indices from 1 (after the Clamp).
     std::string base = prefix + "decoder.layers.";
@@ -61,8 +62,7 @@ Result<std::unique_ptr<Taesd>> Taesd::create(const io::ModelFile& file, const st
     TaesdConfig& c = taesd->config_;
     c.latent_channels = (*in_shape)[1];
     c.channels = (*in_shape)[0];
-    taesd->weights_ = std::make_unique<runtime::ModuleWeights>(file, prefix, weight_type);
-    runtime::ModuleWeights& w = *taesd->weights_;
+    io::WeightDeclarer& w = weights;
     taesd->layers_ = std::make_unique<Layers>();
     Layers& l = *taesd->layers_;
     auto name = [&](int index) { return rel + std::to_string(index); };

@@ -25,8 +25,9 @@
 #include <vector>
 
 #include "io/model_file.h"
+#include "io/weight_declarer.h"
+#include "models/network.h"
 #include "nn/layers.h"
-#include "runtime/module_weights.h"
 #include "util/result.h"
 
 namespace kiln::models {
@@ -39,16 +40,16 @@ struct TaesdConfig {
     int upscale() const { return 1 << (blocks_per_stage.size() - 1); }
 };
 
-class Taesd {
+class Taesd final : public Network {
   public:
+    // A preview decoder: LoRAs trained for the model do not change it.
+    bool takes_lora() const override { return false; }
+
     // The decoder's tensors in `file` under `prefix` + either naming above.
     // Errors name what is missing or malformed.
-    static Result<std::unique_ptr<Taesd>> create(const io::ModelFile& file, const std::string& prefix,
-                                                 std::optional<ggml_type> weight_type);
+    static Result<std::unique_ptr<Taesd>> create(io::WeightDeclarer& weights);
     ~Taesd();
     const TaesdConfig& config() const { return config_; }
-    runtime::ModuleWeights& weights() { return *weights_; }
-    const runtime::ModuleWeights& weights() const { return *weights_; }
 
     // latent: ne [w, h, latent_channels, B] (scaled) -> image ne [w * upscale, h * upscale, 3, B],
     // about [0, 1] (not clamped).
@@ -60,7 +61,6 @@ class Taesd {
     Taesd();
 
     TaesdConfig config_;
-    std::unique_ptr<runtime::ModuleWeights> weights_;
     std::unique_ptr<Layers> layers_;
 };
 

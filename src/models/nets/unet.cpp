@@ -1,5 +1,6 @@
 #include "models/nets/unet.h"
 
+#include "models/nets/controlnet.h"
 #include "models/nets/unet_encoder.h"
 #include "nn/layers.h"
 
@@ -15,8 +16,9 @@ struct Unet::Blocks {
 Unet::Unet() = default;
 Unet::~Unet() = default;
 
-Result<std::unique_ptr<Unet>> Unet::create(const io::ModelFile& file, const std::string& prefix,
-                                           std::optional<ggml_type> weight_type) {
+Result<std::unique_ptr<Unet>> Unet::create(io::WeightDeclarer& weights) {
+    const io::ModelFile& file = weights.file();
+    const std::string& prefix = weights.prefix();
     std::unique_ptr<Unet> unet(new Unet());
     UnetConfig& c = unet->config_;
     const io::TensorInfo* conv_out = file.find(prefix + "out.2.weight");
@@ -35,14 +37,20 @@ Result<std::unique_ptr<Unet>> Unet::create(const io::ModelFile& file, const std:
         c.output_depth.push_back(*depth);
     }
 
-    unet->weights_ = std::make_unique<runtime::ModuleWeights>(file, prefix, weight_type);
-    KILN_TRY(unet->declare());
+    KILN_TRY(unet->declare(weights));
+    DiffusionCapabilities& can = unet->capabilities_;
+    can.label = "UNet";
+    can.in_channels = c.in_channels;
+    can.out_channels = c.out_channels;
+    can.context_width = c.context_dim;
+    can.vector_width = c.adm_in_channels;
+    can.size_stride = 1 << (c.level_channels.size() - 1);
+    can.control_residuals = true;
     return unet;
 }
 
-Status Unet::declare() {
+Status Unet::declare(io::WeightDeclarer& w) {
     const UnetConfig& c = config_;
-    runtime::ModuleWeights& w = *weights_;
     blocks_ = std::make_unique<Blocks>();
     Blocks& b = *blocks_;
     b.encoder = declare_unet_encoder(w, c, "UNet");
@@ -125,6 +133,103 @@ Result<ggml_tensor*> Unet::build(ggml_context* ctx, const UnetInputs& inputs, co
     }
     h = ggml_silu(ctx, nn::group_norm(ctx, b.out_norm, h));
     return nn::conv2d(ctx, target, b.conv_out, h);
+}
+
+// The UNet's inputs must be what the family's text encoders and VAE make.
+Status Unet::check_conditioning(const ConditioningShape& shape) const {
+    const UnetConfig& uc = config_;
+    int64_t context = 0;
+    for (const EncoderOutput& e : shape.encoders) context += e.width;
+    if (context != uc.context_dim) {
+        return Error::bad_file("the text encoders' width " + std::to_string(context) +
+                               " does not match the UNet's context width " + std::to_string(uc.context_dim));
+    }
+    // The UNet's vector input must be what the family's conditioning makes.
+    const int64_t adm = uc.adm_in_channels;
+    if (shape.size_embedding) {
+        int64_t pooled = 0;
+        for (const EncoderOutput& e : shape.encoders) {
+            if (e.pooled) pooled = e.pooled_width;
+        }
+        if (adm <= pooled || (adm - pooled) % 6 != 0) {
+            return Error::bad_file("the UNet's label_emb takes " + std::to_string(adm) +
+                                   " values, not the pooled width " + std::to_string(pooled) +
+                                   " plus six size embeddings of equal width");
+        }
+    } else if (adm > 0) {
+        return Error::bad_file("the UNet takes a " + std::to_string(adm) + "-wide label_emb vector, which " +
+                               shape.family + " does not make");
+    }
+    if (shape.latent_channels != uc.out_channels) {
+        return Error::bad_file("the VAE's latent channels (" + std::to_string(shape.latent_channels) +
+                               ") do not match the UNet's output channels (" + std::to_string(uc.out_channels) + ")");
+    }
+    return Status::Ok();
+}
+
+Status Unet::check_control_net(const ControlNet& net, const std::string& family_label) const {
+    const UnetConfig& cc = net.config().unet;
+    const UnetConfig& uc = config_;
+    auto family_of = [](int64_t context) -> std::string {
+        if (context == 768) return "SD1.x";
+        if (context == 1024) return "SD2.x";
+        if (context == 2048) return "SDXL";
+        return "context width " + std::to_string(context);
+    };
+    if (cc.context_dim != uc.context_dim) {
+        return Error::bad_file("a ControlNet for " + family_of(cc.context_dim) + " (context width " +
+                               std::to_string(cc.context_dim) + "), the model is " + family_label +
+                               " (its UNet's context width is " + std::to_string(uc.context_dim) + ")");
+    }
+    if (cc.model_channels != uc.model_channels || cc.level_channels != uc.level_channels ||
+        cc.res_blocks != uc.res_blocks || cc.adm_in_channels != uc.adm_in_channels) {
+        return Error::bad_file("its blocks do not match the " + family_label +
+                               " UNet's (channels per level, resnets per level or label_emb width differ)");
+    }
+    if (cc.in_channels != uc.out_channels) {
+        return Error::bad_file("it takes " + std::to_string(cc.in_channels) + " latent channels, the UNet makes " +
+                               std::to_string(uc.out_channels));
+    }
+    return Status::Ok();
+}
+
+Result<DiffusionTensors> Unet::build(nn::GraphInputs& s, const DiffusionShape& shape) const {
+    const UnetConfig& uc = config_;
+    DiffusionTensors g;
+    const int64_t b = shape.batch;
+    UnetInputs in;
+    in.x = g.x = s.input(GGML_TYPE_F32, {shape.latent_w, shape.latent_h, uc.in_channels, b}, nullptr, "x");
+    in.timesteps = g.timesteps = s.input(GGML_TYPE_F32, {b}, nullptr, "timesteps");
+    in.context = g.context = s.input(GGML_TYPE_F32, {uc.context_dim, shape.tokens, b}, nullptr, "context");
+    if (uc.adm_in_channels > 0) in.y = g.y = s.input(GGML_TYPE_F32, {uc.adm_in_channels, b}, nullptr, "y");
+    for (const auto& [w, h, c] : shape.control) {
+        g.control.push_back(
+            s.input(GGML_TYPE_F32, {w, h, c, b}, nullptr, ("control" + std::to_string(g.control.size())).c_str()));
+    }
+    in.control = g.control;
+    in.control_strength = shape.control_strength;
+    UnetBuildOptions options;
+    options.flash_attention = shape.flash_attention;
+    options.target = shape.target;
+    // The request was validated and the inputs are shaped from the UNet's
+    // own config, so the contract holds; a failure here is a bug.
+    auto out = build(s.ctx(), in, options);
+    if (!out.ok()) return Error{"UNet graph: " + out.error().message};
+    g.out = *out;
+    return g;
+}
+
+std::optional<io::UnetLayout> Unet::unet_layout() const {
+    const UnetConfig& c = config_;
+    io::UnetLayout layout;
+    layout.levels = static_cast<int>(c.level_channels.size());
+    layout.layers_per_block = c.res_blocks;
+    layout.attention_levels = 0;
+    for (int level = 0; level < layout.levels; ++level) {
+        const size_t first = static_cast<size_t>(level * (c.res_blocks + 1));
+        if (first < c.input_depth.size() && c.input_depth[first] > 0) layout.attention_levels |= 1u << level;
+    }
+    return layout;
 }
 
 }  // namespace kiln::models

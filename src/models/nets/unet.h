@@ -19,8 +19,9 @@
 #include <vector>
 
 #include "io/model_file.h"
+#include "io/weight_declarer.h"
+#include "models/network.h"
 #include "nn/layers.h"
-#include "runtime/module_weights.h"
 #include "util/result.h"
 
 namespace kiln::models {
@@ -70,14 +71,11 @@ struct UnetBuildOptions {
     nn::ComputeTarget target = nn::ComputeTarget::Cpu;
 };
 
-class Unet {
+class Unet final : public DiffusionNetwork {
   public:
-    static Result<std::unique_ptr<Unet>> create(const io::ModelFile& file, const std::string& prefix,
-                                                std::optional<ggml_type> weight_type);
+    static Result<std::unique_ptr<Unet>> create(io::WeightDeclarer& weights);
     ~Unet();
     const UnetConfig& config() const { return config_; }
-    runtime::ModuleWeights& weights() { return *weights_; }
-    const runtime::ModuleWeights& weights() const { return *weights_; }
 
     // Returns the model output ne [W, H, out_channels, B] (eps or v), with cut
     // markers "input_blocks.K", "middle_block", "output_blocks.K". An error
@@ -87,6 +85,17 @@ class Unet {
     // the wrong width, or control residuals of the wrong count or shapes.
     Result<ggml_tensor*> build(ggml_context* ctx, const UnetInputs& inputs, const UnetBuildOptions& options) const;
 
+    // DiffusionNetwork: the inputs above, the ControlNet's residuals when
+    // the shape has them.
+    const DiffusionCapabilities& capabilities() const override { return capabilities_; }
+    Status check_conditioning(const ConditioningShape& shape) const override;
+    Result<DiffusionTensors> build(nn::GraphInputs& inputs, const DiffusionShape& shape) const override;
+    // Same context width (SD1 768, SD2 1024, SDXL 2048), channels and label_emb vector.
+    Status check_control_net(const ControlNet& net, const std::string& family_label) const override;
+    bool uses_sd_name_tables() const override { return true; }
+    // The block layout as the diffusers name tables number blocks.
+    std::optional<io::UnetLayout> unet_layout() const override;
+
     // SD1/SD2's call: build() without y. Requires a UNet without label_emb
     // and inputs that fit (the pipeline validates sizes first); null otherwise.
     ggml_tensor* build(ggml_context* ctx, ggml_tensor* x, ggml_tensor* timesteps, ggml_tensor* context,
@@ -95,10 +104,10 @@ class Unet {
   private:
     struct Blocks;  // the decoder half; the encoder half is models/nets/unet_encoder.h's
     Unet();
-    Status declare();
+    Status declare(io::WeightDeclarer& w);
 
     UnetConfig config_;
-    std::unique_ptr<runtime::ModuleWeights> weights_;
+    DiffusionCapabilities capabilities_;
     std::unique_ptr<Blocks> blocks_;
 };
 

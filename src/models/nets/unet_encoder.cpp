@@ -2,8 +2,7 @@
 
 namespace kiln::models {
 
-UnetResBlock declare_unet_res(runtime::ModuleWeights& w, const std::string& p, int64_t in, int64_t out,
-                              int64_t emb_dim) {
+UnetResBlock declare_unet_res(io::WeightDeclarer& w, const std::string& p, int64_t in, int64_t out, int64_t emb_dim) {
     UnetResBlock r;
     r.in_norm = nn::declare_norm(w, p + "in_layers.0", in);
     r.in_conv = nn::declare_conv2d(w, p + "in_layers.2", in, out, 3, 1, 1);
@@ -14,7 +13,7 @@ UnetResBlock declare_unet_res(runtime::ModuleWeights& w, const std::string& p, i
     return r;
 }
 
-UnetSpatialTransformer declare_unet_transformer(runtime::ModuleWeights& w, const std::string& p, int64_t ch,
+UnetSpatialTransformer declare_unet_transformer(io::WeightDeclarer& w, const std::string& p, int64_t ch,
                                                 const UnetConfig& c, int depth) {
     UnetSpatialTransformer t;
     t.heads = static_cast<int>(c.heads_at(ch));
@@ -198,7 +197,7 @@ Status read_unet_encoder_config(const io::ModelFile& file, const std::string& pr
     return Status::Ok();
 }
 
-UnetEncoder declare_unet_encoder(runtime::ModuleWeights& w, const UnetConfig& c, const std::string& what) {
+UnetEncoder declare_unet_encoder(io::WeightDeclarer& w, const UnetConfig& c, const std::string& what) {
     UnetEncoder e;
     e.what = what;
     e.time1 = nn::declare_linear(w, "time_embed.0", c.model_channels, c.time_embed_dim);

@@ -10,10 +10,10 @@
 #include <vector>
 
 #include "io/model_file.h"
+#include "io/weight_declarer.h"
 #include "models/nets/unet.h"
 #include "nn/attention.h"
 #include "nn/layers.h"
-#include "runtime/module_weights.h"
 #include "util/result.h"
 
 namespace kiln::models {
@@ -49,9 +49,8 @@ struct UnetBlock {
     std::optional<nn::Conv2d> up;
 };
 
-UnetResBlock declare_unet_res(runtime::ModuleWeights& w, const std::string& p, int64_t in, int64_t out,
-                              int64_t emb_dim);
-UnetSpatialTransformer declare_unet_transformer(runtime::ModuleWeights& w, const std::string& p, int64_t ch,
+UnetResBlock declare_unet_res(io::WeightDeclarer& w, const std::string& p, int64_t in, int64_t out, int64_t emb_dim);
+UnetSpatialTransformer declare_unet_transformer(io::WeightDeclarer& w, const std::string& p, int64_t ch,
                                                 const UnetConfig& c, int depth);
 ggml_tensor* apply_unet_res(ggml_context* ctx, nn::ComputeTarget target, const UnetResBlock& r, ggml_tensor* x,
                             ggml_tensor* emb);
@@ -84,7 +83,7 @@ struct UnetEncoder {
     // ControlNet's zero convolutions).
     std::vector<int64_t> block_channels;
 };
-UnetEncoder declare_unet_encoder(runtime::ModuleWeights& w, const UnetConfig& c, const std::string& what);
+UnetEncoder declare_unet_encoder(io::WeightDeclarer& w, const UnetConfig& c, const std::string& what);
 
 struct UnetEncoderOutputs {
     ggml_tensor* emb = nullptr;        // ne [time_embed_dim, B or 1]

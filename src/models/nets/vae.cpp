@@ -29,7 +29,7 @@ struct Mid {
     std::optional<AttnBlock> attn;
 };
 
-ResnetBlock declare_resnet(runtime::ModuleWeights& w, const std::string& p, int64_t in, int64_t out) {
+ResnetBlock declare_resnet(io::WeightDeclarer& w, const std::string& p, int64_t in, int64_t out) {
     ResnetBlock r;
     r.norm1 = nn::declare_norm(w, p + "norm1", in);
     r.conv1 = nn::declare_conv2d(w, p + "conv1", in, out, 3, 1, 1);
@@ -39,7 +39,7 @@ ResnetBlock declare_resnet(runtime::ModuleWeights& w, const std::string& p, int6
     return r;
 }
 
-Mid declare_mid(runtime::ModuleWeights& w, const std::string& p, int64_t ch, bool attention) {
+Mid declare_mid(io::WeightDeclarer& w, const std::string& p, int64_t ch, bool attention) {
     Mid m;
     m.block1 = declare_resnet(w, p + "mid.block_1.", ch, ch);
     if (attention) {
@@ -104,8 +104,9 @@ struct Vae::Blocks {
 Vae::Vae() = default;
 Vae::~Vae() = default;
 
-Result<std::unique_ptr<Vae>> Vae::create(const io::ModelFile& file, const std::string& prefix,
-                                         std::optional<ggml_type> weight_type) {
+Result<std::unique_ptr<Vae>> Vae::create(io::WeightDeclarer& weights) {
+    const io::ModelFile& file = weights.file();
+    const std::string& prefix = weights.prefix();
     std::unique_ptr<Vae> vae(new Vae());
     VaeConfig& c = vae->config_;
     auto find = [&](const std::string& name) { return file.find(prefix + name); };
@@ -137,14 +138,12 @@ Result<std::unique_ptr<Vae>> Vae::create(const io::ModelFile& file, const std::s
     c.has_encoder = find("encoder.conv_in.weight") != nullptr;
     c.mid_attention = find("decoder.mid.attn_1.q.weight") != nullptr;
     c.quant_convs = find("post_quant_conv.weight") != nullptr;
-    vae->weights_ = std::make_unique<runtime::ModuleWeights>(file, prefix, weight_type);
-    vae->declare();
+    vae->declare(weights);
     return vae;
 }
 
-void Vae::declare() {
+void Vae::declare(io::WeightDeclarer& w) {
     const VaeConfig& c = config_;
-    runtime::ModuleWeights& w = *weights_;
     blocks_ = std::make_unique<Blocks>();
     Blocks& b = *blocks_;
     const int levels = static_cast<int>(c.level_channels.size());
@@ -220,8 +219,8 @@ ggml_tensor* Vae::build_decoder(ggml_context* ctx, ggml_tensor* latent, nn::Comp
         if (b.upsample[level]) {
             const nn::Conv2d& up = *b.upsample[level];
             const ResnetBlock* next = level > 0 && !b.up[level - 1].empty() ? &b.up[level - 1][0] : nullptr;
-            const int64_t up_bytes = 4 * h->ne[0] * h->ne[1] * up.weight->ne[3] * h->ne[3] *
-                                     static_cast<int64_t>(sizeof(float));
+            const int64_t up_bytes =
+                4 * h->ne[0] * h->ne[1] * up.weight->ne[3] * h->ne[3] * static_cast<int64_t>(sizeof(float));
             if (target == nn::ComputeTarget::Cpu && next && next->shortcut && up_bytes > max_whole_upsample_bytes) {
                 pending_upsample = &up;
             } else {

@@ -12,8 +12,9 @@
 #include <vector>
 
 #include "io/model_file.h"
+#include "io/weight_declarer.h"
+#include "models/network.h"
 #include "nn/layers.h"
-#include "runtime/module_weights.h"
 #include "util/result.h"
 
 namespace kiln::models {
@@ -31,14 +32,11 @@ struct VaeConfig {
     int downscale() const { return 1 << (level_channels.size() - 1); }
 };
 
-class Vae {
+class Vae final : public Network {
   public:
-    static Result<std::unique_ptr<Vae>> create(const io::ModelFile& file, const std::string& prefix,
-                                               std::optional<ggml_type> weight_type);
+    static Result<std::unique_ptr<Vae>> create(io::WeightDeclarer& weights);
     ~Vae();
     const VaeConfig& config() const { return config_; }
-    runtime::ModuleWeights& weights() { return *weights_; }
-    const runtime::ModuleWeights& weights() const { return *weights_; }
 
     // An upsampler's output larger than this is never made whole on the CPU
     // when the block after it has a shortcut (nn/upsampled_block_cpu.h):
@@ -60,10 +58,9 @@ class Vae {
   private:
     struct Blocks;
     Vae();
-    void declare();
+    void declare(io::WeightDeclarer& w);
 
     VaeConfig config_;
-    std::unique_ptr<runtime::ModuleWeights> weights_;
     std::unique_ptr<Blocks> blocks_;
 };
 

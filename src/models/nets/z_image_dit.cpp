@@ -7,6 +7,8 @@
 
 #include "nn/attention.h"
 #include "nn/layers.h"
+#include "nn/modulation.h"
+#include "nn/patches.h"
 #include "nn/rope.h"
 #include "nn/shapes.h"
 
@@ -32,14 +34,6 @@ struct Block {
     nn::Linear w1, w2, w3;
     nn::Linear ada;  // adaLN_modulation.0; null weight in a context refiner
 };
-
-// Rows [first, first + count) of a linear layer (its weight's rows).
-nn::Linear rows(ggml_context* ctx, const nn::Linear& l, int64_t first, int64_t count) {
-    nn::Linear part;
-    part.weight = ggml_view_2d(ctx, l.weight, l.weight->ne[0], count, l.weight->nb[1], first * l.weight->nb[1]);
-    if (l.bias) part.bias = ggml_view_1d(ctx, l.bias, count, first * l.bias->nb[0]);
-    return part;
-}
 
 // The file's name for a single-file name: itself, or the original's /
 // diffusers' (attention.qkv is split, so it is handled by the caller).
@@ -91,49 +85,6 @@ std::vector<int64_t> mask_shape(int64_t image_tokens, int64_t txt_tokens, int64_
     return {z_image_padded(image_tokens) + z_image_padded(txt_tokens), batch};
 }
 
-// "c (h ph) (w pw) -> (h w) (ph pw c)": ne [W, H, C, B] -> [C p p, (H/p)(W/p), B],
-// the channel fastest in a token's features.
-ggml_tensor* patchify(ggml_context* ctx, ggml_tensor* x, int p) {
-    const int64_t W = x->ne[0], H = x->ne[1], C = x->ne[2], B = x->ne[3];
-    const int64_t w = W / p, h = H / p;
-    // [pw, col, ph, (row, C, B)] -> [pw, ph, col, (row, C, B)]
-    x = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_4d(ctx, x, p, w, p, h * C * B), 0, 2, 1, 3));
-    // [(pw ph), (col row), C, B] -> [C, (pw ph), (col row), B]
-    x = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_4d(ctx, x, p * p, w * h, C, B), 1, 2, 0, 3));
-    return ggml_reshape_3d(ctx, x, C * p * p, w * h, B);
-}
-
-// The inverse: ne [C p p, h w, B] -> [w p, h p, C, B].
-ggml_tensor* unpatchify(ggml_context* ctx, ggml_tensor* x, int64_t w, int64_t h, int p) {
-    const int64_t C = x->ne[0] / (p * p), B = x->ne[2];
-    // [C, (pw ph), (col row), B] -> [(pw ph), (col row), C, B]
-    x = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_4d(ctx, x, C, p * p, w * h, B), 2, 0, 1, 3));
-    // [pw, ph, col, (row, C, B)] -> [pw, col, ph, (row, C, B)]
-    x = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_4d(ctx, x, p, p, w, h * C * B), 0, 2, 1, 3));
-    return ggml_reshape_4d(ctx, x, w * p, h * p, C, B);
-}
-
-// Tokens [first, first + count) of ne [dim, L, B], contiguous. Named: ggml
-// names a view after its source ("cut:layers.0 (view)"), which would read as
-// another cut marker.
-ggml_tensor* tokens(ggml_context* ctx, ggml_tensor* x, int64_t first, int64_t count) {
-    ggml_tensor* v = ggml_view_3d(ctx, x, x->ne[0], count, x->ne[2], x->nb[1], x->nb[2], first * x->nb[1]);
-    ggml_set_name(v, "tokens");
-    if (ggml_is_contiguous(v)) return v;
-    return ggml_set_name(ggml_cont(ctx, v), "tokens");
-}
-
-// RMSNorm over ne0 with weight `w`.
-ggml_tensor* rms_norm(ggml_context* ctx, ggml_tensor* x, ggml_tensor* w, float eps) {
-    return ggml_mul(ctx, ggml_rms_norm(ctx, x, eps), w);
-}
-
-// [dim, L, B] -> RMSNorm over each head: ne [head_dim, heads, L, B].
-ggml_tensor* head_norm(ggml_context* ctx, ggml_tensor* x, ggml_tensor* w, int64_t heads, float eps) {
-    x = ggml_reshape_4d(ctx, x, x->ne[0] / heads, heads, x->ne[1], x->ne[2]);
-    return rms_norm(ctx, x, w, eps);
-}
-
 // What one run of blocks over the same tokens shares.
 struct Span {
     ggml_tensor* cos = nullptr;  // rope planes, ne [head_dim, 1, L, B]
@@ -151,15 +102,9 @@ struct Mod {
 };
 
 Mod modulation(ggml_context* ctx, const nn::Linear& ada, ggml_tensor* t_emb) {
-    ggml_tensor* m = nn::linear(ctx, ada, t_emb);  // [4 dim, B]
-    const int64_t dim = m->ne[0] / 4, B = m->ne[1];
-    // [dim, B, 4]: chunk k of every batch entry contiguous.
-    ggml_tensor* table = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_3d(ctx, m, dim, 4, B), 0, 2, 1, 3));
-    auto chunk = [&](int k) {
-        return ggml_view_3d(ctx, table, dim, 1, B, table->nb[1], table->nb[1], k * table->nb[2]);
-    };
-    return {ggml_scale_bias(ctx, chunk(0), 1.0f, 1.0f), ggml_tanh(ctx, chunk(1)),
-            ggml_scale_bias(ctx, chunk(2), 1.0f, 1.0f), ggml_tanh(ctx, chunk(3))};
+    const nn::ModulationTable t = nn::ModulationTable::split(ctx, nn::linear(ctx, ada, t_emb), 4);  // of [4 dim, B]
+    return {nn::one_plus(ctx, t.at(ctx, 0)), ggml_tanh(ctx, t.at(ctx, 1)), nn::one_plus(ctx, t.at(ctx, 2)),
+            ggml_tanh(ctx, t.at(ctx, 3))};
 }
 
 struct Shared {
@@ -170,10 +115,10 @@ struct Shared {
 ggml_tensor* attention(ggml_context* ctx, const Shared& s, const Span& span, const Block& b, ggml_tensor* x) {
     const int64_t dim = x->ne[0];
     auto project = [&](int i, const nn::Linear& split) {
-        return nn::linear(ctx, b.qkv.weight ? rows(ctx, b.qkv, i * dim, dim) : split, x);
+        return nn::linear(ctx, b.qkv.weight ? nn::linear_rows(ctx, b.qkv, i * dim, dim) : split, x);
     };
-    ggml_tensor* q = head_norm(ctx, project(0, b.to_q), b.q_norm, s.heads, s.eps);
-    ggml_tensor* k = head_norm(ctx, project(1, b.to_k), b.k_norm, s.heads, s.eps);
+    ggml_tensor* q = nn::head_rms_norm(ctx, project(0, b.to_q), b.q_norm, s.heads, s.eps);
+    ggml_tensor* k = nn::head_rms_norm(ctx, project(1, b.to_k), b.k_norm, s.heads, s.eps);
     ggml_tensor* v = project(2, b.to_v);
     ggml_tensor* a = nn::attention(ctx, nn::rope_pairs(ctx, q, span.cos, span.sin),
                                    nn::rope_pairs(ctx, k, span.cos, span.sin), v, span.attn);
@@ -188,13 +133,13 @@ ggml_tensor* feed_forward(ggml_context* ctx, const Block& b, ggml_tensor* x) {
 // One block on x ne [dim, L, B]; `mod` null for a context refiner.
 ggml_tensor* block(ggml_context* ctx, const Shared& s, const Span& span, const Block& b, ggml_tensor* x,
                    const Mod* mod) {
-    ggml_tensor* h = rms_norm(ctx, x, b.attention_norm1, s.eps);
+    ggml_tensor* h = nn::rms_norm(ctx, x, b.attention_norm1, s.eps);
     if (mod) h = ggml_mul(ctx, h, mod->scale1_msa);
-    ggml_tensor* a = rms_norm(ctx, attention(ctx, s, span, b, h), b.attention_norm2, s.eps);
+    ggml_tensor* a = nn::rms_norm(ctx, attention(ctx, s, span, b, h), b.attention_norm2, s.eps);
     x = ggml_add(ctx, x, mod ? ggml_mul(ctx, a, mod->gate_msa) : a);
-    h = rms_norm(ctx, x, b.ffn_norm1, s.eps);
+    h = nn::rms_norm(ctx, x, b.ffn_norm1, s.eps);
     if (mod) h = ggml_mul(ctx, h, mod->scale1_mlp);
-    ggml_tensor* f = rms_norm(ctx, feed_forward(ctx, b, h), b.ffn_norm2, s.eps);
+    ggml_tensor* f = nn::rms_norm(ctx, feed_forward(ctx, b, h), b.ffn_norm2, s.eps);
     return ggml_add(ctx, x, mod ? ggml_mul(ctx, f, mod->gate_mlp) : f);
 }
 
@@ -334,8 +279,9 @@ bool ZImageDit::looks_like_z_image(const io::ModelFile& file, const std::string&
            has("x_pad_token") && has("cap_pad_token") && has("layers.0.adaLN_modulation.0.weight");
 }
 
-Result<std::unique_ptr<ZImageDit>> ZImageDit::create(const io::ModelFile& file, const std::string& prefix,
-                                                     std::optional<ggml_type> weight_type) {
+Result<std::unique_ptr<ZImageDit>> ZImageDit::create(io::WeightDeclarer& weights) {
+    const io::ModelFile& file = weights.file();
+    const std::string& prefix = weights.prefix();
     std::unique_ptr<ZImageDit> dit(new ZImageDit());
     ZImageConfig& c = dit->config_;
     c.diffusers_names = file.find(prefix + "all_x_embedder.2-1.weight") != nullptr;
@@ -413,14 +359,17 @@ Result<std::unique_ptr<ZImageDit>> ZImageDit::create(const io::ModelFile& file, 
                                std::to_string(c.head_dim));
     }
 
-    dit->weights_ = std::make_unique<runtime::ModuleWeights>(file, prefix, weight_type);
-    KILN_TRY(dit->declare());
+    KILN_TRY(dit->declare(weights));
+    DiffusionCapabilities& can = dit->capabilities_;
+    can.label = "DiT";
+    can.in_channels = can.out_channels = c.latent_channels();
+    can.context_width = c.cap_dim;
+    can.size_stride = c.patch;
     return dit;
 }
 
-Status ZImageDit::declare() {
+Status ZImageDit::declare(io::WeightDeclarer& w) {
     const ZImageConfig& c = config_;
-    runtime::ModuleWeights& w = *weights_;
     blocks_ = std::make_unique<Blocks>();
     Blocks& b = *blocks_;
     const Naming names(c.diffusers_names, c.patch);
@@ -540,7 +489,8 @@ Result<ggml_tensor*> ZImageDit::build(ggml_context* ctx, const ZImageInputs& in,
     ggml_tensor* t_emb = nn::linear(ctx, b.t_out, ggml_silu(ctx, nn::linear(ctx, b.t_in, t_freq)));
 
     // Image slots: embedded patches, then x_pad_token.
-    ggml_tensor* img = nn::linear(ctx, b.x_embedder, patchify(ctx, in.x, c.patch));  // [dim, N, B]
+    ggml_tensor* img = nn::linear(ctx, b.x_embedder,
+                                  nn::patchify(ctx, in.x, c.patch, nn::PatchFeatures::ChannelFastest));  // [dim, N, B]
     if (Np > N) img = ggml_concat(ctx, img, pad_tokens(ctx, b.x_pad_token, Np - N, B), 1);
     const Span img_span = span(0, Np, nullptr);
     for (size_t i = 0; i < b.noise_refiner.size(); ++i) {
@@ -550,7 +500,7 @@ Result<ggml_tensor*> ZImageDit::build(ggml_context* ctx, const ZImageInputs& in,
     }
 
     // Caption slots: cap_embedder(context), cap_pad_token where cap_pad says.
-    ggml_tensor* cap = nn::linear(ctx, b.cap_in, rms_norm(ctx, in.context, b.cap_norm, c.norm_eps));  // [dim, T, B]
+    ggml_tensor* cap = nn::linear(ctx, b.cap_in, nn::rms_norm(ctx, in.context, b.cap_norm, c.norm_eps));  // [dim, T, B]
     if (Tp > T) cap = ggml_concat(ctx, cap, pad_tokens(ctx, b.cap_pad_token, Tp - T, B), 1);
     ggml_tensor* pad = ggml_reshape_3d(ctx, in.cap_pad, 1, Tp, B);
     cap = ggml_add(ctx, ggml_mul(ctx, cap, ggml_scale_bias(ctx, pad, -1.0f, 1.0f)),
@@ -579,9 +529,61 @@ Result<ggml_tensor*> ZImageDit::build(ggml_context* ctx, const ZImageInputs& in,
     // Final layer on the image's tokens: LayerNorm * (1 + scale), linear; negated.
     ggml_tensor* scale = nn::linear(ctx, b.final_mod, ggml_silu(ctx, t_emb));  // [dim, B]
     scale = ggml_scale_bias(ctx, ggml_reshape_3d(ctx, scale, c.dim, 1, B), 1.0f, 1.0f);
-    ggml_tensor* out = ggml_mul(ctx, ggml_norm(ctx, tokens(ctx, x, 0, N), kFinalNormEps), scale);
+    ggml_tensor* out = ggml_mul(ctx, ggml_norm(ctx, nn::token_range(ctx, x, 0, N), kFinalNormEps), scale);
     out = nn::linear(ctx, b.final_linear, out);  // [C p p, N, B]
-    return ggml_scale(ctx, unpatchify(ctx, out, gw, gh, c.patch), -1.0f);
+    return ggml_scale(ctx, nn::unpatchify(ctx, out, gw, gh, c.patch, nn::PatchFeatures::ChannelFastest), -1.0f);
+}
+
+Status ZImageDit::check_conditioning(const ConditioningShape& shape) const {
+    const ZImageConfig& zc = config_;
+    for (const EncoderOutput& e : shape.encoders) {
+        if (e.width != zc.cap_dim) {
+            return Error::bad_file("the " + e.module + " text encoder (" + e.label + ") is " + std::to_string(e.width) +
+                                   " wide but the " + shape.family_label + " DiT's caption embedder takes " +
+                                   std::to_string(zc.cap_dim) + " (Z-Image reads Qwen3-4B: pass it with --llm)");
+        }
+    }
+    if (shape.latent_channels != zc.latent_channels()) {
+        return Error::bad_file("the VAE has " + std::to_string(shape.latent_channels) + " latent channels but the " +
+                               shape.family_label + " DiT takes " + std::to_string(zc.latent_channels()) +
+                               " (an SD VAE with Z-Image? pass Flux's ae)");
+    }
+    return Status::Ok();
+}
+
+Result<DiffusionTensors> ZImageDit::build(nn::GraphInputs& s, const DiffusionShape& shape) const {
+    const ZImageConfig& zc = config_;
+    DiffusionTensors g;
+    const int64_t b = shape.batch;
+    ZImageInputs in;
+    in.x = g.x = s.input(GGML_TYPE_F32, {shape.latent_w, shape.latent_h, zc.latent_channels(), b}, nullptr, "x");
+    in.timesteps = g.timesteps = s.input(GGML_TYPE_F32, {b}, nullptr, "timesteps");
+    in.context = g.context = s.input(GGML_TYPE_F32, {zc.cap_dim, shape.tokens, b}, nullptr, "context");
+    auto tokens = z_image_tokens(zc, shape.latent_w, shape.latent_h, shape.tokens,
+                                 std::vector<int64_t>(static_cast<size_t>(b), shape.tokens));
+    if (!tokens.ok()) return Error{"DiT graph: " + tokens.error().message};
+    const std::vector<float> rope = z_image_rope_table(zc, *tokens);
+    in.rope = s.input(GGML_TYPE_F32, z_image_rope_shape(zc, *tokens), rope.data(), "rope");
+    const std::vector<float> pad = z_image_caption_pad(*tokens);
+    in.cap_pad = s.input(GGML_TYPE_F32, z_image_caption_pad_shape(*tokens), pad.data(), "cap_pad");
+    ZImageBuildOptions options;
+    options.flash_attention = shape.flash_attention;
+    auto out = build(s.ctx(), in, options);
+    if (!out.ok()) return Error{"DiT graph: " + out.error().message};
+    g.out = *out;
+    return g;
+}
+
+std::vector<std::string> ZImageDit::lora_split_names(const std::string& stem) const {
+    auto ends_with = [&](const std::string& suffix) {
+        return stem.size() >= suffix.size() && stem.compare(stem.size() - suffix.size(), suffix.size(), suffix) == 0;
+    };
+    if (ends_with(".attention.qkv")) {
+        const std::string base = stem.substr(0, stem.size() - 3);
+        return {base + "to_q", base + "to_k", base + "to_v"};
+    }
+    if (ends_with(".attention.out")) return {stem.substr(0, stem.size() - 3) + "to_out.0"};
+    return {stem};
 }
 
 }  // namespace kiln::models

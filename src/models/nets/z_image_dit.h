@@ -48,7 +48,8 @@
 
 #include "ggml.h"
 #include "io/model_file.h"
-#include "runtime/module_weights.h"
+#include "io/weight_declarer.h"
+#include "models/network.h"
 #include "util/result.h"
 
 namespace kiln::models {
@@ -145,19 +146,16 @@ struct ZImageBuildOptions {
     bool flash_attention = false;  // ggml's fused kernel: K/V (and the mask) in F16, not bit-identical
 };
 
-class ZImageDit {
+class ZImageDit final : public DiffusionNetwork {
   public:
     // Whether the tensors under `prefix` look like a Z-Image DiT (x_embedder
     // in either naming, cap_embedder, both pad tokens, a modulated layers.0);
     // Lumina-Image-2.0, whose NextDiT has no pad tokens, does not.
     static bool looks_like_z_image(const io::ModelFile& file, const std::string& prefix);
     // Error (BadFile) if the tensors under `prefix` are not a Z-Image DiT.
-    static Result<std::unique_ptr<ZImageDit>> create(const io::ModelFile& file, const std::string& prefix,
-                                                     std::optional<ggml_type> weight_type);
+    static Result<std::unique_ptr<ZImageDit>> create(io::WeightDeclarer& weights);
     ~ZImageDit();
     const ZImageConfig& config() const { return config_; }
-    runtime::ModuleWeights& weights() { return *weights_; }
-    const runtime::ModuleWeights& weights() const { return *weights_; }
 
     // Returns the velocity ne [W, H, latent_channels, B], with cut markers
     // "noise_refiner.N" (the image slots, ne [dim, Np, B]),
@@ -168,13 +166,23 @@ class ZImageDit {
     // the timesteps', rope's, cap_pad's or mask's shape.
     Result<ggml_tensor*> build(ggml_context* ctx, const ZImageInputs& in, const ZImageBuildOptions& options) const;
 
+    // DiffusionNetwork: every batch item's caption has shape.tokens tokens
+    // (the conditioner's passes of different lengths run apart), so the RoPE
+    // table and the caption's padding are constants of the shape.
+    const DiffusionCapabilities& capabilities() const override { return capabilities_; }
+    Status check_conditioning(const ConditioningShape& shape) const override;
+    Result<DiffusionTensors> build(nn::GraphInputs& inputs, const DiffusionShape& shape) const override;
+    // Z-Image's single file fuses q/k/v and names the output "out"; Tongyi's
+    // and diffusers' names (and the LoRAs trained on them) split them.
+    std::vector<std::string> lora_split_names(const std::string& stem) const override;
+
   private:
     struct Blocks;
     ZImageDit();
-    Status declare();
+    Status declare(io::WeightDeclarer& w);
 
     ZImageConfig config_;
-    std::unique_ptr<runtime::ModuleWeights> weights_;
+    DiffusionCapabilities capabilities_;
     std::unique_ptr<Blocks> blocks_;
 };
 

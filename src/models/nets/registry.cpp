@@ -1,0 +1,63 @@
+#include "models/nets/registry.h"
+
+#include "models/nets/clip_text.h"
+#include "models/nets/controlnet.h"
+#include "models/nets/flux_dit.h"
+#include "models/nets/llm_encoder.h"
+#include "models/nets/t5_encoder.h"
+#include "models/nets/taesd.h"
+#include "models/nets/unet.h"
+#include "models/nets/vae.h"
+#include "models/nets/z_image_dit.h"
+
+namespace kiln::models {
+namespace {
+
+// A network's create() as the registry calls it.
+template <class Net>
+Result<std::unique_ptr<Network>> create(io::WeightDeclarer& weights, const NetworkOptions&) {
+    auto net = Net::create(weights);
+    if (!net.ok()) return net.error();
+    return std::unique_ptr<Network>(std::move(net).value());
+}
+
+Result<std::unique_ptr<Network>> create_llm(io::WeightDeclarer& weights, const NetworkOptions& options) {
+    auto net = LlmEncoder::create(weights, options.unused_last_layers);
+    if (!net.ok()) return net.error();
+    return std::unique_ptr<Network>(std::move(net).value());
+}
+
+const std::vector<NetworkEntry>& entries() {
+    static const std::vector<NetworkEntry> list = {
+        {NetworkKind::ClipText,
+         {"text_model.embeddings.token_embedding.weight", "token_embedding.weight"},
+         create<ClipTextEncoder>},
+        {NetworkKind::Unet, {"input_blocks.0.0.weight"}, create<Unet>},
+        {NetworkKind::Vae, {"decoder.conv_in.weight"}, create<Vae>},
+        {NetworkKind::T5,
+         {"encoder.block.0.layer.0.SelfAttention.q.weight", "enc.blk.0.attn_q.weight"},
+         create<T5Encoder>},
+        {NetworkKind::FluxDit, {"double_blocks.0.img_attn.qkv.weight", "x_embedder.weight"}, create<FluxDit>},
+        // HF names (Qwen3ForCausalLM's "model." becomes part of the prefix,
+        // as ComfyUI's text_encoders.*. and a diffusers folder's
+        // text_encoder/ do) and llama.cpp's GGUF names; the embedding rather
+        // than a layer, so a GGUF of another architecture reaches
+        // LlmEncoder's clear error instead of "no llm in it".
+        {NetworkKind::Llm, {"embed_tokens.weight", "token_embd.weight"}, create_llm},
+        {NetworkKind::ZImageDit, {"cap_pad_token"}, create<ZImageDit>},
+        {NetworkKind::ControlNet, {"input_hint_block.0.weight"}, create<ControlNet>},
+        {NetworkKind::Taesd, {"decoder.layers.0.weight", "1.weight"}, create<Taesd>},
+    };
+    return list;
+}
+
+}  // namespace
+
+const NetworkEntry& network_entry(NetworkKind kind) {
+    for (const NetworkEntry& e : entries()) {
+        if (e.kind == kind) return e;
+    }
+    return entries().front();  // unreachable: every kind has its line (NetworkRegistry.EveryKindHasItsLine)
+}
+
+}  // namespace kiln::models

@@ -1,0 +1,207 @@
+// The seam every network fills (DESIGN: "Networks"). A network is one file
+// pair under src/models/nets/ and one line in src/models/nets/registry.cpp:
+// it recognises its weights and configures itself from them (the registry's
+// probes and create), declares its tensors through io::WeightDeclarer, makes
+// its own graph inputs (host tables included) through nn::GraphInputs,
+// builds its graph with cut markers, and states what it can take as data
+// (DiffusionCapabilities), so the pipeline never asks which network it runs.
+//
+// A network plays one of a few roles, each an interface below: a diffusion
+// network (UNet, DiTs), a text encoder (CLIP, T5, LLMs), or a network the
+// pipeline holds by its concrete type because kiln has one of its kind
+// (the autoencoders, the ControlNet, the upscaler).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ggml.h"
+#include "io/name_map.h"
+#include "nn/graph_inputs.h"
+#include "nn/layers.h"
+#include "util/result.h"
+
+namespace kiln::models {
+
+class DiffusionNetwork;
+class TextEncoderNetwork;
+class ControlNet;
+
+class Network {
+  public:
+    virtual ~Network() = default;
+
+    // The role views: the network's own interface for its role, or null.
+    virtual const DiffusionNetwork* as_diffusion() const { return nullptr; }
+    virtual const TextEncoderNetwork* as_text_encoder() const { return nullptr; }
+
+    // LoRA: whether files trained for the model change this network's
+    // weights (a preview decoder's and a ControlNet's are never targets).
+    virtual bool takes_lora() const { return true; }
+    // LoRA: the network's layers are named by the SD families' diffusers
+    // and HF name tables (io/name_map.h); for a UNet, with its block layout.
+    virtual bool uses_sd_name_tables() const { return false; }
+    virtual std::optional<io::UnetLayout> unet_layout() const { return std::nullopt; }
+    // LoRA: the parts of a fused layer `stem` as other namings split it, in
+    // row order (diffusers' q, k, v of a DiT's fused projection); `stem`
+    // itself when it is not fused.
+    virtual std::vector<std::string> lora_split_names(const std::string& stem) const { return {stem}; }
+};
+
+// ---- Diffusion networks ----------------------------------------------------
+
+// What a diffusion network takes, decided from its weights, once. The
+// request validation, the conditioner and generation read these instead of
+// the network's kind.
+struct DiffusionCapabilities {
+    const char* label = "DiT";  // "UNet", "DiT": messages
+    int64_t in_channels = 4;    // latent planes of x (more than out_channels: an inpainting model's concat)
+    int64_t out_channels = 4;   // planes of its prediction: the latent's channels
+    int64_t context_width = 0;  // width of each text token
+    // Width of the vector input (SDXL's label_emb, Flux's pooled CLIP-L): 0 for none.
+    int64_t vector_width = 0;
+    // Image sizes must be multiples of this many latent pixels (a UNet's
+    // 2^(levels-1), a DiT's patch), times the VAE's downscale.
+    int size_stride = 1;
+    bool guidance = false;           // a distilled-guidance embedding (--guidance)
+    bool skip_layers = false;        // skip-layer guidance's pass (--slg-scale)
+    bool text_mask = false;          // can mask the text padding out of attention
+    bool reference_images = false;   // reference latents as extra tokens (-r) are understood
+    bool control_residuals = false;  // takes a ControlNet's residuals
+};
+
+// A reference image's latent size (-r).
+struct LatentSize {
+    int64_t w = 0;
+    int64_t h = 0;
+};
+
+// One evaluation's shapes: what a graph is built for.
+struct DiffusionShape {
+    int64_t latent_w = 0;
+    int64_t latent_h = 0;
+    int64_t batch = 1;
+    int64_t tokens = 77;  // context rows per batch item
+    bool flash_attention = false;
+    std::vector<LatentSize> refs;     // reference latents (reference_images)
+    bool mask = false;                // the text padding is masked (text_mask)
+    bool increase_ref_index = false;  // --increase-ref-index
+    std::vector<int> skip_blocks;     // skip-layer guidance's pass (skip_layers)
+    // A ControlNet's residual shapes ([w, h, c] each, batch aside), times
+    // control_strength (control_residuals). Empty: no control.
+    std::vector<std::array<int64_t, 3>> control;
+    float control_strength = 1.0f;
+    nn::ComputeTarget target = nn::ComputeTarget::Cpu;
+};
+
+// The inputs the caller sets before each evaluation; those a network does
+// not take are null. Host tables that follow from the shape alone (RoPE,
+// index embeddings, caption pads) the network filled when it built them.
+struct DiffusionTensors {
+    ggml_tensor* x = nullptr;           // ne [W, H, in_channels, batch]
+    ggml_tensor* timesteps = nullptr;   // ne [batch]: the UNet's t, the DiT's sigma
+    ggml_tensor* context = nullptr;     // ne [context_width, tokens, batch]
+    ggml_tensor* y = nullptr;           // ne [vector_width, batch]
+    ggml_tensor* guidance = nullptr;    // ne [batch] distilled guidance
+    std::vector<ggml_tensor*> refs;     // ne [w, h, channels, batch] each
+    ggml_tensor* mask = nullptr;        // the text mask (text_mask_values)
+    std::vector<ggml_tensor*> control;  // ne [w, h, c, batch] each
+    ggml_tensor* out = nullptr;         // ne [W, H, out_channels, batch]
+};
+
+// What the family's encoders and the VAE make, for a network to check
+// itself against before any graph is built.
+struct EncoderOutput {
+    std::string module;  // "clip_l", "t5xxl": messages
+    std::string label;   // the encoder's own name ("Qwen3-4B"): messages
+    int64_t width = 0;   // hidden-state width
+    int64_t pooled_width = 0;
+    bool context = true;  // its hidden states are part of the context
+    bool pooled = false;  // its pooled output feeds the vector input
+};
+struct ConditioningShape {
+    std::string family;        // "SDXL": messages
+    std::string family_label;  // "SDXL inpainting": messages
+    std::vector<EncoderOutput> encoders;
+    bool size_embedding = false;  // SDXL's micro-conditioning joins the pooled vector
+    int64_t latent_channels = 4;  // the VAE's
+};
+
+class DiffusionNetwork : public Network {
+  public:
+    const DiffusionNetwork* as_diffusion() const override { return this; }
+    virtual const DiffusionCapabilities& capabilities() const = 0;
+    // An error (BadFile) naming the module whose output this network
+    // cannot take.
+    virtual Status check_conditioning(const ConditioningShape& shape) const = 0;
+    // A ControlNet (--control-net) must have been trained for this network:
+    // an error (BadFile) saying what differs. Only for control_residuals.
+    virtual Status check_control_net(const ControlNet& net, const std::string& family_label) const {
+        (void)net;
+        return Error::invalid_request("ControlNets are for UNet models (SD1.x, SD2.x, SDXL); " + family_label +
+                                      " has none");
+    }
+    // Builds one evaluation over `shape` in `inputs`. An error only when
+    // the shape breaks the network's contract (a bug upstream: requests are
+    // validated against capabilities() first).
+    virtual Result<DiffusionTensors> build(nn::GraphInputs& inputs, const DiffusionShape& shape) const = 0;
+    // The text mask's values for a batch whose text tokens are real (1) or
+    // padding (0), batch item after batch item; text_mask networks only.
+    virtual std::vector<float> text_mask_values(const std::vector<float>& text_valid,
+                                                const DiffusionShape& shape) const {
+        (void)text_valid;
+        (void)shape;
+        return {};
+    }
+};
+
+// ---- Text encoders ----------------------------------------------------------
+
+// How a family uses a text encoder (models::TextEncoderUse), as far as its
+// graph is concerned.
+struct TextEncodeShape {
+    int64_t length = 0;  // tokens per sequence
+    int64_t batch = 1;
+    int layer = 1;           // hidden states counted from the end (clip skip)
+    bool final_norm = true;  // the final layer norm on that layer
+    bool pooled = false;     // also the pooled, projected vector (CLIP)
+    // CLIP's textual-inversion rows: `extra_rows` vectors of width() for
+    // the ids after the vocabulary, pooling at `pooled_token` (their EOS).
+    const float* extra_embeddings = nullptr;
+    int64_t extra_rows = 0;
+    int32_t pooled_token = -1;
+    // T5: 1 real, 0 padding per token (length * batch); null: none.
+    const float* key_mask = nullptr;
+};
+
+struct TextEncoderTensors {
+    ggml_tensor* tokens = nullptr;  // I32 ne [length, batch]
+    // The hidden states ne [width, length, batch], then (when pooled) the
+    // pooled vectors ne [pooled_width, batch], as one flat output: a graph
+    // has one output, whatever segments it runs in.
+    ggml_tensor* out = nullptr;
+    int64_t pooled_width = 0;  // 0: no pooled vectors follow
+};
+
+class TextEncoderNetwork : public Network {
+  public:
+    const TextEncoderNetwork* as_text_encoder() const override { return this; }
+    virtual int64_t width() const = 0;
+    // The pooled vector's width (CLIP's projection, else its width); 0 when
+    // it has none.
+    virtual int64_t pooled_width() const { return 0; }
+    virtual int64_t vocab() const = 0;
+    // The most tokens one sequence may have (CLIP's 77 positions); 0: no
+    // limit of its own.
+    virtual int64_t max_length() const { return 0; }
+    // Its layers, for clip skip; 0: clip skip does not apply.
+    virtual int64_t clip_skip_layers() const { return 0; }
+    // The encoder's own name for messages ("CLIP", "T5", "Qwen3").
+    virtual std::string label() const = 0;
+    virtual TextEncoderTensors build(nn::GraphInputs& inputs, const TextEncodeShape& shape) const = 0;
+};
+
+}  // namespace kiln::models
