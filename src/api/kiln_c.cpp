@@ -619,7 +619,8 @@ kiln_status kiln_image_encode(const kiln_image* image, const char* format, uint8
     } else if (name == "webp") {
         fmt = kiln::image::ImageFormat::WebP;
     } else {
-        return fail(error, kiln::Error::invalid_request("unknown image format '" + name + "' (valid: png, jpeg, webp)"));
+        return fail(error,
+                    kiln::Error::invalid_request("unknown image format '" + name + "' (valid: png, jpeg, webp)"));
     }
     auto img = import_image(image);
     if (!img.ok()) return fail(error, img.error());
@@ -720,11 +721,11 @@ kiln_status kiln_model_convert(const char* const* paths, int n_paths, const char
                                        "convert: --tokenizer names both t5xxl and llm; a GGUF carries one tokenizer"));
             }
             if (!paths->t5.empty()) {
-                auto t5 = kiln::pipeline::T5Tokenizer::load(paths->t5);
+                auto t5 = kiln::text::T5Tokenizer::load(paths->t5);
                 if (!t5.ok()) return fail(error, t5.error().as(kiln::ErrorKind::BadFile));
                 options.extra_metadata = t5->gguf_metadata();
             } else if (!paths->llm.empty()) {
-                auto llm = kiln::pipeline::LlmTokenizer::load(paths->llm);
+                auto llm = kiln::text::LlmTokenizer::load(paths->llm);
                 if (!llm.ok()) return fail(error, llm.error().as(kiln::ErrorKind::BadFile));
                 options.extra_metadata = llm->gguf_metadata();
             } else {
@@ -837,8 +838,8 @@ kiln_status kiln_list_devices(const char* rpc_servers, char** text, char** error
     return *text ? KILN_OK : out_of_memory(error, "listing devices");
 }
 
-kiln_status kiln_rpc_server_run(const char* host, int port, const char* device, int n_threads,
-                                const char* max_alloc, char** error) {
+kiln_status kiln_rpc_server_run(const char* host, int port, const char* device, int n_threads, const char* max_alloc,
+                                char** error) {
     kiln::runtime::RpcServeOptions options;
     options.host = str(host);
     options.port = port;

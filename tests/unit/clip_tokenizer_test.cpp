@@ -1,4 +1,4 @@
-#include "pipeline/clip_tokenizer.h"
+#include "text/clip_tokenizer.h"
 
 #include <gtest/gtest.h>
 
@@ -9,7 +9,7 @@
 
 #include "test_files.h"
 
-namespace kiln::pipeline {
+namespace kiln::text {
 namespace {
 
 // The 256 byte characters of CLIP's bytes_to_unicode, in vocabulary order,
@@ -543,4 +543,4 @@ TEST(ClipUtf8, DecodesLikePythonReplace) {
 }
 
 }  // namespace
-}  // namespace kiln::pipeline
+}  // namespace kiln::text

@@ -1,4 +1,4 @@
-#include "pipeline/llm_tokenizer.h"
+#include "text/llm_tokenizer.h"
 
 #include <unistd.h>
 
@@ -15,13 +15,13 @@
 #include "io/gguf_file.h"
 #include "io/mapped_file.h"
 #include "io/model_file.h"
-#include "pipeline/bpe_merges.h"
-#include "pipeline/clip_tokenizer.h"
+#include "text/bpe_merges.h"
+#include "text/clip_tokenizer.h"
 #include "util/files.h"
 #include "util/format.h"
 #include "util/message_text.h"
 
-namespace kiln::pipeline {
+namespace kiln::text {
 namespace {
 
 using json = nlohmann::json;
@@ -830,4 +830,4 @@ io::Metadata LlmTokenizer::gguf_metadata() const {
     return m;
 }
 
-}  // namespace kiln::pipeline
+}  // namespace kiln::text

@@ -1,4 +1,4 @@
-#include "pipeline/clip_tokenizer.h"
+#include "text/clip_tokenizer.h"
 
 #include <algorithm>
 #include <array>
@@ -10,10 +10,10 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 
-#include "pipeline/bpe_merges.h"
+#include "text/bpe_merges.h"
 #include "util/format.h"
 #include "util/message_text.h"
-namespace kiln::pipeline {
+namespace kiln::text {
 namespace {
 
 namespace fs = std::filesystem;
@@ -1039,4 +1039,4 @@ const EmbeddingToken* ClipTokenizer::embedding_for_id(int32_t id) const {
     return nullptr;
 }
 
-}  // namespace kiln::pipeline
+}  // namespace kiln::text

@@ -50,7 +50,7 @@ namespace kiln::io {
 class ModelFile;
 }
 
-namespace kiln::pipeline {
+namespace kiln::text {
 
 // A vocabulary entry's role, with sentencepiece's numbering (which llama.cpp's
 // tokenizer.ggml.token_type shares; its 0, "undefined", loads as Normal).
@@ -196,4 +196,4 @@ class T5Tokenizer {
     std::unique_ptr<const Tables> tables_;
 };
 
-}  // namespace kiln::pipeline
+}  // namespace kiln::text

@@ -55,7 +55,7 @@ namespace kiln::io {
 class ModelFile;
 }
 
-namespace kiln::pipeline {
+namespace kiln::text {
 
 // Which split pattern step 2 uses.
 enum class LlmPreTokenizer { Qwen2, Gpt2 };
@@ -162,4 +162,4 @@ class LlmTokenizer {
     std::unique_ptr<const Tables> tables_;
 };
 
-}  // namespace kiln::pipeline
+}  // namespace kiln::text

@@ -1,4 +1,4 @@
-#include "pipeline/t5_tokenizer.h"
+#include "text/t5_tokenizer.h"
 
 #include <unistd.h>
 
@@ -16,7 +16,7 @@
 #include "util/format.h"
 #include "util/message_text.h"
 
-namespace kiln::pipeline {
+namespace kiln::text {
 namespace {
 
 using json = nlohmann::json;
@@ -1315,4 +1315,4 @@ Result<T5Tokenizer> T5Tokenizer::load(const std::string& path) {
     return is_json ? from_tokenizer_json(path) : from_spiece_model(path);
 }
 
-}  // namespace kiln::pipeline
+}  // namespace kiln::text

@@ -45,7 +45,7 @@
 
 #include "util/result.h"
 
-namespace kiln::pipeline {
+namespace kiln::text {
 
 // Character classes for the pre-tokenisation regex: \s, \p{L}, \p{N}, and
 // everything else. Exact for Unicode 14.0 (tables generated from Python's
@@ -168,4 +168,4 @@ class ClipTokenizer {
     std::unique_ptr<Cache> cache_;
 };
 
-}  // namespace kiln::pipeline
+}  // namespace kiln::text
