@@ -4,11 +4,11 @@
 #include <charconv>
 #include <cmath>
 
+#include "text/unicode.h"
+#include "text/utf8.h"
 #include "util/log.h"
 namespace kiln::pipeline {
 namespace {
-
-bool is_space(char32_t c) { return text::char_class(c) == text::CharClass::Space; }
 
 // Python's \w: letters, numbers, underscore.
 bool is_word(char32_t c) {
@@ -24,14 +24,14 @@ bool match_weight(const std::u32string& s, size_t pos, size_t& end, std::string&
     size_t i = pos;
     if (i >= s.size() || s[i] != ':') return false;
     ++i;
-    while (i < s.size() && is_space(s[i])) ++i;
+    while (i < s.size() && text::is_space(s[i])) ++i;
     const size_t number_begin = i;
     if (i < s.size() && (s[i] == '+' || s[i] == '-')) ++i;
     const size_t digits_begin = i;
     while (i < s.size() && is_digit_or_dot(s[i])) ++i;
     if (i == digits_begin) return false;
     const size_t number_end = i;
-    while (i < s.size() && is_space(s[i])) ++i;
+    while (i < s.size() && text::is_space(s[i])) ++i;
     if (i >= s.size() || s[i] != ')') return false;
     end = i + 1;
     number.clear();
@@ -71,9 +71,9 @@ std::vector<std::u32string> split_break(const std::u32string& s) {
             continue;
         }
         size_t match_begin = k;
-        while (match_begin > part_begin && is_space(s[match_begin - 1])) --match_begin;
+        while (match_begin > part_begin && text::is_space(s[match_begin - 1])) --match_begin;
         size_t match_end = after;
-        while (match_end < s.size() && is_space(s[match_end])) ++match_end;
+        while (match_end < s.size() && text::is_space(s[match_end])) ++match_end;
         parts.push_back(s.substr(part_begin, match_begin - part_begin));
         part_begin = match_end;
         search = match_end;

@@ -20,7 +20,7 @@
 //   4. pre-tokenisation by CLIP's regex
 //        <\|startoftext\|>|<\|endoftext\|>|'s|'t|'re|'ve|'m|'ll|'d|
 //        [\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+
-//      with the character classes of char_class() below.
+//      with the character classes of char_class() (text/unicode.h).
 //   5. each piece -> UTF-8 bytes -> bytes_to_unicode characters -> BPE with
 //      "</w>" on the last symbol -> vocabulary ids. A piece that is exactly a
 //      special token maps to its id; a BPE symbol missing from the
@@ -46,18 +46,6 @@
 #include "util/result.h"
 
 namespace kiln::text {
-
-// Character classes for the pre-tokenisation regex: \s, \p{L}, \p{N}, and
-// everything else. Exact for Unicode 14.0 (tables generated from Python's
-// unicodedata), except that unassigned code points inside a letter or number
-// range count as members.
-enum class CharClass { Letter, Number, Space, Other };
-CharClass char_class(char32_t c);
-
-// UTF-8 to code points the way Python's bytes.decode("utf-8", "replace")
-// does it: each maximal invalid subsequence becomes one U+FFFD.
-std::u32string utf8_to_u32(std::string_view text);
-std::string u32_to_utf8(std::u32string_view text);
 
 // A textual-inversion embedding registered with the tokenizer: the word
 // `name` encodes to the ids first_id .. first_id + n_vectors - 1, which lie

@@ -16,7 +16,9 @@
 #include "io/mapped_file.h"
 #include "io/model_file.h"
 #include "text/bpe_merges.h"
-#include "text/clip_tokenizer.h"
+#include "text/byte_level.h"
+#include "text/unicode.h"
+#include "text/utf8.h"
 #include "util/files.h"
 #include "util/format.h"
 #include "util/message_text.h"
@@ -69,37 +71,9 @@ bool json_id(const json& v, int64_t& out) {
     return out >= 0 && out < kMaxTokens;
 }
 
-// ---- bytes_to_unicode ----
-
-// GPT-2's reversible byte <-> character map: printable Latin-1 bytes map to
-// themselves, the others to U+0100 upwards in byte order.
-struct ByteMap {
-    std::array<std::string, 256> byte_to_utf8;
-    std::array<int16_t, 324> char_to_byte{};  // -1 where no byte maps
-};
-
-const ByteMap& byte_map() {
-    static const ByteMap map = [] {
-        ByteMap m;
-        m.char_to_byte.fill(-1);
-        int extra = 0;
-        for (int b = 0; b < 256; ++b) {
-            const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
-            const char32_t c = printable ? static_cast<char32_t>(b) : static_cast<char32_t>(256 + extra++);
-            m.char_to_byte[c] = static_cast<int16_t>(b);
-            m.byte_to_utf8[b] = u32_to_utf8(std::u32string(1, c));
-        }
-        return m;
-    }();
-    return map;
-}
-
 // ---- pre-tokenisation ----
 
-bool is_letter(char32_t c) { return char_class(c) == CharClass::Letter; }
-bool is_number(char32_t c) { return char_class(c) == CharClass::Number; }
 bool is_other(char32_t c) { return char_class(c) == CharClass::Other; }
-bool is_space(char32_t c) { return char_class(c) == CharClass::Space; }
 bool is_newline(char32_t c) { return c == '\r' || c == '\n'; }
 char32_t ascii_lower(char32_t c) { return c >= 'A' && c <= 'Z' ? c + ('a' - 'A') : c; }
 
@@ -757,7 +731,6 @@ std::vector<int32_t> LlmTokenizer::encode(std::string_view text) const {
 
 std::string LlmTokenizer::decode(const std::vector<int32_t>& ids) const {
     const Tables& t = *tables_;
-    const ByteMap& bm = byte_map();
     std::string bytes;
     for (int32_t id : ids) {
         if (id < 0 || id >= size()) continue;
@@ -766,15 +739,9 @@ std::string LlmTokenizer::decode(const std::vector<int32_t>& ids) const {
             bytes += text;
             continue;
         }
-        for (char32_t c : utf8_to_u32(text)) {
-            if (c < bm.char_to_byte.size() && bm.char_to_byte[c] >= 0) {
-                bytes.push_back(static_cast<char>(bm.char_to_byte[c]));
-            } else {
-                bytes += u32_to_utf8(std::u32string(1, c));  // not a byte character (a hand-made vocabulary)
-            }
-        }
+        append_token_bytes(text, bytes);
     }
-    return u32_to_utf8(utf8_to_u32(bytes));
+    return valid_utf8(bytes, Utf8Errors::ReplaceSubpart);
 }
 
 int32_t LlmTokenizer::token_id(const std::string& token) const {

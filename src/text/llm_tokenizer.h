@@ -10,7 +10,7 @@
 //      several start at one place (HF's added-vocabulary matching), and
 //      become their single ids; they are never split.
 //   2. the text between them is split by the pre-tokenizer's pattern,
-//      implemented by hand with char_class() (clip_tokenizer.h) for \p{L},
+//      implemented by hand with char_class() (text/unicode.h) for \p{L},
 //      \p{N} and \s:
 //        Qwen2: (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|
 //               ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+

@@ -12,6 +12,7 @@
 
 #include "gguf.h"
 #include "io/model_file.h"
+#include "text/utf8.h"
 #include "util/files.h"
 #include "util/format.h"
 #include "util/message_text.h"
@@ -49,48 +50,6 @@ Result<std::string> read_file(const std::string& path) { return read_whole_file(
 size_t one_char_len(uint8_t lead) {
     static constexpr uint8_t kLen[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
     return kLen[lead >> 4];
-}
-
-bool is_trail(uint8_t b) { return (b & 0xC0) == 0x80; }
-
-// Length of the valid UTF-8 character at the start of `s` (shortest form, no
-// surrogates, at most U+10FFFF), 0 if it is not one.
-size_t valid_utf8_len(std::string_view s) {
-    const auto b = [&](size_t i) { return static_cast<uint8_t>(s[i]); };
-    if (s.empty()) return 0;
-    const uint8_t c = b(0);
-    if (c < 0x80) return 1;
-    if (c >= 0xC2 && c <= 0xDF) return s.size() >= 2 && is_trail(b(1)) ? 2 : 0;
-    if (c >= 0xE0 && c <= 0xEF) {
-        if (s.size() < 3 || !is_trail(b(1)) || !is_trail(b(2))) return 0;
-        if (c == 0xE0 && b(1) < 0xA0) return 0;  // overlong
-        if (c == 0xED && b(1) > 0x9F) return 0;  // surrogate
-        return 3;
-    }
-    if (c >= 0xF0 && c <= 0xF4) {
-        if (s.size() < 4 || !is_trail(b(1)) || !is_trail(b(2)) || !is_trail(b(3))) return 0;
-        if (c == 0xF0 && b(1) < 0x90) return 0;  // overlong
-        if (c == 0xF4 && b(1) > 0x8F) return 0;  // above U+10FFFF
-        return 4;
-    }
-    return 0;
-}
-
-// Each invalid byte becomes U+FFFD, as sentencepiece's decoder does.
-std::string valid_utf8(std::string_view s) {
-    std::string out;
-    out.reserve(s.size());
-    while (!s.empty()) {
-        const size_t n = valid_utf8_len(s);
-        if (n == 0) {
-            out += kReplacementChar;
-            s.remove_prefix(1);
-        } else {
-            out.append(s.data(), n);
-            s.remove_prefix(n);
-        }
-    }
-    return out;
 }
 
 // "<0x41>" -> 0x41; -1 if `piece` is not a byte piece (upper-case hex, as
@@ -669,7 +628,7 @@ Result<T5Tokenizer> T5Tokenizer::from_vocab(UnigramVocab vocab, const std::strin
 std::pair<std::string_view, size_t> T5Tokenizer::normalize_prefix(std::string_view text) const {
     const auto rule = tables_->longest_rule(text);
     if (rule.second > 0) return rule;
-    const size_t n = valid_utf8_len(text);
+    const size_t n = utf8_char_length(text);
     if (n == 0) return {kReplacementChar, 1};
     return {text.substr(0, n), n};
 }
@@ -816,7 +775,7 @@ std::string T5Tokenizer::decode(const std::vector<int32_t>& ids) const {
     std::string text;
     std::string bytes;  // a run of byte pieces
     const auto flush_bytes = [&] {
-        text += valid_utf8(bytes);
+        text += valid_utf8(bytes, Utf8Errors::ReplaceByte);  // as sentencepiece's decoder
         bytes.clear();
     };
     // sentencepiece strips the "▁" the normaliser put in front: with

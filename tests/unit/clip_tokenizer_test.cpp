@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "test_files.h"
+#include "text/unicode.h"
+#include "text/utf8.h"
 
 namespace kiln::text {
 namespace {

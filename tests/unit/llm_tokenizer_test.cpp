@@ -14,7 +14,7 @@
 #include "gguf.h"
 #include "io/model_file.h"
 #include "test_files.h"
-#include "text/clip_tokenizer.h"
+#include "text/utf8.h"
 
 namespace kiln::text {
 namespace {
