@@ -4,7 +4,6 @@
 #include <array>
 #include <climits>
 #include <filesystem>
-#include <fstream>
 #include <iterator>
 #include <limits>
 #include <mutex>
@@ -14,6 +13,7 @@
 #include "text/byte_level.h"
 #include "text/unicode.h"
 #include "text/utf8.h"
+#include "text/vocab_files.h"
 #include "util/format.h"
 #include "util/message_text.h"
 namespace kiln::text {
@@ -24,7 +24,7 @@ using json = nlohmann::json;
 
 // Larger ids are rejected: they would only make id_to_token_ huge (the real
 // vocabulary has 49408 entries).
-constexpr int64_t kMaxVocabId = (int64_t{1} << 24) - 1;
+constexpr int64_t kMaxVocabId = kMaxVocabSize - 1;
 // open_clip and HF's slow CLIPTokenizer use this many merges of
 // bpe_simple_vocab_16e6.txt: 49152 tokens minus bytes and the two specials.
 constexpr size_t kClipMergeCount = 49152 - 256 - 2;
@@ -221,29 +221,6 @@ bool starts_with(const std::u32string& s, size_t pos, const std::u32string& pref
     return !prefix.empty() && s.size() - pos >= prefix.size() && s.compare(pos, prefix.size(), prefix) == 0;
 }
 
-// ---- files ----
-
-Result<std::string> read_text_file(const std::string& path) {
-    std::error_code ec;
-    if (!fs::exists(path, ec)) return Error{path + ": no such file"};
-    if (!fs::is_regular_file(path, ec)) return Error{path + ": not a regular file"};
-    std::ifstream f(path, std::ios::binary);
-    if (!f) return Error{path + ": cannot open file"};
-    std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    if (f.bad()) return Error{path + ": read error"};
-    return text;
-}
-
-Result<json> parse_json_file(const std::string& path) {
-    auto text = read_text_file(path);
-    if (!text.ok()) return text.error();
-    try {
-        return json::parse(text.value());
-    } catch (const json::exception& e) {
-        return Error{path + ": malformed JSON: " + e.what()};
-    }
-}
-
 // {token: id} from a JSON object.
 Result<std::unordered_map<std::string, int32_t>> vocab_from_json(const json& object, const std::string& where) {
     if (!object.is_object()) return Error{where + " is not a JSON object of token -> id"};
@@ -321,7 +298,7 @@ Result<ClipTokenizer> ClipTokenizer::build(std::unordered_map<std::string, int32
 }
 
 Result<ClipTokenizer> ClipTokenizer::from_tokenizer_json(const std::string& path) {
-    auto root = parse_json_file(path);
+    auto root = read_tokenizer_json(path);
     if (!root.ok()) return root.error();
     const json& doc = root.value();
     if (!doc.is_object() || !doc.contains("model") || !doc["model"].is_object()) {
@@ -350,33 +327,17 @@ Result<ClipTokenizer> ClipTokenizer::from_tokenizer_json(const std::string& path
         }
     }
 
-    if (!model.contains("merges") || !model["merges"].is_array()) return Error{path + ": no model.merges array"};
-    std::vector<std::pair<std::string, std::string>> merges;
-    merges.reserve(model["merges"].size());
-    for (const json& m : model["merges"]) {
-        std::pair<std::string, std::string> merge;
-        if (m.is_string()) {
-            if (!split_merge(m.get_ref<const std::string&>(), merge)) {
-                return Error{path + ": merge " + std::to_string(merges.size()) + " " + json_text(m) +
-                             " is not two space-separated symbols"};
-            }
-        } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
-            merge = {m[0].get<std::string>(), m[1].get<std::string>()};
-        } else {
-            return Error{path + ": merge " + std::to_string(merges.size()) + " " + json_text(m) +
-                         " is neither \"a b\" nor [\"a\", \"b\"]"};
-        }
-        merges.push_back(std::move(merge));
-    }
-    return build(std::move(vocab.value()), merges, path);
+    auto merges = tokenizer_json_merges(model, path);
+    if (!merges.ok()) return merges.error();
+    return build(std::move(vocab.value()), merges.value(), path);
 }
 
 Result<ClipTokenizer> ClipTokenizer::from_vocab_merges(const std::string& vocab_path, const std::string& merges_path) {
-    auto root = parse_json_file(vocab_path);
+    auto root = read_tokenizer_json(vocab_path);
     if (!root.ok()) return root.error();
     auto vocab = vocab_from_json(root.value(), vocab_path);
     if (!vocab.ok()) return vocab.error();
-    auto text = read_text_file(merges_path);
+    auto text = read_tokenizer_file(merges_path);
     if (!text.ok()) return text.error();
     auto merges = parse_merges_text(text.value(), merges_path);
     if (!merges.ok()) return merges.error();
@@ -453,7 +414,7 @@ Result<ClipTokenizer> ClipTokenizer::load(const std::string& path) {
     if (name == "vocab.json") return from_vocab_merges(path, (p.parent_path() / "merges.txt").string());
     if (ext == ".json") return from_tokenizer_json(path);
     if (ext == ".txt") {
-        auto text = read_text_file(path);
+        auto text = read_tokenizer_file(path);
         if (!text.ok()) return text.error();
         return from_clip_merges(text.value(), path);
     }

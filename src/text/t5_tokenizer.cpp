@@ -13,6 +13,7 @@
 #include "gguf.h"
 #include "io/model_file.h"
 #include "text/utf8.h"
+#include "text/vocab_files.h"
 #include "util/files.h"
 #include "util/format.h"
 #include "util/message_text.h"
@@ -30,18 +31,11 @@ constexpr float kUnkPenalty = 10.0f;
 // 32k pieces, UMT5 256k, spiece.model files are a few MiB, tokenizer.json
 // files tens of MiB) and small enough that a hostile file cannot make kiln
 // allocate without limit.
-constexpr size_t kMaxFileBytes = size_t{1} << 30;
-constexpr size_t kMaxPieces = size_t{1} << 24;
+constexpr size_t kMaxPieces = static_cast<size_t>(kMaxVocabSize);
 constexpr size_t kMaxPieceBytes = 1 << 16;
 // A charsmap replacement longer than this is refused: the normalised text
 // can grow by this factor (nmt_nfkc's longest is U+FDFA's 33 bytes).
 constexpr size_t kMaxReplacementBytes = 4096;
-
-Error bad(const std::string& label, const std::string& what) { return Error::bad_file(label + ": " + what); }
-
-// ---- files ----
-
-Result<std::string> read_file(const std::string& path) { return read_whole_file(path, kMaxFileBytes, "tokenizer"); }
 
 // ---- UTF-8 ----
 
@@ -320,7 +314,7 @@ Result<SpmModel> parse_model_proto(const uint8_t* data, size_t size, const std::
     ProtoReader r(data, size, 0);
     std::string why;
     const auto failed = [&](const ProtoReader& reader) {
-        return bad(label, "not a sentencepiece model: " + (why.empty() ? reader.error() : why));
+        return bad_file(label, "not a sentencepiece model: " + (why.empty() ? reader.error() : why));
     };
     while (!r.done()) {
         uint32_t field;
@@ -336,7 +330,7 @@ Result<SpmModel> parse_model_proto(const uint8_t* data, size_t size, const std::
             bool ok = true;
             if (field == 1) {
                 if (m.vocab.pieces.size() >= kMaxPieces) {
-                    return bad(label, "more than " + std::to_string(kMaxPieces) + " pieces");
+                    return bad_file(label, "more than " + std::to_string(kMaxPieces) + " pieces");
                 }
                 UnigramPiece piece;
                 ok = parse_piece(sub, piece, m.vocab.pieces.size(), why);
@@ -511,10 +505,10 @@ T5Tokenizer::~T5Tokenizer() = default;
 
 Result<T5Tokenizer> T5Tokenizer::from_vocab(UnigramVocab vocab, const std::string& label) {
     const auto& pieces = vocab.pieces;
-    if (pieces.empty()) return bad(label, "the vocabulary is empty");
+    if (pieces.empty()) return bad_file(label, "the vocabulary is empty");
     if (pieces.size() > kMaxPieces) {
-        return bad(label, std::to_string(pieces.size()) + " pieces, more than the " + std::to_string(kMaxPieces) +
-                              " a tokenizer may have");
+        return bad_file(label, std::to_string(pieces.size()) + " pieces, more than the " + std::to_string(kMaxPieces) +
+                                   " a tokenizer may have");
     }
     auto tables = std::make_unique<Tables>();
     tables->piece_ids.reserve(pieces.size());
@@ -526,17 +520,17 @@ Result<T5Tokenizer> T5Tokenizer::from_vocab(UnigramVocab vocab, const std::strin
         const UnigramPiece& p = pieces[i];
         const int32_t id = static_cast<int32_t>(i);
         const std::string where = "piece " + std::to_string(i) + " " + quoted_text(p.text);
-        if (p.text.empty()) return bad(label, "piece " + std::to_string(i) + " is empty");
+        if (p.text.empty()) return bad_file(label, "piece " + std::to_string(i) + " is empty");
         if (p.text.size() > kMaxPieceBytes) {
-            return bad(label, "piece " + std::to_string(i) + " is " + std::to_string(p.text.size()) +
-                                  " bytes long, more than " + std::to_string(kMaxPieceBytes));
+            return bad_file(label, "piece " + std::to_string(i) + " is " + std::to_string(p.text.size()) +
+                                       " bytes long, more than " + std::to_string(kMaxPieceBytes));
         }
         if (!valid_piece_type(static_cast<int64_t>(p.type))) {
-            return bad(label, where + " has type " + std::to_string(static_cast<int64_t>(p.type)));
+            return bad_file(label, where + " has type " + std::to_string(static_cast<int64_t>(p.type)));
         }
-        if (!std::isfinite(p.score)) return bad(label, where + " has a score that is not a finite number");
+        if (!std::isfinite(p.score)) return bad_file(label, where + " has a score that is not a finite number");
         const auto [it, inserted] = tables->piece_ids.emplace(p.text, id);
-        if (!inserted) return bad(label, where + " is also piece " + std::to_string(it->second));
+        if (!inserted) return bad_file(label, where + " is also piece " + std::to_string(it->second));
         switch (p.type) {
             case PieceType::Normal:
                 ++n_normal;
@@ -547,16 +541,17 @@ Result<T5Tokenizer> T5Tokenizer::from_vocab(UnigramVocab vocab, const std::strin
             case PieceType::UserDefined: tables->insert(p.text, id); break;
             case PieceType::Unknown:
                 if (t.unk_id_ >= 0) {
-                    return bad(label, where + " and piece " + std::to_string(t.unk_id_) + " are both unknown pieces");
+                    return bad_file(label,
+                                    where + " and piece " + std::to_string(t.unk_id_) + " are both unknown pieces");
                 }
                 t.unk_id_ = id;
                 break;
             case PieceType::Byte: {
                 const int b = byte_piece_value(p.text);
-                if (b < 0) return bad(label, where + " is typed byte but is not of the form <0xXX>");
+                if (b < 0) return bad_file(label, where + " is typed byte but is not of the form <0xXX>");
                 if (tables->byte_ids[b] >= 0) {
-                    return bad(label,
-                               where + " and piece " + std::to_string(tables->byte_ids[b]) + " are the same byte");
+                    return bad_file(label,
+                                    where + " and piece " + std::to_string(tables->byte_ids[b]) + " are the same byte");
                 }
                 tables->byte_ids[b] = id;
                 ++n_bytes;
@@ -566,19 +561,19 @@ Result<T5Tokenizer> T5Tokenizer::from_vocab(UnigramVocab vocab, const std::strin
             case PieceType::Unused: break;  // never matched in text
         }
     }
-    if (n_normal == 0) return bad(label, "the vocabulary has no normal pieces, only special ones");
-    if (t.unk_id_ < 0) return bad(label, "the vocabulary has no unknown piece (like T5's <unk>)");
+    if (n_normal == 0) return bad_file(label, "the vocabulary has no normal pieces, only special ones");
+    if (t.unk_id_ < 0) return bad_file(label, "the vocabulary has no unknown piece (like T5's <unk>)");
     if (n_bytes != 0 && n_bytes != 256) {
-        return bad(label, "byte fallback needs all 256 byte pieces <0x00>..<0xFF>; the vocabulary has " +
-                              std::to_string(n_bytes));
+        return bad_file(label, "byte fallback needs all 256 byte pieces <0x00>..<0xFF>; the vocabulary has " +
+                                   std::to_string(n_bytes));
     }
     t.byte_fallback_ = n_bytes == 256;
 
     for (const auto& [id, what] : {std::pair<int32_t, const char*>{vocab.eos_id, "the end-of-sequence"},
                                    std::pair<int32_t, const char*>{vocab.pad_id, "the padding"}}) {
         if (id < -1 || (id >= 0 && static_cast<size_t>(id) >= pieces.size())) {
-            return bad(label, std::string(what) + " id " + std::to_string(id) + " is not one of the " +
-                                  std::to_string(pieces.size()) + " pieces");
+            return bad_file(label, std::string(what) + " id " + std::to_string(id) + " is not one of the " +
+                                       std::to_string(pieces.size()) + " pieces");
         }
     }
     t.eos_id_ = vocab.eos_id;
@@ -587,12 +582,13 @@ Result<T5Tokenizer> T5Tokenizer::from_vocab(UnigramVocab vocab, const std::strin
     const std::string& blob = vocab.precompiled_charsmap;
     if (!blob.empty()) {
         const std::string what = "precompiled charsmap (" + std::to_string(blob.size()) + " bytes): ";
-        if (blob.size() < 4) return bad(label, what + "too short for its 4-byte header");
+        if (blob.size() < 4) return bad_file(label, what + "too short for its 4-byte header");
         uint32_t trie_bytes = 0;
         for (int k = 3; k >= 0; --k) trie_bytes = trie_bytes << 8 | static_cast<uint8_t>(blob[static_cast<size_t>(k)]);
         if (trie_bytes == 0 || trie_bytes % 4 != 0 || trie_bytes > blob.size() - 4) {
-            return bad(label, what + "its trie of " + std::to_string(trie_bytes) +
-                                  " bytes is empty, not whole 4-byte units or longer than the data after the header");
+            return bad_file(label,
+                            what + "its trie of " + std::to_string(trie_bytes) +
+                                " bytes is empty, not whole 4-byte units or longer than the data after the header");
         }
         tables->units.resize(trie_bytes / 4);
         for (size_t u = 0; u < tables->units.size(); ++u) {
@@ -606,15 +602,15 @@ Result<T5Tokenizer> T5Tokenizer::from_vocab(UnigramVocab vocab, const std::strin
             if (!Tables::is_leaf_unit(unit)) continue;
             const size_t at = Tables::value(unit);
             if (at >= r.size()) {
-                return bad(label, what + "a rule points to byte " + std::to_string(at) + " of " +
-                                      std::to_string(r.size()) + " bytes of replacement text");
+                return bad_file(label, what + "a rule points to byte " + std::to_string(at) + " of " +
+                                           std::to_string(r.size()) + " bytes of replacement text");
             }
             const void* nul = std::memchr(r.data() + at, '\0', r.size() - at);
             const size_t len =
                 nul ? static_cast<size_t>(static_cast<const char*>(nul) - (r.data() + at)) : r.size() - at;
             if (len > kMaxReplacementBytes) {
-                return bad(label, what + "a replacement of " + std::to_string(len) + " bytes (at most " +
-                                      std::to_string(kMaxReplacementBytes) + ")");
+                return bad_file(label, what + "a replacement of " + std::to_string(len) + " bytes (at most " +
+                                           std::to_string(kMaxReplacementBytes) + ")");
             }
         }
     }
@@ -828,26 +824,27 @@ const std::string& T5Tokenizer::piece_text(int32_t id) const {
 // ---- spiece.model ----
 
 Result<T5Tokenizer> T5Tokenizer::from_spiece_bytes(const uint8_t* data, size_t size, const std::string& label) {
-    if (size == 0) return bad(label, "empty file, not a sentencepiece model");
+    if (size == 0) return bad_file(label, "empty file, not a sentencepiece model");
     auto parsed = parse_model_proto(data, size, label);
     if (!parsed.ok()) return parsed.error();
     SpmModel& m = parsed.value();
     if (m.model_type != 1) {
         static const char* const kTypes[] = {"", "UNIGRAM", "BPE", "WORD", "CHAR"};
         const std::string name = m.model_type >= 1 && m.model_type <= 4 ? kTypes[m.model_type] : "unknown";
-        return bad(label, "a sentencepiece model of type " + std::to_string(m.model_type) + " (" + name +
-                              "), not UNIGRAM (1): kiln's T5 tokenizer reads unigram models only");
+        return bad_file(label, "a sentencepiece model of type " + std::to_string(m.model_type) + " (" + name +
+                                   "), not UNIGRAM (1): kiln's T5 tokenizer reads unigram models only");
     }
-    if (m.treat_whitespace_as_suffix) return bad(label, "trainer_spec.treat_whitespace_as_suffix is not supported");
-    if (!m.escape_whitespaces) return bad(label, "normalizer_spec.escape_whitespaces = false is not supported");
-    if (m.vocab.pieces.empty()) return bad(label, "the sentencepiece model has no pieces");
+    if (m.treat_whitespace_as_suffix)
+        return bad_file(label, "trainer_spec.treat_whitespace_as_suffix is not supported");
+    if (!m.escape_whitespaces) return bad_file(label, "normalizer_spec.escape_whitespaces = false is not supported");
+    if (m.vocab.pieces.empty()) return bad_file(label, "the sentencepiece model has no pieces");
     bool has_bytes = false;
     for (const UnigramPiece& p : m.vocab.pieces) has_bytes = has_bytes || p.type == PieceType::Byte;
     if (has_bytes && !m.byte_fallback) {
-        return bad(label, "byte pieces although trainer_spec.byte_fallback is false");
+        return bad_file(label, "byte pieces although trainer_spec.byte_fallback is false");
     }
     if (m.byte_fallback && !has_bytes)
-        return bad(label, "trainer_spec.byte_fallback is true but there are no byte pieces");
+        return bad_file(label, "trainer_spec.byte_fallback is true but there are no byte pieces");
     // The unknown piece is the one typed so; EOS and padding are found by
     // the names trainer_spec gives them, as sentencepiece does.
     const auto find = [&](const std::string& name) -> int32_t {
@@ -864,7 +861,7 @@ Result<T5Tokenizer> T5Tokenizer::from_spiece_bytes(const uint8_t* data, size_t s
 }
 
 Result<T5Tokenizer> T5Tokenizer::from_spiece_model(const std::string& path) {
-    auto bytes = read_file(path);
+    auto bytes = read_tokenizer_file(path);
     if (!bytes.ok()) return bytes.error();
     return from_spiece_bytes(reinterpret_cast<const uint8_t*>(bytes->data()), bytes->size(), path);
 }
@@ -880,13 +877,11 @@ struct JsonSettings {
     bool add_prefix = true;
 };
 
-// object[key], or null when absent; never a copy (copying recurses once per
-// nesting level of the value).
+// object[key], or null when absent.
 const json& member(const json& object, const char* key) {
     static const json kNull;
-    if (!object.is_object()) return kNull;
-    auto it = object.find(key);
-    return it == object.end() ? kNull : *it;
+    const json* value = find_member(object, key);
+    return value ? *value : kNull;
 }
 
 // Sequences nest; deeper than this is no real tokenizer (and recursion on a
@@ -896,14 +891,14 @@ constexpr int kMaxJsonNesting = 8;
 Status read_normalizer(const json& n, const std::string& label, JsonSettings& s, int depth = 0) {
     if (n.is_null()) return Status::Ok();
     if (depth > kMaxJsonNesting)
-        return bad(label, "normalizer Sequences nested deeper than " + std::to_string(kMaxJsonNesting));
+        return bad_file(label, "normalizer Sequences nested deeper than " + std::to_string(kMaxJsonNesting));
     if (!n.is_object() || !n.contains("type") || !n["type"].is_string()) {
-        return bad(label, "normalizer " + json_text(n) + " has no type");
+        return bad_file(label, "normalizer " + json_text(n) + " has no type");
     }
     const std::string type = n["type"].get<std::string>();
     if (type == "Sequence") {
         const json& list = member(n, "normalizers");
-        if (!list.is_array()) return bad(label, "normalizer Sequence without a normalizers list");
+        if (!list.is_array()) return bad_file(label, "normalizer Sequence without a normalizers list");
         for (const json& item : list) KILN_TRY(read_normalizer(item, label, s, depth + 1));
         return Status::Ok();
     }
@@ -911,7 +906,7 @@ Status read_normalizer(const json& n, const std::string& label, JsonSettings& s,
         const json& map = member(n, "precompiled_charsmap");
         if (map.is_null()) return Status::Ok();
         if (!map.is_string() || !base64_decode(map.get_ref<const std::string&>(), s.charsmap)) {
-            return bad(label, "normalizer Precompiled: precompiled_charsmap is not base64 text");
+            return bad_file(label, "normalizer Precompiled: precompiled_charsmap is not base64 text");
         }
         return Status::Ok();
     }
@@ -923,26 +918,26 @@ Status read_normalizer(const json& n, const std::string& label, JsonSettings& s,
             s.collapse_spaces = true;
             return Status::Ok();
         }
-        return bad(label, "normalizer Replace " + json_text(n) +
-                              " is not supported (only T5's Replace of \" {2,}\" by \" \")");
+        return bad_file(label, "normalizer Replace " + json_text(n) +
+                                   " is not supported (only T5's Replace of \" {2,}\" by \" \")");
     }
     if (type == "Strip") return Status::Ok();  // ends are trimmed with remove_extra_whitespaces anyway
-    return bad(label, "normalizer " + quoted_text(type) +
-                          " is not supported (a SentencePiece unigram tokenizer has Precompiled and Replace)");
+    return bad_file(label, "normalizer " + quoted_text(type) +
+                               " is not supported (a SentencePiece unigram tokenizer has Precompiled and Replace)");
 }
 
 Status read_pre_tokenizer(const json& p, const std::string& label, JsonSettings& s, int depth = 0) {
     if (p.is_null()) return Status::Ok();
     if (depth > kMaxJsonNesting) {
-        return bad(label, "pre_tokenizer Sequences nested deeper than " + std::to_string(kMaxJsonNesting));
+        return bad_file(label, "pre_tokenizer Sequences nested deeper than " + std::to_string(kMaxJsonNesting));
     }
     if (!p.is_object() || !p.contains("type") || !p["type"].is_string()) {
-        return bad(label, "pre_tokenizer " + json_text(p) + " has no type");
+        return bad_file(label, "pre_tokenizer " + json_text(p) + " has no type");
     }
     const std::string type = p["type"].get<std::string>();
     if (type == "Sequence") {
         const json& list = member(p, "pretokenizers");
-        if (!list.is_array()) return bad(label, "pre_tokenizer Sequence without a pretokenizers list");
+        if (!list.is_array()) return bad_file(label, "pre_tokenizer Sequence without a pretokenizers list");
         for (const json& item : list) KILN_TRY(read_pre_tokenizer(item, label, s, depth + 1));
         return Status::Ok();
     }
@@ -953,8 +948,8 @@ Status read_pre_tokenizer(const json& p, const std::string& label, JsonSettings&
     if (type == "Metaspace") {
         const json& replacement = member(p, "replacement");
         if (replacement != std::string(kSpaceSymbol)) {
-            return bad(label, "pre_tokenizer Metaspace replaces spaces by " + json_text(replacement) +
-                                  ", only \"\xE2\x96\x81\" is supported");
+            return bad_file(label, "pre_tokenizer Metaspace replaces spaces by " + json_text(replacement) +
+                                       ", only \"\xE2\x96\x81\" is supported");
         }
         s.metaspace = true;
         if (p.contains("prepend_scheme") && p["prepend_scheme"].is_string()) {
@@ -964,37 +959,39 @@ Status read_pre_tokenizer(const json& p, const std::string& label, JsonSettings&
         }
         return Status::Ok();
     }
-    return bad(label, "pre_tokenizer " + quoted_text(type) +
-                          " is not supported (a SentencePiece unigram tokenizer has Metaspace)");
+    return bad_file(label, "pre_tokenizer " + quoted_text(type) +
+                               " is not supported (a SentencePiece unigram tokenizer has Metaspace)");
 }
 
 Result<UnigramVocab> vocab_from_tokenizer_json(const json& root, const std::string& label) {
-    if (!root.is_object()) return bad(label, "not a tokenizer.json (the top level is not a JSON object)");
-    if (!root.contains("model") || !root["model"].is_object()) return bad(label, "not a tokenizer.json (no model)");
+    if (!root.is_object()) return bad_file(label, "not a tokenizer.json (the top level is not a JSON object)");
+    if (!root.contains("model") || !root["model"].is_object())
+        return bad_file(label, "not a tokenizer.json (no model)");
     const json& model = root["model"];
     if (!model.contains("type") || !model["type"].is_string()) {
-        return bad(label, "model has no type; expected \"Unigram\" (a SentencePiece unigram tokenizer such as T5's)");
+        return bad_file(label,
+                        "model has no type; expected \"Unigram\" (a SentencePiece unigram tokenizer such as T5's)");
     }
     const std::string type = model["type"].get<std::string>();
     if (type != "Unigram") {
-        return bad(label, "model.type is " + quoted_text(type) +
-                              ", not \"Unigram\": this is not a SentencePiece unigram tokenizer such as T5's" +
-                              (type == "BPE" ? " (a BPE one, such as CLIP's)" : ""));
+        return bad_file(label, "model.type is " + quoted_text(type) +
+                                   ", not \"Unigram\": this is not a SentencePiece unigram tokenizer such as T5's" +
+                                   (type == "BPE" ? " (a BPE one, such as CLIP's)" : ""));
     }
     if (!model.contains("vocab") || !model["vocab"].is_array()) {
-        return bad(label, "model.vocab is not a list of [piece, score] pairs");
+        return bad_file(label, "model.vocab is not a list of [piece, score] pairs");
     }
     UnigramVocab vocab;
     const json& list = model["vocab"];
-    if (list.empty()) return bad(label, "model.vocab is empty");
+    if (list.empty()) return bad_file(label, "model.vocab is empty");
     if (list.size() > kMaxPieces)
-        return bad(label, "model.vocab has more than " + std::to_string(kMaxPieces) + " pieces");
+        return bad_file(label, "model.vocab has more than " + std::to_string(kMaxPieces) + " pieces");
     vocab.pieces.reserve(list.size());
     for (size_t i = 0; i < list.size(); ++i) {
         const json& e = list[i];
         if (!e.is_array() || e.size() != 2 || !e[0].is_string() || !e[1].is_number()) {
-            return bad(label,
-                       "model.vocab[" + std::to_string(i) + "] is " + json_text(e) + ", not a [piece, score] pair");
+            return bad_file(
+                label, "model.vocab[" + std::to_string(i) + "] is " + json_text(e) + ", not a [piece, score] pair");
         }
         UnigramPiece p;
         p.text = e[0].get<std::string>();
@@ -1004,8 +1001,8 @@ Result<UnigramVocab> vocab_from_tokenizer_json(const json& root, const std::stri
     const size_t n = vocab.pieces.size();
     const json& unk = member(model, "unk_id");
     if (!unk.is_number_integer() || unk.get<int64_t>() < 0 || static_cast<uint64_t>(unk.get<int64_t>()) >= n) {
-        return bad(label, "model.unk_id is " + json_text(unk) + ", not the id of one of the " + std::to_string(n) +
-                              " pieces (a unigram tokenizer needs an unknown piece)");
+        return bad_file(label, "model.unk_id is " + json_text(unk) + ", not the id of one of the " + std::to_string(n) +
+                                   " pieces (a unigram tokenizer needs an unknown piece)");
     }
     const size_t unk_id = static_cast<size_t>(unk.get<int64_t>());
     vocab.pieces[unk_id].type = PieceType::Unknown;
@@ -1021,18 +1018,18 @@ Result<UnigramVocab> vocab_from_tokenizer_json(const json& root, const std::stri
     // Added tokens: HF matches them before the model runs; special ones are
     // sentencepiece's control pieces, the others its user-defined ones.
     const json& added = member(root, "added_tokens");
-    if (!added.is_array() && !added.is_null()) return bad(label, "added_tokens is not a list");
+    if (!added.is_array() && !added.is_null()) return bad_file(label, "added_tokens is not a list");
     if (added.is_array()) {
         for (const json& a : added) {
             if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer() || !a.contains("content") ||
                 !a["content"].is_string()) {
-                return bad(label, "added token " + json_text(a) + " has no integer id and content");
+                return bad_file(label, "added token " + json_text(a) + " has no integer id and content");
             }
             const int64_t id = a["id"].get<int64_t>();
             const std::string& content = a["content"].get_ref<const std::string&>();
             if (id < 0 || static_cast<uint64_t>(id) >= n || vocab.pieces[static_cast<size_t>(id)].text != content) {
-                return bad(label, "added token " + quoted_text(content) + " (id " + std::to_string(id) +
-                                      ") is not that entry of model.vocab");
+                return bad_file(label, "added token " + quoted_text(content) + " (id " + std::to_string(id) +
+                                           ") is not that entry of model.vocab");
             }
             UnigramPiece& p = vocab.pieces[static_cast<size_t>(id)];
             if (p.type == PieceType::Unknown) continue;
@@ -1045,9 +1042,9 @@ Result<UnigramVocab> vocab_from_tokenizer_json(const json& root, const std::stri
     KILN_TRY(read_normalizer(member(root, "normalizer"), label, s));
     KILN_TRY(read_pre_tokenizer(member(root, "pre_tokenizer"), label, s));
     if (!s.metaspace) {
-        return bad(label,
-                   "no Metaspace pre-tokenizer: spaces would not become \"\xE2\x96\x81\" as a SentencePiece "
-                   "unigram tokenizer needs");
+        return bad_file(label,
+                        "no Metaspace pre-tokenizer: spaces would not become \"\xE2\x96\x81\" as a SentencePiece "
+                        "unigram tokenizer needs");
     }
     vocab.precompiled_charsmap = std::move(s.charsmap);
     vocab.add_dummy_prefix = s.add_prefix;
@@ -1065,19 +1062,14 @@ Result<UnigramVocab> vocab_from_tokenizer_json(const json& root, const std::stri
 }  // namespace
 
 Result<T5Tokenizer> T5Tokenizer::from_tokenizer_json(const std::string& path) {
-    auto text = read_file(path);
-    if (!text.ok()) return text.error();
-    json root;
-    try {
-        root = json::parse(text.value());
-    } catch (const json::exception& e) {
-        return bad(path, std::string("malformed JSON: ") + e.what());
-    }
+    auto parsed = read_tokenizer_json(path);
+    if (!parsed.ok()) return parsed.error();
+    const json& root = parsed.value();
     Result<UnigramVocab> vocab = Error{};
     try {
         vocab = vocab_from_tokenizer_json(root, path);
     } catch (const json::exception& e) {  // a value of an unexpected type the checks above missed
-        return bad(path, std::string("unexpected JSON: ") + e.what());
+        return bad_file(path, std::string("unexpected JSON: ") + e.what());
     }
     if (!vocab.ok()) return vocab.error();
     return from_vocab(std::move(vocab).value(), path);
@@ -1085,56 +1077,21 @@ Result<T5Tokenizer> T5Tokenizer::from_tokenizer_json(const std::string& path) {
 
 // ---- GGUF metadata ----
 
-namespace {
-
-const io::MetaValue* find_key(const io::Metadata& metadata, const std::string& key) {
-    auto it = metadata.find(key);
-    return it == metadata.end() ? nullptr : &it->second;
-}
-
-bool meta_number(const io::MetaValue& v, double& out) {
-    switch (v.kind) {
-        case io::MetaValue::Kind::Float: out = v.f; return true;
-        case io::MetaValue::Kind::Int: out = static_cast<double>(v.i); return true;
-        case io::MetaValue::Kind::UInt: out = static_cast<double>(v.u); return true;
-        default: return false;
-    }
-}
-
-bool meta_integer(const io::MetaValue& v, int64_t& out) {
-    if (v.kind == io::MetaValue::Kind::Int) {
-        out = v.i;
-        return true;
-    }
-    if (v.kind == io::MetaValue::Kind::UInt && v.u <= static_cast<uint64_t>(INT64_MAX)) {
-        out = static_cast<int64_t>(v.u);
-        return true;
-    }
-    return false;
-}
-
-}  // namespace
-
 Result<T5Tokenizer> T5Tokenizer::from_gguf_metadata(const io::Metadata& metadata, const std::string& label) {
-    const io::MetaValue* model = find_key(metadata, "tokenizer.ggml.model");
-    if (!model) return bad(label, "no tokenizer.ggml.model: the file carries no tokenizer");
-    if (model->kind != io::MetaValue::Kind::String || model->str != "t5") {
-        return bad(label, "tokenizer.ggml.model is " + quoted_text(model->to_string()) +
-                              ", not \"t5\" (a SentencePiece unigram tokenizer)");
-    }
-    const io::MetaValue* tokens = find_key(metadata, "tokenizer.ggml.tokens");
+    KILN_TRY(expect_gguf_tokenizer_model(metadata, "t5", "a SentencePiece unigram tokenizer", label));
+    const io::MetaValue* tokens = find_meta(metadata, "tokenizer.ggml.tokens");
     if (!tokens || tokens->kind != io::MetaValue::Kind::Array) {
-        return bad(label, "tokenizer.ggml.tokens is missing or not an array");
+        return bad_file(label, "tokenizer.ggml.tokens is missing or not an array");
     }
     const size_t n = tokens->array.size();
-    const io::MetaValue* scores = find_key(metadata, "tokenizer.ggml.scores");
+    const io::MetaValue* scores = find_meta(metadata, "tokenizer.ggml.scores");
     if (!scores || scores->kind != io::MetaValue::Kind::Array || scores->array.size() != n) {
-        return bad(label, "tokenizer.ggml.scores is missing or not an array of " + std::to_string(n) +
-                              " scores (one per token)");
+        return bad_file(label, "tokenizer.ggml.scores is missing or not an array of " + std::to_string(n) +
+                                   " scores (one per token)");
     }
-    const io::MetaValue* types = find_key(metadata, "tokenizer.ggml.token_type");
+    const io::MetaValue* types = find_meta(metadata, "tokenizer.ggml.token_type");
     if (types && (types->kind != io::MetaValue::Kind::Array || types->array.size() != n)) {
-        return bad(label, "tokenizer.ggml.token_type is not an array of " + std::to_string(n) + " types");
+        return bad_file(label, "tokenizer.ggml.token_type is not an array of " + std::to_string(n) + " types");
     }
     UnigramVocab vocab;
     vocab.pieces.resize(n);
@@ -1142,19 +1099,19 @@ Result<T5Tokenizer> T5Tokenizer::from_gguf_metadata(const io::Metadata& metadata
         UnigramPiece& p = vocab.pieces[i];
         const io::MetaValue& text = tokens->array[i];
         if (text.kind != io::MetaValue::Kind::String) {
-            return bad(label, "tokenizer.ggml.tokens[" + std::to_string(i) + "] is not a string");
+            return bad_file(label, "tokenizer.ggml.tokens[" + std::to_string(i) + "] is not a string");
         }
         p.text = text.str;
         double score = 0;
         if (!meta_number(scores->array[i], score)) {
-            return bad(label, "tokenizer.ggml.scores[" + std::to_string(i) + "] is not a number");
+            return bad_file(label, "tokenizer.ggml.scores[" + std::to_string(i) + "] is not a number");
         }
         p.score = static_cast<float>(score);
         if (types) {
             int64_t t = 0;
             if (!meta_integer(types->array[i], t) || (t != 0 && !valid_piece_type(t))) {
-                return bad(label, "tokenizer.ggml.token_type[" + std::to_string(i) + "] is " +
-                                      types->array[i].to_string() + ", not a token type 0..6");
+                return bad_file(label, "tokenizer.ggml.token_type[" + std::to_string(i) + "] is " +
+                                           types->array[i].to_string() + ", not a token type 0..6");
             }
             p.type = t == 0 ? PieceType::Normal : static_cast<PieceType>(t);
         }
@@ -1163,12 +1120,12 @@ Result<T5Tokenizer> T5Tokenizer::from_gguf_metadata(const io::Metadata& metadata
     // unknown and control.
     const auto id_of = [&](const char* key, int32_t& out) -> Status {
         out = -1;
-        const io::MetaValue* v = find_key(metadata, key);
+        const io::MetaValue* v = find_meta(metadata, key);
         if (!v) return Status::Ok();
         int64_t id = 0;
         if (!meta_integer(*v, id) || id < 0 || static_cast<uint64_t>(id) >= n) {
-            return bad(label, std::string(key) + " is " + v->to_string() + ", not the id of one of the " +
-                                  std::to_string(n) + " tokens");
+            return bad_file(label, std::string(key) + " is " + v->to_string() + ", not the id of one of the " +
+                                       std::to_string(n) + " tokens");
         }
         out = static_cast<int32_t>(id);
         return Status::Ok();
@@ -1183,19 +1140,20 @@ Result<T5Tokenizer> T5Tokenizer::from_gguf_metadata(const io::Metadata& metadata
             if (id >= 0 && id != unk) vocab.pieces[static_cast<size_t>(id)].type = PieceType::Control;
         }
     } else if (unk >= 0 && vocab.pieces[static_cast<size_t>(unk)].type != PieceType::Unknown) {
-        return bad(label, "tokenizer.ggml.unknown_token_id is " + std::to_string(unk) + " but that token is typed " +
-                              piece_type_name(vocab.pieces[static_cast<size_t>(unk)].type));
+        return bad_file(label, "tokenizer.ggml.unknown_token_id is " + std::to_string(unk) +
+                                   " but that token is typed " +
+                                   piece_type_name(vocab.pieces[static_cast<size_t>(unk)].type));
     }
 
-    if (const io::MetaValue* map = find_key(metadata, "tokenizer.ggml.precompiled_charsmap")) {
+    if (const io::MetaValue* map = find_meta(metadata, "tokenizer.ggml.precompiled_charsmap")) {
         if (map->kind != io::MetaValue::Kind::Array) {
-            return bad(label, "tokenizer.ggml.precompiled_charsmap is not an array of bytes");
+            return bad_file(label, "tokenizer.ggml.precompiled_charsmap is not an array of bytes");
         }
         vocab.precompiled_charsmap.reserve(map->array.size());
         for (const io::MetaValue& b : map->array) {
             int64_t v = 0;
             if (!meta_integer(b, v) || v < -128 || v > 255) {
-                return bad(label, "tokenizer.ggml.precompiled_charsmap holds " + b.to_string() + ", not a byte");
+                return bad_file(label, "tokenizer.ggml.precompiled_charsmap holds " + b.to_string() + ", not a byte");
             }
             vocab.precompiled_charsmap.push_back(static_cast<char>(static_cast<uint8_t>(v & 0xFF)));
         }
@@ -1203,17 +1161,16 @@ Result<T5Tokenizer> T5Tokenizer::from_gguf_metadata(const io::Metadata& metadata
     for (const auto& [key, flag] :
          {std::pair<const char*, bool*>{"tokenizer.ggml.add_space_prefix", &vocab.add_dummy_prefix},
           std::pair<const char*, bool*>{"tokenizer.ggml.remove_extra_whitespaces", &vocab.remove_extra_whitespaces}}) {
-        const io::MetaValue* v = find_key(metadata, key);
+        const io::MetaValue* v = find_meta(metadata, key);
         if (!v) continue;
-        if (v->kind != io::MetaValue::Kind::Bool) return bad(label, std::string(key) + " is not a boolean");
+        if (v->kind != io::MetaValue::Kind::Bool) return bad_file(label, std::string(key) + " is not a boolean");
         *flag = v->b;
     }
     return from_vocab(std::move(vocab), label);
 }
 
 Result<T5Tokenizer> T5Tokenizer::from_gguf_metadata(const io::ModelFile& file) {
-    const std::string label = file.sources().empty() ? std::string("model") : file.sources().front().path;
-    return from_gguf_metadata(file.metadata(), label);
+    return from_gguf_metadata(file.metadata(), model_file_label(file));
 }
 
 io::Metadata T5Tokenizer::gguf_metadata() const {
@@ -1267,7 +1224,7 @@ Result<T5Tokenizer> T5Tokenizer::load(const std::string& path) {
             const std::string json_path = dir + "/tokenizer.json";
             if (path_status(json_path).kind == PathKind::File) return from_tokenizer_json(json_path);
         }
-        return bad(path, "no spiece.model or tokenizer.json here or in tokenizer_2/ or tokenizer/");
+        return bad_file(path, "no spiece.model or tokenizer.json here or in tokenizer_2/ or tokenizer/");
     }
     if (status.kind != PathKind::File) return path_error(path, status).as(ErrorKind::BadFile);
     const bool is_json = path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0;
