@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "io/tensor_info.h"
+#include "text/sentencepiece_model.h"
 #include "util/result.h"
 
 namespace kiln::io {
@@ -51,39 +52,6 @@ class ModelFile;
 }
 
 namespace kiln::text {
-
-// A vocabulary entry's role, with sentencepiece's numbering (which llama.cpp's
-// tokenizer.ggml.token_type shares; its 0, "undefined", loads as Normal).
-enum class PieceType : int32_t {
-    Normal = 1,
-    Unknown = 2,      // exactly one: what characters outside the vocabulary become
-    Control = 3,      // </s>, <pad>, <extra_id_N>: never matched in text
-    UserDefined = 4,  // always matched as a whole where it occurs
-    Unused = 5,       // in the vocabulary, never produced
-    Byte = 6,         // "<0x41>": byte fallback
-};
-
-struct UnigramPiece {
-    std::string text;
-    float score = 0.0f;
-    PieceType type = PieceType::Normal;
-};
-
-// Everything a unigram tokenizer is made of, whatever file it came from.
-struct UnigramVocab {
-    std::vector<UnigramPiece> pieces;  // id = index
-    // Ids of the end-of-sequence and padding pieces, -1 for none. The file
-    // loaders take the control pieces named "</s>" and "<pad>" (or what
-    // spiece.model's trainer_spec names them), as sentencepiece does.
-    int32_t eos_id = -1;
-    int32_t pad_id = -1;
-    // sentencepiece's precompiled_charsmap bytes: uint32 trie size in bytes
-    // (little-endian), the Darts-clone double-array trie (uint32 units), then
-    // the NUL-separated replacement strings. Empty: no charsmap.
-    std::string precompiled_charsmap;
-    bool add_dummy_prefix = true;
-    bool remove_extra_whitespaces = true;
-};
 
 // encode_padded()'s result: ids and mask have the same length.
 struct PaddedTokens {
