@@ -15,6 +15,7 @@
 #include "text/sentencepiece_model.h"
 #include "text/utf8.h"
 #include "text/vocab_files.h"
+#include "util/base64.h"
 #include "util/files.h"
 #include "util/format.h"
 #include "util/message_text.h"
@@ -75,42 +76,6 @@ const char* piece_type_name(PieceType type) {
         case PieceType::Byte: return "byte";
     }
     return "?";
-}
-
-// ---- base64 (tokenizer.json's precompiled_charsmap) ----
-
-bool base64_decode(std::string_view text, std::string& out) {
-    out.clear();
-    uint32_t acc = 0;
-    int bits = 0;
-    size_t padding = 0;
-    for (char c : text) {
-        int v;
-        if (c >= 'A' && c <= 'Z') {
-            v = c - 'A';
-        } else if (c >= 'a' && c <= 'z') {
-            v = c - 'a' + 26;
-        } else if (c >= '0' && c <= '9') {
-            v = c - '0' + 52;
-        } else if (c == '+') {
-            v = 62;
-        } else if (c == '/') {
-            v = 63;
-        } else if (c == '=') {
-            ++padding;
-            continue;
-        } else {
-            return false;
-        }
-        if (padding > 0) return false;  // data after '='
-        acc = (acc << 6) | static_cast<uint32_t>(v);
-        bits += 6;
-        if (bits >= 8) {
-            bits -= 8;
-            out.push_back(static_cast<char>((acc >> bits) & 0xFF));
-        }
-    }
-    return padding <= 2;
 }
 
 }  // namespace
@@ -603,9 +568,10 @@ Status read_normalizer(const json& n, const std::string& label, JsonSettings& s,
     if (type == "Precompiled") {
         const json& map = member(n, "precompiled_charsmap");
         if (map.is_null()) return Status::Ok();
-        if (!map.is_string() || !base64_decode(map.get_ref<const std::string&>(), s.charsmap)) {
-            return bad_file(label, "normalizer Precompiled: precompiled_charsmap is not base64 text");
-        }
+        const auto bytes =
+            map.is_string() ? base64_decode(map.get_ref<const std::string&>(), Base64Input::Strict) : std::nullopt;
+        if (!bytes) return bad_file(label, "normalizer Precompiled: precompiled_charsmap is not base64 text");
+        s.charsmap.assign(bytes->begin(), bytes->end());
         return Status::Ok();
     }
     if (type == "Replace") {
