@@ -43,6 +43,7 @@
 #include <utility>
 #include <vector>
 
+#include "text/tokenizer.h"
 #include "util/result.h"
 
 namespace kiln::text {
@@ -56,7 +57,7 @@ struct EmbeddingToken {
     int32_t n_vectors = 0;
 };
 
-class ClipTokenizer {
+class ClipTokenizer final : public Tokenizer {
   public:
     // Loads from a file or a folder:
     //   - a folder with vocab.json + merges.txt, or tokenizer.json, or a
@@ -91,16 +92,18 @@ class ClipTokenizer {
 
     ClipTokenizer(ClipTokenizer&&) noexcept;
     ClipTokenizer& operator=(ClipTokenizer&&) noexcept;
-    ~ClipTokenizer();
+    ~ClipTokenizer() override;
+
+    const char* name() const override { return "CLIP"; }
 
     // Token ids of `text`, without BOS/EOS.
-    std::vector<int32_t> encode(std::string_view text) const;
+    std::vector<int32_t> encode(std::string_view text) const override;
 
     // Text of `ids` the open_clip way: tokens joined, byte characters turned
     // back into bytes (invalid UTF-8 becomes U+FFFD), "</w>" becomes a space,
     // the ends trimmed (HF). Special tokens appear as their text, an
     // embedding id run as the embedding's name; unknown ids are skipped.
-    std::string decode(const std::vector<int32_t>& ids) const;
+    std::string decode(const std::vector<int32_t>& ids) const override;
 
     // Registers a textual-inversion embedding of n_vectors vectors and
     // returns its first id (ids are allocated past the vocabulary and
@@ -116,13 +119,13 @@ class ClipTokenizer {
     const EmbeddingToken* embedding_for_id(int32_t id) const;
     const std::vector<EmbeddingToken>& embeddings() const { return embeddings_; }
 
-    int32_t bos_id() const { return bos_id_; }
-    int32_t eos_id() const { return eos_id_; }
+    int32_t bos_id() const override { return bos_id_; }
+    int32_t eos_id() const override { return eos_id_; }
     // Id of ",</w>" (A1111's comma used for chunk back-tracking), -1 if none.
     int32_t comma_id() const { return comma_id_; }
     // One past the largest vocabulary id (the text encoder's table size);
     // embedding ids start here.
-    int32_t vocab_size() const { return static_cast<int32_t>(id_to_token_.size()); }
+    int32_t vocab_size() const override { return static_cast<int32_t>(id_to_token_.size()); }
     // The id of a vocabulary token, -1 if absent.
     int32_t token_id(const std::string& token) const;
     // The vocabulary string of an id ("" for holes and out-of-range ids).

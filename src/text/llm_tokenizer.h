@@ -49,6 +49,7 @@
 #include <vector>
 
 #include "io/tensor_info.h"
+#include "text/tokenizer.h"
 #include "util/result.h"
 
 namespace kiln::io {
@@ -71,7 +72,7 @@ struct LlmBpeVocab {
     LlmPreTokenizer pre = LlmPreTokenizer::Qwen2;
 };
 
-class LlmTokenizer {
+class LlmTokenizer final : public Tokenizer {
   public:
     // A file or a folder. A folder is searched, then its tokenizer/
     // subfolder, for tokenizer.json, then vocab.json + merges.txt, then a
@@ -116,10 +117,12 @@ class LlmTokenizer {
 
     LlmTokenizer(LlmTokenizer&&) noexcept;
     LlmTokenizer& operator=(LlmTokenizer&&) noexcept;
-    ~LlmTokenizer();
+    ~LlmTokenizer() override;
+
+    const char* name() const override { return "LLM"; }
 
     // Token ids of `text`, added tokens parsed, no BOS/EOS.
-    std::vector<int32_t> encode(std::string_view text) const;
+    std::vector<int32_t> encode(std::string_view text) const override;
 
     // Step 2 alone, on text without added tokens: the pieces (UTF-8, before
     // the byte mapping) that BPE works on.
@@ -129,7 +132,7 @@ class LlmTokenizer {
     // characters back to bytes; invalid UTF-8 in the result becomes U+FFFD
     // (HF's errors="replace"); ids out of range or without a token are
     // skipped.
-    std::string decode(const std::vector<int32_t>& ids) const;
+    std::string decode(const std::vector<int32_t>& ids) const override;
 
     // The id of a token's text, -1 if absent.
     int32_t token_id(const std::string& token) const;
@@ -140,6 +143,7 @@ class LlmTokenizer {
     // One past the largest id, added tokens included (Qwen2's GGUF: 151936;
     // Qwen3's tokenizer.json: 151669; the text encoder's table may be larger).
     int32_t size() const;
+    int32_t vocab_size() const override { return size(); }
     LlmPreTokenizer pre_tokenizer() const;
 
     // The tokenizer.ggml.* keys from_gguf_metadata() reads, as llama.cpp's
