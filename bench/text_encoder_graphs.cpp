@@ -29,7 +29,7 @@ std::vector<TextEncoderJobGraph> build_text_encoder_graphs(const pipeline::Model
                 g.graph = pipeline::build_text_encoder_graph(encoder, input.ids.data(), length, 1, use.default_layer);
                 g.label = use.module + ", " + std::to_string(length) + " tokens";
             } else if (use.layout == models::PromptLayout::FixedLength) {
-                const pipeline::PaddedTokens tokens =
+                const text::PaddedTokens tokens =
                     model.t5_tokenizer().encode_padded(prompt, use.max_length, /*pad=*/true);
                 const auto length = static_cast<int64_t>(tokens.ids.size());
                 g.graph = pipeline::build_text_encoder_graph(encoder, tokens.ids.data(), length, 1, 0);

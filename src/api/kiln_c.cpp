@@ -723,11 +723,11 @@ kiln_status kiln_model_convert(const char* const* paths, int n_paths, const char
                                        "convert: --tokenizer names both t5xxl and llm; a GGUF carries one tokenizer"));
             }
             if (!paths->t5.empty()) {
-                auto t5 = kiln::pipeline::T5Tokenizer::load(paths->t5);
+                auto t5 = kiln::text::T5Tokenizer::load(paths->t5);
                 if (!t5.ok()) return fail(error, t5.error().as(kiln::ErrorKind::BadFile));
                 options.extra_metadata = t5->gguf_metadata();
             } else if (!paths->llm.empty()) {
-                auto llm = kiln::pipeline::LlmTokenizer::load(paths->llm);
+                auto llm = kiln::text::LlmTokenizer::load(paths->llm);
                 if (!llm.ok()) return fail(error, llm.error().as(kiln::ErrorKind::BadFile));
                 options.extra_metadata = llm->gguf_metadata();
             } else {

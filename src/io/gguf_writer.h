@@ -18,7 +18,7 @@ struct GgufWriteOptions {
     // Called after each tensor with (done, total); may be empty.
     std::function<void(size_t, size_t)> progress;
     // Keys written after the model's own metadata, replacing any of the same
-    // name (a tokenizer's tokenizer.ggml.* keys: T5Tokenizer::gguf_metadata()).
+    // name (a tokenizer's tokenizer.ggml.* keys: text::T5Tokenizer::gguf_metadata()).
     Metadata extra_metadata;
 };
 

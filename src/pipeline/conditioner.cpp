@@ -69,10 +69,10 @@ Result<EncodedChunks> encode_chunks(Model& model, const TextEncoder& encoder, co
 // itself unless masks.t5_mask), and which tokens the DiT may attend to when
 // the family masks the padding (Chroma: the real tokens, EOS and
 // mask_pad_tokens pad tokens; none with masks.dit_mask off).
-Result<EncodedChunks> encode_t5(const TextEncoder& encoder, const T5Tokenizer& tokenizer, const std::string& prompt,
-                                const T5MaskOptions& masks, std::vector<float>* valid) {
+Result<EncodedChunks> encode_t5(const TextEncoder& encoder, const text::T5Tokenizer& tokenizer,
+                                const std::string& prompt, const T5MaskOptions& masks, std::vector<float>* valid) {
     const models::TextEncoderUse& use = *encoder.use;
-    const PaddedTokens tokens = tokenizer.encode_padded(prompt, use.max_length, /*pad=*/true);
+    const text::PaddedTokens tokens = tokenizer.encode_padded(prompt, use.max_length, /*pad=*/true);
     const auto length = static_cast<int64_t>(tokens.ids.size());
     const std::vector<float> real(tokens.mask.begin(), tokens.mask.end());  // text and EOS
     const bool t5_mask = use.mask_padding && masks.t5_mask;
@@ -99,7 +99,8 @@ Result<EncodedChunks> encode_t5(const TextEncoder& encoder, const T5Tokenizer& t
 // An LLM's hidden states of the whole prompt under the family's chat
 // template, as sd-cli makes them: one sequence with a causal mask, then the
 // token weights applied to the rows with the mean restored.
-Result<EncodedChunks> encode_llm(const TextEncoder& encoder, const LlmTokenizer& tokenizer, const std::string& prompt) {
+Result<EncodedChunks> encode_llm(const TextEncoder& encoder, const text::LlmTokenizer& tokenizer,
+                                 const std::string& prompt) {
     const models::TextEncoderUse& use = *encoder.use;
     const LlmPrompt input = llm_prompt(tokenizer, use, prompt);
     const auto length = static_cast<int64_t>(input.ids.size());
@@ -129,7 +130,8 @@ int64_t context_length(const Model& model, const std::string* prompt) {
     return single_chunk_tokens(model);
 }
 
-LlmPrompt llm_prompt(const LlmTokenizer& tokenizer, const models::TextEncoderUse& use, const std::string& prompt) {
+LlmPrompt llm_prompt(const text::LlmTokenizer& tokenizer, const models::TextEncoderUse& use,
+                     const std::string& prompt) {
     LlmPrompt out;
     auto append = [&](const std::string& text, float weight) {
         const std::vector<int32_t> piece = tokenizer.encode(text);

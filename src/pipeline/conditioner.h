@@ -45,7 +45,7 @@ struct LlmPrompt {
     std::vector<int32_t> ids;
     std::vector<float> weights;  // per token
 };
-LlmPrompt llm_prompt(const LlmTokenizer& tokenizer, const models::TextEncoderUse& use, const std::string& prompt);
+LlmPrompt llm_prompt(const text::LlmTokenizer& tokenizer, const models::TextEncoderUse& use, const std::string& prompt);
 
 // The diffusion network's context length for a job: an LLM's prompt length
 // under its chat template (null `prompt`: the family's plan_tokens), else

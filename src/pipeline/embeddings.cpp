@@ -64,7 +64,7 @@ Result<std::vector<float>> read_embedding(const std::string& path, const Embeddi
 
 Result<std::vector<EmbeddingTable>> load_embeddings(const std::string& folder,
                                                     const std::vector<EmbeddingTarget>& targets,
-                                                    ClipTokenizer& tokenizer) {
+                                                    text::ClipTokenizer& tokenizer) {
     if (targets.empty()) return Error{"--embd-dir: no CLIP text encoder to take the embeddings"};
     const PathStatus status = path_status(folder);
     if (status.kind == PathKind::SymlinkLoop) return path_error(folder, status);
@@ -107,8 +107,8 @@ Result<std::vector<EmbeddingTable>> load_embeddings(const std::string& folder,
         for (size_t t = 1; t < targets.size(); ++t) {
             const auto m = static_cast<int>(vectors[t].size() / static_cast<size_t>(targets[t].width));
             if (m != n) {
-                return Error{f.string() + ": " + std::to_string(n) + " vectors for " + targets.front().name +
-                             " but " + std::to_string(m) + " for " + targets[t].name};
+                return Error{f.string() + ": " + std::to_string(n) + " vectors for " + targets.front().name + " but " +
+                             std::to_string(m) + " for " + targets[t].name};
             }
         }
         auto first = tokenizer.add_embedding_token(f.stem().string(), n);

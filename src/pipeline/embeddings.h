@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "pipeline/clip_tokenizer.h"
+#include "text/clip_tokenizer.h"
 #include "util/result.h"
 
 namespace kiln::pipeline {
@@ -42,6 +42,6 @@ Result<std::vector<float>> read_embedding(const std::string& path, const Embeddi
 // plain text.
 Result<std::vector<EmbeddingTable>> load_embeddings(const std::string& folder,
                                                     const std::vector<EmbeddingTarget>& targets,
-                                                    ClipTokenizer& tokenizer);
+                                                    text::ClipTokenizer& tokenizer);
 
 }  // namespace kiln::pipeline

@@ -65,12 +65,12 @@ std::vector<fs::path> cached_tokenizer_folders(std::initializer_list<const char*
     return out;
 }
 
-Result<std::unique_ptr<ClipTokenizer>> load_tokenizer(const std::string& flag_path,
-                                                      const std::vector<std::unique_ptr<io::ModelFile>>& files) {
+Result<std::unique_ptr<text::ClipTokenizer>> load_tokenizer(const std::string& flag_path,
+                                                            const std::vector<std::unique_ptr<io::ModelFile>>& files) {
     if (!flag_path.empty()) {
-        auto t = ClipTokenizer::load(flag_path);
+        auto t = text::ClipTokenizer::load(flag_path);
         if (!t.ok()) return t.error();
-        return std::make_unique<ClipTokenizer>(std::move(t).value());
+        return std::make_unique<text::ClipTokenizer>(std::move(t).value());
     }
     for (const auto& f : files) {
         const io::MetaValue* tokens = meta(*f, "tokenizer.ggml.tokens");
@@ -80,19 +80,19 @@ Result<std::unique_ptr<ClipTokenizer>> load_tokenizer(const std::string& flag_pa
             std::vector<std::string> token_list, merge_list;
             for (const auto& v : tokens->array) token_list.push_back(v.str);
             for (const auto& v : merges->array) merge_list.push_back(v.str);
-            auto t =
-                ClipTokenizer::from_tokens_and_merges(std::move(token_list), merge_list, f->sources().front().path);
+            auto t = text::ClipTokenizer::from_tokens_and_merges(std::move(token_list), merge_list,
+                                                                 f->sources().front().path);
             if (!t.ok()) return t.error();
-            return std::make_unique<ClipTokenizer>(std::move(t).value());
+            return std::make_unique<text::ClipTokenizer>(std::move(t).value());
         }
         // A diffusers folder keeps its tokenizer next to the text encoder.
         for (const io::SourceFile& s : f->sources()) {
             if (s.component != "text_encoder") continue;
             const fs::path folder = fs::path(s.path).parent_path().parent_path() / "tokenizer";
             if (path_status(folder.string()).kind == PathKind::Folder) {  // never throws (symlink loops)
-                auto t = ClipTokenizer::load(folder.string());
+                auto t = text::ClipTokenizer::load(folder.string());
                 if (!t.ok()) return t.error();
-                return std::make_unique<ClipTokenizer>(std::move(t).value());
+                return std::make_unique<text::ClipTokenizer>(std::move(t).value());
             }
         }
     }
@@ -101,9 +101,9 @@ Result<std::unique_ptr<ClipTokenizer>> load_tokenizer(const std::string& flag_pa
     std::string looked;
     for (const fs::path& folder : cached_tokenizer_folders({"clip-l", "clip-g"})) {
         if (path_status(folder.string()).kind == PathKind::Folder) {
-            auto t = ClipTokenizer::load(folder.string());
+            auto t = text::ClipTokenizer::load(folder.string());
             if (!t.ok()) return t.error();
-            return std::make_unique<ClipTokenizer>(std::move(t).value());
+            return std::make_unique<text::ClipTokenizer>(std::move(t).value());
         }
         looked += (looked.empty() ? "" : ", ") + folder.string();
     }
@@ -113,22 +113,23 @@ Result<std::unique_ptr<ClipTokenizer>> load_tokenizer(const std::string& flag_pa
                  "'kiln pull --tokenizer clip-l'"};
 }
 
-Result<std::unique_ptr<T5Tokenizer>> load_t5_tokenizer_at(const std::string& path) {
-    auto t = T5Tokenizer::load(path);
+Result<std::unique_ptr<text::T5Tokenizer>> load_t5_tokenizer_at(const std::string& path) {
+    auto t = text::T5Tokenizer::load(path);
     if (!t.ok()) return t.error();
-    return std::make_unique<T5Tokenizer>(std::move(t).value());
+    return std::make_unique<text::T5Tokenizer>(std::move(t).value());
 }
 
 // T5's tokenizer: --tokenizer t5xxl=PATH; the T5 file's own (GGUF
 // tokenizer.ggml.*, as -M convert writes it); a diffusers folder's
 // tokenizer_2/; spiece.model, tokenizer_2/ or t5_tokenizer/ beside the T5
 // file. The error says where kiln looked.
-Result<std::unique_ptr<T5Tokenizer>> load_t5_tokenizer(const std::string& flag_path, const io::ModelFile& t5_file) {
+Result<std::unique_ptr<text::T5Tokenizer>> load_t5_tokenizer(const std::string& flag_path,
+                                                             const io::ModelFile& t5_file) {
     if (!flag_path.empty()) return load_t5_tokenizer_at(flag_path);
     if (meta(t5_file, "tokenizer.ggml.model")) {
-        auto t = T5Tokenizer::from_gguf_metadata(t5_file);
+        auto t = text::T5Tokenizer::from_gguf_metadata(t5_file);
         if (!t.ok()) return t.error();
-        return std::make_unique<T5Tokenizer>(std::move(t).value());
+        return std::make_unique<text::T5Tokenizer>(std::move(t).value());
     }
     std::vector<fs::path> candidates;
     for (const io::SourceFile& s : t5_file.sources()) {
@@ -353,15 +354,15 @@ Status Model::load_llm_tokenizer(const std::string& flag_path, const TextEncoder
         if (m->network.get() == encoder.network) module = m.get();
     }
     const io::ModelFile& file = *module->file;
-    auto take = [&](Result<LlmTokenizer> t) -> Status {
+    auto take = [&](Result<text::LlmTokenizer> t) -> Status {
         if (!t.ok()) return t.error().as(ErrorKind::BadFile);
-        llm_tokenizer_ = std::make_unique<LlmTokenizer>(std::move(t).value());
+        llm_tokenizer_ = std::make_unique<text::LlmTokenizer>(std::move(t).value());
         return Status::Ok();
     };
     if (!flag_path.empty()) {
-        KILN_TRY(take(LlmTokenizer::load(flag_path)));
+        KILN_TRY(take(text::LlmTokenizer::load(flag_path)));
     } else if (meta(file, "tokenizer.ggml.model")) {
-        KILN_TRY(take(LlmTokenizer::from_gguf_metadata(file)));
+        KILN_TRY(take(text::LlmTokenizer::from_gguf_metadata(file)));
     } else {
         std::vector<fs::path> candidates;
         for (const io::SourceFile& s : file.sources()) {
@@ -375,7 +376,7 @@ Status Model::load_llm_tokenizer(const std::string& flag_path, const TextEncoder
         for (const fs::path& c : candidates) {
             const PathKind kind = path_status(c.string()).kind;
             if (kind == PathKind::File || kind == PathKind::Folder) {
-                KILN_TRY(take(LlmTokenizer::load(c.string())));
+                KILN_TRY(take(text::LlmTokenizer::load(c.string())));
                 break;
             }
             looked += (looked.empty() ? "" : ", ") + c.string();

@@ -20,16 +20,16 @@
 #include "models/nets/taesd.h"
 #include "models/nets/vae.h"
 #include "models/network.h"
-#include "pipeline/clip_tokenizer.h"
 #include "pipeline/denoiser.h"
 #include "pipeline/embeddings.h"
 #include "pipeline/hires_fix.h"
-#include "pipeline/llm_tokenizer.h"
 #include "pipeline/placement.h"
-#include "pipeline/t5_tokenizer.h"
 #include "runtime/device_budget.h"
 #include "runtime/executor.h"
 #include "runtime/weight_store.h"
+#include "text/clip_tokenizer.h"
+#include "text/llm_tokenizer.h"
+#include "text/t5_tokenizer.h"
 #include "util/result.h"
 
 namespace kiln::pipeline {
@@ -168,11 +168,11 @@ class Model {
 
     // CLIP's tokenizer; only when the family has a CLIP encoder.
     bool has_clip_tokenizer() const { return tokenizer_ != nullptr; }
-    const ClipTokenizer& tokenizer() const { return *tokenizer_; }
+    const text::ClipTokenizer& tokenizer() const { return *tokenizer_; }
     // T5's tokenizer; only when the family has a T5 encoder.
-    const T5Tokenizer& t5_tokenizer() const { return *t5_tokenizer_; }
+    const text::T5Tokenizer& t5_tokenizer() const { return *t5_tokenizer_; }
     // The LLM's tokenizer; only when the family has an LLM encoder.
-    const LlmTokenizer& llm_tokenizer() const { return *llm_tokenizer_; }
+    const text::LlmTokenizer& llm_tokenizer() const { return *llm_tokenizer_; }
     // Textual-inversion vectors for token ids from the vocabulary's end on
     // (the first text encoder's width).
     // The text encoders in the order of the family's conditioning.
@@ -284,9 +284,9 @@ class Model {
     Prediction prediction_ = Prediction::Eps;
     ModelDefaults defaults_;
     float latent_scale_ = 0.18215f;
-    std::unique_ptr<ClipTokenizer> tokenizer_;
-    std::unique_ptr<T5Tokenizer> t5_tokenizer_;
-    std::unique_ptr<LlmTokenizer> llm_tokenizer_;
+    std::unique_ptr<text::ClipTokenizer> tokenizer_;
+    std::unique_ptr<text::T5Tokenizer> t5_tokenizer_;
+    std::unique_ptr<text::LlmTokenizer> llm_tokenizer_;
     std::vector<ModulePlacement> placement_;
     std::vector<Module*> by_priority_;
     runtime::BudgetSpec budgets_;

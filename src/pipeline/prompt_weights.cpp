@@ -4,16 +4,16 @@
 #include <charconv>
 #include <cmath>
 
+#include "text/unicode.h"
+#include "text/utf8.h"
 #include "util/log.h"
 namespace kiln::pipeline {
 namespace {
 
-bool is_space(char32_t c) { return char_class(c) == CharClass::Space; }
-
 // Python's \w: letters, numbers, underscore.
 bool is_word(char32_t c) {
-    const CharClass k = char_class(c);
-    return k == CharClass::Letter || k == CharClass::Number || c == '_';
+    const text::CharClass k = text::char_class(c);
+    return k == text::CharClass::Letter || k == text::CharClass::Number || c == '_';
 }
 
 bool is_digit_or_dot(char32_t c) { return (c >= '0' && c <= '9') || c == '.'; }
@@ -24,14 +24,14 @@ bool match_weight(const std::u32string& s, size_t pos, size_t& end, std::string&
     size_t i = pos;
     if (i >= s.size() || s[i] != ':') return false;
     ++i;
-    while (i < s.size() && is_space(s[i])) ++i;
+    while (i < s.size() && text::is_space(s[i])) ++i;
     const size_t number_begin = i;
     if (i < s.size() && (s[i] == '+' || s[i] == '-')) ++i;
     const size_t digits_begin = i;
     while (i < s.size() && is_digit_or_dot(s[i])) ++i;
     if (i == digits_begin) return false;
     const size_t number_end = i;
-    while (i < s.size() && is_space(s[i])) ++i;
+    while (i < s.size() && text::is_space(s[i])) ++i;
     if (i >= s.size() || s[i] != ')') return false;
     end = i + 1;
     number.clear();
@@ -71,9 +71,9 @@ std::vector<std::u32string> split_break(const std::u32string& s) {
             continue;
         }
         size_t match_begin = k;
-        while (match_begin > part_begin && is_space(s[match_begin - 1])) --match_begin;
+        while (match_begin > part_begin && text::is_space(s[match_begin - 1])) --match_begin;
         size_t match_end = after;
-        while (match_end < s.size() && is_space(s[match_end])) ++match_end;
+        while (match_end < s.size() && text::is_space(s[match_end])) ++match_end;
         parts.push_back(s.substr(part_begin, match_begin - part_begin));
         part_begin = match_end;
         search = match_end;
@@ -89,7 +89,7 @@ bool is_syntax(char32_t c) { return c == '\\' || c == '(' || c == ')' || c == '[
 // out, e.g. "[[[(((BREAK)))]]]", is -1.0000000000000002 in A1111, not a
 // break, but -1.0f once rounded to float).
 std::vector<std::pair<std::string, double>> parse_attention_exact(std::string_view text) {
-    const std::u32string s = utf8_to_u32(text);
+    const std::u32string s = text::utf8_to_u32(text);
     std::vector<std::pair<std::u32string, double>> res;
     std::vector<size_t> round_brackets;
     std::vector<size_t> square_brackets;
@@ -167,7 +167,7 @@ std::vector<std::pair<std::string, double>> parse_attention_exact(std::string_vi
 
     std::vector<std::pair<std::string, double>> out;
     out.reserve(res.size());
-    for (const auto& [fragment, weight] : res) out.emplace_back(u32_to_utf8(fragment), weight);
+    for (const auto& [fragment, weight] : res) out.emplace_back(text::u32_to_utf8(fragment), weight);
     return out;
 }
 
@@ -177,7 +177,7 @@ struct Fragment {
     bool is_break;
 };
 
-TokenChunks chunk_fragments(const ClipTokenizer& tokenizer, const std::vector<Fragment>& fragments,
+TokenChunks chunk_fragments(const text::ClipTokenizer& tokenizer, const std::vector<Fragment>& fragments,
                             const ChunkOptions& options) {
     const size_t length = static_cast<size_t>(std::max(1, options.chunk_length));
     const int32_t pad = options.pad_id >= 0 ? options.pad_id : tokenizer.eos_id();
@@ -251,7 +251,7 @@ TokenChunks chunk_fragments(const ClipTokenizer& tokenizer, const std::vector<Fr
             if (tokens.size() == length) next_chunk();
 
             // An embedding's vectors stay together in one chunk when they can.
-            const EmbeddingToken* embedding = tokenizer.embedding_for_id(token);
+            const text::EmbeddingToken* embedding = tokenizer.embedding_for_id(token);
             if (embedding && token == embedding->first_id && static_cast<size_t>(embedding->n_vectors) <= length) {
                 size_t run = 0;
                 while (run < static_cast<size_t>(embedding->n_vectors) && pos + run < ids.size() &&
@@ -302,7 +302,7 @@ std::vector<std::pair<std::string, float>> parse_prompt_attention(std::string_vi
     return out;
 }
 
-TokenChunks tokenize_fragments(const ClipTokenizer& tokenizer,
+TokenChunks tokenize_fragments(const text::ClipTokenizer& tokenizer,
                                const std::vector<std::pair<std::string, float>>& fragments,
                                const ChunkOptions& options) {
     std::vector<Fragment> list;
@@ -312,7 +312,7 @@ TokenChunks tokenize_fragments(const ClipTokenizer& tokenizer,
     return chunk_fragments(tokenizer, list, options);
 }
 
-TokenChunks tokenize_with_weights(const ClipTokenizer& tokenizer, std::string_view prompt,
+TokenChunks tokenize_with_weights(const text::ClipTokenizer& tokenizer, std::string_view prompt,
                                   const ChunkOptions& options) {
     if (!options.parse_weights) {
         const std::string text(prompt);

@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "pipeline/clip_tokenizer.h"
+#include "text/clip_tokenizer.h"
 #include "util/result.h"
 
 namespace kiln::pipeline {
@@ -75,12 +75,12 @@ struct ChunkOptions {
 // (an empty one too); a full chunk closes when the next token arrives; an
 // embedding's ids never straddle a chunk (one longer than a chunk does, it
 // is split). There is always at least one chunk.
-TokenChunks tokenize_with_weights(const ClipTokenizer& tokenizer, std::string_view prompt,
+TokenChunks tokenize_with_weights(const text::ClipTokenizer& tokenizer, std::string_view prompt,
                                   const ChunkOptions& options = {});
 
 // The same for already-parsed fragments (a fragment ("BREAK", -1) is a
 // break).
-TokenChunks tokenize_fragments(const ClipTokenizer& tokenizer,
+TokenChunks tokenize_fragments(const text::ClipTokenizer& tokenizer,
                                const std::vector<std::pair<std::string, float>>& fragments,
                                const ChunkOptions& options = {});
 

@@ -18,11 +18,11 @@
 #include <string>
 
 #include "fuzz_check.h"
-#include "pipeline/llm_tokenizer.h"
+#include "text/llm_tokenizer.h"
 
 namespace {
 
-using kiln::pipeline::LlmTokenizer;
+using kiln::text::LlmTokenizer;
 
 std::string temp_dir() {
     const std::string dir = "/tmp/kiln-fuzz-llm-" + std::to_string(getpid());

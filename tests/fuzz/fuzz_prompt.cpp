@@ -9,15 +9,15 @@
 #include <string>
 
 #include "fuzz_check.h"
-#include "pipeline/clip_tokenizer.h"
 #include "pipeline/prompt_weights.h"
+#include "text/clip_tokenizer.h"
 
 namespace {
 
 // open_clip's construction with no merges: the 512 byte tokens and the two
 // specials, so every input encodes.
-const kiln::pipeline::ClipTokenizer& tokenizer() {
-    static auto t = kiln::pipeline::ClipTokenizer::from_clip_merges("#version: 0.2\n", "fuzz");
+const kiln::text::ClipTokenizer& tokenizer() {
+    static auto t = kiln::text::ClipTokenizer::from_clip_merges("#version: 0.2\n", "fuzz");
     if (!t.ok()) __builtin_trap();
     return *t;
 }

@@ -14,11 +14,11 @@
 #include <string>
 
 #include "fuzz_check.h"
-#include "pipeline/t5_tokenizer.h"
+#include "text/t5_tokenizer.h"
 
 namespace {
 
-using kiln::pipeline::T5Tokenizer;
+using kiln::text::T5Tokenizer;
 
 std::string write_temp(const std::string& bytes) {
     const std::string path = "/tmp/kiln-fuzz-t5-" + std::to_string(getpid()) + "-tokenizer.json";

@@ -16,11 +16,11 @@
 #include <vector>
 
 #include "fuzz_check.h"
-#include "pipeline/clip_tokenizer.h"
+#include "text/clip_tokenizer.h"
 
 namespace {
 
-using kiln::pipeline::ClipTokenizer;
+using kiln::text::ClipTokenizer;
 
 // The loaders take paths: each input is written to this process's own files.
 std::string write_temp(const std::string& name, const std::string& bytes) {

@@ -1,4 +1,4 @@
-#include "pipeline/clip_tokenizer.h"
+#include "text/clip_tokenizer.h"
 
 #include <gtest/gtest.h>
 
@@ -8,8 +8,10 @@
 #include <vector>
 
 #include "test_files.h"
+#include "text/unicode.h"
+#include "text/utf8.h"
 
-namespace kiln::pipeline {
+namespace kiln::text {
 namespace {
 
 // The 256 byte characters of CLIP's bytes_to_unicode, in vocabulary order,
@@ -543,4 +545,4 @@ TEST(ClipUtf8, DecodesLikePythonReplace) {
 }
 
 }  // namespace
-}  // namespace kiln::pipeline
+}  // namespace kiln::text

@@ -19,7 +19,8 @@ TEST(Embeddings, ReadsA1111PtFiles) {
     EXPECT_FLOAT_EQ((*vectors)[127], 1.27f);
     auto wrong = read_embedding(std::string(KILN_FIXTURES_DIR) + "/embedding_a1111.pt", {"clip_l", 768});
     ASSERT_FALSE(wrong.ok());
-    EXPECT_NE(wrong.error().message.find("no embedding vectors of width 768 (the clip_l text encoder's)"), std::string::npos)
+    EXPECT_NE(wrong.error().message.find("no embedding vectors of width 768 (the clip_l text encoder's)"),
+              std::string::npos)
         << wrong.error().message;
 }
 
@@ -42,7 +43,7 @@ std::unique_ptr<Model> load_tiny(const std::string& embeddings, const std::strin
 TEST(Embeddings, EmbeddingWordEncodesLikeTheTokensItCopies) {
     auto plain = load_tiny("");
     ASSERT_TRUE(plain);
-    const ClipTokenizer& tok = plain->tokenizer();
+    const text::ClipTokenizer& tok = plain->tokenizer();
     const std::vector<int32_t> ids = tok.encode("ab");
     ASSERT_EQ(ids.size(), 2u);
 
@@ -146,9 +147,9 @@ TEST(Embeddings, FileForAnotherModelIsSkipped) {
 // error naming the file and both encoders.
 TEST(Embeddings, SdxlFileWithUnequalVectorCountsIsAnError) {
     test::TempDir dir;
-    const std::string path = dir.write(
-        "embd/uneven.safetensors",
-        test::build_safetensors({{"clip_l", "F32", {2, 32}, test::f32_bytes(64)}, {"clip_g", "F32", {3, 32}, test::f32_bytes(96)}}));
+    const std::string path = dir.write("embd/uneven.safetensors",
+                                       test::build_safetensors({{"clip_l", "F32", {2, 32}, test::f32_bytes(64)},
+                                                                {"clip_g", "F32", {3, 32}, test::f32_bytes(96)}}));
     ModelPaths paths;
     paths.model = {test::golden_path("models/sdxl_tiny.safetensors")};
     paths.vae = test::golden_path("models/sd1_tiny.safetensors");
@@ -165,7 +166,7 @@ TEST(Embeddings, BadFolderOrFileIsAnError) {
     ModelPaths paths;
     test::TempDir dir;
     dir.write("embd/broken.safetensors", std::string("not a model"));
-    auto tok = ClipTokenizer::load(std::string(KILN_FIXTURES_DIR) + "/tiny_tokenizer");
+    auto tok = text::ClipTokenizer::load(std::string(KILN_FIXTURES_DIR) + "/tiny_tokenizer");
     ASSERT_TRUE(tok.ok());
     auto table = load_embeddings(dir.file("embd"), {{"clip_l", 64}}, *tok);
     ASSERT_FALSE(table.ok());

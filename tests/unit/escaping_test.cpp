@@ -2,8 +2,8 @@
 // bytes (a tensor name holding ESC [ 2 J would clear the screen).
 #include <gtest/gtest.h>
 
-#include "pipeline/clip_tokenizer.h"
 #include "test_files.h"
+#include "text/clip_tokenizer.h"
 #include "util/format.h"
 
 namespace kiln {
@@ -43,14 +43,14 @@ TEST(Escaping, TokenizerErrorsQuoteFileTextEscaped) {
     test::TempDir dir;
     const std::string vocab = dir.write("vocab.json", std::string("{\"bad\\u001b[2Jtoken\": -5}"));
     const std::string merges = dir.write("merges.txt", std::string("#version: 0.2\n"));
-    auto t = pipeline::ClipTokenizer::from_vocab_merges(vocab, merges);
+    auto t = text::ClipTokenizer::from_vocab_merges(vocab, merges);
     ASSERT_FALSE(t.ok());
     EXPECT_FALSE(has_control_bytes(t.error().message)) << t.error().message;
     EXPECT_NE(t.error().message.find("bad\\x1b[2Jtoken"), std::string::npos) << t.error().message;
 
     const std::string bad_merges = dir.write("merges2.txt", std::string("#version: 0.2\nonly\x1b[2J\n"));
     const std::string ok_vocab = dir.write("vocab2.json", std::string("{\"a\": 0}"));
-    t = pipeline::ClipTokenizer::from_vocab_merges(ok_vocab, bad_merges);
+    t = text::ClipTokenizer::from_vocab_merges(ok_vocab, bad_merges);
     ASSERT_FALSE(t.ok());
     EXPECT_FALSE(has_control_bytes(t.error().message)) << t.error().message;
 }

@@ -14,8 +14,8 @@
 #include "pipeline/conditioner.h"
 #include "pipeline/generate.h"
 #include "pipeline/schedulers.h"
-#include "pipeline/t5_tokenizer.h"
 #include "test_files.h"
+#include "text/t5_tokenizer.h"
 
 namespace kiln::pipeline {
 namespace {
@@ -529,7 +529,7 @@ TEST_F(FluxInputs, LonelyT5FindsItsTokenizerInKilnsCache) {
     test::ScopedEnv env("KILN_CACHE", cache.path());
     auto model = load_lonely_t5();
     ASSERT_TRUE(model.ok()) << model.error().message;
-    auto reference = T5Tokenizer::load(part("tokenizer_2"));
+    auto reference = text::T5Tokenizer::load(part("tokenizer_2"));
     ASSERT_TRUE(reference.ok()) << reference.error().message;
     const std::string prompt = "a red circle on a white background";
     EXPECT_EQ((*model)->t5_tokenizer().encode(prompt), reference->encode(prompt));

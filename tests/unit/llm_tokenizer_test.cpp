@@ -1,4 +1,4 @@
-#include "pipeline/llm_tokenizer.h"
+#include "text/llm_tokenizer.h"
 
 #include <gtest/gtest.h>
 
@@ -13,10 +13,10 @@
 
 #include "gguf.h"
 #include "io/model_file.h"
-#include "pipeline/clip_tokenizer.h"
 #include "test_files.h"
+#include "text/utf8.h"
 
-namespace kiln::pipeline {
+namespace kiln::text {
 namespace {
 
 using json = nlohmann::json;
@@ -740,4 +740,4 @@ TEST(LlmTokenizerRealData, ChatTemplateUsesSingleSpecialIds) {
 }
 
 }  // namespace
-}  // namespace kiln::pipeline
+}  // namespace kiln::text

@@ -93,8 +93,8 @@ TEST(PromptAttention, EmptyAndUnicode) {
 
 // tests/fixtures/tokenizer: the CLIP byte layout ("a</w>" = 320, ",</w>" =
 // 267 as in the real vocabulary), a few merges, BOS 49406, EOS 49407.
-ClipTokenizer fixture() {
-    auto t = ClipTokenizer::load(KILN_FIXTURES_DIR "/tokenizer");
+text::ClipTokenizer fixture() {
+    auto t = text::ClipTokenizer::load(KILN_FIXTURES_DIR "/tokenizer");
     EXPECT_TRUE(t.ok()) << t.error().message;
     return std::move(t.value());
 }
@@ -129,7 +129,7 @@ std::string repeat(const std::string& word, int n) {
 }
 
 TEST(TokenChunks, OneChunkPaddedWithEndOfText) {
-    ClipTokenizer t = fixture();
+    text::ClipTokenizer t = fixture();
     TokenChunks c = tokenize_with_weights(t, "a red circle");
     ASSERT_EQ(c.tokens.size(), 1u);
     EXPECT_EQ(c.tokens[0], chunk({kA, kRed, kCircle}));
@@ -137,7 +137,7 @@ TEST(TokenChunks, OneChunkPaddedWithEndOfText) {
 }
 
 TEST(TokenChunks, WeightsFollowTheirTokens) {
-    ClipTokenizer t = fixture();
+    text::ClipTokenizer t = fixture();
     TokenChunks c = tokenize_with_weights(t, "a (red:1.5) [circle]");
     ASSERT_EQ(c.tokens.size(), 1u);
     EXPECT_EQ(c.tokens[0], chunk({kA, kRed, kCircle}));
@@ -150,7 +150,7 @@ TEST(TokenChunks, WeightsFollowTheirTokens) {
 }
 
 TEST(TokenChunks, OpenClipPadsWithZero) {
-    ClipTokenizer t = fixture();
+    text::ClipTokenizer t = fixture();
     ChunkOptions sd2;
     sd2.pad_id = 0;
     TokenChunks c = tokenize_with_weights(t, "a red", sd2);
@@ -159,7 +159,7 @@ TEST(TokenChunks, OpenClipPadsWithZero) {
 }
 
 TEST(TokenChunks, EmptyPromptIsOneChunk) {
-    ClipTokenizer t = fixture();
+    text::ClipTokenizer t = fixture();
     TokenChunks c = tokenize_with_weights(t, "");
     ASSERT_EQ(c.tokens.size(), 1u);
     EXPECT_EQ(c.tokens[0], chunk({}));
@@ -167,7 +167,7 @@ TEST(TokenChunks, EmptyPromptIsOneChunk) {
 }
 
 TEST(TokenChunks, BreakStartsANewChunk) {
-    ClipTokenizer t = fixture();
+    text::ClipTokenizer t = fixture();
     TokenChunks c = tokenize_with_weights(t, "a BREAK red circle");
     ASSERT_EQ(c.tokens.size(), 2u);
     EXPECT_EQ(c.tokens[0], chunk({kA}));
@@ -190,7 +190,7 @@ TEST(TokenChunks, BreakStartsANewChunk) {
 }
 
 TEST(TokenChunks, LongPromptsContinueInMoreChunks) {
-    ClipTokenizer t = fixture();
+    text::ClipTokenizer t = fixture();
     EXPECT_EQ(tokenize_with_weights(t, repeat("a", 75)).tokens.size(), 1u);
     TokenChunks c = tokenize_with_weights(t, repeat("a", 80));
     ASSERT_EQ(c.tokens.size(), 2u);
@@ -215,13 +215,13 @@ TEST(TokenChunks, PromptSizeIsBoundedByChunkCount) {
     ASSERT_FALSE(s.ok());
     EXPECT_EQ(s.error().message, "--negative-prompt: 65537 bytes, more than the limit of 65536");
 
-    ClipTokenizer t = fixture();
+    text::ClipTokenizer t = fixture();
     EXPECT_EQ(tokenize_with_weights(t, storm).tokens.size(), static_cast<size_t>(kMaxPromptChunks));
     EXPECT_EQ(tokenize_with_weights(t, repeat("a", 75 * 100)).tokens.size(), static_cast<size_t>(kMaxPromptChunks));
 }
 
 TEST(TokenChunks, ACommaNearTheEndMovesTheRestToTheNextChunk) {
-    ClipTokenizer t = fixture();
+    text::ClipTokenizer t = fixture();
     // 70 a, a comma, 10 a: the chunk is full after 4 more; the 4 move on.
     const std::string prompt = repeat("a", 70) + ", " + repeat("a", 10);
     Ids first(70, kA);
@@ -249,7 +249,7 @@ TEST(TokenChunks, ACommaNearTheEndMovesTheRestToTheNextChunk) {
 }
 
 TEST(TokenChunks, EmbeddingsStayInOneChunk) {
-    ClipTokenizer t = fixture();
+    text::ClipTokenizer t = fixture();
     const int32_t first = t.add_embedding_token("style", 3).value();
     TokenChunks c = tokenize_with_weights(t, repeat("a", 74) + "(style)");
     ASSERT_EQ(c.tokens.size(), 2u);

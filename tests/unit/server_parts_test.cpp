@@ -8,10 +8,10 @@
 
 #include "a1111_names.h"
 #include "a1111_resize.h"
-#include "base64.h"
 #include "image/image_io.h"
 #include "kiln.h"
 #include "request_fields.h"
+#include "util/base64.h"
 
 namespace kiln::server {
 namespace {

@@ -1,4 +1,4 @@
-#include "pipeline/t5_tokenizer.h"
+#include "text/t5_tokenizer.h"
 
 #include <gtest/gtest.h>
 
@@ -13,7 +13,7 @@
 #include "io/model_file.h"
 #include "test_files.h"
 
-namespace kiln::pipeline {
+namespace kiln::text {
 namespace {
 
 using json = nlohmann::json;
@@ -856,4 +856,4 @@ TEST(T5Tokenizer, BrokenGgufMetadataIsRefused) {
 }
 
 }  // namespace
-}  // namespace kiln::pipeline
+}  // namespace kiln::text

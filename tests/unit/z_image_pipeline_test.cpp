@@ -20,11 +20,11 @@
 #include "pipeline/conditioner.h"
 #include "pipeline/generate.h"
 #include "pipeline/graphs.h"
-#include "pipeline/llm_tokenizer.h"
 #include "pipeline/prompt_weights.h"
 #include "pipeline/request.h"
 #include "pipeline/schedulers.h"
 #include "test_files.h"
+#include "text/llm_tokenizer.h"
 
 namespace kiln::pipeline {
 namespace {
@@ -164,9 +164,9 @@ TEST_F(ZImagePipeline, CapabilitiesDecideWhatARequestMayAsk) {
 // The tokenizer/ folder beside qwen3.safetensors is found without
 // --tokenizer: its 256 byte characters and 27 merges, then the 3 specials.
 TEST_F(ZImagePipeline, TokenizerBesideTheLlmIsFound) {
-    const LlmTokenizer& tok = model_->llm_tokenizer();
+    const text::LlmTokenizer& tok = model_->llm_tokenizer();
     EXPECT_EQ(tok.size(), 286);
-    EXPECT_EQ(tok.pre_tokenizer(), LlmPreTokenizer::Qwen2);
+    EXPECT_EQ(tok.pre_tokenizer(), text::LlmPreTokenizer::Qwen2);
     for (const char* special : {"<|endoftext|>", "<|im_start|>", "<|im_end|>"}) {
         const int32_t id = tok.token_id(special);
         EXPECT_GE(id, 283) << special;
@@ -200,7 +200,7 @@ TEST_F(ZImagePipeline, ConditioningIsQwen3sSecondToLastHiddenStates) {
 // tokenized one by one, each token's row scaled by its weight, the mean
 // restored; the template at weight 1; BREAK dropped.
 TEST_F(ZImagePipeline, PromptWeightsScaleTheirTokensAsSdCliDoes) {
-    const LlmTokenizer& tok = model_->llm_tokenizer();
+    const text::LlmTokenizer& tok = model_->llm_tokenizer();
     const TextEncoder& te = model_->text_encoders().front();
     auto join = [&](std::initializer_list<std::string> parts) {
         std::vector<int32_t> ids;

@@ -7,9 +7,9 @@
 
 #include "a1111_names.h"
 #include "a1111_resize.h"
-#include "base64.h"
 #include "request_fields.h"
 #include "server_state.h"
+#include "util/base64.h"
 
 namespace kiln::server {
 namespace {

@@ -6,8 +6,8 @@
 #include <random>
 #include <utility>
 
-#include "base64.h"
 #include "request_fields.h"
+#include "util/base64.h"
 
 namespace kiln::server {
 namespace {

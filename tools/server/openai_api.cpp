@@ -3,9 +3,9 @@
 // them (Open WebUI, SillyTavern) work when pointed at this server.
 #include <chrono>
 
-#include "base64.h"
 #include "request_fields.h"
 #include "server_state.h"
+#include "util/base64.h"
 
 namespace kiln::server {
 namespace {

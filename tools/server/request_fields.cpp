@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "a1111_names.h"
-#include "base64.h"
+#include "util/base64.h"
 
 namespace kiln::server {
 namespace {

@@ -20,7 +20,7 @@
 //   4. pre-tokenisation by CLIP's regex
 //        <\|startoftext\|>|<\|endoftext\|>|'s|'t|'re|'ve|'m|'ll|'d|
 //        [\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+
-//      with the character classes of char_class() below.
+//      with the character classes of char_class() (text/unicode.h).
 //   5. each piece -> UTF-8 bytes -> bytes_to_unicode characters -> BPE with
 //      "</w>" on the last symbol -> vocabulary ids. A piece that is exactly a
 //      special token maps to its id; a BPE symbol missing from the
@@ -43,21 +43,10 @@
 #include <utility>
 #include <vector>
 
+#include "text/tokenizer.h"
 #include "util/result.h"
 
-namespace kiln::pipeline {
-
-// Character classes for the pre-tokenisation regex: \s, \p{L}, \p{N}, and
-// everything else. Exact for Unicode 14.0 (tables generated from Python's
-// unicodedata), except that unassigned code points inside a letter or number
-// range count as members.
-enum class CharClass { Letter, Number, Space, Other };
-CharClass char_class(char32_t c);
-
-// UTF-8 to code points the way Python's bytes.decode("utf-8", "replace")
-// does it: each maximal invalid subsequence becomes one U+FFFD.
-std::u32string utf8_to_u32(std::string_view text);
-std::string u32_to_utf8(std::u32string_view text);
+namespace kiln::text {
 
 // A textual-inversion embedding registered with the tokenizer: the word
 // `name` encodes to the ids first_id .. first_id + n_vectors - 1, which lie
@@ -68,7 +57,7 @@ struct EmbeddingToken {
     int32_t n_vectors = 0;
 };
 
-class ClipTokenizer {
+class ClipTokenizer final : public Tokenizer {
   public:
     // Loads from a file or a folder:
     //   - a folder with vocab.json + merges.txt, or tokenizer.json, or a
@@ -103,16 +92,18 @@ class ClipTokenizer {
 
     ClipTokenizer(ClipTokenizer&&) noexcept;
     ClipTokenizer& operator=(ClipTokenizer&&) noexcept;
-    ~ClipTokenizer();
+    ~ClipTokenizer() override;
+
+    const char* name() const override { return "CLIP"; }
 
     // Token ids of `text`, without BOS/EOS.
-    std::vector<int32_t> encode(std::string_view text) const;
+    std::vector<int32_t> encode(std::string_view text) const override;
 
     // Text of `ids` the open_clip way: tokens joined, byte characters turned
     // back into bytes (invalid UTF-8 becomes U+FFFD), "</w>" becomes a space,
     // the ends trimmed (HF). Special tokens appear as their text, an
     // embedding id run as the embedding's name; unknown ids are skipped.
-    std::string decode(const std::vector<int32_t>& ids) const;
+    std::string decode(const std::vector<int32_t>& ids) const override;
 
     // Registers a textual-inversion embedding of n_vectors vectors and
     // returns its first id (ids are allocated past the vocabulary and
@@ -128,13 +119,13 @@ class ClipTokenizer {
     const EmbeddingToken* embedding_for_id(int32_t id) const;
     const std::vector<EmbeddingToken>& embeddings() const { return embeddings_; }
 
-    int32_t bos_id() const { return bos_id_; }
-    int32_t eos_id() const { return eos_id_; }
+    int32_t bos_id() const override { return bos_id_; }
+    int32_t eos_id() const override { return eos_id_; }
     // Id of ",</w>" (A1111's comma used for chunk back-tracking), -1 if none.
     int32_t comma_id() const { return comma_id_; }
     // One past the largest vocabulary id (the text encoder's table size);
     // embedding ids start here.
-    int32_t vocab_size() const { return static_cast<int32_t>(id_to_token_.size()); }
+    int32_t vocab_size() const override { return static_cast<int32_t>(id_to_token_.size()); }
     // The id of a vocabulary token, -1 if absent.
     int32_t token_id(const std::string& token) const;
     // The vocabulary string of an id ("" for holes and out-of-range ids).
@@ -168,4 +159,4 @@ class ClipTokenizer {
     std::unique_ptr<Cache> cache_;
 };
 
-}  // namespace kiln::pipeline
+}  // namespace kiln::text

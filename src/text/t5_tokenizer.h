@@ -44,46 +44,15 @@
 #include <vector>
 
 #include "io/tensor_info.h"
+#include "text/sentencepiece_model.h"
+#include "text/tokenizer.h"
 #include "util/result.h"
 
 namespace kiln::io {
 class ModelFile;
 }
 
-namespace kiln::pipeline {
-
-// A vocabulary entry's role, with sentencepiece's numbering (which llama.cpp's
-// tokenizer.ggml.token_type shares; its 0, "undefined", loads as Normal).
-enum class PieceType : int32_t {
-    Normal = 1,
-    Unknown = 2,      // exactly one: what characters outside the vocabulary become
-    Control = 3,      // </s>, <pad>, <extra_id_N>: never matched in text
-    UserDefined = 4,  // always matched as a whole where it occurs
-    Unused = 5,       // in the vocabulary, never produced
-    Byte = 6,         // "<0x41>": byte fallback
-};
-
-struct UnigramPiece {
-    std::string text;
-    float score = 0.0f;
-    PieceType type = PieceType::Normal;
-};
-
-// Everything a unigram tokenizer is made of, whatever file it came from.
-struct UnigramVocab {
-    std::vector<UnigramPiece> pieces;  // id = index
-    // Ids of the end-of-sequence and padding pieces, -1 for none. The file
-    // loaders take the control pieces named "</s>" and "<pad>" (or what
-    // spiece.model's trainer_spec names them), as sentencepiece does.
-    int32_t eos_id = -1;
-    int32_t pad_id = -1;
-    // sentencepiece's precompiled_charsmap bytes: uint32 trie size in bytes
-    // (little-endian), the Darts-clone double-array trie (uint32 units), then
-    // the NUL-separated replacement strings. Empty: no charsmap.
-    std::string precompiled_charsmap;
-    bool add_dummy_prefix = true;
-    bool remove_extra_whitespaces = true;
-};
+namespace kiln::text {
 
 // encode_padded()'s result: ids and mask have the same length.
 struct PaddedTokens {
@@ -91,7 +60,7 @@ struct PaddedTokens {
     std::vector<int32_t> mask;  // 1 for a real token (EOS included), 0 for padding
 };
 
-class T5Tokenizer {
+class T5Tokenizer final : public Tokenizer {
   public:
     // A file or a folder: a folder is searched, then its tokenizer_2/ and
     // tokenizer/ subfolders (diffusers: Flux and SD3 keep T5's tokenizer in
@@ -141,10 +110,12 @@ class T5Tokenizer {
 
     T5Tokenizer(T5Tokenizer&&) noexcept;
     T5Tokenizer& operator=(T5Tokenizer&&) noexcept;
-    ~T5Tokenizer();
+    ~T5Tokenizer() override;
+
+    const char* name() const override { return "T5"; }
 
     // Token ids of `text`, without EOS.
-    std::vector<int32_t> encode(std::string_view text) const;
+    std::vector<int32_t> encode(std::string_view text) const override;
 
     // encode(text) + EOS. With max_length > 0, cut to max_length tokens
     // (the last one stays EOS), and with `pad` filled up to max_length with
@@ -159,15 +130,16 @@ class T5Tokenizer {
     // the leading space removed, byte pieces back to bytes (invalid UTF-8
     // becomes U+FFFD), control pieces dropped, unknown as " ⁇ "; ids out of
     // range are skipped.
-    std::string decode(const std::vector<int32_t>& ids) const;
+    std::string decode(const std::vector<int32_t>& ids) const override;
 
     int32_t unk_id() const { return unk_id_; }
     // -1 when the vocabulary has no "</s>" / "<pad>" (T5: 1 and 0).
-    int32_t eos_id() const { return eos_id_; }
-    int32_t pad_id() const { return pad_id_; }
+    int32_t eos_id() const override { return eos_id_; }
+    int32_t pad_id() const override { return pad_id_; }
     // Number of pieces (the text encoder's table may be larger: T5's has
     // 32128 rows for 32000 spiece.model or 32100 tokenizer.json pieces).
     int32_t size() const { return static_cast<int32_t>(vocab_.pieces.size()); }
+    int32_t vocab_size() const override { return size(); }
     const UnigramVocab& vocab() const { return vocab_; }
     // The id of a piece's text, -1 if absent.
     int32_t piece_id(std::string_view piece) const;
@@ -196,4 +168,4 @@ class T5Tokenizer {
     std::unique_ptr<const Tables> tables_;
 };
 
-}  // namespace kiln::pipeline
+}  // namespace kiln::text

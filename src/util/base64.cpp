@@ -1,16 +1,16 @@
-#include "base64.h"
+#include "util/base64.h"
 
-namespace kiln::server {
+namespace kiln {
 namespace {
 
 constexpr char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
-int value_of(char c) {
+int value_of(char c, bool url_safe) {
     if (c >= 'A' && c <= 'Z') return c - 'A';
     if (c >= 'a' && c <= 'z') return c - 'a' + 26;
     if (c >= '0' && c <= '9') return c - '0' + 52;
-    if (c == '+' || c == '-') return 62;  // '-' and '_': the URL-safe alphabet some clients use
-    if (c == '/' || c == '_') return 63;
+    if (c == '+' || (url_safe && c == '-')) return 62;
+    if (c == '/' || (url_safe && c == '_')) return 63;
     return -1;
 }
 
@@ -38,8 +38,9 @@ std::string base64_encode(const uint8_t* data, size_t size) {
     return out;
 }
 
-std::optional<std::vector<uint8_t>> base64_decode(std::string_view text) {
-    if (text.rfind("data:", 0) == 0) {
+std::optional<std::vector<uint8_t>> base64_decode(std::string_view text, Base64Input input) {
+    const bool lenient = input == Base64Input::Lenient;
+    if (lenient && text.rfind("data:", 0) == 0) {
         const auto comma = text.find(',');
         if (comma == std::string_view::npos || text.substr(0, comma).find(";base64") == std::string_view::npos) {
             return std::nullopt;
@@ -52,13 +53,13 @@ std::optional<std::vector<uint8_t>> base64_decode(std::string_view text) {
     int count = 0;
     size_t padding = 0;
     for (char c : text) {
-        if (c == ' ' || c == '\n' || c == '\r' || c == '\t') continue;
+        if (lenient && (c == ' ' || c == '\n' || c == '\r' || c == '\t')) continue;
         if (c == '=') {
             ++padding;
             continue;
         }
         if (padding) return std::nullopt;  // data after padding
-        const int v = value_of(c);
+        const int v = value_of(c, lenient);
         if (v < 0) return std::nullopt;
         bits = (bits << 6) | uint32_t(v);
         if (++count == 4) {
@@ -69,7 +70,7 @@ std::optional<std::vector<uint8_t>> base64_decode(std::string_view text) {
             count = 0;
         }
     }
-    if (count == 1 || padding > 2) return std::nullopt;
+    if ((lenient && count == 1) || padding > 2) return std::nullopt;
     if (count == 2) out.push_back(uint8_t(bits >> 4));
     if (count == 3) {
         out.push_back(uint8_t(bits >> 10));
@@ -78,4 +79,4 @@ std::optional<std::vector<uint8_t>> base64_decode(std::string_view text) {
     return out;
 }
 
-}  // namespace kiln::server
+}  // namespace kiln

@@ -10,7 +10,7 @@
 
 #include "util/result.h"
 
-namespace kiln::pipeline {
+namespace kiln::text {
 
 using BpeMerge = std::pair<std::string, std::string>;
 
@@ -23,4 +23,4 @@ bool split_merge(std::string_view line, BpeMerge& out);
 // error naming `label` and the line.
 Result<std::vector<BpeMerge>> parse_merges_text(std::string_view text, const std::string& label);
 
-}  // namespace kiln::pipeline
+}  // namespace kiln::text

@@ -1,8 +1,8 @@
-#include "pipeline/bpe_merges.h"
+#include "text/bpe_merges.h"
 
 #include "util/message_text.h"
 
-namespace kiln::pipeline {
+namespace kiln::text {
 
 bool split_merge(std::string_view line, BpeMerge& out) {
     std::string_view parts[2];
@@ -45,4 +45,4 @@ Result<std::vector<BpeMerge>> parse_merges_text(std::string_view text, const std
     return merges;
 }
 
-}  // namespace kiln::pipeline
+}  // namespace kiln::text

@@ -1,4 +1,4 @@
-#include "pipeline/t5_tokenizer.h"
+#include "text/t5_tokenizer.h"
 
 #include <unistd.h>
 
@@ -12,11 +12,15 @@
 
 #include "gguf.h"
 #include "io/model_file.h"
+#include "text/sentencepiece_model.h"
+#include "text/utf8.h"
+#include "text/vocab_files.h"
+#include "util/base64.h"
 #include "util/files.h"
 #include "util/format.h"
 #include "util/message_text.h"
 
-namespace kiln::pipeline {
+namespace kiln::text {
 namespace {
 
 using json = nlohmann::json;
@@ -29,18 +33,11 @@ constexpr float kUnkPenalty = 10.0f;
 // 32k pieces, UMT5 256k, spiece.model files are a few MiB, tokenizer.json
 // files tens of MiB) and small enough that a hostile file cannot make kiln
 // allocate without limit.
-constexpr size_t kMaxFileBytes = size_t{1} << 30;
-constexpr size_t kMaxPieces = size_t{1} << 24;
+constexpr size_t kMaxPieces = static_cast<size_t>(kMaxVocabSize);
 constexpr size_t kMaxPieceBytes = 1 << 16;
 // A charsmap replacement longer than this is refused: the normalised text
 // can grow by this factor (nmt_nfkc's longest is U+FDFA's 33 bytes).
 constexpr size_t kMaxReplacementBytes = 4096;
-
-Error bad(const std::string& label, const std::string& what) { return Error::bad_file(label + ": " + what); }
-
-// ---- files ----
-
-Result<std::string> read_file(const std::string& path) { return read_whole_file(path, kMaxFileBytes, "tokenizer"); }
 
 // ---- UTF-8 ----
 
@@ -49,48 +46,6 @@ Result<std::string> read_file(const std::string& path) { return read_whole_file(
 size_t one_char_len(uint8_t lead) {
     static constexpr uint8_t kLen[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
     return kLen[lead >> 4];
-}
-
-bool is_trail(uint8_t b) { return (b & 0xC0) == 0x80; }
-
-// Length of the valid UTF-8 character at the start of `s` (shortest form, no
-// surrogates, at most U+10FFFF), 0 if it is not one.
-size_t valid_utf8_len(std::string_view s) {
-    const auto b = [&](size_t i) { return static_cast<uint8_t>(s[i]); };
-    if (s.empty()) return 0;
-    const uint8_t c = b(0);
-    if (c < 0x80) return 1;
-    if (c >= 0xC2 && c <= 0xDF) return s.size() >= 2 && is_trail(b(1)) ? 2 : 0;
-    if (c >= 0xE0 && c <= 0xEF) {
-        if (s.size() < 3 || !is_trail(b(1)) || !is_trail(b(2))) return 0;
-        if (c == 0xE0 && b(1) < 0xA0) return 0;  // overlong
-        if (c == 0xED && b(1) > 0x9F) return 0;  // surrogate
-        return 3;
-    }
-    if (c >= 0xF0 && c <= 0xF4) {
-        if (s.size() < 4 || !is_trail(b(1)) || !is_trail(b(2)) || !is_trail(b(3))) return 0;
-        if (c == 0xF0 && b(1) < 0x90) return 0;  // overlong
-        if (c == 0xF4 && b(1) > 0x8F) return 0;  // above U+10FFFF
-        return 4;
-    }
-    return 0;
-}
-
-// Each invalid byte becomes U+FFFD, as sentencepiece's decoder does.
-std::string valid_utf8(std::string_view s) {
-    std::string out;
-    out.reserve(s.size());
-    while (!s.empty()) {
-        const size_t n = valid_utf8_len(s);
-        if (n == 0) {
-            out += kReplacementChar;
-            s.remove_prefix(1);
-        } else {
-            out.append(s.data(), n);
-            s.remove_prefix(n);
-        }
-    }
-    return out;
 }
 
 // "<0x41>" -> 0x41; -1 if `piece` is not a byte piece (upper-case hex, as
@@ -121,314 +76,6 @@ const char* piece_type_name(PieceType type) {
         case PieceType::Byte: return "byte";
     }
     return "?";
-}
-
-bool valid_piece_type(int64_t v) { return v >= 1 && v <= 6; }
-
-// ---- protobuf ----
-
-enum WireType { kVarint = 0, kFixed64 = 1, kLen = 2, kStartGroup = 3, kEndGroup = 4, kFixed32 = 5 };
-
-// A reader of protobuf's wire format over one message's bytes. Every read is
-// bounds-checked; a failure leaves a message (with the absolute byte offset)
-// in `error`.
-class ProtoReader {
-  public:
-    ProtoReader(const uint8_t* data, size_t size, size_t base_offset) : data_(data), size_(size), base_(base_offset) {}
-
-    bool done() const { return pos_ >= size_; }
-    size_t offset() const { return base_ + pos_; }
-    const std::string& error() const { return error_; }
-
-    // The next field's number and wire type.
-    bool tag(uint32_t& field, int& wire) {
-        const size_t at = offset();
-        uint64_t key = 0;
-        if (!varint(key)) return false;
-        field = static_cast<uint32_t>(key >> 3);
-        wire = static_cast<int>(key & 7);
-        if (key >> 3 == 0 || key >> 3 > 0x1FFFFFFF) return fail_at(at, "field number " + std::to_string(key >> 3));
-        if (wire == kStartGroup || wire == kEndGroup || wire > kFixed32) {
-            return fail_at(at, "field " + std::to_string(field) + " has wire type " + std::to_string(wire) +
-                                   " (groups and types 6, 7 are not read)");
-        }
-        return true;
-    }
-
-    bool varint(uint64_t& v) {
-        const size_t at = offset();
-        v = 0;
-        for (int i = 0; i < 10; ++i) {
-            if (pos_ >= size_) return fail_at(at, "truncated varint");
-            const uint8_t b = data_[pos_++];
-            if (i == 9 && b > 1) return fail_at(at, "varint longer than 64 bits");
-            v |= static_cast<uint64_t>(b & 0x7F) << (7 * i);
-            if (!(b & 0x80)) return true;
-        }
-        return fail_at(at, "varint longer than 10 bytes");
-    }
-
-    bool fixed32(uint32_t& v) {
-        if (size_ - pos_ < 4) return fail_at(offset(), "truncated fixed32");
-        v = static_cast<uint32_t>(data_[pos_]) | static_cast<uint32_t>(data_[pos_ + 1]) << 8 |
-            static_cast<uint32_t>(data_[pos_ + 2]) << 16 | static_cast<uint32_t>(data_[pos_ + 3]) << 24;
-        pos_ += 4;
-        return true;
-    }
-
-    // A length-delimited field's bytes and where they start in the file.
-    bool bytes(const uint8_t*& out, size_t& n, size_t& at) {
-        const size_t len_at = offset();
-        uint64_t len = 0;
-        if (!varint(len)) return false;
-        if (len > size_ - pos_) {
-            return fail_at(len_at, "length " + std::to_string(len) + " runs past the end (" +
-                                       std::to_string(size_ - pos_) + " bytes left)");
-        }
-        out = data_ + pos_;
-        n = static_cast<size_t>(len);
-        at = offset();
-        pos_ += n;
-        return true;
-    }
-
-    bool skip(int wire) {
-        switch (wire) {
-            case kVarint: {
-                uint64_t v;
-                return varint(v);
-            }
-            case kFixed64:
-                if (size_ - pos_ < 8) return fail_at(offset(), "truncated fixed64");
-                pos_ += 8;
-                return true;
-            case kLen: {
-                const uint8_t* p;
-                size_t n, at;
-                return bytes(p, n, at);
-            }
-            case kFixed32: {
-                uint32_t v;
-                return fixed32(v);
-            }
-            default: return fail_at(offset(), "wire type " + std::to_string(wire));
-        }
-    }
-
-    // Checks that `field` came with the wire type its schema gives it.
-    bool expect(uint32_t field, int wire, int wanted, const char* what) {
-        if (wire == wanted) return true;
-        static const char* const kNames[] = {"varint", "fixed64", "length-delimited", "group", "group", "fixed32"};
-        return fail_at(offset(), std::string(what) + " (field " + std::to_string(field) + ") has wire type " +
-                                     kNames[wire] + ", expected " + kNames[wanted]);
-    }
-
-  private:
-    bool fail_at(size_t at, const std::string& what) {
-        error_ = "byte " + std::to_string(at) + ": " + what;
-        return false;
-    }
-
-    const uint8_t* data_;
-    size_t size_;
-    size_t base_;
-    size_t pos_ = 0;
-    std::string error_;
-};
-
-struct SpmModel {
-    UnigramVocab vocab;
-    int model_type = 1;  // TrainerSpec.ModelType, UNIGRAM by default
-    bool byte_fallback = false;
-    bool treat_whitespace_as_suffix = false;
-    bool escape_whitespaces = true;
-    std::string unk_piece = "<unk>";
-    std::string eos_piece = "</s>";
-    std::string pad_piece = "<pad>";
-};
-
-// ModelProto.SentencePiece { 1: piece, 2: score, 3: type }.
-bool parse_piece(ProtoReader& r, UnigramPiece& piece, size_t index, std::string& why) {
-    int64_t type = 1;
-    while (!r.done()) {
-        uint32_t field;
-        int wire;
-        if (!r.tag(field, wire)) return false;
-        if (field == 1) {
-            if (!r.expect(field, wire, kLen, "piece")) return false;
-            const uint8_t* p;
-            size_t n, at;
-            if (!r.bytes(p, n, at)) return false;
-            piece.text.assign(reinterpret_cast<const char*>(p), n);
-        } else if (field == 2) {
-            if (!r.expect(field, wire, kFixed32, "score")) return false;
-            uint32_t bits = 0;
-            if (!r.fixed32(bits)) return false;
-            std::memcpy(&piece.score, &bits, sizeof(float));
-        } else if (field == 3) {
-            if (!r.expect(field, wire, kVarint, "type")) return false;
-            uint64_t v;
-            if (!r.varint(v)) return false;
-            type = static_cast<int64_t>(v);
-        } else if (!r.skip(wire)) {
-            return false;
-        }
-    }
-    if (!valid_piece_type(type)) {
-        why = "piece " + std::to_string(index) + " " + quoted_text(piece.text) + " has type " + std::to_string(type) +
-              ", not one of sentencepiece's 1..6";
-        return false;
-    }
-    piece.type = static_cast<PieceType>(type);
-    return true;
-}
-
-bool parse_string(ProtoReader& r, std::string& out) {
-    const uint8_t* p;
-    size_t n, at;
-    if (!r.bytes(p, n, at)) return false;
-    out.assign(reinterpret_cast<const char*>(p), n);
-    return true;
-}
-
-bool parse_bool(ProtoReader& r, uint32_t field, int wire, const char* what, bool& out) {
-    if (!r.expect(field, wire, kVarint, what)) return false;
-    uint64_t v;
-    if (!r.varint(v)) return false;
-    out = v != 0;
-    return true;
-}
-
-// TrainerSpec: 3 model_type, 24 treat_whitespace_as_suffix, 35
-// byte_fallback, 45..48 unk/bos/eos/pad piece names. The numeric
-// unk/bos/eos/pad ids (40..43) only say where the trainer put those pieces;
-// sentencepiece itself finds them by name, as here.
-bool parse_trainer_spec(ProtoReader& r, SpmModel& m) {
-    while (!r.done()) {
-        uint32_t field;
-        int wire;
-        if (!r.tag(field, wire)) return false;
-        if (field == 3) {
-            if (!r.expect(field, wire, kVarint, "trainer_spec.model_type")) return false;
-            uint64_t v;
-            if (!r.varint(v)) return false;
-            m.model_type = static_cast<int>(std::min<uint64_t>(v, 1000000));
-        } else if (field == 24) {
-            if (!parse_bool(r, field, wire, "trainer_spec.treat_whitespace_as_suffix", m.treat_whitespace_as_suffix))
-                return false;
-        } else if (field == 35) {
-            if (!parse_bool(r, field, wire, "trainer_spec.byte_fallback", m.byte_fallback)) return false;
-        } else if (field == 45 || field == 47 || field == 48) {
-            if (!r.expect(field, wire, kLen, "trainer_spec piece name")) return false;
-            std::string& out = field == 45 ? m.unk_piece : field == 47 ? m.eos_piece : m.pad_piece;
-            if (!parse_string(r, out)) return false;
-        } else if (!r.skip(wire)) {
-            return false;
-        }
-    }
-    return true;
-}
-
-// NormalizerSpec: 2 precompiled_charsmap, 3 add_dummy_prefix, 4
-// remove_extra_whitespaces, 5 escape_whitespaces.
-bool parse_normalizer_spec(ProtoReader& r, SpmModel& m) {
-    while (!r.done()) {
-        uint32_t field;
-        int wire;
-        if (!r.tag(field, wire)) return false;
-        if (field == 2) {
-            if (!r.expect(field, wire, kLen, "normalizer_spec.precompiled_charsmap")) return false;
-            if (!parse_string(r, m.vocab.precompiled_charsmap)) return false;
-        } else if (field == 3) {
-            if (!parse_bool(r, field, wire, "normalizer_spec.add_dummy_prefix", m.vocab.add_dummy_prefix)) return false;
-        } else if (field == 4) {
-            if (!parse_bool(r, field, wire, "normalizer_spec.remove_extra_whitespaces",
-                            m.vocab.remove_extra_whitespaces))
-                return false;
-        } else if (field == 5) {
-            if (!parse_bool(r, field, wire, "normalizer_spec.escape_whitespaces", m.escape_whitespaces)) return false;
-        } else if (!r.skip(wire)) {
-            return false;
-        }
-    }
-    return true;
-}
-
-// ModelProto: 1 pieces (repeated), 2 trainer_spec, 3 normalizer_spec; the
-// rest (self-test data, denormalizer_spec, extensions) is skipped.
-Result<SpmModel> parse_model_proto(const uint8_t* data, size_t size, const std::string& label) {
-    SpmModel m;
-    ProtoReader r(data, size, 0);
-    std::string why;
-    const auto failed = [&](const ProtoReader& reader) {
-        return bad(label, "not a sentencepiece model: " + (why.empty() ? reader.error() : why));
-    };
-    while (!r.done()) {
-        uint32_t field;
-        int wire;
-        if (!r.tag(field, wire)) return failed(r);
-        if (field >= 1 && field <= 3) {
-            static const char* const kNames[] = {"", "pieces", "trainer_spec", "normalizer_spec"};
-            if (!r.expect(field, wire, kLen, kNames[field])) return failed(r);
-            const uint8_t* p;
-            size_t n, at;
-            if (!r.bytes(p, n, at)) return failed(r);
-            ProtoReader sub(p, n, at);
-            bool ok = true;
-            if (field == 1) {
-                if (m.vocab.pieces.size() >= kMaxPieces) {
-                    return bad(label, "more than " + std::to_string(kMaxPieces) + " pieces");
-                }
-                UnigramPiece piece;
-                ok = parse_piece(sub, piece, m.vocab.pieces.size(), why);
-                m.vocab.pieces.push_back(std::move(piece));
-            } else if (field == 2) {
-                ok = parse_trainer_spec(sub, m);
-            } else {
-                ok = parse_normalizer_spec(sub, m);
-            }
-            if (!ok) return failed(sub);
-        } else if (!r.skip(wire)) {
-            return failed(r);
-        }
-    }
-    return m;
-}
-
-// ---- base64 (tokenizer.json's precompiled_charsmap) ----
-
-bool base64_decode(std::string_view text, std::string& out) {
-    out.clear();
-    uint32_t acc = 0;
-    int bits = 0;
-    size_t padding = 0;
-    for (char c : text) {
-        int v;
-        if (c >= 'A' && c <= 'Z') {
-            v = c - 'A';
-        } else if (c >= 'a' && c <= 'z') {
-            v = c - 'a' + 26;
-        } else if (c >= '0' && c <= '9') {
-            v = c - '0' + 52;
-        } else if (c == '+') {
-            v = 62;
-        } else if (c == '/') {
-            v = 63;
-        } else if (c == '=') {
-            ++padding;
-            continue;
-        } else {
-            return false;
-        }
-        if (padding > 0) return false;  // data after '='
-        acc = (acc << 6) | static_cast<uint32_t>(v);
-        bits += 6;
-        if (bits >= 8) {
-            bits -= 8;
-            out.push_back(static_cast<char>((acc >> bits) & 0xFF));
-        }
-    }
-    return padding <= 2;
 }
 
 }  // namespace
@@ -552,10 +199,10 @@ T5Tokenizer::~T5Tokenizer() = default;
 
 Result<T5Tokenizer> T5Tokenizer::from_vocab(UnigramVocab vocab, const std::string& label) {
     const auto& pieces = vocab.pieces;
-    if (pieces.empty()) return bad(label, "the vocabulary is empty");
+    if (pieces.empty()) return bad_file(label, "the vocabulary is empty");
     if (pieces.size() > kMaxPieces) {
-        return bad(label, std::to_string(pieces.size()) + " pieces, more than the " + std::to_string(kMaxPieces) +
-                              " a tokenizer may have");
+        return bad_file(label, std::to_string(pieces.size()) + " pieces, more than the " + std::to_string(kMaxPieces) +
+                                   " a tokenizer may have");
     }
     auto tables = std::make_unique<Tables>();
     tables->piece_ids.reserve(pieces.size());
@@ -567,17 +214,17 @@ Result<T5Tokenizer> T5Tokenizer::from_vocab(UnigramVocab vocab, const std::strin
         const UnigramPiece& p = pieces[i];
         const int32_t id = static_cast<int32_t>(i);
         const std::string where = "piece " + std::to_string(i) + " " + quoted_text(p.text);
-        if (p.text.empty()) return bad(label, "piece " + std::to_string(i) + " is empty");
+        if (p.text.empty()) return bad_file(label, "piece " + std::to_string(i) + " is empty");
         if (p.text.size() > kMaxPieceBytes) {
-            return bad(label, "piece " + std::to_string(i) + " is " + std::to_string(p.text.size()) +
-                                  " bytes long, more than " + std::to_string(kMaxPieceBytes));
+            return bad_file(label, "piece " + std::to_string(i) + " is " + std::to_string(p.text.size()) +
+                                       " bytes long, more than " + std::to_string(kMaxPieceBytes));
         }
         if (!valid_piece_type(static_cast<int64_t>(p.type))) {
-            return bad(label, where + " has type " + std::to_string(static_cast<int64_t>(p.type)));
+            return bad_file(label, where + " has type " + std::to_string(static_cast<int64_t>(p.type)));
         }
-        if (!std::isfinite(p.score)) return bad(label, where + " has a score that is not a finite number");
+        if (!std::isfinite(p.score)) return bad_file(label, where + " has a score that is not a finite number");
         const auto [it, inserted] = tables->piece_ids.emplace(p.text, id);
-        if (!inserted) return bad(label, where + " is also piece " + std::to_string(it->second));
+        if (!inserted) return bad_file(label, where + " is also piece " + std::to_string(it->second));
         switch (p.type) {
             case PieceType::Normal:
                 ++n_normal;
@@ -588,16 +235,17 @@ Result<T5Tokenizer> T5Tokenizer::from_vocab(UnigramVocab vocab, const std::strin
             case PieceType::UserDefined: tables->insert(p.text, id); break;
             case PieceType::Unknown:
                 if (t.unk_id_ >= 0) {
-                    return bad(label, where + " and piece " + std::to_string(t.unk_id_) + " are both unknown pieces");
+                    return bad_file(label,
+                                    where + " and piece " + std::to_string(t.unk_id_) + " are both unknown pieces");
                 }
                 t.unk_id_ = id;
                 break;
             case PieceType::Byte: {
                 const int b = byte_piece_value(p.text);
-                if (b < 0) return bad(label, where + " is typed byte but is not of the form <0xXX>");
+                if (b < 0) return bad_file(label, where + " is typed byte but is not of the form <0xXX>");
                 if (tables->byte_ids[b] >= 0) {
-                    return bad(label,
-                               where + " and piece " + std::to_string(tables->byte_ids[b]) + " are the same byte");
+                    return bad_file(label,
+                                    where + " and piece " + std::to_string(tables->byte_ids[b]) + " are the same byte");
                 }
                 tables->byte_ids[b] = id;
                 ++n_bytes;
@@ -607,19 +255,19 @@ Result<T5Tokenizer> T5Tokenizer::from_vocab(UnigramVocab vocab, const std::strin
             case PieceType::Unused: break;  // never matched in text
         }
     }
-    if (n_normal == 0) return bad(label, "the vocabulary has no normal pieces, only special ones");
-    if (t.unk_id_ < 0) return bad(label, "the vocabulary has no unknown piece (like T5's <unk>)");
+    if (n_normal == 0) return bad_file(label, "the vocabulary has no normal pieces, only special ones");
+    if (t.unk_id_ < 0) return bad_file(label, "the vocabulary has no unknown piece (like T5's <unk>)");
     if (n_bytes != 0 && n_bytes != 256) {
-        return bad(label, "byte fallback needs all 256 byte pieces <0x00>..<0xFF>; the vocabulary has " +
-                              std::to_string(n_bytes));
+        return bad_file(label, "byte fallback needs all 256 byte pieces <0x00>..<0xFF>; the vocabulary has " +
+                                   std::to_string(n_bytes));
     }
     t.byte_fallback_ = n_bytes == 256;
 
     for (const auto& [id, what] : {std::pair<int32_t, const char*>{vocab.eos_id, "the end-of-sequence"},
                                    std::pair<int32_t, const char*>{vocab.pad_id, "the padding"}}) {
         if (id < -1 || (id >= 0 && static_cast<size_t>(id) >= pieces.size())) {
-            return bad(label, std::string(what) + " id " + std::to_string(id) + " is not one of the " +
-                                  std::to_string(pieces.size()) + " pieces");
+            return bad_file(label, std::string(what) + " id " + std::to_string(id) + " is not one of the " +
+                                       std::to_string(pieces.size()) + " pieces");
         }
     }
     t.eos_id_ = vocab.eos_id;
@@ -628,12 +276,13 @@ Result<T5Tokenizer> T5Tokenizer::from_vocab(UnigramVocab vocab, const std::strin
     const std::string& blob = vocab.precompiled_charsmap;
     if (!blob.empty()) {
         const std::string what = "precompiled charsmap (" + std::to_string(blob.size()) + " bytes): ";
-        if (blob.size() < 4) return bad(label, what + "too short for its 4-byte header");
+        if (blob.size() < 4) return bad_file(label, what + "too short for its 4-byte header");
         uint32_t trie_bytes = 0;
         for (int k = 3; k >= 0; --k) trie_bytes = trie_bytes << 8 | static_cast<uint8_t>(blob[static_cast<size_t>(k)]);
         if (trie_bytes == 0 || trie_bytes % 4 != 0 || trie_bytes > blob.size() - 4) {
-            return bad(label, what + "its trie of " + std::to_string(trie_bytes) +
-                                  " bytes is empty, not whole 4-byte units or longer than the data after the header");
+            return bad_file(label,
+                            what + "its trie of " + std::to_string(trie_bytes) +
+                                " bytes is empty, not whole 4-byte units or longer than the data after the header");
         }
         tables->units.resize(trie_bytes / 4);
         for (size_t u = 0; u < tables->units.size(); ++u) {
@@ -647,15 +296,15 @@ Result<T5Tokenizer> T5Tokenizer::from_vocab(UnigramVocab vocab, const std::strin
             if (!Tables::is_leaf_unit(unit)) continue;
             const size_t at = Tables::value(unit);
             if (at >= r.size()) {
-                return bad(label, what + "a rule points to byte " + std::to_string(at) + " of " +
-                                      std::to_string(r.size()) + " bytes of replacement text");
+                return bad_file(label, what + "a rule points to byte " + std::to_string(at) + " of " +
+                                           std::to_string(r.size()) + " bytes of replacement text");
             }
             const void* nul = std::memchr(r.data() + at, '\0', r.size() - at);
             const size_t len =
                 nul ? static_cast<size_t>(static_cast<const char*>(nul) - (r.data() + at)) : r.size() - at;
             if (len > kMaxReplacementBytes) {
-                return bad(label, what + "a replacement of " + std::to_string(len) + " bytes (at most " +
-                                      std::to_string(kMaxReplacementBytes) + ")");
+                return bad_file(label, what + "a replacement of " + std::to_string(len) + " bytes (at most " +
+                                           std::to_string(kMaxReplacementBytes) + ")");
             }
         }
     }
@@ -669,7 +318,7 @@ Result<T5Tokenizer> T5Tokenizer::from_vocab(UnigramVocab vocab, const std::strin
 std::pair<std::string_view, size_t> T5Tokenizer::normalize_prefix(std::string_view text) const {
     const auto rule = tables_->longest_rule(text);
     if (rule.second > 0) return rule;
-    const size_t n = valid_utf8_len(text);
+    const size_t n = utf8_char_length(text);
     if (n == 0) return {kReplacementChar, 1};
     return {text.substr(0, n), n};
 }
@@ -816,7 +465,7 @@ std::string T5Tokenizer::decode(const std::vector<int32_t>& ids) const {
     std::string text;
     std::string bytes;  // a run of byte pieces
     const auto flush_bytes = [&] {
-        text += valid_utf8(bytes);
+        text += valid_utf8(bytes, Utf8Errors::ReplaceByte);  // as sentencepiece's decoder
         bytes.clear();
     };
     // sentencepiece strips the "▁" the normaliser put in front: with
@@ -869,43 +518,13 @@ const std::string& T5Tokenizer::piece_text(int32_t id) const {
 // ---- spiece.model ----
 
 Result<T5Tokenizer> T5Tokenizer::from_spiece_bytes(const uint8_t* data, size_t size, const std::string& label) {
-    if (size == 0) return bad(label, "empty file, not a sentencepiece model");
-    auto parsed = parse_model_proto(data, size, label);
-    if (!parsed.ok()) return parsed.error();
-    SpmModel& m = parsed.value();
-    if (m.model_type != 1) {
-        static const char* const kTypes[] = {"", "UNIGRAM", "BPE", "WORD", "CHAR"};
-        const std::string name = m.model_type >= 1 && m.model_type <= 4 ? kTypes[m.model_type] : "unknown";
-        return bad(label, "a sentencepiece model of type " + std::to_string(m.model_type) + " (" + name +
-                              "), not UNIGRAM (1): kiln's T5 tokenizer reads unigram models only");
-    }
-    if (m.treat_whitespace_as_suffix) return bad(label, "trainer_spec.treat_whitespace_as_suffix is not supported");
-    if (!m.escape_whitespaces) return bad(label, "normalizer_spec.escape_whitespaces = false is not supported");
-    if (m.vocab.pieces.empty()) return bad(label, "the sentencepiece model has no pieces");
-    bool has_bytes = false;
-    for (const UnigramPiece& p : m.vocab.pieces) has_bytes = has_bytes || p.type == PieceType::Byte;
-    if (has_bytes && !m.byte_fallback) {
-        return bad(label, "byte pieces although trainer_spec.byte_fallback is false");
-    }
-    if (m.byte_fallback && !has_bytes)
-        return bad(label, "trainer_spec.byte_fallback is true but there are no byte pieces");
-    // The unknown piece is the one typed so; EOS and padding are found by
-    // the names trainer_spec gives them, as sentencepiece does.
-    const auto find = [&](const std::string& name) -> int32_t {
-        for (size_t i = 0; i < m.vocab.pieces.size(); ++i) {
-            if (m.vocab.pieces[i].text == name) return static_cast<int32_t>(i);
-        }
-        return -1;
-    };
-    const int32_t eos = find(m.eos_piece);
-    const int32_t pad = find(m.pad_piece);
-    m.vocab.eos_id = eos >= 0 && m.vocab.pieces[static_cast<size_t>(eos)].type == PieceType::Control ? eos : -1;
-    m.vocab.pad_id = pad >= 0 && m.vocab.pieces[static_cast<size_t>(pad)].type == PieceType::Control ? pad : -1;
-    return from_vocab(std::move(m.vocab), label);
+    auto vocab = read_sentencepiece_model(data, size, label);
+    if (!vocab.ok()) return vocab.error();
+    return from_vocab(std::move(vocab).value(), label);
 }
 
 Result<T5Tokenizer> T5Tokenizer::from_spiece_model(const std::string& path) {
-    auto bytes = read_file(path);
+    auto bytes = read_tokenizer_file(path);
     if (!bytes.ok()) return bytes.error();
     return from_spiece_bytes(reinterpret_cast<const uint8_t*>(bytes->data()), bytes->size(), path);
 }
@@ -921,13 +540,11 @@ struct JsonSettings {
     bool add_prefix = true;
 };
 
-// object[key], or null when absent; never a copy (copying recurses once per
-// nesting level of the value).
+// object[key], or null when absent.
 const json& member(const json& object, const char* key) {
     static const json kNull;
-    if (!object.is_object()) return kNull;
-    auto it = object.find(key);
-    return it == object.end() ? kNull : *it;
+    const json* value = find_member(object, key);
+    return value ? *value : kNull;
 }
 
 // Sequences nest; deeper than this is no real tokenizer (and recursion on a
@@ -937,23 +554,24 @@ constexpr int kMaxJsonNesting = 8;
 Status read_normalizer(const json& n, const std::string& label, JsonSettings& s, int depth = 0) {
     if (n.is_null()) return Status::Ok();
     if (depth > kMaxJsonNesting)
-        return bad(label, "normalizer Sequences nested deeper than " + std::to_string(kMaxJsonNesting));
+        return bad_file(label, "normalizer Sequences nested deeper than " + std::to_string(kMaxJsonNesting));
     if (!n.is_object() || !n.contains("type") || !n["type"].is_string()) {
-        return bad(label, "normalizer " + json_text(n) + " has no type");
+        return bad_file(label, "normalizer " + json_text(n) + " has no type");
     }
     const std::string type = n["type"].get<std::string>();
     if (type == "Sequence") {
         const json& list = member(n, "normalizers");
-        if (!list.is_array()) return bad(label, "normalizer Sequence without a normalizers list");
+        if (!list.is_array()) return bad_file(label, "normalizer Sequence without a normalizers list");
         for (const json& item : list) KILN_TRY(read_normalizer(item, label, s, depth + 1));
         return Status::Ok();
     }
     if (type == "Precompiled") {
         const json& map = member(n, "precompiled_charsmap");
         if (map.is_null()) return Status::Ok();
-        if (!map.is_string() || !base64_decode(map.get_ref<const std::string&>(), s.charsmap)) {
-            return bad(label, "normalizer Precompiled: precompiled_charsmap is not base64 text");
-        }
+        const auto bytes =
+            map.is_string() ? base64_decode(map.get_ref<const std::string&>(), Base64Input::Strict) : std::nullopt;
+        if (!bytes) return bad_file(label, "normalizer Precompiled: precompiled_charsmap is not base64 text");
+        s.charsmap.assign(bytes->begin(), bytes->end());
         return Status::Ok();
     }
     if (type == "Replace") {
@@ -964,26 +582,26 @@ Status read_normalizer(const json& n, const std::string& label, JsonSettings& s,
             s.collapse_spaces = true;
             return Status::Ok();
         }
-        return bad(label, "normalizer Replace " + json_text(n) +
-                              " is not supported (only T5's Replace of \" {2,}\" by \" \")");
+        return bad_file(label, "normalizer Replace " + json_text(n) +
+                                   " is not supported (only T5's Replace of \" {2,}\" by \" \")");
     }
     if (type == "Strip") return Status::Ok();  // ends are trimmed with remove_extra_whitespaces anyway
-    return bad(label, "normalizer " + quoted_text(type) +
-                          " is not supported (a SentencePiece unigram tokenizer has Precompiled and Replace)");
+    return bad_file(label, "normalizer " + quoted_text(type) +
+                               " is not supported (a SentencePiece unigram tokenizer has Precompiled and Replace)");
 }
 
 Status read_pre_tokenizer(const json& p, const std::string& label, JsonSettings& s, int depth = 0) {
     if (p.is_null()) return Status::Ok();
     if (depth > kMaxJsonNesting) {
-        return bad(label, "pre_tokenizer Sequences nested deeper than " + std::to_string(kMaxJsonNesting));
+        return bad_file(label, "pre_tokenizer Sequences nested deeper than " + std::to_string(kMaxJsonNesting));
     }
     if (!p.is_object() || !p.contains("type") || !p["type"].is_string()) {
-        return bad(label, "pre_tokenizer " + json_text(p) + " has no type");
+        return bad_file(label, "pre_tokenizer " + json_text(p) + " has no type");
     }
     const std::string type = p["type"].get<std::string>();
     if (type == "Sequence") {
         const json& list = member(p, "pretokenizers");
-        if (!list.is_array()) return bad(label, "pre_tokenizer Sequence without a pretokenizers list");
+        if (!list.is_array()) return bad_file(label, "pre_tokenizer Sequence without a pretokenizers list");
         for (const json& item : list) KILN_TRY(read_pre_tokenizer(item, label, s, depth + 1));
         return Status::Ok();
     }
@@ -994,8 +612,8 @@ Status read_pre_tokenizer(const json& p, const std::string& label, JsonSettings&
     if (type == "Metaspace") {
         const json& replacement = member(p, "replacement");
         if (replacement != std::string(kSpaceSymbol)) {
-            return bad(label, "pre_tokenizer Metaspace replaces spaces by " + json_text(replacement) +
-                                  ", only \"\xE2\x96\x81\" is supported");
+            return bad_file(label, "pre_tokenizer Metaspace replaces spaces by " + json_text(replacement) +
+                                       ", only \"\xE2\x96\x81\" is supported");
         }
         s.metaspace = true;
         if (p.contains("prepend_scheme") && p["prepend_scheme"].is_string()) {
@@ -1005,37 +623,39 @@ Status read_pre_tokenizer(const json& p, const std::string& label, JsonSettings&
         }
         return Status::Ok();
     }
-    return bad(label, "pre_tokenizer " + quoted_text(type) +
-                          " is not supported (a SentencePiece unigram tokenizer has Metaspace)");
+    return bad_file(label, "pre_tokenizer " + quoted_text(type) +
+                               " is not supported (a SentencePiece unigram tokenizer has Metaspace)");
 }
 
 Result<UnigramVocab> vocab_from_tokenizer_json(const json& root, const std::string& label) {
-    if (!root.is_object()) return bad(label, "not a tokenizer.json (the top level is not a JSON object)");
-    if (!root.contains("model") || !root["model"].is_object()) return bad(label, "not a tokenizer.json (no model)");
+    if (!root.is_object()) return bad_file(label, "not a tokenizer.json (the top level is not a JSON object)");
+    if (!root.contains("model") || !root["model"].is_object())
+        return bad_file(label, "not a tokenizer.json (no model)");
     const json& model = root["model"];
     if (!model.contains("type") || !model["type"].is_string()) {
-        return bad(label, "model has no type; expected \"Unigram\" (a SentencePiece unigram tokenizer such as T5's)");
+        return bad_file(label,
+                        "model has no type; expected \"Unigram\" (a SentencePiece unigram tokenizer such as T5's)");
     }
     const std::string type = model["type"].get<std::string>();
     if (type != "Unigram") {
-        return bad(label, "model.type is " + quoted_text(type) +
-                              ", not \"Unigram\": this is not a SentencePiece unigram tokenizer such as T5's" +
-                              (type == "BPE" ? " (a BPE one, such as CLIP's)" : ""));
+        return bad_file(label, "model.type is " + quoted_text(type) +
+                                   ", not \"Unigram\": this is not a SentencePiece unigram tokenizer such as T5's" +
+                                   (type == "BPE" ? " (a BPE one, such as CLIP's)" : ""));
     }
     if (!model.contains("vocab") || !model["vocab"].is_array()) {
-        return bad(label, "model.vocab is not a list of [piece, score] pairs");
+        return bad_file(label, "model.vocab is not a list of [piece, score] pairs");
     }
     UnigramVocab vocab;
     const json& list = model["vocab"];
-    if (list.empty()) return bad(label, "model.vocab is empty");
+    if (list.empty()) return bad_file(label, "model.vocab is empty");
     if (list.size() > kMaxPieces)
-        return bad(label, "model.vocab has more than " + std::to_string(kMaxPieces) + " pieces");
+        return bad_file(label, "model.vocab has more than " + std::to_string(kMaxPieces) + " pieces");
     vocab.pieces.reserve(list.size());
     for (size_t i = 0; i < list.size(); ++i) {
         const json& e = list[i];
         if (!e.is_array() || e.size() != 2 || !e[0].is_string() || !e[1].is_number()) {
-            return bad(label,
-                       "model.vocab[" + std::to_string(i) + "] is " + json_text(e) + ", not a [piece, score] pair");
+            return bad_file(
+                label, "model.vocab[" + std::to_string(i) + "] is " + json_text(e) + ", not a [piece, score] pair");
         }
         UnigramPiece p;
         p.text = e[0].get<std::string>();
@@ -1045,8 +665,8 @@ Result<UnigramVocab> vocab_from_tokenizer_json(const json& root, const std::stri
     const size_t n = vocab.pieces.size();
     const json& unk = member(model, "unk_id");
     if (!unk.is_number_integer() || unk.get<int64_t>() < 0 || static_cast<uint64_t>(unk.get<int64_t>()) >= n) {
-        return bad(label, "model.unk_id is " + json_text(unk) + ", not the id of one of the " + std::to_string(n) +
-                              " pieces (a unigram tokenizer needs an unknown piece)");
+        return bad_file(label, "model.unk_id is " + json_text(unk) + ", not the id of one of the " + std::to_string(n) +
+                                   " pieces (a unigram tokenizer needs an unknown piece)");
     }
     const size_t unk_id = static_cast<size_t>(unk.get<int64_t>());
     vocab.pieces[unk_id].type = PieceType::Unknown;
@@ -1062,18 +682,18 @@ Result<UnigramVocab> vocab_from_tokenizer_json(const json& root, const std::stri
     // Added tokens: HF matches them before the model runs; special ones are
     // sentencepiece's control pieces, the others its user-defined ones.
     const json& added = member(root, "added_tokens");
-    if (!added.is_array() && !added.is_null()) return bad(label, "added_tokens is not a list");
+    if (!added.is_array() && !added.is_null()) return bad_file(label, "added_tokens is not a list");
     if (added.is_array()) {
         for (const json& a : added) {
             if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer() || !a.contains("content") ||
                 !a["content"].is_string()) {
-                return bad(label, "added token " + json_text(a) + " has no integer id and content");
+                return bad_file(label, "added token " + json_text(a) + " has no integer id and content");
             }
             const int64_t id = a["id"].get<int64_t>();
             const std::string& content = a["content"].get_ref<const std::string&>();
             if (id < 0 || static_cast<uint64_t>(id) >= n || vocab.pieces[static_cast<size_t>(id)].text != content) {
-                return bad(label, "added token " + quoted_text(content) + " (id " + std::to_string(id) +
-                                      ") is not that entry of model.vocab");
+                return bad_file(label, "added token " + quoted_text(content) + " (id " + std::to_string(id) +
+                                           ") is not that entry of model.vocab");
             }
             UnigramPiece& p = vocab.pieces[static_cast<size_t>(id)];
             if (p.type == PieceType::Unknown) continue;
@@ -1086,9 +706,9 @@ Result<UnigramVocab> vocab_from_tokenizer_json(const json& root, const std::stri
     KILN_TRY(read_normalizer(member(root, "normalizer"), label, s));
     KILN_TRY(read_pre_tokenizer(member(root, "pre_tokenizer"), label, s));
     if (!s.metaspace) {
-        return bad(label,
-                   "no Metaspace pre-tokenizer: spaces would not become \"\xE2\x96\x81\" as a SentencePiece "
-                   "unigram tokenizer needs");
+        return bad_file(label,
+                        "no Metaspace pre-tokenizer: spaces would not become \"\xE2\x96\x81\" as a SentencePiece "
+                        "unigram tokenizer needs");
     }
     vocab.precompiled_charsmap = std::move(s.charsmap);
     vocab.add_dummy_prefix = s.add_prefix;
@@ -1106,19 +726,14 @@ Result<UnigramVocab> vocab_from_tokenizer_json(const json& root, const std::stri
 }  // namespace
 
 Result<T5Tokenizer> T5Tokenizer::from_tokenizer_json(const std::string& path) {
-    auto text = read_file(path);
-    if (!text.ok()) return text.error();
-    json root;
-    try {
-        root = json::parse(text.value());
-    } catch (const json::exception& e) {
-        return bad(path, std::string("malformed JSON: ") + e.what());
-    }
+    auto parsed = read_tokenizer_json(path);
+    if (!parsed.ok()) return parsed.error();
+    const json& root = parsed.value();
     Result<UnigramVocab> vocab = Error{};
     try {
         vocab = vocab_from_tokenizer_json(root, path);
     } catch (const json::exception& e) {  // a value of an unexpected type the checks above missed
-        return bad(path, std::string("unexpected JSON: ") + e.what());
+        return bad_file(path, std::string("unexpected JSON: ") + e.what());
     }
     if (!vocab.ok()) return vocab.error();
     return from_vocab(std::move(vocab).value(), path);
@@ -1126,56 +741,21 @@ Result<T5Tokenizer> T5Tokenizer::from_tokenizer_json(const std::string& path) {
 
 // ---- GGUF metadata ----
 
-namespace {
-
-const io::MetaValue* find_key(const io::Metadata& metadata, const std::string& key) {
-    auto it = metadata.find(key);
-    return it == metadata.end() ? nullptr : &it->second;
-}
-
-bool meta_number(const io::MetaValue& v, double& out) {
-    switch (v.kind) {
-        case io::MetaValue::Kind::Float: out = v.f; return true;
-        case io::MetaValue::Kind::Int: out = static_cast<double>(v.i); return true;
-        case io::MetaValue::Kind::UInt: out = static_cast<double>(v.u); return true;
-        default: return false;
-    }
-}
-
-bool meta_integer(const io::MetaValue& v, int64_t& out) {
-    if (v.kind == io::MetaValue::Kind::Int) {
-        out = v.i;
-        return true;
-    }
-    if (v.kind == io::MetaValue::Kind::UInt && v.u <= static_cast<uint64_t>(INT64_MAX)) {
-        out = static_cast<int64_t>(v.u);
-        return true;
-    }
-    return false;
-}
-
-}  // namespace
-
 Result<T5Tokenizer> T5Tokenizer::from_gguf_metadata(const io::Metadata& metadata, const std::string& label) {
-    const io::MetaValue* model = find_key(metadata, "tokenizer.ggml.model");
-    if (!model) return bad(label, "no tokenizer.ggml.model: the file carries no tokenizer");
-    if (model->kind != io::MetaValue::Kind::String || model->str != "t5") {
-        return bad(label, "tokenizer.ggml.model is " + quoted_text(model->to_string()) +
-                              ", not \"t5\" (a SentencePiece unigram tokenizer)");
-    }
-    const io::MetaValue* tokens = find_key(metadata, "tokenizer.ggml.tokens");
+    KILN_TRY(expect_gguf_tokenizer_model(metadata, "t5", "a SentencePiece unigram tokenizer", label));
+    const io::MetaValue* tokens = find_meta(metadata, "tokenizer.ggml.tokens");
     if (!tokens || tokens->kind != io::MetaValue::Kind::Array) {
-        return bad(label, "tokenizer.ggml.tokens is missing or not an array");
+        return bad_file(label, "tokenizer.ggml.tokens is missing or not an array");
     }
     const size_t n = tokens->array.size();
-    const io::MetaValue* scores = find_key(metadata, "tokenizer.ggml.scores");
+    const io::MetaValue* scores = find_meta(metadata, "tokenizer.ggml.scores");
     if (!scores || scores->kind != io::MetaValue::Kind::Array || scores->array.size() != n) {
-        return bad(label, "tokenizer.ggml.scores is missing or not an array of " + std::to_string(n) +
-                              " scores (one per token)");
+        return bad_file(label, "tokenizer.ggml.scores is missing or not an array of " + std::to_string(n) +
+                                   " scores (one per token)");
     }
-    const io::MetaValue* types = find_key(metadata, "tokenizer.ggml.token_type");
+    const io::MetaValue* types = find_meta(metadata, "tokenizer.ggml.token_type");
     if (types && (types->kind != io::MetaValue::Kind::Array || types->array.size() != n)) {
-        return bad(label, "tokenizer.ggml.token_type is not an array of " + std::to_string(n) + " types");
+        return bad_file(label, "tokenizer.ggml.token_type is not an array of " + std::to_string(n) + " types");
     }
     UnigramVocab vocab;
     vocab.pieces.resize(n);
@@ -1183,19 +763,19 @@ Result<T5Tokenizer> T5Tokenizer::from_gguf_metadata(const io::Metadata& metadata
         UnigramPiece& p = vocab.pieces[i];
         const io::MetaValue& text = tokens->array[i];
         if (text.kind != io::MetaValue::Kind::String) {
-            return bad(label, "tokenizer.ggml.tokens[" + std::to_string(i) + "] is not a string");
+            return bad_file(label, "tokenizer.ggml.tokens[" + std::to_string(i) + "] is not a string");
         }
         p.text = text.str;
         double score = 0;
         if (!meta_number(scores->array[i], score)) {
-            return bad(label, "tokenizer.ggml.scores[" + std::to_string(i) + "] is not a number");
+            return bad_file(label, "tokenizer.ggml.scores[" + std::to_string(i) + "] is not a number");
         }
         p.score = static_cast<float>(score);
         if (types) {
             int64_t t = 0;
             if (!meta_integer(types->array[i], t) || (t != 0 && !valid_piece_type(t))) {
-                return bad(label, "tokenizer.ggml.token_type[" + std::to_string(i) + "] is " +
-                                      types->array[i].to_string() + ", not a token type 0..6");
+                return bad_file(label, "tokenizer.ggml.token_type[" + std::to_string(i) + "] is " +
+                                           types->array[i].to_string() + ", not a token type 0..6");
             }
             p.type = t == 0 ? PieceType::Normal : static_cast<PieceType>(t);
         }
@@ -1204,12 +784,12 @@ Result<T5Tokenizer> T5Tokenizer::from_gguf_metadata(const io::Metadata& metadata
     // unknown and control.
     const auto id_of = [&](const char* key, int32_t& out) -> Status {
         out = -1;
-        const io::MetaValue* v = find_key(metadata, key);
+        const io::MetaValue* v = find_meta(metadata, key);
         if (!v) return Status::Ok();
         int64_t id = 0;
         if (!meta_integer(*v, id) || id < 0 || static_cast<uint64_t>(id) >= n) {
-            return bad(label, std::string(key) + " is " + v->to_string() + ", not the id of one of the " +
-                                  std::to_string(n) + " tokens");
+            return bad_file(label, std::string(key) + " is " + v->to_string() + ", not the id of one of the " +
+                                       std::to_string(n) + " tokens");
         }
         out = static_cast<int32_t>(id);
         return Status::Ok();
@@ -1224,19 +804,20 @@ Result<T5Tokenizer> T5Tokenizer::from_gguf_metadata(const io::Metadata& metadata
             if (id >= 0 && id != unk) vocab.pieces[static_cast<size_t>(id)].type = PieceType::Control;
         }
     } else if (unk >= 0 && vocab.pieces[static_cast<size_t>(unk)].type != PieceType::Unknown) {
-        return bad(label, "tokenizer.ggml.unknown_token_id is " + std::to_string(unk) + " but that token is typed " +
-                              piece_type_name(vocab.pieces[static_cast<size_t>(unk)].type));
+        return bad_file(label, "tokenizer.ggml.unknown_token_id is " + std::to_string(unk) +
+                                   " but that token is typed " +
+                                   piece_type_name(vocab.pieces[static_cast<size_t>(unk)].type));
     }
 
-    if (const io::MetaValue* map = find_key(metadata, "tokenizer.ggml.precompiled_charsmap")) {
+    if (const io::MetaValue* map = find_meta(metadata, "tokenizer.ggml.precompiled_charsmap")) {
         if (map->kind != io::MetaValue::Kind::Array) {
-            return bad(label, "tokenizer.ggml.precompiled_charsmap is not an array of bytes");
+            return bad_file(label, "tokenizer.ggml.precompiled_charsmap is not an array of bytes");
         }
         vocab.precompiled_charsmap.reserve(map->array.size());
         for (const io::MetaValue& b : map->array) {
             int64_t v = 0;
             if (!meta_integer(b, v) || v < -128 || v > 255) {
-                return bad(label, "tokenizer.ggml.precompiled_charsmap holds " + b.to_string() + ", not a byte");
+                return bad_file(label, "tokenizer.ggml.precompiled_charsmap holds " + b.to_string() + ", not a byte");
             }
             vocab.precompiled_charsmap.push_back(static_cast<char>(static_cast<uint8_t>(v & 0xFF)));
         }
@@ -1244,17 +825,16 @@ Result<T5Tokenizer> T5Tokenizer::from_gguf_metadata(const io::Metadata& metadata
     for (const auto& [key, flag] :
          {std::pair<const char*, bool*>{"tokenizer.ggml.add_space_prefix", &vocab.add_dummy_prefix},
           std::pair<const char*, bool*>{"tokenizer.ggml.remove_extra_whitespaces", &vocab.remove_extra_whitespaces}}) {
-        const io::MetaValue* v = find_key(metadata, key);
+        const io::MetaValue* v = find_meta(metadata, key);
         if (!v) continue;
-        if (v->kind != io::MetaValue::Kind::Bool) return bad(label, std::string(key) + " is not a boolean");
+        if (v->kind != io::MetaValue::Kind::Bool) return bad_file(label, std::string(key) + " is not a boolean");
         *flag = v->b;
     }
     return from_vocab(std::move(vocab), label);
 }
 
 Result<T5Tokenizer> T5Tokenizer::from_gguf_metadata(const io::ModelFile& file) {
-    const std::string label = file.sources().empty() ? std::string("model") : file.sources().front().path;
-    return from_gguf_metadata(file.metadata(), label);
+    return from_gguf_metadata(file.metadata(), model_file_label(file));
 }
 
 io::Metadata T5Tokenizer::gguf_metadata() const {
@@ -1308,11 +888,11 @@ Result<T5Tokenizer> T5Tokenizer::load(const std::string& path) {
             const std::string json_path = dir + "/tokenizer.json";
             if (path_status(json_path).kind == PathKind::File) return from_tokenizer_json(json_path);
         }
-        return bad(path, "no spiece.model or tokenizer.json here or in tokenizer_2/ or tokenizer/");
+        return bad_file(path, "no spiece.model or tokenizer.json here or in tokenizer_2/ or tokenizer/");
     }
     if (status.kind != PathKind::File) return path_error(path, status).as(ErrorKind::BadFile);
     const bool is_json = path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0;
     return is_json ? from_tokenizer_json(path) : from_spiece_model(path);
 }
 
-}  // namespace kiln::pipeline
+}  // namespace kiln::text

@@ -1,4 +1,4 @@
-#include "pipeline/llm_tokenizer.h"
+#include "text/llm_tokenizer.h"
 
 #include <unistd.h>
 
@@ -15,13 +15,16 @@
 #include "io/gguf_file.h"
 #include "io/mapped_file.h"
 #include "io/model_file.h"
-#include "pipeline/bpe_merges.h"
-#include "pipeline/clip_tokenizer.h"
+#include "text/bpe_merges.h"
+#include "text/byte_level.h"
+#include "text/unicode.h"
+#include "text/utf8.h"
+#include "text/vocab_files.h"
 #include "util/files.h"
 #include "util/format.h"
 #include "util/message_text.h"
 
-namespace kiln::pipeline {
+namespace kiln::text {
 namespace {
 
 using json = nlohmann::json;
@@ -29,38 +32,13 @@ using json = nlohmann::json;
 // Bounds on what a file may ask for: far above any real tokenizer (Qwen's
 // has 152k tokens and 151k merges in an 11 MiB tokenizer.json) and small
 // enough that a hostile file cannot make kiln allocate without limit.
-constexpr size_t kMaxFileBytes = size_t{1} << 30;
-constexpr int64_t kMaxTokens = int64_t{1} << 24;
+constexpr int64_t kMaxTokens = kMaxVocabSize;
 constexpr size_t kMaxTokenBytes = 1 << 16;
 
 // Qwen2's split pattern as tokenizer.json writes it.
 constexpr std::string_view kQwen2Pattern =
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"
     "\\s+(?!\\S)|\\s+";
-
-Error bad(const std::string& label, const std::string& what) { return Error::bad_file(label + ": " + what); }
-
-// ---- files ----
-
-Result<std::string> read_file(const std::string& path) { return read_whole_file(path, kMaxFileBytes, "tokenizer"); }
-
-Result<json> read_json(const std::string& path) {
-    auto text = read_file(path);
-    if (!text.ok()) return text.error();
-    try {
-        return json::parse(text.value());
-    } catch (const json::exception& e) {
-        return bad(path, std::string("malformed JSON: ") + e.what());
-    } catch (const std::exception& e) {
-        return bad(path, std::string("cannot parse: ") + e.what());
-    }
-}
-
-const json* member(const json& object, const char* key) {
-    if (!object.is_object()) return nullptr;
-    auto it = object.find(key);
-    return it == object.end() ? nullptr : &*it;
-}
 
 bool json_id(const json& v, int64_t& out) {
     if (!v.is_number_integer()) return false;
@@ -69,37 +47,9 @@ bool json_id(const json& v, int64_t& out) {
     return out >= 0 && out < kMaxTokens;
 }
 
-// ---- bytes_to_unicode ----
-
-// GPT-2's reversible byte <-> character map: printable Latin-1 bytes map to
-// themselves, the others to U+0100 upwards in byte order.
-struct ByteMap {
-    std::array<std::string, 256> byte_to_utf8;
-    std::array<int16_t, 324> char_to_byte{};  // -1 where no byte maps
-};
-
-const ByteMap& byte_map() {
-    static const ByteMap map = [] {
-        ByteMap m;
-        m.char_to_byte.fill(-1);
-        int extra = 0;
-        for (int b = 0; b < 256; ++b) {
-            const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
-            const char32_t c = printable ? static_cast<char32_t>(b) : static_cast<char32_t>(256 + extra++);
-            m.char_to_byte[c] = static_cast<int16_t>(b);
-            m.byte_to_utf8[b] = u32_to_utf8(std::u32string(1, c));
-        }
-        return m;
-    }();
-    return map;
-}
-
 // ---- pre-tokenisation ----
 
-bool is_letter(char32_t c) { return char_class(c) == CharClass::Letter; }
-bool is_number(char32_t c) { return char_class(c) == CharClass::Number; }
 bool is_other(char32_t c) { return char_class(c) == CharClass::Other; }
-bool is_space(char32_t c) { return char_class(c) == CharClass::Space; }
 bool is_newline(char32_t c) { return c == '\r' || c == '\n'; }
 char32_t ascii_lower(char32_t c) { return c >= 'A' && c <= 'Z' ? c + ('a' - 'A') : c; }
 
@@ -173,45 +123,28 @@ std::u32string_view view(const std::u32string& s, size_t begin, size_t end) {
 
 // ---- GGUF metadata ----
 
-const io::MetaValue* find_key(const io::Metadata& metadata, const std::string& key) {
-    auto it = metadata.find(key);
-    return it == metadata.end() ? nullptr : &it->second;
-}
-
-bool meta_integer(const io::MetaValue& v, int64_t& out) {
-    if (v.kind == io::MetaValue::Kind::Int) {
-        out = v.i;
-        return true;
-    }
-    if (v.kind == io::MetaValue::Kind::UInt && v.u <= static_cast<uint64_t>(INT64_MAX)) {
-        out = static_cast<int64_t>(v.u);
-        return true;
-    }
-    return false;
-}
-
 bool looks_special(const std::string& token) {
     return token.size() > 4 && token.compare(0, 2, "<|") == 0 && token.compare(token.size() - 2, 2, "|>") == 0;
 }
 
 // {token: id} into vocab.tokens.
 Status add_vocab_object(const json& object, const std::string& where, const std::string& label, LlmBpeVocab& vocab) {
-    if (!object.is_object()) return bad(label, where + " is not a JSON object of token -> id");
+    if (!object.is_object()) return bad_file(label, where + " is not a JSON object of token -> id");
     for (auto it = object.begin(); it != object.end(); ++it) {
         int64_t id = 0;
         if (!json_id(it.value(), id)) {
-            return bad(label, where + ": token " + quoted_text(it.key()) + " has id " + json_text(it.value()) +
-                                  ", not an integer in [0, " + std::to_string(kMaxTokens) + ")");
+            return bad_file(label, where + ": token " + quoted_text(it.key()) + " has id " + json_text(it.value()) +
+                                       ", not an integer in [0, " + std::to_string(kMaxTokens) + ")");
         }
         if (static_cast<size_t>(id) >= vocab.tokens.size()) vocab.tokens.resize(static_cast<size_t>(id) + 1);
         std::string& slot = vocab.tokens[static_cast<size_t>(id)];
         if (!slot.empty()) {
             const std::string& a = std::min(slot, it.key());
             const std::string& b = std::max(slot, it.key());
-            return bad(label, where + ": id " + std::to_string(id) + " is used by both " + quoted_text(a) + " and " +
-                                  quoted_text(b));
+            return bad_file(label, where + ": id " + std::to_string(id) + " is used by both " + quoted_text(a) +
+                                       " and " + quoted_text(b));
         }
-        if (it.key().empty()) return bad(label, where + ": an empty token (id " + std::to_string(id) + ")");
+        if (it.key().empty()) return bad_file(label, where + ": an empty token (id " + std::to_string(id) + ")");
         slot = it.key();
     }
     return Status::Ok();
@@ -220,12 +153,12 @@ Status add_vocab_object(const json& object, const std::string& where, const std:
 // An added token at `id`: the slot must be free or hold the same text.
 Status add_added_token(const std::string& content, int64_t id, const std::string& where, const std::string& label,
                        LlmBpeVocab& vocab) {
-    if (content.empty()) return bad(label, where + ": added token " + std::to_string(id) + " is empty");
+    if (content.empty()) return bad_file(label, where + ": added token " + std::to_string(id) + " is empty");
     if (static_cast<size_t>(id) >= vocab.tokens.size()) vocab.tokens.resize(static_cast<size_t>(id) + 1);
     std::string& slot = vocab.tokens[static_cast<size_t>(id)];
     if (!slot.empty() && slot != content) {
-        return bad(label, where + ": added token " + quoted_text(content) + " has id " + std::to_string(id) +
-                              ", which the vocabulary gives to " + quoted_text(slot));
+        return bad_file(label, where + ": added token " + quoted_text(content) + " has id " + std::to_string(id) +
+                                   ", which the vocabulary gives to " + quoted_text(slot));
     }
     slot = content;
     vocab.added_ids.push_back(static_cast<int32_t>(id));
@@ -234,12 +167,12 @@ Status add_added_token(const std::string& content, int64_t id, const std::string
 
 // The pre-tokenizer a tokenizer.json's pre_tokenizer describes.
 Result<LlmPreTokenizer> json_pre_tokenizer(const json& doc, const std::string& path) {
-    const json* pre = member(doc, "pre_tokenizer");
-    if (!pre || pre->is_null()) return bad(path, "no pre_tokenizer: not a byte-level BPE tokenizer.json");
+    const json* pre = find_member(doc, "pre_tokenizer");
+    if (!pre || pre->is_null()) return bad_file(path, "no pre_tokenizer: not a byte-level BPE tokenizer.json");
     std::vector<const json*> steps;
-    if (const json* type = member(*pre, "type"); type && *type == "Sequence") {
-        const json* list = member(*pre, "pretokenizers");
-        if (!list || !list->is_array()) return bad(path, "pre_tokenizer Sequence without a pretokenizers array");
+    if (const json* type = find_member(*pre, "type"); type && *type == "Sequence") {
+        const json* list = find_member(*pre, "pretokenizers");
+        if (!list || !list->is_array()) return bad_file(path, "pre_tokenizer Sequence without a pretokenizers array");
         for (const json& step : *list) steps.push_back(&step);
     } else {
         steps.push_back(pre);
@@ -248,39 +181,43 @@ Result<LlmPreTokenizer> json_pre_tokenizer(const json& doc, const std::string& p
     bool byte_level = false;
     bool byte_level_regex = false;
     for (const json* step : steps) {
-        const json* type = member(*step, "type");
-        if (!type || !type->is_string()) return bad(path, "pre_tokenizer step " + json_text(*step) + " has no type");
+        const json* type = find_member(*step, "type");
+        if (!type || !type->is_string())
+            return bad_file(path, "pre_tokenizer step " + json_text(*step) + " has no type");
         if (*type == "Split") {
-            const json* pattern = member(*step, "pattern");
-            const json* regex = pattern ? member(*pattern, "Regex") : nullptr;
+            const json* pattern = find_member(*step, "pattern");
+            const json* regex = pattern ? find_member(*pattern, "Regex") : nullptr;
             if (!regex || !regex->is_string() || regex->get_ref<const std::string&>() != kQwen2Pattern) {
-                return bad(path, "pre_tokenizer splits by " + (pattern ? json_text(*pattern) : std::string("nothing")) +
-                                     ", not Qwen2's pattern (the only Split pattern supported)");
+                return bad_file(path, "pre_tokenizer splits by " +
+                                          (pattern ? json_text(*pattern) : std::string("nothing")) +
+                                          ", not Qwen2's pattern (the only Split pattern supported)");
             }
-            const json* behavior = member(*step, "behavior");
+            const json* behavior = find_member(*step, "behavior");
             if (behavior && *behavior != "Isolated") {
-                return bad(path, "pre_tokenizer Split has behavior " + json_text(*behavior) + ", not \"Isolated\"");
+                return bad_file(path,
+                                "pre_tokenizer Split has behavior " + json_text(*behavior) + ", not \"Isolated\"");
             }
-            const json* invert = member(*step, "invert");
-            if (invert && *invert != false) return bad(path, "pre_tokenizer Split is inverted");
+            const json* invert = find_member(*step, "invert");
+            if (invert && *invert != false) return bad_file(path, "pre_tokenizer Split is inverted");
             qwen2_split = true;
         } else if (*type == "ByteLevel") {
             byte_level = true;
-            const json* use_regex = member(*step, "use_regex");
+            const json* use_regex = find_member(*step, "use_regex");
             byte_level_regex = !use_regex || *use_regex != false;
-            const json* prefix = member(*step, "add_prefix_space");
+            const json* prefix = find_member(*step, "add_prefix_space");
             if (prefix && *prefix != false) {
-                return bad(path, "pre_tokenizer ByteLevel has add_prefix_space, which is not supported");
+                return bad_file(path, "pre_tokenizer ByteLevel has add_prefix_space, which is not supported");
             }
         } else {
-            return bad(path, "pre_tokenizer " + json_text(*type) + " is not supported (expected Split and ByteLevel)");
+            return bad_file(path,
+                            "pre_tokenizer " + json_text(*type) + " is not supported (expected Split and ByteLevel)");
         }
     }
-    if (!byte_level) return bad(path, "pre_tokenizer has no ByteLevel step: not a byte-level BPE tokenizer");
+    if (!byte_level) return bad_file(path, "pre_tokenizer has no ByteLevel step: not a byte-level BPE tokenizer");
     if (qwen2_split && !byte_level_regex) return LlmPreTokenizer::Qwen2;
     if (!qwen2_split && byte_level_regex) return LlmPreTokenizer::Gpt2;
-    return bad(path, qwen2_split ? "pre_tokenizer splits twice (Qwen2's Split and ByteLevel's own regex)"
-                                 : "pre_tokenizer ByteLevel has use_regex false and nothing splits the text");
+    return bad_file(path, qwen2_split ? "pre_tokenizer splits twice (Qwen2's Split and ByteLevel's own regex)"
+                                      : "pre_tokenizer ByteLevel has use_regex false and nothing splits the text");
 }
 
 }  // namespace
@@ -316,8 +253,8 @@ LlmTokenizer::~LlmTokenizer() = default;
 Result<LlmTokenizer> LlmTokenizer::from_vocab(LlmBpeVocab vocab, const std::string& label) {
     const size_t n = vocab.tokens.size();
     if (n > static_cast<size_t>(kMaxTokens)) {
-        return bad(label, std::to_string(n) + " tokens, more than the " + std::to_string(kMaxTokens) +
-                              " a tokenizer may have");
+        return bad_file(label, std::to_string(n) + " tokens, more than the " + std::to_string(kMaxTokens) +
+                                   " a tokenizer may have");
     }
     auto t = std::make_unique<Tables>();
     t->pre = vocab.pre;
@@ -326,22 +263,22 @@ Result<LlmTokenizer> LlmTokenizer::from_vocab(LlmBpeVocab vocab, const std::stri
         const std::string& token = vocab.tokens[id];
         if (token.empty()) continue;  // a hole in the id space
         if (token.size() > kMaxTokenBytes) {
-            return bad(label, "token " + std::to_string(id) + " is " + std::to_string(token.size()) +
-                                  " bytes long, more than " + std::to_string(kMaxTokenBytes));
+            return bad_file(label, "token " + std::to_string(id) + " is " + std::to_string(token.size()) +
+                                       " bytes long, more than " + std::to_string(kMaxTokenBytes));
         }
         auto [it, inserted] = t->token_to_id.emplace(token, static_cast<int32_t>(id));
         if (!inserted) {
-            return bad(label, "token " + quoted_text(token) + " appears at ids " + std::to_string(it->second) +
-                                  " and " + std::to_string(id));
+            return bad_file(label, "token " + quoted_text(token) + " appears at ids " + std::to_string(it->second) +
+                                       " and " + std::to_string(id));
         }
     }
-    if (t->token_to_id.empty()) return bad(label, "the vocabulary is empty");
+    if (t->token_to_id.empty()) return bad_file(label, "the vocabulary is empty");
     t->id_to_token = std::move(vocab.tokens);
 
     t->added.assign(n, 0);
     for (int32_t id : vocab.added_ids) {
         if (id < 0 || static_cast<size_t>(id) >= n || t->id_to_token[static_cast<size_t>(id)].empty()) {
-            return bad(label, "added token id " + std::to_string(id) + " is not the id of a token");
+            return bad_file(label, "added token id " + std::to_string(id) + " is not the id of a token");
         }
         if (t->added[static_cast<size_t>(id)]) continue;
         t->added[static_cast<size_t>(id)] = 1;
@@ -366,7 +303,7 @@ Result<LlmTokenizer> LlmTokenizer::from_vocab(LlmBpeVocab vocab, const std::stri
     for (size_t rank = 0; rank < vocab.merges.size(); ++rank) {
         const auto& [a, b] = vocab.merges[rank];
         if (rank > static_cast<size_t>(std::numeric_limits<int32_t>::max() - 1)) {
-            return bad(label, "more merges than supported");
+            return bad_file(label, "more merges than supported");
         }
         joined.assign(a).append(b);
         int32_t ids[3];
@@ -374,8 +311,8 @@ Result<LlmTokenizer> LlmTokenizer::from_vocab(LlmBpeVocab vocab, const std::stri
         for (int k = 0; k < 3; ++k) {
             auto it = t->token_to_id.find(*symbols[k]);
             if (it == t->token_to_id.end()) {
-                return bad(label, "merge " + std::to_string(rank) + " " + quoted_text(a + " " + b) + " uses " +
-                                      quoted_text(*symbols[k]) + ", which is not in the vocabulary");
+                return bad_file(label, "merge " + std::to_string(rank) + " " + quoted_text(a + " " + b) + " uses " +
+                                           quoted_text(*symbols[k]) + ", which is not in the vocabulary");
             }
             ids[k] = it->second;
         }
@@ -392,27 +329,27 @@ Result<LlmTokenizer> LlmTokenizer::from_vocab(LlmBpeVocab vocab, const std::stri
 // ---- loaders ----
 
 Result<LlmTokenizer> LlmTokenizer::from_tokenizer_json(const std::string& path) {
-    auto root = read_json(path);
+    auto root = read_tokenizer_json(path);
     if (!root.ok()) return root.error();
     const json& doc = root.value();
-    const json* model = member(doc, "model");
-    if (!model || !model->is_object()) return bad(path, "not a tokenizer.json (no \"model\" object)");
-    const json* type = member(*model, "type");
-    if (type && *type != "BPE") return bad(path, "model.type is " + json_text(*type) + ", expected \"BPE\"");
+    const json* model = find_member(doc, "model");
+    if (!model || !model->is_object()) return bad_file(path, "not a tokenizer.json (no \"model\" object)");
+    const json* type = find_member(*model, "type");
+    if (type && *type != "BPE") return bad_file(path, "model.type is " + json_text(*type) + ", expected \"BPE\"");
     for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
-        const json* v = member(*model, key);
+        const json* v = find_member(*model, key);
         if (v && !v->is_null() && *v != "") {
-            return bad(path, std::string("model.") + key + " is " + json_text(*v) +
-                                 ": not a byte-level BPE of the GPT-2 kind");
+            return bad_file(path, std::string("model.") + key + " is " + json_text(*v) +
+                                      ": not a byte-level BPE of the GPT-2 kind");
         }
     }
-    if (const json* v = member(*model, "byte_fallback"); v && *v == true) {
-        return bad(path, "model.byte_fallback is set: not a byte-level BPE of the GPT-2 kind");
+    if (const json* v = find_member(*model, "byte_fallback"); v && *v == true) {
+        return bad_file(path, "model.byte_fallback is set: not a byte-level BPE of the GPT-2 kind");
     }
-    if (const json* normalizer = member(doc, "normalizer"); normalizer && !normalizer->is_null()) {
-        const json* ntype = member(*normalizer, "type");
+    if (const json* normalizer = find_member(doc, "normalizer"); normalizer && !normalizer->is_null()) {
+        const json* ntype = find_member(*normalizer, "type");
         if (!ntype || *ntype != "NFC") {
-            return bad(path, "normalizer " + json_text(*normalizer) + " is not supported (only NFC, or none)");
+            return bad_file(path, "normalizer " + json_text(*normalizer) + " is not supported (only NFC, or none)");
         }
     }
     auto pre = json_pre_tokenizer(doc, path);
@@ -420,47 +357,32 @@ Result<LlmTokenizer> LlmTokenizer::from_tokenizer_json(const std::string& path) 
 
     LlmBpeVocab vocab;
     vocab.pre = pre.value();
-    const json* vocab_json = member(*model, "vocab");
-    if (!vocab_json) return bad(path, "no model.vocab");
+    const json* vocab_json = find_member(*model, "vocab");
+    if (!vocab_json) return bad_file(path, "no model.vocab");
     KILN_TRY(add_vocab_object(*vocab_json, "model.vocab", path, vocab));
 
-    if (const json* added = member(doc, "added_tokens"); added && !added->is_null()) {
-        if (!added->is_array()) return bad(path, "added_tokens is not an array");
+    if (const json* added = find_member(doc, "added_tokens"); added && !added->is_null()) {
+        if (!added->is_array()) return bad_file(path, "added_tokens is not an array");
         for (const json& entry : *added) {
-            const json* id = member(entry, "id");
-            const json* content = member(entry, "content");
+            const json* id = find_member(entry, "id");
+            const json* content = find_member(entry, "content");
             int64_t value = 0;
             if (!id || !content || !json_id(*id, value) || !content->is_string()) {
-                return bad(path,
-                           "added_tokens entry " + json_text(entry) + " needs an integer id and a string content");
+                return bad_file(path,
+                                "added_tokens entry " + json_text(entry) + " needs an integer id and a string content");
             }
             KILN_TRY(add_added_token(content->get<std::string>(), value, "added_tokens", path, vocab));
         }
     }
 
-    const json* merges = member(*model, "merges");
-    if (!merges || !merges->is_array()) return bad(path, "no model.merges array");
-    vocab.merges.reserve(merges->size());
-    for (const json& m : *merges) {
-        std::pair<std::string, std::string> merge;
-        if (m.is_string()) {
-            if (!split_merge(m.get_ref<const std::string&>(), merge)) {
-                return bad(path, "merge " + std::to_string(vocab.merges.size()) + " " + json_text(m) +
-                                     " is not two space-separated symbols");
-            }
-        } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
-            merge = {m[0].get<std::string>(), m[1].get<std::string>()};
-        } else {
-            return bad(path, "merge " + std::to_string(vocab.merges.size()) + " " + json_text(m) +
-                                 " is neither \"a b\" nor [\"a\", \"b\"]");
-        }
-        vocab.merges.push_back(std::move(merge));
-    }
+    auto merges = tokenizer_json_merges(*model, path);
+    if (!merges.ok()) return merges.error();
+    vocab.merges = std::move(merges).value();
     return from_vocab(std::move(vocab), path);
 }
 
 Result<LlmTokenizer> LlmTokenizer::from_vocab_merges(const std::string& vocab_path, const std::string& merges_path) {
-    auto root = read_json(vocab_path);
+    auto root = read_tokenizer_json(vocab_path);
     if (!root.ok()) return root.error();
     LlmBpeVocab vocab;
     KILN_TRY(add_vocab_object(root.value(), "the vocabulary", vocab_path, vocab));
@@ -472,32 +394,32 @@ Result<LlmTokenizer> LlmTokenizer::from_vocab_merges(const std::string& vocab_pa
     const std::string config_path =
         (slash == std::string::npos ? std::string() : vocab_path.substr(0, slash + 1)) + "tokenizer_config.json";
     if (path_status(config_path).kind == PathKind::File) {
-        auto config = read_json(config_path);
+        auto config = read_tokenizer_json(config_path);
         if (!config.ok()) return config.error();
         const json& c = config.value();
-        if (!c.is_object()) return bad(config_path, "not a JSON object");
-        if (const json* cls = member(c, "tokenizer_class"); cls && *cls == "GPT2Tokenizer") {
+        if (!c.is_object()) return bad_file(config_path, "not a JSON object");
+        if (const json* cls = find_member(c, "tokenizer_class"); cls && *cls == "GPT2Tokenizer") {
             vocab.pre = LlmPreTokenizer::Gpt2;
         }
-        if (const json* decoder = member(c, "added_tokens_decoder"); decoder && !decoder->is_null()) {
-            if (!decoder->is_object()) return bad(config_path, "added_tokens_decoder is not an object");
+        if (const json* decoder = find_member(c, "added_tokens_decoder"); decoder && !decoder->is_null()) {
+            if (!decoder->is_object()) return bad_file(config_path, "added_tokens_decoder is not an object");
             for (auto it = decoder->begin(); it != decoder->end(); ++it) {
                 int64_t id = -1;
                 const std::string& key = it.key();
                 if (!key.empty() && key.size() <= 9 && key.find_first_not_of("0123456789") == std::string::npos) {
                     id = std::stoll(key);
                 }
-                const json* content = member(it.value(), "content");
+                const json* content = find_member(it.value(), "content");
                 if (id < 0 || id >= kMaxTokens || !content || !content->is_string()) {
-                    return bad(config_path, "added_tokens_decoder entry " + quoted_text(key) + ": " +
-                                                json_text(it.value()) + " needs an id key and a string content");
+                    return bad_file(config_path, "added_tokens_decoder entry " + quoted_text(key) + ": " +
+                                                     json_text(it.value()) + " needs an id key and a string content");
                 }
                 KILN_TRY(add_added_token(content->get<std::string>(), id, "added_tokens_decoder", config_path, vocab));
             }
         }
     }
 
-    auto text = read_file(merges_path);
+    auto text = read_tokenizer_file(merges_path);
     if (!text.ok()) return text.error();
     auto merges = parse_merges_text(text.value(), merges_path);
     if (!merges.ok()) return merges.error();
@@ -506,53 +428,48 @@ Result<LlmTokenizer> LlmTokenizer::from_vocab_merges(const std::string& vocab_pa
 }
 
 Result<LlmTokenizer> LlmTokenizer::from_gguf_metadata(const io::Metadata& metadata, const std::string& label) {
-    const io::MetaValue* model = find_key(metadata, "tokenizer.ggml.model");
-    if (!model) return bad(label, "no tokenizer.ggml.model: the file carries no tokenizer");
-    if (model->kind != io::MetaValue::Kind::String || model->str != "gpt2") {
-        return bad(label, "tokenizer.ggml.model is " + quoted_text(model->to_string()) +
-                              ", not \"gpt2\" (a byte-level BPE tokenizer)");
-    }
+    KILN_TRY(expect_gguf_tokenizer_model(metadata, "gpt2", "a byte-level BPE tokenizer", label));
     LlmBpeVocab vocab;
-    const io::MetaValue* pre = find_key(metadata, "tokenizer.ggml.pre");
+    const io::MetaValue* pre = find_meta(metadata, "tokenizer.ggml.pre");
     if (!pre || pre->kind != io::MetaValue::Kind::String) {
-        return bad(label, "tokenizer.ggml.pre is missing or not a string: the pre-tokenizer is unknown");
+        return bad_file(label, "tokenizer.ggml.pre is missing or not a string: the pre-tokenizer is unknown");
     }
     if (pre->str == "qwen2" || pre->str == "deepseek-r1-qwen") {
         vocab.pre = LlmPreTokenizer::Qwen2;
     } else if (pre->str == "gpt-2") {
         vocab.pre = LlmPreTokenizer::Gpt2;
     } else {
-        return bad(label, "tokenizer.ggml.pre is " + quoted_text(pre->str) +
-                              ", a pre-tokenizer kiln does not know (supported: \"qwen2\", \"gpt-2\")");
+        return bad_file(label, "tokenizer.ggml.pre is " + quoted_text(pre->str) +
+                                   ", a pre-tokenizer kiln does not know (supported: \"qwen2\", \"gpt-2\")");
     }
 
-    const io::MetaValue* tokens = find_key(metadata, "tokenizer.ggml.tokens");
+    const io::MetaValue* tokens = find_meta(metadata, "tokenizer.ggml.tokens");
     if (!tokens || tokens->kind != io::MetaValue::Kind::Array) {
-        return bad(label, "tokenizer.ggml.tokens is missing or not an array");
+        return bad_file(label, "tokenizer.ggml.tokens is missing or not an array");
     }
     const size_t n = tokens->array.size();
     if (n > static_cast<size_t>(kMaxTokens)) {
-        return bad(label, std::to_string(n) + " tokens, more than the " + std::to_string(kMaxTokens) +
-                              " a tokenizer may have");
+        return bad_file(label, std::to_string(n) + " tokens, more than the " + std::to_string(kMaxTokens) +
+                                   " a tokenizer may have");
     }
-    const io::MetaValue* types = find_key(metadata, "tokenizer.ggml.token_type");
+    const io::MetaValue* types = find_meta(metadata, "tokenizer.ggml.token_type");
     if (types && (types->kind != io::MetaValue::Kind::Array || types->array.size() != n)) {
-        return bad(label,
-                   "tokenizer.ggml.token_type is not an array of " + std::to_string(n) + " types (one per token)");
+        return bad_file(label,
+                        "tokenizer.ggml.token_type is not an array of " + std::to_string(n) + " types (one per token)");
     }
     vocab.tokens.resize(n);
     for (size_t i = 0; i < n; ++i) {
         const io::MetaValue& text = tokens->array[i];
         if (text.kind != io::MetaValue::Kind::String) {
-            return bad(label, "tokenizer.ggml.tokens[" + std::to_string(i) + "] is not a string");
+            return bad_file(label, "tokenizer.ggml.tokens[" + std::to_string(i) + "] is not a string");
         }
         vocab.tokens[i] = text.str;
         bool added = false;
         if (types) {
             int64_t type = 0;
             if (!meta_integer(types->array[i], type) || type < 0 || type > 6) {
-                return bad(label, "tokenizer.ggml.token_type[" + std::to_string(i) + "] is " +
-                                      types->array[i].to_string() + ", not a token type 0..6");
+                return bad_file(label, "tokenizer.ggml.token_type[" + std::to_string(i) + "] is " +
+                                           types->array[i].to_string() + ", not a token type 0..6");
             }
             added = type == 3 || type == 4;  // CONTROL, USER_DEFINED
         } else {
@@ -560,23 +477,23 @@ Result<LlmTokenizer> LlmTokenizer::from_gguf_metadata(const io::Metadata& metada
         }
         if (added) {
             if (text.str.empty()) {
-                return bad(label, "tokenizer.ggml.tokens[" + std::to_string(i) + "] is an empty control token");
+                return bad_file(label, "tokenizer.ggml.tokens[" + std::to_string(i) + "] is an empty control token");
             }
             vocab.added_ids.push_back(static_cast<int32_t>(i));
         }
     }
 
-    const io::MetaValue* merges = find_key(metadata, "tokenizer.ggml.merges");
+    const io::MetaValue* merges = find_meta(metadata, "tokenizer.ggml.merges");
     if (!merges || merges->kind != io::MetaValue::Kind::Array) {
-        return bad(label, "tokenizer.ggml.merges is missing or not an array");
+        return bad_file(label, "tokenizer.ggml.merges is missing or not an array");
     }
     vocab.merges.reserve(merges->array.size());
     for (size_t i = 0; i < merges->array.size(); ++i) {
         const io::MetaValue& m = merges->array[i];
         std::pair<std::string, std::string> merge;
         if (m.kind != io::MetaValue::Kind::String || !split_merge(m.str, merge)) {
-            return bad(label, "tokenizer.ggml.merges[" + std::to_string(i) + "] " + quoted_text(m.to_string()) +
-                                  " is not two space-separated symbols");
+            return bad_file(label, "tokenizer.ggml.merges[" + std::to_string(i) + "] " + quoted_text(m.to_string()) +
+                                       " is not two space-separated symbols");
         }
         vocab.merges.push_back(std::move(merge));
     }
@@ -584,8 +501,7 @@ Result<LlmTokenizer> LlmTokenizer::from_gguf_metadata(const io::Metadata& metada
 }
 
 Result<LlmTokenizer> LlmTokenizer::from_gguf_metadata(const io::ModelFile& file) {
-    const std::string label = file.sources().empty() ? std::string("model") : file.sources().front().path;
-    return from_gguf_metadata(file.metadata(), label);
+    return from_gguf_metadata(file.metadata(), model_file_label(file));
 }
 
 Result<LlmTokenizer> LlmTokenizer::from_gguf_file(const std::string& path) {
@@ -594,7 +510,7 @@ Result<LlmTokenizer> LlmTokenizer::from_gguf_file(const std::string& path) {
     auto map = io::MappedFile::open(path);
     if (!map.ok()) return map.error().as(ErrorKind::BadFile);
     const io::MappedFile& f = *map.value();
-    if (!io::looks_like_gguf(f.data(), f.size())) return bad(path, "not a GGUF file (no GGUF magic)");
+    if (!io::looks_like_gguf(f.data(), f.size())) return bad_file(path, "not a GGUF file (no GGUF magic)");
     auto parsed = io::parse_gguf(f.data(), f.size(), path);
     if (!parsed.ok()) return parsed.error().as(ErrorKind::BadFile);
     return from_gguf_metadata(parsed->metadata, path);
@@ -623,11 +539,11 @@ Result<LlmTokenizer> LlmTokenizer::load(const std::string& path) {
             }
             if (ggufs.size() == 1) return from_gguf_file(ggufs.front());
             if (ggufs.size() > 1) {
-                return bad(dir, "holds " + std::to_string(ggufs.size()) +
-                                    " .gguf files and no tokenizer.json: name the one to read");
+                return bad_file(dir, "holds " + std::to_string(ggufs.size()) +
+                                         " .gguf files and no tokenizer.json: name the one to read");
             }
         }
-        return bad(path, "no tokenizer.json, vocab.json + merges.txt or .gguf file here or in tokenizer/");
+        return bad_file(path, "no tokenizer.json, vocab.json + merges.txt or .gguf file here or in tokenizer/");
     }
     if (status.kind != PathKind::File) return path_error(path, status).as(ErrorKind::BadFile);
     const size_t slash = path.find_last_of('/');
@@ -757,7 +673,6 @@ std::vector<int32_t> LlmTokenizer::encode(std::string_view text) const {
 
 std::string LlmTokenizer::decode(const std::vector<int32_t>& ids) const {
     const Tables& t = *tables_;
-    const ByteMap& bm = byte_map();
     std::string bytes;
     for (int32_t id : ids) {
         if (id < 0 || id >= size()) continue;
@@ -766,15 +681,9 @@ std::string LlmTokenizer::decode(const std::vector<int32_t>& ids) const {
             bytes += text;
             continue;
         }
-        for (char32_t c : utf8_to_u32(text)) {
-            if (c < bm.char_to_byte.size() && bm.char_to_byte[c] >= 0) {
-                bytes.push_back(static_cast<char>(bm.char_to_byte[c]));
-            } else {
-                bytes += u32_to_utf8(std::u32string(1, c));  // not a byte character (a hand-made vocabulary)
-            }
-        }
+        append_token_bytes(text, bytes);
     }
-    return u32_to_utf8(utf8_to_u32(bytes));
+    return valid_utf8(bytes, Utf8Errors::ReplaceSubpart);
 }
 
 int32_t LlmTokenizer::token_id(const std::string& token) const {
@@ -830,4 +739,4 @@ io::Metadata LlmTokenizer::gguf_metadata() const {
     return m;
 }
 
-}  // namespace kiln::pipeline
+}  // namespace kiln::text

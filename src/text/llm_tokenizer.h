@@ -10,7 +10,7 @@
 //      several start at one place (HF's added-vocabulary matching), and
 //      become their single ids; they are never split.
 //   2. the text between them is split by the pre-tokenizer's pattern,
-//      implemented by hand with char_class() (clip_tokenizer.h) for \p{L},
+//      implemented by hand with char_class() (text/unicode.h) for \p{L},
 //      \p{N} and \s:
 //        Qwen2: (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|
 //               ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
@@ -49,13 +49,14 @@
 #include <vector>
 
 #include "io/tensor_info.h"
+#include "text/tokenizer.h"
 #include "util/result.h"
 
 namespace kiln::io {
 class ModelFile;
 }
 
-namespace kiln::pipeline {
+namespace kiln::text {
 
 // Which split pattern step 2 uses.
 enum class LlmPreTokenizer { Qwen2, Gpt2 };
@@ -71,7 +72,7 @@ struct LlmBpeVocab {
     LlmPreTokenizer pre = LlmPreTokenizer::Qwen2;
 };
 
-class LlmTokenizer {
+class LlmTokenizer final : public Tokenizer {
   public:
     // A file or a folder. A folder is searched, then its tokenizer/
     // subfolder, for tokenizer.json, then vocab.json + merges.txt, then a
@@ -116,10 +117,12 @@ class LlmTokenizer {
 
     LlmTokenizer(LlmTokenizer&&) noexcept;
     LlmTokenizer& operator=(LlmTokenizer&&) noexcept;
-    ~LlmTokenizer();
+    ~LlmTokenizer() override;
+
+    const char* name() const override { return "LLM"; }
 
     // Token ids of `text`, added tokens parsed, no BOS/EOS.
-    std::vector<int32_t> encode(std::string_view text) const;
+    std::vector<int32_t> encode(std::string_view text) const override;
 
     // Step 2 alone, on text without added tokens: the pieces (UTF-8, before
     // the byte mapping) that BPE works on.
@@ -129,7 +132,7 @@ class LlmTokenizer {
     // characters back to bytes; invalid UTF-8 in the result becomes U+FFFD
     // (HF's errors="replace"); ids out of range or without a token are
     // skipped.
-    std::string decode(const std::vector<int32_t>& ids) const;
+    std::string decode(const std::vector<int32_t>& ids) const override;
 
     // The id of a token's text, -1 if absent.
     int32_t token_id(const std::string& token) const;
@@ -140,6 +143,7 @@ class LlmTokenizer {
     // One past the largest id, added tokens included (Qwen2's GGUF: 151936;
     // Qwen3's tokenizer.json: 151669; the text encoder's table may be larger).
     int32_t size() const;
+    int32_t vocab_size() const override { return size(); }
     LlmPreTokenizer pre_tokenizer() const;
 
     // The tokenizer.ggml.* keys from_gguf_metadata() reads, as llama.cpp's
@@ -162,4 +166,4 @@ class LlmTokenizer {
     std::unique_ptr<const Tables> tables_;
 };
 
-}  // namespace kiln::pipeline
+}  // namespace kiln::text
