@@ -268,23 +268,6 @@ Fused declare_fused(io::WeightDeclarer& w, const Naming& names, const std::strin
     return f;
 }
 
-Result<std::vector<int>> parse_axes(const std::string& text) {
-    std::vector<int> axes;
-    std::stringstream in(text);
-    std::string part;
-    while (std::getline(in, part, ',')) {
-        char* end = nullptr;
-        const long v = std::strtol(part.c_str(), &end, 10);
-        if (part.empty() || *end != '\0' || v <= 0 || v > 4096 || v % 2 != 0) {
-            return Error::bad_file("metadata kiln.flux.axes_dim is '" + text +
-                                   "', expected even positive sizes like 16,56,56");
-        }
-        axes.push_back(static_cast<int>(v));
-    }
-    if (axes.empty()) return Error::bad_file("metadata kiln.flux.axes_dim is empty");
-    return axes;
-}
-
 // Grid positions of the references (see the header): (h_off, w_off) of each.
 std::vector<std::pair<int64_t, int64_t>> reference_offsets(const std::vector<FluxTokenGrid>& refs) {
     std::vector<std::pair<int64_t, int64_t>> offsets;
@@ -336,26 +319,10 @@ std::vector<float> flux_rope_table(const FluxConfig& c, int64_t txt_tokens, Flux
         }
     }
 
-    const int64_t D = c.head_dim(), n = static_cast<int64_t>(ids.size());
-    std::vector<float> table(static_cast<size_t>(2 * D * n));
-    float* cos_plane = table.data();
-    float* sin_plane = table.data() + D * n;
-    for (int64_t t = 0; t < n; ++t) {
-        int64_t d = 0;
-        for (size_t axis = 0; axis < c.axes_dim.size() && axis < 3; ++axis) {
-            const int dim = c.axes_dim[axis];
-            for (int j = 0; j < dim / 2; ++j, d += 2) {
-                const double omega = std::pow(static_cast<double>(c.theta), -2.0 * j / dim);
-                const double angle = static_cast<double>(ids[static_cast<size_t>(t)][axis]) * omega;
-                const float cs = static_cast<float>(std::cos(angle)), sn = static_cast<float>(std::sin(angle));
-                cos_plane[t * D + d] = cs;
-                cos_plane[t * D + d + 1] = cs;
-                sin_plane[t * D + d] = -sn;
-                sin_plane[t * D + d + 1] = sn;
-            }
-        }
-    }
-    return table;
+    std::vector<int64_t> positions;
+    positions.reserve(ids.size() * 3);
+    for (const auto& id : ids) positions.insert(positions.end(), id.begin(), id.end());
+    return nn::rope_axes_table(positions, c.axes_dim, c.theta);  // three axes (create() checks)
 }
 
 std::vector<float> flux_attention_mask(const std::vector<float>& txt_valid, int64_t image_tokens, int64_t batch) {
@@ -483,7 +450,7 @@ Result<std::unique_ptr<FluxDit>> FluxDit::create(io::WeightDeclarer& weights) {
     while (find("single_blocks." + std::to_string(c.single_blocks) + ".linear1.weight")) ++c.single_blocks;
 
     if (file.metadata().count("kiln.flux.axes_dim")) {
-        auto axes = parse_axes(file.metadata_string("kiln.flux.axes_dim", ""));
+        auto axes = nn::parse_rope_axes("kiln.flux.axes_dim", file.metadata_string("kiln.flux.axes_dim", ""), "even positive sizes like 16,56,56");
         if (!axes.ok()) return axes.error();
         c.axes_dim = std::move(axes).value();
     } else if (head_dim != 128) {

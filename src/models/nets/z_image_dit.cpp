@@ -60,22 +60,6 @@ class Naming {
     std::string embedder_suffix_;
 };
 
-Result<std::vector<int>> parse_axes(const std::string& text) {
-    std::vector<int> axes;
-    std::stringstream in(text);
-    std::string part;
-    while (std::getline(in, part, ',')) {
-        char* end = nullptr;
-        const long v = std::strtol(part.c_str(), &end, 10);
-        if (part.empty() || *end != '\0' || v <= 0 || v > 4096 || v % 2 != 0) {
-            return Error::bad_file("metadata kiln.z_image.axes_dim is '" + text +
-                                   "', expected three even positive sizes like 32,48,48");
-        }
-        axes.push_back(static_cast<int>(v));
-    }
-    return axes;
-}
-
 // Shapes from the sizes build() sees.
 std::vector<int64_t> rope_shape(const ZImageConfig& c, int64_t image_tokens, int64_t txt_tokens, int64_t batch) {
     return {c.head_dim, z_image_padded(image_tokens) + z_image_padded(txt_tokens), batch, 2};
@@ -345,7 +329,7 @@ Result<std::unique_ptr<ZImageDit>> ZImageDit::create(io::WeightDeclarer& weights
     c.layers = count("layers");
 
     if (file.metadata().count("kiln.z_image.axes_dim")) {
-        auto axes = parse_axes(file.metadata_string("kiln.z_image.axes_dim", ""));
+        auto axes = nn::parse_rope_axes("kiln.z_image.axes_dim", file.metadata_string("kiln.z_image.axes_dim", ""), "three even positive sizes like 32,48,48");
         if (!axes.ok()) return axes.error();
         c.axes_dim = std::move(axes).value();
     } else if (c.head_dim != 128) {
