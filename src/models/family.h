@@ -17,21 +17,9 @@
 #include <vector>
 
 #include "io/model_file.h"
+#include "models/nets/registry.h"
 
 namespace kiln::models {
-
-// The networks kiln can build (each a file pair under src/models/).
-enum class NetworkKind {
-    ClipText,    // models/nets/clip_text: OpenAI CLIP and OpenCLIP text towers
-    Unet,        // models/nets/unet: ldm / sgm UNetModel
-    Vae,         // models/nets/vae: AutoencoderKL (SD's, Flux's)
-    T5,          // models/nets/t5_encoder: T5 v1.1 encoder (T5-XXL)
-    FluxDit,     // models/nets/flux_dit: Flux.1 / Chroma transformer
-    Llm,         // models/nets/llm_encoder: decoder-only language model (Qwen3) as a text encoder
-    ZImageDit,   // models/nets/z_image_dit: Z-Image's single-stream transformer
-    ControlNet,  // models/nets/controlnet: ldm / sgm ControlNet (--control-net, not part of a family)
-    Taesd,       // models/nets/taesd: a tiny autoencoder's decoder (--taesd), no family's own module
-};
 
 // The role a module plays; placement (--backend te=...,diffusion=...,vae=...)
 // is by role, so every text encoder of a family goes where "te" says. A

@@ -2,7 +2,7 @@
 // the tensor names that mark a network in a file and the call that
 // configures it from its weights. Adding a network: its pair under
 // src/models/nets/ filling one of the interfaces of models/network.h, a
-// NetworkKind (models/family.h), and its line here.
+// NetworkKind, and its line in registry.cpp.
 #pragma once
 
 #include <memory>
@@ -10,11 +10,24 @@
 #include <vector>
 
 #include "io/weight_declarer.h"
-#include "models/family.h"
 #include "models/network.h"
 #include "util/result.h"
 
 namespace kiln::models {
+
+// The networks kiln can build, each a file pair under src/models/nets/ and
+// a line below.
+enum class NetworkKind {
+    ClipText,    // models/nets/clip_text: OpenAI CLIP and OpenCLIP text towers
+    Unet,        // models/nets/unet: ldm / sgm UNetModel
+    Vae,         // models/nets/vae: AutoencoderKL (SD's, Flux's)
+    T5,          // models/nets/t5_encoder: T5 v1.1 encoder (T5-XXL)
+    FluxDit,     // models/nets/flux_dit: Flux.1 / Chroma transformer
+    Llm,         // models/nets/llm_encoder: decoder-only language model (Qwen3) as a text encoder
+    ZImageDit,   // models/nets/z_image_dit: Z-Image's single-stream transformer
+    ControlNet,  // models/nets/controlnet: ldm / sgm ControlNet (--control-net, not part of a family)
+    Taesd,       // models/nets/taesd: a tiny autoencoder's decoder (--taesd), no family's own module
+};
 
 // What the family asks of a network beyond its weights.
 struct NetworkOptions {
