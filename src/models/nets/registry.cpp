@@ -2,6 +2,7 @@
 
 #include "models/nets/clip_text.h"
 #include "models/nets/controlnet.h"
+#include "models/nets/flux2_dit.h"
 #include "models/nets/flux_dit.h"
 #include "models/nets/llm_encoder.h"
 #include "models/nets/t5_encoder.h"
@@ -47,6 +48,7 @@ const std::vector<NetworkEntry>& entries() {
         {NetworkKind::ZImageDit, {"cap_pad_token"}, create<ZImageDit>},
         {NetworkKind::ControlNet, {"input_hint_block.0.weight"}, create<ControlNet>},
         {NetworkKind::Taesd, {"decoder.layers.0.weight", "1.weight"}, create<Taesd>},
+        {NetworkKind::Flux2Dit, {"double_stream_modulation_img.lin.weight"}, create<Flux2Dit>},
     };
     return list;
 }

@@ -27,6 +27,7 @@ enum class NetworkKind {
     ZImageDit,   // models/nets/z_image_dit: Z-Image's single-stream transformer
     ControlNet,  // models/nets/controlnet: ldm / sgm ControlNet (--control-net, not part of a family)
     Taesd,       // models/nets/taesd: a tiny autoencoder's decoder (--taesd), no family's own module
+    Flux2Dit,    // models/nets/flux2_dit: FLUX.2's transformer ([klein], [dev])
 };
 
 // What the family asks of a network beyond its weights.

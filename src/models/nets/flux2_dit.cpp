@@ -1,0 +1,430 @@
+#include "models/nets/flux2_dit.h"
+
+#include <algorithm>
+
+#include "nn/attention.h"
+#include "nn/modulation.h"
+#include "nn/patches.h"
+#include "nn/rope.h"
+#include "nn/shapes.h"
+
+namespace kiln::models {
+namespace {
+
+constexpr float kNormEps = 1e-6f;  // BFL's LayerNorms and QK RMSNorms
+constexpr int kTimeEmbedding = 256;
+constexpr int64_t kRefTimeScale = 10;  // encode_image_refs: reference i at t = 10 + 10 i
+
+struct Embedder {  // BFL's MLPEmbedder: out_layer(silu(in_layer(x)))
+    nn::Linear in, out;
+};
+
+// (shift, scale, gate) of one modulated sub-block, each ne [hidden, 1, B].
+struct Mod {
+    ggml_tensor* shift = nullptr;
+    ggml_tensor* scale1 = nullptr;  // 1 + scale
+    ggml_tensor* gate = nullptr;
+};
+
+Mod mod_at(ggml_context* ctx, const nn::ModulationTable& t, int64_t k, bool with_gate = true) {
+    return {t.at(ctx, k), nn::one_plus(ctx, t.at(ctx, k + 1)), with_gate ? t.at(ctx, k + 2) : nullptr};
+}
+
+// (1 + scale) * LayerNorm(x) + shift, the LayerNorm without affine.
+ggml_tensor* modulate(ggml_context* ctx, ggml_tensor* x, const Mod& m) {
+    return nn::modulate(ctx, ggml_norm(ctx, x, kNormEps), m.scale1, m.shift);
+}
+
+struct Attention {
+    nn::Linear qkv, proj;
+    ggml_tensor* q_scale = nullptr;
+    ggml_tensor* k_scale = nullptr;
+};
+
+struct Stream {
+    Attention attn;
+    nn::Linear mlp_in, mlp_out;  // mlp.0 [2 mlp, hidden] (gate first), mlp.2
+};
+
+struct DoubleBlock {
+    Stream img, txt;
+};
+
+struct SingleBlock {
+    nn::Linear linear1, linear2;  // [3 hidden + 2 mlp, hidden], [hidden, hidden + mlp]
+    ggml_tensor* q_scale = nullptr;
+    ggml_tensor* k_scale = nullptr;
+};
+
+// What every block of one evaluation shares.
+struct Shared {
+    ggml_tensor* cos = nullptr;  // rope planes, ne [head_dim, 1, tokens, 1]
+    ggml_tensor* sin = nullptr;
+    nn::AttentionOptions attn;
+    int64_t heads = 1;
+    int64_t hidden = 0;
+    int64_t mlp = 0;
+};
+
+struct Qkv {
+    ggml_tensor *q, *k, *v;
+};
+
+// q, k and v of x through a fused projection whose first 3 hidden rows are
+// q, k, v in BFL's "B L (K H D)" layout (each its own product over its rows),
+// q and k RMS-normed per head.
+Qkv project_qkv(ggml_context* ctx, const Shared& s, const nn::Linear& fused, ggml_tensor* x, ggml_tensor* q_scale,
+                ggml_tensor* k_scale) {
+    auto part = [&](int64_t i) { return nn::linear(ctx, nn::linear_rows(ctx, fused, i * s.hidden, s.hidden), x); };
+    return {nn::head_rms_norm(ctx, part(0), q_scale, s.heads, kNormEps),
+            nn::head_rms_norm(ctx, part(1), k_scale, s.heads, kNormEps), part(2)};
+}
+
+ggml_tensor* attention(ggml_context* ctx, const Shared& s, const Qkv& a) {
+    return nn::attention(ctx, nn::rope_pairs(ctx, a.q, s.cos, s.sin), nn::rope_pairs(ctx, a.k, s.cos, s.sin), a.v,
+                         s.attn);
+}
+
+// A double block on the joint tokens ne [hidden, T + N, B] (text first).
+ggml_tensor* double_block(ggml_context* ctx, const Shared& s, const DoubleBlock& b, ggml_tensor* joint, int64_t T,
+                          const Mod img_mod[2], const Mod txt_mod[2]) {
+    const int64_t N = joint->ne[1] - T;
+    ggml_tensor* txt = nn::token_range(ctx, joint, 0, T);
+    ggml_tensor* img = nn::token_range(ctx, joint, T, N);
+    auto qkv = [&](const Stream& st, ggml_tensor* x, const Mod& m) {
+        return project_qkv(ctx, s, st.attn.qkv, modulate(ctx, x, m), st.attn.q_scale, st.attn.k_scale);
+    };
+    const Qkv t = qkv(b.txt, txt, txt_mod[0]), i = qkv(b.img, img, img_mod[0]);
+    ggml_tensor* attn = attention(
+        ctx, s, {ggml_concat(ctx, t.q, i.q, 2), ggml_concat(ctx, t.k, i.k, 2), ggml_concat(ctx, t.v, i.v, 1)});
+    auto update = [&](const Stream& st, ggml_tensor* x, ggml_tensor* a, const Mod m[2]) {
+        x = nn::gated_add(ctx, x, nn::linear(ctx, st.attn.proj, a), m[0].gate);
+        ggml_tensor* h = ggml_swiglu(ctx, nn::linear(ctx, st.mlp_in, modulate(ctx, x, m[1])));
+        return nn::gated_add(ctx, x, nn::linear(ctx, st.mlp_out, h), m[1].gate);
+    };
+    txt = update(b.txt, txt, nn::token_range(ctx, attn, 0, T), txt_mod);
+    img = update(b.img, img, nn::token_range(ctx, attn, T, N), img_mod);
+    return ggml_concat(ctx, txt, img, 1);
+}
+
+// A single block on x ne [hidden, L, B]: one projection to q, k, v and the
+// SwiGLU's input, one back from the attention and the SwiGLU side by side.
+ggml_tensor* single_block(ggml_context* ctx, const Shared& s, const SingleBlock& b, ggml_tensor* x, const Mod& m) {
+    ggml_tensor* xm = modulate(ctx, x, m);
+    const Qkv qkv = project_qkv(ctx, s, b.linear1, xm, b.q_scale, b.k_scale);
+    ggml_tensor* mlp_in = nn::linear(ctx, nn::linear_rows(ctx, b.linear1, 3 * s.hidden, 2 * s.mlp), xm);
+    ggml_tensor* both = ggml_concat(ctx, attention(ctx, s, qkv), ggml_swiglu(ctx, mlp_in), 0);
+    return nn::gated_add(ctx, x, nn::linear(ctx, b.linear2, both), m.gate);
+}
+
+ggml_tensor* embed(ggml_context* ctx, const Embedder& e, ggml_tensor* x) {
+    return nn::linear(ctx, e.out, ggml_silu(ctx, nn::linear(ctx, e.in, x)));
+}
+
+// BFL's timestep_embedding(t, 256): t * 1000, cat([cos, sin]).
+ggml_tensor* time_embedding(ggml_context* ctx, ggml_tensor* t) {
+    return ggml_timestep_embedding(ctx, ggml_scale(ctx, t, 1000.0f), kTimeEmbedding, 10000);
+}
+
+int64_t token_count(int64_t txt_tokens, Flux2Grid image, const std::vector<Flux2Grid>& refs) {
+    int64_t n = txt_tokens + image.w * image.h;
+    for (const Flux2Grid& r : refs) n += r.w * r.h;
+    return n;
+}
+
+}  // namespace
+
+std::vector<int64_t> flux2_rope_shape(const Flux2Config& c, int64_t txt_tokens, Flux2Grid image,
+                                      const std::vector<Flux2Grid>& refs) {
+    return {c.head_dim(), token_count(txt_tokens, image, refs), 2};
+}
+
+std::vector<float> flux2_rope_table(const Flux2Config& c, int64_t txt_tokens, Flux2Grid image,
+                                    const std::vector<Flux2Grid>& refs) {
+    std::vector<int64_t> positions;  // (t, h, w, l) of every token
+    positions.reserve(static_cast<size_t>(4 * token_count(txt_tokens, image, refs)));
+    for (int64_t l = 0; l < txt_tokens; ++l) positions.insert(positions.end(), {0, 0, 0, l});
+    auto add_grid = [&](Flux2Grid g, int64_t t) {
+        for (int64_t row = 0; row < g.h; ++row)
+            for (int64_t col = 0; col < g.w; ++col) positions.insert(positions.end(), {t, row, col, 0});
+    };
+    add_grid(image, 0);
+    for (size_t i = 0; i < refs.size(); ++i) add_grid(refs[i], kRefTimeScale + kRefTimeScale * static_cast<int64_t>(i));
+    return nn::rope_axes_table(positions, c.axes_dim, c.theta);
+}
+
+struct Flux2Dit::Blocks {
+    nn::Linear img_in, txt_in;
+    Embedder time_in, guidance_in;
+    nn::Linear double_mod_img, double_mod_txt, single_mod;
+    std::vector<DoubleBlock> doubles;
+    std::vector<SingleBlock> singles;
+    nn::Linear final_linear, final_mod;
+};
+
+Flux2Dit::Flux2Dit() = default;
+Flux2Dit::~Flux2Dit() = default;
+
+bool Flux2Dit::looks_like_flux2(const io::ModelFile& file, const std::string& prefix) {
+    return file.find(prefix + "double_stream_modulation_img.lin.weight") != nullptr &&
+           file.find(prefix + "single_stream_modulation.lin.weight") != nullptr;
+}
+
+Result<std::unique_ptr<Flux2Dit>> Flux2Dit::create(io::WeightDeclarer& weights) {
+    const io::ModelFile& file = weights.file();
+    const std::string& prefix = weights.prefix();
+    const std::string where = "FLUX.2 DiT under '" + prefix + "'";
+    auto bad = [&](const std::string& what) { return Error::bad_file(where + ": " + what); };
+    if (!looks_like_flux2(file, prefix)) {
+        return bad("no double_stream_modulation_img.lin / single_stream_modulation.lin (not a FLUX.2 DiT)");
+    }
+    std::unique_ptr<Flux2Dit> dit(new Flux2Dit());
+    Flux2Config& c = dit->config_;
+    auto matrix = [&](const std::string& name) -> Result<std::vector<int64_t>> {
+        const io::TensorInfo* t = file.find(prefix + name);
+        if (!t) return bad("missing " + name);
+        if (t->shape.size() != 2 || t->shape[0] <= 0 || t->shape[1] <= 0)
+            return bad(name + " has shape " + t->shape_string() + ", expected a matrix");
+        return t->shape;
+    };
+    auto img_in = matrix("img_in.weight");
+    if (!img_in.ok()) return img_in.error();
+    c.hidden = (*img_in)[0];
+    c.channels = (*img_in)[1];
+    auto txt_in = matrix("txt_in.weight");
+    if (!txt_in.ok()) return txt_in.error();
+    if ((*txt_in)[0] != c.hidden)
+        return bad("txt_in.weight is " + file.find(prefix + "txt_in.weight")->shape_string() + ", img_in's width is " +
+                   std::to_string(c.hidden));
+    c.context_dim = (*txt_in)[1];
+    const io::TensorInfo* q_scale = file.find(prefix + "double_blocks.0.img_attn.norm.query_norm.scale");
+    if (!q_scale || q_scale->shape.size() != 1) return bad("missing double_blocks.0.img_attn.norm.query_norm.scale");
+    const int64_t head_dim = q_scale->shape[0];
+    if (head_dim <= 0 || head_dim % 2 != 0 || c.hidden % head_dim != 0) {
+        return bad("head width " + std::to_string(head_dim) + " does not divide the width " + std::to_string(c.hidden) +
+                   " into heads of pairs");
+    }
+    c.heads = c.hidden / head_dim;
+    auto mlp_out = matrix("double_blocks.0.img_mlp.2.weight");
+    if (!mlp_out.ok()) return mlp_out.error();
+    c.mlp_hidden = (*mlp_out)[1];
+    c.double_blocks = 0;
+    while (file.find(prefix + "double_blocks." + std::to_string(c.double_blocks) + ".img_attn.qkv.weight"))
+        ++c.double_blocks;
+    c.single_blocks = 0;
+    while (file.find(prefix + "single_blocks." + std::to_string(c.single_blocks) + ".linear1.weight"))
+        ++c.single_blocks;
+    c.guidance_embed = file.find(prefix + "guidance_in.in_layer.weight") != nullptr;
+    if (file.metadata().count("kiln.flux2.axes_dim")) {
+        auto axes = nn::parse_rope_axes("kiln.flux2.axes_dim", file.metadata_string("kiln.flux2.axes_dim", ""),
+                                        "four even positive sizes like 32,32,32,32");
+        if (!axes.ok()) return axes.error().in_context(where + ": ");
+        c.axes_dim = *axes;
+    } else if (head_dim != 128) {
+        return bad("heads " + std::to_string(head_dim) +
+                   " wide need RoPE axes (BFL's are for 128); set metadata kiln.flux2.axes_dim");
+    }
+    int64_t axes_sum = 0;
+    for (int a : c.axes_dim) axes_sum += a;
+    if (c.axes_dim.size() != 4 || axes_sum != head_dim) {
+        return bad("RoPE axes must be four and sum to the head width " + std::to_string(head_dim));
+    }
+    auto theta = file.metadata_integer("kiln.flux2.theta", 1, 1000000);
+    if (!theta.ok()) return theta.error().in_context(where + ": ");
+    if (*theta) c.theta = static_cast<float>(**theta);
+    dit->declare(weights);
+
+    DiffusionCapabilities& can = dit->capabilities_;
+    can.label = "DiT";
+    can.in_channels = can.out_channels = c.channels;
+    can.context_width = c.context_dim;
+    can.size_stride = 1;
+    can.guidance = c.guidance_embed;
+    can.skip_layers = true;
+    can.reference_images = true;
+    return dit;
+}
+
+void Flux2Dit::declare(io::WeightDeclarer& w) {
+    const Flux2Config& c = config_;
+    blocks_ = std::make_unique<Blocks>();
+    Blocks& b = *blocks_;
+    const int64_t H = c.hidden, M = c.mlp_hidden, D = c.head_dim();
+    auto linear = [&](const std::string& name, int64_t in, int64_t out) {
+        return nn::declare_linear(w, name, in, out, /*bias=*/false);
+    };
+    b.img_in = linear("img_in", c.channels, H);
+    b.txt_in = linear("txt_in", c.context_dim, H);
+    b.time_in = {linear("time_in.in_layer", kTimeEmbedding, H), linear("time_in.out_layer", H, H)};
+    if (c.guidance_embed) {
+        b.guidance_in = {linear("guidance_in.in_layer", kTimeEmbedding, H), linear("guidance_in.out_layer", H, H)};
+    }
+    b.double_mod_img = linear("double_stream_modulation_img.lin", H, 6 * H);
+    b.double_mod_txt = linear("double_stream_modulation_txt.lin", H, 6 * H);
+    b.single_mod = linear("single_stream_modulation.lin", H, 3 * H);
+    for (int i = 0; i < c.double_blocks; ++i) {
+        const std::string p = "double_blocks." + std::to_string(i) + ".";
+        DoubleBlock block;
+        for (auto [st, name] : {std::pair<Stream*, const char*>{&block.img, "img"}, {&block.txt, "txt"}}) {
+            const std::string q = p + name;
+            st->attn.qkv = linear(q + "_attn.qkv", H, 3 * H);
+            st->attn.proj = linear(q + "_attn.proj", H, H);
+            st->attn.q_scale = w.require_f32(q + "_attn.norm.query_norm.scale", {D});
+            st->attn.k_scale = w.require_f32(q + "_attn.norm.key_norm.scale", {D});
+            st->mlp_in = linear(q + "_mlp.0", H, 2 * M);
+            st->mlp_out = linear(q + "_mlp.2", M, H);
+        }
+        b.doubles.push_back(block);
+    }
+    for (int i = 0; i < c.single_blocks; ++i) {
+        const std::string p = "single_blocks." + std::to_string(i) + ".";
+        SingleBlock block;
+        block.linear1 = linear(p + "linear1", H, 3 * H + 2 * M);
+        block.linear2 = linear(p + "linear2", H + M, H);
+        block.q_scale = w.require_f32(p + "norm.query_norm.scale", {D});
+        block.k_scale = w.require_f32(p + "norm.key_norm.scale", {D});
+        b.singles.push_back(block);
+    }
+    b.final_mod = linear("final_layer.adaLN_modulation.1", H, 2 * H);
+    b.final_linear = linear("final_layer.linear", H, c.channels);
+}
+
+Result<ggml_tensor*> Flux2Dit::build(ggml_context* ctx, const Flux2Inputs& in, const Flux2BuildOptions& options) const {
+    const Flux2Config& c = config_;
+    const Blocks& b = *blocks_;
+    auto fail = [](const std::string& what) -> Error { return Error{"FLUX.2 DiT inputs: " + what}; };
+    if (!in.x || !in.timesteps || !in.context || !in.rope) return fail("x, timesteps, context and rope are required");
+    const int64_t B = in.x->ne[3];
+    auto check_latent = [&](const ggml_tensor* t, const std::string& what) -> Status {
+        if (t->ne[2] != c.channels || t->ne[3] != B) {
+            return fail(what + " is " + nn::ne_string(t) + ", expected [W, H, " + std::to_string(c.channels) + ", " +
+                        std::to_string(B) + "]");
+        }
+        return Status::Ok();
+    };
+    KILN_TRY(check_latent(in.x, "x"));
+    for (size_t i = 0; i < in.refs.size(); ++i) {
+        if (!in.refs[i]) return fail("reference latent " + std::to_string(i) + " is null");
+        KILN_TRY(check_latent(in.refs[i], "reference latent " + std::to_string(i)));
+    }
+    if (!nn::has_ne(in.timesteps, {B})) return fail("timesteps must be ne [" + std::to_string(B) + "]");
+    if (in.context->ne[0] != c.context_dim || in.context->ne[2] != B || in.context->ne[3] != 1) {
+        return fail("context is " + nn::ne_string(in.context) + ", expected [" + std::to_string(c.context_dim) +
+                    ", tokens, " + std::to_string(B) + "]");
+    }
+    if (c.guidance_embed != (in.guidance != nullptr)) {
+        return fail(c.guidance_embed ? "this network has guidance_in and needs guidance"
+                                     : "this network has no guidance_in; guidance must be null");
+    }
+    if (in.guidance && !nn::has_ne(in.guidance, {B})) return fail("guidance must be ne [" + std::to_string(B) + "]");
+    const int64_t T = in.context->ne[1];
+    if (T < 1) return fail("context has no tokens");
+    const Flux2Grid grid{in.x->ne[0], in.x->ne[1]};
+    std::vector<Flux2Grid> ref_grids;
+    for (ggml_tensor* r : in.refs) ref_grids.push_back({r->ne[0], r->ne[1]});
+    const std::vector<int64_t> rope_ne = flux2_rope_shape(c, T, grid, ref_grids);
+    if (in.rope->type != GGML_TYPE_F32 || !nn::has_ne(in.rope, rope_ne)) {
+        return fail("rope is " + nn::ne_string(in.rope) + ", these tokens need F32 " + nn::ne_string(rope_ne) +
+                    " (flux2_rope_table)");
+    }
+    const int64_t n_tokens = rope_ne[1];
+
+    Shared s;
+    s.heads = c.heads;
+    s.hidden = c.hidden;
+    s.mlp = c.mlp_hidden;
+    const int64_t hd = c.head_dim();
+    s.cos = ggml_view_4d(ctx, in.rope, hd, 1, n_tokens, 1, in.rope->nb[1], in.rope->nb[1], in.rope->nb[2], 0);
+    s.sin =
+        ggml_view_4d(ctx, in.rope, hd, 1, n_tokens, 1, in.rope->nb[1], in.rope->nb[1], in.rope->nb[2], in.rope->nb[2]);
+    s.attn.heads = static_cast<int>(c.heads);
+    s.attn.flash = options.flash_attention;
+
+    // The modulation of every block, made once.
+    ggml_tensor* vec = embed(ctx, b.time_in, time_embedding(ctx, in.timesteps));
+    if (c.guidance_embed) vec = ggml_add(ctx, vec, embed(ctx, b.guidance_in, time_embedding(ctx, in.guidance)));
+    ggml_tensor* silu_vec = ggml_silu(ctx, vec);
+    const nn::ModulationTable img_table =
+        nn::ModulationTable::split(ctx, nn::linear(ctx, b.double_mod_img, silu_vec), 6);
+    const nn::ModulationTable txt_table =
+        nn::ModulationTable::split(ctx, nn::linear(ctx, b.double_mod_txt, silu_vec), 6);
+    const nn::ModulationTable single_table =
+        nn::ModulationTable::split(ctx, nn::linear(ctx, b.single_mod, silu_vec), 3);
+    const nn::ModulationTable final_table = nn::ModulationTable::split(ctx, nn::linear(ctx, b.final_mod, silu_vec), 2);
+    const Mod img_mod[2] = {mod_at(ctx, img_table, 0), mod_at(ctx, img_table, 3)};
+    const Mod txt_mod[2] = {mod_at(ctx, txt_table, 0), mod_at(ctx, txt_table, 3)};
+    const Mod single_mod = mod_at(ctx, single_table, 0);
+    const Mod final_mod = mod_at(ctx, final_table, 0, /*with_gate=*/false);
+
+    // Tokens: text, then the image's latent pixels and each reference's.
+    auto tokens = [&](ggml_tensor* latent) { return nn::patchify(ctx, latent, 1, nn::PatchFeatures::ChannelSlowest); };
+    ggml_tensor* img = tokens(in.x);
+    for (ggml_tensor* r : in.refs) img = ggml_concat(ctx, img, tokens(r), 1);
+    ggml_tensor* x = ggml_concat(ctx, nn::linear(ctx, b.txt_in, in.context), nn::linear(ctx, b.img_in, img), 1);
+    auto skipped = [&](size_t block) {
+        return std::find(options.skip_blocks.begin(), options.skip_blocks.end(), static_cast<int>(block)) !=
+               options.skip_blocks.end();
+    };
+    for (size_t i = 0; i < b.doubles.size(); ++i) {
+        if (skipped(i)) continue;
+        x = nn::mark_cut(double_block(ctx, s, b.doubles[i], x, T, img_mod, txt_mod),
+                         "double_blocks." + std::to_string(i));
+    }
+    for (size_t i = 0; i < b.singles.size(); ++i) {
+        if (skipped(b.doubles.size() + i)) continue;
+        x = nn::mark_cut(single_block(ctx, s, b.singles[i], x, single_mod), "single_blocks." + std::to_string(i));
+    }
+    // The image's tokens (text and references dropped) through the final layer.
+    ggml_tensor* out =
+        nn::linear(ctx, b.final_linear, modulate(ctx, nn::token_range(ctx, x, T, grid.w * grid.h), final_mod));
+    return nn::unpatchify(ctx, out, grid.w, grid.h, 1, nn::PatchFeatures::ChannelSlowest);
+}
+
+Status Flux2Dit::check_conditioning(const ConditioningShape& shape) const {
+    const Flux2Config& c = config_;
+    for (const EncoderOutput& e : shape.encoders) {
+        if (e.context && e.width != c.context_dim) {
+            return Error::bad_file(
+                "the " + e.module + " text encoder (" + e.label + ") gives " + std::to_string(e.width) +
+                " features per token but the " + shape.family_label + " DiT's txt_in takes " +
+                std::to_string(c.context_dim) +
+                " (klein 4B reads Qwen3-4B, klein 9B Qwen3-8B: pass the one that matches with --llm)");
+        }
+    }
+    if (shape.latent_channels != c.channels) {
+        return Error::bad_file("the autoencoder gives " + std::to_string(shape.latent_channels) +
+                               "-channel latents but the " + shape.family_label + " DiT takes " +
+                               std::to_string(c.channels) + " (a FLUX.1 ae with a FLUX.2 model? pass FLUX.2's)");
+    }
+    return Status::Ok();
+}
+
+Result<DiffusionTensors> Flux2Dit::build(nn::GraphInputs& s, const DiffusionShape& shape) const {
+    const Flux2Config& c = config_;
+    DiffusionTensors g;
+    const int64_t b = shape.batch;
+    Flux2Inputs in;
+    in.x = g.x = s.input(GGML_TYPE_F32, {shape.latent_w, shape.latent_h, c.channels, b}, nullptr, "x");
+    for (size_t i = 0; i < shape.refs.size(); ++i) {
+        g.refs.push_back(s.input(GGML_TYPE_F32, {shape.refs[i].w, shape.refs[i].h, c.channels, b}, nullptr,
+                                 ("ref" + std::to_string(i)).c_str()));
+    }
+    in.refs = g.refs;
+    in.timesteps = g.timesteps = s.input(GGML_TYPE_F32, {b}, nullptr, "timesteps");
+    if (c.guidance_embed) in.guidance = g.guidance = s.input(GGML_TYPE_F32, {b}, nullptr, "guidance");
+    in.context = g.context = s.input(GGML_TYPE_F32, {c.context_dim, shape.tokens, b}, nullptr, "context");
+    const Flux2Grid image{shape.latent_w, shape.latent_h};
+    std::vector<Flux2Grid> refs;
+    for (const LatentSize& r : shape.refs) refs.push_back({r.w, r.h});
+    const std::vector<float> rope = flux2_rope_table(c, shape.tokens, image, refs);
+    in.rope = s.input(GGML_TYPE_F32, flux2_rope_shape(c, shape.tokens, image, refs), rope.data(), "rope");
+    Flux2BuildOptions options;
+    options.flash_attention = shape.flash_attention;
+    options.skip_blocks = shape.skip_blocks;
+    auto out = build(s.ctx(), in, options);
+    if (!out.ok()) return Error{"DiT graph: " + out.error().message};
+    g.out = *out;
+    return g;
+}
+
+}  // namespace kiln::models
