@@ -7,8 +7,8 @@ namespace kiln::bench {
 
 UnetStepGraph build_unet_step_graph(const pipeline::Model& model, int width, int height, bool cfg, bool flash_attention,
                                     const std::string* prompt) {
-    const int64_t lw = width / model.vae().config().downscale();
-    const int64_t lh = height / model.vae().config().downscale();
+    const int64_t lw = width / model.vae().format().downscale;
+    const int64_t lh = height / model.vae().format().downscale;
     auto g = pipeline::build_diffusion_graph(
         model, {lw, lh, cfg ? 2 : 1, pipeline::context_length(model, prompt), flash_attention, {}, false});
     UnetStepGraph out;

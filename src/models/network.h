@@ -7,9 +7,10 @@
 // (DiffusionCapabilities), so the pipeline never asks which network it runs.
 //
 // A network plays one of a few roles, each an interface below: a diffusion
-// network (UNet, DiTs), a text encoder (CLIP, T5, LLMs), or a network the
-// pipeline holds by its concrete type because kiln has one of its kind
-// (the autoencoders, the ControlNet, the upscaler).
+// network (UNet, DiTs), a text encoder (CLIP, T5, LLMs), an autoencoder
+// (SD's and Flux's KL autoencoder, FLUX.2's), or a network the pipeline holds
+// by its concrete type because kiln has one of its kind (the ControlNet, the
+// preview decoder, the upscaler).
 #pragma once
 
 #include <array>
@@ -28,6 +29,7 @@ namespace kiln::models {
 
 class DiffusionNetwork;
 class TextEncoderNetwork;
+class AutoencoderNetwork;
 class ControlNet;
 
 class Network {
@@ -37,6 +39,7 @@ class Network {
     // The role views: the network's own interface for its role, or null.
     virtual const DiffusionNetwork* as_diffusion() const { return nullptr; }
     virtual const TextEncoderNetwork* as_text_encoder() const { return nullptr; }
+    virtual const AutoencoderNetwork* as_autoencoder() const { return nullptr; }
 
     // LoRA: whether files trained for the model change this network's
     // weights (a preview decoder's and a ControlNet's are never targets).
@@ -202,6 +205,34 @@ class TextEncoderNetwork : public Network {
     // The encoder's own name for messages ("CLIP", "T5", "Qwen3").
     virtual std::string label() const = 0;
     virtual TextEncoderTensors build(nn::GraphInputs& inputs, const TextEncodeShape& shape) const = 0;
+};
+
+// ---- Autoencoders -------------------------------------------------------------
+
+// The latent an autoencoder makes, as the pipeline sees it.
+struct AutoencoderFormat {
+    int64_t image_channels = 3;
+    int64_t latent_channels = 4;  // of the latent the sampler works on
+    int downscale = 8;            // image pixels per latent pixel, along each side
+    bool has_encoder = true;
+};
+
+// What an encoder graph gives: the latent distribution's mean, or its mean
+// then its log variance (to draw a sample, as sd-cli and A1111 do).
+enum class LatentEncoding { Mean, Moments };
+
+class AutoencoderNetwork : public Network {
+  public:
+    const AutoencoderNetwork* as_autoencoder() const override { return this; }
+    virtual const AutoencoderFormat& format() const = 0;
+    // latent ne [w, h, latent_channels, B] (unscaled: the family's latent
+    // scale and shift are the pipeline's) -> image ne [W, H, image_channels,
+    // B] in [-1, 1].
+    virtual ggml_tensor* decode(ggml_context* ctx, ggml_tensor* latent, nn::ComputeTarget target) const = 0;
+    // image ne [W, H, image_channels, B] in [-1, 1] -> ne [w, h,
+    // latent_channels (x2 for Moments), B]. Requires format().has_encoder.
+    virtual ggml_tensor* encode(ggml_context* ctx, ggml_tensor* image, nn::ComputeTarget target,
+                                LatentEncoding encoding) const = 0;
 };
 
 }  // namespace kiln::models

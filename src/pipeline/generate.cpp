@@ -225,7 +225,7 @@ Result<std::vector<float>> run_diffusion(Model& model, const std::vector<float>&
 
 // `encoding` matters for encoding only.
 Result<std::vector<float>> run_vae(Model& model, bool decode, const std::vector<float>& input, int64_t w, int64_t h,
-                                   const std::optional<VaeTiling>& tiling, VaeEncoding encoding = VaeEncoding::Mean) {
+                                   const std::optional<VaeTiling>& tiling, models::LatentEncoding encoding = models::LatentEncoding::Mean) {
     if (tiling) {
         return decode ? decode_tiled(model, input, w, h, *tiling)
                       : encode_tiled(model, input, w, h, *tiling, nullptr, encoding);
@@ -348,7 +348,7 @@ Result<std::vector<float>> encode_image(Model& model, const image::Image& source
     if (!planes.ok()) return planes.error();
     const std::vector<float>& pixels = *planes;
     auto encoded = run_vae(model, /*decode=*/false, pixels, p.width, p.height, tiling,
-                           sample_rng ? VaeEncoding::Moments : VaeEncoding::Mean);
+                           sample_rng ? models::LatentEncoding::Moments : models::LatentEncoding::Mean);
     if (!encoded.ok()) return encoded.error();
     std::vector<float> latent = std::move(encoded).value();
     if (sample_rng) {
@@ -726,7 +726,7 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
     std::optional<std::vector<float>> init_latent;
     std::vector<float> mean_latent;
     if (request.init_image) {
-        if (!model.vae().config().has_encoder)
+        if (!model.vae().format().has_encoder)
             return Error{"this model's VAE has no encoder: image-to-image needs one"};
         // A sample of the init image's latent distribution, drawn from the
         // job's generator at the first image's seed before anything else
@@ -744,7 +744,7 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
         if (at.width != p.width || at.height != p.height) {
             // init_latent_resize (A1111's resize_mode 3): the sample is resized,
             // as A1111 resizes its encoding (a sample too).
-            const int64_t down = model.vae().config().downscale();
+            const int64_t down = model.vae().format().downscale;
             sampled = resize_latent(sampled, model.latent_channels(), at.width / down, at.height / down, p.latent_w,
                                     p.latent_h, LatentResize::Bilinear);
             mean_latent.clear();  // only an inpainting job reads it, and it has no mask
@@ -823,7 +823,7 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
         if (!encoded.ok()) return encoded.error().in_context("reference image: ");
         run.refs.push_back(std::move(encoded).value());
         run.ref_sizes.push_back(
-            {at.width / model.vae().config().downscale(), at.height / model.vae().config().downscale()});
+            {at.width / model.vae().format().downscale, at.height / model.vae().format().downscale});
     }
     const bool flow = schedule->flow();
     bool preview_failed = false;  // warned once per job

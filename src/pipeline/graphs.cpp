@@ -121,7 +121,7 @@ int64_t single_chunk_tokens(const Model& model) {
 }
 
 VaeGraph build_vae_decode_graph(const Model& model, int64_t latent_w, int64_t latent_h, const float* latent) {
-    const models::VaeConfig& vc = model.vae().config();
+    const models::AutoencoderFormat& vc = model.vae().format();
     VaeGraph g;
     g.session = std::make_unique<runtime::GraphSession>();
     std::vector<float> zeros;
@@ -129,7 +129,7 @@ VaeGraph build_vae_decode_graph(const Model& model, int64_t latent_w, int64_t la
         GGML_TYPE_F32, {latent_w, latent_h, vc.latent_channels, 1},
         or_zeros(latent, static_cast<size_t>(latent_w * latent_h * vc.latent_channels), zeros), "latent");
     g.out = model.vae_weights().apply_patches(g.session->ctx(),
-                                              model.vae().build_decoder(g.session->ctx(), in, model.vae_target()));
+                                              model.vae().decode(g.session->ctx(), in, model.vae_target()));
     return g;
 }
 
@@ -146,18 +146,16 @@ VaeGraph build_taesd_decode_graph(const Model& model, int64_t latent_w, int64_t 
 }
 
 VaeGraph build_vae_encode_graph(const Model& model, int64_t width, int64_t height, const float* pixels,
-                                VaeEncoding encoding) {
-    const models::VaeConfig& vc = model.vae().config();
+                                models::LatentEncoding encoding) {
+    const models::AutoencoderFormat& vc = model.vae().format();
     VaeGraph g;
     g.session = std::make_unique<runtime::GraphSession>();
     std::vector<float> zeros;
     ggml_tensor* in =
         g.session->input(GGML_TYPE_F32, {width, height, vc.image_channels, 1},
                          or_zeros(pixels, static_cast<size_t>(width * height * vc.image_channels), zeros), "image");
-    g.out = model.vae_weights().apply_patches(
-        g.session->ctx(), encoding == VaeEncoding::Moments
-                              ? model.vae().build_encoder_moments(g.session->ctx(), in, model.vae_target())
-                              : model.vae().build_encoder(g.session->ctx(), in, model.vae_target()));
+    g.out = model.vae_weights().apply_patches(g.session->ctx(),
+                                              model.vae().encode(g.session->ctx(), in, model.vae_target(), encoding));
     return g;
 }
 

@@ -70,10 +70,9 @@ struct VaeGraph {
 VaeGraph build_vae_decode_graph(const Model& model, int64_t latent_w, int64_t latent_h, const float* latent);
 // --taesd's decoder on the scaled latent: an image ne [W, H, 3, 1] in about [0, 1].
 VaeGraph build_taesd_decode_graph(const Model& model, int64_t latent_w, int64_t latent_h, const float* latent);
-// What the encoder graph gives: the latent distribution's mean, or its mean
-// then its log variance (to draw a sample, as sd-cli and A1111 do).
-enum class VaeEncoding { Mean, Moments };
+// `encoding`: the latent distribution's mean, or its mean then its log
+// variance (models::LatentEncoding).
 VaeGraph build_vae_encode_graph(const Model& model, int64_t width, int64_t height, const float* pixels,
-                                VaeEncoding encoding = VaeEncoding::Mean);
+                                models::LatentEncoding encoding = models::LatentEncoding::Mean);
 
 }  // namespace kiln::pipeline

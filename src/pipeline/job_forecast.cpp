@@ -14,8 +14,8 @@ namespace kiln::pipeline {
 Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, bool flash_attention,
                                  const std::string* prompt, const JobPasses& passes) {
     const int64_t batch = cfg ? 2 : 1;
-    const auto& vc = model.vae().config();
-    const int64_t lw = width / vc.downscale(), lh = height / vc.downscale();
+    const models::AutoencoderFormat& vc = model.vae().format();
+    const int64_t lw = width / vc.downscale, lh = height / vc.downscale;
     JobForecast out;
     auto add = [&](runtime::Executor& executor, runtime::GraphSession& session, ggml_tensor* output,
                    const std::string& pass) -> Status {
@@ -51,7 +51,7 @@ Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, 
         };
         VaeGraph g = graph(w, h);
         KILN_TRY(add(model.vae_compute(), *g.session, g.out, pass));
-        const int64_t side = decode ? tile : tile * vc.downscale();  // tiles are counted in latent pixels
+        const int64_t side = decode ? tile : tile * vc.downscale;  // tiles are counted in latent pixels
         if (out.modules.back().run.fits || (w <= side && h <= side)) return Status::Ok();
         out.modules.pop_back();
         VaeGraph t = graph(std::min(w, side), std::min(h, side));

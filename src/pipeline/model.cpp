@@ -216,7 +216,7 @@ Model::~Model() {
 
 std::string Model::control_net_name() const { return fs::path(control_->file->sources().front().path).stem().string(); }
 
-int Model::size_stride() const { return vae().config().downscale() * diffusion().capabilities().size_stride; }
+int Model::size_stride() const { return vae().format().downscale * diffusion().capabilities().size_stride; }
 
 std::unique_ptr<NoiseSchedule> Model::noise_schedule(int width, int height, std::optional<float> flow_shift) const {
     if (prediction_ != Prediction::Flow)
@@ -294,9 +294,9 @@ Status Model::load_taesd(const std::string& path, const ModelOptions& options) {
                                "-channel latents, but " + family_label_ + "'s latent has " +
                                std::to_string(latent_channels()) + " channels (TAESD and TAESDXL take 4, TAEF1 16)");
     }
-    if (net.config().upscale() != vae().config().downscale()) {
+    if (net.config().upscale() != vae().format().downscale) {
         return Error::bad_file(path + " (--taesd): it upscales " + std::to_string(net.config().upscale()) +
-                               "x, the model's VAE " + std::to_string(vae().config().downscale()) + "x");
+                               "x, the model's VAE " + std::to_string(vae().format().downscale) + "x");
     }
     taesd_ = module.get();
     taesd_preview_only_ = options.taesd_preview_only;
@@ -567,7 +567,7 @@ Status Model::check_conditioning() const {
     shape.family = family_->name;
     shape.family_label = family_label_;
     shape.size_embedding = family_->conditioning.size_embedding;
-    shape.latent_channels = vae().config().latent_channels;
+    shape.latent_channels = vae().format().latent_channels;
     for (const TextEncoder& te : text_encoders_) {
         shape.encoders.push_back({te.use->module, te.network->label(), te.width(), te.network->pooled_width(),
                                   te.use->context, te.use->pooled});

@@ -156,7 +156,7 @@ class Model {
     // UNet's 2^(levels-1) or the DiT's patch size.
     int size_stride() const;
     // The latent's channels (the VAE's).
-    int64_t latent_channels() const { return vae().config().latent_channels; }
+    int64_t latent_channels() const { return vae().format().latent_channels; }
     // Whether --preview proj can show this model's latent: the family's
     // latent-to-RGB factors have one row per latent channel.
     bool has_latent_projection() const {
@@ -188,8 +188,8 @@ class Model {
     // is capabilities(), never its kind.
     const models::DiffusionNetwork& diffusion() const { return *diffusion_->network->as_diffusion(); }
     const runtime::ModuleWeights& diffusion_weights() const { return diffusion_->weights(); }
-    // The family's autoencoder (kiln has one kind: models/nets/vae.h).
-    const models::Vae& vae() const { return static_cast<const models::Vae&>(*vae_->network); }
+    // The family's autoencoder by its interface (models/network.h).
+    const models::AutoencoderNetwork& vae() const { return *vae_->network->as_autoencoder(); }
     const runtime::ModuleWeights& vae_weights() const { return vae_->weights(); }
     runtime::Executor& diffusion_compute() { return *diffusion_->executor; }
     nn::ComputeTarget diffusion_target() const { return diffusion_->target; }

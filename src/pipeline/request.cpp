@@ -49,8 +49,8 @@ Result<ValidatedHires> validate_hires(const Model& model, const GenerationReques
         return Error::invalid_request("the hires size must be at most " + std::to_string(image::kMaxDimension) +
                                       " a side, got " + size_text(v.width, v.height));
     }
-    v.latent_w = v.width / model.vae().config().downscale();
-    v.latent_h = v.height / model.vae().config().downscale();
+    v.latent_w = v.width / model.vae().format().downscale;
+    v.latent_h = v.height / model.vae().format().downscale;
     if (h.steps < 0 || h.steps > kMaxSteps) {
         return Error::invalid_request("--hires-steps must be in [0, " + std::to_string(kMaxSteps) +
                                       "] (0: the first pass's steps), got " + std::to_string(h.steps));
@@ -93,7 +93,7 @@ Result<ValidatedHires> validate_hires(const Model& model, const GenerationReques
         v.model_path = h.upscaler;
         v.label = std::filesystem::path(h.upscaler).stem().string();
     }
-    if (!model.vae().config().has_encoder && v.upscaler != HiresUpscaler::Latent && h.denoising_strength > 0.0f) {
+    if (!model.vae().format().has_encoder && v.upscaler != HiresUpscaler::Latent && h.denoising_strength > 0.0f) {
         return Error::invalid_request("this model's VAE has no encoder: a hires fix with an image upscaler (" +
                                       v.label + ") needs one");
     }
@@ -200,8 +200,8 @@ Result<ValidatedRequest> validate_request(const Model& model, const GenerationRe
         return Error::invalid_request("width and height must be at most " + std::to_string(image::kMaxDimension) +
                                       ", got " + size_text(p.width, p.height));
     }
-    p.latent_w = p.width / model.vae().config().downscale();
-    p.latent_h = p.height / model.vae().config().downscale();
+    p.latent_w = p.width / model.vae().format().downscale;
+    p.latent_h = p.height / model.vae().format().downscale;
 
     p.steps = r.steps != 0 ? r.steps : d.steps;
     if (p.steps < 1 || p.steps > kMaxSteps) {
@@ -270,7 +270,7 @@ Result<ValidatedRequest> validate_request(const Model& model, const GenerationRe
                                           te.use->module + " text encoder, got " + std::to_string(r.clip_skip));
         }
     }
-    if ((r.init_image || !r.ref_images.empty()) && !model.vae().config().has_encoder) {
+    if ((r.init_image || !r.ref_images.empty()) && !model.vae().format().has_encoder) {
         return Error::invalid_request("this model's VAE has no encoder: image-to-image needs one");
     }
     if (r.guidance && (!std::isfinite(*r.guidance) || *r.guidance < 0 || *r.guidance > kMaxCfgScale)) {

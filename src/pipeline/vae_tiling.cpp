@@ -173,7 +173,7 @@ Result<std::vector<float>> run_tiled(const std::vector<float>& input, const Tile
 Result<std::vector<float>> decode_tiled(Model& model, const std::vector<float>& latent, int64_t latent_w,
                                         int64_t latent_h, const VaeTiling& tiling, TilingStats* stats) {
     KILN_TRY(validate_tiling(tiling));
-    const models::VaeConfig& vc = model.vae().config();
+    const models::AutoencoderFormat& vc = model.vae().format();
     if (latent_w < 1 || latent_h < 1) {
         return Error{"VAE decode: the latent size " + dims(latent_w, latent_h) + " is empty"};
     }
@@ -183,7 +183,7 @@ Result<std::vector<float>> decode_tiled(Model& model, const std::vector<float>& 
     map.in_channels = vc.latent_channels;
     map.out_channels = vc.image_channels;
     map.in_scale = 1;
-    map.out_scale = vc.downscale();
+    map.out_scale = vc.downscale;
     TileFn fn = [&](const std::vector<float>& z, int64_t w, int64_t h) -> Result<std::vector<float>> {
         VaeGraph g = build_vae_decode_graph(model, w, h, z.data());
         KILN_TRY(g.session->run(model.vae_compute(), g.out));
@@ -193,11 +193,11 @@ Result<std::vector<float>> decode_tiled(Model& model, const std::vector<float>& 
 }
 
 Result<std::vector<float>> encode_tiled(Model& model, const std::vector<float>& image, int64_t width, int64_t height,
-                                        const VaeTiling& tiling, TilingStats* stats, VaeEncoding encoding) {
+                                        const VaeTiling& tiling, TilingStats* stats, models::LatentEncoding encoding) {
     KILN_TRY(validate_tiling(tiling));
-    const models::VaeConfig& vc = model.vae().config();
+    const models::AutoencoderFormat& vc = model.vae().format();
     if (!vc.has_encoder) return Error{"this model's VAE has no encoder"};
-    const int64_t d = vc.downscale();
+    const int64_t d = vc.downscale;
     // Tiles start on multiples of d image pixels, so every tile's downsampling
     // lines up with the whole image's; that needs whole latent pixels.
     if (width < d || height < d || width % d != 0 || height % d != 0) {
@@ -208,7 +208,7 @@ Result<std::vector<float>> encode_tiled(Model& model, const std::vector<float>& 
     map.grid_w = width / d;
     map.grid_h = height / d;
     map.in_channels = vc.image_channels;
-    map.out_channels = vc.latent_channels * (encoding == VaeEncoding::Moments ? 2 : 1);
+    map.out_channels = vc.latent_channels * (encoding == models::LatentEncoding::Moments ? 2 : 1);
     map.in_scale = d;
     map.out_scale = 1;
     TileFn fn = [&](const std::vector<float>& pixels, int64_t w, int64_t h) -> Result<std::vector<float>> {

@@ -83,12 +83,12 @@ Result<std::vector<float>> decode_tiled(Model& model, const std::vector<float>& 
                                         int64_t latent_h, const VaeTiling& tiling, TilingStats* stats = nullptr);
 
 // image: planar [3, height, width] in [-1, 1] -> the latent distribution's
-// mean (or with VaeEncoding::Moments its mean then log variance), planar
+// mean (or with models::LatentEncoding::Moments its mean then log variance), planar
 // [latent_channels (x2), height / d, width / d] (unscaled), d being
 // the VAE's downscale. Errors: invalid tiling, a VAE without an encoder, width
 // or height not a positive multiple of d, an image of the wrong size, a failed graph.
 Result<std::vector<float>> encode_tiled(Model& model, const std::vector<float>& image, int64_t width, int64_t height,
                                         const VaeTiling& tiling, TilingStats* stats = nullptr,
-                                        VaeEncoding encoding = VaeEncoding::Mean);
+                                        models::LatentEncoding encoding = models::LatentEncoding::Mean);
 
 }  // namespace kiln::pipeline

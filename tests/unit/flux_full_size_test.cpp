@@ -72,8 +72,8 @@ TEST_F(FluxFullSize, InfoAndLoaderSeeFlux1Dev) {
     EXPECT_EQ(t5.layers, 24);
     EXPECT_EQ(t5.heads, 64);
     EXPECT_EQ(t5.d_ff, 10240);
-    EXPECT_EQ((*model)->vae().config().latent_channels, 16);
-    EXPECT_FALSE((*model)->vae().config().quant_convs);
+    EXPECT_EQ((*model)->vae().format().latent_channels, 16);
+    EXPECT_FALSE(dynamic_cast<const models::Vae&>((*model)->vae()).config().quant_convs);
 }
 
 // The placement and segments kiln plan predicts at each budget, without

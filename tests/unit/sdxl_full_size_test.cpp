@@ -69,7 +69,7 @@ TEST(SdxlFullSize, InfoAndPlanSeeTheBaseModel) {
     EXPECT_EQ(g.heads, 20);
     EXPECT_EQ(g.projection, 1280);
     EXPECT_FALSE(g.quick_gelu);
-    EXPECT_EQ((*model)->vae().config().level_channels, (std::vector<int64_t>{128, 256, 512, 512}));
+    EXPECT_EQ(dynamic_cast<const models::Vae&>((*model)->vae()).config().level_channels, (std::vector<int64_t>{128, 256, 512, 512}));
 
     auto plan = test::run_command(std::string(KILN_BIN) + " plan -m " + path + " --tokenizer " + tokenizer +
                                   " -W 1024 -H 1024 -t 1");

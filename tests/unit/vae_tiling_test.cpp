@@ -236,8 +236,8 @@ class VaeTilingModel : public ::testing::Test {
     }
     void SetUp() override {
         ASSERT_NE(model_, nullptr) << (load_error_ ? *load_error_ : "");
-        ASSERT_EQ(model_->vae().config().downscale(), 2);
-        ASSERT_EQ(model_->vae().config().latent_channels, 4);
+        ASSERT_EQ(model_->vae().format().downscale, 2);
+        ASSERT_EQ(model_->vae().format().latent_channels, 4);
     }
 
     static pipeline::Model& model() { return *model_; }
@@ -246,7 +246,7 @@ class VaeTilingModel : public ::testing::Test {
     static std::vector<float> decode_whole(const std::vector<float>& z, int64_t w, int64_t h) {
         runtime::GraphSession session;
         ggml_tensor* in = session.input(GGML_TYPE_F32, {w, h, 4, 1}, z.data());
-        ggml_tensor* out = model().vae().build_decoder(session.ctx(), in);
+        ggml_tensor* out = model().vae().decode(session.ctx(), in, nn::ComputeTarget::Cpu);
         Status s = session.run(model().vae_compute(), out);
         EXPECT_TRUE(s.ok()) << s.error().message;
         return runtime::GraphSession::read(out);
@@ -254,7 +254,7 @@ class VaeTilingModel : public ::testing::Test {
     static std::vector<float> encode_whole(const std::vector<float>& image, int64_t w, int64_t h) {
         runtime::GraphSession session;
         ggml_tensor* in = session.input(GGML_TYPE_F32, {w, h, 3, 1}, image.data());
-        ggml_tensor* out = model().vae().build_encoder(session.ctx(), in);
+        ggml_tensor* out = model().vae().encode(session.ctx(), in, nn::ComputeTarget::Cpu, models::LatentEncoding::Mean);
         Status s = session.run(model().vae_compute(), out);
         EXPECT_TRUE(s.ok()) << s.error().message;
         return runtime::GraphSession::read(out);

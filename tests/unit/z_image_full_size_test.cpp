@@ -261,7 +261,7 @@ void expect_z_image_turbo(const pipeline::Model& m) {
     EXPECT_EQ(q.head_dim, 128);
     EXPECT_EQ(q.ffn, 9728);
     EXPECT_FLOAT_EQ(q.norm_eps, 1e-6f);
-    EXPECT_EQ(m.vae().config().latent_channels, 16);
+    EXPECT_EQ(m.vae().format().latent_channels, 16);
 }
 
 TEST_F(ZImageFullSize, LoaderReadsTheBf16Files) {

@@ -139,6 +139,7 @@ Result<std::unique_ptr<Vae>> Vae::create(io::WeightDeclarer& weights) {
     c.mid_attention = find("decoder.mid.attn_1.q.weight") != nullptr;
     c.quant_convs = find("post_quant_conv.weight") != nullptr;
     vae->declare(weights);
+    vae->format_ = {c.image_channels, c.latent_channels, c.downscale(), c.has_encoder};
     return vae;
 }
 

@@ -32,7 +32,7 @@ struct VaeConfig {
     int downscale() const { return 1 << (level_channels.size() - 1); }
 };
 
-class Vae final : public Network {
+class Vae final : public AutoencoderNetwork {
   public:
     static Result<std::unique_ptr<Vae>> create(io::WeightDeclarer& weights);
     ~Vae();
@@ -55,12 +55,24 @@ class Vae final : public Network {
                                nn::ComputeTarget target = nn::ComputeTarget::Cpu) const;
     ggml_tensor* build_encoder_moments(ggml_context* ctx, ggml_tensor* image, nn::ComputeTarget target) const;
 
+    // AutoencoderNetwork: the builders above.
+    const AutoencoderFormat& format() const override { return format_; }
+    ggml_tensor* decode(ggml_context* ctx, ggml_tensor* latent, nn::ComputeTarget target) const override {
+        return build_decoder(ctx, latent, target);
+    }
+    ggml_tensor* encode(ggml_context* ctx, ggml_tensor* image, nn::ComputeTarget target,
+                        LatentEncoding encoding) const override {
+        return encoding == LatentEncoding::Moments ? build_encoder_moments(ctx, image, target)
+                                                   : build_encoder(ctx, image, target);
+    }
+
   private:
     struct Blocks;
     Vae();
     void declare(io::WeightDeclarer& w);
 
     VaeConfig config_;
+    AutoencoderFormat format_;
     std::unique_ptr<Blocks> blocks_;
 };
 
