@@ -136,8 +136,17 @@ Result<std::unique_ptr<Vae>> Vae::create(io::WeightDeclarer& weights) {
     c.res_blocks = blocks - 1;
     if (c.res_blocks < 1) return Error{"VAE under '" + prefix + "': decoder levels need at least 2 resnets"};
     c.has_encoder = find("encoder.conv_in.weight") != nullptr;
+    c.encoder_level_channels = c.level_channels;
+    for (size_t level = 0; c.has_encoder && level < c.level_channels.size(); ++level) {
+        const io::TensorInfo* conv = find("encoder.down." + std::to_string(level) + ".block.0.conv1.weight");
+        if (conv && conv->shape.size() == 4 && conv->shape[0] > 0) c.encoder_level_channels[level] = conv->shape[0];
+    }
     c.mid_attention = find("decoder.mid.attn_1.q.weight") != nullptr;
-    c.quant_convs = find("post_quant_conv.weight") != nullptr;
+    if (find("decoder.post_quant_conv.weight")) {
+        c.quant_conv = "encoder.quant_conv";
+        c.post_quant_conv = "decoder.post_quant_conv";
+    }
+    c.quant_convs = find(c.post_quant_conv + ".weight") != nullptr;
     vae->declare(weights);
     vae->format_ = {c.image_channels, c.latent_channels, c.downscale(), c.has_encoder};
     return vae;
@@ -150,15 +159,17 @@ void Vae::declare(io::WeightDeclarer& w) {
     const int levels = static_cast<int>(c.level_channels.size());
     const int64_t top = c.level_channels.back();
     if (c.has_encoder) {
-        b.enc_in = nn::declare_conv2d(w, "encoder.conv_in", c.image_channels, c.level_channels[0], 3, 1, 1);
-        int64_t ch = c.level_channels[0];
+        const std::vector<int64_t>& widths = c.encoder_level_channels;
+        const int64_t enc_top = widths.back();
+        b.enc_in = nn::declare_conv2d(w, "encoder.conv_in", c.image_channels, widths[0], 3, 1, 1);
+        int64_t ch = widths[0];
         for (int level = 0; level < levels; ++level) {
             std::vector<ResnetBlock> blocks;
             for (int j = 0; j < c.res_blocks; ++j) {
                 blocks.push_back(
                     declare_resnet(w, "encoder.down." + std::to_string(level) + ".block." + std::to_string(j) + ".", ch,
-                                   c.level_channels[level]));
-                ch = c.level_channels[level];
+                                   widths[level]));
+                ch = widths[level];
             }
             b.down.push_back(std::move(blocks));
             if (level + 1 < levels) {
@@ -168,13 +179,13 @@ void Vae::declare(io::WeightDeclarer& w) {
                 b.downsample.push_back(std::nullopt);
             }
         }
-        b.enc_mid = declare_mid(w, "encoder.", top, c.mid_attention);
-        b.enc_norm = nn::declare_norm(w, "encoder.norm_out", top);
-        b.enc_out = nn::declare_conv2d(w, "encoder.conv_out", top, 2 * c.latent_channels, 3, 1, 1);
+        b.enc_mid = declare_mid(w, "encoder.", enc_top, c.mid_attention);
+        b.enc_norm = nn::declare_norm(w, "encoder.norm_out", enc_top);
+        b.enc_out = nn::declare_conv2d(w, "encoder.conv_out", enc_top, 2 * c.latent_channels, 3, 1, 1);
         if (c.quant_convs)
-            b.quant = nn::declare_conv2d(w, "quant_conv", 2 * c.latent_channels, 2 * c.latent_channels, 1);
+            b.quant = nn::declare_conv2d(w, c.quant_conv, 2 * c.latent_channels, 2 * c.latent_channels, 1);
     }
-    if (c.quant_convs) b.post_quant = nn::declare_conv2d(w, "post_quant_conv", c.latent_channels, c.latent_channels, 1);
+    if (c.quant_convs) b.post_quant = nn::declare_conv2d(w, c.post_quant_conv, c.latent_channels, c.latent_channels, 1);
     b.dec_in = nn::declare_conv2d(w, "decoder.conv_in", c.latent_channels, top, 3, 1, 1);
     b.dec_mid = declare_mid(w, "decoder.", top, c.mid_attention);
     b.up.resize(levels);

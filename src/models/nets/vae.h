@@ -1,6 +1,8 @@
 // AutoencoderKL (ldm naming: encoder.*, decoder.*, quant_conv, post_quant_conv),
-// and BFL's Flux autoencoder (the same network with 16 latent channels and
-// no quant convolutions).
+// BFL's Flux autoencoder (the same network with 16 latent channels and no
+// quant convolutions), and the KL core of FLUX.2's (32 latent channels, its
+// quant convolutions inside encoder and decoder; models/nets/flux2_vae adds
+// its latent normalisation).
 // Channels per level, resnets per level and the latent width are read from
 // the weights. The latent scale factor (0.18215 for SD1/SD2) is applied by the
 // pipeline, not here.
@@ -22,12 +24,19 @@ namespace kiln::models {
 struct VaeConfig {
     int64_t image_channels = 3;
     int64_t latent_channels = 4;
-    std::vector<int64_t> level_channels;  // encoder level i (decoder mirrors it)
-    int res_blocks = 2;                   // encoder resnets per level (decoder has one more)
+    std::vector<int64_t> level_channels;  // decoder level i (up.i)
+    // Encoder level i (down.i): the decoder's, except where a distilled
+    // decoder is narrower (FLUX.2's full_encoder_small_decoder: 128 vs 96).
+    std::vector<int64_t> encoder_level_channels;
+    int res_blocks = 2;  // encoder resnets per level (decoder has one more)
     bool has_encoder = true;
     bool mid_attention = true;
-    // quant_conv and post_quant_conv (ldm's SD VAEs); Flux's autoencoder has neither.
+    // quant_conv and post_quant_conv (ldm's SD VAEs); Flux's autoencoder has
+    // neither; FLUX.2's keeps them inside: encoder.quant_conv,
+    // decoder.post_quant_conv.
     bool quant_convs = true;
+    std::string quant_conv = "quant_conv";
+    std::string post_quant_conv = "post_quant_conv";
     // Image pixels per latent pixel along each side: 2^(levels-1).
     int downscale() const { return 1 << (level_channels.size() - 1); }
 };
