@@ -15,7 +15,8 @@ TEST(NetworkRegistry, EveryKindHasItsOwnLine) {
     for (models::NetworkKind kind :
          {models::NetworkKind::ClipText, models::NetworkKind::Unet, models::NetworkKind::Vae, models::NetworkKind::T5,
           models::NetworkKind::FluxDit, models::NetworkKind::Llm, models::NetworkKind::ZImageDit,
-          models::NetworkKind::ControlNet, models::NetworkKind::Taesd, models::NetworkKind::Flux2Dit}) {
+          models::NetworkKind::ControlNet, models::NetworkKind::Taesd, models::NetworkKind::Flux2Dit,
+          models::NetworkKind::Flux2Vae}) {
         const models::NetworkEntry& entry = models::network_entry(kind);
         EXPECT_EQ(entry.kind, kind) << static_cast<int>(kind);
         EXPECT_FALSE(entry.probes.empty()) << static_cast<int>(kind);

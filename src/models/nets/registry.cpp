@@ -3,6 +3,7 @@
 #include "models/nets/clip_text.h"
 #include "models/nets/controlnet.h"
 #include "models/nets/flux2_dit.h"
+#include "models/nets/flux2_vae.h"
 #include "models/nets/flux_dit.h"
 #include "models/nets/llm_encoder.h"
 #include "models/nets/t5_encoder.h"
@@ -49,6 +50,7 @@ const std::vector<NetworkEntry>& entries() {
         {NetworkKind::ControlNet, {"input_hint_block.0.weight"}, create<ControlNet>},
         {NetworkKind::Taesd, {"decoder.layers.0.weight", "1.weight"}, create<Taesd>},
         {NetworkKind::Flux2Dit, {"double_stream_modulation_img.lin.weight"}, create<Flux2Dit>},
+        {NetworkKind::Flux2Vae, {"bn.running_mean"}, create<Flux2Vae>},
     };
     return list;
 }

@@ -28,6 +28,7 @@ enum class NetworkKind {
     ControlNet,  // models/nets/controlnet: ldm / sgm ControlNet (--control-net, not part of a family)
     Taesd,       // models/nets/taesd: a tiny autoencoder's decoder (--taesd), no family's own module
     Flux2Dit,    // models/nets/flux2_dit: FLUX.2's transformer ([klein], [dev])
+    Flux2Vae,    // models/nets/flux2_vae: FLUX.2's autoencoder (a normalised 128-channel latent)
 };
 
 // What the family asks of a network beyond its weights.
