@@ -87,8 +87,16 @@ struct TextEncoderUse {
     std::string chat_prefix;
     std::string chat_suffix;
     // LLM: the prompt length (template included) kiln plan assumes; a job
-    // runs with its prompt's own length.
+    // runs with its prompt's own length. With max_length > 0, the prompt is
+    // padded with the token `pad_text` or cut to exactly max_length tokens,
+    // the padding masked inside the LLM and passed on to the DiT (FLUX.2
+    // klein: 512 of "<|endoftext|>").
     int plan_tokens = 0;
+    std::string pad_text;
+    // LLM: HF's hidden_states[k] for each k (0: the embeddings), joined
+    // along the features, instead of default_layer (FLUX.2 klein: 9, 18, 27;
+    // the layers after the last are never loaded).
+    std::vector<int> hidden_states;
 };
 
 struct Conditioning {
@@ -136,6 +144,9 @@ struct Schedule {
     // (Flux-dev: 0.5 at 256 tokens, 1.15 at 4096).
     float flow_mu = 0.0f;
     bool resolution_shift = false;
+    // Flow: FLUX.2's mu from the image's token count and the step count
+    // (BFL's compute_empirical_mu) instead.
+    bool step_shift = false;
     // How --flow-shift reads, as sd-cli reads it per family: Flux's number
     // is mu itself (its FluxFlowDenoiser), SD3's and Z-Image's the factor
     // k = e^mu of s' = k s / (1 + (k - 1) s) (its DiscreteFlowDenoiser).
@@ -164,6 +175,10 @@ struct FileSet {
     // The first tensor (from the last file back) whose name ends with `suffix`.
     const io::TensorInfo* find_suffix(const std::string& suffix) const;
     bool any_name_contains(const std::string& part) const;
+    // Whether a file's path contains `word` (lower case), any case: the one
+    // thing that tells apart releases with the same weights (Z-Image Turbo
+    // and Base, FLUX.2 klein and klein base).
+    bool any_path_contains(const std::string& word) const;
 };
 
 struct Family {

@@ -176,8 +176,12 @@ struct TextEncodeShape {
     const float* extra_embeddings = nullptr;
     int64_t extra_rows = 0;
     int32_t pooled_token = -1;
-    // T5: 1 real, 0 padding per token (length * batch); null: none.
+    // T5, an LLM: 1 real, 0 padding per token (length * batch; an LLM: one
+    // sequence); null: none.
     const float* key_mask = nullptr;
+    // An LLM: HF's hidden_states[k] for each k, joined along the features
+    // (FLUX.2 klein's 9, 18, 27); empty: the `layer` as above.
+    std::vector<int> hidden_states;
 };
 
 struct TextEncoderTensors {

@@ -116,6 +116,17 @@ const io::TensorInfo* FileSet::find_suffix(const std::string& suffix) const {
     return nullptr;
 }
 
+bool FileSet::any_path_contains(const std::string& word) const {
+    for (const io::ModelFile* f : files) {
+        for (const io::SourceFile& s : f->sources()) {
+            std::string path = s.path;
+            std::transform(path.begin(), path.end(), path.begin(), [](unsigned char c) { return std::tolower(c); });
+            if (path.find(word) != std::string::npos) return true;
+        }
+    }
+    return false;
+}
+
 bool FileSet::any_name_contains(const std::string& part) const {
     for (const io::ModelFile* f : files) {
         for (const io::TensorInfo& t : f->tensors()) {

@@ -1,5 +1,7 @@
 #include "pipeline/conditioner.h"
 
+#include <algorithm>
+
 #include "pipeline/graphs.h"
 #include "pipeline/prompt_weights.h"
 
@@ -102,13 +104,23 @@ Result<EncodedChunks> encode_t5(const TextEncoder& encoder, const text::T5Tokeni
 Result<EncodedChunks> encode_llm(const TextEncoder& encoder, const text::LlmTokenizer& tokenizer,
                                  const std::string& prompt) {
     const models::TextEncoderUse& use = *encoder.use;
-    const LlmPrompt input = llm_prompt(tokenizer, use, prompt);
+    LlmPrompt input = llm_prompt(tokenizer, use, prompt);
+    // A fixed length: cut, or padded with the padding masked (FLUX.2 klein).
+    std::vector<float> real;
+    if (use.max_length > 0) {
+        const auto n = static_cast<size_t>(use.max_length);
+        real.assign(n, 0.0f);
+        std::fill_n(real.begin(), std::min(n, input.ids.size()), 1.0f);
+        input.ids.resize(n, tokenizer.token_id(use.pad_text));  // found when the model loaded
+        input.weights.resize(n, 1.0f);
+    }
     const auto length = static_cast<int64_t>(input.ids.size());
     if (length > kMaxLlmTokens) {
         return Error::invalid_request("the prompt is " + std::to_string(length) + " tokens under the " + use.module +
                                       " chat template; at most " + std::to_string(kMaxLlmTokens) + " are encoded");
     }
-    TextEncoderGraph g = build_text_encoder_graph(encoder, input.ids.data(), length, 1, use.default_layer);
+    TextEncoderGraph g = build_text_encoder_graph(encoder, input.ids.data(), length, 1, use.default_layer,
+                                                  real.empty() ? nullptr : real.data());
     KILN_TRY(g.session->run(*encoder.executor, g.out));
     EncodedChunks out;
     out.hidden = runtime::GraphSession::read(g.out);
@@ -124,6 +136,7 @@ Result<EncodedChunks> encode_llm(const TextEncoder& encoder, const text::LlmToke
 int64_t context_length(const Model& model, const std::string* prompt) {
     for (const TextEncoder& te : model.text_encoders()) {
         if (te.use->layout != models::PromptLayout::ChatTemplate) continue;
+        if (te.use->max_length > 0) return te.use->max_length;
         if (!prompt) return te.use->plan_tokens;
         return static_cast<int64_t>(llm_prompt(model.llm_tokenizer(), *te.use, *prompt).ids.size());
     }

@@ -40,8 +40,7 @@ std::vector<float> denoised_from_output(const Scalings& sc, const std::vector<fl
 NetworkStep network_step(Prediction prediction, const NoiseSchedule& schedule, float sigma, int timestep_shift) {
     NetworkStep out{schedule.sigma_to_t(sigma), get_scalings(prediction, sigma)};
     if (timestep_shift <= 0) return out;
-    out.timestep =
-        std::clamp(std::round(out.timestep * (static_cast<float>(timestep_shift) / 1000.0f)), 0.0f, 999.0f);
+    out.timestep = std::clamp(std::round(out.timestep * (static_cast<float>(timestep_shift) / 1000.0f)), 0.0f, 999.0f);
     const Scalings shifted = get_scalings(prediction, schedule.t_to_sigma(out.timestep));
     out.scalings.c_skip = shifted.c_skip * out.scalings.c_in / shifted.c_in;
     out.scalings.c_out = shifted.c_out;
@@ -134,6 +133,16 @@ float FlowSchedule::resolution_mu(int64_t image_tokens, float base_mu, float max
     const double m = (static_cast<double>(max_mu) - base_mu) / (4096.0 - 256.0);
     const double b = base_mu - m * 256.0;
     return static_cast<float>(m * static_cast<double>(image_tokens) + b);
+}
+
+float FlowSchedule::empirical_mu(int64_t image_tokens, int steps) {
+    const double a1 = 8.73809524e-05, b1 = 1.89833333, a2 = 0.00016927, b2 = 0.45666666;
+    const auto seq = static_cast<double>(image_tokens);
+    if (image_tokens > 4300) return static_cast<float>(a2 * seq + b2);
+    const double m_200 = a2 * seq + b2, m_10 = a1 * seq + b1;
+    const double a = (m_200 - m_10) / 190.0;
+    const double b = m_200 - 200.0 * a;
+    return static_cast<float>(a * steps + b);
 }
 
 FlowSchedule::FlowSchedule(float mu) : mu_(mu), sigmas_(kTimesteps) {

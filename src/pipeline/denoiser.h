@@ -126,6 +126,10 @@ class FlowSchedule : public NoiseSchedule {
     // mu linear in the image's token count, 0.5 at 256 tokens and 1.15 at
     // 4096 (a 1024x1024 Flux image).
     static float resolution_mu(int64_t image_tokens, float base_mu = 0.5f, float max_mu = 1.15f);
+    // BFL's FLUX.2 shift (flux2/sampling.py compute_empirical_mu): mu from
+    // the image's token count and the number of steps, fitted between 10
+    // and 200 steps; linear in the tokens alone above 4300 tokens.
+    static float empirical_mu(int64_t image_tokens, int steps);
     // shift(s) for s in (0, 1]; shift(0) = 0.
     static float time_shift(float mu, float s);
 

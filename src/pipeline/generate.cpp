@@ -225,7 +225,8 @@ Result<std::vector<float>> run_diffusion(Model& model, const std::vector<float>&
 
 // `encoding` matters for encoding only.
 Result<std::vector<float>> run_vae(Model& model, bool decode, const std::vector<float>& input, int64_t w, int64_t h,
-                                   const std::optional<VaeTiling>& tiling, models::LatentEncoding encoding = models::LatentEncoding::Mean) {
+                                   const std::optional<VaeTiling>& tiling,
+                                   models::LatentEncoding encoding = models::LatentEncoding::Mean) {
     if (tiling) {
         return decode ? decode_tiled(model, input, w, h, *tiling)
                       : encode_tiled(model, input, w, h, *tiling, nullptr, encoding);
@@ -595,7 +596,8 @@ Result<image::Image> hires_pass(Model& model, const GenerationRequest& request, 
         if (!encoded.ok()) return encoded.error();
         start = std::move(sampled);
     }
-    const std::unique_ptr<NoiseSchedule> schedule = model.noise_schedule(h.width, h.height, request.flow_shift);
+    const std::unique_ptr<NoiseSchedule> schedule =
+        model.noise_schedule(h.width, h.height, h.steps, request.flow_shift);
     auto sigmas = get_sigmas(p.scheduler, h.steps, *schedule);
     if (!sigmas.ok()) return sigmas.error();
     keep_last_share(*sigmas, h.steps, strength);
@@ -716,7 +718,8 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
     condition_on_size(model, *cond, uncond, p.width, p.height);
     times.text_encoding_s = seconds_since(encoding_start);
 
-    const std::unique_ptr<NoiseSchedule> schedule = model.noise_schedule(p.width, p.height, request.flow_shift);
+    const std::unique_ptr<NoiseSchedule> schedule =
+        model.noise_schedule(p.width, p.height, p.steps, request.flow_shift);
     std::vector<float> sigmas = request.sigmas;  // --sigmas, or the scheduler's
     if (sigmas.empty()) {
         auto scheduled = get_sigmas(p.scheduler, p.steps, *schedule);

@@ -45,6 +45,7 @@ TextEncoderGraph build_text_encoder_graph(const TextEncoder& encoder, const int3
     shape.final_norm = encoder.use->final_norm;
     shape.pooled = encoder.use->pooled;
     shape.key_mask = key_mask;
+    shape.hidden_states = encoder.use->hidden_states;
     const EmbeddingTable& extra = encoder.embeddings;
     if (extra.rows() > 0) {
         shape.extra_embeddings = extra.vectors.data();

@@ -218,14 +218,17 @@ std::string Model::control_net_name() const { return fs::path(control_->file->so
 
 int Model::size_stride() const { return vae().format().downscale * diffusion().capabilities().size_stride; }
 
-std::unique_ptr<NoiseSchedule> Model::noise_schedule(int width, int height, std::optional<float> flow_shift) const {
+std::unique_ptr<NoiseSchedule> Model::noise_schedule(int width, int height, int steps,
+                                                     std::optional<float> flow_shift) const {
     if (prediction_ != Prediction::Flow)
         return std::make_unique<DiscreteSchedule>(DiscreteSchedule::stable_diffusion());
     const models::Schedule& s = family_->schedule;
     if (flow_shift) return std::make_unique<FlowSchedule>(s.flow_shift_factor ? std::log(*flow_shift) : *flow_shift);
-    if (!s.resolution_shift) return std::make_unique<FlowSchedule>(s.flow_mu);
     const int64_t patch = static_cast<int64_t>(size_stride());
-    return std::make_unique<FlowSchedule>(FlowSchedule::resolution_mu((width / patch) * (height / patch)));
+    const int64_t image_tokens = (width / patch) * (height / patch);
+    if (s.step_shift) return std::make_unique<FlowSchedule>(FlowSchedule::empirical_mu(image_tokens, steps));
+    if (!s.resolution_shift) return std::make_unique<FlowSchedule>(s.flow_mu);
+    return std::make_unique<FlowSchedule>(FlowSchedule::resolution_mu(image_tokens));
 }
 
 Result<std::unique_ptr<Model>> Model::load(const ModelPaths& paths, const ModelOptions& options) {
@@ -390,6 +393,11 @@ Status Model::load_llm_tokenizer(const std::string& flag_path, const TextEncoder
                                    arch + "'");
         }
     }
+    if (encoder.use->max_length > 0 && llm_tokenizer_->token_id(encoder.use->pad_text) < 0) {
+        return Error::bad_file("the " + encoder.use->module + " tokenizer has no " + encoder.use->pad_text +
+                               " token to pad " + family_label_ + "'s prompts with (is it " + encoder.network->label() +
+                               "'s tokenizer?)");
+    }
     if (llm_tokenizer_->size() > encoder.network->vocab()) {
         return Error::bad_file("the LLM tokenizer has " + std::to_string(llm_tokenizer_->size()) + " tokens but the " +
                                encoder.use->module + " text encoder only " + std::to_string(encoder.network->vocab()));
@@ -478,8 +486,9 @@ Status Model::load_networks(const ModelPaths& paths, const ModelOptions& options
         // hidden_states[-2] never needs the LLM's last layer's weights).
         models::NetworkOptions network_options;
         for (const models::TextEncoderUse& use : family_->conditioning.encoders) {
-            if (use.module == spec.name && use.layout == models::PromptLayout::ChatTemplate)
-                network_options.unused_last_layers = use.default_layer - 1;
+            if (use.module != spec.name || use.layout != models::PromptLayout::ChatTemplate) continue;
+            network_options.unused_last_layers = use.default_layer - 1;
+            for (int k : use.hidden_states) network_options.first_layers = std::max(network_options.first_layers, k);
         }
         if (Status s = create_network(*module, network_options, options.weight_type); !s.ok())
             return s.error().as(ErrorKind::BadFile).in_context(module->file->sources().front().path + ": ");

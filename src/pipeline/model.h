@@ -6,6 +6,7 @@
 // defaults, latent format and conditioning are come from the family table.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <memory>
@@ -131,8 +132,11 @@ struct TextEncoder {
     // after the tokenizer's vocabulary.
     EmbeddingTable embeddings;
 
-    // The width of its hidden states.
-    int64_t width() const { return network->width(); }
+    // The width of what it gives per token: its hidden states, or several
+    // layers' side by side (TextEncoderUse::hidden_states).
+    int64_t width() const {
+        return network->width() * std::max<int64_t>(1, static_cast<int64_t>(use->hidden_states.size()));
+    }
 };
 
 class Model {
@@ -162,9 +166,11 @@ class Model {
     bool has_latent_projection() const {
         return static_cast<int64_t>(family_->latent.rgb_factors.size()) == latent_channels();
     }
-    // The noise table of a width x height job: the DDPM's, or the flow
-    // schedule with --flow-shift (`flow_shift`) or the family's shift.
-    std::unique_ptr<NoiseSchedule> noise_schedule(int width, int height, std::optional<float> flow_shift) const;
+    // The noise table of a width x height job of `steps` steps: the DDPM's,
+    // or the flow schedule with --flow-shift (`flow_shift`) or the family's
+    // shift (FLUX.2's depends on the steps).
+    std::unique_ptr<NoiseSchedule> noise_schedule(int width, int height, int steps,
+                                                  std::optional<float> flow_shift) const;
 
     // CLIP's tokenizer; only when the family has a CLIP encoder.
     bool has_clip_tokenizer() const { return tokenizer_ != nullptr; }

@@ -209,7 +209,7 @@ Result<ValidatedRequest> validate_request(const Model& model, const GenerationRe
                                       std::to_string(p.steps));
     }
     if (!r.sigmas.empty()) {
-        KILN_TRY(check_sigmas(r.sigmas, model.noise_schedule(p.width, p.height, std::nullopt)->flow()));
+        KILN_TRY(check_sigmas(r.sigmas, model.noise_schedule(p.width, p.height, p.steps, std::nullopt)->flow()));
         p.steps = static_cast<int>(r.sigmas.size()) - 1;
     }
     if (r.t5_masks.pad_tokens > kMaxT5MaskPad) {

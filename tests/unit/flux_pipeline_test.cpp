@@ -118,7 +118,7 @@ TEST_F(FluxPipeline, ConditioningIsT5AndThePooledClip) {
 
 TEST_F(FluxPipeline, ScheduleIsTheShiftedFlowTable) {
     ASSERT_NE(model_, nullptr);
-    const auto schedule = model_->noise_schedule(32, 32, std::nullopt);
+    const auto schedule = model_->noise_schedule(32, 32, 20, std::nullopt);
     EXPECT_TRUE(schedule->flow());
     auto sigmas = get_sigmas(SchedulerKind::Discrete, 4, *schedule);
     ASSERT_TRUE(sigmas.ok());
@@ -166,7 +166,7 @@ TEST_F(FluxPipeline, SamplingMatchesTheReferenceStepByStep) {
     cond.tokens = 512;
     cond.width = 48;
     cond.y = fixture_tensor(*io_, "clip.pooled").values;
-    const auto schedule = model_->noise_schedule(32, 32, std::nullopt);
+    const auto schedule = model_->noise_schedule(32, 32, 20, std::nullopt);
     SamplingRun run;
     run.latent_w = run.latent_h = 16;
     run.cfg_scale = 1.0f;

@@ -233,7 +233,7 @@ TEST_F(ZImagePipeline, PromptWeightsScaleTheirTokensAsSdCliDoes) {
 }
 
 TEST_F(ZImagePipeline, ScheduleIsTheFlowTableShiftedBy3) {
-    const auto schedule = model_->noise_schedule(32, 32, std::nullopt);
+    const auto schedule = model_->noise_schedule(32, 32, 20, std::nullopt);
     EXPECT_TRUE(schedule->flow());
     auto sigmas = get_sigmas(SchedulerKind::Discrete, 4, *schedule);
     ASSERT_TRUE(sigmas.ok()) << sigmas.error().message;
@@ -241,7 +241,7 @@ TEST_F(ZImagePipeline, ScheduleIsTheFlowTableShiftedBy3) {
     ASSERT_EQ(sigmas->size(), want.values.size());
     for (size_t i = 0; i < want.values.size(); ++i) EXPECT_NEAR((*sigmas)[i], want.values[i], 1e-6) << i;
     // No resolution shift: the same table at another size.
-    auto large = get_sigmas(SchedulerKind::Discrete, 4, *model_->noise_schedule(1024, 1024, std::nullopt));
+    auto large = get_sigmas(SchedulerKind::Discrete, 4, *model_->noise_schedule(1024, 1024, 4, std::nullopt));
     ASSERT_TRUE(large.ok());
     EXPECT_EQ(*large, *sigmas);
 }
@@ -262,7 +262,7 @@ TEST_F(ZImagePipeline, SamplingMatchesTheReferenceStepByStep) {
     cond.hidden = hidden.values;
     cond.tokens = hidden.shape[1];
     cond.width = 64;
-    const auto schedule = model_->noise_schedule(32, 32, std::nullopt);
+    const auto schedule = model_->noise_schedule(32, 32, 20, std::nullopt);
     SamplingRun run;
     run.latent_w = run.latent_h = 16;
     run.cfg_scale = 1.0f;
@@ -346,7 +346,7 @@ TEST_F(ZImagePipelineBase, TextToImageWithCfgMatchesTheReferenceJob) {
         c->tokens = hidden.shape[1];
         c->width = 64;
     }
-    const auto schedule = model_->noise_schedule(32, 32, std::nullopt);
+    const auto schedule = model_->noise_schedule(32, 32, 20, std::nullopt);
     SamplingRun run;
     run.latent_w = run.latent_h = 16;
     run.cfg_scale = 5.0f;

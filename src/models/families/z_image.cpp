@@ -1,8 +1,5 @@
 #include "models/families/z_image.h"
 
-#include <algorithm>
-#include <cctype>
-
 #include "models/families/flux.h"
 
 namespace kiln::models {
@@ -15,19 +12,8 @@ bool has_z_image_dit(const FileSet& files) {
            files.any_name_contains("context_refiner.0.");
 }
 
-bool named_turbo(const FileSet& files) {
-    for (const io::ModelFile* f : files.files) {
-        for (const io::SourceFile& s : f->sources()) {
-            std::string path = s.path;
-            std::transform(path.begin(), path.end(), path.begin(), [](unsigned char c) { return std::tolower(c); });
-            if (path.find("turbo") != std::string::npos) return true;
-        }
-    }
-    return false;
-}
-
-int detect_turbo(const FileSet& files) { return has_z_image_dit(files) && named_turbo(files) ? 3 : 0; }
-int detect_base(const FileSet& files) { return has_z_image_dit(files) && !named_turbo(files) ? 3 : 0; }
+int detect_turbo(const FileSet& files) { return has_z_image_dit(files) && files.any_path_contains("turbo") ? 3 : 0; }
+int detect_base(const FileSet& files) { return has_z_image_dit(files) && !files.any_path_contains("turbo") ? 3 : 0; }
 
 // diffusers' ZImagePipeline and sd-cli: the user turn of Qwen's chat
 // template with the assistant turn opened (apply_chat_template with

@@ -126,7 +126,8 @@ bool LlmEncoder::looks_like_llm(const io::ModelFile& file, const std::string& pr
     return false;
 }
 
-Result<std::unique_ptr<LlmEncoder>> LlmEncoder::create(io::WeightDeclarer& weights, int unused_last_layers) {
+Result<std::unique_ptr<LlmEncoder>> LlmEncoder::create(io::WeightDeclarer& weights, int unused_last_layers,
+                                                       int first_layers) {
     const io::ModelFile& file = weights.file();
     const std::string& prefix = weights.prefix();
     std::unique_ptr<LlmEncoder> enc(new LlmEncoder());
@@ -248,7 +249,11 @@ Result<std::unique_ptr<LlmEncoder>> LlmEncoder::create(io::WeightDeclarer& weigh
         return Error::invalid_request(where + ": unused_last_layers " + std::to_string(unused_last_layers) +
                                       " but the file has " + std::to_string(c.layers) + " layers");
     }
-    enc->declare(weights, c.layers - unused_last_layers);
+    if (first_layers < 0 || first_layers > c.layers) {
+        return Error::invalid_request(where + ": the first " + std::to_string(first_layers) +
+                                      " layers are read, but the file has " + std::to_string(c.layers));
+    }
+    enc->declare(weights, first_layers > 0 ? first_layers : c.layers - unused_last_layers);
     return enc;
 }
 
@@ -330,8 +335,12 @@ ggml_tensor* LlmEncoder::encode(ggml_context* ctx, ggml_tensor* tokens, const Ll
     auto rms_norm = [&](ggml_tensor* x, ggml_tensor* weight) {
         return ggml_mul(ctx, ggml_rms_norm(ctx, x, c.norm_eps), weight);
     };
+    for (int k : options.stacked_outputs) {
+        GGML_ASSERT(k >= 0 && k < run && "LlmOptions::stacked_outputs names a layer that does not run");
+    }
     ggml_tensor* x = ggml_get_rows(ctx, token_embedding_, ggml_reshape_1d(ctx, tokens, n * batch));  // [w, n*B]
     x = ggml_reshape_3d(ctx, x, c.width, n, batch);
+    std::vector<ggml_tensor*> outputs(static_cast<size_t>(run), nullptr);
     for (int64_t i = 0; i < run; ++i) {
         const Layer& l = *layers_[static_cast<size_t>(i)];
         x = ggml_add(ctx, x, self_attention(ctx, l, rms_norm(x, l.attention_norm), options));
@@ -339,6 +348,15 @@ ggml_tensor* LlmEncoder::encode(ggml_context* ctx, ggml_tensor* tokens, const Ll
         ggml_tensor* gated = ggml_mul(ctx, ggml_silu(ctx, product_f32(ctx, l.gate, h)), product_f32(ctx, l.up, h));
         x = ggml_add(ctx, x, product_f32(ctx, l.down, gated));
         x = nn::mark_cut(x, "llm.layers." + std::to_string(i));
+        outputs[static_cast<size_t>(i)] = x;
+    }
+    if (!options.stacked_outputs.empty()) {
+        ggml_tensor* stacked = nullptr;
+        for (int k : options.stacked_outputs) {
+            ggml_tensor* layer = outputs[static_cast<size_t>(k)];
+            stacked = stacked ? ggml_concat(ctx, stacked, layer, 0) : layer;
+        }
+        return stacked;
     }
     return options.final_norm ? rms_norm(x, final_norm_) : x;
 }
@@ -349,11 +367,21 @@ TextEncoderTensors LlmEncoder::build(nn::GraphInputs& s, const TextEncodeShape& 
     g.tokens = s.input(GGML_TYPE_I32, {length, shape.batch}, nullptr, "tokens");
     std::vector<int32_t> positions(static_cast<size_t>(length));
     for (int64_t i = 0; i < length; ++i) positions[static_cast<size_t>(i)] = static_cast<int32_t>(i);
-    const std::vector<float> mask = llm_causal_mask(length);
+    std::vector<float> mask = llm_causal_mask(length);
+    if (shape.key_mask) {
+        // Padding after the prompt: no query attends to it (HF's attention_mask).
+        for (int64_t q = 0; q < length; ++q) {
+            for (int64_t k = 0; k < length; ++k) {
+                if (shape.key_mask[k] == 0.0f) mask[static_cast<size_t>(q * length + k)] = -INFINITY;
+            }
+        }
+    }
     LlmOptions options;
     options.positions = s.input(GGML_TYPE_I32, {length}, positions.data(), "positions");
     options.mask = s.input(GGML_TYPE_F32, {length, length}, mask.data(), "causal_mask");
     options.final_norm = shape.final_norm && declared_layers() == config_.layers;
+    // HF's hidden_states[k] is the output of layer k - 1.
+    for (int k : shape.hidden_states) options.stacked_outputs.push_back(k - 1);
     g.out = encode(s.ctx(), g.tokens, options);
     return g;
 }

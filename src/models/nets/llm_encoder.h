@@ -98,6 +98,10 @@ struct LlmOptions {
     // Apply the final RMSNorm to the output; only when every layer of the
     // file runs (HF's last hidden state). Asserted.
     bool final_norm = false;
+    // The outputs of these layers (0-based, each one that runs), joined
+    // along the features in this order, instead of the last layer's (FLUX.2
+    // klein stacks HF's hidden_states 9, 18 and 27: layers 8, 17, 26).
+    std::vector<int> stacked_outputs;
     // Required. I32 ne [n]: the positions 0..n-1 (rope's), a host input.
     ggml_tensor* positions = nullptr;
     // Required. F32 ne [n keys, n queries] (or [n, n, 1, batch] for masks
@@ -130,7 +134,10 @@ class LlmEncoder final : public TextEncoderNetwork {
     // InvalidRequest: unused_last_layers negative or not fewer than the file has. A
     // wrong shape or a missing tensor further on is reported by
     // loading the weights, naming the tensor.
-    static Result<std::unique_ptr<LlmEncoder>> create(io::WeightDeclarer& weights, int unused_last_layers = 0);
+    // `first_layers` > 0 declares only that many layers from the start
+    // (InvalidRequest when the file has fewer).
+    static Result<std::unique_ptr<LlmEncoder>> create(io::WeightDeclarer& weights, int unused_last_layers = 0,
+                                                      int first_layers = 0);
 
     const LlmConfig& config() const { return config_; }
     // The layers declared (and runnable): config().layers less create()'s unused_last_layers.

@@ -36,6 +36,9 @@ struct NetworkOptions {
     // Layers at the end the family never reads (Z-Image's hidden_states[-2]
     // never needs the LLM's last layer), left undeclared.
     int unused_last_layers = 0;
+    // Only the first this many layers are declared (0: see above); FLUX.2
+    // klein reads hidden_states up to 27 of Qwen3's 36.
+    int first_layers = 0;
 };
 
 struct NetworkEntry {
