@@ -323,6 +323,35 @@ def same(a, b):
     return sorted(a) == sorted(b) and all(a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]) for k in a)
 
 
+# klein's conditioning on a tiny Qwen3 (width 16: 3 x 16 = the tiny DiT's
+# context 48) with more layers than hidden_states 27 needs: right-padded ids
+# with the padding masked inside Qwen3, hidden_states 9, 18, 27 side by side.
+KLEIN_QWEN3 = dict(vocab=300, hidden=16, layers=28, heads=4, kv_heads=2, head_dim=8, ffn=24)
+KLEIN_REAL_TOKENS = 23
+KLEIN_PAD_ID = 283  # the tiny tokenizer's <|endoftext|> (tests/golden/pipeline/z_image_tiny/tokenizer)
+
+
+def build_klein_text(seed):
+    from reference import qwen3 as q3
+
+    gen = torch.Generator().manual_seed(seed)
+    model = q3.Qwen3Model(**KLEIN_QWEN3).to(torch.float64)
+    ckpt = {}
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(init_value(name, tuple(p.shape), gen).to(torch.float64))
+            ckpt[name] = f32(p)
+    ids = torch.full((1, ref.MAX_LENGTH), KLEIN_PAD_ID, dtype=torch.int64)
+    ids[0, :KLEIN_REAL_TOKENS] = torch.randint(0, 286, (KLEIN_REAL_TOKENS,), generator=gen)
+    mask = torch.zeros(1, ref.MAX_LENGTH, dtype=torch.int64)
+    mask[0, :KLEIN_REAL_TOKENS] = 1
+    with torch.no_grad():
+        hs = ref.qwen3_hidden_states_masked(model, ids, mask)
+        context = ref.klein_context(hs)
+    io = {"ids": f32(ids.to(torch.float64)), "mask": f32(mask.to(torch.float64)), "context": f32(context)}
+    return ckpt, io
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=DEFAULT_OUT, help="fixture folder (default tests/golden/models)")
@@ -335,7 +364,8 @@ def main():
     for name, build, seed, metadata in (
             ("flux2_tiny", build_dit, SEED, DIT_METADATA),
             ("flux2_ae_tiny", lambda s: build_ae(s, AE_TINY), SEED + 10, None),
-            ("flux2_ae_small_decoder_tiny", lambda s: build_ae(s, AE_SMALL_DECODER), SEED + 20, None)):
+            ("flux2_ae_small_decoder_tiny", lambda s: build_ae(s, AE_SMALL_DECODER), SEED + 20, None),
+            ("flux2_klein_qwen3_tiny", build_klein_text, SEED + 30, None)):
         ckpt, io = build(seed)
         ckpt2, io2 = build(seed)
         assert same(ckpt, ckpt2) and same(io, io2), name + ": a second build differs"

@@ -5,6 +5,7 @@
 
 #include "models/families/chroma.h"
 #include "models/families/flux.h"
+#include "models/families/flux2.h"
 #include "models/families/sd1.h"
 #include "models/families/sd2.h"
 #include "models/families/sdxl.h"
@@ -14,8 +15,11 @@ namespace kiln::models {
 
 const std::vector<const Family*>& families() {
     static const std::vector<const Family*> kFamilies = {
-        &sd1_family(),          &sd2_family(),    &sdxl_family(),          &flux_dev_family(),
-        &flux_schnell_family(), &chroma_family(), &z_image_turbo_family(), &z_image_base_family(),
+        &sd1_family(),           &sd2_family(),
+        &sdxl_family(),          &flux_dev_family(),
+        &flux_schnell_family(),  &chroma_family(),
+        &z_image_turbo_family(), &z_image_base_family(),
+        &flux2_klein_family(),   &flux2_klein_base_family(),
     };
     return kFamilies;
 }

@@ -47,7 +47,9 @@ Result<std::unique_ptr<Flux2Vae>> Flux2Vae::create(io::WeightDeclarer& weights) 
     const std::string where = "FLUX.2 autoencoder under '" + weights.prefix() + "'";
     const io::TensorInfo* mean = weights.info("bn.running_mean");
     if (!mean || mean->shape.size() != 1) {
-        return Error::bad_file(where + ": no bn.running_mean (the latent statistics FLUX.2's autoencoder carries)");
+        return Error::bad_file(where +
+                               ": no bn.running_mean, the latent statistics FLUX.2's autoencoder carries "
+                               "(a FLUX.1 or SD autoencoder? pass FLUX.2's ae)");
     }
     auto kl = Vae::create(weights);
     if (!kl.ok()) return kl.error().as(ErrorKind::BadFile).in_context(where + ": ");

@@ -24,7 +24,7 @@ Result<std::unique_ptr<Network>> create(io::WeightDeclarer& weights, const Netwo
 }
 
 Result<std::unique_ptr<Network>> create_llm(io::WeightDeclarer& weights, const NetworkOptions& options) {
-    auto net = LlmEncoder::create(weights, options.unused_last_layers);
+    auto net = LlmEncoder::create(weights, options.unused_last_layers, options.first_layers);
     if (!net.ok()) return net.error();
     return std::unique_ptr<Network>(std::move(net).value());
 }
@@ -50,7 +50,9 @@ const std::vector<NetworkEntry>& entries() {
         {NetworkKind::ControlNet, {"input_hint_block.0.weight"}, create<ControlNet>},
         {NetworkKind::Taesd, {"decoder.layers.0.weight", "1.weight"}, create<Taesd>},
         {NetworkKind::Flux2Dit, {"double_stream_modulation_img.lin.weight"}, create<Flux2Dit>},
-        {NetworkKind::Flux2Vae, {"bn.running_mean"}, create<Flux2Vae>},
+        // The KL decoder's marker, so a FLUX.1 or SD autoencoder given for
+        // FLUX.2 reaches Flux2Vae's error naming what it lacks.
+        {NetworkKind::Flux2Vae, {"decoder.conv_in.weight"}, create<Flux2Vae>},
     };
     return list;
 }

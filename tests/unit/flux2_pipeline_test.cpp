@@ -1,0 +1,220 @@
+// FLUX.2 [klein] through the pipeline on tiny random-weight parts in BFL's
+// and ComfyUI's layouts (training/make_flux2_fixtures.py): the DiT by
+// --diffusion-model, FLUX.2's autoencoder by --vae, a Qwen3 (28 layers of
+// width 16, so 3 x 16 is the DiT's context) by --llm. The conditioning (512
+// padded tokens, the padding masked in Qwen3, hidden_states 9, 18, 27 side
+// by side) against training/reference/flux2.py; the schedule against BFL's;
+// the family's defaults; a text-to-image job; and the parts that do not go
+// together refused with one clear error each.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "declared_network.h"
+#include "golden.h"
+#include "models/nets/llm_encoder.h"
+#include "pipeline/conditioner.h"
+#include "pipeline/generate.h"
+#include "pipeline/model.h"
+#include "pipeline/schedulers.h"
+#include "runtime/graph_session.h"
+
+namespace kiln {
+namespace {
+
+using pipeline::GenerationRequest;
+using pipeline::Model;
+using pipeline::ModelOptions;
+using pipeline::ModelPaths;
+using test::golden_path;
+
+std::string model(const std::string& name) { return golden_path("models/" + name); }
+
+ModelPaths klein_parts() {
+    ModelPaths paths;
+    paths.diffusion_model = model("flux2_tiny.safetensors");
+    paths.vae = model("flux2_ae_tiny.safetensors");
+    paths.llm = model("flux2_klein_qwen3_tiny.safetensors");
+    paths.tokenizer = "llm=" + golden_path("pipeline/z_image_tiny/tokenizer");
+    return paths;
+}
+
+ModelOptions f32_options() {
+    ModelOptions options;
+    options.weight_type = GGML_TYPE_F32;
+    options.threads = 1;
+    return options;
+}
+
+io::ModelFile open_file(const std::string& path) {
+    auto file = io::ModelFile::open({path});
+    if (!file.ok()) throw std::runtime_error(file.error().message);
+    return std::move(file).value();
+}
+
+// Qwen3 over the fixture's 512 ids (23 real, then <|endoftext|>) with the
+// padding masked, its hidden_states 9, 18 and 27 side by side, as the
+// network builds it for the conditioner.
+TEST(Flux2Conditioning, StackedLayersOfThePaddedPromptMatchTheReference) {
+    const io::ModelFile weights = open_file(model("flux2_klein_qwen3_tiny.safetensors"));
+    const io::ModelFile io = open_file(model("flux2_klein_qwen3_tiny_io.safetensors"));
+    auto llm = test::declare_network<models::LlmEncoder>(weights, "model.", GGML_TYPE_F32, 0, 27);
+    ASSERT_TRUE(llm.ok()) << llm.error().message;
+    EXPECT_EQ((*llm)->declared_layers(), 27) << "the layers after hidden_states 27 are never loaded";
+    auto compute = test::golden_cpu();
+    ASSERT_TRUE(llm->weights().load(compute->weights_backend()).ok());
+
+    const auto ids = test::fixture_tensor(io, "ids").values;
+    const auto mask = test::fixture_tensor(io, "mask").values;
+    std::vector<int32_t> tokens(ids.begin(), ids.end());
+    runtime::GraphSession session;
+    struct Inputs final : nn::GraphInputs {
+        runtime::GraphSession& s;
+        explicit Inputs(runtime::GraphSession& session) : s(session) {}
+        ggml_context* ctx() override { return s.ctx(); }
+        ggml_tensor* input(ggml_type type, const std::vector<int64_t>& ne, const void* data,
+                           const char* name) override {
+            std::vector<uint8_t> zeros;
+            if (!data) {
+                int64_t n = 1;
+                for (int64_t d : ne) n *= d;
+                zeros.assign(static_cast<size_t>(n) * ggml_type_size(type), 0);
+                data = zeros.data();
+            }
+            return s.input(type, ne, data, name);
+        }
+    } inputs(session);
+    models::TextEncodeShape shape;
+    shape.length = static_cast<int64_t>(tokens.size());
+    shape.final_norm = false;
+    shape.key_mask = mask.data();
+    shape.hidden_states = {9, 18, 27};
+    const models::TextEncoderTensors t = (*llm)->build(inputs, shape);
+    session.set_input(t.tokens, tokens.data());
+    ASSERT_TRUE(session.run(*compute, t.out).ok());
+    const auto context = runtime::GraphSession::read(t.out);
+    EXPECT_EQ(t.out->ne[0], 48);
+    EXPECT_LT(test::relative_error(context, test::fixture_tensor(io, "context").values), 1e-4);
+
+    // Without the padding mask the padded tokens' rows differ: the mask is
+    // what the reference's attention_mask does.
+    shape.key_mask = nullptr;
+    runtime::GraphSession unmasked_session;
+    Inputs unmasked(unmasked_session);
+    const models::TextEncoderTensors u = (*llm)->build(unmasked, shape);
+    unmasked_session.set_input(u.tokens, tokens.data());
+    ASSERT_TRUE(unmasked_session.run(*compute, u.out).ok());
+    EXPECT_GT(test::relative_error(runtime::GraphSession::read(u.out), test::fixture_tensor(io, "context").values),
+              1e-3);
+}
+
+class Flux2Pipeline : public ::testing::Test {
+  protected:
+    static void SetUpTestSuite() {
+        auto loaded = Model::load(klein_parts(), f32_options());
+        ASSERT_TRUE(loaded.ok()) << loaded.error().message;
+        model_ = std::move(loaded).value().release();
+    }
+    static void TearDownTestSuite() {
+        delete model_;
+        model_ = nullptr;
+    }
+    void SetUp() override { ASSERT_NE(model_, nullptr); }
+    static Model* model_;
+};
+Model* Flux2Pipeline::model_ = nullptr;
+
+TEST_F(Flux2Pipeline, IsKleinWithItsDefaults) {
+    EXPECT_EQ(model_->family_label(), "FLUX.2-klein");
+    EXPECT_EQ(model_->prediction(), models::Prediction::Flow);
+    EXPECT_EQ(model_->latent_channels(), 128);
+    EXPECT_EQ(model_->size_stride(), 4);  // the tiny autoencoder's 2, its 2x2 patches, the DiT's 1
+    EXPECT_EQ(model_->defaults().steps, 4);
+    EXPECT_EQ(model_->defaults().cfg_scale, 1.0f);
+    EXPECT_EQ(model_->defaults().sampler, "euler");
+    ASSERT_EQ(model_->text_encoders().size(), 1u);
+    EXPECT_EQ(model_->text_encoders().front().width(), 48);
+    EXPECT_EQ(pipeline::context_length(*model_, nullptr), 512);
+    const auto* llm = dynamic_cast<const models::LlmEncoder*>(model_->text_encoders().front().network);
+    ASSERT_NE(llm, nullptr);
+    EXPECT_EQ(llm->declared_layers(), 27);
+    EXPECT_TRUE(model_->family().reference_images);
+}
+
+// BFL's get_schedule (linspace(1, 0, n + 1) shifted by compute_empirical_mu)
+// is kiln's simple scheduler on the family's noise table, at 1024x1024 (4096
+// tokens of the real autoencoder's 16x) and 4 and 50 steps.
+TEST_F(Flux2Pipeline, SimpleScheduleIsBflsSchedule) {
+    const io::ModelFile io = open_file(model("flux2_tiny_io.safetensors"));
+    for (int steps : {4, 50}) {
+        // The tiny autoencoder's stride is 4: a 256x256 image has 4096 tokens.
+        const auto schedule = model_->noise_schedule(256, 256, steps, std::nullopt);
+        auto sigmas = pipeline::get_sigmas(pipeline::SchedulerKind::Simple, steps, *schedule);
+        ASSERT_TRUE(sigmas.ok()) << sigmas.error().message;
+        const auto want = test::fixture_tensor(io, "schedule.steps" + std::to_string(steps) + "_seq4096").values;
+        ASSERT_EQ(sigmas->size(), want.size());
+        for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR((*sigmas)[i], want[i], 2e-5) << steps << " steps, " << i;
+    }
+}
+
+TEST_F(Flux2Pipeline, TextToImageRunsAndTheSameSeedGivesTheSameImage) {
+    GenerationRequest r;
+    r.prompt = "a red circle";
+    r.width = r.height = 16;
+    r.steps = 2;
+    r.seed = 7;
+    auto a = pipeline::generate(*model_, r);
+    ASSERT_TRUE(a.ok()) << a.error().message;
+    ASSERT_EQ(a->size(), 1u);
+    EXPECT_EQ((*a)[0].image.width, 16);
+    auto b = pipeline::generate(*model_, r);
+    ASSERT_TRUE(b.ok()) << b.error().message;
+    EXPECT_EQ((*a)[0].image.pixels, (*b)[0].image.pixels);
+    r.seed = 8;
+    auto c = pipeline::generate(*model_, r);
+    ASSERT_TRUE(c.ok()) << c.error().message;
+    EXPECT_NE((*a)[0].image.pixels, (*c)[0].image.pixels);
+}
+
+// Parts that do not go together: each one clear error naming the part.
+TEST(Flux2PipelineParts, MismatchedPartsAreRefused) {
+    ModelPaths flux1_ae = klein_parts();
+    flux1_ae.vae = golden_path("pipeline/flux_tiny/ae.safetensors");
+    auto refused = Model::load(flux1_ae, f32_options());
+    ASSERT_FALSE(refused.ok());
+    EXPECT_EQ(refused.error().kind, ErrorKind::BadFile);
+    EXPECT_NE(refused.error().message.find("bn.running_mean"), std::string::npos) << refused.error().message;
+
+    // FLUX.2's autoencoder with a FLUX.1 DiT: its 32-channel latent is not Flux's.
+    ModelPaths flux1;
+    const std::string flux_part = golden_path("pipeline/flux_tiny/");
+    flux1.diffusion_model = flux_part + "flux_dit.safetensors";
+    flux1.clip_l = flux_part + "clip_l.safetensors";
+    flux1.t5xxl = flux_part + "t5xxl.safetensors";
+    flux1.tokenizer = "clip_l=" + std::string(KILN_FIXTURES_DIR) + "/tiny_tokenizer";
+    flux1.vae = model("flux2_ae_tiny.safetensors");
+    auto flux2_ae = Model::load(flux1, f32_options());
+    ASSERT_FALSE(flux2_ae.ok());
+    EXPECT_EQ(flux2_ae.error().kind, ErrorKind::BadFile);
+    EXPECT_NE(flux2_ae.error().message.find("the VAE has 32 latent channels but the Flux.1-dev DiT takes 16"),
+              std::string::npos)
+        << flux2_ae.error().message;
+
+    ModelPaths no_llm = klein_parts();
+    no_llm.llm.clear();
+    auto missing = Model::load(no_llm, f32_options());
+    ASSERT_FALSE(missing.ok());
+    EXPECT_NE(missing.error().message.find("pass --llm"), std::string::npos) << missing.error().message;
+
+    // Z-Image's tiny Qwen3 (3 layers of width 64) cannot give hidden_states 27.
+    ModelPaths small_llm = klein_parts();
+    small_llm.llm = golden_path("pipeline/z_image_tiny/qwen3.safetensors");
+    auto short_llm = Model::load(small_llm, f32_options());
+    ASSERT_FALSE(short_llm.ok());
+    EXPECT_NE(short_llm.error().message.find("the first 27 layers are read, but the file has 3"), std::string::npos)
+        << short_llm.error().message;
+}
+
+}  // namespace
+}  // namespace kiln
