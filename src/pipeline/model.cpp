@@ -252,10 +252,7 @@ Result<std::unique_ptr<Model>> Model::load(const ModelPaths& paths, const ModelO
         auto t5_tokenizer = load_t5_tokenizer(tokenizer_paths->t5, *t5_module->file);
         if (!t5_tokenizer.ok()) return t5_tokenizer.error().as(ErrorKind::BadFile);
         m->t5_tokenizer_ = std::move(t5_tokenizer).value();
-        if (m->t5_tokenizer_->size() > te.network->vocab()) {
-            return Error::bad_file("the T5 tokenizer has " + std::to_string(m->t5_tokenizer_->size()) +
-                                   " tokens but the t5xxl text encoder only " + std::to_string(te.network->vocab()));
-        }
+        KILN_TRY(m->check_tokenizer_fits(te));
     }
     for (const TextEncoder& te : m->text_encoders_) {
         if (te.use->layout == models::PromptLayout::ChatTemplate)
@@ -318,10 +315,7 @@ Status Model::load_clip_tokenizer(const std::string& flag_path, const std::strin
     for (const TextEncoder& te : text_encoders_) {
         if (te.use->layout != models::PromptLayout::ClipChunks) continue;
         const int64_t vocab = te.network->vocab();
-        if (tokenizer_->vocab_size() > vocab) {
-            return Error::bad_file("the tokenizer has " + std::to_string(tokenizer_->vocab_size()) +
-                                   " tokens but the " + te.use->module + " text encoder only " + std::to_string(vocab));
-        }
+        KILN_TRY(check_tokenizer_fits(te));
         // An embedding's ids follow the tokenizer's vocabulary in every encoder's table.
         if (!embeddings_dir.empty() && tokenizer_->vocab_size() != vocab) {
             return Error::bad_file("textual-inversion embeddings need the tokenizer's vocabulary (" +
@@ -398,9 +392,24 @@ Status Model::load_llm_tokenizer(const std::string& flag_path, const TextEncoder
                                " token to pad " + family_label_ + "'s prompts with (is it " + encoder.network->label() +
                                "'s tokenizer?)");
     }
-    if (llm_tokenizer_->size() > encoder.network->vocab()) {
-        return Error::bad_file("the LLM tokenizer has " + std::to_string(llm_tokenizer_->size()) + " tokens but the " +
-                               encoder.use->module + " text encoder only " + std::to_string(encoder.network->vocab()));
+    return check_tokenizer_fits(encoder);
+}
+
+const text::Tokenizer& Model::tokenizer_of(const TextEncoder& encoder) const {
+    switch (encoder.use->layout) {
+        case models::PromptLayout::FixedLength: return *t5_tokenizer_;
+        case models::PromptLayout::ChatTemplate: return *llm_tokenizer_;
+        case models::PromptLayout::ClipChunks: break;
+    }
+    return *tokenizer_;
+}
+
+Status Model::check_tokenizer_fits(const TextEncoder& encoder) const {
+    const text::Tokenizer& tokenizer = tokenizer_of(encoder);
+    if (tokenizer.vocab_size() > encoder.network->vocab()) {
+        return Error::bad_file("the " + std::string(tokenizer.name()) + " tokenizer has " +
+                               std::to_string(tokenizer.vocab_size()) + " tokens but the " + encoder.use->module +
+                               " text encoder only " + std::to_string(encoder.network->vocab()));
     }
     return Status::Ok();
 }

@@ -175,6 +175,8 @@ class Model {
     // CLIP's tokenizer; only when the family has a CLIP encoder.
     bool has_clip_tokenizer() const { return tokenizer_ != nullptr; }
     const text::ClipTokenizer& tokenizer() const { return *tokenizer_; }
+    // The tokenizer of an encoder (by its family's PromptLayout), loaded.
+    const text::Tokenizer& tokenizer_of(const TextEncoder& encoder) const;
     // T5's tokenizer; only when the family has a T5 encoder.
     const text::T5Tokenizer& t5_tokenizer() const { return *t5_tokenizer_; }
     // The LLM's tokenizer; only when the family has an LLM encoder.
@@ -275,6 +277,8 @@ class Model {
     // The diffusion network checked against what the encoders and VAE make.
     Status check_conditioning() const;
     Status load_llm_tokenizer(const std::string& flag_path, const TextEncoder& encoder);
+    // Its tokenizer's ids fit the encoder's embedding table (BadFile otherwise).
+    Status check_tokenizer_fits(const TextEncoder& encoder) const;
     Status read_metadata(const ModelOptions& options);
     // Placement's guess: executors, devices' books, params locations; the
     // weights load lazily from wherever the params are when first needed.
