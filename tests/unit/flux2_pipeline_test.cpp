@@ -19,6 +19,7 @@
 #include "pipeline/model.h"
 #include "pipeline/schedulers.h"
 #include "runtime/graph_session.h"
+#include "test_files.h"
 
 namespace kiln {
 namespace {
@@ -139,6 +140,7 @@ TEST_F(Flux2Pipeline, IsKleinWithItsDefaults) {
     const auto* llm = dynamic_cast<const models::LlmEncoder*>(model_->text_encoders().front().network);
     ASSERT_NE(llm, nullptr);
     EXPECT_EQ(llm->declared_layers(), 27);
+    EXPECT_STREQ(model_->tokenizer_of(model_->text_encoders().front()).name(), "LLM");
     EXPECT_TRUE(model_->family().reference_images);
 }
 
@@ -177,6 +179,27 @@ TEST_F(Flux2Pipeline, TextToImageRunsAndTheSameSeedGivesTheSameImage) {
     EXPECT_NE((*a)[0].image.pixels, (*c)[0].image.pixels);
 }
 
+// klein base is the same DiT under BFL's "klein-base" name: its own
+// defaults (BFL's 50 steps, CFG 4 against the empty prompt), and a job with
+// CFG runs.
+TEST(Flux2PipelineBase, TheBaseFileNameGivesBasesDefaults) {
+    test::TempDir dir;
+    ModelPaths paths = klein_parts();
+    paths.diffusion_model =
+        dir.write("flux-2-klein-base-tiny.safetensors", test::read_bytes(model("flux2_tiny.safetensors")));
+    auto loaded = Model::load(paths, f32_options());
+    ASSERT_TRUE(loaded.ok()) << loaded.error().message;
+    EXPECT_EQ((*loaded)->family_label(), "FLUX.2-klein-base");
+    EXPECT_EQ((*loaded)->defaults().steps, 50);
+    EXPECT_EQ((*loaded)->defaults().cfg_scale, 4.0f);
+    GenerationRequest r;
+    r.prompt = "a red circle";
+    r.width = r.height = 16;
+    r.steps = 2;
+    auto image = pipeline::generate(**loaded, r);
+    ASSERT_TRUE(image.ok()) << image.error().message;
+}
+
 // Parts that do not go together: each one clear error naming the part.
 TEST(Flux2PipelineParts, MismatchedPartsAreRefused) {
     ModelPaths flux1_ae = klein_parts();
@@ -206,6 +229,16 @@ TEST(Flux2PipelineParts, MismatchedPartsAreRefused) {
     auto missing = Model::load(no_llm, f32_options());
     ASSERT_FALSE(missing.ok());
     EXPECT_NE(missing.error().message.find("pass --llm"), std::string::npos) << missing.error().message;
+
+    // Qwen3's real tokenizer (151669 ids) with the tiny Qwen3's 300-row table.
+    ModelPaths big_tokenizer = klein_parts();
+    big_tokenizer.tokenizer = "llm=" + std::string(KILN_FIXTURES_DIR) + "/../../third_party/llm-tokenizer-qwen3";
+    auto too_many = Model::load(big_tokenizer, f32_options());
+    ASSERT_FALSE(too_many.ok());
+    EXPECT_EQ(too_many.error().kind, ErrorKind::BadFile);
+    EXPECT_NE(too_many.error().message.find("the LLM tokenizer has 151669 tokens but the llm text encoder only 300"),
+              std::string::npos)
+        << too_many.error().message;
 
     // Z-Image's tiny Qwen3 (3 layers of width 64) cannot give hidden_states 27.
     ModelPaths small_llm = klein_parts();

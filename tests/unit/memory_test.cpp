@@ -918,5 +918,22 @@ TEST_F(Memory, ZImageSameImageUnderEveryBudgetAndThePlanAgrees) {
     expect_same_image_under_shrinking_budgets(job);
 }
 
+// FLUX.2 klein 4B at full width (tests/fixtures/flux2_klein_medium.spec:
+// the 3072-wide DiT with its shared modulation and 1 double + 10 single
+// blocks, a Qwen3 at Qwen3-4B's width with the 28 layers klein's
+// hidden_states 27 reads, FLUX.2's autoencoder; 3.6 GB as F16, in one
+// all-in-one file): the same invariants, the DiT cut at every block and the
+// LLM at every layer.
+TEST_F(Memory, Flux2KleinSameImageUnderEveryBudgetAndThePlanAgrees) {
+    test::TempDir dir;
+    Job job;
+    job.model = dir.file("flux-2-klein-4b_medium.safetensors");
+    ASSERT_TRUE(test::write_random_model(std::string(KILN_FIXTURES_DIR) + "/flux2_klein_medium.spec", job.model).ok());
+    job.tokenizer = "llm=" + std::string(KILN_GOLDEN_DIR) + "/pipeline/z_image_tiny/tokenizer";
+    job.steps = 1;
+    job.cfg = 1.0f;
+    expect_same_image_under_shrinking_budgets(job);
+}
+
 }  // namespace
 }  // namespace kiln

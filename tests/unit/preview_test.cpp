@@ -64,6 +64,17 @@ TEST(PreviewFactors, EveryFamilyHasItsLatentFormatsProjection) {
         } else if (f->name == "SDXL") {
             EXPECT_EQ(l.rgb_factors, kSdxl);
             EXPECT_EQ(l.rgb_bias, kSdxlBias);
+        } else if (f->name.rfind("FLUX.2", 0) == 0) {
+            // ComfyUI's Flux2 rows (per KL channel), a quarter on each of the
+            // channel's four 2x2-patch channels: channel 3's row is 0.2144,
+            // 0.3009, 0.3652.
+            EXPECT_EQ(l.channels, 128) << f->name;
+            for (int k = 0; k < 4; ++k) {
+                EXPECT_EQ(l.rgb_factors[static_cast<size_t>(3 * 4 + k)],
+                          (std::array<float, 3>{0.2144f / 4, 0.3009f / 4, 0.3652f / 4}))
+                    << f->name;
+            }
+            EXPECT_EQ(l.rgb_bias, kFluxBias) << f->name;
         } else {
             // Flux.1-dev, schnell, Chroma, Z-Image: Flux's 16-channel latent.
             EXPECT_EQ(l.channels, 16) << f->name;

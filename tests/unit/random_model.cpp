@@ -69,6 +69,9 @@ void init_values(const Spec& t, std::vector<float>& v) {
     } else if (ends_with(t.name, ".weight")) {  // GroupNorm / LayerNorm scale
         scale = 0.1f;
         offset = 1.0f;
+    } else if (ends_with(t.name, "running_var")) {  // a batch norm's variance: positive (FLUX.2's ~3)
+        scale = 0.1f;
+        offset = 3.0f;
     }
     v.resize(n);
     if (n <= (size_t(1) << 20)) {

@@ -10,8 +10,14 @@ bool has_flux2_dit(const FileSet& files) {
            files.find_suffix("single_stream_modulation.lin.weight");
 }
 
-int detect_klein(const FileSet& files) { return has_flux2_dit(files) && !files.any_path_contains("base") ? 5 : 0; }
-int detect_klein_base(const FileSet& files) { return has_flux2_dit(files) && files.any_path_contains("base") ? 5 : 0; }
+// BFL's file and repository names: flux-2-klein-base-4b.safetensors,
+// FLUX.2-klein-base-9B/ (not a bare "base", which "database/" would match).
+bool named_base(const FileSet& files) {
+    return files.any_path_contains("klein-base") || files.any_path_contains("klein_base");
+}
+
+int detect_klein(const FileSet& files) { return has_flux2_dit(files) && !named_base(files) ? 5 : 0; }
+int detect_klein_base(const FileSet& files) { return has_flux2_dit(files) && named_base(files) ? 5 : 0; }
 
 // BFL's Qwen3Embedder (flux2/text_encoder.py) and ComfyUI's KleinTokenizer:
 // the user turn of Qwen's chat template with thinking closed, 512 tokens
@@ -31,6 +37,36 @@ TextEncoderUse qwen3_use() {
     return use;
 }
 
+// ComfyUI's Flux2 latent-to-RGB factors (comfy/latent_formats.py), one row
+// per KL latent channel; it previews each 2x2 patch at twice the latent's
+// resolution. kiln's projection is one pixel per latent pixel: each of a
+// channel's four patch positions (c * 4 + pi * 2 + pj) takes a quarter of
+// its row, so the preview is the mean over the patch.
+LatentFormat flux2_latent_format() {
+    static const float rows[32][3] = {
+        {0.0058f, 0.0113f, 0.0073f},    {0.0495f, 0.0443f, 0.0836f},    {-0.0099f, 0.0096f, 0.0644f},
+        {0.2144f, 0.3009f, 0.3652f},    {0.0166f, -0.0039f, -0.0054f},  {0.0157f, 0.0103f, -0.0160f},
+        {-0.0398f, 0.0902f, -0.0235f},  {-0.0052f, 0.0095f, 0.0109f},   {-0.3527f, -0.2712f, -0.1666f},
+        {-0.0301f, -0.0356f, -0.0180f}, {-0.0107f, 0.0078f, 0.0013f},   {0.0746f, 0.0090f, -0.0941f},
+        {0.0156f, 0.0169f, 0.0070f},    {-0.0034f, -0.0040f, -0.0114f}, {0.0032f, 0.0181f, 0.0080f},
+        {-0.0939f, -0.0008f, 0.0186f},  {0.0018f, 0.0043f, 0.0104f},    {0.0284f, 0.0056f, -0.0127f},
+        {-0.0024f, -0.0022f, -0.0030f}, {0.1207f, -0.0026f, 0.0065f},   {0.0128f, 0.0101f, 0.0142f},
+        {0.0137f, -0.0072f, -0.0007f},  {0.0095f, 0.0092f, -0.0059f},   {0.0000f, -0.0077f, -0.0049f},
+        {-0.0465f, -0.0204f, -0.0312f}, {0.0095f, 0.0012f, -0.0066f},   {0.0290f, -0.0034f, 0.0025f},
+        {0.0220f, 0.0169f, -0.0048f},   {-0.0332f, -0.0457f, -0.0468f}, {-0.0085f, 0.0389f, 0.0609f},
+        {-0.0076f, 0.0003f, -0.0043f},  {-0.0111f, -0.0460f, -0.0614f},
+    };
+    LatentFormat l;
+    l.channels = 128;
+    l.scale = 1.0f;  // the autoencoder's latent is already normalised: no scale, no shift
+    l.shift = 0.0f;
+    for (const auto& row : rows) {
+        for (int k = 0; k < 4; ++k) l.rgb_factors.push_back({row[0] / 4, row[1] / 4, row[2] / 4});
+    }
+    l.rgb_bias = {-0.0329f, -0.0718f, -0.0851f};
+    return l;
+}
+
 Family make(bool base) {
     Family f;
     f.name = base ? "FLUX.2-klein-base" : "FLUX.2-klein";
@@ -39,10 +75,7 @@ Family make(bool base) {
                  {"flux2", ModuleRole::Diffusion, NetworkKind::Flux2Dit, {}, "--diffusion-model", {}},
                  {"vae", ModuleRole::Vae, NetworkKind::Flux2Vae, {}, "--vae", {}}};
     f.conditioning.encoders = {qwen3_use()};
-    // The autoencoder's latent is already normalised: no scale, no shift.
-    f.latent.channels = 128;
-    f.latent.scale = 1.0f;
-    f.latent.shift = 0.0f;
+    f.latent = flux2_latent_format();
     f.schedule.prediction = Prediction::Flow;
     f.schedule.step_shift = true;  // BFL's compute_empirical_mu; --flow-shift is mu itself, as Flux's
     f.defaults.width = 1024;

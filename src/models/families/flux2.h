@@ -6,8 +6,9 @@
 // on FLUX.2's autoencoder's normalised 128-channel latent (16x).
 //
 // Distilled and base share every weight name and shape; only the file name
-// tells them apart, as BFL names them: a DiT file whose name says "base"
-// (flux-2-klein-base-4b.safetensors) is base, any other is distilled.
+// tells them apart, as BFL names them: a file or folder named "klein-base"
+// (flux-2-klein-base-4b.safetensors, FLUX.2-klein-base-4B/) is base, any
+// other is distilled.
 #pragma once
 
 #include "models/family.h"

@@ -1,6 +1,8 @@
 #include "models/nets/flux2_dit.h"
 
 #include <algorithm>
+#include <array>
+#include <optional>
 
 #include "nn/attention.h"
 #include "nn/modulation.h"
@@ -340,21 +342,15 @@ Result<ggml_tensor*> Flux2Dit::build(ggml_context* ctx, const Flux2Inputs& in, c
     s.attn.heads = static_cast<int>(c.heads);
     s.attn.flash = options.flash_attention;
 
-    // The modulation of every block, made once.
+    // The modulation every block of a kind shares, made once, where its
+    // first block runs: each modulation layer's weights then belong to that
+    // block's segment, not all to the first.
     ggml_tensor* vec = embed(ctx, b.time_in, time_embedding(ctx, in.timesteps));
     if (c.guidance_embed) vec = ggml_add(ctx, vec, embed(ctx, b.guidance_in, time_embedding(ctx, in.guidance)));
     ggml_tensor* silu_vec = ggml_silu(ctx, vec);
-    const nn::ModulationTable img_table =
-        nn::ModulationTable::split(ctx, nn::linear(ctx, b.double_mod_img, silu_vec), 6);
-    const nn::ModulationTable txt_table =
-        nn::ModulationTable::split(ctx, nn::linear(ctx, b.double_mod_txt, silu_vec), 6);
-    const nn::ModulationTable single_table =
-        nn::ModulationTable::split(ctx, nn::linear(ctx, b.single_mod, silu_vec), 3);
-    const nn::ModulationTable final_table = nn::ModulationTable::split(ctx, nn::linear(ctx, b.final_mod, silu_vec), 2);
-    const Mod img_mod[2] = {mod_at(ctx, img_table, 0), mod_at(ctx, img_table, 3)};
-    const Mod txt_mod[2] = {mod_at(ctx, txt_table, 0), mod_at(ctx, txt_table, 3)};
-    const Mod single_mod = mod_at(ctx, single_table, 0);
-    const Mod final_mod = mod_at(ctx, final_table, 0, /*with_gate=*/false);
+    auto table = [&](const nn::Linear& lin, int64_t k) {
+        return nn::ModulationTable::split(ctx, nn::linear(ctx, lin, silu_vec), k);
+    };
 
     // Tokens: text, then the image's latent pixels and each reference's.
     auto tokens = [&](ggml_tensor* latent) { return nn::patchify(ctx, latent, 1, nn::PatchFeatures::ChannelSlowest); };
@@ -365,16 +361,26 @@ Result<ggml_tensor*> Flux2Dit::build(ggml_context* ctx, const Flux2Inputs& in, c
         return std::find(options.skip_blocks.begin(), options.skip_blocks.end(), static_cast<int>(block)) !=
                options.skip_blocks.end();
     };
+    std::optional<std::array<Mod, 4>> double_mods;  // img 1, img 2, txt 1, txt 2
     for (size_t i = 0; i < b.doubles.size(); ++i) {
         if (skipped(i)) continue;
+        if (!double_mods) {
+            const nn::ModulationTable img = table(b.double_mod_img, 6), txt = table(b.double_mod_txt, 6);
+            double_mods = {mod_at(ctx, img, 0), mod_at(ctx, img, 3), mod_at(ctx, txt, 0), mod_at(ctx, txt, 3)};
+        }
+        const Mod img_mod[2] = {(*double_mods)[0], (*double_mods)[1]};
+        const Mod txt_mod[2] = {(*double_mods)[2], (*double_mods)[3]};
         x = nn::mark_cut(double_block(ctx, s, b.doubles[i], x, T, img_mod, txt_mod),
                          "double_blocks." + std::to_string(i));
     }
+    std::optional<Mod> single_mod;
     for (size_t i = 0; i < b.singles.size(); ++i) {
         if (skipped(b.doubles.size() + i)) continue;
-        x = nn::mark_cut(single_block(ctx, s, b.singles[i], x, single_mod), "single_blocks." + std::to_string(i));
+        if (!single_mod) single_mod = mod_at(ctx, table(b.single_mod, 3), 0);
+        x = nn::mark_cut(single_block(ctx, s, b.singles[i], x, *single_mod), "single_blocks." + std::to_string(i));
     }
     // The image's tokens (text and references dropped) through the final layer.
+    const Mod final_mod = mod_at(ctx, table(b.final_mod, 2), 0, /*with_gate=*/false);
     ggml_tensor* out =
         nn::linear(ctx, b.final_linear, modulate(ctx, nn::token_range(ctx, x, T, grid.w * grid.h), final_mod));
     return nn::unpatchify(ctx, out, grid.w, grid.h, 1, nn::PatchFeatures::ChannelSlowest);
