@@ -88,7 +88,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from reference import vae as ldm_vae
-from reference.flux import QKNorm  # BFL flux2 imports its norms from flux1 too
+# BFL's flux2 takes these from flux1 too (model.py imports flux1's
+# timestep_embedding, its rope module the same EmbedND and apply_rope).
+from reference.flux import QKNorm, apply_rope, attention, embed_nd, timestep_embedding  # noqa: F401
 
 # ------------------------------------------------------------ configurations
 
@@ -162,46 +164,6 @@ def bfl_dit_tensor_shapes(cfg):
 
 
 # ------------------------------------------------------------ DiT pieces
-
-
-def timestep_embedding(t, dim=256, max_period=10000, time_factor=1000.0):
-    """BFL's sinusoidal embedding of t * time_factor: cat([cos, sin]) (float64 here, float32 in BFL)."""
-    t = time_factor * t.to(torch.float64)
-    half = dim // 2
-    freqs = torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float64) / half)
-    args = t[:, None] * freqs[None]
-    return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
-
-
-def rope(pos, dim, theta):
-    """BFL's rope: pos [..., n] -> [..., n, dim/2, 2, 2], each pair's rotation [[cos, -sin], [sin, cos]]."""
-    assert dim % 2 == 0
-    scale = torch.arange(0, dim, 2, dtype=torch.float64) / dim
-    omega = 1.0 / (theta ** scale)
-    out = pos.to(torch.float64)[..., None] * omega
-    out = torch.stack([torch.cos(out), -torch.sin(out), torch.sin(out), torch.cos(out)], dim=-1)
-    return out.reshape(*out.shape[:-1], 2, 2)
-
-
-def embed_nd(ids, axes_dim, theta):
-    """BFL's EmbedND: ids [B, L, len(axes_dim)] -> pe [B, 1, L, head_dim/2, 2, 2], axis 0's pairs first."""
-    return torch.cat([rope(ids[..., i], axes_dim[i], theta) for i in range(len(axes_dim))], dim=-3).unsqueeze(1)
-
-
-def apply_rope(x, pe):
-    """x [B, H, L, D]: rotates consecutive pairs (x[2j], x[2j+1]) by pe (BFL's apply_rope)."""
-    xs = x.reshape(*x.shape[:-1], -1, 1, 2)
-    out = pe[..., 0] * xs[..., 0] + pe[..., 1] * xs[..., 1]
-    return out.reshape(*x.shape).to(x.dtype)
-
-
-def attention(q, k, v, pe):
-    """q, k, v [B, H, L, D]; RoPE on q and k, softmax(q k^T / sqrt(D)) v, no mask. Returns [B, L, H*D]."""
-    q, k = apply_rope(q, pe), apply_rope(k, pe)
-    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
-    x = torch.softmax(scores, dim=-1) @ v
-    B, H, L, D = x.shape
-    return x.permute(0, 2, 1, 3).reshape(B, L, H * D)
 
 
 def layer_norm(x):
