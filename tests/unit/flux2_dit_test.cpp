@@ -13,6 +13,7 @@
 
 #include "declared_network.h"
 #include "golden.h"
+#include "io/gguf_writer.h"
 #include "runtime/graph_plan.h"
 #include "runtime/graph_session.h"
 #include "test_files.h"
@@ -24,11 +25,13 @@ namespace {
 // order (timestep embeddings and RoPE angles are float32 here).
 constexpr double kTolerance = 1e-4;
 
-io::ModelFile open_file(const std::string& name) {
-    auto file = io::ModelFile::open({test::golden_path("models/" + name)});
+io::ModelFile open_file_at(const std::string& path) {
+    auto file = io::ModelFile::open({path});
     if (!file.ok()) throw std::runtime_error(file.error().message);
     return std::move(file).value();
 }
+
+io::ModelFile open_file(const std::string& name) { return open_file_at(test::golden_path("models/" + name)); }
 
 struct Flux2Tiny : ::testing::Test {
     io::ModelFile weights = open_file("flux2_tiny.safetensors");
@@ -183,6 +186,31 @@ TEST_F(Flux2Tiny, EachBlockIsASegmentAndTheModulationIsMadeOnce) {
         }
     }
     EXPECT_EQ(weights, d.weights().count());
+}
+
+// The DiT as a GGUF (kiln's -M convert, as city96's tools write BFL's names):
+// the same network, and at Q8_0 the same output to quantization's rounding.
+TEST_F(Flux2Tiny, GgufFilesGiveTheSameNetwork) {
+    test::TempDir dir;
+    for (const auto& [type, tolerance] :
+         {std::pair<ggml_type, double>{GGML_TYPE_F32, kTolerance}, {GGML_TYPE_Q8_0, 2e-2}}) {
+        io::GgufWriteOptions write;
+        write.type = type;
+        const std::string path = dir.file(std::string("flux2_tiny-") + ggml_type_name(type) + ".gguf");
+        ASSERT_TRUE(io::write_gguf(weights, path, write).ok());
+        const io::ModelFile gguf = open_file_at(path);
+        auto d = test::declare_network<models::Flux2Dit>(gguf, "", std::nullopt);
+        ASSERT_TRUE(d.ok()) << d.error().message;
+        EXPECT_EQ((*d)->config().axes_dim, (std::vector<int>{4, 10, 10, 8})) << "the metadata travels";
+        ASSERT_TRUE(d->weights().load(compute->weights_backend()).ok());
+        runtime::GraphSession session;
+        auto out = (*d)->build(session.ctx(), inputs(**d, session, {}), {});
+        ASSERT_TRUE(out.ok()) << out.error().message;
+        ASSERT_TRUE(session.run(*compute, *out).ok());
+        EXPECT_LT(test::relative_error(runtime::GraphSession::read(*out), test::fixture_tensor(io, "out").values),
+                  tolerance)
+            << ggml_type_name(type);
+    }
 }
 
 TEST_F(Flux2Tiny, OtherNetworksAndBadShapesAreRefused) {

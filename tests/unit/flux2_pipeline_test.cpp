@@ -13,6 +13,7 @@
 
 #include "declared_network.h"
 #include "golden.h"
+#include "image/image.h"
 #include "models/nets/llm_encoder.h"
 #include "pipeline/conditioner.h"
 #include "pipeline/generate.h"
@@ -177,6 +178,29 @@ TEST_F(Flux2Pipeline, TextToImageRunsAndTheSameSeedGivesTheSameImage) {
     auto c = pipeline::generate(*model_, r);
     ASSERT_TRUE(c.ok()) << c.error().message;
     EXPECT_NE((*a)[0].image.pixels, (*c)[0].image.pixels);
+}
+
+// Editing (-r): a reference image is encoded by FLUX.2's autoencoder and
+// its tokens (time position 10) are attended to; two references differ
+// from one.
+TEST_F(Flux2Pipeline, ReferenceImagesAreAttendedTo) {
+    GenerationRequest r;
+    r.prompt = "a red circle";
+    r.width = r.height = 16;
+    r.steps = 2;
+    r.seed = 7;
+    auto plain = pipeline::generate(*model_, r);
+    ASSERT_TRUE(plain.ok()) << plain.error().message;
+    image::Image ref = image::make_image(16, 24, 3);
+    for (size_t i = 0; i < ref.pixels.size(); ++i) ref.pixels[i] = static_cast<uint8_t>((i * 37) % 256);
+    r.ref_images.push_back(ref);
+    auto one = pipeline::generate(*model_, r);
+    ASSERT_TRUE(one.ok()) << one.error().message;
+    EXPECT_NE((*one)[0].image.pixels, (*plain)[0].image.pixels);
+    r.ref_images.push_back(ref);
+    auto two = pipeline::generate(*model_, r);
+    ASSERT_TRUE(two.ok()) << two.error().message;
+    EXPECT_NE((*two)[0].image.pixels, (*one)[0].image.pixels);
 }
 
 // klein base is the same DiT under BFL's "klein-base" name: its own

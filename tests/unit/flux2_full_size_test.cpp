@@ -1,0 +1,123 @@
+// FLUX.2 [klein] at its released sizes, without a weight read: the files
+// written as sparse files from their specs (training/fixtures/
+// make_flux2_specs.py: flux-2-klein-4b and -9b in BF16, FLUX.2's ae in F32,
+// ComfyUI's qwen_3_4b and qwen_3_8b in BF16) and Qwen3's real tokenizer.
+// kiln plan on a loopback RPC device at 12, 8, 6 and 4 GiB: the budget
+// table of docs/flux2.md.
+#include <gtest/gtest.h>
+
+#include <iostream>
+#include <regex>
+#include <sstream>
+
+#include "random_model.h"
+#include "rpc_child.h"
+#include "test_files.h"
+
+namespace kiln {
+namespace {
+
+std::string fixture(const std::string& name) { return std::string(KILN_FIXTURES_DIR) + "/" + name; }
+std::string qwen3_tokenizer() { return std::string(KILN_FIXTURES_DIR) + "/../../third_party/llm-tokenizer-qwen3"; }
+
+struct Klein {
+    std::string name, dit, llm;
+};
+
+class Flux2FullSize : public ::testing::Test {
+  protected:
+    static void SetUpTestSuite() {
+        dir_ = new test::TempDir();
+        for (const auto& [spec, file] : {std::pair<const char*, const char*>{"flux2_klein_4b.spec", "flux-2-klein-4b"},
+                                         {"flux2_klein_9b.spec", "flux-2-klein-9b"},
+                                         {"flux2_ae.spec", "flux2_ae"},
+                                         {"qwen3_4b.spec", "qwen_3_4b"},
+                                         {"qwen3_8b.spec", "qwen_3_8b"}}) {
+            const Status written =
+                test::write_sparse_model(fixture(spec), dir_->file(std::string(file) + ".safetensors"));
+            ASSERT_TRUE(written.ok()) << written.error().message;
+        }
+    }
+    static void TearDownTestSuite() {
+        delete dir_;
+        dir_ = nullptr;
+    }
+    static Klein klein(const std::string& size) {
+        return {"klein " + size, dir_->file("flux-2-klein-" + size + ".safetensors"),
+                dir_->file(std::string(size == "4b" ? "qwen_3_4b" : "qwen_3_8b") + ".safetensors")};
+    }
+    static test::CommandResult plan(const Klein& k, const test::RpcServer& server, int gib,
+                                    const std::string& extra = "") {
+        const std::string command = std::string(KILN_BIN) + " plan --diffusion-model " + k.dit + " --llm " + k.llm +
+                                    " --vae " + dir_->file("flux2_ae.safetensors") +
+                                    " --tokenizer llm=" + qwen3_tokenizer() + " --rpc-servers " + server.endpoint() +
+                                    " --max-vram RPC0=" + std::to_string(gib) +
+                                    " -W 1024 -H 1024 -p 'a photo of a cat' -t 1" + extra;
+        auto r = test::run_command(command);
+        std::cout << "--- " << k.name << ", " << gib << " GiB" << extra << "\n" << r.out << r.err;
+        return r;
+    }
+    static test::TempDir* dir_;
+};
+test::TempDir* Flux2FullSize::dir_ = nullptr;
+
+// "  diffusion on RPC0: 5 segments, ..." -> 5; "whole graph" -> 1.
+int segments_of(const std::string& plan, const std::string& module) {
+    std::istringstream lines(plan);
+    for (std::string line; std::getline(lines, line);) {
+        if (line.rfind("  " + module + " on ", 0) != 0) continue;
+        std::smatch m;
+        if (std::regex_search(line, m, std::regex(": (?:[^,]*, )*?(\\d+) segments"))) return std::stoi(m[1]);
+        return line.find("whole graph") != std::string::npos ? 1 : 0;
+    }
+    return 0;
+}
+
+TEST_F(Flux2FullSize, InfoSeesKlein) {
+    auto r = test::run_command(std::string(KILN_BIN) + " info " + klein("4b").dit);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    EXPECT_NE(r.out.find("FLUX.2-klein"), std::string::npos) << r.out;
+}
+
+// klein 4B fits every budget down to 4 GiB, its DiT cut into more segments
+// as the budget shrinks, the forecast peak within the budget.
+TEST_F(Flux2FullSize, Klein4bPlanFitsEveryBudget) {
+    test::RpcServer server;
+    ASSERT_TRUE(server.ok()) << server.log();
+    const std::regex peak("RPC0: peak ([0-9.]+) (GiB|MiB)");
+    int previous = 0;
+    for (int gib : {12, 8, 6, 4}) {
+        SCOPED_TRACE(std::to_string(gib) + " GiB");
+        auto r = plan(klein("4b"), server, gib);
+        ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+        EXPECT_NE(r.out.find("fits: yes"), std::string::npos);
+        const int segments = segments_of(r.out, "diffusion");
+        ASSERT_GT(segments, 0);
+        EXPECT_GE(segments, previous) << "a smaller budget cuts the DiT into fewer segments";
+        previous = segments;
+        std::smatch m;
+        ASSERT_TRUE(std::regex_search(r.out, m, peak));
+        EXPECT_LE(std::stod(m[1]) / (m[2] == "MiB" ? 1024.0 : 1.0), gib);
+    }
+    EXPECT_GT(previous, 1) << "4 GiB holds less than the DiT: it must stream";
+}
+
+// klein 9B at 4 GiB: the first double block with its 1024x1024 attention
+// does not fit, and kiln plan names it; with flash attention it fits.
+TEST_F(Flux2FullSize, Klein9bNamesTheBlockThatDoesNotFitAndFlashAttentionFitsIt) {
+    test::RpcServer server;
+    ASSERT_TRUE(server.ok()) << server.log();
+    auto fits = plan(klein("9b"), server, 6);
+    EXPECT_EQ(fits.exit_code, 0) << fits.out << fits.err;
+    EXPECT_NE(fits.out.find("fits: yes"), std::string::npos);
+    auto r = plan(klein("9b"), server, 4);
+    EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+    EXPECT_NE(r.out.find("fits: no"), std::string::npos);
+    EXPECT_NE(r.out.find("(double_blocks.0) - DOES NOT FIT"), std::string::npos) << r.out;
+    auto flash = plan(klein("9b"), server, 4, " --diffusion-fa");
+    EXPECT_EQ(flash.exit_code, 0) << flash.out << flash.err;
+    EXPECT_NE(flash.out.find("fits: yes"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kiln
