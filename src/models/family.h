@@ -1,4 +1,4 @@
-// A model family (DESIGN.md, "Model families"): a table plus one hook. It
+// A model family (docs/architecture.md, "Families"): a table plus one hook. It
 // says which networks a model of the family is made of and under which
 // tensor prefixes, how prompts become the diffusion network's inputs, its
 // latent format, noise schedule, size stride and defaults. The pipeline only

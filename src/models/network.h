@@ -1,4 +1,4 @@
-// The seam every network fills (DESIGN: "Networks"). A network is one file
+// The seam every network fills (docs/architecture.md, "Networks"). A network is one file
 // pair under src/models/nets/ and one line in src/models/nets/registry.cpp:
 // it recognises its weights and configures itself from them (the registry's
 // probes and create), declares its tensors through io::WeightDeclarer, makes

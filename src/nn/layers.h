@@ -103,7 +103,7 @@ ggml_tensor* conv2d_of_upsample_2x(ggml_context* ctx, ComputeTarget target, cons
                                    int64_t max_patch_bytes = 64ll << 20);
 
 // Names `x` "cut:<name>": a block boundary where the runtime may cut the
-// graph into segments (DESIGN.md, the memory system).
+// graph into segments (docs/architecture.md, "The memory system").
 ggml_tensor* mark_cut(ggml_tensor* x, const std::string& name);
 // Tokens [first, first + count) of x ne [width, L, B], contiguous. Named
 // "tokens": ggml names a view after its source ("cut:layers.0 (view)"),

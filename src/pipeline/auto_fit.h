@@ -1,4 +1,4 @@
-// Auto-fit's second step (DESIGN: "The memory system"), run after a model is
+// Auto-fit's second step (docs/architecture.md, "The memory system"), run after a model is
 // loaded: placement's guess (pipeline/placement.h) put every module's
 // weights on the GPU with the largest budget where they fit by their size;
 // this checks the guess against the measured plan of a job (the default

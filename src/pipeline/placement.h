@@ -1,5 +1,5 @@
 // Where each module computes and where its weights live between uses
-// (DESIGN.md, the memory system): from --backend / --params-backend /
+// (docs/architecture.md, "The memory system"): from --backend / --params-backend /
 // --offload-to-cpu, or chosen by auto-fit.
 //
 // Auto-fit (on unless --backend or --params-backend is given): the GPU-type

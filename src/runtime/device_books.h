@@ -1,5 +1,5 @@
 // The books of every device, shared by all the models of the process
-// (DESIGN.md: a budget and its books belong to the device). Two contexts on
+// (docs/architecture.md, "The memory system": a budget and its books belong to the device). Two contexts on
 // one GPU under --max-vram 6 share one ledger of those 6 GiB and one weight
 // store, so each sees the other's weights and workspaces when it makes room.
 //

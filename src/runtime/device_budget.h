@@ -1,6 +1,6 @@
 // `--max-vram` budgets and the per-device ledger of managed memory.
 //
-// A budget is given in GiB per device (DESIGN.md, the memory system):
+// A budget is given in GiB per device (docs/architecture.md, "The memory system"):
 //   positive  a managed budget: weights plus the buffers runners register;
 //   0         no explicit budget: the live free memory of the device;
 //   negative  the free memory at start-up minus that many GiB.

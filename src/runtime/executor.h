@@ -1,4 +1,4 @@
-// Runs one module's graphs under the memory system (DESIGN.md): resolves
+// Runs one module's graphs under the memory system (docs/architecture.md): resolves
 // the graph's plan from the plan cache, decides from the device's live
 // headroom whether it runs whole or in segments, makes each segment's
 // weights resident (pinned while it runs), allocates or reuses the

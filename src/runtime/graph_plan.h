@@ -1,6 +1,6 @@
 // The graph planner: cuts a module's graph into segments at its cut markers
 // ("cut:<name>" tensors, nn::mark_cut) so a graph whose weights do not fit a
-// device can run a few blocks at a time (DESIGN.md, the memory system).
+// device can run a few blocks at a time (docs/architecture.md, "The memory system").
 //
 // A plan is index-based (node and leaf positions), so one plan serves every
 // graph with the same layout: the conditional and unconditional CFG passes,

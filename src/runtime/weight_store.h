@@ -1,4 +1,4 @@
-// The weight residency manager of one device (DESIGN.md, the memory system).
+// The weight residency manager of one device (docs/architecture.md, "The memory system").
 //
 // Modules whose params live elsewhere (RAM or disk) get compute copies on
 // the device in blocks: the weights a plan segment reads first. A block is

@@ -40,7 +40,7 @@ TEST(CliGenerate, WritesAnImageOfTheRequestedSizeWithItsParameters) {
 }
 
 // Every sampling step runs the same UNet graph: it is built and allocated
-// once, then only its inputs change (DESIGN.md: no per-step rebuilds).
+// once, then only its inputs change (docs/architecture.md: no per-step rebuilds).
 TEST(CliGenerate, UnetGraphIsBuiltOncePerSamplingRun) {
     TempDir dir;
     auto r =

@@ -1,4 +1,4 @@
-// The memory system end to end (DESIGN.md, issue "run models bigger than
+// The memory system end to end (docs/architecture.md, issue "run models bigger than
 // device memory"): a real ggml RPC server on 127.0.0.1 is the GPU-type
 // device; the default model, a larger random-weight SD1 model and a
 // random-weight SDXL (real tensor names, reduced widths) run under
