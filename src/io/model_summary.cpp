@@ -67,6 +67,12 @@ const char* bare_component(std::string_view name, ComponentKind* kind) {
         starts_with(name, "transformer_blocks.") || starts_with(name, "blocks.") || starts_with(name, "label_emb.") ||
         starts_with(name, "out.") || starts_with(name, "conv_in.") || starts_with(name, "conv_out.") ||
         starts_with(name, "time_embedding.") || starts_with(name, "conv_norm_out.") ||
+        // Flux's and FLUX.2's embedders and modulation layers (BFL's names;
+        // Chroma's approximator).
+        starts_with(name, "img_in.") || starts_with(name, "txt_in.") || starts_with(name, "time_in.") ||
+        starts_with(name, "vector_in.") || starts_with(name, "guidance_in.") ||
+        starts_with(name, "double_stream_modulation_") || starts_with(name, "single_stream_modulation.") ||
+        starts_with(name, "distilled_guidance_layer.") ||
         // Z-Image's DiT (single-file and diffusers names).
         starts_with(name, "noise_refiner.") || starts_with(name, "context_refiner.") || starts_with(name, "layers.") ||
         starts_with(name, "x_embedder.") || starts_with(name, "all_x_embedder.") ||

@@ -77,6 +77,9 @@ TEST_F(Flux2FullSize, InfoSeesKlein) {
     auto r = test::run_command(std::string(KILN_BIN) + " info " + klein("4b").dit);
     ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
     EXPECT_NE(r.out.find("FLUX.2-klein"), std::string::npos) << r.out;
+    // Every tensor is the DiT's: its embedders and shared modulation layers included.
+    EXPECT_NE(r.out.find("diffusion model: diffusion_model\n    149 tensors"), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("other: other"), std::string::npos) << r.out;
 }
 
 // klein 4B fits every budget down to 4 GiB, its DiT cut into more segments
