@@ -26,7 +26,8 @@ std::vector<TextEncoderJobGraph> build_text_encoder_graphs(const pipeline::Model
             if (use.layout == models::PromptLayout::ChatTemplate) {
                 const pipeline::LlmPrompt input = pipeline::llm_prompt(model.llm_tokenizer(), use, prompt);
                 const auto length = static_cast<int64_t>(input.ids.size());
-                g.graph = pipeline::build_text_encoder_graph(encoder, input.ids.data(), length, 1, use.default_layer);
+                g.graph = pipeline::build_text_encoder_graph(encoder, input.ids.data(), length, 1, use.default_layer,
+                                                             input.real.empty() ? nullptr : input.real.data());
                 g.label = use.module + ", " + std::to_string(length) + " tokens";
             } else if (use.layout == models::PromptLayout::FixedLength) {
                 const text::PaddedTokens tokens =

@@ -104,23 +104,14 @@ Result<EncodedChunks> encode_t5(const TextEncoder& encoder, const text::T5Tokeni
 Result<EncodedChunks> encode_llm(const TextEncoder& encoder, const text::LlmTokenizer& tokenizer,
                                  const std::string& prompt) {
     const models::TextEncoderUse& use = *encoder.use;
-    LlmPrompt input = llm_prompt(tokenizer, use, prompt);
-    // A fixed length: cut, or padded with the padding masked (FLUX.2 klein).
-    std::vector<float> real;
-    if (use.max_length > 0) {
-        const auto n = static_cast<size_t>(use.max_length);
-        real.assign(n, 0.0f);
-        std::fill_n(real.begin(), std::min(n, input.ids.size()), 1.0f);
-        input.ids.resize(n, tokenizer.token_id(use.pad_text));  // found when the model loaded
-        input.weights.resize(n, 1.0f);
-    }
+    const LlmPrompt input = llm_prompt(tokenizer, use, prompt);
     const auto length = static_cast<int64_t>(input.ids.size());
     if (length > kMaxLlmTokens) {
         return Error::invalid_request("the prompt is " + std::to_string(length) + " tokens under the " + use.module +
                                       " chat template; at most " + std::to_string(kMaxLlmTokens) + " are encoded");
     }
     TextEncoderGraph g = build_text_encoder_graph(encoder, input.ids.data(), length, 1, use.default_layer,
-                                                  real.empty() ? nullptr : real.data());
+                                                  input.real.empty() ? nullptr : input.real.data());
     KILN_TRY(g.session->run(*encoder.executor, g.out));
     EncodedChunks out;
     out.hidden = runtime::GraphSession::read(g.out);
@@ -136,7 +127,6 @@ Result<EncodedChunks> encode_llm(const TextEncoder& encoder, const text::LlmToke
 int64_t context_length(const Model& model, const std::string* prompt) {
     for (const TextEncoder& te : model.text_encoders()) {
         if (te.use->layout != models::PromptLayout::ChatTemplate) continue;
-        if (te.use->max_length > 0) return te.use->max_length;
         if (!prompt) return te.use->plan_tokens;
         return static_cast<int64_t>(llm_prompt(model.llm_tokenizer(), *te.use, *prompt).ids.size());
     }
@@ -157,6 +147,14 @@ LlmPrompt llm_prompt(const text::LlmTokenizer& tokenizer, const models::TextEnco
         append(text, weight);
     }
     append(use.chat_suffix, 1.0f);
+    // A fixed length: cut, or padded, the padding to be masked (FLUX.2 klein).
+    if (use.max_length > 0) {
+        const auto n = static_cast<size_t>(use.max_length);
+        out.real.assign(n, 0.0f);
+        std::fill_n(out.real.begin(), std::min(n, out.ids.size()), 1.0f);
+        out.ids.resize(n, tokenizer.token_id(use.pad_text));  // found when the model loaded
+        out.weights.resize(n, 1.0f);
+    }
     return out;
 }
 

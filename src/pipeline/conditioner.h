@@ -41,9 +41,13 @@ struct Conditioning {
 // template's text at weight 1, the prompt's A1111 fragments each tokenized on
 // its own (so the ids match sd-cli's where weights split the text). A BREAK
 // has no meaning without chunks and is dropped.
+// With TextEncoderUse::max_length, exactly that many ids: cut, or padded
+// with pad_text's id, `real` saying which are the prompt's (1) and which
+// padding (0).
 struct LlmPrompt {
     std::vector<int32_t> ids;
     std::vector<float> weights;  // per token
+    std::vector<float> real;     // per token with max_length; empty without
 };
 LlmPrompt llm_prompt(const text::LlmTokenizer& tokenizer, const models::TextEncoderUse& use, const std::string& prompt);
 

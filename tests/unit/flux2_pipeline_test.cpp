@@ -138,6 +138,17 @@ TEST_F(Flux2Pipeline, IsKleinWithItsDefaults) {
     ASSERT_EQ(model_->text_encoders().size(), 1u);
     EXPECT_EQ(model_->text_encoders().front().width(), 48);
     EXPECT_EQ(pipeline::context_length(*model_, nullptr), 512);
+    // The prompt under the template, then <|endoftext|> to 512, the padding marked.
+    const models::TextEncoderUse& use = *model_->text_encoders().front().use;
+    const pipeline::LlmPrompt prompt = pipeline::llm_prompt(model_->llm_tokenizer(), use, "a red circle");
+    models::TextEncoderUse unpadded = use;
+    unpadded.max_length = 0;
+    const size_t real = pipeline::llm_prompt(model_->llm_tokenizer(), unpadded, "a red circle").ids.size();
+    ASSERT_EQ(prompt.ids.size(), 512u);
+    ASSERT_EQ(prompt.real.size(), 512u);
+    EXPECT_EQ(std::count(prompt.real.begin(), prompt.real.end(), 1.0f), static_cast<long>(real));
+    EXPECT_EQ(prompt.ids.back(), model_->llm_tokenizer().token_id("<|endoftext|>"));
+    EXPECT_EQ(pipeline::context_length(*model_, &use.chat_prefix), 512);
     const auto* llm = dynamic_cast<const models::LlmEncoder*>(model_->text_encoders().front().network);
     ASSERT_NE(llm, nullptr);
     EXPECT_EQ(llm->declared_layers(), 27);
