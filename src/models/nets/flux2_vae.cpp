@@ -39,10 +39,6 @@ ggml_tensor* per_channel(ggml_context* ctx, ggml_tensor* v) { return ggml_reshap
 Flux2Vae::Flux2Vae() = default;
 Flux2Vae::~Flux2Vae() = default;
 
-bool Flux2Vae::looks_like_flux2_vae(const io::ModelFile& file, const std::string& prefix) {
-    return file.find(prefix + "bn.running_mean") != nullptr && file.find(prefix + "decoder.conv_in.weight") != nullptr;
-}
-
 Result<std::unique_ptr<Flux2Vae>> Flux2Vae::create(io::WeightDeclarer& weights) {
     const std::string where = "FLUX.2 autoencoder under '" + weights.prefix() + "'";
     const io::TensorInfo* mean = weights.info("bn.running_mean");

@@ -21,8 +21,6 @@ namespace kiln::models {
 
 class Flux2Vae final : public AutoencoderNetwork {
   public:
-    // Whether the tensors under `prefix` hold FLUX.2's latent statistics.
-    static bool looks_like_flux2_vae(const io::ModelFile& file, const std::string& prefix);
     // Error (BadFile) when the KL autoencoder is missing or its latent does
     // not match the statistics (4 x latent channels of them).
     static Result<std::unique_ptr<Flux2Vae>> create(io::WeightDeclarer& weights);
