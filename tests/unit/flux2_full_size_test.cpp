@@ -18,7 +18,48 @@ namespace kiln {
 namespace {
 
 std::string fixture(const std::string& name) { return std::string(KILN_FIXTURES_DIR) + "/" + name; }
-std::string qwen3_tokenizer() { return std::string(KILN_FIXTURES_DIR) + "/../../third_party/llm-tokenizer-qwen3"; }
+std::string third_party(const std::string& path) {
+    return std::string(KILN_FIXTURES_DIR) + "/../../third_party/" + path;
+}
+std::string qwen3_tokenizer() { return third_party("llm-tokenizer-qwen3"); }
+
+// flux-2-klein-4b-Q4_K.gguf as ComfyUI-GGUF's tools write a DiT: BFL's names,
+// the blocks' matrices Q4_K, the embedders, modulation layers, final layer and
+// norms kept as they are (BF16, F32).
+test::SparseGgufOptions klein_gguf_options() {
+    test::SparseGgufOptions o;
+    o.type = [](const std::string& name, const std::vector<int64_t>& shape, ggml_type spec_type) {
+        const bool block = name.rfind("double_blocks.", 0) == 0 || name.rfind("single_blocks.", 0) == 0;
+        return block && shape.size() == 2 ? GGML_TYPE_Q4_K : spec_type;
+    };
+    o.metadata = {{"general.architecture", std::string("flux")}, {"general.quantization_version", uint32_t{2}}};
+    return o;
+}
+
+// Qwen3-4B-Q4_K_M.gguf as llama.cpp writes it: its names, metadata and
+// Q4_K_M types, the tokenizer carried.
+test::SparseGgufOptions qwen3_gguf_options() {
+    test::SparseGgufOptions o;
+    o.rename = test::qwen3_llama_cpp_name;
+    o.type = test::llama_cpp_q4_k_m(36);
+    o.metadata = {
+        {"general.architecture", std::string("qwen3")},
+        {"general.file_type", uint32_t{15}},  // LLAMA_FTYPE_MOSTLY_Q4_K_M
+        {"general.quantization_version", uint32_t{2}},
+        {"qwen3.block_count", uint32_t{36}},
+        {"qwen3.context_length", uint32_t{40960}},
+        {"qwen3.embedding_length", uint32_t{2560}},
+        {"qwen3.feed_forward_length", uint32_t{9728}},
+        {"qwen3.attention.head_count", uint32_t{32}},
+        {"qwen3.attention.head_count_kv", uint32_t{8}},
+        {"qwen3.attention.key_length", uint32_t{128}},
+        {"qwen3.attention.value_length", uint32_t{128}},
+        {"qwen3.rope.freq_base", 1000000.0f},
+        {"qwen3.attention.layer_norm_rms_epsilon", 1e-6f},
+    };
+    o.copy_metadata_from = third_party("llama-vocab/ggml-vocab-qwen2.gguf");
+    return o;
+}
 
 struct Klein {
     std::string name, dit, llm;
@@ -37,12 +78,22 @@ class Flux2FullSize : public ::testing::Test {
                 test::write_sparse_model(fixture(spec), dir_->file(std::string(file) + ".safetensors"));
             ASSERT_TRUE(written.ok()) << written.error().message;
         }
+        for (const Status& written :
+             {test::write_sparse_gguf(fixture("flux2_klein_4b.spec"), dir_->file("flux-2-klein-4b-Q4_K.gguf"),
+                                      klein_gguf_options()),
+              test::write_sparse_gguf(fixture("qwen3_4b.spec"), dir_->file("Qwen3-4B-Q4_K_M.gguf"),
+                                      qwen3_gguf_options())}) {
+            ASSERT_TRUE(written.ok()) << written.error().message;
+        }
     }
     static void TearDownTestSuite() {
         delete dir_;
         dir_ = nullptr;
     }
     static Klein klein(const std::string& size) {
+        if (size == "4b-q4k") {
+            return {"klein 4B Q4_K", dir_->file("flux-2-klein-4b-Q4_K.gguf"), dir_->file("Qwen3-4B-Q4_K_M.gguf")};
+        }
         return {"klein " + size, dir_->file("flux-2-klein-" + size + ".safetensors"),
                 dir_->file(std::string(size == "4b" ? "qwen_3_4b" : "qwen_3_8b") + ".safetensors")};
     }
@@ -82,16 +133,19 @@ TEST_F(Flux2FullSize, InfoSeesKlein) {
     EXPECT_EQ(r.out.find("other: other"), std::string::npos) << r.out;
 }
 
-// klein 4B fits every budget down to 4 GiB, its DiT cut into more segments
-// as the budget shrinks, the forecast peak within the budget.
-TEST_F(Flux2FullSize, Klein4bPlanFitsEveryBudget) {
+// klein 4B, bf16 and Q4_K (with Qwen3-4B Q4_K_M), fits every budget down
+// to 4 GiB, its DiT cut into more segments as the budget shrinks, the
+// forecast peak within the budget.
+class Flux2FullSizeForms : public Flux2FullSize, public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(Flux2FullSizeForms, Klein4bPlanFitsEveryBudget) {
     test::RpcServer server;
     ASSERT_TRUE(server.ok()) << server.log();
     const std::regex peak("RPC0: peak ([0-9.]+) (GiB|MiB)");
     int previous = 0;
     for (int gib : {12, 8, 6, 4}) {
         SCOPED_TRACE(std::to_string(gib) + " GiB");
-        auto r = plan(klein("4b"), server, gib);
+        auto r = plan(klein(GetParam()), server, gib);
         ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
         EXPECT_NE(r.out.find("fits: yes"), std::string::npos);
         const int segments = segments_of(r.out, "diffusion");
@@ -104,6 +158,8 @@ TEST_F(Flux2FullSize, Klein4bPlanFitsEveryBudget) {
     }
     EXPECT_GT(previous, 1) << "4 GiB holds less than the DiT: it must stream";
 }
+
+INSTANTIATE_TEST_SUITE_P(Klein4b, Flux2FullSizeForms, ::testing::Values("4b", "4b-q4k"));
 
 // klein 9B at 4 GiB: the first double block with its 1024x1024 attention
 // does not fit, and kiln plan names it; with flash attention it fits.
