@@ -36,31 +36,6 @@ test::SparseGgufOptions klein_gguf_options() {
     return o;
 }
 
-// Qwen3-4B-Q4_K_M.gguf as llama.cpp writes it: its names, metadata and
-// Q4_K_M types, the tokenizer carried.
-test::SparseGgufOptions qwen3_gguf_options() {
-    test::SparseGgufOptions o;
-    o.rename = test::qwen3_llama_cpp_name;
-    o.type = test::llama_cpp_q4_k_m(36);
-    o.metadata = {
-        {"general.architecture", std::string("qwen3")},
-        {"general.file_type", uint32_t{15}},  // LLAMA_FTYPE_MOSTLY_Q4_K_M
-        {"general.quantization_version", uint32_t{2}},
-        {"qwen3.block_count", uint32_t{36}},
-        {"qwen3.context_length", uint32_t{40960}},
-        {"qwen3.embedding_length", uint32_t{2560}},
-        {"qwen3.feed_forward_length", uint32_t{9728}},
-        {"qwen3.attention.head_count", uint32_t{32}},
-        {"qwen3.attention.head_count_kv", uint32_t{8}},
-        {"qwen3.attention.key_length", uint32_t{128}},
-        {"qwen3.attention.value_length", uint32_t{128}},
-        {"qwen3.rope.freq_base", 1000000.0f},
-        {"qwen3.attention.layer_norm_rms_epsilon", 1e-6f},
-    };
-    o.copy_metadata_from = third_party("llama-vocab/ggml-vocab-qwen2.gguf");
-    return o;
-}
-
 struct Klein {
     std::string name, dit, llm;
 };
@@ -81,8 +56,9 @@ class Flux2FullSize : public ::testing::Test {
         for (const Status& written :
              {test::write_sparse_gguf(fixture("flux2_klein_4b.spec"), dir_->file("flux-2-klein-4b-Q4_K.gguf"),
                                       klein_gguf_options()),
-              test::write_sparse_gguf(fixture("qwen3_4b.spec"), dir_->file("Qwen3-4B-Q4_K_M.gguf"),
-                                      qwen3_gguf_options())}) {
+              test::write_sparse_gguf(
+                  fixture("qwen3_4b.spec"), dir_->file("Qwen3-4B-Q4_K_M.gguf"),
+                  test::qwen3_4b_q4_k_m_gguf_options(third_party("llama-vocab/ggml-vocab-qwen2.gguf")))}) {
             ASSERT_TRUE(written.ok()) << written.error().message;
         }
     }

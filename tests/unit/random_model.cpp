@@ -433,4 +433,30 @@ Status write_random_model(const std::string& spec_path, const std::string& out_p
     return Status::Ok();
 }
 
+SparseGgufOptions qwen3_4b_q4_k_m_gguf_options(const std::string& vocab_gguf) {
+    SparseGgufOptions o;
+    o.rename = qwen3_llama_cpp_name;
+    o.type = llama_cpp_q4_k_m(36);
+    o.metadata = {
+        {"general.architecture", std::string("qwen3")},
+        {"general.type", std::string("model")},
+        {"general.name", std::string("Qwen3-4B-Instruct-2507")},
+        {"general.size_label", std::string("4B")},
+        {"general.file_type", uint32_t{15}},  // LLAMA_FTYPE_MOSTLY_Q4_K_M
+        {"general.quantization_version", uint32_t{2}},
+        {"qwen3.block_count", uint32_t{36}},
+        {"qwen3.context_length", uint32_t{262144}},
+        {"qwen3.embedding_length", uint32_t{2560}},
+        {"qwen3.feed_forward_length", uint32_t{9728}},
+        {"qwen3.attention.head_count", uint32_t{32}},
+        {"qwen3.attention.head_count_kv", uint32_t{8}},
+        {"qwen3.attention.key_length", uint32_t{128}},
+        {"qwen3.attention.value_length", uint32_t{128}},
+        {"qwen3.rope.freq_base", 5000000.0f},
+        {"qwen3.attention.layer_norm_rms_epsilon", 1e-6f},
+    };
+    o.copy_metadata_from = vocab_gguf;
+    return o;
+}
+
 }  // namespace kiln::test

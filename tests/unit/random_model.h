@@ -89,4 +89,10 @@ std::function<ggml_type(const std::string&, const std::vector<int64_t>&, ggml_ty
 std::function<ggml_type(const std::string&, const std::vector<int64_t>&, ggml_type)> comfy_gguf_lumina2(
     ggml_type quantized);
 
+// Qwen3-4B-Instruct-2507-Q4_K_M.gguf as llama.cpp writes it (unsloth's
+// upload: these keys and values; the 2507 release's rope base is 5e6 and its
+// context 262144, where the original Qwen3-4B has 1e6 and 40960), the
+// tokenizer copied from `vocab_gguf` (llama.cpp's ggml-vocab-qwen2.gguf).
+SparseGgufOptions qwen3_4b_q4_k_m_gguf_options(const std::string& vocab_gguf);
+
 }  // namespace kiln::test

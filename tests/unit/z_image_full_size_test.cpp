@@ -41,36 +41,6 @@ const char* kSetupHint = " is missing: run scripts/setup.sh, which provisions th
 
 bool exists(const std::string& path) { return std::ifstream(path).good(); }
 
-// Qwen3-4B-Instruct-2507-Q4_K_M.gguf as llama.cpp writes it (unsloth's
-// upload: these keys and values; the 2507 release's rope base is 5e6 and its
-// context 262144, where the original Qwen3-4B that Z-Image was trained with
-// has 1e6 and 40960).
-test::SparseGgufOptions qwen3_gguf_options() {
-    test::SparseGgufOptions o;
-    o.rename = test::qwen3_llama_cpp_name;
-    o.type = test::llama_cpp_q4_k_m(36);
-    o.metadata = {
-        {"general.architecture", std::string("qwen3")},
-        {"general.type", std::string("model")},
-        {"general.name", std::string("Qwen3-4B-Instruct-2507")},
-        {"general.size_label", std::string("4B")},
-        {"general.file_type", uint32_t{15}},  // LLAMA_FTYPE_MOSTLY_Q4_K_M
-        {"general.quantization_version", uint32_t{2}},
-        {"qwen3.block_count", uint32_t{36}},
-        {"qwen3.context_length", uint32_t{262144}},
-        {"qwen3.embedding_length", uint32_t{2560}},
-        {"qwen3.feed_forward_length", uint32_t{9728}},
-        {"qwen3.attention.head_count", uint32_t{32}},
-        {"qwen3.attention.head_count_kv", uint32_t{8}},
-        {"qwen3.attention.key_length", uint32_t{128}},
-        {"qwen3.attention.value_length", uint32_t{128}},
-        {"qwen3.rope.freq_base", 5000000.0f},
-        {"qwen3.attention.layer_norm_rms_epsilon", 1e-6f},
-    };
-    o.copy_metadata_from = qwen2_vocab_gguf();
-    return o;
-}
-
 // z_image_turbo-Q4_K.gguf as ComfyUI-GGUF's tools write it.
 test::SparseGgufOptions dit_gguf_options() {
     test::SparseGgufOptions o;
@@ -105,7 +75,8 @@ class ZImageFullSize : public ::testing::Test {
             test::write_sparse_model(fixture("qwen3_4b.spec"), bf16.llm),
             test::write_sparse_model(fixture("flux_ae.spec"), *ae_),
             test::write_sparse_gguf(fixture("z_image_turbo.spec"), q4k.dit, dit_gguf_options()),
-            test::write_sparse_gguf(fixture("qwen3_4b.spec"), q4k.llm, qwen3_gguf_options()),
+            test::write_sparse_gguf(fixture("qwen3_4b.spec"), q4k.llm,
+                                    test::qwen3_4b_q4_k_m_gguf_options(qwen2_vocab_gguf())),
         };
         for (const Status& s : written) {
             if (!s.ok()) *setup_error_ += s.error().message + "\n";
