@@ -88,18 +88,6 @@ class Flux2FullSize : public ::testing::Test {
 };
 test::TempDir* Flux2FullSize::dir_ = nullptr;
 
-// "  diffusion on RPC0: 5 segments, ..." -> 5; "whole graph" -> 1.
-int segments_of(const std::string& plan, const std::string& module) {
-    std::istringstream lines(plan);
-    for (std::string line; std::getline(lines, line);) {
-        if (line.rfind("  " + module + " on ", 0) != 0) continue;
-        std::smatch m;
-        if (std::regex_search(line, m, std::regex(": (?:[^,]*, )*?(\\d+) segments"))) return std::stoi(m[1]);
-        return line.find("whole graph") != std::string::npos ? 1 : 0;
-    }
-    return 0;
-}
-
 TEST_F(Flux2FullSize, InfoSeesKlein) {
     auto r = test::run_command(std::string(KILN_BIN) + " info " + klein("4b").dit);
     ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
@@ -124,7 +112,7 @@ TEST_P(Flux2FullSizeForms, Klein4bPlanFitsEveryBudget) {
         auto r = plan(klein(GetParam()), server, gib);
         ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
         EXPECT_NE(r.out.find("fits: yes"), std::string::npos);
-        const int segments = segments_of(r.out, "diffusion");
+        const int segments = test::plan_segments(r.out, "diffusion");
         ASSERT_GT(segments, 0);
         EXPECT_GE(segments, previous) << "a smaller budget cuts the DiT into fewer segments";
         previous = segments;

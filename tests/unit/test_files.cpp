@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <regex>
+#include <sstream>
 #include <stdexcept>
 
 namespace fs = std::filesystem;
@@ -142,6 +144,17 @@ CommandResult run_command(const std::string& command_line) {
     r.out = slurp(out_path);
     r.err = slurp(err_path);
     return r;
+}
+
+int plan_segments(const std::string& plan, const std::string& module) {
+    std::istringstream lines(plan);
+    for (std::string line; std::getline(lines, line);) {
+        if (line.rfind("  " + module + " on ", 0) != 0) continue;
+        std::smatch m;
+        if (std::regex_search(line, m, std::regex(": (?:[^,]*, )*?(\\d+) segments"))) return std::stoi(m[1]);
+        return line.find("whole graph") != std::string::npos ? 1 : 0;
+    }
+    return 0;
 }
 
 }  // namespace kiln::test

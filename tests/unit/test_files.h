@@ -79,4 +79,8 @@ struct CommandResult {
 // Runs a shell command line, capturing stdout and stderr separately.
 CommandResult run_command(const std::string& command_line);
 
+// The segments `kiln plan` says `module` runs in ("  diffusion on RPC0: 5
+// segments, ..." -> 5, "whole graph" -> 1; 0 when the line is missing).
+int plan_segments(const std::string& plan, const std::string& module);
+
 }  // namespace kiln::test

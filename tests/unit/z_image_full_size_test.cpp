@@ -280,18 +280,6 @@ TEST_F(ZImageFullSize, TheSafetensorsLlmNeedsItsTokenizer) {
     ASSERT_TRUE(mixed.ok()) << mixed.error().message;
 }
 
-// "  diffusion on RPC0: 4 segments, ..." -> 4; "whole graph" -> 1; 0 when absent.
-int segments_of(const std::string& plan, const std::string& module) {
-    std::istringstream lines(plan);
-    for (std::string line; std::getline(lines, line);) {
-        if (line.rfind("  " + module + " on ", 0) != 0) continue;
-        std::smatch m;
-        if (std::regex_search(line, m, std::regex(": (?:[^,]*, )*?(\\d+) segments"))) return std::stoi(m[1]);
-        return line.find("whole graph") != std::string::npos ? 1 : 0;
-    }
-    return 0;
-}
-
 test::CommandResult plan(const Set& set, const std::string& ae, const test::RpcServer& server, int gib) {
     const std::string command = std::string(KILN_BIN) + " plan --diffusion-model " + set.dit + " --llm " + set.llm +
                                 " --vae " + ae + (set.tokenizer.empty() ? "" : " --tokenizer " + set.tokenizer) +
@@ -316,7 +304,7 @@ TEST_F(ZImageFullSize, PlanFitsTheJobUnderEveryBudget) {
             auto r = plan(*set, *ae_, server, gib);
             ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
             EXPECT_NE(r.out.find("fits: yes"), std::string::npos) << r.out;
-            const int segments = segments_of(r.out, "diffusion");
+            const int segments = test::plan_segments(r.out, "diffusion");
             ASSERT_GT(segments, 0) << r.out;
             EXPECT_GE(segments, previous_segments) << "a smaller budget cuts the DiT into fewer segments";
             previous_segments = segments;
