@@ -25,4 +25,24 @@ ggml_tensor* gated_add(ggml_context* ctx, ggml_tensor* x, ggml_tensor* y, ggml_t
     return ggml_add(ctx, x, ggml_mul(ctx, y, gate));
 }
 
+ShiftScaleGate shift_scale_gate(ggml_context* ctx, const ModulationTable& table, int64_t k, bool with_gate) {
+    ShiftScaleGate m;
+    m.shift = table.at(ctx, k);
+    m.scale1 = one_plus(ctx, table.at(ctx, k + 1));
+    if (with_gate) m.gate = table.at(ctx, k + 2);
+    return m;
+}
+
+ggml_tensor* modulate_layer_norm(ggml_context* ctx, ggml_tensor* x, const ShiftScaleGate& m, float eps) {
+    return modulate(ctx, ggml_norm(ctx, x, eps), m.scale1, m.shift);
+}
+
+ggml_tensor* mlp_embed(ggml_context* ctx, const MlpEmbedder& e, ggml_tensor* x) {
+    return linear(ctx, e.out, ggml_silu(ctx, linear(ctx, e.in, x)));
+}
+
+ggml_tensor* bfl_time_embedding(ggml_context* ctx, ggml_tensor* t, int dim) {
+    return ggml_timestep_embedding(ctx, ggml_scale(ctx, t, 1000.0f), dim, 10000);
+}
+
 }  // namespace kiln::nn

@@ -17,26 +17,6 @@ constexpr float kNormEps = 1e-6f;  // BFL's LayerNorms and QK RMSNorms
 constexpr int kTimeEmbedding = 256;
 constexpr int64_t kRefTimeScale = 10;  // encode_image_refs: reference i at t = 10 + 10 i
 
-struct Embedder {  // BFL's MLPEmbedder: out_layer(silu(in_layer(x)))
-    nn::Linear in, out;
-};
-
-// (shift, scale, gate) of one modulated sub-block, each ne [hidden, 1, B].
-struct Mod {
-    ggml_tensor* shift = nullptr;
-    ggml_tensor* scale1 = nullptr;  // 1 + scale
-    ggml_tensor* gate = nullptr;
-};
-
-Mod mod_at(ggml_context* ctx, const nn::ModulationTable& t, int64_t k, bool with_gate = true) {
-    return {t.at(ctx, k), nn::one_plus(ctx, t.at(ctx, k + 1)), with_gate ? t.at(ctx, k + 2) : nullptr};
-}
-
-// (1 + scale) * LayerNorm(x) + shift, the LayerNorm without affine.
-ggml_tensor* modulate(ggml_context* ctx, ggml_tensor* x, const Mod& m) {
-    return nn::modulate(ctx, ggml_norm(ctx, x, kNormEps), m.scale1, m.shift);
-}
-
 struct Attention {
     nn::Linear qkv, proj;
     ggml_tensor* q_scale = nullptr;
@@ -89,19 +69,20 @@ ggml_tensor* attention(ggml_context* ctx, const Shared& s, const Qkv& a) {
 
 // A double block on the joint tokens ne [hidden, T + N, B] (text first).
 ggml_tensor* double_block(ggml_context* ctx, const Shared& s, const DoubleBlock& b, ggml_tensor* joint, int64_t T,
-                          const Mod img_mod[2], const Mod txt_mod[2]) {
+                          const nn::ShiftScaleGate img_mod[2], const nn::ShiftScaleGate txt_mod[2]) {
     const int64_t N = joint->ne[1] - T;
     ggml_tensor* txt = nn::token_range(ctx, joint, 0, T);
     ggml_tensor* img = nn::token_range(ctx, joint, T, N);
-    auto qkv = [&](const Stream& st, ggml_tensor* x, const Mod& m) {
-        return project_qkv(ctx, s, st.attn.qkv, modulate(ctx, x, m), st.attn.q_scale, st.attn.k_scale);
+    auto qkv = [&](const Stream& st, ggml_tensor* x, const nn::ShiftScaleGate& m) {
+        return project_qkv(ctx, s, st.attn.qkv, nn::modulate_layer_norm(ctx, x, m, kNormEps), st.attn.q_scale,
+                           st.attn.k_scale);
     };
     const Qkv t = qkv(b.txt, txt, txt_mod[0]), i = qkv(b.img, img, img_mod[0]);
     ggml_tensor* attn = attention(
         ctx, s, {ggml_concat(ctx, t.q, i.q, 2), ggml_concat(ctx, t.k, i.k, 2), ggml_concat(ctx, t.v, i.v, 1)});
-    auto update = [&](const Stream& st, ggml_tensor* x, ggml_tensor* a, const Mod m[2]) {
+    auto update = [&](const Stream& st, ggml_tensor* x, ggml_tensor* a, const nn::ShiftScaleGate m[2]) {
         x = nn::gated_add(ctx, x, nn::linear(ctx, st.attn.proj, a), m[0].gate);
-        ggml_tensor* h = ggml_swiglu(ctx, nn::linear(ctx, st.mlp_in, modulate(ctx, x, m[1])));
+        ggml_tensor* h = ggml_swiglu(ctx, nn::linear(ctx, st.mlp_in, nn::modulate_layer_norm(ctx, x, m[1], kNormEps)));
         return nn::gated_add(ctx, x, nn::linear(ctx, st.mlp_out, h), m[1].gate);
     };
     txt = update(b.txt, txt, nn::token_range(ctx, attn, 0, T), txt_mod);
@@ -111,21 +92,13 @@ ggml_tensor* double_block(ggml_context* ctx, const Shared& s, const DoubleBlock&
 
 // A single block on x ne [hidden, L, B]: one projection to q, k, v and the
 // SwiGLU's input, one back from the attention and the SwiGLU side by side.
-ggml_tensor* single_block(ggml_context* ctx, const Shared& s, const SingleBlock& b, ggml_tensor* x, const Mod& m) {
-    ggml_tensor* xm = modulate(ctx, x, m);
+ggml_tensor* single_block(ggml_context* ctx, const Shared& s, const SingleBlock& b, ggml_tensor* x,
+                          const nn::ShiftScaleGate& m) {
+    ggml_tensor* xm = nn::modulate_layer_norm(ctx, x, m, kNormEps);
     const Qkv qkv = project_qkv(ctx, s, b.linear1, xm, b.q_scale, b.k_scale);
     ggml_tensor* mlp_in = nn::linear(ctx, nn::linear_rows(ctx, b.linear1, 3 * s.hidden, 2 * s.mlp), xm);
     ggml_tensor* both = ggml_concat(ctx, attention(ctx, s, qkv), ggml_swiglu(ctx, mlp_in), 0);
     return nn::gated_add(ctx, x, nn::linear(ctx, b.linear2, both), m.gate);
-}
-
-ggml_tensor* embed(ggml_context* ctx, const Embedder& e, ggml_tensor* x) {
-    return nn::linear(ctx, e.out, ggml_silu(ctx, nn::linear(ctx, e.in, x)));
-}
-
-// BFL's timestep_embedding(t, 256): t * 1000, cat([cos, sin]).
-ggml_tensor* time_embedding(ggml_context* ctx, ggml_tensor* t) {
-    return ggml_timestep_embedding(ctx, ggml_scale(ctx, t, 1000.0f), kTimeEmbedding, 10000);
 }
 
 int64_t token_count(int64_t txt_tokens, Flux2Grid image, const std::vector<Flux2Grid>& refs) {
@@ -157,7 +130,7 @@ std::vector<float> flux2_rope_table(const Flux2Config& c, int64_t txt_tokens, Fl
 
 struct Flux2Dit::Blocks {
     nn::Linear img_in, txt_in;
-    Embedder time_in, guidance_in;
+    nn::MlpEmbedder time_in, guidance_in;
     nn::Linear double_mod_img, double_mod_txt, single_mod;
     std::vector<DoubleBlock> doubles;
     std::vector<SingleBlock> singles;
@@ -345,8 +318,10 @@ Result<ggml_tensor*> Flux2Dit::build(ggml_context* ctx, const Flux2Inputs& in, c
     // The modulation every block of a kind shares, made once, where its
     // first block runs: each modulation layer's weights then belong to that
     // block's segment, not all to the first.
-    ggml_tensor* vec = embed(ctx, b.time_in, time_embedding(ctx, in.timesteps));
-    if (c.guidance_embed) vec = ggml_add(ctx, vec, embed(ctx, b.guidance_in, time_embedding(ctx, in.guidance)));
+    ggml_tensor* vec = nn::mlp_embed(ctx, b.time_in, nn::bfl_time_embedding(ctx, in.timesteps, kTimeEmbedding));
+    if (c.guidance_embed)
+        vec = ggml_add(ctx, vec,
+                       nn::mlp_embed(ctx, b.guidance_in, nn::bfl_time_embedding(ctx, in.guidance, kTimeEmbedding)));
     ggml_tensor* silu_vec = ggml_silu(ctx, vec);
     auto table = [&](const nn::Linear& lin, int64_t k) {
         return nn::ModulationTable::split(ctx, nn::linear(ctx, lin, silu_vec), k);
@@ -361,28 +336,30 @@ Result<ggml_tensor*> Flux2Dit::build(ggml_context* ctx, const Flux2Inputs& in, c
         return std::find(options.skip_blocks.begin(), options.skip_blocks.end(), static_cast<int>(block)) !=
                options.skip_blocks.end();
     };
-    std::optional<std::array<Mod, 4>> double_mods;  // img 1, img 2, txt 1, txt 2
+    std::optional<std::array<nn::ShiftScaleGate, 4>> double_mods;  // img 1, img 2, txt 1, txt 2
     for (size_t i = 0; i < b.doubles.size(); ++i) {
         if (skipped(i)) continue;
         if (!double_mods) {
             const nn::ModulationTable img = table(b.double_mod_img, 6), txt = table(b.double_mod_txt, 6);
-            double_mods = {mod_at(ctx, img, 0), mod_at(ctx, img, 3), mod_at(ctx, txt, 0), mod_at(ctx, txt, 3)};
+            double_mods = {nn::shift_scale_gate(ctx, img, 0), nn::shift_scale_gate(ctx, img, 3),
+                           nn::shift_scale_gate(ctx, txt, 0), nn::shift_scale_gate(ctx, txt, 3)};
         }
-        const Mod img_mod[2] = {(*double_mods)[0], (*double_mods)[1]};
-        const Mod txt_mod[2] = {(*double_mods)[2], (*double_mods)[3]};
+        const nn::ShiftScaleGate img_mod[2] = {(*double_mods)[0], (*double_mods)[1]};
+        const nn::ShiftScaleGate txt_mod[2] = {(*double_mods)[2], (*double_mods)[3]};
         x = nn::mark_cut(double_block(ctx, s, b.doubles[i], x, T, img_mod, txt_mod),
                          "double_blocks." + std::to_string(i));
     }
-    std::optional<Mod> single_mod;
+    std::optional<nn::ShiftScaleGate> single_mod;
     for (size_t i = 0; i < b.singles.size(); ++i) {
         if (skipped(b.doubles.size() + i)) continue;
-        if (!single_mod) single_mod = mod_at(ctx, table(b.single_mod, 3), 0);
+        if (!single_mod) single_mod = nn::shift_scale_gate(ctx, table(b.single_mod, 3), 0);
         x = nn::mark_cut(single_block(ctx, s, b.singles[i], x, *single_mod), "single_blocks." + std::to_string(i));
     }
     // The image's tokens (text and references dropped) through the final layer.
-    const Mod final_mod = mod_at(ctx, table(b.final_mod, 2), 0, /*with_gate=*/false);
+    const nn::ShiftScaleGate final_mod = nn::shift_scale_gate(ctx, table(b.final_mod, 2), 0, /*with_gate=*/false);
     ggml_tensor* out =
-        nn::linear(ctx, b.final_linear, modulate(ctx, nn::token_range(ctx, x, T, grid.w * grid.h), final_mod));
+        nn::linear(ctx, b.final_linear,
+                   nn::modulate_layer_norm(ctx, nn::token_range(ctx, x, T, grid.w * grid.h), final_mod, kNormEps));
     return nn::unpatchify(ctx, out, grid.w, grid.h, 1, nn::PatchFeatures::ChannelSlowest);
 }
 

@@ -23,10 +23,6 @@ constexpr int kTimeEmbedding = 256;
 constexpr int kChromaTimeEmbedding = 16;
 constexpr int kChromaIndexEmbedding = 32;
 
-struct Embedder {  // BFL's MLPEmbedder: out_layer(silu(in_layer(x)))
-    nn::Linear in, out;
-};
-
 // A projection whose output is several parts side by side: BFL stores it as
 // one weight (qkv, linear1), diffusers as one weight per part (to_q, to_k,
 // to_v, proj_mlp). part() gives part i as a linear layer either way.
@@ -67,39 +63,9 @@ nn::Linear part(ggml_context* ctx, const Fused& f, size_t i) {
     return nn::linear_rows(ctx, f.whole, first, f.widths[i]);
 }
 
-ggml_tensor* embed(ggml_context* ctx, const Embedder& e, ggml_tensor* x) {
-    return nn::linear(ctx, e.out, ggml_silu(ctx, nn::linear(ctx, e.in, x)));
-}
-
-// BFL's timestep_embedding(t, dim): t * 1000, cat([cos, sin]).
-ggml_tensor* time_embedding(ggml_context* ctx, ggml_tensor* t, int dim) {
-    return ggml_timestep_embedding(ctx, ggml_scale(ctx, t, 1000.0f), dim, 10000);
-}
-
-// (shift, scale, gate) of one modulated sub-block, each ne [hidden, 1, B];
-// `scale1` is 1 + scale (BFL's (1 + scale) * x + shift).
-struct Mod {
-    ggml_tensor* shift = nullptr;
-    ggml_tensor* scale1 = nullptr;
-    ggml_tensor* gate = nullptr;
-};
-
-Mod mod_at(ggml_context* ctx, const nn::ModulationTable& t, int64_t k, bool with_gate = true) {
-    Mod m;
-    m.shift = t.at(ctx, k);
-    m.scale1 = nn::one_plus(ctx, t.at(ctx, k + 1));
-    if (with_gate) m.gate = t.at(ctx, k + 2);
-    return m;
-}
-
 // BFL's Modulation: lin(silu(vec)) in `k` chunks of hidden.
 nn::ModulationTable modulation(ggml_context* ctx, const nn::Linear& lin, ggml_tensor* silu_vec, int64_t k) {
     return nn::ModulationTable::split(ctx, nn::linear(ctx, lin, silu_vec), k);  // of [k * hidden, B]
-}
-
-// (1 + scale) * LayerNorm(x) + shift, the LayerNorm without affine.
-ggml_tensor* modulate(ggml_context* ctx, ggml_tensor* x, const Mod& m) {
-    return nn::modulate(ctx, ggml_norm(ctx, x, kNormEps), m.scale1, m.shift);
 }
 
 // What every block of one evaluation shares.
@@ -129,21 +95,22 @@ StreamQkv stream_qkv(ggml_context* ctx, const Shared& s, const Attention& a, ggm
 
 // One stream's update after the joint attention: gated projection and MLP.
 ggml_tensor* stream_out(ggml_context* ctx, const Shared& s, const Stream& st, ggml_tensor* x, ggml_tensor* attn,
-                        const Mod& m1, const Mod& m2) {
+                        const nn::ShiftScaleGate& m1, const nn::ShiftScaleGate& m2) {
     x = nn::gated_add(ctx, x, nn::linear(ctx, st.attn.proj, attn), m1.gate);
-    ggml_tensor* h = nn::gelu_tanh(ctx, s.target, nn::linear(ctx, st.mlp_in, modulate(ctx, x, m2)));
+    ggml_tensor* h =
+        nn::gelu_tanh(ctx, s.target, nn::linear(ctx, st.mlp_in, nn::modulate_layer_norm(ctx, x, m2, kNormEps)));
     return nn::gated_add(ctx, x, nn::linear(ctx, st.mlp_out, h), m2.gate);
 }
 
 // A double block on the joint tokens ne [hidden, T + N, B] (text first);
 // returns them updated in the same layout.
 ggml_tensor* double_block(ggml_context* ctx, const Shared& s, const DoubleBlock& b, ggml_tensor* joint, int64_t T,
-                          const Mod img_mod[2], const Mod txt_mod[2]) {
+                          const nn::ShiftScaleGate img_mod[2], const nn::ShiftScaleGate txt_mod[2]) {
     const int64_t N = joint->ne[1] - T;
     ggml_tensor* txt = nn::token_range(ctx, joint, 0, T);
     ggml_tensor* img = nn::token_range(ctx, joint, T, N);
-    const StreamQkv ti = stream_qkv(ctx, s, b.txt.attn, modulate(ctx, txt, txt_mod[0]));
-    const StreamQkv ii = stream_qkv(ctx, s, b.img.attn, modulate(ctx, img, img_mod[0]));
+    const StreamQkv ti = stream_qkv(ctx, s, b.txt.attn, nn::modulate_layer_norm(ctx, txt, txt_mod[0], kNormEps));
+    const StreamQkv ii = stream_qkv(ctx, s, b.img.attn, nn::modulate_layer_norm(ctx, img, img_mod[0], kNormEps));
     ggml_tensor* attn = joint_attention(ctx, s, ggml_concat(ctx, ti.q, ii.q, 2), ggml_concat(ctx, ti.k, ii.k, 2),
                                         ggml_concat(ctx, ti.v, ii.v, 1));
     img = stream_out(ctx, s, b.img, img, nn::token_range(ctx, attn, T, N), img_mod[0], img_mod[1]);
@@ -151,8 +118,9 @@ ggml_tensor* double_block(ggml_context* ctx, const Shared& s, const DoubleBlock&
     return ggml_concat(ctx, txt, img, 1);
 }
 
-ggml_tensor* single_block(ggml_context* ctx, const Shared& s, const SingleBlock& b, ggml_tensor* x, const Mod& m) {
-    ggml_tensor* xm = modulate(ctx, x, m);
+ggml_tensor* single_block(ggml_context* ctx, const Shared& s, const SingleBlock& b, ggml_tensor* x,
+                          const nn::ShiftScaleGate& m) {
+    ggml_tensor* xm = nn::modulate_layer_norm(ctx, x, m, kNormEps);
     ggml_tensor* q = nn::head_rms_norm(ctx, nn::linear(ctx, part(ctx, b.linear1, 0), xm), b.q_scale, s.heads, kNormEps);
     ggml_tensor* k = nn::head_rms_norm(ctx, nn::linear(ctx, part(ctx, b.linear1, 1), xm), b.k_scale, s.heads, kNormEps);
     ggml_tensor* v = nn::linear(ctx, part(ctx, b.linear1, 2), xm);
@@ -361,10 +329,10 @@ std::vector<float> chroma_index_table(const FluxConfig& c) {
 
 struct FluxDit::Blocks {
     nn::Linear img_in, txt_in;
-    Embedder time_in, vector_in, guidance_in;
+    nn::MlpEmbedder time_in, vector_in, guidance_in;
     // Chroma's distilled_guidance_layer.
     nn::Linear approx_in, approx_out;
-    std::vector<Embedder> approx_layers;
+    std::vector<nn::MlpEmbedder> approx_layers;
     std::vector<ggml_tensor*> approx_norms;
     std::vector<DoubleBlock> doubles;
     std::vector<SingleBlock> singles;
@@ -450,7 +418,8 @@ Result<std::unique_ptr<FluxDit>> FluxDit::create(io::WeightDeclarer& weights) {
     while (find("single_blocks." + std::to_string(c.single_blocks) + ".linear1.weight")) ++c.single_blocks;
 
     if (file.metadata().count("kiln.flux.axes_dim")) {
-        auto axes = nn::parse_rope_axes("kiln.flux.axes_dim", file.metadata_string("kiln.flux.axes_dim", ""), "even positive sizes like 16,56,56");
+        auto axes = nn::parse_rope_axes("kiln.flux.axes_dim", file.metadata_string("kiln.flux.axes_dim", ""),
+                                        "even positive sizes like 16,56,56");
         if (!axes.ok()) return axes.error();
         c.axes_dim = std::move(axes).value();
     } else if (head_dim != 128) {
@@ -489,7 +458,7 @@ Status FluxDit::declare(io::WeightDeclarer& w) {
     };
     auto vector = [&](const std::string& name, int64_t n) { return w.require(names(name), {n}); };
     auto embedder = [&](const std::string& p, int64_t in, int64_t width) {
-        return Embedder{linear(p + ".in_layer", in, width), linear(p + ".out_layer", width, width)};
+        return nn::MlpEmbedder{linear(p + ".in_layer", in, width), linear(p + ".out_layer", width, width)};
     };
     b.img_in = linear("img_in", c.in_channels, h);
     b.txt_in = linear("txt_in", c.context_dim, h);
@@ -627,13 +596,13 @@ Result<ggml_tensor*> FluxDit::build(ggml_context* ctx, const FluxInputs& in, con
     }
 
     // The modulation vectors of every block.
-    std::vector<std::array<Mod, 4>> double_mods;  // img 1, img 2, txt 1, txt 2
-    std::vector<Mod> single_mods;
-    Mod final_mod;
+    std::vector<std::array<nn::ShiftScaleGate, 4>> double_mods;  // img 1, img 2, txt 1, txt 2
+    std::vector<nn::ShiftScaleGate> single_mods;
+    nn::ShiftScaleGate final_mod;
     if (c.chroma) {
         ggml_tensor* guidance = in.guidance ? in.guidance : ggml_scale(ctx, in.timesteps, 0.0f);
-        ggml_tensor* tg = ggml_concat(ctx, time_embedding(ctx, in.timesteps, kChromaTimeEmbedding),
-                                      time_embedding(ctx, guidance, kChromaTimeEmbedding), 0);  // [32, B]
+        ggml_tensor* tg = ggml_concat(ctx, nn::bfl_time_embedding(ctx, in.timesteps, kChromaTimeEmbedding),
+                                      nn::bfl_time_embedding(ctx, guidance, kChromaTimeEmbedding), 0);  // [32, B]
         const int64_t M = c.chroma_modulations();
         ggml_tensor* input =
             ggml_concat(ctx, ggml_repeat_4d(ctx, ggml_reshape_3d(ctx, tg, tg->ne[0], 1, B), tg->ne[0], M, B, 1),
@@ -643,33 +612,35 @@ Result<ggml_tensor*> FluxDit::build(ggml_context* ctx, const FluxInputs& in, con
         ggml_tensor* a = nn::linear(ctx, b.approx_in, input);
         for (size_t i = 0; i < b.approx_layers.size(); ++i) {
             ggml_tensor* n = nn::rms_norm(ctx, a, b.approx_norms[i], kNormEps);
-            a = ggml_add(ctx, a, embed(ctx, b.approx_layers[i], n));
+            a = ggml_add(ctx, a, nn::mlp_embed(ctx, b.approx_layers[i], n));
         }
         const nn::ModulationTable t =
             nn::ModulationTable::from_chunks(ctx, nn::linear(ctx, b.approx_out, a));  // [hidden, B, M]
         const int64_t S = c.single_blocks, D = c.double_blocks;
         for (int64_t i = 0; i < D; ++i) {
             const int64_t img = 3 * S + 6 * i, txt = 3 * S + 6 * D + 6 * i;
-            double_mods.push_back(
-                {mod_at(ctx, t, img), mod_at(ctx, t, img + 3), mod_at(ctx, t, txt), mod_at(ctx, t, txt + 3)});
+            double_mods.push_back({nn::shift_scale_gate(ctx, t, img), nn::shift_scale_gate(ctx, t, img + 3),
+                                   nn::shift_scale_gate(ctx, t, txt), nn::shift_scale_gate(ctx, t, txt + 3)});
         }
-        for (int64_t i = 0; i < S; ++i) single_mods.push_back(mod_at(ctx, t, 3 * i));
-        final_mod = mod_at(ctx, t, M - 2, /*with_gate=*/false);
+        for (int64_t i = 0; i < S; ++i) single_mods.push_back(nn::shift_scale_gate(ctx, t, 3 * i));
+        final_mod = nn::shift_scale_gate(ctx, t, M - 2, /*with_gate=*/false);
     } else {
-        ggml_tensor* vec = embed(ctx, b.time_in, time_embedding(ctx, in.timesteps, kTimeEmbedding));
+        ggml_tensor* vec = nn::mlp_embed(ctx, b.time_in, nn::bfl_time_embedding(ctx, in.timesteps, kTimeEmbedding));
         if (c.guidance_embed)
-            vec = ggml_add(ctx, vec, embed(ctx, b.guidance_in, time_embedding(ctx, in.guidance, kTimeEmbedding)));
-        vec = ggml_add(ctx, vec, embed(ctx, b.vector_in, ggml_reshape_2d(ctx, in.pooled, c.vec_dim, B)));
+            vec = ggml_add(ctx, vec,
+                           nn::mlp_embed(ctx, b.guidance_in, nn::bfl_time_embedding(ctx, in.guidance, kTimeEmbedding)));
+        vec = ggml_add(ctx, vec, nn::mlp_embed(ctx, b.vector_in, ggml_reshape_2d(ctx, in.pooled, c.vec_dim, B)));
         ggml_tensor* silu_vec = ggml_silu(ctx, vec);
         for (const DoubleBlock& block : b.doubles) {
             const nn::ModulationTable img = modulation(ctx, block.img.mod, silu_vec, 6);
             const nn::ModulationTable txt = modulation(ctx, block.txt.mod, silu_vec, 6);
-            double_mods.push_back({mod_at(ctx, img, 0), mod_at(ctx, img, 3), mod_at(ctx, txt, 0), mod_at(ctx, txt, 3)});
+            double_mods.push_back({nn::shift_scale_gate(ctx, img, 0), nn::shift_scale_gate(ctx, img, 3),
+                                   nn::shift_scale_gate(ctx, txt, 0), nn::shift_scale_gate(ctx, txt, 3)});
         }
         for (const SingleBlock& block : b.singles)
-            single_mods.push_back(mod_at(ctx, modulation(ctx, block.mod, silu_vec, 3), 0));
+            single_mods.push_back(nn::shift_scale_gate(ctx, modulation(ctx, block.mod, silu_vec, 3), 0));
         const nn::ModulationTable final_table = modulation(ctx, b.final_mod, silu_vec, 2);
-        final_mod = mod_at(ctx, final_table, 0, /*with_gate=*/false);
+        final_mod = nn::shift_scale_gate(ctx, final_table, 0, /*with_gate=*/false);
         if (b.final_scale_first) {
             final_mod.shift = final_table.at(ctx, 1);
             final_mod.scale1 = ggml_scale_bias(ctx, final_table.at(ctx, 0), 1.0f, 1.0f);
@@ -690,7 +661,7 @@ Result<ggml_tensor*> FluxDit::build(ggml_context* ctx, const FluxInputs& in, con
     for (size_t i = 0; i < b.doubles.size(); ++i) {
         if (skipped(i)) continue;
         const auto& m = double_mods[i];
-        const Mod img_mod[2] = {m[0], m[1]}, txt_mod[2] = {m[2], m[3]};
+        const nn::ShiftScaleGate img_mod[2] = {m[0], m[1]}, txt_mod[2] = {m[2], m[3]};
         x = nn::mark_cut(double_block(ctx, s, b.doubles[i], x, T, img_mod, txt_mod),
                          "double_blocks." + std::to_string(i));
     }
@@ -700,7 +671,8 @@ Result<ggml_tensor*> FluxDit::build(ggml_context* ctx, const FluxInputs& in, con
     }
     // The image's tokens (text and references dropped) through the final layer.
     ggml_tensor* out =
-        nn::linear(ctx, b.final_linear, modulate(ctx, nn::token_range(ctx, x, T, grid.w * grid.h), final_mod));
+        nn::linear(ctx, b.final_linear,
+                   nn::modulate_layer_norm(ctx, nn::token_range(ctx, x, T, grid.w * grid.h), final_mod, kNormEps));
     return nn::unpatchify(ctx, out, grid.w, grid.h, c.patch, nn::PatchFeatures::ChannelSlowest);
 }
 
