@@ -44,6 +44,9 @@ struct ModuleSpec {
     // component of the family's diffusers folders (diffusers_family), so
     // HF-named files work too: SDXL's bigG from text_encoder_2/.
     std::optional<io::ModelComponent> diffusers_component;
+    // A text encoder a job runs without when no file holds it: zeros stand
+    // for its hidden states (SD3's T5-XXL; TextEncoderUse::max_length rows).
+    bool optional = false;
 };
 
 // How a prompt becomes an encoder's tokens; each layout has its tokenizer
@@ -97,15 +100,23 @@ struct TextEncoderUse {
     // along the features, instead of default_layer (FLUX.2 klein: 9, 18, 27;
     // the layers after the last are never loaded).
     std::vector<int> hidden_states;
+    // Encoders of one group sit side by side along the features; groups
+    // follow one another along the tokens, each padded with zeros to the
+    // diffusion network's context width (SD3: CLIP-L and CLIP-G in group 0,
+    // T5 in group 1).
+    int token_group = 0;
+    // A CLIP in HF's naming that is an OpenCLIP tower (SD3's CLIP-G in
+    // Stability's and ComfyUI's files): GELU, not OpenAI's quick GELU, and
+    // its text_projection.weight projects the pooled output.
+    bool hf_named_openclip = false;
 };
 
 struct Conditioning {
     // Hidden states of every encoder are concatenated along the width, in
-    // this order (SDXL: CLIP-L 768 then CLIP-G 1280), or with
-    // join_tokens one after the other along the token axis (SD3's CLIP-L+G,
-    // then T5), each padded with zeros to the widest.
+    // this order (SDXL: CLIP-L 768 then CLIP-G 1280), group by group
+    // (TextEncoderUse::token_group); the pooled outputs of those that pool
+    // are concatenated in the same order (SD3: CLIP-L's then CLIP-G's).
     std::vector<TextEncoderUse> encoders;
-    bool join_tokens = false;
     // SDXL's micro-conditioning: the UNet's `y` is the pooled vector then
     // sinusoidal embeddings of original size, crop and target size.
     bool size_embedding = false;

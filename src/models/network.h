@@ -69,11 +69,18 @@ struct DiffusionCapabilities {
     // Image sizes must be multiples of this many latent pixels (a UNet's
     // 2^(levels-1), a DiT's patch), times the VAE's downscale.
     int size_stride = 1;
+    // The largest latent side it can take (an MMDiT's position embedding
+    // covers pos_embed_max_size patches); 0: no limit of its own.
+    int64_t max_latent_side = 0;
     bool guidance = false;           // a distilled-guidance embedding (--guidance)
     bool skip_layers = false;        // skip-layer guidance's pass (--slg-scale)
     bool text_mask = false;          // can mask the text padding out of attention
     bool reference_images = false;   // reference latents as extra tokens (-r) are understood
     bool control_residuals = false;  // takes a ControlNet's residuals
+    // The text tokens share one attention with the image's (DiTs): a context
+    // repeated to another's length would change the result, so contexts of
+    // different lengths run their CFG passes apart.
+    bool joint_attention = false;
 };
 
 // A reference image's latent size (-r).
@@ -124,6 +131,9 @@ struct EncoderOutput {
     int64_t pooled_width = 0;
     bool context = true;  // its hidden states are part of the context
     bool pooled = false;  // its pooled output feeds the vector input
+    // Encoders of one group sit side by side, groups one after the other
+    // along the tokens (models::TextEncoderUse::token_group).
+    int token_group = 0;
 };
 struct ConditioningShape {
     std::string family;        // "SDXL": messages

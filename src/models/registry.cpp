@@ -8,6 +8,7 @@
 #include "models/families/flux2.h"
 #include "models/families/sd1.h"
 #include "models/families/sd2.h"
+#include "models/families/sd3.h"
 #include "models/families/sdxl.h"
 #include "models/families/z_image.h"
 
@@ -20,6 +21,8 @@ const std::vector<const Family*>& families() {
         &flux_schnell_family(),  &chroma_family(),
         &z_image_turbo_family(), &z_image_base_family(),
         &flux2_klein_family(),   &flux2_klein_base_family(),
+        &sd35_large_family(),    &sd35_large_turbo_family(),
+        &sd35_medium_family(),   &sd3_medium_family(),
     };
     return kFamilies;
 }
@@ -29,7 +32,6 @@ namespace {
 // Families kiln recognises in `kiln info` but cannot run yet.
 std::string recognised_label(const FileSet& files) {
     if (files.any_name_contains("double_blocks.")) return "Flux (an unknown variant)";
-    if (files.any_name_contains("joint_blocks.")) return "SD3";
     // A text encoder alone (what --llm and --t5xxl take).
     if (files.find_suffix("self_attn.q_norm.weight") || files.find_suffix("attn_q_norm.weight")) {
         return "Qwen3 (an LLM text encoder)";

@@ -174,41 +174,50 @@ Result<Conditioning> encode_prompt(Model& model, const std::string& prompt, int 
                 break;
         }
         if (!encoded.ok()) return encoded.error();
-        if (!encoded->pooled.empty()) c.pooled = std::move(encoded->pooled);
+        c.pooled.insert(c.pooled.end(), encoded->pooled.begin(), encoded->pooled.end());
         if (!encoder.use->context) continue;  // Flux's CLIP-L: the pooled vector only
-        states.push_back({std::move(encoded->hidden), encoder.width(), encoded->length * encoded->chunks});
+        states.push_back({std::move(encoded->hidden), encoder.width(), encoded->length * encoded->chunks,
+                          encoder.use->token_group});
     }
-    join_encoder_states(states, model.family().conditioning.join_tokens, c);
+    // An optional encoder no file held (SD3's T5): zero rows in its place.
+    for (const models::TextEncoderUse* use : model.absent_text_encoders()) {
+        if (use->context) states.push_back({{}, 0, use->max_length, use->token_group});
+    }
+    join_encoder_states(states, model.diffusion().capabilities().context_width, c);
     return c;
 }
 
-void join_encoder_states(std::vector<EncoderStates>& states, bool join_tokens, Conditioning& c) {
-    if (states.size() == 1) {
-        c.hidden = std::move(states.front().hidden);
-        c.width = states.front().width;
-        c.tokens = states.front().tokens;
-        return;
-    }
-    c.width = 0;
+void join_encoder_states(std::vector<EncoderStates>& states, int64_t context_width, Conditioning& c) {
+    std::stable_sort(states.begin(), states.end(),
+                     [](const EncoderStates& a, const EncoderStates& b) { return a.group < b.group; });
+    // Each group's width and tokens, and the first row of each group.
+    std::vector<int64_t> group_width, group_row;
+    c.width = context_width;
     c.tokens = 0;
-    for (const EncoderStates& e : states) {
-        c.width = join_tokens ? std::max(c.width, e.width) : c.width + e.width;
-        c.tokens = join_tokens ? c.tokens + e.tokens : e.tokens;
+    for (size_t i = 0; i < states.size(); ++i) {
+        const bool starts_group = i == 0 || states[i].group != states[i - 1].group;
+        if (starts_group) {
+            group_width.push_back(0);
+            group_row.push_back(c.tokens);
+            c.tokens += states[i].tokens;
+        }
+        group_width.back() += states[i].width;
+        c.width = std::max(c.width, group_width.back());
     }
     c.hidden.assign(static_cast<size_t>(c.tokens * c.width), 0.0f);
-    int64_t row = 0, offset = 0;
-    for (const EncoderStates& e : states) {
-        // Along the tokens: each encoder's rows after the one before, zeros
-        // beyond its width. Side by side: each token's row is every
-        // encoder's row in turn.
-        for (int64_t t = 0; t < e.tokens; ++t) {
-            std::copy_n(e.hidden.begin() + t * e.width, e.width, c.hidden.begin() + (row + t) * c.width + offset);
+    size_t group = 0;
+    int64_t offset = 0;
+    for (size_t i = 0; i < states.size(); ++i) {
+        if (i > 0 && states[i].group != states[i - 1].group) {
+            ++group;
+            offset = 0;
         }
-        if (join_tokens) {
-            row += e.tokens;
-        } else {
-            offset += e.width;
+        const EncoderStates& e = states[i];
+        for (int64_t t = 0; t < e.tokens && e.width > 0; ++t) {
+            std::copy_n(e.hidden.begin() + t * e.width, e.width,
+                        c.hidden.begin() + (group_row[group] + t) * c.width + offset);
         }
+        offset += e.width;
     }
 }
 

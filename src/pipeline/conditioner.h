@@ -21,13 +21,14 @@ constexpr int64_t kMaxLlmTokens = 4096;
 
 struct Conditioning {
     // tokens rows of `width` floats: every text encoder of the family's
-    // conditioning side by side (SDXL: 768 CLIP-L then 1280 CLIP-G), or one
-    // after the other (models::Conditioning::join_tokens).
+    // conditioning side by side (SDXL: 768 CLIP-L then 1280 CLIP-G), group
+    // after group along the tokens (models::TextEncoderUse::token_group).
     std::vector<float> hidden;
     int64_t tokens = 0;
     int64_t width = 0;
-    // The pooled, projected output of the encoder the family pools (SDXL's
-    // CLIP-G), of the first chunk; empty when the family pools none.
+    // The pooled outputs of the encoders the family pools, of the first
+    // chunk, one after the other (SDXL: CLIP-G's; SD3: CLIP-L's then
+    // CLIP-G's); empty when the family pools none.
     std::vector<float> pooled;
     // The UNet's vector input (SDXL's label_emb: pooled then the size
     // embeddings), set by generate(); empty when the UNet takes none.
@@ -67,17 +68,20 @@ struct T5MaskOptions {
     int pad_tokens = -1;
 };
 
-// One encoder's hidden states: `tokens` rows of `width` floats.
+// One encoder's hidden states: `tokens` rows of `width` floats, in its
+// TextEncoderUse::token_group.
 struct EncoderStates {
     std::vector<float> hidden;
     int64_t width = 0;
     int64_t tokens = 0;
+    int group = 0;
 };
-// The context of several encoders in `c` (hidden, width, tokens): side by
-// side along the width (every encoder the same token count), or with
-// `join_tokens` one after the other along the tokens, each row padded with
-// zeros to the widest (SD3's CLIP-L+G then T5). Takes the states' data.
-void join_encoder_states(std::vector<EncoderStates>& states, bool join_tokens, Conditioning& c);
+// The context of several encoders in `c` (hidden, width, tokens): the
+// encoders of a group side by side along the width (each the same token
+// count), the groups one after the other along the tokens in group order,
+// each row padded with zeros to `context_width` or the widest group (SD3:
+// CLIP-L and CLIP-G, padded to 4096, then T5). Takes the states' data.
+void join_encoder_states(std::vector<EncoderStates>& states, int64_t context_width, Conditioning& c);
 
 // Encodes `prompt` with every text encoder of the model's family, each at
 // layer `clip_skip` from the end (<= 0: the family's default), in as many

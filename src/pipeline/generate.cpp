@@ -710,10 +710,10 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
             if (!encoded.ok()) return encoded.error();
             uncond = std::move(encoded).value();
         }
-        // CLIP's chunks repeat to a common length; an LLM's contexts of
-        // different lengths run as two passes (run_diffusion).
-        if (model.text_encoders().front().use->layout != models::PromptLayout::ChatTemplate)
-            match_context_lengths(*cond, *uncond);
+        // CLIP's chunks repeat to a common length for a UNet's
+        // cross-attention; a DiT's contexts of different lengths run as two
+        // passes (run_diffusion).
+        if (!model.diffusion().capabilities().joint_attention) match_context_lengths(*cond, *uncond);
     }
     condition_on_size(model, *cond, uncond, p.width, p.height);
     times.text_encoding_s = seconds_since(encoding_start);

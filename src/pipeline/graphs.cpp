@@ -109,15 +109,24 @@ Result<ControlGraph> build_control_graph(const Model& model, const models::Diffu
 }
 
 int64_t single_chunk_tokens(const Model& model) {
-    int64_t tokens = 0;
+    // Each token group's length (its encoders side by side have the same),
+    // the groups one after the other.
+    std::vector<int64_t> group_tokens;
+    auto add = [&](const models::TextEncoderUse& use, int64_t tokens) {
+        if (!use.context) return;
+        if (group_tokens.size() <= static_cast<size_t>(use.token_group)) group_tokens.resize(use.token_group + 1, 0);
+        group_tokens[static_cast<size_t>(use.token_group)] = tokens;
+    };
     for (const TextEncoder& te : model.text_encoders()) {
-        if (!te.use->context) continue;
         switch (te.use->layout) {
-            case models::PromptLayout::ClipChunks: tokens = te.network->max_length(); break;
-            case models::PromptLayout::FixedLength: tokens = te.use->max_length; break;
-            case models::PromptLayout::ChatTemplate: tokens = te.use->plan_tokens; break;
+            case models::PromptLayout::ClipChunks: add(*te.use, te.network->max_length()); break;
+            case models::PromptLayout::FixedLength: add(*te.use, te.use->max_length); break;
+            case models::PromptLayout::ChatTemplate: add(*te.use, te.use->plan_tokens); break;
         }
     }
+    for (const models::TextEncoderUse* use : model.absent_text_encoders()) add(*use, use->max_length);
+    int64_t tokens = 0;
+    for (int64_t t : group_tokens) tokens += t;
     return tokens;
 }
 

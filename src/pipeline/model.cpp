@@ -484,6 +484,11 @@ Status Model::load_networks(const ModelPaths& paths, const ModelOptions& options
                 module->prefix = *prefix;
             }
         }
+        if (!module->file && spec.optional) {
+            KILN_LOG_WARN("%s: no %s given (%s); it runs without it, zeros in place of its text states",
+                          family_label_.c_str(), spec.name.c_str(), spec.flag.c_str());
+            continue;
+        }
         if (!module->file) {
             return Error::bad_file(where + ": no " + spec.name + " found (family " + family_label_ + "); pass " +
                                    spec.flag);
@@ -495,6 +500,7 @@ Status Model::load_networks(const ModelPaths& paths, const ModelOptions& options
         // hidden_states[-2] never needs the LLM's last layer's weights).
         models::NetworkOptions network_options;
         for (const models::TextEncoderUse& use : family_->conditioning.encoders) {
+            if (use.module == spec.name) network_options.hf_named_openclip = use.hf_named_openclip;
             if (use.module != spec.name || use.layout != models::PromptLayout::ChatTemplate) continue;
             network_options.unused_last_layers = use.default_layer - 1;
             for (int k : use.hidden_states) network_options.first_layers = std::max(network_options.first_layers, k);
@@ -506,10 +512,13 @@ Status Model::load_networks(const ModelPaths& paths, const ModelOptions& options
         modules_.push_back(std::move(module));
     }
     for (const models::TextEncoderUse& use : family_->conditioning.encoders) {
-        for (const auto& module : modules_) {
-            if (module->spec.name == use.module)
-                text_encoders_.push_back({&use, module->network->as_text_encoder(), nullptr, module->params.get()});
+        const auto module = std::find_if(modules_.begin(), modules_.end(),
+                                         [&](const auto& m) { return m->spec.name == use.module; });
+        if (module == modules_.end()) {
+            absent_text_encoders_.push_back(&use);
+            continue;
         }
+        text_encoders_.push_back({&use, (*module)->network->as_text_encoder(), nullptr, (*module)->params.get()});
     }
     KILN_TRY(check_conditioning());
     if (!paths.control_net.empty()) KILN_TRY(load_control_net(paths.control_net, options));
@@ -588,7 +597,7 @@ Status Model::check_conditioning() const {
     shape.latent_channels = vae().format().latent_channels;
     for (const TextEncoder& te : text_encoders_) {
         shape.encoders.push_back({te.use->module, te.network->label(), te.width(), te.network->pooled_width(),
-                                  te.use->context, te.use->pooled});
+                                  te.use->context, te.use->pooled, te.use->token_group});
     }
     return diffusion().check_conditioning(shape);
 }

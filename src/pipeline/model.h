@@ -185,6 +185,9 @@ class Model {
     // (the first text encoder's width).
     // The text encoders in the order of the family's conditioning.
     const std::vector<TextEncoder>& text_encoders() const { return text_encoders_; }
+    // The family's optional encoders no file held (SD3's T5): zeros stand
+    // for their hidden states.
+    const std::vector<const models::TextEncoderUse*>& absent_text_encoders() const { return absent_text_encoders_; }
     // A T5 of the family masks its padding out of the DiT's attention (Chroma).
     bool masks_text_padding() const {
         for (const TextEncoder& encoder : text_encoders_) {
@@ -308,6 +311,7 @@ class Model {
     // stores, gives back the params bytes it reserved, then the rest.
     std::vector<std::unique_ptr<Module>> modules_;
     std::vector<TextEncoder> text_encoders_;
+    std::vector<const models::TextEncoderUse*> absent_text_encoders_;
     // The device books this model uses (runtime/device_books.h, shared).
     std::map<std::string, std::shared_ptr<runtime::DeviceLedger>> ledgers_;
     std::map<std::string, std::shared_ptr<runtime::WeightStore>> stores_;

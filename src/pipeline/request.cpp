@@ -18,6 +18,19 @@ int round_to_stride(double size, int stride) {
     return std::max(stride, static_cast<int>(std::lround(size / stride)) * stride);
 }
 
+// The diffusion network's own limit on the image's sides (an MMDiT's
+// position embedding): `what` names the size in the error.
+Status check_network_size(const Model& model, int width, int height, const std::string& what) {
+    const int64_t latent_side = model.diffusion().capabilities().max_latent_side;
+    const int64_t side = latent_side * model.vae().format().downscale;
+    if (latent_side > 0 && (width > side || height > side)) {
+        return Error::invalid_request(what + " must be at most " + std::to_string(side) + " a side for this model (" +
+                                      model.family_label() + ": its position embedding covers no more), got " +
+                                      size_text(width, height));
+    }
+    return Status::Ok();
+}
+
 // The hires fix's sizes, steps and upscaler; `p` is the first pass's.
 Result<ValidatedHires> validate_hires(const Model& model, const GenerationRequest& r, const ValidatedRequest& p) {
     const HiresFix& h = *r.hires;
@@ -49,6 +62,7 @@ Result<ValidatedHires> validate_hires(const Model& model, const GenerationReques
         return Error::invalid_request("the hires size must be at most " + std::to_string(image::kMaxDimension) +
                                       " a side, got " + size_text(v.width, v.height));
     }
+    KILN_TRY(check_network_size(model, v.width, v.height, "the hires size"));
     v.latent_w = v.width / model.vae().format().downscale;
     v.latent_h = v.height / model.vae().format().downscale;
     if (h.steps < 0 || h.steps > kMaxSteps) {
@@ -200,6 +214,7 @@ Result<ValidatedRequest> validate_request(const Model& model, const GenerationRe
         return Error::invalid_request("width and height must be at most " + std::to_string(image::kMaxDimension) +
                                       ", got " + size_text(p.width, p.height));
     }
+    KILN_TRY(check_network_size(model, p.width, p.height, "width and height"));
     p.latent_w = p.width / model.vae().format().downscale;
     p.latent_h = p.height / model.vae().format().downscale;
 
@@ -235,7 +250,7 @@ Result<ValidatedRequest> validate_request(const Model& model, const GenerationRe
         if (!model.diffusion().capabilities().skip_layers) {
             return Error::invalid_request(
                 "--slg-scale is skip-layer guidance for DiTs that take a skip list "
-                "(Flux, Chroma); " +
+                "(Flux, Chroma, FLUX.2, SD3); " +
                 model.family_label() + "'s " + model.diffusion().capabilities().label + " does not");
         }
     }

@@ -20,6 +20,7 @@
 namespace kiln::pipeline {
 namespace {
 
+using test::difference_from_reference;
 using test::fixture_tensor;
 using test::golden_path;
 using test::relative_error;
@@ -34,20 +35,6 @@ int largest_pixel_difference(const image::Image& a, const image::Image& b) {
     return worst;
 }
 
-// The reference image `key` of a golden job ([1, 3, H, W] in [-1, 1]) against kiln's.
-int difference_from_reference(const image::Image& img, const io::ModelFile& io, const std::string& key = "image") {
-    const auto want = fixture_tensor(io, key);
-    const size_t plane = static_cast<size_t>(img.width) * img.height;
-    if (want.values.size() != plane * 3) return 255;
-    int worst = 0;
-    for (size_t i = 0; i < plane; ++i) {
-        for (size_t c = 0; c < 3; ++c) {
-            const float v = std::clamp((want.values[c * plane + i] + 1.0f) * 0.5f, 0.0f, 1.0f);
-            worst = std::max(worst, std::abs(static_cast<int>(std::lround(v * 255.0f)) - img.pixels[i * 3 + c]));
-        }
-    }
-    return worst;
-}
 
 ModelPaths bfl_parts() {
     ModelPaths paths;
@@ -196,6 +183,7 @@ TEST_F(FluxPipeline, SamplingMatchesTheReferenceStepByStep) {
 namespace kiln::pipeline {
 namespace {
 
+using test::difference_from_reference;
 using test::fixture_tensor;
 using test::golden_path;
 

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "image/image.h"
 #include "io/model_file.h"
 #include "io/name_map.h"
 #include "runtime/compute.h"
@@ -49,6 +50,10 @@ std::unique_ptr<runtime::Compute> golden_cpu();
 // max |actual - expected| / max(max |expected|, 1e-6): the error relative to
 // the reference's scale.
 double relative_error(const std::vector<float>& actual, const std::vector<float>& expected);
+// The largest 8-bit difference between kiln's image and the reference image
+// `key` of a golden job ([1, 3, H, W] in [-1, 1], rounded as the PNG is);
+// 255 when the sizes differ.
+int difference_from_reference(const image::Image& img, const io::ModelFile& io, const std::string& key = "image");
 
 // Text fixtures of tests/golden/sampling: "<name> <count> <values...>" per
 // line, '#' comments (training/make_sampling_fixtures.py).

@@ -207,7 +207,13 @@ TEST(ModelSummary, DetectsFamiliesAndComponentsOfSingleFiles) {
     EXPECT_EQ(family_of({{"double_blocks.0.img_attn.qkv.weight", "F16", {2}, std::vector<uint8_t>(4)},
                          {"distilled_guidance_layer.in_proj.weight", "F16", {2}, std::vector<uint8_t>(4)}}),
               "Chroma");
-    EXPECT_EQ(family_of({{"joint_blocks.0.x_block.attn.qkv.weight", "F16", {2}, std::vector<uint8_t>(4)}}), "SD3");
+    // SD3's variants from the MMDiT's weights: no QK norm, QK norm, MMDiT-X's attn2.
+    const test::SafetensorsEntry mmdit{"joint_blocks.0.x_block.attn.qkv.weight", "F16", {2}, std::vector<uint8_t>(4)};
+    const test::SafetensorsEntry ln_q{"joint_blocks.0.x_block.attn.ln_q.weight", "F16", {2}, std::vector<uint8_t>(4)};
+    const test::SafetensorsEntry attn2{"joint_blocks.0.x_block.attn2.qkv.weight", "F16", {2}, std::vector<uint8_t>(4)};
+    EXPECT_EQ(family_of({mmdit}), "SD3-Medium");
+    EXPECT_EQ(family_of({mmdit, ln_q}), "SD3.5-Large");
+    EXPECT_EQ(family_of({mmdit, ln_q, attn2}), "SD3.5-Medium");
     EXPECT_EQ(family_of({{"encoder.conv_in.weight", "F16", {2}, std::vector<uint8_t>(4)},
                          {"decoder.conv_out.weight", "F16", {2}, std::vector<uint8_t>(4)}}),
               "VAE");

@@ -73,32 +73,37 @@ TEST(NetworkRegistry, NetworksStateTheirRolesAndCapabilities) {
 TEST(ConditioningJoin, SideBySideAlongTheWidth) {
     std::vector<pipeline::EncoderStates> states = {{{1, 2, 3, 4}, 2, 2}, {{5, 6, 7, 8, 9, 10}, 3, 2}};
     pipeline::Conditioning c;
-    pipeline::join_encoder_states(states, /*join_tokens=*/false, c);
+    pipeline::join_encoder_states(states, 0, c);
     EXPECT_EQ(c.width, 5);
     EXPECT_EQ(c.tokens, 2);
     EXPECT_EQ(c.hidden, (std::vector<float>{1, 2, 5, 6, 7, 3, 4, 8, 9, 10}));
 }
 
-// SD3's way: CLIP's tokens, then T5's, each row zero-padded to the widest.
-TEST(ConditioningJoin, OneAfterTheOtherAlongTheTokens) {
-    std::vector<pipeline::EncoderStates> states = {{{1, 2, 3, 4}, 2, 2}, {{5, 6, 7}, 3, 1}};
+// Groups one after the other along the tokens, each row zero-padded to the
+// widest (or the context width); a width-0 member is zero rows (an absent
+// encoder).
+TEST(ConditioningJoin, GroupsOneAfterTheOtherAlongTheTokens) {
+    std::vector<pipeline::EncoderStates> states = {{{5, 6, 7}, 3, 1, 1}, {{1, 2, 3, 4}, 2, 2, 0}};
     pipeline::Conditioning c;
-    pipeline::join_encoder_states(states, /*join_tokens=*/true, c);
+    pipeline::join_encoder_states(states, 0, c);
     EXPECT_EQ(c.width, 3);
     EXPECT_EQ(c.tokens, 3);
     EXPECT_EQ(c.hidden, (std::vector<float>{1, 2, 0, 3, 4, 0, 5, 6, 7}));
+
+    std::vector<pipeline::EncoderStates> absent = {{{1, 2}, 1, 2, 0}, {{}, 0, 2, 1}};
+    pipeline::join_encoder_states(absent, 2, c);
+    EXPECT_EQ(c.width, 2);
+    EXPECT_EQ(c.tokens, 4);
+    EXPECT_EQ(c.hidden, (std::vector<float>{1, 0, 2, 0, 0, 0, 0, 0}));
 }
 
 TEST(ConditioningJoin, OneEncoderIsTakenAsItIs) {
     std::vector<pipeline::EncoderStates> states = {{{1, 2, 3, 4, 5, 6}, 3, 2}};
-    for (bool join_tokens : {false, true}) {
-        std::vector<pipeline::EncoderStates> copy = states;
-        pipeline::Conditioning c;
-        pipeline::join_encoder_states(copy, join_tokens, c);
-        EXPECT_EQ(c.width, 3);
-        EXPECT_EQ(c.tokens, 2);
-        EXPECT_EQ(c.hidden, states.front().hidden);
-    }
+    pipeline::Conditioning c;
+    pipeline::join_encoder_states(states, 3, c);
+    EXPECT_EQ(c.width, 3);
+    EXPECT_EQ(c.tokens, 2);
+    EXPECT_EQ(c.hidden, (std::vector<float>{1, 2, 3, 4, 5, 6}));
 }
 
 }  // namespace

@@ -146,7 +146,8 @@ TEST(Request, GenerateAndPlanRefuseTheSameBadRequests) {
          "--sigmas: the last value must be 0"},
         {"sampler rng", [](kiln_generation_params& p) { p.sampler_rng = "dice"; }, "--sampler-rng: unknown RNG 'dice'"},
         {"skip-layer guidance on a UNet", [](kiln_generation_params& p) { p.slg_scale = 2.5f; },
-         "--slg-scale is skip-layer guidance for DiTs that take a skip list (Flux, Chroma); SD1.x's UNet does not"},
+         "--slg-scale is skip-layer guidance for DiTs that take a skip list (Flux, Chroma, FLUX.2, SD3); SD1.x's UNet "
+         "does not"},
         {"clip skip above the encoder's layers", [](kiln_generation_params& p) { p.clip_skip = 5; },
          "clip skip must be at most 2 for this model's clip_l text encoder, got 5"},
         {"width above the limit", [](kiln_generation_params& p) { p.width = p.height = 16384 + 4; }, "at most 16384"},

@@ -12,7 +12,8 @@ struct ClipTextEncoder::Layer {
     nn::Linear fc1, fc2;
 };
 
-Result<std::unique_ptr<ClipTextEncoder>> ClipTextEncoder::create(io::WeightDeclarer& weights) {
+Result<std::unique_ptr<ClipTextEncoder>> ClipTextEncoder::create(io::WeightDeclarer& weights,
+                                                                 bool hf_named_openclip) {
     const io::ModelFile& file = weights.file();
     const std::string& prefix = weights.prefix();
     std::unique_ptr<ClipTextEncoder> enc(new ClipTextEncoder());
@@ -39,7 +40,7 @@ Result<std::unique_ptr<ClipTextEncoder>> ClipTextEncoder::create(io::WeightDecla
     c.context = pos->shape[0];
     c.heads = std::max<int64_t>(1, c.width / 64);
     const bool hf = c.naming == ClipTextConfig::Naming::HuggingFace;
-    c.quick_gelu = hf;  // ViT-L (HF naming) uses quick_gelu; OpenCLIP models use gelu
+    c.quick_gelu = hf && !hf_named_openclip;  // OpenAI's ViT-L; OpenCLIP's towers use gelu
     const std::string layer_root = hf ? root + "encoder.layers." : root + "transformer.resblocks.";
     const std::string fc1_name = hf ? ".mlp.fc1.weight" : ".mlp.c_fc.weight";
     while (file.find(layer_root + std::to_string(c.layers) + fc1_name)) ++c.layers;
@@ -59,11 +60,12 @@ Result<std::unique_ptr<ClipTextEncoder>> ClipTextEncoder::create(io::WeightDecla
     // the Linear of HF's CLIPTextModelWithProjection, [projection, width] =
     // P^T, which a diffusers text_encoder_2 keeps under its HF name
     // (io/diffusers_names.h). SD1's and SDXL's HF-named ViT-L have none.
+    const std::string linear_name = (hf ? prefix : root) + "text_projection.weight";
     if (const io::TensorInfo* proj = hf ? nullptr : file.find(root + "text_projection")) {
         if (proj->shape.size() != 2 || proj->shape[0] != c.width)
             return Error{"CLIP text encoder under '" + prefix + "': text_projection has the wrong shape"};
         c.projection = proj->shape[1];
-    } else if (const io::TensorInfo* linear = hf ? nullptr : file.find(root + "text_projection.weight")) {
+    } else if (const io::TensorInfo* linear = hf && !hf_named_openclip ? nullptr : file.find(linear_name)) {
         if (linear->shape.size() != 2 || linear->shape[1] != c.width)
             return Error{"CLIP text encoder under '" + prefix + "': text_projection.weight has the wrong shape"};
         c.projection = linear->shape[0];
@@ -129,11 +131,11 @@ void ClipTextEncoder::declare(io::WeightDeclarer& w) {
         }
         final_norm_weight_ = w.require("ln_final.weight", {W});
         final_norm_bias_ = w.require("ln_final.bias", {W});
-        if (c.projection && c.projection_linear) {
-            projection_ = w.require("text_projection.weight", {c.projection, W});
-        } else if (c.projection) {
-            projection_ = w.require("text_projection", {W, c.projection});
-        }
+    }
+    if (c.projection && c.projection_linear) {
+        projection_ = w.require("text_projection.weight", {c.projection, W});
+    } else if (c.projection) {
+        projection_ = w.require("text_projection", {W, c.projection});
     }
 }
 

@@ -68,7 +68,13 @@ class ClipTextEncoder final : public TextEncoderNetwork {
     // `prefix`: where the encoder's tensors live ("cond_stage_model.transformer.",
     // "cond_stage_model.model.", SDXL's "conditioner.embedders.0.transformer." and
     // "conditioner.embedders.1.model."). Error if the tensors do not form a CLIP text encoder.
-    static Result<std::unique_ptr<ClipTextEncoder>> create(io::WeightDeclarer& weights);
+    // `hf_named_openclip`: the tower is in HF's naming but an OpenCLIP one
+    // (CLIPTextModelWithProjection: SD3's CLIP-G): GELU, and the pooled
+    // vector through text_projection.weight beside text_model. Otherwise an
+    // HF-named tower is OpenAI's (quick GELU) and pools unprojected (Flux's
+    // and SD3's CLIP-L, as their references take pooler_output).
+    static Result<std::unique_ptr<ClipTextEncoder>> create(io::WeightDeclarer& weights,
+                                                           bool hf_named_openclip = false);
 
     const ClipTextConfig& config() const { return config_; }
 

@@ -211,6 +211,7 @@ Result<std::unique_ptr<Flux2Dit>> Flux2Dit::create(io::WeightDeclarer& weights) 
 
     DiffusionCapabilities& can = dit->capabilities_;
     can.label = "DiT";
+    can.joint_attention = true;
     can.in_channels = can.out_channels = c.channels;
     can.context_width = c.context_dim;
     can.size_stride = 1;

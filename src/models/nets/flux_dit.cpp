@@ -436,6 +436,7 @@ Result<std::unique_ptr<FluxDit>> FluxDit::create(io::WeightDeclarer& weights) {
     KILN_TRY(dit->declare(weights));
     DiffusionCapabilities& can = dit->capabilities_;
     can.label = "DiT";
+    can.joint_attention = true;
     can.in_channels = can.out_channels = c.latent_channels;
     can.context_width = c.context_dim;
     can.vector_width = c.vec_dim;

@@ -6,6 +6,7 @@
 #include "models/nets/flux2_vae.h"
 #include "models/nets/flux_dit.h"
 #include "models/nets/llm_encoder.h"
+#include "models/nets/mmdit.h"
 #include "models/nets/t5_encoder.h"
 #include "models/nets/taesd.h"
 #include "models/nets/unet.h"
@@ -23,6 +24,12 @@ Result<std::unique_ptr<Network>> create(io::WeightDeclarer& weights, const Netwo
     return std::unique_ptr<Network>(std::move(net).value());
 }
 
+Result<std::unique_ptr<Network>> create_clip(io::WeightDeclarer& weights, const NetworkOptions& options) {
+    auto net = ClipTextEncoder::create(weights, options.hf_named_openclip);
+    if (!net.ok()) return net.error();
+    return std::unique_ptr<Network>(std::move(net).value());
+}
+
 Result<std::unique_ptr<Network>> create_llm(io::WeightDeclarer& weights, const NetworkOptions& options) {
     auto net = LlmEncoder::create(weights, options.unused_last_layers, options.first_layers);
     if (!net.ok()) return net.error();
@@ -33,7 +40,7 @@ const std::vector<NetworkEntry>& entries() {
     static const std::vector<NetworkEntry> list = {
         {NetworkKind::ClipText,
          {"text_model.embeddings.token_embedding.weight", "token_embedding.weight"},
-         create<ClipTextEncoder>},
+         create_clip},
         {NetworkKind::Unet, {"input_blocks.0.0.weight"}, create<Unet>},
         {NetworkKind::Vae, {"decoder.conv_in.weight"}, create<Vae>},
         {NetworkKind::T5,
@@ -53,6 +60,7 @@ const std::vector<NetworkEntry>& entries() {
         // The KL decoder's marker, so a FLUX.1 or SD autoencoder given for
         // FLUX.2 reaches Flux2Vae's error naming what it lacks.
         {NetworkKind::Flux2Vae, {"decoder.conv_in.weight"}, create<Flux2Vae>},
+        {NetworkKind::Mmdit, {"joint_blocks.0.x_block.attn.qkv.weight"}, create<Mmdit>},
     };
     return list;
 }

@@ -29,6 +29,7 @@ enum class NetworkKind {
     Taesd,       // models/nets/taesd: a tiny autoencoder's decoder (--taesd), no family's own module
     Flux2Dit,    // models/nets/flux2_dit: FLUX.2's transformer ([klein], [dev])
     Flux2Vae,    // models/nets/flux2_vae: FLUX.2's autoencoder (a normalised 128-channel latent)
+    Mmdit,       // models/nets/mmdit: SD3's and SD3.5's MMDiT (MMDiT-X)
 };
 
 // What the family asks of a network beyond its weights.
@@ -39,6 +40,9 @@ struct NetworkOptions {
     // Only the first this many layers are declared (0: see above); FLUX.2
     // klein reads hidden_states up to 27 of Qwen3's 36.
     int first_layers = 0;
+    // A CLIP in HF's naming that is an OpenCLIP tower (SD3's CLIP-G):
+    // TextEncoderUse::hf_named_openclip.
+    bool hf_named_openclip = false;
 };
 
 struct NetworkEntry {

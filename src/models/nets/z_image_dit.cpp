@@ -346,6 +346,7 @@ Result<std::unique_ptr<ZImageDit>> ZImageDit::create(io::WeightDeclarer& weights
     KILN_TRY(dit->declare(weights));
     DiffusionCapabilities& can = dit->capabilities_;
     can.label = "DiT";
+    can.joint_attention = true;
     can.in_channels = can.out_channels = c.latent_channels();
     can.context_width = c.cap_dim;
     can.size_stride = c.patch;

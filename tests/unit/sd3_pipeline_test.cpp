@@ -1,0 +1,196 @@
+// Whole SD3.5 text-to-image jobs on the tiny random SD3.5 of
+// training/make_sd3_pipeline_fixtures.py, in Stability's release layout (the
+// MMDiT and VAE in one file, CLIP-L, CLIP-G and T5-XXL beside it, as sd-cli's
+// docs/sd3.md passes them), against the PyTorch references run end to end:
+// sd3_infer.get_cond's join of the three encoders and its pooled vector, the
+// flow schedule with shift 3, the MMDiT under CFG, Euler, the decode; and the
+// same job without T5 (zeros in its place). Also the sizes the position
+// embedding limits, and parts that do not go together.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "golden.h"
+#include "image/image.h"
+#include "pipeline/conditioner.h"
+#include "pipeline/generate.h"
+#include "pipeline/schedulers.h"
+#include "test_files.h"
+
+namespace kiln::pipeline {
+namespace {
+
+using test::difference_from_reference;
+using test::fixture_tensor;
+using test::golden_path;
+using test::relative_error;
+
+// sd-cli's docs/sd3.md command, with the tiny parts.
+ModelPaths release_parts(bool with_t5 = true) {
+    ModelPaths paths;
+    paths.model = {golden_path("pipeline/sd3_tiny/sd3.5_tiny.safetensors")};
+    paths.clip_l = golden_path("pipeline/flux_tiny/clip_l.safetensors");
+    paths.clip_g = golden_path("pipeline/sd3_tiny/clip_g.safetensors");
+    if (with_t5) paths.t5xxl = golden_path("pipeline/flux_tiny/t5xxl.safetensors");  // tokenizer_2/ beside it
+    paths.tokenizer = "clip_l=" + std::string(KILN_FIXTURES_DIR) + "/tiny_tokenizer";
+    return paths;
+}
+
+ModelOptions f32_options() {
+    ModelOptions options;
+    options.weight_type = GGML_TYPE_F32;  // the reference computes with the stored weights widened
+    options.threads = 1;
+    return options;
+}
+
+
+class Sd3Pipeline : public ::testing::Test {
+  protected:
+    static void SetUpTestSuite() {
+        auto loaded = Model::load(release_parts(), f32_options());
+        ASSERT_TRUE(loaded.ok()) << loaded.error().message;
+        model_ = std::move(loaded).value().release();
+        auto io = io::ModelFile::open({golden_path("pipeline/sd3_tiny_txt2img.safetensors")});
+        ASSERT_TRUE(io.ok()) << io.error().message;
+        io_ = new io::ModelFile(std::move(io).value());
+    }
+    static void TearDownTestSuite() {
+        delete model_;
+        delete io_;
+    }
+
+    static GenerationRequest job() {
+        GenerationRequest r;
+        r.prompt = io_->metadata_string("prompt", "");
+        r.negative_prompt = "";
+        r.width = r.height = 32;
+        r.seed = 11;
+        r.steps = 4;
+        return r;
+    }
+
+    static Model* model_;
+    static io::ModelFile* io_;
+};
+Model* Sd3Pipeline::model_ = nullptr;
+io::ModelFile* Sd3Pipeline::io_ = nullptr;
+
+TEST_F(Sd3Pipeline, IsSd35LargeWithItsDefaults) {
+    ASSERT_NE(model_, nullptr);
+    EXPECT_EQ(model_->family_label(), "SD3.5-Large");
+    EXPECT_EQ(model_->prediction(), Prediction::Flow);
+    EXPECT_EQ(model_->size_stride(), 4);  // the tiny VAE's 2 times the patch 2
+    EXPECT_EQ(model_->defaults().cfg_scale, 4.5f);
+    EXPECT_EQ(model_->defaults().steps, 28);
+    EXPECT_EQ(model_->defaults().sampler, "euler");
+    EXPECT_NEAR(model_->latent_scale(), 1.5305f, 1e-6);
+    EXPECT_EQ(model_->text_encoders().size(), 3u);
+    EXPECT_TRUE(model_->absent_text_encoders().empty());
+}
+
+// get_cond: CLIP-L and CLIP-G side by side, padded to 48, then T5's 77
+// tokens; CLIP-L's pooled output then CLIP-G's projected one.
+TEST_F(Sd3Pipeline, ConditioningIsTheReferencesJoin) {
+    ASSERT_NE(model_, nullptr);
+    for (const auto& [prompt, key] : {std::pair<std::string, std::string>{job().prompt, ""}, {"", "uncond."}}) {
+        auto cond = encode_prompt(*model_, prompt, 0);
+        ASSERT_TRUE(cond.ok()) << cond.error().message;
+        EXPECT_EQ(cond->tokens, 154) << key;
+        EXPECT_EQ(cond->width, 48) << key;
+        EXPECT_LT(relative_error(cond->hidden, fixture_tensor(*io_, key + "context").values), 1e-4) << key;
+        EXPECT_LT(relative_error(cond->pooled, fixture_tensor(*io_, key + "pooled").values), 1e-4) << key;
+    }
+}
+
+TEST_F(Sd3Pipeline, ScheduleIsTheFlowTableShiftedBy3) {
+    ASSERT_NE(model_, nullptr);
+    const auto schedule = model_->noise_schedule(32, 32, 4, std::nullopt);
+    auto sigmas = get_sigmas(SchedulerKind::Discrete, 4, *schedule);
+    ASSERT_TRUE(sigmas.ok());
+    const auto want = fixture_tensor(*io_, "sigmas");
+    ASSERT_EQ(sigmas->size(), want.values.size());
+    for (size_t i = 0; i < want.values.size(); ++i) EXPECT_NEAR((*sigmas)[i], want.values[i], 1e-6) << i;
+}
+
+TEST_F(Sd3Pipeline, TextToImageMatchesTheReferenceJob) {
+    ASSERT_NE(model_, nullptr);
+    GenerationRequest r = job();
+    r.cfg_scale = 4.5f;
+    auto images = generate(*model_, r);
+    ASSERT_TRUE(images.ok()) << images.error().message;
+    ASSERT_EQ(images->size(), 1u);
+    EXPECT_LE(difference_from_reference(images->front().image, *io_, "image"), 1)
+        << "largest pixel difference from the reference";
+}
+
+// The position embedding covers 10 patches a side: 40 pixels of the tiny model.
+TEST_F(Sd3Pipeline, ImagesLargerThanThePositionEmbeddingAreRefused) {
+    ASSERT_NE(model_, nullptr);
+    GenerationRequest r = job();
+    r.width = 48;
+    auto refused = generate(*model_, r);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_EQ(refused.error().kind, ErrorKind::InvalidRequest);
+    EXPECT_NE(refused.error().message.find("at most 40 a side"), std::string::npos) << refused.error().message;
+}
+
+// A job without T5 (SD3 files ship without it): 77 zero rows in its place.
+TEST(Sd3PipelineWithoutT5, ZerosStandForT5) {
+    auto loaded = Model::load(release_parts(/*with_t5=*/false), f32_options());
+    ASSERT_TRUE(loaded.ok()) << loaded.error().message;
+    Model& model = **loaded;
+    ASSERT_EQ(model.absent_text_encoders().size(), 1u);
+    EXPECT_EQ(model.absent_text_encoders().front()->module, "t5xxl");
+    auto io = io::ModelFile::open({golden_path("pipeline/sd3_tiny_txt2img.safetensors")});
+    ASSERT_TRUE(io.ok());
+    auto cond = encode_prompt(model, io->metadata_string("prompt", ""), 0);
+    ASSERT_TRUE(cond.ok()) << cond.error().message;
+    EXPECT_EQ(cond->tokens, 154);
+    EXPECT_LT(relative_error(cond->hidden, fixture_tensor(*io, "no_t5.context").values), 1e-4);
+    GenerationRequest r;
+    r.prompt = io->metadata_string("prompt", "");
+    r.width = r.height = 32;
+    r.seed = 11;
+    r.steps = 4;
+    auto images = generate(model, r);
+    ASSERT_TRUE(images.ok()) << images.error().message;
+    EXPECT_LE(difference_from_reference(images->front().image, *io, "no_t5.image"), 1);
+}
+
+// Parts that do not go together: each one clear error naming the part.
+TEST(Sd3PipelineParts, MismatchedPartsAreRefused) {
+    auto refusal = [](const ModelPaths& paths) {
+        auto loaded = Model::load(paths, f32_options());
+        EXPECT_FALSE(loaded.ok());
+        return loaded.ok() ? Error{""} : loaded.error();
+    };
+    // FLUX.2's autoencoder (32 latent channels) or SD1's (4) with an SD3 DiT.
+    ModelPaths flux2_ae = release_parts();
+    flux2_ae.vae = golden_path("models/flux2_ae_tiny.safetensors");
+    Error e = refusal(flux2_ae);
+    EXPECT_EQ(e.kind, ErrorKind::BadFile);
+    EXPECT_NE(e.message.find("the VAE gives 32-channel latents but the SD3.5-Large DiT takes 16"), std::string::npos)
+        << e.message;
+    ModelPaths sd1_vae = release_parts();
+    sd1_vae.vae = golden_path("models/sd1_tiny.safetensors");
+    e = refusal(sd1_vae);
+    EXPECT_NE(e.message.find("4-channel latents"), std::string::npos) << e.message;
+    // A CLIP-L given as CLIP-G: too wide together for the DiT's context, and
+    // the pooled vector is not the DiT's.
+    ModelPaths two_clip_l = release_parts();
+    two_clip_l.clip_g = two_clip_l.clip_l;
+    e = refusal(two_clip_l);
+    EXPECT_EQ(e.kind, ErrorKind::BadFile);
+    EXPECT_NE(e.message.find("features per token but the SD3.5-Large DiT's context_embedder takes 48"),
+              std::string::npos)
+        << e.message;
+    // No CLIP-G at all.
+    ModelPaths no_clip_g = release_parts();
+    no_clip_g.clip_g.clear();
+    e = refusal(no_clip_g);
+    EXPECT_NE(e.message.find("no clip_g found (family SD3.5-Large); pass --clip_g"), std::string::npos) << e.message;
+}
+
+}  // namespace
+}  // namespace kiln::pipeline
