@@ -935,5 +935,23 @@ TEST_F(Memory, Flux2KleinSameImageUnderEveryBudgetAndThePlanAgrees) {
     expect_same_image_under_shrinking_budgets(job);
 }
 
+// SD3.5 Large at full width (tests/fixtures/sd35_large_medium.spec: the
+// 2432-wide MMDiT with 4 of its 38 joint blocks and a 64 x 64 position
+// embedding, CLIP-L, CLIP-G and T5-XXL at their widths with 2 layers each,
+// SD3's VAE; 2.7 GB as F16, in Stability's all-in-one layout): the same
+// invariants under CFG (the negative prompt's pass too), the MMDiT cut at
+// every joint block.
+TEST_F(Memory, Sd35LargeSameImageUnderEveryBudgetAndThePlanAgrees) {
+    test::TempDir dir;
+    Job job;
+    job.model = dir.file("sd3.5_large_medium.safetensors");
+    ASSERT_TRUE(test::write_random_model(std::string(KILN_FIXTURES_DIR) + "/sd35_large_medium.spec", job.model).ok());
+    job.tokenizer = "clip_l=" + std::string(KILN_FIXTURES_DIR) +
+                    "/tiny_tokenizer,t5xxl=" + std::string(KILN_GOLDEN_DIR) + "/pipeline/flux_tiny/tokenizer_2";
+    job.steps = 1;
+    job.cfg = 4.5f;
+    expect_same_image_under_shrinking_budgets(job);
+}
+
 }  // namespace
 }  // namespace kiln

@@ -30,6 +30,12 @@ io::ModelFile open_file(const std::string& name) {
     return std::move(file).value();
 }
 
+// The position embedding's rows for a latent x, made by kiln.
+ggml_tensor* positions(runtime::GraphSession& session, const models::MmditConfig& c, const ggml_tensor* x) {
+    const std::vector<int32_t> rows = models::mmdit_positions(c, x->ne[0] / c.patch, x->ne[1] / c.patch);
+    return session.input(GGML_TYPE_I32, {static_cast<int64_t>(rows.size())}, rows.data());
+}
+
 struct MmditGolden : ::testing::TestWithParam<const char*> {
     io::ModelFile weights = open_file(std::string(GetParam()) + ".safetensors");
     io::ModelFile io = open_file(std::string(GetParam()) + "_io.safetensors");
@@ -74,6 +80,7 @@ struct MmditGolden : ::testing::TestWithParam<const char*> {
         in.timesteps = second ? item("sigma") : input(session, "sigma");
         in.y = second ? item("y") : input(session, "y");
         in.context = second ? item("context") : input(session, "context");
+        in.positions = positions(session, d->config(), in.x);
         auto out = d->build(session.ctx(), in, options);
         EXPECT_TRUE(out.ok()) << out.error().message;
         if (!out.ok()) return -1;
@@ -156,7 +163,19 @@ models::MmditInputs zero_inputs(runtime::GraphSession& session, const models::Mm
         const std::vector<float> values(static_cast<size_t>(n), 0.0f);
         return session.input(GGML_TYPE_F32, ne, values.data());
     };
-    return {zeros({w, h, c.channels, 1}), zeros({1}), zeros({c.pooled_dim, 1}), zeros({c.context_dim, 7, 1})};
+    models::MmditInputs in{zeros({w, h, c.channels, 1}), zeros({1}), zeros({c.pooled_dim, 1}),
+                           zeros({c.context_dim, 7, 1})};
+    if (w / c.patch <= c.pos_embed_max_size) in.positions = positions(session, c, in.x);
+    return in;
+}
+
+// The crop of an M x M table around the centre, row by row (the fixture's
+// tall case: 2 x 5 patches of 8 x 8 from row 1, column 3).
+TEST(Mmdit, PositionRowsAreTheCentredCrop) {
+    models::MmditConfig c;
+    c.pos_embed_max_size = 8;
+    EXPECT_EQ(models::mmdit_positions(c, 2, 5), (std::vector<int32_t>{11, 12, 19, 20, 27, 28, 35, 36, 43, 44}));
+    EXPECT_EQ(models::mmdit_positions(c, 8, 1), (std::vector<int32_t>{24, 25, 26, 27, 28, 29, 30, 31}));
 }
 
 TEST(Mmdit, EachJointBlockIsASegment) {

@@ -113,10 +113,19 @@ void joint_block(ggml_context* ctx, const Shared& s, const JointBlock& b, ggml_t
 
 }  // namespace
 
+std::vector<int32_t> mmdit_positions(const MmditConfig& c, int64_t w, int64_t h) {
+    const int64_t M = c.pos_embed_max_size, top = (M - h) / 2, left = (M - w) / 2;
+    std::vector<int32_t> rows;
+    rows.reserve(static_cast<size_t>(w * h));
+    for (int64_t r = 0; r < h; ++r)
+        for (int64_t col = 0; col < w; ++col) rows.push_back(static_cast<int32_t>((top + r) * M + left + col));
+    return rows;
+}
+
 struct Mmdit::Blocks {
     nn::Linear x_embedder;  // the p x p convolution's weight viewed as a matrix
     ggml_tensor* patch_weight = nullptr;  // ne [p, p, channels, hidden]
-    ggml_tensor* pos_embed = nullptr;     // ne [hidden, M * M, 1]
+    ggml_tensor* pos_embed = nullptr;     // ne [hidden, M * M, 1], in the file's type
     nn::MlpEmbedder t_embedder, y_embedder;
     nn::Linear context_embedder;
     std::vector<JointBlock> blocks;
@@ -195,7 +204,9 @@ void Mmdit::declare(io::WeightDeclarer& w) {
     // Small and read as a matrix or added whole: held in F32 whatever --type says.
     b.patch_weight = w.require_f32("x_embedder.proj.weight", {H, c.channels, c.patch, c.patch});
     b.x_embedder.bias = w.require_f32("x_embedder.proj.bias", {H});
-    b.pos_embed = w.require_f32("pos_embed", {1, c.pos_embed_max_size * c.pos_embed_max_size, H});
+    // Read by rows (ggml_get_rows widens them): SD3.5 Large's 192 x 192
+    // table would be 358 MB as F32.
+    b.pos_embed = w.require("pos_embed", {1, c.pos_embed_max_size * c.pos_embed_max_size, H});
     b.t_embedder = {nn::declare_linear(w, "t_embedder.mlp.0", kTimeEmbedding, H),
                     nn::declare_linear(w, "t_embedder.mlp.2", H, H)};
     b.y_embedder = {nn::declare_linear(w, "y_embedder.mlp.0", c.pooled_dim, H),
@@ -246,6 +257,8 @@ Result<ggml_tensor*> Mmdit::build(ggml_context* ctx, const MmditInputs& in, cons
         return fail("x is " + nn::ne_string(in.x) + ": the position embedding covers at most " + std::to_string(M * p) +
                     " latent pixels a side");
     if (!nn::has_ne(in.timesteps, {B})) return fail("timesteps must be ne [" + std::to_string(B) + "]");
+    if (!in.positions || in.positions->type != GGML_TYPE_I32 || !nn::has_ne(in.positions, {w * h}))
+        return fail("positions must be I32 ne [" + std::to_string(w * h) + "] (mmdit_positions)");
     if (!nn::has_ne(in.y, {c.pooled_dim, B}))
         return fail("y is " + nn::ne_string(in.y) + ", expected [" + std::to_string(c.pooled_dim) + ", " +
                     std::to_string(B) + "]");
@@ -265,14 +278,11 @@ Result<ggml_tensor*> Mmdit::build(ggml_context* ctx, const MmditInputs& in, cons
     s.silu_c = ggml_silu(ctx, vec);
 
     // The patches through the convolution (as a product over each patch's
-    // channel-slowest features), plus the position embedding cropped around
-    // the centre of its M x M grid.
+    // channel-slowest features), plus the position embedding's rows of the
+    // crop around the centre of its M x M grid.
     nn::Linear embed{ggml_reshape_2d(ctx, b.patch_weight, p * p * c.channels, c.hidden), b.x_embedder.bias};
     ggml_tensor* x = nn::linear(ctx, embed, nn::patchify(ctx, in.x, static_cast<int>(p), nn::PatchFeatures::ChannelSlowest));
-    const int64_t top = (M - h) / 2, left = (M - w) / 2;
-    ggml_tensor* pos = ggml_view_3d(ctx, b.pos_embed, c.hidden, w, h, b.pos_embed->nb[1], b.pos_embed->nb[1] * M,
-                                    static_cast<size_t>(top * M + left) * b.pos_embed->nb[1]);
-    x = ggml_add(ctx, x, ggml_reshape_2d(ctx, ggml_cont(ctx, pos), c.hidden, w * h));
+    x = ggml_add(ctx, x, ggml_get_rows(ctx, ggml_reshape_2d(ctx, b.pos_embed, c.hidden, M * M), in.positions));
     ggml_tensor* context = nn::linear(ctx, b.context_embedder, in.context);
 
     // The residual stream a cut carries: text and image tokens while the
@@ -343,6 +353,11 @@ Result<DiffusionTensors> Mmdit::build(nn::GraphInputs& s, const DiffusionShape& 
     in.timesteps = g.timesteps = s.input(GGML_TYPE_F32, {b}, nullptr, "timesteps");
     in.y = g.y = s.input(GGML_TYPE_F32, {c.pooled_dim, b}, nullptr, "y");
     in.context = g.context = s.input(GGML_TYPE_F32, {c.context_dim, shape.tokens, b}, nullptr, "context");
+    const int64_t w = shape.latent_w / c.patch, h = shape.latent_h / c.patch;
+    if (w <= c.pos_embed_max_size && h <= c.pos_embed_max_size) {  // else build() says what is wrong
+        const std::vector<int32_t> rows = mmdit_positions(c, w, h);
+        in.positions = s.input(GGML_TYPE_I32, {w * h}, rows.data(), "positions");
+    }
     MmditBuildOptions options;
     options.flash_attention = shape.flash_attention;
     options.target = shape.target;

@@ -53,7 +53,13 @@ struct MmditInputs {
     ggml_tensor* timesteps = nullptr;  // F32 ne [B]: sigma in [0, 1] (the network multiplies by 1000)
     ggml_tensor* y = nullptr;          // ne [pooled_dim, B]
     ggml_tensor* context = nullptr;    // ne [context_dim, T, B]
+    ggml_tensor* positions = nullptr;  // I32 ne [patches]: mmdit_positions()
 };
+
+// The rows of the position embedding's M x M grid that a grid of w x h
+// patches takes, row-major: the crop around the grid's centre (top (M - h)
+// / 2, left (M - w) / 2), for MmditInputs::positions. Requires w, h <= M.
+std::vector<int32_t> mmdit_positions(const MmditConfig& c, int64_t w, int64_t h);
 
 struct MmditBuildOptions {
     bool flash_attention = false;
