@@ -15,6 +15,7 @@
 #include "io/diffusers_names.h"
 #include "io/gguf_file.h"
 #include "io/safetensors.h"
+#include "io/tensor_convert.h"
 #include "util/files.h"
 
 namespace fs = std::filesystem;
@@ -172,6 +173,28 @@ Status ModelFile::add_parsed(ParsedFile parsed, const std::string& path, std::sh
                          sources_[tensors_[it->second].source].path};
         }
         tensors_.push_back(std::move(t));
+    }
+    return read_fp8_scales(source);
+}
+
+Status ModelFile::read_fp8_scales(size_t source) {
+    if (!sources_[source].map) return Status::Ok();  // a header alone: no values to read
+    for (TensorInfo& t : tensors_) {
+        if (t.source != source || (t.dtype != DType::F8_E4M3 && t.dtype != DType::F8_E5M2)) continue;
+        const std::string suffix = ".weight";
+        if (t.name.size() <= suffix.size() || t.name.compare(t.name.size() - suffix.size(), suffix.size(), suffix) != 0)
+            continue;
+        const TensorInfo* scale = find(t.name.substr(0, t.name.size() - suffix.size()) + ".scale_weight");
+        if (!scale) continue;
+        float value = 0.0f;
+        auto decoded = scale->element_count() == 1 ? convert_tensor(*scale, data(*scale), GGML_TYPE_F32)
+                                                   : Result<std::vector<uint8_t>>(Error{"not one value"});
+        if (decoded.ok()) std::memcpy(&value, decoded->data(), sizeof value);
+        if (!decoded.ok() || !std::isfinite(value)) {
+            return Error{sources_[source].path + ": " + scale->name + " (" + scale->shape_string() + " " +
+                         dtype_name(scale->dtype) + ") is not one finite number, as a scaled FP8 weight's scale must be"};
+        }
+        t.scale = value;
     }
     return Status::Ok();
 }

@@ -77,6 +77,9 @@ class ModelFile {
     Status add_parsed(ParsedFile parsed, const std::string& path, std::shared_ptr<MappedFile> map,
                       const std::string& component);
     Status add_folder(const std::string& path);
+    // Sets TensorInfo::scale of source `source`'s F8 weights from their
+    // X.scale_weight siblings (ComfyUI's scaled FP8).
+    Status read_fp8_scales(size_t source);
     Status add_component_folder(const std::string& folder, const std::string& component);
 
     std::vector<SourceFile> sources_;

@@ -174,6 +174,9 @@ Result<std::vector<uint8_t>> convert_tensor(const TensorInfo& tensor, const uint
     if (!decode_to_f32(tensor.dtype, src, n, values.data())) {
         return Error{where + ": cannot convert " + dtype_name(tensor.dtype) + " to " + ggml_type_name(target)};
     }
+    if (tensor.scale != 1.0f) {
+        for (float& v : values) v *= tensor.scale;
+    }
     switch (target) {
         case GGML_TYPE_F32: std::memcpy(out.data(), values.data(), out.size()); return out;
         case GGML_TYPE_F16:

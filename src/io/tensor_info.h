@@ -21,6 +21,9 @@ struct TensorInfo {
     size_t source = 0;    // index of the file it lives in (ModelIndex::sources)
     uint64_t offset = 0;  // absolute byte offset of the data in that file
     uint64_t nbytes = 0;
+    // ComfyUI's scaled FP8 files (*_fp8_scaled.safetensors): an F8 weight's
+    // values are this times the stored ones (its sibling X.scale_weight).
+    float scale = 1.0f;
 
     int64_t element_count() const;
     std::string shape_string() const;  // "[320, 4, 3, 3]"

@@ -169,6 +169,44 @@ TEST(GgufWriter, ConvertsTensorByTensorAndReadsBack) {
     EXPECT_FALSE(std::ifstream(out + ".part").good());
 }
 
+// ComfyUI's *_fp8_scaled.safetensors: an F8 weight's values times its
+// X.scale_weight, in every conversion (here to F32 and to kiln's default
+// Q8_0 for F8 matrices); the marker and other tensors untouched.
+TEST(ScaledFp8, WeightsAreScaledByTheirScaleWeight) {
+    test::TempDir dir;
+    const std::vector<uint8_t> ones(32 * 2, 0x38);  // e4m3 1.0
+    const std::string in = dir.write(
+        "m_fp8_scaled.safetensors",
+        test::build_safetensors({{"scaled_fp8", "F8_E4M3", {0}, {}},
+                                 {"blocks.0.linear.weight", "F8_E4M3", {2, 32}, ones},
+                                 {"blocks.0.linear.scale_weight", "F32", {}, test::f32_bytes(1, 0.25f)},
+                                 {"blocks.1.linear.weight", "F8_E4M3", {2, 32}, ones}}));
+    auto model = ModelFile::open({in});
+    ASSERT_TRUE(model.ok()) << model.error().message;
+    const TensorInfo* scaled = model->find("blocks.0.linear.weight");
+    EXPECT_EQ(scaled->scale, 0.25f);
+    EXPECT_EQ(model->find("blocks.1.linear.weight")->scale, 1.0f);
+    for (ggml_type target : {GGML_TYPE_F32, GGML_TYPE_Q8_0}) {
+        auto bytes = convert_tensor(*scaled, model->data(*scaled), target);
+        ASSERT_TRUE(bytes.ok()) << bytes.error().message;
+        std::vector<float> values(64);
+        if (target == GGML_TYPE_F32) {
+            std::memcpy(values.data(), bytes->data(), 64 * sizeof(float));
+        } else {
+            ggml_get_type_traits(target)->to_float(bytes->data(), values.data(), 64);
+        }
+        for (float v : values) EXPECT_NEAR(v, 0.25f, 1e-4) << ggml_type_name(target);  // Q8_0: an F16 block scale
+    }
+    // A scale that is not one number is one clear error naming it.
+    const std::string bad = dir.write(
+        "bad_fp8_scaled.safetensors",
+        test::build_safetensors({{"l.weight", "F8_E4M3", {2, 32}, ones}, {"l.scale_weight", "F32", {2}, test::f32_bytes(2)}}));
+    auto refused = ModelFile::open({bad});
+    ASSERT_FALSE(refused.ok());
+    EXPECT_NE(refused.error().message.find("l.scale_weight ([2] F32) is not one finite number"), std::string::npos)
+        << refused.error().message;
+}
+
 TEST(GgufWriter, UnwritableOutputLeavesNoFile) {
     test::TempDir dir;
     const std::string in =

@@ -155,12 +155,18 @@ Result<std::unique_ptr<Mmdit>> Mmdit::create(io::WeightDeclarer& weights) {
         return bad("x_embedder.proj.weight is " + weights.info("x_embedder.proj.weight")->shape_string() +
                    ", expected a square patch");
     c.patch = static_cast<int>((*patch)[2]);
-    auto pos = shape_of("pos_embed", 3);
-    if (!pos.ok()) return pos.error();
-    c.pos_embed_max_size = static_cast<int64_t>(std::llround(std::sqrt(static_cast<double>((*pos)[1]))));
-    if ((*pos)[0] != 1 || (*pos)[2] != c.hidden || c.pos_embed_max_size * c.pos_embed_max_size != (*pos)[1])
-        return bad("pos_embed is " + weights.info("pos_embed")->shape_string() + ", expected [1, M*M, " +
-                   std::to_string(c.hidden) + "]");
+    // [1, M*M, hidden]; a GGUF drops the leading 1.
+    const io::TensorInfo* pos = weights.info("pos_embed");
+    if (!pos) return bad("missing pos_embed");
+    dit->pos_embed_shape_ = pos->shape;
+    const size_t dims = pos->shape.size();
+    if (dims == 2 || dims == 3) {
+        c.pos_embed_max_size =
+            static_cast<int64_t>(std::llround(std::sqrt(static_cast<double>(std::max<int64_t>(0, pos->shape[dims - 2])))));
+    }
+    if ((dims != 2 && dims != 3) || (dims == 3 && pos->shape[0] != 1) || pos->shape[dims - 1] != c.hidden ||
+        c.pos_embed_max_size < 1 || c.pos_embed_max_size * c.pos_embed_max_size != pos->shape[dims - 2])
+        return bad("pos_embed is " + pos->shape_string() + ", expected [1, M*M, " + std::to_string(c.hidden) + "]");
     auto context = shape_of("context_embedder.weight", 2);
     if (!context.ok()) return context.error();
     c.context_dim = (*context)[1];
@@ -206,7 +212,7 @@ void Mmdit::declare(io::WeightDeclarer& w) {
     b.x_embedder.bias = w.require_f32("x_embedder.proj.bias", {H});
     // Read by rows (ggml_get_rows widens them): SD3.5 Large's 192 x 192
     // table would be 358 MB as F32.
-    b.pos_embed = w.require("pos_embed", {1, c.pos_embed_max_size * c.pos_embed_max_size, H});
+    b.pos_embed = w.require("pos_embed", pos_embed_shape_);
     b.t_embedder = {nn::declare_linear(w, "t_embedder.mlp.0", kTimeEmbedding, H),
                     nn::declare_linear(w, "t_embedder.mlp.2", H, H)};
     b.y_embedder = {nn::declare_linear(w, "y_embedder.mlp.0", c.pooled_dim, H),

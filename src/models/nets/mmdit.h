@@ -93,6 +93,7 @@ class Mmdit final : public DiffusionNetwork {
     void declare(io::WeightDeclarer& w);
 
     MmditConfig config_;
+    std::vector<int64_t> pos_embed_shape_;  // as the file has it
     DiffusionCapabilities capabilities_;
     std::unique_ptr<Blocks> blocks_;
 };
