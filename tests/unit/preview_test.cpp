@@ -75,6 +75,12 @@ TEST(PreviewFactors, EveryFamilyHasItsLatentFormatsProjection) {
                     << f->name;
             }
             EXPECT_EQ(l.rgb_bias, kFluxBias) << f->name;
+        } else if (f->name.rfind("SD3", 0) == 0) {
+            // ComfyUI's SD3 rows: the first and last, and its own bias.
+            EXPECT_EQ(l.channels, 16) << f->name;
+            EXPECT_EQ(l.rgb_factors.front(), (std::array<float, 3>{-0.0922f, -0.0175f, 0.0749f})) << f->name;
+            EXPECT_EQ(l.rgb_factors.back(), (std::array<float, 3>{-0.1448f, -0.1463f, -0.1189f})) << f->name;
+            EXPECT_EQ(l.rgb_bias, (std::array<float, 3>{0.2394f, 0.2135f, 0.1925f})) << f->name;
         } else {
             // Flux.1-dev, schnell, Chroma, Z-Image: Flux's 16-channel latent.
             EXPECT_EQ(l.channels, 16) << f->name;
