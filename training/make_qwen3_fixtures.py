@@ -24,6 +24,18 @@ The model has GQA (4 query heads over 2 K/V heads) and head_dim 32 with
 hidden 64, so heads * head_dim = 128 is not the width, as in Qwen3-4B (32
 heads of 128 over a width of 2560). Everything is seeded: running twice gives
 byte-identical files.
+
+The same three files for two decoders without QK norm, the same sizes:
+  qwen2_tiny.*   Qwen2.5's layout (q/k/v biases; Qwen2.5-VL's text model), HF
+                 names with metadata qwen2.attention.key_length "32" (an HF
+                 file has no head width without QK norm); its GGUF in
+                 llama.cpp's qwen2 names (attn_q.bias ...), q/k rows as HF's
+  llama_tiny.*   Llama's / Mistral's layout (no biases, rope theta 1e9 as
+                 Mistral Small 3.x), metadata llama.attention.key_length and
+                 llama.rope.freq_base; its GGUF with q and k rows permuted as
+                 llama.cpp's convert_hf_to_gguf.py does for llama (each head's
+                 rotate-half pairs (i, i + d/2) made adjacent (2i, 2i + 1), for
+                 llama.cpp's normal rope)
 """
 
 import argparse
@@ -42,6 +54,11 @@ from reference.qwen3 import Qwen3Model  # noqa: E402
 SEED = 700
 DTYPE = torch.float16
 QWEN3 = dict(vocab=300, hidden=64, layers=3, heads=4, kv_heads=2, head_dim=32, ffn=96, rope_theta=1e6, eps=1e-6)
+# The decoders without QK norm: (config, seed offset, GGUF architecture).
+NO_QK_NORM = {
+    "qwen2": (dict(QWEN3, qk_norm=False, qkv_bias=True), 100, "qwen2"),
+    "llama": (dict(QWEN3, qk_norm=False, rope_theta=1e9, eps=1e-5), 200, "llama"),
+}
 TOKENS = 20
 BATCH_TOKENS = 16  # the batch test: two prompts of this length
 
@@ -91,30 +108,39 @@ def llama_cpp_name(hf):
         return "token_embd.weight"
     if hf == "model.norm.weight":
         return "output_norm.weight"
-    parts = hf.split(".")  # model.layers.N.<module...>.weight
-    assert parts[:2] == ["model", "layers"] and parts[-1] == "weight", hf
-    return "blk.%s.%s.weight" % (parts[2], LAYER_NAMES[".".join(parts[3:-1])])
+    parts = hf.split(".")  # model.layers.N.<module...>.weight|bias
+    assert parts[:2] == ["model", "layers"] and parts[-1] in ("weight", "bias"), hf
+    return "blk.%s.%s.%s" % (parts[2], LAYER_NAMES[".".join(parts[3:-1])], parts[-1])
 
 
-def write_gguf(path, ckpt):
-    c = QWEN3
-    meta = {
-        "general.architecture": "qwen3",
-        "general.name": "qwen3-tiny",
-        "general.alignment": export_gguf.ALIGN,
-        "qwen3.block_count": c["layers"],
-        "qwen3.context_length": 4096,
-        "qwen3.embedding_length": c["hidden"],
-        "qwen3.feed_forward_length": c["ffn"],
-        "qwen3.attention.head_count": c["heads"],
-        "qwen3.attention.head_count_kv": c["kv_heads"],
-        "qwen3.attention.key_length": c["head_dim"],
-        "qwen3.attention.value_length": c["head_dim"],
-        "qwen3.rope.freq_base": float(c["rope_theta"]),
-        "qwen3.attention.layer_norm_rms_epsilon": float(c["eps"]),
+def llama_cpp_permute(t, heads):
+    """convert_hf_to_gguf.py's LlamaModel.permute: each head's rows in rotate-half order (i, i + d/2)
+    become interleaved pairs (2i, 2i + 1), for llama.cpp's normal-mode rope."""
+    return t.reshape(heads, 2, t.shape[0] // heads // 2, *t.shape[1:]).swapaxes(1, 2).reshape(t.shape)
+
+
+def metadata(arch, c):
+    return {
+        "%s.block_count" % arch: c["layers"],
+        "%s.context_length" % arch: 4096,
+        "%s.embedding_length" % arch: c["hidden"],
+        "%s.feed_forward_length" % arch: c["ffn"],
+        "%s.attention.head_count" % arch: c["heads"],
+        "%s.attention.head_count_kv" % arch: c["kv_heads"],
+        "%s.attention.key_length" % arch: c["head_dim"],
+        "%s.attention.value_length" % arch: c["head_dim"],
+        "%s.rope.freq_base" % arch: float(c["rope_theta"]),
+        "%s.attention.layer_norm_rms_epsilon" % arch: float(c["eps"]),
     }
+
+
+def write_gguf(path, ckpt, arch="qwen3", c=QWEN3):
+    meta = {"general.architecture": arch, "general.name": arch + "-tiny", "general.alignment": export_gguf.ALIGN}
+    meta.update(metadata(arch, c))
     tensors = []
     for name, t in ckpt.items():
+        if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            t = llama_cpp_permute(t, c["heads"] if "q_proj" in name else c["kv_heads"])
         arr = t.numpy() if t.dim() >= 2 else t.to(torch.float32).numpy()
         tensors.append((llama_cpp_name(name), arr))
     tensors.sort(key=lambda nt: nt[0])
@@ -123,13 +149,13 @@ def write_gguf(path, ckpt):
                                             os.path.getsize(path) / 1e3))
 
 
-def build():
-    model = Qwen3Model(**QWEN3)
-    ckpt = randomize(model, SEED + 1)
+def build(c=QWEN3, seed=SEED):
+    model = Qwen3Model(**c)
+    ckpt = randomize(model, seed + 1)
     model = model.double().eval()
-    gen = torch.Generator().manual_seed(SEED + 1000)
-    tokens = torch.randint(0, QWEN3["vocab"], (1, TOKENS), generator=gen, dtype=torch.int64).to(torch.int32)
-    batch_tokens = torch.randint(0, QWEN3["vocab"], (2, BATCH_TOKENS), generator=gen,
+    gen = torch.Generator().manual_seed(seed + 1000)
+    tokens = torch.randint(0, c["vocab"], (1, TOKENS), generator=gen, dtype=torch.int64).to(torch.int32)
+    batch_tokens = torch.randint(0, c["vocab"], (2, BATCH_TOKENS), generator=gen,
                                  dtype=torch.int64).to(torch.int32)
     io = {}
     with torch.no_grad():
@@ -140,8 +166,8 @@ def build():
             io["llm.layer.%d" % i] = mmf.f32(h)
         io["llm.out"] = mmf.f32(out)
         # HF's tuple: hidden_states[i + 1] is layer i's raw output except the last, replaced by the normed one.
-        assert len(hidden) == QWEN3["layers"] + 1 and torch.equal(hidden[-1], out)
-        assert all(torch.equal(hidden[i + 1], model.layer_outputs[i]) for i in range(QWEN3["layers"] - 1))
+        assert len(hidden) == c["layers"] + 1 and torch.equal(hidden[-1], out)
+        assert all(torch.equal(hidden[i + 1], model.layer_outputs[i]) for i in range(c["layers"] - 1))
         batch_out, _ = model(batch_tokens)
         io["llm.batch.tokens"] = batch_tokens
         io["llm.batch.out"] = mmf.f32(batch_out)
@@ -163,6 +189,36 @@ def main():
     mmf.save_fixture_pair(args.out, "qwen3_tiny", ckpt, io, "training/make_qwen3_fixtures.py",
                           "[batch, tokens, hidden]")
     write_gguf(os.path.join(args.out, "qwen3_tiny.gguf"), ckpt)
+    for name, (c, offset, arch) in NO_QK_NORM.items():
+        ckpt, io = build(c, SEED + offset)
+        # Without QK norm an HF file says nothing of the head width; kiln reads llama.cpp's keys from
+        # the safetensors metadata too.
+        meta = {k: str(v) for k, v in metadata(arch, c).items() if "key_length" in k or "freq_base" in k}
+        mmf.save_fixture_pair(args.out, name + "_tiny", ckpt, io, "training/make_qwen3_fixtures.py",
+                              "[batch, tokens, hidden]", meta)
+        write_gguf(os.path.join(args.out, name + "_tiny.gguf"), ckpt, arch, c)
+    check_llama_permute()
+
+
+def check_llama_permute():
+    """The permuted rows under interleaved (GPT-J) rope give HF's rotate-half rope: the GGUF's
+    llama arch is the same network."""
+    gen = torch.Generator().manual_seed(5)
+    heads, d, n = 2, 8, 5
+    w = torch.randn(heads * d, 6, generator=gen, dtype=torch.float64)
+    x = torch.randn(n, 6, generator=gen, dtype=torch.float64)
+    inv = 1.0 / (1e4 ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    ang = torch.arange(n, dtype=torch.float64)[:, None] * inv[None]
+    hf = (x @ w.t()).view(n, heads, d)
+    cos, sin = torch.cat([ang.cos()] * 2, -1)[:, None], torch.cat([ang.sin()] * 2, -1)[:, None]
+    from reference.qwen3 import rotate_half
+    want = hf * cos + rotate_half(hf) * sin
+    p = (x @ llama_cpp_permute(w, heads).t()).view(n, heads, d // 2, 2)
+    c, s_ = ang.cos()[:, None], ang.sin()[:, None]
+    got = torch.stack([p[..., 0] * c - p[..., 1] * s_, p[..., 0] * s_ + p[..., 1] * c], -1).view(n, heads, d)
+    # Interleaved pair j of the permuted head is HF's pair (j, j + d/2).
+    unpermuted = torch.cat([got[..., 0::2], got[..., 1::2]], -1)
+    assert torch.allclose(unpermuted, want, atol=1e-12), "llama.cpp's permute does not match HF's rope"
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
-// kiln's LLM text encoder (Qwen3) against the PyTorch reference
+// kiln's LLM text encoder (Qwen3, Qwen2, Llama) against the PyTorch reference
 // (training/reference/qwen3.py) on the tiny random-weight model
 // training/make_qwen3_fixtures.py writes (GQA: 4 query heads over 2 K/V heads;
 // head_dim 32 over a width of 64): every layer's hidden state and the final
 // output, in HF's names and llama.cpp's GGUF names (also re-quantised to
 // q8_0), the configuration read from both, declaring only the first layers,
-// the cut markers, and the errors of files that are no Qwen3.
+// the cut markers, the decoders without QK norm (Qwen2.5's and Llama's
+// layouts) and the errors of files kiln does not read.
 #include "models/nets/llm_encoder.h"
 
 #include <gtest/gtest.h>
@@ -358,12 +359,13 @@ TEST(LlmEncoderMask, CausalMaskLayout) {
 
 TEST(LlmEncoderErrors, OtherGgufArchitectureIsNamed) {
     test::TempDir dir;
-    io::ModelFile llama =
-        open_file(gguf_with_metadata(dir, "llama.gguf", {{"general.architecture", io::MetaValue::of_string("llama")}}));
-    const Error error = create_error(llama);
+    io::ModelFile gemma =
+        open_file(gguf_with_metadata(dir, "gemma.gguf", {{"general.architecture", io::MetaValue::of_string("gemma3")}}));
+    const Error error = create_error(gemma);
     EXPECT_EQ(error.kind, ErrorKind::BadFile);
     EXPECT_EQ(error.message,
-              "LLM text encoder under '': general.architecture is 'llama'; the LLM text encoder reads qwen3");
+              "LLM text encoder under '': general.architecture is 'gemma3'; the LLM text encoder reads qwen3, qwen2, "
+              "qwen2vl and llama");
 }
 
 TEST(LlmEncoderErrors, OtherNetworksNameWhatIsMissing) {
@@ -377,21 +379,50 @@ TEST(LlmEncoderErrors, OtherNetworksNameWhatIsMissing) {
     }
 }
 
-TEST(LlmEncoderErrors, DecoderWithoutQkNormIsNotSupported) {
-    io::ModelFile weights = qwen3_weights();
+// The decoders without QK norm (training/make_qwen3_fixtures.py's qwen2_tiny:
+// Qwen2.5's q/k/v biases; llama_tiny: Llama's and Mistral's layout, rope
+// theta 1e9), in HF's names (their head width and theta in the safetensors
+// metadata) and as GGUFs (llama's q/k rows permuted as llama.cpp's converter
+// does, rotated in rope's normal mode): every layer against the reference,
+// and the same numbers from both files.
+class LlmEncoderArchitectures : public ::testing::TestWithParam<std::pair<const char*, LlmConfig::Arch>> {};
+
+TEST_P(LlmEncoderArchitectures, BothNamingsMatchReference) {
+    const std::string name = GetParam().first;
+    io::ModelFile weights = open_file(golden_path("models/" + name + "_tiny.safetensors"));
+    io::ModelFile gguf = open_file(golden_path("models/" + name + "_tiny.gguf"));
+    io::ModelFile io = open_file(golden_path("models/" + name + "_tiny_io.safetensors"));
+    auto compute = test::golden_cpu();
+    const FixtureTensor tokens = fixture_tensor(io, "llm.tokens");
+    auto hf = load(weights, *compute);
+    EXPECT_EQ(hf->config().arch, GetParam().second);
+    EXPECT_FALSE(hf->config().qk_norm);
+    EXPECT_EQ(hf->config().qkv_bias, GetParam().second == LlmConfig::Arch::Qwen2);
+    EXPECT_EQ(hf->config().head_dim, 32);
+    EXPECT_EQ(hf->config().heads, 4);
+    EXPECT_EQ(hf->config().kv_heads, 2);
+    expect_matches_reference(encode(*hf, *compute, tokens), io, kTolerance, (name + " safetensors, F32").c_str());
+    auto ll = load(gguf, *compute);
+    EXPECT_EQ(ll->config().arch, GetParam().second);
+    EXPECT_EQ(ll->config().rope_neox, GetParam().second != LlmConfig::Arch::Llama);
+    expect_matches_reference(encode(*ll, *compute, tokens), io, kTolerance, (name + " GGUF, F32").c_str());
+}
+
+INSTANTIATE_TEST_SUITE_P(WithoutQkNorm, LlmEncoderArchitectures,
+                         ::testing::Values(std::make_pair("qwen2", LlmConfig::Arch::Qwen2),
+                                           std::make_pair("llama", LlmConfig::Arch::Llama)));
+
+// Without QK norm, a head width the metadata states must be even.
+TEST(LlmEncoderErrors, OddHeadWidthFromMetadataIsNamed) {
+    io::ModelFile weights = open_file(golden_path("models/llama_tiny.safetensors"));
     test::TempDir dir;
-    io::ModelFile file = open_file(
-        dir.write("no_qk_norm.safetensors", test::build_safetensors(renamed(weights, [](const std::string& n) {
-                      return n.find("_norm.weight") != std::string::npos && n.find("self_attn") != std::string::npos
-                                 ? std::string()
-                                 : n;
-                  }))));
-    EXPECT_FALSE(LlmEncoder::looks_like_llm(file, ""));
+    io::ModelFile file = open_file(dir.write(
+        "odd.safetensors", test::build_safetensors(renamed(weights, [](const std::string& n) { return n; }),
+                                                   {{"llama.attention.key_length", "31"}})));
     const Error error = create_error(file);
     EXPECT_EQ(error.kind, ErrorKind::BadFile);
     EXPECT_EQ(error.message,
-              "LLM text encoder under '': no model.layers.0.self_attn.q_norm.weight: a decoder without QK norm "
-              "(Qwen2.5, Llama, Mistral) is not supported yet; Qwen3 is");
+              "LLM text encoder under '': metadata llama.attention.key_length is 31, not an even head width");
 }
 
 TEST(LlmEncoderErrors, MissingTensorIsNamedAtLoad) {

@@ -2,7 +2,11 @@
 Qwen3-4B reads its hidden states), written from HF transformers'
 ``modeling_qwen3`` (Qwen3Model, Qwen3DecoderLayer, Qwen3Attention, Qwen3MLP,
 Qwen3RMSNorm, Qwen3RotaryEmbedding) without the KV cache, dropout and
-generation machinery.
+generation machinery; with ``qk_norm=False, qkv_bias=True`` it is HF's
+``modeling_qwen2`` (Qwen2.5, the text model of Qwen2.5-VL), and with
+``qk_norm=False`` alone ``modeling_llama`` / ``modeling_mistral`` (Mistral
+Small 3.x's text model): the same layer without the QK norm, with or without
+q/k/v biases.
 
 Parameter names are HF ``Qwen3ForCausalLM``'s without the LM head, so
 ``state_dict()`` is an HF file: ``model.embed_tokens.weight``,
@@ -66,20 +70,25 @@ def rotary_cos_sin(n, head_dim, theta, dtype):
 
 
 class Attention(nn.Module):
-    def __init__(self, hidden, heads, kv_heads, head_dim, eps):
+    def __init__(self, hidden, heads, kv_heads, head_dim, eps, qk_norm=True, qkv_bias=False):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
-        self.q_proj = nn.Linear(hidden, heads * head_dim, bias=False)
-        self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=False)
-        self.v_proj = nn.Linear(hidden, kv_heads * head_dim, bias=False)
+        self.q_proj = nn.Linear(hidden, heads * head_dim, bias=qkv_bias)
+        self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(hidden, kv_heads * head_dim, bias=qkv_bias)
         self.o_proj = nn.Linear(heads * head_dim, hidden, bias=False)
-        self.q_norm = RMSNorm(head_dim, eps)
-        self.k_norm = RMSNorm(head_dim, eps)
+        if qk_norm:
+            self.q_norm = RMSNorm(head_dim, eps)
+            self.k_norm = RMSNorm(head_dim, eps)
+        self.qk_norm = qk_norm
 
     def forward(self, x, cos, sin):
         b, n, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(b, n, -1, self.head_dim)).transpose(1, 2)  # [B, heads, n, hd]
-        k = self.k_norm(self.k_proj(x).view(b, n, -1, self.head_dim)).transpose(1, 2)
+        q = self.q_proj(x).view(b, n, -1, self.head_dim)
+        k = self.k_proj(x).view(b, n, -1, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)  # [B, heads, n, hd]
         v = self.v_proj(x).view(b, n, -1, self.head_dim).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
@@ -105,9 +114,9 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, hidden, heads, kv_heads, head_dim, ffn, eps):
+    def __init__(self, hidden, heads, kv_heads, head_dim, ffn, eps, qk_norm=True, qkv_bias=False):
         super().__init__()
-        self.self_attn = Attention(hidden, heads, kv_heads, head_dim, eps)
+        self.self_attn = Attention(hidden, heads, kv_heads, head_dim, eps, qk_norm, qkv_bias)
         self.mlp = MLP(hidden, ffn)
         self.input_layernorm = RMSNorm(hidden, eps)
         self.post_attention_layernorm = RMSNorm(hidden, eps)
@@ -118,21 +127,22 @@ class DecoderLayer(nn.Module):
 
 
 class Qwen3Body(nn.Module):
-    def __init__(self, vocab, hidden, layers, heads, kv_heads, head_dim, ffn, eps):
+    def __init__(self, vocab, hidden, layers, heads, kv_heads, head_dim, ffn, eps, qk_norm=True, qkv_bias=False):
         super().__init__()
         self.embed_tokens = nn.Embedding(vocab, hidden)
         self.layers = nn.ModuleList(
-            [DecoderLayer(hidden, heads, kv_heads, head_dim, ffn, eps) for _ in range(layers)])
+            [DecoderLayer(hidden, heads, kv_heads, head_dim, ffn, eps, qk_norm, qkv_bias) for _ in range(layers)])
         self.norm = RMSNorm(hidden, eps)
 
 
 class Qwen3Model(nn.Module):
     """HF Qwen3ForCausalLM's ``model`` (the LM head is not part of a text encoder)."""
 
-    def __init__(self, vocab, hidden, layers, heads, kv_heads, head_dim, ffn, rope_theta=1e6, eps=1e-6):
+    def __init__(self, vocab, hidden, layers, heads, kv_heads, head_dim, ffn, rope_theta=1e6, eps=1e-6, qk_norm=True,
+                 qkv_bias=False):
         super().__init__()
         assert heads % kv_heads == 0 and head_dim % 2 == 0
-        self.model = Qwen3Body(vocab, hidden, layers, heads, kv_heads, head_dim, ffn, eps)
+        self.model = Qwen3Body(vocab, hidden, layers, heads, kv_heads, head_dim, ffn, eps, qk_norm, qkv_bias)
         self.head_dim = head_dim
         self.rope_theta = rope_theta
         self.layer_outputs = []

@@ -11,8 +11,10 @@ namespace {
 
 using Naming = LlmConfig::Naming;
 
-constexpr float kDefaultRopeTheta = 1e6f;  // Qwen3's rope_theta
-constexpr float kDefaultNormEps = 1e-6f;   // Qwen3's rms_norm_eps
+constexpr float kDefaultRopeTheta = 1e6f;       // Qwen2.5's and Qwen3's rope_theta
+constexpr float kDefaultLlamaRopeTheta = 1e4f;  // HF LlamaConfig's default
+constexpr float kDefaultNormEps = 1e-6f;        // Qwen3's rms_norm_eps
+constexpr int64_t kDefaultHeadDim = 128;        // without QK norm or GGUF metadata to say it
 
 // The tensors of one layer, in both namings.
 enum class Part { Q, K, V, O, QNorm, KNorm, AttentionNorm, Gate, Up, Down, FeedForwardNorm };
@@ -95,6 +97,8 @@ Result<std::optional<double>> metadata_value(const io::ModelFile& file, const st
 std::string LlmConfig::arch_name() const {
     switch (arch) {
         case Arch::Qwen3: return "qwen3";
+        case Arch::Qwen2: return "qwen2";
+        case Arch::Llama: return "llama";
     }
     return "";
 }
@@ -119,9 +123,7 @@ struct LlmEncoder::Layer {
 
 bool LlmEncoder::looks_like_llm(const io::ModelFile& file, const std::string& prefix) {
     for (Naming naming : {Naming::HuggingFace, Naming::HuggingFaceBase, Naming::LlamaCpp}) {
-        if (!file.find(prefix + layer_tensor(naming, 0, Part::Q))) continue;
-        if (file.find(prefix + layer_tensor(naming, 0, Part::QNorm))) return true;
-        if (naming == Naming::LlamaCpp && file.metadata_string("general.architecture", "") == "qwen3") return true;
+        if (file.find(prefix + layer_tensor(naming, 0, Part::Q))) return true;
     }
     return false;
 }
@@ -154,19 +156,32 @@ Result<std::unique_ptr<LlmEncoder>> LlmEncoder::create(io::WeightDeclarer& weigh
     auto find = [&](int64_t layer, Part part) { return file.find(prefix + name(layer, part)); };
 
     // The architecture: llama.cpp's names come with GGUF's general.architecture
-    // (absent only in files kiln wrote from renamed tensors); QK norm tells Qwen3.
+    // (absent only in files kiln wrote from renamed tensors); otherwise the
+    // tensors tell: QK norm is Qwen3, q/k/v biases Qwen2, neither Llama.
     const std::string gguf_arch = file.metadata_string("general.architecture", "");
-    if (c.naming == Naming::LlamaCpp && !gguf_arch.empty() && gguf_arch != "qwen3") {
-        return bad("general.architecture is '" + gguf_arch + "'; the LLM text encoder reads qwen3");
+    if (c.naming == Naming::LlamaCpp && !gguf_arch.empty()) {
+        if (gguf_arch == "qwen3") {
+            c.arch = LlmConfig::Arch::Qwen3;
+        } else if (gguf_arch == "qwen2" || gguf_arch == "qwen2vl") {
+            c.arch = LlmConfig::Arch::Qwen2;
+        } else if (gguf_arch == "llama") {
+            c.arch = LlmConfig::Arch::Llama;
+        } else {
+            return bad("general.architecture is '" + gguf_arch +
+                       "'; the LLM text encoder reads qwen3, qwen2, qwen2vl and llama");
+        }
+    } else if (find(0, Part::QNorm)) {
+        c.arch = LlmConfig::Arch::Qwen3;
+    } else if (file.find(prefix + layer_tensor(c.naming, 0, Part::Q, "bias"))) {
+        c.arch = LlmConfig::Arch::Qwen2;
+    } else {
+        c.arch = LlmConfig::Arch::Llama;
     }
-    if (!find(0, Part::QNorm)) {
-        return bad("no " + name(0, Part::QNorm) +
-                   ": a decoder without QK norm (Qwen2.5, Llama, Mistral) is not supported yet; Qwen3 is");
-    }
-    c.arch = LlmConfig::Arch::Qwen3;
-    c.qk_norm = true;
-    c.qkv_bias = false;
-    const std::string meta = c.arch_name() + ".";
+    c.qk_norm = c.arch == LlmConfig::Arch::Qwen3;
+    c.qkv_bias = c.arch == LlmConfig::Arch::Qwen2;
+    c.rope_neox = !(c.arch == LlmConfig::Arch::Llama && c.naming == Naming::LlamaCpp);
+    // GGUF's keys are under its own architecture name (qwen2vl.*).
+    const std::string meta = (c.naming == Naming::LlamaCpp && !gguf_arch.empty() ? gguf_arch : c.arch_name()) + ".";
 
     const std::string embedding = embedding_name(c.naming);
     const io::TensorInfo* tok = file.find(prefix + embedding);
@@ -179,18 +194,30 @@ Result<std::unique_ptr<LlmEncoder>> LlmEncoder::create(io::WeightDeclarer& weigh
     while (find(c.layers, Part::Q)) ++c.layers;
     if (c.layers == 0) return bad("no layers (" + name(0, Part::Q) + " is missing)");
 
-    const io::TensorInfo* q_norm = find(0, Part::QNorm);
-    if (q_norm->shape.size() != 1 || q_norm->shape[0] <= 0 || q_norm->shape[0] % 2 != 0) {
-        return bad(name(0, Part::QNorm) + " has shape " + q_norm->shape_string() +
-                   ", not [head_dim] with head_dim even (rope rotates pairs)");
-    }
-    c.head_dim = q_norm->shape[0];
+    // head_dim: Qwen3's q_norm length; else the metadata, else 128.
     auto key_length = metadata_value(file, meta + "attention.key_length", where);
     if (!key_length.ok()) return key_length.error();
-    if (*key_length && **key_length != static_cast<double>(c.head_dim)) {
-        return bad("metadata " + meta + "attention.key_length is " +
-                   file.metadata_string(meta + "attention.key_length", "") + " but " + name(0, Part::QNorm) +
-                   " has shape " + q_norm->shape_string());
+    const std::string head_dim_from = c.qk_norm ? name(0, Part::QNorm) : "the head width";
+    if (c.qk_norm) {
+        const io::TensorInfo* q_norm = find(0, Part::QNorm);
+        if (!q_norm) return bad("no " + name(0, Part::QNorm) + " (Qwen3's QK norm)");
+        if (q_norm->shape.size() != 1 || q_norm->shape[0] <= 0 || q_norm->shape[0] % 2 != 0) {
+            return bad(name(0, Part::QNorm) + " has shape " + q_norm->shape_string() +
+                       ", not [head_dim] with head_dim even (rope rotates pairs)");
+        }
+        c.head_dim = q_norm->shape[0];
+        if (*key_length && **key_length != static_cast<double>(c.head_dim)) {
+            return bad("metadata " + meta + "attention.key_length is " +
+                       file.metadata_string(meta + "attention.key_length", "") + " but " + name(0, Part::QNorm) +
+                       " has shape " + q_norm->shape_string());
+        }
+    } else {
+        const double stated = key_length->value_or(static_cast<double>(kDefaultHeadDim));
+        if (!(stated >= 2 && stated <= 4096) || stated != std::floor(stated) || std::fmod(stated, 2) != 0) {
+            return bad("metadata " + meta + "attention.key_length is " +
+                       file.metadata_string(meta + "attention.key_length", "") + ", not an even head width");
+        }
+        c.head_dim = static_cast<int64_t>(stated);
     }
 
     // heads and kv_heads from the projections' rows.
@@ -200,7 +227,7 @@ Result<std::unique_ptr<LlmEncoder>> LlmEncoder::create(io::WeightDeclarer& weigh
         if (t->shape.size() != 2 || t->shape[0] % c.head_dim != 0 || t->shape[0] == 0 || t->shape[1] != c.width) {
             return bad(name(0, part) + " has shape " + t->shape_string() + ", not [heads * " +
                        std::to_string(c.head_dim) + ", " + std::to_string(c.width) + "] (head_dim from " +
-                       name(0, Part::QNorm) + ", width from " + embedding + ")");
+                       head_dim_from + ", width from " + embedding + ")");
         }
         *heads = t->shape[0] / c.head_dim;
         return Status::Ok();
@@ -232,7 +259,9 @@ Result<std::unique_ptr<LlmEncoder>> LlmEncoder::create(io::WeightDeclarer& weigh
     }
     auto theta = metadata_value(file, meta + "rope.freq_base", where);
     if (!theta.ok()) return theta.error();
-    c.rope_theta = *theta ? static_cast<float>(**theta) : kDefaultRopeTheta;
+    c.rope_theta = *theta                                ? static_cast<float>(**theta)
+                   : c.arch == LlmConfig::Arch::Llama ? kDefaultLlamaRopeTheta
+                                                      : kDefaultRopeTheta;
     if (!(c.rope_theta > 0.0f) || !std::isfinite(c.rope_theta)) {
         return bad("metadata " + meta + "rope.freq_base is " + file.metadata_string(meta + "rope.freq_base", "") +
                    ", not a positive number");
@@ -298,8 +327,8 @@ ggml_tensor* LlmEncoder::self_attention(ggml_context* ctx, const Layer& layer, g
     auto heads_rotated = [&](ggml_tensor* t, int64_t heads, ggml_tensor* norm) {
         t = ggml_reshape_4d(ctx, t, c.head_dim, heads, n, batch);
         if (norm) t = ggml_mul(ctx, ggml_rms_norm(ctx, t, c.norm_eps), norm);
-        return ggml_rope_ext(ctx, t, options.positions, nullptr, static_cast<int>(c.head_dim), GGML_ROPE_TYPE_NEOX, 0,
-                             c.rope_theta, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f);
+        return ggml_rope_ext(ctx, t, options.positions, nullptr, static_cast<int>(c.head_dim),
+                             c.rope_neox ? GGML_ROPE_TYPE_NEOX : 0, 0, c.rope_theta, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f);
     };
     ggml_tensor* q = heads_rotated(project(ctx, layer.q, layer.q_bias, h), c.heads, layer.q_norm);
     ggml_tensor* k = heads_rotated(project(ctx, layer.k, layer.k_bias, h), c.kv_heads, layer.k_norm);

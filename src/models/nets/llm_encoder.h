@@ -3,18 +3,23 @@
 // layer). Only the prompt pass: no KV cache, no LM head, no sampling.
 //
 // Architectures: Qwen3 (any size: 0.6B ... 32B, and Qwen3-4B as Z-Image uses
-// it). The per-architecture differences are switches in LlmConfig (qk_norm,
-// qkv_bias), so Qwen2.5 (q/k/v biases, no QK norm) is a new Arch value, its
-// detection and its GGUF name; not yet done.
+// it), Qwen2 (Qwen2.5 and Qwen2.5-VL's text model: q/k/v biases, no QK norm)
+// and Llama (Llama and Mistral Small 3.x's text model: neither). The
+// differences are switches in LlmConfig (qk_norm, qkv_bias, rope_neox). The
+// architecture is GGUF's `general.architecture` (qwen3, qwen2, qwen2vl,
+// llama), else read from the tensors: q_norm is Qwen3, a q_proj bias Qwen2,
+// neither Llama.
 //
 // Sizes come from the weights: vocabulary and width from the token
 // embedding, layers by counting them, head_dim from layer 0's q_norm length
-// (checked against GGUF `<arch>.attention.key_length` when present), heads
+// (checked against GGUF `<arch>.attention.key_length` when present; without
+// QK norm that key, else 128: Qwen2.5-7B's, Llama 3's and Mistral Small's), heads
 // and kv_heads from the q and k projections' rows / head_dim (so head_dim
 // need not be width / heads: Qwen3-4B has 32 heads of 128 over a width of
 // 2560), the feed-forward width from the gate projection. From metadata
 // (GGUF, or the same keys in a safetensors header): rope theta
-// `<arch>.rope.freq_base` (default 1e6, Qwen3's) and the RMSNorm epsilon
+// `<arch>.rope.freq_base` (default 1e6, Qwen's; 1e4 for Llama, HF's default:
+// a Mistral safetensors file needs the key, its theta is 1e9) and the RMSNorm epsilon
 // `<arch>.attention.layer_norm_rms_epsilon` (default 1e-6). A GGUF's
 // `<arch>.attention.head_count`, `head_count_kv` and `block_count`, when
 // present, must agree with the tensors. HF's config.json beside the file is
@@ -35,10 +40,11 @@
 //   `blk.N.ffn_{gate,up,down}.weight`, `blk.N.ffn_norm.weight`, `output_norm.weight`.
 // The LM head (`lm_head.weight`, `output.weight`) and a vision tower
 // (`visual.*`) are never declared. llama.cpp's converter does not permute
-// Qwen2/Qwen3's q and k rows (it does for llama) and llama.cpp rotates them
-// in the NeoX layout, as HF does, so one graph serves both namings. A file
-// whose llama.cpp names come with a GGUF `general.architecture` other than
-// qwen3 is an error naming that architecture.
+// Qwen2/Qwen3's q and k rows and rotates them in the NeoX layout, as HF
+// does; for llama it permutes each head's rows so that HF's pairs (i, i + d/2)
+// are adjacent and rotates adjacent pairs: a llama GGUF takes rope's normal
+// mode, the same numbers. A GGUF `general.architecture` kiln does not read is
+// an error naming it.
 //
 // The computation (HF modeling_qwen3; training/reference/qwen3.py), per
 // layer: h = RMSNorm(x); q, k, v projections (no biases), q with `heads` and
@@ -71,7 +77,9 @@
 namespace kiln::models {
 
 struct LlmConfig {
-    enum class Arch { Qwen3 };
+    // Qwen3 (QK norm), Qwen2 (Qwen2.5 and Qwen2.5-VL's text model: q/k/v
+    // biases), Llama (Llama and Mistral: neither).
+    enum class Arch { Qwen3, Qwen2, Llama };
     enum class Naming { HuggingFace, HuggingFaceBase, LlamaCpp };
     Arch arch = Arch::Qwen3;
     Naming naming = Naming::HuggingFace;
@@ -85,9 +93,12 @@ struct LlmConfig {
     float rope_theta = 1e6f;
     float norm_eps = 1e-6f;
     bool qk_norm = true;    // RMSNorm of each q and k head before rope (Qwen3)
-    bool qkv_bias = false;  // q, k and v projections with biases (Qwen2.5; no architecture sets it yet)
+    bool qkv_bias = false;  // q, k and v projections with biases (Qwen2.5)
+    // Rope on (i, i + head_dim / 2) pairs, as HF rotates; false: adjacent
+    // pairs, for the q/k rows llama.cpp's converter permutes for llama.
+    bool rope_neox = true;
 
-    // llama.cpp's name: "qwen3", the GGUF metadata keys' prefix.
+    // llama.cpp's name: "qwen3", "qwen2", "llama".
     std::string arch_name() const;
 };
 
@@ -117,10 +128,9 @@ std::vector<float> llm_causal_mask(int64_t n);
 class LlmEncoder final : public TextEncoderNetwork {
   public:
     // Whether `prefix` holds a decoder this class reads, in either naming:
-    // layer 0's q projection (`model.layers.0.self_attn.q_proj.weight` or
-    // `blk.0.attn_q.weight`) with layer 0's q_norm, or, for llama.cpp's
-    // names, GGUF `general.architecture` qwen3. Says nothing about whether
-    // the rest is complete (create() does).
+    // layer 0's q projection (`model.layers.0.self_attn.q_proj.weight`,
+    // `layers.0.self_attn.q_proj.weight` or `blk.0.attn_q.weight`). Says
+    // nothing about whether the rest is complete (create() does).
     static bool looks_like_llm(const io::ModelFile& file, const std::string& prefix);
 
     // Reads the configuration from the tensors and metadata under `prefix`
@@ -128,7 +138,7 @@ class LlmEncoder final : public TextEncoderNetwork {
     // layers at the end undeclared, and the final norm with them (a caller
     // that reads an inner layer never loads the rest).
     // Errors (BadFile unless said): no LLM there (naming the tensors looked
-    // for), an unsupported GGUF architecture or a decoder without QK norm,
+    // for), an unsupported GGUF architecture,
     // sizes that do not divide (naming the tensor), metadata that disagrees
     // with the tensors or is not a usable number (naming the key);
     // InvalidRequest: unused_last_layers negative or not fewer than the file has. A
