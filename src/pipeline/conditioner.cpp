@@ -190,19 +190,23 @@ Result<Conditioning> encode_prompt(Model& model, const std::string& prompt, int 
 void join_encoder_states(std::vector<EncoderStates>& states, int64_t context_width, Conditioning& c) {
     std::stable_sort(states.begin(), states.end(),
                      [](const EncoderStates& a, const EncoderStates& b) { return a.group < b.group; });
-    // Each group's width and tokens, and the first row of each group.
-    std::vector<int64_t> group_width, group_row;
-    c.width = context_width;
-    c.tokens = 0;
+    // Each group's width and rows (its longest member's: the others' rows
+    // after theirs stay zero), and the first row of each group.
+    std::vector<int64_t> group_width, group_tokens, group_row;
     for (size_t i = 0; i < states.size(); ++i) {
-        const bool starts_group = i == 0 || states[i].group != states[i - 1].group;
-        if (starts_group) {
+        if (i == 0 || states[i].group != states[i - 1].group) {
             group_width.push_back(0);
-            group_row.push_back(c.tokens);
-            c.tokens += states[i].tokens;
+            group_tokens.push_back(0);
         }
         group_width.back() += states[i].width;
-        c.width = std::max(c.width, group_width.back());
+        group_tokens.back() = std::max(group_tokens.back(), states[i].tokens);
+    }
+    c.width = context_width;
+    c.tokens = 0;
+    for (size_t g = 0; g < group_width.size(); ++g) {
+        group_row.push_back(c.tokens);
+        c.tokens += group_tokens[g];
+        c.width = std::max(c.width, group_width[g]);
     }
     c.hidden.assign(static_cast<size_t>(c.tokens * c.width), 0.0f);
     size_t group = 0;

@@ -97,6 +97,17 @@ TEST(ConditioningJoin, GroupsOneAfterTheOtherAlongTheTokens) {
     EXPECT_EQ(c.hidden, (std::vector<float>{1, 0, 2, 0, 0, 0, 0, 0}));
 }
 
+// Side-by-side members of different lengths: the group is as long as the
+// longest, the shorter member's missing rows zero.
+TEST(ConditioningJoin, AGroupIsAsLongAsItsLongestMember) {
+    std::vector<pipeline::EncoderStates> states = {{{1, 2}, 1, 2, 0}, {{3, 4, 5}, 1, 3, 0}, {{6}, 1, 1, 1}};
+    pipeline::Conditioning c;
+    pipeline::join_encoder_states(states, 0, c);
+    EXPECT_EQ(c.width, 2);
+    EXPECT_EQ(c.tokens, 4);
+    EXPECT_EQ(c.hidden, (std::vector<float>{1, 3, 2, 4, 0, 5, 6, 0}));
+}
+
 TEST(ConditioningJoin, OneEncoderIsTakenAsItIs) {
     std::vector<pipeline::EncoderStates> states = {{{1, 2, 3, 4, 5, 6}, 3, 2}};
     pipeline::Conditioning c;
