@@ -192,7 +192,8 @@ Status ModelFile::read_fp8_scales(size_t source) {
         if (decoded.ok()) std::memcpy(&value, decoded->data(), sizeof value);
         if (!decoded.ok() || !std::isfinite(value)) {
             return Error{sources_[source].path + ": " + scale->name + " (" + scale->shape_string() + " " +
-                         dtype_name(scale->dtype) + ") is not one finite number, as a scaled FP8 weight's scale must be"};
+                         dtype_name(scale->dtype) +
+                         ") is not one finite number, as a scaled FP8 weight's scale must be"};
         }
         t.scale = value;
     }

@@ -176,8 +176,8 @@ Result<Conditioning> encode_prompt(Model& model, const std::string& prompt, int 
         if (!encoded.ok()) return encoded.error();
         c.pooled.insert(c.pooled.end(), encoded->pooled.begin(), encoded->pooled.end());
         if (!encoder.use->context) continue;  // Flux's CLIP-L: the pooled vector only
-        states.push_back({std::move(encoded->hidden), encoder.width(), encoded->length * encoded->chunks,
-                          encoder.use->token_group});
+        states.push_back(
+            {std::move(encoded->hidden), encoder.width(), encoded->length * encoded->chunks, encoder.use->token_group});
     }
     // An optional encoder no file held (SD3's T5): zero rows in its place.
     for (const models::TextEncoderUse* use : model.absent_text_encoders()) {

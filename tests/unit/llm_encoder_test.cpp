@@ -359,8 +359,8 @@ TEST(LlmEncoderMask, CausalMaskLayout) {
 
 TEST(LlmEncoderErrors, OtherGgufArchitectureIsNamed) {
     test::TempDir dir;
-    io::ModelFile gemma =
-        open_file(gguf_with_metadata(dir, "gemma.gguf", {{"general.architecture", io::MetaValue::of_string("gemma3")}}));
+    io::ModelFile gemma = open_file(
+        gguf_with_metadata(dir, "gemma.gguf", {{"general.architecture", io::MetaValue::of_string("gemma3")}}));
     const Error error = create_error(gemma);
     EXPECT_EQ(error.kind, ErrorKind::BadFile);
     EXPECT_EQ(error.message,
@@ -416,9 +416,9 @@ INSTANTIATE_TEST_SUITE_P(WithoutQkNorm, LlmEncoderArchitectures,
 TEST(LlmEncoderErrors, OddHeadWidthFromMetadataIsNamed) {
     io::ModelFile weights = open_file(golden_path("models/llama_tiny.safetensors"));
     test::TempDir dir;
-    io::ModelFile file = open_file(dir.write(
-        "odd.safetensors", test::build_safetensors(renamed(weights, [](const std::string& n) { return n; }),
-                                                   {{"llama.attention.key_length", "31"}})));
+    io::ModelFile file = open_file(
+        dir.write("odd.safetensors", test::build_safetensors(renamed(weights, [](const std::string& n) { return n; }),
+                                                             {{"llama.attention.key_length", "31"}})));
     const Error error = create_error(file);
     EXPECT_EQ(error.kind, ErrorKind::BadFile);
     EXPECT_EQ(error.message,

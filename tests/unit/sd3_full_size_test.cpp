@@ -111,8 +111,8 @@ TEST(Sd3Cli, SdCliDocsCommandRuns) {
     test::TempDir dir;
     const std::string out = dir.file("output.png");
     const std::string command =
-        std::string(KILN_BIN) + " -m " + test::golden_path("pipeline/sd3_tiny/sd3.5_tiny.safetensors") +
-        " --clip_l " + test::golden_path("pipeline/flux_tiny/clip_l.safetensors") + " --clip_g " +
+        std::string(KILN_BIN) + " -m " + test::golden_path("pipeline/sd3_tiny/sd3.5_tiny.safetensors") + " --clip_l " +
+        test::golden_path("pipeline/flux_tiny/clip_l.safetensors") + " --clip_g " +
         test::golden_path("pipeline/sd3_tiny/clip_g.safetensors") + " --t5xxl " +
         test::golden_path("pipeline/flux_tiny/t5xxl.safetensors") +
         " -H 32 -W 32 -p 'a lovely cat holding a sign says \"Stable diffusion 3.5 Large\"' --cfg-scale 4.5 "

@@ -44,7 +44,6 @@ ModelOptions f32_options() {
     return options;
 }
 
-
 class Sd3Pipeline : public ::testing::Test {
   protected:
     static void SetUpTestSuite() {

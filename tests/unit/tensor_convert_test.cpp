@@ -175,12 +175,12 @@ TEST(GgufWriter, ConvertsTensorByTensorAndReadsBack) {
 TEST(ScaledFp8, WeightsAreScaledByTheirScaleWeight) {
     test::TempDir dir;
     const std::vector<uint8_t> ones(32 * 2, 0x38);  // e4m3 1.0
-    const std::string in = dir.write(
-        "m_fp8_scaled.safetensors",
-        test::build_safetensors({{"scaled_fp8", "F8_E4M3", {0}, {}},
-                                 {"blocks.0.linear.weight", "F8_E4M3", {2, 32}, ones},
-                                 {"blocks.0.linear.scale_weight", "F32", {}, test::f32_bytes(1, 0.25f)},
-                                 {"blocks.1.linear.weight", "F8_E4M3", {2, 32}, ones}}));
+    const std::string in =
+        dir.write("m_fp8_scaled.safetensors",
+                  test::build_safetensors({{"scaled_fp8", "F8_E4M3", {0}, {}},
+                                           {"blocks.0.linear.weight", "F8_E4M3", {2, 32}, ones},
+                                           {"blocks.0.linear.scale_weight", "F32", {}, test::f32_bytes(1, 0.25f)},
+                                           {"blocks.1.linear.weight", "F8_E4M3", {2, 32}, ones}}));
     auto model = ModelFile::open({in});
     ASSERT_TRUE(model.ok()) << model.error().message;
     const TensorInfo* scaled = model->find("blocks.0.linear.weight");
@@ -198,9 +198,9 @@ TEST(ScaledFp8, WeightsAreScaledByTheirScaleWeight) {
         for (float v : values) EXPECT_NEAR(v, 0.25f, 1e-4) << ggml_type_name(target);  // Q8_0: an F16 block scale
     }
     // A scale that is not one number is one clear error naming it.
-    const std::string bad = dir.write(
-        "bad_fp8_scaled.safetensors",
-        test::build_safetensors({{"l.weight", "F8_E4M3", {2, 32}, ones}, {"l.scale_weight", "F32", {2}, test::f32_bytes(2)}}));
+    const std::string bad = dir.write("bad_fp8_scaled.safetensors",
+                                      test::build_safetensors({{"l.weight", "F8_E4M3", {2, 32}, ones},
+                                                               {"l.scale_weight", "F32", {2}, test::f32_bytes(2)}}));
     auto refused = ModelFile::open({bad});
     ASSERT_FALSE(refused.ok());
     EXPECT_NE(refused.error().message.find("l.scale_weight ([2] F32) is not one finite number"), std::string::npos)

@@ -50,10 +50,10 @@ LatentFormat sd3_latent_format() {
     l.channels = 16;
     l.scale = 1.5305f;
     l.shift = 0.0609f;
-    l.rgb_factors = {{-0.0922f, -0.0175f, 0.0749f}, {0.0311f, 0.0633f, 0.0954f},  {0.1994f, 0.0927f, 0.0458f},
-                     {0.0856f, 0.0339f, 0.0902f},   {0.0587f, 0.0272f, -0.0496f}, {-0.0006f, 0.1104f, 0.0309f},
-                     {0.0978f, 0.0306f, 0.0427f},   {-0.0042f, 0.1038f, 0.1358f}, {-0.0194f, 0.0020f, 0.0669f},
-                     {-0.0488f, 0.0130f, -0.0268f}, {0.0922f, 0.0988f, 0.0951f},  {-0.0278f, 0.0524f, -0.0542f},
+    l.rgb_factors = {{-0.0922f, -0.0175f, 0.0749f}, {0.0311f, 0.0633f, 0.0954f},    {0.1994f, 0.0927f, 0.0458f},
+                     {0.0856f, 0.0339f, 0.0902f},   {0.0587f, 0.0272f, -0.0496f},   {-0.0006f, 0.1104f, 0.0309f},
+                     {0.0978f, 0.0306f, 0.0427f},   {-0.0042f, 0.1038f, 0.1358f},   {-0.0194f, 0.0020f, 0.0669f},
+                     {-0.0488f, 0.0130f, -0.0268f}, {0.0922f, 0.0988f, 0.0951f},    {-0.0278f, 0.0524f, -0.0542f},
                      {0.0332f, 0.0456f, 0.0895f},   {-0.0069f, -0.0030f, -0.0810f}, {-0.0596f, -0.0465f, -0.0293f},
                      {-0.1448f, -0.1463f, -0.1189f}};
     l.rgb_bias = {0.2394f, 0.2135f, 0.1925f};
@@ -63,10 +63,22 @@ LatentFormat sd3_latent_format() {
 Family make(Variant v) {
     Family f;
     switch (v) {
-        case Variant::Large: f.name = "SD3.5-Large"; f.detect = detect<Variant::Large>; break;
-        case Variant::LargeTurbo: f.name = "SD3.5-Large-Turbo"; f.detect = detect<Variant::LargeTurbo>; break;
-        case Variant::Medium35: f.name = "SD3.5-Medium"; f.detect = detect<Variant::Medium35>; break;
-        case Variant::Medium3: f.name = "SD3-Medium"; f.detect = detect<Variant::Medium3>; break;
+        case Variant::Large:
+            f.name = "SD3.5-Large";
+            f.detect = detect<Variant::Large>;
+            break;
+        case Variant::LargeTurbo:
+            f.name = "SD3.5-Large-Turbo";
+            f.detect = detect<Variant::LargeTurbo>;
+            break;
+        case Variant::Medium35:
+            f.name = "SD3.5-Medium";
+            f.detect = detect<Variant::Medium35>;
+            break;
+        case Variant::Medium3:
+            f.name = "SD3-Medium";
+            f.detect = detect<Variant::Medium3>;
+            break;
     }
     // Stability's and ComfyUI's all-in-one files: text_encoders.clip_l.transformer.,
     // text_encoders.clip_g.transformer., text_encoders.t5xxl.transformer.,
@@ -74,10 +86,18 @@ Family make(Variant v) {
     // (--clip_l, --clip_g, --t5xxl, --diffusion-model, --vae), any prefix.
     ModuleSpec t5{"t5xxl", ModuleRole::TextEncoder, NetworkKind::T5, {}, "--t5xxl", {}};
     t5.optional = true;
-    f.modules = {{"clip_l", ModuleRole::TextEncoder, NetworkKind::ClipText, {"text_encoders.clip_l.transformer."},
-                  "--clip_l", {}},
-                 {"clip_g", ModuleRole::TextEncoder, NetworkKind::ClipText, {"text_encoders.clip_g.transformer."},
-                  "--clip_g", {}},
+    f.modules = {{"clip_l",
+                  ModuleRole::TextEncoder,
+                  NetworkKind::ClipText,
+                  {"text_encoders.clip_l.transformer."},
+                  "--clip_l",
+                  {}},
+                 {"clip_g",
+                  ModuleRole::TextEncoder,
+                  NetworkKind::ClipText,
+                  {"text_encoders.clip_g.transformer."},
+                  "--clip_g",
+                  {}},
                  t5,
                  {"mmdit", ModuleRole::Diffusion, NetworkKind::Mmdit, {}, "--diffusion-model", {}},
                  {"vae", ModuleRole::Vae, NetworkKind::Vae, {}, "--vae", {}}};

@@ -259,7 +259,7 @@ Result<std::unique_ptr<LlmEncoder>> LlmEncoder::create(io::WeightDeclarer& weigh
     }
     auto theta = metadata_value(file, meta + "rope.freq_base", where);
     if (!theta.ok()) return theta.error();
-    c.rope_theta = *theta                                ? static_cast<float>(**theta)
+    c.rope_theta = *theta                             ? static_cast<float>(**theta)
                    : c.arch == LlmConfig::Arch::Llama ? kDefaultLlamaRopeTheta
                                                       : kDefaultRopeTheta;
     if (!(c.rope_theta > 0.0f) || !std::isfinite(c.rope_theta)) {

@@ -11,8 +11,8 @@
 namespace kiln::models {
 namespace {
 
-constexpr float kNormEps = 1e-6f;        // the LayerNorms and QK RMSNorms
-constexpr int kTimeEmbedding = 256;      // TimestepEmbedder's frequency_embedding_size
+constexpr float kNormEps = 1e-6f;          // the LayerNorms and QK RMSNorms
+constexpr int kTimeEmbedding = 256;        // TimestepEmbedder's frequency_embedding_size
 constexpr int64_t kStabilityHeadDim = 64;  // "apply magic --> this defines a head_size of 64"
 
 struct Attention {
@@ -25,8 +25,8 @@ struct Attention {
 struct Stream {
     nn::Linear modulation;  // adaLN_modulation.1: 2, 6 or (MMDiT-X) 9 chunks
     Attention attn;
-    Attention attn2;        // MMDiT-X only
-    nn::Linear fc1, fc2;    // absent in a pre-only stream
+    Attention attn2;      // MMDiT-X only
+    nn::Linear fc1, fc2;  // absent in a pre-only stream
     bool pre_only = false;
     bool self_attention = false;
 };
@@ -62,8 +62,8 @@ Qkv project_qkv(ggml_context* ctx, const Shared& s, const Attention& a, ggml_ten
     return out;
 }
 
-// What pre_attention leaves for post_attention: the modulation's vectors
-// and the normalised input.
+// What pre_attention leaves for post_attention: the stream's modulation
+// vectors, and q, k, v of its attention (and of MMDiT-X's second one).
 struct Modulated {
     nn::ModulationTable table;
     Qkv qkv{};
@@ -91,8 +91,8 @@ ggml_tensor* post_attention(ggml_context* ctx, const Shared& s, const Stream& st
         ggml_tensor* attn2 = nn::attention(ctx, m.qkv2.q, m.qkv2.k, m.qkv2.v, s.attn);
         x = nn::gated_add(ctx, x, nn::linear(ctx, st.attn2.proj, attn2), m.table.at(ctx, 8));
     }
-    ggml_tensor* h = nn::modulate(ctx, ggml_norm(ctx, x, kNormEps), nn::one_plus(ctx, m.table.at(ctx, 4)),
-                                  m.table.at(ctx, 3));
+    ggml_tensor* h =
+        nn::modulate(ctx, ggml_norm(ctx, x, kNormEps), nn::one_plus(ctx, m.table.at(ctx, 4)), m.table.at(ctx, 3));
     h = nn::linear(ctx, st.fc2, nn::gelu_tanh(ctx, s.target, nn::linear(ctx, st.fc1, h)));
     return nn::gated_add(ctx, x, h, m.table.at(ctx, 5));
 }
@@ -106,8 +106,8 @@ void joint_block(ggml_context* ctx, const Shared& s, const JointBlock& b, ggml_t
     ggml_tensor* attn = nn::attention(ctx, ggml_concat(ctx, c.qkv.q, i.qkv.q, 1), ggml_concat(ctx, c.qkv.k, i.qkv.k, 1),
                                       ggml_concat(ctx, c.qkv.v, i.qkv.v, 1), s.attn);
     ggml_tensor* x_attn = nn::token_range(ctx, attn, T, x->ne[1]);
-    context = b.context.pre_only ? nullptr
-                                 : post_attention(ctx, s, b.context, c, context, nn::token_range(ctx, attn, 0, T));
+    context =
+        b.context.pre_only ? nullptr : post_attention(ctx, s, b.context, c, context, nn::token_range(ctx, attn, 0, T));
     x = post_attention(ctx, s, b.x, i, x, x_attn);
 }
 
@@ -123,9 +123,9 @@ std::vector<int32_t> mmdit_positions(const MmditConfig& c, int64_t w, int64_t h)
 }
 
 struct Mmdit::Blocks {
-    nn::Linear x_embedder;  // the p x p convolution's weight viewed as a matrix
-    ggml_tensor* patch_weight = nullptr;  // ne [p, p, channels, hidden]
-    ggml_tensor* pos_embed = nullptr;     // ne [hidden, M * M, 1], in the file's type
+    ggml_tensor* patch_weight = nullptr;  // x_embedder.proj, ne [p, p, channels, hidden]
+    ggml_tensor* patch_bias = nullptr;
+    ggml_tensor* pos_embed = nullptr;  // ne [hidden, M * M, 1], in the file's type
     nn::MlpEmbedder t_embedder, y_embedder;
     nn::Linear context_embedder;
     std::vector<JointBlock> blocks;
@@ -161,8 +161,8 @@ Result<std::unique_ptr<Mmdit>> Mmdit::create(io::WeightDeclarer& weights) {
     dit->pos_embed_shape_ = pos->shape;
     const size_t dims = pos->shape.size();
     if (dims == 2 || dims == 3) {
-        c.pos_embed_max_size =
-            static_cast<int64_t>(std::llround(std::sqrt(static_cast<double>(std::max<int64_t>(0, pos->shape[dims - 2])))));
+        c.pos_embed_max_size = static_cast<int64_t>(
+            std::llround(std::sqrt(static_cast<double>(std::max<int64_t>(0, pos->shape[dims - 2])))));
     }
     if ((dims != 2 && dims != 3) || (dims == 3 && pos->shape[0] != 1) || pos->shape[dims - 1] != c.hidden ||
         c.pos_embed_max_size < 1 || c.pos_embed_max_size * c.pos_embed_max_size != pos->shape[dims - 2])
@@ -209,7 +209,7 @@ void Mmdit::declare(io::WeightDeclarer& w) {
     const int64_t H = c.hidden, D = c.head_dim();
     // Small and read as a matrix or added whole: held in F32 whatever --type says.
     b.patch_weight = w.require_f32("x_embedder.proj.weight", {H, c.channels, c.patch, c.patch});
-    b.x_embedder.bias = w.require_f32("x_embedder.proj.bias", {H});
+    b.patch_bias = w.require_f32("x_embedder.proj.bias", {H});
     // Read by rows (ggml_get_rows widens them): SD3.5 Large's 192 x 192
     // table would be 358 MB as F32.
     b.pos_embed = w.require("pos_embed", pos_embed_shape_);
@@ -230,7 +230,8 @@ void Mmdit::declare(io::WeightDeclarer& w) {
     };
     for (int i = 0; i < c.depth; ++i) {
         JointBlock block;
-        for (auto [st, name] : {std::pair<Stream*, const char*>{&block.context, "context_block"}, {&block.x, "x_block"}}) {
+        for (auto [st, name] :
+             {std::pair<Stream*, const char*>{&block.context, "context_block"}, {&block.x, "x_block"}}) {
             const std::string p = "joint_blocks." + std::to_string(i) + "." + name + ".";
             st->pre_only = st == &block.context && i == c.depth - 1;
             st->self_attention = st == &block.x && c.x_self_attention[static_cast<size_t>(i)];
@@ -268,8 +269,7 @@ Result<ggml_tensor*> Mmdit::build(ggml_context* ctx, const MmditInputs& in, cons
     if (!nn::has_ne(in.y, {c.pooled_dim, B}))
         return fail("y is " + nn::ne_string(in.y) + ", expected [" + std::to_string(c.pooled_dim) + ", " +
                     std::to_string(B) + "]");
-    if (in.context->ne[0] != c.context_dim || in.context->ne[1] < 1 || in.context->ne[2] != B ||
-        in.context->ne[3] != 1)
+    if (in.context->ne[0] != c.context_dim || in.context->ne[1] < 1 || in.context->ne[2] != B || in.context->ne[3] != 1)
         return fail("context is " + nn::ne_string(in.context) + ", expected [" + std::to_string(c.context_dim) +
                     ", tokens, " + std::to_string(B) + "]");
 
@@ -279,15 +279,17 @@ Result<ggml_tensor*> Mmdit::build(ggml_context* ctx, const MmditInputs& in, cons
     s.target = options.target;
     s.attn.heads = static_cast<int>(c.heads);
     s.attn.flash = options.flash_attention;
-    ggml_tensor* vec = ggml_add(ctx, nn::mlp_embed(ctx, b.t_embedder, nn::bfl_time_embedding(ctx, in.timesteps, kTimeEmbedding)),
-                                nn::mlp_embed(ctx, b.y_embedder, in.y));
+    ggml_tensor* vec =
+        ggml_add(ctx, nn::mlp_embed(ctx, b.t_embedder, nn::bfl_time_embedding(ctx, in.timesteps, kTimeEmbedding)),
+                 nn::mlp_embed(ctx, b.y_embedder, in.y));
     s.silu_c = ggml_silu(ctx, vec);
 
     // The patches through the convolution (as a product over each patch's
     // channel-slowest features), plus the position embedding's rows of the
     // crop around the centre of its M x M grid.
-    nn::Linear embed{ggml_reshape_2d(ctx, b.patch_weight, p * p * c.channels, c.hidden), b.x_embedder.bias};
-    ggml_tensor* x = nn::linear(ctx, embed, nn::patchify(ctx, in.x, static_cast<int>(p), nn::PatchFeatures::ChannelSlowest));
+    nn::Linear embed{ggml_reshape_2d(ctx, b.patch_weight, p * p * c.channels, c.hidden), b.patch_bias};
+    ggml_tensor* x =
+        nn::linear(ctx, embed, nn::patchify(ctx, in.x, static_cast<int>(p), nn::PatchFeatures::ChannelSlowest));
     x = ggml_add(ctx, x, ggml_get_rows(ctx, ggml_reshape_2d(ctx, b.pos_embed, c.hidden, M * M), in.positions));
     ggml_tensor* context = nn::linear(ctx, b.context_embedder, in.context);
 
@@ -343,9 +345,9 @@ Status Mmdit::check_conditioning(const ConditioningShape& shape) const {
                                " (CLIP-L's 768 and CLIG-G's 1280: pass --clip_l and --clip_g made for SD3)");
     }
     if (shape.latent_channels != c.channels) {
-        return Error::bad_file("the VAE gives " + std::to_string(shape.latent_channels) +
-                               "-channel latents but the " + shape.family_label + " DiT takes " +
-                               std::to_string(c.channels) + " (pass SD3's 16-channel VAE)");
+        return Error::bad_file("the VAE gives " + std::to_string(shape.latent_channels) + "-channel latents but the " +
+                               shape.family_label + " DiT takes " + std::to_string(c.channels) +
+                               " (pass SD3's 16-channel VAE)");
     }
     return Status::Ok();
 }

@@ -41,7 +41,7 @@ struct MmditConfig {
     int64_t pooled_dim = 2048;  // y_embedder's input: pooled CLIP-L then CLIP-G
     int64_t pos_embed_max_size = 192;
     int depth = 24;
-    bool qk_norm = false;                 // SD3.5's ln_q / ln_k
+    bool qk_norm = false;                // SD3.5's ln_q / ln_k
     std::vector<bool> x_self_attention;  // per block: MMDiT-X's attn2
 
     int64_t head_dim() const { return hidden / heads; }
