@@ -94,6 +94,21 @@ TEST_F(Sd3FullSize, LargePlanFitsEveryBudget) {
     EXPECT_GT(previous, 1) << "8 GiB holds less than the MMDiT: it must stream";
 }
 
+// SD3.5 Medium (MMDiT-X, 2.5B in BF16): 8 GiB holds the whole MMDiT; 4 GiB
+// cuts it into segments, and it still fits.
+TEST_F(Sd3FullSize, MediumPlanFitsSmallBudgets) {
+    test::RpcServer server;
+    ASSERT_TRUE(server.ok()) << server.log();
+    auto whole = plan("sd3.5_medium", server, 8);
+    ASSERT_EQ(whole.exit_code, 0) << whole.out << whole.err;
+    EXPECT_NE(whole.out.find("fits: yes"), std::string::npos);
+    EXPECT_EQ(whole.err.find("neither a weight nor an input"), std::string::npos) << whole.err;
+    auto cut = plan("sd3.5_medium", server, 4);
+    ASSERT_EQ(cut.exit_code, 0) << cut.out << cut.err;
+    EXPECT_NE(cut.out.find("fits: yes"), std::string::npos);
+    EXPECT_GT(test::plan_segments(cut.out, "diffusion"), test::plan_segments(whole.out, "diffusion"));
+}
+
 // The position embedding covers 192 patches a side: 3072 pixels.
 TEST_F(Sd3FullSize, LargerThanThePositionEmbeddingIsRefusedByThePlan) {
     test::RpcServer server;

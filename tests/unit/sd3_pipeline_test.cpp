@@ -123,6 +123,26 @@ TEST_F(Sd3Pipeline, TextToImageMatchesTheReferenceJob) {
         << "largest pixel difference from the reference";
 }
 
+// Skip-layer guidance (SD3.5 Medium's recipe, sd-cli's options) drops a
+// joint block in an extra pass: a different image, and the same one again.
+TEST_F(Sd3Pipeline, SkipLayerGuidanceRunsItsPass) {
+    ASSERT_NE(model_, nullptr);
+    GenerationRequest r = job();
+    r.cfg_scale = 4.5f;
+    auto plain = generate(*model_, r);
+    ASSERT_TRUE(plain.ok()) << plain.error().message;
+    r.slg.scale = 2.5f;
+    r.slg.blocks = {0};
+    r.slg.start = 0.0f;
+    r.slg.end = 1.0f;
+    auto guided = generate(*model_, r);
+    ASSERT_TRUE(guided.ok()) << guided.error().message;
+    EXPECT_NE(guided->front().image.pixels, plain->front().image.pixels);
+    auto again = generate(*model_, r);
+    ASSERT_TRUE(again.ok()) << again.error().message;
+    EXPECT_EQ(again->front().image.pixels, guided->front().image.pixels);
+}
+
 // The position embedding covers 10 patches a side: 40 pixels of the tiny model.
 TEST_F(Sd3Pipeline, ImagesLargerThanThePositionEmbeddingAreRefused) {
     ASSERT_NE(model_, nullptr);
