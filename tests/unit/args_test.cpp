@@ -229,6 +229,26 @@ TEST(Args, RpcServerCommand) {
     EXPECT_EQ(parse_error({"-v", "rpc-server"}).hint, "'rpc-server' must come first: kiln rpc-server --port P");
 }
 
+TEST(Args, ServeKeysHostNamesAndCorsOrigins) {
+    // HTTP drops a header value's outer whitespace: no client could send these keys.
+    for (const std::string key : {"   ", " key", "key\t", "a\nb"}) {
+        const UsageError e = parse_error({"serve", "--api-key", key});
+        EXPECT_EQ(e.message.rfind("--api-key: ", 0), 0u) << e.message;
+    }
+    EXPECT_EQ(parse_ok({"serve", "--api-key", "in side"}).api_key, "in side");
+    const Options o = parse_ok({"serve", "--host-name", "kiln.lan", "--host-name", "box", "--cors-origin",
+                                "http://localhost:3000", "--cors-origin", "*"});
+    EXPECT_EQ(o.host_names, (std::vector<std::string>{"kiln.lan", "box"}));
+    EXPECT_EQ(o.cors_origins, (std::vector<std::string>{"http://localhost:3000", "*"}));
+    EXPECT_EQ(parse_error({"serve", "--host-name", "evil.example:80"}).message,
+              "--host-name: expected a host name such as kiln.lan, got 'evil.example:80'");
+    for (const std::string origin : {"localhost:3000", "http://", "http://a.example/path"}) {
+        EXPECT_EQ(parse_error({"serve", "--cors-origin", origin}).message.rfind("--cors-origin: expected an origin", 0),
+                  0u)
+            << origin;
+    }
+}
+
 TEST(Args, HelpListsEveryFlag) {
     const std::string help = help_text();
     for (const char* flag : {"--model", "--diffusion-model", "--vae", "--clip_l", "--mode", "--help", "--log-level",

@@ -687,7 +687,34 @@ const std::vector<Flag>& serve_flags() {
         {nullptr, "--api-key", "KEY", "require 'Authorization: Bearer KEY' or 'X-Api-Key: KEY' on every request",
          [](Options& o, const std::string& v) -> std::optional<std::string> {
              if (v.empty()) return std::string("expected a key, got an empty string");
+             // HTTP drops a header value's outer whitespace, and control
+             // characters cannot be sent at all: no client could match such a key.
+             const auto blank = [](unsigned char c) { return c == ' ' || c == '\t'; };
+             if (blank(v.front()) || blank(v.back()))
+                 return std::string("the key begins or ends with whitespace, which HTTP clients cannot send");
+             for (unsigned char c : v) {
+                 if (c < 0x20 || c == 0x7f) return std::string("the key has a control character, which HTTP clients cannot send");
+             }
              o.api_key = v;
+             return std::nullopt;
+         }},
+        {nullptr, "--host-name", "NAME",
+         "a name the server is reached by besides its address and localhost (repeatable); other Host headers get 421",
+         [](Options& o, const std::string& v) -> std::optional<std::string> {
+             if (v.empty() || v.find_first_of(" \t/:[]@") != std::string::npos)
+                 return "expected a host name such as kiln.lan, got '" + v + "'";
+             o.host_names.push_back(v);
+             return std::nullopt;
+         }},
+        {nullptr, "--cors-origin", "ORIGIN",
+         "let pages from ORIGIN (http://host[:port], or * for any) call the server (repeatable)",
+         [](Options& o, const std::string& v) -> std::optional<std::string> {
+             const auto scheme = v.find("://");
+             const bool origin = scheme != std::string::npos && scheme > 0 && v.size() > scheme + 3 &&
+                                 v.find_first_of("/ \t", scheme + 3) == std::string::npos;
+             if (v != "*" && !origin)
+                 return "expected an origin such as http://localhost:3000 (no path), or *, got '" + v + "'";
+             o.cors_origins.push_back(v);
              return std::nullopt;
          }},
         {nullptr, "--max-queue", "N", "jobs that may wait (default 16); past it requests get 429",

@@ -144,6 +144,8 @@ struct Options {
     int listen_port = 1234;  // 0: any free port (printed at start)
     std::string model_dir;
     std::string api_key;
+    std::vector<std::string> host_names;    // --host-name (repeatable)
+    std::vector<std::string> cors_origins;  // --cors-origin (repeatable)
     int max_queue = 16;
     int max_loaded_models = 2;
     int max_width = 2048;

@@ -1,6 +1,5 @@
 // `kiln serve`: the HTTP server around the job queue. Authentication and
 // the body limit run before routing; each API adds its own routes.
-#include <arpa/inet.h>
 #include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
@@ -12,14 +11,12 @@
 #include <thread>
 #include <tuple>
 
+#include "request_origin.h"
 #include "server_state.h"
 
 namespace kiln::server {
 namespace {
 
-// Enough handler threads that clients waiting on synchronous APIs (A1111,
-// OpenAI) and event streams do not starve quick requests.
-constexpr size_t kHandlerThreads = 32;
 // Requests one connection may carry before the server closes it.
 constexpr size_t kKeepAliveRequests = 100;
 
@@ -37,12 +34,6 @@ bool authorized(const httplib::Request& req, const std::string& key) {
     const std::string bearer = req.get_header_value("Authorization");
     if (bearer.rfind("Bearer ", 0) == 0 && same_key(bearer.substr(7), key)) return true;
     return req.has_header("X-Api-Key") && same_key(req.get_header_value("X-Api-Key"), key);
-}
-
-bool is_loopback(const std::string& ip) {
-    in_addr addr{};
-    if (inet_pton(AF_INET, ip.c_str(), &addr) == 1) return (ntohl(addr.s_addr) >> 24) == 127;
-    return ip == "::1" || ip == "localhost";
 }
 
 }  // namespace
@@ -88,6 +79,10 @@ std::shared_ptr<Job> submit_job(ServerState& state, JobRequest request, int* pos
     throw RequestError{503, "", "the server is shutting down"};
 }
 
+namespace {
+
+// Waits for the job, then throws the error a failed or cancelled one gets
+// (400 for a bad request, 503 on shutdown, 409 when cancelled, 500 otherwise).
 void wait_for_images(ServerState& state, const std::shared_ptr<Job>& job) {
     state.jobs.wait_finished(*job);
     const auto [jstate, status, shutdown, message] = state.jobs.with_lock(
@@ -95,6 +90,16 @@ void wait_for_images(ServerState& state, const std::shared_ptr<Job>& job) {
     if (jstate == JobState::Done) return;
     throw RequestError{status_for_failure(status, shutdown), "",
                        shutdown ? "the server is shutting down" : message};
+}
+
+}  // namespace
+
+std::shared_ptr<Job> run_job_and_wait(ServerState& state, JobRequest request) {
+    const auto held = state.long_requests.hold();  // before queueing: a 503 leaves no job behind
+    int position = 0;
+    auto job = submit_job(state, std::move(request), &position);
+    wait_for_images(state, job);
+    return job;
 }
 
 int run_server(const ServerOptions& options) {
@@ -142,7 +147,7 @@ int run_server(const ServerOptions& options) {
                      options.listen_ip.c_str(), options.listen_port);
         return 1;
     }
-    if (options.api_key.empty() && !is_loopback(options.listen_ip)) {
+    if (options.api_key.empty() && !is_loopback_address(options.listen_ip)) {
         std::fprintf(stderr,
                      "kiln serve: WARNING: listening on %s without --api-key: anyone who can reach this address "
                      "can run jobs on this machine. Pass --api-key KEY, or listen on 127.0.0.1.\n",
@@ -157,6 +162,18 @@ int run_server(const ServerOptions& options) {
     http.set_pre_routing_handler([&state](const httplib::Request& req, httplib::Response& res) {
         if (state.stopping) {
             send_error(res, {503, "", "the server is shutting down"});
+            return httplib::Server::HandlerResponse::Handled;
+        }
+        // Host and Origin first: a page of another site gets nothing, not even a 401.
+        auto refused = check_host(req, state.options);
+        if (!refused) refused = check_origin(req, state.options, res);
+        if (refused) {
+            send_error(res, *refused);
+            return httplib::Server::HandlerResponse::Handled;
+        }
+        // Preflights carry no credentials; what they ask for is checked when it comes.
+        if (req.method == "OPTIONS") {
+            answer_preflight(req, res);
             return httplib::Server::HandlerResponse::Handled;
         }
         // The web page itself is public (it asks for the key); everything else needs it.

@@ -52,6 +52,15 @@ std::string family_of(const std::string& path) {
     return family;
 }
 
+// Whether `kiln info`'s family label names a family kiln generates with.
+// What it recognises but cannot run has labels of its own
+// (src/models/registry.cpp: a text encoder or UNet alone "(...)", a VAE,
+// "unknown" for a LoRA or anything else), and "" is a file it could not read.
+bool runnable_family(const std::string& family) {
+    return !family.empty() && family != "unknown" && family != "VAE" &&
+           family.find('(') == std::string::npos;
+}
+
 // A1111 titles carry a hash ("model.safetensors [6ce0161689]"); the name is before it.
 std::string without_hash(const std::string& name) {
     if (name.size() > 3 && name.back() == ']') {
@@ -121,6 +130,11 @@ std::vector<ModelEntry> ModelRegistry::list() {
 ModelEntry ModelRegistry::resolve(const std::string& requested, const std::string& field) {
     std::string name = without_hash(requested);
     if (name.empty()) name = default_model();
+    if (name.empty()) {
+        throw RequestError{400, field,
+                           field + ": none given, and no model of this server can be the default (GET /v1/models "
+                                   "lists them with their families)"};
+    }
     if (name.find('\0') != std::string::npos || name.find('\\') != std::string::npos) {
         bad_model(field, name, "is not a model name");
     }
@@ -153,8 +167,13 @@ std::string ModelRegistry::default_model() {
         std::lock_guard<std::mutex> lock(mutex_);
         if (!default_model_.empty()) return default_model_;
     }
-    const std::vector<ModelEntry> models = list();
-    return models.empty() ? "" : models.front().name;
+    // -m's model is the one the user chose; its load says what is wrong with it.
+    if (options_.model_dir.empty()) return fs::path(options_.model).filename().string();
+    // The first listed that kiln can run: not a LoRA, a VAE alone or a broken file.
+    for (const ModelEntry& m : list()) {
+        if (runnable_family(m.family)) return m.name;
+    }
+    return "";
 }
 
 void ModelRegistry::set_default_model(const std::string& name) {
