@@ -12,6 +12,7 @@
 
 #include "hub_client.h"
 #include "kiln.h"
+#include "runtime/device_budget.h"
 #include "sd_cli_flags.h"
 #include "tokenizer_sources.h"
 
@@ -661,6 +662,15 @@ const std::vector<Flag>& pull_flags() {
          }},
         {nullptr, "--to", "DIR", "write the files under DIR instead of kiln's cache (e.g. a server's --model-dir)",
          path_setter(&Options::pull_to)},
+        {nullptr, "--max-size", "SIZE",
+         "largest file whose size neither the hub nor its server gives, GiB or with a K/M/G suffix (default 1024)",
+         [](Options& o, const std::string& v) -> std::optional<std::string> {
+             auto gib = runtime::parse_gib_amount(v);
+             if (!gib.ok()) return gib.error().message;
+             if (!(*gib > 0) || *gib > 1e9) return "expected a size from 1K to 1e9G, got '" + v + "'";
+             o.pull_max_bytes = static_cast<uint64_t>(*gib * 1024.0 * 1024.0 * 1024.0);
+             return std::nullopt;
+         }},
     };
     return table;
 }

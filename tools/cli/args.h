@@ -2,6 +2,7 @@
 // for everything that exists, so an sd-cli user's commands carry over.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <variant>
@@ -168,6 +169,7 @@ struct Options {
     std::string pull_hub_url;    // --hub-url; "": $HF_ENDPOINT, else https://huggingface.co
     std::string pull_tokenizer;  // --tokenizer NAME (tools/cli/tokenizer_sources.h)
     std::string pull_to;         // --to DIR; "": kiln's cache
+    uint64_t pull_max_bytes = uint64_t(1) << 40;  // --max-size: a file of no known size stops there (1 TiB)
 
     // Logging; the last of -v/--verbose/--log-level wins.
     LogLevel log_level = LogLevel::Info;
