@@ -534,8 +534,9 @@ const std::vector<Flag>& flags() {
             {nullptr, "--offload-to-cpu", nullptr, "keep every module's weights in RAM (--params-backend cpu)",
              switch_setter(&Options::offload_to_cpu)},
             {nullptr, "--max-vram", "GIB",
-             "memory budget per device in GiB: 6 (a managed budget), 0 (free memory), -1 (free memory at "
-             "start minus 1 GiB), or per device: cuda0=6,rpc0=0.5; K/M/G suffixes allowed (96M)",
+             "memory budget per device in GiB: 6 (a managed budget), 0 (free memory), -N (free memory at "
+             "start minus N GiB, e.g. -1 or -0.5), or per device: cuda0=6,rpc0=0.5,cpu=-2; K/M/G suffixes "
+             "allowed (96M); at most 1e9 GiB either way",
              checked_setter(&Options::max_vram, KILN_VALUE_MAX_VRAM)},
             {nullptr, "--auto-fit", "on|off",
              "choose placement and params locations automatically (default on; --backend or --params-backend "
