@@ -299,5 +299,34 @@ TEST(ServerHostile, TheDefaultModelIsARunnableOne) {
     EXPECT_EQ(body_json(client.Get("/sdapi/v1/options"))["sd_model_checkpoint"], "c_sd1.safetensors");
 }
 
+// A safetensors header of a million tensors (60 MB) in the model folder is
+// not parsed by the listing: the server stays small, the file is listed
+// without a family and is not the default.
+TEST(ServerHostile, AHugeSafetensorsHeaderIsNotParsedByTheListing) {
+    test::TempDir dir;
+    std::string header = "{";
+    for (int i = 0; i < 1'000'000; ++i) {
+        header += (i ? ",\"t" : "\"t") + std::to_string(i) + R"(":{"dtype":"F32","shape":[1],"data_offsets":[0,4]})";
+    }
+    header += "}";
+    dir.write("a_huge.safetensors", test::raw_safetensors(header, test::f32_bytes(1)));
+    std::filesystem::copy_file(test::golden_path("models/sd1_tiny.safetensors"), dir.file("b_sd1.safetensors"));
+    ServerProcess server("-t 1 " + test::tokenizer_flag() + "--model-dir " + dir.path());
+    ASSERT_TRUE(server.started()) << server.log();
+    httplib::Client client("127.0.0.1", server.port());
+    client.set_read_timeout(120, 0);
+    ASSERT_TRUE(client.Get("/health"));
+    const uint64_t before = server.resident_bytes();
+    const json models = body_json(client.Get("/kiln/v1/models"));
+    const uint64_t after = server.resident_bytes();
+    ASSERT_EQ(models["models"].size(), 2u) << models.dump();
+    EXPECT_EQ(models["models"][0]["name"], "a_huge.safetensors");
+    EXPECT_EQ(models["models"][0]["family"], "");
+    EXPECT_EQ(models["default"], "b_sd1.safetensors");
+    // The header's tree was most of a GB, kept after the reply.
+    EXPECT_LT(after, before + (64ull << 20)) << "before " << before << ", after " << after;
+    EXPECT_NE(server.log().find("a_huge.safetensors: a "), std::string::npos) << server.log();
+}
+
 }  // namespace
 }  // namespace kiln

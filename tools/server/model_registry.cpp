@@ -1,8 +1,12 @@
 #include "model_registry.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <optional>
 #include <system_error>
 
 namespace fs = std::filesystem;
@@ -35,7 +39,34 @@ bool inside(const fs::path& root, const fs::path& path) {
     return true;
 }
 
+// A listing reads the family of every file, on a request's thread: a
+// safetensors header of 100 MB (a million tensors) took seconds and kept
+// most of a GB resident. Real checkpoints have headers of a few hundred KB;
+// a file past this bound gets no family (so it is never the default) and
+// can still be asked for by name, when its load says what it is.
+constexpr uint64_t kMaxListedHeaderBytes = 16ull << 20;
+
+// The JSON header length a .safetensors file declares (its first 8 bytes,
+// little-endian), or nullopt for another format or a file too short.
+std::optional<uint64_t> safetensors_header_length(const std::string& path) {
+    std::string ext = fs::path(path).extension().string();
+    for (char& c : ext) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (ext != ".safetensors" && ext != ".sft") return std::nullopt;
+    std::ifstream in(path, std::ios::binary);
+    unsigned char bytes[8];
+    if (!in.read(reinterpret_cast<char*>(bytes), sizeof bytes)) return std::nullopt;
+    uint64_t length = 0;
+    for (int i = 7; i >= 0; --i) length = (length << 8) | bytes[i];
+    return length;
+}
+
 std::string family_of(const std::string& path) {
+    if (auto header = safetensors_header_length(path); header && *header > kMaxListedHeaderBytes) {
+        std::fprintf(stderr, "kiln serve: %s: a %llu-byte header, over the listing's %llu; not read for its family\n",
+                     path.c_str(), static_cast<unsigned long long>(*header),
+                     static_cast<unsigned long long>(kMaxListedHeaderBytes));
+        return "";
+    }
     char* text = nullptr;
     char* error = nullptr;
     std::string family;
@@ -118,12 +149,19 @@ std::vector<ModelEntry> ModelRegistry::list() {
         }
     }
     std::sort(entries.begin(), entries.end(), [](const ModelEntry& a, const ModelEntry& b) { return a.name < b.name; });
+    bool described = false;
     for (ModelEntry& e : entries) {
         std::lock_guard<std::mutex> lock(mutex_);
         auto cached = family_cache_.find(e.path);
-        if (cached == family_cache_.end()) cached = family_cache_.emplace(e.path, family_of(e.path)).first;
+        if (cached == family_cache_.end()) {
+            cached = family_cache_.emplace(e.path, family_of(e.path)).first;
+            described = true;
+        }
         e.family = cached->second;
     }
+    // Describing a model parses its header: give the memory back to the
+    // system, not to this thread's malloc arena.
+    if (described) malloc_trim(0);
     return entries;
 }
 
