@@ -6,7 +6,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
+#include <thread>
 
 #include "image/image_io.h"
 #include "rpc_child.h"
@@ -326,6 +328,38 @@ TEST(ServerHostile, AHugeSafetensorsHeaderIsNotParsedByTheListing) {
     // The header's tree was most of a GB, kept after the reply.
     EXPECT_LT(after, before + (64ull << 20)) << "before " << before << ", after " << after;
     EXPECT_NE(server.log().find("a_huge.safetensors: a "), std::string::npos) << server.log();
+}
+
+// A hundred clients sending their request a byte at a time (each byte
+// within httplib's read timeout, so none is dropped) hold a hundred
+// connections: /health must still answer while they are open.
+TEST(ServerHostile, SlowSendersLeaveHealthAnswering) {
+    ServerProcess server(test::tiny_server_flags());
+    ASSERT_TRUE(server.started()) << server.log();
+    std::vector<int> slow;
+    for (int i = 0; i < 100; ++i) {
+        const int fd = test::connect_loopback(server.port());
+        ASSERT_GE(fd, 0);
+        const std::string start = "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ";
+        ASSERT_EQ(::send(fd, start.data(), start.size(), MSG_NOSIGNAL), static_cast<ssize_t>(start.size()));
+        slow.push_back(fd);
+    }
+    std::atomic<bool> done{false};
+    std::thread trickle([&] {
+        while (!done) {
+            for (int fd : slow) ::send(fd, "a", 1, MSG_NOSIGNAL);
+            std::this_thread::sleep_for(std::chrono::milliseconds(500));
+        }
+    });
+    httplib::Client client("127.0.0.1", server.port());
+    // Not a measure of speed: only so that a server that never answers fails the test.
+    client.set_read_timeout(60, 0);
+    auto health = client.Get("/health");
+    done = true;
+    trickle.join();
+    for (int fd : slow) ::close(fd);
+    ASSERT_TRUE(health) << "no answer with 100 slow senders connected";
+    EXPECT_EQ(health->status, 200);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <thread>
 #include <tuple>
 
+#include "connection_pool.h"
 #include "request_origin.h"
 #include "server_state.h"
 
@@ -117,13 +118,13 @@ int run_server(const ServerOptions& options) {
     signal(SIGPIPE, SIG_IGN);
 
     // glibc gives threads their own malloc arenas (up to 8 per core), and
-    // each of the 32 handler threads keeps the request and image buffers it
+    // each of the handler threads keeps the request and image buffers it
     // freed: resident memory would grow with how many threads have served a
     // request so far, not with what the server holds. Two arenas are plenty
     // for handlers that mostly wait.
     mallopt(M_ARENA_MAX, 2);
     httplib::Server http;
-    http.new_task_queue = [] { return new httplib::ThreadPool(kHandlerThreads); };
+    http.new_task_queue = [] { return new ConnectionPool(kMaxConnectionThreads); };
     // httplib closes a connection after 5 requests by default, so busy
     // clients reconnect all the time; keep connections for longer.
     http.set_keep_alive_max_count(kKeepAliveRequests);

@@ -1,9 +1,9 @@
-// httplib serves each connection on one of a fixed pool of handler threads.
+// httplib serves each connection on a thread of its own (connection_pool.h).
 // An event stream, or a synchronous A1111/OpenAI request waiting for its
 // images, holds its thread for as long as the job takes; left unbounded,
 // enough of them take every thread and /health, cancel and polling time
-// out. So they share a limit of their own, below the pool's size, and one
-// past it gets 503: quick routes always find a thread.
+// out. So they share a limit of their own, far below the pool's cap, and
+// one past it gets 503: quick routes always find a thread.
 #pragma once
 
 #include <cstddef>
@@ -12,8 +12,9 @@
 
 namespace kiln::server {
 
-constexpr size_t kHandlerThreads = 64;
-// Half the pool: the rest serve quick requests and idle keep-alive connections.
+// Connections served at once; more wait for a thread.
+constexpr size_t kMaxConnectionThreads = 256;
+// The rest serve quick requests, idle keep-alive connections and slow senders.
 constexpr int kMaxLongRequests = 32;
 
 class LongRequests {
