@@ -130,6 +130,13 @@ TEST(Args, SdCliSamplingOptions) {
     EXPECT_NE(parse_error({"--skip-layers", "[7,x]"}).message.find("--skip-layers: expected an integer"),
               std::string::npos);
     EXPECT_NE(parse_error({"--timestep-shift", "1001"}).message.find("from 0 to 1000"), std::string::npos);
+    // Checked even when they do not apply (no --slg-scale, no --hires).
+    EXPECT_EQ(parse_error({"--skip-layer-start", "99999999999"}).message,
+              "--skip-layer-start: expected a number from 0 to 1, got '99999999999'");
+    EXPECT_EQ(parse_error({"--skip-layer-end", "-1"}).message,
+              "--skip-layer-end: expected a number from 0 to 1, got '-1'");
+    EXPECT_EQ(parse_error({"--hires-denoising-strength", "2"}).message,
+              "--hires-denoising-strength: expected a number from 0 to 1, got '2'");
 }
 
 TEST(Args, Modes) {

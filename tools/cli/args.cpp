@@ -13,6 +13,7 @@
 #include "hub_client.h"
 #include "kiln.h"
 #include "runtime/device_budget.h"
+#include "util/format.h"
 #include "sd_cli_flags.h"
 #include "tokenizer_sources.h"
 
@@ -61,6 +62,22 @@ auto float_setter(float Options::*field) {
         char* end = nullptr;
         const float f = std::strtof(v.c_str(), &end);
         if (v.empty() || *end != '\0' || !std::isfinite(f)) return "expected a number, got '" + v + "'";
+        o.*field = f;
+        return std::nullopt;
+    };
+}
+
+// A number in [min, max], checked when parsed: the pipeline checks flags
+// like these only when they take effect (--skip-layer-start without
+// --slg-scale, --hires-denoising-strength without --hires), and a value no
+// run could take must not pass silently because this run ignores it.
+auto bounded_float_setter(float Options::*field, float min, float max) {
+    return [field, min, max](Options& o, const std::string& v) -> std::optional<std::string> {
+        char* end = nullptr;
+        const float f = std::strtof(v.c_str(), &end);
+        if (v.empty() || *end != '\0' || !(f >= min && f <= max)) {
+            return "expected a number from " + format_number(min) + " to " + format_number(max) + ", got '" + v + "'";
+        }
         o.*field = f;
         return std::nullopt;
     };
@@ -363,9 +380,9 @@ const std::vector<Flag>& flags() {
                  return std::nullopt;
              }},
             {nullptr, "--skip-layer-start", "X", "share of the schedule where skip-layer guidance starts (default 0.01)",
-             float_setter(&Options::skip_layer_start)},
+             bounded_float_setter(&Options::skip_layer_start, 0, 1)},
             {nullptr, "--skip-layer-end", "X", "share of the schedule where skip-layer guidance ends (default 0.2)",
-             float_setter(&Options::skip_layer_end)},
+             bounded_float_setter(&Options::skip_layer_end, 0, 1)},
             {nullptr, "--sigmas", "LIST",
              "the noise schedule itself, comma-separated and descending to 0, e.g. \"14.6,7.8,3.5,0\" (brackets "
              "allowed); replaces --scheduler, and --steps becomes the count less one",
@@ -452,7 +469,7 @@ const std::vector<Flag>& flags() {
              int_setter(&Options::hires_steps, -(1 << 20), 1 << 20)},
             {nullptr, "--hires-denoising-strength", "X",
              "share of the second pass's schedule to run, in [0, 1] (default 0.7; 0: upscale only)",
-             float_setter(&Options::hires_denoising_strength)},
+             bounded_float_setter(&Options::hires_denoising_strength, 0, 1)},
             {nullptr, "--hires-upscaler", "NAME",
              "latent (bilinear, default), latent-nearest, latent-nearest-exact, lanczos, or an ESRGAN model file",
              [](Options& o, const std::string& v) -> std::optional<std::string> {
