@@ -290,6 +290,7 @@ Result<PromptLoras> extract_lora_tags(const std::string& prompt) {
         const size_t close = prompt.find('>', open);
         if (close == std::string::npos) {
             out.prompt += prompt.substr(pos);
+            out.unclosed = prompt.substr(open, 64);
             break;  // not a tag: A1111 leaves an unclosed "<lora:" as text
         }
         out.prompt += prompt.substr(pos, open - pos);
@@ -352,7 +353,16 @@ Result<std::string> find_lora_file(const std::string& folder, const std::string&
     for (const char* ext : {"", ".safetensors", ".sft", ".ckpt", ".pt", ".gguf"}) {
         const std::string path = folder + "/" + name + ext;
         const PathStatus status = path_status(path);
-        if (status.kind == PathKind::File) return path;
+        if (status.kind == PathKind::File) {
+            // Inside the folder's real path, as kiln serve's --model-dir
+            // keeps its models: a symlink in the folder may not lead out.
+            const std::string outside = real_path_outside(folder, path);
+            if (!outside.empty()) {
+                return Error::invalid_request("LoRA '" + name + "': " + path + " leads out of --lora-model-dir " +
+                                              folder + " (to " + outside + ") through a symbolic link");
+            }
+            return path;
+        }
         if (status.kind == PathKind::SymlinkLoop || status.kind == PathKind::Special) {
             return path_error(path, status).as(ErrorKind::BadFile);
         }

@@ -229,6 +229,16 @@ TEST(CliGenerate, AnOutputThatCannotBeWrittenIsRefusedBeforeTheModelLoads) {
     EXPECT_NE(upscale.err.find("the folder /no/such/dir does not exist"), std::string::npos) << upscale.err;
 }
 
+// An unclosed <lora:... is kept as prompt text, as A1111 keeps it, with a
+// warning: it is almost always a tag that lost its '>'.
+TEST(CliGenerate, AnUnclosedLoraTagIsWarnedAbout) {
+    TempDir dir;
+    auto r = run_command(kiln_with_sd1_tiny("-p 'a cat <lora:cat:1' -W 32 -H 32 --steps 1 -o " + dir.file("o.png")));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    const std::string log = r.out + r.err;  // warnings go to stdout with the other messages
+    EXPECT_NE(log.find("warn: prompt: '<lora:cat:1' has no closing '>'"), std::string::npos) << log;
+}
+
 // kiln plan runs generation's validation: what a run refuses, the plan refuses.
 TEST(CliGenerate, PlanRefusesWhatGenerationRefuses) {
     TempDir dir;

@@ -5,6 +5,7 @@
 // in every naming the fixture writes; the prompt syntax; and bad input.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 
 #include "golden.h"
@@ -200,6 +201,25 @@ TEST(LoraTags, AreRemovedFromThePromptWithTheirWeights) {
     ASSERT_TRUE(plain.ok());
     EXPECT_EQ(plain->prompt, "no tags <here> or <lora:unclosed");
     EXPECT_TRUE(plain->loras.empty());
+    EXPECT_EQ(plain->unclosed, "<lora:unclosed");  // validate_request warns about it
+    EXPECT_EQ(p->unclosed, "");
+}
+
+// --lora-model-dir keeps to the folder's real path, as kiln serve's
+// --model-dir does: a symlink in it may point inside, not out.
+TEST(LoraTags, AFileASymlinkLeadsOutOfTheFolderToIsRefused) {
+    test::TempDir outside, dir;
+    const std::string secret = outside.write("secret.safetensors", std::string("x"));
+    const std::string inside = dir.write("inside.safetensors", std::string("x"));
+    std::filesystem::create_symlink(secret, dir.file("escape.safetensors"));
+    std::filesystem::create_symlink(inside, dir.file("alias.safetensors"));
+    EXPECT_EQ(find_lora_file(dir.path(), "inside").value(), dir.path() + "/inside.safetensors");
+    EXPECT_EQ(find_lora_file(dir.path(), "alias").value(), dir.path() + "/alias.safetensors");
+    auto escape = find_lora_file(dir.path(), "escape");
+    ASSERT_FALSE(escape.ok());
+    EXPECT_EQ(escape.error().kind, ErrorKind::InvalidRequest);
+    EXPECT_NE(escape.error().message.find("leads out of --lora-model-dir"), std::string::npos)
+        << escape.error().message;
 }
 
 TEST(LoraTags, MalformedTagsAreInvalidRequests) {

@@ -362,5 +362,20 @@ TEST(ServerHostile, SlowSendersLeaveHealthAnswering) {
     EXPECT_EQ(health->status, 200);
 }
 
+// /sdapi/v1/loras lists the adapters a prompt can use: not a file a
+// symlink leads out of --lora-model-dir to.
+TEST(ServerHostile, LorasOutsideTheLoraFolderAreNotListed) {
+    test::TempDir outside, loras;
+    const std::string secret = outside.write("secret.safetensors", std::string("x"));
+    loras.write("inside.safetensors", std::string("x"));
+    std::filesystem::create_symlink(secret, loras.file("escape.safetensors"));
+    ServerProcess server(test::tiny_server_flags() + "--lora-model-dir " + loras.path());
+    ASSERT_TRUE(server.started()) << server.log();
+    httplib::Client client("127.0.0.1", server.port());
+    const json listed = body_json(client.Get("/sdapi/v1/loras"));
+    ASSERT_EQ(listed.size(), 1u) << listed.dump();
+    EXPECT_EQ(listed[0]["name"], "inside");
+}
+
 }  // namespace
 }  // namespace kiln

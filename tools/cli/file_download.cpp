@@ -270,15 +270,10 @@ Result<DownloadOutcome> download_file(const HubClient& hub, const std::string& r
     KILN_TRY(make_parent_folders(final_path));
     // The file's folder must be inside `folder` once symlinks are resolved:
     // a linked subfolder would carry the download (and its part) elsewhere.
-    std::error_code ec;
-    const std::filesystem::path root = std::filesystem::canonical(folder, ec);
-    const std::filesystem::path parent =
-        std::filesystem::canonical(std::filesystem::path(final_path).parent_path(), ec);
-    if (ec) return Error{"resolving the folder of " + final_path + ": " + ec.message()};
-    const std::string relative = parent.lexically_relative(root).generic_string();
-    if (relative.empty() || relative == ".." || relative.rfind("../", 0) == 0) {
-        return Error{std::filesystem::path(final_path).parent_path().string() + " leads out of " + folder + " (to " +
-                     parent.string() + ") through a symbolic link; kiln writes only inside " + folder};
+    const std::string parent = std::filesystem::path(final_path).parent_path().string();
+    if (const std::string outside = real_path_outside(folder, parent); !outside.empty()) {
+        return Error{parent + " leads out of " + folder + " (to " + outside +
+                     ") through a symbolic link; kiln writes only inside " + folder};
     }
     auto current = final_is_current(final_path, file);
     if (!current.ok()) return current.error();

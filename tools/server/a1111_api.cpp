@@ -11,6 +11,7 @@
 #include "request_fields.h"
 #include "server_state.h"
 #include "util/base64.h"
+#include "util/files.h"
 
 namespace kiln::server {
 namespace {
@@ -28,6 +29,9 @@ json lora_list(const char* folder) {
         std::error_code type_error;
         if (!it->is_regular_file(type_error)) continue;
         const fs::path& path = it->path();
+        // Only files inside the folder's real path: a prompt could not use
+        // one a symlink leads out to (find_lora_file refuses it).
+        if (!real_path_outside(folder, path.string()).empty()) continue;
         const std::string ext = path.extension().string();
         if (ext != ".safetensors" && ext != ".sft" && ext != ".ckpt" && ext != ".pt" && ext != ".gguf") continue;
         std::string name = fs::relative(path, folder, type_error).replace_extension().generic_string();
