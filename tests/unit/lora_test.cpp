@@ -7,6 +7,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <cstring>
 
 #include "golden.h"
 #include "pipeline/generate.h"
@@ -300,6 +302,46 @@ TEST(Lora, BadRequestsAndFilesAreCleanErrorsAndLeaveNoLora) {
         EXPECT_NE(r.error().message.find(name), std::string::npos) << r.error().message;
     }
     // After every failure the model is its base and serves the next job.
+    EXPECT_EQ(unet_out(*model), base);
+}
+
+// A strength or alpha whose product overflows float, or a factor that is
+// not a number, is refused before any job runs: the strength as an invalid
+// request, the file as a bad file, each named.
+TEST(Lora, FactorsBeyondFloatAreRefusedBeforeTheJob) {
+    test::TempDir dir;
+    auto model = load(LoraApplyMode::Auto, GGML_TYPE_F32, dir.path());
+    ASSERT_TRUE(model);
+    const std::vector<float> base = unet_out(*model);
+    const std::string layer = "lora_unet_down_blocks_0_attentions_0_transformer_blocks_0_attn1_to_q";
+    auto adapter = [&](float alpha, float first_value) {
+        std::vector<uint8_t> down = test::f32_bytes(64);
+        std::memcpy(down.data(), &first_value, sizeof first_value);
+        std::vector<uint8_t> alpha_bytes(4);
+        std::memcpy(alpha_bytes.data(), &alpha, sizeof alpha);
+        return test::build_safetensors({{layer + ".lora_down.weight", "F32", {2, 32}, down},
+                                        {layer + ".lora_up.weight", "F32", {32, 2}, test::f32_bytes(64)},
+                                        {layer + ".alpha", "F32", {}, alpha_bytes}});
+    };
+    dir.write("fine.safetensors", adapter(2.0f, 0.0f));
+    dir.write("alpha.safetensors", adapter(3e38f, 0.0f));
+    dir.write("infinite.safetensors", adapter(2.0f, std::numeric_limits<float>::infinity()));
+    ASSERT_TRUE(apply_loras(*model, {{"fine", 1.0f}}).ok());
+
+    auto strength = apply_loras(*model, {{"fine", 1e30f}});
+    ASSERT_FALSE(strength.ok());
+    EXPECT_EQ(strength.error().kind, ErrorKind::InvalidRequest);
+    EXPECT_NE(strength.error().message.find("LoRA fine"), std::string::npos) << strength.error().message;
+    auto alpha = apply_loras(*model, {{"alpha", 1.0f}});
+    ASSERT_FALSE(alpha.ok());
+    EXPECT_EQ(alpha.error().kind, ErrorKind::BadFile);
+    EXPECT_NE(alpha.error().message.find("alpha/rank 1.5e+38"), std::string::npos) << alpha.error().message;
+    auto infinite = apply_loras(*model, {{"infinite", 1.0f}});
+    ASSERT_FALSE(infinite.ok());
+    EXPECT_EQ(infinite.error().kind, ErrorKind::BadFile);
+    EXPECT_NE(infinite.error().message.find("lora_down.weight' holds a value that is not a finite number"),
+              std::string::npos)
+        << infinite.error().message;
     EXPECT_EQ(unet_out(*model), base);
 }
 
