@@ -99,6 +99,27 @@ TEST(ServerHostile, PagesOfOtherSitesAndOtherHostNamesAreRefused) {
     EXPECT_EQ(body_json(client.Get("/sdapi/v1/options"))["show_progress_every_n_steps"], 3);
 }
 
+// A rebound page cannot send the key: a keyed server takes any Host, as
+// behind a reverse proxy that passes its own name.
+TEST(ServerHostile, AKeyedServerTakesAnyHost) {
+    ServerProcess server(test::tiny_server_flags() + "--api-key s3cret");
+    ASSERT_TRUE(server.started()) << server.log();
+    httplib::Client client("127.0.0.1", server.port());
+    auto proxied = client.Get("/kiln/v1/models", {{"Host", "kiln.example.org"}, {"X-Api-Key", "s3cret"}});
+    ASSERT_TRUE(proxied);
+    EXPECT_EQ(proxied->status, 200) << proxied->body;
+    auto keyless = client.Get("/kiln/v1/models", {{"Host", "kiln.example.org"}});
+    ASSERT_TRUE(keyless);
+    EXPECT_EQ(keyless->status, 401);
+    // The web page through a TLS proxy: its origin is https:// and the Host.
+    auto page =
+        client.Post("/sdapi/v1/options",
+                    {{"Host", "kiln.example.org"}, {"Origin", "https://kiln.example.org"}, {"X-Api-Key", "s3cret"}},
+                    R"({"show_progress_every_n_steps": 2})", "application/json");
+    ASSERT_TRUE(page);
+    EXPECT_EQ(page->status, 200) << page->body;
+}
+
 TEST(ServerHostile, CorsOriginLetsThatSitesPagesCallWithPreflights) {
     ServerProcess server(test::tiny_server_flags() + "--cors-origin http://app.example:3000");
     ASSERT_TRUE(server.started()) << server.log();

@@ -727,7 +727,8 @@ const std::vector<Flag>& serve_flags() {
              return std::nullopt;
          }},
         {nullptr, "--host-name", "NAME",
-         "a name the server is reached by besides its address and localhost (repeatable); other Host headers get 421",
+         "a name the server is reached by besides its address and localhost (repeatable); without --api-key, other "
+         "Host headers get 421",
          [](Options& o, const std::string& v) -> std::optional<std::string> {
              if (v.empty() || v.find_first_of(" \t/:[]@") != std::string::npos)
                  return "expected a host name such as kiln.lan, got '" + v + "'";

@@ -1,5 +1,6 @@
-// `kiln serve`: the HTTP server around the job queue. Authentication and
-// the body limit run before routing; each API adds its own routes.
+// `kiln serve`: the HTTP server around the job queue. Who may call (Host,
+// Origin: request_origin.h), authentication and the body limit run before
+// routing; each API adds its own routes.
 #include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
@@ -165,8 +166,11 @@ int run_server(const ServerOptions& options) {
             send_error(res, {503, "", "the server is shutting down"});
             return httplib::Server::HandlerResponse::Handled;
         }
-        // Host and Origin first: a page of another site gets nothing, not even a 401.
-        auto refused = check_host(req, state.options);
+        // Host and Origin first: a page of another site gets nothing, not even
+        // a 401. A keyed server takes any Host (behind a reverse proxy it is
+        // the proxy's name): a rebound page cannot send the key.
+        std::optional<RequestError> refused;
+        if (state.options.api_key.empty()) refused = check_host(req, state.options);
         if (!refused) refused = check_origin(req, state.options, res);
         if (refused) {
             send_error(res, *refused);

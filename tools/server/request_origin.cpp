@@ -69,8 +69,12 @@ std::optional<RequestError> check_origin(const httplib::Request& req, const Serv
                                          httplib::Response& res) {
     if (!req.has_header("Origin")) return std::nullopt;  // not from a page: curl, SDKs, scripts
     const std::string origin = normalized_origin(req.get_header_value("Origin"));
-    // The server's own page: check_host has accepted the name it was loaded under.
-    if (req.has_header("Host") && origin == "http://" + lower(req.get_header_value("Host"))) return std::nullopt;
+    // The server's own page, loaded under the name the request gives (check_host
+    // vouched for it), directly or through a TLS reverse proxy.
+    if (req.has_header("Host")) {
+        const std::string host = lower(req.get_header_value("Host"));
+        if (origin == "http://" + host || origin == "https://" + host) return std::nullopt;
+    }
     const bool any =
         std::find(policy.cors_origins.begin(), policy.cors_origins.end(), "*") != policy.cors_origins.end();
     const bool listed = std::any_of(policy.cors_origins.begin(), policy.cors_origins.end(),

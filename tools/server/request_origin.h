@@ -1,8 +1,10 @@
 // Who may call, from where: a browser lets any web page send "simple"
 // cross-origin requests (GET, and POST with a text or form body) without
 // asking first, and a DNS-rebinding page reaches 127.0.0.1 under its own
-// name. So before anything else a request must name this server in its Host
-// (an address it listens on, localhost, or a --host-name), and a request
+// name. So before anything else a request to a server without --api-key
+// must name it in its Host (an address it listens on, localhost, or a
+// --host-name; a rebound page cannot send a key, so a keyed server takes
+// any Host, as behind a reverse proxy), and a request
 // from a page (it carries Origin) must come from this server's own origin
 // or one given with --cors-origin. Allowed origins get CORS answers,
 // preflights (OPTIONS) included.
