@@ -10,6 +10,7 @@
 #include <cstring>
 #include <thread>
 
+#include "runtime/rpc_message_guard.h"
 #include "runtime/socket_io.h"
 #include "util/format.h"
 #include "util/log.h"
@@ -17,8 +18,6 @@
 namespace kiln::runtime {
 namespace {
 
-constexpr uint8_t kHelloCommand = 14;            // RPC_CMD_HELLO, fixed by ggml for every version
-constexpr size_t kHeaderBytes = 1 + 8;           // command, payload size
 constexpr uint64_t kDescriptionBytes = 1 << 20;  // a tensor's description and offsets beside its data
 
 // ggml's server at 127.0.0.1:port, or -1. It may still be starting when
@@ -42,48 +41,22 @@ int connect_backend(int port) {
     return -1;
 }
 
-// Client to server: headers checked, payloads streamed through.
+// Client to server: each piece through the guard, then on to ggml.
 void relay_requests(int client, int backend, uint64_t limit, const std::string& peer) {
     uint8_t buffer[1 << 16];
-    uint8_t header[kHeaderBytes];
-    size_t header_have = 0;
-    uint64_t payload_left = 0;
-    bool first = true;      // the first message is HELLO
-    bool in_hello = false;  // its payload (transport capabilities) is zeroed
+    RpcMessageGuard guard(limit);
     for (;;) {
         const ssize_t n = ::recv(client, buffer, sizeof buffer, 0);
         if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) break;
-        size_t at = 0;
-        while (at < static_cast<size_t>(n)) {
-            if (payload_left == 0) {
-                const size_t take = std::min(kHeaderBytes - header_have, static_cast<size_t>(n) - at);
-                std::memcpy(header + header_have, buffer + at, take);
-                header_have += take;
-                at += take;
-                if (header_have < kHeaderBytes) break;
-                header_have = 0;
-                uint64_t size = 0;
-                std::memcpy(&size, header + 1, 8);
-                if (size > limit) {
-                    KILN_LOG_WARN(
-                        "rpc-server: %s sent command %u claiming %s, over the limit of %s (--max-alloc); "
-                        "connection closed",
-                        peer.c_str(), static_cast<unsigned>(header[0]), human_bytes(size).c_str(),
-                        human_bytes(limit).c_str());
-                    return;
-                }
-                in_hello = first && header[0] == kHelloCommand;
-                first = false;
-                if (!send_all(backend, header, kHeaderBytes)) return;
-                payload_left = size;
-                continue;
-            }
-            const size_t take = static_cast<size_t>(std::min<uint64_t>(payload_left, static_cast<size_t>(n) - at));
-            if (in_hello) std::memset(buffer + at, 0, take);
-            if (!send_all(backend, buffer + at, take)) return;
-            payload_left -= take;
-            at += take;
+        if (n <= 0) return;
+        const size_t allowed = guard.feed(buffer, static_cast<size_t>(n));
+        if (allowed > 0 && !send_all(backend, buffer, allowed)) return;
+        if (const auto& refused = guard.refused()) {
+            KILN_LOG_WARN(
+                "rpc-server: %s sent command %u claiming %s, over the limit of %s (--max-alloc); connection closed",
+                peer.c_str(), static_cast<unsigned>(refused->command), human_bytes(refused->claimed).c_str(),
+                human_bytes(limit).c_str());
+            return;
         }
     }
 }

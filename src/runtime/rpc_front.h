@@ -6,11 +6,10 @@
 // server on a loopback port of its own, and closes a connection whose
 // message claims more than the limit before anything is allocated for it.
 //
-// ggml's protocol (third_party/ggml/src/ggml-rpc/ggml-rpc.cpp), client to
-// server: | command (1 byte) | size (8 bytes) | payload (size bytes) |, the
-// first message HELLO. The front zeroes HELLO's transport capabilities, so
-// that ggml does not try to move the connection off the socket it relays
-// (RDMA). Answers, server to client, are relayed as they are.
+// The check itself, on the client's bytes, is rpc_message_guard.h's (it
+// also zeroes HELLO's transport capabilities, so that ggml does not try to
+// move the connection off the socket it relays). Answers, server to
+// client, are relayed as they are.
 #pragma once
 
 #include <cstdint>

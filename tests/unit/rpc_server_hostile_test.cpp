@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <thread>
@@ -12,6 +13,7 @@
 
 #include "ggml-rpc.h"
 #include "rpc_child.h"
+#include "runtime/rpc_message_guard.h"
 #include "test_files.h"
 
 namespace kiln {
@@ -172,6 +174,40 @@ TEST(RpcServerHostile, AMessageOverMaxAllocIsRefusedBeforeAllocating) {
     ::close(next);
     EXPECT_EQ(answer.size(), 8u + 28u + 8u + 4u);
     EXPECT_FALSE(server.exited());
+}
+
+// The front's check on its own: the stream cut into pieces at every
+// point, HELLO's capabilities zeroed, everything before the oversized
+// header passed on, nothing from it on.
+TEST(RpcMessageGuard, PassesMessagesInAnyPiecesAndStopsAtAnOversizedHeader) {
+    std::vector<uint8_t> stream;
+    put_command(stream, 14, std::vector<uint8_t>(24, 0xab));  // HELLO with capabilities
+    put_command(stream, 15, {});                              // DEVICE_COUNT
+    put_command(stream, 6, std::vector<uint8_t>(100, 7));     // SET_TENSOR within the limit
+    const size_t good = stream.size();
+    stream.push_back(6);
+    test::put_u64(stream, 1ull << 30);  // then one claiming 1 GiB
+    stream.resize(stream.size() + 50, 9);
+    std::vector<uint8_t> expected(stream.begin(), stream.begin() + static_cast<std::ptrdiff_t>(good));
+    std::fill(expected.begin() + 9, expected.begin() + 9 + 24, 0);
+    for (size_t cut = 1; cut < stream.size(); ++cut) {
+        runtime::RpcMessageGuard guard(1000);
+        std::vector<uint8_t> bytes = stream, passed;
+        for (size_t at = 0; at < bytes.size(); at += cut) {
+            const size_t n = std::min(cut, bytes.size() - at);
+            const size_t allowed = guard.feed(bytes.data() + at, n);
+            passed.insert(passed.end(), bytes.begin() + static_cast<std::ptrdiff_t>(at),
+                          bytes.begin() + static_cast<std::ptrdiff_t>(at + allowed));
+            if (allowed < n) break;
+        }
+        ASSERT_TRUE(guard.refused().has_value()) << "pieces of " << cut;
+        EXPECT_EQ(guard.refused()->command, 6);
+        EXPECT_EQ(guard.refused()->claimed, 1ull << 30);
+        // A header split between pieces may have its first bytes passed on, never the whole.
+        ASSERT_GE(passed.size(), good) << "pieces of " << cut;
+        ASSERT_LT(passed.size(), good + runtime::RpcMessageGuard::kHeaderBytes) << "pieces of " << cut;
+        EXPECT_TRUE(std::equal(expected.begin(), expected.end(), passed.begin())) << "pieces of " << cut;
+    }
 }
 
 // A job whose buffers exceed the server's limit fails as out of memory on
