@@ -4,7 +4,7 @@
 #
 #   scripts/fuzz.sh TARGET SECONDS    fuzz one target (safetensors, gguf, pickle, tokenizer,
 #                                     t5_tokenizer, llm_tokenizer, prompt, a1111, args,
-#                                     model_config) for SECONDS
+#                                     model_config, rpc_messages, server_request) for SECONDS
 #   scripts/fuzz.sh all SECONDS       each target in turn, SECONDS each
 #   scripts/fuzz.sh check             run the committed seeds and regressions once through each target
 #
@@ -30,10 +30,11 @@ build="${KILN_FUZZ_BUILD_DIR:-$root/build-fuzz}"
 jobs="${KILN_FUZZ_JOBS:-$(nproc 2>/dev/null || echo 2)}"
 max_len="${KILN_FUZZ_MAX_LEN:-65536}"
 stack_kb="${KILN_FUZZ_STACK_KB:-1024}"
-all_targets=(safetensors gguf pickle tokenizer t5_tokenizer llm_tokenizer prompt a1111 args model_config)
+all_targets=(safetensors gguf pickle tokenizer t5_tokenizer llm_tokenizer prompt a1111 args model_config rpc_messages
+    server_request)
 
 usage() {
-    echo "usage: $0 {safetensors|gguf|pickle|tokenizer|t5_tokenizer|llm_tokenizer|prompt|a1111|args|model_config|all} SECONDS" >&2
+    echo "usage: $0 {safetensors|gguf|pickle|tokenizer|t5_tokenizer|llm_tokenizer|prompt|a1111|args|model_config|rpc_messages|server_request|all} SECONDS" >&2
     echo "       $0 check" >&2
     exit 2
 }
@@ -43,7 +44,8 @@ mode="$1"
 seconds=""
 case "$mode" in
     check) [[ $# -eq 1 ]] || usage ;;
-    safetensors | gguf | pickle | tokenizer | t5_tokenizer | llm_tokenizer | prompt | a1111 | args | model_config | all)
+    safetensors | gguf | pickle | tokenizer | t5_tokenizer | llm_tokenizer | prompt | a1111 | args | model_config | \
+        rpc_messages | server_request | all)
         [[ $# -eq 2 && "$2" =~ ^[0-9]+$ && "$2" -gt 0 ]] || usage
         seconds="$2"
         ;;

@@ -40,11 +40,14 @@ class GgufReader {
                         std::to_string(GGUF_VERSION) + "; a huge number means the other byte order)");
         }
         // Each tensor takes at least 8 + 4 + 4 + 8 bytes, each pair 8 + 4 bytes.
+        // The counts are printed as the unsigned numbers the bytes hold: 2^63
+        // is not "-9223372036854775808".
         if (n_tensors < 0 || static_cast<uint64_t>(n_tensors) > remaining() / 24) {
-            return fail("tensor count " + std::to_string(n_tensors) + " cannot fit in the file");
+            return fail("tensor count " + std::to_string(static_cast<uint64_t>(n_tensors)) +
+                        " cannot fit in the file");
         }
         if (n_kv < 0 || static_cast<uint64_t>(n_kv) > remaining() / 12) {
-            return fail("key/value count " + std::to_string(n_kv) + " cannot fit in the file");
+            return fail("key/value count " + std::to_string(static_cast<uint64_t>(n_kv)) + " cannot fit in the file");
         }
 
         ParsedFile parsed;

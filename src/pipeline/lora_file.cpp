@@ -296,6 +296,11 @@ Result<AdapterFile> read_adapter_file(const std::string& path) {
         if (info.shape.empty() || info.element_count() == 0) {
             return Error::bad_file(path + ": '" + info.name + "' has shape " + info.shape_string());
         }
+        // An infinite or NaN factor makes every weight it touches so: say so
+        // now, not after a job that ends in "non-finite values".
+        if (!std::all_of(values.begin(), values.end(), [](float v) { return std::isfinite(v); })) {
+            return Error::bad_file(path + ": '" + info.name + "' holds a value that is not a finite number");
+        }
         if (match->kind != AdapterKind::LoRA) layer.kind = match->kind;
         layer.*(match->part) = HostTensor{info.shape, std::move(values)};
     }

@@ -25,6 +25,11 @@ std::string trim(const std::string& s) {
     return s.substr(b, s.find_last_not_of(" \t\n") - b + 1);
 }
 
+// The most a layer's change may be multiplied by (strength x alpha/rank,
+// either sign): real adapters are used at a few units; past this the
+// products overflow float or swamp the weight they change.
+constexpr double kMaxLoraFactor = 1e4;
+
 Result<float> tag_weight(const std::string& text, const std::string& tag) {
     const std::string t = trim(text);
     char* end = nullptr;
@@ -145,6 +150,19 @@ Status install(Model& model, const std::vector<std::pair<std::string, LoraReques
                     if (added) weights.push_back({t->module, t->bias, infos.at(t->bias), {}});
                     weights[it->second].changes.push_back({&layer, t, request.strength, /*bias=*/true});
                 }
+            }
+            // What the layer's change is multiplied by: a huge strength
+            // (<lora:x:1e30>) or alpha (3e38) overflows float in the
+            // products, found only once the job has run.
+            const double factor = static_cast<double>(request.strength) * layer.scale();
+            if (!(std::fabs(factor) <= kMaxLoraFactor)) {
+                const std::string message = "LoRA " + request.name + " (" + path + "): strength " +
+                                            format_number(request.strength) + " times adapter '" + layer.key +
+                                            "''s alpha/rank " + format_number(layer.scale()) +
+                                            " is beyond the limit of " +
+                                            format_number(static_cast<float>(kMaxLoraFactor)) + " either way";
+                return std::fabs(request.strength) > kMaxLoraFactor ? Error::invalid_request(message)
+                                                                     : Error::bad_file(message);
             }
             if (!layer.changes_weight()) {
                 ++matched;
@@ -290,6 +308,7 @@ Result<PromptLoras> extract_lora_tags(const std::string& prompt) {
         const size_t close = prompt.find('>', open);
         if (close == std::string::npos) {
             out.prompt += prompt.substr(pos);
+            out.unclosed = prompt.substr(open, 64);
             break;  // not a tag: A1111 leaves an unclosed "<lora:" as text
         }
         out.prompt += prompt.substr(pos, open - pos);
@@ -352,7 +371,16 @@ Result<std::string> find_lora_file(const std::string& folder, const std::string&
     for (const char* ext : {"", ".safetensors", ".sft", ".ckpt", ".pt", ".gguf"}) {
         const std::string path = folder + "/" + name + ext;
         const PathStatus status = path_status(path);
-        if (status.kind == PathKind::File) return path;
+        if (status.kind == PathKind::File) {
+            // Inside the folder's real path, as kiln serve's --model-dir
+            // keeps its models: a symlink in the folder may not lead out.
+            const std::string outside = real_path_outside(folder, path);
+            if (!outside.empty()) {
+                return Error::invalid_request("LoRA '" + name + "': " + path + " leads out of --lora-model-dir " +
+                                              folder + " (to " + outside + ") through a symbolic link");
+            }
+            return path;
+        }
         if (status.kind == PathKind::SymlinkLoop || status.kind == PathKind::Special) {
             return path_error(path, status).as(ErrorKind::BadFile);
         }

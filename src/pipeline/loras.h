@@ -32,6 +32,10 @@ struct LoraRequest {
 struct PromptLoras {
     std::string prompt;  // the prompt with every tag removed
     std::vector<LoraRequest> loras;
+    // An opener with no '>' after it ("<lora:name:1"), kept as prompt text
+    // as A1111 keeps it; "" when there is none. Worth a warning: it is
+    // almost always a tag that lost its end.
+    std::string unclosed;
 };
 
 // Removes every <lora:NAME> / <lora:NAME:WEIGHT> tag (A1111's syntax: the

@@ -6,6 +6,7 @@
 
 #include "text/unicode.h"
 #include "text/utf8.h"
+#include "util/format.h"
 #include "util/log.h"
 namespace kiln::pipeline {
 namespace {
@@ -285,7 +286,17 @@ Status check_prompt_size(std::string_view prompt, const std::string& what) {
                                       std::to_string(kMaxPromptBytes));
     }
     size_t breaks = 0;
-    for (const auto& [text, weight] : parse_attention_exact(prompt)) breaks += text == "BREAK" && weight == -1.0;
+    for (const auto& [text, weight] : parse_attention_exact(prompt)) {
+        breaks += text == "BREAK" && weight == -1.0;
+        if (!(std::fabs(weight) <= kMaxPromptWeight)) {
+            const std::string fragment = text.size() > 40 ? text.substr(0, 40) + "..." : text;
+            return Error::invalid_request(what + ": '" + escaped(fragment) + "' has the weight " +
+                                          format_number(static_cast<float>(weight)) +
+                                          " (nested parentheses multiply "
+                                          "by 1.1 each), beyond the limit of " +
+                                          format_number(static_cast<float>(kMaxPromptWeight)) + " either way");
+        }
+    }
     if (breaks + 1 > static_cast<size_t>(kMaxPromptChunks)) {
         return Error::invalid_request(what + ": " + std::to_string(breaks) + " BREAKs make at least " +
                                       std::to_string(breaks + 1) + " chunks; at most " +

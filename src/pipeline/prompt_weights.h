@@ -47,10 +47,18 @@ struct TokenChunks {
 // and 4.2 GB).
 constexpr int kMaxPromptChunks = 64;
 constexpr size_t kMaxPromptBytes = 64 * 1024;
+// The largest emphasis a fragment may have (either sign). A weight
+// multiplies the text encoder's hidden states and, through them, the
+// cross-attention's keys and values: 1.1^1000 (a thousand nested
+// parentheses) is no float at all, and the job ran to its end only to fail
+// with "non-finite values". 1e6 is 145 nested parentheses, far past any
+// emphasis that means something.
+constexpr double kMaxPromptWeight = 1e6;
 
 // Whether `prompt` stays within those limits, from the parse alone (no
 // tokenizer needed, so callers check before loading a model); the error
-// starts with `what` ("--prompt").
+// starts with `what` ("--prompt") and names a fragment whose weight is
+// over kMaxPromptWeight.
 Status check_prompt_size(std::string_view prompt, const std::string& what);
 
 struct ChunkOptions {

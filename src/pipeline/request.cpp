@@ -7,6 +7,7 @@
 #include "pipeline/model.h"
 #include "pipeline/prompt_weights.h"
 #include "util/format.h"
+#include "util/log.h"
 
 namespace kiln::pipeline {
 namespace {
@@ -158,6 +159,10 @@ Result<ValidatedRequest> validate_request(const Model& model, const GenerationRe
     // <lora:NAME:W> tags: their syntax, and a file for each name.
     auto tagged = extract_lora_tags(r.prompt);
     if (!tagged.ok()) return tagged.error();
+    if (!tagged->unclosed.empty()) {
+        KILN_LOG_WARN("prompt: '%s' has no closing '>': it is kept as prompt text, not read as a LoRA tag",
+                      escaped(tagged->unclosed).c_str());
+    }
     for (const LoraRequest& lora : tagged->loras) {
         if (lora.strength == 0.0f) continue;
         auto found = find_lora_file(model.lora_dir(), lora.name);

@@ -62,6 +62,27 @@ Status BudgetSpec::check_devices(const std::vector<std::string>& devices) const 
     return Status::Ok();
 }
 
+namespace {
+
+// A budget of more than this many GiB (about an exbibyte) is no budget any
+// device has, and its bytes would overflow 64 bits from 2^34 GiB on: the
+// value is refused rather than wrapped (to 0 B) or quietly saturated.
+constexpr double kMaxBudgetGib = 1e9;
+
+// One --max-vram value: a number of GiB (or K/M/G), within +-kMaxBudgetGib.
+Result<double> budget_gib(std::string_view text) {
+    auto v = parse_gib_amount(text);
+    if (!v.ok()) return v.error();
+    if (std::fabs(*v) > kMaxBudgetGib) {
+        return Error{"'" + std::string(trim(text)) + "' is " + (*v > 0 ? "over" : "below -") +
+                     "1e9 GiB; a positive budget is GiB the device may hold, a negative one the GiB its free "
+                     "memory at start-up keeps back"};
+    }
+    return *v;
+}
+
+}  // namespace
+
 Result<BudgetSpec> parse_max_vram(std::string_view spec) {
     BudgetSpec out;
     if (trim(spec).empty()) return Error{"--max-vram: an empty budget"};
@@ -74,13 +95,13 @@ Result<BudgetSpec> parse_max_vram(std::string_view spec) {
         const size_t eq = part.find('=');
         if (eq == std::string_view::npos) {
             if (out.all_gib) return Error{"--max-vram: two budgets for every device in '" + std::string(spec) + "'"};
-            auto v = parse_gib_amount(part);
+            auto v = budget_gib(part);
             if (!v.ok()) return Error::invalid_request("--max-vram: " + v.error().message);
             out.all_gib = *v;
         } else {
             const std::string device = upper(trim(part.substr(0, eq)));
             if (device.empty()) return Error{"--max-vram: '" + std::string(part) + "' names no device"};
-            auto v = parse_gib_amount(part.substr(eq + 1));
+            auto v = budget_gib(part.substr(eq + 1));
             if (!v.ok()) return Error::invalid_request("--max-vram: " + device + ": " + v.error().message);
             if (!out.per_device_gib.emplace(device, *v).second) {
                 return Error{"--max-vram: two budgets for " + device};

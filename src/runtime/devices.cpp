@@ -21,6 +21,7 @@
 #include <set>
 
 #include "ggml-rpc.h"
+#include "runtime/socket_io.h"
 #include "util/format.h"
 
 namespace kiln::runtime {
@@ -77,30 +78,6 @@ struct Fd {
         if (fd >= 0) ::close(fd);
     }
 };
-
-bool send_all(int fd, const void* data, size_t size) {
-    const auto* p = static_cast<const uint8_t*>(data);
-    while (size > 0) {
-        const ssize_t n = ::send(fd, p, size, MSG_NOSIGNAL);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) return false;
-        p += n;
-        size -= static_cast<size_t>(n);
-    }
-    return true;
-}
-
-bool recv_all(int fd, void* data, size_t size) {
-    auto* p = static_cast<uint8_t*>(data);
-    while (size > 0) {
-        const ssize_t n = ::recv(fd, p, size, 0);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) return false;
-        p += n;
-        size -= static_cast<size_t>(n);
-    }
-    return true;
-}
 
 // Connects to `endpoint` (already validated) with a timeout and performs the
 // RPC HELLO handshake, then hangs up so the server is free for ggml's own

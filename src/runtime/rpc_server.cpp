@@ -14,6 +14,7 @@
 
 #include "ggml-rpc.h"
 #include "runtime/proxy_device.h"
+#include "runtime/rpc_front.h"
 #include "runtime/device_budget.h"
 #include "runtime/devices.h"
 #include "util/format.h"
@@ -24,22 +25,21 @@ namespace {
 
 bool is_loopback(const std::string& host) { return host.rfind("127.", 0) == 0; }
 
-// Binds host:port once (as ggml's server will, with SO_REUSEADDR) so that a
-// port in use is a clear error instead of ggml's "Failed to create server socket".
-Status check_can_listen(const std::string& host, int port) {
+// A free TCP port on 127.0.0.1 for ggml's own server, behind the front:
+// bound to port 0, read, released.
+Result<int> free_loopback_port() {
     const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
     if (fd < 0) return Error{std::string("cannot create a socket: ") + std::strerror(errno)};
-    int one = 1;
-    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<uint16_t>(port));
-    ::inet_pton(AF_INET, host.c_str(), &addr.sin_addr);
-    const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t length = sizeof addr;
+    const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+                    ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length) == 0;
     const int err = errno;
     ::close(fd);
-    if (!ok) return Error{"--port: cannot listen on " + host + ":" + std::to_string(port) + ": " + std::strerror(err)};
-    return Status::Ok();
+    if (!ok) return Error{std::string("cannot find a free loopback port: ") + std::strerror(err)};
+    return static_cast<int>(ntohs(addr.sin_port));
 }
 
 // --max-alloc in bytes; the device's total memory when not given.
@@ -65,7 +65,11 @@ Status serve_rpc(const RpcServeOptions& options) {
     if (!device) return Error::invalid_request("--device: " + device.error().message);
     auto max_alloc = max_alloc_bytes(options.max_alloc, *device);
     if (!max_alloc.ok()) return max_alloc.error();
-    KILN_TRY(check_can_listen(options.host, options.port));
+    // Clients reach ggml's server through the front (rpc_front.h), which
+    // refuses messages over the limit before ggml allocates for them.
+    auto backend_port = free_loopback_port();
+    if (!backend_port.ok()) return backend_port.error();
+    KILN_TRY(start_rpc_front(options.host, options.port, *backend_port, rpc_message_limit(*max_alloc)));
     if (!is_loopback(options.host)) {
         KILN_LOG_WARN(
             "listening on %s: ggml's RPC protocol has no authentication; anyone who can reach port %d can use "
@@ -87,7 +91,8 @@ Status serve_rpc(const RpcServeOptions& options) {
     ProxyRules rules;
     rules.max_alloc = *max_alloc;
     ggml_backend_dev_t dev = proxy_device(*device, rules);
-    ggml_backend_rpc_start_server(endpoint.c_str(), /*cache_dir=*/nullptr, threads, 1, &dev);
+    const std::string backend = "127.0.0.1:" + std::to_string(*backend_port);
+    ggml_backend_rpc_start_server(backend.c_str(), /*cache_dir=*/nullptr, threads, 1, &dev);
     // ggml returns only when it could not set up (or keep) the listening socket.
     return Error{"rpc-server: the ggml RPC server on " + endpoint + " stopped (see the messages above)"};
 }

@@ -23,8 +23,9 @@ struct RpcServeOptions {
 // unknown device (invalid request), a port that cannot be bound. Any
 // address but loopback logs a warning: the protocol has no authentication.
 // A client that closes early costs only its connection (SIGPIPE ignored).
-// A buffer over max_alloc is refused (proxy_device.h). A bad
-// max_alloc is an invalid request.
+// A buffer over max_alloc is refused (proxy_device.h), and so is a message
+// that claims more, before anything is allocated for it (rpc_front.h). A
+// bad max_alloc is an invalid request.
 Status serve_rpc(const RpcServeOptions& options);
 
 // One line per ggml device: name, type, free and total memory, description.

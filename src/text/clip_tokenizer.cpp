@@ -14,6 +14,7 @@
 #include "text/unicode.h"
 #include "text/utf8.h"
 #include "text/vocab_files.h"
+#include "util/files.h"
 #include "util/format.h"
 #include "util/message_text.h"
 namespace kiln::text {
@@ -406,7 +407,17 @@ Result<ClipTokenizer> ClipTokenizer::load(const std::string& path) {
             if (fs::is_regular_file(dir / "tokenizer.json", ec))
                 return from_tokenizer_json((dir / "tokenizer.json").string());
         }
-        return Error{path + ": no tokenizer.json or vocab.json + merges.txt here or in tokenizer/"};
+        // Say what is there under those names (a FIFO, a folder, a loop), so
+        // a vocab.json that is not a file is not reported as missing.
+        std::string found;
+        for (const fs::path& dir : {p, p / "tokenizer"}) {
+            for (const char* name : {"vocab.json", "merges.txt", "tokenizer.json"}) {
+                const PathStatus st = path_status((dir / name).string());
+                if (st.kind == PathKind::Missing || st.kind == PathKind::File) continue;
+                found += "; " + path_error((dir / name).string(), st).message;
+            }
+        }
+        return Error{path + ": no tokenizer.json or vocab.json + merges.txt here or in tokenizer/" + found};
     }
     if (!fs::exists(p, ec)) return Error{path + ": no such file or folder"};
     const std::string name = p.filename().string();

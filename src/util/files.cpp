@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 
 #include "util/format.h"
 
@@ -154,6 +155,17 @@ Result<std::string> read_whole_file(const std::string& path, size_t max_bytes, c
     }
     ::close(*fd);
     return bytes;
+}
+
+std::string real_path_outside(const std::string& folder, const std::string& path) {
+    std::error_code ec;
+    const std::filesystem::path root = std::filesystem::canonical(folder, ec);
+    if (ec) return path;
+    const std::filesystem::path real = std::filesystem::canonical(path, ec);
+    if (ec) return path;
+    const std::string relative = real.lexically_relative(root).generic_string();
+    const bool inside = !relative.empty() && relative != ".." && relative.rfind("../", 0) != 0;
+    return inside ? "" : real.string();
 }
 
 }  // namespace kiln

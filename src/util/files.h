@@ -59,4 +59,11 @@ Result<int> open_regular_file(const std::string& path);
 // BadFile naming the path; a larger file is "larger than any `what` file".
 Result<std::string> read_whole_file(const std::string& path, size_t max_bytes, const std::string& what);
 
+// Where `path` leads once every symlink is resolved, when that is outside
+// `folder`'s own real path ("" when it stays inside, or is the folder).
+// A path that cannot be resolved (missing, a loop) counts as outside and
+// is returned as given. For folders whose files must not lead elsewhere:
+// --model-dir, --lora-model-dir, kiln pull's --to.
+std::string real_path_outside(const std::string& folder, const std::string& path);
+
 }  // namespace kiln

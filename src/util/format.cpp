@@ -77,6 +77,10 @@ size_t utf8_length(std::string_view text, size_t i) {
     const bool overlong = (n == 3 && cp < 0x800) || (n == 4 && cp < 0x10000);
     if (overlong || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
     if (cp >= 0x80 && cp <= 0x9f) return 0;  // C1 controls: escaped like C0
+    // Bidirectional controls (U+202E shows "exe.txt" as "txt.exe"): escaped too.
+    const bool bidi = cp == 0x061c || cp == 0x200e || cp == 0x200f || (cp >= 0x202a && cp <= 0x202e) ||
+                      (cp >= 0x2066 && cp <= 0x2069);
+    if (bidi) return 0;
     return n;
 }
 

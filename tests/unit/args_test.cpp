@@ -130,6 +130,13 @@ TEST(Args, SdCliSamplingOptions) {
     EXPECT_NE(parse_error({"--skip-layers", "[7,x]"}).message.find("--skip-layers: expected an integer"),
               std::string::npos);
     EXPECT_NE(parse_error({"--timestep-shift", "1001"}).message.find("from 0 to 1000"), std::string::npos);
+    // Checked even when they do not apply (no --slg-scale, no --hires).
+    EXPECT_EQ(parse_error({"--skip-layer-start", "99999999999"}).message,
+              "--skip-layer-start: expected a number from 0 to 1, got '99999999999'");
+    EXPECT_EQ(parse_error({"--skip-layer-end", "-1"}).message,
+              "--skip-layer-end: expected a number from 0 to 1, got '-1'");
+    EXPECT_EQ(parse_error({"--hires-denoising-strength", "2"}).message,
+              "--hires-denoising-strength: expected a number from 0 to 1, got '2'");
 }
 
 TEST(Args, Modes) {
@@ -227,6 +234,26 @@ TEST(Args, RpcServerCommand) {
               "--host: expected an IPv4 address such as 127.0.0.1 or 0.0.0.0, got 'example.com'");
     EXPECT_EQ(parse_error({"--port", "6000"}).message, "unknown option '--port'");  // rpc-server only
     EXPECT_EQ(parse_error({"-v", "rpc-server"}).hint, "'rpc-server' must come first: kiln rpc-server --port P");
+}
+
+TEST(Args, ServeKeysHostNamesAndCorsOrigins) {
+    // HTTP drops a header value's outer whitespace: no client could send these keys.
+    for (const std::string key : {"   ", " key", "key\t", "a\nb"}) {
+        const UsageError e = parse_error({"serve", "--api-key", key});
+        EXPECT_EQ(e.message.rfind("--api-key: ", 0), 0u) << e.message;
+    }
+    EXPECT_EQ(parse_ok({"serve", "--api-key", "in side"}).api_key, "in side");
+    const Options o = parse_ok({"serve", "--host-name", "kiln.lan", "--host-name", "box", "--cors-origin",
+                                "http://localhost:3000", "--cors-origin", "*"});
+    EXPECT_EQ(o.host_names, (std::vector<std::string>{"kiln.lan", "box"}));
+    EXPECT_EQ(o.cors_origins, (std::vector<std::string>{"http://localhost:3000", "*"}));
+    EXPECT_EQ(parse_error({"serve", "--host-name", "evil.example:80"}).message,
+              "--host-name: expected a host name such as kiln.lan, got 'evil.example:80'");
+    for (const std::string origin : {"localhost:3000", "http://", "http://a.example/path"}) {
+        EXPECT_EQ(parse_error({"serve", "--cors-origin", origin}).message.rfind("--cors-origin: expected an origin", 0),
+                  0u)
+            << origin;
+    }
 }
 
 TEST(Args, HelpListsEveryFlag) {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 
 #include "golden.h"
@@ -199,6 +200,43 @@ TEST(CliGenerate, BadRequestsFailCleanlyWithoutOutput) {
     auto r = run_command(kiln_with_sd1_tiny("-p x -W 32 -H 32 --steps 1 -o " + dir.file("out.bmp")));
     EXPECT_EQ(r.exit_code, 2);
     EXPECT_NE(r.err.find("unsupported image extension"), std::string::npos) << r.err;
+}
+
+// A place the image cannot go is found before the model loads: the model
+// here does not exist, so an error naming it would mean it was loaded first.
+TEST(CliGenerate, AnOutputThatCannotBeWrittenIsRefusedBeforeTheModelLoads) {
+    TempDir dir;
+    std::filesystem::create_directories(dir.file("taken.png"));
+    dir.write("plain", std::string("a file"));
+    struct Case {
+        std::string output, message;
+    };
+    for (const Case& c : std::vector<Case>{
+             {"/no/such/dir/o.png", "the folder /no/such/dir does not exist"},
+             {dir.file("taken.png"), "is a folder"},
+             {dir.file("plain") + "/o.png", dir.file("plain") + " is not a folder"},
+             {dir.file("nowhere") + "/img_%03d.png", "the folder " + dir.file("nowhere") + " does not exist"},
+         }) {
+        auto r = run_command(std::string(KILN_BIN) + " -m " + dir.file("missing.safetensors") + " -p x -o '" +
+                             c.output + "'");
+        EXPECT_EQ(r.exit_code, 2) << c.output << ": " << r.err;
+        EXPECT_NE(r.err.find("-o " + c.output + ": " + c.message), std::string::npos) << r.err;
+        EXPECT_EQ(r.err.find("missing.safetensors"), std::string::npos) << "the model was loaded first: " << r.err;
+    }
+    auto upscale = run_command(std::string(KILN_BIN) + " -M upscale -i " + dir.file("in.png") + " --upscale-model " +
+                               dir.file("missing.pth") + " -o /no/such/dir/up.png");
+    EXPECT_EQ(upscale.exit_code, 2) << upscale.err;
+    EXPECT_NE(upscale.err.find("the folder /no/such/dir does not exist"), std::string::npos) << upscale.err;
+}
+
+// An unclosed <lora:... is kept as prompt text, as A1111 keeps it, with a
+// warning: it is almost always a tag that lost its '>'.
+TEST(CliGenerate, AnUnclosedLoraTagIsWarnedAbout) {
+    TempDir dir;
+    auto r = run_command(kiln_with_sd1_tiny("-p 'a cat <lora:cat:1' -W 32 -H 32 --steps 1 -o " + dir.file("o.png")));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    const std::string log = r.out + r.err;  // warnings go to stdout with the other messages
+    EXPECT_NE(log.find("warn: prompt: '<lora:cat:1' has no closing '>'"), std::string::npos) << log;
 }
 
 // kiln plan runs generation's validation: what a run refuses, the plan refuses.

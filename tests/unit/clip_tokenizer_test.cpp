@@ -1,6 +1,7 @@
 #include "text/clip_tokenizer.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <string>
@@ -342,6 +343,18 @@ TEST(ClipTokenizerLoad, DiffusersModelFolder) {
     auto t = ClipTokenizer::load(dir.path());
     ASSERT_TRUE(t.ok()) << t.error().message;
     EXPECT_EQ(t->encode("a red circle"), (Ids{kA, kRed, kCircle}));
+}
+
+// A vocab.json that is not a file (a FIFO: reading it would block) is
+// named for what it is, not reported as missing.
+TEST(ClipTokenizerLoad, AVocabJsonThatIsNotAFileIsNamed) {
+    test::TempDir dir;
+    ASSERT_EQ(::mkfifo(dir.file("vocab.json").c_str(), 0644), 0);
+    dir.write("merges.txt", join_lines(kMerges, "#version: 0.2\n", "\n"));
+    auto t = ClipTokenizer::load(dir.path());
+    ASSERT_FALSE(t.ok());
+    EXPECT_NE(t.error().message.find(dir.file("vocab.json") + ": not a regular file (a FIFO)"), std::string::npos)
+        << t.error().message;
 }
 
 TEST(ClipTokenizerLoad, GgufStyleTokensAndMerges) {

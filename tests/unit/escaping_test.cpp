@@ -23,6 +23,8 @@ TEST(Escaping, ControlBytesAndInvalidUtf8BecomeHexEscapes) {
     EXPECT_EQ(escaped("caf\xc3\xa9 \xe7\x8c\xab"), "caf\xc3\xa9 \xe7\x8c\xab");  // valid UTF-8 kept
     EXPECT_EQ(escaped("\xff\xc3"), "\\xff\\xc3");                                // invalid bytes escaped
     EXPECT_EQ(escaped("\xc2\x9b"), "\\xc2\\x9b");                                // C1 CSI escaped
+    EXPECT_EQ(escaped("a\xe2\x80\xaetxt.exe"), "a\\xe2\\x80\\xaetxt.exe");            // U+202E, right-to-left override
+    EXPECT_EQ(escaped("\xe2\x81\xa6x\xe2\x81\xa9"), "\\xe2\\x81\\xa6x\\xe2\\x81\\xa9");    // isolates
     EXPECT_EQ(escaped("back\\slash"), "back\\x5cslash");
     EXPECT_EQ(escaped(std::string("nul\0byte", 8)), "nul\\x00byte");
 }

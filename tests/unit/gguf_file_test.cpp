@@ -143,6 +143,22 @@ TEST(Gguf, ImplausibleTensorCountIsRejectedWithoutAllocating) {
     auto result = parse_gguf(bytes.data(), bytes.size(), "x.gguf");
     ASSERT_FALSE(result.ok());
     EXPECT_EQ(result.error().message.rfind("x.gguf: invalid GGUF file", 0), 0u) << result.error().message;
+
+    // 2^63 and 2^64-1 are the numbers the file holds, not negative ones.
+    for (const uint64_t count : {1ull << 63, ~0ull}) {
+        for (const bool tensors : {true, false}) {
+            std::vector<uint8_t> lie = {'G', 'G', 'U', 'F'};
+            test::put_u32(lie, 3);
+            test::put_u64(lie, tensors ? count : 0);
+            test::put_u64(lie, tensors ? 0 : count);
+            auto r = parse_gguf(lie.data(), lie.size(), "x.gguf");
+            ASSERT_FALSE(r.ok());
+            const std::string expected = std::string(tensors ? "tensor count " : "key/value count ") +
+                                         std::to_string(count) + " cannot fit in the file";
+            EXPECT_NE(r.error().message.find(expected), std::string::npos) << r.error().message;
+            EXPECT_EQ(r.error().message.find('-'), std::string::npos) << r.error().message;
+        }
+    }
 }
 
 // A GGUF header written by hand: `keys` u32 key/value pairs, then one-element

@@ -5,7 +5,10 @@
 // in every naming the fixture writes; the prompt syntax; and bad input.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
+#include <limits>
+#include <cstring>
 
 #include "golden.h"
 #include "pipeline/generate.h"
@@ -200,6 +203,25 @@ TEST(LoraTags, AreRemovedFromThePromptWithTheirWeights) {
     ASSERT_TRUE(plain.ok());
     EXPECT_EQ(plain->prompt, "no tags <here> or <lora:unclosed");
     EXPECT_TRUE(plain->loras.empty());
+    EXPECT_EQ(plain->unclosed, "<lora:unclosed");  // validate_request warns about it
+    EXPECT_EQ(p->unclosed, "");
+}
+
+// --lora-model-dir keeps to the folder's real path, as kiln serve's
+// --model-dir does: a symlink in it may point inside, not out.
+TEST(LoraTags, AFileASymlinkLeadsOutOfTheFolderToIsRefused) {
+    test::TempDir outside, dir;
+    const std::string secret = outside.write("secret.safetensors", std::string("x"));
+    const std::string inside = dir.write("inside.safetensors", std::string("x"));
+    std::filesystem::create_symlink(secret, dir.file("escape.safetensors"));
+    std::filesystem::create_symlink(inside, dir.file("alias.safetensors"));
+    EXPECT_EQ(find_lora_file(dir.path(), "inside").value(), dir.path() + "/inside.safetensors");
+    EXPECT_EQ(find_lora_file(dir.path(), "alias").value(), dir.path() + "/alias.safetensors");
+    auto escape = find_lora_file(dir.path(), "escape");
+    ASSERT_FALSE(escape.ok());
+    EXPECT_EQ(escape.error().kind, ErrorKind::InvalidRequest);
+    EXPECT_NE(escape.error().message.find("leads out of --lora-model-dir"), std::string::npos)
+        << escape.error().message;
 }
 
 TEST(LoraTags, MalformedTagsAreInvalidRequests) {
@@ -280,6 +302,46 @@ TEST(Lora, BadRequestsAndFilesAreCleanErrorsAndLeaveNoLora) {
         EXPECT_NE(r.error().message.find(name), std::string::npos) << r.error().message;
     }
     // After every failure the model is its base and serves the next job.
+    EXPECT_EQ(unet_out(*model), base);
+}
+
+// A strength or alpha whose product overflows float, or a factor that is
+// not a number, is refused before any job runs: the strength as an invalid
+// request, the file as a bad file, each named.
+TEST(Lora, FactorsBeyondFloatAreRefusedBeforeTheJob) {
+    test::TempDir dir;
+    auto model = load(LoraApplyMode::Auto, GGML_TYPE_F32, dir.path());
+    ASSERT_TRUE(model);
+    const std::vector<float> base = unet_out(*model);
+    const std::string layer = "lora_unet_down_blocks_0_attentions_0_transformer_blocks_0_attn1_to_q";
+    auto adapter = [&](float alpha, float first_value) {
+        std::vector<uint8_t> down = test::f32_bytes(64);
+        std::memcpy(down.data(), &first_value, sizeof first_value);
+        std::vector<uint8_t> alpha_bytes(4);
+        std::memcpy(alpha_bytes.data(), &alpha, sizeof alpha);
+        return test::build_safetensors({{layer + ".lora_down.weight", "F32", {2, 32}, down},
+                                        {layer + ".lora_up.weight", "F32", {32, 2}, test::f32_bytes(64)},
+                                        {layer + ".alpha", "F32", {}, alpha_bytes}});
+    };
+    dir.write("fine.safetensors", adapter(2.0f, 0.0f));
+    dir.write("alpha.safetensors", adapter(3e38f, 0.0f));
+    dir.write("infinite.safetensors", adapter(2.0f, std::numeric_limits<float>::infinity()));
+    ASSERT_TRUE(apply_loras(*model, {{"fine", 1.0f}}).ok());
+
+    auto strength = apply_loras(*model, {{"fine", 1e30f}});
+    ASSERT_FALSE(strength.ok());
+    EXPECT_EQ(strength.error().kind, ErrorKind::InvalidRequest);
+    EXPECT_NE(strength.error().message.find("LoRA fine"), std::string::npos) << strength.error().message;
+    auto alpha = apply_loras(*model, {{"alpha", 1.0f}});
+    ASSERT_FALSE(alpha.ok());
+    EXPECT_EQ(alpha.error().kind, ErrorKind::BadFile);
+    EXPECT_NE(alpha.error().message.find("alpha/rank 1.5e+38"), std::string::npos) << alpha.error().message;
+    auto infinite = apply_loras(*model, {{"infinite", 1.0f}});
+    ASSERT_FALSE(infinite.ok());
+    EXPECT_EQ(infinite.error().kind, ErrorKind::BadFile);
+    EXPECT_NE(infinite.error().message.find("lora_down.weight' holds a value that is not a finite number"),
+              std::string::npos)
+        << infinite.error().message;
     EXPECT_EQ(unet_out(*model), base);
 }
 

@@ -61,6 +61,14 @@ TEST(MaxVram, BadValuesNameTheProblem) {
     EXPECT_EQ(runtime::parse_max_vram("cuda0=1,CUDA0=2").error().message, "--max-vram: two budgets for CUDA0");
     EXPECT_EQ(runtime::parse_max_vram("1,2").error().message, "--max-vram: two budgets for every device in '1,2'");
     EXPECT_EQ(runtime::parse_max_vram("=3").error().message, "--max-vram: '=3' names no device");
+    // Huge values used to wrap to a budget of 0 B; they are refused.
+    for (const char* huge : {"1e12", "17179869184", "99999999999G", "cpu=99999999999", "-1e10", "rpc0=-2e9"}) {
+        auto r = runtime::parse_max_vram(huge);
+        ASSERT_FALSE(r.ok()) << huge;
+        EXPECT_NE(r.error().message.find("1e9 GiB"), std::string::npos) << r.error().message;
+    }
+    EXPECT_EQ(runtime::parse_max_vram("1e9").value().all_gib, 1e9);
+    EXPECT_EQ(runtime::parse_max_vram("cpu=-5").value().for_device("cpu"), -5.0);
     EXPECT_EQ(runtime::parse_max_vram("4,").error().message, "--max-vram: an empty entry in '4,'");
 }
 

@@ -199,6 +199,21 @@ TEST(TokenChunks, LongPromptsContinueInMoreChunks) {
     EXPECT_EQ(tokenize_with_weights(t, repeat("a", 160)).tokens.size(), 3u);
 }
 
+// A weight no float can hold (a thousand nested parentheses, an explicit
+// 1e30) is refused up front, naming the fragment, not found as non-finite
+// values after the job.
+TEST(TokenChunks, WeightsBeyondTheLimitAreRefusedNamingTheFragment) {
+    const std::string nested = std::string(1000, '(') + "cat" + std::string(1000, ')');
+    Status s = check_prompt_size("a " + nested, "--prompt");
+    ASSERT_FALSE(s.ok());
+    EXPECT_NE(s.error().message.find("--prompt: 'cat' has the weight inf"), std::string::npos) << s.error().message;
+    s = check_prompt_size("a (dog:10000000) b", "--negative-prompt");  // A1111's weights are digits and a dot
+    ASSERT_FALSE(s.ok());
+    EXPECT_NE(s.error().message.find("--negative-prompt: 'dog' has the weight 10000000"), std::string::npos)
+        << s.error().message;
+    EXPECT_TRUE(check_prompt_size("a ((cat:3)) (dog:-2) [[b]]", "--prompt").ok());
+}
+
 // A BREAK storm or a huge prompt is bounded by the parse: check_prompt_size
 // refuses it up front (naming the limit), and chunking never goes past
 // kMaxPromptChunks whoever calls it.

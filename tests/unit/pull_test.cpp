@@ -88,6 +88,8 @@ class LocalHub {
     std::set<std::string> unserved;                 // "REPO/PATH": listed, but resolve answers 404
     std::string extra_sibling;                      // a raw JSON object appended to every list
     bool ignore_ranges = false;                     // answer every GET with 200 and the whole file, as some servers do
+    std::set<std::string> endless;                  // "REPO/PATH": resolve sends the file, then zeros for ever
+    std::set<std::string> unsized;                  // "REPO/PATH": listed without a size (nor lfs)
 
     // What the server saw.
     std::vector<std::string> range_headers() {
@@ -123,7 +125,12 @@ class LocalHub {
         for (size_t i = 0; i < paths.size(); ++i) {
             const std::string full = (folder / paths[i]).string();
             const std::string size = std::to_string(fs::file_size(full));
-            json += (i ? "," : "") + std::string(R"({"rfilename":")") + paths[i] + R"(","size":)" + size;
+            json += (i ? "," : "") + std::string(R"({"rfilename":")") + paths[i] + '"';
+            if (unsized.count(repo + "/" + paths[i])) {
+                json += "}";
+                continue;
+            }
+            json += R"(,"size":)" + size;
             if (fs::path(paths[i]).extension() != ".json") {
                 auto it = listed_sha.find(repo + "/" + paths[i]);
                 const std::string sha = it != listed_sha.end() ? it->second : reference_sha256(full);
@@ -159,6 +166,16 @@ class LocalHub {
         }
         auto data = std::make_shared<std::string>(read_text(file.string()));
         auto cut = cut_after.find(key);
+        if (endless.count(key)) {
+            // Chunked, so no length is announced: the file, then zeros until the client hangs up.
+            res.set_chunked_content_provider(
+                "application/octet-stream", [data](size_t offset, httplib::DataSink& sink) {
+                    static const std::string zeros(65536, '\0');
+                    return offset < data->size() ? sink.write(data->data() + offset, data->size() - offset)
+                                                 : sink.write(zeros.data(), zeros.size());
+                });
+            return;
+        }
         if (cut == cut_after.end() && ignore_ranges) {
             // Chunked: the one kind of answer httplib does not cut to the Range.
             res.set_chunked_content_provider("application/octet-stream",
@@ -275,14 +292,14 @@ TEST(Pull, ResumesWithARangeAfterACutConnection) {
     EXPECT_EQ(first.exit_code, 1);
     EXPECT_NE(first.err.find("run the same command again to resume"), std::string::npos) << first.err;
     EXPECT_FALSE(exists(final_path));
-    ASSERT_TRUE(exists(final_path + ".part"));
-    EXPECT_EQ(fs::file_size(final_path + ".part"), 120000u);
+    ASSERT_TRUE(exists(final_path + ".kiln-part"));
+    EXPECT_EQ(fs::file_size(final_path + ".kiln-part"), 120000u);
 
     auto second = run_command(cmd);
     ASSERT_EQ(second.exit_code, 0) << second.err;
     EXPECT_EQ(hub.range_headers(), (std::vector<std::string>{"", "bytes=120000-"}));
     EXPECT_TRUE(same_file(final_path, f.weights_path));
-    EXPECT_FALSE(exists(final_path + ".part"));
+    EXPECT_FALSE(exists(final_path + ".kiln-part"));
     EXPECT_NE(second.out.find("resuming at"), std::string::npos) << second.out;
     EXPECT_NE(second.out.find("sha256 ok"), std::string::npos) << second.out;
 }
@@ -297,7 +314,7 @@ TEST(Pull, ServerIgnoringTheRangeRestartsTheFile) {
     const std::string cmd = f.kiln() + "pull acme/tiny --include model.safetensors --hub-url " + hub.url();
     const std::string final_path = f.cache() + "/models/acme/tiny/main/model.safetensors";
     EXPECT_EQ(run_command(cmd).exit_code, 1);
-    ASSERT_EQ(fs::file_size(final_path + ".part"), 70000u);
+    ASSERT_EQ(fs::file_size(final_path + ".kiln-part"), 70000u);
 
     auto second = run_command(cmd);
     ASSERT_EQ(second.exit_code, 0) << second.err << second.out;
@@ -424,6 +441,88 @@ TEST(Pull, NetworkAndDiskFailuresAreClearErrors) {
     EXPECT_NE(hostile.err.find("'../escape.txt', a '..' part in a file name"), std::string::npos) << hostile.err;
     EXPECT_FALSE(exists(f.work.path() + "/escape.txt"));
     EXPECT_FALSE(exists(f.work.path() + "/dest"));
+}
+
+// A hub that lists a size and then streams for ever is stopped at that
+// size; with no size anywhere, at --max-size. Either way nothing is kept.
+TEST(Pull, AnEndlessBodyStopsAtTheListedSizeOrMaxSize) {
+    Fixture f;
+    LocalHub hub(f.hub_root.path());
+    hub.endless = {"acme/tiny/model.safetensors", "acme/tiny/README.md"};
+    hub.unsized = {"acme/tiny/README.md"};
+    const std::string to = f.work.path() + "/to";
+    auto listed =
+        run_command(f.kiln() + "pull acme/tiny --include model.safetensors --to " + to + " --hub-url " + hub.url());
+    EXPECT_EQ(listed.exit_code, 1);
+    EXPECT_NE(listed.err.find("model.safetensors: the server sends more than the 300,000 bytes the hub lists"),
+              std::string::npos)
+        << listed.err;
+    auto unsized = run_command(f.kiln() + "pull acme/tiny --include README.md --max-size 1M --to " + to +
+                               " --hub-url " + hub.url());
+    EXPECT_EQ(unsized.exit_code, 1);
+    EXPECT_NE(unsized.err.find("README.md: the server sends more than --max-size, 1,048,576 bytes"), std::string::npos)
+        << unsized.err;
+    EXPECT_EQ(files_under(to), std::vector<std::string>{});
+    EXPECT_EQ(run_command(f.kiln() + "pull acme/tiny --max-size 0").exit_code, 2);
+}
+
+// A part name that is a symlink, or a subfolder that is one, would carry
+// the download out of --to: refused, and the file outside stays as it was.
+TEST(Pull, SymlinksAtThePartOrItsFolderAreNotFollowed) {
+    Fixture f;
+    LocalHub hub(f.hub_root.path());
+    const std::string to = f.work.path() + "/to";
+    const std::string outside = f.work.write("outside/victim.txt", "precious");
+    fs::create_directories(to);
+    fs::create_symlink(outside, to + "/config.json.kiln-part");
+    auto part = run_command(f.kiln() + "pull acme/tiny --include config.json --to " + to + " --hub-url " + hub.url());
+    EXPECT_EQ(part.exit_code, 1);
+    EXPECT_NE(part.err.find("config.json.kiln-part is a symbolic link"), std::string::npos) << part.err;
+    EXPECT_EQ(read_text(outside), "precious");
+    EXPECT_FALSE(exists(to + "/config.json"));
+
+    fs::create_symlink(f.work.path() + "/outside", to + "/text_encoder");
+    auto folder =
+        run_command(f.kiln() + "pull acme/tiny --include 'text_encoder/*' --to " + to + " --hub-url " + hub.url());
+    EXPECT_EQ(folder.exit_code, 1);
+    EXPECT_NE(folder.err.find("through a symbolic link"), std::string::npos) << folder.err;
+    EXPECT_EQ(files_under(f.work.path() + "/outside"), std::vector<std::string>{"victim.txt"});
+}
+
+// A listed X.part is a file like any other, not X's partial download; a
+// name ending in kiln's own part suffix is refused.
+TEST(Pull, ListedFilesCannotBeMistakenForParts) {
+    Fixture f;
+    const std::string part_path = f.hub_root.write("acme/parts/ok.bin.part", pattern_bytes(3000));
+    const std::string ok_path = f.hub_root.write("acme/parts/ok.bin", pattern_bytes(12000));
+    LocalHub hub(f.hub_root.path());
+    const std::string to = f.work.path() + "/to";
+    auto r = run_command(f.kiln() + "pull acme/parts --to " + to + " --hub-url " + hub.url());
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_TRUE(same_file(to + "/ok.bin.part", part_path));
+    EXPECT_TRUE(same_file(to + "/ok.bin", ok_path));
+
+    f.hub_root.write("acme/parts/x.bin.kiln-part", "x");
+    auto reserved = run_command(f.kiln() + "pull acme/parts --to " + to + " --hub-url " + hub.url());
+    EXPECT_EQ(reserved.exit_code, 1);
+    EXPECT_NE(reserved.err.find("x.bin.kiln-part, a name kiln keeps for its partial downloads"), std::string::npos)
+        << reserved.err;
+    EXPECT_FALSE(exists(to + "/x.bin.kiln-part"));
+}
+
+// U+202E (right-to-left override) shows "gpj.exe" as "exe.jpg": such names
+// are refused, and the message shows the character escaped.
+TEST(Pull, BidiControlsInFileNamesAreRefusedAndEscaped) {
+    Fixture f;
+    f.hub_root.write("acme/bidi/a\xe2\x80\xaegpj.exe", "x");
+    LocalHub hub(f.hub_root.path());
+    const std::string to = f.work.path() + "/to";
+    auto r = run_command(f.kiln() + "pull acme/bidi --to " + to + " --hub-url " + hub.url());
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(r.err.find("'a\\xe2\\x80\\xaegpj.exe', a control character, bidirectional control"), std::string::npos)
+        << r.err;
+    EXPECT_EQ(r.err.find("\xe2\x80\xae"), std::string::npos) << "the raw character reached the terminal";
+    EXPECT_EQ(files_under(to), std::vector<std::string>{});
 }
 
 // `kiln pull --tokenizer clip-l` fills the cache, and a model without a

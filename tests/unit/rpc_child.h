@@ -29,6 +29,7 @@ class KilnChild {
     KilnChild& operator=(const KilnChild&) = delete;
 
     bool started() const { return pid_ > 0; }
+    uint64_t resident_bytes() const { return resident_bytes_of(pid_); }
     // True once the child has exited (and was reaped).
     bool exited();
     // Polls until `port` accepts connections, for at most `timeout`; false if

@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <thread>
@@ -12,6 +13,7 @@
 
 #include "ggml-rpc.h"
 #include "rpc_child.h"
+#include "runtime/rpc_message_guard.h"
 #include "test_files.h"
 
 namespace kiln {
@@ -128,6 +130,84 @@ TEST(RpcServerHostile, MaxAllocRefusesLargerBuffers) {
     EXPECT_FALSE(server.exited());
     const std::string log = server.out() + server.err();
     EXPECT_NE(log.find("refused a 4.00 GiB buffer on CPU: --max-alloc is 64.00 MiB"), std::string::npos) << log;
+}
+
+// SET_TENSOR (command 6) is the one message whose size is the client's to
+// choose. A header claiming 1 GiB under --max-alloc 64M closes the
+// connection before the server allocates anything; the server stays small
+// and serves the next client.
+TEST(RpcServerHostile, AMessageOverMaxAllocIsRefusedBeforeAllocating) {
+    const int port = test::free_port();
+    ASSERT_GT(port, 0);
+    test::KilnChild server({"rpc-server", "--port", std::to_string(port), "-t", "1", "--max-alloc", "64M"});
+    ASSERT_TRUE(server.wait_listening(port)) << server.err();
+    const uint64_t before = server.resident_bytes();
+    ASSERT_GT(before, 0u);
+    const int fd = test::connect_loopback(port);
+    ASSERT_GE(fd, 0);
+    // Not a measure of speed: only so that a server that waits for the payload fails the test.
+    const timeval patience{60, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &patience, sizeof patience);
+    std::vector<uint8_t> bytes;
+    put_command(bytes, 14, std::vector<uint8_t>(24, 0));
+    bytes.push_back(6);
+    test::put_u64(bytes, 1ull << 30);
+    ASSERT_EQ(::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL), static_cast<ssize_t>(bytes.size()));
+    EXPECT_EQ(read_answer(fd, 8 + 28).size(), 8u + 28u) << "no HELLO answer";
+    uint8_t more = 0;
+    const ssize_t after_header = ::recv(fd, &more, 1, 0);
+    const uint64_t during = server.resident_bytes();
+    ::close(fd);
+    EXPECT_EQ(after_header, 0) << "the connection was not closed (errno " << errno << ")";
+    EXPECT_LT(during, before + (256ull << 20)) << "before " << before << ", with the header sent " << during;
+    const std::string log = server.out() + server.err();
+    EXPECT_NE(log.find("sent command 6 claiming 1.00 GiB, over the limit of 65.00 MiB (--max-alloc)"),
+              std::string::npos)
+        << log;
+
+    // The next client is served.
+    const int next = test::connect_loopback(port);
+    ASSERT_GE(next, 0);
+    const std::vector<uint8_t> one = hello_and_device_counts(1);
+    ASSERT_EQ(::send(next, one.data(), one.size(), MSG_NOSIGNAL), static_cast<ssize_t>(one.size()));
+    const std::vector<uint8_t> answer = read_answer(next, 8 + 28 + 8 + 4);
+    ::close(next);
+    EXPECT_EQ(answer.size(), 8u + 28u + 8u + 4u);
+    EXPECT_FALSE(server.exited());
+}
+
+// The front's check on its own: the stream cut into pieces at every
+// point, HELLO's capabilities zeroed, everything before the oversized
+// header passed on, nothing from it on.
+TEST(RpcMessageGuard, PassesMessagesInAnyPiecesAndStopsAtAnOversizedHeader) {
+    std::vector<uint8_t> stream;
+    put_command(stream, 14, std::vector<uint8_t>(24, 0xab));  // HELLO with capabilities
+    put_command(stream, 15, {});                              // DEVICE_COUNT
+    put_command(stream, 6, std::vector<uint8_t>(100, 7));     // SET_TENSOR within the limit
+    const size_t good = stream.size();
+    stream.push_back(6);
+    test::put_u64(stream, 1ull << 30);  // then one claiming 1 GiB
+    stream.resize(stream.size() + 50, 9);
+    std::vector<uint8_t> expected(stream.begin(), stream.begin() + static_cast<std::ptrdiff_t>(good));
+    std::fill(expected.begin() + 9, expected.begin() + 9 + 24, 0);
+    for (size_t cut = 1; cut < stream.size(); ++cut) {
+        runtime::RpcMessageGuard guard(1000);
+        std::vector<uint8_t> bytes = stream, passed;
+        for (size_t at = 0; at < bytes.size(); at += cut) {
+            const size_t n = std::min(cut, bytes.size() - at);
+            const size_t allowed = guard.feed(bytes.data() + at, n);
+            passed.insert(passed.end(), bytes.begin() + static_cast<std::ptrdiff_t>(at),
+                          bytes.begin() + static_cast<std::ptrdiff_t>(at + allowed));
+            if (allowed < n) break;
+        }
+        ASSERT_TRUE(guard.refused().has_value()) << "pieces of " << cut;
+        EXPECT_EQ(guard.refused()->command, 6);
+        EXPECT_EQ(guard.refused()->claimed, 1ull << 30);
+        // A header split between pieces may have its first bytes passed on, never the whole.
+        ASSERT_GE(passed.size(), good) << "pieces of " << cut;
+        ASSERT_LT(passed.size(), good + runtime::RpcMessageGuard::kHeaderBytes) << "pieces of " << cut;
+        EXPECT_TRUE(std::equal(expected.begin(), expected.end(), passed.begin())) << "pieces of " << cut;
+    }
 }
 
 // A job whose buffers exceed the server's limit fails as out of memory on

@@ -52,6 +52,18 @@ bool wait_for_first_step(int port, const std::string& id) {
     return stepped;
 }
 
+// The id of the job the server runs now ("" for none), from A1111's progress.
+std::string running_job(httplib::Client& client) {
+    const json progress = body_json(client.Get("/sdapi/v1/progress?skip_current_image=true"));
+    return progress.contains("state") ? progress["state"].value("job", "") : "";
+}
+
+// Waits until the server runs another job than `running` (one has ended,
+// so the queue moved). No clock: on a slow machine this only takes longer.
+void wait_for_the_queue_to_move(httplib::Client& client, const std::string& running) {
+    while (running_job(client) == running) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+}
+
 // What the storm saw, guarded by `mutex`.
 struct Storm {
     std::mutex mutex;
@@ -67,7 +79,8 @@ struct Storm {
 };
 
 // One client's requests: mixed sizes and steps, each kind of request.
-void run_client(int port, int c, int requests, Storm& storm) {
+// `total_jobs`: every job of the storm, the most times the queue can move.
+void run_client(int port, int c, int requests, int total_jobs, Storm& storm) {
     httplib::Client client("127.0.0.1", port);
     client.set_read_timeout(120, 0);
     for (int i = 0; i < requests; ++i) {
@@ -91,13 +104,18 @@ void run_client(int port, int c, int requests, Storm& storm) {
         std::string id;
         if (kind == Kind::CancelledRunning) {
             // Retried while the queue is full: each of these jobs must get to run.
+            // Each retry waits for the queue to move (a job to end), whatever
+            // time that takes; other clients may take the place first, but
+            // the storm has only so many jobs, so the queue moves at most
+            // that often before this one is taken.
             job["steps"] = kLongJobSteps;
             job["width"] = job["height"] = 32;
-            for (int attempt = 0; attempt < 400 && id.empty(); ++attempt) {
+            for (int moves = 0; moves <= total_jobs && id.empty(); ++moves) {
+                const std::string running = running_job(client);
                 id = test::post_job(client, job, &status);
                 storm.answered(status);
-                if (id.empty() && status == 429) std::this_thread::sleep_for(std::chrono::milliseconds(25));
                 if (status != 429) break;
+                if (id.empty()) wait_for_the_queue_to_move(client, running);
             }
         } else {
             id = test::post_job(client, job, &status);
@@ -141,7 +159,7 @@ TEST(ServerLoad, ConcurrentClientsGetOnlyAcceptedOrBusy) {
     Storm storm;
     std::vector<std::thread> clients;
     for (int c = 0; c < kClients; ++c)
-        clients.emplace_back(run_client, server.port(), c, kRequestsEach, std::ref(storm));
+        clients.emplace_back(run_client, server.port(), c, kRequestsEach, kClients * kRequestsEach, std::ref(storm));
     for (std::thread& t : clients) t.join();
 
     EXPECT_EQ(storm.requests, kClients * kRequestsEach);

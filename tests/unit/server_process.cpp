@@ -11,6 +11,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "test_files.h"
+
 namespace kiln::test {
 
 ServerProcess::ServerProcess(const std::string& args) {
@@ -59,14 +61,7 @@ int ServerProcess::stop(int signal) {
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-uint64_t ServerProcess::resident_bytes() const {
-    std::ifstream status("/proc/" + std::to_string(pid_) + "/status");
-    for (std::string line; std::getline(status, line);) {
-        // "VmRSS:     123 kB"
-        if (line.rfind("VmRSS:", 0) == 0) return std::strtoull(line.c_str() + 6, nullptr, 10) * 1024;
-    }
-    return 0;
-}
+uint64_t ServerProcess::resident_bytes() const { return resident_bytes_of(pid_); }
 
 std::string ServerProcess::log() const {
     std::ifstream in(log_path_);

@@ -130,6 +130,15 @@ ScopedEnv::~ScopedEnv() {
     }
 }
 
+uint64_t resident_bytes_of(int pid) {
+    std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+    for (std::string line; std::getline(status, line);) {
+        // "VmRSS:     123 kB"
+        if (line.rfind("VmRSS:", 0) == 0) return std::strtoull(line.c_str() + 6, nullptr, 10) * 1024;
+    }
+    return 0;
+}
+
 CommandResult run_command(const std::string& command_line) {
     TempDir dir;
     const std::string out_path = dir.file("stdout"), err_path = dir.file("stderr");

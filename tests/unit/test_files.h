@@ -71,6 +71,9 @@ class ScopedEnv {
     std::string old_value_;
 };
 
+// Process `pid`'s resident memory now (VmRSS in /proc/PID/status), 0 when it cannot be read.
+uint64_t resident_bytes_of(int pid);
+
 struct CommandResult {
     int exit_code = -1;
     std::string out;  // stdout

@@ -12,6 +12,8 @@
 
 #include "hub_client.h"
 #include "kiln.h"
+#include "runtime/device_budget.h"
+#include "util/format.h"
 #include "sd_cli_flags.h"
 #include "tokenizer_sources.h"
 
@@ -60,6 +62,22 @@ auto float_setter(float Options::*field) {
         char* end = nullptr;
         const float f = std::strtof(v.c_str(), &end);
         if (v.empty() || *end != '\0' || !std::isfinite(f)) return "expected a number, got '" + v + "'";
+        o.*field = f;
+        return std::nullopt;
+    };
+}
+
+// A number in [min, max], checked when parsed: the pipeline checks flags
+// like these only when they take effect (--skip-layer-start without
+// --slg-scale, --hires-denoising-strength without --hires), and a value no
+// run could take must not pass silently because this run ignores it.
+auto bounded_float_setter(float Options::*field, float min, float max) {
+    return [field, min, max](Options& o, const std::string& v) -> std::optional<std::string> {
+        char* end = nullptr;
+        const float f = std::strtof(v.c_str(), &end);
+        if (v.empty() || *end != '\0' || !(f >= min && f <= max)) {
+            return "expected a number from " + format_number(min) + " to " + format_number(max) + ", got '" + v + "'";
+        }
         o.*field = f;
         return std::nullopt;
     };
@@ -362,9 +380,9 @@ const std::vector<Flag>& flags() {
                  return std::nullopt;
              }},
             {nullptr, "--skip-layer-start", "X", "share of the schedule where skip-layer guidance starts (default 0.01)",
-             float_setter(&Options::skip_layer_start)},
+             bounded_float_setter(&Options::skip_layer_start, 0, 1)},
             {nullptr, "--skip-layer-end", "X", "share of the schedule where skip-layer guidance ends (default 0.2)",
-             float_setter(&Options::skip_layer_end)},
+             bounded_float_setter(&Options::skip_layer_end, 0, 1)},
             {nullptr, "--sigmas", "LIST",
              "the noise schedule itself, comma-separated and descending to 0, e.g. \"14.6,7.8,3.5,0\" (brackets "
              "allowed); replaces --scheduler, and --steps becomes the count less one",
@@ -451,7 +469,7 @@ const std::vector<Flag>& flags() {
              int_setter(&Options::hires_steps, -(1 << 20), 1 << 20)},
             {nullptr, "--hires-denoising-strength", "X",
              "share of the second pass's schedule to run, in [0, 1] (default 0.7; 0: upscale only)",
-             float_setter(&Options::hires_denoising_strength)},
+             bounded_float_setter(&Options::hires_denoising_strength, 0, 1)},
             {nullptr, "--hires-upscaler", "NAME",
              "latent (bilinear, default), latent-nearest, latent-nearest-exact, lanczos, or an ESRGAN model file",
              [](Options& o, const std::string& v) -> std::optional<std::string> {
@@ -533,8 +551,9 @@ const std::vector<Flag>& flags() {
             {nullptr, "--offload-to-cpu", nullptr, "keep every module's weights in RAM (--params-backend cpu)",
              switch_setter(&Options::offload_to_cpu)},
             {nullptr, "--max-vram", "GIB",
-             "memory budget per device in GiB: 6 (a managed budget), 0 (free memory), -1 (free memory at "
-             "start minus 1 GiB), or per device: cuda0=6,rpc0=0.5; K/M/G suffixes allowed (96M)",
+             "memory budget per device in GiB: 6 (a managed budget), 0 (free memory), -N (free memory at "
+             "start minus N GiB, e.g. -1 or -0.5), or per device: cuda0=6,rpc0=0.5,cpu=-2; K/M/G suffixes "
+             "allowed (96M); at most 1e9 GiB either way",
              checked_setter(&Options::max_vram, KILN_VALUE_MAX_VRAM)},
             {nullptr, "--auto-fit", "on|off",
              "choose placement and params locations automatically (default on; --backend or --params-backend "
@@ -661,6 +680,15 @@ const std::vector<Flag>& pull_flags() {
          }},
         {nullptr, "--to", "DIR", "write the files under DIR instead of kiln's cache (e.g. a server's --model-dir)",
          path_setter(&Options::pull_to)},
+        {nullptr, "--max-size", "SIZE",
+         "largest file whose size neither the hub nor its server gives, GiB or with a K/M/G suffix (default 1024)",
+         [](Options& o, const std::string& v) -> std::optional<std::string> {
+             auto gib = runtime::parse_gib_amount(v);
+             if (!gib.ok()) return gib.error().message;
+             if (!(*gib > 0) || *gib > 1e9) return "expected a size from 1K to 1e9G, got '" + v + "'";
+             o.pull_max_bytes = static_cast<uint64_t>(*gib * 1024.0 * 1024.0 * 1024.0);
+             return std::nullopt;
+         }},
     };
     return table;
 }
@@ -687,7 +715,35 @@ const std::vector<Flag>& serve_flags() {
         {nullptr, "--api-key", "KEY", "require 'Authorization: Bearer KEY' or 'X-Api-Key: KEY' on every request",
          [](Options& o, const std::string& v) -> std::optional<std::string> {
              if (v.empty()) return std::string("expected a key, got an empty string");
+             // HTTP drops a header value's outer whitespace, and control
+             // characters cannot be sent at all: no client could match such a key.
+             const auto blank = [](unsigned char c) { return c == ' ' || c == '\t'; };
+             if (blank(v.front()) || blank(v.back()))
+                 return std::string("the key begins or ends with whitespace, which HTTP clients cannot send");
+             for (unsigned char c : v) {
+                 if (c < 0x20 || c == 0x7f) return std::string("the key has a control character, which HTTP clients cannot send");
+             }
              o.api_key = v;
+             return std::nullopt;
+         }},
+        {nullptr, "--host-name", "NAME",
+         "a name the server is reached by besides its address and localhost (repeatable); without --api-key, other "
+         "Host headers get 421",
+         [](Options& o, const std::string& v) -> std::optional<std::string> {
+             if (v.empty() || v.find_first_of(" \t/:[]@") != std::string::npos)
+                 return "expected a host name such as kiln.lan, got '" + v + "'";
+             o.host_names.push_back(v);
+             return std::nullopt;
+         }},
+        {nullptr, "--cors-origin", "ORIGIN",
+         "let pages from ORIGIN (http://host[:port], or * for any) call the server (repeatable)",
+         [](Options& o, const std::string& v) -> std::optional<std::string> {
+             const auto scheme = v.find("://");
+             const bool origin = scheme != std::string::npos && scheme > 0 && v.size() > scheme + 3 &&
+                                 v.find_first_of("/ \t", scheme + 3) == std::string::npos;
+             if (v != "*" && !origin)
+                 return "expected an origin such as http://localhost:3000 (no path), or *, got '" + v + "'";
+             o.cors_origins.push_back(v);
              return std::nullopt;
          }},
         {nullptr, "--max-queue", "N", "jobs that may wait (default 16); past it requests get 429",

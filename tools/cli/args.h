@@ -2,6 +2,7 @@
 // for everything that exists, so an sd-cli user's commands carry over.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <variant>
@@ -144,6 +145,8 @@ struct Options {
     int listen_port = 1234;  // 0: any free port (printed at start)
     std::string model_dir;
     std::string api_key;
+    std::vector<std::string> host_names;    // --host-name (repeatable)
+    std::vector<std::string> cors_origins;  // --cors-origin (repeatable)
     int max_queue = 16;
     int max_loaded_models = 2;
     int max_width = 2048;
@@ -166,6 +169,7 @@ struct Options {
     std::string pull_hub_url;    // --hub-url; "": $HF_ENDPOINT, else https://huggingface.co
     std::string pull_tokenizer;  // --tokenizer NAME (tools/cli/tokenizer_sources.h)
     std::string pull_to;         // --to DIR; "": kiln's cache
+    uint64_t pull_max_bytes = uint64_t(1) << 40;  // --max-size: a file of no known size stops there (1 TiB)
 
     // Logging; the last of -v/--verbose/--log-level wins.
     LogLevel log_level = LogLevel::Info;

@@ -81,16 +81,30 @@ struct PartFile {
 // and what the server said about the size. The steps of download_file().
 class PartDownload {
   public:
-    PartDownload(const HubFile& file, std::string part_path, DownloadProgress& progress)
-        : file_(file), progress_(progress) {
+    PartDownload(const HubFile& file, std::string part_path, uint64_t max_bytes, DownloadProgress& progress)
+        : file_(file), progress_(progress), max_bytes_(max_bytes) {
         part_.path = std::move(part_path);
     }
 
     // Opens (creating) and locks the part; a part longer than the listed
-    // file cannot be a prefix of it and is emptied.
+    // file cannot be a prefix of it and is emptied. A symlink at the part's
+    // name is not followed (it could point anywhere), and only a regular
+    // file is written to.
     Status open() {
-        part_.fd = ::open(part_.path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+        part_.fd = ::open(part_.path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
+        if (part_.fd < 0 && errno == ELOOP) {
+            return Error{part_.path +
+                         " is a symbolic link; kiln writes partial downloads only to files it made: "
+                         "remove it"};
+        }
         if (part_.fd < 0) return disk_error("opening", part_.path);
+        struct stat st {};
+        if (::fstat(part_.fd, &st) != 0) return disk_error("checking", part_.path);
+        if (!S_ISREG(st.st_mode)) {
+            return Error{part_.path +
+                         " is not a regular file; kiln writes partial downloads only to files it made: "
+                         "remove it"};
+        }
         // Two pulls appending to one part would interleave their bytes.
         if (::flock(part_.fd, LOCK_EX | LOCK_NB) != 0) {
             if (errno == EWOULDBLOCK) return Error{part_.path + " is being written by another kiln pull; wait for it"};
@@ -191,13 +205,31 @@ class PartDownload {
             return Error::bad_file("the hub lists " + file_.path + " at " + grouped(*file_.size) +
                                    " bytes but the server sends " + grouped(*s.total));
         }
+        if (!file_.size && s.total && *s.total > max_bytes_) {
+            return Error::bad_file(file_.path + ": the server announces " + grouped(*s.total) +
+                                   " bytes, over --max-size (" + grouped(max_bytes_) +
+                                   " bytes; the hub lists no size)");
+        }
         progress_.begin(file_.path, offset_, file_.size ? file_.size : s.total);
         began_ = true;
         return Status::Ok();
     }
 
+    // Appends a chunk, stopping a server that sends more than the file
+    // can hold: the listed size, else the size the server announced, else
+    // --max-size. An endless body is refused as it comes, not once it ends.
     Status write(const char* data, size_t n) {
+        const uint64_t limit = file_.size ? *file_.size : server_total_ ? *server_total_ : max_bytes_;
+        if (offset_ + n > limit) {
+            const std::string what = file_.size ? "the " + grouped(limit) + " bytes the hub lists"
+                                     : server_total_
+                                         ? "the " + grouped(limit) + " bytes it announced"
+                                         : "--max-size, " + grouped(limit) + " bytes (the hub lists no size)";
+            // BadFile: after_failed_fetch deletes the part.
+            return Error::bad_file(file_.path + ": the server sends more than " + what + "; the download was deleted");
+        }
         KILN_TRY(part_.append(data, n));
+        offset_ += n;
         if (!file_.sha256.empty()) hash_.update(data, n);
         progress_.advance(n);
         return Status::Ok();
@@ -213,6 +245,7 @@ class PartDownload {
     const HubFile& file_;
     DownloadProgress& progress_;
     PartFile part_;
+    uint64_t max_bytes_;   // --max-size: the most a file of no known size may have
     uint64_t offset_ = 0;  // where the next byte goes
     Sha256 hash_;          // of bytes 0 .. offset_ (when the list gives a sha256)
     std::optional<uint64_t> server_total_;
@@ -221,14 +254,32 @@ class PartDownload {
 
 }  // namespace
 
+bool is_part_name(const std::string& path) {
+    return path.size() >= std::strlen(kPartSuffix) &&
+           path.compare(path.size() - std::strlen(kPartSuffix), std::string::npos, kPartSuffix) == 0;
+}
+
 Result<DownloadOutcome> download_file(const HubClient& hub, const std::string& repo, const std::string& revision,
-                                      const HubFile& file, const std::string& final_path, DownloadProgress& progress) {
+                                      const HubFile& file, const std::string& folder, uint64_t max_bytes,
+                                      DownloadProgress& progress) {
+    if (is_part_name(file.path)) {
+        return Error::bad_file("the hub lists " + file.path + ", a name kiln keeps for its partial downloads (" +
+                               kPartSuffix + ")");
+    }
+    const std::string final_path = folder + "/" + file.path;
     KILN_TRY(make_parent_folders(final_path));
+    // The file's folder must be inside `folder` once symlinks are resolved:
+    // a linked subfolder would carry the download (and its part) elsewhere.
+    const std::string parent = std::filesystem::path(final_path).parent_path().string();
+    if (const std::string outside = real_path_outside(folder, parent); !outside.empty()) {
+        return Error{parent + " leads out of " + folder + " (to " + outside +
+                     ") through a symbolic link; kiln writes only inside " + folder};
+    }
     auto current = final_is_current(final_path, file);
     if (!current.ok()) return current.error();
     if (*current) return DownloadOutcome::AlreadyThere;
 
-    PartDownload download(file, final_path + ".part", progress);
+    PartDownload download(file, final_path + kPartSuffix, max_bytes, progress);
     KILN_TRY(download.open());
     if (Status fetched = download.fetch(hub, repo, revision); !fetched.ok()) {
         return download.after_failed_fetch(fetched.error());

@@ -14,6 +14,7 @@
 #include "kiln.h"
 #include "util/format.h"
 #include "output_pattern.h"
+#include "output_target.h"
 #include "upscale_command.h"
 #include "util/log.h"
 
@@ -98,6 +99,11 @@ int run_generate(const Options& options) {
     auto output = OutputPattern::parse(options.output);
     if (!output) {
         KILN_LOG_ERROR("-o: %s", output.error().message.c_str());
+        return kExitUsage;
+    }
+    // Where the images go, before minutes of loading and sampling.
+    if (auto problem = output_path_problem(output->path(0, 1))) {
+        KILN_LOG_ERROR("-o %s: %s", options.output.c_str(), problem->c_str());
         return kExitUsage;
     }
 

@@ -248,8 +248,11 @@ std::optional<std::string> check_listed_path(const std::string& path) {
     if (path.empty()) return "an empty file name";
     if (path.size() > 1024) return "a file name of " + std::to_string(path.size()) + " bytes";
     if (path[0] == '/') return "an absolute path";
-    for (unsigned char c : path) {
-        if (c < 0x20 || c == 0x7f || c == '\\') return "a control character or backslash in a file name";
+    // What kiln's messages escape (control and bidirectional control
+    // characters, invalid UTF-8, backslashes) has no place in a file name:
+    // a U+202E shows "gpj.exe" as "exe.jpg".
+    if (escaped(path) != path) {
+        return "a control character, bidirectional control, invalid UTF-8 or backslash in a file name";
     }
     size_t start = 0;
     while (true) {

@@ -133,7 +133,8 @@ int run_pull(const Options& options) {
     DownloadProgress progress(isatty(STDOUT_FILENO) != 0);
     size_t fetched = 0;
     for (const HubFile& f : *files) {
-        auto outcome = download_file(hub, plan->repo, plan->revision, f, plan->folder + "/" + f.path, progress);
+        auto outcome =
+            download_file(hub, plan->repo, plan->revision, f, plan->folder, options.pull_max_bytes, progress);
         if (!outcome.ok()) return fail(outcome.error());
         if (*outcome == DownloadOutcome::AlreadyThere) {
             KILN_LOG_INFO("pull: %s is already there (%s)", f.path.c_str(),

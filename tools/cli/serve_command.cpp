@@ -17,6 +17,8 @@ int run_serve(const Options& options) {
     so.model_dir = options.model_dir;
     so.model = options.model;
     so.api_key = options.api_key;
+    so.host_names = options.host_names;
+    so.cors_origins = options.cors_origins;
     so.max_queue = options.max_queue;
     so.max_loaded_models = options.max_loaded_models;
     so.result_ttl_seconds = options.result_ttl;

@@ -3,6 +3,7 @@
 #include <cstdlib>
 
 #include "cli.h"
+#include "output_target.h"
 #include "util/log.h"
 
 namespace kiln::cli {
@@ -48,6 +49,10 @@ int run_upscale(const Options& options) {
     }
     if (!has_image_extension(options.output)) {
         KILN_LOG_ERROR("%s: unsupported image extension (valid: .png, .jpg, .jpeg, .webp)", options.output.c_str());
+        return kExitUsage;
+    }
+    if (auto problem = output_path_problem(options.output)) {
+        KILN_LOG_ERROR("-o %s: %s", options.output.c_str(), problem->c_str());
         return kExitUsage;
     }
     int exit_code = kExitOk;

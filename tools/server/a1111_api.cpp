@@ -7,9 +7,11 @@
 
 #include "a1111_names.h"
 #include "a1111_resize.h"
+#include "json_body.h"
 #include "request_fields.h"
 #include "server_state.h"
 #include "util/base64.h"
+#include "util/files.h"
 
 namespace kiln::server {
 namespace {
@@ -27,6 +29,9 @@ json lora_list(const char* folder) {
         std::error_code type_error;
         if (!it->is_regular_file(type_error)) continue;
         const fs::path& path = it->path();
+        // Only files inside the folder's real path: a prompt could not use
+        // one a symlink leads out to (find_lora_file refuses it).
+        if (!real_path_outside(folder, path.string()).empty()) continue;
         const std::string ext = path.extension().string();
         if (ext != ".safetensors" && ext != ".sft" && ext != ".ckpt" && ext != ".pt" && ext != ".gguf") continue;
         std::string name = fs::relative(path, folder, type_error).replace_extension().generic_string();
@@ -180,12 +185,10 @@ json info_of(const Job& job, const json& request) {
 }
 
 void generate(ServerState& state, const httplib::Request& req, httplib::Response& res, bool img2img) {
-    const json body = parse_json_object(req.body);
+    const json body = parse_json_body(req);
     JobRequest request = parse_a1111(state, body, img2img);
     check_limits(request, state.options.limits);
-    int position = 0;
-    auto job = submit_job(state, std::move(request), &position);
-    wait_for_images(state, job);
+    auto job = run_job_and_wait(state, std::move(request));
     json images = json::array();
     json info;
     state.jobs.with_lock([&] {
@@ -264,7 +267,7 @@ void add_a1111_routes(httplib::Server& server, ServerState& state) {
     });
     server.Post("/sdapi/v1/options", [&state](const httplib::Request& req, httplib::Response& res) {
         guarded(res, [&] {
-            const json body = parse_json_object(req.body);
+            const json body = parse_json_body(req);
             // Every field is read before any is set, so a bad one changes nothing.
             std::string model;
             if (body.contains("sd_model_checkpoint")) {

@@ -1,6 +1,6 @@
-// `kiln serve`: the HTTP server around the job queue. Authentication and
-// the body limit run before routing; each API adds its own routes.
-#include <arpa/inet.h>
+// `kiln serve`: the HTTP server around the job queue. Who may call (Host,
+// Origin: request_origin.h), authentication and the body limit run before
+// routing; each API adds its own routes.
 #include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
@@ -12,14 +12,13 @@
 #include <thread>
 #include <tuple>
 
+#include "connection_pool.h"
+#include "request_origin.h"
 #include "server_state.h"
 
 namespace kiln::server {
 namespace {
 
-// Enough handler threads that clients waiting on synchronous APIs (A1111,
-// OpenAI) and event streams do not starve quick requests.
-constexpr size_t kHandlerThreads = 32;
 // Requests one connection may carry before the server closes it.
 constexpr size_t kKeepAliveRequests = 100;
 
@@ -37,12 +36,6 @@ bool authorized(const httplib::Request& req, const std::string& key) {
     const std::string bearer = req.get_header_value("Authorization");
     if (bearer.rfind("Bearer ", 0) == 0 && same_key(bearer.substr(7), key)) return true;
     return req.has_header("X-Api-Key") && same_key(req.get_header_value("X-Api-Key"), key);
-}
-
-bool is_loopback(const std::string& ip) {
-    in_addr addr{};
-    if (inet_pton(AF_INET, ip.c_str(), &addr) == 1) return (ntohl(addr.s_addr) >> 24) == 127;
-    return ip == "::1" || ip == "localhost";
 }
 
 }  // namespace
@@ -88,6 +81,10 @@ std::shared_ptr<Job> submit_job(ServerState& state, JobRequest request, int* pos
     throw RequestError{503, "", "the server is shutting down"};
 }
 
+namespace {
+
+// Waits for the job, then throws the error a failed or cancelled one gets
+// (400 for a bad request, 503 on shutdown, 409 when cancelled, 500 otherwise).
 void wait_for_images(ServerState& state, const std::shared_ptr<Job>& job) {
     state.jobs.wait_finished(*job);
     const auto [jstate, status, shutdown, message] = state.jobs.with_lock(
@@ -95,6 +92,16 @@ void wait_for_images(ServerState& state, const std::shared_ptr<Job>& job) {
     if (jstate == JobState::Done) return;
     throw RequestError{status_for_failure(status, shutdown), "",
                        shutdown ? "the server is shutting down" : message};
+}
+
+}  // namespace
+
+std::shared_ptr<Job> run_job_and_wait(ServerState& state, JobRequest request) {
+    const auto held = state.long_requests.hold();  // before queueing: a 503 leaves no job behind
+    int position = 0;
+    auto job = submit_job(state, std::move(request), &position);
+    wait_for_images(state, job);
+    return job;
 }
 
 int run_server(const ServerOptions& options) {
@@ -112,13 +119,13 @@ int run_server(const ServerOptions& options) {
     signal(SIGPIPE, SIG_IGN);
 
     // glibc gives threads their own malloc arenas (up to 8 per core), and
-    // each of the 32 handler threads keeps the request and image buffers it
+    // each of the handler threads keeps the request and image buffers it
     // freed: resident memory would grow with how many threads have served a
     // request so far, not with what the server holds. Two arenas are plenty
     // for handlers that mostly wait.
     mallopt(M_ARENA_MAX, 2);
     httplib::Server http;
-    http.new_task_queue = [] { return new httplib::ThreadPool(kHandlerThreads); };
+    http.new_task_queue = [] { return new ConnectionPool(kMaxConnectionThreads); };
     // httplib closes a connection after 5 requests by default, so busy
     // clients reconnect all the time; keep connections for longer.
     http.set_keep_alive_max_count(kKeepAliveRequests);
@@ -142,7 +149,7 @@ int run_server(const ServerOptions& options) {
                      options.listen_ip.c_str(), options.listen_port);
         return 1;
     }
-    if (options.api_key.empty() && !is_loopback(options.listen_ip)) {
+    if (options.api_key.empty() && !is_loopback_address(options.listen_ip)) {
         std::fprintf(stderr,
                      "kiln serve: WARNING: listening on %s without --api-key: anyone who can reach this address "
                      "can run jobs on this machine. Pass --api-key KEY, or listen on 127.0.0.1.\n",
@@ -157,6 +164,21 @@ int run_server(const ServerOptions& options) {
     http.set_pre_routing_handler([&state](const httplib::Request& req, httplib::Response& res) {
         if (state.stopping) {
             send_error(res, {503, "", "the server is shutting down"});
+            return httplib::Server::HandlerResponse::Handled;
+        }
+        // Host and Origin first: a page of another site gets nothing, not even
+        // a 401. A keyed server takes any Host (behind a reverse proxy it is
+        // the proxy's name): a rebound page cannot send the key.
+        std::optional<RequestError> refused;
+        if (state.options.api_key.empty()) refused = check_host(req, state.options);
+        if (!refused) refused = check_origin(req, state.options, res);
+        if (refused) {
+            send_error(res, *refused);
+            return httplib::Server::HandlerResponse::Handled;
+        }
+        // Preflights carry no credentials; what they ask for is checked when it comes.
+        if (req.method == "OPTIONS") {
+            answer_preflight(req, res);
             return httplib::Server::HandlerResponse::Handled;
         }
         // The web page itself is public (it asks for the key); everything else needs it.

@@ -1,8 +1,12 @@
 #include "model_registry.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <optional>
 #include <system_error>
 
 namespace fs = std::filesystem;
@@ -35,7 +39,34 @@ bool inside(const fs::path& root, const fs::path& path) {
     return true;
 }
 
+// A listing reads the family of every file, on a request's thread: a
+// safetensors header of 100 MB (a million tensors) took seconds and kept
+// most of a GB resident. Real checkpoints have headers of a few hundred KB;
+// a file past this bound gets no family (so it is never the default) and
+// can still be asked for by name, when its load says what it is.
+constexpr uint64_t kMaxListedHeaderBytes = 16ull << 20;
+
+// The JSON header length a .safetensors file declares (its first 8 bytes,
+// little-endian), or nullopt for another format or a file too short.
+std::optional<uint64_t> safetensors_header_length(const std::string& path) {
+    std::string ext = fs::path(path).extension().string();
+    for (char& c : ext) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (ext != ".safetensors" && ext != ".sft") return std::nullopt;
+    std::ifstream in(path, std::ios::binary);
+    unsigned char bytes[8];
+    if (!in.read(reinterpret_cast<char*>(bytes), sizeof bytes)) return std::nullopt;
+    uint64_t length = 0;
+    for (int i = 7; i >= 0; --i) length = (length << 8) | bytes[i];
+    return length;
+}
+
 std::string family_of(const std::string& path) {
+    if (auto header = safetensors_header_length(path); header && *header > kMaxListedHeaderBytes) {
+        std::fprintf(stderr, "kiln serve: %s: a %llu-byte header, over the listing's %llu; not read for its family\n",
+                     path.c_str(), static_cast<unsigned long long>(*header),
+                     static_cast<unsigned long long>(kMaxListedHeaderBytes));
+        return "";
+    }
     char* text = nullptr;
     char* error = nullptr;
     std::string family;
@@ -50,6 +81,15 @@ std::string family_of(const std::string& path) {
     kiln_free_string(text);
     kiln_free_string(error);
     return family;
+}
+
+// Whether `kiln info`'s family label names a family kiln generates with.
+// What it recognises but cannot run has labels of its own
+// (src/models/registry.cpp: a text encoder or UNet alone "(...)", a VAE,
+// "unknown" for a LoRA or anything else), and "" is a file it could not read.
+bool runnable_family(const std::string& family) {
+    return !family.empty() && family != "unknown" && family != "VAE" &&
+           family.find('(') == std::string::npos;
 }
 
 // A1111 titles carry a hash ("model.safetensors [6ce0161689]"); the name is before it.
@@ -109,18 +149,30 @@ std::vector<ModelEntry> ModelRegistry::list() {
         }
     }
     std::sort(entries.begin(), entries.end(), [](const ModelEntry& a, const ModelEntry& b) { return a.name < b.name; });
+    bool described = false;
     for (ModelEntry& e : entries) {
         std::lock_guard<std::mutex> lock(mutex_);
         auto cached = family_cache_.find(e.path);
-        if (cached == family_cache_.end()) cached = family_cache_.emplace(e.path, family_of(e.path)).first;
+        if (cached == family_cache_.end()) {
+            cached = family_cache_.emplace(e.path, family_of(e.path)).first;
+            described = true;
+        }
         e.family = cached->second;
     }
+    // Describing a model parses its header: give the memory back to the
+    // system, not to this thread's malloc arena.
+    if (described) malloc_trim(0);
     return entries;
 }
 
 ModelEntry ModelRegistry::resolve(const std::string& requested, const std::string& field) {
     std::string name = without_hash(requested);
     if (name.empty()) name = default_model();
+    if (name.empty()) {
+        throw RequestError{400, field,
+                           field + ": none given, and no model of this server can be the default (GET /v1/models "
+                                   "lists them with their families)"};
+    }
     if (name.find('\0') != std::string::npos || name.find('\\') != std::string::npos) {
         bad_model(field, name, "is not a model name");
     }
@@ -153,8 +205,13 @@ std::string ModelRegistry::default_model() {
         std::lock_guard<std::mutex> lock(mutex_);
         if (!default_model_.empty()) return default_model_;
     }
-    const std::vector<ModelEntry> models = list();
-    return models.empty() ? "" : models.front().name;
+    // -m's model is the one the user chose; its load says what is wrong with it.
+    if (options_.model_dir.empty()) return fs::path(options_.model).filename().string();
+    // The first listed that kiln can run: not a LoRA, a VAE alone or a broken file.
+    for (const ModelEntry& m : list()) {
+        if (runnable_family(m.family)) return m.name;
+    }
+    return "";
 }
 
 void ModelRegistry::set_default_model(const std::string& name) {

@@ -46,7 +46,8 @@ class ModelRegistry {
     // that is no model there. Any thread.
     ModelEntry resolve(const std::string& name, const std::string& field);
 
-    // The model requests without a name get (A1111's sd_model_checkpoint).
+    // The model requests without a name get (A1111's sd_model_checkpoint):
+    // the one set, else the first listed whose family kiln runs; "" for none.
     std::string default_model();
     void set_default_model(const std::string& name);
 

@@ -1,14 +1,17 @@
 // kiln's own API under /kiln/v1: jobs that answer at once (202) and are
 // followed by polling or server-sent events, cancelled while queued or
 // running, and their images served by URL.
+#include <cstdint>
+
+#include "json_body.h"
 #include "request_fields.h"
 #include "server_state.h"
 
 namespace kiln::server {
 namespace {
 
-JobRequest parse_native(ServerState& state, const std::string& body) {
-    const json j = parse_json_object(body);
+JobRequest parse_native(ServerState& state, const httplib::Request& req) {
+    const json j = parse_json_body(req);
     const ServerLimits& limits = state.options.limits;
     JobRequest r;
     r.model = state.models.resolve(read_string(j, "model"), "model").name;
@@ -56,7 +59,7 @@ void add_native_routes(httplib::Server& server, ServerState& state) {
     server.Post("/kiln/v1/jobs", [&state](const httplib::Request& req, httplib::Response& res) {
         guarded(res, [&] {
             int position = 0;
-            auto job = submit_job(state, parse_native(state, req.body), &position);
+            auto job = submit_job(state, parse_native(state, req), &position);
             send_json(res, 202,
                       {{"id", job->id},
                        {"state", "queued"},
@@ -90,10 +93,12 @@ void add_native_routes(httplib::Server& server, ServerState& state) {
     server.Get(R"(/kiln/v1/jobs/([0-9a-f]+)/events)", [&state](const httplib::Request& req, httplib::Response& res) {
         guarded(res, [&] {
             auto job = job_of(state, req);
+            // Held by the provider until the stream ends or its client goes.
+            auto held = state.long_requests.hold();
             auto seen = std::make_shared<size_t>(0);
             res.set_header("Cache-Control", "no-cache");
             res.set_chunked_content_provider(
-                "text/event-stream", [&state, job, seen](size_t, httplib::DataSink& sink) {
+                "text/event-stream", [&state, job, seen, held](size_t, httplib::DataSink& sink) {
                     bool over = false;
                     const auto events = state.jobs.events_since(*job, *seen, 1000, &over);
                     std::string text;
@@ -111,7 +116,9 @@ void add_native_routes(httplib::Server& server, ServerState& state) {
                [&state](const httplib::Request& req, httplib::Response& res) {
                    guarded(res, [&] {
                        auto job = job_of(state, req);
-                       const size_t index = std::stoul(req.matches[2]);
+                       // Digits past any result count are simply no result (stoul would throw).
+                       const std::string digits = req.matches[2];
+                       const size_t index = digits.size() > 9 ? SIZE_MAX : std::stoul(digits);
                        std::string bytes;
                        const bool found = state.jobs.with_lock([&] {
                            if (job->state != JobState::Done || index >= job->results.size() ||

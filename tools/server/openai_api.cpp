@@ -1,8 +1,10 @@
 // OpenAI's image API: /v1/images/generations (JSON), /v1/images/edits
 // (multipart) and /v1/models, so the OpenAI SDKs and the clients built on
 // them (Open WebUI, SillyTavern) work when pointed at this server.
+#include <algorithm>
 #include <chrono>
 
+#include "json_body.h"
 #include "request_fields.h"
 #include "server_state.h"
 #include "util/base64.h"
@@ -35,6 +37,18 @@ void read_size(const json& j, JobRequest& r, const ServerLimits& limits) {
     }
     r.width = w;
     r.height = h;
+}
+
+// A form field's text as the JSON value the field readers expect: the
+// numeric fields as numbers when their text is one (else the text, which
+// the reader refuses naming the field), the others as text.
+json form_value(const std::string& name, const std::string& text) {
+    static const char* const kNumeric[] = {"n", "steps", "cfg_scale", "seed", "strength"};
+    if (std::find(std::begin(kNumeric), std::end(kNumeric), name) == std::end(kNumeric)) return text;
+    // Short texts only: a number never needs more, and a long one is not parsed at all.
+    if (text.size() > 32) return text;
+    json number = json::parse(text, nullptr, /*allow_exceptions=*/false);
+    return number.is_number() ? number : json(text);
 }
 
 struct OpenAiRequest {
@@ -77,9 +91,7 @@ OpenAiRequest parse_common(ServerState& state, const json& j) {
 void answer(ServerState& state, const httplib::Request& req, httplib::Response& res, OpenAiRequest request) {
     const std::string response_format = request.response_format;
     check_limits(request.job, state.options.limits);
-    int position = 0;
-    auto job = submit_job(state, std::move(request.job), &position);
-    wait_for_images(state, job);
+    auto job = run_job_and_wait(state, std::move(request.job));
     json data = json::array();
     const std::string host = req.has_header("Host") ? req.get_header_value("Host") : "127.0.0.1";
     state.jobs.with_lock([&] {
@@ -105,7 +117,7 @@ void answer(ServerState& state, const httplib::Request& req, httplib::Response& 
 
 void add_openai_routes(httplib::Server& server, ServerState& state) {
     server.Post("/v1/images/generations", [&state](const httplib::Request& req, httplib::Response& res) {
-        guarded(res, [&] { answer(state, req, res, parse_common(state, parse_json_object(req.body))); });
+        guarded(res, [&] { answer(state, req, res, parse_common(state, parse_json_body(req))); });
     });
     server.Post("/v1/images/edits", [&state](const httplib::Request& req, httplib::Response& res) {
         guarded(res, [&] {
@@ -121,7 +133,7 @@ void add_openai_routes(httplib::Server& server, ServerState& state) {
                 } else if (name == "mask") {
                     mask = &part;
                 } else {
-                    fields[name] = part.content;
+                    fields[name] = form_value(name, part.content);
                 }
             }
             if (!image) throw RequestError{400, "image", "image: required (the image to edit, as a file part)"};

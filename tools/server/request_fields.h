@@ -14,9 +14,6 @@ namespace kiln::server {
 
 using nlohmann::json;
 
-// The body as a JSON object; 400 for anything else.
-json parse_json_object(const std::string& body);
-
 // Each reader returns `fallback` when the field is absent or null.
 std::string read_string(const json& body, const std::string& field, const std::string& fallback = "");
 long long read_integer(const json& body, const std::string& field, long long fallback, long long min, long long max);

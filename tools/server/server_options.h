@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "kiln.h"
 
@@ -29,6 +30,12 @@ struct ServerOptions {
     std::string model_dir;
     std::string model;
     std::string api_key;  // empty: no key asked (warned about off loopback)
+    // Who may call from where (request_origin.h): names besides the listen
+    // address and localhost that a request's Host may give (--host-name),
+    // and the origins of other sites' pages allowed to call (--cors-origin;
+    // "*" for any).
+    std::vector<std::string> host_names;
+    std::vector<std::string> cors_origins;
     int max_queue = 16;   // jobs waiting, the running one not counted; past it: 429
     int max_loaded_models = 2;
     int result_ttl_seconds = 600;  // finished jobs (and their images) are dropped after this ...

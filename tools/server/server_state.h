@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "job_queue.h"
+#include "long_requests.h"
 #include "model_registry.h"
 #include "server_options.h"
 
@@ -29,6 +30,7 @@ struct ServerState {
     ModelRegistry& models;
     JobQueue& jobs;
     std::atomic<bool> stopping{false};
+    LongRequests long_requests{kMaxLongRequests};  // event streams and synchronous waits
     std::mutex a1111_mutex;
     A1111PreviewSettings a1111_previews;  // guarded by a1111_mutex
 };
@@ -51,12 +53,11 @@ void guarded(httplib::Response& res, Route&& route) {
     }
 }
 
+// Holds one of the long-request places (503 when none is free), queues the
+// request and waits for its images, as the synchronous APIs answer.
+std::shared_ptr<Job> run_job_and_wait(ServerState& state, JobRequest request);
 // Queues the request: 429 with Retry-After when the queue is full, 503 while shutting down.
 std::shared_ptr<Job> submit_job(ServerState& state, JobRequest request, int* position);
-// For the APIs that answer with the images: waits for the job, then throws
-// the error a failed or cancelled one gets (400 for a bad request, 503 on
-// shutdown, 409 when cancelled, 500 otherwise).
-void wait_for_images(ServerState& state, const std::shared_ptr<Job>& job);
 // The job's HTTP status for its error kind.
 int status_for_failure(kiln_status status, bool shutdown);
 
