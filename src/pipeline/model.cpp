@@ -586,7 +586,7 @@ Status Model::create_network(Module& module, const models::NetworkOptions& optio
     auto net = models::network_entry(module.spec.network).create(*module.params, options);
     if (!net.ok()) return net.error();
     module.network = std::move(net).value();
-    return Status::Ok();
+    return module.params->declaration_status();
 }
 
 Status Model::check_conditioning() const {

@@ -103,12 +103,15 @@ ggml_tensor* ModuleWeights::declare(const std::string& name, const std::vector<i
     return tensor;
 }
 
+Status ModuleWeights::declaration_status() const {
+    if (errors_.empty()) return Status::Ok();
+    std::string message = errors_.front();
+    if (errors_.size() > 1) message += " (and " + std::to_string(errors_.size() - 1) + " more problems)";
+    return Error::bad_file(message);
+}
+
 Status ModuleWeights::load(ggml_backend_t backend) {
-    if (!errors_.empty()) {
-        std::string message = errors_.front();
-        if (errors_.size() > 1) message += " (and " + std::to_string(errors_.size() - 1) + " more problems)";
-        return Error::bad_file(file_.sources().front().path + ": " + message);
-    }
+    if (Status s = declaration_status(); !s.ok()) return s.error().in_context(file_.sources().front().path + ": ");
     if (buffer_ || !mapped_.empty()) return Status::Ok();
     if (ggml_backend_is_cpu(backend)) return load_mapped();
     buffer_ = ggml_backend_alloc_ctx_tensors(ctx_, backend);

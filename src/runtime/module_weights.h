@@ -53,6 +53,11 @@ class ModuleWeights final : public io::WeightDeclarer {
     bool has(const std::string& name) const override;
     const io::TensorInfo* info(const std::string& name) const override;
 
+    // The declaration problems (a missing tensor, a wrong shape or dtype), as
+    // one error (BadFile) naming the first; Ok when there are none. The
+    // loader asks right after a network declared itself, so kiln plan and a
+    // job refuse the same files with the same words.
+    Status declaration_status() const;
     // Allocates every declared tensor on `backend` and copies the data in
     // (on the CPU, tensors stored as computed point into the mapped file
     // instead). Fails with the first declaration problem or conversion error.

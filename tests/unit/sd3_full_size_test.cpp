@@ -142,5 +142,32 @@ TEST(Sd3Cli, SdCliDocsCommandRuns) {
     EXPECT_NE(parameters.find("CFG scale: 4.5"), std::string::npos) << parameters;
 }
 
+// A file whose tensor has the wrong shape: kiln plan and a job refuse it
+// alike, naming the tensor, before anything runs (a plan used to warn and
+// plan the network as one graph).
+TEST(Sd3Cli, AWrongShapeIsRefusedAlikeByPlanAndJob) {
+    test::TempDir dir;
+    auto source = io::ModelFile::open({test::golden_path("pipeline/sd3_tiny/sd3.5_tiny.safetensors")});
+    ASSERT_TRUE(source.ok()) << source.error().message;
+    const std::string bad = "model.diffusion_model.joint_blocks.0.x_block.mlp.fc1.bias";
+    std::vector<test::SafetensorsEntry> entries;
+    for (const io::TensorInfo& t : source->tensors()) {
+        entries.push_back(test::copy_entry(*source, t, t.name));
+        if (t.name == bad) entries.back().shape = {2, t.shape[0] / 2};  // the same bytes, another shape
+    }
+    const std::string model = dir.write("sd3.5_broken.safetensors", test::build_safetensors(entries));
+    const std::string parts = " -m " + model + " --clip_l " +
+                              test::golden_path("pipeline/flux_tiny/clip_l.safetensors") + " --clip_g " +
+                              test::golden_path("pipeline/sd3_tiny/clip_g.safetensors") + " --tokenizer clip_l=" +
+                              fixture("tiny_tokenizer") + " -W 32 -H 32 -p x";
+    const std::string want = "tensor '" + bad + "' has shape [2, 128], expected [256]";
+    auto planned = test::run_command(std::string(KILN_BIN) + " plan" + parts);
+    EXPECT_EQ(planned.exit_code, 1) << planned.out << planned.err;
+    EXPECT_NE(planned.err.find(want), std::string::npos) << planned.err;
+    auto job = test::run_command(std::string(KILN_BIN) + parts + " -o " + dir.file("out.png"));
+    EXPECT_EQ(job.exit_code, 1) << job.out << job.err;
+    EXPECT_NE(job.err.find(want), std::string::npos) << job.err;
+}
+
 }  // namespace
 }  // namespace kiln

@@ -6,6 +6,8 @@
 #include <signal.h>
 #include <sys/socket.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -220,6 +222,7 @@ int run_server(const ServerOptions& options) {
     add_a1111_routes(http, state);
     add_web_page_route(http);
 
+    std::atomic<bool> listen_returned{false};
     std::thread stopper([&] {
         int signal_number = 0;
         sigwait(&stop_signals, &signal_number);
@@ -227,11 +230,16 @@ int run_server(const ServerOptions& options) {
                      signal_number == SIGINT ? "SIGINT" : "SIGTERM");
         state.stopping = true;
         jobs.shutdown();
+        // httplib's stop() does nothing before the accept loop runs: a
+        // signal right after the "listening" line would be lost and the
+        // server would serve on. Wait for the loop (or its failure) first.
+        while (!http.is_running() && !listen_returned) std::this_thread::sleep_for(std::chrono::milliseconds(1));
         http.stop();
     });
     std::printf("kiln serve: listening on http://%s:%d\n", options.listen_ip.c_str(), port);
     std::fflush(stdout);
     const bool listened = http.listen_after_bind();
+    listen_returned = true;
     if (!state.stopping) pthread_kill(stopper.native_handle(), SIGTERM);  // listen failed: end the stopper
     stopper.join();
     std::fprintf(stderr, "kiln serve: stopped\n");
