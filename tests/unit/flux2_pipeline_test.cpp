@@ -42,13 +42,6 @@ ModelPaths klein_parts() {
     return paths;
 }
 
-ModelOptions f32_options() {
-    ModelOptions options;
-    options.weight_type = GGML_TYPE_F32;
-    options.threads = 1;
-    return options;
-}
-
 io::ModelFile open_file(const std::string& path) {
     auto file = io::ModelFile::open({path});
     if (!file.ok()) throw std::runtime_error(file.error().message);
@@ -114,7 +107,7 @@ TEST(Flux2Conditioning, StackedLayersOfThePaddedPromptMatchTheReference) {
 class Flux2Pipeline : public ::testing::Test {
   protected:
     static void SetUpTestSuite() {
-        auto loaded = Model::load(klein_parts(), f32_options());
+        auto loaded = Model::load(klein_parts(), test::golden_model_options());
         ASSERT_TRUE(loaded.ok()) << loaded.error().message;
         model_ = std::move(loaded).value().release();
     }
@@ -222,7 +215,7 @@ TEST(Flux2PipelineBase, TheBaseFileNameGivesBasesDefaults) {
     ModelPaths paths = klein_parts();
     paths.diffusion_model =
         dir.write("flux-2-klein-base-tiny.safetensors", test::read_bytes(model("flux2_tiny.safetensors")));
-    auto loaded = Model::load(paths, f32_options());
+    auto loaded = Model::load(paths, test::golden_model_options());
     ASSERT_TRUE(loaded.ok()) << loaded.error().message;
     EXPECT_EQ((*loaded)->family_label(), "FLUX.2-klein-base");
     EXPECT_EQ((*loaded)->defaults().steps, 50);
@@ -239,7 +232,7 @@ TEST(Flux2PipelineBase, TheBaseFileNameGivesBasesDefaults) {
 TEST(Flux2PipelineParts, MismatchedPartsAreRefused) {
     ModelPaths flux1_ae = klein_parts();
     flux1_ae.vae = golden_path("pipeline/flux_tiny/ae.safetensors");
-    auto refused = Model::load(flux1_ae, f32_options());
+    auto refused = Model::load(flux1_ae, test::golden_model_options());
     ASSERT_FALSE(refused.ok());
     EXPECT_EQ(refused.error().kind, ErrorKind::BadFile);
     EXPECT_NE(refused.error().message.find("bn.running_mean"), std::string::npos) << refused.error().message;
@@ -252,7 +245,7 @@ TEST(Flux2PipelineParts, MismatchedPartsAreRefused) {
     flux1.t5xxl = flux_part + "t5xxl.safetensors";
     flux1.tokenizer = "clip_l=" + std::string(KILN_FIXTURES_DIR) + "/tiny_tokenizer";
     flux1.vae = model("flux2_ae_tiny.safetensors");
-    auto flux2_ae = Model::load(flux1, f32_options());
+    auto flux2_ae = Model::load(flux1, test::golden_model_options());
     ASSERT_FALSE(flux2_ae.ok());
     EXPECT_EQ(flux2_ae.error().kind, ErrorKind::BadFile);
     EXPECT_NE(flux2_ae.error().message.find("the VAE has 32 latent channels but the Flux.1-dev DiT takes 16"),
@@ -261,14 +254,14 @@ TEST(Flux2PipelineParts, MismatchedPartsAreRefused) {
 
     ModelPaths no_llm = klein_parts();
     no_llm.llm.clear();
-    auto missing = Model::load(no_llm, f32_options());
+    auto missing = Model::load(no_llm, test::golden_model_options());
     ASSERT_FALSE(missing.ok());
     EXPECT_NE(missing.error().message.find("pass --llm"), std::string::npos) << missing.error().message;
 
     // Qwen3's real tokenizer (151669 ids) with the tiny Qwen3's 300-row table.
     ModelPaths big_tokenizer = klein_parts();
     big_tokenizer.tokenizer = "llm=" + std::string(KILN_FIXTURES_DIR) + "/../../third_party/llm-tokenizer-qwen3";
-    auto too_many = Model::load(big_tokenizer, f32_options());
+    auto too_many = Model::load(big_tokenizer, test::golden_model_options());
     ASSERT_FALSE(too_many.ok());
     EXPECT_EQ(too_many.error().kind, ErrorKind::BadFile);
     EXPECT_NE(too_many.error().message.find("the LLM tokenizer has 151669 tokens but the llm text encoder only 300"),
@@ -278,7 +271,7 @@ TEST(Flux2PipelineParts, MismatchedPartsAreRefused) {
     // Z-Image's tiny Qwen3 (3 layers of width 64) cannot give hidden_states 27.
     ModelPaths small_llm = klein_parts();
     small_llm.llm = golden_path("pipeline/z_image_tiny/qwen3.safetensors");
-    auto short_llm = Model::load(small_llm, f32_options());
+    auto short_llm = Model::load(small_llm, test::golden_model_options());
     ASSERT_FALSE(short_llm.ok());
     EXPECT_NE(short_llm.error().message.find("the first 27 layers are read, but the file has 3"), std::string::npos)
         << short_llm.error().message;

@@ -35,7 +35,6 @@ int largest_pixel_difference(const image::Image& a, const image::Image& b) {
     return worst;
 }
 
-
 ModelPaths bfl_parts() {
     ModelPaths paths;
     paths.diffusion_model = part("flux_dit.safetensors");

@@ -158,4 +158,11 @@ int difference_from_reference(const image::Image& img, const io::ModelFile& io, 
     return worst;
 }
 
+pipeline::ModelOptions golden_model_options() {
+    pipeline::ModelOptions options;
+    options.weight_type = GGML_TYPE_F32;
+    options.threads = 1;
+    return options;
+}
+
 }  // namespace kiln::test

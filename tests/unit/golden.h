@@ -10,6 +10,7 @@
 #include "image/image.h"
 #include "io/model_file.h"
 #include "io/name_map.h"
+#include "pipeline/model.h"
 #include "runtime/compute.h"
 #include "test_files.h"
 
@@ -50,6 +51,9 @@ std::unique_ptr<runtime::Compute> golden_cpu();
 // max |actual - expected| / max(max |expected|, 1e-6): the error relative to
 // the reference's scale.
 double relative_error(const std::vector<float>& actual, const std::vector<float>& expected);
+// A golden job's model options: F32 weights (the references compute with
+// the stored weights widened) and one thread (one summation order).
+pipeline::ModelOptions golden_model_options();
 // The largest 8-bit difference between kiln's image and the reference image
 // `key` of a golden job ([1, 3, H, W] in [-1, 1], rounded as the PNG is);
 // 255 when the sizes differ.

@@ -822,19 +822,31 @@ TEST_F(Memory, PlanPredictsTheRun) {
     }
 }
 
+// A job on the full-width random model `spec` (tests/fixtures/) describes,
+// written as `file` in `dir`, one step at `cfg`.
+Job spec_job(const test::TempDir& dir, const std::string& spec, const std::string& file, const std::string& tokenizer,
+             float cfg) {
+    Job job;
+    job.model = dir.file(file);
+    EXPECT_TRUE(test::write_random_model(std::string(KILN_FIXTURES_DIR) + "/" + spec, job.model).ok()) << spec;
+    job.tokenizer = tokenizer;
+    job.steps = 1;
+    job.cfg = cfg;
+    return job;
+}
+
+// The tiny CLIP tokenizer and the tiny T5 vocabulary (the Flux and SD3 jobs).
+std::string clip_and_t5_tokenizers() {
+    return "clip_l=" + std::string(KILN_FIXTURES_DIR) + "/tiny_tokenizer,t5xxl=" + std::string(KILN_GOLDEN_DIR) +
+           "/pipeline/flux_tiny/tokenizer_2";
+}
+
 // Flux at full width (tests/fixtures/flux_medium.spec: a 3072-wide DiT with
 // 2 double and 4 single blocks, a 2-layer 4096-wide T5-XXL, CLIP-L and the
 // 16-channel autoencoder, 4 GB as F16, in ComfyUI's all-in-one names): the
 // same invariants as the UNet families, its DiT cut at every block.
 Job flux_job(const test::TempDir& dir) {
-    Job job;
-    job.model = dir.file("flux_medium.safetensors");
-    EXPECT_TRUE(test::write_random_model(std::string(KILN_FIXTURES_DIR) + "/flux_medium.spec", job.model).ok());
-    job.tokenizer = "clip_l=" + std::string(KILN_FIXTURES_DIR) +
-                    "/tiny_tokenizer,t5xxl=" + std::string(KILN_GOLDEN_DIR) + "/pipeline/flux_tiny/tokenizer_2";
-    job.steps = 1;
-    job.cfg = 1.0f;
-    return job;
+    return spec_job(dir, "flux_medium.spec", "flux_medium.safetensors", clip_and_t5_tokenizers(), 1.0f);
 }
 
 // A DiT job's invariants: the unconstrained run in one segment; budgets of a
@@ -909,13 +921,9 @@ TEST_F(Memory, FluxQ4KRunsUnderABudget) { expect_quantized_run_under_budget(GGML
 // LLM at every decoder layer.
 TEST_F(Memory, ZImageSameImageUnderEveryBudgetAndThePlanAgrees) {
     test::TempDir dir;
-    Job job;
-    job.model = dir.file("z_image_turbo_medium.safetensors");
-    ASSERT_TRUE(test::write_random_model(std::string(KILN_FIXTURES_DIR) + "/z_image_medium.spec", job.model).ok());
-    job.tokenizer = "llm=" + std::string(KILN_GOLDEN_DIR) + "/pipeline/z_image_tiny/tokenizer";
-    job.steps = 1;
-    job.cfg = 1.0f;
-    expect_same_image_under_shrinking_budgets(job);
+    expect_same_image_under_shrinking_budgets(
+        spec_job(dir, "z_image_medium.spec", "z_image_turbo_medium.safetensors",
+                 "llm=" + std::string(KILN_GOLDEN_DIR) + "/pipeline/z_image_tiny/tokenizer", 1.0f));
 }
 
 // FLUX.2 klein 4B at full width (tests/fixtures/flux2_klein_medium.spec:
@@ -926,13 +934,9 @@ TEST_F(Memory, ZImageSameImageUnderEveryBudgetAndThePlanAgrees) {
 // LLM at every layer.
 TEST_F(Memory, Flux2KleinSameImageUnderEveryBudgetAndThePlanAgrees) {
     test::TempDir dir;
-    Job job;
-    job.model = dir.file("flux-2-klein-4b_medium.safetensors");
-    ASSERT_TRUE(test::write_random_model(std::string(KILN_FIXTURES_DIR) + "/flux2_klein_medium.spec", job.model).ok());
-    job.tokenizer = "llm=" + std::string(KILN_GOLDEN_DIR) + "/pipeline/z_image_tiny/tokenizer";
-    job.steps = 1;
-    job.cfg = 1.0f;
-    expect_same_image_under_shrinking_budgets(job);
+    expect_same_image_under_shrinking_budgets(
+        spec_job(dir, "flux2_klein_medium.spec", "flux-2-klein-4b_medium.safetensors",
+                 "llm=" + std::string(KILN_GOLDEN_DIR) + "/pipeline/z_image_tiny/tokenizer", 1.0f));
 }
 
 // SD3.5 Large at full width (tests/fixtures/sd35_large_medium.spec: the
@@ -943,14 +947,8 @@ TEST_F(Memory, Flux2KleinSameImageUnderEveryBudgetAndThePlanAgrees) {
 // every joint block.
 TEST_F(Memory, Sd35LargeSameImageUnderEveryBudgetAndThePlanAgrees) {
     test::TempDir dir;
-    Job job;
-    job.model = dir.file("sd3.5_large_medium.safetensors");
-    ASSERT_TRUE(test::write_random_model(std::string(KILN_FIXTURES_DIR) + "/sd35_large_medium.spec", job.model).ok());
-    job.tokenizer = "clip_l=" + std::string(KILN_FIXTURES_DIR) +
-                    "/tiny_tokenizer,t5xxl=" + std::string(KILN_GOLDEN_DIR) + "/pipeline/flux_tiny/tokenizer_2";
-    job.steps = 1;
-    job.cfg = 4.5f;
-    expect_same_image_under_shrinking_budgets(job);
+    expect_same_image_under_shrinking_budgets(
+        spec_job(dir, "sd35_large_medium.spec", "sd3.5_large_medium.safetensors", clip_and_t5_tokenizers(), 4.5f));
 }
 
 }  // namespace

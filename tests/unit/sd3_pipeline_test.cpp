@@ -37,17 +37,10 @@ ModelPaths release_parts(bool with_t5 = true) {
     return paths;
 }
 
-ModelOptions f32_options() {
-    ModelOptions options;
-    options.weight_type = GGML_TYPE_F32;  // the reference computes with the stored weights widened
-    options.threads = 1;
-    return options;
-}
-
 class Sd3Pipeline : public ::testing::Test {
   protected:
     static void SetUpTestSuite() {
-        auto loaded = Model::load(release_parts(), f32_options());
+        auto loaded = Model::load(release_parts(), test::golden_model_options());
         ASSERT_TRUE(loaded.ok()) << loaded.error().message;
         model_ = std::move(loaded).value().release();
         auto io = io::ModelFile::open({golden_path("pipeline/sd3_tiny_txt2img.safetensors")});
@@ -156,7 +149,7 @@ TEST_F(Sd3Pipeline, ImagesLargerThanThePositionEmbeddingAreRefused) {
 
 // A job without T5 (SD3 files ship without it): 77 zero rows in its place.
 TEST(Sd3PipelineWithoutT5, ZerosStandForT5) {
-    auto loaded = Model::load(release_parts(/*with_t5=*/false), f32_options());
+    auto loaded = Model::load(release_parts(/*with_t5=*/false), test::golden_model_options());
     ASSERT_TRUE(loaded.ok()) << loaded.error().message;
     Model& model = **loaded;
     ASSERT_EQ(model.absent_text_encoders().size(), 1u);
@@ -180,7 +173,7 @@ TEST(Sd3PipelineWithoutT5, ZerosStandForT5) {
 // Parts that do not go together: each one clear error naming the part.
 TEST(Sd3PipelineParts, MismatchedPartsAreRefused) {
     auto refusal = [](const ModelPaths& paths) {
-        auto loaded = Model::load(paths, f32_options());
+        auto loaded = Model::load(paths, test::golden_model_options());
         EXPECT_FALSE(loaded.ok());
         return loaded.ok() ? Error{""} : loaded.error();
     };

@@ -42,7 +42,6 @@ std::string part(const std::string& name) { return golden_path("pipeline/z_image
 std::string flux_ae() { return golden_path("pipeline/flux_tiny/ae.safetensors"); }
 std::string templated(const std::string& prompt) { return kChatPrefix + prompt + kChatSuffix; }
 
-
 std::vector<float> as_floats(const std::vector<int32_t>& ids) { return {ids.begin(), ids.end()}; }
 
 // The released parts: the DiT by --diffusion-model, Flux's ae by --vae, the
@@ -59,14 +58,6 @@ ModelPaths base_parts() {
     ModelPaths paths = turbo_parts();
     paths.diffusion_model = part("z_image_base_dit.safetensors");
     return paths;
-}
-
-// Weights widened to F32, as the reference computes with the stored values.
-ModelOptions golden_options() {
-    ModelOptions options;
-    options.weight_type = GGML_TYPE_F32;
-    options.threads = 1;
-    return options;
 }
 
 io::ModelFile* open_job(const std::string& name) {
@@ -88,7 +79,7 @@ GenerationRequest tiny_job() {
 class ZImagePipeline : public ::testing::Test {
   protected:
     static void SetUpTestSuite() {
-        auto loaded = Model::load(turbo_parts(), golden_options());
+        auto loaded = Model::load(turbo_parts(), test::golden_model_options());
         ASSERT_TRUE(loaded.ok()) << loaded.error().message;
         model_ = std::move(loaded).value().release();
         io_ = open_job("z_image_tiny_txt2img.safetensors");
@@ -278,7 +269,7 @@ TEST_F(ZImagePipeline, SamplingMatchesTheReferenceStepByStep) {
 class ZImagePipelineBase : public ::testing::Test {
   protected:
     static void SetUpTestSuite() {
-        auto loaded = Model::load(base_parts(), golden_options());
+        auto loaded = Model::load(base_parts(), test::golden_model_options());
         ASSERT_TRUE(loaded.ok()) << loaded.error().message;
         model_ = std::move(loaded).value().release();
         io_ = open_job("z_image_base_txt2img.safetensors");
@@ -388,11 +379,11 @@ io::ModelFile* ZImageInputs::io_ = nullptr;
 // (its table's rows past the tokenizer as unused [PAD<i>] tokens): the same
 // ids and the same conditioning with no --tokenizer.
 TEST_F(ZImageInputs, GgufLlmCarriesItsTokenizerAndGivesTheSameConditioning) {
-    auto st = Model::load(turbo_parts(), golden_options());
+    auto st = Model::load(turbo_parts(), test::golden_model_options());
     ASSERT_TRUE(st.ok()) << st.error().message;
     ModelPaths paths = turbo_parts();
     paths.llm = part("qwen3.gguf");
-    auto gguf = Model::load(paths, golden_options());
+    auto gguf = Model::load(paths, test::golden_model_options());
     ASSERT_TRUE(gguf.ok()) << gguf.error().message;
     EXPECT_EQ((*gguf)->family_label(), "Z-Image-Turbo");
     EXPECT_EQ((*gguf)->llm_tokenizer().size(), 288);  // the [PAD<i>] rows included
@@ -422,7 +413,7 @@ TEST_F(ZImageInputs, ConvertedLlmCarriesTheTokenizer) {
     ASSERT_EQ(convert.exit_code, 0) << convert.err;
     ModelPaths paths = turbo_parts();
     paths.llm = gguf;
-    auto model = Model::load(paths, golden_options());
+    auto model = Model::load(paths, test::golden_model_options());
     ASSERT_TRUE(model.ok()) << model.error().message;
     EXPECT_EQ(as_floats((*model)->llm_tokenizer().encode(templated(kPrompt))),
               fixture_tensor(*io_, "llm.tokens").values);
@@ -444,7 +435,7 @@ TEST_F(ZImageInputs, TokenizerFlagServesALonelyLlm) {
         ModelPaths paths = turbo_parts();
         paths.llm = dir_->file("lonely/qwen3.safetensors");
         paths.tokenizer = "llm=" + tokenizer;
-        auto model = Model::load(paths, golden_options());
+        auto model = Model::load(paths, test::golden_model_options());
         ASSERT_TRUE(model.ok()) << tokenizer << ": " << model.error().message;
         EXPECT_EQ(as_floats((*model)->llm_tokenizer().encode(templated(kPrompt))),
                   fixture_tensor(*io_, "llm.tokens").values)
@@ -474,7 +465,7 @@ TEST_F(ZImageInputs, LonelyLlmFindsItsTokenizerInKilnsCache) {
     test::ScopedEnv env("KILN_CACHE", cache.path());
     ModelPaths paths = turbo_parts();
     paths.llm = dir_->file("lonely/qwen3.safetensors");
-    auto model = Model::load(paths, golden_options());
+    auto model = Model::load(paths, test::golden_model_options());
     ASSERT_TRUE(model.ok()) << model.error().message;
     EXPECT_EQ(as_floats((*model)->llm_tokenizer().encode(templated(kPrompt))),
               fixture_tensor(*io_, "llm.tokens").values);
@@ -554,7 +545,7 @@ TEST_F(ZImageInputs, DiffusersFolderGivesTheReferenceImage) {
     }
     ModelPaths paths;
     paths.model = {dir_->file(root)};
-    auto model = Model::load(paths, golden_options());
+    auto model = Model::load(paths, test::golden_model_options());
     ASSERT_TRUE(model.ok()) << model.error().message;
     EXPECT_EQ((*model)->family_label(), "Z-Image-Turbo");
     auto images = generate(**model, tiny_job());
@@ -582,7 +573,7 @@ TEST_F(ZImageInputs, AllInOneFileAndShardedLlmGiveTheReferenceConditioning) {
     }
     ModelPaths aio;
     aio.model = {dir_->file("aio/z_image_turbo_aio.safetensors")};
-    auto model = Model::load(aio, golden_options());
+    auto model = Model::load(aio, test::golden_model_options());
     ASSERT_TRUE(model.ok()) << model.error().message;
     EXPECT_EQ((*model)->family_label(), "Z-Image-Turbo");
     auto c = encode_prompt(**model, kPrompt, 0);
@@ -605,7 +596,7 @@ TEST_F(ZImageInputs, AllInOneFileAndShardedLlmGiveTheReferenceConditioning) {
     ModelPaths sharded = turbo_parts();
     sharded.llm = dir_->file("sharded/model-00001-of-00002.safetensors");
     sharded.tokenizer = "llm=" + part("tokenizer");
-    model = Model::load(sharded, golden_options());
+    model = Model::load(sharded, test::golden_model_options());
     ASSERT_TRUE(model.ok()) << model.error().message;
     c = encode_prompt(**model, kPrompt, 0);
     ASSERT_TRUE(c.ok()) << c.error().message;
@@ -621,7 +612,7 @@ TEST_F(ZImageInputs, QuantizedGgufDitRuns) {
     ASSERT_EQ(convert.exit_code, 0) << convert.err;
     ModelPaths paths = turbo_parts();
     paths.diffusion_model = dit;
-    auto model = Model::load(paths, golden_options());
+    auto model = Model::load(paths, test::golden_model_options());
     ASSERT_TRUE(model.ok()) << model.error().message;
     EXPECT_EQ((*model)->family_label(), "Z-Image-Turbo");
     auto images = generate(**model, tiny_job());
