@@ -253,6 +253,14 @@ typedef struct {
     int preview_noisy;    /* --preview-noisy: the noisy latent the network was given, not the denoised estimate */
     kiln_preview_callback preview;
     void* preview_user_data;
+    /* Step caches, as sd-cli's: --cache-mode ("ucache", "easycache", "dbcache", "taylorseer",
+     * "cache-dit", "spectrum"; NULL, "" or "disabled": none), --cache-option ("key=value,..." of
+     * the mode's keys), --scm-mask ("1,0,...", one per step) and --scm-policy ("dynamic", the
+     * default, or "static"); NULL: none. The image's parameters say "Cache: MODE, skipped N/M". */
+    const char* cache_mode;
+    const char* cache_option;
+    const char* scm_mask;
+    const char* scm_policy;
 } kiln_generation_params;
 
 void kiln_generation_params_init(kiln_generation_params* params);

@@ -280,6 +280,13 @@ kiln::Result<kiln::pipeline::GenerationRequest> generation_request(const kiln_ge
                                             " layers but no array");
     }
     if (params->skip_layers) r.slg.blocks.assign(params->skip_layers, params->skip_layers + params->n_skip_layers);
+    {
+        auto cache = kiln::pipeline::make_step_cache_options(
+            params->cache_mode ? params->cache_mode : "", params->cache_option ? params->cache_option : "",
+            params->scm_mask ? params->scm_mask : "", params->scm_policy ? params->scm_policy : "");
+        if (!cache.ok()) return cache.error();
+        r.cache = std::move(cache).value();
+    }
     r.t5_masks.dit_mask = params->chroma_disable_dit_mask == 0;
     r.t5_masks.t5_mask = params->chroma_enable_t5_mask != 0;
     r.t5_masks.pad_tokens = params->chroma_t5_mask_pad;

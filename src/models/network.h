@@ -81,6 +81,29 @@ struct DiffusionCapabilities {
     // repeated to another's length would change the result, so contexts of
     // different lengths run their CFG passes apart.
     bool joint_attention = false;
+    // The blocks of the loop a block-level step cache (pipeline/block_cache.h)
+    // splits into front, middle and back, when the network builds the
+    // BlockStage parts of an evaluation; 0: it builds whole evaluations only.
+    int64_t cache_blocks = 0;
+};
+
+// The part of one evaluation a graph computes. A block-level step cache runs
+// the first `front` blocks, then either the rest or, reusing the middle
+// blocks' residual, only the last `back` blocks. The stream is the hidden
+// state the blocks carry, ne [width, tokens, batch].
+enum class BlockStage {
+    Whole,   // the evaluation: out is the prediction
+    Front,   // the embeddings and blocks [0, front): out is the stream after them, then (batch items after batch
+             // items) that stream less the one the first block took
+    Rest,    // blocks [front, blocks) on the stream input, and the final layer: out is the prediction, flat, then
+             // the middle blocks' residual (the stream before the back blocks less the stream input), flat
+    Cached,  // blocks [blocks - back, blocks) on the stream input plus the residual input, and the final layer:
+             // out is the prediction
+};
+struct BlockSplit {
+    BlockStage stage = BlockStage::Whole;
+    int front = 0;
+    int back = 0;
 };
 
 // A reference image's latent size (-r).
@@ -104,6 +127,7 @@ struct DiffusionShape {
     // control_strength (control_residuals). Empty: no control.
     std::vector<std::array<int64_t, 3>> control;
     float control_strength = 1.0f;
+    BlockSplit split;  // cache_blocks networks only
     nn::ComputeTarget target = nn::ComputeTarget::Cpu;
 };
 
@@ -119,7 +143,9 @@ struct DiffusionTensors {
     std::vector<ggml_tensor*> refs;     // ne [w, h, channels, batch] each
     ggml_tensor* mask = nullptr;        // the text mask (text_mask_values)
     std::vector<ggml_tensor*> control;  // ne [w, h, c, batch] each
-    ggml_tensor* out = nullptr;         // ne [W, H, out_channels, batch]
+    ggml_tensor* stream = nullptr;      // BlockStage Rest and Cached: the stream after the front blocks
+    ggml_tensor* residual = nullptr;    // BlockStage Cached: the middle blocks' residual, the stream's shape
+    ggml_tensor* out = nullptr;         // ne [W, H, out_channels, batch]; other stages: see BlockStage
 };
 
 // What the family's encoders and the VAE make, for a network to check

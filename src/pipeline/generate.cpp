@@ -7,12 +7,15 @@
 #include <cstdlib>
 
 #include "image/canny.h"
+#include "pipeline/block_cache.h"
+#include "pipeline/condition_cache.h"
 #include "pipeline/graphs.h"
 #include "pipeline/latent_resize.h"
 #include "pipeline/loras.h"
 #include "pipeline/reference_images.h"
 #include "pipeline/schedulers.h"
 #include "pipeline/size_conditioning.h"
+#include "pipeline/spectrum_forecast.h"
 #include "pipeline/upscaler.h"
 #include "pipeline/vae_tiling.h"
 #include "runtime/graph_session.h"
@@ -36,6 +39,15 @@ struct DiffusionGraphs {
     // The CFG batch of two did not fit, or the contexts differ in length:
     // the passes run one at a time.
     bool separate_passes = false;
+};
+
+// A sampling run's step cache (pipeline/step_cache_options.h): at most one
+// of these, made when the run starts and gone when it ends.
+struct StepCaches {
+    std::optional<ConditionCache> condition;   // ucache, easycache
+    std::optional<BlockCache> blocks;          // dbcache, taylorseer, cache-dit
+    models::BlockSplit split;                  // their Fn and Bn
+    std::optional<SpectrumForecast> spectrum;  // spectrum
 };
 
 // The diffusion network's input and output channels.
@@ -90,7 +102,10 @@ Result<std::vector<float>> run_diffusion_batch(Model& model, const std::vector<f
                                                const SamplingRun& p, const std::vector<float>& context, int64_t tokens,
                                                const std::vector<float>& y, const std::vector<float>& valid,
                                                int64_t batch, DiffusionGraphs& unet,
-                                               const std::vector<int>& skip_blocks = {}) {
+                                               const std::vector<int>& skip_blocks = {},
+                                               const models::BlockSplit& split = {},
+                                               const std::vector<float>* stream = nullptr,
+                                               const std::vector<float>* residual = nullptr) {
     const int64_t in_ch = in_channels(model), out_ch = out_channels(model);
     const NetworkStep step = step_at(model, p, sigma);
     const Scalings& s = step.scalings;
@@ -112,13 +127,15 @@ Result<std::vector<float>> run_diffusion_batch(Model& model, const std::vector<f
     }
     std::vector<float> timesteps(static_cast<size_t>(batch), t);
     auto found = std::find_if(unet.graphs.begin(), unet.graphs.end(), [&](const DiffusionGraph& g) {
-        return g.shape.batch == batch && g.shape.tokens == tokens && g.shape.skip_blocks == skip_blocks;
+        return g.shape.batch == batch && g.shape.tokens == tokens && g.shape.skip_blocks == skip_blocks &&
+               g.shape.split.stage == split.stage;
     });
     if (found == unet.graphs.end()) {
         models::DiffusionShape shape{p.latent_w,        p.latent_h,  batch,         tokens,
                                      p.flash_attention, p.ref_sizes, !valid.empty()};
         shape.increase_ref_index = p.increase_ref_index;
         shape.skip_blocks = skip_blocks;
+        shape.split = split;
         if (!p.control_hint.empty()) add_control_residuals(model, shape, p.control_strength);
         auto built = build_diffusion_graph(model, shape);
         if (!built.ok()) return built.error();
@@ -143,6 +160,12 @@ Result<std::vector<float>> run_diffusion_batch(Model& model, const std::vector<f
         for (int64_t b = 0; b < batch; ++b) refs.insert(refs.end(), p.refs[i].begin(), p.refs[i].end());
         g.session->set_input(g.refs[i], refs.data());
     }
+    for (auto [tensor, values] : {std::pair{g.stream, stream}, std::pair{g.residual, residual}}) {
+        if (!tensor) continue;
+        if (!values || static_cast<int64_t>(values->size()) != ggml_nelements(tensor))
+            return Error{"a block stage's stream input has the wrong size"};
+        g.session->set_input(tensor, values->data());
+    }
     if (g.mask) {
         const std::vector<float> mask = model.diffusion().text_mask_values(valid, g.shape);
         g.session->set_input(g.mask, mask.data());
@@ -163,28 +186,88 @@ Result<std::vector<float>> run_diffusion_batch(Model& model, const std::vector<f
     return runtime::GraphSession::read(g.out);
 }
 
+// One pass through the network (run_diffusion_batch's arguments): whole or,
+// with a block-level step cache, in its stages: the front blocks, then the
+// rest, or only the back blocks on the middle residual the cache gives.
+// `pass` names the pass to the cache (0 the CFG batch, 1 the conditional
+// alone, 2 the unconditional alone); the evaluation's first pass decides
+// for the others (`decided`, `skipping`).
+struct BlockDecision {
+    bool decided = false;
+    bool skipping = false;
+};
+Result<std::vector<float>> run_pass(Model& model, const std::vector<float>& x, float sigma, const SamplingRun& p,
+                                    const std::vector<float>& context, int64_t tokens, const std::vector<float>& y,
+                                    const std::vector<float>& valid, int64_t batch, DiffusionGraphs& graphs,
+                                    StepCaches& caches, int pass, int step, BlockDecision& decision) {
+    if (!caches.blocks) return run_diffusion_batch(model, x, sigma, p, context, tokens, y, valid, batch, graphs);
+    models::BlockSplit split = caches.split;
+    split.stage = models::BlockStage::Front;
+    auto front = run_diffusion_batch(model, x, sigma, p, context, tokens, y, valid, batch, graphs, {}, split);
+    if (!front.ok()) return front.error();
+    const auto middle_of_front = front->begin() + static_cast<std::ptrdiff_t>(front->size() / 2);
+    const std::vector<float> stream(front->begin(), middle_of_front), front_residual(middle_of_front, front->end());
+    if (!decision.decided) {
+        decision.skipping = caches.blocks->skips_middle(pass, step, front_residual);
+        decision.decided = true;
+    }
+    if (decision.skipping) {
+        const std::vector<float> middle = caches.blocks->middle_residual(pass, step);
+        if (middle.size() == stream.size()) {
+            split.stage = models::BlockStage::Cached;
+            return run_diffusion_batch(model, x, sigma, p, context, tokens, y, valid, batch, graphs, {}, split, &stream,
+                                       &middle);
+        }
+    }
+    split.stage = models::BlockStage::Rest;
+    auto rest = run_diffusion_batch(model, x, sigma, p, context, tokens, y, valid, batch, graphs, {}, split, &stream);
+    if (!rest.ok()) return rest.error();
+    const size_t prediction = static_cast<size_t>(p.latent_w * p.latent_h * out_channels(model) * batch);
+    if (rest->size() != prediction + stream.size()) return Error{"a block stage's output has the wrong size"};
+    caches.blocks->computed(pass, step, std::vector<float>(rest->begin() + static_cast<std::ptrdiff_t>(prediction), rest->end()),
+                            front_residual);
+    rest->resize(prediction);
+    return rest;
+}
+
 // One diffusion-network evaluation: the conditional pass and, with CFG, the unconditional
 // one, as one batch of two so every weight is read once per step; when the
 // batch does not fit (or p.batch_cfg is off), as two passes of one that
 // share one plan; when the two contexts differ in length, as two passes of
-// their own lengths.
+// their own lengths. A condition-level step cache may reuse every pass's
+// residual instead (pipeline/condition_cache.h).
 Result<std::vector<float>> run_diffusion(Model& model, const std::vector<float>& x, float sigma, const SamplingRun& p,
                                          const Conditioning& cond, const Conditioning* uncond, int step,
-                                         DiffusionGraphs& graph) {
+                                         DiffusionGraphs& graph, StepCaches& caches) {
     const int64_t latent_values = p.latent_w * p.latent_h * out_channels(model);
     if (static_cast<int64_t>(x.size()) != latent_values) {
         return Error{"latent has the wrong size for the diffusion network"};
     }
-    if (!p.batch_cfg || (uncond && uncond->tokens != cond.tokens)) graph.separate_passes = true;
+    const NetworkStep at = step_at(model, p, sigma);
+    // The condition caches compare and reuse on the network's input, x * c_in.
+    std::vector<float> network_input;
+    bool reusing = false;
     std::vector<float> c_out, u_out;
-    if (uncond && !graph.separate_passes) {
+    if (caches.condition) {
+        network_input.resize(x.size());
+        for (size_t i = 0; i < x.size(); ++i) network_input[i] = x[i] * at.scalings.c_in;
+        reusing = caches.condition->reuses(step, sigma, network_input);
+        if (reusing) {
+            c_out = caches.condition->reused(0, network_input);
+            if (uncond) u_out = caches.condition->reused(1, network_input);
+            if (c_out.empty() || (uncond && u_out.empty())) c_out.clear(), u_out.clear();
+        }
+    }
+    if (!p.batch_cfg || (uncond && uncond->tokens != cond.tokens)) graph.separate_passes = true;
+    BlockDecision decision;
+    if (uncond && !graph.separate_passes && c_out.empty()) {
         std::vector<float> context(cond.hidden);
         context.insert(context.end(), uncond->hidden.begin(), uncond->hidden.end());
         std::vector<float> y(cond.y);
         y.insert(y.end(), uncond->y.begin(), uncond->y.end());
         std::vector<float> valid(cond.token_valid);
         valid.insert(valid.end(), uncond->token_valid.begin(), uncond->token_valid.end());
-        auto both = run_diffusion_batch(model, x, sigma, p, context, cond.tokens, y, valid, 2, graph);
+        auto both = run_pass(model, x, sigma, p, context, cond.tokens, y, valid, 2, graph, caches, 0, step, decision);
         if (both.ok()) {
             c_out.assign(both->begin(), both->begin() + latent_values);
             u_out.assign(both->begin() + latent_values, both->end());
@@ -200,27 +283,37 @@ Result<std::vector<float>> run_diffusion(Model& model, const std::vector<float>&
         }
     }
     if (c_out.empty()) {
-        auto c = run_diffusion_batch(model, x, sigma, p, cond.hidden, cond.tokens, cond.y, cond.token_valid, 1, graph);
+        auto c = run_pass(model, x, sigma, p, cond.hidden, cond.tokens, cond.y, cond.token_valid, 1, graph, caches, 1,
+                          step, decision);
         if (!c.ok()) return c.error();
         c_out = std::move(c).value();
         if (uncond) {
-            auto u = run_diffusion_batch(model, x, sigma, p, uncond->hidden, uncond->tokens, uncond->y,
-                                         uncond->token_valid, 1, graph);
+            auto u = run_pass(model, x, sigma, p, uncond->hidden, uncond->tokens, uncond->y, uncond->token_valid, 1,
+                              graph, caches, 2, step, decision);
             if (!u.ok()) return u.error();
             u_out = std::move(u).value();
         }
+    }
+    if (caches.condition && !reusing) {
+        caches.condition->computed(0, network_input, c_out);
+        if (uncond) caches.condition->computed(1, network_input, u_out);
     }
     std::vector<float> guided(static_cast<size_t>(latent_values));
     for (size_t i = 0; i < guided.size(); ++i) {
         guided[i] = uncond ? u_out[i] + p.cfg_scale * (c_out[i] - u_out[i]) : c_out[i];
     }
     if (p.slg.applies(step, p.sigmas.size())) {
-        auto skipped = run_diffusion_batch(model, x, sigma, p, cond.hidden, cond.tokens, cond.y, cond.token_valid, 1,
+        std::vector<float> skipped = reusing ? caches.condition->reused(3, network_input) : std::vector<float>{};
+        if (skipped.empty()) {
+            auto ran = run_diffusion_batch(model, x, sigma, p, cond.hidden, cond.tokens, cond.y, cond.token_valid, 1,
                                            graph, p.slg.blocks);
-        if (!skipped.ok()) return skipped.error();
-        for (size_t i = 0; i < guided.size(); ++i) guided[i] += p.slg.scale * (c_out[i] - (*skipped)[i]);
+            if (!ran.ok()) return ran.error();
+            skipped = std::move(ran).value();
+            if (caches.condition) caches.condition->computed(3, network_input, skipped);
+        }
+        for (size_t i = 0; i < guided.size(); ++i) guided[i] += p.slg.scale * (c_out[i] - skipped[i]);
     }
-    return denoised_from_output(step_at(model, p, sigma).scalings, x, guided);
+    return denoised_from_output(at.scalings, x, guided);
 }
 
 // `encoding` matters for encoding only.
@@ -482,7 +575,8 @@ void keep_last_share(std::vector<float>& sigmas, int steps, float strength) {
 
 Result<std::vector<float>> sample_latent(Model& model, const SamplingRun& run, std::vector<float> x,
                                          const Conditioning& cond, const Conditioning* uncond, Rng& rng,
-                                         const ProgressFn& progress, bool* passes_apart) {
+                                         const ProgressFn& progress, bool* passes_apart,
+                                         StepCacheReport* cache_report) {
     const size_t extra = static_cast<size_t>(run.latent_w * run.latent_h * (in_channels(model) - out_channels(model)));
     if (!run.concat.empty() && run.concat.size() != extra) return Error{"inpainting inputs have the wrong size"};
     if (run.keep_weight.size() != run.keep_latent.size() ||
@@ -499,10 +593,34 @@ Result<std::vector<float>> sample_latent(Model& model, const SamplingRun& run, s
         }
     };
     DiffusionGraphs graph;
+    const NoiseSchedule& schedule = run.schedule ? *run.schedule : DiscreteSchedule::stable_diffusion();
+    const int steps = static_cast<int>(run.sigmas.size()) - 1;
+    StepCaches caches;
+    switch (run.cache.mode) {
+        case CacheMode::UCache:
+        case CacheMode::EasyCache: caches.condition.emplace(run.cache, run.sigmas, schedule); break;
+        case CacheMode::DbCache:
+        case CacheMode::TaylorSeer:
+        case CacheMode::CacheDit:
+            caches.blocks.emplace(run.cache, run.cache_step_offset);
+            caches.split.front = run.cache.front_blocks;
+            caches.split.back = run.cache.back_blocks;
+            break;
+        case CacheMode::Spectrum: caches.spectrum.emplace(run.cache, steps); break;
+        case CacheMode::None: break;
+    }
+    int evaluations = 0;
     DenoiseFn denoise = [&](const std::vector<float>& xt, float sigma, int step) -> Result<std::vector<float>> {
         if (model.cancel_requested()) return Error::cancelled("cancelled");
-        auto denoised =
-            run_diffusion(model, xt, sigma, run, cond, run.cfg_scale != 1.0f ? uncond : nullptr, step, graph);
+        ++evaluations;
+        Result<std::vector<float>> denoised = Error{"no evaluation"};
+        if (caches.spectrum && caches.spectrum->forecasts_next()) {
+            denoised = caches.spectrum->forecast();
+        } else {
+            denoised = run_diffusion(model, xt, sigma, run, cond, run.cfg_scale != 1.0f ? uncond : nullptr, step,
+                                     graph, caches);
+            if (denoised.ok() && caches.spectrum) caches.spectrum->record(*denoised);
+        }
         if (denoised.ok() && !run.keep_weight.empty()) keep_region(*denoised);
         if (denoised.ok() && run.on_denoised) run.on_denoised(xt, sigma, *denoised);
         return denoised;
@@ -510,8 +628,16 @@ Result<std::vector<float>> sample_latent(Model& model, const SamplingRun& run, s
     runtime::Executor& unet = model.diffusion_compute();
     const runtime::ExecutorStats before = unet.stats();
     const int builds_before = unet.plans().builds(), hits_before = unet.plans().hits();
-    auto result = sample(run.sampler, denoise, std::move(x), run.sigmas, rng, run.eta, progress,
-                         run.schedule ? *run.schedule : DiscreteSchedule::stable_diffusion());
+    auto result = sample(run.sampler, denoise, std::move(x), run.sigmas, rng, run.eta, progress, schedule);
+    if (run.cache.enabled()) {
+        StepCacheReport report{run.cache.mode, 0, evaluations};
+        if (caches.condition) report.skipped = caches.condition->reused_count();
+        if (caches.blocks) report.skipped = caches.blocks->skipped_count();
+        if (caches.spectrum) report.skipped = caches.spectrum->forecast_count();
+        KILN_LOG_VERBOSE("step cache %s: skipped %d of %d evaluations", describe_step_cache(run.cache).c_str(),
+                         report.skipped, report.evaluations);
+        if (cache_report) *cache_report = report;
+    }
     // ... and the sampled latent too (A1111 blends it once more after
     // sampling): a sampler's last step lands on the denoised latent only up to
     // rounding.
@@ -602,6 +728,7 @@ Result<image::Image> hires_pass(Model& model, const GenerationRequest& request, 
     if (!sigmas.ok()) return sigmas.error();
     keep_last_share(*sigmas, h.steps, strength);
     SamplingRun run = first;
+    run.cache = {};  // the second pass computes every step
     run.latent_w = h.latent_w;
     run.latent_h = h.latent_h;
     run.sigmas = *sigmas;
@@ -782,6 +909,8 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
     }
     run.flash_attention = request.flash_attention;
     run.batch_cfg = request.batch_cfg;
+    run.cache = request.cache;
+    run.cache_step_offset = p.steps - (static_cast<int>(sigmas.size()) - 1);
     run.schedule = schedule.get();
     run.guidance = p.guidance;
     if (request.control_image) {
@@ -875,8 +1004,9 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
         const Clock::time_point sampling_start = Clock::now();
         step_start = sampling_start;
         bool passes_apart = false;
+        StepCacheReport cache_report;
         auto latent = sample_latent(model, run, std::move(x), *cond, uncond ? &*uncond : nullptr, sampler_rng, progress,
-                                    &passes_apart);
+                                    &passes_apart, &cache_report);
         times.cfg_passes_apart = times.cfg_passes_apart || passes_apart;
         if (!latent.ok()) return latent.error();
         // NaN or Inf in weights, embeddings or the latent scale would give a
@@ -921,6 +1051,14 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
             if (request.control_canny) info.extra.emplace_back("ControlNet preprocessor", "canny");
         }
         if (request.clip_skip > 1) info.extra.emplace_back("Clip skip", std::to_string(request.clip_skip));
+        if (run.cache.enabled()) {
+            info.extra.emplace_back("Cache", std::string(cache_mode_name(run.cache.mode)) + ", skipped " +
+                                                 std::to_string(cache_report.skipped) + "/" +
+                                                 std::to_string(cache_report.evaluations));
+            times.cache.mode = cache_report.mode;
+            times.cache.skipped += cache_report.skipped;
+            times.cache.evaluations += cache_report.evaluations;
+        }
         if (p.guidance > 0.0f) info.extra.emplace_back("Guidance", format_number(p.guidance));
         if (flow) {
             const auto* fs = static_cast<const FlowSchedule*>(schedule.get());

@@ -18,6 +18,7 @@
 #include "pipeline/request.h"
 #include "pipeline/rng.h"
 #include "pipeline/samplers.h"
+#include "pipeline/step_cache_options.h"
 #include "pipeline/vae_tiling.h"
 #include "util/result.h"
 
@@ -32,6 +33,15 @@ struct GeneratedImage {
 // denoising step: (image index, steps done, total steps).
 using StepCallback = std::function<void(int image, int step, int total)>;
 
+// What a step cache did in one sampling run: of `evaluations` denoiser
+// calls, `skipped` reused or forecast the network's work (its middle blocks,
+// for a block-level cache).
+struct StepCacheReport {
+    CacheMode mode = CacheMode::None;
+    int skipped = 0;
+    int evaluations = 0;
+};
+
 // Where a generation's wall-clock time went (steady_clock), for benchmarks.
 // Summed over the images of a batch; step_s has one entry per denoising step
 // of every image, in order. Image-to-image encoding is in none of them.
@@ -44,6 +54,7 @@ struct GenerationTimings {
     double hires_s = 0;
     std::vector<double> step_s;     // each denoising step
     bool cfg_passes_apart = false;  // CFG's passes ran one after the other (batch_cfg off, or no room)
+    StepCacheReport cache;          // the step cache's work, summed over the images
 };
 
 // The request is checked first (validate_request, pipeline/request.h), so a
@@ -97,15 +108,23 @@ struct SamplingRun {
     // Called after each denoiser evaluation with its input x, sigma and the
     // denoised estimate (after latent masking); previews read them. Null: none.
     std::function<void(const std::vector<float>& x, float sigma, const std::vector<float>& denoised)> on_denoised;
+    // The step cache (--cache-mode; validated against the model), and the
+    // steps of the job's schedule cut before the first that runs
+    // (image-to-image), which its step counts skip.
+    StepCacheOptions cache;
+    int cache_step_offset = 0;
 };
+
 
 // Runs the sampler from `x` (noise * sigmas[0], plus the init latent for
 // img2img) with CFG over `cond`/`uncond` (uncond may be null when cfg is 1)
 // and returns the final latent (scaled, before the VAE).
-// `passes_apart` (if given) says whether CFG's passes ran one after the other.
+// `passes_apart` (if given) says whether CFG's passes ran one after the
+// other; `cache_report` (if given) what the step cache did.
 Result<std::vector<float>> sample_latent(Model& model, const SamplingRun& run, std::vector<float> x,
                                          const Conditioning& cond, const Conditioning* uncond, Rng& rng,
-                                         const ProgressFn& progress = nullptr, bool* passes_apart = nullptr);
+                                         const ProgressFn& progress = nullptr, bool* passes_apart = nullptr,
+                                         StepCacheReport* cache_report = nullptr);
 
 // A1111's display name of a kiln sampler ("euler_a" -> "Euler a").
 std::string a1111_sampler_name(const std::string& sampler);

@@ -18,6 +18,7 @@
 #include "pipeline/rng.h"
 #include "pipeline/samplers.h"
 #include "pipeline/schedulers.h"
+#include "pipeline/step_cache_options.h"
 #include "pipeline/upscaler.h"
 #include "pipeline/vae_tiling.h"
 #include "runtime/device_budget.h"
@@ -120,6 +121,9 @@ struct GenerationRequest {
     // Live previews (--preview, pipeline/preview.h); only made when
     // generate() is given a preview callback.
     PreviewOptions preview;
+    // --cache-mode and its options (pipeline/step_cache_options.h); the
+    // hires fix's second pass computes every step.
+    StepCacheOptions cache;
 };
 
 // A hires fix with its sizes worked out.
@@ -165,7 +169,8 @@ struct ValidatedRequest {
 // interval outside [1, kMaxPreviewInterval]; --preview proj for a latent
 // format without a projection of the model's latent channels; --eta
 // outside [0, 1]; --sigmas that are not 2 to kMaxSteps + 1 values descending
-// from at most kMaxSigma (1 for flow models) to a last 0.
+// from at most kMaxSigma (1 for flow models) to a last 0; a step cache that
+// does not apply to the model or its steps (validate_step_cache).
 Result<ValidatedRequest> validate_request(const Model& model, const GenerationRequest& request);
 
 // RAM a job holds for the request's decoded images (init image, mask,

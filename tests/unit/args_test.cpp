@@ -88,7 +88,7 @@ TEST(Args, SdCliPlacementAndPathSwitches) {
 TEST(Args, SdCliAliasesAndOptionsOfMissingFeatures) {
     EXPECT_EQ(parse_ok({"--tae", "taesd.safetensors"}).taesd, "taesd.safetensors");
     EXPECT_EQ(parse_ok({"--qwen2vl", "qwen.gguf"}).llm, "qwen.gguf");
-    for (const char* flag : {"--photo-maker", "--video-frames", "--high-noise-steps", "--cache-mode",
+    for (const char* flag : {"--photo-maker", "--video-frames", "--high-noise-steps", "--cache-preset",
                              "--img-cfg-scale", "--tensor-type-rules", "--circular", "--llm_vision"}) {
         const UsageError e = parse_error({"-p", "x", flag, "1"});
         EXPECT_EQ(e.message.rfind(std::string(flag) + " is ", 0), 0u) << e.message;

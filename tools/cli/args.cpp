@@ -504,6 +504,21 @@ const std::vector<Flag>& flags() {
             {nullptr, "--preview-noisy", nullptr,
              "preview the noisy latent the network is given instead of the denoised estimate",
              switch_setter(&Options::preview_noisy)},
+            {nullptr, "--cache-mode", "MODE",
+             "a step cache that reuses or forecasts work between steps: ucache (UNets), easycache, dbcache, "
+             "taylorseer, cache-dit (DiTs) or spectrum (both); default none (docs/caching.md)",
+             string_setter(&Options::cache_mode)},
+            {nullptr, "--cache-option", "LIST",
+             "the cache's settings, \"key=value,...\": threshold, start, end, decay, relative, reset (ucache), "
+             "threshold, start, end (easycache), Fn, Bn, threshold, warmup (dbcache, taylorseer, cache-dit), "
+             "w, m, lam, window, flex, warmup, stop (spectrum)",
+             string_setter(&Options::cache_option)},
+            {nullptr, "--scm-mask", "LIST",
+             "dbcache, taylorseer and cache-dit: one 1 (compute) or 0 (may cache) per step, e.g. \"1,1,0,1\"",
+             string_setter(&Options::scm_mask)},
+            {nullptr, "--scm-policy", "POLICY",
+             "a 0 step of --scm-mask checks the threshold (dynamic, the default) or caches outright (static)",
+             string_setter(&Options::scm_policy)},
             {nullptr, "--diffusion-fa", nullptr, "use flash attention in the diffusion model",
              switch_setter(&Options::diffusion_fa)},
             {nullptr, "--list-devices", nullptr,

@@ -97,6 +97,8 @@ struct Options {
     std::string preview_path = "preview.png";
     int preview_interval = 1;
     bool preview_noisy = false;
+    // Step caches, as sd-cli's (pipeline/step_cache_options.h); checked with the request.
+    std::string cache_mode, cache_option, scm_mask, scm_policy;
     std::string taesd;                // --taesd
     bool taesd_preview_only = false;  // --taesd-preview-only
     bool vae_tiling = false;

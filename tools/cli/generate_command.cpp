@@ -275,6 +275,10 @@ int run_generate(const Options& options) {
     gp.preview_mode = preview_mode(options.preview);
     gp.preview_interval = options.preview_interval;
     gp.preview_noisy = options.preview_noisy ? 1 : 0;
+    gp.cache_mode = options.cache_mode.c_str();
+    gp.cache_option = options.cache_option.c_str();
+    gp.scm_mask = options.scm_mask.c_str();
+    gp.scm_policy = options.scm_policy.c_str();
     if (gp.preview_mode != KILN_PREVIEW_NONE) {
         gp.preview = &PreviewWriter::on_preview;
         gp.preview_user_data = &preview;

@@ -11,7 +11,8 @@ struct Missing {
 constexpr const char* kVideo = "is for sd-cli's video families (Wan, SVD); kiln makes images only";
 constexpr const char* kPhotoMaker = "is for sd-cli's PhotoMaker; kiln has no PhotoMaker";
 constexpr const char* kQwenImage = "is for sd-cli's Qwen-Image family, which kiln does not have yet";
-constexpr const char* kCache = "is for sd-cli's step caches (EasyCache, cache-dit); kiln computes every step";
+constexpr const char* kCachePreset =
+    "is a preset of sd-cli's step caches; kiln takes --cache-mode and --cache-option (docs/caching.md)";
 
 const Missing kMissing[] = {
     {"--clip_vision", kVideo},
@@ -39,11 +40,7 @@ const Missing kMissing[] = {
     {"--llm_vision", kQwenImage},
     {"--qwen2vl_vision", kQwenImage},
     {"--qwen-image-zero-cond-t", kQwenImage},
-    {"--cache-mode", kCache},
-    {"--cache-option", kCache},
-    {"--cache-preset", kCache},
-    {"--scm-mask", kCache},
-    {"--scm-policy", kCache},
+    {"--cache-preset", kCachePreset},
     {"--img-cfg-scale",
      "is sd-cli's image guidance of instruct-pix2pix models, which kiln does not load (inpainting models "
      "take --cfg-scale alone, sd-cli's default)"},

@@ -301,6 +301,10 @@ void JobQueue::run(const std::shared_ptr<Job>& job) {
     gp.mask = r.mask.get();
     gp.progress = &JobQueue::on_progress;
     gp.progress_user_data = &target;
+    gp.cache_mode = r.cache_mode.c_str();
+    gp.cache_option = r.cache_option.c_str();
+    gp.scm_mask = r.scm_mask.c_str();
+    gp.scm_policy = r.scm_policy.c_str();
     gp.preview_mode = preview_mode_of(r, options_, ctx);
     if (gp.preview_mode == KILN_PREVIEW_TAE) {
         kiln_model_info info;

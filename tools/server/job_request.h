@@ -53,6 +53,10 @@ struct JobRequest {
     // Previews of the noisy latent instead of the denoised estimate (sd-cli's
     // --preview-noisy); unset: the server's --preview-noisy.
     std::optional<bool> preview_noisy;
+
+    // Step caches, as sd-cli's --cache-mode, --cache-option, --scm-mask and
+    // --scm-policy (kiln_generation_params); "": none.
+    std::string cache_mode, cache_option, scm_mask, scm_policy;
 };
 
 }  // namespace kiln::server

@@ -39,6 +39,7 @@ JobRequest parse_native(ServerState& state, const httplib::Request& req) {
     set_preview(r, "preview", read_string(j, "preview"));
     r.preview_interval = static_cast<int>(read_integer(j, "preview_interval", 0, 1, kMaxPreviewInterval));
     if (j.contains("preview_noisy") && !j["preview_noisy"].is_null()) r.preview_noisy = read_bool(j, "preview_noisy", false);
+    read_step_cache(r, j);
     check_limits(r, limits);
     return r;
 }

@@ -5,7 +5,9 @@
 #include <cstring>
 
 #include "a1111_names.h"
+#include "pipeline/step_cache_options.h"
 #include "util/base64.h"
+#include "util/format.h"
 
 namespace kiln::server {
 namespace {
@@ -231,6 +233,30 @@ void check_limits(const JobRequest& request, const ServerLimits& limits) {
         bad_field("mask", "is " + std::to_string(request.mask->width) + "x" + std::to_string(request.mask->height) +
                               ", the init image " + std::to_string(request.init_image->width) + "x" +
                               std::to_string(request.init_image->height));
+    }
+}
+
+void read_step_cache(JobRequest& r, const json& j) {
+    r.cache_mode = read_string(j, "cache_mode");
+    r.cache_option = read_string(j, "cache_option");
+    r.scm_mask = read_string(j, "scm_mask");
+    r.scm_policy = read_string(j, "scm_policy");
+    if (r.scm_policy.empty() && j.contains("scm_policy_dynamic") && !j["scm_policy_dynamic"].is_null()) {
+        r.scm_policy = read_bool(j, "scm_policy_dynamic", true) ? "dynamic" : "static";
+    }
+    // sd-server sends its defaults with every request: no mask and the dynamic policy mean no cache option.
+    const std::string mode = ascii_lower(r.cache_mode);
+    if (mode.empty() || mode == "disabled" || mode == "none") {
+        if (r.scm_mask.empty()) r.scm_policy.clear();
+    }
+    auto checked = pipeline::make_step_cache_options(r.cache_mode, r.cache_option, r.scm_mask, r.scm_policy);
+    if (!checked.ok()) {
+        const std::string& m = checked.error().message;
+        const std::string field = m.rfind("--cache-mode", 0) == 0     ? "cache_mode"
+                                  : m.rfind("--scm-mask", 0) == 0     ? "scm_mask"
+                                  : m.rfind("--scm-policy", 0) == 0   ? "scm_policy"
+                                                                      : "cache_option";
+        throw RequestError{400, field, m};
     }
 }
 

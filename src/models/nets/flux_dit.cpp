@@ -7,6 +7,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "models/nets/block_stages.h"
 #include "nn/attention.h"
 #include "nn/layers.h"
 #include "nn/modulation.h"
@@ -445,6 +446,7 @@ Result<std::unique_ptr<FluxDit>> FluxDit::create(io::WeightDeclarer& weights) {
     can.skip_layers = true;
     can.text_mask = true;
     can.reference_images = true;
+    can.cache_blocks = c.double_blocks + c.single_blocks;
     return dit;
 }
 
@@ -649,32 +651,41 @@ Result<ggml_tensor*> FluxDit::build(ggml_context* ctx, const FluxInputs& in, con
     }
 
     // Tokens: text, then the image's patches and each reference's.
-    ggml_tensor* img = nn::patchify(ctx, in.x, c.patch, nn::PatchFeatures::ChannelSlowest);
-    for (ggml_tensor* r : in.refs)
-        img = ggml_concat(ctx, img, nn::patchify(ctx, r, c.patch, nn::PatchFeatures::ChannelSlowest), 1);
-    img = nn::linear(ctx, b.img_in, img);
-    ggml_tensor* txt = nn::linear(ctx, b.txt_in, in.context);
-    ggml_tensor* x = ggml_concat(ctx, txt, img, 1);  // [hidden, tokens, B]
-    auto skipped = [&](size_t block) {
+    ggml_tensor* x = nullptr;
+    if (stage_embeds(options.split)) {
+        ggml_tensor* img = nn::patchify(ctx, in.x, c.patch, nn::PatchFeatures::ChannelSlowest);
+        for (ggml_tensor* r : in.refs)
+            img = ggml_concat(ctx, img, nn::patchify(ctx, r, c.patch, nn::PatchFeatures::ChannelSlowest), 1);
+        img = nn::linear(ctx, b.img_in, img);
+        ggml_tensor* txt = nn::linear(ctx, b.txt_in, in.context);
+        x = ggml_concat(ctx, txt, img, 1);  // [hidden, tokens, B]
+    }
+    auto skipped = [&](int64_t block) {
         return std::find(options.skip_blocks.begin(), options.skip_blocks.end(), static_cast<int>(block)) !=
                options.skip_blocks.end();
     };
-    for (size_t i = 0; i < b.doubles.size(); ++i) {
-        if (skipped(i)) continue;
-        const auto& m = double_mods[i];
-        const nn::ShiftScaleGate img_mod[2] = {m[0], m[1]}, txt_mod[2] = {m[2], m[3]};
-        x = nn::mark_cut(double_block(ctx, s, b.doubles[i], x, T, img_mod, txt_mod),
-                         "double_blocks." + std::to_string(i));
-    }
-    for (size_t i = 0; i < b.singles.size(); ++i) {
-        if (skipped(b.doubles.size() + i)) continue;
-        x = nn::mark_cut(single_block(ctx, s, b.singles[i], x, single_mods[i]), "single_blocks." + std::to_string(i));
-    }
+    const int64_t D = static_cast<int64_t>(b.doubles.size()), S = static_cast<int64_t>(b.singles.size());
+    StageResults kept;
+    auto block = [&](int64_t i, ggml_tensor* h) {
+        if (skipped(i)) return h;
+        if (i < D) {
+            const auto& m = double_mods[static_cast<size_t>(i)];
+            const nn::ShiftScaleGate img_mod[2] = {m[0], m[1]}, txt_mod[2] = {m[2], m[3]};
+            return nn::mark_cut(double_block(ctx, s, b.doubles[static_cast<size_t>(i)], h, T, img_mod, txt_mod),
+                                "double_blocks." + std::to_string(i));
+        }
+        const size_t j = static_cast<size_t>(i - D);
+        return nn::mark_cut(single_block(ctx, s, b.singles[j], h, single_mods[j]), "single_blocks." + std::to_string(j));
+    };
+    x = run_block_stage(ctx, options.split, D + S, x, in.stream, in.residual, block, kept);
+    if (options.split.stage == BlockStage::Front) return block_stage_output(ctx, options.split, x, nullptr, kept);
     // The image's tokens (text and references dropped) through the final layer.
     ggml_tensor* out =
         nn::linear(ctx, b.final_linear,
                    nn::modulate_layer_norm(ctx, nn::token_range(ctx, x, T, grid.w * grid.h), final_mod, kNormEps));
-    return nn::unpatchify(ctx, out, grid.w, grid.h, c.patch, nn::PatchFeatures::ChannelSlowest);
+    return block_stage_output(ctx, options.split,  x,
+                              nn::unpatchify(ctx, out, grid.w, grid.h, c.patch, nn::PatchFeatures::ChannelSlowest),
+                              kept);
 }
 
 Status FluxDit::check_conditioning(const ConditioningShape& shape) const {
@@ -751,6 +762,10 @@ Result<DiffusionTensors> FluxDit::build(nn::GraphInputs& s, const DiffusionShape
     options.flash_attention = shape.flash_attention;
     options.target = shape.target;
     options.skip_blocks = shape.skip_blocks;
+    options.split = shape.split;
+    make_stage_inputs(s, shape.split, fc.hidden, shape.tokens + image_tokens(fc, shape), b, g);
+    in.stream = g.stream;
+    in.residual = g.residual;
     auto out = build(s.ctx(), in, options);
     if (!out.ok()) return Error{"DiT graph: " + out.error().message};
     g.out = *out;

@@ -101,6 +101,10 @@ struct FluxInputs {
     // padding mask. The graph expands it once to ne [tokens, tokens, 1, B]
     // for every block's attention. Null: every token attends to every token.
     ggml_tensor* mask = nullptr;
+    // BlockStage Rest and Cached (FluxBuildOptions::split): the stream after
+    // the front blocks and the middle blocks' residual, ne [hidden, tokens, B].
+    ggml_tensor* stream = nullptr;
+    ggml_tensor* residual = nullptr;
     // Chroma only (required there, null otherwise): F32 ne chroma_index_shape(),
     // from chroma_index_table(): the embeddings of the modulation indices,
     // computed on the host in double precision.
@@ -113,6 +117,9 @@ struct FluxBuildOptions {
     // numbered double blocks first, then single blocks (double_blocks + j is
     // single block j). Numbers past the last block skip nothing.
     std::vector<int> skip_blocks;
+    // The part of the evaluation to build (models/nets/block_stages.h); the
+    // blocks are numbered as skip_blocks numbers them.
+    BlockSplit split;
     // Where the graph computes: on the CPU the tanh GELU is composed of exact
     // ops (ggml's CPU GELU reads an F16 table); on a device it is ggml_gelu.
     nn::ComputeTarget target = nn::ComputeTarget::Cpu;
