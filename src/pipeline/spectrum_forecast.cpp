@@ -59,18 +59,18 @@ bool SpectrumForecast::forecasts_next() const {
     return (since_computed_ + 1) % window != 0;
 }
 
-std::vector<double> SpectrumForecast::chebyshev_weights(double at) const {
-    const size_t M = static_cast<size_t>(options_.m) + 1, K = times_.size();
+std::vector<double> SpectrumForecast::ridge_weights(const std::vector<double>& times, double tau, int m, double lam) {
+    const size_t M = static_cast<size_t>(m) + 1, K = times.size();
     std::vector<std::vector<double>> X;
-    for (double t : times_) X.push_back(chebyshev(t, options_.m));
+    for (double t : times) X.push_back(chebyshev(t, m));
     std::vector<double> gram(M * M, 0.0);
     for (size_t i = 0; i < M; ++i) {
         for (size_t j = 0; j < M; ++j) {
             for (size_t k = 0; k < K; ++k) gram[i * M + j] += X[k][i] * X[k][j];
-            if (i == j) gram[i * M + j] += options_.lam;
+            if (i == j) gram[i * M + j] += lam;
         }
     }
-    const std::vector<double> v = solve(gram, chebyshev(at, options_.m));
+    const std::vector<double> v = solve(gram, chebyshev(tau, m));
     std::vector<double> weights(K, 0.0);
     for (size_t k = 0; k < K; ++k) {
         for (size_t j = 0; j < M; ++j) weights[k] += X[k][j] * v[j];
@@ -79,7 +79,7 @@ std::vector<double> SpectrumForecast::chebyshev_weights(double at) const {
 }
 
 std::vector<float> SpectrumForecast::forecast() {
-    const std::vector<double> a = chebyshev_weights(tau(evaluation_));
+    const std::vector<double> a = ridge_weights(times_, tau(evaluation_), options_.m, options_.lam);
     const std::vector<float>& last = history_.back();
     const std::vector<float>& before = history_[history_.size() - 2];
     const double w = options_.w;

@@ -32,8 +32,9 @@ class SpectrumForecast {
     int forecast_count() const { return forecasts_; }
     int evaluations() const { return evaluation_; }
 
-    // The ridge fit's weights on the kept outputs at `tau` (tests compare them with the reference).
-    std::vector<double> chebyshev_weights(double tau) const;
+    // The ridge fit's weights a_k on outputs kept at `times`, for the time
+    // `tau`: the fit is sum_k a_k h_k.
+    static std::vector<double> ridge_weights(const std::vector<double>& times, double tau, int m, double lam);
 
   private:
     double tau(int evaluation) const;

@@ -67,6 +67,7 @@ struct Job {
     // The hires fix at twice the size: "" for none, else the upscaler
     // ("latent", "lanczos").
     std::string hires;
+    pipeline::StepCacheOptions cache;  // --cache-mode
 };
 
 struct Outcome {
@@ -79,6 +80,7 @@ struct Outcome {
     int unet_runs = 0;  // UNet graph runs: one per step batched, two with separate CFG passes
     int prefetches = 0;
     int control_segments = 0;  // the ControlNet's groups in its last run
+    int cache_skipped = 0;     // evaluations the step cache skipped
 };
 
 // The device under test: the RPC server's RPC0, or KILN_TEST_DEVICE.
@@ -144,15 +146,18 @@ pipeline::GenerationRequest request_for(const Job& job) {
         h.steps = 2;
         r.hires = h;
     }
+    r.cache = job.cache;
     return r;
 }
 
 Result<Outcome> run_job(const Job& job) {
     auto model = load(job);
     if (!model.ok()) return model.error();
-    auto images = pipeline::generate(**model, request_for(job), {});
+    pipeline::GenerationTimings timings;
+    auto images = pipeline::generate(**model, request_for(job), {}, &timings);
     if (!images.ok()) return images.error();
     Outcome o;
+    o.cache_skipped = timings.cache.skipped;
     o.pixels = images->front().image.pixels;
     const auto& rpc = *(*model)->ledgers().at(dev());
     o.peak = rpc.peak();
@@ -949,6 +954,42 @@ TEST_F(Memory, Sd35LargeSameImageUnderEveryBudgetAndThePlanAgrees) {
     test::TempDir dir;
     expect_same_image_under_shrinking_budgets(
         spec_job(dir, "sd35_large_medium.spec", "sd3.5_large_medium.safetensors", clip_and_t5_tokenizers(), 4.5f));
+}
+
+// Step caches under the memory system: a condition-level cache (ucache on
+// the default model) and a block-level one (dbcache on the full-width Flux,
+// whose block stages are graphs of their own, cut like the whole one) give
+// the unconstrained run's image under every budget, and they do skip.
+TEST_F(Memory, ConditionCacheSameImageUnderEveryBudget) {
+    Job job;
+    job.steps = 10;
+    job.cache = pipeline::make_step_cache_options("ucache", "").value();
+    auto reference = run_job(job);
+    ASSERT_TRUE(reference.ok()) << reference.error().message;
+    EXPECT_GT(reference->cache_skipped, 0);
+    sweep_budgets(job, 0.9, 0.7, 2);
+}
+
+TEST_F(Memory, BlockCacheSameImageUnderEveryBudget) {
+    test::TempDir dir;
+    Job job = flux_job(dir);
+    job.steps = 3;
+    // One warmup step computes; the threshold lets the next two reuse the middle blocks.
+    job.cache = pipeline::make_step_cache_options("dbcache", "Fn=1,Bn=1,warmup=1,threshold=100").value();
+    auto reference = run_job(job);
+    ASSERT_TRUE(reference.ok()) << reference.error().message;
+    EXPECT_EQ(reference->cache_skipped, 2);
+    const double peak_mib = static_cast<double>(reference->peak) / (1024.0 * 1024.0);
+    for (double fraction : {0.5, 0.3}) {
+        Job cut = job;
+        cut.budget = mib(peak_mib * fraction);
+        SCOPED_TRACE("budget " + cut.budget);
+        auto r = run_job(cut);
+        ASSERT_TRUE(r.ok()) << r.error().message;
+        EXPECT_EQ(r->pixels, reference->pixels) << "the image differs from the unconstrained run";
+        EXPECT_LE(r->peak, *r->budget) << "managed peak above the budget";
+        EXPECT_EQ(r->cache_skipped, 2);
+    }
 }
 
 }  // namespace
