@@ -76,6 +76,18 @@ Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, 
             if (!c.ok()) return c.error();
             KILN_TRY(add(model.control_compute(), *c->session, c->out, pass));
         }
+        if (passes.block_stages && pass.empty()) {
+            for (auto [stage, name] : {std::pair{models::BlockStage::Front, "block cache: front"},
+                                       std::pair{models::BlockStage::Rest, "block cache: rest"},
+                                       std::pair{models::BlockStage::Cached, "block cache: cached"}}) {
+                shape.split = *passes.block_stages;
+                shape.split.stage = stage;
+                auto g = build_diffusion_graph(model, shape);
+                if (!g.ok()) return g.error();
+                KILN_TRY(add(model.diffusion_compute(), *g->session, g->out, name));
+            }
+            return Status::Ok();
+        }
         auto g = build_diffusion_graph(model, shape);
         if (!g.ok()) return g.error();
         return add(model.diffusion_compute(), *g->session, g->out, pass);
@@ -145,6 +157,10 @@ Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, 
 Result<JobPasses> passes_of(const GenerationRequest& request, const ValidatedRequest& job) {
     JobPasses passes;
     if (request.init_image) passes.init_encode_size = {request.init_image->width, request.init_image->height};
+    if (is_block_cache(request.cache.mode)) {
+        passes.block_stages = models::BlockSplit{models::BlockStage::Whole, request.cache.front_blocks,
+                                                 request.cache.back_blocks};
+    }
     if (!job.hires) return passes;
     passes.hires = &*job.hires;
     if (job.hires->upscaler != HiresUpscaler::Model) return passes;

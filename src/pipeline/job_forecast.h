@@ -36,6 +36,10 @@ struct JobPasses {
     // The hires fix's model upscaler (its name and memory), held in RAM for
     // the whole job; the caller measures it (Upscaler::memory).
     std::optional<std::pair<std::string, UpscalerMemory>> upscaler;
+    // A block-level step cache: the diffusion network runs its front, rest
+    // and cached stages (models::BlockStage) instead of whole evaluations,
+    // each planned with its own inputs. The hires pass runs whole.
+    std::optional<models::BlockSplit> block_stages;
 };
 
 struct DeviceForecast {

@@ -45,7 +45,8 @@ struct Progress {
             if (step == steps) std::printf("\n");
             std::fflush(stdout);
         } else if (step == steps) {
-            KILN_LOG_VERBOSE("image %d/%d: %d steps, %.2f it/s", image + 1, self->images, steps, rate);
+            KILN_LOG_VERBOSE("image %d/%d: %d steps in %.3f s, %.2f it/s", image + 1, self->images, steps, elapsed,
+                             rate);
         }
     }
 };
