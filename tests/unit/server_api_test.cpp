@@ -308,7 +308,8 @@ TEST(ServerApi, BadRequestsGet400NamingTheField) {
         {"init_image", "aGVsbG8gd29ybGQ="},  // "hello world"
         {"mask", "aGVsbG8gd29ybGQ="},        {"output_format", "gif"}, {"strength", 2},
         {"preview", "fast"},         {"preview", 1},          {"preview_interval", 0}, {"preview_interval", "often"},
-        {"preview_interval", 10001}, {"eta", 2},             {"eta", "x"}};
+        {"preview_interval", 10001}, {"eta", 2},             {"eta", "x"},
+        {"cache_mode", "fastcache"}, {"cache_option", "threshold=1"}, {"scm_mask", "1,0"}, {"scm_policy", "sometimes"}};
     for (const auto& [field, value] : cases) {
         json bad = good;
         bad[field] = value;
@@ -348,6 +349,40 @@ TEST(ServerApi, BadRequestsGet400NamingTheField) {
     const std::string id = post_job(client, good);
     ASSERT_FALSE(id.empty());
     EXPECT_EQ(test::wait_for_state(client, id, "done"), "done");
+    EXPECT_EQ(server.stop(SIGTERM), 0);
+}
+
+// sd-server's cache fields: the job's parameters say what the cache skipped;
+// a mode the model's family does not take fails the job by name, and the
+// server goes on.
+TEST(ServerApi, StepCacheJobsSayWhatTheySkipped) {
+    ServerProcess server(test::tiny_server_flags());
+    ASSERT_TRUE(server.started()) << server.log();
+    httplib::Client client("127.0.0.1", server.port());
+    const json cached = {{"prompt", "a red circle"}, {"width", 32},         {"height", 32},
+                         {"steps", 20},              {"cache_mode", "ucache"}, {"scm_policy_dynamic", true}};
+    auto posted = client.Post("/kiln/v1/jobs", cached.dump(), "application/json");
+    ASSERT_TRUE(posted);
+    ASSERT_EQ(posted->status, 202) << posted->body;
+    const std::string id = body_json(posted)["id"];
+    EXPECT_EQ(test::wait_for_state(client, id, "done"), "done");
+    auto got = client.Get(("/kiln/v1/jobs/" + id).c_str());
+    ASSERT_TRUE(got);
+    const std::string parameters = body_json(got)["results"][0]["parameters"];
+    EXPECT_NE(parameters.find("Cache: \"ucache, skipped "), std::string::npos) << parameters;
+    EXPECT_EQ(parameters.find("skipped 0/"), std::string::npos) << parameters;
+
+    json misfit = cached;
+    misfit["cache_mode"] = "easycache";
+    auto refused = client.Post("/kiln/v1/jobs", misfit.dump(), "application/json");
+    ASSERT_TRUE(refused);
+    ASSERT_EQ(refused->status, 202) << refused->body;
+    const std::string refused_id = body_json(refused)["id"];
+    EXPECT_EQ(test::wait_for_state(client, refused_id, "failed"), "failed");
+    auto failed = client.Get(("/kiln/v1/jobs/" + refused_id).c_str());
+    ASSERT_TRUE(failed);
+    EXPECT_NE(body_json(failed)["error"]["message"].get<std::string>().find("does not apply to SD1.x"), std::string::npos)
+        << failed->body;
     EXPECT_EQ(server.stop(SIGTERM), 0);
 }
 

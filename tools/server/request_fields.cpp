@@ -222,14 +222,14 @@ void check_limits(const JobRequest& request, const ServerLimits& limits) {
         over("height", init.height, limits.max_height);
         // Refused here rather than by the job, after its 202.
         if (init.width % 8 || init.height % 8) {
-            bad_field(init.width % 8 ? "width" : "height",
-                      "the init image is " + std::to_string(init.width) + "x" + std::to_string(init.height) +
-                          "; its sides must be multiples of 8");
+            bad_field(init.width % 8 ? "width" : "height", "the init image is " + std::to_string(init.width) + "x" +
+                                                               std::to_string(init.height) +
+                                                               "; its sides must be multiples of 8");
         }
     }
     if (request.mask && !request.init_image) bad_field("mask", "a mask needs an init image");
-    if (request.mask && (request.mask->width != request.init_image->width ||
-                         request.mask->height != request.init_image->height)) {
+    if (request.mask &&
+        (request.mask->width != request.init_image->width || request.mask->height != request.init_image->height)) {
         bad_field("mask", "is " + std::to_string(request.mask->width) + "x" + std::to_string(request.mask->height) +
                               ", the init image " + std::to_string(request.init_image->width) + "x" +
                               std::to_string(request.init_image->height));
@@ -241,23 +241,24 @@ void read_step_cache(JobRequest& r, const json& j) {
     r.cache_option = read_string(j, "cache_option");
     r.scm_mask = read_string(j, "scm_mask");
     r.scm_policy = read_string(j, "scm_policy");
-    if (r.scm_policy.empty() && j.contains("scm_policy_dynamic") && !j["scm_policy_dynamic"].is_null()) {
+    // sd-server's boolean; its clients send it (true) with every request, so without a mask it says nothing.
+    if (r.scm_policy.empty() && !r.scm_mask.empty() && j.contains("scm_policy_dynamic") &&
+        !j["scm_policy_dynamic"].is_null()) {
         r.scm_policy = read_bool(j, "scm_policy_dynamic", true) ? "dynamic" : "static";
     }
-    // sd-server sends its defaults with every request: no mask and the dynamic policy mean no cache option.
-    const std::string mode = ascii_lower(r.cache_mode);
-    if (mode.empty() || mode == "disabled" || mode == "none") {
-        if (r.scm_mask.empty()) r.scm_policy.clear();
-    }
     auto checked = pipeline::make_step_cache_options(r.cache_mode, r.cache_option, r.scm_mask, r.scm_policy);
-    if (!checked.ok()) {
-        const std::string& m = checked.error().message;
-        const std::string field = m.rfind("--cache-mode", 0) == 0     ? "cache_mode"
-                                  : m.rfind("--scm-mask", 0) == 0     ? "scm_mask"
-                                  : m.rfind("--scm-policy", 0) == 0   ? "scm_policy"
-                                                                      : "cache_option";
-        throw RequestError{400, field, m};
+    if (checked.ok()) return;
+    // The CLI's message, under the field's name.
+    std::string message = checked.error().message, field = "cache_option";
+    for (auto [flag, name] : {std::pair{"--cache-mode: ", "cache_mode"}, std::pair{"--cache-option: ", "cache_option"},
+                              std::pair{"--scm-mask: ", "scm_mask"}, std::pair{"--scm-policy: ", "scm_policy"}}) {
+        if (message.rfind(flag, 0) == 0) {
+            field = name;
+            message = message.substr(std::string(flag).size());
+        }
     }
+    if (message.rfind("--scm-mask and --scm-policy", 0) == 0) field = r.scm_mask.empty() ? "scm_policy" : "scm_mask";
+    throw RequestError{400, field, field + ": " + message};
 }
 
 }  // namespace kiln::server
