@@ -48,6 +48,9 @@ struct StepCaches {
     std::optional<BlockCache> blocks;          // dbcache, taylorseer, cache-dit
     models::BlockSplit split;                  // their Fn and Bn
     std::optional<SpectrumForecast> spectrum;  // spectrum
+    // A block cache's vectors in RAM's books (the stream's size times what
+    // it keeps per pass), counted once the first front stage shows the size.
+    runtime::LedgerReservation held;
 };
 
 // The diffusion network's input and output channels.
@@ -207,6 +210,14 @@ Result<std::vector<float>> run_pass(Model& model, const std::vector<float>& x, f
     if (!front.ok()) return front.error();
     const auto middle_of_front = front->begin() + static_cast<std::ptrdiff_t>(front->size() / 2);
     const std::vector<float> stream(front->begin(), middle_of_front), front_residual(middle_of_front, front->end());
+    if (caches.held.bytes() == 0) {
+        // Per pass: the middle residual, the Taylor series' two (forecasting modes); the front residual once.
+        const uint64_t kept = p.cache.mode == CacheMode::DbCache ? 1 : 3;
+        const uint64_t bytes = stream.size() * sizeof(float) * (kept * (p.cfg_scale != 1.0f ? 2 : 1) + 1);
+        auto held = runtime::LedgerReservation::make(model.host_ledger(), bytes, "the step cache's residuals");
+        if (!held.ok()) return held.error();
+        caches.held = std::move(held).value();
+    }
     if (!decision.decided) {
         decision.skipping = caches.blocks->skips_middle(pass, step, front_residual);
         decision.decided = true;
