@@ -10,8 +10,8 @@
 namespace kiln::cli {
 namespace {
 
-std::string path_of(const std::string& pattern, int index, int count) {
-    auto parsed = OutputPattern::parse(pattern);
+std::string path_of(const std::string& pattern, int index, int count, int first_index = 0) {
+    auto parsed = OutputPattern::parse(pattern, first_index);
     EXPECT_TRUE(parsed.ok()) << pattern << ": " << parsed.error().message;
     return parsed ? parsed->path(index, count) : std::string();
 }
@@ -22,14 +22,22 @@ TEST(OutputPattern, FillsTheOneIntegerField) {
     EXPECT_EQ(path_of("out_%3i.png", 7, 20), "out_  7.png");
     EXPECT_EQ(path_of("%u.png", 0, 1), "0.png");
     EXPECT_EQ(path_of("100%%_%02d.png", 1, 2), "100%_01.png");
+    EXPECT_EQ(path_of("out_%d.jpg", 1, 2, 10), "out_11.jpg");  // --output-begin-idx 10
+    EXPECT_EQ(path_of("out_%d", 0, 2), "out_0.png");
 }
 
-TEST(OutputPattern, NamesWithoutAFieldNumberBatchesFromTheSecondImage) {
+// sd-cli's names: one image keeps the name; a batch numbers every image from
+// --output-begin-idx (0); a name that is not .png, .jpg, .jpeg or .webp gets .png.
+TEST(OutputPattern, NamesWithoutAFieldAsSdCliNamesThem) {
     EXPECT_EQ(path_of("out.png", 0, 1), "out.png");
-    EXPECT_EQ(path_of("out.png", 0, 3), "out.png");
-    EXPECT_EQ(path_of("out.png", 2, 3), "out_3.png");
-    EXPECT_EQ(path_of("dir.v2/out", 1, 2), "dir.v2/out_2");
-    EXPECT_EQ(path_of("50%%.png", 1, 2), "50%_2.png");
+    EXPECT_EQ(path_of("b.png", 0, 3), "b_0.png");
+    EXPECT_EQ(path_of("b.png", 2, 3), "b_2.png");
+    EXPECT_EQ(path_of("b.png", 1, 3, 5), "b_6.png");
+    EXPECT_EQ(path_of("out", 0, 1), "out.png");
+    EXPECT_EQ(path_of("out.JPG", 0, 1), "out.JPG");
+    EXPECT_EQ(path_of("out.v2", 0, 1), "out.v2.png");
+    EXPECT_EQ(path_of("dir.v2/out", 1, 2), "dir.v2/out_1.png");
+    EXPECT_EQ(path_of("50%%.webp", 1, 2), "50%_1.webp");
 }
 
 TEST(OutputPattern, RefusesEveryOtherConversion) {

@@ -386,6 +386,23 @@ TEST(ServerApi, StepCacheJobsSayWhatTheySkipped) {
     EXPECT_EQ(server.stop(SIGTERM), 0);
 }
 
+// docs/server.md's commands as curl sends them: a POST with no body and no
+// Content-Length is answered, not refused.
+TEST(ServerApi, BodilessPostsAsTheDocsWriteThem) {
+    ServerProcess server(test::tiny_server_flags() + " --max-steps 5000");
+    ASSERT_TRUE(server.started()) << server.log();
+    httplib::Client client("127.0.0.1", server.port());
+    int status = 0;
+    const std::string id = test::post_job(client, kLongJob, &status);
+    ASSERT_EQ(status, 202);
+    EXPECT_EQ(test::wait_for_state(client, id, "running"), "running");
+    const std::string bare = " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+    EXPECT_EQ(test::raw_status_line(server.port(), "POST /kiln/v1/jobs/" + id + "/cancel" + bare), "HTTP/1.1 200 OK");
+    EXPECT_EQ(test::wait_for_state(client, id, "cancelled"), "cancelled");
+    EXPECT_EQ(test::raw_status_line(server.port(), "POST /sdapi/v1/interrupt" + bare), "HTTP/1.1 200 OK");
+    EXPECT_EQ(server.stop(SIGTERM), 0);
+}
+
 TEST(ServerApi, ApiKeyIsRequiredFromEitherHeader) {
     ServerProcess server(test::tiny_server_flags() + " --api-key s3cret");
     ASSERT_TRUE(server.started()) << server.log();

@@ -1,5 +1,10 @@
 #include "server_test_support.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <thread>
 
 #include "test_files.h"
@@ -86,6 +91,27 @@ std::string wait_for_state(httplib::Client& client, const std::string& job_id, c
         if (now == state || now == "done" || now == "failed" || now == "cancelled") return now;
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
+}
+
+std::string raw_status_line(int port, const std::string& request) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return "";
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    std::string reply;
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+        ::send(fd, request.data(), request.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(request.size())) {
+        char buffer[512];
+        while (reply.find("\r\n") == std::string::npos) {
+            const ssize_t got = ::recv(fd, buffer, sizeof buffer, 0);
+            if (got <= 0) break;
+            reply.append(buffer, static_cast<size_t>(got));
+        }
+    }
+    ::close(fd);
+    return reply.substr(0, reply.find("\r\n"));
 }
 
 }  // namespace kiln::test

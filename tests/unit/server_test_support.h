@@ -52,4 +52,9 @@ std::vector<std::string> read_events(int port, const std::string& job_id, const 
 // or "HTTP 404" (any status but 200) when the server does not know the job.
 std::string wait_for_state(httplib::Client& client, const std::string& job_id, const std::string& state);
 
+// Sends `request` as it is (curl's -X POST without a body sends no
+// Content-Length, which httplib's client always does) and returns the
+// response's status line, or "" when none came.
+std::string raw_status_line(int port, const std::string& request);
+
 }  // namespace kiln::test

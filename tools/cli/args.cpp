@@ -208,13 +208,17 @@ const std::vector<Flag>& flags() {
              string_setter(&Options::weight_type)},
             {"-p", "--prompt", "TEXT", "the prompt", string_setter(&Options::prompt)},
             {"-n", "--negative-prompt", "TEXT", "the negative prompt", string_setter(&Options::negative_prompt)},
-            {"-o", "--output", "PATH", "output image (default output.png); with -M convert, the GGUF to write",
+            {"-o", "--output", "PATH",
+             "output image (default output.png; .png added to a name without .png, .jpg or .webp); a batch is "
+             "NAME_0.png, NAME_1.png, ... or fills one %d / %03d field; with -M convert, the GGUF to write",
              [](Options& o, const std::string& v) -> std::optional<std::string> {
                  if (v.empty()) return std::string("expected a path, got an empty string");
                  o.output = v;
                  o.output_given = true;
                  return std::nullopt;
              }},
+            {nullptr, "--output-begin-idx", "N", "the number of a batch's first image in its names (default 0)",
+             int_setter(&Options::output_begin_idx, 0, 1000000000)},
             {"-i", "--init-img", "PATH", "initial image for image-to-image (with -M metadata: the image to read)",
              path_setter(&Options::init_image)},
             {nullptr, "--mask", "PATH", "inpainting mask for -i: white repaints, black keeps",

@@ -50,6 +50,7 @@ struct Options {
     std::string prompt;
     std::string negative_prompt;
     std::string output = "output.png";
+    int output_begin_idx = 0;  // --output-begin-idx
     bool output_given = false;  // -o was passed (-M convert requires it)
     std::string init_image;
     std::string mask;

@@ -82,10 +82,6 @@ kiln_preview_mode preview_mode(const std::string& name) {
 
 int run_generate(const Options& options) {
     // Check what can be checked before the (slow) model load.
-    if (!has_image_extension(options.output)) {
-        KILN_LOG_ERROR("%s: unsupported image extension (valid: .png, .jpg, .jpeg, .webp)", options.output.c_str());
-        return kExitUsage;
-    }
     if (options.preview != "none" && !has_image_extension(options.preview_path)) {
         KILN_LOG_ERROR("--preview-path %s: unsupported image extension (valid: .png, .jpg, .jpeg, .webp)",
                        options.preview_path.c_str());
@@ -97,7 +93,7 @@ int run_generate(const Options& options) {
     if (options.taesd_preview_only && options.taesd.empty()) {
         KILN_LOG_WARN("--taesd-preview-only does nothing without --taesd");
     }
-    auto output = OutputPattern::parse(options.output);
+    auto output = OutputPattern::parse(options.output, options.output_begin_idx);
     if (!output) {
         KILN_LOG_ERROR("-o: %s", output.error().message.c_str());
         return kExitUsage;

@@ -1,11 +1,33 @@
 #include "output_pattern.h"
 
-namespace kiln::cli {
+#include <algorithm>
 
-Result<OutputPattern> OutputPattern::parse(const std::string& text) {
+#include "util/format.h"
+
+namespace kiln::cli {
+namespace {
+
+// Where `name`'s extension starts (its last '.' after the last '/'), or npos.
+size_t extension_start(const std::string& name) {
+    const size_t dot = name.rfind('.'), slash = name.rfind('/');
+    return dot == std::string::npos || (slash != std::string::npos && dot < slash) ? std::string::npos : dot;
+}
+
+bool writes_format(const std::string& name) {
+    const size_t dot = extension_start(name);
+    if (dot == std::string::npos) return false;
+    const std::string ext = ascii_lower(name.substr(dot));
+    return ext == ".png" || ext == ".jpg" || ext == ".jpeg" || ext == ".webp";
+}
+
+}  // namespace
+
+Result<OutputPattern> OutputPattern::parse(const std::string& given, int first_index) {
+    const std::string text = writes_format(given) ? given : given + ".png";
     OutputPattern pattern;
+    pattern.first_index_ = first_index;
     auto fail = [&](const std::string& what) {
-        return Error{text + ": " + what +
+        return Error{given + ": " + what +
                      " (an output name may hold one integer field such as %d or %03d, and %% for a percent sign)"};
     };
     std::string* part = &pattern.prefix_;
@@ -31,7 +53,7 @@ Result<OutputPattern> OutputPattern::parse(const std::string& text) {
             if (digits == 0) width = text[i] - '0';  // more digits are refused below
         }
         if (i >= text.size() || (text[i] != 'd' && text[i] != 'i' && text[i] != 'u')) {
-            return fail("'" + text.substr(start, i + 1 - start) + "' is not an integer field");
+            return fail("'" + given.substr(start, std::min(i + 1, given.size()) - start) + "' is not an integer field");
         }
         if (digits > 1) return fail("the field's width may be at most 9");
         if (pattern.has_field_) return fail("more than one integer field");
@@ -45,20 +67,18 @@ Result<OutputPattern> OutputPattern::parse(const std::string& text) {
 }
 
 std::string OutputPattern::path(int index, int count) const {
+    const std::string n = std::to_string(first_index_ + index);
     if (has_field_) {
-        std::string number = std::to_string(index);
+        std::string number = n;
         if (number.size() < static_cast<size_t>(width_)) {
             number.insert(0, width_ - number.size(), zero_pad_ ? '0' : ' ');
         }
         return prefix_ + number + suffix_;
     }
     const std::string& name = suffix_;
-    if (count <= 1 || index == 0) return name;
-    const auto dot = name.rfind('.');
-    const auto slash = name.rfind('/');
-    const std::string numbered = "_" + std::to_string(index + 1);
-    if (dot == std::string::npos || (slash != std::string::npos && dot < slash)) return name + numbered;
-    return name.substr(0, dot) + numbered + name.substr(dot);
+    if (count <= 1) return name;
+    const size_t dot = extension_start(name);  // there is one: parse gave every name an image extension
+    return name.substr(0, dot) + "_" + n + name.substr(dot);
 }
 
 }  // namespace kiln::cli

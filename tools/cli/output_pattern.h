@@ -1,8 +1,10 @@
-// The name (or name pattern) given to -o for generated images. A pattern
-// holds at most one integer field in printf's spelling ("out_%d.png",
-// "out_%03d.png") and any number of "%%" for a literal percent sign. The
-// field is filled by kiln itself, never by printf: no other conversion can
-// reach a format function.
+// The name (or name pattern) given to -o for generated images, named as
+// sd-cli names them. A pattern holds at most one integer field in printf's
+// spelling ("out_%d.png", "out_%03d.png") and any number of "%%" for a
+// literal percent sign. The field is filled by kiln itself, never by printf:
+// no other conversion can reach a format function. A name whose extension is
+// not an image format kiln writes (.png, .jpg, .jpeg, .webp) gets ".png"
+// ("out" -> "out.png", "out.v2" -> "out.v2.png").
 #pragma once
 
 #include <string>
@@ -15,12 +17,13 @@ class OutputPattern {
   public:
     // Refuses every '%' that is not "%%" or the one integer field
     // ("%d", "%i", "%u", optionally with '0' and a width of at most 9);
-    // the error names the pattern and what is wrong.
-    static Result<OutputPattern> parse(const std::string& text);
+    // the error names the pattern and what is wrong. `first_index` is
+    // --output-begin-idx (>= 0).
+    static Result<OutputPattern> parse(const std::string& text, int first_index = 0);
 
-    // The name of image `index` of `count`: with a field, the field holds
-    // `index`; without one, batches get "_<index + 1>" before the extension
-    // from the second image on.
+    // The name of image `index` of `count`, n = first_index + index: with a
+    // field, the field holds n; without one, a batch of more than one image
+    // gets "_<n>" before the extension ("b.png": b_0.png, b_1.png, ...).
     std::string path(int index, int count) const;
 
   private:
@@ -29,6 +32,7 @@ class OutputPattern {
     bool has_field_ = false;
     bool zero_pad_ = false;
     int width_ = 0;
+    int first_index_ = 0;
 };
 
 }  // namespace kiln::cli

@@ -47,11 +47,9 @@ int run_upscale(const Options& options) {
         KILN_LOG_ERROR("upscale: no model given (--upscale-model FILE: an ESRGAN / Real-ESRGAN .pth or .safetensors)");
         return kExitUsage;
     }
-    if (!has_image_extension(options.output)) {
-        KILN_LOG_ERROR("%s: unsupported image extension (valid: .png, .jpg, .jpeg, .webp)", options.output.c_str());
-        return kExitUsage;
-    }
-    if (auto problem = output_path_problem(options.output)) {
+    // As sd-cli: a name without an image format's extension is written as PNG, with .png added.
+    const std::string output = has_image_extension(options.output) ? options.output : options.output + ".png";
+    if (auto problem = output_path_problem(output)) {
         KILN_LOG_ERROR("-o %s: %s", options.output.c_str(), problem->c_str());
         return kExitUsage;
     }
@@ -84,11 +82,11 @@ int run_upscale(const Options& options) {
     const uint32_t width = image->width, height = image->height;
     if (int code = upscale_in_place(upscaler.get(), options, *image); code != kExitOk) return code;
     ErrorText error;
-    if (kiln_status st = kiln_image_save(image, options.output.c_str(), &error.text); st != KILN_OK) {
+    if (kiln_status st = kiln_image_save(image, output.c_str(), &error.text); st != KILN_OK) {
         KILN_LOG_ERROR("%s", error.c_str());
         return exit_code_of(st);
     }
-    KILN_LOG_INFO("saved %s (%ux%u, from %ux%u)", options.output.c_str(), image->width, image->height, width, height);
+    KILN_LOG_INFO("saved %s (%ux%u, from %ux%u)", output.c_str(), image->width, image->height, width, height);
     return kExitOk;
 }
 

@@ -104,7 +104,8 @@ JobRequest parse_a1111(ServerState& state, const json& j, bool img2img) {
     r.batch = static_cast<int>(batch_size * n_iter);
     // sampler_index is the older name of sampler_name.
     const bool has_name = j.contains("sampler_name") && !j["sampler_name"].is_null();
-    set_sampler(r, has_name ? "sampler_name" : "sampler_index", read_string(j, has_name ? "sampler_name" : "sampler_index"));
+    set_sampler(r, has_name ? "sampler_name" : "sampler_index",
+                read_string(j, has_name ? "sampler_name" : "sampler_index"));
     set_scheduler(r, "scheduler", read_string(j, "scheduler"));
     if (!img2img) return r;
 
@@ -216,9 +217,11 @@ void add_a1111_routes(httplib::Server& server, ServerState& state) {
         guarded(res, [&] {
             const auto job = state.jobs.running();
             const int queued = state.jobs.queued_count();
-            json progress = {{"progress", 0.0}, {"eta_relative", 0.0}, {"current_image", nullptr}, {"textinfo", nullptr}};
-            json job_state = {{"skipped", false}, {"interrupted", false}, {"job", ""}, {"job_count", queued},
-                              {"job_timestamp", "0"}, {"job_no", 0}, {"sampling_step", 0}, {"sampling_steps", 0}};
+            json progress = {
+                {"progress", 0.0}, {"eta_relative", 0.0}, {"current_image", nullptr}, {"textinfo", nullptr}};
+            json job_state = {{"skipped", false},    {"interrupted", false}, {"job", ""},
+                              {"job_count", queued}, {"job_timestamp", "0"}, {"job_no", 0},
+                              {"sampling_step", 0},  {"sampling_steps", 0}};
             if (job) {
                 const json d = state.jobs.describe(*job, false);
                 progress["progress"] = d["progress"];
@@ -241,18 +244,24 @@ void add_a1111_routes(httplib::Server& server, ServerState& state) {
             send_json(res, 200, progress);
         });
     });
-    server.Post("/sdapi/v1/interrupt", [&state](const httplib::Request&, httplib::Response& res) {
-        guarded(res, [&] {
-            state.jobs.cancel_running();
-            send_json(res, 200, json::object());
-        });
-    });
-    server.Post("/sdapi/v1/skip", [&state](const httplib::Request&, httplib::Response& res) {
-        guarded(res, [&] {
-            state.jobs.cancel_running();
-            send_json(res, 200, json::object());
-        });
-    });
+    // A ContentReader handler: httplib reads no body, so curl -X POST without one (and no
+    // Content-Length) is answered, not refused with a 400.
+    server.Post("/sdapi/v1/interrupt",
+                [&state](const httplib::Request&, httplib::Response& res, const httplib::ContentReader&) {
+                    guarded(res, [&] {
+                        state.jobs.cancel_running();
+                        send_json(res, 200, json::object());
+                    });
+                });
+    // A ContentReader handler: httplib reads no body, so curl -X POST without one (and no
+    // Content-Length) is answered, not refused with a 400.
+    server.Post("/sdapi/v1/skip",
+                [&state](const httplib::Request&, httplib::Response& res, const httplib::ContentReader&) {
+                    guarded(res, [&] {
+                        state.jobs.cancel_running();
+                        send_json(res, 200, json::object());
+                    });
+                });
     server.Get("/sdapi/v1/options", [&state](const httplib::Request&, httplib::Response& res) {
         guarded(res, [&] {
             const A1111PreviewSettings previews = current_preview_settings(state);
@@ -322,7 +331,8 @@ void add_a1111_routes(httplib::Server& server, ServerState& state) {
         guarded(res, [&] { send_json(res, 200, lora_list(state.options.context.lora_model_dir)); });
     });
     // Not served yet: upscalers are a list clients read at start.
-    server.Get("/sdapi/v1/upscalers", [](const httplib::Request&, httplib::Response& res) { send_json(res, 200, json::array()); });
+    server.Get("/sdapi/v1/upscalers",
+               [](const httplib::Request&, httplib::Response& res) { send_json(res, 200, json::array()); });
 }
 
 }  // namespace kiln::server

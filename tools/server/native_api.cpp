@@ -30,7 +30,8 @@ JobRequest parse_native(ServerState& state, const httplib::Request& req) {
     if (j.contains("init_image") && !j["init_image"].is_null()) {
         r.init_image = without_alpha(read_base64_image(j["init_image"], "init_image", limits));
     }
-    if (j.contains("mask") && !j["mask"].is_null()) r.mask = mask_of(read_base64_image(j["mask"], "mask", limits), false);
+    if (j.contains("mask") && !j["mask"].is_null())
+        r.mask = mask_of(read_base64_image(j["mask"], "mask", limits), false);
     r.output_format = read_string(j, "output_format", "png");
     if (r.output_format != "png" && r.output_format != "jpeg" && r.output_format != "webp") {
         throw RequestError{400, "output_format",
@@ -38,7 +39,8 @@ JobRequest parse_native(ServerState& state, const httplib::Request& req) {
     }
     set_preview(r, "preview", read_string(j, "preview"));
     r.preview_interval = static_cast<int>(read_integer(j, "preview_interval", 0, 1, kMaxPreviewInterval));
-    if (j.contains("preview_noisy") && !j["preview_noisy"].is_null()) r.preview_noisy = read_bool(j, "preview_noisy", false);
+    if (j.contains("preview_noisy") && !j["preview_noisy"].is_null())
+        r.preview_noisy = read_bool(j, "preview_noisy", false);
     read_step_cache(r, j);
     check_limits(r, limits);
     return r;
@@ -46,7 +48,9 @@ JobRequest parse_native(ServerState& state, const httplib::Request& req) {
 
 std::shared_ptr<Job> job_of(ServerState& state, const httplib::Request& req) {
     auto job = state.jobs.find(req.matches[1]);
-    if (!job) throw RequestError{404, "id", "no job " + std::string(req.matches[1]) + " (finished jobs are kept for a while only)"};
+    if (!job)
+        throw RequestError{404, "id",
+                           "no job " + std::string(req.matches[1]) + " (finished jobs are kept for a while only)"};
     return job;
 }
 
@@ -82,15 +86,17 @@ void add_native_routes(httplib::Server& server, ServerState& state) {
             send_json(res, 200, described);
         });
     });
-    server.Post(R"(/kiln/v1/jobs/([0-9a-f]+)/cancel)", [&state](const httplib::Request& req, httplib::Response& res) {
-        guarded(res, [&] {
-            auto job = job_of(state, req);
-            if (!state.jobs.cancel(job)) {
-                throw RequestError{409, "id", "job " + job->id + " has already finished"};
-            }
-            send_json(res, 200, state.jobs.describe(*job, false));
-        });
-    });
+    // Takes no body (a ContentReader handler: none is read, so a POST without Content-Length is answered).
+    server.Post(R"(/kiln/v1/jobs/([0-9a-f]+)/cancel)",
+                [&state](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader&) {
+                    guarded(res, [&] {
+                        auto job = job_of(state, req);
+                        if (!state.jobs.cancel(job)) {
+                            throw RequestError{409, "id", "job " + job->id + " has already finished"};
+                        }
+                        send_json(res, 200, state.jobs.describe(*job, false));
+                    });
+                });
     server.Get(R"(/kiln/v1/jobs/([0-9a-f]+)/events)", [&state](const httplib::Request& req, httplib::Response& res) {
         guarded(res, [&] {
             auto job = job_of(state, req);
@@ -98,19 +104,20 @@ void add_native_routes(httplib::Server& server, ServerState& state) {
             auto held = state.long_requests.hold();
             auto seen = std::make_shared<size_t>(0);
             res.set_header("Cache-Control", "no-cache");
-            res.set_chunked_content_provider(
-                "text/event-stream", [&state, job, seen, held](size_t, httplib::DataSink& sink) {
-                    bool over = false;
-                    const auto events = state.jobs.events_since(*job, *seen, 1000, &over);
-                    std::string text;
-                    for (const JobEvent& e : events) text += "event: " + e.type + "\ndata: " + e.data.dump() + "\n\n";
-                    // A comment line while nothing happens, so a gone client is noticed.
-                    if (text.empty()) text = ": waiting\n\n";
-                    if (!sink.write(text.data(), text.size())) return false;
-                    *seen += events.size();
-                    if (over) sink.done();
-                    return true;
-                });
+            res.set_chunked_content_provider("text/event-stream",
+                                             [&state, job, seen, held](size_t, httplib::DataSink& sink) {
+                                                 bool over = false;
+                                                 const auto events = state.jobs.events_since(*job, *seen, 1000, &over);
+                                                 std::string text;
+                                                 for (const JobEvent& e : events)
+                                                     text += "event: " + e.type + "\ndata: " + e.data.dump() + "\n\n";
+                                                 // A comment line while nothing happens, so a gone client is noticed.
+                                                 if (text.empty()) text = ": waiting\n\n";
+                                                 if (!sink.write(text.data(), text.size())) return false;
+                                                 *seen += events.size();
+                                                 if (over) sink.done();
+                                                 return true;
+                                             });
         });
     });
     server.Get(R"(/kiln/v1/results/([0-9a-f]+)/(\d+)\.(png|jpeg|webp))",
