@@ -86,6 +86,16 @@ TEST(CliGenerate, BatchesNumberTheirFilesAndSeeds) {
     EXPECT_TRUE(exists(dir.file("d.bmp.png")));
 }
 
+// A run without -m says which model it uses.
+TEST(CliGenerate, TheDefaultModelIsNamed) {
+    TempDir dir;
+    auto r = run_command(std::string(KILN_BIN) + " -t 1 -p x -W 32 -H 32 --steps 1 -o " + dir.file("o.png"));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("model: " + std::string(KILN_DEFAULT_MODEL) + " (the default; -m chooses another)"),
+              std::string::npos)
+        << "out: " << r.out << "\nerr: " << r.err;
+}
+
 TEST(CliGenerate, JpegAndWebpOutputs) {
     TempDir dir;
     for (const char* name : {"o.jpg", "o.webp"}) {

@@ -26,14 +26,17 @@ struct Progress {
     bool terminal = isatty(STDOUT_FILENO) != 0;
     int images = 1;
     std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+    std::chrono::steady_clock::time_point last_line = start;  // off a terminal: the last progress line
     int last_image = -1;
+    // Off a terminal (a log, a service), a progress line at most this often.
+    static constexpr double kLineSeconds = 5.0;
 
     static void on_step(int image, int step, int steps, void* user_data) {
         auto* self = static_cast<Progress*>(user_data);
         const auto now = std::chrono::steady_clock::now();
         if (step == 0 || image != self->last_image) {
             self->last_image = image;
-            self->start = now;
+            self->start = self->last_line = now;
             return;
         }
         const double elapsed = std::chrono::duration<double>(now - self->start).count();
@@ -47,6 +50,10 @@ struct Progress {
         } else if (step == steps) {
             KILN_LOG_VERBOSE("image %d/%d: %d steps in %.3f s, %.2f it/s", image + 1, self->images, steps, elapsed,
                              rate);
+        } else if (std::chrono::duration<double>(now - self->last_line).count() >= kLineSeconds) {
+            self->last_line = now;
+            KILN_LOG_INFO("image %d/%d: step %d/%d, %.2f it/s, ETA %.0fs", image + 1, self->images, step, steps, rate,
+                          eta);
         }
     }
 };
@@ -115,6 +122,7 @@ int run_generate(const Options& options) {
             return kExitFailure;
         }
         model = *found;
+        KILN_LOG_INFO("model: %s (the default; -m chooses another)", model.c_str());
     }
 
     kiln_context_params cp = context_params_of(options);
