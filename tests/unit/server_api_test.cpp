@@ -386,6 +386,38 @@ TEST(ServerApi, StepCacheJobsSayWhatTheySkipped) {
     EXPECT_EQ(server.stop(SIGTERM), 0);
 }
 
+// A1111's hires fix fields: the image of sd-cli's --hires with the same
+// settings; an upscaler kiln serve does not have is a 400 naming the field.
+TEST(ServerApi, A1111HiresFixIsTheCliHiresFix) {
+    ServerProcess server(test::tiny_server_flags());
+    ASSERT_TRUE(server.started()) << server.log();
+    httplib::Client client("127.0.0.1", server.port());
+    client.set_read_timeout(120, 0);
+    json job = {{"prompt", "a red circle"}, {"seed", 3}, {"steps", 2}, {"width", 32}, {"height", 32},
+                {"enable_hr", true}, {"hr_scale", 2}, {"hr_upscaler", "Latent (nearest)"}, {"hr_second_pass_steps", 3},
+                {"denoising_strength", 0.5}};
+    auto r = client.Post("/sdapi/v1/txt2img", job.dump(), "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    const image::Image served = test::decode_base64_image(body_json(r)["images"][0]);
+    EXPECT_EQ(served.width, 64);
+    EXPECT_EQ(served.pixels, test::cli_image(test::tiny_server_flags(),
+                                             "-p \"a red circle\" -W 32 -H 32 --steps 2 -s 3 --hires --hires-scale 2 "
+                                             "--hires-upscaler latent-nearest --hires-steps 3 "
+                                             "--hires-denoising-strength 0.5")
+                                 .pixels);
+    for (const auto& [field, value] : std::vector<std::pair<std::string, json>>{
+             {"hr_upscaler", "R-ESRGAN 4x+"}, {"hr_scale", 100}, {"hr_second_pass_steps", -1}}) {
+        json bad = job;
+        bad[field] = value;
+        auto refused = client.Post("/sdapi/v1/txt2img", bad.dump(), "application/json");
+        ASSERT_TRUE(refused);
+        EXPECT_EQ(refused->status, 400) << field;
+        EXPECT_EQ(error_param(refused), field) << refused->body;
+    }
+    EXPECT_EQ(server.stop(SIGTERM), 0);
+}
+
 // docs/server.md's commands as curl sends them: a POST with no body and no
 // Content-Length is answered, not refused.
 TEST(ServerApi, BodilessPostsAsTheDocsWriteThem) {

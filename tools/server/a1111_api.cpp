@@ -72,6 +72,42 @@ void apply_preview_settings(const A1111PreviewSettings& settings, JobRequest& re
     }
 }
 
+// A1111's hires fix fields of txt2img (enable_hr and the hr_* fields, with
+// denoising_strength for the second pass). kiln serve upscales with the
+// latent modes or Lanczos, as A1111 names them; model upscalers are files
+// the CLI takes by path.
+void read_hires_fix(JobRequest& r, const json& j, const ServerLimits& limits) {
+    if (!read_bool(j, "enable_hr", false)) return;
+    r.hires = true;
+    r.hires_scale = static_cast<float>(read_number(j, "hr_scale", 2.0, 0.01, 8.0));
+    r.hires_width = static_cast<int>(read_integer(j, "hr_resize_x", 0, 0, limits.max_width));
+    r.hires_height = static_cast<int>(read_integer(j, "hr_resize_y", 0, 0, limits.max_height));
+    r.hires_steps = static_cast<int>(read_integer(j, "hr_second_pass_steps", 0, 0, limits.max_steps));
+    r.hires_denoising_strength = static_cast<float>(read_number(j, "denoising_strength", 0.7, 0.0, 1.0));
+    const std::string upscaler = read_string(j, "hr_upscaler", "Latent");
+    bool known = false;
+    for (const char* name : {"Latent", "Latent (nearest)", "Latent (nearest-exact)", "Lanczos", "latent",
+                             "latent-nearest", "latent-nearest-exact", "lanczos"}) {
+        known = known || upscaler == name;
+    }
+    if (!known) {
+        throw RequestError{400, "hr_upscaler",
+                           "hr_upscaler: '" + upscaler +
+                               "' is not one of kiln serve's upscalers: Latent, Latent (nearest), "
+                               "Latent (nearest-exact), Lanczos"};
+    }
+    r.hires_upscaler = upscaler;
+    // The final size within the server's limits, as far as the request says it.
+    const long long final_width = r.hires_width ? r.hires_width : static_cast<long long>(r.width * r.hires_scale);
+    const long long final_height = r.hires_height ? r.hires_height : static_cast<long long>(r.height * r.hires_scale);
+    if (final_width > limits.max_width || final_height > limits.max_height) {
+        throw RequestError{400, "hr_scale",
+                           "hr_scale: the hires size " + std::to_string(final_width) + "x" +
+                               std::to_string(final_height) + " is over this server's limit of " +
+                               std::to_string(limits.max_width) + "x" + std::to_string(limits.max_height)};
+    }
+}
+
 JobRequest parse_a1111(ServerState& state, const json& j, bool img2img) {
     const ServerLimits& limits = state.options.limits;
     JobRequest r;
@@ -107,7 +143,10 @@ JobRequest parse_a1111(ServerState& state, const json& j, bool img2img) {
     set_sampler(r, has_name ? "sampler_name" : "sampler_index",
                 read_string(j, has_name ? "sampler_name" : "sampler_index"));
     set_scheduler(r, "scheduler", read_string(j, "scheduler"));
-    if (!img2img) return r;
+    if (!img2img) {
+        read_hires_fix(r, j, limits);
+        return r;
+    }
 
     const json* images = j.contains("init_images") ? &j["init_images"] : nullptr;
     if (!images || !images->is_array() || images->empty()) {

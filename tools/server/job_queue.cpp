@@ -12,9 +12,7 @@
 namespace kiln::server {
 namespace {
 
-double unix_now() {
-    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
+double unix_now() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
 
 // Ids are unguessable, so one client cannot read or cancel another's jobs by counting.
 std::string new_job_id(uint64_t serial) {
@@ -181,11 +179,14 @@ nlohmann::json JobQueue::describe(const Job& job, bool with_images) {
         nlohmann::json results = nlohmann::json::array();
         for (size_t i = 0; i < job.results.size(); ++i) {
             const JobImage& r = job.results[i];
-            nlohmann::json item = {{"index", i},          {"seed", r.seed},
-                                   {"width", r.width},    {"height", r.height},
-                                   {"parameters", r.parameters}, {"format", job.request.output_format},
-                                   {"url", "/kiln/v1/results/" + job.id + "/" + std::to_string(i) + "." +
-                                               job.request.output_format}};
+            nlohmann::json item = {
+                {"index", i},
+                {"seed", r.seed},
+                {"width", r.width},
+                {"height", r.height},
+                {"parameters", r.parameters},
+                {"format", job.request.output_format},
+                {"url", "/kiln/v1/results/" + job.id + "/" + std::to_string(i) + "." + job.request.output_format}};
             if (with_images) item["image"] = base64_encode(r.bytes);
             results.push_back(std::move(item));
         }
@@ -301,6 +302,13 @@ void JobQueue::run(const std::shared_ptr<Job>& job) {
     gp.mask = r.mask.get();
     gp.progress = &JobQueue::on_progress;
     gp.progress_user_data = &target;
+    gp.hires = r.hires ? 1 : 0;
+    gp.hires_scale = r.hires_scale;
+    gp.hires_width = r.hires_width;
+    gp.hires_height = r.hires_height;
+    gp.hires_steps = r.hires_steps;
+    gp.hires_denoising_strength = r.hires_denoising_strength;
+    gp.hires_upscaler = r.hires_upscaler.c_str();
     gp.cache_mode = r.cache_mode.c_str();
     gp.cache_option = r.cache_option.c_str();
     gp.scm_mask = r.scm_mask.c_str();

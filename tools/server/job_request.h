@@ -54,6 +54,16 @@ struct JobRequest {
     // --preview-noisy); unset: the server's --preview-noisy.
     std::optional<bool> preview_noisy;
 
+    // A1111's hires fix (enable_hr): the first pass upscaled by hires_scale
+    // (or to hires_width x hires_height, 0: from the scale) and denoised
+    // again over hires_denoising_strength of hires_steps (0: steps) steps,
+    // with a latent upscaler or Lanczos (kiln_generation_params.hires*).
+    bool hires = false;
+    float hires_scale = 2.0f;
+    int hires_width = 0, hires_height = 0, hires_steps = 0;
+    float hires_denoising_strength = 0.7f;
+    std::string hires_upscaler = "latent";
+
     // Step caches, as sd-cli's --cache-mode, --cache-option, --scm-mask and
     // --scm-policy (kiln_generation_params); "": none.
     std::string cache_mode, cache_option, scm_mask, scm_policy;
