@@ -125,9 +125,10 @@ Result<UpscalerMemory> Upscaler::memory(int width, int height, int tile, int rep
     const std::vector<float> zeros(static_cast<size_t>(m.tile_w * m.tile_h * channels), 0.0f);
     ggml_tensor* input = session.input(GGML_TYPE_F32, {m.tile_w, m.tile_h, channels, 1}, zeros.data(), "image");
     ggml_cgraph* graph = session.graph(net_->build(session.ctx(), input, nn::ComputeTarget::Cpu));
-    ggml_backend_sched_t sched = compute_->measure_sched();
-    std::vector<size_t> sizes(static_cast<size_t>(ggml_backend_sched_get_n_backends(sched)), 0);
-    ggml_backend_sched_reserve_size(sched, graph, sizes.data());
+    auto sched = compute_->measure_sched_for(graph);
+    if (!sched.ok()) return sched.error();
+    std::vector<size_t> sizes(static_cast<size_t>(ggml_backend_sched_get_n_backends(*sched)), 0);
+    ggml_backend_sched_reserve_size(*sched, graph, sizes.data());
     for (size_t s : sizes) m.tile_compute += s;
     return m;
 }

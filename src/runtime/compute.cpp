@@ -18,9 +18,6 @@
 
 namespace kiln::runtime {
 
-// Graphs of the full-size UNet hold tens of thousands of nodes.
-constexpr size_t kMaxGraphNodes = 65536;
-
 Result<std::unique_ptr<Compute>> Compute::create(ggml_backend_dev_t device, int threads) {
     std::unique_ptr<Compute> c(new Compute());
     c->threads_ = threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -59,11 +56,8 @@ Result<std::unique_ptr<Compute>> Compute::create(ggml_backend_dev_t device, int 
 #endif
     backends.push_back(c->cpu_);  // the scheduler's last backend must be the CPU
     c->backends_ = backends;
-    c->sched_ = ggml_backend_sched_new(backends.data(), nullptr, static_cast<int>(backends.size()), kMaxGraphNodes,
-                                       /*parallel=*/false, /*op_offload=*/false);
-    c->measure_sched_ = ggml_backend_sched_new(backends.data(), nullptr, static_cast<int>(backends.size()),
-                                               kMaxGraphNodes, false, false);
-    if (!c->sched_ || !c->measure_sched_) return Error{"cannot create the ggml scheduler"};
+    c->sched_ = std::make_unique<SizedScheduler>(backends);
+    c->measure_sched_ = std::make_unique<SizedScheduler>(backends);
     return c;
 }
 
@@ -72,33 +66,45 @@ ggml_backend_buffer_type_t Compute::buffer_type() const {
 }
 
 uint64_t Compute::workspace_bytes() const {
-    if (device_) return ggml_backend_sched_get_buffer_size(sched_, device_);
+    ggml_backend_sched_t sched = sched_ ? sched_->get() : nullptr;
+    if (!sched) return 0;
+    if (device_) return ggml_backend_sched_get_buffer_size(sched, device_);
     uint64_t total = 0;
-    for (ggml_backend_t b : backends_) total += ggml_backend_sched_get_buffer_size(sched_, b);
+    for (ggml_backend_t b : backends_) total += ggml_backend_sched_get_buffer_size(sched, b);
     return total;
 }
 
 Status Compute::release_workspace() {
-    ggml_backend_sched_free(sched_);
     last_graph_id_ = 0;
-    sched_ = ggml_backend_sched_new(backends_.data(), nullptr, static_cast<int>(backends_.size()), kMaxGraphNodes,
-                                    false, false);
-    return sched_ ? Status::Ok() : Status(Error{"cannot create the ggml scheduler"});
+    return sched_->get() ? sched_->renew() : Status::Ok();
 }
 
+Result<ggml_backend_sched_t> Compute::sched_for(ggml_cgraph* graph, bool* grew) {
+    bool made = false;
+    auto sched = sched_->fit(graph, &made);
+    if (made) last_graph_id_ = 0;
+    if (grew) *grew = made;
+    return sched;
+}
+
+Result<ggml_backend_sched_t> Compute::measure_sched_for(ggml_cgraph* graph) { return measure_sched_->fit(graph); }
+
 Compute::~Compute() {
-    if (sched_) ggml_backend_sched_free(sched_);
-    if (measure_sched_) ggml_backend_sched_free(measure_sched_);
+    sched_.reset();  // before the backends it runs on
+    measure_sched_.reset();
     if (blas_) ggml_backend_free(blas_);
     if (cpu_) ggml_backend_free(cpu_);
     if (device_) ggml_backend_free(device_);
 }
 
 Status Compute::compute(ggml_cgraph* graph, uint64_t graph_id, const std::function<void()>& upload_inputs) {
+    auto fitted = sched_for(graph);
+    if (!fitted.ok()) return fitted.error();
+    ggml_backend_sched_t sched = *fitted;
     // Uploads the inputs and runs the graph the scheduler holds allocated.
     auto run_allocated = [&]() -> Status {
         if (upload_inputs) upload_inputs();
-        const ggml_status status = ggml_backend_sched_graph_compute(sched_, graph);
+        const ggml_status status = ggml_backend_sched_graph_compute(sched, graph);
         if (status == GGML_STATUS_SUCCESS) return Status::Ok();
         last_graph_id_ = 0;
         return Error{"graph compute failed on " + device_name_ + ": " + ggml_status_to_string(status)};
@@ -114,8 +120,8 @@ Status Compute::compute(ggml_cgraph* graph, uint64_t graph_id, const std::functi
         // of graph inputs that feed the device's split (seen with RPC), so
         // the graph is allocated directly (runtime/executor.h places the
         // inputs on the device first, and measures on a second scheduler).
-        ggml_backend_sched_reset(sched_);
-        if (!ggml_backend_sched_alloc_graph(sched_, graph)) {
+        ggml_backend_sched_reset(sched);
+        if (!ggml_backend_sched_alloc_graph(sched, graph)) {
             return Error::out_of_memory("out of memory on " + device_name_ +
                                         " allocating the compute buffers of a graph of " +
                                         std::to_string(ggml_graph_n_nodes(graph)) + " nodes");
@@ -125,8 +131,8 @@ Status Compute::compute(ggml_cgraph* graph, uint64_t graph_id, const std::functi
         // allocator leaves the scheduler unusable (and unsafe to free), while
         // a measured graph that does not fit is a plain error and the next
         // job still runs.
-        std::vector<size_t> sizes(static_cast<size_t>(ggml_backend_sched_get_n_backends(sched_)), 0);
-        ggml_backend_sched_reserve_size(sched_, graph, sizes.data());
+        std::vector<size_t> sizes(static_cast<size_t>(ggml_backend_sched_get_n_backends(sched)), 0);
+        ggml_backend_sched_reserve_size(sched, graph, sizes.data());
         uint64_t needed = 0;
         for (size_t size : sizes) needed = needed + size < needed ? UINT64_MAX : needed + size;
         const uint64_t available = host_available_bytes();
@@ -137,7 +143,7 @@ Status Compute::compute(ggml_cgraph* graph, uint64_t graph_id, const std::functi
         }
         // The measure released the buffers it would have to grow; reserve
         // them for real before allocating the graph in them.
-        if (!ggml_backend_sched_reserve(sched_, graph) || !ggml_backend_sched_alloc_graph(sched_, graph)) {
+        if (!ggml_backend_sched_reserve(sched, graph) || !ggml_backend_sched_alloc_graph(sched, graph)) {
             return Error::out_of_memory("out of memory allocating the compute buffers of a graph of " +
                                         std::to_string(ggml_graph_n_nodes(graph)) + " nodes");
         }

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ggml-backend.h"
+#include "runtime/sized_scheduler.h"
 #include "util/result.h"
 
 namespace kiln::runtime {
@@ -46,9 +47,12 @@ class Compute {
     int reuses() const { return reuses_; }
     int threads() const { return threads_; }
 
-    // For the memory system's executor, which allocates graphs itself.
-    ggml_backend_sched_t sched() const { return sched_; }
-    ggml_backend_sched_t measure_sched() const { return measure_sched_; }
+    // For the memory system's executor, which allocates graphs itself: the
+    // scheduler that runs graphs and the one that measures them, each with
+    // room for `graph` (runtime/sized_scheduler.h; a scheduler that had to
+    // grow starts empty). An out-of-memory error when one cannot be made.
+    Result<ggml_backend_sched_t> sched_for(ggml_cgraph* graph, bool* grew = nullptr);
+    Result<ggml_backend_sched_t> measure_sched_for(ggml_cgraph* graph);
     ggml_backend_t device_backend() const { return device_; }  // null on the CPU
     ggml_backend_dev_t device() const { return device_dev_; }  // null on the CPU
     // The buffer type weights and inputs of this compute live in.
@@ -67,8 +71,8 @@ class Compute {
     ggml_backend_dev_t device_dev_ = nullptr;
     ggml_backend_t cpu_ = nullptr;
     ggml_backend_t blas_ = nullptr;  // null when built without KILN_BLAS or with KILN_NO_BLAS set
-    ggml_backend_sched_t sched_ = nullptr;
-    ggml_backend_sched_t measure_sched_ = nullptr;
+    std::unique_ptr<SizedScheduler> sched_;
+    std::unique_ptr<SizedScheduler> measure_sched_;
     std::vector<ggml_backend_t> backends_;
     std::string device_name_ = "CPU";
     int threads_ = 1;

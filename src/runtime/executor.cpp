@@ -70,8 +70,7 @@ uint64_t block_bytes(const std::vector<WeightBlock*>& blocks) {
 Executor::Executor(std::string module, std::unique_ptr<Compute> compute, ModuleWeights& weights, WeightStore& store,
                    ExecutorOptions options)
     : module_(std::move(module)), compute_(std::move(compute)), weights_(weights), store_(store), options_(options) {
-    ggml_backend_t cpu = compute_->cpu();
-    plan_sched_ = ggml_backend_sched_new(&cpu, nullptr, 1, kMaxSubgraphNodes, false, false);
+    plan_sched_ = std::make_unique<SizedScheduler>(std::vector<ggml_backend_t>{compute_->cpu()});
     placeholder_ = ggml_backend_buft_alloc_buffer(ggml_backend_cpu_buffer_type(), 1);
     ggml_init_params params{ggml_graph_overhead_custom(kMaxSubgraphNodes, false), nullptr, /*no_alloc=*/true};
     scratch_ = ggml_init(params);
@@ -84,7 +83,6 @@ Executor::Executor(std::string module, std::unique_ptr<Compute> compute, ModuleW
 Executor::~Executor() {
     store_.remove_reclaimer(reclaimer_id_);
     release_workspace();
-    if (plan_sched_) ggml_backend_sched_free(plan_sched_);
     if (placeholder_) ggml_backend_buffer_free(placeholder_);
     if (scratch_) ggml_free(scratch_);
 }
@@ -221,8 +219,11 @@ uint64_t Executor::measure(ggml_cgraph* graph, const GraphPlan& plan, int first,
             place_outside(node->view_src);
         }
         std::vector<size_t> sizes(1, 0);
-        ggml_backend_sched_reserve_size(plan_sched_, subgraph(graph, begin, stop), sizes.data());
-        bytes = sizes[0];
+        ggml_cgraph* sub = subgraph(graph, begin, stop);
+        // A segment that cannot even be measured (no room for the scheduler) fits nowhere.
+        auto sched = plan_sched_->fit(sub);
+        if (sched.ok()) ggml_backend_sched_reserve_size(*sched, sub, sizes.data());
+        bytes = sched.ok() ? sizes[0] : UINT64_MAX;
     }
     measured_[key] = bytes;
     return bytes;
@@ -329,6 +330,11 @@ Result<Executor::Choice> Executor::choose_groups(ggml_cgraph* graph, const Graph
             forecast->segments = n;
             return Choice{fine, layout_carried(graph, plan, fine)};
         }
+        if (measure(graph, plan, s, s + 1) == UINT64_MAX) {
+            return Error::out_of_memory("out of memory: " + module_ + " segment '" + plan.segments[s].name +
+                                        "' cannot be measured: no room for a ggml scheduler (an address-space "
+                                        "limit such as ulimit -v?)");
+        }
         return Error::out_of_memory("out of memory: " + module_ + " segment '" + plan.segments[s].name + "' needs " +
                                     human_bytes(need) + " on " + store_.ledger().device_name() + " (weights " +
                                     human_bytes(block_bytes(blocks_for(plan, s, s + 1))) + ", compute " +
@@ -395,7 +401,7 @@ Status Executor::run_group(ggml_cgraph* graph, const GraphPlan& plan, const std:
     const std::vector<WeightBlock*> blocks = blocks_for(plan, group.first, group.end);
     const EvictionHint hint{&weights_, group.first, n};
     const int evictions_before = store_.stats().evictions;
-    const bool reuse = allocated_session_ != 0 && allocated_session_ == carried_session_ &&
+    bool reuse = allocated_session_ != 0 && allocated_session_ == carried_session_ &&
                        allocated_group_ == std::make_pair(group.first, group.end) &&
                        allocated_evictions_ == evictions_before && store_.missing_bytes(blocks) == 0;
 
@@ -425,9 +431,15 @@ Status Executor::run_group(ggml_cgraph* graph, const GraphPlan& plan, const std:
     if (!reuse) KILN_TRY(make_room(workspace));
     KILN_TRY(store_.load(blocks, compute_->device_backend()));
 
-    ggml_backend_sched_t sched = compute_->sched();
     const bool whole = group.first == 0 && group.end == n;
     ggml_cgraph* sub = whole ? graph : subgraph(graph, begin, stop);
+    bool grew = false;
+    auto fitted = compute_->sched_for(sub, &grew);
+    if (!fitted.ok()) return fitted.error();
+    ggml_backend_sched_t sched = *fitted;
+    // A scheduler made anew for a larger graph holds no allocation to reuse
+    // (a reused allocation's graph fitted it before, so this is a safeguard).
+    if (grew) reuse = false;
     if (!reuse || store_.stats().evictions != evictions_before) {
         allocated_session_ = 0;
         std::vector<char> kept(plan.n_nodes, 0);
@@ -447,7 +459,9 @@ Status Executor::run_group(ggml_cgraph* graph, const GraphPlan& plan, const std:
         const auto key = std::make_pair(plan.layout, std::make_pair(group.first, group.end));
         auto known = measured_on_device_.find(key);
         if (known == measured_on_device_.end()) {
-            ggml_backend_sched_t measure_sched = compute_->measure_sched();
+            auto measuring = compute_->measure_sched_for(sub);
+            if (!measuring.ok()) return measuring.error();
+            ggml_backend_sched_t measure_sched = *measuring;
             std::vector<size_t> sizes(static_cast<size_t>(ggml_backend_sched_get_n_backends(measure_sched)), 0);
             ggml_backend_sched_reserve_size(measure_sched, sub, sizes.data());
             uint64_t bytes = 0;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "runtime/compute.h"
+#include "runtime/sized_scheduler.h"
 #include "runtime/graph_plan.h"
 #include "runtime/graph_session.h"
 #include "runtime/module_weights.h"
@@ -134,7 +135,7 @@ class Executor {
     uint64_t workspace_registered_ = 0;
     // Planning measures on a CPU-only scheduler, with a CPU placeholder
     // buffer marking tensors that the real run finds already placed.
-    ggml_backend_sched_t plan_sched_ = nullptr;
+    std::unique_ptr<SizedScheduler> plan_sched_;  // measures segments on the CPU
     ggml_backend_buffer_t placeholder_ = nullptr;
     // The kept activations of the session that ran last (their buffer is
     // the session's: runtime/graph_session.h).
