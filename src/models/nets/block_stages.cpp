@@ -1,6 +1,9 @@
 #include "models/nets/block_stages.h"
 
 #include <algorithm>
+#include <vector>
+
+#include "nn/shapes.h"
 
 namespace kiln::models {
 
@@ -63,6 +66,21 @@ void make_stage_inputs(nn::GraphInputs& inputs, const BlockSplit& split, int64_t
     if (split.stage == BlockStage::Cached) {
         tensors.residual = inputs.input(GGML_TYPE_F32, {width, tokens, batch}, nullptr, "residual");
     }
+}
+
+std::string stage_inputs_problem(const BlockSplit& split, const ggml_tensor* stream, const ggml_tensor* residual,
+                                 int64_t width, int64_t tokens, int64_t batch) {
+    if (stage_embeds(split)) return {};
+    const std::vector<int64_t> ne = {width, tokens, batch};
+    auto check = [&](const ggml_tensor* t, const char* name) -> std::string {
+        if (!t) return std::string("this block stage needs the ") + name + " input, ne " + nn::ne_string(ne);
+        if (t->type != GGML_TYPE_F32 || !nn::has_ne(t, ne))
+            return std::string(name) + " is " + nn::ne_string(t) + ", this block stage needs F32 " + nn::ne_string(ne);
+        return {};
+    };
+    std::string problem = check(stream, "stream");
+    if (problem.empty() && split.stage == BlockStage::Cached) problem = check(residual, "residual");
+    return problem;
 }
 
 }  // namespace kiln::models

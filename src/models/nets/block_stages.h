@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 
 #include "ggml.h"
 #include "models/network.h"
@@ -38,5 +39,11 @@ ggml_tensor* block_stage_output(ggml_context* ctx, const BlockSplit& split, ggml
 // tokens, batch], made in `inputs` into `tensors`.
 void make_stage_inputs(nn::GraphInputs& inputs, const BlockSplit& split, int64_t width, int64_t tokens, int64_t batch,
                        DiffusionTensors& tensors);
+
+// What is wrong with the stream and residual inputs a stage was given (Rest:
+// the stream, Cached: both, ne [width, tokens, batch] each; Whole and Front:
+// neither is read), or empty when nothing is.
+std::string stage_inputs_problem(const BlockSplit& split, const ggml_tensor* stream, const ggml_tensor* residual,
+                                 int64_t width, int64_t tokens, int64_t batch);
 
 }  // namespace kiln::models

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <array>
 #include <optional>
+#include <string>
 
+#include "models/nets/block_stages.h"
 #include "nn/attention.h"
 #include "nn/modulation.h"
 #include "nn/patches.h"
@@ -218,6 +220,7 @@ Result<std::unique_ptr<Flux2Dit>> Flux2Dit::create(io::WeightDeclarer& weights) 
     can.guidance = c.guidance_embed;
     can.skip_layers = true;
     can.reference_images = true;
+    can.cache_blocks = c.double_blocks + c.single_blocks;
     return dit;
 }
 
@@ -304,6 +307,9 @@ Result<ggml_tensor*> Flux2Dit::build(ggml_context* ctx, const Flux2Inputs& in, c
                     " (flux2_rope_table)");
     }
     const int64_t n_tokens = rope_ne[1];
+    const std::string stage_problem =
+        stage_inputs_problem(options.split, in.stream, in.residual, c.hidden, n_tokens, B);
+    if (!stage_problem.empty()) return fail(stage_problem);
 
     Shared s;
     s.heads = c.heads;
@@ -329,39 +335,50 @@ Result<ggml_tensor*> Flux2Dit::build(ggml_context* ctx, const Flux2Inputs& in, c
     };
 
     // Tokens: text, then the image's latent pixels and each reference's.
-    auto tokens = [&](ggml_tensor* latent) { return nn::patchify(ctx, latent, 1, nn::PatchFeatures::ChannelSlowest); };
-    ggml_tensor* img = tokens(in.x);
-    for (ggml_tensor* r : in.refs) img = ggml_concat(ctx, img, tokens(r), 1);
-    ggml_tensor* x = ggml_concat(ctx, nn::linear(ctx, b.txt_in, in.context), nn::linear(ctx, b.img_in, img), 1);
-    auto skipped = [&](size_t block) {
+    ggml_tensor* x = nullptr;
+    if (stage_embeds(options.split)) {
+        auto tokens = [&](ggml_tensor* latent) {
+            return nn::patchify(ctx, latent, 1, nn::PatchFeatures::ChannelSlowest);
+        };
+        ggml_tensor* img = tokens(in.x);
+        for (ggml_tensor* r : in.refs) img = ggml_concat(ctx, img, tokens(r), 1);
+        x = ggml_concat(ctx, nn::linear(ctx, b.txt_in, in.context), nn::linear(ctx, b.img_in, img), 1);
+    }
+    auto skipped = [&](int64_t block) {
         return std::find(options.skip_blocks.begin(), options.skip_blocks.end(), static_cast<int>(block)) !=
                options.skip_blocks.end();
     };
+    const int64_t D = static_cast<int64_t>(b.doubles.size()), S = static_cast<int64_t>(b.singles.size());
     std::optional<std::array<nn::ShiftScaleGate, 4>> double_mods;  // img 1, img 2, txt 1, txt 2
-    for (size_t i = 0; i < b.doubles.size(); ++i) {
-        if (skipped(i)) continue;
-        if (!double_mods) {
-            const nn::ModulationTable img = table(b.double_mod_img, 6), txt = table(b.double_mod_txt, 6);
-            double_mods = {nn::shift_scale_gate(ctx, img, 0), nn::shift_scale_gate(ctx, img, 3),
-                           nn::shift_scale_gate(ctx, txt, 0), nn::shift_scale_gate(ctx, txt, 3)};
-        }
-        const nn::ShiftScaleGate img_mod[2] = {(*double_mods)[0], (*double_mods)[1]};
-        const nn::ShiftScaleGate txt_mod[2] = {(*double_mods)[2], (*double_mods)[3]};
-        x = nn::mark_cut(double_block(ctx, s, b.doubles[i], x, T, img_mod, txt_mod),
-                         "double_blocks." + std::to_string(i));
-    }
     std::optional<nn::ShiftScaleGate> single_mod;
-    for (size_t i = 0; i < b.singles.size(); ++i) {
-        if (skipped(b.doubles.size() + i)) continue;
+    auto block = [&](int64_t i, ggml_tensor* h) {
+        if (skipped(i)) return h;
+        if (i < D) {
+            if (!double_mods) {
+                const nn::ModulationTable img = table(b.double_mod_img, 6), txt = table(b.double_mod_txt, 6);
+                double_mods = {nn::shift_scale_gate(ctx, img, 0), nn::shift_scale_gate(ctx, img, 3),
+                               nn::shift_scale_gate(ctx, txt, 0), nn::shift_scale_gate(ctx, txt, 3)};
+            }
+            const nn::ShiftScaleGate img_mod[2] = {(*double_mods)[0], (*double_mods)[1]};
+            const nn::ShiftScaleGate txt_mod[2] = {(*double_mods)[2], (*double_mods)[3]};
+            return nn::mark_cut(double_block(ctx, s, b.doubles[static_cast<size_t>(i)], h, T, img_mod, txt_mod),
+                                "double_blocks." + std::to_string(i));
+        }
+        const int64_t j = i - D;
         if (!single_mod) single_mod = nn::shift_scale_gate(ctx, table(b.single_mod, 3), 0);
-        x = nn::mark_cut(single_block(ctx, s, b.singles[i], x, *single_mod), "single_blocks." + std::to_string(i));
-    }
+        return nn::mark_cut(single_block(ctx, s, b.singles[static_cast<size_t>(j)], h, *single_mod),
+                            "single_blocks." + std::to_string(j));
+    };
+    StageResults kept;
+    x = run_block_stage(ctx, options.split, D + S, x, in.stream, in.residual, block, kept);
+    if (options.split.stage == BlockStage::Front) return block_stage_output(ctx, options.split, x, nullptr, kept);
     // The image's tokens (text and references dropped) through the final layer.
     const nn::ShiftScaleGate final_mod = nn::shift_scale_gate(ctx, table(b.final_mod, 2), 0, /*with_gate=*/false);
     ggml_tensor* out =
         nn::linear(ctx, b.final_linear,
                    nn::modulate_layer_norm(ctx, nn::token_range(ctx, x, T, grid.w * grid.h), final_mod, kNormEps));
-    return nn::unpatchify(ctx, out, grid.w, grid.h, 1, nn::PatchFeatures::ChannelSlowest);
+    return block_stage_output(ctx, options.split, x,
+                              nn::unpatchify(ctx, out, grid.w, grid.h, 1, nn::PatchFeatures::ChannelSlowest), kept);
 }
 
 Status Flux2Dit::check_conditioning(const ConditioningShape& shape) const {
@@ -405,6 +422,10 @@ Result<DiffusionTensors> Flux2Dit::build(nn::GraphInputs& s, const DiffusionShap
     Flux2BuildOptions options;
     options.flash_attention = shape.flash_attention;
     options.skip_blocks = shape.skip_blocks;
+    options.split = shape.split;
+    make_stage_inputs(s, shape.split, c.hidden, token_count(shape.tokens, image, refs), b, g);
+    in.stream = g.stream;
+    in.residual = g.residual;
     auto out = build(s.ctx(), in, options);
     if (!out.ok()) return Error{"DiT graph: " + out.error().message};
     g.out = *out;

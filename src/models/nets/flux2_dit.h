@@ -55,6 +55,10 @@ struct Flux2Inputs {
     ggml_tensor* guidance = nullptr;   // F32 ne [B]: required iff guidance_embed, null otherwise
     ggml_tensor* context = nullptr;    // ne [context_dim, T, B]
     ggml_tensor* rope = nullptr;       // F32 ne flux2_rope_shape(): flux2_rope_table()
+    // BlockStage Rest and Cached (Flux2BuildOptions::split): the stream after
+    // the front blocks and the middle blocks' residual, ne [hidden, tokens, B].
+    ggml_tensor* stream = nullptr;
+    ggml_tensor* residual = nullptr;
 };
 
 struct Flux2BuildOptions {
@@ -62,6 +66,9 @@ struct Flux2BuildOptions {
     // Skip-layer guidance's pass: blocks left out, double blocks first, then
     // single blocks (double_blocks + j is single block j).
     std::vector<int> skip_blocks;
+    // The part of the evaluation to build (models/nets/block_stages.h); the
+    // blocks are numbered as skip_blocks numbers them.
+    BlockSplit split;
 };
 
 // The latent grid (W by H pixels) of an evaluation and of each reference.
@@ -90,7 +97,9 @@ class Flux2Dit final : public DiffusionNetwork {
     // Returns the velocity ne [W, H, channels, B] (reference tokens dropped),
     // with cut markers "double_blocks.N" (text then image tokens as one
     // tensor, ne [hidden, tokens, B]) and "single_blocks.N". An error
-    // (nothing built) when the inputs do not fit the network.
+    // (nothing built) when the inputs do not fit the network (the stream and
+    // residual options.split's stage reads included). Other stages than
+    // Whole give what BlockStage says.
     Result<ggml_tensor*> build(ggml_context* ctx, const Flux2Inputs& in, const Flux2BuildOptions& options) const;
 
     // DiffusionNetwork: the inputs above made from a job's shape.

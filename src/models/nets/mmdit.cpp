@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 
+#include "models/nets/block_stages.h"
 #include "nn/attention.h"
 #include "nn/modulation.h"
 #include "nn/patches.h"
@@ -111,6 +113,13 @@ void joint_block(ggml_context* ctx, const Shared& s, const JointBlock& b, ggml_t
     x = post_attention(ctx, s, b.x, i, x, x_attn);
 }
 
+// The leading blocks whose output is the whole state, text then image
+// tokens: all but a last, pre-only one (the blocks a block-level cache splits).
+int64_t full_state_blocks(const std::vector<JointBlock>& blocks) {
+    const int64_t n = static_cast<int64_t>(blocks.size());
+    return n > 0 && blocks.back().context.pre_only ? n - 1 : n;
+}
+
 }  // namespace
 
 std::vector<int32_t> mmdit_positions(const MmditConfig& c, int64_t w, int64_t h) {
@@ -199,6 +208,7 @@ Result<std::unique_ptr<Mmdit>> Mmdit::create(io::WeightDeclarer& weights) {
     can.size_stride = c.patch;
     can.max_latent_side = c.pos_embed_max_size * c.patch;
     can.skip_layers = true;
+    can.cache_blocks = full_state_blocks(dit->blocks_->blocks);
     return dit;
 }
 
@@ -273,6 +283,10 @@ Result<ggml_tensor*> Mmdit::build(ggml_context* ctx, const MmditInputs& in, cons
         return fail("context is " + nn::ne_string(in.context) + ", expected [" + std::to_string(c.context_dim) +
                     ", tokens, " + std::to_string(B) + "]");
 
+    const int64_t T = in.context->ne[1], N = w * h;
+    const std::string stage_problem = stage_inputs_problem(options.split, in.stream, in.residual, c.hidden, T + N, B);
+    if (!stage_problem.empty()) return fail(stage_problem);
+
     Shared s;
     s.heads = c.heads;
     s.hidden = c.hidden;
@@ -284,36 +298,47 @@ Result<ggml_tensor*> Mmdit::build(ggml_context* ctx, const MmditInputs& in, cons
                  nn::mlp_embed(ctx, b.y_embedder, in.y));
     s.silu_c = ggml_silu(ctx, vec);
 
-    // The patches through the convolution (as a product over each patch's
-    // channel-slowest features), plus the position embedding's rows of the
-    // crop around the centre of its M x M grid.
-    nn::Linear embed{ggml_reshape_2d(ctx, b.patch_weight, p * p * c.channels, c.hidden), b.patch_bias};
-    ggml_tensor* x =
-        nn::linear(ctx, embed, nn::patchify(ctx, in.x, static_cast<int>(p), nn::PatchFeatures::ChannelSlowest));
-    x = ggml_add(ctx, x, ggml_get_rows(ctx, ggml_reshape_2d(ctx, b.pos_embed, c.hidden, M * M), in.positions));
-    ggml_tensor* context = nn::linear(ctx, b.context_embedder, in.context);
-
     // The residual stream a cut carries: text and image tokens while the
     // text stream runs, the image tokens alone after.
-    const int64_t T = in.context->ne[1], N = w * h;
-    ggml_tensor* state = ggml_concat(ctx, context, x, 1);
+    ggml_tensor* state = nullptr;
+    if (stage_embeds(options.split)) {
+        // The patches through the convolution (as a product over each patch's
+        // channel-slowest features), plus the position embedding's rows of the
+        // crop around the centre of its M x M grid.
+        nn::Linear embed{ggml_reshape_2d(ctx, b.patch_weight, p * p * c.channels, c.hidden), b.patch_bias};
+        ggml_tensor* x =
+            nn::linear(ctx, embed, nn::patchify(ctx, in.x, static_cast<int>(p), nn::PatchFeatures::ChannelSlowest));
+        x = ggml_add(ctx, x, ggml_get_rows(ctx, ggml_reshape_2d(ctx, b.pos_embed, c.hidden, M * M), in.positions));
+        ggml_tensor* context = nn::linear(ctx, b.context_embedder, in.context);
+        state = ggml_concat(ctx, context, x, 1);
+    }
     bool text_runs = true;
-    for (size_t i = 0; i < b.blocks.size() && text_runs; ++i) {
+    auto joint = [&](int64_t i, ggml_tensor* st) {
         if (std::find(options.skip_blocks.begin(), options.skip_blocks.end(), static_cast<int>(i)) !=
             options.skip_blocks.end())
-            continue;
-        ggml_tensor* txt = nn::token_range(ctx, state, 0, T);
-        ggml_tensor* img = nn::token_range(ctx, state, T, N);
-        joint_block(ctx, s, b.blocks[i], txt, img);
-        text_runs = txt != nullptr;  // only the last block ends the text stream
-        state = nn::mark_cut(text_runs ? ggml_concat(ctx, txt, img, 1) : img, "joint_blocks." + std::to_string(i));
-    }
-    ggml_tensor* img = text_runs ? nn::token_range(ctx, state, T, N) : state;
+            return st;
+        ggml_tensor* txt = nn::token_range(ctx, st, 0, T);
+        ggml_tensor* img = nn::token_range(ctx, st, T, N);
+        joint_block(ctx, s, b.blocks[static_cast<size_t>(i)], txt, img);
+        text_runs = txt != nullptr;  // only a pre-only block ends the text stream
+        return nn::mark_cut(text_runs ? ggml_concat(ctx, txt, img, 1) : img, "joint_blocks." + std::to_string(i));
+    };
+    // The blocks that keep the whole state are the stage's; a pre-only last
+    // block follows them, as part of the final layer.
+    const int64_t full = full_state_blocks(b.blocks);
+    StageResults kept;
+    state = run_block_stage(ctx, options.split, full, state, in.stream, in.residual, joint, kept);
+    if (options.split.stage == BlockStage::Front) return block_stage_output(ctx, options.split, state, nullptr, kept);
+    ggml_tensor* last = state;
+    for (int64_t i = full; i < static_cast<int64_t>(b.blocks.size()); ++i) last = joint(i, last);
+    ggml_tensor* img = text_runs ? nn::token_range(ctx, last, T, N) : last;
     const nn::ShiftScaleGate final_mod =
         nn::shift_scale_gate(ctx, nn::ModulationTable::split(ctx, nn::linear(ctx, b.final_mod, s.silu_c), 2), 0,
                              /*with_gate=*/false);
     ggml_tensor* out = nn::linear(ctx, b.final_linear, nn::modulate_layer_norm(ctx, img, final_mod, kNormEps));
-    return nn::unpatchify(ctx, out, w, h, static_cast<int>(p), nn::PatchFeatures::ChannelFastest);
+    return block_stage_output(ctx, options.split, state,
+                              nn::unpatchify(ctx, out, w, h, static_cast<int>(p), nn::PatchFeatures::ChannelFastest),
+                              kept);
 }
 
 Status Mmdit::check_conditioning(const ConditioningShape& shape) const {
@@ -370,6 +395,10 @@ Result<DiffusionTensors> Mmdit::build(nn::GraphInputs& s, const DiffusionShape& 
     options.flash_attention = shape.flash_attention;
     options.target = shape.target;
     options.skip_blocks = shape.skip_blocks;
+    options.split = shape.split;
+    make_stage_inputs(s, shape.split, c.hidden, shape.tokens + w * h, b, g);
+    in.stream = g.stream;
+    in.residual = g.residual;
     auto out = build(s.ctx(), in, options);
     if (!out.ok()) return Error{"DiT graph: " + out.error().message};
     g.out = *out;

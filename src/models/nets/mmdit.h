@@ -54,6 +54,10 @@ struct MmditInputs {
     ggml_tensor* y = nullptr;          // ne [pooled_dim, B]
     ggml_tensor* context = nullptr;    // ne [context_dim, T, B]
     ggml_tensor* positions = nullptr;  // I32 ne [patches]: mmdit_positions()
+    // BlockStage Rest and Cached (MmditBuildOptions::split): the state after
+    // the front blocks and the middle blocks' residual, ne [hidden, T + N, B].
+    ggml_tensor* stream = nullptr;
+    ggml_tensor* residual = nullptr;
 };
 
 // The rows of the position embedding's M x M grid that a grid of w x h
@@ -65,6 +69,11 @@ struct MmditBuildOptions {
     bool flash_attention = false;
     nn::ComputeTarget target = nn::ComputeTarget::Cpu;
     std::vector<int> skip_blocks;  // skip-layer guidance's pass: joint blocks left out
+    // The part of the evaluation to build (models/nets/block_stages.h). Its
+    // blocks are the joint blocks that keep the text stream
+    // (DiffusionCapabilities::cache_blocks of them); a last, pre-only block
+    // runs after them, with the final layer, in every stage but Front.
+    BlockSplit split;
 };
 
 class Mmdit final : public DiffusionNetwork {
@@ -79,7 +88,8 @@ class Mmdit final : public DiffusionNetwork {
     // "joint_blocks.N" after each block: the text then the image tokens as
     // one tensor ne [hidden, T + N, B], the image tokens alone once the
     // text stream has ended. An error (nothing built) when the inputs do
-    // not fit the network.
+    // not fit the network (the stream and residual options.split's stage
+    // reads included). Other stages than Whole give what BlockStage says.
     Result<ggml_tensor*> build(ggml_context* ctx, const MmditInputs& in, const MmditBuildOptions& options) const;
 
     // DiffusionNetwork: the inputs above made from a job's shape.

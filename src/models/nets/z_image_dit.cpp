@@ -5,6 +5,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "models/nets/block_stages.h"
 #include "nn/attention.h"
 #include "nn/layers.h"
 #include "nn/modulation.h"
@@ -329,7 +330,8 @@ Result<std::unique_ptr<ZImageDit>> ZImageDit::create(io::WeightDeclarer& weights
     c.layers = count("layers");
 
     if (file.metadata().count("kiln.z_image.axes_dim")) {
-        auto axes = nn::parse_rope_axes("kiln.z_image.axes_dim", file.metadata_string("kiln.z_image.axes_dim", ""), "three even positive sizes like 32,48,48");
+        auto axes = nn::parse_rope_axes("kiln.z_image.axes_dim", file.metadata_string("kiln.z_image.axes_dim", ""),
+                                        "three even positive sizes like 32,48,48");
         if (!axes.ok()) return axes.error();
         c.axes_dim = std::move(axes).value();
     } else if (c.head_dim != 128) {
@@ -350,6 +352,7 @@ Result<std::unique_ptr<ZImageDit>> ZImageDit::create(io::WeightDeclarer& weights
     can.in_channels = can.out_channels = c.latent_channels();
     can.context_width = c.cap_dim;
     can.size_stride = c.patch;
+    can.cache_blocks = c.layers;
     return dit;
 }
 
@@ -449,6 +452,8 @@ Result<ggml_tensor*> ZImageDit::build(ggml_context* ctx, const ZImageInputs& in,
     KILN_TRY(check_table(in.rope, rope_shape(c, N, T, B), "rope", "z_image_rope_table"));
     KILN_TRY(check_table(in.cap_pad, cap_pad_shape(T, B), "cap_pad", "z_image_caption_pad"));
     if (in.mask) KILN_TRY(check_table(in.mask, mask_shape(N, T, B), "mask", "z_image_attention_mask"));
+    const std::string stage_problem = stage_inputs_problem(options.split, in.stream, in.residual, c.dim, Np + Tp, B);
+    if (!stage_problem.empty()) return fail(stage_problem);
 
     Shared s;
     s.heads = c.heads;
@@ -473,50 +478,62 @@ Result<ggml_tensor*> ZImageDit::build(ggml_context* ctx, const ZImageInputs& in,
     ggml_tensor* t_freq = ggml_timestep_embedding(ctx, t, static_cast<int>(c.t_freq_dim), kMaxPeriod);
     ggml_tensor* t_emb = nn::linear(ctx, b.t_out, ggml_silu(ctx, nn::linear(ctx, b.t_in, t_freq)));
 
-    // Image slots: embedded patches, then x_pad_token.
-    ggml_tensor* img = nn::linear(ctx, b.x_embedder,
-                                  nn::patchify(ctx, in.x, c.patch, nn::PatchFeatures::ChannelFastest));  // [dim, N, B]
-    if (Np > N) img = ggml_concat(ctx, img, pad_tokens(ctx, b.x_pad_token, Np - N, B), 1);
-    const Span img_span = span(0, Np, nullptr);
-    for (size_t i = 0; i < b.noise_refiner.size(); ++i) {
-        const Mod mod = modulation(ctx, b.noise_refiner[i].ada, t_emb);
-        img =
-            nn::mark_cut(block(ctx, s, img_span, b.noise_refiner[i], img, &mod), "noise_refiner." + std::to_string(i));
+    // The embeddings (Whole and Front only): the image slots through the
+    // noise refiners, the caption slots through the context refiners.
+    ggml_tensor* x = nullptr;
+    if (stage_embeds(options.split)) {
+        // Image slots: embedded patches, then x_pad_token.
+        ggml_tensor* img = nn::linear(
+            ctx, b.x_embedder, nn::patchify(ctx, in.x, c.patch, nn::PatchFeatures::ChannelFastest));  // [dim, N, B]
+        if (Np > N) img = ggml_concat(ctx, img, pad_tokens(ctx, b.x_pad_token, Np - N, B), 1);
+        const Span img_span = span(0, Np, nullptr);
+        for (size_t i = 0; i < b.noise_refiner.size(); ++i) {
+            const Mod mod = modulation(ctx, b.noise_refiner[i].ada, t_emb);
+            img = nn::mark_cut(block(ctx, s, img_span, b.noise_refiner[i], img, &mod),
+                               "noise_refiner." + std::to_string(i));
+        }
+
+        // Caption slots: cap_embedder(context), cap_pad_token where cap_pad says.
+        ggml_tensor* cap =
+            nn::linear(ctx, b.cap_in, nn::rms_norm(ctx, in.context, b.cap_norm, c.norm_eps));  // [dim, T, B]
+        if (Tp > T) cap = ggml_concat(ctx, cap, pad_tokens(ctx, b.cap_pad_token, Tp - T, B), 1);
+        ggml_tensor* pad = ggml_reshape_3d(ctx, in.cap_pad, 1, Tp, B);
+        cap = ggml_add(ctx, ggml_mul(ctx, cap, ggml_scale_bias(ctx, pad, -1.0f, 1.0f)),
+                       ggml_mul(ctx, pad_tokens(ctx, b.cap_pad_token, Tp, B), pad));
+        ggml_tensor* cap_mask = nullptr;
+        if (in.mask) {
+            ggml_tensor* cap_keys = ggml_view_2d(ctx, in.mask, Tp, B, in.mask->nb[1], Np * in.mask->nb[0]);
+            cap_mask = expand_mask(ctx, ggml_cont(ctx, cap_keys));
+        }
+        const Span cap_span = span(Np, Tp, cap_mask);
+        for (size_t i = 0; i < b.context_refiner.size(); ++i) {
+            cap = nn::mark_cut(block(ctx, s, cap_span, b.context_refiner[i], cap, nullptr),
+                               "context_refiner." + std::to_string(i));
+        }
+        x = ggml_concat(ctx, img, cap, 1);  // [dim, Np + Tp, B]
     }
 
-    // Caption slots: cap_embedder(context), cap_pad_token where cap_pad says.
-    ggml_tensor* cap = nn::linear(ctx, b.cap_in, nn::rms_norm(ctx, in.context, b.cap_norm, c.norm_eps));  // [dim, T, B]
-    if (Tp > T) cap = ggml_concat(ctx, cap, pad_tokens(ctx, b.cap_pad_token, Tp - T, B), 1);
-    ggml_tensor* pad = ggml_reshape_3d(ctx, in.cap_pad, 1, Tp, B);
-    cap = ggml_add(ctx, ggml_mul(ctx, cap, ggml_scale_bias(ctx, pad, -1.0f, 1.0f)),
-                   ggml_mul(ctx, pad_tokens(ctx, b.cap_pad_token, Tp, B), pad));
-    ggml_tensor* cap_mask = nullptr;
-    ggml_tensor* mask = nullptr;
-    if (in.mask) {
-        ggml_tensor* cap_keys = ggml_view_2d(ctx, in.mask, Tp, B, in.mask->nb[1], Np * in.mask->nb[0]);
-        cap_mask = expand_mask(ctx, ggml_cont(ctx, cap_keys));
-    }
-    const Span cap_span = span(Np, Tp, cap_mask);
-    for (size_t i = 0; i < b.context_refiner.size(); ++i) {
-        cap = nn::mark_cut(block(ctx, s, cap_span, b.context_refiner[i], cap, nullptr),
-                           "context_refiner." + std::to_string(i));
-    }
-
-    // Main layers over every slot, image first.
-    if (in.mask) mask = expand_mask(ctx, in.mask);
+    // Main layers over every slot, image first: the blocks of the stage.
+    ggml_tensor* mask = in.mask ? expand_mask(ctx, in.mask) : nullptr;
     const Span all_span = span(0, Np + Tp, mask);
-    ggml_tensor* x = ggml_concat(ctx, img, cap, 1);  // [dim, Np + Tp, B]
-    for (size_t i = 0; i < b.layers.size(); ++i) {
-        const Mod mod = modulation(ctx, b.layers[i].ada, t_emb);
-        x = nn::mark_cut(block(ctx, s, all_span, b.layers[i], x, &mod), "layers." + std::to_string(i));
-    }
+    auto layer = [&](int64_t i, ggml_tensor* h) {
+        const Block& l = b.layers[static_cast<size_t>(i)];
+        const Mod mod = modulation(ctx, l.ada, t_emb);
+        return nn::mark_cut(block(ctx, s, all_span, l, h, &mod), "layers." + std::to_string(i));
+    };
+    StageResults kept;
+    x = run_block_stage(ctx, options.split, static_cast<int64_t>(b.layers.size()), x, in.stream, in.residual, layer,
+                        kept);
+    if (options.split.stage == BlockStage::Front) return block_stage_output(ctx, options.split, x, nullptr, kept);
 
     // Final layer on the image's tokens: LayerNorm * (1 + scale), linear; negated.
     ggml_tensor* scale = nn::linear(ctx, b.final_mod, ggml_silu(ctx, t_emb));  // [dim, B]
     scale = ggml_scale_bias(ctx, ggml_reshape_3d(ctx, scale, c.dim, 1, B), 1.0f, 1.0f);
     ggml_tensor* out = ggml_mul(ctx, ggml_norm(ctx, nn::token_range(ctx, x, 0, N), kFinalNormEps), scale);
     out = nn::linear(ctx, b.final_linear, out);  // [C p p, N, B]
-    return ggml_scale(ctx, nn::unpatchify(ctx, out, gw, gh, c.patch, nn::PatchFeatures::ChannelFastest), -1.0f);
+    return block_stage_output(
+        ctx, options.split, x,
+        ggml_scale(ctx, nn::unpatchify(ctx, out, gw, gh, c.patch, nn::PatchFeatures::ChannelFastest), -1.0f), kept);
 }
 
 Status ZImageDit::check_conditioning(const ConditioningShape& shape) const {
@@ -553,6 +570,10 @@ Result<DiffusionTensors> ZImageDit::build(nn::GraphInputs& s, const DiffusionSha
     in.cap_pad = s.input(GGML_TYPE_F32, z_image_caption_pad_shape(*tokens), pad.data(), "cap_pad");
     ZImageBuildOptions options;
     options.flash_attention = shape.flash_attention;
+    options.split = shape.split;
+    make_stage_inputs(s, shape.split, zc.dim, tokens->slots(), b, g);
+    in.stream = g.stream;
+    in.residual = g.residual;
     auto out = build(s.ctx(), in, options);
     if (!out.ok()) return Error{"DiT graph: " + out.error().message};
     g.out = *out;

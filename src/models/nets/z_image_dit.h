@@ -140,10 +140,18 @@ struct ZImageInputs {
     // Required when ZImageTokens::needs_mask() (captions of the batch that pad
     // to different lengths); may be null otherwise.
     ggml_tensor* mask = nullptr;
+    // BlockStage Rest and Cached (ZImageBuildOptions::split): the stream after
+    // the front layers and the middle layers' residual, ne [dim, Np + Tp, B].
+    ggml_tensor* stream = nullptr;
+    ggml_tensor* residual = nullptr;
 };
 
 struct ZImageBuildOptions {
     bool flash_attention = false;  // ggml's fused kernel: K/V (and the mask) in F16, not bit-identical
+    // The part of the evaluation to build (models/nets/block_stages.h): the
+    // blocks are the main layers; the refiners are part of the embeddings,
+    // run only by the stages that embed (Whole, Front).
+    BlockSplit split;
 };
 
 class ZImageDit final : public DiffusionNetwork {
@@ -163,7 +171,9 @@ class ZImageDit final : public DiffusionNetwork {
     // (all slots, image first, ne [dim, Np + Tp, B]). An error
     // (InvalidRequest; nothing built) when the inputs do not fit: x's
     // channels, W/H not multiples of the patch, the context's width or batch,
-    // the timesteps', rope's, cap_pad's or mask's shape.
+    // the timesteps', rope's, cap_pad's or mask's shape, or the stream's or
+    // residual's that options.split's stage reads. Other stages than Whole
+    // give what BlockStage says instead of the velocity.
     Result<ggml_tensor*> build(ggml_context* ctx, const ZImageInputs& in, const ZImageBuildOptions& options) const;
 
     // DiffusionNetwork: every batch item's caption has shape.tokens tokens
