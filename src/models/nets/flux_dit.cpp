@@ -573,6 +573,8 @@ Result<ggml_tensor*> FluxDit::build(ggml_context* ctx, const FluxInputs& in, con
                     " (flux_rope_table)");
     }
     const int64_t n_tokens = rope_ne[1];
+    const std::string stage_problem = stage_inputs_problem(options.split, in.stream, in.residual, c.hidden, n_tokens, B);
+    if (!stage_problem.empty()) return fail(stage_problem);
     if (in.mask) {
         const std::vector<int64_t> mask_ne = flux_attention_mask_shape(T, n_tokens - T, B);
         if (in.mask->type != GGML_TYPE_F32 || !nn::has_ne(in.mask, mask_ne)) {
