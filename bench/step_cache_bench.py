@@ -100,7 +100,7 @@ def plot(a):
     ax.axhline(1.5, color="grey", lw=0.8, ls="--")
     ax.set_xlabel("PSNR against the uncached image (dB)")
     ax.set_ylabel("sampling speed-up against no cache")
-    ax.set_title("kiln step caches at their defaults (random full-width weights)")
+    ax.set_title("kiln step caches on random full-width weights (docs/caching.md)")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(a.out, dpi=110)

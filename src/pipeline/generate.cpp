@@ -101,14 +101,11 @@ Result<std::vector<float>> run_control_net(Model& model, const std::vector<float
 // or the DiT's pooled vector, per batch item; empty when it takes none) and
 // `valid` (the DiT's text-token mask per batch item; empty: none) and
 // returns its raw output.
-Result<std::vector<float>> run_diffusion_batch(Model& model, const std::vector<float>& x, float sigma,
-                                               const SamplingRun& p, const std::vector<float>& context, int64_t tokens,
-                                               const std::vector<float>& y, const std::vector<float>& valid,
-                                               int64_t batch, DiffusionGraphs& unet,
-                                               const std::vector<int>& skip_blocks = {},
-                                               const models::BlockSplit& split = {},
-                                               const std::vector<float>* stream = nullptr,
-                                               const std::vector<float>* residual = nullptr) {
+Result<std::vector<float>> run_diffusion_batch(
+    Model& model, const std::vector<float>& x, float sigma, const SamplingRun& p, const std::vector<float>& context,
+    int64_t tokens, const std::vector<float>& y, const std::vector<float>& valid, int64_t batch, DiffusionGraphs& unet,
+    const std::vector<int>& skip_blocks = {}, const models::BlockSplit& split = {},
+    const std::vector<float>* stream = nullptr, const std::vector<float>* residual = nullptr) {
     const int64_t in_ch = in_channels(model), out_ch = out_channels(model);
     const NetworkStep step = step_at(model, p, sigma);
     const Scalings& s = step.scalings;
@@ -235,7 +232,8 @@ Result<std::vector<float>> run_pass(Model& model, const std::vector<float>& x, f
     if (!rest.ok()) return rest.error();
     const size_t prediction = static_cast<size_t>(p.latent_w * p.latent_h * out_channels(model) * batch);
     if (rest->size() != prediction + stream.size()) return Error{"a block stage's output has the wrong size"};
-    caches.blocks->computed(pass, step, std::vector<float>(rest->begin() + static_cast<std::ptrdiff_t>(prediction), rest->end()),
+    caches.blocks->computed(pass, step,
+                            std::vector<float>(rest->begin() + static_cast<std::ptrdiff_t>(prediction), rest->end()),
                             front_residual);
     rest->resize(prediction);
     return rest;
@@ -628,8 +626,8 @@ Result<std::vector<float>> sample_latent(Model& model, const SamplingRun& run, s
         if (caches.spectrum && caches.spectrum->forecasts_next()) {
             denoised = caches.spectrum->forecast();
         } else {
-            denoised = run_diffusion(model, xt, sigma, run, cond, run.cfg_scale != 1.0f ? uncond : nullptr, step,
-                                     graph, caches);
+            denoised = run_diffusion(model, xt, sigma, run, cond, run.cfg_scale != 1.0f ? uncond : nullptr, step, graph,
+                                     caches);
             if (denoised.ok() && caches.spectrum) caches.spectrum->record(*denoised);
         }
         if (denoised.ok() && !run.keep_weight.empty()) keep_region(*denoised);

@@ -115,7 +115,6 @@ struct SamplingRun {
     int cache_step_offset = 0;
 };
 
-
 // Runs the sampler from `x` (noise * sigmas[0], plus the init latent for
 // img2img) with CFG over `cond`/`uncond` (uncond may be null when cfg is 1)
 // and returns the final latent (scaled, before the VAE).

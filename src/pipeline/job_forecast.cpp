@@ -158,8 +158,8 @@ Result<JobPasses> passes_of(const GenerationRequest& request, const ValidatedReq
     JobPasses passes;
     if (request.init_image) passes.init_encode_size = {request.init_image->width, request.init_image->height};
     if (is_block_cache(request.cache.mode)) {
-        passes.block_stages = models::BlockSplit{models::BlockStage::Whole, request.cache.front_blocks,
-                                                 request.cache.back_blocks};
+        passes.block_stages =
+            models::BlockSplit{models::BlockStage::Whole, request.cache.front_blocks, request.cache.back_blocks};
     }
     if (!job.hires) return passes;
     passes.hires = &*job.hires;

@@ -261,8 +261,8 @@ Result<ValidatedRequest> validate_request(const Model& model, const GenerationRe
     }
     {
         const models::DiffusionCapabilities& can = model.diffusion().capabilities();
-        KILN_TRY(validate_step_cache(r.cache, {model.family_label(), std::string(can.label) == "UNet", can.cache_blocks},
-                                     p.steps));
+        KILN_TRY(validate_step_cache(
+            r.cache, {model.family_label(), std::string(can.label) == "UNet", can.cache_blocks}, p.steps));
     }
     if (r.timestep_shift < 0 || r.timestep_shift > 1000) {
         return Error::invalid_request("--timestep-shift must be in [0, 1000], got " + std::to_string(r.timestep_shift));

@@ -28,7 +28,6 @@ namespace kiln::pipeline {
 
 class Model;
 
-
 // Where the second pass starts: the first pass's latent resized, or its
 // decoded image resized (Lanczos) or upscaled by a model, encoded again.
 enum class HiresUpscaler { Latent, Lanczos, Model };
@@ -75,7 +74,7 @@ struct GenerationRequest {
     // --sigmas: the schedule itself (descending to a last 0), replacing the
     // scheduler's; its length less one is the step count.
     std::vector<float> sigmas;
-    int clip_skip = 0;            // <= 0: the model's default
+    int clip_skip = 0;  // <= 0: the model's default
     bool flash_attention = false;
     // Image-to-image: the starting image (its size is the output size; a
     // different width or height is an error) and how much of the schedule to
@@ -110,7 +109,7 @@ struct GenerationRequest {
     // side by side at index 1 unless increase_ref_index numbers them 1, 2, ...
     bool auto_resize_ref_images = true;
     bool increase_ref_index = false;
-    T5MaskOptions t5_masks;  // sd-cli's --chroma-* options (pipeline/conditioner.h)
+    T5MaskOptions t5_masks;         // sd-cli's --chroma-* options (pipeline/conditioner.h)
     std::optional<HiresFix> hires;  // --hires
     // --control-image: the ControlNet's (--control-net) condition, any
     // channels, resized to the output size when it has the same aspect

@@ -402,8 +402,8 @@ Status Executor::run_group(ggml_cgraph* graph, const GraphPlan& plan, const std:
     const EvictionHint hint{&weights_, group.first, n};
     const int evictions_before = store_.stats().evictions;
     bool reuse = allocated_session_ != 0 && allocated_session_ == carried_session_ &&
-                       allocated_group_ == std::make_pair(group.first, group.end) &&
-                       allocated_evictions_ == evictions_before && store_.missing_bytes(blocks) == 0;
+                 allocated_group_ == std::make_pair(group.first, group.end) &&
+                 allocated_evictions_ == evictions_before && store_.missing_bytes(blocks) == 0;
 
     store_.pin(blocks);
     struct Unpin {

@@ -18,10 +18,10 @@
 #include <vector>
 
 #include "runtime/compute.h"
-#include "runtime/sized_scheduler.h"
 #include "runtime/graph_plan.h"
 #include "runtime/graph_session.h"
 #include "runtime/module_weights.h"
+#include "runtime/sized_scheduler.h"
 #include "runtime/weight_store.h"
 #include "util/result.h"
 

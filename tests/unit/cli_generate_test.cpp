@@ -77,10 +77,10 @@ TEST(CliGenerate, BatchesNumberTheirFilesAndSeeds) {
     // sd-cli's names without a field: NAME_<n> from --output-begin-idx; .png for a name without an image format.
     ASSERT_EQ(run_command(kiln_with_sd1_tiny("-p x -W 32 -H 32 --steps 1 -b 2 -o " + dir.file("b.png"))).exit_code, 0);
     EXPECT_TRUE(exists(dir.file("b_0.png")) && exists(dir.file("b_1.png")) && !exists(dir.file("b.png")));
-    ASSERT_EQ(run_command(kiln_with_sd1_tiny("-p x -W 32 -H 32 --steps 1 -b 2 --output-begin-idx 7 -o " +
-                                             dir.file("c")))
-                  .exit_code,
-              0);
+    ASSERT_EQ(
+        run_command(kiln_with_sd1_tiny("-p x -W 32 -H 32 --steps 1 -b 2 --output-begin-idx 7 -o " + dir.file("c")))
+            .exit_code,
+        0);
     EXPECT_TRUE(exists(dir.file("c_7.png")) && exists(dir.file("c_8.png")));
     ASSERT_EQ(run_command(kiln_with_sd1_tiny("-p x -W 32 -H 32 --steps 1 -o " + dir.file("d.bmp"))).exit_code, 0);
     EXPECT_TRUE(exists(dir.file("d.bmp.png")));

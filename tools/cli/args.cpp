@@ -13,9 +13,9 @@
 #include "hub_client.h"
 #include "kiln.h"
 #include "runtime/device_budget.h"
-#include "util/format.h"
 #include "sd_cli_flags.h"
 #include "tokenizer_sources.h"
+#include "util/format.h"
 
 namespace kiln::cli {
 
@@ -383,7 +383,8 @@ const std::vector<Flag>& flags() {
                  o.skip_layers = std::move(layers);
                  return std::nullopt;
              }},
-            {nullptr, "--skip-layer-start", "X", "share of the schedule where skip-layer guidance starts (default 0.01)",
+            {nullptr, "--skip-layer-start", "X",
+             "share of the schedule where skip-layer guidance starts (default 0.01)",
              bounded_float_setter(&Options::skip_layer_start, 0, 1)},
             {nullptr, "--skip-layer-end", "X", "share of the schedule where skip-layer guidance ends (default 0.2)",
              bounded_float_setter(&Options::skip_layer_end, 0, 1)},
@@ -608,8 +609,7 @@ const std::vector<Flag>& flags() {
                  o.log_level = *level;
                  return std::nullopt;
              }},
-            {nullptr, "--color", nullptr, "colour the log level tags",
-             switch_setter(&Options::color)},
+            {nullptr, "--color", nullptr, "colour the log level tags", switch_setter(&Options::color)},
             {"-h", "--help", nullptr, "show this help",
              [](Options& o, const std::string&) -> std::optional<std::string> {
                  o.command = Command::Help;
@@ -740,7 +740,8 @@ const std::vector<Flag>& serve_flags() {
              if (blank(v.front()) || blank(v.back()))
                  return std::string("the key begins or ends with whitespace, which HTTP clients cannot send");
              for (unsigned char c : v) {
-                 if (c < 0x20 || c == 0x7f) return std::string("the key has a control character, which HTTP clients cannot send");
+                 if (c < 0x20 || c == 0x7f)
+                     return std::string("the key has a control character, which HTTP clients cannot send");
              }
              o.api_key = v;
              return std::nullopt;

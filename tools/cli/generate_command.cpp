@@ -12,10 +12,10 @@
 #include "context_params.h"
 #include "default_model.h"
 #include "kiln.h"
-#include "util/format.h"
 #include "output_pattern.h"
 #include "output_target.h"
 #include "upscale_command.h"
+#include "util/format.h"
 #include "util/log.h"
 
 namespace kiln::cli {
@@ -188,9 +188,8 @@ int run_generate(const Options& options) {
     // Reads an image flag's file; on failure logs the error after `label`.
     auto load_image = [&](const std::string& path, const char* label, kiln_image** image) -> kiln_status {
         ErrorText error;
-        const kiln_status st = kiln_context_image_load(ctx, path.c_str(),
-                                                       static_cast<uint64_t>(options.max_image_pixels), image,
-                                                       &error.text);
+        const kiln_status st = kiln_context_image_load(
+            ctx, path.c_str(), static_cast<uint64_t>(options.max_image_pixels), image, &error.text);
         if (st != KILN_OK) KILN_LOG_ERROR("%s%s", label, error.c_str());
         return st;
     };
@@ -288,7 +287,6 @@ int run_generate(const Options& options) {
         gp.preview = &PreviewWriter::on_preview;
         gp.preview_user_data = &preview;
     }
-
 
     if (plan_only) {
         char* text = nullptr;

@@ -43,7 +43,7 @@ struct JobRequest {
     // The init image keeps its own size and its latent is resized to
     // width x height (kiln_generation_params.init_latent_resize).
     bool init_latent_resize = false;
-    SharedImage mask;         // RGB, white repaints; needs init_image
+    SharedImage mask;                   // RGB, white repaints; needs init_image
     std::string output_format = "png";  // png, jpeg or webp
 
     // Live previews: "none", "proj", "tae", "vae", or "" for the server's --preview,

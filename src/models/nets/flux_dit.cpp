@@ -573,7 +573,8 @@ Result<ggml_tensor*> FluxDit::build(ggml_context* ctx, const FluxInputs& in, con
                     " (flux_rope_table)");
     }
     const int64_t n_tokens = rope_ne[1];
-    const std::string stage_problem = stage_inputs_problem(options.split, in.stream, in.residual, c.hidden, n_tokens, B);
+    const std::string stage_problem =
+        stage_inputs_problem(options.split, in.stream, in.residual, c.hidden, n_tokens, B);
     if (!stage_problem.empty()) return fail(stage_problem);
     if (in.mask) {
         const std::vector<int64_t> mask_ne = flux_attention_mask_shape(T, n_tokens - T, B);
@@ -677,7 +678,8 @@ Result<ggml_tensor*> FluxDit::build(ggml_context* ctx, const FluxInputs& in, con
                                 "double_blocks." + std::to_string(i));
         }
         const size_t j = static_cast<size_t>(i - D);
-        return nn::mark_cut(single_block(ctx, s, b.singles[j], h, single_mods[j]), "single_blocks." + std::to_string(j));
+        return nn::mark_cut(single_block(ctx, s, b.singles[j], h, single_mods[j]),
+                            "single_blocks." + std::to_string(j));
     };
     x = run_block_stage(ctx, options.split, D + S, x, in.stream, in.residual, block, kept);
     if (options.split.stage == BlockStage::Front) return block_stage_output(ctx, options.split, x, nullptr, kept);
@@ -685,7 +687,7 @@ Result<ggml_tensor*> FluxDit::build(ggml_context* ctx, const FluxInputs& in, con
     ggml_tensor* out =
         nn::linear(ctx, b.final_linear,
                    nn::modulate_layer_norm(ctx, nn::token_range(ctx, x, T, grid.w * grid.h), final_mod, kNormEps));
-    return block_stage_output(ctx, options.split,  x,
+    return block_stage_output(ctx, options.split, x,
                               nn::unpatchify(ctx, out, grid.w, grid.h, c.patch, nn::PatchFeatures::ChannelSlowest),
                               kept);
 }
