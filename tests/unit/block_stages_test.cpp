@@ -24,6 +24,7 @@
 #include "nn/graph_inputs.h"
 #include "pipeline/graphs.h"
 #include "pipeline/model.h"
+#include "pipeline/session_inputs.h"
 #include "runtime/device_budget.h"
 #include "runtime/graph_session.h"
 #include "test_files.h"
@@ -37,6 +38,7 @@ using models::DiffusionShape;
 using models::DiffusionTensors;
 using pipeline::Model;
 using pipeline::ModelPaths;
+using pipeline::SessionInputs;
 using test::golden_path;
 
 // Values in [-1, 1) from a small LCG: the same for every stage's graph.
@@ -97,22 +99,6 @@ Evaluate through_pipeline(Model& model) {
     };
 }
 
-// A declared network's build() over a session of its own, on one CPU thread.
-class SessionInputs final : public nn::GraphInputs {
-  public:
-    explicit SessionInputs(runtime::GraphSession& session) : session_(session) {}
-    ggml_context* ctx() override { return session_.ctx(); }
-    ggml_tensor* input(ggml_type type, const std::vector<int64_t>& ne, const void* data, const char* name) override {
-        if (data) return session_.input(type, ne, data, name);
-        int64_t count = 1;
-        for (int64_t n : ne) count *= n;
-        const std::vector<uint8_t> zeros(static_cast<size_t>(count) * ggml_type_size(type));
-        return session_.input(type, ne, zeros.data(), name);
-    }
-
-  private:
-    runtime::GraphSession& session_;
-};
 
 Evaluate through_network(const models::DiffusionNetwork& net, runtime::Compute& compute) {
     return [&net, &compute](const DiffusionShape& shape, const std::vector<float>* stream,
