@@ -33,7 +33,8 @@ bool BlockCache::skips_middle(int pass, int step, const std::vector<float>& fron
         skipping_ = !check || relative_l1(front_residual, last_front_) < options_.threshold;
     }
     if (skipping_ && forecasts()) {
-        // A forecast needs two computed evaluations; until then the step runs.
+        // A forecast needs two computed evaluations: until then taylorseer's
+        // step runs and cache-dit's reuses the last residual as dbcache does.
         auto first = series_.find(pass);
         if (first == series_.end() || !first->second.ready()) skipping_ = options_.mode == CacheMode::CacheDit;
     }
