@@ -247,6 +247,10 @@ typedef struct {
      * A1111's names "Latent" and "Latent (nearest)" are accepted too. NULL: "latent". */
     const char* hires_upscaler;
     int hires_upscale_tile_size; /* a model upscaler's tile side in pixels (default 128) */
+    /* --hires-sigmas: the second pass's schedule as it runs, n_hires_sigmas values descending to a
+     * last 0 (replacing hires_steps and hires_denoising_strength); NULL: the scheduler's */
+    const float* hires_sigmas;
+    int n_hires_sigmas;
     /* Live previews: made only when preview_mode is not KILN_PREVIEW_NONE and preview is set. */
     kiln_preview_mode preview_mode;
     int preview_interval; /* every N-th step, N in [1, 10000]; <= 0: 1 */

@@ -299,6 +299,13 @@ kiln::Result<kiln::pipeline::GenerationRequest> generation_request(const kiln_ge
         h.denoising_strength = params->hires_denoising_strength;
         if (params->hires_upscaler) h.upscaler = params->hires_upscaler;
         h.upscale_tile = params->hires_upscale_tile_size;
+        if (params->n_hires_sigmas < 0 || (params->n_hires_sigmas > 0 && !params->hires_sigmas)) {
+            return kiln::Error::invalid_request("hires sigmas: " + std::to_string(params->n_hires_sigmas) +
+                                                " values but no array");
+        }
+        if (params->n_hires_sigmas > 0) {
+            h.sigmas.assign(params->hires_sigmas, params->hires_sigmas + params->n_hires_sigmas);
+        }
         r.hires = h;
     }
     if (params->control_image) {

@@ -449,8 +449,8 @@ uint32_t be32(const uint8_t* p) {
 
 constexpr size_t kMaxInflatedText = size_t(16) << 20;
 
-// zlib-inflates a text chunk's payload, refusing to grow past the limit (a
-// few bytes of zTXt can claim gigabytes).
+}  // namespace
+
 Result<std::string> inflate_text(const uint8_t* data, size_t size, const std::string& what) {
     z_stream z{};
     if (inflateInit(&z) != Z_OK) return Error{what + ": zlib initialisation failed"};
@@ -480,6 +480,8 @@ Result<std::string> inflate_text(const uint8_t* data, size_t size, const std::st
     inflateEnd(&z);
     return out;
 }
+
+namespace {
 
 // One tEXt/zTXt/iTXt chunk body to (keyword, UTF-8 text).
 Result<std::pair<std::string, std::string>> decode_text_chunk(const std::string& type, const uint8_t* body, size_t size,

@@ -74,6 +74,10 @@ GenerationInfo parse_a1111_parameters(const std::string& text);
 Result<std::map<std::string, std::string>> read_png_text(const std::string& path);
 Result<std::map<std::string, std::string>> parse_png_text(const uint8_t* data, size_t size, const std::string& label);
 
+// zlib-inflates a text chunk's payload, refusing to grow past 16 MiB (a few
+// bytes of zTXt can claim gigabytes); errors start with `what`.
+Result<std::string> inflate_text(const uint8_t* data, size_t size, const std::string& what);
+
 // read_png_text for PNG; for JPEG and WebP the EXIF UserComment, if any, as
 // {"parameters": text} (where A1111 puts it); an empty map when the file
 // carries none.

@@ -698,7 +698,8 @@ Result<image::Image> hires_pass(Model& model, const GenerationRequest& request, 
                                 std::optional<Conditioning> uncond, Upscaler* upscaler, Rng& rng, Rng& sampler_rng,
                                 const ProgressFn& progress, const std::function<void(int)>& started) {
     const ValidatedHires& h = *p.hires;
-    const float strength = request.hires->denoising_strength;
+    // --hires-sigmas is the schedule as it runs: every value of it is a step.
+    const float strength = h.sigmas.empty() ? request.hires->denoising_strength : 1.0f;
     ValidatedRequest at = p;
     at.width = h.width;
     at.height = h.height;
@@ -733,9 +734,9 @@ Result<image::Image> hires_pass(Model& model, const GenerationRequest& request, 
     }
     const std::unique_ptr<NoiseSchedule> schedule =
         model.noise_schedule(h.width, h.height, h.steps, request.flow_shift);
-    auto sigmas = get_sigmas(p.scheduler, h.steps, *schedule);
+    auto sigmas = h.sigmas.empty() ? get_sigmas(p.scheduler, h.steps, *schedule) : Result<std::vector<float>>(h.sigmas);
     if (!sigmas.ok()) return sigmas.error();
-    keep_last_share(*sigmas, h.steps, strength);
+    if (h.sigmas.empty()) keep_last_share(*sigmas, h.steps, strength);
     SamplingRun run = first;
     run.cache = {};  // the second pass computes every step
     run.latent_w = h.latent_w;
@@ -762,14 +763,16 @@ Result<image::Image> hires_pass(Model& model, const GenerationRequest& request, 
 // A1111's keys for a hires fix: "Denoising strength", then "Hires upscale"
 // (with a scale) or "Hires resize" (with a size), "Hires steps" (when given),
 // "Hires upscaler".
+// --hires-sigmas runs all of its schedule: strength 1, its steps.
 void add_hires_info(const HiresFix& request, const ValidatedHires& h, image::GenerationInfo& info) {
-    info.extra.emplace_back("Denoising strength", format_number(request.denoising_strength));
+    const bool sigmas = !h.sigmas.empty();
+    info.extra.emplace_back("Denoising strength", sigmas ? "1" : format_number(request.denoising_strength));
     if (request.width == 0 && request.height == 0) {
         info.extra.emplace_back("Hires upscale", format_number(request.scale));
     } else {
         info.extra.emplace_back("Hires resize", std::to_string(h.width) + "x" + std::to_string(h.height));
     }
-    if (request.steps > 0) info.extra.emplace_back("Hires steps", std::to_string(request.steps));
+    if (request.steps > 0 || sigmas) info.extra.emplace_back("Hires steps", std::to_string(h.steps));
     info.extra.emplace_back("Hires upscaler", h.label);
 }
 

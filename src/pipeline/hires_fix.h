@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "pipeline/upscaler.h"
 
@@ -27,6 +28,10 @@ struct HiresFix {
     // hires size and encoded again).
     std::string upscaler = "latent";
     int upscale_tile = kDefaultUpscaleTile;  // --hires-upscale-tile-size, for a model upscaler
+    // --hires-sigmas: the second pass's schedule as it runs (descending to a
+    // last 0), replacing steps and denoising_strength: its first value is the
+    // noise the upscaled image starts from. Empty: the scheduler's.
+    std::vector<float> sigmas;
 };
 
 }  // namespace kiln::pipeline

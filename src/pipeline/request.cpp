@@ -12,6 +12,8 @@
 namespace kiln::pipeline {
 namespace {
 
+Status check_sigmas(const std::vector<float>& sigmas, bool flow, const std::string& flag);
+
 std::string size_text(int width, int height) { return std::to_string(width) + "x" + std::to_string(height); }
 
 // `size` rounded to the nearest multiple of `stride`, at least one stride.
@@ -71,6 +73,12 @@ Result<ValidatedHires> validate_hires(const Model& model, const GenerationReques
                                       "] (0: the first pass's steps), got " + std::to_string(h.steps));
     }
     v.steps = h.steps > 0 ? h.steps : p.steps;
+    if (!h.sigmas.empty()) {
+        const bool flow = model.noise_schedule(v.width, v.height, v.steps, r.flow_shift)->flow();
+        KILN_TRY(check_sigmas(h.sigmas, flow, "--hires-sigmas"));
+        v.sigmas = h.sigmas;
+        v.steps = static_cast<int>(h.sigmas.size()) - 1;
+    }
     if (!(h.denoising_strength >= 0.0f && h.denoising_strength <= 1.0f)) {
         return Error::invalid_request("--hires-denoising-strength must be in [0, 1], got " +
                                       format_number(h.denoising_strength));
@@ -120,9 +128,9 @@ Result<ValidatedHires> validate_hires(const Model& model, const GenerationReques
 // by), every value finite and positive but the last, which is 0: kiln's
 // samplers end on the clean latent (sd-cli would decode a still-noisy one).
 // A flow model's sigmas are shares of noise, so at most 1.
-Status check_sigmas(const std::vector<float>& sigmas, bool flow) {
+Status check_sigmas(const std::vector<float>& sigmas, bool flow, const std::string& flag) {
     if (sigmas.size() < 2 || sigmas.size() > static_cast<size_t>(kMaxSteps) + 1) {
-        return Error::invalid_request("--sigmas: expected 2 to " + std::to_string(kMaxSteps + 1) + " values, got " +
+        return Error::invalid_request(flag + ": expected 2 to " + std::to_string(kMaxSteps + 1) + " values, got " +
                                       std::to_string(sigmas.size()));
     }
     const float most = flow ? 1.0f : kMaxSigma;
@@ -130,16 +138,16 @@ Status check_sigmas(const std::vector<float>& sigmas, bool flow) {
         const float s = sigmas[i];
         const bool last = i + 1 == sigmas.size();
         if (!std::isfinite(s) || s < 0.0f || s > most) {
-            return Error::invalid_request("--sigmas: value " + std::to_string(i + 1) + " is " + format_number(s) +
+            return Error::invalid_request(flag + ": value " + std::to_string(i + 1) + " is " + format_number(s) +
                                           "; each must be in [0, " + format_number(most) + "]" +
                                           (flow ? " for a flow model" : ""));
         }
         if (last && s != 0.0f) {
-            return Error::invalid_request("--sigmas: the last value must be 0 (the clean image), got " +
+            return Error::invalid_request(flag + ": the last value must be 0 (the clean image), got " +
                                           format_number(s));
         }
         if (!last && !(s > sigmas[i + 1])) {
-            return Error::invalid_request("--sigmas: values must descend, but value " + std::to_string(i + 1) + " (" +
+            return Error::invalid_request(flag + ": values must descend, but value " + std::to_string(i + 1) + " (" +
                                           format_number(s) + ") is not above the next (" +
                                           format_number(sigmas[i + 1]) + ")");
         }
@@ -229,7 +237,8 @@ Result<ValidatedRequest> validate_request(const Model& model, const GenerationRe
                                       std::to_string(p.steps));
     }
     if (!r.sigmas.empty()) {
-        KILN_TRY(check_sigmas(r.sigmas, model.noise_schedule(p.width, p.height, p.steps, std::nullopt)->flow()));
+        KILN_TRY(
+            check_sigmas(r.sigmas, model.noise_schedule(p.width, p.height, p.steps, std::nullopt)->flow(), "--sigmas"));
         p.steps = static_cast<int>(r.sigmas.size()) - 1;
     }
     if (r.t5_masks.pad_tokens > kMaxT5MaskPad) {

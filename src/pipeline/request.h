@@ -130,6 +130,7 @@ struct ValidatedHires {
     int width = 0, height = 0;  // the final image's
     int64_t latent_w = 0, latent_h = 0;
     int steps = 0;
+    std::vector<float> sigmas;  // --hires-sigmas, run as given; empty: the scheduler's
     HiresUpscaler upscaler = HiresUpscaler::Latent;
     LatentResize latent_mode = LatentResize::Bilinear;  // HiresUpscaler::Latent
     std::string model_path;                             // HiresUpscaler::Model

@@ -66,7 +66,8 @@ TEST(CliControlNet, ChangesTheImageAndStrengthZeroChangesNothing) {
     EXPECT_NE(pixels(dir.file("controlled.png")), pixels(dir.file("plain.png")));
     EXPECT_EQ(pixels(dir.file("zero.png")), pixels(dir.file("plain.png")));
 
-    auto meta = run_command(std::string(KILN_BIN) + " -M metadata -i " + dir.file("controlled.png"));
+    auto meta = run_command(std::string(KILN_BIN) + " -M metadata --metadata-format parameters -i " +
+                            dir.file("controlled.png"));
     EXPECT_NE(meta.out.find("ControlNet: controlnet_sd1_tiny, ControlNet weight: 0.9,"), std::string::npos) << meta.out;
 }
 
@@ -114,7 +115,8 @@ TEST(CliControlNet, CannyConditionsOnTheEdgesOfTheControlImage) {
     ASSERT_FALSE(canny.empty());
     EXPECT_EQ(canny, image_of(dir, common + edges, "given.png"));
     EXPECT_NE(canny, image_of(dir, common + photo, "raw.png"));
-    auto meta = run_command(std::string(KILN_BIN) + " -M metadata -i " + dir.file("canny.png"));
+    auto meta =
+        run_command(std::string(KILN_BIN) + " -M metadata --metadata-format parameters -i " + dir.file("canny.png"));
     EXPECT_NE(meta.out.find("ControlNet preprocessor: canny"), std::string::npos) << meta.out;
 
     // Without a control image there is nothing to preprocess: a warning, as

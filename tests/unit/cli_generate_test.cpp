@@ -32,7 +32,7 @@ TEST(CliGenerate, WritesAnImageOfTheRequestedSizeWithItsParameters) {
     EXPECT_EQ(img->height, 32);
     EXPECT_EQ(img->channels, 3);
 
-    auto meta = run_command(std::string(KILN_BIN) + " -M metadata -i " + out);
+    auto meta = run_command(std::string(KILN_BIN) + " -M metadata --metadata-format parameters -i " + out);
     ASSERT_EQ(meta.exit_code, 0) << meta.err;
     EXPECT_EQ(
         meta.out,
@@ -72,7 +72,8 @@ TEST(CliGenerate, BatchesNumberTheirFilesAndSeeds) {
     ASSERT_EQ(r.exit_code, 0) << r.err;
     ASSERT_TRUE(exists(dir.file("img_000.png")));
     ASSERT_TRUE(exists(dir.file("img_001.png")));
-    auto meta = run_command(std::string(KILN_BIN) + " -M metadata -i " + dir.file("img_001.png"));
+    auto meta =
+        run_command(std::string(KILN_BIN) + " -M metadata --metadata-format parameters -i " + dir.file("img_001.png"));
     EXPECT_NE(meta.out.find("Seed: 11,"), std::string::npos) << meta.out;
     // sd-cli's names without a field: NAME_<n> from --output-begin-idx; .png for a name without an image format.
     ASSERT_EQ(run_command(kiln_with_sd1_tiny("-p x -W 32 -H 32 --steps 1 -b 2 -o " + dir.file("b.png"))).exit_code, 0);
@@ -113,7 +114,8 @@ TEST(CliGenerate, ImageToImageStartsFromTheGivenImage) {
     auto r = run_command(kiln_with_sd1_tiny("-p x -W 32 -H 32 --steps 4 --strength 0.5 -i " + dir.file("init.png") +
                                             " -o " + dir.file("out.png")));
     ASSERT_EQ(r.exit_code, 0) << r.err;
-    auto meta = run_command(std::string(KILN_BIN) + " -M metadata -i " + dir.file("out.png"));
+    auto meta =
+        run_command(std::string(KILN_BIN) + " -M metadata --metadata-format parameters -i " + dir.file("out.png"));
     EXPECT_NE(meta.out.find("Denoising strength: 0.5"), std::string::npos) << meta.out;
 }
 

@@ -3,6 +3,7 @@
 // training/make_rrdbnet_fixtures.py; then the C API's kiln_upscaler.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -26,7 +27,7 @@ std::string upscaler(const std::string& name) { return test::golden_path("models
 bool exists(const std::string& path) { return std::ifstream(path).good(); }
 
 std::string parameters_of(const std::string& path) {
-    auto meta = run_command(std::string(KILN_BIN) + " -M metadata -i " + path);
+    auto meta = run_command(std::string(KILN_BIN) + " -M metadata --metadata-format parameters -i " + path);
     EXPECT_EQ(meta.exit_code, 0) << meta.err;
     return meta.out;
 }
@@ -379,6 +380,62 @@ TEST(UpscalerApi, GenerationParamsDefaultToSdCliHiresDefaults) {
     EXPECT_EQ(gp.hires_steps, 0);
     EXPECT_EQ(gp.hires_upscaler, nullptr);  // "latent"
     EXPECT_EQ(gp.hires_upscale_tile_size, 128);
+}
+
+// sd-cli's --hires-upscalers-dir: --hires-upscaler names a model in it by its
+// file name, with or without the extension, and runs as that file's path does.
+TEST(CliHires, UpscalersDirFindsAModelByName) {
+    TempDir dir;
+    const std::string folder = dir.file("upscalers");
+    std::filesystem::create_directory(folder);
+    std::filesystem::copy_file(upscaler("rrdbnet_x2.safetensors"), folder + "/rrdbnet_x2.safetensors");
+    const std::string common = "-p \"a red circle\" -W 32 -H 32 --steps 2 -s 11 --hires --hires-denoising-strength 0 ";
+    ASSERT_EQ(run_command(kiln_with_sd1_tiny(common + "--hires-upscaler " + upscaler("rrdbnet_x2.safetensors") +
+                                             " -o " + dir.file("by_path.png")))
+                  .exit_code,
+              0);
+    for (const char* name : {"rrdbnet_x2", "rrdbnet_x2.safetensors"}) {
+        const std::string out = dir.file(std::string("by_name_") + name + ".png");
+        auto r = run_command(kiln_with_sd1_tiny(common + "--hires-upscalers-dir " + folder + " --hires-upscaler " +
+                                                name + " -o " + out));
+        ASSERT_EQ(r.exit_code, 0) << r.err;
+        EXPECT_EQ(read(out).pixels, read(dir.file("by_path.png")).pixels) << name;
+    }
+    auto absent = run_command(kiln_with_sd1_tiny(common + "--hires-upscalers-dir " + folder +
+                                                 " --hires-upscaler rrdbnet_x9 -o " + dir.file("absent.png")));
+    EXPECT_EQ(absent.exit_code, 2);
+    EXPECT_NE(absent.err.find("--hires-upscaler: 'rrdbnet_x9'"), std::string::npos) << absent.err;
+    EXPECT_FALSE(exists(dir.file("absent.png")));
+}
+
+// sd-cli's --hires-sigmas: the second pass's schedule as it runs. It replaces
+// --hires-steps and --hires-denoising-strength, so those change nothing
+// beside it; other sigmas give another image; a schedule no sampler can run
+// is refused by name before anything is written.
+TEST(CliHires, HiresSigmasAreTheSecondPassAsItRuns) {
+    TempDir dir;
+    const std::string common = "-p \"a red circle\" -W 32 -H 32 --steps 2 -s 11 --hires ";
+    auto run = [&](const std::string& extra, const std::string& name) {
+        auto r = run_command(kiln_with_sd1_tiny(common + extra + " -o " + dir.file(name)));
+        EXPECT_EQ(r.exit_code, 0) << r.err;
+        return read(dir.file(name));
+    };
+    const image::Image a = run("--hires-sigmas 3,1.5,0 --hires-steps 7 --hires-denoising-strength 0.2", "a.png");
+    const image::Image b =
+        run("--hires-sigmas \"[3, 1.5, 0]\" --hires-steps 2 --hires-denoising-strength 0.9", "b.png");
+    const image::Image c = run("--hires-sigmas 6,1.5,0", "c.png");
+    const image::Image plain = run("", "plain.png");
+    EXPECT_EQ(a.width, 64);
+    EXPECT_EQ(a.pixels, b.pixels);
+    EXPECT_NE(a.pixels, c.pixels);
+    EXPECT_NE(a.pixels, plain.pixels);
+    EXPECT_NE(parameters_of(dir.file("a.png")).find("Hires steps: 2"), std::string::npos)
+        << parameters_of(dir.file("a.png"));
+
+    auto rising = run_command(kiln_with_sd1_tiny(common + "--hires-sigmas 1,3,0 -o " + dir.file("rising.png")));
+    EXPECT_EQ(rising.exit_code, 2);
+    EXPECT_NE(rising.err.find("--hires-sigmas: values must descend"), std::string::npos) << rising.err;
+    EXPECT_FALSE(exists(dir.file("rising.png")));
 }
 
 }  // namespace

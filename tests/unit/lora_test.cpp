@@ -380,7 +380,7 @@ TEST(LoraCli, ATagInThePromptChangesTheImageAndIsRecorded) {
     ASSERT_EQ(b.exit_code, 0) << b.err;
     EXPECT_NE(b.out.find("LoRA sd1_lora_kohya (strength 0.8): 10 layers applied"), std::string::npos) << b.out;
     EXPECT_NE(test::read_bytes(plain), test::read_bytes(with));
-    auto meta = test::run_command(std::string(KILN_BIN) + " -M metadata -i " + with);
+    auto meta = test::run_command(std::string(KILN_BIN) + " -M metadata --metadata-format parameters -i " + with);
     EXPECT_EQ(meta.out.rfind("<lora:sd1_lora_kohya:0.8> a red circle\n", 0), 0u) << meta.out;
     auto plan = test::run_command(kiln_tiny("-p \"<lora:sd1_lora_kohya:0.8> x\" -W 32 -H 32", "plan"));
     EXPECT_EQ(plan.exit_code, 0) << plan.err;

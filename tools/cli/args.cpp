@@ -13,8 +13,9 @@
 #include "hub_client.h"
 #include "kiln.h"
 #include "runtime/device_budget.h"
-#include "sd_cli_flags.h"
+#include "sd_cli_options.h"
 #include "tokenizer_sources.h"
+#include "util/files.h"
 #include "util/format.h"
 
 namespace kiln::cli {
@@ -32,6 +33,9 @@ std::optional<std::string> parse_integer(const std::string& text, long long min,
 }
 
 namespace {
+
+// A prompt file larger than this is no prompt (CLIP reads 77 tokens a chunk).
+constexpr size_t kMaxPromptFileBytes = size_t(1) << 20;
 
 // Guidance scales past this are no use (real ones are below 30) and past
 // float's range would be infinite.
@@ -131,16 +135,43 @@ std::vector<std::string> list_items(const std::string& value) {
     return items;
 }
 
+// sd-cli's sigma lists ("14.6,7.8,3.5,0", brackets allowed); the values
+// are checked against the model with the request.
+auto sigmas_setter(std::vector<float> Options::*field) {
+    return [field](Options& o, const std::string& v) -> std::optional<std::string> {
+        std::vector<float> values;
+        for (const std::string& item : list_items(v)) {
+            if (item.empty()) return "an empty value in '" + v + "'";
+            char* end = nullptr;
+            const float f = std::strtof(item.c_str(), &end);
+            if (*end != '\0' || !std::isfinite(f)) return "'" + item + "' is not a number";
+            values.push_back(f);
+        }
+        if (values.empty()) return "expected comma-separated numbers, got '" + v + "'";
+        o.*field = std::move(values);
+        return std::nullopt;
+    };
+}
+
+// sd-cli's --prompt-file: the file's text, less its final line break.
+auto text_file_setter(std::string Options::*field) {
+    return [field](Options& o, const std::string& v) -> std::optional<std::string> {
+        if (v.empty()) return std::string("expected a path, got an empty string");
+        auto text = read_whole_file(v, kMaxPromptFileBytes, "prompt");
+        if (!text.ok()) return text.error().message;
+        std::string prompt = std::move(text).value();
+        while (!prompt.empty() && (prompt.back() == '\n' || prompt.back() == '\r')) prompt.pop_back();
+        o.*field = std::move(prompt);
+        return std::nullopt;
+    };
+}
+
 // A switch that sets `field`.
 auto switch_setter(bool Options::*field) {
     return [field](Options& o, const std::string&) -> std::optional<std::string> {
         o.*field = true;
         return std::nullopt;
     };
-}
-
-auto ignored_switch() {
-    return [](Options&, const std::string&) -> std::optional<std::string> { return std::nullopt; };
 }
 
 // sd-cli's --clip-on-cpu and the like: `module` joins the modules that compute on the CPU.
@@ -151,12 +182,50 @@ auto module_on_cpu(const char* module) {
     };
 }
 
+// sd-cli's --model-args "chroma_use_dit_mask=false,...": the context
+// parameters of sd-cli's API by name, each set as its flag would set it.
+std::optional<std::string> apply_model_args(Options& o, const std::string& list) {
+    for (const std::string& item : list_items(list)) {
+        if (item.empty()) continue;
+        const size_t eq = item.find('=');
+        if (eq == std::string::npos) return "expected key=value, got '" + item + "'";
+        const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+        if (key == "chroma_t5_mask_pad") {
+            long long pad = 0;
+            if (auto err = parse_integer(value, 0, 512, &pad)) return key + ": " + *err;
+            o.chroma_t5_mask_pad = static_cast<int>(pad);
+            continue;
+        }
+        bool on = false;
+        if (value == "true" || value == "1") {
+            on = true;
+        } else if (value != "false" && value != "0") {
+            return key + ": expected true or false, got '" + value + "'";
+        }
+        if (key == "chroma_use_dit_mask") {
+            o.chroma_disable_dit_mask = !on;
+        } else if (key == "chroma_use_t5_mask") {
+            o.chroma_enable_t5_mask = on;
+        } else if (key == "diffusion_flash_attn" || key == "flash_attn") {
+            o.diffusion_fa = on;
+        } else if (key == "offload_params_to_cpu") {
+            o.offload_to_cpu = on;
+        } else if (key == "clip_on_cpu" || key == "vae_on_cpu" || key == "control_net_cpu") {
+            if (on) module_on_cpu(key == "clip_on_cpu" ? "te" : key == "vae_on_cpu" ? "vae" : "control")(o, "");
+        } else if (key != "enable_mmap" && key != "vae_conv_direct" && key != "diffusion_conv_direct" &&
+                   key != "force_sdxl_vae_conv_scale") {
+            return "'" + key + "' is no model argument kiln knows";
+        }
+    }
+    return std::nullopt;
+}
+
 const std::vector<Flag>& flags() {
     static const std::vector<Flag> table =
         {
             {"-M", "--mode", "MODE",
-             "run mode: img_gen (default), convert, metadata (print an image's parameters), or upscale (-i with "
-             "--upscale-model)",
+             "run mode: img_gen (default), convert, metadata (list what an image file carries: -i or --image), or "
+             "upscale (-i with --upscale-model)",
              [](Options& o, const std::string& v) -> std::optional<std::string> {
                  if (v == "img_gen" || v == "txt2img" || v == "img2img") {
                      o.command = Command::Generate;
@@ -178,6 +247,16 @@ const std::vector<Flag>& flags() {
             {nullptr, "--diffusion-model", "PATH", "standalone diffusion model (UNet/transformer) weights",
              path_setter(&Options::diffusion_model)},
             {nullptr, "--vae", "PATH", "standalone VAE weights", path_setter(&Options::vae)},
+            {nullptr, "--vae-format", "FORMAT",
+             "auto only: kiln reads a VAE's latent format (channels, scale, shift) from its weights",
+             [](Options&, const std::string& v) -> std::optional<std::string> {
+                 if (v == "auto") return std::nullopt;
+                 if (v == "flux" || v == "sd3" || v == "flux2") {
+                     return "kiln reads the VAE's latent format from its weights and cannot override it with '" + v +
+                            "'; leave --vae-format out (or auto)";
+                 }
+                 return "expected auto, flux, sd3 or flux2, got '" + v + "'";
+             }},
             {nullptr, "--clip_l", "PATH", "standalone CLIP-L text encoder weights", path_setter(&Options::clip_l)},
             {nullptr, "--clip_g", "PATH", "standalone CLIP-G text encoder weights", path_setter(&Options::clip_g)},
             {nullptr, "--t5xxl", "PATH", "standalone T5-XXL text encoder weights", path_setter(&Options::t5xxl)},
@@ -208,6 +287,10 @@ const std::vector<Flag>& flags() {
              string_setter(&Options::weight_type)},
             {"-p", "--prompt", "TEXT", "the prompt", string_setter(&Options::prompt)},
             {"-n", "--negative-prompt", "TEXT", "the negative prompt", string_setter(&Options::negative_prompt)},
+            {nullptr, "--prompt-file", "PATH", "read the prompt from a file (its last line break dropped)",
+             text_file_setter(&Options::prompt)},
+            {nullptr, "--negative-prompt-file", "PATH", "read the negative prompt from a file",
+             text_file_setter(&Options::negative_prompt)},
             {"-o", "--output", "PATH",
              "output image (default output.png; .png added to a name without .png, .jpg or .webp); a batch is "
              "NAME_0.png, NAME_1.png, ... or fills one %d / %03d field; with -M convert, the GGUF to write",
@@ -219,8 +302,30 @@ const std::vector<Flag>& flags() {
              }},
             {nullptr, "--output-begin-idx", "N", "the number of a batch's first image in its names (default 0)",
              int_setter(&Options::output_begin_idx, 0, 1000000000)},
+            {nullptr, "--disable-image-metadata", nullptr,
+             "write no generation parameters into the images (by default PNG carries A1111's \"parameters\" text)",
+             [](Options& o, const std::string&) -> std::optional<std::string> {
+                 o.embed_metadata = false;
+                 return std::nullopt;
+             }},
+            {nullptr, "--metadata-format", "FORMAT",
+             "-M metadata's report: text (default) or json, as sd-cli's; or parameters (the A1111 text alone)",
+             [](Options& o, const std::string& v) -> std::optional<std::string> {
+                 if (v != "text" && v != "json" && v != "parameters") {
+                     return "expected text, json or parameters, got '" + v + "'";
+                 }
+                 o.metadata_format = v;
+                 return std::nullopt;
+             }},
+            {nullptr, "--metadata-raw", nullptr, "-M metadata: a hex preview of the entries kiln does not parse",
+             switch_setter(&Options::metadata_raw)},
+            {nullptr, "--metadata-brief", nullptr, "-M metadata: cut text values past 240 characters",
+             switch_setter(&Options::metadata_brief)},
+            {nullptr, "--metadata-all", nullptr, "-M metadata: list the structural entries too (IHDR, IDAT, ...)",
+             switch_setter(&Options::metadata_all)},
             {"-i", "--init-img", "PATH", "initial image for image-to-image (with -M metadata: the image to read)",
              path_setter(&Options::init_image)},
+            {nullptr, "--image", "PATH", "the image -M metadata reads (as -i)", path_setter(&Options::init_image)},
             {nullptr, "--mask", "PATH", "inpainting mask for -i: white repaints, black keeps",
              path_setter(&Options::mask)},
             {nullptr, "--max-image-pixels", "N",
@@ -311,6 +416,11 @@ const std::vector<Flag>& flags() {
              switch_setter(&Options::chroma_enable_t5_mask)},
             {nullptr, "--chroma-t5-mask-pad", "N", "Chroma: pad tokens after EOS the DiT still sees (default 1)",
              int_setter(&Options::chroma_t5_mask_pad, 0, 512)},
+            {nullptr, "--model-args", "LIST",
+             "sd-cli's model arguments, key=value comma-separated: chroma_use_dit_mask, chroma_use_t5_mask, "
+             "chroma_t5_mask_pad, diffusion_flash_attn, flash_attn, offload_params_to_cpu, clip_on_cpu, vae_on_cpu, "
+             "control_net_cpu; enable_mmap and the conv_direct ones are accepted and ignored",
+             apply_model_args},
             {nullptr, "--control-image", "PATH",
              "the ControlNet's condition (edges, depth, pose, ...), of the output's aspect ratio",
              path_setter(&Options::control_image)},
@@ -391,19 +501,7 @@ const std::vector<Flag>& flags() {
             {nullptr, "--sigmas", "LIST",
              "the noise schedule itself, comma-separated and descending to 0, e.g. \"14.6,7.8,3.5,0\" (brackets "
              "allowed); replaces --scheduler, and --steps becomes the count less one",
-             [](Options& o, const std::string& v) -> std::optional<std::string> {
-                 std::vector<float> values;
-                 for (const std::string& item : list_items(v)) {
-                     if (item.empty()) return "an empty value in '" + v + "'";
-                     char* end = nullptr;
-                     const float f = std::strtof(item.c_str(), &end);
-                     if (*end != '\0' || !std::isfinite(f)) return "'" + item + "' is not a number";
-                     values.push_back(f);
-                 }
-                 if (values.empty()) return "expected comma-separated numbers, got '" + v + "'";
-                 o.sigmas = std::move(values);
-                 return std::nullopt;
-             }},
+             sigmas_setter(&Options::sigmas)},
             {nullptr, "--clip-skip", "N", "text encoder layer to use, counted from the end (default: the model's)",
              int_setter(&Options::clip_skip, 1, 12)},
             {nullptr, "--prediction", "TYPE", "what the model predicts: eps or v (default: the model's)",
@@ -482,6 +580,14 @@ const std::vector<Flag>& flags() {
                  o.hires_upscaler = v;
                  return std::nullopt;
              }},
+            {nullptr, "--hires-upscalers-dir", "DIR",
+             "folder of ESRGAN models: --hires-upscaler NAME may name one by file name, with or without its "
+             "extension",
+             path_setter(&Options::hires_upscalers_dir)},
+            {nullptr, "--hires-sigmas", "LIST",
+             "the second pass's schedule as it runs, comma-separated and descending to 0 (e.g. "
+             "\"0.85,0.725,0.42,0\"); replaces --hires-steps and --hires-denoising-strength",
+             sigmas_setter(&Options::hires_sigmas)},
             {nullptr, "--hires-upscale-tile-size", "N", "tile side of a model --hires-upscaler in pixels (default 128)",
              int_setter(&Options::hires_upscale_tile_size, 0, 1 << 20)},
             {nullptr, "--taesd", "PATH",
@@ -526,6 +632,10 @@ const std::vector<Flag>& flags() {
              string_setter(&Options::scm_policy)},
             {nullptr, "--diffusion-fa", nullptr, "use flash attention in the diffusion model",
              switch_setter(&Options::diffusion_fa)},
+            {nullptr, "--fa", nullptr,
+             "flash attention: kiln uses it in the diffusion model (as --diffusion-fa); the encoders' and VAE's "
+             "attention is small beside it",
+             switch_setter(&Options::diffusion_fa)},
             {nullptr, "--list-devices", nullptr,
              "list every compute device (name, type, free and total memory), --rpc-servers ones included",
              [](Options& o, const std::string&) -> std::optional<std::string> {
@@ -556,18 +666,6 @@ const std::vector<Flag>& flags() {
             {nullptr, "--vae-on-cpu", nullptr, "the VAE computes on the CPU, as sd-cli's flag", module_on_cpu("vae")},
             {nullptr, "--control-net-cpu", nullptr, "the ControlNet computes on the CPU, as sd-cli's flag",
              module_on_cpu("control")},
-            // sd-cli's switches for choices kiln makes itself: accepted, so
-            // that an sd-cli command line runs unchanged, and nothing more.
-            {nullptr, "--mmap", nullptr, "accepted for sd-cli command lines: kiln always maps model files",
-             ignored_switch()},
-            {nullptr, "--vae-conv-direct", nullptr,
-             "accepted for sd-cli command lines: kiln picks each convolution's path itself", ignored_switch()},
-            {nullptr, "--diffusion-conv-direct", nullptr,
-             "accepted for sd-cli command lines: kiln picks each convolution's path itself", ignored_switch()},
-            {nullptr, "--force-sdxl-vae-conv-scale", nullptr,
-             "accepted for sd-cli command lines: kiln does not rescale the VAE's convolutions; on the CPU it "
-             "computes the VAE in F32 (docs/sdxl.md)",
-             ignored_switch()},
             {nullptr, "--offload-to-cpu", nullptr, "keep every module's weights in RAM (--params-backend cpu)",
              switch_setter(&Options::offload_to_cpu)},
             {nullptr, "--max-vram", "GIB",
@@ -914,8 +1012,17 @@ std::variant<Options, UsageError> parse_args(const std::vector<std::string>& arg
         }
         const Flag* flag = find_flag(arg, known);
         if (!flag) {
-            if (auto missing = sd_cli_feature_missing(arg)) return UsageError{*missing, "see 'kiln --help'"};
-            return UsageError{"unknown option '" + arg + "'", suggestion_for(arg, known)};
+            const SdCliOption* sd_cli = find_sd_cli_option(arg);
+            if (!sd_cli) return UsageError{"unknown option '" + arg + "'", suggestion_for(arg, known)};
+            if (sd_cli->stance == SdCliStance::Refused) {
+                return UsageError{arg + " " + sd_cli->why, "see docs/sd_cli.md"};
+            }
+            if (!sd_cli->takes_value && inline_value) return UsageError{arg + " takes no value", "see 'kiln --help'"};
+            if (sd_cli->takes_value && !inline_value && ++i >= args.size()) {
+                return UsageError{arg + ": missing value", "see 'kiln --help'"};
+            }
+            options.ignored_sd_cli_options.push_back(arg);
+            continue;
         }
         std::string value;
         if (flag->value_name) {
@@ -938,6 +1045,19 @@ std::variant<Options, UsageError> parse_args(const std::vector<std::string>& arg
         if (auto usage = check_pull(options)) return *usage;
     }
     return options;
+}
+
+SdCliSupportNote sd_cli_support(const std::string& name) {
+    for (const Flag& f : flags()) {
+        if ((f.short_name && name == f.short_name) || name == f.long_name) {
+            return {SdCliSupport::Implemented, f.help, f.value_name != nullptr};
+        }
+    }
+    if (const SdCliOption* o = find_sd_cli_option(name)) {
+        if (o->stance == SdCliStance::Ignored) return {SdCliSupport::Ignored, o->why, o->takes_value};
+        return {SdCliSupport::Refused, name + " " + o->why, o->takes_value};
+    }
+    return {};
 }
 
 std::string help_text() {
@@ -965,6 +1085,14 @@ std::string help_text() {
         }
     };
     print(flags());
+    out << "\nsd-cli options kiln accepts and ignores (docs/sd_cli.md lists every sd-cli option):\n";
+    for (const SdCliOption& o : sd_cli_options_without_kiln_flag()) {
+        if (o.stance != SdCliStance::Ignored) continue;
+        std::string names = std::string("    ") + o.name;
+        out << "  " << names;
+        for (size_t pad = names.size(); pad < 30; ++pad) out << ' ';
+        out << ' ' << o.why << '\n';
+    }
     out << "\ninfo options:\n";
     print(info_flags());
     out << "\nrpc-server options (ggml's RPC protocol has no authentication: keep it on 127.0.0.1 or a trusted "

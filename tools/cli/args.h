@@ -50,9 +50,10 @@ struct Options {
     std::string prompt;
     std::string negative_prompt;
     std::string output = "output.png";
+    bool embed_metadata = true;  // false: --disable-image-metadata
     int output_begin_idx = 0;  // --output-begin-idx
     bool output_given = false;  // -o was passed (-M convert requires it)
-    std::string init_image;
+    std::string init_image;  // -i/--init-img; with -M metadata (also --image): the image to read
     std::string mask;
     long long max_image_pixels = 0;  // --max-image-pixels; 0: the C API's default (8192x8192)
     int width = 0;                   // 0: the model's default
@@ -120,6 +121,8 @@ struct Options {
     int hires_steps = 0;
     float hires_denoising_strength = 0.7f;
     std::string hires_upscaler = "latent";
+    std::string hires_upscalers_dir;  // --hires-upscalers-dir: where --hires-upscaler NAME is looked up
+    std::vector<float> hires_sigmas;  // --hires-sigmas
     int hires_upscale_tile_size = 128;
 
     // Devices. Both strings are validated when used (src/runtime/devices.h):
@@ -160,6 +163,15 @@ struct Options {
     int result_ttl = 600;
     int max_results = 64;
 
+    // -M metadata: sd-cli's report (--metadata-format text|json) or kiln's
+    // parameters alone (--metadata-format parameters).
+    std::string metadata_format = "text";
+    bool metadata_raw = false, metadata_brief = false, metadata_all = false;
+
+    // sd-cli options accepted without effect (tools/cli/sd_cli_options.h),
+    // as given: the run names them in its verbose log.
+    std::vector<std::string> ignored_sd_cli_options;
+
     // `kiln info`.
     std::vector<std::string> info_paths;
     bool info_list_tensors = false;
@@ -191,6 +203,17 @@ std::variant<Options, UsageError> parse_args(const std::vector<std::string>& arg
 // A flag's integer value in [min, max]; the error says what was expected
 // ("expected an integer from 1 to 4096, got 0"). Shared with bench/.
 std::optional<std::string> parse_integer(const std::string& text, long long min, long long max, long long* out);
+
+// What kiln does with an sd-cli option name ("--mmap", "-p"), and in a
+// line what it means: the flag's help, or why kiln ignores or refuses it.
+// docs/sd_cli.md lists every one of sd-cli's options by this.
+enum class SdCliSupport { Implemented, Ignored, Refused, Unknown };
+struct SdCliSupportNote {
+    SdCliSupport support = SdCliSupport::Unknown;
+    std::string note;
+    bool takes_value = false;
+};
+SdCliSupportNote sd_cli_support(const std::string& name);
 
 // The full --help text.
 std::string help_text();

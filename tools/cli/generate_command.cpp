@@ -11,6 +11,7 @@
 #include "cli.h"
 #include "context_params.h"
 #include "default_model.h"
+#include "image/metadata_report.h"
 #include "kiln.h"
 #include "output_pattern.h"
 #include "output_target.h"
@@ -85,9 +86,27 @@ kiln_preview_mode preview_mode(const std::string& name) {
     return KILN_PREVIEW_NONE;  // "none"; the parser refused anything else
 }
 
+// --hires-upscaler NAME under --hires-upscalers-dir, as sd-cli looks it up:
+// the file of that name, or of that name with a model file's extension. A
+// built-in name, a path, or a name the folder lacks go on as given (the
+// request says what is wrong with them).
+std::string hires_upscaler_path(const Options& options) {
+    const std::string& name = options.hires_upscaler;
+    if (options.hires_upscalers_dir.empty() || name.find('/') != std::string::npos) return name;
+    for (const char* extension : {"", ".safetensors", ".pth", ".pt", ".gguf", ".bin", ".ckpt"}) {
+        const std::string candidate = options.hires_upscalers_dir + "/" + name + extension;
+        if (access(candidate.c_str(), R_OK) == 0) return candidate;
+    }
+    return name;
+}
+
 }  // namespace
 
 int run_generate(const Options& options) {
+    for (const std::string& ignored : options.ignored_sd_cli_options) {
+        KILN_LOG_VERBOSE("%s: accepted for sd-cli command lines; it has no effect in kiln (kiln --help says why)",
+                         ignored.c_str());
+    }
     // Check what can be checked before the (slow) model load.
     if (options.preview != "none" && !has_image_extension(options.preview_path)) {
         KILN_LOG_ERROR("--preview-path %s: unsupported image extension (valid: .png, .jpg, .jpeg, .webp)",
@@ -273,7 +292,10 @@ int run_generate(const Options& options) {
     gp.hires_height = options.hires_height;
     gp.hires_steps = options.hires_steps;
     gp.hires_denoising_strength = options.hires_denoising_strength;
-    gp.hires_upscaler = options.hires_upscaler.c_str();
+    const std::string hires_upscaler = hires_upscaler_path(options);
+    gp.hires_upscaler = hires_upscaler.c_str();
+    gp.hires_sigmas = options.hires_sigmas.empty() ? nullptr : options.hires_sigmas.data();
+    gp.n_hires_sigmas = static_cast<int>(options.hires_sigmas.size());
     gp.hires_upscale_tile_size = options.hires_upscale_tile_size;
     PreviewWriter preview{options.preview_path};
     gp.preview_mode = preview_mode(options.preview);
@@ -341,7 +363,9 @@ int run_generate(const Options& options) {
     for (int i = 0; i < count; ++i) {
         const std::string path = output->path(i, count);
         ErrorText error;
-        if (kiln_status save = kiln_image_save(&images[i], path.c_str(), &error.text); save != KILN_OK) {
+        kiln_image written = images[i];
+        if (!options.embed_metadata) written.parameters = nullptr;
+        if (kiln_status save = kiln_image_save(&written, path.c_str(), &error.text); save != KILN_OK) {
             KILN_LOG_ERROR("%s", error.c_str());
             exit_code = exit_code_of(save);
             continue;
@@ -356,6 +380,21 @@ int run_metadata(const Options& options) {
     if (options.init_image.empty()) {
         KILN_LOG_ERROR("metadata: no image given (kiln -M metadata -i IMAGE)");
         return kExitUsage;
+    }
+    if (options.metadata_format != "parameters") {
+        image::MetadataReportOptions report_options;
+        report_options.format =
+            options.metadata_format == "json" ? image::MetadataFormat::Json : image::MetadataFormat::Text;
+        report_options.raw = options.metadata_raw;
+        report_options.brief = options.metadata_brief;
+        report_options.all = options.metadata_all;
+        auto report = image::metadata_report(options.init_image, report_options);
+        if (!report.ok()) {
+            KILN_LOG_ERROR("%s", report.error().message.c_str());
+            return kExitFailure;
+        }
+        std::fputs(report->c_str(), stdout);
+        return kExitOk;
     }
     char* text = nullptr;
     ErrorText error;
