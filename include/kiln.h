@@ -369,7 +369,9 @@ void kiln_free_string(char* text);
 /* `kiln plan` / --dry-run: the placement, the predicted peak per device,
  * the segment count per module and whether `params` fits, without
  * generating. The request gets kiln_generate's validation. *text (free
- * with kiln_free_string) gets the report; *fits (if not NULL) gets 1 or 0. */
+ * with kiln_free_string) gets the report; *fits (if not NULL) gets 1 (fits),
+ * 2 (fits only by reading the diffusion model's weights from disk at every
+ * step: the CPU's RAM cannot keep them beside the job) or 0 (does not fit). */
 kiln_status kiln_plan(kiln_context* ctx, const kiln_generation_params* params, char** text, int* fits, char** error);
 
 /* The memory system's books since the context was created: one line per

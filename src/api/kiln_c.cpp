@@ -797,7 +797,7 @@ kiln_status kiln_plan(kiln_context* ctx, const kiln_generation_params* params, c
         *text = copy_string("job: " + std::to_string(job->width) + "x" + std::to_string(job->height) +
                             (cfg ? ", CFG batch of two\n" : "\n") + images +
                             kiln::pipeline::describe_forecast(*ctx->model, *forecast));
-        if (fits) *fits = forecast->fits ? 1 : 0;
+        if (fits) *fits = !forecast->fits ? 0 : forecast->streams_from_disk ? 2 : 1;
         return KILN_OK;
     } catch (const std::bad_alloc&) {
         return out_of_memory(error, "while planning");

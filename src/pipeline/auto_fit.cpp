@@ -38,7 +38,8 @@ Status auto_fit(Model& model, const ModelOptions& options) {
         }
     }
     const std::string text = describe_placement(model.placement(), model.module_bytes());
-    if (model.auto_fit() && on_gpu) {
+    // kiln plan prints the placement in its report: once is enough.
+    if (model.auto_fit() && on_gpu && !options.plan_only) {
         KILN_LOG_INFO("auto-fit:\n%s", text.substr(0, text.size() - 1).c_str());
     } else {
         KILN_LOG_VERBOSE("placement:\n%s", text.substr(0, text.size() - 1).c_str());

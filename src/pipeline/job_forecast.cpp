@@ -1,6 +1,7 @@
 #include "pipeline/job_forecast.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 
 #include "pipeline/conditioner.h"
@@ -10,6 +11,52 @@
 #include "util/format.h"
 
 namespace kiln::pipeline {
+namespace {
+
+// Disk read speeds the plan states a step's streaming at: a fast NVMe SSD
+// and a SATA one (or a fast network share).
+constexpr double kFastDiskBytesPerSecond = 2e9;
+constexpr double kSlowDiskBytesPerSecond = 0.5e9;
+
+// Which runs read their weights from disk. Params on disk (--params-backend
+// disk, or auto-fit's choice when RAM cannot hold them) are read at every
+// run, wherever the module computes. A module computing on the CPU with its
+// params there reads the mapped model file through the page cache (outside
+// RAM's books), which keeps it only while RAM has room for it beside what
+// the job holds (the CPU's peak); past that room every run reads it from
+// disk again. Weights converted by --type are RAM of their own and cannot be
+// dropped and read again: past that room the job does not fit.
+void mark_disk_streaming(Model& model, JobForecast& out) {
+    const std::string host = model.host_ledger().device_name();
+    auto cpu =
+        std::find_if(out.devices.begin(), out.devices.end(), [&](const DeviceForecast& d) { return d.device == host; });
+    const uint64_t room = cpu == out.devices.end() || cpu->limit <= cpu->peak ? 0 : cpu->limit - cpu->peak;
+    for (ModuleForecast& m : out.modules) {
+        const std::string module = m.module.substr(0, m.module.find('.'));  // "te.t5xxl" is placed as "te"
+        auto placed = std::find_if(model.placement().begin(), model.placement().end(),
+                                   [&](const ModulePlacement& p) { return p.module == module; });
+        if (placed == model.placement().end()) continue;
+        if (placed->params == runtime::ParamsLocation::Disk) {
+            m.streamed_from_disk = m.run.weight_bytes;
+        } else if (m.device != host || placed->params == runtime::ParamsLocation::OtherDevice) {
+            continue;
+        } else if (m.run.weight_bytes > room) {
+            if (model.converts_weights()) {
+                m.run.fits = false;
+            } else {
+                m.streamed_from_disk = m.run.weight_bytes;
+            }
+        }
+        out.fits = out.fits && m.run.fits;
+        out.streams_from_disk = out.streams_from_disk || (m.module == "diffusion" && m.streamed_from_disk > 0);
+    }
+}
+
+std::string seconds_at(uint64_t bytes, double bytes_per_second) {
+    return format_number(std::round(static_cast<double>(bytes) / bytes_per_second)) + " s";
+}
+
+}  // namespace
 
 Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, bool flash_attention,
                                  const std::string* prompt, const JobPasses& passes) {
@@ -130,6 +177,10 @@ Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, 
             for (const auto& [module, bytes] : left_behind) others += module == m.module ? 0 : bytes;
             d.peak = std::max(d.peak, std::min(d.limit, m.run.fixed + others + m.run.peak));
             left_behind[m.module] = std::max(left_behind[m.module], m.run.peak);
+            if (m.run.fixed + m.run.largest_segment > d.needed) {
+                d.needed = m.run.fixed + m.run.largest_segment;
+                d.needed_by = m.module + (m.pass.empty() ? "" : " (" + m.pass + ")");
+            }
         }
         out.devices.push_back(d);
     }
@@ -151,6 +202,7 @@ Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, 
         cpu->peak += passes.upscaler->second.total();
         out.fits = out.fits && cpu->peak <= cpu->limit;
     }
+    mark_disk_streaming(model, out);
     return out;
 }
 
@@ -185,13 +237,15 @@ std::string describe_forecast(const Model& model, const JobForecast& forecast) {
     out += "modules:\n";
     for (const ModuleForecast& m : forecast.modules) {
         const auto& r = m.run;
-        out += "  " + m.module + (m.pass.empty() ? std::string() : " (" + m.pass + ")") + " on " + m.device + ": " +
-               (m.tiled ? std::string("in tiles, ") : std::string()) +
-               (m.separate_cfg ? std::string("CFG passes one at a time, ") : std::string()) +
-               (r.segments == 1 ? std::string("whole graph") : std::to_string(r.segments) + " segments") +
-               ", compute " + human_bytes(r.whole_workspace) + " whole, hungriest part " +
-               human_bytes(r.largest_segment) + " (" + r.largest_segment_name + ")" +
-               (r.fits ? "" : " - DOES NOT FIT") + "\n";
+        out +=
+            "  " + m.module + (m.pass.empty() ? std::string() : " (" + m.pass + ")") + " on " + m.device + ": " +
+            (m.tiled ? std::string("in tiles, ") : std::string()) +
+            (m.separate_cfg ? std::string("CFG passes one at a time, ") : std::string()) +
+            (r.segments == 1 ? std::string("whole graph") : std::to_string(r.segments) + " segments") + ", compute " +
+            human_bytes(r.whole_workspace) + " whole, hungriest part " + human_bytes(r.largest_segment) + " (" +
+            r.largest_segment_name + ")" +
+            (m.streamed_from_disk ? ", reads its " + human_bytes(m.streamed_from_disk) + " of weights from disk" : "") +
+            (r.fits ? "" : " - DOES NOT FIT") + "\n";
     }
     if (forecast.upscaler) {
         const auto& [name, m] = *forecast.upscaler;
@@ -205,12 +259,27 @@ std::string describe_forecast(const Model& model, const JobForecast& forecast) {
         // What it does count besides compute buffers is the job's images (kiln_plan's "images:").
         const std::string split = d.device == "CPU" ? " of compute buffers and images (weights: the mapped file)"
                                                     : " (weights kept there " + human_bytes(d.weights_kept) +
-                                                          ", the rest compute copies and buffers)";
-        out += "  " + d.device + ": peak " + human_bytes(d.peak) + split + "; " +
+                                                          ", the rest compute copies, buffers and cached weights)";
+        const std::string needed =
+            d.needed ? ", needs at least " + human_bytes(std::min(d.needed, d.limit)) + " (" + d.needed_by + ")" : "";
+        out += "  " + d.device + ": peak " + human_bytes(d.peak) + split + needed + "; " +
                (d.budget ? "budget " + human_bytes(*d.budget) : "no budget") + ", limit now " + human_bytes(d.limit) +
                "\n";
     }
-    out += forecast.fits ? "fits: yes\n" : "fits: no\n";
+    uint64_t per_step = 0;
+    for (const ModuleForecast& m : forecast.modules) {
+        if (m.module == "diffusion") per_step = std::max(per_step, m.streamed_from_disk);
+    }
+    if (!forecast.fits) {
+        out += "fits: no\n";
+    } else if (forecast.streams_from_disk) {
+        out += "fits: only by streaming: every step reads " + human_bytes(per_step) +
+               " of the diffusion model's weights from disk again, about " +
+               seconds_at(per_step, kFastDiskBytesPerSecond) + " a step at 2 GB/s (NVMe) and " +
+               seconds_at(per_step, kSlowDiskBytesPerSecond) + " at 0.5 GB/s (SATA), on top of the compute\n";
+    } else {
+        out += "fits: yes\n";
+    }
     return out;
 }
 

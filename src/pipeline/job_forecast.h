@@ -24,6 +24,11 @@ struct ModuleForecast {
     bool tiled = false;         // the VAE would not fit whole: figures for one tile
     bool separate_cfg = false;  // the UNet's CFG batch of two would not fit: figures for one pass
     std::string pass;           // "" for the job's own size; "init image encode", "hires pass", ...
+    // Weights this run reads from disk: its params are on disk, or they are
+    // the mapped model file and RAM cannot hold them beside the job (the
+    // page cache lets them go before the next run: every step, for the
+    // diffusion model). 0: they stay in memory.
+    uint64_t streamed_from_disk = 0;
 };
 
 // What a job runs besides its text encoding, one denoising pass and a decode
@@ -48,6 +53,11 @@ struct DeviceForecast {
     // behind, and the hungriest module's run, capped by the limit (eviction).
     uint64_t peak = 0;
     uint64_t weights_kept = 0;  // of which: weights whose params live there
+    // The least the job needs there: the hungriest module's unevictable
+    // bytes and its hungriest segment. Past it, a budget holds streamed
+    // weights between segments and steps, so the peak fills the budget.
+    uint64_t needed = 0;
+    std::string needed_by;  // that module ("diffusion", "vae (hires pass)", ...)
     std::optional<uint64_t> budget;
     uint64_t limit = 0;
 };
@@ -57,6 +67,9 @@ struct JobForecast {
     std::optional<std::pair<std::string, UpscalerMemory>> upscaler;  // JobPasses::upscaler
     std::vector<DeviceForecast> devices;
     bool fits = true;
+    // Fits, but only by reading weights from disk at every step
+    // (ModuleForecast::streamed_from_disk of a diffusion run).
+    bool streams_from_disk = false;
 };
 
 // The passes `request` runs besides the plain one, as validated into `job`
@@ -71,7 +84,8 @@ Result<JobPasses> passes_of(const GenerationRequest& request, const ValidatedReq
 Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, bool flash_attention,
                                  const std::string* prompt = nullptr, const JobPasses& passes = {});
 
-// The placement, per-device peaks, per-module segment counts and the verdict.
+// The placement, per-device peaks, per-module segment counts and the
+// verdict, with what streaming from disk costs a step when it must.
 std::string describe_forecast(const Model& model, const JobForecast& forecast);
 
 }  // namespace kiln::pipeline

@@ -235,6 +235,7 @@ Result<std::unique_ptr<Model>> Model::load(const ModelPaths& paths, const ModelO
     std::unique_ptr<Model> m(new Model());
     m->lora_dir_ = options.lora_dir;
     m->lora_apply_mode_ = options.lora_apply_mode;
+    m->converts_weights_ = options.weight_type.has_value();
     KILN_TRY(m->load_networks(paths, options));
     if (!paths.taesd.empty()) KILN_TRY(m->load_taesd(paths.taesd, options));
     KILN_TRY(m->read_metadata(options));

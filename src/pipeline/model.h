@@ -228,6 +228,9 @@ class Model {
     const std::vector<std::unique_ptr<Module>>& modules() const { return modules_; }
 
     const std::vector<ModulePlacement>& placement() const { return placement_; }
+    // --type: the weights are converted into RAM of their own, not read from
+    // the mapped model file.
+    bool converts_weights() const { return converts_weights_; }
     // The modules in placement's priority order: diffusion, ControlNet, text
     // encoders, VAE.
     const std::vector<Module*>& modules_by_priority() const { return by_priority_; }
@@ -316,6 +319,7 @@ class Model {
     std::map<std::string, std::shared_ptr<runtime::DeviceLedger>> ledgers_;
     std::map<std::string, std::shared_ptr<runtime::WeightStore>> stores_;
     std::shared_ptr<runtime::DeviceLedger> host_ledger_;
+    bool converts_weights_ = false;
     // Params kept on a device, by executor name: the ledger and the bytes.
     std::map<std::string, std::pair<runtime::DeviceLedger*, uint64_t>> reserved_params_;
     Module* diffusion_ = nullptr;

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <regex>
 #include <string>
 
 #include "cli.h"
@@ -15,6 +16,7 @@
 #include "kiln.h"
 #include "output_pattern.h"
 #include "output_target.h"
+#include "plan_suggestions.h"
 #include "upscale_command.h"
 #include "util/format.h"
 #include "util/log.h"
@@ -90,6 +92,40 @@ kiln_preview_mode preview_mode(const std::string& name) {
 // the file of that name, or of that name with a model file's extension. A
 // built-in name, a path, or a name the folder lacks go on as given (the
 // request says what is wrong with them).
+// The context for `options`' job with `model` (the -m given or found).
+kiln_context_params job_context_params(const Options& options, const std::string& model) {
+    kiln_context_params cp = context_params_of(options);
+    cp.model_path = model.empty() ? nullptr : model.c_str();
+    cp.plan_only = options.command == Command::Plan ? 1 : 0;
+    cp.job_width = options.width;
+    cp.job_height = options.height;
+    cp.job_hires = options.hires ? 1 : 0;
+    cp.job_hires_scale = options.hires_scale;
+    cp.job_hires_width = options.hires_width;
+    cp.job_hires_height = options.hires_height;
+    return cp;
+}
+
+// kiln_plan's verdict for `gp` under `options` (plan_suggestions.h), with
+// the context's own log lines held back: they would repeat the first plan's.
+int plan_verdict(const Options& options, const std::string& model, const kiln_generation_params& gp) {
+    const LogLevel level = log_level();
+    log_set_level(LogLevel::Error);
+    const kiln_context_params cp = job_context_params(options, model);
+    kiln_context* ctx = nullptr;
+    int fits = -1;
+    char* error = nullptr;
+    char* text = nullptr;
+    if (kiln_context_create(&cp, &ctx, &error) == KILN_OK && kiln_plan(ctx, &gp, &text, &fits, &error) != KILN_OK) {
+        fits = -1;
+    }
+    kiln_free_string(text);
+    kiln_free_string(error);
+    kiln_context_free(ctx);
+    log_set_level(level);
+    return fits;
+}
+
 std::string hires_upscaler_path(const Options& options) {
     const std::string& name = options.hires_upscaler;
     if (options.hires_upscalers_dir.empty() || name.find('/') != std::string::npos) return name;
@@ -144,16 +180,8 @@ int run_generate(const Options& options) {
         KILN_LOG_INFO("model: %s (the default; -m chooses another)", model.c_str());
     }
 
-    kiln_context_params cp = context_params_of(options);
-    cp.model_path = model.empty() ? nullptr : model.c_str();
     const bool plan_only = options.command == Command::Plan;
-    cp.plan_only = plan_only ? 1 : 0;
-    cp.job_width = options.width;
-    cp.job_height = options.height;
-    cp.job_hires = options.hires ? 1 : 0;
-    cp.job_hires_scale = options.hires_scale;
-    cp.job_hires_width = options.hires_width;
-    cp.job_hires_height = options.hires_height;
+    kiln_context_params cp = job_context_params(options, model);
 
     // Flags about devices are checked before the (slow) model load:
     // unreachable servers and unknown modules or devices fail fast.
@@ -320,7 +348,11 @@ int run_generate(const Options& options) {
             return exit_code_of(st);
         }
         std::printf("%s", text);
+        const bool uses_gpu = std::regex_search(std::string(text), std::regex("computes on (?!CPU)"));
         kiln_free_string(text);
+        std::printf("%s", plan_suggestions(options, fits, uses_gpu, [&](const Options& changed) {
+                              return plan_verdict(changed, model, gp);
+                          }).c_str());
         if (upscaler) {
             // It runs after the job, on the CPU, outside the model's books.
             kiln_model_info info;
@@ -335,7 +367,7 @@ int run_generate(const Options& options) {
             std::printf("then --upscale-model on CPU (outside the model's books): weights %s, compute %s per tile\n",
                         human_bytes(weights).c_str(), human_bytes(compute).c_str());
         }
-        return fits ? kExitOk : kExitFailure;
+        return fits != 0 ? kExitOk : kExitFailure;
     }
 
     kiln_image* images = nullptr;
