@@ -17,35 +17,39 @@ namespace {
 // and a SATA one (or a fast network share).
 constexpr double kFastDiskBytesPerSecond = 2e9;
 constexpr double kSlowDiskBytesPerSecond = 0.5e9;
+// The share of RAM's limit the page cache can be counted on to keep a
+// mapped file in: the rest goes to the kernel, other processes and the
+// pages the job itself touches (auto-fit keeps a tenth free as well).
+constexpr double kPageCacheShare = 0.9;
 
-// Which runs read their weights from disk. Params on disk (--params-backend
-// disk, or auto-fit's choice when RAM cannot hold them) are read at every
-// run, wherever the module computes. A module computing on the CPU with its
-// params there reads the mapped model file through the page cache (outside
-// RAM's books), which keeps it only while RAM has room for it beside what
-// the job holds (the CPU's peak); past that room every run reads it from
-// disk again. Weights converted by --type are RAM of their own and cannot be
-// dropped and read again: past that room the job does not fit.
+// Which runs read their weights from disk. A module reads the mapped model
+// file through the page cache (outside RAM's books) when its params are "on
+// disk" (--params-backend disk, or auto-fit's choice when RAM cannot hold
+// them), wherever it computes, and when it computes on the CPU with its
+// params there. The page cache keeps the file only while RAM has room for
+// it beside what the job holds (kPageCacheShare of the limit); past that room
+// every run reads it from disk again. Weights converted by --type are RAM of
+// their own and cannot be dropped and read again: past that room the job does not fit.
 void mark_disk_streaming(Model& model, JobForecast& out) {
-    const std::string host = model.host_ledger().device_name();
-    auto cpu =
-        std::find_if(out.devices.begin(), out.devices.end(), [&](const DeviceForecast& d) { return d.device == host; });
-    const uint64_t room = cpu == out.devices.end() || cpu->limit <= cpu->peak ? 0 : cpu->limit - cpu->peak;
+    runtime::DeviceLedger& ram = model.host_ledger();
+    auto cpu = std::find_if(out.devices.begin(), out.devices.end(),
+                            [&](const DeviceForecast& d) { return d.device == ram.device_name(); });
+    const uint64_t held = cpu == out.devices.end() ? ram.managed() : cpu->peak;
+    const uint64_t limit = cpu == out.devices.end() ? ram.limit() : cpu->limit;
+    const uint64_t usable = static_cast<uint64_t>(static_cast<double>(limit) * kPageCacheShare);
+    const uint64_t room = usable > held ? usable - held : 0;
     for (ModuleForecast& m : out.modules) {
         const std::string module = m.module.substr(0, m.module.find('.'));  // "te.t5xxl" is placed as "te"
         auto placed = std::find_if(model.placement().begin(), model.placement().end(),
                                    [&](const ModulePlacement& p) { return p.module == module; });
-        if (placed == model.placement().end()) continue;
-        if (placed->params == runtime::ParamsLocation::Disk) {
+        if (placed == model.placement().end() || m.run.weight_bytes <= room) continue;
+        const bool mapped_on_cpu =
+            m.device == ram.device_name() && (placed->params == runtime::ParamsLocation::Host ||
+                                              placed->params == runtime::ParamsLocation::ComputeDevice);
+        if (placed->params == runtime::ParamsLocation::Disk || (mapped_on_cpu && !model.converts_weights())) {
             m.streamed_from_disk = m.run.weight_bytes;
-        } else if (m.device != host || placed->params == runtime::ParamsLocation::OtherDevice) {
-            continue;
-        } else if (m.run.weight_bytes > room) {
-            if (model.converts_weights()) {
-                m.run.fits = false;
-            } else {
-                m.streamed_from_disk = m.run.weight_bytes;
-            }
+        } else if (mapped_on_cpu) {
+            m.run.fits = false;
         }
         out.fits = out.fits && m.run.fits;
         out.streams_from_disk = out.streams_from_disk || (m.module == "diffusion" && m.streamed_from_disk > 0);
