@@ -57,7 +57,7 @@ void mark_disk_streaming(Model& model, JobForecast& out) {
 }
 
 std::string seconds_at(uint64_t bytes, double bytes_per_second) {
-    return format_number(std::round(static_cast<double>(bytes) / bytes_per_second)) + " s";
+    return std::to_string(std::llround(static_cast<double>(bytes) / bytes_per_second)) + " s";
 }
 
 }  // namespace

@@ -16,33 +16,6 @@
 namespace kiln::server {
 namespace {
 
-// A1111's /sdapi/v1/loras entries, sorted by name. Never throws: a folder
-// that cannot be read (or a symlink loop in it) lists what it could.
-json lora_list(const char* folder) {
-    json out = json::array();
-    if (!folder || !*folder) return out;
-    namespace fs = std::filesystem;
-    std::error_code ec;
-    std::vector<std::pair<std::string, std::string>> found;  // name, path
-    for (fs::recursive_directory_iterator it(folder, fs::directory_options::skip_permission_denied, ec), end;
-         !ec && it != end; it.increment(ec)) {
-        std::error_code type_error;
-        if (!it->is_regular_file(type_error)) continue;
-        const fs::path& path = it->path();
-        // Only files inside the folder's real path: a prompt could not use
-        // one a symlink leads out to (find_lora_file refuses it).
-        if (!real_path_outside(folder, path.string()).empty()) continue;
-        const std::string ext = path.extension().string();
-        if (ext != ".safetensors" && ext != ".sft" && ext != ".ckpt" && ext != ".pt" && ext != ".gguf") continue;
-        std::string name = fs::relative(path, folder, type_error).replace_extension().generic_string();
-        if (!type_error) found.emplace_back(name, path.string());
-    }
-    std::sort(found.begin(), found.end());
-    for (const auto& [name, path] : found) {
-        out.push_back({{"name", name}, {"alias", name}, {"path", path}, {"metadata", json::object()}});
-    }
-    return out;
-}
 
 // A1111's live-preview settings in `settings` (an options body or a request's
 // override_settings) over `base`; 400 naming the field when one is wrong.
@@ -244,6 +217,34 @@ void generate(ServerState& state, const httplib::Request& req, httplib::Response
 }
 
 }  // namespace
+
+// A1111's /sdapi/v1/loras entries, sorted by name. Never throws: a folder
+// that cannot be read (or a symlink loop in it) lists what it could.
+json lora_list(const char* folder) {
+    json out = json::array();
+    if (!folder || !*folder) return out;
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    std::vector<std::pair<std::string, std::string>> found;  // name, path
+    for (fs::recursive_directory_iterator it(folder, fs::directory_options::skip_permission_denied, ec), end;
+         !ec && it != end; it.increment(ec)) {
+        std::error_code type_error;
+        if (!it->is_regular_file(type_error)) continue;
+        const fs::path& path = it->path();
+        // Only files inside the folder's real path: a prompt could not use
+        // one a symlink leads out to (find_lora_file refuses it).
+        if (!real_path_outside(folder, path.string()).empty()) continue;
+        const std::string ext = path.extension().string();
+        if (ext != ".safetensors" && ext != ".sft" && ext != ".ckpt" && ext != ".pt" && ext != ".gguf") continue;
+        std::string name = fs::relative(path, folder, type_error).replace_extension().generic_string();
+        if (!type_error) found.emplace_back(name, path.string());
+    }
+    std::sort(found.begin(), found.end());
+    for (const auto& [name, path] : found) {
+        out.push_back({{"name", name}, {"alias", name}, {"path", path}, {"metadata", json::object()}});
+    }
+    return out;
+}
 
 void add_a1111_routes(httplib::Server& server, ServerState& state) {
     server.Post("/sdapi/v1/txt2img", [&state](const httplib::Request& req, httplib::Response& res) {

@@ -70,6 +70,12 @@ int status_for_failure(kiln_status status, bool shutdown) {
     }
 }
 
+std::shared_ptr<Job> job_of(ServerState& state, const std::string& id) {
+    auto job = state.jobs.find(id);
+    if (!job) throw RequestError{404, "id", "no job " + id + " (finished jobs are kept for a while only)"};
+    return job;
+}
+
 std::shared_ptr<Job> submit_job(ServerState& state, JobRequest request, int* position) {
     std::shared_ptr<Job> job;
     switch (state.jobs.submit(std::move(request), &job, position)) {
@@ -220,6 +226,7 @@ int run_server(const ServerOptions& options) {
     add_native_routes(http, state);
     add_openai_routes(http, state);
     add_a1111_routes(http, state);
+    add_sdcpp_routes(http, state);
     add_web_page_route(http);
 
     std::atomic<bool> listen_returned{false};

@@ -309,6 +309,25 @@ void JobQueue::run(const std::shared_ptr<Job>& job) {
     gp.hires_steps = r.hires_steps;
     gp.hires_denoising_strength = r.hires_denoising_strength;
     gp.hires_upscaler = r.hires_upscaler.c_str();
+    gp.clip_skip = r.clip_skip;
+    gp.guidance = r.guidance;
+    gp.flow_shift_given = r.flow_shift ? 1 : 0;
+    gp.flow_shift = r.flow_shift.value_or(0.0f);
+    gp.timestep_shift = r.timestep_shift;
+    gp.sigmas = r.sigmas.empty() ? nullptr : r.sigmas.data();
+    gp.n_sigmas = static_cast<int>(r.sigmas.size());
+    gp.hires_sigmas = r.hires_sigmas.empty() ? nullptr : r.hires_sigmas.data();
+    gp.n_hires_sigmas = static_cast<int>(r.hires_sigmas.size());
+    gp.slg_scale = r.slg_scale;
+    gp.skip_layers = r.skip_layers.data();
+    gp.n_skip_layers = static_cast<int>(r.skip_layers.size());
+    gp.skip_layer_start = r.skip_layer_start;
+    gp.skip_layer_end = r.skip_layer_end;
+    gp.vae_tiling = r.vae_tiling ? 1 : 0;
+    gp.vae_tile_size = r.vae_tile_size;
+    gp.vae_tile_overlap = r.vae_tile_overlap;
+    gp.vae_relative_tile_w = r.vae_relative_tile_w;
+    gp.vae_relative_tile_h = r.vae_relative_tile_h;
     gp.cache_mode = r.cache_mode.c_str();
     gp.cache_option = r.cache_option.c_str();
     gp.scm_mask = r.scm_mask.c_str();
@@ -342,7 +361,9 @@ void JobQueue::run(const std::shared_ptr<Job>& job) {
         uint8_t* bytes = nullptr;
         size_t size = 0;
         char* encode_error = nullptr;
-        status = kiln_image_encode(&images[i], r.output_format.c_str(), &bytes, &size, &encode_error);
+        kiln_image encoded = images[i];
+        if (!r.embed_metadata) encoded.parameters = nullptr;
+        status = kiln_image_encode(&encoded, r.output_format.c_str(), &bytes, &size, &encode_error);
         if (status != KILN_OK) {
             error = encode_error ? encode_error : "encoding the image failed";
             kiln_free_string(encode_error);

@@ -6,6 +6,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "kiln.h"
 
@@ -67,6 +68,22 @@ struct JobRequest {
     // Step caches, as sd-cli's --cache-mode, --cache-option, --scm-mask and
     // --scm-policy (kiln_generation_params); "": none.
     std::string cache_mode, cache_option, scm_mask, scm_policy;
+
+    // sd-cli's sampling and VAE options, as kiln_generation_params takes
+    // them (the sd-server API's sample_params and vae_tiling_params).
+    int clip_skip = 0;       // <= 0: the model's
+    float guidance = -1.0f;  // distilled guidance; < 0: the model's
+    std::optional<float> flow_shift;
+    int timestep_shift = 0;
+    std::vector<float> sigmas, hires_sigmas;  // empty: the scheduler's
+    float slg_scale = 0.0f;
+    std::vector<int> skip_layers = {7, 8, 9};
+    float skip_layer_start = 0.01f, skip_layer_end = 0.2f;
+    bool vae_tiling = false;
+    int vae_tile_size = 32;
+    float vae_tile_overlap = 0.5f;
+    float vae_relative_tile_w = 0.0f, vae_relative_tile_h = 0.0f;
+    bool embed_metadata = true;  // false: the images carry no parameters text
 };
 
 }  // namespace kiln::server

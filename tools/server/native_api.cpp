@@ -46,14 +46,6 @@ JobRequest parse_native(ServerState& state, const httplib::Request& req) {
     return r;
 }
 
-std::shared_ptr<Job> job_of(ServerState& state, const httplib::Request& req) {
-    auto job = state.jobs.find(req.matches[1]);
-    if (!job)
-        throw RequestError{404, "id",
-                           "no job " + std::string(req.matches[1]) + " (finished jobs are kept for a while only)"};
-    return job;
-}
-
 const char* content_type_of(const std::string& format) {
     return format == "jpeg" ? "image/jpeg" : format == "webp" ? "image/webp" : "image/png";
 }
@@ -75,7 +67,7 @@ void add_native_routes(httplib::Server& server, ServerState& state) {
     });
     server.Get(R"(/kiln/v1/jobs/([0-9a-f]+))", [&state](const httplib::Request& req, httplib::Response& res) {
         guarded(res, [&] {
-            const auto job = job_of(state, req);
+            const auto job = job_of(state, req.matches[1]);
             json described = state.jobs.describe(*job, true);
             // The latest live preview only when asked: polling stays small by default.
             const std::string asked = req.get_param_value("preview");
@@ -90,7 +82,7 @@ void add_native_routes(httplib::Server& server, ServerState& state) {
     server.Post(R"(/kiln/v1/jobs/([0-9a-f]+)/cancel)",
                 [&state](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader&) {
                     guarded(res, [&] {
-                        auto job = job_of(state, req);
+                        auto job = job_of(state, req.matches[1]);
                         if (!state.jobs.cancel(job)) {
                             throw RequestError{409, "id", "job " + job->id + " has already finished"};
                         }
@@ -99,7 +91,7 @@ void add_native_routes(httplib::Server& server, ServerState& state) {
                 });
     server.Get(R"(/kiln/v1/jobs/([0-9a-f]+)/events)", [&state](const httplib::Request& req, httplib::Response& res) {
         guarded(res, [&] {
-            auto job = job_of(state, req);
+            auto job = job_of(state, req.matches[1]);
             // Held by the provider until the stream ends or its client goes.
             auto held = state.long_requests.hold();
             auto seen = std::make_shared<size_t>(0);
@@ -123,7 +115,7 @@ void add_native_routes(httplib::Server& server, ServerState& state) {
     server.Get(R"(/kiln/v1/results/([0-9a-f]+)/(\d+)\.(png|jpeg|webp))",
                [&state](const httplib::Request& req, httplib::Response& res) {
                    guarded(res, [&] {
-                       auto job = job_of(state, req);
+                       auto job = job_of(state, req.matches[1]);
                        // Digits past any result count are simply no result (stoul would throw).
                        const std::string digits = req.matches[2];
                        const size_t index = digits.size() > 9 ? SIZE_MAX : std::stoul(digits);

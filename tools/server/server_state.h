@@ -58,6 +58,11 @@ void guarded(httplib::Response& res, Route&& route) {
 std::shared_ptr<Job> run_job_and_wait(ServerState& state, JobRequest request);
 // Queues the request: 429 with Retry-After when the queue is full, 503 while shutting down.
 std::shared_ptr<Job> submit_job(ServerState& state, JobRequest request, int* position);
+// The adapter files under `folder` (--lora-model-dir), sorted by name (their
+// path there without the extension): A1111's /sdapi/v1/loras entries.
+nlohmann::json lora_list(const char* folder);
+// The job `id` names; 404 naming "id" when there is none (any more).
+std::shared_ptr<Job> job_of(ServerState& state, const std::string& id);
 // The job's HTTP status for its error kind.
 int status_for_failure(kiln_status status, bool shutdown);
 
@@ -65,6 +70,7 @@ int status_for_failure(kiln_status status, bool shutdown);
 void add_native_routes(httplib::Server& server, ServerState& state);
 void add_openai_routes(httplib::Server& server, ServerState& state);
 void add_a1111_routes(httplib::Server& server, ServerState& state);
+void add_sdcpp_routes(httplib::Server& server, ServerState& state);
 void add_web_page_route(httplib::Server& server);
 
 }  // namespace kiln::server

@@ -1,0 +1,188 @@
+// sd-server's native API (/sdcpp/v1) on kiln serve over real HTTP: the
+// capabilities a front-end reads, an img_gen job with sd.cpp's own body
+// polled to completion with the CLI's image, cancel, and the statuses and
+// field names of bad requests, as sd-server's API document specifies.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <thread>
+
+#include "server_test_support.h"
+#include "test_files.h"
+
+namespace kiln {
+namespace {
+
+using test::body_json;
+using test::error_param;
+using test::json;
+using test::ServerProcess;
+
+// Polls GET /sdcpp/v1/jobs/{id} until its status is `status` or a final one;
+// counts attempts, not time, so a busy machine only makes it slower.
+json poll_until(httplib::Client& client, const std::string& id, const std::string& status) {
+    json last;
+    for (int attempt = 0; attempt < 6000; ++attempt) {
+        auto r = client.Get(("/sdcpp/v1/jobs/" + id).c_str());
+        if (!r || r->status != 200) return json{{"http", r ? r->status : 0}};
+        last = body_json(r);
+        const std::string now = last["status"];
+        if (now == status || now == "completed" || now == "failed" || now == "cancelled") return last;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return last;
+}
+
+TEST(ServerSdcppApi, CapabilitiesDescribeTheDefaultModel) {
+    ServerProcess server(test::tiny_server_flags());
+    ASSERT_TRUE(server.started()) << server.log();
+    httplib::Client client("127.0.0.1", server.port());
+    auto r = client.Get("/sdcpp/v1/capabilities");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    const json caps = body_json(r);
+    EXPECT_EQ(caps["model"]["name"], "sd1_tiny.safetensors");
+    EXPECT_EQ(caps["model"]["stem"], "sd1_tiny");
+    EXPECT_EQ(caps["current_mode"], "img_gen");
+    EXPECT_EQ(caps["supported_modes"], json::array({"img_gen"}));
+    const json& defaults = caps["defaults_by_mode"]["img_gen"];
+    EXPECT_EQ(caps["defaults"], defaults);
+    EXPECT_GT(defaults["width"].get<int>(), 0);
+    EXPECT_GT(defaults["sample_params"]["sample_steps"].get<int>(), 0);
+    EXPECT_FALSE(defaults["sample_params"]["sample_method"].get<std::string>().empty());
+    EXPECT_EQ(caps["features_by_mode"]["img_gen"]["cancel_generating"], true);
+    EXPECT_EQ(caps["features_by_mode"]["img_gen"]["ip_adapter_image"], false);
+    EXPECT_NE(std::find(caps["samplers"].begin(), caps["samplers"].end(), "euler_a"), caps["samplers"].end());
+    EXPECT_NE(std::find(caps["schedulers"].begin(), caps["schedulers"].end(), "karras"), caps["schedulers"].end());
+    EXPECT_EQ(caps["limits"]["max_queue_size"], 16);
+    EXPECT_EQ(server.stop(SIGTERM), 0);
+}
+
+TEST(ServerSdcppApi, ImgGenJobCompletesWithTheCliImage) {
+    ServerProcess server(test::tiny_server_flags());
+    ASSERT_TRUE(server.started()) << server.log();
+    httplib::Client client("127.0.0.1", server.port());
+    const json body = {
+        {"prompt", "a red circle"},
+        {"negative_prompt", "blurry"},
+        {"width", 32},
+        {"height", 48},
+        {"seed", 5},
+        {"batch_count", 1},
+        {"embed_image_metadata", true},
+        {"init_image", nullptr},
+        {"ref_images", json::array()},
+        {"lora", json::array()},
+        {"sample_params",
+         {{"scheduler", "karras"},
+          {"sample_method", "euler"},
+          {"sample_steps", 3},
+          {"eta", nullptr},
+          {"shifted_timestep", 0},
+          {"custom_sigmas", json::array()},
+          {"flow_shift", 0.0},
+          {"guidance",
+           {{"txt_cfg", 4.0},
+            {"img_cfg", 4.0},
+            {"distilled_guidance", 3.5},
+            {"slg", {{"layers", {7, 8, 9}}, {"layer_start", 0.01}, {"layer_end", 0.2}, {"scale", 0.0}}}}}}},
+        {"hires", {{"enabled", false}, {"upscaler", "Latent"}}},
+        {"vae_tiling_params", {{"enabled", false}, {"tile_size_x", 0}, {"tile_size_y", 0}, {"target_overlap", 0.5}}},
+        {"cache_mode", "disabled"},
+        {"scm_policy_dynamic", true},
+        {"output_format", "png"},
+        {"output_compression", 100}};
+    auto posted = client.Post("/sdcpp/v1/img_gen", body.dump(), "application/json");
+    ASSERT_TRUE(posted);
+    ASSERT_EQ(posted->status, 202) << posted->body;
+    const json accepted = body_json(posted);
+    const std::string id = accepted["id"];
+    EXPECT_EQ(accepted["kind"], "img_gen");
+    EXPECT_EQ(accepted["status"], "queued");
+    EXPECT_EQ(accepted["poll_url"], "/sdcpp/v1/jobs/" + id);
+    EXPECT_TRUE(accepted["created"].is_number_integer());
+
+    const json done = poll_until(client, id, "completed");
+    ASSERT_EQ(done["status"], "completed") << done.dump();
+    EXPECT_TRUE(done["started"].is_number_integer());
+    EXPECT_TRUE(done["completed"].is_number_integer());
+    EXPECT_TRUE(done["error"].is_null());
+    EXPECT_EQ(done["result"]["output_format"], "png");
+    ASSERT_EQ(done["result"]["images"].size(), 1u);
+    EXPECT_EQ(done["result"]["images"][0]["index"], 0);
+    const image::Image served = test::decode_base64_image(done["result"]["images"][0]["b64_json"]);
+    const image::Image cli = test::cli_image(test::tiny_server_flags(),
+                                             "-p \"a red circle\" -n blurry -W 32 -H 48 --steps 3 -s 5 "
+                                             "--cfg-scale 4 --sampling-method euler --scheduler karras");
+    ASSERT_EQ(served.width, 32);
+    EXPECT_EQ(served.pixels, cli.pixels);
+
+    auto unknown = client.Get("/sdcpp/v1/jobs/job_nonesuch");
+    ASSERT_TRUE(unknown);
+    EXPECT_EQ(unknown->status, 404);
+    auto finished = client.Post(("/sdcpp/v1/jobs/" + id + "/cancel").c_str(), "", "application/json");
+    ASSERT_TRUE(finished);
+    EXPECT_EQ(finished->status, 409);
+    EXPECT_EQ(server.stop(SIGTERM), 0);
+}
+
+TEST(ServerSdcppApi, CancelAGeneratingJob) {
+    ServerProcess server(test::tiny_server_flags() + " --max-steps 5000");
+    ASSERT_TRUE(server.started()) << server.log();
+    httplib::Client client("127.0.0.1", server.port());
+    const json body = {
+        {"prompt", "a long job"}, {"width", 32}, {"height", 32}, {"sample_params", {{"sample_steps", 3000}}}};
+    auto posted = client.Post("/sdcpp/v1/img_gen", body.dump(), "application/json");
+    ASSERT_TRUE(posted);
+    ASSERT_EQ(posted->status, 202) << posted->body;
+    const std::string id = body_json(posted)["id"];
+    ASSERT_EQ(poll_until(client, id, "generating")["status"], "generating");
+    auto cancelled = client.Post(("/sdcpp/v1/jobs/" + id + "/cancel").c_str());  // no body, as clients send it
+    ASSERT_TRUE(cancelled);
+    EXPECT_EQ(cancelled->status, 200) << cancelled->body;
+    const json final_state = poll_until(client, id, "cancelled");
+    EXPECT_EQ(final_state["status"], "cancelled");
+    EXPECT_EQ(final_state["error"]["code"], "cancelled");
+    EXPECT_TRUE(final_state["result"].is_null());
+    EXPECT_EQ(server.stop(SIGTERM), 0);
+}
+
+TEST(ServerSdcppApi, BadBodiesGet400NamingTheField) {
+    ServerProcess server(test::tiny_server_flags());
+    ASSERT_TRUE(server.started()) << server.log();
+    httplib::Client client("127.0.0.1", server.port());
+    const std::vector<std::pair<json, std::string>> cases = {
+        {{{"sample_params", {{"sample_steps", "twenty"}}}}, "sample_params.sample_steps"},
+        {{{"sample_params", {{"sample_method", "warp"}}}}, "sample_params.sample_method"},
+        {{{"sample_params", {{"guidance", {{"txt_cfg", -3}}}}}}, "sample_params.guidance.txt_cfg"},
+        {{{"sample_params", {{"guidance", {{"slg", {{"layers", {"x"}}}}}}}}}, "sample_params.guidance.slg.layers"},
+        {{{"hires", {{"denoising_strength", 2}}}}, "hires.denoising_strength"},
+        {{{"vae_tiling_params", {{"temporal_tiling", true}}}}, "vae_tiling_params.temporal_tiling"},
+        {{{"lora", {{{"path", "x"}, {"multiplier", "much"}}}}}, "lora[0].multiplier"},
+        {{{"ip_adapter_image", "aGVsbG8="}}, "ip_adapter_image"},
+        {{{"output_format", "bmp"}}, "output_format"},
+        {{{"model", "../secret.safetensors"}}, "model"},
+    };
+    for (const auto& [body, field] : cases) {
+        auto r = client.Post("/sdcpp/v1/img_gen", body.dump(), "application/json");
+        ASSERT_TRUE(r);
+        EXPECT_EQ(r->status, 400) << body.dump() << " " << r->body;
+        EXPECT_EQ(error_param(r), field) << r->body;
+    }
+    auto empty = client.Post("/sdcpp/v1/img_gen", "", "application/json");
+    ASSERT_TRUE(empty);
+    EXPECT_EQ(empty->status, 400);
+    auto video = client.Post("/sdcpp/v1/vid_gen", "{}", "application/json");
+    ASSERT_TRUE(video);
+    EXPECT_EQ(video->status, 400);
+    EXPECT_NE(video->body.find("images only"), std::string::npos) << video->body;
+    // The server still serves after them all.
+    auto caps = client.Get("/sdcpp/v1/capabilities");
+    ASSERT_TRUE(caps);
+    EXPECT_EQ(caps->status, 200);
+    EXPECT_EQ(server.stop(SIGTERM), 0);
+}
+
+}  // namespace
+}  // namespace kiln

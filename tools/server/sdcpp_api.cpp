@@ -1,0 +1,419 @@
+// sd-server's native API under /sdcpp/v1, as stable-diffusion.cpp's server
+// documents it: capabilities, img_gen jobs (202, then polled), their status
+// and cancel. The request body is sd.cpp's own (sample_params, hires,
+// vae_tiling_params, lora[], ...) and maps onto kiln's jobs; what kiln does
+// not have (IP-Adapter, reference and control images here, video) is
+// refused by name. kiln adds one field: "model", a name GET /kiln/v1/models
+// lists (sd-server serves one model; without it, the default).
+#include <cmath>
+#include <filesystem>
+
+#include "a1111_names.h"
+#include "json_body.h"
+#include "request_fields.h"
+#include "server_state.h"
+#include "util/base64.h"
+
+namespace kiln::server {
+namespace {
+
+using json = nlohmann::json;
+
+// The object `body[key]` (an empty one when absent or null); a field of
+// another type is a 400 naming it.
+json object_at(const json& body, const std::string& key) {
+    const auto it = body.find(key);
+    if (it == body.end() || it->is_null()) return json::object();
+    if (!it->is_object()) throw RequestError{400, key, key + ": expected an object, got " + it->dump()};
+    return *it;
+}
+
+// Reads a nested field with the request_fields readers, naming it by its
+// full path ("sample_params.sample_steps") when it is wrong.
+template <typename Read>
+auto nested(const std::string& prefix, Read&& read) {
+    try {
+        return read();
+    } catch (RequestError& e) {
+        e.message = prefix + "." + e.message;
+        e.field = prefix + "." + e.field;
+        throw;
+    }
+}
+
+std::vector<float> read_floats(const json& body, const std::string& field) {
+    std::vector<float> out;
+    const auto it = body.find(field);
+    if (it == body.end() || it->is_null()) return out;
+    if (!it->is_array()) throw RequestError{400, field, field + ": expected an array of numbers"};
+    for (const json& v : *it) {
+        if (!v.is_number()) throw RequestError{400, field, field + ": expected numbers, got " + v.dump()};
+        out.push_back(v.get<float>());
+    }
+    return out;
+}
+
+// An image field kiln's server does not take yet: refused when given.
+void refuse_if_given(const json& body, const std::string& field, const std::string& why) {
+    const auto it = body.find(field);
+    if (it == body.end() || it->is_null() || (it->is_array() && it->empty()) ||
+        (it->is_string() && it->get<std::string>().empty()))
+        return;
+    throw RequestError{400, field, field + ": " + why};
+}
+
+void read_sample_params(JobRequest& r, const json& body, const ServerLimits& limits) {
+    const json sp = object_at(body, "sample_params");
+    nested("sample_params", [&] {
+        set_scheduler(r, "scheduler", read_string(sp, "scheduler"));
+        set_sampler(r, "sample_method", read_string(sp, "sample_method"));
+        r.steps = static_cast<int>(read_integer(sp, "sample_steps", 0, 0, limits.max_steps));
+        r.eta = static_cast<float>(read_number(sp, "eta", -1, 0, 1));
+        r.timestep_shift = static_cast<int>(read_integer(sp, "shifted_timestep", 0, 0, 1000));
+        r.sigmas = read_floats(sp, "custom_sigmas");
+        if (sp.contains("flow_shift") && !sp["flow_shift"].is_null()) {
+            const double shift = read_number(sp, "flow_shift", 0, 0, 1000);
+            if (shift > 0) r.flow_shift = static_cast<float>(shift);  // sd.cpp's 0: the model's
+        }
+        return 0;
+    });
+    const json guidance = nested("sample_params", [&] { return object_at(sp, "guidance"); });
+    nested("sample_params.guidance", [&] {
+        r.cfg_scale = static_cast<float>(read_number(guidance, "txt_cfg", -1, 0, 1000));
+        r.guidance = static_cast<float>(read_number(guidance, "distilled_guidance", -1, 0, 1000));
+        return 0;
+    });
+    const json slg = nested("sample_params.guidance", [&] { return object_at(guidance, "slg"); });
+    nested("sample_params.guidance.slg", [&] {
+        r.slg_scale = static_cast<float>(read_number(slg, "scale", 0, 0, 1000));
+        r.skip_layer_start = static_cast<float>(read_number(slg, "layer_start", 0.01, 0, 1));
+        r.skip_layer_end = static_cast<float>(read_number(slg, "layer_end", 0.2, 0, 1));
+        if (slg.contains("layers") && !slg["layers"].is_null()) {
+            if (!slg["layers"].is_array()) throw RequestError{400, "layers", "layers: expected an array of integers"};
+            r.skip_layers.clear();
+            for (const json& l : slg["layers"]) {
+                if (!l.is_number_integer() || l.get<long long>() < 0 || l.get<long long>() > 1000) {
+                    throw RequestError{400, "layers", "layers: expected block indices, got " + l.dump()};
+                }
+                r.skip_layers.push_back(l.get<int>());
+            }
+        }
+        return 0;
+    });
+}
+
+void read_hires(JobRequest& r, const json& body, const ServerLimits& limits) {
+    const json h = object_at(body, "hires");
+    nested("hires", [&] {
+        r.hires = read_bool(h, "enabled", false);
+        const std::string upscaler = read_string(h, "upscaler", "Latent");
+        if (upscaler == "None") {
+            r.hires = false;
+        } else {
+            r.hires_upscaler = upscaler;  // kiln's request validation names what it lacks
+        }
+        r.hires_scale = static_cast<float>(read_number(h, "scale", 2.0, 0, 16));
+        r.hires_width = static_cast<int>(read_integer(h, "target_width", 0, 0, limits.max_width));
+        r.hires_height = static_cast<int>(read_integer(h, "target_height", 0, 0, limits.max_height));
+        r.hires_steps = static_cast<int>(read_integer(h, "steps", 0, 0, limits.max_steps));
+        r.hires_denoising_strength = static_cast<float>(read_number(h, "denoising_strength", 0.7, 0, 1));
+        r.hires_sigmas = read_floats(h, "custom_sigmas");
+        read_integer(h, "upscale_tile_size", 128, 0, 1 << 16);
+        return 0;
+    });
+}
+
+void read_vae_tiling(JobRequest& r, const json& body) {
+    const json v = object_at(body, "vae_tiling_params");
+    nested("vae_tiling_params", [&] {
+        r.vae_tiling = read_bool(v, "enabled", false);
+        if (read_bool(v, "temporal_tiling", false)) {
+            throw RequestError{400, "temporal_tiling", "temporal_tiling: is for video VAEs; kiln makes images"};
+        }
+        const int x = static_cast<int>(read_integer(v, "tile_size_x", 0, 0, 4096));
+        const int y = static_cast<int>(read_integer(v, "tile_size_y", 0, 0, 4096));
+        if (x != y && x > 0 && y > 0) {
+            throw RequestError{400, "tile_size_y", "tile_size_y: kiln's tiles are square; give tile_size_x alone"};
+        }
+        if (std::max(x, y) > 0) r.vae_tile_size = std::max(x, y);
+        r.vae_tile_overlap = static_cast<float>(read_number(v, "target_overlap", 0.5, 0, 0.99));
+        r.vae_relative_tile_w = static_cast<float>(read_number(v, "rel_size_x", 0, 0, 4096));
+        r.vae_relative_tile_h = static_cast<float>(read_number(v, "rel_size_y", 0, 0, 4096));
+        refuse_if_given(v, "extra_tiling_args", "is for video VAEs; kiln makes images");
+        return 0;
+    });
+}
+
+// sd-server's lora[]: {path, multiplier} entries, kiln's <lora:NAME:W> tags
+// appended to the prompt (NAME: the path under --lora-model-dir without
+// its extension, as GET /sdcpp/v1/capabilities lists them).
+void read_loras(JobRequest& r, const json& body) {
+    const auto it = body.find("lora");
+    if (it == body.end() || it->is_null()) return;
+    if (!it->is_array()) throw RequestError{400, "lora", "lora: expected an array of {path, multiplier}"};
+    for (size_t i = 0; i < it->size(); ++i) {
+        const json& entry = (*it)[i];
+        const std::string prefix = "lora[" + std::to_string(i) + "]";
+        if (!entry.is_object()) throw RequestError{400, prefix, prefix + ": expected an object {path, multiplier}"};
+        nested(prefix, [&] {
+            std::string path = read_string(entry, "path");
+            if (path.empty() || path.find_first_of(":<>") != std::string::npos) {
+                throw RequestError{400, "path", "path: expected a LoRA name, got '" + path + "'"};
+            }
+            if (read_bool(entry, "is_high_noise", false)) {
+                throw RequestError{400, "is_high_noise", "is_high_noise: is for video's high-noise model"};
+            }
+            const double weight = read_number(entry, "multiplier", 1.0, -100, 100);
+            const std::string ext = std::filesystem::path(path).extension().string();
+            if (ext == ".safetensors" || ext == ".sft" || ext == ".ckpt" || ext == ".pt" || ext == ".gguf") {
+                path = std::filesystem::path(path).replace_extension().generic_string();
+            }
+            char tag[64];
+            std::snprintf(tag, sizeof tag, ":%g>", weight);
+            r.prompt += " <lora:" + path + tag;
+            return 0;
+        });
+    }
+}
+
+JobRequest parse_img_gen(ServerState& state, const httplib::Request& req) {
+    const json j = parse_json_body(req);
+    const ServerLimits& limits = state.options.limits;
+    JobRequest r;
+    r.model = state.models.resolve(read_string(j, "model"), "model").name;
+    r.prompt = read_string(j, "prompt");
+    r.negative_prompt = read_string(j, "negative_prompt");
+    r.clip_skip = static_cast<int>(read_integer(j, "clip_skip", -1, -1, 12));
+    r.width = static_cast<int>(read_integer(j, "width", 0, 0, limits.max_width));
+    r.height = static_cast<int>(read_integer(j, "height", 0, 0, limits.max_height));
+    r.strength = static_cast<float>(read_number(j, "strength", 0.75, 0.0001, 1));
+    r.seed = read_integer(j, "seed", -1, -1, INT64_MAX);
+    r.batch = static_cast<int>(read_integer(j, "batch_count", 1, 1, limits.max_batch));
+    r.embed_metadata = read_bool(j, "embed_image_metadata", true);
+    read_bool(j, "auto_resize_ref_image", true);
+    read_bool(j, "increase_ref_index", false);
+    read_number(j, "control_strength", 0.9, 0, 10);
+    read_number(j, "ip_adapter_strength", 1.0, 0, 10);
+    if (j.contains("init_image") && !j["init_image"].is_null()) {
+        r.init_image = without_alpha(read_base64_image(j["init_image"], "init_image", limits));
+    }
+    if (j.contains("mask_image") && !j["mask_image"].is_null()) {
+        r.mask = mask_of(read_base64_image(j["mask_image"], "mask_image", limits), false);
+    }
+    refuse_if_given(j, "ref_images", "reference images are not taken by kiln's server yet (kiln -r takes them)");
+    refuse_if_given(j, "control_image", "ControlNet is not taken by kiln's server yet (kiln --control-net takes it)");
+    refuse_if_given(j, "ip_adapter_image", "is for IP-Adapter, which kiln does not have");
+    read_sample_params(r, j, limits);
+    read_loras(r, j);
+    read_hires(r, j, limits);
+    read_vae_tiling(r, j);
+    const std::string cache = read_string(j, "cache_mode");
+    r.cache_mode = cache == "disabled" ? "" : cache;
+    r.cache_option = read_string(j, "cache_option");
+    r.scm_mask = read_string(j, "scm_mask");
+    // sd-server sends its policy with every body; it only means something with a cache.
+    const bool dynamic = read_bool(j, "scm_policy_dynamic", true);
+    if (!r.cache_mode.empty()) r.scm_policy = dynamic ? "dynamic" : "static";
+    r.output_format = read_string(j, "output_format", "png");
+    if (r.output_format == "jpg") r.output_format = "jpeg";
+    if (r.output_format != "png" && r.output_format != "jpeg" && r.output_format != "webp") {
+        throw RequestError{400, "output_format",
+                           "output_format: unknown format '" + r.output_format + "' (valid: png, jpeg, webp)"};
+    }
+    read_integer(j, "output_compression", 100, 0, 100);
+    check_limits(r, limits);
+    return r;
+}
+
+// sd-server's names for kiln's job states.
+const char* status_of(JobState state) {
+    switch (state) {
+        case JobState::Queued: return "queued";
+        case JobState::Running: return "generating";
+        case JobState::Done: return "completed";
+        case JobState::Failed: return "failed";
+        case JobState::Cancelled: return "cancelled";
+    }
+    return "failed";
+}
+
+json seconds_or_null(double unix_seconds) {
+    return unix_seconds > 0 ? json(static_cast<long long>(unix_seconds)) : json(nullptr);
+}
+
+// The job as sd-server's GET /sdcpp/v1/jobs/{id} describes it.
+json describe(ServerState& state, const Job& job) {
+    const json kiln_view = state.jobs.describe(job, false);
+    return state.jobs.with_lock([&] {
+        json out = {{"id", job.id},
+                    {"kind", "img_gen"},
+                    {"status", status_of(job.state)},
+                    {"created", static_cast<long long>(job.created)},
+                    {"started", seconds_or_null(job.started)},
+                    {"completed", seconds_or_null(job.finished)},
+                    {"queue_position", kiln_view.value("position", 0)},
+                    {"result", nullptr},
+                    {"error", nullptr}};
+        if (job.state == JobState::Done) {
+            json images = json::array();
+            for (size_t i = 0; i < job.results.size(); ++i) {
+                images.push_back({{"index", i}, {"b64_json", base64_encode(job.results[i].bytes)}});
+            }
+            out["result"] = {{"output_format", job.request.output_format}, {"images", images}};
+        } else if (job.state == JobState::Cancelled) {
+            out["error"] = {{"code", "cancelled"},
+                            {"message", job.shutdown ? "the server is shutting down" : "job cancelled by client"}};
+        } else if (job.state == JobState::Failed) {
+            out["error"] = {{"code", "generation_failed"}, {"message", job.error_message}};
+        }
+        return out;
+    });
+}
+
+// GET /sdcpp/v1/capabilities: the default model's defaults, read from a
+// context that only places its modules (no weight is read).
+json capabilities(ServerState& state) {
+    const std::string name = state.models.default_model();
+    json model = {{"name", name}, {"stem", std::filesystem::path(name).stem().string()}, {"path", name}};
+    kiln_model_info info{};
+    if (!name.empty()) {
+        const ModelEntry entry = state.models.resolve(name, "model");
+        kiln_context_params params = state.options.context;
+        params.model_path = entry.path.c_str();
+        params.plan_only = 1;
+        kiln_context* ctx = nullptr;
+        char* error = nullptr;
+        if (kiln_context_create(&params, &ctx, &error) == KILN_OK) kiln_context_info(ctx, &info);
+        kiln_free_string(error);
+        kiln_context_free(ctx);
+    }
+    const ServerLimits& limits = state.options.limits;
+    const json defaults = {
+        {"prompt", ""},
+        {"negative_prompt", ""},
+        {"clip_skip", -1},
+        {"width", info.width},
+        {"height", info.height},
+        {"strength", 0.75},
+        {"seed", -1},
+        {"sample_params",
+         {{"scheduler", info.scheduler},
+          {"sample_method", info.sampler},
+          {"sample_steps", info.steps},
+          {"eta", nullptr},
+          {"shifted_timestep", 0},
+          {"flow_shift", nullptr},
+          {"guidance",
+           {{"txt_cfg", info.cfg_scale},
+            {"img_cfg", nullptr},
+            {"distilled_guidance", 3.5},
+            {"slg", {{"layers", {7, 8, 9}}, {"layer_start", 0.01}, {"layer_end", 0.2}, {"scale", 0.0}}}}}}},
+        {"vae_tiling_params",
+         {{"enabled", false},
+          {"temporal_tiling", false},
+          {"tile_size_x", 32},
+          {"tile_size_y", 32},
+          {"target_overlap", 0.5},
+          {"rel_size_x", 0.0},
+          {"rel_size_y", 0.0},
+          {"extra_tiling_args", ""}}},
+        {"cache_mode", "disabled"},
+        {"cache_option", ""},
+        {"scm_mask", ""},
+        {"scm_policy_dynamic", true},
+        {"output_format", "png"},
+        {"output_compression", 100},
+        {"batch_count", 1},
+        {"auto_resize_ref_image", true},
+        {"increase_ref_index", false},
+        {"control_strength", 0.9},
+        {"ip_adapter_strength", 1.0},
+        {"hires",
+         {{"enabled", false},
+          {"upscaler", "Latent"},
+          {"scale", 2.0},
+          {"target_width", 0},
+          {"target_height", 0},
+          {"steps", 0},
+          {"denoising_strength", 0.7},
+          {"custom_sigmas", json::array()},
+          {"upscale_tile_size", 128}}}};
+    const json features = {
+        {"init_image", true},  {"mask_image", true},    {"control_image", false},   {"ip_adapter_image", false},
+        {"ref_images", false}, {"lora", true},          {"vae_tiling", true},       {"hires", true},
+        {"cache", true},       {"cancel_queued", true}, {"cancel_generating", true}};
+    const json formats = {"png", "jpeg", "webp"};
+    json samplers = json::array(), schedulers = json::array();
+    for (const SamplerName& s : sampler_names()) samplers.push_back(s.kiln);
+    for (const SchedulerName& s : scheduler_names()) {
+        if (*s.kiln) schedulers.push_back(s.kiln);  // "" is A1111's automatic: the model's own
+    }
+    json loras = json::array();
+    for (const json& l : lora_list(state.options.context.lora_model_dir)) {
+        loras.push_back({{"name", l["name"]}, {"path", l["name"]}});
+    }
+    json upscalers = json::array();
+    for (const char* builtin : {"None", "Lanczos", "Latent", "Latent (nearest)", "Latent (nearest-exact)"}) {
+        upscalers.push_back({{"name", builtin}});
+    }
+    return {{"model", model},
+            {"current_mode", "img_gen"},
+            {"supported_modes", {"img_gen"}},
+            {"defaults", defaults},
+            {"output_formats", formats},
+            {"features", features},
+            {"defaults_by_mode", {{"img_gen", defaults}}},
+            {"output_formats_by_mode", {{"img_gen", formats}}},
+            {"features_by_mode", {{"img_gen", features}}},
+            {"samplers", samplers},
+            {"schedulers", schedulers},
+            {"loras", loras},
+            {"upscalers", upscalers},
+            {"limits",
+             {{"min_width", 8},
+              {"max_width", limits.max_width},
+              {"min_height", 8},
+              {"max_height", limits.max_height},
+              {"max_batch_count", limits.max_batch},
+              {"max_queue_size", state.options.max_queue}}}};
+}
+
+}  // namespace
+
+void add_sdcpp_routes(httplib::Server& server, ServerState& state) {
+    server.Get("/sdcpp/v1/capabilities", [&state](const httplib::Request&, httplib::Response& res) {
+        guarded(res, [&] { send_json(res, 200, capabilities(state)); });
+    });
+    server.Post("/sdcpp/v1/img_gen", [&state](const httplib::Request& req, httplib::Response& res) {
+        guarded(res, [&] {
+            int position = 0;
+            auto job = submit_job(state, parse_img_gen(state, req), &position);
+            send_json(res, 202,
+                      {{"id", job->id},
+                       {"kind", "img_gen"},
+                       {"status", "queued"},
+                       {"created", static_cast<long long>(job->created)},
+                       {"poll_url", "/sdcpp/v1/jobs/" + job->id}});
+        });
+    });
+    server.Post(
+        "/sdcpp/v1/vid_gen", [](const httplib::Request&, httplib::Response& res, const httplib::ContentReader&) {
+            guarded(res, [&] { throw RequestError{400, "", "vid_gen: kiln makes images only (no video family yet)"}; });
+        });
+    server.Get(R"(/sdcpp/v1/jobs/([^/]+))", [&state](const httplib::Request& req, httplib::Response& res) {
+        guarded(res, [&] { send_json(res, 200, describe(state, *job_of(state, req.matches[1]))); });
+    });
+    // Takes no body (a ContentReader handler: none is read).
+    server.Post(R"(/sdcpp/v1/jobs/([^/]+)/cancel)",
+                [&state](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader&) {
+                    guarded(res, [&] {
+                        auto job = job_of(state, req.matches[1]);
+                        if (!state.jobs.cancel(job)) {
+                            throw RequestError{409, "id", "job " + job->id + " has already finished"};
+                        }
+                        send_json(res, 200, describe(state, *job));
+                    });
+                });
+}
+
+}  // namespace kiln::server
