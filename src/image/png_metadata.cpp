@@ -726,11 +726,15 @@ std::optional<std::string> webp_user_comment(const uint8_t* data, size_t size) {
 Result<std::map<std::string, std::string>> read_image_text(const std::string& path) {
     Result<std::vector<uint8_t>> bytes = read_file_bytes(path);
     if (!bytes) return bytes.error();
-    const std::optional<ImageFormat> format = detect_image_format(bytes->data(), bytes->size());
-    if (!format) return Error{path + ": not a PNG, JPEG or WebP image (unrecognised signature)"};
-    if (*format == ImageFormat::Png) return parse_png_text(bytes->data(), bytes->size(), path);
-    std::optional<std::string> comment = *format == ImageFormat::Jpeg ? jpeg_user_comment(bytes->data(), bytes->size())
-                                                                      : webp_user_comment(bytes->data(), bytes->size());
+    return image_text(bytes->data(), bytes->size(), path);
+}
+
+Result<std::map<std::string, std::string>> image_text(const uint8_t* data, size_t size, const std::string& label) {
+    const std::optional<ImageFormat> format = detect_image_format(data, size);
+    if (!format) return Error{label + ": not a PNG, JPEG or WebP image (unrecognised signature)"};
+    if (*format == ImageFormat::Png) return parse_png_text(data, size, label);
+    std::optional<std::string> comment =
+        *format == ImageFormat::Jpeg ? jpeg_user_comment(data, size) : webp_user_comment(data, size);
     std::map<std::string, std::string> text;
     if (comment) text[kParametersKeyword] = std::move(*comment);
     return text;

@@ -82,6 +82,8 @@ Result<std::string> inflate_text(const uint8_t* data, size_t size, const std::st
 // {"parameters": text} (where A1111 puts it); an empty map when the file
 // carries none.
 Result<std::map<std::string, std::string>> read_image_text(const std::string& path);
+// The same of an image file's bytes; errors start with `label`.
+Result<std::map<std::string, std::string>> image_text(const uint8_t* data, size_t size, const std::string& label);
 
 // A TIFF-structured EXIF block (big-endian, as piexif writes it) holding only
 // `text` as UserComment in UTF-16 with the "UNICODE" prefix: A1111's JPEG

@@ -568,5 +568,50 @@ TEST(ServerApi, LorasFromThePromptJobAfterJob) {
     EXPECT_NE(bad->body.find("nothing"), std::string::npos) << bad->body;
 }
 
+// The lists and pings A1111 clients read at start, and png-info reading back
+// the parameters of an image the server made.
+TEST(ServerApi, A1111DiscoveryEndpointsAndPngInfo) {
+    ServerProcess server(test::tiny_server_flags());
+    ASSERT_TRUE(server.started()) << server.log();
+    httplib::Client client("127.0.0.1", server.port());
+    for (const char* path : {"/sdapi/v1/sd-vae", "/sdapi/v1/latent-upscale-modes", "/sdapi/v1/embeddings",
+                             "/internal/ping"}) {
+        auto r = client.Get(path);
+        ASSERT_TRUE(r) << path;
+        EXPECT_EQ(r->status, 200) << path << " " << r->body;
+    }
+    EXPECT_EQ(body_json(client.Get("/sdapi/v1/latent-upscale-modes"))[0]["name"], "Latent");
+    EXPECT_TRUE(body_json(client.Get("/sdapi/v1/embeddings"))["loaded"].is_object());
+    auto refresh = client.Post("/sdapi/v1/refresh-checkpoints");
+    ASSERT_TRUE(refresh);
+    EXPECT_EQ(refresh->status, 200);
+
+    const json txt2img = {{"prompt", "a red circle"}, {"negative_prompt", "blurry"}, {"width", 32}, {"height", 32},
+                          {"steps", 2},               {"seed", 7},                   {"cfg_scale", 3}};
+    auto made = client.Post("/sdapi/v1/txt2img", txt2img.dump(), "application/json");
+    ASSERT_TRUE(made);
+    ASSERT_EQ(made->status, 200) << made->body;
+    const json info = json::parse(body_json(made)["info"].get<std::string>());
+    EXPECT_EQ(info["job_timestamp"].get<std::string>().size(), 14u) << info["job_timestamp"];  // YYYYmmddHHMMSS
+
+    const json ask = {{"image", "data:image/png;base64," + body_json(made)["images"][0].get<std::string>()}};
+    auto read = client.Post("/sdapi/v1/png-info", ask.dump(), "application/json");
+    ASSERT_TRUE(read);
+    ASSERT_EQ(read->status, 200) << read->body;
+    const json png = body_json(read);
+    EXPECT_EQ(png["info"].get<std::string>().rfind("a red circle\nNegative prompt: blurry\nSteps: 2,", 0), 0u)
+        << png["info"];
+    EXPECT_EQ(png["parameters"]["Prompt"], "a red circle");
+    EXPECT_EQ(png["parameters"]["Negative prompt"], "blurry");
+    EXPECT_EQ(png["parameters"]["Seed"], "7");
+    EXPECT_EQ(png["parameters"]["Size-1"], "32");
+
+    auto bad = client.Post("/sdapi/v1/png-info", json{{"image", "bm90IGFuIGltYWdl"}}.dump(), "application/json");
+    ASSERT_TRUE(bad);
+    EXPECT_EQ(bad->status, 400);
+    EXPECT_EQ(error_param(bad), "image") << bad->body;
+    EXPECT_EQ(server.stop(SIGTERM), 0);
+}
+
 }  // namespace
 }  // namespace kiln

@@ -3,15 +3,18 @@
 // the images, `info` and the parameters text; progress, interrupt, options
 // (sd_model_checkpoint switches the model) and the lists.
 #include <algorithm>
+#include <ctime>
 #include <filesystem>
 
 #include "a1111_names.h"
 #include "a1111_resize.h"
+#include "image/png_metadata.h"
 #include "json_body.h"
 #include "request_fields.h"
 #include "server_state.h"
 #include "util/base64.h"
 #include "util/files.h"
+#include "util/format.h"
 
 namespace kiln::server {
 namespace {
@@ -159,6 +162,16 @@ JobRequest parse_a1111(ServerState& state, const json& j, bool img2img) {
     return r;
 }
 
+// A1111's job_timestamp: local time as YYYYmmddHHMMSS.
+std::string a1111_timestamp(double unix_seconds) {
+    const time_t t = static_cast<time_t>(unix_seconds);
+    tm local{};
+    localtime_r(&t, &local);
+    char text[32];
+    std::strftime(text, sizeof text, "%Y%m%d%H%M%S", &local);
+    return text;
+}
+
 json info_of(const Job& job, const json& request) {
     const JobRequest& r = job.request;
     json seeds = json::array(), prompts = json::array(), negatives = json::array(), infotexts = json::array();
@@ -193,8 +206,41 @@ json info_of(const Job& job, const json& request) {
             {"index_of_first_image", 0},
             {"infotexts", infotexts},
             {"styles", json::array()},
-            {"job_timestamp", static_cast<long long>(job.created)},
+            {"job_timestamp", a1111_timestamp(job.created)},
             {"version", std::string("kiln ") + kiln_version()}};
+}
+
+// POST /sdapi/v1/png-info: the parameters text of a base64 image, and A1111's
+// parse of it (parse_generation_parameters: Prompt, Negative prompt, each
+// key of the last line, Size-1 and Size-2).
+json png_info(const json& body) {
+    const std::string encoded = read_string(body, "image");
+    if (encoded.empty()) throw RequestError{400, "image", "image: expected a base64 image"};
+    const size_t comma =
+        encoded.rfind("base64,", 0) == 0 || encoded.rfind("data:", 0) == 0 ? encoded.find(',') : std::string::npos;
+    auto bytes = base64_decode(comma == std::string::npos ? encoded : encoded.substr(comma + 1));
+    if (!bytes) throw RequestError{400, "image", "image: not valid base64"};
+    auto text = image::image_text(bytes->data(), bytes->size(), "image");
+    if (!text.ok()) throw RequestError{400, "image", text.error().message};
+    json items = json::object();
+    for (const auto& [key, value] : *text) items[key] = value;
+    const auto parameters = text->find(image::kParametersKeyword);
+    if (parameters == text->end()) return {{"info", ""}, {"items", items}, {"parameters", json::object()}};
+    items.erase(image::kParametersKeyword);
+    const image::GenerationInfo g = image::parse_a1111_parameters(parameters->second);
+    json parsed = {{"Prompt", g.prompt}, {"Negative prompt", g.negative_prompt}};
+    if (g.steps > 0) parsed["Steps"] = std::to_string(g.steps);
+    if (!g.sampler.empty()) parsed["Sampler"] = g.sampler;
+    if (!g.scheduler.empty()) parsed["Schedule type"] = g.scheduler;
+    if (g.cfg_scale > 0) parsed["CFG scale"] = format_number(g.cfg_scale);
+    if (g.seed >= 0) parsed["Seed"] = std::to_string(g.seed);
+    if (g.width > 0) {
+        parsed["Size-1"] = std::to_string(g.width);
+        parsed["Size-2"] = std::to_string(g.height);
+    }
+    if (!g.model.empty()) parsed["Model"] = g.model;
+    for (const auto& [key, value] : g.extra) parsed[key] = value;
+    return {{"info", parameters->second}, {"items", items}, {"parameters", parsed}};
 }
 
 void generate(ServerState& state, const httplib::Request& req, httplib::Response& res, bool img2img) {
@@ -272,7 +318,7 @@ void add_a1111_routes(httplib::Server& server, ServerState& state) {
                 job_state["sampling_step"] = d["step"];
                 job_state["sampling_steps"] = d["steps"];
                 job_state["interrupted"] = state.jobs.with_lock([&] { return job->cancel_requested; });
-                job_state["job_timestamp"] = std::to_string(static_cast<long long>(job->created));
+                job_state["job_timestamp"] = a1111_timestamp(job->created);
                 // The latest preview, base64 PNG without a data: prefix, as A1111 sends it.
                 const std::string skip = req.get_param_value("skip_current_image");
                 if (skip != "true" && skip != "True" && skip != "1") {
@@ -373,6 +419,41 @@ void add_a1111_routes(httplib::Server& server, ServerState& state) {
     // Not served yet: upscalers are a list clients read at start.
     server.Get("/sdapi/v1/upscalers",
                [](const httplib::Request&, httplib::Response& res) { send_json(res, 200, json::array()); });
+    // The lists and pings A1111 clients read at start, answered as A1111 does.
+    server.Get("/sdapi/v1/sd-vae", [](const httplib::Request&, httplib::Response& res) {
+        send_json(res, 200, json::array());  // kiln takes a VAE per model (--vae), not per request
+    });
+    server.Get("/sdapi/v1/latent-upscale-modes", [](const httplib::Request&, httplib::Response& res) {
+        json modes = json::array();
+        for (const char* name : {"Latent", "Latent (nearest)", "Latent (nearest-exact)"}) modes.push_back({{"name", name}});
+        send_json(res, 200, modes);
+    });
+    server.Get("/sdapi/v1/embeddings", [&state](const httplib::Request&, httplib::Response& res) {
+        guarded(res, [&] {
+            json loaded = json::object();
+            const char* folder = state.options.context.embeddings_dir;
+            std::error_code ec;
+            for (std::filesystem::directory_iterator it(folder && *folder ? folder : ".", ec), end;
+                 folder && *folder && !ec && it != end; it.increment(ec)) {
+                const std::string ext = it->path().extension().string();
+                if (ext != ".pt" && ext != ".safetensors" && ext != ".bin") continue;
+                loaded[it->path().stem().string()] = {{"step", nullptr}, {"sd_checkpoint", nullptr},
+                                                      {"sd_checkpoint_name", nullptr}, {"shape", nullptr},
+                                                      {"vectors", nullptr}};
+            }
+            send_json(res, 200, {{"loaded", loaded}, {"skipped", json::object()}});
+        });
+    });
+    server.Post("/sdapi/v1/png-info", [](const httplib::Request& req, httplib::Response& res) {
+        guarded(res, [&] { send_json(res, 200, png_info(parse_json_body(req))); });
+    });
+    // kiln reads the model folder again at each listing: nothing to refresh.
+    for (const char* refresh : {"/sdapi/v1/refresh-checkpoints", "/sdapi/v1/refresh-loras", "/sdapi/v1/refresh-vae"}) {
+        server.Post(refresh, [](const httplib::Request&, httplib::Response& res, const httplib::ContentReader&) {
+            send_json(res, 200, nullptr);
+        });
+    }
+    server.Get("/internal/ping", [](const httplib::Request&, httplib::Response& res) { send_json(res, 200, json::object()); });
 }
 
 }  // namespace kiln::server
