@@ -266,5 +266,38 @@ TEST(Args, HelpListsEveryFlag) {
     EXPECT_EQ(parse_ok({"-h"}).command, Command::Help);
 }
 
+// --help reads by group, every main option in one; each command and -M
+// mode has a help of its own options.
+TEST(Args, HelpIsGroupedAndEachCommandHasItsOwn) {
+    EXPECT_EQ(flags_outside_help_groups(), std::vector<std::string>{});
+    const std::string full = help_text();
+    for (const char* group : {"\nmodel files:\n", "\ngeneration:\n", "\nsampling:\n", "\noutput:\n", "\nlogging:\n"}) {
+        EXPECT_NE(full.find(group), std::string::npos) << group;
+    }
+    const Options serve = parse_ok({"serve", "--help"});
+    EXPECT_EQ(serve.command, Command::Help);
+    EXPECT_EQ(serve.help_topic, Command::Serve);
+    const std::string serve_help = help_text(serve.help_topic);
+    EXPECT_EQ(serve_help.rfind("usage: kiln serve", 0), 0u) << serve_help;
+    EXPECT_NE(serve_help.find("--listen-port"), std::string::npos);
+    EXPECT_EQ(serve_help.find("--sampling-method"), std::string::npos);
+
+    const Options metadata = parse_ok({"-M", "metadata", "-h"});
+    const std::string metadata_help = help_text(metadata.help_topic);
+    EXPECT_NE(metadata_help.find("--metadata-format"), std::string::npos);
+    EXPECT_EQ(metadata_help.find("--listen-port"), std::string::npos);
+    for (const char* command : {"info", "plan", "pull", "rpc-server"}) {
+        const Options o = parse_ok({command, "--help"});
+        EXPECT_EQ(help_text(o.help_topic).rfind(std::string("usage: kiln ") + command, 0), 0u) << command;
+    }
+}
+
+TEST(Args, QuietLeavesWarningsAndErrors) {
+    const Options o = parse_ok({"-q", "-p", "x"});
+    EXPECT_TRUE(o.quiet);
+    EXPECT_EQ(o.log_level, LogLevel::Warn);
+    EXPECT_EQ(parse_ok({"--quiet", "-v"}).log_level, LogLevel::Verbose);  // the last one wins
+}
+
 }  // namespace
 }  // namespace kiln::cli

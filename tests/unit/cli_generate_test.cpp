@@ -316,5 +316,15 @@ TEST(CliGenerate, CheckpointWithoutTokenizerSaysWhatToPass) {
     EXPECT_NE(r.err.find("pass --tokenizer PATH"), std::string::npos) << r.err;
 }
 
+// -q: a run that goes well prints nothing; the image is written all the same.
+TEST(CliGenerate, QuietPrintsNothingButWritesTheImage) {
+    TempDir dir;
+    auto r = run_command(kiln_with_sd1_tiny("-q -p \"a red circle\" -W 32 -H 32 --steps 2 -o " + dir.file("q.png")));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.out, "");
+    EXPECT_EQ(r.err, "");
+    EXPECT_TRUE(exists(dir.file("q.png")));
+}
+
 }  // namespace
 }  // namespace kiln

@@ -166,4 +166,9 @@ int plan_segments(const std::string& plan, const std::string& module) {
     return 0;
 }
 
+bool plan_runs(const std::string& plan) {
+    return plan.find("\nfits: yes\n") != std::string::npos ||
+           plan.find("\nfits: only by streaming") != std::string::npos;
+}
+
 }  // namespace kiln::test

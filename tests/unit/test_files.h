@@ -86,4 +86,10 @@ CommandResult run_command(const std::string& command_line);
 // segments, ..." -> 5, "whole graph" -> 1; 0 when the line is missing).
 int plan_segments(const std::string& plan, const std::string& module);
 
+// Whether `kiln plan` says the job runs: "fits: yes", or "fits: only by
+// streaming" where the machine's free RAM at that moment cannot keep the
+// weights (auto-fit leaves them in the mapped file; tests running beside
+// one another change that).
+bool plan_runs(const std::string& plan);
+
 }  // namespace kiln::test

@@ -221,504 +221,506 @@ std::optional<std::string> apply_model_args(Options& o, const std::string& list)
 }
 
 const std::vector<Flag>& flags() {
-    static const std::vector<Flag> table =
-        {
-            {"-M", "--mode", "MODE",
-             "run mode: img_gen (default), convert, metadata (list what an image file carries: -i or --image), or "
-             "upscale (-i with --upscale-model)",
-             [](Options& o, const std::string& v) -> std::optional<std::string> {
-                 if (v == "img_gen" || v == "txt2img" || v == "img2img") {
-                     o.command = Command::Generate;
-                 } else if (v == "convert") {
-                     o.command = Command::Convert;
-                 } else if (v == "metadata") {
-                     o.command = Command::Metadata;
-                 } else if (v == "upscale") {
-                     o.command = Command::Upscale;
-                 } else if (v == "vid_gen") {
-                     return "mode '" + v + "' is not available in this version of kiln";
-                 } else {
-                     return "unknown mode '" + v + "' (valid: img_gen, convert, metadata, upscale)";
-                 }
-                 return std::nullopt;
-             }},
-            {"-m", "--model", "PATH", "model: a checkpoint (.safetensors, .gguf, .ckpt) or a diffusers folder",
-             path_setter(&Options::model)},
-            {nullptr, "--diffusion-model", "PATH", "standalone diffusion model (UNet/transformer) weights",
-             path_setter(&Options::diffusion_model)},
-            {nullptr, "--vae", "PATH", "standalone VAE weights", path_setter(&Options::vae)},
-            {nullptr, "--vae-format", "FORMAT",
-             "auto only: kiln reads a VAE's latent format (channels, scale, shift) from its weights",
-             [](Options&, const std::string& v) -> std::optional<std::string> {
-                 if (v == "auto") return std::nullopt;
-                 if (v == "flux" || v == "sd3" || v == "flux2") {
-                     return "kiln reads the VAE's latent format from its weights and cannot override it with '" + v +
-                            "'; leave --vae-format out (or auto)";
-                 }
-                 return "expected auto, flux, sd3 or flux2, got '" + v + "'";
-             }},
-            {nullptr, "--clip_l", "PATH", "standalone CLIP-L text encoder weights", path_setter(&Options::clip_l)},
-            {nullptr, "--clip_g", "PATH", "standalone CLIP-G text encoder weights", path_setter(&Options::clip_g)},
-            {nullptr, "--t5xxl", "PATH", "standalone T5-XXL text encoder weights", path_setter(&Options::t5xxl)},
-            {nullptr, "--llm", "PATH", "standalone LLM text encoder weights (Z-Image's Qwen3-4B: GGUF or safetensors)",
-             path_setter(&Options::llm)},
-            {nullptr, "--qwen2vl", "PATH", "alias of --llm (sd-cli's older name)", path_setter(&Options::llm)},
-            {nullptr, "--tokenizer", "PATH",
-             "CLIP tokenizer data (tokenizer.json, vocab.json + merges.txt, or a folder), or per encoder "
-             "t5xxl=PATH (spiece.model or a T5 tokenizer.json), llm=PATH (a GGUF, tokenizer.json or vocab.json) and "
-             "clip_l=PATH, comma-separated",
-             path_setter(&Options::tokenizer)},
-            {nullptr, "--embd-dir", "PATH",
-             "folder of textual-inversion embeddings (.pt, .safetensors); use a file's name in the prompt",
-             path_setter(&Options::embeddings_dir)},
-            {nullptr, "--control-net", "PATH",
-             "ControlNet weights for the UNet (SD1.x, SD2.x, SDXL; needs --control-image)",
-             path_setter(&Options::control_net)},
-            {nullptr, "--lora-model-dir", "PATH",
-             "folder of LoRA/LoHa/LoKr files (.safetensors, .ckpt, .pt, .gguf); apply one with <lora:NAME:WEIGHT> "
-             "in the prompt",
-             path_setter(&Options::lora_model_dir)},
-            {nullptr, "--lora-apply-mode", "MODE",
-             "auto (default: merged into float weights, at run time beside quantized ones), immediately (merged), "
-             "or at_runtime",
-             checked_setter(&Options::lora_apply_mode, KILN_VALUE_LORA_APPLY_MODE)},
-            {nullptr, "--type", "TYPE",
-             "weight type to compute with: f32, f16, bf16, q8_0, q5_0, q5_1, q4_0, q4_1, q2_K..q6_K",
-             string_setter(&Options::weight_type)},
-            {"-p", "--prompt", "TEXT", "the prompt", string_setter(&Options::prompt)},
-            {"-n", "--negative-prompt", "TEXT", "the negative prompt", string_setter(&Options::negative_prompt)},
-            {nullptr, "--prompt-file", "PATH", "read the prompt from a file (its last line break dropped)",
-             text_file_setter(&Options::prompt)},
-            {nullptr, "--negative-prompt-file", "PATH", "read the negative prompt from a file",
-             text_file_setter(&Options::negative_prompt)},
-            {"-o", "--output", "PATH",
-             "output image (default output.png; .png added to a name without .png, .jpg or .webp); a batch is "
-             "NAME_0.png, NAME_1.png, ... or fills one %d / %03d field; with -M convert, the GGUF to write",
-             [](Options& o, const std::string& v) -> std::optional<std::string> {
-                 if (v.empty()) return std::string("expected a path, got an empty string");
-                 o.output = v;
-                 o.output_given = true;
-                 return std::nullopt;
-             }},
-            {nullptr, "--output-begin-idx", "N", "the number of a batch's first image in its names (default 0)",
-             int_setter(&Options::output_begin_idx, 0, 1000000000)},
-            {nullptr, "--disable-image-metadata", nullptr,
-             "write no generation parameters into the images (by default PNG carries A1111's \"parameters\" text)",
-             [](Options& o, const std::string&) -> std::optional<std::string> {
-                 o.embed_metadata = false;
-                 return std::nullopt;
-             }},
-            {nullptr, "--metadata-format", "FORMAT",
-             "-M metadata's report: text (default) or json, as sd-cli's; or parameters (the A1111 text alone)",
-             [](Options& o, const std::string& v) -> std::optional<std::string> {
-                 if (v != "text" && v != "json" && v != "parameters") {
-                     return "expected text, json or parameters, got '" + v + "'";
-                 }
-                 o.metadata_format = v;
-                 return std::nullopt;
-             }},
-            {nullptr, "--metadata-raw", nullptr, "-M metadata: a hex preview of the entries kiln does not parse",
-             switch_setter(&Options::metadata_raw)},
-            {nullptr, "--metadata-brief", nullptr, "-M metadata: cut text values past 240 characters",
-             switch_setter(&Options::metadata_brief)},
-            {nullptr, "--metadata-all", nullptr, "-M metadata: list the structural entries too (IHDR, IDAT, ...)",
-             switch_setter(&Options::metadata_all)},
-            {"-i", "--init-img", "PATH", "initial image for image-to-image (with -M metadata: the image to read)",
-             path_setter(&Options::init_image)},
-            {nullptr, "--image", "PATH", "the image -M metadata reads (as -i)", path_setter(&Options::init_image)},
-            {nullptr, "--mask", "PATH", "inpainting mask for -i: white repaints, black keeps",
-             path_setter(&Options::mask)},
-            {nullptr, "--max-image-pixels", "N",
-             "largest -i / --mask image to decode, in pixels (default 67108864 = 8192x8192), checked from the "
-             "file's header",
-             [](Options& o, const std::string& v) -> std::optional<std::string> {
-                 long long parsed = 0;
-                 if (auto err = parse_integer(v, 1, 16384LL * 16384, &parsed)) return err;
-                 o.max_image_pixels = parsed;
-                 return std::nullopt;
-             }},
-            {nullptr, "--strength", "X", "image-to-image: share of the schedule to run, in (0, 1] (default 0.75)",
-             [](Options& o, const std::string& v) -> std::optional<std::string> {
+    static const std::vector<Flag> table = {
+        {"-M", "--mode", "MODE",
+         "run mode: img_gen (default), convert, metadata (list what an image file carries: -i or --image), or "
+         "upscale (-i with --upscale-model)",
+         [](Options& o, const std::string& v) -> std::optional<std::string> {
+             if (v == "img_gen" || v == "txt2img" || v == "img2img") {
+                 o.command = Command::Generate;
+             } else if (v == "convert") {
+                 o.command = Command::Convert;
+             } else if (v == "metadata") {
+                 o.command = Command::Metadata;
+             } else if (v == "upscale") {
+                 o.command = Command::Upscale;
+             } else if (v == "vid_gen") {
+                 return "mode '" + v + "' is not available in this version of kiln";
+             } else {
+                 return "unknown mode '" + v + "' (valid: img_gen, convert, metadata, upscale)";
+             }
+             return std::nullopt;
+         }},
+        {"-m", "--model", "PATH", "model: a checkpoint (.safetensors, .gguf, .ckpt) or a diffusers folder",
+         path_setter(&Options::model)},
+        {nullptr, "--diffusion-model", "PATH", "standalone diffusion model (UNet/transformer) weights",
+         path_setter(&Options::diffusion_model)},
+        {nullptr, "--vae", "PATH", "standalone VAE weights", path_setter(&Options::vae)},
+        {nullptr, "--vae-format", "FORMAT",
+         "auto only: kiln reads a VAE's latent format (channels, scale, shift) from its weights",
+         [](Options&, const std::string& v) -> std::optional<std::string> {
+             if (v == "auto") return std::nullopt;
+             if (v == "flux" || v == "sd3" || v == "flux2") {
+                 return "kiln reads the VAE's latent format from its weights and cannot override it with '" + v +
+                        "'; leave --vae-format out (or auto)";
+             }
+             return "expected auto, flux, sd3 or flux2, got '" + v + "'";
+         }},
+        {nullptr, "--clip_l", "PATH", "standalone CLIP-L text encoder weights", path_setter(&Options::clip_l)},
+        {nullptr, "--clip_g", "PATH", "standalone CLIP-G text encoder weights", path_setter(&Options::clip_g)},
+        {nullptr, "--t5xxl", "PATH", "standalone T5-XXL text encoder weights", path_setter(&Options::t5xxl)},
+        {nullptr, "--llm", "PATH", "standalone LLM text encoder weights (Z-Image's Qwen3-4B: GGUF or safetensors)",
+         path_setter(&Options::llm)},
+        {nullptr, "--qwen2vl", "PATH", "alias of --llm (sd-cli's older name)", path_setter(&Options::llm)},
+        {nullptr, "--tokenizer", "PATH",
+         "CLIP tokenizer data (tokenizer.json, vocab.json + merges.txt, or a folder), or per encoder "
+         "t5xxl=PATH (spiece.model or a T5 tokenizer.json), llm=PATH (a GGUF, tokenizer.json or vocab.json) and "
+         "clip_l=PATH, comma-separated",
+         path_setter(&Options::tokenizer)},
+        {nullptr, "--embd-dir", "PATH",
+         "folder of textual-inversion embeddings (.pt, .safetensors); use a file's name in the prompt",
+         path_setter(&Options::embeddings_dir)},
+        {nullptr, "--control-net", "PATH",
+         "ControlNet weights for the UNet (SD1.x, SD2.x, SDXL; needs --control-image)",
+         path_setter(&Options::control_net)},
+        {nullptr, "--lora-model-dir", "PATH",
+         "folder of LoRA/LoHa/LoKr files (.safetensors, .ckpt, .pt, .gguf); apply one with <lora:NAME:WEIGHT> "
+         "in the prompt",
+         path_setter(&Options::lora_model_dir)},
+        {nullptr, "--lora-apply-mode", "MODE",
+         "auto (default: merged into float weights, at run time beside quantized ones), immediately (merged), "
+         "or at_runtime",
+         checked_setter(&Options::lora_apply_mode, KILN_VALUE_LORA_APPLY_MODE)},
+        {nullptr, "--type", "TYPE",
+         "weight type to compute with: f32, f16, bf16, q8_0, q5_0, q5_1, q4_0, q4_1, q2_K..q6_K",
+         string_setter(&Options::weight_type)},
+        {"-p", "--prompt", "TEXT", "the prompt", string_setter(&Options::prompt)},
+        {"-n", "--negative-prompt", "TEXT", "the negative prompt", string_setter(&Options::negative_prompt)},
+        {nullptr, "--prompt-file", "PATH", "read the prompt from a file (its last line break dropped)",
+         text_file_setter(&Options::prompt)},
+        {nullptr, "--negative-prompt-file", "PATH", "read the negative prompt from a file",
+         text_file_setter(&Options::negative_prompt)},
+        {"-o", "--output", "PATH",
+         "output image (default output.png; .png added to a name without .png, .jpg or .webp); a batch is "
+         "NAME_0.png, NAME_1.png, ... or fills one %d / %03d field; with -M convert, the GGUF to write",
+         [](Options& o, const std::string& v) -> std::optional<std::string> {
+             if (v.empty()) return std::string("expected a path, got an empty string");
+             o.output = v;
+             o.output_given = true;
+             return std::nullopt;
+         }},
+        {nullptr, "--output-begin-idx", "N", "the number of a batch's first image in its names (default 0)",
+         int_setter(&Options::output_begin_idx, 0, 1000000000)},
+        {nullptr, "--disable-image-metadata", nullptr,
+         "write no generation parameters into the images (by default PNG carries A1111's \"parameters\" text)",
+         [](Options& o, const std::string&) -> std::optional<std::string> {
+             o.embed_metadata = false;
+             return std::nullopt;
+         }},
+        {nullptr, "--metadata-format", "FORMAT",
+         "-M metadata's report: text (default) or json, as sd-cli's; or parameters (the A1111 text alone)",
+         [](Options& o, const std::string& v) -> std::optional<std::string> {
+             if (v != "text" && v != "json" && v != "parameters") {
+                 return "expected text, json or parameters, got '" + v + "'";
+             }
+             o.metadata_format = v;
+             return std::nullopt;
+         }},
+        {nullptr, "--metadata-raw", nullptr, "-M metadata: a hex preview of the entries kiln does not parse",
+         switch_setter(&Options::metadata_raw)},
+        {nullptr, "--metadata-brief", nullptr, "-M metadata: cut text values past 240 characters",
+         switch_setter(&Options::metadata_brief)},
+        {nullptr, "--metadata-all", nullptr, "-M metadata: list the structural entries too (IHDR, IDAT, ...)",
+         switch_setter(&Options::metadata_all)},
+        {"-i", "--init-img", "PATH", "initial image for image-to-image (with -M metadata: the image to read)",
+         path_setter(&Options::init_image)},
+        {nullptr, "--image", "PATH", "the image -M metadata reads (as -i)", path_setter(&Options::init_image)},
+        {nullptr, "--mask", "PATH", "inpainting mask for -i: white repaints, black keeps", path_setter(&Options::mask)},
+        {nullptr, "--max-image-pixels", "N",
+         "largest -i / --mask image to decode, in pixels (default 67108864 = 8192x8192), checked from the "
+         "file's header",
+         [](Options& o, const std::string& v) -> std::optional<std::string> {
+             long long parsed = 0;
+             if (auto err = parse_integer(v, 1, 16384LL * 16384, &parsed)) return err;
+             o.max_image_pixels = parsed;
+             return std::nullopt;
+         }},
+        {nullptr, "--strength", "X", "image-to-image: share of the schedule to run, in (0, 1] (default 0.75)",
+         [](Options& o, const std::string& v) -> std::optional<std::string> {
+             char* end = nullptr;
+             const float f = std::strtof(v.c_str(), &end);
+             if (v.empty() || *end != '\0' || !(f > 0.0f && f <= 1.0f))
+                 return "expected a number in (0, 1], got '" + v + "'";
+             o.strength = f;
+             o.strength_given = true;
+             return std::nullopt;
+         }},
+        {"-W", "--width", "N", "image width in pixels (default: the model's)", int_setter(&Options::width, 8, 16384)},
+        {"-H", "--height", "N", "image height in pixels (default: the model's)",
+         int_setter(&Options::height, 8, 16384)},
+        {nullptr, "--steps", "N", "denoising steps (default: the model's)", int_setter(&Options::steps, 1, 10000)},
+        {"-b", "--batch-count", "N", "number of images to generate", int_setter(&Options::batch_count, 1, 10000)},
+        {"-t", "--threads", "N", "CPU threads (default: all cores)", int_setter(&Options::threads, 1, 1024)},
+        {"-s", "--seed", "N", "RNG seed; -1 picks one at random (default 42)",
+         [](Options& o, const std::string& v) -> std::optional<std::string> {
+             long long parsed = 0;
+             if (auto err = parse_integer(v, -1, LLONG_MAX, &parsed)) return err;
+             o.seed = parsed;
+             return std::nullopt;
+         }},
+        {nullptr, "--cfg-scale", "X", "classifier-free guidance scale, 0 to 1000 (default: the model's)",
+         [](Options& o, const std::string& v) -> std::optional<std::string> {
+             char* end = nullptr;
+             const double f = std::strtod(v.c_str(), &end);
+             if (v.empty() || *end != '\0' || !(f >= 0 && f <= kMaxCfgScale)) {
+                 return "expected a number from 0 to 1000, got '" + v + "'";
+             }
+             o.cfg_scale = static_cast<float>(f);
+             o.cfg_scale_given = true;
+             return std::nullopt;
+         }},
+        {nullptr, "--guidance", "X",
+         "distilled guidance of Flux-dev and Kontext, 0 to 100 (default 3.5; schnell and Chroma have none)",
+         [](Options& o, const std::string& v) -> std::optional<std::string> {
+             char* end = nullptr;
+             const double f = std::strtod(v.c_str(), &end);
+             if (v.empty() || *end != '\0' || !(f >= 0 && f <= 100.0)) {
+                 return "expected a number from 0 to 100, got '" + v + "'";
+             }
+             o.guidance = static_cast<float>(f);
+             o.guidance_given = true;
+             return std::nullopt;
+         }},
+        {nullptr, "--flow-shift", "X",
+         "time shift of a flow model's schedule, as sd-cli's (Flux: mu; default 1.15 at 1024x1024 for dev, "
+         "scaled with the image's size; 0 for schnell)",
+         [](Options& o, const std::string& v) -> std::optional<std::string> {
+             char* end = nullptr;
+             const double f = std::strtod(v.c_str(), &end);
+             if (v.empty() || *end != '\0' || !(f >= -20 && f <= 20)) {
+                 return "expected a number from -20 to 20, got '" + v + "'";
+             }
+             o.flow_shift = static_cast<float>(f);
+             o.flow_shift_given = true;
+             return std::nullopt;
+         }},
+        {"-r", "--ref-image", "PATH", "reference image for Flux.1-Kontext (repeatable)",
+         [](Options& o, const std::string& v) -> std::optional<std::string> {
+             if (v.empty()) return std::string("expected a path, got an empty string");
+             o.ref_images.push_back(v);
+             return std::nullopt;
+         }},
+        {nullptr, "--disable-auto-resize-ref-image", nullptr,
+         "encode each -r image at its own size, not resized to about the output's area (at most 1024x1024)",
+         switch_setter(&Options::disable_auto_resize_ref_image)},
+        {nullptr, "--increase-ref-index", nullptr,
+         "give the -r images the position indices 1, 2, ... in order, instead of placing them side by side at 1",
+         switch_setter(&Options::increase_ref_index)},
+        {nullptr, "--chroma-disable-dit-mask", nullptr,
+         "Chroma: let the DiT attend to T5's padding (by default it sees only the text, EOS and one pad token)",
+         switch_setter(&Options::chroma_disable_dit_mask)},
+        {nullptr, "--chroma-enable-t5-mask", nullptr, "Chroma: mask the padding in T5's own attention too",
+         switch_setter(&Options::chroma_enable_t5_mask)},
+        {nullptr, "--chroma-t5-mask-pad", "N", "Chroma: pad tokens after EOS the DiT still sees (default 1)",
+         int_setter(&Options::chroma_t5_mask_pad, 0, 512)},
+        {nullptr, "--model-args", "LIST",
+         "sd-cli's model arguments, key=value comma-separated: chroma_use_dit_mask, chroma_use_t5_mask, "
+         "chroma_t5_mask_pad, diffusion_flash_attn, flash_attn, offload_params_to_cpu, clip_on_cpu, vae_on_cpu, "
+         "control_net_cpu; enable_mmap and the conv_direct ones are accepted and ignored",
+         apply_model_args},
+        {nullptr, "--control-image", "PATH",
+         "the ControlNet's condition (edges, depth, pose, ...), of the output's aspect ratio",
+         path_setter(&Options::control_image)},
+        {nullptr, "--control-strength", "X", "factor on the ControlNet's residuals, 0 to 10 (default 0.9)",
+         [](Options& o, const std::string& v) -> std::optional<std::string> {
+             char* end = nullptr;
+             const double f = std::strtod(v.c_str(), &end);
+             if (v.empty() || *end != '\0' || !(f >= 0 && f <= 10)) {
+                 return "expected a number from 0 to 10, got '" + v + "'";
+             }
+             o.control_strength = static_cast<float>(f);
+             return std::nullopt;
+         }},
+        {nullptr, "--canny", nullptr,
+         "replace the control image by its edges, as sd-cli's canny preprocessor finds them",
+         switch_setter(&Options::canny)},
+        {nullptr, "--sampling-method", "NAME",
+         "sampler: euler, euler_a, heun, dpm2, dpm++2s_a, dpm++2m, dpm++2mv2, ipndm, lcm, ddim_trailing, tcd",
+         checked_setter(&Options::sampling_method, KILN_VALUE_SAMPLER)},
+        {nullptr, "--scheduler", "NAME", "sigma schedule: discrete, karras, exponential, ays, sgm_uniform, simple",
+         checked_setter(&Options::scheduler, KILN_VALUE_SCHEDULER)},
+        {nullptr, "--rng", "NAME",
+         "noise generator: cuda (torch CUDA's Philox, default), cpu (torch CPU's mt19937) or std_default "
+         "(sd-cli's C++ std::default_random_engine)",
+         checked_setter(&Options::rng, KILN_VALUE_RNG)},
+        {nullptr, "--sampler-rng", "NAME",
+         "noise generator of the stochastic samplers' steps (euler_a, dpm++2s_a, lcm, ddim_trailing, tcd), "
+         "seeded as --rng (default: --rng's stream, continued)",
+         [](Options& o, const std::string& v) -> std::optional<std::string> {
+             char* error = nullptr;
+             if (kiln_check_value(KILN_VALUE_RNG, v.c_str(), &error) != KILN_OK) {
+                 std::string message = error ? error : "invalid value";
+                 kiln_free_string(error);
+                 if (message.rfind("--rng: ", 0) == 0) message.erase(0, 7);
+                 return message;
+             }
+             o.sampler_rng = v;
+             return std::nullopt;
+         }},
+        {nullptr, "--eta", "X",
+         "noise share of the stochastic steps in [0, 1]: DDIM's eta, TCD's gamma, the ancestral samplers' "
+         "(default: 0 for ddim_trailing and tcd, 1 for euler_a and dpm++2s_a)",
+         [](Options& o, const std::string& v) -> std::optional<std::string> {
+             char* end = nullptr;
+             const float f = std::strtof(v.c_str(), &end);
+             if (v.empty() || *end != '\0' || !(f >= 0.0f && f <= 1.0f))
+                 return "expected a number in [0, 1], got '" + v + "'";
+             o.eta = f;
+             return std::nullopt;
+         }},
+        {nullptr, "--timestep-shift", "N",
+         "NitroFusion's SDXL models: the UNet sees timestep round(t * N / 1000) (sd-cli's; NitroSD-Realism "
+         "about 250, NitroSD-Vibrant 500; default 0, none)",
+         int_setter(&Options::timestep_shift, 0, 1000)},
+        {nullptr, "--slg-scale", "X",
+         "skip-layer guidance for Flux and Chroma: a pass without --skip-layers adds X times its difference "
+         "from the conditional one (default 0, off)",
+         float_setter(&Options::slg_scale)},
+        {nullptr, "--skip-layers", "LIST",
+         "the DiT blocks skip-layer guidance leaves out, double blocks first then single, e.g. \"[7,8,9]\" "
+         "(the default)",
+         [](Options& o, const std::string& v) -> std::optional<std::string> {
+             std::vector<int> layers;
+             for (const std::string& item : list_items(v)) {
+                 if (item.empty()) continue;
+                 long long layer = 0;
+                 if (auto err = parse_integer(item, 0, 1000, &layer)) return err;
+                 layers.push_back(static_cast<int>(layer));
+             }
+             o.skip_layers = std::move(layers);
+             return std::nullopt;
+         }},
+        {nullptr, "--skip-layer-start", "X", "share of the schedule where skip-layer guidance starts (default 0.01)",
+         bounded_float_setter(&Options::skip_layer_start, 0, 1)},
+        {nullptr, "--skip-layer-end", "X", "share of the schedule where skip-layer guidance ends (default 0.2)",
+         bounded_float_setter(&Options::skip_layer_end, 0, 1)},
+        {nullptr, "--sigmas", "LIST",
+         "the noise schedule itself, comma-separated and descending to 0, e.g. \"14.6,7.8,3.5,0\" (brackets "
+         "allowed); replaces --scheduler, and --steps becomes the count less one",
+         sigmas_setter(&Options::sigmas)},
+        {nullptr, "--clip-skip", "N", "text encoder layer to use, counted from the end (default: the model's)",
+         int_setter(&Options::clip_skip, 1, 12)},
+        {nullptr, "--prediction", "TYPE", "what the model predicts: eps or v (default: the model's)",
+         [](Options& o, const std::string& v) -> std::optional<std::string> {
+             if (v != "eps" && v != "v") return "unknown prediction '" + v + "' (valid: eps, v)";
+             o.prediction = v;
+             return std::nullopt;
+         }},
+        {nullptr, "--vae-tiling", nullptr, "decode and encode the VAE in overlapping tiles (less memory)",
+         switch_setter(&Options::vae_tiling)},
+        {nullptr, "--vae-tile-size", "N", "VAE tile side in latent pixels, N or NxN (default 32)",
+         [](Options& o, const std::string& v) -> std::optional<std::string> {
+             std::string side = v;
+             if (const auto x = v.find('x'); x != std::string::npos) {
+                 if (v.substr(0, x) != v.substr(x + 1)) return "only square tiles are supported, got '" + v + "'";
+                 side = v.substr(0, x);
+             }
+             long long parsed = 0;
+             if (auto err = parse_integer(side, 8, 4096, &parsed)) return err;
+             o.vae_tile_size = static_cast<int>(parsed);
+             return std::nullopt;
+         }},
+        {nullptr, "--vae-relative-tile-size", "X[xY]",
+         "VAE tile sides relative to the latent's: a share of the side if <= 1, tiles per side if > 1 "
+         "(overrides --vae-tile-size)",
+         [](Options& o, const std::string& v) -> std::optional<std::string> {
+             const size_t x = v.find('x');
+             const std::string sides[2] = {v.substr(0, x), x == std::string::npos ? v : v.substr(x + 1)};
+             float values[2] = {};
+             for (int i = 0; i < 2; ++i) {
                  char* end = nullptr;
-                 const float f = std::strtof(v.c_str(), &end);
-                 if (v.empty() || *end != '\0' || !(f > 0.0f && f <= 1.0f))
-                     return "expected a number in (0, 1], got '" + v + "'";
-                 o.strength = f;
-                 o.strength_given = true;
-                 return std::nullopt;
-             }},
-            {"-W", "--width", "N", "image width in pixels (default: the model's)",
-             int_setter(&Options::width, 8, 16384)},
-            {"-H", "--height", "N", "image height in pixels (default: the model's)",
-             int_setter(&Options::height, 8, 16384)},
-            {nullptr, "--steps", "N", "denoising steps (default: the model's)", int_setter(&Options::steps, 1, 10000)},
-            {"-b", "--batch-count", "N", "number of images to generate", int_setter(&Options::batch_count, 1, 10000)},
-            {"-t", "--threads", "N", "CPU threads (default: all cores)", int_setter(&Options::threads, 1, 1024)},
-            {"-s", "--seed", "N", "RNG seed; -1 picks one at random (default 42)",
-             [](Options& o, const std::string& v) -> std::optional<std::string> {
-                 long long parsed = 0;
-                 if (auto err = parse_integer(v, -1, LLONG_MAX, &parsed)) return err;
-                 o.seed = parsed;
-                 return std::nullopt;
-             }},
-            {nullptr, "--cfg-scale", "X", "classifier-free guidance scale, 0 to 1000 (default: the model's)",
-             [](Options& o, const std::string& v) -> std::optional<std::string> {
-                 char* end = nullptr;
-                 const double f = std::strtod(v.c_str(), &end);
-                 if (v.empty() || *end != '\0' || !(f >= 0 && f <= kMaxCfgScale)) {
-                     return "expected a number from 0 to 1000, got '" + v + "'";
-                 }
-                 o.cfg_scale = static_cast<float>(f);
-                 o.cfg_scale_given = true;
-                 return std::nullopt;
-             }},
-            {nullptr, "--guidance", "X",
-             "distilled guidance of Flux-dev and Kontext, 0 to 100 (default 3.5; schnell and Chroma have none)",
-             [](Options& o, const std::string& v) -> std::optional<std::string> {
-                 char* end = nullptr;
-                 const double f = std::strtod(v.c_str(), &end);
-                 if (v.empty() || *end != '\0' || !(f >= 0 && f <= 100.0)) {
-                     return "expected a number from 0 to 100, got '" + v + "'";
-                 }
-                 o.guidance = static_cast<float>(f);
-                 o.guidance_given = true;
-                 return std::nullopt;
-             }},
-            {nullptr, "--flow-shift", "X",
-             "time shift of a flow model's schedule, as sd-cli's (Flux: mu; default 1.15 at 1024x1024 for dev, "
-             "scaled with the image's size; 0 for schnell)",
-             [](Options& o, const std::string& v) -> std::optional<std::string> {
-                 char* end = nullptr;
-                 const double f = std::strtod(v.c_str(), &end);
-                 if (v.empty() || *end != '\0' || !(f >= -20 && f <= 20)) {
-                     return "expected a number from -20 to 20, got '" + v + "'";
-                 }
-                 o.flow_shift = static_cast<float>(f);
-                 o.flow_shift_given = true;
-                 return std::nullopt;
-             }},
-            {"-r", "--ref-image", "PATH", "reference image for Flux.1-Kontext (repeatable)",
-             [](Options& o, const std::string& v) -> std::optional<std::string> {
-                 if (v.empty()) return std::string("expected a path, got an empty string");
-                 o.ref_images.push_back(v);
-                 return std::nullopt;
-             }},
-            {nullptr, "--disable-auto-resize-ref-image", nullptr,
-             "encode each -r image at its own size, not resized to about the output's area (at most 1024x1024)",
-             switch_setter(&Options::disable_auto_resize_ref_image)},
-            {nullptr, "--increase-ref-index", nullptr,
-             "give the -r images the position indices 1, 2, ... in order, instead of placing them side by side at 1",
-             switch_setter(&Options::increase_ref_index)},
-            {nullptr, "--chroma-disable-dit-mask", nullptr,
-             "Chroma: let the DiT attend to T5's padding (by default it sees only the text, EOS and one pad token)",
-             switch_setter(&Options::chroma_disable_dit_mask)},
-            {nullptr, "--chroma-enable-t5-mask", nullptr, "Chroma: mask the padding in T5's own attention too",
-             switch_setter(&Options::chroma_enable_t5_mask)},
-            {nullptr, "--chroma-t5-mask-pad", "N", "Chroma: pad tokens after EOS the DiT still sees (default 1)",
-             int_setter(&Options::chroma_t5_mask_pad, 0, 512)},
-            {nullptr, "--model-args", "LIST",
-             "sd-cli's model arguments, key=value comma-separated: chroma_use_dit_mask, chroma_use_t5_mask, "
-             "chroma_t5_mask_pad, diffusion_flash_attn, flash_attn, offload_params_to_cpu, clip_on_cpu, vae_on_cpu, "
-             "control_net_cpu; enable_mmap and the conv_direct ones are accepted and ignored",
-             apply_model_args},
-            {nullptr, "--control-image", "PATH",
-             "the ControlNet's condition (edges, depth, pose, ...), of the output's aspect ratio",
-             path_setter(&Options::control_image)},
-            {nullptr, "--control-strength", "X", "factor on the ControlNet's residuals, 0 to 10 (default 0.9)",
-             [](Options& o, const std::string& v) -> std::optional<std::string> {
-                 char* end = nullptr;
-                 const double f = std::strtod(v.c_str(), &end);
-                 if (v.empty() || *end != '\0' || !(f >= 0 && f <= 10)) {
-                     return "expected a number from 0 to 10, got '" + v + "'";
-                 }
-                 o.control_strength = static_cast<float>(f);
-                 return std::nullopt;
-             }},
-            {nullptr, "--canny", nullptr,
-             "replace the control image by its edges, as sd-cli's canny preprocessor finds them",
-             switch_setter(&Options::canny)},
-            {nullptr, "--sampling-method", "NAME",
-             "sampler: euler, euler_a, heun, dpm2, dpm++2s_a, dpm++2m, dpm++2mv2, ipndm, lcm, ddim_trailing, tcd",
-             checked_setter(&Options::sampling_method, KILN_VALUE_SAMPLER)},
-            {nullptr, "--scheduler", "NAME", "sigma schedule: discrete, karras, exponential, ays, sgm_uniform, simple",
-             checked_setter(&Options::scheduler, KILN_VALUE_SCHEDULER)},
-            {nullptr, "--rng", "NAME",
-             "noise generator: cuda (torch CUDA's Philox, default), cpu (torch CPU's mt19937) or std_default "
-             "(sd-cli's C++ std::default_random_engine)",
-             checked_setter(&Options::rng, KILN_VALUE_RNG)},
-            {nullptr, "--sampler-rng", "NAME",
-             "noise generator of the stochastic samplers' steps (euler_a, dpm++2s_a, lcm, ddim_trailing, tcd), "
-             "seeded as --rng (default: --rng's stream, continued)",
-             [](Options& o, const std::string& v) -> std::optional<std::string> {
-                 char* error = nullptr;
-                 if (kiln_check_value(KILN_VALUE_RNG, v.c_str(), &error) != KILN_OK) {
-                     std::string message = error ? error : "invalid value";
-                     kiln_free_string(error);
-                     if (message.rfind("--rng: ", 0) == 0) message.erase(0, 7);
-                     return message;
-                 }
-                 o.sampler_rng = v;
-                 return std::nullopt;
-             }},
-            {nullptr, "--eta", "X",
-             "noise share of the stochastic steps in [0, 1]: DDIM's eta, TCD's gamma, the ancestral samplers' "
-             "(default: 0 for ddim_trailing and tcd, 1 for euler_a and dpm++2s_a)",
-             [](Options& o, const std::string& v) -> std::optional<std::string> {
-                 char* end = nullptr;
-                 const float f = std::strtof(v.c_str(), &end);
-                 if (v.empty() || *end != '\0' || !(f >= 0.0f && f <= 1.0f))
-                     return "expected a number in [0, 1], got '" + v + "'";
-                 o.eta = f;
-                 return std::nullopt;
-             }},
-            {nullptr, "--timestep-shift", "N",
-             "NitroFusion's SDXL models: the UNet sees timestep round(t * N / 1000) (sd-cli's; NitroSD-Realism "
-             "about 250, NitroSD-Vibrant 500; default 0, none)",
-             int_setter(&Options::timestep_shift, 0, 1000)},
-            {nullptr, "--slg-scale", "X",
-             "skip-layer guidance for Flux and Chroma: a pass without --skip-layers adds X times its difference "
-             "from the conditional one (default 0, off)",
-             float_setter(&Options::slg_scale)},
-            {nullptr, "--skip-layers", "LIST",
-             "the DiT blocks skip-layer guidance leaves out, double blocks first then single, e.g. \"[7,8,9]\" "
-             "(the default)",
-             [](Options& o, const std::string& v) -> std::optional<std::string> {
-                 std::vector<int> layers;
-                 for (const std::string& item : list_items(v)) {
-                     if (item.empty()) continue;
-                     long long layer = 0;
-                     if (auto err = parse_integer(item, 0, 1000, &layer)) return err;
-                     layers.push_back(static_cast<int>(layer));
-                 }
-                 o.skip_layers = std::move(layers);
-                 return std::nullopt;
-             }},
-            {nullptr, "--skip-layer-start", "X",
-             "share of the schedule where skip-layer guidance starts (default 0.01)",
-             bounded_float_setter(&Options::skip_layer_start, 0, 1)},
-            {nullptr, "--skip-layer-end", "X", "share of the schedule where skip-layer guidance ends (default 0.2)",
-             bounded_float_setter(&Options::skip_layer_end, 0, 1)},
-            {nullptr, "--sigmas", "LIST",
-             "the noise schedule itself, comma-separated and descending to 0, e.g. \"14.6,7.8,3.5,0\" (brackets "
-             "allowed); replaces --scheduler, and --steps becomes the count less one",
-             sigmas_setter(&Options::sigmas)},
-            {nullptr, "--clip-skip", "N", "text encoder layer to use, counted from the end (default: the model's)",
-             int_setter(&Options::clip_skip, 1, 12)},
-            {nullptr, "--prediction", "TYPE", "what the model predicts: eps or v (default: the model's)",
-             [](Options& o, const std::string& v) -> std::optional<std::string> {
-                 if (v != "eps" && v != "v") return "unknown prediction '" + v + "' (valid: eps, v)";
-                 o.prediction = v;
-                 return std::nullopt;
-             }},
-            {nullptr, "--vae-tiling", nullptr, "decode and encode the VAE in overlapping tiles (less memory)",
-             switch_setter(&Options::vae_tiling)},
-            {nullptr, "--vae-tile-size", "N", "VAE tile side in latent pixels, N or NxN (default 32)",
-             [](Options& o, const std::string& v) -> std::optional<std::string> {
-                 std::string side = v;
-                 if (const auto x = v.find('x'); x != std::string::npos) {
-                     if (v.substr(0, x) != v.substr(x + 1)) return "only square tiles are supported, got '" + v + "'";
-                     side = v.substr(0, x);
-                 }
-                 long long parsed = 0;
-                 if (auto err = parse_integer(side, 8, 4096, &parsed)) return err;
-                 o.vae_tile_size = static_cast<int>(parsed);
-                 return std::nullopt;
-             }},
-            {nullptr, "--vae-relative-tile-size", "X[xY]",
-             "VAE tile sides relative to the latent's: a share of the side if <= 1, tiles per side if > 1 "
-             "(overrides --vae-tile-size)",
-             [](Options& o, const std::string& v) -> std::optional<std::string> {
-                 const size_t x = v.find('x');
-                 const std::string sides[2] = {v.substr(0, x), x == std::string::npos ? v : v.substr(x + 1)};
-                 float values[2] = {};
-                 for (int i = 0; i < 2; ++i) {
-                     char* end = nullptr;
-                     values[i] = std::strtof(sides[i].c_str(), &end);
-                     if (sides[i].empty() || *end != '\0' || !(values[i] > 0.0f && values[i] <= 1000.0f))
-                         return "expected X or XxY with numbers in (0, 1000], got '" + v + "'";
-                 }
-                 o.vae_relative_tile_w = values[0];
-                 o.vae_relative_tile_h = values[1];
-                 return std::nullopt;
-             }},
-            {nullptr, "--vae-tile-overlap", "X",
-             "share of a VAE tile overlapping its neighbour, in [0, 1) (default 0.5)",
-             [](Options& o, const std::string& v) -> std::optional<std::string> {
-                 char* end = nullptr;
-                 const float f = std::strtof(v.c_str(), &end);
-                 if (v.empty() || *end != '\0' || !(f >= 0.0f && f < 1.0f))
-                     return "expected a number in [0, 1), got '" + v + "'";
-                 o.vae_tile_overlap = f;
-                 return std::nullopt;
-             }},
-            {nullptr, "--upscale-model", "PATH",
-             "ESRGAN / Real-ESRGAN upscaler (.safetensors, .pth, .gguf) run on the generated images, or on -i "
-             "with -M upscale",
-             path_setter(&Options::upscale_model)},
-            {nullptr, "--upscale-repeats", "N", "run the upscaler this many times, 1 to 8 (default 1)",
-             int_setter(&Options::upscale_repeats, 1, 8)},
-            {nullptr, "--upscale-tile-size", "N", "upscaler tile side in pixels (default 128)",
-             int_setter(&Options::upscale_tile_size, 0, 1 << 20)},
-            {nullptr, "--hires", nullptr,
-             "hires fix: upscale the first pass and denoise it again at the larger size (text-to-image)",
-             switch_setter(&Options::hires)},
-            {nullptr, "--hires-scale", "X", "hires size as a multiple of the first pass's (default 2)",
-             float_setter(&Options::hires_scale)},
-            {nullptr, "--hires-width", "N", "hires width in pixels; 0 uses --hires-scale (default 0)",
-             int_setter(&Options::hires_width, -(1 << 20), 1 << 20)},
-            {nullptr, "--hires-height", "N", "hires height in pixels; 0 uses --hires-scale (default 0)",
-             int_setter(&Options::hires_height, -(1 << 20), 1 << 20)},
-            {nullptr, "--hires-steps", "N", "second pass steps; 0 reuses --steps (default 0)",
-             int_setter(&Options::hires_steps, -(1 << 20), 1 << 20)},
-            {nullptr, "--hires-denoising-strength", "X",
-             "share of the second pass's schedule to run, in [0, 1] (default 0.7; 0: upscale only)",
-             bounded_float_setter(&Options::hires_denoising_strength, 0, 1)},
-            {nullptr, "--hires-upscaler", "NAME",
-             "latent (bilinear, default), latent-nearest, latent-nearest-exact, lanczos, or an ESRGAN model file",
-             [](Options& o, const std::string& v) -> std::optional<std::string> {
-                 if (v.empty()) return std::string("expected latent, latent-nearest or a model file");
-                 o.hires_upscaler = v;
-                 return std::nullopt;
-             }},
-            {nullptr, "--hires-upscalers-dir", "DIR",
-             "folder of ESRGAN models: --hires-upscaler NAME may name one by file name, with or without its "
-             "extension",
-             path_setter(&Options::hires_upscalers_dir)},
-            {nullptr, "--hires-sigmas", "LIST",
-             "the second pass's schedule as it runs, comma-separated and descending to 0 (e.g. "
-             "\"0.85,0.725,0.42,0\"); replaces --hires-steps and --hires-denoising-strength",
-             sigmas_setter(&Options::hires_sigmas)},
-            {nullptr, "--hires-upscale-tile-size", "N", "tile side of a model --hires-upscaler in pixels (default 128)",
-             int_setter(&Options::hires_upscale_tile_size, 0, 1 << 20)},
-            {nullptr, "--taesd", "PATH",
-             "tiny autoencoder decoder (TAESD, TAESDXL, TAEF1): decodes the final image instead of the VAE (fast, "
-             "lower quality) and makes --preview tae previews",
-             path_setter(&Options::taesd)},
-            {nullptr, "--tae", "PATH", "alias of --taesd", path_setter(&Options::taesd)},
-            {nullptr, "--taesd-preview-only", nullptr,
-             "use --taesd for --preview tae only; the final image still comes from the VAE",
-             switch_setter(&Options::taesd_preview_only)},
-            {nullptr, "--preview", "MODE",
-             "live preview while sampling: none (default), proj (latent-to-RGB projection, latent-sized), tae "
-             "(--taesd), vae (the full VAE); kiln serve: the default of its jobs (default proj)",
-             [](Options& o, const std::string& v) -> std::optional<std::string> {
-                 if (auto err = checked_setter(&Options::preview, KILN_VALUE_PREVIEW)(o, v)) return err;
-                 o.preview_given = true;
-                 return std::nullopt;
-             }},
-            {nullptr, "--preview-path", "PATH",
-             "where the preview image goes, replaced at each update (default "
-             "preview.png)",
-             path_setter(&Options::preview_path)},
-            {nullptr, "--preview-interval", "N", "update the preview every N denoising steps (default 1)",
-             int_setter(&Options::preview_interval, 1, 10000)},
-            {nullptr, "--preview-noisy", nullptr,
-             "preview the noisy latent the network is given instead of the denoised estimate",
-             switch_setter(&Options::preview_noisy)},
-            {nullptr, "--cache-mode", "MODE",
-             "a step cache that reuses or forecasts work between steps: ucache (UNets), easycache, dbcache, "
-             "taylorseer, cache-dit (DiTs) or spectrum (both); default none (docs/caching.md)",
-             string_setter(&Options::cache_mode)},
-            {nullptr, "--cache-option", "LIST",
-             "the cache's settings, \"key=value,...\": threshold, start, end, decay, relative, reset (ucache), "
-             "threshold, start, end (easycache), Fn, Bn, threshold, warmup (dbcache, taylorseer, cache-dit), "
-             "w, m, lam, window, flex, warmup, stop (spectrum)",
-             string_setter(&Options::cache_option)},
-            {nullptr, "--scm-mask", "LIST",
-             "dbcache, taylorseer and cache-dit: one 1 (compute) or 0 (may cache) per step, e.g. \"1,1,0,1\"",
-             string_setter(&Options::scm_mask)},
-            {nullptr, "--scm-policy", "POLICY",
-             "a 0 step of --scm-mask checks the threshold (dynamic, the default) or caches outright (static)",
-             string_setter(&Options::scm_policy)},
-            {nullptr, "--diffusion-fa", nullptr, "use flash attention in the diffusion model",
-             switch_setter(&Options::diffusion_fa)},
-            {nullptr, "--fa", nullptr,
-             "flash attention: kiln uses it in the diffusion model (as --diffusion-fa); the encoders' and VAE's "
-             "attention is small beside it",
-             switch_setter(&Options::diffusion_fa)},
-            {nullptr, "--list-devices", nullptr,
-             "list every compute device (name, type, free and total memory), --rpc-servers ones included",
-             [](Options& o, const std::string&) -> std::optional<std::string> {
-                 o.command = Command::ListDevices;
-                 return std::nullopt;
-             }},
-            {nullptr, "--rpc-servers", "HOST:PORT[,...]",
-             "add the devices of ggml RPC servers (see 'kiln rpc-server'); they are named RPC0, RPC1, ...",
-             checked_setter(&Options::rpc_servers, KILN_VALUE_RPC_SERVERS)},
-            {nullptr, "--backend", "SPEC",
-             "compute device for every module (cuda0), or per module: diffusion=rpc0,te=cpu,vae=cpu "
-             "(modules: diffusion, te, vae, clip_vision)",
-             [](Options& o, const std::string& v) -> std::optional<std::string> {
-                 if (v.empty()) return std::string("expected a device or module=device pairs, got an empty string");
-                 o.backend = v;
-                 return std::nullopt;
-             }},
-            {nullptr, "--params-backend", "SPEC",
-             "where weights live between uses: cpu (RAM), disk, or a device; for every module or per module: "
-             "diffusion=cpu,vae=disk. Turns auto-fit off",
-             [](Options& o, const std::string& v) -> std::optional<std::string> {
-                 if (v.empty()) return std::string("expected cpu, disk, a device or module=location pairs");
-                 o.params_backend = v;
-                 return std::nullopt;
-             }},
-            {nullptr, "--clip-on-cpu", nullptr, "the text encoders compute on the CPU, as sd-cli's flag",
-             module_on_cpu("te")},
-            {nullptr, "--vae-on-cpu", nullptr, "the VAE computes on the CPU, as sd-cli's flag", module_on_cpu("vae")},
-            {nullptr, "--control-net-cpu", nullptr, "the ControlNet computes on the CPU, as sd-cli's flag",
-             module_on_cpu("control")},
-            {nullptr, "--offload-to-cpu", nullptr, "keep every module's weights in RAM (--params-backend cpu)",
-             switch_setter(&Options::offload_to_cpu)},
-            {nullptr, "--max-vram", "GIB",
-             "memory budget per device in GiB: 6 (a managed budget), 0 (free memory), -N (free memory at "
-             "start minus N GiB, e.g. -1 or -0.5), or per device: cuda0=6,rpc0=0.5,cpu=-2; K/M/G suffixes "
-             "allowed (96M); at most 1e9 GiB either way",
-             checked_setter(&Options::max_vram, KILN_VALUE_MAX_VRAM)},
-            {nullptr, "--auto-fit", "on|off",
-             "choose placement and params locations automatically (default on; --backend or --params-backend "
-             "turn it off)",
-             [](Options& o, const std::string& v) -> std::optional<std::string> {
-                 if (v != "on" && v != "off") return "expected on or off, got '" + v + "'";
-                 o.auto_fit = v == "on";
-                 return std::nullopt;
-             }},
-            {nullptr, "--eager-load", nullptr, "read every module's weights at start instead of on first use",
-             switch_setter(&Options::eager_load)},
-            {nullptr, "--disable-prefetch", nullptr,
-             "do not upload the next segment's weights while the current one computes",
-             switch_setter(&Options::disable_prefetch)},
-            {nullptr, "--disable-segmented-compute", nullptr,
-             "always run graphs whole (a graph that does not fit is an error)",
-             switch_setter(&Options::disable_segmented_compute)},
-            {nullptr, "--dry-run", nullptr,
-             "print the placement, predicted memory per device and segments per module, then stop (kiln plan)",
-             [](Options& o, const std::string&) -> std::optional<std::string> {
-                 o.command = Command::Plan;
-                 return std::nullopt;
-             }},
-            {"-v", "--verbose", nullptr, "verbose logging (same as --log-level verbose)",
-             [](Options& o, const std::string&) -> std::optional<std::string> {
-                 o.log_level = LogLevel::Verbose;
-                 return std::nullopt;
-             }},
-            {nullptr, "--log-level", "LEVEL", "debug, verbose, info (default), warn or error",
-             [](Options& o, const std::string& v) -> std::optional<std::string> {
-                 auto level = parse_log_level(v);
-                 if (!level) return "unknown log level '" + v + "' (valid: debug, verbose, info, warn, error)";
-                 o.log_level = *level;
-                 return std::nullopt;
-             }},
-            {nullptr, "--color", nullptr, "colour the log level tags", switch_setter(&Options::color)},
-            {"-h", "--help", nullptr, "show this help",
-             [](Options& o, const std::string&) -> std::optional<std::string> {
-                 o.command = Command::Help;
-                 return std::nullopt;
-             }},
-            {nullptr, "--version", nullptr, "print the version",
-             [](Options& o, const std::string&) -> std::optional<std::string> {
-                 o.command = Command::Version;
-                 return std::nullopt;
-             }},
-        };
+                 values[i] = std::strtof(sides[i].c_str(), &end);
+                 if (sides[i].empty() || *end != '\0' || !(values[i] > 0.0f && values[i] <= 1000.0f))
+                     return "expected X or XxY with numbers in (0, 1000], got '" + v + "'";
+             }
+             o.vae_relative_tile_w = values[0];
+             o.vae_relative_tile_h = values[1];
+             return std::nullopt;
+         }},
+        {nullptr, "--vae-tile-overlap", "X", "share of a VAE tile overlapping its neighbour, in [0, 1) (default 0.5)",
+         [](Options& o, const std::string& v) -> std::optional<std::string> {
+             char* end = nullptr;
+             const float f = std::strtof(v.c_str(), &end);
+             if (v.empty() || *end != '\0' || !(f >= 0.0f && f < 1.0f))
+                 return "expected a number in [0, 1), got '" + v + "'";
+             o.vae_tile_overlap = f;
+             return std::nullopt;
+         }},
+        {nullptr, "--upscale-model", "PATH",
+         "ESRGAN / Real-ESRGAN upscaler (.safetensors, .pth, .gguf) run on the generated images, or on -i "
+         "with -M upscale",
+         path_setter(&Options::upscale_model)},
+        {nullptr, "--upscale-repeats", "N", "run the upscaler this many times, 1 to 8 (default 1)",
+         int_setter(&Options::upscale_repeats, 1, 8)},
+        {nullptr, "--upscale-tile-size", "N", "upscaler tile side in pixels (default 128)",
+         int_setter(&Options::upscale_tile_size, 0, 1 << 20)},
+        {nullptr, "--hires", nullptr,
+         "hires fix: upscale the first pass and denoise it again at the larger size (text-to-image)",
+         switch_setter(&Options::hires)},
+        {nullptr, "--hires-scale", "X", "hires size as a multiple of the first pass's (default 2)",
+         float_setter(&Options::hires_scale)},
+        {nullptr, "--hires-width", "N", "hires width in pixels; 0 uses --hires-scale (default 0)",
+         int_setter(&Options::hires_width, -(1 << 20), 1 << 20)},
+        {nullptr, "--hires-height", "N", "hires height in pixels; 0 uses --hires-scale (default 0)",
+         int_setter(&Options::hires_height, -(1 << 20), 1 << 20)},
+        {nullptr, "--hires-steps", "N", "second pass steps; 0 reuses --steps (default 0)",
+         int_setter(&Options::hires_steps, -(1 << 20), 1 << 20)},
+        {nullptr, "--hires-denoising-strength", "X",
+         "share of the second pass's schedule to run, in [0, 1] (default 0.7; 0: upscale only)",
+         bounded_float_setter(&Options::hires_denoising_strength, 0, 1)},
+        {nullptr, "--hires-upscaler", "NAME",
+         "latent (bilinear, default), latent-nearest, latent-nearest-exact, lanczos, or an ESRGAN model file",
+         [](Options& o, const std::string& v) -> std::optional<std::string> {
+             if (v.empty()) return std::string("expected latent, latent-nearest or a model file");
+             o.hires_upscaler = v;
+             return std::nullopt;
+         }},
+        {nullptr, "--hires-upscalers-dir", "DIR",
+         "folder of ESRGAN models: --hires-upscaler NAME may name one by file name, with or without its "
+         "extension",
+         path_setter(&Options::hires_upscalers_dir)},
+        {nullptr, "--hires-sigmas", "LIST",
+         "the second pass's schedule as it runs, comma-separated and descending to 0 (e.g. "
+         "\"0.85,0.725,0.42,0\"); replaces --hires-steps and --hires-denoising-strength",
+         sigmas_setter(&Options::hires_sigmas)},
+        {nullptr, "--hires-upscale-tile-size", "N", "tile side of a model --hires-upscaler in pixels (default 128)",
+         int_setter(&Options::hires_upscale_tile_size, 0, 1 << 20)},
+        {nullptr, "--taesd", "PATH",
+         "tiny autoencoder decoder (TAESD, TAESDXL, TAEF1): decodes the final image instead of the VAE (fast, "
+         "lower quality) and makes --preview tae previews",
+         path_setter(&Options::taesd)},
+        {nullptr, "--tae", "PATH", "alias of --taesd", path_setter(&Options::taesd)},
+        {nullptr, "--taesd-preview-only", nullptr,
+         "use --taesd for --preview tae only; the final image still comes from the VAE",
+         switch_setter(&Options::taesd_preview_only)},
+        {nullptr, "--preview", "MODE",
+         "live preview while sampling: none (default), proj (latent-to-RGB projection, latent-sized), tae "
+         "(--taesd), vae (the full VAE); kiln serve: the default of its jobs (default proj)",
+         [](Options& o, const std::string& v) -> std::optional<std::string> {
+             if (auto err = checked_setter(&Options::preview, KILN_VALUE_PREVIEW)(o, v)) return err;
+             o.preview_given = true;
+             return std::nullopt;
+         }},
+        {nullptr, "--preview-path", "PATH",
+         "where the preview image goes, replaced at each update (default "
+         "preview.png)",
+         path_setter(&Options::preview_path)},
+        {nullptr, "--preview-interval", "N", "update the preview every N denoising steps (default 1)",
+         int_setter(&Options::preview_interval, 1, 10000)},
+        {nullptr, "--preview-noisy", nullptr,
+         "preview the noisy latent the network is given instead of the denoised estimate",
+         switch_setter(&Options::preview_noisy)},
+        {nullptr, "--cache-mode", "MODE",
+         "a step cache that reuses or forecasts work between steps: ucache (UNets), easycache, dbcache, "
+         "taylorseer, cache-dit (DiTs) or spectrum (both); default none (docs/caching.md)",
+         string_setter(&Options::cache_mode)},
+        {nullptr, "--cache-option", "LIST",
+         "the cache's settings, \"key=value,...\": threshold, start, end, decay, relative, reset (ucache), "
+         "threshold, start, end (easycache), Fn, Bn, threshold, warmup (dbcache, taylorseer, cache-dit), "
+         "w, m, lam, window, flex, warmup, stop (spectrum)",
+         string_setter(&Options::cache_option)},
+        {nullptr, "--scm-mask", "LIST",
+         "dbcache, taylorseer and cache-dit: one 1 (compute) or 0 (may cache) per step, e.g. \"1,1,0,1\"",
+         string_setter(&Options::scm_mask)},
+        {nullptr, "--scm-policy", "POLICY",
+         "a 0 step of --scm-mask checks the threshold (dynamic, the default) or caches outright (static)",
+         string_setter(&Options::scm_policy)},
+        {nullptr, "--diffusion-fa", nullptr, "use flash attention in the diffusion model",
+         switch_setter(&Options::diffusion_fa)},
+        {nullptr, "--fa", nullptr,
+         "flash attention: kiln uses it in the diffusion model (as --diffusion-fa); the encoders' and VAE's "
+         "attention is small beside it",
+         switch_setter(&Options::diffusion_fa)},
+        {nullptr, "--list-devices", nullptr,
+         "list every compute device (name, type, free and total memory), --rpc-servers ones included",
+         [](Options& o, const std::string&) -> std::optional<std::string> {
+             o.command = Command::ListDevices;
+             return std::nullopt;
+         }},
+        {nullptr, "--rpc-servers", "HOST:PORT[,...]",
+         "add the devices of ggml RPC servers (see 'kiln rpc-server'); they are named RPC0, RPC1, ...",
+         checked_setter(&Options::rpc_servers, KILN_VALUE_RPC_SERVERS)},
+        {nullptr, "--backend", "SPEC",
+         "compute device for every module (cuda0), or per module: diffusion=rpc0,te=cpu,vae=cpu "
+         "(modules: diffusion, te, vae, clip_vision)",
+         [](Options& o, const std::string& v) -> std::optional<std::string> {
+             if (v.empty()) return std::string("expected a device or module=device pairs, got an empty string");
+             o.backend = v;
+             return std::nullopt;
+         }},
+        {nullptr, "--params-backend", "SPEC",
+         "where weights live between uses: cpu (RAM), disk, or a device; for every module or per module: "
+         "diffusion=cpu,vae=disk. Turns auto-fit off",
+         [](Options& o, const std::string& v) -> std::optional<std::string> {
+             if (v.empty()) return std::string("expected cpu, disk, a device or module=location pairs");
+             o.params_backend = v;
+             return std::nullopt;
+         }},
+        {nullptr, "--clip-on-cpu", nullptr, "the text encoders compute on the CPU, as sd-cli's flag",
+         module_on_cpu("te")},
+        {nullptr, "--vae-on-cpu", nullptr, "the VAE computes on the CPU, as sd-cli's flag", module_on_cpu("vae")},
+        {nullptr, "--control-net-cpu", nullptr, "the ControlNet computes on the CPU, as sd-cli's flag",
+         module_on_cpu("control")},
+        {nullptr, "--offload-to-cpu", nullptr, "keep every module's weights in RAM (--params-backend cpu)",
+         switch_setter(&Options::offload_to_cpu)},
+        {nullptr, "--max-vram", "GIB",
+         "memory budget per device in GiB: 6 (a managed budget), 0 (free memory), -N (free memory at "
+         "start minus N GiB, e.g. -1 or -0.5), or per device: cuda0=6,rpc0=0.5,cpu=-2; K/M/G suffixes "
+         "allowed (96M); at most 1e9 GiB either way",
+         checked_setter(&Options::max_vram, KILN_VALUE_MAX_VRAM)},
+        {nullptr, "--auto-fit", "on|off",
+         "choose placement and params locations automatically (default on; --backend or --params-backend "
+         "turn it off)",
+         [](Options& o, const std::string& v) -> std::optional<std::string> {
+             if (v != "on" && v != "off") return "expected on or off, got '" + v + "'";
+             o.auto_fit = v == "on";
+             return std::nullopt;
+         }},
+        {nullptr, "--eager-load", nullptr, "read every module's weights at start instead of on first use",
+         switch_setter(&Options::eager_load)},
+        {nullptr, "--disable-prefetch", nullptr,
+         "do not upload the next segment's weights while the current one computes",
+         switch_setter(&Options::disable_prefetch)},
+        {nullptr, "--disable-segmented-compute", nullptr,
+         "always run graphs whole (a graph that does not fit is an error)",
+         switch_setter(&Options::disable_segmented_compute)},
+        {nullptr, "--dry-run", nullptr,
+         "print the placement, predicted memory per device and segments per module, then stop (kiln plan)",
+         [](Options& o, const std::string&) -> std::optional<std::string> {
+             o.command = Command::Plan;
+             return std::nullopt;
+         }},
+        {"-v", "--verbose", nullptr, "verbose logging (same as --log-level verbose)",
+         [](Options& o, const std::string&) -> std::optional<std::string> {
+             o.log_level = LogLevel::Verbose;
+             return std::nullopt;
+         }},
+        {nullptr, "--log-level", "LEVEL", "debug, verbose, info (default), warn or error",
+         [](Options& o, const std::string& v) -> std::optional<std::string> {
+             auto level = parse_log_level(v);
+             if (!level) return "unknown log level '" + v + "' (valid: debug, verbose, info, warn, error)";
+             o.log_level = *level;
+             return std::nullopt;
+         }},
+        {nullptr, "--color", nullptr, "colour the log level tags", switch_setter(&Options::color)},
+        {"-q", "--quiet", nullptr, "only warnings and errors: no progress, no \"saved\" lines",
+         [](Options& o, const std::string&) -> std::optional<std::string> {
+             o.quiet = true;
+             o.log_level = LogLevel::Warn;
+             return std::nullopt;
+         }},
+        {"-h", "--help", nullptr, "show this help (after a command or -M MODE: that one's options)",
+         [](Options& o, const std::string&) -> std::optional<std::string> {
+             o.help_topic = o.command;
+             o.command = Command::Help;
+             return std::nullopt;
+         }},
+        {nullptr, "--version", nullptr, "print the version",
+         [](Options& o, const std::string&) -> std::optional<std::string> {
+             o.command = Command::Version;
+             return std::nullopt;
+         }},
+    };
     return table;
 }
 
@@ -1060,8 +1062,156 @@ SdCliSupportNote sd_cli_support(const std::string& name) {
     return {};
 }
 
-std::string help_text() {
+namespace {
+
+// --help's groups of the main options, in the order a person reads them;
+// every flag of flags() is in one (tests/unit/args_test.cpp checks).
+struct HelpGroup {
+    const char* title;
+    std::vector<const char*> flags;
+};
+
+const std::vector<HelpGroup>& help_groups() {
+    static const std::vector<HelpGroup> groups = {
+        {"model files",
+         {"--mode", "--model", "--diffusion-model", "--vae", "--vae-format", "--clip_l", "--clip_g", "--t5xxl", "--llm",
+          "--qwen2vl", "--tokenizer", "--embd-dir", "--lora-model-dir", "--lora-apply-mode", "--type", "--model-args",
+          "--prediction"}},
+        {"generation",
+         {"--prompt",
+          "--negative-prompt",
+          "--prompt-file",
+          "--negative-prompt-file",
+          "--width",
+          "--height",
+          "--steps",
+          "--batch-count",
+          "--seed",
+          "--cfg-scale",
+          "--guidance",
+          "--flow-shift",
+          "--clip-skip",
+          "--threads",
+          "--ref-image",
+          "--disable-auto-resize-ref-image",
+          "--increase-ref-index",
+          "--chroma-disable-dit-mask",
+          "--chroma-enable-t5-mask",
+          "--chroma-t5-mask-pad",
+          "--diffusion-fa",
+          "--fa"}},
+        {"sampling",
+         {"--sampling-method", "--scheduler", "--rng", "--sampler-rng", "--eta", "--timestep-shift", "--sigmas",
+          "--slg-scale", "--skip-layers", "--skip-layer-start", "--skip-layer-end", "--cache-mode", "--cache-option",
+          "--scm-mask", "--scm-policy"}},
+        {"img2img, inpainting and ControlNet",
+         {"--init-img", "--image", "--mask", "--strength", "--max-image-pixels", "--control-net", "--control-image",
+          "--control-strength", "--canny"}},
+        {"hires fix and upscaling",
+         {"--hires", "--hires-scale", "--hires-width", "--hires-height", "--hires-steps", "--hires-denoising-strength",
+          "--hires-upscaler", "--hires-upscalers-dir", "--hires-sigmas", "--hires-upscale-tile-size", "--upscale-model",
+          "--upscale-repeats", "--upscale-tile-size"}},
+        {"VAE and previews",
+         {"--vae-tiling", "--vae-tile-size", "--vae-relative-tile-size", "--vae-tile-overlap", "--taesd", "--tae",
+          "--taesd-preview-only", "--preview", "--preview-path", "--preview-interval", "--preview-noisy"}},
+        {"memory and devices (docs/memory.md, docs/devices.md)",
+         {"--list-devices", "--rpc-servers", "--backend", "--params-backend", "--clip-on-cpu", "--vae-on-cpu",
+          "--control-net-cpu", "--offload-to-cpu", "--max-vram", "--auto-fit", "--eager-load", "--disable-prefetch",
+          "--disable-segmented-compute", "--dry-run"}},
+        {"output",
+         {"--output", "--output-begin-idx", "--disable-image-metadata", "--metadata-format", "--metadata-raw",
+          "--metadata-brief", "--metadata-all"}},
+        {"logging", {"--verbose", "--quiet", "--log-level", "--color", "--help", "--version"}},
+    };
+    return groups;
+}
+
+void print_flag(std::ostringstream& out, const Flag& f) {
+    std::string names = f.short_name ? std::string(f.short_name) + ", " : "    ";
+    names += f.long_name;
+    if (f.value_name) names += std::string(" ") + f.value_name;
+    out << "  " << names;
+    for (size_t pad = names.size(); pad < 30; ++pad) out << ' ';
+    out << ' ' << f.help << '\n';
+}
+
+void print_flags(std::ostringstream& out, const std::vector<Flag>& table) {
+    for (const Flag& f : table) print_flag(out, f);
+}
+
+// The main options whose names are `names`, in that order.
+void print_named(std::ostringstream& out, const std::vector<const char*>& names) {
+    for (const char* name : names) {
+        for (const Flag& f : flags()) {
+            if (name == std::string(f.long_name)) print_flag(out, f);
+        }
+    }
+}
+
+}  // namespace
+
+std::vector<std::string> flags_outside_help_groups() {
+    std::vector<std::string> out;
+    for (const Flag& f : flags()) {
+        bool grouped = false;
+        for (const HelpGroup& g : help_groups()) {
+            for (const char* name : g.flags) grouped = grouped || name == std::string(f.long_name);
+        }
+        if (!grouped) out.push_back(f.long_name);
+    }
+    return out;
+}
+
+std::string help_text(Command topic) {
     std::ostringstream out;
+    switch (topic) {
+        case Command::Info:
+            out << "usage: kiln info [--tensors] [FILE|FOLDER...]   (no file: the default model)\n\n";
+            print_flags(out, info_flags());
+            return out.str();
+        case Command::RpcServer:
+            out << "usage: kiln rpc-server [--host ADDRESS] [--port N] [--device NAME] [--max-alloc SIZE]\n"
+                   "ggml's RPC protocol has no authentication: keep it on 127.0.0.1 or a trusted network.\n\n";
+            print_flags(out, rpc_server_flags());
+            return out.str();
+        case Command::Pull:
+            out << "usage: kiln pull REPO [--include PATTERN]... [--revision R] [--hub-url URL] [--to DIR]\n"
+                   "       kiln pull --tokenizer NAME\n"
+                   "HF_TOKEN is sent as a bearer token when set; files go to $KILN_CACHE, else ~/.cache/kiln "
+                   "(docs/pull.md).\n\n";
+            print_flags(out, pull_flags());
+            return out.str();
+        case Command::Serve:
+            out << "usage: kiln serve [-m MODEL | --model-dir DIR] [--listen-port N] [--api-key KEY] ...\n"
+                   "The model options of kiln --help (--tokenizer, --vae, --max-vram, ...) apply to every model "
+                   "served (docs/server.md).\n\n";
+            print_flags(out, serve_flags());
+            return out.str();
+        case Command::Plan:
+            out << "usage: kiln plan [generation options]   will the job fit, and how? (same as --dry-run)\n"
+                   "It takes every option of kiln --help and reads no weight (docs/memory.md).\n\n";
+            for (const HelpGroup& g : help_groups()) {
+                if (std::string(g.title).rfind("memory", 0) == 0) print_named(out, g.flags);
+            }
+            return out.str();
+        case Command::Metadata:
+            out << "usage: kiln -M metadata -i IMAGE [--metadata-format text|json|parameters] [--metadata-raw] "
+                   "[--metadata-brief] [--metadata-all]\n\n";
+            print_named(out, {"--init-img", "--image", "--metadata-format", "--metadata-raw", "--metadata-brief",
+                              "--metadata-all"});
+            return out.str();
+        case Command::Convert:
+            out << "usage: kiln -M convert -m MODEL -o OUT.gguf [--type TYPE]   (or --diffusion-model, --vae, ... "
+                   "for one part)\n\n";
+            print_named(out, {"--model", "--diffusion-model", "--vae", "--clip_l", "--clip_g", "--t5xxl", "--llm",
+                              "--tokenizer", "--type", "--output"});
+            return out.str();
+        case Command::Upscale:
+            out << "usage: kiln -M upscale -i IMAGE --upscale-model FILE [-o OUT]\n\n";
+            print_named(out, {"--init-img", "--upscale-model", "--upscale-repeats", "--upscale-tile-size", "--output"});
+            return out.str();
+        default: break;
+    }
     out << "usage: kiln [options]                 generate an image\n"
            "       kiln -M convert -m MODEL -o OUT.gguf [--type TYPE]\n"
            "       kiln -M metadata -i IMAGE\n"
@@ -1072,19 +1222,13 @@ std::string help_text() {
            "       kiln rpc-server [--host ADDRESS] [--port N] [--device NAME] [--max-alloc SIZE]   serve a device\n"
            "       kiln pull REPO [--include PATTERN]... [--revision R] [--to DIR]   download from a model hub\n"
            "       kiln pull --tokenizer NAME           fetch a tokenizer into kiln's cache (docs/pull.md)\n"
-           "       kiln serve [-m MODEL | --model-dir DIR] [--listen-port N] [--api-key KEY] ...   the HTTP server\n\n"
-           "options:\n";
-    auto print = [&](const std::vector<Flag>& table) {
-        for (const Flag& f : table) {
-            std::string names = f.short_name ? std::string(f.short_name) + ", " : "    ";
-            names += f.long_name;
-            if (f.value_name) names += std::string(" ") + f.value_name;
-            out << "  " << names;
-            for (size_t pad = names.size(); pad < 30; ++pad) out << ' ';
-            out << ' ' << f.help << '\n';
-        }
-    };
-    print(flags());
+           "       kiln serve [-m MODEL | --model-dir DIR] [--listen-port N] [--api-key KEY] ...   the HTTP server\n"
+           "Each command, and -M MODE, has its own --help (kiln serve --help, kiln -M metadata --help).\n";
+    for (const HelpGroup& g : help_groups()) {
+        out << "\n" << g.title << ":\n";
+        print_named(out, g.flags);
+    }
+    const auto print = [&](const std::vector<Flag>& table) { print_flags(out, table); };
     out << "\nsd-cli options kiln accepts and ignores (docs/sd_cli.md lists every sd-cli option):\n";
     for (const SdCliOption& o : sd_cli_options_without_kiln_flag()) {
         if (o.stance != SdCliStance::Ignored) continue;

@@ -30,6 +30,8 @@ enum class Command {
 
 struct Options {
     Command command = Command::Generate;
+    Command help_topic = Command::Generate;  // -h after a command or -M MODE: that one's help
+    bool quiet = false;                      // -q/--quiet: no progress, log level warn
 
     // Model files.
     std::string model;  // -m/--model: a full checkpoint or a diffusers folder
@@ -215,7 +217,11 @@ struct SdCliSupportNote {
 };
 SdCliSupportNote sd_cli_support(const std::string& name);
 
-// The full --help text.
-std::string help_text();
+// The --help text: the whole of it, or a command's own options (`kiln serve
+// --help`, `kiln -M metadata --help`) for `topic`.
+std::string help_text(Command topic = Command::Generate);
+// The main options --help's groups leave out (none, unless a flag was added
+// without a group).
+std::vector<std::string> flags_outside_help_groups();
 
 }  // namespace kiln::cli

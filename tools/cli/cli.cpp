@@ -26,7 +26,7 @@ int run_cli(const std::vector<std::string>& args) {
     log_capture_ggml();
 
     switch (options.command) {
-        case Command::Help: std::cout << help_text(); return kExitOk;
+        case Command::Help: std::cout << help_text(options.help_topic); return kExitOk;
         case Command::Version:
             std::cout << "kiln " << KILN_VERSION << " (ggml " << KILN_GGML_COMMIT << ")\n";
             return kExitOk;

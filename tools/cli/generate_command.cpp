@@ -312,8 +312,10 @@ int run_generate(const Options& options) {
     gp.control_image = control;
     gp.control_strength = options.control_strength;
     gp.control_canny = options.canny ? 1 : 0;
-    gp.progress = &Progress::on_step;
-    gp.progress_user_data = &progress;
+    if (!options.quiet) {
+        gp.progress = &Progress::on_step;
+        gp.progress_user_data = &progress;
+    }
     gp.hires = options.hires ? 1 : 0;
     gp.hires_scale = options.hires_scale;
     gp.hires_width = options.hires_width;
