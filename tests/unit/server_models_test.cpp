@@ -145,5 +145,53 @@ TEST(ServerModels, NonLoopbackWithoutKeyWarns) {
     EXPECT_EQ(server.stop(SIGTERM), 0);
 }
 
+// A folder kept as ComfyUI keeps one: the models in checkpoints/ are
+// offered; the parts and add-ons in vae/, loras/, upscale_models/ ... are
+// not, nor a LoRA lying loose; a symlinked folder inside is followed, one
+// leading out is not, and the log says so once however often the folder is
+// listed.
+TEST(ServerModels, AComfyUiFolderOffersItsRunnableModelsOnly) {
+    test::TempDir outside;
+    test::TempDir dir;
+    fs::create_directories(dir.file("checkpoints"));
+    fs::copy_file(test::golden_path("models/sd1_tiny.safetensors"), dir.file("checkpoints/sd1_tiny.safetensors"));
+    const auto lora = test::build_safetensors({{"lora_unet_down.lora_up.weight", "F32", {2, 2}, test::f32_bytes(4)}});
+    dir.write("loras/style.safetensors", lora);
+    dir.write("loose_lora.safetensors", lora);
+    fs::create_directories(dir.file("upscale_models"));
+    fs::copy_file(test::golden_path("models/rrdbnet_x2.safetensors"), dir.file("upscale_models/x2.safetensors"));
+    fs::copy_file(test::golden_path("models/sd2_tiny.safetensors"), outside.file("sd2_tiny.safetensors"));
+    fs::create_directory_symlink(outside.path(), dir.file("shared"));
+    fs::create_directory_symlink(dir.file("checkpoints"), dir.file("more"));
+
+    ServerProcess server("-t 1 " + test::tokenizer_flag() + "--model-dir " + dir.path());
+    ASSERT_TRUE(server.started()) << server.log();
+    httplib::Client client("127.0.0.1", server.port());
+    json listed;
+    for (int listing = 0; listing < 2; ++listing) listed = body_json(client.Get("/kiln/v1/models"));
+    std::vector<std::string> names;
+    for (const json& m : listed["models"]) names.push_back(m["name"]);
+    EXPECT_EQ(names, (std::vector<std::string>{"checkpoints/sd1_tiny.safetensors", "more/sd1_tiny.safetensors"}))
+        << listed.dump();
+    EXPECT_EQ(listed["default"], "checkpoints/sd1_tiny.safetensors");
+    const std::string log = server.log();
+    const std::string warning = "shared: a symlink out of the model folder";
+    ASSERT_NE(log.find(warning), std::string::npos) << log;
+    EXPECT_EQ(log.find(warning, log.find(warning) + 1), std::string::npos) << "said once: " << log;
+
+    auto r = client.Post(
+        "/v1/images/generations",
+        json{{"model", "more/sd1_tiny.safetensors"}, {"prompt", "x"}, {"size", "32x32"}, {"steps", 1}}.dump(),
+        "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200) << r->body;
+    auto part = client.Post("/v1/images/generations",
+                            json{{"model", "loras/style.safetensors"}, {"prompt", "x"}}.dump(), "application/json");
+    ASSERT_TRUE(part);
+    EXPECT_EQ(part->status, 400);
+    EXPECT_EQ(error_param(part), "model") << part->body;
+    EXPECT_EQ(server.stop(SIGTERM), 0);
+}
+
 }  // namespace
 }  // namespace kiln

@@ -29,6 +29,23 @@ bool is_model_file(const fs::path& path) {
     return true;
 }
 
+// The folders ComfyUI and A1111 keep a model's parts and add-ons in, by
+// their names (lower case): what is in them is no model to run on its own.
+// Their own model folders (checkpoints/, diffusion_models/, unet/,
+// Stable-diffusion/) are searched like any other.
+bool is_parts_folder(const std::string& name) {
+    std::string lower = name;
+    for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    static const char* const kParts[] = {"vae",         "vae_approx",   "text_encoders", "clip",     "clip_vision",
+                                         "loras",       "lora",         "lycoris",       "embeddings", "upscale_models",
+                                         "esrgan",      "realesrgan",   "controlnet",    "hypernetworks",
+                                         "style_models", "photomaker",  "gligen",        "taesd"};
+    for (const char* part : kParts) {
+        if (lower == part) return true;
+    }
+    return false;
+}
+
 // `path` lies inside `root` (both canonical), component by component.
 bool inside(const fs::path& root, const fs::path& path) {
     auto r = root.begin();
@@ -121,7 +138,10 @@ std::vector<ModelEntry> ModelRegistry::list() {
         std::error_code ec;
         const fs::path root = fs::canonical(options_.model_dir, ec);
         if (ec) return entries;
-        fs::recursive_directory_iterator it(root, fs::directory_options::skip_permission_denied, ec);
+        std::vector<std::pair<std::string, std::string>> links_out;  // link, target
+        // Symlinked folders are followed (kept inside the folder's real path below; the depth bound ends loops).
+        fs::recursive_directory_iterator it(
+            root, fs::directory_options::skip_permission_denied | fs::directory_options::follow_directory_symlink, ec);
         for (; !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
             const fs::path& path = it->path();
             if (path.filename().string().front() == '.') {
@@ -132,10 +152,15 @@ std::vector<ModelEntry> ModelRegistry::list() {
             std::error_code link_ec;
             const fs::path target = fs::canonical(path, link_ec);
             if (link_ec || !inside(root, target)) {
+                if (!link_ec && it->is_symlink(link_ec)) links_out.emplace_back(path.string(), target.string());
                 if (it->is_directory(ec)) it.disable_recursion_pending();
                 continue;
             }
             const std::string name = path.lexically_relative(root).generic_string();
+            if (fs::is_directory(target, link_ec) && is_parts_folder(path.filename().string())) {
+                it.disable_recursion_pending();
+                continue;
+            }
             if (fs::is_directory(target, link_ec)) {
                 if (fs::exists(target / "model_index.json", link_ec)) {
                     entries.push_back({name, target.string(), ""});
@@ -146,6 +171,13 @@ std::vector<ModelEntry> ModelRegistry::list() {
             } else if (is_model_file(path)) {
                 entries.push_back({name, target.string(), ""});
             }
+        }
+        // Said once per link: the folder is listed again at every request.
+        std::lock_guard<std::mutex> lock(mutex_);
+        for (const auto& [link, target] : links_out) {
+            if (!warned_links_.insert(link).second) continue;
+            std::fprintf(stderr, "kiln serve: %s: a symlink out of the model folder (to %s); not offered\n",
+                         link.c_str(), target.c_str());
         }
     }
     std::sort(entries.begin(), entries.end(), [](const ModelEntry& a, const ModelEntry& b) { return a.name < b.name; });
@@ -159,6 +191,11 @@ std::vector<ModelEntry> ModelRegistry::list() {
         }
         e.family = cached->second;
     }
+    // Only what runs: a VAE, a LoRA or a text encoder alone is no model (a
+    // file kiln could not read, family "", stays: its load says what is wrong).
+    entries.erase(std::remove_if(entries.begin(), entries.end(),
+                                 [](const ModelEntry& e) { return !e.family.empty() && !runnable_family(e.family); }),
+                  entries.end());
     // Describing a model parses its header: give the memory back to the
     // system, not to this thread's malloc arena.
     if (described) malloc_trim(0);

@@ -9,6 +9,7 @@
 #include <list>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -69,6 +70,7 @@ class ModelRegistry {
     std::mutex mutex_;
     std::string default_model_;
     std::map<std::string, std::string> family_cache_;  // path -> family
+    std::set<std::string> warned_links_;               // symlinks out of the folder, reported once
     struct Loaded {
         std::string name;
         kiln_context* ctx;
