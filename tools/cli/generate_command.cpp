@@ -88,10 +88,6 @@ kiln_preview_mode preview_mode(const std::string& name) {
     return KILN_PREVIEW_NONE;  // "none"; the parser refused anything else
 }
 
-// --hires-upscaler NAME under --hires-upscalers-dir, as sd-cli looks it up:
-// the file of that name, or of that name with a model file's extension. A
-// built-in name, a path, or a name the folder lacks go on as given (the
-// request says what is wrong with them).
 // The context for `options`' job with `model` (the -m given or found).
 kiln_context_params job_context_params(const Options& options, const std::string& model) {
     kiln_context_params cp = context_params_of(options);
@@ -126,6 +122,10 @@ int plan_verdict(const Options& options, const std::string& model, const kiln_ge
     return fits;
 }
 
+// --hires-upscaler NAME under --hires-upscalers-dir, as sd-cli looks it up:
+// the file of that name, or of that name with a model file's extension. A
+// built-in name, a path, or a name the folder lacks go on as given (the
+// request says what is wrong with them).
 std::string hires_upscaler_path(const Options& options) {
     const std::string& name = options.hires_upscaler;
     if (options.hires_upscalers_dir.empty() || name.find('/') != std::string::npos) return name;
