@@ -1126,13 +1126,18 @@ const std::vector<HelpGroup>& help_groups() {
     return groups;
 }
 
+// One option's line: its names in a column of 30, then what it does.
+void print_row(std::ostringstream& out, const std::string& names, const std::string& help) {
+    out << "  " << names;
+    for (size_t pad = names.size(); pad < 30; ++pad) out << ' ';
+    out << ' ' << help << '\n';
+}
+
 void print_flag(std::ostringstream& out, const Flag& f) {
     std::string names = f.short_name ? std::string(f.short_name) + ", " : "    ";
     names += f.long_name;
     if (f.value_name) names += std::string(" ") + f.value_name;
-    out << "  " << names;
-    for (size_t pad = names.size(); pad < 30; ++pad) out << ' ';
-    out << ' ' << f.help << '\n';
+    print_row(out, names, f.help);
 }
 
 void print_flags(std::ostringstream& out, const std::vector<Flag>& table) {
@@ -1180,6 +1185,13 @@ std::string help_text(Command topic) {
                    "HF_TOKEN is sent as a bearer token when set; files go to $KILN_CACHE, else ~/.cache/kiln "
                    "(docs/pull.md).\n\n";
             print_flags(out, pull_flags());
+            out << "  tokenizers:\n";
+            for (const TokenizerSource& s : tokenizer_sources()) {
+                std::string files;
+                for (const std::string& f : s.files) files += (files.empty() ? "" : " + ") + f;
+                out << "    " << s.name << std::string(s.name.size() < 8 ? 8 - s.name.size() : 1, ' ') << s.repo << ": "
+                    << files << "; " << s.used_by << "\n";
+            }
             return out.str();
         case Command::Serve:
             out << "usage: kiln serve [-m MODEL | --model-dir DIR] [--listen-port N] [--api-key KEY] ...\n"
@@ -1228,32 +1240,14 @@ std::string help_text(Command topic) {
         out << "\n" << g.title << ":\n";
         print_named(out, g.flags);
     }
-    const auto print = [&](const std::vector<Flag>& table) { print_flags(out, table); };
     out << "\nsd-cli options kiln accepts and ignores (docs/sd_cli.md lists every sd-cli option):\n";
     for (const SdCliOption& o : sd_cli_options_without_kiln_flag()) {
-        if (o.stance != SdCliStance::Ignored) continue;
-        std::string names = std::string("    ") + o.name;
-        out << "  " << names;
-        for (size_t pad = names.size(); pad < 30; ++pad) out << ' ';
-        out << ' ' << o.why << '\n';
+        if (o.stance == SdCliStance::Ignored) print_row(out, std::string("    ") + o.name, o.why);
     }
-    out << "\ninfo options:\n";
-    print(info_flags());
-    out << "\nrpc-server options (ggml's RPC protocol has no authentication: keep it on 127.0.0.1 or a trusted "
-           "network):\n";
-    print(rpc_server_flags());
-    out << "\npull options (HF_TOKEN is sent as a bearer token when set; files go to $KILN_CACHE, else "
-           "~/.cache/kiln):\n";
-    print(pull_flags());
-    out << "  tokenizers:\n";
-    for (const TokenizerSource& s : tokenizer_sources()) {
-        std::string files;
-        for (const std::string& f : s.files) files += (files.empty() ? "" : " + ") + f;
-        out << "    " << s.name << std::string(s.name.size() < 8 ? 8 - s.name.size() : 1, ' ') << s.repo << ": "
-            << files << "; " << s.used_by << "\n";
+    // Then each command's own help, as `kiln COMMAND --help` prints it.
+    for (Command command : {Command::Info, Command::RpcServer, Command::Pull, Command::Serve}) {
+        out << "\n" << help_text(command);
     }
-    out << "\nserve options (docs/server.md):\n";
-    print(serve_flags());
     return out.str();
 }
 

@@ -238,6 +238,7 @@ void check_limits(const JobRequest& request, const ServerLimits& limits) {
 
 void read_step_cache(JobRequest& r, const json& j) {
     r.cache_mode = read_string(j, "cache_mode");
+    if (r.cache_mode == "disabled") r.cache_mode.clear();  // sd-server's name for none
     r.cache_option = read_string(j, "cache_option");
     r.scm_mask = read_string(j, "scm_mask");
     r.scm_policy = read_string(j, "scm_policy");

@@ -34,7 +34,8 @@ std::optional<kiln_preview_mode> preview_mode_named(const std::string& name);
 // A preview mode's name into request.preview ("" leaves the server's); 400 naming `field` when unknown.
 void set_preview(JobRequest& request, const std::string& field, const std::string& name);
 
-// The step cache fields (sd-server's names): cache_mode, cache_option,
+// The step cache fields (sd-server's names): cache_mode ("disabled" or
+// absent: none), cache_option,
 // scm_mask and scm_policy ("dynamic" or "static"; or sd-server's boolean
 // scm_policy_dynamic), checked as the CLI checks them; 400 naming the field.
 void read_step_cache(JobRequest& request, const json& body);

@@ -207,13 +207,7 @@ JobRequest parse_img_gen(ServerState& state, const httplib::Request& req) {
     read_loras(r, j);
     read_hires(r, j, limits);
     read_vae_tiling(r, j);
-    const std::string cache = read_string(j, "cache_mode");
-    r.cache_mode = cache == "disabled" ? "" : cache;
-    r.cache_option = read_string(j, "cache_option");
-    r.scm_mask = read_string(j, "scm_mask");
-    // sd-server sends its policy with every body; it only means something with a cache.
-    const bool dynamic = read_bool(j, "scm_policy_dynamic", true);
-    if (!r.cache_mode.empty()) r.scm_policy = dynamic ? "dynamic" : "static";
+    read_step_cache(r, j);
     r.output_format = read_string(j, "output_format", "png");
     if (r.output_format == "jpg") r.output_format = "jpeg";
     if (r.output_format != "png" && r.output_format != "jpeg" && r.output_format != "webp") {
