@@ -144,6 +144,8 @@ typedef struct {
     char family[64];
     int latent_preview; /* 1 when KILN_PREVIEW_PROJ works: the family's latent-to-RGB factors fit the model's latent */
     int taesd;          /* 1 when a tiny autoencoder (--taesd) is loaded; without one KILN_PREVIEW_TAE decodes with the VAE */
+    /* the size the family is trained at (width and height above may come from the file's kiln.default.* metadata) */
+    int trained_width, trained_height;
 } kiln_model_info;
 void kiln_context_info(const kiln_context* ctx, kiln_model_info* info);
 

@@ -422,6 +422,8 @@ void kiln_context_info(const kiln_context* ctx, kiln_model_info* info) {
     std::strncpy(info->family, ctx->model->family_label().c_str(), sizeof info->family - 1);
     info->latent_preview = ctx->model->has_latent_projection() ? 1 : 0;
     info->taesd = ctx->model->has_taesd() ? 1 : 0;
+    info->trained_width = ctx->model->family().defaults.width;
+    info->trained_height = ctx->model->family().defaults.height;
 }
 
 void kiln_generation_params_init(kiln_generation_params* params) {

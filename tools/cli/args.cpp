@@ -888,6 +888,13 @@ const std::vector<Flag>& serve_flags() {
          int_setter(&Options::result_ttl, 1, 604800)},
         {nullptr, "--max-results", "N", "how many finished jobs are kept (default 64)",
          int_setter(&Options::max_results, 1, 100000)},
+        {nullptr, "--output-dir", "DIR",
+         "also write every finished image to DIR (created when missing); the web page's gallery lists it",
+         path_setter(&Options::serve_output_dir)},
+        {nullptr, "--max-pixels", "FACTOR",
+         "refuse jobs with more than FACTOR times the pixels the model is trained at (default 9: SD1.x up to "
+         "1536x1536, SDXL and Flux up to 3072x3072)",
+         bounded_float_setter(&Options::max_pixels_factor, 1, 1000)},
     };
     return table;
 }

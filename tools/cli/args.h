@@ -164,6 +164,8 @@ struct Options {
     long long max_body_bytes = 64ll << 20;
     int result_ttl = 600;
     int max_results = 64;
+    std::string serve_output_dir;   // --output-dir: the gallery's folder
+    float max_pixels_factor = 9.0f;  // --max-pixels: times the model's trained pixel count
 
     // -M metadata: sd-cli's report (--metadata-format text|json) or kiln's
     // parameters alone (--metadata-format parameters).

@@ -23,6 +23,8 @@ int run_serve(const Options& options) {
     so.max_loaded_models = options.max_loaded_models;
     so.result_ttl_seconds = options.result_ttl;
     so.max_results = options.max_results;
+    so.output_dir = options.serve_output_dir;
+    so.limits.max_pixels_factor = options.max_pixels_factor;
     so.limits.max_width = options.max_width;
     so.limits.max_height = options.max_height;
     so.limits.max_steps = options.max_steps;

@@ -77,6 +77,8 @@ std::shared_ptr<Job> job_of(ServerState& state, const std::string& id) {
 }
 
 std::shared_ptr<Job> submit_job(ServerState& state, JobRequest request, int* position) {
+    check_pixels(state.plans, state.models.resolve(request.model, "model"), request,
+                 state.options.limits.max_pixels_factor);
     std::shared_ptr<Job> job;
     switch (state.jobs.submit(std::move(request), &job, position)) {
         case JobQueue::Submitted::Accepted: return job;
@@ -165,8 +167,10 @@ int run_server(const ServerOptions& options) {
     }
 
     ModelRegistry models(options);
-    JobQueue jobs(models, options);
-    ServerState state{options, models, jobs};
+    ModelPlans plans(options);
+    Gallery gallery(options.output_dir);
+    JobQueue jobs(models, options, gallery);
+    ServerState state{options, models, jobs, plans, gallery};
 
     http.set_payload_max_length(options.limits.max_body_bytes);
     http.set_pre_routing_handler([&state](const httplib::Request& req, httplib::Response& res) {

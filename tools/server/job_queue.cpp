@@ -69,8 +69,8 @@ const char* job_state_name(JobState state) {
     return "unknown";
 }
 
-JobQueue::JobQueue(ModelRegistry& models, const ServerOptions& options)
-    : models_(models), options_(options), worker_([this] { work(); }) {}
+JobQueue::JobQueue(ModelRegistry& models, const ServerOptions& options, Gallery& gallery)
+    : models_(models), options_(options), gallery_(gallery), worker_([this] { work(); }) {}
 
 JobQueue::~JobQueue() { shutdown(); }
 
@@ -145,6 +145,24 @@ int JobQueue::retry_after_seconds() {
 
 nlohmann::json JobQueue::describe(const Job& job, bool with_images) {
     std::lock_guard<std::mutex> lock(mutex_);
+    return describe_locked(job, with_images);
+}
+
+nlohmann::json JobQueue::list() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    nlohmann::json jobs = nlohmann::json::array();
+    // With its prompt, so a queue view can say which job is which.
+    const auto add = [&](const Job& job) {
+        jobs.push_back(describe_locked(job, false));
+        jobs.back()["prompt"] = job.request.prompt;
+    };
+    if (running_) add(*running_);
+    for (const auto& job : pending_) add(*job);
+    for (auto it = finished_.rbegin(); it != finished_.rend(); ++it) add(**it);
+    return jobs;
+}
+
+nlohmann::json JobQueue::describe_locked(const Job& job, bool with_images) {
     nlohmann::json out = {{"id", job.id},
                           {"state", job_state_name(job.state)},
                           {"model", job.request.model},
@@ -378,12 +396,15 @@ void JobQueue::run(const std::shared_ptr<Job>& job) {
         results.push_back(std::move(out));
     }
     kiln_images_free(images, count);
+    if (status == KILN_OK) {
+        job->results = std::move(results);  // the results are read under the lock only once the job is done
+        gallery_.save(*job);
+    }
 
     std::lock_guard<std::mutex> lock(mutex_);
     running_ctx_ = nullptr;
     if (target.held_step) add_step_event(*job, *std::exchange(target.held_step, std::nullopt), "");
     if (status == KILN_OK) {
-        job->results = std::move(results);
         finish(*job, JobState::Done, KILN_OK, "");
     } else if (status == KILN_ERROR_CANCELLED) {
         finish(*job, JobState::Cancelled, status, job->shutdown ? "the server is shutting down" : error);

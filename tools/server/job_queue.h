@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "gallery.h"
 #include "job_request.h"
 #include "model_registry.h"
 
@@ -60,7 +61,9 @@ struct Job {
 
 class JobQueue {
   public:
-    JobQueue(ModelRegistry& models, const ServerOptions& options);
+    // A finished job's images go to `gallery` (when it keeps outputs) before
+    // the job is reported done.
+    JobQueue(ModelRegistry& models, const ServerOptions& options, Gallery& gallery);
     ~JobQueue();  // shuts down
 
     enum class Submitted { Accepted, Full, ShuttingDown };
@@ -93,6 +96,10 @@ class JobQueue {
         return read();
     }
     int queued_count();
+    // Every job the queue knows, running and queued first (in their order),
+    // then the finished ones, newest first, as describe() reports them
+    // without images.
+    nlohmann::json list();
     // Seconds a client should wait before retrying a full queue.
     int retry_after_seconds();
 
@@ -103,6 +110,7 @@ class JobQueue {
   private:
     void work();
     void run(const std::shared_ptr<Job>& job);
+    nlohmann::json describe_locked(const Job& job, bool with_images);                     // locked
     void finish(Job& job, JobState state, kiln_status status, const std::string& message);  // locked
     void add_event(Job& job, const std::string& type, nlohmann::json data);                // locked
     void forget_old_jobs();                                                                 // locked
@@ -115,6 +123,7 @@ class JobQueue {
 
     ModelRegistry& models_;
     const ServerOptions& options_;
+    Gallery& gallery_;
     std::mutex mutex_;
     std::condition_variable changed_;
     std::deque<std::shared_ptr<Job>> pending_;

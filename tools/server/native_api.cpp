@@ -27,6 +27,7 @@ JobRequest parse_native(ServerState& state, const httplib::Request& req) {
     set_sampler(r, "sampler", read_string(j, "sampler"));
     set_scheduler(r, "scheduler", read_string(j, "scheduler"));
     r.strength = static_cast<float>(read_number(j, "strength", 0.75, 0.0001, 1));
+    read_hires(r, j, limits);
     if (j.contains("init_image") && !j["init_image"].is_null()) {
         r.init_image = without_alpha(read_base64_image(j["init_image"], "init_image", limits));
     }
@@ -48,6 +49,43 @@ JobRequest parse_native(ServerState& state, const httplib::Request& req) {
 
 const char* content_type_of(const std::string& format) {
     return format == "jpeg" ? "image/jpeg" : format == "webp" ? "image/webp" : "image/png";
+}
+
+// A query parameter as the body readers see a field: a number, or absent (null).
+json query_field(const httplib::Request& req, const std::string& name) {
+    if (!req.has_param(name)) return json{{name, nullptr}};
+    const std::string text = req.get_param_value(name);
+    const json value = json::parse(text, nullptr, false);
+    if (!value.is_number()) throw RequestError{400, name, name + ": expected a number, got '" + text + "'"};
+    return json{{name, value}};
+}
+
+long long query_integer(const httplib::Request& req, const std::string& name, long long fallback, long long min,
+                        long long max) {
+    return read_integer(query_field(req, name), name, fallback, min, max);
+}
+
+// GET /kiln/v1/plan: a model's defaults and whether a job of the asked
+// size fits this machine, as `kiln plan` says it (the web page's "will it fit").
+json plan_of(ServerState& state, const httplib::Request& req) {
+    const ModelEntry model = state.models.resolve(req.get_param_value("model"), "model");
+    const ServerLimits& limits = state.options.limits;
+    const kiln_model_info info = state.plans.defaults(model, "model");
+    const int width = static_cast<int>(query_integer(req, "width", 0, 0, limits.max_width));
+    const int height = static_cast<int>(query_integer(req, "height", 0, 0, limits.max_height));
+    const double hires_scale = read_number(query_field(req, "hires_scale"), "hires_scale", 0, 0, 16);
+    const ModelPlan plan = state.plans.plan(model, width, height, static_cast<float>(hires_scale), "model");
+    return {{"model", model.name},
+            {"family", info.family},
+            {"defaults",
+             {{"width", info.width},
+              {"height", info.height},
+              {"steps", info.steps},
+              {"cfg_scale", info.cfg_scale},
+              {"sampler", info.sampler},
+              {"scheduler", info.scheduler}}},
+            {"fits", plan_fit_name(plan.fit)},
+            {"report", plan.report}};
 }
 
 }  // namespace
@@ -132,6 +170,36 @@ void add_native_routes(httplib::Server& server, ServerState& state) {
                        res.set_content(bytes, content_type_of(job->request.output_format));
                    });
                });
+    server.Get("/kiln/v1/jobs", [&state](const httplib::Request&, httplib::Response& res) {
+        guarded(res, [&] { send_json(res, 200, {{"jobs", state.jobs.list()}}); });
+    });
+    server.Get("/kiln/v1/plan", [&state](const httplib::Request& req, httplib::Response& res) {
+        guarded(res, [&] { send_json(res, 200, plan_of(state, req)); });
+    });
+    server.Get("/kiln/v1/gallery", [&state](const httplib::Request& req, httplib::Response& res) {
+        guarded(res, [&] {
+            const size_t offset = static_cast<size_t>(query_integer(req, "offset", 0, 0, 1ll << 40));
+            const size_t limit = static_cast<size_t>(query_integer(req, "limit", 48, 1, 500));
+            size_t total = 0;
+            json images = json::array();
+            for (const GalleryImage& image : state.gallery.list(offset, limit, &total)) {
+                images.push_back({{"file", image.file},
+                                  {"url", "/kiln/v1/gallery/" + image.file},
+                                  {"parameters", image.parameters},
+                                  {"created", image.created},
+                                  {"bytes", image.bytes}});
+            }
+            send_json(res, 200, {{"kept", state.gallery.enabled()}, {"total", total}, {"images", images}});
+        });
+    });
+    server.Get(R"(/kiln/v1/gallery/([^/]+))", [&state](const httplib::Request& req, httplib::Response& res) {
+        guarded(res, [&] {
+            auto file = state.gallery.read(req.matches[1]);
+            if (!file) throw RequestError{404, "", "no such image in the gallery: " + std::string(req.matches[1])};
+            res.set_header("Cache-Control", "private, max-age=86400");  // a gallery file never changes
+            res.set_content(file->first, file->second);
+        });
+    });
     server.Get("/kiln/v1/models", [&state](const httplib::Request&, httplib::Response& res) {
         guarded(res, [&] {
             const auto loaded = state.models.loaded();

@@ -86,6 +86,46 @@ bool read_bool(const json& body, const std::string& field, bool fallback) {
     return value->get<bool>();
 }
 
+std::vector<float> read_floats(const json& body, const std::string& field) {
+    std::vector<float> out;
+    const auto it = body.find(field);
+    if (it == body.end() || it->is_null()) return out;
+    if (!it->is_array()) throw RequestError{400, field, field + ": expected an array of numbers"};
+    for (const json& v : *it) {
+        if (!v.is_number()) throw RequestError{400, field, field + ": expected numbers, got " + v.dump()};
+        out.push_back(v.get<float>());
+    }
+    return out;
+}
+
+json object_at(const json& body, const std::string& key) {
+    const auto it = body.find(key);
+    if (it == body.end() || it->is_null()) return json::object();
+    if (!it->is_object()) throw RequestError{400, key, key + ": expected an object, got " + it->dump()};
+    return *it;
+}
+
+void read_hires(JobRequest& r, const json& body, const ServerLimits& limits) {
+    const json h = object_at(body, "hires");
+    nested("hires", [&] {
+        r.hires = read_bool(h, "enabled", false);
+        const std::string upscaler = read_string(h, "upscaler", "Latent");
+        if (upscaler == "None") {
+            r.hires = false;
+        } else {
+            r.hires_upscaler = upscaler;  // kiln's request validation names what it lacks
+        }
+        r.hires_scale = static_cast<float>(read_number(h, "scale", 2.0, 0, 16));
+        r.hires_width = static_cast<int>(read_integer(h, "target_width", 0, 0, limits.max_width));
+        r.hires_height = static_cast<int>(read_integer(h, "target_height", 0, 0, limits.max_height));
+        r.hires_steps = static_cast<int>(read_integer(h, "steps", 0, 0, limits.max_steps));
+        r.hires_denoising_strength = static_cast<float>(read_number(h, "denoising_strength", 0.7, 0, 1));
+        r.hires_sigmas = read_floats(h, "custom_sigmas");
+        read_integer(h, "upscale_tile_size", 128, 0, 1 << 16);
+        return 0;
+    });
+}
+
 void set_sampler(JobRequest& request, const std::string& field, const std::string& name) {
     if (name.empty()) return;
     auto choice = resolve_sampler(name);

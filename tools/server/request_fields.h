@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "job_request.h"
 #include "server_options.h"
@@ -19,6 +20,29 @@ std::string read_string(const json& body, const std::string& field, const std::s
 long long read_integer(const json& body, const std::string& field, long long fallback, long long min, long long max);
 double read_number(const json& body, const std::string& field, double fallback, double min, double max);
 bool read_bool(const json& body, const std::string& field, bool fallback);
+std::vector<float> read_floats(const json& body, const std::string& field);
+// The object `body[key]` (an empty one when absent or null); a field of
+// another type is a 400 naming it.
+json object_at(const json& body, const std::string& key);
+
+// Reads a nested field with the readers above, naming it by its full path
+// ("sample_params.sample_steps") when it is wrong.
+template <typename Read>
+auto nested(const std::string& prefix, Read&& read) {
+    try {
+        return read();
+    } catch (RequestError& e) {
+        e.message = prefix + "." + e.message;
+        e.field = prefix + "." + e.field;
+        throw;
+    }
+}
+
+// The hires fix as sd-server's API writes it (kiln's native API takes the
+// same object): "hires": {enabled, upscaler, scale, target_width,
+// target_height, steps, denoising_strength, custom_sigmas,
+// upscale_tile_size}. An upscaler kiln lacks is named by its validation.
+void read_hires(JobRequest& request, const json& body, const ServerLimits& limits);
 
 // "euler_a" or "Euler a" into request.sampler (and, for "DPM++ 2M Karras",
 // request.scheduler); 400 naming `field` when unknown.

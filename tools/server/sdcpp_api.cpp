@@ -19,40 +19,6 @@ namespace {
 
 using json = nlohmann::json;
 
-// The object `body[key]` (an empty one when absent or null); a field of
-// another type is a 400 naming it.
-json object_at(const json& body, const std::string& key) {
-    const auto it = body.find(key);
-    if (it == body.end() || it->is_null()) return json::object();
-    if (!it->is_object()) throw RequestError{400, key, key + ": expected an object, got " + it->dump()};
-    return *it;
-}
-
-// Reads a nested field with the request_fields readers, naming it by its
-// full path ("sample_params.sample_steps") when it is wrong.
-template <typename Read>
-auto nested(const std::string& prefix, Read&& read) {
-    try {
-        return read();
-    } catch (RequestError& e) {
-        e.message = prefix + "." + e.message;
-        e.field = prefix + "." + e.field;
-        throw;
-    }
-}
-
-std::vector<float> read_floats(const json& body, const std::string& field) {
-    std::vector<float> out;
-    const auto it = body.find(field);
-    if (it == body.end() || it->is_null()) return out;
-    if (!it->is_array()) throw RequestError{400, field, field + ": expected an array of numbers"};
-    for (const json& v : *it) {
-        if (!v.is_number()) throw RequestError{400, field, field + ": expected numbers, got " + v.dump()};
-        out.push_back(v.get<float>());
-    }
-    return out;
-}
-
 // An image field kiln's server does not take yet: refused when given.
 void refuse_if_given(const json& body, const std::string& field, const std::string& why) {
     const auto it = body.find(field);
@@ -98,27 +64,6 @@ void read_sample_params(JobRequest& r, const json& body, const ServerLimits& lim
                 r.skip_layers.push_back(l.get<int>());
             }
         }
-        return 0;
-    });
-}
-
-void read_hires(JobRequest& r, const json& body, const ServerLimits& limits) {
-    const json h = object_at(body, "hires");
-    nested("hires", [&] {
-        r.hires = read_bool(h, "enabled", false);
-        const std::string upscaler = read_string(h, "upscaler", "Latent");
-        if (upscaler == "None") {
-            r.hires = false;
-        } else {
-            r.hires_upscaler = upscaler;  // kiln's request validation names what it lacks
-        }
-        r.hires_scale = static_cast<float>(read_number(h, "scale", 2.0, 0, 16));
-        r.hires_width = static_cast<int>(read_integer(h, "target_width", 0, 0, limits.max_width));
-        r.hires_height = static_cast<int>(read_integer(h, "target_height", 0, 0, limits.max_height));
-        r.hires_steps = static_cast<int>(read_integer(h, "steps", 0, 0, limits.max_steps));
-        r.hires_denoising_strength = static_cast<float>(read_number(h, "denoising_strength", 0.7, 0, 1));
-        r.hires_sigmas = read_floats(h, "custom_sigmas");
-        read_integer(h, "upscale_tile_size", 128, 0, 1 << 16);
         return 0;
     });
 }
@@ -265,21 +210,16 @@ json describe(ServerState& state, const Job& job) {
 }
 
 // GET /sdcpp/v1/capabilities: the default model's defaults, read from a
-// context that only places its modules (no weight is read).
+// context that only places its modules (no weight is read; ModelPlans keeps them).
 json capabilities(ServerState& state) {
     const std::string name = state.models.default_model();
     json model = {{"name", name}, {"stem", std::filesystem::path(name).stem().string()}, {"path", name}};
     kiln_model_info info{};
     if (!name.empty()) {
-        const ModelEntry entry = state.models.resolve(name, "model");
-        kiln_context_params params = state.options.context;
-        params.model_path = entry.path.c_str();
-        params.plan_only = 1;
-        kiln_context* ctx = nullptr;
-        char* error = nullptr;
-        if (kiln_context_create(&params, &ctx, &error) == KILN_OK) kiln_context_info(ctx, &info);
-        kiln_free_string(error);
-        kiln_context_free(ctx);
+        try {
+            info = state.plans.defaults(state.models.resolve(name, "model"), "model");
+        } catch (const RequestError&) {  // a model that cannot be read: its jobs will say why
+        }
     }
     const ServerLimits& limits = state.options.limits;
     const json defaults = {

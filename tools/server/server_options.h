@@ -20,6 +20,11 @@ struct ServerLimits {
     size_t max_body_bytes = size_t(64) << 20;     // refused with 413 from Content-Length, before reading
     size_t max_prompt_chars = 16384;              // prompt and negative prompt, in bytes of UTF-8
     uint64_t max_image_pixels = 4096ull * 4096;  // an uploaded init image or mask, refused from its header
+    // A job's pixels (each pass's width x height) as a multiple of the
+    // size the model's family is trained at: past it a request
+    // is refused (--max-pixels). SD1.x is trained at 512x512, so 9 lets it
+    // run at up to 1536x1536, as far as a hires fix of 768x768 goes.
+    double max_pixels_factor = 9.0;
 };
 
 struct ServerOptions {
@@ -40,6 +45,9 @@ struct ServerOptions {
     int max_loaded_models = 2;
     int result_ttl_seconds = 600;  // finished jobs (and their images) are dropped after this ...
     int max_results = 64;          // ... or when more than this many have finished
+    // --output-dir: every finished image is also written here, and the web
+    // page's gallery lists this folder (tools/server/gallery.h); "" for none.
+    std::string output_dir;
     ServerLimits limits;
     // Live previews of jobs that do not choose (docs/server.md), from kiln's
     // --preview and --preview-interval: "none", "proj", "tae", "vae", or ""

@@ -11,6 +11,8 @@
 
 #include "job_queue.h"
 #include "long_requests.h"
+#include "gallery.h"
+#include "model_plans.h"
 #include "model_registry.h"
 #include "server_options.h"
 
@@ -25,10 +27,13 @@ struct A1111PreviewSettings {
 };
 
 struct ServerState {
-    ServerState(const ServerOptions& o, ModelRegistry& m, JobQueue& j) : options(o), models(m), jobs(j) {}
+    ServerState(const ServerOptions& o, ModelRegistry& m, JobQueue& j, ModelPlans& p, Gallery& g)
+        : options(o), models(m), jobs(j), plans(p), gallery(g) {}
     const ServerOptions& options;
     ModelRegistry& models;
     JobQueue& jobs;
+    ModelPlans& plans;
+    Gallery& gallery;
     std::atomic<bool> stopping{false};
     LongRequests long_requests{kMaxLongRequests};  // event streams and synchronous waits
     std::mutex a1111_mutex;
