@@ -267,6 +267,11 @@ typedef struct {
     const char* cache_option;
     const char* scm_mask;
     const char* scm_policy;
+    /* The images' parameters carry A1111's "Model hash" (of the -m file) and "Lora hashes" (of the
+     * prompt's <lora:...> files), each file hashed once and cached in <kiln cache>/hashes.json;
+     * 1: neither, no file is read to hash it (for a front-end that writes no metadata:
+     * --disable-image-metadata). */
+    int disable_file_hashes;
 } kiln_generation_params;
 
 void kiln_generation_params_init(kiln_generation_params* params);

@@ -326,6 +326,7 @@ kiln::Result<kiln::pipeline::GenerationRequest> generation_request(const kiln_ge
     }
     r.preview.interval = params->preview_interval <= 0 ? 1 : params->preview_interval;
     r.preview.noisy = params->preview_noisy != 0;
+    r.file_hashes = params->disable_file_hashes == 0;
     return r;
 }
 

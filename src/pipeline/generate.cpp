@@ -5,8 +5,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <utility>
 
 #include "image/canny.h"
+#include "io/file_hashes.h"
 #include "pipeline/block_cache.h"
 #include "pipeline/condition_cache.h"
 #include "pipeline/graphs.h"
@@ -971,6 +973,26 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
     }
     const bool flow = schedule->flow();
     bool preview_failed = false;  // warned once per job
+    // A1111's "Model hash" and "Lora hashes" (io/file_hashes.h), worked out
+    // with the first image, not before: a job cancelled or failed while
+    // sampling reads no file for them. A file that cannot be hashed only
+    // leaves its hash out.
+    std::optional<std::pair<std::string, std::string>> file_hashes;
+    const auto hashes_of_files = [&]() -> const std::pair<std::string, std::string>& {
+        if (!file_hashes) {
+            file_hashes.emplace();
+            if (!model.model_file().empty()) {
+                auto hash = io::model_short_hash(model.model_file());
+                if (hash.ok()) {
+                    file_hashes->first = *hash;
+                } else {
+                    KILN_LOG_WARN("no model hash for the images' parameters: %s", hash.error().message.c_str());
+                }
+            }
+            file_hashes->second = lora_hashes_text(model.lora_dir(), tagged->loras);
+        }
+        return *file_hashes;
+    };
     const size_t latent_size = static_cast<size_t>(p.latent_w) * p.latent_h * out_channels(model);
     std::vector<GeneratedImage> results;
     for (int i = 0; i < request.batch_count; ++i) {
@@ -1053,6 +1075,9 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
         info.width = p.width;
         info.height = p.height;
         info.model = model.name();
+        if (request.file_hashes && !hashes_of_files().first.empty()) {
+            info.extra.emplace_back("Model hash", hashes_of_files().first);
+        }
         if (request.init_image) info.extra.emplace_back("Denoising strength", format_number(request.strength));
         if (request.eta) info.extra.emplace_back("Eta", format_number(*request.eta));
         if (p.hires) add_hires_info(*request.hires, *p.hires, info);
@@ -1075,6 +1100,11 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
         if (flow) {
             const auto* fs = static_cast<const FlowSchedule*>(schedule.get());
             info.extra.emplace_back("Shift", format_number(fs->mu()));
+        }
+        // After the other extras: A1111's Lora extension adds it when it
+        // applies the networks, just before sampling.
+        if (request.file_hashes && !hashes_of_files().second.empty()) {
+            info.extra.emplace_back("Lora hashes", hashes_of_files().second);
         }
         info.extra.emplace_back("RNG", std::string(rng_kind_name(request.rng)));
         info.extra.emplace_back("Version", std::string("kiln ") + KILN_VERSION);

@@ -7,6 +7,7 @@
 #include <map>
 
 #include "ggml.h"
+#include "io/file_hashes.h"
 #include "io/tensor_convert.h"
 #include "pipeline/lora_file.h"
 #include "pipeline/lora_targets.h"
@@ -412,6 +413,34 @@ Status apply_loras(Model& model, const std::vector<LoraRequest>& loras) {
     }
     model.applied_loras() = key;
     return Status::Ok();
+}
+
+std::string lora_hashes_text(const std::string& folder, const std::vector<LoraRequest>& loras) {
+    std::vector<std::pair<std::string, std::string>> hashes;  // A1111's p.lora_hashes, in insertion order
+    for (const LoraRequest& r : loras) {
+        if (r.name.empty()) continue;  // "if ... and item.mentioned_name"
+        std::string name;              // item.mentioned_name.translate(remove_symbols): ':' and ',' removed
+        for (char c : r.name) {
+            if (c != ':' && c != ',') name += c;
+        }
+        auto path = find_lora_file(folder, r.name);
+        if (!path.ok()) continue;
+        auto hash = io::lora_short_hash(*path);
+        if (!hash.ok()) {
+            KILN_LOG_WARN("LoRA '%s': no hash for the image's parameters: %s", r.name.c_str(),
+                          hash.error().message.c_str());
+            continue;
+        }
+        auto same = std::find_if(hashes.begin(), hashes.end(), [&](const auto& h) { return h.first == name; });
+        if (same != hashes.end()) {
+            same->second = *hash;
+        } else {
+            hashes.emplace_back(name, *hash);
+        }
+    }
+    std::string text;
+    for (const auto& [name, hash] : hashes) text += (text.empty() ? "" : ", ") + name + ": " + hash;
+    return text;
 }
 
 }  // namespace kiln::pipeline

@@ -62,4 +62,14 @@ Status apply_loras(Model& model, const std::vector<LoraRequest>& loras);
 // under `folder` (NAME may hold subfolders).
 Result<std::string> find_lora_file(const std::string& folder, const std::string& name);
 
+// A1111's "Lora hashes" value for the prompt's LoRAs ("name1: hash1, name2:
+// hash2"; "" when there is none), as extensions-builtin/Lora's
+// ExtraNetworkLora.activate writes it: every LoRA the tags name, zero
+// strength included (A1111 loads those too), as "NAME: HASH" with NAME the
+// tag's name less every ':' and ',' (a later name equal to an earlier one
+// replaces its hash in place, as A1111's dict does) and HASH
+// io::lora_short_hash of its file under `folder`. A LoRA whose file is
+// missing or unreadable is left out: the hashes never fail a job.
+std::string lora_hashes_text(const std::string& folder, const std::vector<LoraRequest>& loras);
+
 }  // namespace kiln::pipeline

@@ -436,6 +436,11 @@ Status Model::load_networks(const ModelPaths& paths, const ModelOptions& options
         set.files.push_back(files_.back().get());
     }
     name_ = fs::path(given.front().path).stem().string();
+    // A split file's parts are one model of several files: no one hash either.
+    if (paths.model.size() <= 1 && files_.front()->sources().size() == 1 &&
+        path_status(given.front().path).kind == PathKind::File) {
+        model_file_ = given.front().path;
+    }
     const std::string where = given.size() == 1 ? given.front().path : "the given model files";
 
     const models::Detection detection = models::detect_family(set);

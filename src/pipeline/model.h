@@ -150,6 +150,10 @@ class Model {
     // The family and its variant ("SD1.x inpainting"), for messages.
     const std::string& family_label() const { return family_label_; }
     const std::string& name() const { return name_; }  // the model file's stem, for image metadata
+    // The one file -m (or --diffusion-model without -m) named, whose stem is
+    // name(): what image metadata's "Model hash" is of; "" for a diffusers
+    // folder, several -m files or a split file, which have no one hash.
+    const std::string& model_file() const { return model_file_; }
     Prediction prediction() const { return prediction_; }
     const ModelDefaults& defaults() const { return defaults_; }
     // The family's scale unless the metadata ("kiln.vae.scale_factor") says otherwise.
@@ -296,7 +300,7 @@ class Model {
 
     std::vector<std::unique_ptr<io::ModelFile>> files_;
     const models::Family* family_ = nullptr;
-    std::string family_label_, name_;
+    std::string family_label_, name_, model_file_;
     Prediction prediction_ = Prediction::Eps;
     ModelDefaults defaults_;
     float latent_scale_ = 0.18215f;

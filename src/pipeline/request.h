@@ -123,6 +123,11 @@ struct GenerationRequest {
     // --cache-mode and its options (pipeline/step_cache_options.h); the
     // hires fix's second pass computes every step.
     StepCacheOptions cache;
+    // A1111's "Model hash" and "Lora hashes" in the images' parameters
+    // (io/file_hashes.h). Off when the front-end writes no metadata
+    // (--disable-image-metadata): hashing a large checkpoint the first time
+    // reads all of it, for nothing.
+    bool file_hashes = true;
 };
 
 // A hires fix with its sizes worked out.

@@ -34,10 +34,13 @@ TEST(CliGenerate, WritesAnImageOfTheRequestedSizeWithItsParameters) {
 
     auto meta = run_command(std::string(KILN_BIN) + " -M metadata --metadata-format parameters -i " + out);
     ASSERT_EQ(meta.exit_code, 0) << meta.err;
-    EXPECT_EQ(
-        meta.out,
-        "a red circle\nNegative prompt: blurry\nSteps: 3, Sampler: Euler a, Schedule type: discrete, CFG scale: 4, "
-        "Seed: 5, Size: 48x32, Model: sd1_tiny, RNG: cuda, Version: kiln " KILN_VERSION "\n");
+    // "Model hash": the model file's SHA-256, first 10 hex digits (A1111's AutoV2).
+    auto sha = run_command("sha256sum " + test::golden_path("models/sd1_tiny.safetensors"));
+    ASSERT_EQ(sha.exit_code, 0) << sha.err;
+    EXPECT_EQ(meta.out,
+              "a red circle\nNegative prompt: blurry\nSteps: 3, Sampler: Euler a, Schedule type: discrete, CFG scale: "
+              "4, Seed: 5, Size: 48x32, Model hash: " +
+                  sha.out.substr(0, 10) + ", Model: sd1_tiny, RNG: cuda, Version: kiln " KILN_VERSION "\n");
 }
 
 // Every sampling step runs the same UNet graph: it is built and allocated

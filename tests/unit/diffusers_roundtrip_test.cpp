@@ -109,6 +109,20 @@ TEST(DiffusersRoundTrip, Sd2FolderMakesTheSameImageAsTheCheckpoint) {
     ASSERT_EQ(a->front().image.pixels.size(), b->front().image.pixels.size());
     EXPECT_LE(test::pixel_difference(a->front().image, b->front().image).max, 1)
         << "pixels differ by more than rounding";
+
+    // A1111's "Model hash" (io/file_hashes.h): the checkpoint file's; a
+    // folder has no one file to hash; none without file hashes.
+    const auto has_model_hash = [](const image::GenerationInfo& info) {
+        return std::any_of(info.extra.begin(), info.extra.end(), [](const auto& e) { return e.first == "Model hash"; });
+    };
+    EXPECT_EQ((*original)->model_file(), checkpoint);
+    EXPECT_EQ((*converted)->model_file(), "");
+    EXPECT_TRUE(has_model_hash(a->front().info));
+    EXPECT_FALSE(has_model_hash(b->front().info));
+    request.file_hashes = false;
+    auto c = pipeline::generate(**original, request);
+    ASSERT_TRUE(c.ok()) << c.error().message;
+    EXPECT_FALSE(has_model_hash(c->front().info));
 }
 
 }  // namespace

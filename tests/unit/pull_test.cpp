@@ -20,8 +20,8 @@
 #include "download_progress.h"
 #include "golden.h"
 #include "image/image_io.h"
-#include "sha256.h"
 #include "test_files.h"
+#include "util/sha256.h"
 
 namespace kiln {
 namespace {
@@ -562,7 +562,7 @@ TEST(Pull, TokenizerInTheCacheIsFoundWithoutTheFlag) {
 // SHA-256 against FIPS 180-2's examples.
 TEST(Pull, Sha256MatchesTheStandardsVectors) {
     auto digest = [](const std::string& text) {
-        cli::Sha256 h;
+        Sha256 h;
         h.update(text.data(), text.size());
         return h.hex_digest();
     };
@@ -570,7 +570,7 @@ TEST(Pull, Sha256MatchesTheStandardsVectors) {
     EXPECT_EQ(digest("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
     EXPECT_EQ(digest("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
               "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
-    cli::Sha256 million;
+    Sha256 million;
     const std::string chunk(1000, 'a');
     for (int i = 0; i < 1000; ++i) million.update(chunk.data(), chunk.size());
     EXPECT_EQ(million.hex_digest(), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");

@@ -20,7 +20,9 @@ namespace {
 
 // The tests never see the user's own kiln cache (~/.cache/kiln, which `kiln
 // pull` fills): a tokenizer there would change what a model without one
-// finds. Every test and every kiln it runs share this empty one instead.
+// finds. Every test and every kiln it runs share this empty one instead
+// (empty but for hashes.json, where the hashes of image parameters' "Model
+// hash" and "Lora hashes" are kept: io/file_hashes.h).
 const bool kCacheIsolated = [] {
     static const std::string cache = (fs::temp_directory_path() / "kiln-test-cache-none").string();
     return setenv("KILN_CACHE", cache.c_str(), 1) == 0;

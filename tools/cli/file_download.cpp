@@ -9,9 +9,9 @@
 #include <cstring>
 #include <filesystem>
 
-#include "sha256.h"
 #include "util/files.h"
 #include "util/format.h"
+#include "util/sha256.h"
 
 namespace kiln::cli {
 namespace {

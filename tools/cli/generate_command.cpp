@@ -312,6 +312,7 @@ int run_generate(const Options& options) {
     gp.control_image = control;
     gp.control_strength = options.control_strength;
     gp.control_canny = options.canny ? 1 : 0;
+    gp.disable_file_hashes = options.embed_metadata ? 0 : 1;  // no metadata written: no file read to hash
     if (!options.quiet) {
         gp.progress = &Progress::on_step;
         gp.progress_user_data = &progress;

@@ -350,6 +350,7 @@ void JobQueue::run(const std::shared_ptr<Job>& job) {
     gp.cache_option = r.cache_option.c_str();
     gp.scm_mask = r.scm_mask.c_str();
     gp.scm_policy = r.scm_policy.c_str();
+    gp.disable_file_hashes = r.embed_metadata ? 0 : 1;  // no parameters text, no file read to hash
     gp.preview_mode = preview_mode_of(r, options_, ctx);
     if (gp.preview_mode == KILN_PREVIEW_TAE) {
         kiln_model_info info;

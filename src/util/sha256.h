@@ -1,6 +1,7 @@
 // SHA-256 of a byte stream (OpenSSL's, which uses the CPU's SHA extensions
-// where present: checking a 10 GB download is a matter of seconds), for
-// `kiln pull`'s checks against the hub's lfs.sha256.
+// where present: hashing a 10 GB file is a matter of seconds), for `kiln
+// pull`'s checks against the hub's lfs.sha256 and the model and LoRA hashes
+// of an image's parameters (io/file_hashes.h).
 #pragma once
 
 #include <memory>
@@ -8,7 +9,7 @@
 
 #include "util/result.h"
 
-namespace kiln::cli {
+namespace kiln {
 
 class Sha256 {
   public:
@@ -31,4 +32,9 @@ class Sha256 {
 // the file cannot be read or is shorter.
 Status hash_file_prefix(const std::string& path, uint64_t size, Sha256& hash);
 
-}  // namespace kiln::cli
+// Feeds the file's bytes from `offset` to its end to `hash` (nothing when
+// the file is shorter; A1111's addnet hash skips a safetensors header this
+// way). BadFile naming the path when the file cannot be read.
+Status hash_file_from(const std::string& path, uint64_t offset, Sha256& hash);
+
+}  // namespace kiln

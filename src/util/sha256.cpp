@@ -1,5 +1,6 @@
-#include "sha256.h"
+#include "util/sha256.h"
 
+#include <fcntl.h>
 #include <openssl/evp.h>
 #include <unistd.h>
 
@@ -10,7 +11,7 @@
 
 #include "util/files.h"
 
-namespace kiln::cli {
+namespace kiln {
 
 struct Sha256::State {
     EVP_MD_CTX* ctx = nullptr;
@@ -65,4 +66,27 @@ Status hash_file_prefix(const std::string& path, uint64_t size, Sha256& hash) {
     return status;
 }
 
-}  // namespace kiln::cli
+Status hash_file_from(const std::string& path, uint64_t offset, Sha256& hash) {
+    auto fd = open_regular_file(path);
+    if (!fd.ok()) return fd.error();
+    // Read once, front to back: tell the kernel so it reads ahead (a model
+    // file of many gigabytes is hashed at the disk's speed).
+    (void)::posix_fadvise(*fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    std::vector<char> buffer(1 << 20);
+    Status status;
+    for (off_t at = static_cast<off_t>(offset);;) {
+        const ssize_t n = ::pread(*fd, buffer.data(), buffer.size(), at);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) {
+            status = Error::bad_file(path + ": " + std::strerror(errno) + " while reading it to hash it");
+            break;
+        }
+        if (n == 0) break;
+        hash.update(buffer.data(), static_cast<size_t>(n));
+        at += n;
+    }
+    ::close(*fd);
+    return status;
+}
+
+}  // namespace kiln
