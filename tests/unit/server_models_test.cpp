@@ -185,12 +185,89 @@ TEST(ServerModels, AComfyUiFolderOffersItsRunnableModelsOnly) {
         "application/json");
     ASSERT_TRUE(r);
     EXPECT_EQ(r->status, 200) << r->body;
+    // The folder's loras/ is where prompts' <lora:NAME:W> look (no --lora-model-dir given).
+    const json loras = body_json(client.Get("/sdapi/v1/loras"));
+    ASSERT_EQ(loras.size(), 1u) << loras;
+    EXPECT_EQ(loras[0]["name"], "style");
     auto part = client.Post("/v1/images/generations",
                             json{{"model", "loras/style.safetensors"}, {"prompt", "x"}}.dump(), "application/json");
     ASSERT_TRUE(part);
     EXPECT_EQ(part->status, 400);
     EXPECT_EQ(error_param(part), "model") << part->body;
     EXPECT_EQ(server.stop(SIGTERM), 0);
+}
+
+// ComfyUI's layout: a DiT in diffusion_models/, its text encoder and VAE
+// in their folders. A request names the parts; one that names none is told,
+// in its own terms, which field it lacks.
+TEST(ServerModels, ComfyUiLayoutRunsADitWithThePartsTheRequestNames) {
+    test::TempDir dir;
+    test::TempDir outside;
+    for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+             {"flux2_tiny.safetensors", "diffusion_models/flux2_tiny.safetensors"},
+             {"flux2_ae_tiny.safetensors", "vae/flux2_ae_tiny.safetensors"},
+             {"flux2_klein_qwen3_tiny.safetensors", "text_encoders/qwen3_tiny.safetensors"},
+             {"rrdbnet_x2.safetensors", "upscale_models/x2.safetensors"}}) {
+        fs::create_directories(fs::path(dir.file(to)).parent_path());
+        fs::copy_file(test::golden_path("models/" + from), dir.file(to));
+    }
+    fs::copy_file(test::golden_path("models/sd1_tiny.safetensors"), outside.file("secret.safetensors"));
+    fs::create_symlink(outside.file("secret.safetensors"), dir.file("vae/escape.safetensors"));
+    const std::string tokenizer = "--tokenizer llm=" + test::golden_path("pipeline/z_image_tiny/tokenizer") + " ";
+    ServerProcess server("-t 1 " + tokenizer + "--model-dir " + dir.path());
+    ASSERT_TRUE(server.started()) << server.log();
+    httplib::Client client("127.0.0.1", server.port());
+    client.set_read_timeout(120, 0);
+
+    const json listed = body_json(client.Get("/kiln/v1/models"));
+    ASSERT_EQ(listed["models"].size(), 1u) << listed;
+    EXPECT_EQ(listed["models"][0]["name"], "diffusion_models/flux2_tiny.safetensors");
+    EXPECT_EQ(listed["models"][0]["family"], "FLUX.2-klein");
+    EXPECT_EQ(listed["default"], "diffusion_models/flux2_tiny.safetensors");
+    EXPECT_EQ(listed["parts"],
+              (json::array({{{"name", "text_encoders/qwen3_tiny.safetensors"}, {"kind", "text_encoder"}},
+                            {{"name", "vae/flux2_ae_tiny.safetensors"}, {"kind", "vae"}}})));
+
+    // Without its parts the job fails, and says which request field names them.
+    const json bare = {{"prompt", "a cat"}, {"width", 32}, {"height", 32}, {"steps", 2}, {"seed", 7}};
+    const std::string failed = test::post_job(client, bare);
+    ASSERT_EQ(test::wait_for_state(client, failed, "failed"), "failed");
+    const std::string message = body_json(client.Get("/kiln/v1/jobs/" + failed))["error"]["message"];
+    EXPECT_NE(message.find("the request's \"llm\" field"), std::string::npos) << message;
+    EXPECT_EQ(message.find("--llm"), std::string::npos) << message;
+
+    // Named by their path in the folder, or in their kind's folder.
+    json named = bare;
+    named["llm"] = "qwen3_tiny.safetensors";
+    named["vae"] = "vae/flux2_ae_tiny.safetensors";
+    const std::string id = test::post_job(client, named);
+    ASSERT_EQ(test::wait_for_state(client, id, "done"), "done") << server.log();
+    const json done = body_json(client.Get("/kiln/v1/jobs/" + id));
+    const image::Image served = test::decode_base64_image(done["results"][0]["image"]);
+    const image::Image cli = test::cli_image(
+        "-t 1 " + tokenizer + "-m " + dir.file("diffusion_models/flux2_tiny.safetensors") + " --llm " +
+            dir.file("text_encoders/qwen3_tiny.safetensors") + " --vae " + dir.file("vae/flux2_ae_tiny.safetensors"),
+        "-p \"a cat\" -W 32 -H 32 --steps 2 -s 7");
+    ASSERT_FALSE(cli.pixels.empty());
+    EXPECT_EQ(served.pixels, cli.pixels);
+    const json plan = body_json(
+        client.Get("/kiln/v1/plan?width=32&height=32&llm=qwen3_tiny.safetensors&vae=flux2_ae_tiny.safetensors"));
+    EXPECT_EQ(plan["family"], "FLUX.2-klein") << plan;
+    EXPECT_EQ(plan["fits"], "yes") << plan["report"].get<std::string>();
+
+    for (const auto& [field, name] :
+         std::vector<std::pair<std::string, std::string>>{{"llm", "nothing.safetensors"},
+                                                          {"vae", "escape.safetensors"},
+                                                          {"vae", "../../etc/passwd"},
+                                                          {"clip_l", "upscale_models/x2.safetensors"}}) {
+        SCOPED_TRACE(field + "=" + name);
+        json bad = bare;
+        bad[field] = name;
+        auto r = client.Post("/kiln/v1/jobs", bad.dump(), "application/json");
+        ASSERT_TRUE(r);
+        EXPECT_EQ(r->status, 400) << r->body;
+        EXPECT_EQ(error_param(r), field) << r->body;
+    }
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "serve_command.h"
 
 #include <cstdio>
+#include <filesystem>
 
 #include "cli.h"
 #include "context_params.h"
@@ -40,6 +41,20 @@ int run_serve(const Options& options) {
         std::fprintf(stderr, "kiln serve: --preview-path is ignored: previews go to clients in the job's events and progress\n");
     }
     so.context = context_params_of(options);
+    // A model folder's own LoRA folder (ComfyUI's loras/, A1111's Lora/)
+    // when --lora-model-dir names none.
+    std::string folder_loras;
+    if (!so.model_dir.empty() && !so.context.lora_model_dir) {
+        for (const char* name : {"loras", "Lora", "lora", "LoRA"}) {
+            const std::filesystem::path candidate = std::filesystem::path(so.model_dir) / name;
+            std::error_code ec;
+            if (std::filesystem::is_directory(candidate, ec)) {
+                folder_loras = candidate.string();
+                so.context.lora_model_dir = folder_loras.c_str();
+                break;
+            }
+        }
+    }
     if (!so.model_dir.empty() && !so.model.empty()) {
         KILN_LOG_ERROR("serve: -m and --model-dir exclude each other (put the model in the folder)");
         return kExitUsage;

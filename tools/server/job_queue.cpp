@@ -282,7 +282,8 @@ void JobQueue::run(const std::shared_ptr<Job>& job) {
     std::string load_error;
     kiln_status status = KILN_OK;
     try {
-        status = models_.acquire(models_.resolve(r.model, "model"), &ctx, &load_error);
+        status = models_.acquire(models_.resolve(r.model, "model"), r.parts, &ctx, &load_error);
+        if (!options_.model_dir.empty()) load_error = in_request_terms(load_error);
     } catch (const RequestError& e) {  // the model left the folder since the job was queued
         status = KILN_ERROR_INVALID_REQUEST;
         load_error = e.message;

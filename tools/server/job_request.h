@@ -26,8 +26,18 @@ struct RequestError {
 using SharedImage = std::shared_ptr<kiln_image>;
 SharedImage share_image(kiln_image* image);
 
+// The parts a job's model is loaded with, as files (kiln_context_params'
+// vae_path, clip_l_path, ...); "" leaves the server's own flag.
+struct ModelParts {
+    std::string vae, clip_l, clip_g, t5xxl, llm;
+    // "" for none, else " with vae=..., t5xxl=...": a loaded model is known by its name and this.
+    std::string describe() const;
+    void apply(kiln_context_params& params) const;
+};
+
 struct JobRequest {
     std::string model;  // a name the registry resolved
+    ModelParts parts;   // the separate files the request named (a model folder's vae/, text_encoders/)
     std::string prompt;
     std::string negative_prompt;
     int width = 0;   // 0: the model's default

@@ -11,18 +11,20 @@ namespace {
 
 using ContextPtr = std::unique_ptr<kiln_context, decltype(&kiln_context_free)>;
 
-[[noreturn]] void refuse(const std::string& field, const ModelEntry& model, char* error) {
-    const std::string message = error ? error : "it cannot be read";
+[[noreturn]] void refuse(const ServerOptions& options, const std::string& field, const ModelEntry& model, char* error) {
+    std::string message = error ? error : "it cannot be read";
+    if (!options.model_dir.empty()) message = in_request_terms(message);
     kiln_free_string(error);
     throw RequestError{400, field, field + ": " + model.name + ": " + message};
 }
 
 // A context that places the model's modules for a job of that size and
 // loads no weight: what `kiln plan` opens.
-ContextPtr plan_context(const ServerOptions& options, const ModelEntry& model, int width, int height, float hires_scale,
-                        const std::string& field) {
+ContextPtr plan_context(const ServerOptions& options, const ModelEntry& model, const ModelParts& parts, int width,
+                        int height, float hires_scale, const std::string& field) {
     kiln_context_params params = options.context;
     params.model_path = model.path.c_str();
+    parts.apply(params);
     params.plan_only = 1;
     params.job_width = width;
     params.job_height = height;
@@ -30,7 +32,7 @@ ContextPtr plan_context(const ServerOptions& options, const ModelEntry& model, i
     params.job_hires_scale = hires_scale;
     kiln_context* ctx = nullptr;
     char* error = nullptr;
-    if (kiln_context_create(&params, &ctx, &error) != KILN_OK) refuse(field, model, error);
+    if (kiln_context_create(&params, &ctx, &error) != KILN_OK) refuse(options, field, model, error);
     kiln_free_string(error);
     return ContextPtr(ctx, &kiln_context_free);
 }
@@ -46,21 +48,21 @@ const char* plan_fit_name(PlanFit fit) {
     return "no";
 }
 
-std::string ModelPlans::key_of(const ModelEntry& model) {
+std::string ModelPlans::key_of(const ModelEntry& model, const ModelParts& parts) {
     struct stat st {};
-    if (stat(model.path.c_str(), &st) != 0) return model.path;
+    if (stat(model.path.c_str(), &st) != 0) return model.path + parts.describe();
     return model.path + "|" + std::to_string(st.st_size) + "|" + std::to_string(st.st_mtim.tv_sec) + "." +
-           std::to_string(st.st_mtim.tv_nsec);
+           std::to_string(st.st_mtim.tv_nsec) + parts.describe();
 }
 
-kiln_model_info ModelPlans::defaults(const ModelEntry& model, const std::string& field) {
-    const std::string key = key_of(model);
+kiln_model_info ModelPlans::defaults(const ModelEntry& model, const ModelParts& parts, const std::string& field) {
+    const std::string key = key_of(model, parts);
     {
         std::lock_guard<std::mutex> lock(mutex_);
         if (auto it = defaults_.find(key); it != defaults_.end()) return it->second;
     }
     // Planned outside the lock: two requests may both read a new model once.
-    ContextPtr ctx = plan_context(options_, model, 0, 0, 0.0f, field);
+    ContextPtr ctx = plan_context(options_, model, parts, 0, 0, 0.0f, field);
     kiln_model_info info{};
     kiln_context_info(ctx.get(), &info);
     std::lock_guard<std::mutex> lock(mutex_);
@@ -68,14 +70,14 @@ kiln_model_info ModelPlans::defaults(const ModelEntry& model, const std::string&
     return info;
 }
 
-ModelPlan ModelPlans::plan(const ModelEntry& model, int width, int height, float hires_scale,
+ModelPlan ModelPlans::plan(const ModelEntry& model, const ModelParts& parts, int width, int height, float hires_scale,
                            const std::string& field) {
-    const auto key = std::make_tuple(key_of(model), width, height, hires_scale);
+    const auto key = std::make_tuple(key_of(model, parts), width, height, hires_scale);
     {
         std::lock_guard<std::mutex> lock(mutex_);
         if (auto it = plans_.find(key); it != plans_.end()) return it->second;
     }
-    ContextPtr ctx = plan_context(options_, model, width, height, hires_scale, field);
+    ContextPtr ctx = plan_context(options_, model, parts, width, height, hires_scale, field);
     kiln_generation_params gp;
     kiln_generation_params_init(&gp);
     gp.width = width;
@@ -85,7 +87,7 @@ ModelPlan ModelPlans::plan(const ModelEntry& model, int width, int height, float
     char* text = nullptr;
     char* error = nullptr;
     int fits = 0;
-    if (kiln_plan(ctx.get(), &gp, &text, &fits, &error) != KILN_OK) refuse(field, model, error);
+    if (kiln_plan(ctx.get(), &gp, &text, &fits, &error) != KILN_OK) refuse(options_, field, model, error);
     ModelPlan out;
     out.fit = fits == 1 ? PlanFit::Fits : fits == 2 ? PlanFit::StreamsFromDisk : PlanFit::DoesNotFit;
     out.report = text ? text : "";
@@ -101,7 +103,7 @@ ModelPlan ModelPlans::plan(const ModelEntry& model, int width, int height, float
 void check_pixels(ModelPlans& plans, const ModelEntry& model, const JobRequest& request, double factor) {
     kiln_model_info info{};
     try {
-        info = plans.defaults(model, "model");
+        info = plans.defaults(model, request.parts, "model");
     } catch (const RequestError&) {
         // A model that cannot be placed now (its device's budget is taken by
         // a loaded one, which the queue frees first): its job's load says why.

@@ -30,17 +30,18 @@ class ModelPlans {
 
     // The model's defaults (family, size, steps, CFG, sampler, scheduler).
     // 400 naming `field` when the model cannot be read.
-    kiln_model_info defaults(const ModelEntry& model, const std::string& field);
+    kiln_model_info defaults(const ModelEntry& model, const ModelParts& parts, const std::string& field);
     // `kiln plan` for a job of width x height (0: the model's), with a
     // latent hires pass at hires_scale times that size when it is above 0.
     // 400 naming `field` when the model cannot be read or kiln's
     // validation refuses the job.
-    ModelPlan plan(const ModelEntry& model, int width, int height, float hires_scale, const std::string& field);
+    ModelPlan plan(const ModelEntry& model, const ModelParts& parts, int width, int height, float hires_scale,
+                   const std::string& field);
 
   private:
     // A file is known by its path, size and change time: a model replaced
     // under the same name is read again.
-    std::string key_of(const ModelEntry& model);
+    std::string key_of(const ModelEntry& model, const ModelParts& parts);
 
     const ServerOptions& options_;
     std::mutex mutex_;

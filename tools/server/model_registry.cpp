@@ -46,6 +46,16 @@ bool is_parts_folder(const std::string& name) {
     return false;
 }
 
+// The kind of part a ComfyUI or A1111 folder holds, by its name: "vae",
+// "text_encoder", or "" for a folder of another kind.
+std::string part_kind_of_folder(const std::string& name) {
+    std::string lower = name;
+    for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (lower == "vae") return "vae";
+    if (lower == "text_encoders" || lower == "text_encoder" || lower == "clip") return "text_encoder";
+    return "";
+}
+
 // `path` lies inside `root` (both canonical), component by component.
 bool inside(const fs::path& root, const fs::path& path) {
     auto r = root.begin();
@@ -202,6 +212,97 @@ std::vector<ModelEntry> ModelRegistry::list() {
     return entries;
 }
 
+std::string in_request_terms(const std::string& message) {
+    std::string out = message;
+    for (const char* part : {"clip_l", "clip_g", "t5xxl", "llm", "vae"}) {
+        const std::string flag = std::string("pass --") + part;
+        const std::string field = std::string("name one of the model folder's parts in the request's \"") + part +
+                                  "\" field (GET /kiln/v1/models lists them)";
+        size_t at = 0;
+        while ((at = out.find(flag, at)) != std::string::npos) {
+            // Only the whole flag: "pass --clip_l" is not "pass --clip_lx".
+            const size_t end = at + flag.size();
+            if (end < out.size() && (std::isalnum(static_cast<unsigned char>(out[end])) || out[end] == '_')) {
+                at = end;
+                continue;
+            }
+            out.replace(at, flag.size(), field);
+            at += field.size();
+        }
+    }
+    return out;
+}
+
+std::string ModelParts::describe() const {
+    std::string out;
+    for (const auto& [key, path] : {std::pair<const char*, const std::string*>{"vae", &vae}, {"clip_l", &clip_l},
+                                    {"clip_g", &clip_g}, {"t5xxl", &t5xxl}, {"llm", &llm}}) {
+        if (!path->empty()) out += (out.empty() ? " with " : ", ") + std::string(key) + "=" + *path;
+    }
+    return out;
+}
+
+void ModelParts::apply(kiln_context_params& params) const {
+    if (!vae.empty()) params.vae_path = vae.c_str();
+    if (!clip_l.empty()) params.clip_l_path = clip_l.c_str();
+    if (!clip_g.empty()) params.clip_g_path = clip_g.c_str();
+    if (!t5xxl.empty()) params.t5xxl_path = t5xxl.c_str();
+    if (!llm.empty()) params.llm_path = llm.c_str();
+}
+
+std::vector<PartEntry> ModelRegistry::parts() {
+    std::vector<PartEntry> parts;
+    if (options_.model_dir.empty()) return parts;
+    std::error_code ec;
+    const fs::path root = fs::canonical(options_.model_dir, ec);
+    if (ec) return parts;
+    for (fs::directory_iterator top(root, ec); !ec && top != fs::directory_iterator(); top.increment(ec)) {
+        const std::string kind = part_kind_of_folder(top->path().filename().string());
+        std::error_code kind_ec;
+        if (kind.empty() || !top->is_directory(kind_ec)) continue;
+        fs::recursive_directory_iterator it(top->path(),
+                                            fs::directory_options::skip_permission_denied |
+                                                fs::directory_options::follow_directory_symlink,
+                                            kind_ec);
+        for (; !kind_ec && it != fs::recursive_directory_iterator(); it.increment(kind_ec)) {
+            std::error_code file_ec;
+            const fs::path target = fs::canonical(it->path(), file_ec);
+            // Inside the folder's real path only; the depth bound ends symlink loops.
+            if (file_ec || !inside(root, target) || it->path().filename().string().front() == '.' ||
+                it.depth() >= kMaxFolderDepth) {
+                if (it->is_directory(file_ec)) it.disable_recursion_pending();
+                continue;
+            }
+            if (!fs::is_directory(target, file_ec) && is_model_file(it->path())) {
+                parts.push_back({it->path().lexically_relative(root).generic_string(), target.string(), kind});
+            }
+        }
+    }
+    std::sort(parts.begin(), parts.end(), [](const PartEntry& a, const PartEntry& b) { return a.name < b.name; });
+    return parts;
+}
+
+PartEntry ModelRegistry::resolve_part(const std::string& name, const std::string& field) {
+    const std::vector<PartEntry> listed = parts();
+    for (const PartEntry& p : listed) {
+        if (p.name == name) return p;
+    }
+    // "ae.safetensors" for "vae/ae.safetensors": the name within its kind's folder.
+    for (const PartEntry& p : listed) {
+        const auto slash = p.name.find('/');
+        if (slash != std::string::npos && p.name.compare(slash + 1, std::string::npos, name) == 0) return p;
+    }
+    std::string known;
+    for (const PartEntry& p : listed) known += (known.empty() ? "" : ", ") + p.name;
+    if (known.empty()) {
+        bad_model(field, name,
+                  options_.model_dir.empty()
+                      ? "cannot be chosen: this server serves one model (-m); its parts come from its own flags"
+                      : "is not a part of this server: its model folder has no vae/, text_encoders/ or clip/ files");
+    }
+    bad_model(field, name, "is not a part of this server (GET /kiln/v1/models lists them: " + known + ")");
+}
+
 ModelEntry ModelRegistry::resolve(const std::string& requested, const std::string& field) {
     std::string name = without_hash(requested);
     if (name.empty()) name = default_model();
@@ -294,11 +395,13 @@ void ModelRegistry::evict_least_recent() {
     kiln_context_free(ctx);
 }
 
-kiln_status ModelRegistry::acquire(const ModelEntry& model, kiln_context** ctx, std::string* error) {
+kiln_status ModelRegistry::acquire(const ModelEntry& model, const ModelParts& parts, kiln_context** ctx,
+                                   std::string* error) {
+    const std::string with = parts.describe();
     {
         std::lock_guard<std::mutex> lock(mutex_);
         for (auto it = loaded_.begin(); it != loaded_.end(); ++it) {
-            if (it->name == model.name) {
+            if (it->name == model.name && it->parts == with) {
                 loaded_.splice(loaded_.begin(), loaded_, it);
                 *ctx = it->ctx;
                 return KILN_OK;
@@ -308,15 +411,16 @@ kiln_status ModelRegistry::acquire(const ModelEntry& model, kiln_context** ctx, 
     while (loaded().size() >= static_cast<size_t>(std::max(1, options_.max_loaded_models))) evict_least_recent();
     kiln_context_params params = options_.context;
     params.model_path = model.path.c_str();
+    parts.apply(params);
     for (;;) {
-        std::fprintf(stderr, "kiln serve: loading %s\n", model.name.c_str());
+        std::fprintf(stderr, "kiln serve: loading %s%s\n", model.name.c_str(), with.c_str());
         char* message = nullptr;
         kiln_context* created = nullptr;
         const kiln_status status = kiln_context_create(&params, &created, &message);
         if (status == KILN_OK) {
             {
                 std::lock_guard<std::mutex> lock(mutex_);
-                loaded_.push_front({model.name, created});
+                loaded_.push_front({model.name, with, created});
             }
             *ctx = created;
             return KILN_OK;

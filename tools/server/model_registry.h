@@ -24,6 +24,15 @@ struct ModelEntry {
     std::string family;  // as `kiln info` says ("SD1.x"), or "" when it could not tell
 };
 
+// A file a request may name as a model's separate part: what ComfyUI
+// keeps in vae/ and text_encoders/ (or clip/), A1111 in VAE/. Named by its
+// path in the model folder ("text_encoders/t5xxl_fp16.safetensors").
+struct PartEntry {
+    std::string name;
+    std::string path;
+    std::string kind;  // "vae" or "text_encoder"
+};
+
 // One device's memory books (kiln_memory_devices) as they stand.
 struct DeviceMemory {
     std::string name;      // "RPC0", "CPU"
@@ -31,6 +40,10 @@ struct DeviceMemory {
     uint64_t peak = 0;     // the most counted at once since the device's books were opened
     uint64_t budget = 0;   // --max-vram's budget, 0 for none
 };
+
+// A load error in a request's terms where the server has a model folder:
+// "pass --llm" becomes the request field that names the part.
+std::string in_request_terms(const std::string& message);
 
 class ModelRegistry {
   public:
@@ -52,9 +65,15 @@ class ModelRegistry {
     std::string default_model();
     void set_default_model(const std::string& name);
 
-    // The loaded context for `model`, loading it (and evicting others) as
-    // needed. Only the job worker calls this, and it alone uses the contexts.
-    kiln_status acquire(const ModelEntry& model, kiln_context** ctx, std::string* error);
+    // The part files of the folder (none without --model-dir). Any thread.
+    std::vector<PartEntry> parts();
+    // The part `name` names (its path in the folder, or its path in its
+    // kind's folder); 400 naming `field` for one that is not listed.
+    PartEntry resolve_part(const std::string& name, const std::string& field);
+
+    // The loaded context for `model` with `parts`, loading it (and evicting
+    // others) as needed. Only the job worker calls this, and it alone uses the contexts.
+    kiln_status acquire(const ModelEntry& model, const ModelParts& parts, kiln_context** ctx, std::string* error);
     // The names of the loaded models, most recently used first. Any thread.
     std::vector<std::string> loaded();
 
@@ -73,6 +92,7 @@ class ModelRegistry {
     std::set<std::string> warned_links_;               // symlinks out of the folder, reported once
     struct Loaded {
         std::string name;
+        std::string parts;  // ModelParts::describe(): one model loaded with other parts is another context
         kiln_context* ctx;
     };
     std::list<Loaded> loaded_;  // most recently used first; a context leaves it before it is freed

@@ -15,6 +15,7 @@ JobRequest parse_native(ServerState& state, const httplib::Request& req) {
     const ServerLimits& limits = state.options.limits;
     JobRequest r;
     r.model = state.models.resolve(read_string(j, "model"), "model").name;
+    r.parts = read_model_parts(j, state.models);
     r.prompt = read_string(j, "prompt");
     r.negative_prompt = read_string(j, "negative_prompt");
     r.width = static_cast<int>(read_integer(j, "width", 0, 0, limits.max_width));
@@ -69,12 +70,17 @@ long long query_integer(const httplib::Request& req, const std::string& name, lo
 // size fits this machine, as `kiln plan` says it (the web page's "will it fit").
 json plan_of(ServerState& state, const httplib::Request& req) {
     const ModelEntry model = state.models.resolve(req.get_param_value("model"), "model");
+    json named = json::object();  // the parts, as a job's body names them
+    for (const char* part : {"vae", "clip_l", "clip_g", "t5xxl", "llm"}) {
+        if (req.has_param(part)) named[part] = req.get_param_value(part);
+    }
+    const ModelParts parts = read_model_parts(named, state.models);
     const ServerLimits& limits = state.options.limits;
-    const kiln_model_info info = state.plans.defaults(model, "model");
+    const kiln_model_info info = state.plans.defaults(model, parts, "model");
     const int width = static_cast<int>(query_integer(req, "width", 0, 0, limits.max_width));
     const int height = static_cast<int>(query_integer(req, "height", 0, 0, limits.max_height));
     const double hires_scale = read_number(query_field(req, "hires_scale"), "hires_scale", 0, 0, 16);
-    const ModelPlan plan = state.plans.plan(model, width, height, static_cast<float>(hires_scale), "model");
+    const ModelPlan plan = state.plans.plan(model, parts, width, height, static_cast<float>(hires_scale), "model");
     return {{"model", model.name},
             {"family", info.family},
             {"defaults",
@@ -208,7 +214,9 @@ void add_native_routes(httplib::Server& server, ServerState& state) {
                 const bool is_loaded = std::find(loaded.begin(), loaded.end(), m.name) != loaded.end();
                 models.push_back({{"name", m.name}, {"family", m.family}, {"loaded", is_loaded}});
             }
-            send_json(res, 200, {{"models", models}, {"default", state.models.default_model()}});
+            json parts = json::array();
+            for (const PartEntry& p : state.models.parts()) parts.push_back({{"name", p.name}, {"kind", p.kind}});
+            send_json(res, 200, {{"models", models}, {"default", state.models.default_model()}, {"parts", parts}});
         });
     });
     // The memory books of the devices the loaded models use, read now: a

@@ -105,6 +105,16 @@ json object_at(const json& body, const std::string& key) {
     return *it;
 }
 
+ModelParts read_model_parts(const json& body, ModelRegistry& models) {
+    ModelParts parts;
+    for (auto [field, path] : {std::pair<const char*, std::string*>{"vae", &parts.vae}, {"clip_l", &parts.clip_l},
+                               {"clip_g", &parts.clip_g}, {"t5xxl", &parts.t5xxl}, {"llm", &parts.llm}}) {
+        const std::string name = read_string(body, field);
+        if (!name.empty()) *path = models.resolve_part(name, field).path;
+    }
+    return parts;
+}
+
 void read_hires(JobRequest& r, const json& body, const ServerLimits& limits) {
     const json h = object_at(body, "hires");
     nested("hires", [&] {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "job_request.h"
+#include "model_registry.h"
 #include "server_options.h"
 
 namespace kiln::server {
@@ -37,6 +38,11 @@ auto nested(const std::string& prefix, Read&& read) {
         throw;
     }
 }
+
+// The parts a request names for its model, each a file GET /kiln/v1/models
+// lists among the folder's parts: "vae", "clip_l", "clip_g", "t5xxl", "llm".
+// 400 naming the field for one that is not listed.
+ModelParts read_model_parts(const json& body, ModelRegistry& models);
 
 // The hires fix as sd-server's API writes it (kiln's native API takes the
 // same object): "hires": {enabled, upscaler, scale, target_width,

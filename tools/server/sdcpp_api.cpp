@@ -217,7 +217,7 @@ json capabilities(ServerState& state) {
     kiln_model_info info{};
     if (!name.empty()) {
         try {
-            info = state.plans.defaults(state.models.resolve(name, "model"), "model");
+            info = state.plans.defaults(state.models.resolve(name, "model"), {}, "model");
         } catch (const RequestError&) {  // a model that cannot be read: its jobs will say why
         }
     }
