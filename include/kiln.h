@@ -134,6 +134,13 @@ void kiln_context_free(kiln_context* ctx);
  * KILN_ERROR_CANCELLED. Thread-safe; a no-op when nothing runs (the next
  * job is not affected). */
 void kiln_cancel(kiln_context* ctx);
+/* A1111's interrupt: the running kiln_generate stops sampling at its next
+ * denoising step and ends with what it has. The image being sampled is
+ * decoded from the last step's denoised estimate (no hires pass after an
+ * interrupted first pass), the batch's later images are not made, and the
+ * call returns KILN_OK with the images made. Thread-safe; a no-op when
+ * nothing runs. kiln_cancel wins over it. */
+void kiln_interrupt(kiln_context* ctx);
 
 /* The model's defaults, for front-ends that show them. */
 typedef struct {

@@ -621,8 +621,16 @@ Result<std::vector<float>> sample_latent(Model& model, const SamplingRun& run, s
         case CacheMode::None: break;
     }
     int evaluations = 0;
+    // What an interrupt ends with (A1111's last_latent): the last step's
+    // denoised estimate, or the starting latent before the first.
+    std::vector<float> last_estimate = x;
+    int steps_done = 0;
     DenoiseFn denoise = [&](const std::vector<float>& xt, float sigma, int step) -> Result<std::vector<float>> {
         if (model.cancel_requested()) return Error::cancelled("cancelled");
+        if (model.interrupt_requested()) {
+            steps_done = step;
+            return Error::cancelled("interrupted");
+        }
         ++evaluations;
         Result<std::vector<float>> denoised = Error{"no evaluation"};
         if (caches.spectrum && caches.spectrum->forecasts_next()) {
@@ -634,12 +642,17 @@ Result<std::vector<float>> sample_latent(Model& model, const SamplingRun& run, s
         }
         if (denoised.ok() && !run.keep_weight.empty()) keep_region(*denoised);
         if (denoised.ok() && run.on_denoised) run.on_denoised(xt, sigma, *denoised);
+        if (denoised.ok()) last_estimate = *denoised;
         return denoised;
     };
     runtime::Executor& unet = model.diffusion_compute();
     const runtime::ExecutorStats before = unet.stats();
     const int builds_before = unet.plans().builds(), hits_before = unet.plans().hits();
     auto result = sample(run.sampler, denoise, std::move(x), run.sigmas, rng, run.eta, progress, schedule);
+    if (!result.ok() && model.interrupt_requested() && !model.cancel_requested()) {
+        KILN_LOG_INFO("interrupted at step %d of %d: the image is that step's denoised estimate", steps_done, steps);
+        result = std::move(last_estimate);
+    }
     if (run.cache.enabled()) {
         StepCacheReport report{run.cache.mode, 0, evaluations};
         if (caches.condition) report.skipped = caches.condition->reused_count();
@@ -1052,13 +1065,15 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
         }
         times.sampling_s += seconds_since(sampling_start);
         const Clock::time_point finish_start = Clock::now();
-        auto img = p.hires ? hires_pass(model, request, p, *latent, run, *cond, uncond, hires_upscaler.get(), *rng,
-                                        sampler_rng, progress,
-                                        [&](int total) {
-                                            if (on_step) on_step(i, 0, total);
-                                            step_start = Clock::now();
-                                        })
-                           : decode_latent(model, *latent, p, request.vae_tiling);
+        // Interrupted, the image ends here: no hires pass, no later image of the batch (as A1111).
+        const bool interrupted = model.interrupt_requested();
+        auto img = p.hires && !interrupted ? hires_pass(model, request, p, *latent, run, *cond, uncond,
+                                                        hires_upscaler.get(), *rng, sampler_rng, progress,
+                                                        [&](int total) {
+                                                            if (on_step) on_step(i, 0, total);
+                                                            step_start = Clock::now();
+                                                        })
+                                           : decode_latent(model, *latent, p, request.vae_tiling);
         if (!img.ok()) return img.error();
         (p.hires ? times.hires_s : times.vae_s) += seconds_since(finish_start);
 
@@ -1109,6 +1124,7 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
         info.extra.emplace_back("RNG", std::string(rng_kind_name(request.rng)));
         info.extra.emplace_back("Version", std::string("kiln ") + KILN_VERSION);
         results.push_back(std::move(g));
+        if (model.interrupt_requested()) break;  // during this image's hires pass too
     }
     return results;
 }

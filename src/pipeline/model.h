@@ -272,8 +272,15 @@ class Model {
     std::string& applied_loras() { return applied_loras_; }
     // Bytes of LoRA weights counted on a device's ledger, to give back when they change.
     std::vector<std::pair<runtime::DeviceLedger*, uint64_t>>& lora_reservations() { return lora_reservations_; }
-    void clear_cancel() { cancel_.store(false); }
+    void clear_cancel() {
+        cancel_.store(false);
+        interrupt_.store(false);
+    }
     bool cancel_requested() const { return cancel_.load(); }
+    // A1111's interrupt (kiln_interrupt): sampling stops at its next step and
+    // the job ends with the image it has; cleared with the cancel.
+    void request_interrupt() { interrupt_.store(true); }
+    bool interrupt_requested() const { return interrupt_.load(); }
 
   private:
     Model() = default;
@@ -332,6 +339,7 @@ class Model {
     Module* taesd_ = nullptr;
     bool taesd_preview_only_ = false;
     std::atomic<bool> cancel_{false};
+    std::atomic<bool> interrupt_{false};
     std::string lora_dir_;
     LoraApplyMode lora_apply_mode_ = LoraApplyMode::Auto;
     std::string applied_loras_;

@@ -276,7 +276,7 @@ TEST(ServerApi, A1111Txt2ImgImg2ImgAndLists) {
     ASSERT_TRUE(good_option);
     EXPECT_EQ(good_option->status, 200);
 
-    // Progress while a job runs, interrupt stops it.
+    // Progress while a job runs; interrupt ends it with the image it has (A1111's).
     const std::string id = post_job(client, kLongJob);
     ASSERT_FALSE(id.empty());
     ASSERT_EQ(test::wait_for_state(client, id, "running"), "running");
@@ -290,7 +290,10 @@ TEST(ServerApi, A1111Txt2ImgImg2ImgAndLists) {
     auto interrupted = client.Post("/sdapi/v1/interrupt", "", "application/json");
     ASSERT_TRUE(interrupted);
     EXPECT_EQ(interrupted->status, 200);
-    EXPECT_EQ(test::wait_for_state(client, id, "cancelled"), "cancelled");
+    EXPECT_EQ(test::wait_for_state(client, id, "done"), "done");
+    const json done = body_json(client.Get("/kiln/v1/jobs/" + id));
+    ASSERT_EQ(done["results"].size(), 1u);
+    EXPECT_NE(done["results"][0]["parameters"].get<std::string>().find("Steps: 3000"), std::string::npos);
     EXPECT_EQ(server.stop(SIGTERM), 0);
 }
 

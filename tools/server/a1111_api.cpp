@@ -317,7 +317,8 @@ void add_a1111_routes(httplib::Server& server, ServerState& state) {
                 job_state["job_no"] = d["image"];
                 job_state["sampling_step"] = d["step"];
                 job_state["sampling_steps"] = d["steps"];
-                job_state["interrupted"] = state.jobs.with_lock([&] { return job->cancel_requested; });
+                job_state["interrupted"] =
+                    state.jobs.with_lock([&] { return job->cancel_requested || job->interrupt_requested; });
                 job_state["job_timestamp"] = a1111_timestamp(job->created);
                 // The latest preview, base64 PNG without a data: prefix, as A1111 sends it.
                 const std::string skip = req.get_param_value("skip_current_image");
@@ -332,10 +333,11 @@ void add_a1111_routes(httplib::Server& server, ServerState& state) {
     });
     // A ContentReader handler: httplib reads no body, so curl -X POST without one (and no
     // Content-Length) is answered, not refused with a 400.
+    // The interrupted job's request still answers 200, with the image it had (A1111's last_latent).
     server.Post("/sdapi/v1/interrupt",
                 [&state](const httplib::Request&, httplib::Response& res, const httplib::ContentReader&) {
                     guarded(res, [&] {
-                        state.jobs.cancel_running();
+                        state.jobs.interrupt_running();
                         send_json(res, 200, json::object());
                     });
                 });

@@ -122,6 +122,14 @@ bool JobQueue::cancel(const std::shared_ptr<Job>& job) {
     return true;
 }
 
+void JobQueue::interrupt_running() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!running_) return;
+    running_->interrupt_requested = true;
+    // Also sent again by the progress callback, as a cancel is.
+    if (running_ctx_) kiln_interrupt(running_ctx_);
+}
+
 void JobQueue::cancel_running() {
     std::shared_ptr<Job> job = running();
     if (job) cancel(job);
@@ -445,6 +453,7 @@ void JobQueue::on_progress(int image, int step, int steps, void* user_data) {
         }
     }
     if (job.cancel_requested) kiln_cancel(target->ctx);
+    if (job.interrupt_requested) kiln_interrupt(target->ctx);
 }
 
 void JobQueue::on_preview(int image, int step, const kiln_image* preview, void* user_data) {

@@ -47,6 +47,7 @@ struct Job {
     int image = 0, images = 1, step = 0, steps = 0;
     double started = 0, finished = 0, sampling_started = 0;
     bool cancel_requested = false;
+    bool interrupt_requested = false;  // A1111's interrupt: the job ends done with the image it has
     bool shutdown = false;  // cancelled because the server is stopping (503)
     kiln_status error_status = KILN_OK;
     std::string error_message;
@@ -74,8 +75,11 @@ class JobQueue {
     // A queued job is cancelled at once, a running one at its next step.
     // False when the job had already finished.
     bool cancel(const std::shared_ptr<Job>& job);
-    // Cancels the running job, if any (A1111's interrupt).
+    // Cancels the running job, if any (A1111's skip).
     void cancel_running();
+    // Interrupts the running job, if any (A1111's interrupt): its sampling
+    // stops at the next step and it finishes done with the image it has.
+    void interrupt_running();
 
     // The job's state, progress and (when done) results as the native API
     // reports them; with_images false leaves the images out.
