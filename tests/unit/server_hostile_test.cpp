@@ -390,6 +390,47 @@ TEST(ServerHostile, SlowSendersLeaveHealthAnswering) {
     EXPECT_EQ(health->status, 200);
 }
 
+// A client that asks for an image synchronously and leaves before it is
+// made (a closed browser tab, a killed script) has its job cancelled,
+// A1111's and OpenAI's alike, and the server goes on serving.
+TEST(ServerHostile, AClientThatLeavesCancelsItsSynchronousJob) {
+    ServerProcess server(test::tiny_server_flags() + " --max-steps 10000");
+    ASSERT_TRUE(server.started()) << server.log();
+    httplib::Client client("127.0.0.1", server.port());
+    client.set_read_timeout(120, 0);
+    const std::vector<std::pair<std::string, json>> requests = {
+        {"/sdapi/v1/txt2img", {{"prompt", "left behind"}, {"width", 32}, {"height", 32}, {"steps", 10000}}},
+        {"/v1/images/generations", {{"prompt", "left behind"}, {"size", "32x32"}, {"steps", 10000}}}};
+    for (const auto& [path, body] : requests) {
+        SCOPED_TRACE(path);
+        const int fd = test::connect_loopback(server.port());
+        ASSERT_GE(fd, 0);
+        const std::string text = body.dump();
+        const std::string request = "POST " + path +
+                                    " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                                    "Content-Length: " +
+                                    std::to_string(text.size()) + "\r\n\r\n" + text;
+        ASSERT_EQ(::send(fd, request.data(), request.size(), MSG_NOSIGNAL), static_cast<ssize_t>(request.size()));
+        // Its job runs (seen through A1111's progress) ...
+        std::string id;
+        for (int attempt = 0; attempt < 20000 && id.empty(); ++attempt) {
+            const json state = body_json(client.Get("/sdapi/v1/progress"))["state"];
+            if (state.value("sampling_step", 0) > 0) id = state.value("job", "");
+            if (id.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+        ASSERT_FALSE(id.empty()) << server.log();
+        // ... until its client goes.
+        ::close(fd);
+        EXPECT_EQ(test::wait_for_state(client, id, "cancelled"), "cancelled");
+    }
+    EXPECT_NE(server.log().find("its client went away; cancelled"), std::string::npos) << server.log();
+    auto after =
+        client.Post("/sdapi/v1/txt2img", json{{"prompt", "x"}, {"width", 32}, {"height", 32}, {"steps", 1}}.dump(),
+                    "application/json");
+    ASSERT_TRUE(after);
+    EXPECT_EQ(after->status, 200);
+}
+
 // /sdapi/v1/loras lists the adapters a prompt can use: not a file a
 // symlink leads out of --lora-model-dir to.
 TEST(ServerHostile, LorasOutsideTheLoraFolderAreNotListed) {

@@ -247,7 +247,7 @@ void generate(ServerState& state, const httplib::Request& req, httplib::Response
     const json body = parse_json_body(req);
     JobRequest request = parse_a1111(state, body, img2img);
     check_limits(request, state.options.limits);
-    auto job = run_job_and_wait(state, std::move(request));
+    auto job = run_job_and_wait(state, std::move(request), req);
     json images = json::array();
     json info;
     state.jobs.with_lock([&] {

@@ -14,6 +14,7 @@
 #include <thread>
 #include <tuple>
 
+#include "client_connection.h"
 #include "connection_pool.h"
 #include "request_origin.h"
 #include "server_state.h"
@@ -93,10 +94,19 @@ std::shared_ptr<Job> submit_job(ServerState& state, JobRequest request, int* pos
 
 namespace {
 
-// Waits for the job, then throws the error a failed or cancelled one gets
-// (400 for a bad request, 503 on shutdown, 409 when cancelled, 500 otherwise).
-void wait_for_images(ServerState& state, const std::shared_ptr<Job>& job) {
-    state.jobs.wait_finished(*job);
+// Waits for the job, cancelling it when its client goes away (polled
+// every quarter second), then throws the error a failed or cancelled one
+// gets (400 for a bad request, 503 on shutdown, 409 when cancelled, 500 otherwise).
+void wait_for_images(ServerState& state, const std::shared_ptr<Job>& job, const httplib::Request& http) {
+    const std::optional<ClientConnection> client = ClientConnection::of(http);
+    bool cancelled = false;
+    while (!state.jobs.wait_finished_for(*job, 250)) {
+        if (!cancelled && client && client->gone()) {
+            std::fprintf(stderr, "kiln serve: job %s: its client went away; cancelled\n", job->id.c_str());
+            cancelled = true;
+            state.jobs.cancel(job);
+        }
+    }
     const auto [jstate, status, shutdown, message] = state.jobs.with_lock(
         [&] { return std::make_tuple(job->state, job->error_status, job->shutdown, job->error_message); });
     if (jstate == JobState::Done) return;
@@ -106,11 +116,11 @@ void wait_for_images(ServerState& state, const std::shared_ptr<Job>& job) {
 
 }  // namespace
 
-std::shared_ptr<Job> run_job_and_wait(ServerState& state, JobRequest request) {
+std::shared_ptr<Job> run_job_and_wait(ServerState& state, JobRequest request, const httplib::Request& http) {
     const auto held = state.long_requests.hold();  // before queueing: a 503 leaves no job behind
     int position = 0;
     auto job = submit_job(state, std::move(request), &position);
-    wait_for_images(state, job);
+    wait_for_images(state, job, http);
     return job;
 }
 

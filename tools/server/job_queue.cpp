@@ -235,9 +235,9 @@ std::string JobQueue::latest_preview(const Job& job) {
     return job.preview;
 }
 
-void JobQueue::wait_finished(const Job& job) {
+bool JobQueue::wait_finished_for(const Job& job, int wait_ms) {
     std::unique_lock<std::mutex> lock(mutex_);
-    changed_.wait(lock, [&] { return job.finished > 0; });
+    return changed_.wait_for(lock, std::chrono::milliseconds(wait_ms), [&] { return job.finished > 0; });
 }
 
 void JobQueue::shutdown() {

@@ -89,8 +89,8 @@ class JobQueue {
     std::vector<JobEvent> events_since(const Job& job, size_t seen, int wait_ms, bool* over);
     // The job's latest live preview (base64 PNG); "" when it has none.
     std::string latest_preview(const Job& job);
-    // Blocks until the job has finished, however it finished.
-    void wait_finished(const Job& job);
+    // Waits up to `wait_ms` for the job to finish, however it finishes: whether it has.
+    bool wait_finished_for(const Job& job, int wait_ms);
     // A snapshot of what runs now, for A1111's /progress: null when idle.
     std::shared_ptr<Job> running();
     // Fields of a job read under the queue's lock.

@@ -91,7 +91,7 @@ OpenAiRequest parse_common(ServerState& state, const json& j) {
 void answer(ServerState& state, const httplib::Request& req, httplib::Response& res, OpenAiRequest request) {
     const std::string response_format = request.response_format;
     check_limits(request.job, state.options.limits);
-    auto job = run_job_and_wait(state, std::move(request.job));
+    auto job = run_job_and_wait(state, std::move(request.job), req);
     json data = json::array();
     const std::string host = req.has_header("Host") ? req.get_header_value("Host") : "127.0.0.1";
     state.jobs.with_lock([&] {

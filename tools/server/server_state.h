@@ -59,8 +59,9 @@ void guarded(httplib::Response& res, Route&& route) {
 }
 
 // Holds one of the long-request places (503 when none is free), queues the
-// request and waits for its images, as the synchronous APIs answer.
-std::shared_ptr<Job> run_job_and_wait(ServerState& state, JobRequest request);
+// request and waits for its images, as the synchronous APIs answer; a
+// client that disconnects meanwhile has its job cancelled.
+std::shared_ptr<Job> run_job_and_wait(ServerState& state, JobRequest request, const httplib::Request& http);
 // Queues the request: 429 with Retry-After when the queue is full, 503 while shutting down.
 std::shared_ptr<Job> submit_job(ServerState& state, JobRequest request, int* position);
 // The adapter files under `folder` (--lora-model-dir), sorted by name (their
