@@ -181,6 +181,15 @@ typedef enum {
  * preview and its pixels belong to kiln and are valid only during the call. */
 typedef void (*kiln_preview_callback)(int image, int step, const kiln_image* preview, void* user_data);
 
+/* The phases of a job besides sampling (whose steps go to the progress callback). */
+typedef enum {
+    KILN_PHASE_ENCODE = 1, /* the prompts, once per job (reading the text encoders' weights when not loaded yet) */
+    KILN_PHASE_DECODE = 2, /* an image's latent to pixels (the VAE, or TAESD) */
+    KILN_PHASE_HIRES = 3,  /* an image's hires fix: upscale, then its own steps (reported as progress) and decode */
+} kiln_phase;
+/* Called as a job enters a phase: the phase and the image it is for (0 for ENCODE). */
+typedef void (*kiln_phase_callback)(kiln_phase phase, int image, void* user_data);
+
 typedef struct {
     const char* prompt;
     const char* negative_prompt;
@@ -279,6 +288,8 @@ typedef struct {
      * 1: neither, no file is read to hash it (for a front-end that writes no metadata:
      * --disable-image-metadata). */
     int disable_file_hashes;
+    kiln_phase_callback phase; /* or NULL */
+    void* phase_user_data;
 } kiln_generation_params;
 
 void kiln_generation_params_init(kiln_generation_params* params);

@@ -548,7 +548,13 @@ kiln_status kiln_generate(kiln_context* ctx, const kiln_generation_params* param
                 params->preview(image, step, &view, params->preview_user_data);
             };
         }
-        auto result = kiln::pipeline::generate(*ctx->model, *r, on_step, nullptr, on_preview);
+        kiln::pipeline::PhaseCallback on_phase;
+        if (params->phase) {
+            on_phase = [params](kiln::pipeline::JobPhase phase, int image) {
+                params->phase(static_cast<kiln_phase>(phase), image, params->phase_user_data);
+            };
+        }
+        auto result = kiln::pipeline::generate(*ctx->model, *r, on_step, nullptr, on_preview, on_phase);
         if (!result.ok()) {
             ctx->model->release_caches();  // a failed job gives back what it took
             return fail(error, result.error());

@@ -795,7 +795,7 @@ void add_hires_info(const HiresFix& request, const ValidatedHires& h, image::Gen
 
 Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationRequest& request,
                                              const StepCallback& on_step, GenerationTimings* timings,
-                                             const PreviewCallback& on_preview) {
+                                             const PreviewCallback& on_preview, const PhaseCallback& on_phase) {
     auto planned = validate_request(model, request);
     if (!planned.ok()) return planned.error();
     auto images_held = reserve_request_images(model, request);
@@ -850,6 +850,7 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
         upscaler_held = std::move(held).value();
     }
     const Clock::time_point encoding_start = Clock::now();
+    if (on_phase) on_phase(JobPhase::Encode, 0);
     auto cond = encode_prompt(model, tagged->prompt, request.clip_skip, request.t5_masks);
     if (!cond.ok()) return cond.error();
     std::optional<Conditioning> uncond;
@@ -1067,6 +1068,7 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
         const Clock::time_point finish_start = Clock::now();
         // Interrupted, the image ends here: no hires pass, no later image of the batch (as A1111).
         const bool interrupted = model.interrupt_requested();
+        if (on_phase) on_phase(p.hires && !interrupted ? JobPhase::Hires : JobPhase::Decode, i);
         auto img = p.hires && !interrupted ? hires_pass(model, request, p, *latent, run, *cond, uncond,
                                                         hires_upscaler.get(), *rng, sampler_rng, progress,
                                                         [&](int total) {

@@ -32,6 +32,10 @@ struct GeneratedImage {
 // Called with step 0 when an image's sampling starts, then after each
 // denoising step: (image index, steps done, total steps).
 using StepCallback = std::function<void(int image, int step, int total)>;
+// Called as a job enters a phase besides sampling (kiln_phase): the prompts'
+// encoding (image 0), an image's decode, an image's hires fix.
+enum class JobPhase { Encode = 1, Decode = 2, Hires = 3 };
+using PhaseCallback = std::function<void(JobPhase phase, int image)>;
 
 // What a step cache did in one sampling run: of `evaluations` denoiser
 // calls, `skipped` reused or forecast the network's work (its middle blocks,
@@ -63,11 +67,13 @@ struct GenerationTimings {
 // filled. With `on_preview` and request.preview.mode not None, a preview is
 // made after every request.preview.interval-th step of each image (steps
 // count from 1, as on_step's) and handed to it; its time is no step's. A
-// preview that fails to decode is a warning, not a failed job.
+// preview that fails to decode is a warning, not a failed job. `on_phase`
+// hears of the phases besides sampling.
 Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationRequest& request,
                                              const StepCallback& on_step = nullptr,
                                              GenerationTimings* timings = nullptr,
-                                             const PreviewCallback& on_preview = nullptr);
+                                             const PreviewCallback& on_preview = nullptr,
+                                             const PhaseCallback& on_phase = nullptr);
 
 // The sampling loop alone, for callers that bring their own conditioning
 // and starting latent (tests compare it with the reference sampler).

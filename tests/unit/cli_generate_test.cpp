@@ -319,6 +319,28 @@ TEST(CliGenerate, CheckpointWithoutTokenizerSaysWhatToPass) {
     EXPECT_NE(r.err.find("pass --tokenizer PATH"), std::string::npos) << r.err;
 }
 
+// Off a terminal (here a pipe) a run says each phase besides sampling on a
+// line of its own, in order: the prompt's encoding, then per image its
+// hires fix or its decode.
+TEST(CliGenerate, PhasesAreLinesOffATerminal) {
+    TempDir dir;
+    auto r = run_command(kiln_with_sd1_tiny("-p x -W 32 -H 32 --steps 2 -b 2 -o " + dir.file("p.png")));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const size_t encoding = r.out.find("encoding the prompt\n");
+    const size_t first = r.out.find("image 1/2: decoding\n");
+    const size_t second = r.out.find("image 2/2: decoding\n");
+    ASSERT_NE(encoding, std::string::npos) << r.out;
+    ASSERT_NE(first, std::string::npos) << r.out;
+    ASSERT_NE(second, std::string::npos) << r.out;
+    EXPECT_LT(encoding, first);
+    EXPECT_LT(first, second);
+    auto hires = run_command(kiln_with_sd1_tiny("-p x -W 32 -H 32 --steps 2 --hires --hires-scale 1.5 -o " +
+                                                dir.file("h.png")));
+    ASSERT_EQ(hires.exit_code, 0) << hires.err;
+    EXPECT_NE(hires.out.find("image 1/1: hires fix\n"), std::string::npos) << hires.out;
+    EXPECT_EQ(hires.out.find("decoding"), std::string::npos) << hires.out;
+}
+
 // -q: a run that goes well prints nothing; the image is written all the same.
 TEST(CliGenerate, QuietPrintsNothingButWritesTheImage) {
     TempDir dir;

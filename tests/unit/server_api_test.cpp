@@ -36,7 +36,7 @@ TEST(ServerApi, NativeJobRunsToDoneWithEventsAndTheCliImage) {
     EXPECT_EQ(body_json(posted)["position"], 0);
 
     const auto events = test::read_events(server.port(), id);
-    EXPECT_EQ(events, (std::vector<std::string>{"queued", "started", "step", "step", "step", "done"}));
+    EXPECT_EQ(events, (std::vector<std::string>{"queued", "started", "phase", "step", "step", "step", "phase", "done"}));
 
     auto got = client.Get(("/kiln/v1/jobs/" + id).c_str());
     ASSERT_TRUE(got);

@@ -24,7 +24,8 @@
 namespace kiln::cli {
 namespace {
 
-// Progress on a terminal: one line per step, redrawn in place.
+// Progress: on a terminal one line per image's steps, redrawn in place;
+// off one (a log, a service) a line every few seconds of steps.
 struct Progress {
     bool terminal = isatty(STDOUT_FILENO) != 0;
     int images = 1;
@@ -57,6 +58,20 @@ struct Progress {
             self->last_line = now;
             KILN_LOG_INFO("image %d/%d: step %d/%d, %.2f it/s, ETA %.0fs", image + 1, self->images, step, steps, rate,
                           eta);
+        }
+    }
+
+    // The phases besides sampling, a line each, on a terminal or off one:
+    // a log shows where the time went between the step lines.
+    static void on_phase(kiln_phase phase, int image, void* user_data) {
+        auto* self = static_cast<Progress*>(user_data);
+        const char* what = phase == KILN_PHASE_ENCODE   ? "encoding the prompt"
+                           : phase == KILN_PHASE_DECODE ? "decoding"
+                                                        : "hires fix";
+        if (phase == KILN_PHASE_ENCODE) {
+            KILN_LOG_INFO("%s", what);
+        } else {
+            KILN_LOG_INFO("image %d/%d: %s", image + 1, self->images, what);
         }
     }
 };
@@ -316,6 +331,8 @@ int run_generate(const Options& options) {
     if (!options.quiet) {
         gp.progress = &Progress::on_step;
         gp.progress_user_data = &progress;
+        gp.phase = &Progress::on_phase;
+        gp.phase_user_data = &progress;
     }
     gp.hires = options.hires ? 1 : 0;
     gp.hires_scale = options.hires_scale;

@@ -329,6 +329,8 @@ void JobQueue::run(const std::shared_ptr<Job>& job) {
     gp.mask = r.mask.get();
     gp.progress = &JobQueue::on_progress;
     gp.progress_user_data = &target;
+    gp.phase = &JobQueue::on_phase;
+    gp.phase_user_data = &target;
     gp.hires = r.hires ? 1 : 0;
     gp.hires_scale = r.hires_scale;
     gp.hires_width = r.hires_width;
@@ -454,6 +456,16 @@ void JobQueue::on_progress(int image, int step, int steps, void* user_data) {
     }
     if (job.cancel_requested) kiln_cancel(target->ctx);
     if (job.interrupt_requested) kiln_interrupt(target->ctx);
+}
+
+void JobQueue::on_phase(kiln_phase phase, int image, void* user_data) {
+    auto* target = static_cast<ProgressTarget*>(user_data);
+    JobQueue& self = *target->queue;
+    std::lock_guard<std::mutex> lock(self.mutex_);
+    // A step whose preview is still due goes out first: events stay in order.
+    if (target->held_step) self.add_step_event(*target->job, *std::exchange(target->held_step, std::nullopt), "");
+    const char* name = phase == KILN_PHASE_ENCODE ? "encode" : phase == KILN_PHASE_DECODE ? "decode" : "hires";
+    self.add_event(*target->job, "phase", {{"phase", name}, {"image", image}});
 }
 
 void JobQueue::on_preview(int image, int step, const kiln_image* preview, void* user_data) {

@@ -30,7 +30,7 @@ struct JobImage {
     uint32_t width = 0, height = 0;
 };
 
-// One server-sent event: its type (queued, started, step, done, failed, cancelled) and data.
+// One server-sent event: its type (queued, started, phase, step, done, failed, cancelled) and data.
 // A step event carries its live preview ("preview", base64 PNG) while the
 // job's event history has room for it (see JobQueue::bound_previews).
 struct JobEvent {
@@ -123,6 +123,7 @@ class JobQueue {
     void bound_previews(Job& job);                                                   // locked
     void drop_previews(Job& job);                                                    // locked
     static void on_progress(int image, int step, int steps, void* user_data);
+    static void on_phase(kiln_phase phase, int image, void* user_data);
     static void on_preview(int image, int step, const kiln_image* preview, void* user_data);
 
     ModelRegistry& models_;
