@@ -203,8 +203,10 @@ int run_server(const ServerOptions& options) {
             answer_preflight(req, res);
             return httplib::Server::HandlerResponse::Handled;
         }
-        // The web page itself is public (it asks for the key); everything else needs it.
-        const bool is_public = req.method == "GET" && (req.path == "/" || req.path == "/health");
+        // The web page itself is public (it asks for the key), and so is the API's
+        // description (documentation); everything else needs it.
+        const bool is_public =
+            req.method == "GET" && (req.path == "/" || req.path == "/health" || req.path == "/openapi.json");
         if (!state.options.api_key.empty() && !is_public && !authorized(req, state.options.api_key)) {
             res.set_header("WWW-Authenticate", "Bearer");
             send_error(res, {401, "", "missing or wrong API key: send 'Authorization: Bearer KEY' or 'X-Api-Key: KEY'"});
@@ -242,6 +244,7 @@ int run_server(const ServerOptions& options) {
     add_a1111_routes(http, state);
     add_sdcpp_routes(http, state);
     add_web_page_route(http);
+    add_openapi_route(http);
 
     std::atomic<bool> listen_returned{false};
     std::thread stopper([&] {

@@ -78,5 +78,6 @@ void add_openai_routes(httplib::Server& server, ServerState& state);
 void add_a1111_routes(httplib::Server& server, ServerState& state);
 void add_sdcpp_routes(httplib::Server& server, ServerState& state);
 void add_web_page_route(httplib::Server& server);
+void add_openapi_route(httplib::Server& server);
 
 }  // namespace kiln::server
