@@ -390,6 +390,26 @@ TEST(ServerHostile, SlowSendersLeaveHealthAnswering) {
     EXPECT_EQ(health->status, 200);
 }
 
+// A hires upscaler is named, never a path: a file name in a request would
+// let a client learn which files the server has from its job's error.
+TEST(ServerHostile, AHiresUpscalerIsNoPathToProbe) {
+    ServerProcess server(test::tiny_server_flags());
+    ASSERT_TRUE(server.started()) << server.log();
+    httplib::Client client("127.0.0.1", server.port());
+    const json hires = {{"enabled", true}, {"upscaler", "/etc/passwd"}};
+    for (const auto& [path, body] : std::vector<std::pair<std::string, json>>{
+             {"/kiln/v1/jobs", {{"prompt", "x"}, {"hires", hires}}},
+             {"/sdcpp/v1/img_gen", {{"prompt", "x"}, {"hires", hires}}},
+             {"/sdapi/v1/txt2img", {{"prompt", "x"}, {"enable_hr", true}, {"hr_upscaler", "/etc/passwd"}}}}) {
+        SCOPED_TRACE(path);
+        auto r = client.Post(path, body.dump(), "application/json");
+        ASSERT_TRUE(r);
+        EXPECT_EQ(r->status, 400) << r->body;
+        EXPECT_EQ(error_param(r), path == "/sdapi/v1/txt2img" ? "hr_upscaler" : "hires.upscaler") << r->body;
+    }
+    EXPECT_TRUE(body_json(client.Get("/kiln/v1/jobs"))["jobs"].empty()) << "a job was queued";
+}
+
 // A client that asks for an image synchronously and leaves before it is
 // made (a closed browser tab, a killed script) has its job cancelled,
 // A1111's and OpenAI's alike, and the server goes on serving.

@@ -60,19 +60,7 @@ void read_hires_fix(JobRequest& r, const json& j, const ServerLimits& limits) {
     r.hires_height = static_cast<int>(read_integer(j, "hr_resize_y", 0, 0, limits.max_height));
     r.hires_steps = static_cast<int>(read_integer(j, "hr_second_pass_steps", 0, 0, limits.max_steps));
     r.hires_denoising_strength = static_cast<float>(read_number(j, "denoising_strength", 0.7, 0.0, 1.0));
-    const std::string upscaler = read_string(j, "hr_upscaler", "Latent");
-    bool known = false;
-    for (const char* name : {"Latent", "Latent (nearest)", "Latent (nearest-exact)", "Lanczos", "latent",
-                             "latent-nearest", "latent-nearest-exact", "lanczos"}) {
-        known = known || upscaler == name;
-    }
-    if (!known) {
-        throw RequestError{400, "hr_upscaler",
-                           "hr_upscaler: '" + upscaler +
-                               "' is not one of kiln serve's upscalers: Latent, Latent (nearest), "
-                               "Latent (nearest-exact), Lanczos"};
-    }
-    r.hires_upscaler = upscaler;
+    r.hires_upscaler = hires_upscaler_named(read_string(j, "hr_upscaler", "Latent"), "hr_upscaler");
     // The final size within the server's limits, as far as the request says it.
     const long long final_width = r.hires_width ? r.hires_width : static_cast<long long>(r.width * r.hires_scale);
     const long long final_height = r.hires_height ? r.hires_height : static_cast<long long>(r.height * r.hires_scale);

@@ -115,6 +115,18 @@ ModelParts read_model_parts(const json& body, ModelRegistry& models) {
     return parts;
 }
 
+std::string hires_upscaler_named(const std::string& name, const std::string& field) {
+    for (const char* known : {"Latent", "Latent (nearest)", "Latent (nearest-exact)", "Lanczos", "latent",
+                              "latent-nearest", "latent-nearest-exact", "lanczos"}) {
+        if (name == known) return name;
+    }
+    // Not a path either: a file name would let a client probe the server's files.
+    throw RequestError{400, field,
+                       field + ": '" + name +
+                           "' is not one of kiln serve's upscalers: Latent, Latent (nearest), Latent (nearest-exact), "
+                           "Lanczos"};
+}
+
 void read_hires(JobRequest& r, const json& body, const ServerLimits& limits) {
     const json h = object_at(body, "hires");
     nested("hires", [&] {
@@ -123,7 +135,7 @@ void read_hires(JobRequest& r, const json& body, const ServerLimits& limits) {
         if (upscaler == "None") {
             r.hires = false;
         } else {
-            r.hires_upscaler = upscaler;  // kiln's request validation names what it lacks
+            r.hires_upscaler = hires_upscaler_named(upscaler, "upscaler");
         }
         r.hires_scale = static_cast<float>(read_number(h, "scale", 2.0, 0, 16));
         r.hires_width = static_cast<int>(read_integer(h, "target_width", 0, 0, limits.max_width));

@@ -44,6 +44,11 @@ auto nested(const std::string& prefix, Read&& read) {
 // 400 naming the field for one that is not listed.
 ModelParts read_model_parts(const json& body, ModelRegistry& models);
 
+// A hires upscaler a request may name: the latent modes or Lanczos, by
+// A1111's names or kiln's; 400 naming `field` for anything else (model
+// upscalers are files the CLI takes by path, not a client).
+std::string hires_upscaler_named(const std::string& name, const std::string& field);
+
 // The hires fix as sd-server's API writes it (kiln's native API takes the
 // same object): "hires": {enabled, upscaler, scale, target_width,
 // target_height, steps, denoising_strength, custom_sigmas,
