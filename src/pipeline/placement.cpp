@@ -127,9 +127,12 @@ Result<std::vector<ModulePlacement>> place_each_module(const PlacementRequest& r
         if (!request.offload_to_cpu && placed + w + compute_reserve + staging <= room) {
             p.params = ParamsLocation::ComputeDevice;
             placed += w;
-        } else if (w <= host_room) {
+        } else if (w <= host_room || request.offload_to_cpu) {
+            // --offload-to-cpu is sd-cli's: the weights live in RAM, whatever
+            // room auto-fit would keep free there (the plan says when RAM
+            // cannot hold them; they are never streamed from disk).
             p.params = ParamsLocation::Host;
-            host_room -= w;
+            host_room -= std::min(w, host_room);
             staging += stage;
         } else {
             p.params = ParamsLocation::Disk;

@@ -182,6 +182,13 @@ TEST(Placement, OffloadToCpuKeepsWeightsInRam) {
         EXPECT_EQ(p[m].compute_device, "CUDA0") << m;
         EXPECT_EQ(p[m].params, ParamsLocation::Host) << m;
     }
+    // Not even short of RAM do they go to disk, as auto-fit alone would put them.
+    p = place(r, {device("CUDA0", DeviceInfo::Gpu, 24 * kGiB), device("CPU", DeviceInfo::Cpu, 32 * kGiB)}, kGiB);
+    for (const char* m : {"diffusion", "te", "vae"}) EXPECT_EQ(p[m].params, ParamsLocation::Host) << m;
+    r.offload_to_cpu = false;
+    p = place(r, {device("CUDA0", DeviceInfo::Gpu, kGiB), device("CPU", DeviceInfo::Cpu, 32 * kGiB)}, kGiB);
+    EXPECT_EQ(p["diffusion"].params, ParamsLocation::Disk);  // what --offload-to-cpu keeps from happening
+    r.offload_to_cpu = true;
     r.backend = {{"diffusion", "CUDA0"}};
     p = place(r, {device("CUDA0", DeviceInfo::Gpu, 24 * kGiB), device("CPU", DeviceInfo::Cpu, 32 * kGiB)});
     EXPECT_EQ(p["diffusion"].params, ParamsLocation::Host);
