@@ -74,7 +74,7 @@ Result<double> budget_gib(std::string_view text) {
     auto v = parse_gib_amount(text);
     if (!v.ok()) return v.error();
     if (std::fabs(*v) > kMaxBudgetGib) {
-        return Error{"'" + std::string(trim(text)) + "' is " + (*v > 0 ? "over" : "below -") +
+        return Error{"'" + std::string(trim(text)) + "' is " + (*v > 0 ? "over " : "below -") +
                      "1e9 GiB; a positive budget is GiB the device may hold, a negative one the GiB its free "
                      "memory at start-up keeps back"};
     }

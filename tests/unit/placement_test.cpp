@@ -67,6 +67,9 @@ TEST(MaxVram, BadValuesNameTheProblem) {
         ASSERT_FALSE(r.ok()) << huge;
         EXPECT_NE(r.error().message.find("1e9 GiB"), std::string::npos) << r.error().message;
     }
+    EXPECT_EQ(runtime::parse_max_vram("1e12").error().message,
+              "--max-vram: '1e12' is over 1e9 GiB; a positive budget is GiB the device may hold, a negative one the "
+              "GiB its free memory at start-up keeps back");
     EXPECT_EQ(runtime::parse_max_vram("1e9").value().all_gib, 1e9);
     EXPECT_EQ(runtime::parse_max_vram("cpu=-5").value().for_device("cpu"), -5.0);
     EXPECT_EQ(runtime::parse_max_vram("4,").error().message, "--max-vram: an empty entry in '4,'");
