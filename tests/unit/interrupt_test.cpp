@@ -46,6 +46,14 @@ struct Context {
     ~Context() { kiln_context_free(ctx); }
 };
 
+// The job's previews interrupt it at `step` of its first image.
+void interrupt_at_step(Interrupting& seen, kiln_generation_params& gp, kiln_context* ctx, int step) {
+    seen.ctx = ctx;
+    seen.at_step = step;
+    gp.preview = &interrupt_at;
+    gp.preview_user_data = &seen;
+}
+
 kiln_generation_params long_job() {
     kiln_generation_params gp;
     kiln_generation_params_init(&gp);
@@ -64,11 +72,8 @@ TEST(Interrupt, EndsWithTheLastStepsEstimateAndNoLaterImage) {
     Context c;
     ASSERT_NE(c.ctx, nullptr);
     Interrupting seen;
-    seen.ctx = c.ctx;
-    seen.at_step = 4;
     kiln_generation_params gp = long_job();
-    gp.preview = &interrupt_at;
-    gp.preview_user_data = &seen;
+    interrupt_at_step(seen, gp, c.ctx, 4);
     kiln_image* images = nullptr;
     int n = 0;
     char* error = nullptr;
@@ -94,14 +99,11 @@ TEST(Interrupt, AnInterruptedFirstPassGetsNoHiresPass) {
     Context c;
     ASSERT_NE(c.ctx, nullptr);
     Interrupting seen;
-    seen.ctx = c.ctx;
-    seen.at_step = 2;
     kiln_generation_params gp = long_job();
     gp.batch_count = 1;
     gp.hires = 1;
     gp.hires_scale = 2.0f;
-    gp.preview = &interrupt_at;
-    gp.preview_user_data = &seen;
+    interrupt_at_step(seen, gp, c.ctx, 2);
     kiln_image* images = nullptr;
     int n = 0;
     char* error = nullptr;
