@@ -141,6 +141,10 @@ void kiln_cancel(kiln_context* ctx);
  * call returns KILN_OK with the images made. Thread-safe; a no-op when
  * nothing runs. kiln_cancel wins over it. */
 void kiln_interrupt(kiln_context* ctx);
+/* A1111's skip: as kiln_interrupt for the image being made alone (it ends
+ * with what it has, without a hires pass); the batch's later images are
+ * made as usual. */
+void kiln_skip(kiln_context* ctx);
 
 /* The model's defaults, for front-ends that show them. */
 typedef struct {

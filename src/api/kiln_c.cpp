@@ -415,6 +415,10 @@ void kiln_interrupt(kiln_context* ctx) {
     if (ctx && ctx->model) ctx->model->request_interrupt();
 }
 
+void kiln_skip(kiln_context* ctx) {
+    if (ctx && ctx->model) ctx->model->request_skip();
+}
+
 void kiln_context_info(const kiln_context* ctx, kiln_model_info* info) {
     std::memset(info, 0, sizeof *info);
     const auto& d = ctx->model->defaults();

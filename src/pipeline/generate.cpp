@@ -627,7 +627,7 @@ Result<std::vector<float>> sample_latent(Model& model, const SamplingRun& run, s
     int steps_done = 0;
     DenoiseFn denoise = [&](const std::vector<float>& xt, float sigma, int step) -> Result<std::vector<float>> {
         if (model.cancel_requested()) return Error::cancelled("cancelled");
-        if (model.interrupt_requested()) {
+        if (model.cut_short()) {
             steps_done = step;
             return Error::cancelled("interrupted");
         }
@@ -649,8 +649,9 @@ Result<std::vector<float>> sample_latent(Model& model, const SamplingRun& run, s
     const runtime::ExecutorStats before = unet.stats();
     const int builds_before = unet.plans().builds(), hits_before = unet.plans().hits();
     auto result = sample(run.sampler, denoise, std::move(x), run.sigmas, rng, run.eta, progress, schedule);
-    if (!result.ok() && model.interrupt_requested() && !model.cancel_requested()) {
-        KILN_LOG_INFO("interrupted at step %d of %d: the image is that step's denoised estimate", steps_done, steps);
+    if (!result.ok() && model.cut_short() && !model.cancel_requested()) {
+        KILN_LOG_INFO("%s at step %d of %d: the image is that step's denoised estimate",
+                      model.interrupt_requested() ? "interrupted" : "skipped", steps_done, steps);
         result = std::move(last_estimate);
     }
     if (run.cache.enabled()) {
@@ -1066,8 +1067,9 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
         }
         times.sampling_s += seconds_since(sampling_start);
         const Clock::time_point finish_start = Clock::now();
-        // Interrupted, the image ends here: no hires pass, no later image of the batch (as A1111).
-        const bool interrupted = model.interrupt_requested();
+        // Interrupted or skipped, the image ends here: no hires pass (and,
+        // interrupted, no later image of the batch), as A1111.
+        const bool interrupted = model.cut_short();
         if (on_phase) on_phase(p.hires && !interrupted ? JobPhase::Hires : JobPhase::Decode, i);
         auto img = p.hires && !interrupted ? hires_pass(model, request, p, *latent, run, *cond, uncond,
                                                         hires_upscaler.get(), *rng, sampler_rng, progress,
@@ -1126,6 +1128,7 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
         info.extra.emplace_back("RNG", std::string(rng_kind_name(request.rng)));
         info.extra.emplace_back("Version", std::string("kiln ") + KILN_VERSION);
         results.push_back(std::move(g));
+        model.take_skip();                       // a skip was this image's alone
         if (model.interrupt_requested()) break;  // during this image's hires pass too
     }
     return results;

@@ -275,12 +275,20 @@ class Model {
     void clear_cancel() {
         cancel_.store(false);
         interrupt_.store(false);
+        skip_.store(false);
     }
     bool cancel_requested() const { return cancel_.load(); }
     // A1111's interrupt (kiln_interrupt): sampling stops at its next step and
     // the job ends with the image it has; cleared with the cancel.
     void request_interrupt() { interrupt_.store(true); }
     bool interrupt_requested() const { return interrupt_.load(); }
+    // A1111's skip (kiln_skip): the same for the image being made alone; the
+    // batch goes on. Taken (cleared) when that image is done.
+    void request_skip() { skip_.store(true); }
+    bool skip_requested() const { return skip_.load(); }
+    bool take_skip() { return skip_.exchange(false); }
+    // Sampling is to stop at the next step and keep what it has.
+    bool cut_short() const { return interrupt_requested() || skip_requested(); }
 
   private:
     Model() = default;
@@ -340,6 +348,7 @@ class Model {
     bool taesd_preview_only_ = false;
     std::atomic<bool> cancel_{false};
     std::atomic<bool> interrupt_{false};
+    std::atomic<bool> skip_{false};
     std::string lora_dir_;
     LoraApplyMode lora_apply_mode_ = LoraApplyMode::Auto;
     std::string applied_loras_;

@@ -17,6 +17,7 @@ namespace {
 struct Interrupting {
     kiln_context* ctx = nullptr;
     int at_step = 0;
+    bool skip = false;  // kiln_skip rather than kiln_interrupt
     std::vector<uint8_t> preview;  // the VAE preview of at_step
     int previews = 0;
 };
@@ -26,7 +27,11 @@ void interrupt_at(int image, int step, const kiln_image* preview, void* user_dat
     ++self->previews;
     if (image != 0 || step != self->at_step) return;
     self->preview.assign(preview->data, preview->data + size_t(preview->width) * preview->height * preview->channels);
-    kiln_interrupt(self->ctx);
+    if (self->skip) {
+        kiln_skip(self->ctx);
+    } else {
+        kiln_interrupt(self->ctx);
+    }
 }
 
 struct Context {
@@ -111,6 +116,36 @@ TEST(Interrupt, AnInterruptedFirstPassGetsNoHiresPass) {
     ASSERT_EQ(n, 1);
     EXPECT_EQ(images[0].width, 32u) << "the hires pass ran after the interrupt";
     kiln_images_free(images, n);
+}
+
+// kiln_skip (A1111's skip) ends the current image the same way, and the
+// batch goes on: its later images are those of a run without the skip.
+TEST(Interrupt, SkipEndsTheCurrentImageAndTheBatchGoesOn) {
+    Context c;
+    ASSERT_NE(c.ctx, nullptr);
+    kiln_generation_params gp = long_job();
+    gp.steps = 6;
+    kiln_image* plain = nullptr;
+    int n_plain = 0;
+    char* error = nullptr;
+    ASSERT_EQ(kiln_generate(c.ctx, &gp, &plain, &n_plain, &error), KILN_OK) << (error ? error : "");
+    ASSERT_EQ(n_plain, 3);
+
+    Interrupting seen;
+    seen.skip = true;
+    interrupt_at_step(seen, gp, c.ctx, 2);
+    kiln_image* images = nullptr;
+    int n = 0;
+    ASSERT_EQ(kiln_generate(c.ctx, &gp, &images, &n, &error), KILN_OK) << (error ? error : "");
+    ASSERT_EQ(n, 3);
+    EXPECT_EQ(seen.previews, 2 + 6 + 6) << "image 1 sampled on after the skip, or the others stopped";
+    EXPECT_EQ(std::vector<uint8_t>(images[0].data, images[0].data + 32 * 32 * 3), seen.preview);
+    const auto pixels = [](const kiln_image& i) { return std::vector<uint8_t>(i.data, i.data + 32 * 32 * 3); };
+    EXPECT_NE(pixels(images[0]), pixels(plain[0]));
+    EXPECT_EQ(pixels(images[1]), pixels(plain[1]));
+    EXPECT_EQ(pixels(images[2]), pixels(plain[2]));
+    kiln_images_free(images, n);
+    kiln_images_free(plain, n_plain);
 }
 
 TEST(Interrupt, CancelWinsOverIt) {

@@ -423,6 +423,36 @@ TEST(ServerApi, A1111HiresFixIsTheCliHiresFix) {
 
 // docs/server.md's commands as curl sends them: a POST with no body and no
 // Content-Length is answered, not refused.
+// A1111's skip ends the current image of a batch and the job goes on with the next.
+TEST(ServerApi, A1111SkipMovesTheBatchToItsNextImage) {
+    ServerProcess server(test::tiny_server_flags() + " --max-steps 5000");
+    ASSERT_TRUE(server.started()) << server.log();
+    httplib::Client client("127.0.0.1", server.port());
+    json job = kLongJob;
+    job["batch_count"] = 2;
+    const std::string id = post_job(client, job);
+    ASSERT_FALSE(id.empty());
+    json state;
+    for (int attempt = 0; attempt < 20000; ++attempt) {
+        state = body_json(client.Get("/kiln/v1/jobs/" + id));
+        if (state["state"] == "running" && state["step"].get<int>() > 0) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    ASSERT_EQ(state["image"], 0) << state;
+    auto skipped = client.Post("/sdapi/v1/skip", "", "application/json");
+    ASSERT_TRUE(skipped);
+    EXPECT_EQ(skipped->status, 200);
+    for (int attempt = 0; attempt < 20000; ++attempt) {
+        state = body_json(client.Get("/kiln/v1/jobs/" + id));
+        if (state["image"] == 1 || state["state"] != "running") break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    EXPECT_EQ(state["state"], "running") << state;
+    EXPECT_EQ(state["image"], 1) << "the batch did not go on to its second image: " << state;
+    ASSERT_TRUE(client.Post("/kiln/v1/jobs/" + id + "/cancel", "", "application/json"));
+    EXPECT_EQ(test::wait_for_state(client, id, "cancelled"), "cancelled");
+}
+
 TEST(ServerApi, BodilessPostsAsTheDocsWriteThem) {
     ServerProcess server(test::tiny_server_flags() + " --max-steps 5000");
     ASSERT_TRUE(server.started()) << server.log();

@@ -334,7 +334,7 @@ void add_a1111_routes(httplib::Server& server, ServerState& state) {
     server.Post("/sdapi/v1/skip",
                 [&state](const httplib::Request&, httplib::Response& res, const httplib::ContentReader&) {
                     guarded(res, [&] {
-                        state.jobs.cancel_running();
+                        state.jobs.skip_running();
                         send_json(res, 200, json::object());
                     });
                 });

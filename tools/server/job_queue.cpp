@@ -130,9 +130,10 @@ void JobQueue::interrupt_running() {
     if (running_ctx_) kiln_interrupt(running_ctx_);
 }
 
-void JobQueue::cancel_running() {
-    std::shared_ptr<Job> job = running();
-    if (job) cancel(job);
+void JobQueue::skip_running() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    // Once, not again from the progress callback: a skip is the current image's alone.
+    if (running_ && running_ctx_) kiln_skip(running_ctx_);
 }
 
 std::shared_ptr<Job> JobQueue::running() {

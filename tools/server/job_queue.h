@@ -75,8 +75,9 @@ class JobQueue {
     // A queued job is cancelled at once, a running one at its next step.
     // False when the job had already finished.
     bool cancel(const std::shared_ptr<Job>& job);
-    // Cancels the running job, if any (A1111's skip).
-    void cancel_running();
+    // Skips the running job's current image, if any (A1111's skip): it ends
+    // with what it has and the batch goes on.
+    void skip_running();
     // Interrupts the running job, if any (A1111's interrupt): its sampling
     // stops at the next step and it finishes done with the image it has.
     void interrupt_running();
