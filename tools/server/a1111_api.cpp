@@ -415,7 +415,9 @@ void add_a1111_routes(httplib::Server& server, ServerState& state) {
     });
     server.Get("/sdapi/v1/latent-upscale-modes", [](const httplib::Request&, httplib::Response& res) {
         json modes = json::array();
-        for (const char* name : {"Latent", "Latent (nearest)", "Latent (nearest-exact)"}) modes.push_back({{"name", name}});
+        for (const HiresUpscalerName& u : kHiresUpscalers) {
+            if (std::string(u.kiln).rfind("latent", 0) == 0) modes.push_back({{"name", u.a1111}});
+        }
         send_json(res, 200, modes);
     });
     server.Get("/sdapi/v1/embeddings", [&state](const httplib::Request&, httplib::Response& res) {

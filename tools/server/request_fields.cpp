@@ -116,15 +116,13 @@ ModelParts read_model_parts(const json& body, ModelRegistry& models) {
 }
 
 std::string hires_upscaler_named(const std::string& name, const std::string& field) {
-    for (const char* known : {"Latent", "Latent (nearest)", "Latent (nearest-exact)", "Lanczos", "latent",
-                              "latent-nearest", "latent-nearest-exact", "lanczos"}) {
-        if (name == known) return name;
+    std::string names;
+    for (const HiresUpscalerName& known : kHiresUpscalers) {
+        if (name == known.a1111 || name == known.kiln) return name;
+        names += (names.empty() ? "" : ", ") + std::string(known.a1111);
     }
     // Not a path either: a file name would let a client probe the server's files.
-    throw RequestError{400, field,
-                       field + ": '" + name +
-                           "' is not one of kiln serve's upscalers: Latent, Latent (nearest), Latent (nearest-exact), "
-                           "Lanczos"};
+    throw RequestError{400, field, field + ": '" + name + "' is not one of kiln serve's upscalers: " + names};
 }
 
 void read_hires(JobRequest& r, const json& body, const ServerLimits& limits) {

@@ -44,9 +44,19 @@ auto nested(const std::string& prefix, Read&& read) {
 // 400 naming the field for one that is not listed.
 ModelParts read_model_parts(const json& body, ModelRegistry& models);
 
-// A hires upscaler a request may name: the latent modes or Lanczos, by
-// A1111's names or kiln's; 400 naming `field` for anything else (model
+// The hires upscalers kiln serve offers, by A1111's name and kiln's (model
 // upscalers are files the CLI takes by path, not a client).
+struct HiresUpscalerName {
+    const char* a1111;
+    const char* kiln;
+};
+inline constexpr HiresUpscalerName kHiresUpscalers[] = {{"Latent", "latent"},
+                                                        {"Latent (nearest)", "latent-nearest"},
+                                                        {"Latent (nearest-exact)", "latent-nearest-exact"},
+                                                        {"Lanczos", "lanczos"}};
+
+// A hires upscaler a request may name: one of kHiresUpscalers, by either
+// name; 400 naming `field` for anything else.
 std::string hires_upscaler_named(const std::string& name, const std::string& field);
 
 // The hires fix as sd-server's API writes it (kiln's native API takes the

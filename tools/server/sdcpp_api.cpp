@@ -286,10 +286,8 @@ json capabilities(ServerState& state) {
     for (const json& l : lora_list(state.options.context.lora_model_dir)) {
         loras.push_back({{"name", l["name"]}, {"path", l["name"]}});
     }
-    json upscalers = json::array();
-    for (const char* builtin : {"None", "Lanczos", "Latent", "Latent (nearest)", "Latent (nearest-exact)"}) {
-        upscalers.push_back({{"name", builtin}});
-    }
+    json upscalers = json::array({{{"name", "None"}}});
+    for (const HiresUpscalerName& builtin : kHiresUpscalers) upscalers.push_back({{"name", builtin.a1111}});
     return {{"model", model},
             {"current_mode", "img_gen"},
             {"supported_modes", {"img_gen"}},
