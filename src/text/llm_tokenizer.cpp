@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <queue>
 #include <unordered_map>
 
@@ -17,6 +18,7 @@
 #include "io/model_file.h"
 #include "text/bpe_merges.h"
 #include "text/byte_level.h"
+#include "text/letter_case.h"
 #include "text/unicode.h"
 #include "text/utf8.h"
 #include "text/vocab_files.h"
@@ -39,6 +41,12 @@ constexpr size_t kMaxTokenBytes = 1 << 16;
 constexpr std::string_view kQwen2Pattern =
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"
     "\\s+(?!\\S)|\\s+";
+
+// Tekken's (Mistral's) split pattern as tokenizer.json writes it.
+constexpr std::string_view kTekkenPattern =
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+|"
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*|\\p{N}|"
+    " ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 
 bool json_id(const json& v, int64_t& out) {
     if (!v.is_number_integer()) return false;
@@ -117,11 +125,82 @@ size_t gpt2_next(const std::u32string& t, size_t pos) {
     return whitespace_end(t, pos, false);
 }
 
+// Tekken's two letter classes: U = [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}] (no
+// lowercase) and W = [\p{Ll}\p{Lm}\p{Lo}\p{M}] (no uppercase); modifier and
+// other letters and marks are both.
+bool tekken_upper(char32_t c) { return (is_letter(c) && !is_lowercase_letter(c)) || is_mark(c); }
+bool tekken_lower(char32_t c) { return (is_letter(c) && !is_uppercase_letter(c)) || is_mark(c); }
+
+// End of Tekken's words at `from` (after the optional prefix), 0 if none:
+//   U*W+ (backtracking: the longest run of U whose remainder still starts a
+//   run of W), else U+W*.
+size_t tekken_word_end(const std::u32string& t, size_t from) {
+    const size_t n = t.size();
+    size_t upper_end = from;
+    while (upper_end < n && tekken_upper(t[upper_end])) ++upper_end;
+    // U*W+: W+ starts at the last place k <= upper_end whose character is
+    // in W (the greedy U* gives back as little as it can) and runs on.
+    for (size_t k = upper_end + 1; k-- > from;) {
+        if (k < n && tekken_lower(t[k])) {
+            size_t end = k + 1;
+            while (end < n && tekken_lower(t[end])) ++end;
+            return end;
+        }
+    }
+    if (upper_end == from) return 0;
+    // U+W*: what follows the U run is not in U, so W* takes only lowercase.
+    size_t end = upper_end;
+    while (end < n && tekken_lower(t[end])) ++end;
+    return end;
+}
+
+// Tekken (Mistral):
+//   [^\r\n\p{L}\p{N}]?U*W+|[^\r\n\p{L}\p{N}]?U+W*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|
+//   \s*[\r\n]+|\s+(?!\S)|\s+
+// The first two alternatives are tried with the prefix, then without it
+// (only a mark can be either), before the others.
+size_t tekken_next(const std::u32string& t, size_t pos) {
+    const size_t n = t.size();
+    const char32_t c = t[pos];
+    if (!is_newline(c) && !is_letter(c) && !is_number(c) && pos + 1 < n) {
+        if (size_t end = tekken_word_end(t, pos + 1)) return end;
+    }
+    if (size_t end = tekken_word_end(t, pos)) return end;
+    if (is_number(c)) return pos + 1;
+    if (is_other(c) || (c == ' ' && pos + 1 < n && is_other(t[pos + 1]))) {
+        size_t end = c == ' ' ? pos + 1 : pos;
+        while (end < n && is_other(t[end])) ++end;
+        while (end < n && (is_newline(t[end]) || t[end] == '/')) ++end;
+        return end;
+    }
+    return whitespace_end(t, pos, true);
+}
+
+// End of the piece at t[pos] under `pre`'s pattern.
+size_t next_piece(LlmPreTokenizer pre, const std::u32string& t, size_t pos) {
+    switch (pre) {
+        case LlmPreTokenizer::Qwen2: return qwen2_next(t, pos);
+        case LlmPreTokenizer::Gpt2: return gpt2_next(t, pos);
+        case LlmPreTokenizer::Tekken: return tekken_next(t, pos);
+    }
+    return t.size();
+}
+
 std::u32string_view view(const std::u32string& s, size_t begin, size_t end) {
     return std::u32string_view(s).substr(begin, end - begin);
 }
 
 // ---- GGUF metadata ----
+
+// tokenizer.ggml.pre's name of a pattern, as llama.cpp's converter writes it.
+const char* gguf_pre_name(LlmPreTokenizer pre) {
+    switch (pre) {
+        case LlmPreTokenizer::Qwen2: return "qwen2";
+        case LlmPreTokenizer::Gpt2: return "gpt-2";
+        case LlmPreTokenizer::Tekken: return "tekken";
+    }
+    return "";
+}
 
 bool looks_special(const std::string& token) {
     return token.size() > 4 && token.compare(0, 2, "<|") == 0 && token.compare(token.size() - 2, 2, "|>") == 0;
@@ -177,7 +256,7 @@ Result<LlmPreTokenizer> json_pre_tokenizer(const json& doc, const std::string& p
     } else {
         steps.push_back(pre);
     }
-    bool qwen2_split = false;
+    std::optional<LlmPreTokenizer> split;
     bool byte_level = false;
     bool byte_level_regex = false;
     for (const json* step : steps) {
@@ -187,11 +266,14 @@ Result<LlmPreTokenizer> json_pre_tokenizer(const json& doc, const std::string& p
         if (*type == "Split") {
             const json* pattern = find_member(*step, "pattern");
             const json* regex = pattern ? find_member(*pattern, "Regex") : nullptr;
-            if (!regex || !regex->is_string() || regex->get_ref<const std::string&>() != kQwen2Pattern) {
+            const bool qwen2 = regex && regex->is_string() && regex->get_ref<const std::string&>() == kQwen2Pattern;
+            const bool tekken = regex && regex->is_string() && regex->get_ref<const std::string&>() == kTekkenPattern;
+            if (!qwen2 && !tekken) {
                 return bad_file(path, "pre_tokenizer splits by " +
                                           (pattern ? json_text(*pattern) : std::string("nothing")) +
-                                          ", not Qwen2's pattern (the only Split pattern supported)");
+                                          ", neither Qwen2's nor Tekken's pattern (the Split patterns supported)");
             }
+            split = qwen2 ? LlmPreTokenizer::Qwen2 : LlmPreTokenizer::Tekken;
             const json* behavior = find_member(*step, "behavior");
             if (behavior && *behavior != "Isolated") {
                 return bad_file(path,
@@ -199,7 +281,6 @@ Result<LlmPreTokenizer> json_pre_tokenizer(const json& doc, const std::string& p
             }
             const json* invert = find_member(*step, "invert");
             if (invert && *invert != false) return bad_file(path, "pre_tokenizer Split is inverted");
-            qwen2_split = true;
         } else if (*type == "ByteLevel") {
             byte_level = true;
             const json* use_regex = find_member(*step, "use_regex");
@@ -214,10 +295,10 @@ Result<LlmPreTokenizer> json_pre_tokenizer(const json& doc, const std::string& p
         }
     }
     if (!byte_level) return bad_file(path, "pre_tokenizer has no ByteLevel step: not a byte-level BPE tokenizer");
-    if (qwen2_split && !byte_level_regex) return LlmPreTokenizer::Qwen2;
-    if (!qwen2_split && byte_level_regex) return LlmPreTokenizer::Gpt2;
-    return bad_file(path, qwen2_split ? "pre_tokenizer splits twice (Qwen2's Split and ByteLevel's own regex)"
-                                      : "pre_tokenizer ByteLevel has use_regex false and nothing splits the text");
+    if (split && !byte_level_regex) return *split;
+    if (!split && byte_level_regex) return LlmPreTokenizer::Gpt2;
+    return bad_file(path, split ? "pre_tokenizer splits twice (its Split and ByteLevel's own regex)"
+                                : "pre_tokenizer ByteLevel has use_regex false and nothing splits the text");
 }
 
 }  // namespace
@@ -238,6 +319,7 @@ struct LlmTokenizer::Tables {
     std::array<std::vector<std::pair<std::string, int32_t>>, 256> added_by_byte;
     bool has_added = false;
     LlmPreTokenizer pre = LlmPreTokenizer::Qwen2;
+    bool ignore_merges = false;
 
     const Merge* find_merge(int32_t a, int32_t b) const {
         auto it = merges.find((static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b));
@@ -258,6 +340,7 @@ Result<LlmTokenizer> LlmTokenizer::from_vocab(LlmBpeVocab vocab, const std::stri
     }
     auto t = std::make_unique<Tables>();
     t->pre = vocab.pre;
+    t->ignore_merges = vocab.ignore_merges;
     t->token_to_id.reserve(n);
     for (size_t id = 0; id < n; ++id) {
         const std::string& token = vocab.tokens[id];
@@ -357,6 +440,10 @@ Result<LlmTokenizer> LlmTokenizer::from_tokenizer_json(const std::string& path) 
 
     LlmBpeVocab vocab;
     vocab.pre = pre.value();
+    if (const json* v = find_member(*model, "ignore_merges"); v && !v->is_null()) {
+        if (!v->is_boolean()) return bad_file(path, "model.ignore_merges is " + json_text(*v) + ", not true or false");
+        vocab.ignore_merges = v->get<bool>();
+    }
     const json* vocab_json = find_member(*model, "vocab");
     if (!vocab_json) return bad_file(path, "no model.vocab");
     KILN_TRY(add_vocab_object(*vocab_json, "model.vocab", path, vocab));
@@ -438,9 +525,13 @@ Result<LlmTokenizer> LlmTokenizer::from_gguf_metadata(const io::Metadata& metada
         vocab.pre = LlmPreTokenizer::Qwen2;
     } else if (pre->str == "gpt-2") {
         vocab.pre = LlmPreTokenizer::Gpt2;
+    } else if (pre->str == "tekken") {
+        vocab.pre = LlmPreTokenizer::Tekken;
+        vocab.ignore_merges = true;  // as llama.cpp reads a "tekken" vocabulary
     } else {
-        return bad_file(label, "tokenizer.ggml.pre is " + quoted_text(pre->str) +
-                                   ", a pre-tokenizer kiln does not know (supported: \"qwen2\", \"gpt-2\")");
+        return bad_file(label,
+                        "tokenizer.ggml.pre is " + quoted_text(pre->str) +
+                            ", a pre-tokenizer kiln does not know (supported: \"qwen2\", \"gpt-2\", \"tekken\")");
     }
 
     const io::MetaValue* tokens = find_meta(metadata, "tokenizer.ggml.tokens");
@@ -564,7 +655,7 @@ std::vector<std::string> LlmTokenizer::pre_tokenize(std::string_view text) const
     std::vector<std::string> pieces;
     size_t pos = 0;
     while (pos < t.size()) {
-        const size_t end = tables_->pre == LlmPreTokenizer::Qwen2 ? qwen2_next(t, pos) : gpt2_next(t, pos);
+        const size_t end = next_piece(tables_->pre, t, pos);
         pieces.push_back(u32_to_utf8(view(t, pos, end)));
         pos = end;
     }
@@ -573,6 +664,14 @@ std::vector<std::string> LlmTokenizer::pre_tokenize(std::string_view text) const
 
 void LlmTokenizer::bpe(std::string_view piece, std::vector<int32_t>& out) const {
     const Tables& t = *tables_;
+    if (t.ignore_merges) {
+        std::string whole;
+        for (char byte : piece) whole += byte_map().byte_to_utf8[static_cast<uint8_t>(byte)];
+        if (auto it = t.token_to_id.find(whole); it != t.token_to_id.end()) {
+            out.push_back(it->second);
+            return;
+        }
+    }
     constexpr int32_t kDead = -2;
     struct Symbol {
         int32_t id;  // -1: a byte outside the vocabulary (never merged, dropped)
@@ -633,7 +732,7 @@ void LlmTokenizer::encode_plain(std::string_view text, std::vector<int32_t>& out
     std::string piece;
     size_t pos = 0;
     while (pos < t.size()) {
-        const size_t end = tables_->pre == LlmPreTokenizer::Qwen2 ? qwen2_next(t, pos) : gpt2_next(t, pos);
+        const size_t end = next_piece(tables_->pre, t, pos);
         piece = u32_to_utf8(view(t, pos, end));
         bpe(piece, out);
         pos = end;
@@ -730,8 +829,7 @@ io::Metadata LlmTokenizer::gguf_metadata() const {
     for (auto& [rank, text] : ranked) merges.push_back(io::MetaValue::of_string(std::move(text)));
     io::Metadata m;
     m["tokenizer.ggml.model"] = io::MetaValue::of_string("gpt2").as_gguf(GGUF_TYPE_STRING);
-    m["tokenizer.ggml.pre"] =
-        io::MetaValue::of_string(t.pre == LlmPreTokenizer::Qwen2 ? "qwen2" : "gpt-2").as_gguf(GGUF_TYPE_STRING);
+    m["tokenizer.ggml.pre"] = io::MetaValue::of_string(gguf_pre_name(t.pre)).as_gguf(GGUF_TYPE_STRING);
     m["tokenizer.ggml.tokens"] = io::MetaValue::of_array(std::move(tokens), GGUF_TYPE_STRING);
     m["tokenizer.ggml.token_type"] = io::MetaValue::of_array(std::move(types), GGUF_TYPE_INT32);
     m["tokenizer.ggml.merges"] = io::MetaValue::of_array(std::move(merges), GGUF_TYPE_STRING);

@@ -1,6 +1,7 @@
 // The byte-level BPE tokenizer of LLM text encoders (Qwen2/Qwen2.5/Qwen3,
-// the GPT-2 family), behaving like llama.cpp's llm_tokenizer_bpe with
-// tokenizer.ggml.pre "qwen2" (or "gpt-2") and HF tokenizers' Qwen2Tokenizer.
+// the GPT-2 family, Mistral's Tekken), behaving like llama.cpp's
+// llm_tokenizer_bpe with tokenizer.ggml.pre "qwen2", "gpt-2" or "tekken" and
+// like HF tokenizers' tokenizer.json of each.
 //
 // encode(text):
 //   1. added tokens (<|im_start|>, <|im_end|>, <|endoftext|>, <think>, ...:
@@ -16,13 +17,22 @@
 //               ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
 //        GPT-2: 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|
 //               \s+(?!\S)|\s+
+//        Tekken: [^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|
+//                [^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|
+//                \p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+
+//                (the letter classes from text/letter_case.h: Mistral's own
+//                pattern, where llama.cpp approximates them by ASCII case)
 //      ((?i:...) is ASCII-only case folding, as llama.cpp's).
 //   3. each piece -> UTF-8 bytes -> GPT-2's bytes_to_unicode characters ->
 //      BPE (the adjacent pair of lowest merge rank first, leftmost on ties,
 //      until no pair has a rank) -> vocabulary ids. A byte whose character
 //      is not in the vocabulary is dropped (HF without unk_token); real
 //      vocabularies have all 256.
-//   No BOS or EOS is added (Qwen's add_bos_token is false), no lower-casing,
+//      With ignore_merges (Tekken: tokenizer.json's model.ignore_merges,
+//      and always for a "tekken" GGUF, as llama.cpp), a piece that is a
+//      vocabulary token whole is that token, merges or not (tiktoken's rule).
+//   No BOS or EOS is added (Qwen's add_bos_token is false; Mistral's chat template
+//   writes its "<s>" as text, an added token), no lower-casing,
 //   no clean-up of spaces.
 //
 // Differences from HF, all following llama.cpp:
@@ -59,7 +69,7 @@ class ModelFile;
 namespace kiln::text {
 
 // Which split pattern step 2 uses.
-enum class LlmPreTokenizer { Qwen2, Gpt2 };
+enum class LlmPreTokenizer { Qwen2, Gpt2, Tekken };
 
 // Everything a byte-level BPE tokenizer is made of, whatever file it came
 // from.
@@ -70,6 +80,7 @@ struct LlmBpeVocab {
     // "a" + "b" merges; rank = index. The first of repeated merges counts.
     std::vector<std::pair<std::string, std::string>> merges;
     LlmPreTokenizer pre = LlmPreTokenizer::Qwen2;
+    bool ignore_merges = false;  // a whole piece in the vocabulary is its token
 };
 
 class LlmTokenizer final : public Tokenizer {
@@ -83,9 +94,10 @@ class LlmTokenizer final : public Tokenizer {
     // HF tokenizer.json: model.type "BPE" with model.vocab {token: id} and
     // model.merges as "a b" strings or ["a", "b"] pairs, no byte fallback,
     // no subword prefix or word-end suffix; added_tokens (special or not)
-    // become added tokens. The pre_tokenizer must be a Split by Qwen2's
-    // pattern followed by ByteLevel (Qwen2/Qwen3), or ByteLevel with its
-    // own regex (GPT-2); anything else is an error naming it. The normalizer
+    // become added tokens. The pre_tokenizer must be a Split by Qwen2's or
+    // Tekken's pattern followed by ByteLevel (Qwen2/Qwen3, Mistral), or
+    // ByteLevel with its own regex (GPT-2); anything else is an error naming
+    // it. model.ignore_merges is read. The normalizer
     // may be absent or NFC (not applied, see above).
     static Result<LlmTokenizer> from_tokenizer_json(const std::string& path);
 
@@ -101,8 +113,8 @@ class LlmTokenizer final : public Tokenizer {
     static Result<LlmTokenizer> from_gguf_file(const std::string& path);
 
     // llama.cpp's GGUF keys: tokenizer.ggml.model = "gpt2",
-    // tokenizer.ggml.pre = "qwen2" (or "deepseek-r1-qwen", the same) or
-    // "gpt-2"; tokenizer.ggml.tokens, tokenizer.ggml.merges ("a b" strings),
+    // tokenizer.ggml.pre = "qwen2" (or "deepseek-r1-qwen", the same),
+    // "gpt-2" or "tekken"; tokenizer.ggml.tokens, tokenizer.ggml.merges ("a b" strings),
     // tokenizer.ggml.token_type (optional; CONTROL (3) and USER_DEFINED (4)
     // tokens are added tokens; without it, tokens of the form <|...|> are).
     // Any other pre-tokenizer is an error naming it.

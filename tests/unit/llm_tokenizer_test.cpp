@@ -283,6 +283,89 @@ TEST(LlmTokenizer, Gpt2PatternSplitsAsTheRegex) {
     for (const auto& [text, pieces] : cases) EXPECT_EQ(t.pre_tokenize(text), pieces) << text;
 }
 
+// Mistral's Tekken pattern: the expected pieces are Python's `regex` module
+// (2022.10.31) running the pattern as Mistral's tokenizer.json writes it,
+// regex.findall(pattern, text): an implementation kiln's does not share.
+// Case, title case (U+01C5), modifier letters (U+02B0), combining marks
+// (U+0301, Devanagari's vowel signs), CJK, emoji and the '/' after symbols.
+TEST(LlmTokenizer, TekkenPatternSplitsAsTheRegex) {
+    LlmBpeVocab v;
+    v.tokens = {"a"};
+    v.pre = LlmPreTokenizer::Tekken;
+    const LlmTokenizer t = must_load(LlmTokenizer::from_vocab(v, "tekken"));
+    ASSERT_EQ(t.pre_tokenizer(), LlmPreTokenizer::Tekken);
+    const std::vector<std::pair<std::string, Pieces>> cases = {
+        {"Hello World", {"Hello", " World"}},
+        {"HELLOworld", {"HELLOworld"}},
+        {"CamelCaseWord (ABCdef)", {"Camel", "Case", "Word", " (", "ABCdef", ")"}},
+        {"don't stop", {"don", "'t", " stop"}},
+        {"path/to/file\n/x", {"path", "/to", "/file", "\n", "/x"}},
+        {"a\r\n\r\nb", {"a", "\r\n\r\n", "b"}},
+        {"numbers 12345 and 3.14", {"numbers", " ", "1", "2", "3", "4", "5", " and", " ", "3", ".", "1", "4"}},
+        {"\u01c4ungla \u01c5ungla", {"\u01c4ungla", " \u01c5ungla"}},
+        {"\u02b0ello", {"\u02b0ello"}},
+        {"e\u0301cole \u0301abc", {"e\u0301cole", " \u0301abc"}},
+        {"\u4e2d\u6587\u5b57\u7b26", {"\u4e2d\u6587\u5b57\u7b26"}},
+        {"\u00c0\u00c9\u00ce lower", {"\u00c0\u00c9\u00ce", " lower"}},
+        {"mixed\U0001F600emoji", {"mixed", "\U0001F600emoji"}},
+        {"tab\tx  trailing   ", {"tab", "\tx", " ", " trailing", "   "}},
+        {"  leading", {" ", " leading"}},
+        {"AB", {"AB"}},
+        {"aB", {"a", "B"}},
+        {"\u0301", {"\u0301"}},
+        {".\u0301A", {".\u0301", "A"}},
+        {"x\n\n  y", {"x", "\n\n", " ", " y"}},
+        {"\u00ab\u00bbQu\u00e9bec", {"\u00ab\u00bb", "Qu\u00e9bec"}},
+        {"I'M OK", {"I", "'M", " OK"}},
+        {"\u0915\u093f\u0924\u093e\u092c", {"\u0915\u093f\u0924\u093e\u092c"}},
+    };
+    for (const auto& [text, pieces] : cases) EXPECT_EQ(t.pre_tokenize(text), pieces) << text;
+}
+
+// ignore_merges (Tekken's, tiktoken's rule): a piece that is a token whole is
+// that token even where no merge leads to it; without it, merges decide.
+TEST(LlmTokenizer, IgnoreMergesTakesWholePiecesFromTheVocabulary) {
+    LlmBpeVocab v;
+    v.tokens = {"a", "b", "c", "ab", "abc", "<s>"};
+    v.merges = {{"a", "b"}};
+    v.added_ids = {5};
+    v.pre = LlmPreTokenizer::Tekken;
+    const LlmTokenizer merged = must_load(LlmTokenizer::from_vocab(v, "merges"));
+    EXPECT_EQ(merged.encode("abc"), (Ids{3, 2}));
+    v.ignore_merges = true;
+    const LlmTokenizer whole = must_load(LlmTokenizer::from_vocab(v, "whole"));
+    EXPECT_EQ(whole.encode("<s>abc"), (Ids{5, 4}));
+    EXPECT_EQ(whole.encode("abcab"), (Ids{3, 2, 3}));  // no token whole: merges as before
+
+    // A "tekken" GGUF takes ignore_merges, as llama.cpp reads one; its
+    // metadata names the pattern again.
+    const LlmTokenizer from_gguf = must_load(LlmTokenizer::from_gguf_metadata(whole.gguf_metadata(), "tekken"));
+    EXPECT_EQ(from_gguf.pre_tokenizer(), LlmPreTokenizer::Tekken);
+    EXPECT_EQ(from_gguf.encode("<s>abc"), (Ids{5, 4}));
+}
+
+// tokenizer.json with Tekken's Split (as Mistral Small 3.x's) and
+// model.ignore_merges.
+TEST(LlmTokenizer, TekkenTokenizerJsonIsRead) {
+    json j = tokenizer_json();
+    j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] =
+        "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+|"
+        "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*|\\p{N}|"
+        " ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+    j["model"]["ignore_merges"] = true;
+    test::TempDir dir;
+    const LlmTokenizer t = must_load(LlmTokenizer::from_tokenizer_json(dir.write("tokenizer.json", j.dump())));
+    EXPECT_EQ(t.pre_tokenizer(), LlmPreTokenizer::Tekken);
+    EXPECT_EQ(t.pre_tokenize("HelloWorld"), (Pieces{"Hello", "World"}));
+    EXPECT_EQ(t.encode("hello"), (Ids{259}));
+
+    j["model"]["ignore_merges"] = "yes";
+    auto refused = LlmTokenizer::from_tokenizer_json(dir.write("bad.json", j.dump()));
+    ASSERT_FALSE(refused.ok());
+    EXPECT_NE(refused.error().message.find("model.ignore_merges is \"yes\", not true or false"), std::string::npos)
+        << refused.error().message;
+}
+
 // ---- BPE and added tokens on the test's own vocabulary ----
 
 TEST(LlmTokenizer, BpeMergesByRank) {
@@ -477,7 +560,7 @@ TEST(LlmTokenizer, BrokenTokenizerJsonIsRefused) {
     j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] =
         "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
         "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
-    refused(j.dump(), "not Qwen2's pattern");
+    refused(j.dump(), "neither Qwen2's nor Tekken's pattern");
     j = tokenizer_json();
     j["pre_tokenizer"] = {{"type", "Metaspace"}};
     refused(j.dump(), "pre_tokenizer \"Metaspace\" is not supported");
