@@ -27,6 +27,7 @@ constexpr ComponentRule kRules[] = {
     {"text_encoders.clip_g.", "clip_g", ComponentKind::TextEncoder},
     {"text_encoders.t5xxl.", "t5xxl", ComponentKind::TextEncoder},
     {"text_encoders.qwen3_4b.", "qwen3_4b", ComponentKind::TextEncoder},
+    {"text_encoders.mistral3_24b.", "mistral3_24b", ComponentKind::TextEncoder},
     // Diffusers folders (ModelFile prefixes each tensor with its subfolder).
     {"unet/", "unet", ComponentKind::DiffusionModel},
     {"transformer/", "transformer", ComponentKind::DiffusionModel},

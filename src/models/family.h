@@ -89,6 +89,13 @@ struct TextEncoderUse {
     // layer but the last, without the final norm; Z-Image's).
     std::string chat_prefix;
     std::string chat_suffix;
+    // LLM: the special tokens the template is written in, each of which the
+    // tokenizer must have as one added token (Qwen's <|im_start|>, Mistral's
+    // [INST]): another model's tokenizer is refused when the model loads.
+    std::vector<std::string> template_tokens;
+    // LLM: its rope theta and RMSNorm epsilon where the file's metadata has
+    // none (HF safetensors never have it; GGUFs do).
+    LlmFileDefaults llm_defaults;
     // LLM: the prompt length (template included) kiln plan assumes; a job
     // runs with its prompt's own length. With max_length > 0, the prompt is
     // padded with the token `pad_text` or cut to exactly max_length tokens,
@@ -96,6 +103,10 @@ struct TextEncoderUse {
     // klein: 512 of "<|endoftext|>").
     int plan_tokens = 0;
     std::string pad_text;
+    // LLM: the hidden states of a shorter prompt are padded with zero rows
+    // to this many tokens after the encoder (FLUX.2-dev, as sd-cli pads
+    // them: 512); a longer prompt keeps its length.
+    int zero_pad_to = 0;
     // LLM: HF's hidden_states[k] for each k (0: the embeddings), joined
     // along the features, instead of default_layer (FLUX.2 klein: 9, 18, 27;
     // the layers after the last are never loaded).

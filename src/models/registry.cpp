@@ -16,13 +16,21 @@ namespace kiln::models {
 
 const std::vector<const Family*>& families() {
     static const std::vector<const Family*> kFamilies = {
-        &sd1_family(),           &sd2_family(),
-        &sdxl_family(),          &flux_dev_family(),
-        &flux_schnell_family(),  &chroma_family(),
-        &z_image_turbo_family(), &z_image_base_family(),
-        &flux2_klein_family(),   &flux2_klein_base_family(),
-        &sd35_large_family(),    &sd35_large_turbo_family(),
-        &sd35_medium_family(),   &sd3_medium_family(),
+        &sd1_family(),
+        &sd2_family(),
+        &sdxl_family(),
+        &flux_dev_family(),
+        &flux_schnell_family(),
+        &chroma_family(),
+        &z_image_turbo_family(),
+        &z_image_base_family(),
+        &flux2_klein_family(),
+        &flux2_klein_base_family(),
+        &flux2_dev_family(),
+        &sd35_large_family(),
+        &sd35_large_turbo_family(),
+        &sd35_medium_family(),
+        &sd3_medium_family(),
     };
     return kFamilies;
 }

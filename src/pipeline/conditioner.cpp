@@ -119,6 +119,10 @@ Result<EncodedChunks> encode_llm(const TextEncoder& encoder, const text::LlmToke
     out.chunks = 1;
     apply_token_weights(out.hidden.data(), static_cast<int>(length), static_cast<int>(encoder.width()),
                         input.weights.data());
+    if (use.zero_pad_to > length) {
+        out.hidden.resize(static_cast<size_t>(use.zero_pad_to) * static_cast<size_t>(encoder.width()), 0.0f);
+        out.length = use.zero_pad_to;
+    }
     return out;
 }
 
@@ -128,7 +132,8 @@ int64_t context_length(const Model& model, const std::string* prompt) {
     for (const TextEncoder& te : model.text_encoders()) {
         if (te.use->layout != models::PromptLayout::ChatTemplate) continue;
         if (!prompt) return te.use->plan_tokens;
-        return static_cast<int64_t>(llm_prompt(model.llm_tokenizer(), *te.use, *prompt).ids.size());
+        const auto tokens = static_cast<int64_t>(llm_prompt(model.llm_tokenizer(), *te.use, *prompt).ids.size());
+        return std::max<int64_t>(tokens, te.use->zero_pad_to);
     }
     return single_chunk_tokens(model);
 }

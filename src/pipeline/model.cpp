@@ -393,6 +393,14 @@ Status Model::load_llm_tokenizer(const std::string& flag_path, const TextEncoder
                                " token to pad " + family_label_ + "'s prompts with (is it " + encoder.network->label() +
                                "'s tokenizer?)");
     }
+    for (const std::string& token : encoder.use->template_tokens) {
+        const int32_t id = llm_tokenizer_->token_id(token);
+        if (id < 0 || !llm_tokenizer_->is_added(id)) {
+            return Error::bad_file("the " + encoder.use->module + " tokenizer has no " + token + " token, which " +
+                                   family_label_ + "'s prompt template is written in (is it " +
+                                   encoder.network->label() + "'s tokenizer?)");
+        }
+    }
     return check_tokenizer_fits(encoder);
 }
 
@@ -509,6 +517,7 @@ Status Model::load_networks(const ModelPaths& paths, const ModelOptions& options
             if (use.module == spec.name) network_options.hf_named_openclip = use.hf_named_openclip;
             if (use.module != spec.name || use.layout != models::PromptLayout::ChatTemplate) continue;
             network_options.unused_last_layers = use.default_layer - 1;
+            network_options.llm_defaults = use.llm_defaults;
             for (int k : use.hidden_states) network_options.first_layers = std::max(network_options.first_layers, k);
         }
         if (Status s = create_network(*module, network_options, options.weight_type); !s.ok())

@@ -234,5 +234,52 @@ TEST_F(Flux2Tiny, OtherNetworksAndBadShapesAreRefused) {
     EXPECT_NE(wrong_rope.error().message.find("rope"), std::string::npos);
 }
 
+// FLUX.2 [dev]'s guidance embedding on flux2_tiny's shape with guidance_in
+// (training/make_flux2_dev_fixtures.py, F16 weights): vec = time_in(t) +
+// guidance_in(g), both embedded at 1000 times their value as BFL's
+// timestep_embedding does. Each prompt of the batch reads its own guidance:
+// swapped, they give the reference's other output.
+TEST(Flux2DevTiny, GuidanceEmbeddingMatchesTheReference) {
+    const io::ModelFile weights = open_file("flux2_dev_tiny.safetensors");
+    const io::ModelFile io = open_file("flux2_dev_tiny_io.safetensors");
+    auto compute = test::golden_cpu();
+    auto d = test::declare_network<models::Flux2Dit>(weights, "", GGML_TYPE_F32);
+    ASSERT_TRUE(d.ok()) << d.error().message;
+    EXPECT_TRUE((*d)->config().guidance_embed);
+    EXPECT_TRUE((*d)->capabilities().guidance);
+    EXPECT_EQ((*d)->config().context_dim, 48);
+    ASSERT_TRUE(d->weights().load(compute->weights_backend()).ok());
+    const std::vector<float> g = test::fixture_tensor(io, "guidance").values;
+    ASSERT_EQ(g.size(), 2u);
+    for (const auto& [name, guidance] :
+         {std::pair<std::string, std::vector<float>>{"out", g}, {"out.guidance_swapped", {g[1], g[0]}}}) {
+        runtime::GraphSession session;
+        auto input = [&](const std::string& n) {
+            const auto v = test::fixture_tensor(io, n);
+            return session.input(GGML_TYPE_F32, test::ggml_ne(v.shape), v.values.data());
+        };
+        models::Flux2Inputs in;
+        in.x = input("x");
+        in.timesteps = input("timesteps");
+        in.context = input("context");
+        in.guidance = session.input(GGML_TYPE_F32, {2}, guidance.data());
+        const int64_t T = in.context->ne[1];
+        const models::Flux2Grid grid{in.x->ne[0], in.x->ne[1]};
+        const auto rope = models::flux2_rope_table((*d)->config(), T, grid, {});
+        in.rope = session.input(GGML_TYPE_F32, models::flux2_rope_shape((*d)->config(), T, grid, {}), rope.data());
+        auto out = (*d)->build(session.ctx(), in, {});
+        ASSERT_TRUE(out.ok()) << out.error().message;
+        ASSERT_TRUE(session.run(*compute, *out).ok());
+        EXPECT_LT(test::relative_error(runtime::GraphSession::read(*out), test::fixture_tensor(io, name).values),
+                  kTolerance)
+            << name;
+        if (name != "out") continue;
+        in.guidance = nullptr;  // a network with guidance_in needs it
+        auto refused = (*d)->build(session.ctx(), in, {});
+        ASSERT_FALSE(refused.ok());
+        EXPECT_NE(refused.error().message.find("needs guidance"), std::string::npos) << refused.error().message;
+    }
+}
+
 }  // namespace
 }  // namespace kiln

@@ -20,6 +20,7 @@
 #include "pipeline/model.h"
 #include "pipeline/schedulers.h"
 #include "runtime/graph_session.h"
+#include "session_inputs.h"
 #include "test_files.h"
 
 namespace kiln {
@@ -64,22 +65,7 @@ TEST(Flux2Conditioning, StackedLayersOfThePaddedPromptMatchTheReference) {
     const auto mask = test::fixture_tensor(io, "mask").values;
     std::vector<int32_t> tokens(ids.begin(), ids.end());
     runtime::GraphSession session;
-    struct Inputs final : nn::GraphInputs {
-        runtime::GraphSession& s;
-        explicit Inputs(runtime::GraphSession& session) : s(session) {}
-        ggml_context* ctx() override { return s.ctx(); }
-        ggml_tensor* input(ggml_type type, const std::vector<int64_t>& ne, const void* data,
-                           const char* name) override {
-            std::vector<uint8_t> zeros;
-            if (!data) {
-                int64_t n = 1;
-                for (int64_t d : ne) n *= d;
-                zeros.assign(static_cast<size_t>(n) * ggml_type_size(type), 0);
-                data = zeros.data();
-            }
-            return s.input(type, ne, data, name);
-        }
-    } inputs(session);
+    test::SessionInputs inputs(session);
     models::TextEncodeShape shape;
     shape.length = static_cast<int64_t>(tokens.size());
     shape.final_norm = false;
@@ -96,7 +82,7 @@ TEST(Flux2Conditioning, StackedLayersOfThePaddedPromptMatchTheReference) {
     // what the reference's attention_mask does.
     shape.key_mask = nullptr;
     runtime::GraphSession unmasked_session;
-    Inputs unmasked(unmasked_session);
+    test::SessionInputs unmasked(unmasked_session);
     const models::TextEncoderTensors u = (*llm)->build(unmasked, shape);
     unmasked_session.set_input(u.tokens, tokens.data());
     ASSERT_TRUE(unmasked_session.run(*compute, u.out).ok());

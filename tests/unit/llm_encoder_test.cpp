@@ -19,6 +19,7 @@
 #include "io/gguf_writer.h"
 #include "runtime/graph_plan.h"
 #include "runtime/graph_session.h"
+#include "session_inputs.h"
 #include "test_files.h"
 
 namespace kiln {
@@ -510,6 +511,71 @@ TEST(LlmEncoderErrors, UnusedLayersOfAllTheFileIsAnInvalidRequest) {
     EXPECT_EQ(more.kind, ErrorKind::InvalidRequest);
     EXPECT_EQ(more.message, "LLM text encoder under '': unused_last_layers 3 but the file has 3 layers");
     EXPECT_EQ(create_error(weights, "", -1).kind, ErrorKind::InvalidRequest);
+}
+
+// FLUX.2 [dev]'s text encoder, Mistral Small 3.x in
+// Mistral3ForConditionalGeneration's names (training/make_flux2_dev_fixtures.py:
+// 32 Llama layers of width 16, 2 heads of 8 over one K/V head, rope theta 1e9,
+// an LM head and a few vision tower and projector tensors beside): read under
+// "language_model.model." with only the 30 layers hidden_states 30 needs
+// declared, nothing of the vision tower, the projector or the LM head. HF's
+// hidden_states 10, 20 and 30 of the fixture prompt (Tekken's ids) side by
+// side, as BFL's Mistral embedder stacks them, against the reference.
+TEST(LlmEncoderMistral3, Flux2DevStackedHiddenStatesMatchTheReference) {
+    io::ModelFile weights = open_file(golden_path("models/flux2_dev_mistral_tiny.safetensors"));
+    io::ModelFile io = open_file(golden_path("models/flux2_dev_mistral_tiny_io.safetensors"));
+    const std::string prefix = "language_model.model.";
+    for (const char* other :
+         {"language_model.lm_head.weight", "vision_tower.patch_conv.weight", "multi_modal_projector.linear_1.weight"}) {
+        ASSERT_NE(weights.find(other), nullptr) << other << ": the file has what must not be read";
+    }
+    EXPECT_TRUE(LlmEncoder::looks_like_llm(weights, prefix));
+    auto llm = test::declare_network<LlmEncoder>(weights, prefix, GGML_TYPE_F32, /*unused_last_layers=*/0,
+                                                 /*first_layers=*/30);
+    ASSERT_TRUE(llm.ok()) << llm.error().message;
+    const LlmConfig& c = (*llm)->config();
+    EXPECT_EQ(c.arch, LlmConfig::Arch::Llama);
+    EXPECT_EQ(c.naming, LlmConfig::Naming::HuggingFaceBase);
+    EXPECT_EQ(c.vocab, 1406);  // the tiny Tekken's
+    EXPECT_EQ(c.width, 16);
+    EXPECT_EQ(c.layers, 32);
+    EXPECT_EQ(c.heads, 2);
+    EXPECT_EQ(c.kv_heads, 1);
+    EXPECT_EQ(c.head_dim, 8);
+    EXPECT_EQ(c.ffn, 32);
+    EXPECT_EQ(c.rope_theta, 1e9f);
+    EXPECT_EQ(c.norm_eps, 1e-5f);
+    EXPECT_TRUE(c.rope_neox);  // HF's rotate-half pairs
+    EXPECT_EQ((*llm)->declared_layers(), 30);
+    EXPECT_EQ(llm->weights().count(), 1u + 9u * 30);  // the embedding and 30 layers: no final norm
+    for (const auto& declared : llm->weights().declared()) {
+        ASSERT_NE(declared.second, nullptr);
+        const std::string& name = declared.second->name;
+        EXPECT_EQ(name.rfind(prefix, 0), 0u) << name;  // no lm_head, vision_tower.*, multi_modal_projector.*
+        EXPECT_EQ(name.find("layers.30."), std::string::npos) << name;
+        EXPECT_EQ(name.find("layers.31."), std::string::npos) << name;
+        EXPECT_NE(name, prefix + "norm.weight");
+    }
+    auto compute = test::golden_cpu();
+    const Status loaded = llm->weights().load(compute->weights_backend());
+    ASSERT_TRUE(loaded.ok()) << loaded.error().message;
+
+    const FixtureTensor ids = fixture_tensor(io, "ids");
+    const std::vector<int32_t> tokens(ids.values.begin(), ids.values.end());
+    runtime::GraphSession session;
+    test::SessionInputs inputs(session);
+    models::TextEncodeShape shape;
+    shape.length = static_cast<int64_t>(tokens.size());
+    shape.final_norm = false;
+    shape.hidden_states = {10, 20, 30};
+    const models::TextEncoderTensors t = (*llm)->build(inputs, shape);
+    session.set_input(t.tokens, tokens.data());
+    ASSERT_TRUE(session.run(*compute, t.out).ok());
+    EXPECT_EQ(t.out->ne[0], 48);
+    EXPECT_EQ(t.out->ne[1], shape.length);
+    const double error = relative_error(runtime::GraphSession::read(t.out), fixture_tensor(io, "out").values);
+    EXPECT_LT(error, kTolerance);
+    std::printf("FLUX.2 [dev] Mistral, hidden states 10, 20, 30: relative error %.2e\n", error);
 }
 
 }  // namespace

@@ -16,8 +16,16 @@ bool named_base(const FileSet& files) {
     return files.any_path_contains("klein-base") || files.any_path_contains("klein_base");
 }
 
-int detect_klein(const FileSet& files) { return has_flux2_dit(files) && !named_base(files) ? 5 : 0; }
-int detect_klein_base(const FileSet& files) { return has_flux2_dit(files) && named_base(files) ? 5 : 0; }
+// [dev] is guidance-distilled: its DiT embeds the guidance; klein's does not.
+bool has_guidance_embedding(const FileSet& files) { return files.find_suffix("guidance_in.in_layer.weight"); }
+
+int detect_klein(const FileSet& files) {
+    return has_flux2_dit(files) && !has_guidance_embedding(files) && !named_base(files) ? 5 : 0;
+}
+int detect_klein_base(const FileSet& files) {
+    return has_flux2_dit(files) && !has_guidance_embedding(files) && named_base(files) ? 5 : 0;
+}
+int detect_dev(const FileSet& files) { return has_flux2_dit(files) && has_guidance_embedding(files) ? 5 : 0; }
 
 // BFL's Qwen3Embedder (flux2/text_encoder.py) and ComfyUI's KleinTokenizer:
 // the user turn of Qwen's chat template with thinking closed, 512 tokens
@@ -30,10 +38,33 @@ TextEncoderUse qwen3_use() {
     use.final_norm = false;
     use.chat_prefix = "<|im_start|>user\n";
     use.chat_suffix = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n";
+    use.template_tokens = {"<|im_start|>", "<|im_end|>"};
     use.max_length = 512;
     use.pad_text = "<|endoftext|>";
     use.plan_tokens = 512;
     use.hidden_states = {9, 18, 27};
+    return use;
+}
+
+// BFL's Mistral3SmallEmbedder (flux2/text_encoder.py): the system and user
+// turns of Mistral's chat template (BFL's SYSTEM_MESSAGE, its line break
+// included), hidden_states 10, 20 and 30 side by side. The prompt is encoded
+// unpadded and its states padded with zeros to 512 tokens, as sd-cli does
+// (BFL pads the ids with <pad> and masks them; see docs/flux2.md).
+TextEncoderUse mistral_use() {
+    TextEncoderUse use;
+    use.module = "llm";
+    use.layout = PromptLayout::ChatTemplate;
+    use.final_norm = false;
+    use.chat_prefix =
+        "<s>[SYSTEM_PROMPT]You are an AI that reasons about image descriptions. You give structured responses "
+        "focusing on object relationships, object\nattribution and actions without speculation.[/SYSTEM_PROMPT][INST]";
+    use.chat_suffix = "[/INST]";
+    use.template_tokens = {"<s>", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[INST]", "[/INST]"};
+    use.zero_pad_to = 512;
+    use.plan_tokens = 512;
+    use.hidden_states = {10, 20, 30};
+    use.llm_defaults = {1e9f, 1e-5f};  // Mistral Small 3.x's config.json: rope_theta, rms_norm_eps
     return use;
 }
 
@@ -67,38 +98,63 @@ LatentFormat flux2_latent_format() {
     return l;
 }
 
-Family make(bool base) {
+// What every FLUX.2 shares: an LLM, the DiT, FLUX.2's autoencoder, BFL's
+// schedule, reference images.
+Family make_flux2() {
     Family f;
-    f.name = base ? "FLUX.2-klein-base" : "FLUX.2-klein";
-    f.detect = base ? detect_klein_base : detect_klein;
     f.modules = {{"llm", ModuleRole::TextEncoder, NetworkKind::Llm, {}, "--llm", {}},
                  {"flux2", ModuleRole::Diffusion, NetworkKind::Flux2Dit, {}, "--diffusion-model", {}},
                  {"vae", ModuleRole::Vae, NetworkKind::Flux2Vae, {}, "--vae", {}}};
-    f.conditioning.encoders = {qwen3_use()};
     f.latent = flux2_latent_format();
     f.schedule.prediction = Prediction::Flow;
     f.schedule.step_shift = true;  // BFL's compute_empirical_mu; --flow-shift is mu itself, as Flux's
     f.defaults.width = 1024;
     f.defaults.height = 1024;
+    f.defaults.sampler = "euler";
+    f.defaults.scheduler = "discrete";
+    f.reference_images = true;
+    return f;
+}
+
+Family make_klein(bool base) {
+    Family f = make_flux2();
+    f.name = base ? "FLUX.2-klein-base" : "FLUX.2-klein";
+    f.detect = base ? detect_klein_base : detect_klein;
+    f.conditioning.encoders = {qwen3_use()};
     // BFL's cli: klein 4 steps, no CFG; base 50 steps, CFG 4 against "".
     f.defaults.steps = base ? 50 : 4;
     f.defaults.cfg_scale = base ? 4.0f : 1.0f;
-    f.defaults.sampler = "euler";
-    f.defaults.scheduler = "discrete";
     f.defaults.guidance = 0.0f;
-    f.reference_images = true;
+    return f;
+}
+
+// BFL's cli for [dev]: 50 steps, guidance 4 through the DiT's embedding, no
+// CFG.
+Family make_dev() {
+    Family f = make_flux2();
+    f.name = "FLUX.2-dev";
+    f.detect = detect_dev;
+    f.conditioning.encoders = {mistral_use()};
+    f.defaults.steps = 50;
+    f.defaults.cfg_scale = 1.0f;
+    f.defaults.guidance = 4.0f;
     return f;
 }
 
 }  // namespace
 
 const Family& flux2_klein_family() {
-    static const Family family = make(false);
+    static const Family family = make_klein(false);
     return family;
 }
 
 const Family& flux2_klein_base_family() {
-    static const Family family = make(true);
+    static const Family family = make_klein(true);
+    return family;
+}
+
+const Family& flux2_dev_family() {
+    static const Family family = make_dev();
     return family;
 }
 

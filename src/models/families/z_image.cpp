@@ -27,6 +27,7 @@ TextEncoderUse qwen3_use() {
     use.layout = PromptLayout::ChatTemplate;
     use.chat_prefix = "<|im_start|>user\n";
     use.chat_suffix = "<|im_end|>\n<|im_start|>assistant\n";
+    use.template_tokens = {"<|im_start|>", "<|im_end|>"};
     // A prompt of about 100 words under the template.
     use.plan_tokens = 160;
     return use;

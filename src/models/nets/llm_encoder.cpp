@@ -129,7 +129,7 @@ bool LlmEncoder::looks_like_llm(const io::ModelFile& file, const std::string& pr
 }
 
 Result<std::unique_ptr<LlmEncoder>> LlmEncoder::create(io::WeightDeclarer& weights, int unused_last_layers,
-                                                       int first_layers) {
+                                                       int first_layers, const LlmFileDefaults& defaults) {
     const io::ModelFile& file = weights.file();
     const std::string& prefix = weights.prefix();
     std::unique_ptr<LlmEncoder> enc(new LlmEncoder());
@@ -260,6 +260,7 @@ Result<std::unique_ptr<LlmEncoder>> LlmEncoder::create(io::WeightDeclarer& weigh
     auto theta = metadata_value(file, meta + "rope.freq_base", where);
     if (!theta.ok()) return theta.error();
     c.rope_theta = *theta                             ? static_cast<float>(**theta)
+                   : defaults.rope_theta > 0.0f       ? defaults.rope_theta
                    : c.arch == LlmConfig::Arch::Llama ? kDefaultLlamaRopeTheta
                                                       : kDefaultRopeTheta;
     if (!(c.rope_theta > 0.0f) || !std::isfinite(c.rope_theta)) {
@@ -268,7 +269,7 @@ Result<std::unique_ptr<LlmEncoder>> LlmEncoder::create(io::WeightDeclarer& weigh
     }
     auto eps = metadata_value(file, meta + "attention.layer_norm_rms_epsilon", where);
     if (!eps.ok()) return eps.error();
-    c.norm_eps = *eps ? static_cast<float>(**eps) : kDefaultNormEps;
+    c.norm_eps = *eps ? static_cast<float>(**eps) : defaults.norm_eps > 0.0f ? defaults.norm_eps : kDefaultNormEps;
     if (!(c.norm_eps > 0.0f) || !(c.norm_eps < 1.0f)) {
         return bad("metadata " + meta + "attention.layer_norm_rms_epsilon is " +
                    file.metadata_string(meta + "attention.layer_norm_rms_epsilon", "") + ", not in (0, 1)");

@@ -71,6 +71,7 @@
 
 #include "io/model_file.h"
 #include "io/weight_declarer.h"
+#include "models/nets/llm_file_defaults.h"
 #include "models/network.h"
 #include "util/result.h"
 
@@ -145,9 +146,12 @@ class LlmEncoder final : public TextEncoderNetwork {
     // wrong shape or a missing tensor further on is reported by
     // loading the weights, naming the tensor.
     // `first_layers` > 0 declares only that many layers from the start
-    // (InvalidRequest when the file has fewer).
+    // (InvalidRequest when the file has fewer). `defaults` replace the
+    // architecture's rope theta and epsilon where the file's metadata has
+    // none (a family that knows its model: FLUX.2-dev's Mistral, whose HF
+    // safetensors carry no metadata, has theta 1e9 and epsilon 1e-5).
     static Result<std::unique_ptr<LlmEncoder>> create(io::WeightDeclarer& weights, int unused_last_layers = 0,
-                                                      int first_layers = 0);
+                                                      int first_layers = 0, const LlmFileDefaults& defaults = {});
 
     const LlmConfig& config() const { return config_; }
     // The layers declared (and runnable): config().layers less create()'s unused_last_layers.

@@ -31,7 +31,7 @@ Result<std::unique_ptr<Network>> create_clip(io::WeightDeclarer& weights, const 
 }
 
 Result<std::unique_ptr<Network>> create_llm(io::WeightDeclarer& weights, const NetworkOptions& options) {
-    auto net = LlmEncoder::create(weights, options.unused_last_layers, options.first_layers);
+    auto net = LlmEncoder::create(weights, options.unused_last_layers, options.first_layers, options.llm_defaults);
     if (!net.ok()) return net.error();
     return std::unique_ptr<Network>(std::move(net).value());
 }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "io/weight_declarer.h"
+#include "models/nets/llm_file_defaults.h"
 #include "models/network.h"
 #include "util/result.h"
 
@@ -43,6 +44,9 @@ struct NetworkOptions {
     // A CLIP in HF's naming that is an OpenCLIP tower (SD3's CLIP-G):
     // TextEncoderUse::hf_named_openclip.
     bool hf_named_openclip = false;
+    // An LLM's rope theta and epsilon where its file says nothing
+    // (TextEncoderUse::llm_defaults).
+    LlmFileDefaults llm_defaults;
 };
 
 struct NetworkEntry {
