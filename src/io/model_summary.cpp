@@ -56,6 +56,15 @@ const char* bare_component(std::string_view name, ComponentKind* kind) {
         *kind = ComponentKind::TextEncoder;
         return "text_encoder";
     }
+    // A vision-language model's text encoder (Mistral3ForConditionalGeneration,
+    // FLUX.2-dev's text_encoder/: language_model.*); its vision tower and
+    // projector are part of the file, never read.
+    if (starts_with(name, "language_model.") || starts_with(name, "model.language_model.") ||
+        starts_with(name, "vision_tower.") || starts_with(name, "model.vision_tower.") ||
+        starts_with(name, "multi_modal_projector.") || starts_with(name, "model.multi_modal_projector.")) {
+        *kind = ComponentKind::TextEncoder;
+        return "text_encoder";
+    }
     if (starts_with(name, "encoder.") || starts_with(name, "decoder.") || starts_with(name, "quant_conv") ||
         starts_with(name, "post_quant_conv")) {
         *kind = ComponentKind::Vae;

@@ -98,6 +98,13 @@ TEST_F(Flux2DevFullSize, InfoSeesDevAndItsMistral) {
     ASSERT_EQ(dit.exit_code, 0) << dit.out << dit.err;
     EXPECT_NE(dit.out.find("FLUX.2-dev"), std::string::npos) << dit.out;
     EXPECT_EQ(dit.out.find("FLUX.2-klein"), std::string::npos) << dit.out;
+    // BFL's text_encoder/ layout (language_model.*, a vision tower) is one
+    // text encoder, not "other".
+    auto te = test::run_command(std::string(KILN_BIN) + " info " +
+                                test::golden_path("models/flux2_dev_mistral_tiny.safetensors"));
+    ASSERT_EQ(te.exit_code, 0) << te.out << te.err;
+    EXPECT_NE(te.out.find("text encoder: text_encoder\n    301 tensors"), std::string::npos) << te.out;
+    EXPECT_EQ(te.out.find("other"), std::string::npos) << te.out;
 }
 
 // Every GPU size runs, the DiT in more segments as the budget shrinks, the
