@@ -19,6 +19,7 @@
 #include "text/bpe_merges.h"
 #include "text/byte_level.h"
 #include "text/letter_case.h"
+#include "text/tekken_json.h"
 #include "text/unicode.h"
 #include "text/utf8.h"
 #include "text/vocab_files.h"
@@ -303,6 +304,8 @@ Result<LlmPreTokenizer> json_pre_tokenizer(const json& doc, const std::string& p
 
 }  // namespace
 
+std::string_view tekken_split_pattern() { return kTekkenPattern; }
+
 // ---- the tables ----
 
 struct LlmTokenizer::Tables {
@@ -468,6 +471,12 @@ Result<LlmTokenizer> LlmTokenizer::from_tokenizer_json(const std::string& path) 
     return from_vocab(std::move(vocab), path);
 }
 
+Result<LlmTokenizer> LlmTokenizer::from_tekken_json(const std::string& path) {
+    auto vocab = read_tekken_json(path);
+    if (!vocab.ok()) return vocab.error();
+    return from_vocab(std::move(vocab).value(), path);
+}
+
 Result<LlmTokenizer> LlmTokenizer::from_vocab_merges(const std::string& vocab_path, const std::string& merges_path) {
     auto root = read_tokenizer_json(vocab_path);
     if (!root.ok()) return root.error();
@@ -614,6 +623,8 @@ Result<LlmTokenizer> LlmTokenizer::load(const std::string& path) {
             if (path_status(dir).kind != PathKind::Folder) continue;
             const std::string json_path = dir + "/tokenizer.json";
             if (path_status(json_path).kind == PathKind::File) return from_tokenizer_json(json_path);
+            const std::string tekken_path = dir + "/tekken.json";
+            if (path_status(tekken_path).kind == PathKind::File) return from_tekken_json(tekken_path);
             const std::string vocab_path = dir + "/vocab.json";
             const std::string merges_path = dir + "/merges.txt";
             if (path_status(vocab_path).kind == PathKind::File && path_status(merges_path).kind == PathKind::File) {
@@ -634,7 +645,8 @@ Result<LlmTokenizer> LlmTokenizer::load(const std::string& path) {
                                          " .gguf files and no tokenizer.json: name the one to read");
             }
         }
-        return bad_file(path, "no tokenizer.json, vocab.json + merges.txt or .gguf file here or in tokenizer/");
+        return bad_file(path,
+                        "no tokenizer.json, tekken.json, vocab.json + merges.txt or .gguf file here or in tokenizer/");
     }
     if (status.kind != PathKind::File) return path_error(path, status).as(ErrorKind::BadFile);
     const size_t slash = path.find_last_of('/');
@@ -643,6 +655,7 @@ Result<LlmTokenizer> LlmTokenizer::load(const std::string& path) {
         return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
     };
     if (name == "vocab.json") return from_vocab_merges(path, path.substr(0, slash + 1) + "merges.txt");
+    if (name == "tekken.json") return from_tekken_json(path);
     if (ends_with(".json")) return from_tokenizer_json(path);
     // Anything else must be GGUF; from_gguf_file checks the magic.
     return from_gguf_file(path);

@@ -83,12 +83,17 @@ struct LlmBpeVocab {
     bool ignore_merges = false;  // a whole piece in the vocabulary is its token
 };
 
+// Tekken's split pattern as Mistral's files write it (tokenizer.json's Split
+// regex, tekken.json's config.pattern).
+std::string_view tekken_split_pattern();
+
 class LlmTokenizer final : public Tokenizer {
   public:
     // A file or a folder. A folder is searched, then its tokenizer/
-    // subfolder, for tokenizer.json, then vocab.json + merges.txt, then a
-    // single *.gguf. A file: GGUF (by its magic bytes), vocab.json (with
-    // merges.txt beside it), any other *.json as tokenizer.json.
+    // subfolder, for tokenizer.json, then tekken.json, then vocab.json +
+    // merges.txt, then a single *.gguf. A file: GGUF (by its magic bytes),
+    // vocab.json (with merges.txt beside it), tekken.json, any other *.json
+    // as tokenizer.json.
     static Result<LlmTokenizer> load(const std::string& path);
 
     // HF tokenizer.json: model.type "BPE" with model.vocab {token: id} and
@@ -108,6 +113,9 @@ class LlmTokenizer final : public Tokenizer {
     // too. tokenizer_config.json's tokenizer_class "GPT2Tokenizer" selects
     // GPT-2's pattern; anything else, or no config, Qwen2's.
     static Result<LlmTokenizer> from_vocab_merges(const std::string& vocab_path, const std::string& merges_path);
+
+    // Mistral's tekken.json (text/tekken_json.h).
+    static Result<LlmTokenizer> from_tekken_json(const std::string& path);
 
     // A GGUF file (a full model or vocab-only), read through its metadata.
     static Result<LlmTokenizer> from_gguf_file(const std::string& path);

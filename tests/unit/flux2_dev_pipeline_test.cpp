@@ -22,6 +22,9 @@
 #include "pipeline/generate.h"
 #include "pipeline/model.h"
 #include "test_files.h"
+#include "text/byte_level.h"
+#include "text/llm_tokenizer.h"
+#include "util/base64.h"
 
 namespace kiln {
 namespace {
@@ -131,6 +134,73 @@ TEST(Flux2DevPipelineFiles, MistralWithoutMetadataTakesTheFamilysRopeAndEpsilon)
     ASSERT_TRUE(c.ok()) << c.error().message;
     const std::vector<float> real(c->hidden.begin(), c->hidden.begin() + static_cast<long>(want.size()));
     EXPECT_LT(test::relative_error(real, want), 1e-4);
+}
+
+// Mistral's own tekken.json (raw bytes by rank, special tokens apart), made
+// here from the fixture's tokenizer.json as mistral_common lays one out:
+// the same ids as tokenizer.json and as the reference tokenizer, and found
+// in a folder as Mistral Small's repository has it.
+TEST(Flux2DevPipelineFiles, TekkenJsonGivesTheIdsOfTokenizerJson) {
+    const nlohmann::json tj = nlohmann::json::parse(test::read_bytes(tekken_tokenizer() + "/tokenizer.json"));
+    constexpr int kSpecial = 1000;
+    nlohmann::json vocab = nlohmann::json::array(), specials = nlohmann::json::array();
+    for (const auto& [text, id] : tj["model"]["vocab"].items()) {
+        const int rank = id.get<int>() - kSpecial;
+        if (rank < 0) continue;
+        std::string bytes;
+        text::append_token_bytes(text, bytes);
+        vocab.push_back({{"rank", rank},
+                         {"token_bytes", base64_encode(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size())},
+                         {"token_str", nullptr}});
+    }
+    for (const auto& added : tj["added_tokens"]) {
+        if (added["content"].get<std::string>().rfind("<SPECIAL_", 0) == 0) continue;  // filled in by the reader
+        specials.push_back({{"rank", added["id"]}, {"token_str", added["content"]}, {"is_control", true}});
+    }
+    const int vocab_size = kSpecial + static_cast<int>(vocab.size());
+    vocab.push_back({{"rank", vocab_size}, {"token_bytes", "eHl6"}, {"token_str", "xyz"}});  // past the used size
+    const nlohmann::json tekken = {{"config",
+                                    {{"pattern", std::string(text::tekken_split_pattern())},
+                                     {"num_vocab_tokens", vocab_size + 1},
+                                     {"default_vocab_size", vocab_size},
+                                     {"default_num_special_tokens", kSpecial},
+                                     {"version", "v7"}}},
+                                   {"vocab", vocab},
+                                   {"special_tokens", specials}};
+    test::TempDir dir;
+    dir.write("Mistral-Small/tekken.json", tekken.dump());
+
+    auto from_tekken = text::LlmTokenizer::load(dir.file("Mistral-Small"));
+    ASSERT_TRUE(from_tekken.ok()) << from_tekken.error().message;
+    auto from_json = text::LlmTokenizer::load(tekken_tokenizer());
+    ASSERT_TRUE(from_json.ok()) << from_json.error().message;
+    EXPECT_EQ(from_tekken->pre_tokenizer(), text::LlmPreTokenizer::Tekken);
+    EXPECT_EQ(from_tekken->size(), vocab_size) << "the rank past default_vocab_size is cut";
+    EXPECT_EQ(from_tekken->token_text(20), "<SPECIAL_20>");
+    for (const std::string text :
+         {std::string("<s>[SYSTEM_PROMPT]You are an AI that reasons about image descriptions.[/SYSTEM_PROMPT]"),
+          std::string("[INST]a red fox in the snow, HELLO world\n\n  3.14 caf\xC3\xA9[/INST]")}) {
+        EXPECT_EQ(from_tekken->encode(text), from_json->encode(text)) << text;
+    }
+    auto io = io::ModelFile::open({model("flux2_dev_mistral_tiny_io.safetensors")});
+    ASSERT_TRUE(io.ok()) << io.error().message;
+    const auto ids = test::fixture_tensor(*io, "ids").values;
+    const std::string chat = std::string(
+        "<s>[SYSTEM_PROMPT]You are an AI that reasons about image descriptions. You "
+        "give structured responses focusing on object relationships, object\n"
+        "attribution and actions without speculation.[/SYSTEM_PROMPT][INST]a red "
+        "fox in the snow[/INST]");
+    EXPECT_EQ(from_tekken->encode(chat), std::vector<int32_t>(ids.begin(), ids.end()));
+
+    nlohmann::json other = tekken;
+    other["config"]["pattern"] = "\\s+";
+    dir.write("other/tekken.json", other.dump());
+    auto refused = text::LlmTokenizer::load(dir.file("other/tekken.json"));
+    ASSERT_FALSE(refused.ok());
+    EXPECT_NE(
+        refused.error().message.find("tekken.json: config.pattern is \"\\x5c\\x5cs+\", not Tekken's split pattern"),
+        std::string::npos)
+        << refused.error().message;
 }
 
 // Guidance reaches the DiT's embedding: the family's 4 and 1 give other

@@ -603,7 +603,7 @@ TEST(LlmTokenizer, BrokenVocabMergesAreRefused) {
     EXPECT_TRUE(contains(e.message, "vocab.json: the vocabulary is not a JSON object")) << e.message;
     test::TempDir empty;
     e = load_error(LlmTokenizer::load(empty.path()));
-    EXPECT_TRUE(contains(e.message, "no tokenizer.json, vocab.json + merges.txt or .gguf")) << e.message;
+    EXPECT_TRUE(contains(e.message, "no tokenizer.json, tekken.json, vocab.json + merges.txt or .gguf")) << e.message;
     e = load_error(LlmTokenizer::load(empty.file("missing.json")));
     EXPECT_EQ(e.kind, ErrorKind::BadFile);
     EXPECT_TRUE(contains(e.message, "missing.json")) << e.message;
