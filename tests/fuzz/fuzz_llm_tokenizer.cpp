@@ -1,8 +1,9 @@
 // libFuzzer target for kiln's byte-level BPE (LLM) tokenizer loaders: HF
-// tokenizer.json, vocab.json + merges.txt, and GGUF files (kiln's GGUF
-// parser, then the tokenizer.ggml.* keys). The first byte picks the loader
-// ('0': tokenizer.json, '1': vocab.json with the input's second half as
-// merges.txt, '2': GGUF); the rest is the file. A loaded tokenizer must
+// tokenizer.json, vocab.json + merges.txt, GGUF files (kiln's GGUF
+// parser, then the tokenizer.ggml.* keys) and Mistral's tekken.json. The
+// first byte picks the loader ('0': tokenizer.json, '1': vocab.json with the
+// input's second half as merges.txt, '2': GGUF, '3': tekken.json); the rest
+// is the file. A loaded tokenizer must
 // encode any text (the samples and the input itself) without crashing, to
 // ids of its own vocabulary, and decode them.
 //
@@ -41,6 +42,7 @@ std::string write_temp(const std::string& name, const std::string& bytes) {
 
 void exercise(const LlmTokenizer& t, const std::string& text) {
     for (const std::string& sample : {std::string("<|im_start|>user\nhello, world's  \t\r\n\n 123<|im_end|>\n"),
+                                      std::string("<s>[INST]Hello WORLDwide caf\xC3\xA9/x\n[/INST]"),
                                       std::string("\xFF\xC3 \x01\xE4\xB8"), text.substr(0, 256)}) {
         const auto ids = t.encode(sample);
         for (int32_t id : ids) KILN_FUZZ_CHECK(id >= 0 && id < t.size());
@@ -64,6 +66,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             break;
         }
         case '2': t = LlmTokenizer::from_gguf_file(write_temp("vocab.gguf", text)); break;
+        case '3': t = LlmTokenizer::from_tekken_json(write_temp("tekken.json", text)); break;
         default: return 0;
     }
     if (!t.ok()) {
