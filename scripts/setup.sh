@@ -40,6 +40,7 @@ if ((!RUN_ONLY)); then
         chromium                 # the web page's browser test (tests/web, with npm's playwright-core)
         libgtest-dev libgmock-dev googletest
         clang libclang-rt-14-dev # libFuzzer targets in tests/fuzz
+        glslc                    # KILN_VULKAN's configure check meets Debian's glslc (tests/build)
     )
 fi
 # npm fetches the package that carries ggml's history; a machine may already
