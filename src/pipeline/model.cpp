@@ -121,10 +121,10 @@ Result<std::unique_ptr<text::T5Tokenizer>> load_t5_tokenizer_at(const std::strin
 
 // T5's tokenizer: --tokenizer t5xxl=PATH; the T5 file's own (GGUF
 // tokenizer.ggml.*, as -M convert writes it); a diffusers folder's
-// tokenizer_2/; spiece.model, tokenizer_2/ or t5_tokenizer/ beside the T5
+// tokenizer_N/ beside text_encoder_N/; spiece.model, tokenizer_2/ or t5_tokenizer/ beside the T5
 // file. The error says where kiln looked.
-Result<std::unique_ptr<text::T5Tokenizer>> load_t5_tokenizer(const std::string& flag_path,
-                                                             const io::ModelFile& t5_file) {
+Result<std::unique_ptr<text::T5Tokenizer>> load_t5_tokenizer(const std::string& flag_path, const io::ModelFile& t5_file,
+                                                             const std::string& t5_prefix) {
     if (!flag_path.empty()) return load_t5_tokenizer_at(flag_path);
     if (meta(t5_file, "tokenizer.ggml.model")) {
         auto t = text::T5Tokenizer::from_gguf_metadata(t5_file);
@@ -134,7 +134,10 @@ Result<std::unique_ptr<text::T5Tokenizer>> load_t5_tokenizer(const std::string& 
     std::vector<fs::path> candidates;
     for (const io::SourceFile& s : t5_file.sources()) {
         const fs::path dir = fs::path(s.path).parent_path();
-        if (s.component == "text_encoder_2") candidates.push_back(dir.parent_path() / "tokenizer_2");
+        // A diffusers folder's text_encoder_N/ holding the T5 (Flux's: 2,
+        // SD3's: 3) has tokenizer_N/ beside it.
+        if (s.component.rfind("text_encoder_", 0) == 0 && t5_prefix.rfind(s.component + "/", 0) == 0)
+            candidates.push_back(dir.parent_path() / ("tokenizer_" + s.component.substr(13)));
         for (const char* name : {"spiece.model", "tokenizer_2", "t5_tokenizer"}) candidates.push_back(dir / name);
     }
     for (const fs::path& folder : cached_tokenizer_folders({"t5xxl"})) candidates.push_back(folder);
@@ -250,7 +253,7 @@ Result<std::unique_ptr<Model>> Model::load(const ModelPaths& paths, const ModelO
         for (const auto& module : m->modules_) {
             if (module->network.get() == te.network) t5_module = module.get();
         }
-        auto t5_tokenizer = load_t5_tokenizer(tokenizer_paths->t5, *t5_module->file);
+        auto t5_tokenizer = load_t5_tokenizer(tokenizer_paths->t5, *t5_module->file, t5_module->prefix);
         if (!t5_tokenizer.ok()) return t5_tokenizer.error().as(ErrorKind::BadFile);
         m->t5_tokenizer_ = std::move(t5_tokenizer).value();
         KILN_TRY(m->check_tokenizer_fits(te));

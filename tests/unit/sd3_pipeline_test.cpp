@@ -116,6 +116,63 @@ TEST_F(Sd3Pipeline, TextToImageMatchesTheReferenceJob) {
         << "largest pixel difference from the reference";
 }
 
+// A diffusers StableDiffusion3Pipeline folder of the same model: the MMDiT in
+// SD3Transformer2DModel's names (training/make_sd3_diffusers_fixture.py,
+// transcribed from diffusers' convert_sd3_to_diffusers.py: q, k, v split,
+// the final and last context modulations in (scale, shift)), the VAE in
+// diffusers' names, CLIP-L, CLIG-G and T5 in text_encoder/, _2/ and _3/,
+// the tokenizers in tokenizer/, _2/ and _3/: the reference job's image.
+TEST_F(Sd3Pipeline, DiffusersFolderGivesTheReferenceImage) {
+    test::TempDir dir;
+    const std::string root = "stable-diffusion-3.5-large/";
+    dir.write(root + "model_index.json",
+              R"({"_class_name": "StableDiffusion3Pipeline", "transformer": ["diffusers", "SD3Transformer2DModel"],
+                  "vae": ["diffusers", "AutoencoderKL"], "text_encoder": ["transformers", "CLIPTextModelWithProjection"],
+                  "text_encoder_2": ["transformers", "CLIPTextModelWithProjection"],
+                  "text_encoder_3": ["transformers", "T5EncoderModel"], "tokenizer": ["transformers", "CLIPTokenizer"],
+                  "tokenizer_2": ["transformers", "CLIPTokenizer"], "tokenizer_3": ["transformers", "T5TokenizerFast"],
+                  "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"]})");
+    dir.write(root + "transformer/diffusion_pytorch_model.safetensors",
+              test::read_bytes(golden_path("pipeline/sd3_tiny/diffusers_transformer.safetensors")));
+    dir.write(root + "text_encoder/model.safetensors",
+              test::read_bytes(golden_path("pipeline/flux_tiny/clip_l.safetensors")));
+    dir.write(root + "text_encoder_2/model.safetensors",
+              test::read_bytes(golden_path("pipeline/sd3_tiny/clip_g.safetensors")));
+    dir.write(root + "text_encoder_3/model.safetensors",
+              test::read_bytes(golden_path("pipeline/flux_tiny/t5xxl.safetensors")));
+    auto release = io::ModelFile::open({golden_path("pipeline/sd3_tiny/sd3.5_tiny.safetensors")});
+    ASSERT_TRUE(release.ok()) << release.error().message;
+    const io::NameMap map(io::ModelFamily::SD1);
+    std::vector<test::SafetensorsEntry> vae;
+    for (const io::TensorInfo& t : release->tensors()) {
+        if (t.name.rfind("first_stage_model.", 0) != 0) continue;
+        std::string folder;
+        for (auto& d : test::to_diffusers(test::copy_entry(*release, t, t.name), map, &folder))
+            vae.push_back(std::move(d));
+    }
+    ASSERT_FALSE(vae.empty());
+    dir.write(root + "vae/diffusion_pytorch_model.safetensors", test::build_safetensors(vae));
+    for (const char* tokenizer : {"tokenizer/", "tokenizer_2/"}) {
+        for (const char* f : {"vocab.json", "merges.txt"}) {
+            dir.write(root + tokenizer + f, test::read_bytes(std::string(KILN_FIXTURES_DIR) + "/tiny_tokenizer/" + f));
+        }
+    }
+    dir.write(root + "tokenizer_3/tokenizer.json",
+              test::read_bytes(golden_path("pipeline/flux_tiny/tokenizer_2/tokenizer.json")));
+
+    ModelPaths paths;
+    paths.model = {dir.file(root)};
+    auto folder = Model::load(paths, test::golden_model_options());
+    ASSERT_TRUE(folder.ok()) << folder.error().message;
+    EXPECT_EQ((*folder)->family_label(), "SD3.5-Large");
+    GenerationRequest r = job();
+    r.cfg_scale = 4.5f;
+    auto images = generate(**folder, r);
+    ASSERT_TRUE(images.ok()) << images.error().message;
+    EXPECT_LE(difference_from_reference(images->front().image, *io_, "image"), 1)
+        << "largest pixel difference from the reference";
+}
+
 // Skip-layer guidance (SD3.5 Medium's recipe, sd-cli's options) drops a
 // joint block in an extra pass: a different image, and the same one again.
 TEST_F(Sd3Pipeline, SkipLayerGuidanceRunsItsPass) {

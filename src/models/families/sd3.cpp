@@ -5,11 +5,19 @@ namespace {
 
 enum class Variant { Large, LargeTurbo, Medium35, Medium3 };
 
-bool has_mmdit(const FileSet& files) { return files.find_suffix("joint_blocks.0.x_block.attn.qkv.weight"); }
+// Stability's names, or diffusers' SD3Transformer2DModel (transformer/ of a
+// diffusers folder).
+bool has_mmdit(const FileSet& files) {
+    return files.find_suffix("joint_blocks.0.x_block.attn.qkv.weight") || files.find_suffix("pos_embed.pos_embed");
+}
 
 Variant variant_of(const FileSet& files) {
-    if (files.find_suffix("joint_blocks.0.x_block.attn2.qkv.weight")) return Variant::Medium35;
-    if (!files.find_suffix("joint_blocks.0.x_block.attn.ln_q.weight")) return Variant::Medium3;
+    if (files.find_suffix("joint_blocks.0.x_block.attn2.qkv.weight") ||
+        files.find_suffix("transformer_blocks.0.attn2.to_q.weight"))
+        return Variant::Medium35;
+    if (!files.find_suffix("joint_blocks.0.x_block.attn.ln_q.weight") &&
+        !files.find_suffix("transformer_blocks.0.attn.norm_q.weight"))
+        return Variant::Medium3;
     return files.any_path_contains("turbo") ? Variant::LargeTurbo : Variant::Large;
 }
 
@@ -83,19 +91,23 @@ Family make(Variant v) {
     // Stability's and ComfyUI's all-in-one files: text_encoders.clip_l.transformer.,
     // text_encoders.clip_g.transformer., text_encoders.t5xxl.transformer.,
     // model.diffusion_model., first_stage_model.; each may come on its own
-    // (--clip_l, --clip_g, --t5xxl, --diffusion-model, --vae), any prefix.
+    // (--clip_l, --clip_g, --t5xxl, --diffusion-model, --vae), any prefix. A
+    // diffusers StableDiffusion3Pipeline folder: CLIP-L in text_encoder/
+    // (which the folder's SD renames make cond_stage_model.transformer.),
+    // CLIP-G in text_encoder_2/, T5 in text_encoder_3/, the MMDiT in
+    // transformer/, the VAE in vae/ (renamed to first_stage_model.).
     ModuleSpec t5{"t5xxl", ModuleRole::TextEncoder, NetworkKind::T5, {}, "--t5xxl", {}};
     t5.optional = true;
     f.modules = {{"clip_l",
                   ModuleRole::TextEncoder,
                   NetworkKind::ClipText,
-                  {"text_encoders.clip_l.transformer."},
+                  {"text_encoders.clip_l.transformer.", "cond_stage_model.transformer."},
                   "--clip_l",
                   {}},
                  {"clip_g",
                   ModuleRole::TextEncoder,
                   NetworkKind::ClipText,
-                  {"text_encoders.clip_g.transformer."},
+                  {"text_encoders.clip_g.transformer.", "text_encoder_2/"},
                   "--clip_g",
                   {}},
                  t5,

@@ -19,6 +19,7 @@ constexpr int64_t kStabilityHeadDim = 64;  // "apply magic --> this defines a he
 
 struct Attention {
     nn::Linear qkv, proj;  // proj absent in a pre-only stream
+    std::vector<nn::Linear> split;  // diffusers' q, k, v in place of qkv
     ggml_tensor* ln_q = nullptr;
     ggml_tensor* ln_k = nullptr;
 };
@@ -31,6 +32,7 @@ struct Stream {
     nn::Linear fc1, fc2;  // absent in a pre-only stream
     bool pre_only = false;
     bool self_attention = false;
+    bool scale_first = false;  // a pre-only stream in diffusers' names: (scale, shift)
 };
 
 struct JointBlock {
@@ -52,7 +54,9 @@ struct Qkv {
 // q, k, v of `x` through a fused projection (q, k, v the first, second and
 // third `hidden` rows), q and k RMS-normed per head in SD3.5.
 Qkv project_qkv(ggml_context* ctx, const Shared& s, const Attention& a, ggml_tensor* x) {
-    auto part = [&](int64_t i) { return nn::linear(ctx, nn::linear_rows(ctx, a.qkv, i * s.hidden, s.hidden), x); };
+    auto part = [&](int64_t i) {
+        return nn::linear(ctx, a.split.empty() ? nn::linear_rows(ctx, a.qkv, i * s.hidden, s.hidden) : a.split[i], x);
+    };
     Qkv out{part(0), part(1), part(2)};
     if (a.ln_q) {
         auto norm = [&](ggml_tensor* t, ggml_tensor* w) {
@@ -78,7 +82,8 @@ Modulated pre_attention(ggml_context* ctx, const Shared& s, const Stream& st, gg
     m.table = nn::ModulationTable::split(ctx, nn::linear(ctx, st.modulation, s.silu_c), chunks);
     ggml_tensor* normed = ggml_norm(ctx, x, kNormEps);
     auto modulated = [&](int64_t k) {
-        return nn::modulate(ctx, normed, nn::one_plus(ctx, m.table.at(ctx, k + 1)), m.table.at(ctx, k));
+        const int64_t shift = st.scale_first ? k + 1 : k, scale = st.scale_first ? k : k + 1;
+        return nn::modulate(ctx, normed, nn::one_plus(ctx, m.table.at(ctx, scale)), m.table.at(ctx, shift));
     };
     m.qkv = project_qkv(ctx, s, st.attn, modulated(0));
     if (st.self_attention) m.qkv2 = project_qkv(ctx, s, st.attn2, modulated(6));
@@ -120,6 +125,85 @@ int64_t full_state_blocks(const std::vector<JointBlock>& blocks) {
     return n > 0 && blocks.back().context.pre_only ? n - 1 : n;
 }
 
+// The tensors of Stability's MMDiT (sd3.5_large.safetensors; ComfyUI's
+// model.diffusion_model.) or of diffusers' SD3Transformer2DModel (a diffusers
+// folder's transformer/), as diffusers' scripts/convert_sd3_to_diffusers.py
+// renames them: q, k and v split (to_q, to_k, to_v; add_q_proj ... for the
+// context), and the final layer's and the last block's pre-only context
+// modulation in (scale, shift) where Stability's is (shift, scale).
+class Naming {
+  public:
+    explicit Naming(bool diffusers) : diffusers_(diffusers) {}
+    bool diffusers() const { return diffusers_; }
+
+    // The file's name of Stability's tensor (or stem) `name`.
+    std::string operator()(const std::string& name) const {
+        if (!diffusers_) return name;
+        for (const char* suffix : {".weight", ".bias"}) {
+            const size_t n = std::char_traits<char>::length(suffix);
+            if (name.size() > n && name.compare(name.size() - n, n, suffix) == 0)
+                return stem(name.substr(0, name.size() - n)) + suffix;
+        }
+        return stem(name);
+    }
+    // The file's stems of a fused q/k/v projection's parts.
+    std::vector<std::string> qkv_parts(const std::string& block, const std::string& stream,
+                                       const std::string& attn) const {
+        if (!diffusers_) return {block + "." + stream + "." + attn + ".qkv"};
+        const std::string b = "transformer_blocks." + block.substr(block.find('.') + 1) + "." + attn + ".";
+        if (stream == "context_block") return {b + "add_q_proj", b + "add_k_proj", b + "add_v_proj"};
+        return {b + "to_q", b + "to_k", b + "to_v"};
+    }
+
+  private:
+    static std::string stem(const std::string& s) {
+        static const std::pair<const char*, const char*> kGlobal[] = {
+            {"pos_embed", "pos_embed.pos_embed"},
+            {"x_embedder.proj", "pos_embed.proj"},
+            {"t_embedder.mlp.0", "time_text_embed.timestep_embedder.linear_1"},
+            {"t_embedder.mlp.2", "time_text_embed.timestep_embedder.linear_2"},
+            {"y_embedder.mlp.0", "time_text_embed.text_embedder.linear_1"},
+            {"y_embedder.mlp.2", "time_text_embed.text_embedder.linear_2"},
+            {"final_layer.adaLN_modulation.1", "norm_out.linear"},
+            {"final_layer.linear", "proj_out"},
+        };
+        for (const auto& [stability, diffusers] : kGlobal)
+            if (s == stability) return diffusers;
+        // joint_blocks.N.<stream>.<rest>
+        static const std::pair<const char*, const char*> kX[] = {
+            {"adaLN_modulation.1", "norm1.linear"}, {"attn.proj", "attn.to_out.0"},   {"attn.ln_q", "attn.norm_q"},
+            {"attn.ln_k", "attn.norm_k"},           {"attn2.proj", "attn2.to_out.0"}, {"attn2.ln_q", "attn2.norm_q"},
+            {"attn2.ln_k", "attn2.norm_k"},         {"mlp.fc1", "ff.net.0.proj"},     {"mlp.fc2", "ff.net.2"},
+        };
+        static const std::pair<const char*, const char*> kContext[] = {
+            {"adaLN_modulation.1", "norm1_context.linear"},
+            {"attn.proj", "attn.to_add_out"},
+            {"attn.ln_q", "attn.norm_added_q"},
+            {"attn.ln_k", "attn.norm_added_k"},
+            {"mlp.fc1", "ff_context.net.0.proj"},
+            {"mlp.fc2", "ff_context.net.2"},
+        };
+        const std::string head = "joint_blocks.";
+        if (s.compare(0, head.size(), head) != 0) return s;
+        const size_t dot = s.find('.', head.size());
+        if (dot == std::string::npos) return s;
+        const std::string block = s.substr(head.size(), dot - head.size());
+        const std::string rest = s.substr(dot + 1);
+        for (const auto& [stream, table] :
+             {std::pair<std::string, const std::pair<const char*, const char*>*>{"x_block.", kX},
+              {"context_block.", kContext}}) {
+            if (rest.compare(0, stream.size(), stream) != 0) continue;
+            const std::string leaf = rest.substr(stream.size());
+            const size_t n = table == kX ? std::size(kX) : std::size(kContext);
+            for (size_t i = 0; i < n; ++i)
+                if (leaf == table[i].first) return "transformer_blocks." + block + "." + table[i].second;
+        }
+        return s;
+    }
+
+    bool diffusers_;
+};
+
 }  // namespace
 
 std::vector<int32_t> mmdit_positions(const MmditConfig& c, int64_t w, int64_t h) {
@@ -156,17 +240,19 @@ Result<std::unique_ptr<Mmdit>> Mmdit::create(io::WeightDeclarer& weights) {
     };
     std::unique_ptr<Mmdit> dit(new Mmdit());
     MmditConfig& c = dit->config_;
-    auto patch = shape_of("x_embedder.proj.weight", 4);
+    c.diffusers_names = weights.has("pos_embed.pos_embed");
+    const Naming n(c.diffusers_names);
+    auto patch = shape_of(n("x_embedder.proj.weight"), 4);
     if (!patch.ok()) return patch.error();
     c.hidden = (*patch)[0];
     c.channels = (*patch)[1];
     if ((*patch)[2] != (*patch)[3] || (*patch)[2] > 8)
-        return bad("x_embedder.proj.weight is " + weights.info("x_embedder.proj.weight")->shape_string() +
+        return bad(n("x_embedder.proj.weight") + " is " + weights.info(n("x_embedder.proj.weight"))->shape_string() +
                    ", expected a square patch");
     c.patch = static_cast<int>((*patch)[2]);
     // [1, M*M, hidden]; a GGUF drops the leading 1.
-    const io::TensorInfo* pos = weights.info("pos_embed");
-    if (!pos) return bad("missing pos_embed");
+    const io::TensorInfo* pos = weights.info(n("pos_embed"));
+    if (!pos) return bad("missing " + n("pos_embed"));
     dit->pos_embed_shape_ = pos->shape;
     const size_t dims = pos->shape.size();
     if (dims == 2 || dims == 3) {
@@ -175,22 +261,25 @@ Result<std::unique_ptr<Mmdit>> Mmdit::create(io::WeightDeclarer& weights) {
     }
     if ((dims != 2 && dims != 3) || (dims == 3 && pos->shape[0] != 1) || pos->shape[dims - 1] != c.hidden ||
         c.pos_embed_max_size < 1 || c.pos_embed_max_size * c.pos_embed_max_size != pos->shape[dims - 2])
-        return bad("pos_embed is " + pos->shape_string() + ", expected [1, M*M, " + std::to_string(c.hidden) + "]");
-    auto context = shape_of("context_embedder.weight", 2);
+        return bad(n("pos_embed") + " is " + pos->shape_string() + ", expected [1, M*M, " + std::to_string(c.hidden) +
+                   "]");
+    auto context = shape_of(n("context_embedder.weight"), 2);
     if (!context.ok()) return context.error();
     c.context_dim = (*context)[1];
-    auto pooled = shape_of("y_embedder.mlp.0.weight", 2);
+    auto pooled = shape_of(n("y_embedder.mlp.0.weight"), 2);
     if (!pooled.ok()) return pooled.error();
     c.pooled_dim = (*pooled)[1];
-    auto fc1 = shape_of("joint_blocks.0.x_block.mlp.fc1.weight", 2);
+    auto fc1 = shape_of(n("joint_blocks.0.x_block.mlp.fc1.weight"), 2);
     if (!fc1.ok()) return fc1.error();
     c.mlp_hidden = (*fc1)[0];
     c.depth = 0;
-    while (weights.has("joint_blocks." + std::to_string(c.depth) + ".x_block.attn.qkv.weight")) ++c.depth;
-    if (c.depth < 1) return bad("no joint_blocks");
-    for (int i = 0; i < c.depth; ++i)
-        c.x_self_attention.push_back(weights.has("joint_blocks." + std::to_string(i) + ".x_block.attn2.qkv.weight"));
-    const io::TensorInfo* ln_q = weights.info("joint_blocks.0.x_block.attn.ln_q.weight");
+    auto has_attention = [&](int i, const char* attn) {
+        return weights.has(n.qkv_parts("joint_blocks." + std::to_string(i), "x_block", attn).front() + ".weight");
+    };
+    while (has_attention(c.depth, "attn")) ++c.depth;
+    if (c.depth < 1) return bad(c.diffusers_names ? "no transformer_blocks" : "no joint_blocks");
+    for (int i = 0; i < c.depth; ++i) c.x_self_attention.push_back(has_attention(i, "attn2"));
+    const io::TensorInfo* ln_q = weights.info(n("joint_blocks.0.x_block.attn.ln_q.weight"));
     c.qk_norm = ln_q != nullptr;
     const int64_t head_dim = ln_q && ln_q->shape.size() == 1 ? ln_q->shape[0] : kStabilityHeadDim;
     if (head_dim <= 0 || c.hidden % head_dim != 0)
@@ -214,27 +303,34 @@ Result<std::unique_ptr<Mmdit>> Mmdit::create(io::WeightDeclarer& weights) {
 
 void Mmdit::declare(io::WeightDeclarer& w) {
     const MmditConfig& c = config_;
+    const Naming n(c.diffusers_names);
     blocks_ = std::make_unique<Blocks>();
     Blocks& b = *blocks_;
     const int64_t H = c.hidden, D = c.head_dim();
     // Small and read as a matrix or added whole: held in F32 whatever --type says.
-    b.patch_weight = w.require_f32("x_embedder.proj.weight", {H, c.channels, c.patch, c.patch});
-    b.patch_bias = w.require_f32("x_embedder.proj.bias", {H});
+    b.patch_weight = w.require_f32(n("x_embedder.proj.weight"), {H, c.channels, c.patch, c.patch});
+    b.patch_bias = w.require_f32(n("x_embedder.proj.bias"), {H});
     // Read by rows (ggml_get_rows widens them): SD3.5 Large's 192 x 192
     // table would be 358 MB as F32.
-    b.pos_embed = w.require("pos_embed", pos_embed_shape_);
-    b.t_embedder = {nn::declare_linear(w, "t_embedder.mlp.0", kTimeEmbedding, H),
-                    nn::declare_linear(w, "t_embedder.mlp.2", H, H)};
-    b.y_embedder = {nn::declare_linear(w, "y_embedder.mlp.0", c.pooled_dim, H),
-                    nn::declare_linear(w, "y_embedder.mlp.2", H, H)};
-    b.context_embedder = nn::declare_linear(w, "context_embedder", c.context_dim, H);
-    auto attention = [&](const std::string& p, bool pre_only) {
+    b.pos_embed = w.require(n("pos_embed"), pos_embed_shape_);
+    b.t_embedder = {nn::declare_linear(w, n("t_embedder.mlp.0"), kTimeEmbedding, H),
+                    nn::declare_linear(w, n("t_embedder.mlp.2"), H, H)};
+    b.y_embedder = {nn::declare_linear(w, n("y_embedder.mlp.0"), c.pooled_dim, H),
+                    nn::declare_linear(w, n("y_embedder.mlp.2"), H, H)};
+    b.context_embedder = nn::declare_linear(w, n("context_embedder"), c.context_dim, H);
+    auto attention = [&](const std::string& block, const std::string& stream, const std::string& attn, bool pre_only) {
+        const std::string p = block + "." + stream + "." + attn;
         Attention a;
-        a.qkv = nn::declare_linear(w, p + ".qkv", H, 3 * H);
-        if (!pre_only) a.proj = nn::declare_linear(w, p + ".proj", H, H);
+        const std::vector<std::string> parts = n.qkv_parts(block, stream, attn);
+        if (parts.size() == 1) {
+            a.qkv = nn::declare_linear(w, parts.front(), H, 3 * H);
+        } else {
+            for (const std::string& part : parts) a.split.push_back(nn::declare_linear(w, part, H, H));
+        }
+        if (!pre_only) a.proj = nn::declare_linear(w, n(p + ".proj"), H, H);
         if (c.qk_norm) {
-            a.ln_q = w.require_f32(p + ".ln_q.weight", {D});
-            a.ln_k = w.require_f32(p + ".ln_k.weight", {D});
+            a.ln_q = w.require_f32(n(p + ".ln_q.weight"), {D});
+            a.ln_k = w.require_f32(n(p + ".ln_k.weight"), {D});
         }
         return a;
     };
@@ -242,22 +338,24 @@ void Mmdit::declare(io::WeightDeclarer& w) {
         JointBlock block;
         for (auto [st, name] :
              {std::pair<Stream*, const char*>{&block.context, "context_block"}, {&block.x, "x_block"}}) {
-            const std::string p = "joint_blocks." + std::to_string(i) + "." + name + ".";
+            const std::string block_name = "joint_blocks." + std::to_string(i);
+            const std::string p = block_name + "." + name + ".";
             st->pre_only = st == &block.context && i == c.depth - 1;
+            st->scale_first = st->pre_only && c.diffusers_names;
             st->self_attention = st == &block.x && c.x_self_attention[static_cast<size_t>(i)];
             const int64_t chunks = st->self_attention ? 9 : st->pre_only ? 2 : 6;
-            st->modulation = nn::declare_linear(w, p + "adaLN_modulation.1", H, chunks * H);
-            st->attn = attention(p + "attn", st->pre_only);
-            if (st->self_attention) st->attn2 = attention(p + "attn2", false);
+            st->modulation = nn::declare_linear(w, n(p + "adaLN_modulation.1"), H, chunks * H);
+            st->attn = attention(block_name, name, "attn", st->pre_only);
+            if (st->self_attention) st->attn2 = attention(block_name, name, "attn2", false);
             if (!st->pre_only) {
-                st->fc1 = nn::declare_linear(w, p + "mlp.fc1", H, c.mlp_hidden);
-                st->fc2 = nn::declare_linear(w, p + "mlp.fc2", c.mlp_hidden, H);
+                st->fc1 = nn::declare_linear(w, n(p + "mlp.fc1"), H, c.mlp_hidden);
+                st->fc2 = nn::declare_linear(w, n(p + "mlp.fc2"), c.mlp_hidden, H);
             }
         }
         b.blocks.push_back(block);
     }
-    b.final_mod = nn::declare_linear(w, "final_layer.adaLN_modulation.1", H, 2 * H);
-    b.final_linear = nn::declare_linear(w, "final_layer.linear", H, c.patch * c.patch * c.channels);
+    b.final_mod = nn::declare_linear(w, n("final_layer.adaLN_modulation.1"), H, 2 * H);
+    b.final_linear = nn::declare_linear(w, n("final_layer.linear"), H, c.patch * c.patch * c.channels);
 }
 
 Result<ggml_tensor*> Mmdit::build(ggml_context* ctx, const MmditInputs& in, const MmditBuildOptions& options) const {
@@ -332,9 +430,12 @@ Result<ggml_tensor*> Mmdit::build(ggml_context* ctx, const MmditInputs& in, cons
     ggml_tensor* last = state;
     for (int64_t i = full; i < static_cast<int64_t>(b.blocks.size()); ++i) last = joint(i, last);
     ggml_tensor* img = text_runs ? nn::token_range(ctx, last, T, N) : last;
-    const nn::ShiftScaleGate final_mod =
-        nn::shift_scale_gate(ctx, nn::ModulationTable::split(ctx, nn::linear(ctx, b.final_mod, s.silu_c), 2), 0,
-                             /*with_gate=*/false);
+    const nn::ModulationTable final_table = nn::ModulationTable::split(ctx, nn::linear(ctx, b.final_mod, s.silu_c), 2);
+    nn::ShiftScaleGate final_mod = nn::shift_scale_gate(ctx, final_table, 0, /*with_gate=*/false);
+    if (c.diffusers_names) {  // norm_out.linear: (scale, shift)
+        final_mod.shift = final_table.at(ctx, 1);
+        final_mod.scale1 = nn::one_plus(ctx, final_table.at(ctx, 0));
+    }
     ggml_tensor* out = nn::linear(ctx, b.final_linear, nn::modulate_layer_norm(ctx, img, final_mod, kNormEps));
     return block_stage_output(ctx, options.split, state,
                               nn::unpatchify(ctx, out, w, h, static_cast<int>(p), nn::PatchFeatures::ChannelFastest),

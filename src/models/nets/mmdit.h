@@ -43,6 +43,7 @@ struct MmditConfig {
     int depth = 24;
     bool qk_norm = false;                // SD3.5's ln_q / ln_k
     std::vector<bool> x_self_attention;  // per block: MMDiT-X's attn2
+    bool diffusers_names = false;        // diffusers' SD3Transformer2DModel (pos_embed.pos_embed)
 
     int64_t head_dim() const { return hidden / heads; }
 };

@@ -60,7 +60,7 @@ const std::vector<NetworkEntry>& entries() {
         // The KL decoder's marker, so a FLUX.1 or SD autoencoder given for
         // FLUX.2 reaches Flux2Vae's error naming what it lacks.
         {NetworkKind::Flux2Vae, {"decoder.conv_in.weight"}, create<Flux2Vae>},
-        {NetworkKind::Mmdit, {"joint_blocks.0.x_block.attn.qkv.weight"}, create<Mmdit>},
+        {NetworkKind::Mmdit, {"joint_blocks.0.x_block.attn.qkv.weight", "pos_embed.pos_embed"}, create<Mmdit>},
     };
     return list;
 }
