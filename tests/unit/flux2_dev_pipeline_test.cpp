@@ -21,6 +21,7 @@
 #include "pipeline/conditioner.h"
 #include "pipeline/generate.h"
 #include "pipeline/model.h"
+#include "shared_model_suite.h"
 #include "test_files.h"
 #include "text/byte_level.h"
 #include "text/llm_tokenizer.h"
@@ -46,21 +47,7 @@ ModelPaths dev_parts() {
     return paths;
 }
 
-class Flux2DevPipeline : public ::testing::Test {
-  protected:
-    static void SetUpTestSuite() {
-        auto loaded = Model::load(dev_parts(), test::golden_model_options());
-        ASSERT_TRUE(loaded.ok()) << loaded.error().message;
-        model_ = std::move(loaded).value().release();
-    }
-    static void TearDownTestSuite() {
-        delete model_;
-        model_ = nullptr;
-    }
-    void SetUp() override { ASSERT_NE(model_, nullptr); }
-    static Model* model_;
-};
-Model* Flux2DevPipeline::model_ = nullptr;
+using Flux2DevPipeline = test::SharedModelSuite<dev_parts>;
 
 TEST_F(Flux2DevPipeline, IsDevWithItsDefaults) {
     EXPECT_EQ(model_->family_label(), "FLUX.2-dev");

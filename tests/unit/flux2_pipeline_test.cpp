@@ -21,6 +21,7 @@
 #include "pipeline/schedulers.h"
 #include "runtime/graph_session.h"
 #include "session_inputs.h"
+#include "shared_model_suite.h"
 #include "test_files.h"
 
 namespace kiln {
@@ -90,21 +91,7 @@ TEST(Flux2Conditioning, StackedLayersOfThePaddedPromptMatchTheReference) {
               1e-3);
 }
 
-class Flux2Pipeline : public ::testing::Test {
-  protected:
-    static void SetUpTestSuite() {
-        auto loaded = Model::load(klein_parts(), test::golden_model_options());
-        ASSERT_TRUE(loaded.ok()) << loaded.error().message;
-        model_ = std::move(loaded).value().release();
-    }
-    static void TearDownTestSuite() {
-        delete model_;
-        model_ = nullptr;
-    }
-    void SetUp() override { ASSERT_NE(model_, nullptr); }
-    static Model* model_;
-};
-Model* Flux2Pipeline::model_ = nullptr;
+using Flux2Pipeline = test::SharedModelSuite<klein_parts>;
 
 TEST_F(Flux2Pipeline, IsKleinWithItsDefaults) {
     EXPECT_EQ(model_->family_label(), "FLUX.2-klein");
