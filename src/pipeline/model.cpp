@@ -346,7 +346,8 @@ Status Model::load_clip_tokenizer(const std::string& flag_path, const std::strin
 // The LLM's tokenizer: --tokenizer llm=PATH (a GGUF, vocab-only or not, a
 // tokenizer.json, vocab.json with merges.txt, or their folder); the LLM
 // file's own (a llama.cpp GGUF carries it); a diffusers folder's
-// tokenizer/; tokenizer.json, vocab.json or tokenizer/ beside the LLM file.
+// tokenizer/; tokenizer.json, tekken.json (Mistral's repositories), vocab.json
+// or tokenizer/ beside the LLM file.
 // The error says where kiln looked. Its vocabulary must fit the encoder's
 // embedding table.
 Status Model::load_llm_tokenizer(const std::string& flag_path, const TextEncoder& encoder) {
@@ -369,7 +370,8 @@ Status Model::load_llm_tokenizer(const std::string& flag_path, const TextEncoder
         for (const io::SourceFile& s : file.sources()) {
             const fs::path dir = fs::path(s.path).parent_path();
             if (s.component == "text_encoder") candidates.push_back(dir.parent_path() / "tokenizer");
-            for (const char* name : {"tokenizer.json", "vocab.json", "tokenizer"}) candidates.push_back(dir / name);
+            for (const char* name : {"tokenizer.json", "tekken.json", "vocab.json", "tokenizer"})
+                candidates.push_back(dir / name);
         }
         const std::string arch = encoder.network->label();
         for (const fs::path& folder : cached_tokenizer_folders({arch.c_str()})) candidates.push_back(folder);

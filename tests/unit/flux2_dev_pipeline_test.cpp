@@ -179,6 +179,18 @@ TEST(Flux2DevPipelineFiles, TekkenJsonGivesTheIdsOfTokenizerJson) {
         "fox in the snow[/INST]");
     EXPECT_EQ(from_tekken->encode(chat), std::vector<int32_t>(ids.begin(), ids.end()));
 
+    // Beside the weights, as Mistral's repository keeps it: found without --tokenizer.
+    ModelPaths beside = dev_parts();
+    beside.tokenizer.clear();
+    beside.llm =
+        dir.write("Mistral-Small/model.safetensors", test::read_bytes(model("flux2_dev_mistral_tiny.safetensors")));
+    auto loaded = Model::load(beside, test::golden_model_options());
+    ASSERT_TRUE(loaded.ok()) << loaded.error().message;
+    EXPECT_EQ(pipeline::llm_prompt((*loaded)->llm_tokenizer(), *(*loaded)->text_encoders().front().use,
+                                   "a red fox in the snow")
+                  .ids,
+              std::vector<int32_t>(ids.begin(), ids.end()));
+
     nlohmann::json other = tekken;
     other["config"]["pattern"] = "\\s+";
     dir.write("other/tekken.json", other.dump());
