@@ -158,6 +158,23 @@ Error create_error(const io::ModelFile& file, const std::string& prefix = "", in
     return llm.error();
 }
 
+// HF's hidden_states[k] by index: the output of layer k - 1, and for the
+// last index the final-normed state HF returns there (its last_hidden_state).
+TEST(LlmEncoderHiddenStates, TheLastIndexIsFinalNormedAsHfs) {
+    auto compute = test::golden_cpu();
+    auto llm = load(qwen3_weights(), *compute);
+    const io::ModelFile io = qwen3_io();
+    const FixtureTensor tokens = fixture_tensor(io, "llm.tokens");
+    ASSERT_EQ(llm->config().layers, kLayers);
+    for (const auto& [k, golden] : {std::pair<int, std::string>{1, "llm.layer.0"}, {kLayers, "llm.out"}}) {
+        models::LlmOptions options;
+        options.layers = k;  // the layers after it do not run
+        options.stacked_outputs = {k - 1};
+        const Encoded got = encode(*llm, *compute, tokens, options, /*final_norm=*/false);
+        EXPECT_LT(relative_error(got.out, fixture_tensor(io, golden).values), 1e-4) << "hidden_states[" << k << "]";
+    }
+}
+
 TEST(LlmEncoderGolden, EveryLayerAndFinalOutputMatchReference) {
     io::ModelFile weights = qwen3_weights(), io = qwen3_io();
     auto compute = test::golden_cpu();

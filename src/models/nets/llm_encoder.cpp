@@ -384,6 +384,8 @@ ggml_tensor* LlmEncoder::encode(ggml_context* ctx, ggml_tensor* tokens, const Ll
         ggml_tensor* stacked = nullptr;
         for (int k : options.stacked_outputs) {
             ggml_tensor* layer = outputs[static_cast<size_t>(k)];
+            // HF's last hidden state (hidden_states[layers]) is final-normed.
+            if (k == c.layers - 1 && final_norm_) layer = rms_norm(layer, final_norm_);
             stacked = stacked ? ggml_concat(ctx, stacked, layer, 0) : layer;
         }
         return stacked;
