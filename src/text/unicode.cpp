@@ -4,18 +4,12 @@
 #include <cstdint>
 #include <iterator>
 
+#include "text/code_point_ranges.h"
+
 namespace kiln::text {
 namespace {
 
-struct Range {
-    char32_t lo;
-    char32_t hi;
-};
-
-bool in_ranges(const Range* begin, const Range* end, char32_t c) {
-    const Range* it = std::upper_bound(begin, end, c, [](char32_t v, const Range& r) { return v < r.lo; });
-    return it != begin && c <= (it - 1)->hi;
-}
+using Range = CodePointRange;
 
 // Non-ASCII whitespace: the `regex` module's \s (Unicode White_Space).
 constexpr Range kSpaceRanges[] = {{0x85, 0x85},     {0xA0, 0xA0},     {0x1680, 0x1680}, {0x2000, 0x200A},
@@ -177,10 +171,6 @@ constexpr LowerRange kLowerRanges[] = {
 };
 // clang-format on
 
-template <size_t N>
-bool in_table(const Range (&table)[N], char32_t c) {
-    return in_ranges(table, table + N, c);
-}
 
 // ASCII \s of the `regex` module.
 bool is_ascii_space(char32_t c) { return c == ' ' || (c >= 0x09 && c <= 0x0D); }
