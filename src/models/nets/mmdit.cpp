@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 
 #include "models/nets/block_stages.h"
@@ -189,15 +190,15 @@ class Naming {
         if (dot == std::string::npos) return s;
         const std::string block = s.substr(head.size(), dot - head.size());
         const std::string rest = s.substr(dot + 1);
-        for (const auto& [stream, table] :
-             {std::pair<std::string, const std::pair<const char*, const char*>*>{"x_block.", kX},
-              {"context_block.", kContext}}) {
-            if (rest.compare(0, stream.size(), stream) != 0) continue;
+        auto renamed = [&](const std::string& stream, const auto& table) -> std::optional<std::string> {
+            if (rest.compare(0, stream.size(), stream) != 0) return std::nullopt;
             const std::string leaf = rest.substr(stream.size());
-            const size_t n = table == kX ? std::size(kX) : std::size(kContext);
-            for (size_t i = 0; i < n; ++i)
-                if (leaf == table[i].first) return "transformer_blocks." + block + "." + table[i].second;
-        }
+            for (const auto& [stability, diffusers] : table)
+                if (leaf == stability) return "transformer_blocks." + block + "." + diffusers;
+            return std::nullopt;
+        };
+        if (auto x = renamed("x_block.", kX)) return *x;
+        if (auto context = renamed("context_block.", kContext)) return *context;
         return s;
     }
 
