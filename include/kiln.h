@@ -248,6 +248,9 @@ typedef struct {
     int chroma_disable_dit_mask;
     int chroma_enable_t5_mask;
     int chroma_t5_mask_pad;
+    /* --max-sequence-length: T5's token count for every prompt (diffusers' max_sequence_length), at
+     * most the family's (Flux.1-dev 512, as BFL; sd-cli encodes 256); 0: the family's. */
+    int max_sequence_length;
     /* --control-image: the ControlNet's condition (needs control_net_path), of the output's aspect
      * ratio (resized to its size), or NULL; --control-strength: the factor on its residuals, [0, 10]
      * (default 0.9, as sd-cli). */

@@ -287,9 +287,10 @@ kiln::Result<kiln::pipeline::GenerationRequest> generation_request(const kiln_ge
         if (!cache.ok()) return cache.error();
         r.cache = std::move(cache).value();
     }
-    r.t5_masks.dit_mask = params->chroma_disable_dit_mask == 0;
-    r.t5_masks.t5_mask = params->chroma_enable_t5_mask != 0;
-    r.t5_masks.pad_tokens = params->chroma_t5_mask_pad;
+    r.t5_options.dit_mask = params->chroma_disable_dit_mask == 0;
+    r.t5_options.t5_mask = params->chroma_enable_t5_mask != 0;
+    r.t5_options.pad_tokens = params->chroma_t5_mask_pad;
+    r.t5_options.length = params->max_sequence_length;
     if (params->hires) {
         kiln::pipeline::HiresFix h;
         h.scale = params->hires_scale;

@@ -66,18 +66,19 @@ Result<EncodedChunks> encode_chunks(Model& model, const TextEncoder& encoder, co
     return out;
 }
 
-// T5's one sequence of use.max_length tokens (EOS, then padding): its last
-// hidden state, as BFL's HFEmbedder takes it (no attention mask in T5
-// itself unless masks.t5_mask), and which tokens the DiT may attend to when
-// the family masks the padding (Chroma: the real tokens, EOS and
-// mask_pad_tokens pad tokens; none with masks.dit_mask off).
+// T5's one sequence of use.max_length tokens, or options.length (EOS, then
+// padding): its last hidden state, as BFL's HFEmbedder takes it (no
+// attention mask in T5 itself unless options.t5_mask), and which tokens the
+// DiT may attend to when the family masks the padding (Chroma: the real
+// tokens, EOS and mask_pad_tokens pad tokens; none with options.dit_mask off).
 Result<EncodedChunks> encode_t5(const TextEncoder& encoder, const text::T5Tokenizer& tokenizer,
-                                const std::string& prompt, const T5MaskOptions& masks, std::vector<float>* valid) {
+                                const std::string& prompt, const T5Options& options, std::vector<float>* valid) {
     const models::TextEncoderUse& use = *encoder.use;
-    const text::PaddedTokens tokens = tokenizer.encode_padded(prompt, use.max_length, /*pad=*/true);
+    const int max_length = options.length > 0 ? options.length : use.max_length;
+    const text::PaddedTokens tokens = tokenizer.encode_padded(prompt, max_length, /*pad=*/true);
     const auto length = static_cast<int64_t>(tokens.ids.size());
     const std::vector<float> real(tokens.mask.begin(), tokens.mask.end());  // text and EOS
-    const bool t5_mask = use.mask_padding && masks.t5_mask;
+    const bool t5_mask = use.mask_padding && options.t5_mask;
     TextEncoderGraph g =
         build_text_encoder_graph(encoder, tokens.ids.data(), length, 1, 0, t5_mask ? real.data() : nullptr);
     KILN_TRY(g.session->run(*encoder.executor, g.out));
@@ -85,9 +86,9 @@ Result<EncodedChunks> encode_t5(const TextEncoder& encoder, const text::T5Tokeni
     out.hidden = runtime::GraphSession::read(g.out);
     out.length = length;
     out.chunks = 1;
-    if (use.mask_padding && masks.dit_mask) {
+    if (use.mask_padding && options.dit_mask) {
         valid->assign(real.begin(), real.end());
-        int extra = masks.pad_tokens >= 0 ? masks.pad_tokens : use.mask_pad_tokens;
+        int extra = options.pad_tokens >= 0 ? options.pad_tokens : use.mask_pad_tokens;
         for (float& v : *valid) {
             if (v == 0.0f && extra > 0) {
                 v = 1.0f;
@@ -164,7 +165,7 @@ LlmPrompt llm_prompt(const text::LlmTokenizer& tokenizer, const models::TextEnco
 }
 
 Result<Conditioning> encode_prompt(Model& model, const std::string& prompt, int clip_skip,
-                                   const T5MaskOptions& t5_masks) {
+                                   const T5Options& t5_options) {
     Conditioning c;
     std::vector<EncoderStates> states;
     for (const TextEncoder& encoder : model.text_encoders()) {
@@ -172,7 +173,7 @@ Result<Conditioning> encode_prompt(Model& model, const std::string& prompt, int 
         switch (encoder.use->layout) {
             case models::PromptLayout::ClipChunks: encoded = encode_chunks(model, encoder, prompt, clip_skip); break;
             case models::PromptLayout::FixedLength:
-                encoded = encode_t5(encoder, model.t5_tokenizer(), prompt, t5_masks, &c.token_valid);
+                encoded = encode_t5(encoder, model.t5_tokenizer(), prompt, t5_options, &c.token_valid);
                 break;
             case models::PromptLayout::ChatTemplate:
                 encoded = encode_llm(encoder, model.llm_tokenizer(), prompt);
@@ -186,7 +187,8 @@ Result<Conditioning> encode_prompt(Model& model, const std::string& prompt, int 
     }
     // An optional encoder no file held (SD3's T5): zero rows in its place.
     for (const models::TextEncoderUse* use : model.absent_text_encoders()) {
-        if (use->context) states.push_back({{}, 0, use->max_length, use->token_group});
+        const int64_t rows = t5_options.length > 0 ? t5_options.length : use->max_length;
+        if (use->context) states.push_back({{}, 0, rows, use->token_group});
     }
     join_encoder_states(states, model.diffusion().capabilities().context_width, c);
     return c;

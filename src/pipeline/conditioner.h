@@ -57,15 +57,19 @@ LlmPrompt llm_prompt(const text::LlmTokenizer& tokenizer, const models::TextEnco
 // single_chunk_tokens() (a prompt of one CLIP chunk, T5's fixed length).
 int64_t context_length(const Model& model, const std::string* prompt);
 
-// sd-cli's options for a family that masks T5's padding (Chroma): the mask
-// over the padding in the DiT's attention (--chroma-disable-dit-mask turns it
-// off), the same mask in T5's own attention (--chroma-enable-t5-mask), and
-// how many pad tokens after EOS the DiT still sees (--chroma-t5-mask-pad;
-// < 0: the family's, 1).
-struct T5MaskOptions {
+// A job's T5 options. sd-cli's, for a family that masks T5's padding
+// (Chroma): the mask over the padding in the DiT's attention
+// (--chroma-disable-dit-mask turns it off), the same mask in T5's own
+// attention (--chroma-enable-t5-mask), and how many pad tokens after EOS the
+// DiT still sees (--chroma-t5-mask-pad; < 0: the family's, 1). And the
+// tokens T5 encodes every prompt to (--max-sequence-length, diffusers'
+// max_sequence_length; 0: the family's TextEncoderUse::max_length, which
+// request validation keeps it within).
+struct T5Options {
     bool dit_mask = true;
     bool t5_mask = false;
     int pad_tokens = -1;
+    int length = 0;
 };
 
 // One encoder's hidden states: `tokens` rows of `width` floats, in its
@@ -88,6 +92,6 @@ void join_encoder_states(std::vector<EncoderStates>& states, int64_t context_wid
 // 77-token chunks as the prompt takes (CLIP); T5 and LLM encoders ignore
 // clip_skip.
 Result<Conditioning> encode_prompt(Model& model, const std::string& prompt, int clip_skip,
-                                   const T5MaskOptions& t5_masks = {});
+                                   const T5Options& t5_options = {});
 
 }  // namespace kiln::pipeline

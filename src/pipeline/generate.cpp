@@ -486,12 +486,37 @@ Result<std::vector<float>> mask_plane(const image::Image& mask, int width, int h
     return plane;
 }
 
+// The mask at the latent's size, 1 where a latent pixel is repainted: the
+// pixel mask rounded to 0 or 1, then the largest value of each block of
+// pixels a latent pixel covers, as sd-cli makes its denoise mask (round, then
+// NearestMax). The originals also binarise (A1111 rounds its resized mask,
+// diffusers thresholds at 0.5), so a mask's soft edge repaints its latent
+// pixel or keeps it, never blends the two; a stroke thinner than a block
+// still repaints the block.
+Result<std::vector<float>> latent_mask_plane(const image::Image& mask, const ValidatedRequest& p, int downscale) {
+    auto pixels = mask_plane(mask, p.width, p.height);
+    if (!pixels.ok()) return pixels.error();
+    std::vector<float> latent(static_cast<size_t>(p.latent_w) * static_cast<size_t>(p.latent_h), 0.0f);
+    for (int y = 0; y < p.height; ++y) {
+        for (int x = 0; x < p.width; ++x) {
+            if ((*pixels)[static_cast<size_t>(y) * static_cast<size_t>(p.width) + static_cast<size_t>(x)] < 0.5f)
+                continue;
+            const int64_t lx = std::min<int64_t>(x / downscale, p.latent_w - 1);
+            const int64_t ly = std::min<int64_t>(y / downscale, p.latent_h - 1);
+            latent[static_cast<size_t>(ly * p.latent_w + lx)] = 1.0f;
+        }
+    }
+    return latent;
+}
+
 // Fills run.concat (9-channel inpainting UNet: mask, masked-image latent) or
-// run.keep_weight / keep_latent (regular UNet: latent masking).
+// run.keep_weight / keep_latent (regular UNet: latent masking, keeping
+// `init_latent`, the init image's latent the job starts from: a sample of its
+// distribution, as sd-cli, A1111 and diffusers keep).
 Status prepare_inpainting(Model& model, const image::Image& init, const image::Image& mask,
                           const std::vector<float>& init_latent, const ValidatedRequest& p,
                           const std::optional<VaeTiling>& tiling, SamplingRun& run) {
-    auto latent_mask = mask_plane(mask, p.latent_w, p.latent_h);
+    auto latent_mask = latent_mask_plane(mask, p, model.vae().format().downscale);
     if (!latent_mask.ok()) return latent_mask.error();
     const int64_t in_ch = in_channels(model), out_ch = out_channels(model);
     const size_t plane = static_cast<size_t>(p.latent_w) * p.latent_h;
@@ -810,7 +835,7 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
     if (request.flow_shift && model.prediction() != Prediction::Flow) {
         KILN_LOG_WARN("--flow-shift does nothing for %s: not a flow model", model.family_label().c_str());
     }
-    const T5MaskOptions& masks = request.t5_masks;
+    const T5Options& masks = request.t5_options;
     if ((!masks.dit_mask || masks.t5_mask || masks.pad_tokens >= 0) && !model.masks_text_padding()) {
         KILN_LOG_WARN("the --chroma-* options do nothing for %s: it does not mask T5's padding (Chroma does)",
                       model.family_label().c_str());
@@ -852,7 +877,7 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
     }
     const Clock::time_point encoding_start = Clock::now();
     if (on_phase) on_phase(JobPhase::Encode, 0);
-    auto cond = encode_prompt(model, tagged->prompt, request.clip_skip, request.t5_masks);
+    auto cond = encode_prompt(model, tagged->prompt, request.clip_skip, request.t5_options);
     if (!cond.ok()) return cond.error();
     std::optional<Conditioning> uncond;
     if (use_cfg) {
@@ -862,7 +887,7 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
             std::fill(uncond->hidden.begin(), uncond->hidden.end(), 0.0f);
             std::fill(uncond->pooled.begin(), uncond->pooled.end(), 0.0f);
         } else {
-            auto encoded = encode_prompt(model, request.negative_prompt, request.clip_skip, request.t5_masks);
+            auto encoded = encode_prompt(model, request.negative_prompt, request.clip_skip, request.t5_options);
             if (!encoded.ok()) return encoded.error();
             uncond = std::move(encoded).value();
         }
@@ -883,15 +908,13 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
         sigmas = std::move(scheduled).value();
     }
     std::optional<std::vector<float>> init_latent;
-    std::vector<float> mean_latent;
     if (request.init_image) {
         if (!model.vae().format().has_encoder)
             return Error{"this model's VAE has no encoder: image-to-image needs one"};
         // A sample of the init image's latent distribution, drawn from the
         // job's generator at the first image's seed before anything else
         // (sd-cli's order; each image's noise then starts at its own seed).
-        // The kept region of an inpainting job follows the mean instead, so
-        // what the mask keeps does not depend on the seed (docs/sd1.md).
+        // An inpainting job keeps this sample where the mask keeps the image.
         std::unique_ptr<Rng> encode_rng = make_rng(request.rng, static_cast<uint64_t>(request.seed));
         std::vector<float> sampled;
         ValidatedRequest at = p;
@@ -899,14 +922,12 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
         at.height = request.init_image->height;
         auto encoded = encode_image(model, *request.init_image, at, request.vae_tiling, encode_rng.get(), &sampled);
         if (!encoded.ok()) return encoded.error();
-        mean_latent = std::move(encoded).value();
         if (at.width != p.width || at.height != p.height) {
             // init_latent_resize (A1111's resize_mode 3): the sample is resized,
             // as A1111 resizes its encoding (a sample too).
             const int64_t down = model.vae().format().downscale;
             sampled = resize_latent(sampled, model.latent_channels(), at.width / down, at.height / down, p.latent_w,
                                     p.latent_h, LatentResize::Bilinear);
-            mean_latent.clear();  // only an inpainting job reads it, and it has no mask
         }
         init_latent = std::move(sampled);
         // Run only the last `strength` of the schedule.
@@ -917,7 +938,7 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
     if (request.mask) {
         if (!init_latent) return Error{"--mask needs an init image (-i)"};
         auto prepared =
-            prepare_inpainting(model, *request.init_image, *request.mask, mean_latent, p, request.vae_tiling, run);
+            prepare_inpainting(model, *request.init_image, *request.mask, *init_latent, p, request.vae_tiling, run);
         if (!prepared.ok()) return prepared.error();
     }
     run.latent_w = p.latent_w;

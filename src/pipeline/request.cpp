@@ -241,9 +241,29 @@ Result<ValidatedRequest> validate_request(const Model& model, const GenerationRe
             check_sigmas(r.sigmas, model.noise_schedule(p.width, p.height, p.steps, std::nullopt)->flow(), "--sigmas"));
         p.steps = static_cast<int>(r.sigmas.size()) - 1;
     }
-    if (r.t5_masks.pad_tokens > kMaxT5MaskPad) {
+    if (r.t5_options.length != 0) {
+        // The family's T5 length is what kiln plan and the placement assumed,
+        // so a job may shorten it (sd-cli's 256 for Flux.1-dev) but not exceed it.
+        int family_length = 0;
+        for (const TextEncoder& te : model.text_encoders()) {
+            if (te.use->layout == models::PromptLayout::FixedLength) family_length = te.use->max_length;
+        }
+        for (const models::TextEncoderUse* use : model.absent_text_encoders()) {
+            if (use->layout == models::PromptLayout::FixedLength) family_length = use->max_length;
+        }
+        if (family_length == 0) {
+            return Error::invalid_request("--max-sequence-length is T5's token count, and " + model.family_label() +
+                                          " has no T5");
+        }
+        if (r.t5_options.length < 1 || r.t5_options.length > family_length) {
+            return Error::invalid_request("--max-sequence-length must be in [1, " + std::to_string(family_length) +
+                                          "] for " + model.family_label() + ", got " +
+                                          std::to_string(r.t5_options.length));
+        }
+    }
+    if (r.t5_options.pad_tokens > kMaxT5MaskPad) {
         return Error::invalid_request("--chroma-t5-mask-pad must be at most " + std::to_string(kMaxT5MaskPad) +
-                                      ", got " + std::to_string(r.t5_masks.pad_tokens));
+                                      ", got " + std::to_string(r.t5_options.pad_tokens));
     }
     if (r.slg.scale != 0.0f) {
         const SkipLayerGuidance& g = r.slg;

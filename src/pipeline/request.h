@@ -109,7 +109,7 @@ struct GenerationRequest {
     // side by side at index 1 unless increase_ref_index numbers them 1, 2, ...
     bool auto_resize_ref_images = true;
     bool increase_ref_index = false;
-    T5MaskOptions t5_masks;         // sd-cli's --chroma-* options (pipeline/conditioner.h)
+    T5Options t5_options;           // --chroma-* and --max-sequence-length (pipeline/conditioner.h)
     std::optional<HiresFix> hires;  // --hires
     // --control-image: the ControlNet's (--control-net) condition, any
     // channels, resized to the output size when it has the same aspect

@@ -151,22 +151,24 @@ TEST(CliGenerate, VaeTilingMakesTheSameSizeOfImage) {
     EXPECT_NE(r.err.find("only square tiles are supported"), std::string::npos) << r.err;
 }
 
-// Latent masking with a regular UNet: an all-black mask keeps everything, so
-// the seed cannot matter; an all-white one repaints everything, so it must.
+// Latent masking with a regular UNet: an all-black mask keeps everything, the
+// init image's latent sample at the job's seed (as sd-cli and A1111 keep it),
+// so neither the prompt nor the steps can matter; an all-white one repaints
+// everything, so the seed must.
 TEST(CliGenerate, InpaintingWithARegularUnetKeepsTheBlackArea) {
     TempDir dir;
     ASSERT_EQ(run_command(kiln_with_sd1_tiny("-p x -W 32 -H 32 --steps 2 -o " + dir.file("init.png"))).exit_code, 0);
     const std::string keep = write_mask(dir, "keep.png", 0);
     const std::string repaint = write_mask(dir, "repaint.png", 255);
-    auto run = [&](const std::string& mask, int seed, const std::string& out) {
-        auto r =
-            run_command(kiln_with_sd1_tiny("-p x -W 32 -H 32 --steps 3 --strength 1 -i " + dir.file("init.png") +
-                                           " --mask " + mask + " -s " + std::to_string(seed) + " -o " + dir.file(out)));
+    auto run = [&](const std::string& mask, const std::string& prompt, int steps, int seed, const std::string& out) {
+        auto r = run_command(kiln_with_sd1_tiny("-p \"" + prompt + "\" -W 32 -H 32 --steps " + std::to_string(steps) +
+                                                " --strength 1 -i " + dir.file("init.png") + " --mask " + mask +
+                                                " -s " + std::to_string(seed) + " -o " + dir.file(out)));
         EXPECT_EQ(r.exit_code, 0) << r.err;
         return image::read_image(dir.file(out)).value().pixels;
     };
-    EXPECT_EQ(run(keep, 1, "k1.png"), run(keep, 2, "k2.png"));
-    EXPECT_NE(run(repaint, 1, "r1.png"), run(repaint, 2, "r2.png"));
+    EXPECT_EQ(run(keep, "x", 3, 1, "k1.png"), run(keep, "a red cat", 2, 1, "k2.png"));
+    EXPECT_NE(run(repaint, "x", 3, 1, "r1.png"), run(repaint, "x", 3, 2, "r2.png"));
 }
 
 TEST(CliGenerate, InpaintingUnetTakesTheMaskAndMaskedImage) {
@@ -212,6 +214,8 @@ TEST(CliGenerate, BadRequestsFailCleanlyWithoutOutput) {
          "mask is 16x16 but the init image is 32x32"},
         {"-i " + dir.file("notes.png"), 1, "notes.png"},
         {"--strength 1.5", 2, "--strength: expected a number in (0, 1], got '1.5'"},
+        {"--max-sequence-length 256", 2, "--max-sequence-length is T5's token count, and SD1.x has no T5"},
+        {"--max-sequence-length 0", 2, "--max-sequence-length: expected an integer from 1 to 512, got 0"},
         // Self-attention over 2048 x 2048 latent pixels cannot be allocated: a clean error, not a crash.
         {"-W 8192 -H 8192", 1, "out of memory: diffusion segment"},
     };

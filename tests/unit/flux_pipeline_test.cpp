@@ -102,6 +102,33 @@ TEST_F(FluxPipeline, ConditioningIsT5AndThePooledClip) {
     EXPECT_TRUE(cond->token_valid.empty());  // Flux-dev does not mask T5's padding
 }
 
+// --max-sequence-length: T5 encodes every prompt to that many tokens, at most
+// the family's (BFL's 512 for dev); sd-cli always encodes 256, so 256 is the
+// way to sd-cli's image (docs/sd_cli.md).
+TEST_F(FluxPipeline, MaxSequenceLengthSetsT5sTokens) {
+    ASSERT_NE(model_, nullptr);
+    T5Options options;
+    options.length = 256;
+    auto shorter = encode_prompt(*model_, job().prompt, 0, options);
+    ASSERT_TRUE(shorter.ok()) << shorter.error().message;
+    EXPECT_EQ(shorter->tokens, 256);
+    EXPECT_EQ(shorter->hidden.size(), size_t{256} * 48);
+    GenerationRequest r = job();
+    r.t5_options.length = 512;  // the family's own: the same image
+    auto same = generate(*model_, r);
+    auto reference = generate(*model_, job());
+    ASSERT_TRUE(same.ok() && reference.ok());
+    EXPECT_EQ(same->front().image.pixels, reference->front().image.pixels);
+    r.t5_options.length = 256;
+    auto sd_cli_like = generate(*model_, r);
+    ASSERT_TRUE(sd_cli_like.ok()) << sd_cli_like.error().message;
+    EXPECT_GT(largest_pixel_difference(sd_cli_like->front().image, reference->front().image), 0);
+    r.t5_options.length = 513;
+    auto longer = generate(*model_, r);
+    ASSERT_FALSE(longer.ok());
+    EXPECT_EQ(longer.error().message, "--max-sequence-length must be in [1, 512] for Flux.1-dev, got 513");
+}
+
 TEST_F(FluxPipeline, ScheduleIsTheShiftedFlowTable) {
     ASSERT_NE(model_, nullptr);
     const auto schedule = model_->noise_schedule(32, 32, 20, std::nullopt);
@@ -237,7 +264,7 @@ TEST(ChromaPipeline, TextToImageMatchesTheReferenceJob) {
 
     // sd-cli's --chroma-* options. More pad tokens seen by the DiT ...
     const auto seen = [](const std::vector<float>& valid) { return std::count(valid.begin(), valid.end(), 1.0f); };
-    T5MaskOptions masks;
+    T5Options masks;
     masks.pad_tokens = 3;
     auto padded = encode_prompt(**model, tiny_job().prompt, 0, masks);
     ASSERT_TRUE(padded.ok());
@@ -251,7 +278,7 @@ TEST(ChromaPipeline, TextToImageMatchesTheReferenceJob) {
     EXPECT_TRUE(unmasked->token_valid.empty());
     EXPECT_EQ(unmasked->hidden, cond->hidden);
     GenerationRequest r = tiny_job();
-    r.t5_masks = masks;
+    r.t5_options = masks;
     auto unmasked_image = generate(**model, r);
     ASSERT_TRUE(unmasked_image.ok()) << unmasked_image.error().message;
     EXPECT_GT(largest_pixel_difference(unmasked_image->front().image, images->front().image), 0);

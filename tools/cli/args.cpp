@@ -413,6 +413,9 @@ const std::vector<Flag>& flags() {
          switch_setter(&Options::chroma_enable_t5_mask)},
         {nullptr, "--chroma-t5-mask-pad", "N", "Chroma: pad tokens after EOS the DiT still sees (default 1)",
          int_setter(&Options::chroma_t5_mask_pad, 0, 512)},
+        {nullptr, "--max-sequence-length", "N",
+         "T5's tokens per prompt, at most the family's (Flux.1-dev: 512 as BFL; 256 gives sd-cli's image)",
+         int_setter(&Options::max_sequence_length, 1, 512)},
         {nullptr, "--model-args", "LIST",
          "sd-cli's model arguments, key=value comma-separated: chroma_use_dit_mask, chroma_use_t5_mask, "
          "chroma_t5_mask_pad, diffusion_flash_attn, flash_attn, offload_params_to_cpu, clip_on_cpu, vae_on_cpu, "
@@ -1105,6 +1108,7 @@ const std::vector<HelpGroup>& help_groups() {
           "--chroma-disable-dit-mask",
           "--chroma-enable-t5-mask",
           "--chroma-t5-mask-pad",
+          "--max-sequence-length",
           "--diffusion-fa",
           "--fa"}},
         {"sampling",

@@ -76,6 +76,7 @@ struct Options {
     bool chroma_disable_dit_mask = false;
     bool chroma_enable_t5_mask = false;
     int chroma_t5_mask_pad = -1;  // -1: the family's
+    int max_sequence_length = 0;  // 0: the family's
     std::string control_image;            // --control-image
     float control_strength = 0.9f;        // --control-strength (sd-cli's default)
     bool canny = false;                   // --canny

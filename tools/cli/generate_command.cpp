@@ -324,6 +324,7 @@ int run_generate(const Options& options) {
     gp.chroma_disable_dit_mask = options.chroma_disable_dit_mask ? 1 : 0;
     gp.chroma_enable_t5_mask = options.chroma_enable_t5_mask ? 1 : 0;
     gp.chroma_t5_mask_pad = options.chroma_t5_mask_pad;
+    gp.max_sequence_length = options.max_sequence_length;
     gp.control_image = control;
     gp.control_strength = options.control_strength;
     gp.control_canny = options.canny ? 1 : 0;
