@@ -7,6 +7,7 @@
 #include "models/nets/flux_dit.h"
 #include "models/nets/llm_encoder.h"
 #include "models/nets/mmdit.h"
+#include "models/nets/qwen_image_dit.h"
 #include "models/nets/t5_encoder.h"
 #include "models/nets/taesd.h"
 #include "models/nets/unet.h"
@@ -61,6 +62,10 @@ const std::vector<NetworkEntry>& entries() {
         // FLUX.2 reaches Flux2Vae's error naming what it lacks.
         {NetworkKind::Flux2Vae, {"decoder.conv_in.weight"}, create<Flux2Vae>},
         {NetworkKind::Mmdit, {"joint_blocks.0.x_block.attn.qkv.weight", "pos_embed.pos_embed"}, create<Mmdit>},
+        // img_mod is Qwen-Image's name alone among the DiTs' (diffusers'
+        // SD3 and Flux blocks have norm1.linear); create() also wants
+        // txt_norm.weight.
+        {NetworkKind::QwenImageDit, {"transformer_blocks.0.img_mod.1.weight"}, create<QwenImageDit>},
     };
     return list;
 }

@@ -19,18 +19,19 @@ namespace kiln::models {
 // The networks kiln can build, each a file pair under src/models/nets/ and
 // a line below.
 enum class NetworkKind {
-    ClipText,    // models/nets/clip_text: OpenAI CLIP and OpenCLIP text towers
-    Unet,        // models/nets/unet: ldm / sgm UNetModel
-    Vae,         // models/nets/vae: AutoencoderKL (SD's, Flux's)
-    T5,          // models/nets/t5_encoder: T5 v1.1 encoder (T5-XXL)
-    FluxDit,     // models/nets/flux_dit: Flux.1 / Chroma transformer
-    Llm,         // models/nets/llm_encoder: decoder-only language model (Qwen3) as a text encoder
-    ZImageDit,   // models/nets/z_image_dit: Z-Image's single-stream transformer
-    ControlNet,  // models/nets/controlnet: ldm / sgm ControlNet (--control-net, not part of a family)
-    Taesd,       // models/nets/taesd: a tiny autoencoder's decoder (--taesd), no family's own module
-    Flux2Dit,    // models/nets/flux2_dit: FLUX.2's transformer ([klein], [dev])
-    Flux2Vae,    // models/nets/flux2_vae: FLUX.2's autoencoder (a normalised 128-channel latent)
-    Mmdit,       // models/nets/mmdit: SD3's and SD3.5's MMDiT (MMDiT-X)
+    ClipText,      // models/nets/clip_text: OpenAI CLIP and OpenCLIP text towers
+    Unet,          // models/nets/unet: ldm / sgm UNetModel
+    Vae,           // models/nets/vae: AutoencoderKL (SD's, Flux's)
+    T5,            // models/nets/t5_encoder: T5 v1.1 encoder (T5-XXL)
+    FluxDit,       // models/nets/flux_dit: Flux.1 / Chroma transformer
+    Llm,           // models/nets/llm_encoder: decoder-only language model (Qwen3) as a text encoder
+    ZImageDit,     // models/nets/z_image_dit: Z-Image's single-stream transformer
+    ControlNet,    // models/nets/controlnet: ldm / sgm ControlNet (--control-net, not part of a family)
+    Taesd,         // models/nets/taesd: a tiny autoencoder's decoder (--taesd), no family's own module
+    Flux2Dit,      // models/nets/flux2_dit: FLUX.2's transformer ([klein], [dev])
+    Flux2Vae,      // models/nets/flux2_vae: FLUX.2's autoencoder (a normalised 128-channel latent)
+    Mmdit,         // models/nets/mmdit: SD3's and SD3.5's MMDiT (MMDiT-X)
+    QwenImageDit,  // models/nets/qwen_image_dit: Qwen-Image's MMDiT (and the Edit models')
 };
 
 // What the family asks of a network beyond its weights.
