@@ -88,9 +88,14 @@ ggml_tensor* ModuleWeights::declare(const std::string& name, const std::vector<i
         }
     }
     if (actual.size() > GGML_MAX_DIMS) {
-        errors_.push_back("tensor '" + full + "' has more than 4 dimensions");
-        actual.resize(GGML_MAX_DIMS);
-        t = nullptr;
+        // A 3-D convolution's [out, in, kt, kh, kw] (Wan's CausalConv3d): ggml
+        // has four dimensions, so the outer ones fold into the fourth, ne [kw,
+        // kh, kt, in * out], as ggml_conv_3d takes its kernel. The bytes of a
+        // contiguous tensor are the same either way.
+        int64_t outer = 1;
+        for (size_t d = 0; d + GGML_MAX_DIMS - 1 < actual.size(); ++d) outer *= actual[d];
+        actual.erase(actual.begin(), actual.end() - (GGML_MAX_DIMS - 1));
+        actual.insert(actual.begin(), outer);
     }
     int64_t ne[GGML_MAX_DIMS] = {1, 1, 1, 1};
     for (size_t d = 0; d < actual.size(); ++d) ne[d] = actual[actual.size() - 1 - d];

@@ -1,0 +1,569 @@
+#include "models/nets/wan_vae.h"
+
+#include <array>
+#include <cmath>
+#include <optional>
+#include <string>
+
+#include "nn/attention.h"
+
+namespace kiln::models {
+namespace {
+
+constexpr int64_t kLatentChannels = 16;
+using ChannelValues = std::array<float, kLatentChannels>;
+// WanVAE's latent statistics (wan/modules/vae.py).
+constexpr ChannelValues kLatentsMean = {-0.7571f, -0.7089f, -0.9113f, 0.1075f,  -0.1745f, 0.9653f,  -0.1517f, 1.5508f,
+                                        0.4134f,  -0.0715f, 0.5517f,  -0.3632f, -0.1922f, -0.9497f, 0.2503f,  -0.2921f};
+constexpr ChannelValues kLatentsStd = {2.8184f, 1.4541f, 2.3275f, 2.6558f, 1.2196f, 1.7708f, 2.6052f, 2.0743f,
+                                       3.2687f, 2.1526f, 2.8652f, 1.5579f, 1.6382f, 1.1253f, 2.8251f, 1.9160f};
+// RMS_norm is F.normalize (x / max(|x|, 1e-12)) times sqrt(C): an RMS norm
+// whose epsilon only keeps a zero vector finite.
+constexpr float kRmsEps = 1e-12f;
+// A temporal kernel of 3 sees its frame and the two before it (the
+// original's CACHE_T = 2 frames of history).
+constexpr int kTemporalKernel = 3;
+constexpr int64_t kHistoryFrames = kTemporalKernel - 1;
+// The original's Decoder3d halves the input of levels 1 to 3 only (after an
+// upsampler's convolution to half the channels): no Wan VAE has more levels.
+constexpr size_t kMaxLevels = 4;
+
+// A CausalConv3d: ne [kw, kh, kt, in * out] (PyTorch's [out, in, kt, kh, kw]).
+struct CausalConv {
+    ggml_tensor* weight = nullptr;
+    ggml_tensor* bias = nullptr;
+    int64_t in = 0, out = 0;
+    int kt = 1;
+    int padding = 0;  // spatial; the temporal padding is causal
+};
+
+struct RmsNorm {
+    ggml_tensor* gamma = nullptr;  // C values, in whichever shape the file holds them
+    int64_t channels = 0;
+};
+
+struct Residual {
+    RmsNorm norm1, norm2;
+    CausalConv conv1, conv2;
+    std::optional<CausalConv> shortcut;
+};
+
+struct Attention {
+    RmsNorm norm;
+    nn::Conv2d to_qkv, proj;
+};
+
+struct Middle {
+    Residual first, last;
+    Attention attention;
+};
+
+struct Resample {
+    nn::Conv2d conv;
+    std::optional<CausalConv> time_conv;
+};
+
+// One module of encoder.downsamples or decoder.upsamples.
+struct Layer {
+    std::optional<Residual> residual;
+    std::optional<Resample> resample;
+    std::string cut;  // the level ends here: a cut marker of this name
+};
+
+// How ne[3] of a graph's activations reads, and the causal history a clip
+// decode carries from one chunk to the next: for each temporal convolution,
+// in the order the graph meets them, the two input frames before the chunk.
+struct Time {
+    bool clip = false;                                      // ne[3] is a clip's time; else a batch of one-frame clips
+    bool starts_clip = true;                                // the first frame is the clip's
+    const std::vector<ggml_tensor*>* history_in = nullptr;  // null or empty: zeros
+    std::vector<ggml_tensor*> history_out;
+    size_t next = 0;
+    bool fits = true;
+
+    // The history of the next temporal convolution, whose input is x: null for zeros.
+    ggml_tensor* past(const ggml_tensor* x) {
+        const size_t slot = next++;
+        if (!history_in || history_in->empty()) return nullptr;
+        if (slot >= history_in->size()) {
+            fits = false;
+            return nullptr;
+        }
+        ggml_tensor* h = (*history_in)[slot];
+        if (h->type != x->type || h->ne[0] != x->ne[0] || h->ne[1] != x->ne[1] || h->ne[2] != x->ne[2] ||
+            h->ne[3] != kHistoryFrames) {
+            fits = false;
+            return nullptr;
+        }
+        return h;
+    }
+    void keep(ggml_tensor* h) { history_out.push_back(h); }
+    bool all_used() const { return !history_in || history_in->empty() || next == history_in->size(); }
+};
+
+CausalConv declare_causal(io::WeightDeclarer& w, const std::string& name, int64_t in, int64_t out, int kt, int k,
+                          int padding) {
+    CausalConv c;
+    c.weight = w.require(name + ".weight", {out, in, kt, k, k});
+    c.bias = w.require(name + ".bias", {out});
+    c.in = in;
+    c.out = out;
+    c.kt = kt;
+    c.padding = padding;
+    return c;
+}
+
+// `images`: the attention block's norm, whose gamma is [C, 1, 1] where the
+// others' is [C, 1, 1, 1]. A file that squeezed them to [C] is taken too.
+RmsNorm declare_rms(io::WeightDeclarer& w, const std::string& name, int64_t channels, bool images) {
+    const io::TensorInfo* t = w.info(name);
+    std::vector<int64_t> shape = {channels, 1, 1};
+    if (t && t->shape.size() == 1) {
+        shape = {channels};
+    } else if (!images) {
+        shape.push_back(1);
+    }
+    return {w.require_f32(name, shape), channels};
+}
+
+Residual declare_residual(io::WeightDeclarer& w, const std::string& p, int64_t in, int64_t out) {
+    Residual r;
+    r.norm1 = declare_rms(w, p + "residual.0.gamma", in, false);
+    r.conv1 = declare_causal(w, p + "residual.2", in, out, kTemporalKernel, 3, 1);
+    r.norm2 = declare_rms(w, p + "residual.3.gamma", out, false);
+    r.conv2 = declare_causal(w, p + "residual.6", out, out, kTemporalKernel, 3, 1);
+    if (in != out) r.shortcut = declare_causal(w, p + "shortcut", in, out, 1, 1, 0);
+    return r;
+}
+
+Middle declare_middle(io::WeightDeclarer& w, const std::string& p, int64_t ch) {
+    Middle m;
+    m.first = declare_residual(w, p + "middle.0.", ch, ch);
+    m.attention.norm = declare_rms(w, p + "middle.1.norm.gamma", ch, true);
+    m.attention.to_qkv = nn::declare_conv2d(w, p + "middle.1.to_qkv", ch, 3 * ch, 1);
+    m.attention.proj = nn::declare_conv2d(w, p + "middle.1.proj", ch, ch, 1);
+    m.last = declare_residual(w, p + "middle.2.", ch, ch);
+    return m;
+}
+
+// ---- graph pieces ------------------------------------------------------------
+
+// Frames [first, first + count) of x (ne[3]), a contiguous view.
+ggml_tensor* frame_range(ggml_context* ctx, ggml_tensor* x, int64_t first, int64_t count) {
+    return ggml_view_4d(ctx, x, x->ne[0], x->ne[1], x->ne[2], count, x->nb[1], x->nb[2], x->nb[3],
+                        static_cast<size_t>(first) * x->nb[3]);
+}
+
+// Channels [first, first + count) of ne [W, H, C, N], contiguous.
+ggml_tensor* channel_range(ggml_context* ctx, ggml_tensor* x, int64_t first, int64_t count) {
+    return ggml_cont(ctx, ggml_view_4d(ctx, x, x->ne[0], x->ne[1], count, x->ne[3], x->nb[1], x->nb[2], x->nb[3],
+                                       static_cast<size_t>(first) * x->nb[2]));
+}
+
+// The 16 values as ne [1, 1, 16, 1], to broadcast over a latent. Built from
+// one-value aranges ([v, v + 0.5) holds v alone): constants of the code, not
+// of the weights, with no input for the caller to fill.
+ggml_tensor* channel_constants(ggml_context* ctx, const ChannelValues& values) {
+    ggml_tensor* v = nullptr;
+    for (float value : values) {
+        ggml_tensor* one = ggml_arange(ctx, value, value + 0.5f, 1.0f);
+        v = v ? ggml_concat(ctx, v, one, 0) : one;
+    }
+    return ggml_reshape_4d(ctx, v, 1, 1, kLatentChannels, 1);
+}
+
+// Temporal slice k of a CausalConv3d as a 2-D convolution (its weight made
+// contiguous: the slice's rows are kt apart), with the bias or without.
+nn::Conv2d kernel_slice(ggml_context* ctx, const CausalConv& c, int k, bool with_bias) {
+    ggml_tensor* w = c.weight;
+    const int64_t kw = w->ne[0], kh = w->ne[1];
+    ggml_tensor* slice = c.kt == 1 ? ggml_reshape_4d(ctx, w, kw, kh, c.in, c.out)
+                                   : ggml_cont(ctx, ggml_view_4d(ctx, w, kw, kh, c.in, c.out, w->nb[1], w->nb[3],
+                                                                 w->nb[3] * c.in, static_cast<size_t>(k) * w->nb[2]));
+    nn::Conv2d conv;
+    conv.weight = slice;
+    conv.bias = with_bias ? c.bias : nullptr;
+    conv.stride = 1;
+    conv.padding = c.padding;
+    return conv;
+}
+
+// A CausalConv3d on x ne [W, H, C, T]. One-frame clips see only the last
+// temporal slice (the frames before are zeros). A clip's frames see the
+// history (or zeros) then themselves: the sum of each slice's 2-D
+// convolution over the frames it reads; slices reading only the zeros before
+// a clip's start are left out. Its last two input frames become the history.
+ggml_tensor* causal_conv(ggml_context* ctx, nn::ComputeTarget target, const CausalConv& c, ggml_tensor* x, Time& time) {
+    const int last = c.kt - 1;
+    if (c.kt == 1 || !time.clip) return nn::conv2d(ctx, target, kernel_slice(ctx, c, last, true), x);
+    const int64_t T = x->ne[3];
+    ggml_tensor* past = time.past(x);
+    ggml_tensor* padded = past ? ggml_concat(ctx, past, x, 3) : ggml_pad_ext(ctx, x, 0, 0, 0, 0, 0, 0, last, 0);
+    ggml_tensor* out = nullptr;
+    for (int k = last; k >= 0; --k) {
+        if (!past && k + T <= last) continue;
+        ggml_tensor* y = nn::conv2d(ctx, target, kernel_slice(ctx, c, k, k == last), frame_range(ctx, padded, k, T));
+        out = out ? ggml_add(ctx, out, y) : y;
+    }
+    time.keep(ggml_cont(ctx, frame_range(ctx, padded, T, kHistoryFrames)));
+    return out;
+}
+
+// RMS_norm over the channels of ne [W, H, C, N], then SiLU when `silu`; the
+// channels made ne[0] for ggml's norm, then put back.
+ggml_tensor* rms_norm_channels(ggml_context* ctx, const RmsNorm& n, ggml_tensor* x, bool silu) {
+    ggml_tensor* h = ggml_cont(ctx, ggml_permute(ctx, x, 1, 2, 0, 3));  // [C, W, H, N]
+    h = ggml_mul(ctx, ggml_rms_norm(ctx, h, kRmsEps), ggml_reshape_1d(ctx, n.gamma, n.channels));
+    if (silu) h = ggml_silu(ctx, h);
+    return ggml_cont(ctx, ggml_permute(ctx, h, 2, 0, 1, 3));
+}
+
+ggml_tensor* residual(ggml_context* ctx, nn::ComputeTarget target, const Residual& r, ggml_tensor* x, Time& time) {
+    ggml_tensor* shortcut = r.shortcut ? causal_conv(ctx, target, *r.shortcut, x, time) : x;
+    ggml_tensor* h = causal_conv(ctx, target, r.conv1, rms_norm_channels(ctx, r.norm1, x, true), time);
+    h = causal_conv(ctx, target, r.conv2, rms_norm_channels(ctx, r.norm2, h, true), time);
+    return ggml_add(ctx, h, shortcut);
+}
+
+// Single-head self-attention over each frame's pixels.
+ggml_tensor* attention(ggml_context* ctx, const Attention& a, ggml_tensor* x) {
+    const int64_t W = x->ne[0], H = x->ne[1], C = x->ne[2], N = x->ne[3];
+    ggml_tensor* h = ggml_cont(ctx, ggml_permute(ctx, x, 1, 2, 0, 3));  // [C, W, H, N]: tokens
+    h = ggml_mul(ctx, ggml_rms_norm(ctx, h, kRmsEps), ggml_reshape_1d(ctx, a.norm.gamma, C));
+    h = ggml_reshape_3d(ctx, h, C, W * H, N);
+    const nn::Linear qkv = nn::conv1x1_as_linear(ctx, a.to_qkv);  // q, k, v: output channels in thirds
+    ggml_tensor* out = nn::attention(
+        ctx, nn::linear(ctx, nn::linear_rows(ctx, qkv, 0, C), h), nn::linear(ctx, nn::linear_rows(ctx, qkv, C, C), h),
+        nn::linear(ctx, nn::linear_rows(ctx, qkv, 2 * C, C), h), nn::AttentionOptions{1, false, false});
+    out = nn::linear(ctx, nn::conv1x1_as_linear(ctx, a.proj), out);
+    out = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_4d(ctx, out, C, W, H, N), 2, 0, 1, 3));
+    return ggml_add(ctx, x, out);
+}
+
+ggml_tensor* middle(ggml_context* ctx, nn::ComputeTarget target, const Middle& m, ggml_tensor* x, Time& time) {
+    x = residual(ctx, target, m.first, x, time);
+    x = attention(ctx, m.attention, x);
+    return residual(ctx, target, m.last, x, time);
+}
+
+// The decoder's Resample: with a time_conv, each frame becomes two (its
+// output channels [0, C) then [C, 2C), which ne [W, H, 2C, T] already holds
+// as ne [W, H, C, 2T] in that order), except a clip's first frame, which
+// passes alone ("Rep"); then nearest 2x and a 3x3 convolution to C / 2.
+ggml_tensor* upsample(ggml_context* ctx, nn::ComputeTarget target, const Resample& r, ggml_tensor* x, Time& time) {
+    if (r.time_conv && time.clip) {
+        const int64_t T = x->ne[3];
+        const int64_t skipped = time.starts_clip ? 1 : 0;
+        ggml_tensor* doubled = nullptr;
+        if (T > skipped) {
+            ggml_tensor* t = causal_conv(ctx, target, *r.time_conv, skipped ? frame_range(ctx, x, 1, T - 1) : x, time);
+            doubled = ggml_reshape_4d(ctx, t, t->ne[0], t->ne[1], t->ne[2] / 2, 2 * t->ne[3]);
+        } else {
+            // The clip's first frame alone: the history the original's "Rep"
+            // stands for, two frames of zeros.
+            time.past(x);
+            ggml_tensor* frame = frame_range(ctx, x, 0, 1);
+            time.keep(ggml_fill(ctx, ggml_concat(ctx, frame, frame, 3), 0.0f));
+        }
+        if (!skipped) {
+            x = doubled;
+        } else if (doubled) {
+            x = ggml_concat(ctx, frame_range(ctx, x, 0, 1), doubled, 3);
+        }
+    }
+    return nn::conv2d_of_upsample_2x(ctx, target, r.conv, x);
+}
+
+// The encoder's Resample: padded right and bottom by one, a stride-2 3x3
+// convolution; with a time_conv, a clip of 1 + 2k frames becomes 1 + k: its
+// first frame alone (as the original's first chunk skips time_conv), then
+// the time_conv with stride 2 and no padding over all of them.
+ggml_tensor* downsample(ggml_context* ctx, nn::ComputeTarget target, const Resample& r, ggml_tensor* x,
+                        const Time& time) {
+    x = nn::conv2d(ctx, target, r.conv, ggml_pad(ctx, x, 1, 1, 0, 0));
+    const int64_t T = x->ne[3];
+    if (!r.time_conv || !time.clip || T < kTemporalKernel) return x;
+    const int64_t outputs = (T - kTemporalKernel) / 2 + 1;
+    const CausalConv& c = *r.time_conv;
+    ggml_tensor* out = nullptr;
+    for (int k = c.kt - 1; k >= 0; --k) {
+        // Frames k, k + 2, ...
+        ggml_tensor* strided = ggml_cont(ctx, ggml_view_4d(ctx, x, x->ne[0], x->ne[1], x->ne[2], outputs, x->nb[1],
+                                                           x->nb[2], 2 * x->nb[3], static_cast<size_t>(k) * x->nb[3]));
+        ggml_tensor* y = nn::conv2d(ctx, target, kernel_slice(ctx, c, k, k == c.kt - 1), strided);
+        out = out ? ggml_add(ctx, out, y) : y;
+    }
+    return ggml_concat(ctx, frame_range(ctx, x, 0, 1), out, 3);
+}
+
+}  // namespace
+
+int64_t WanVaeConfig::temporal_downscale() const {
+    int64_t factor = 1;
+    for (bool temporal : temporal_downsample) factor *= temporal ? 2 : 1;
+    return factor;
+}
+
+ggml_tensor* WanVaeChunk::packed(ggml_context* ctx) const {
+    ggml_tensor* flat = ggml_reshape_1d(ctx, frames, ggml_nelements(frames));
+    for (ggml_tensor* h : history) flat = ggml_concat(ctx, flat, ggml_reshape_1d(ctx, h, ggml_nelements(h)), 0);
+    return flat;
+}
+
+struct WanVae::Blocks {
+    // Encoder.
+    CausalConv enc_in;
+    std::vector<Layer> enc_layers;
+    Middle enc_mid;
+    RmsNorm enc_head_norm;
+    CausalConv enc_head;
+    CausalConv quant;  // conv1: mean | log variance
+    // Decoder.
+    CausalConv post_quant;  // conv2
+    CausalConv dec_in;
+    Middle dec_mid;
+    std::vector<Layer> dec_layers;
+    RmsNorm dec_head_norm;
+    CausalConv dec_head;
+};
+
+WanVae::WanVae() = default;
+WanVae::~WanVae() = default;
+
+Result<std::unique_ptr<WanVae>> WanVae::create(io::WeightDeclarer& weights) {
+    std::unique_ptr<WanVae> vae(new WanVae());
+    KILN_TRY(vae->read_config(weights));
+    vae->declare(weights);
+    const WanVaeConfig& c = vae->config_;
+    vae->format_ = {3, c.z_dim, c.downscale(), c.has_encoder};
+    return vae;
+}
+
+Status WanVae::read_config(const io::WeightDeclarer& weights) {
+    const std::string where = "Wan VAE under '" + weights.prefix() + "'";
+    auto fail = [&](const std::string& what) { return Error::bad_file(where + ": " + what); };
+    auto conv3d_shape = [&](const std::string& name) -> const std::vector<int64_t>* {
+        const io::TensorInfo* t = weights.info(name);
+        if (!t || t->shape.size() != 5) return nullptr;
+        for (int64_t d : t->shape)
+            if (d <= 0) return nullptr;
+        return &t->shape;
+    };
+    WanVaeConfig& c = config_;
+    const std::vector<int64_t>* dec_in = conv3d_shape("decoder.conv1.weight");
+    if (!dec_in) return fail("no decoder.conv1.weight [out, 16, 3, 3, 3] (not a Wan 2.1 VAE?)");
+    c.z_dim = (*dec_in)[1];
+    if (c.z_dim != kLatentChannels) {
+        return fail("decoder.conv1.weight takes " + std::to_string(c.z_dim) +
+                    " latent channels; Wan 2.1's latent statistics are for 16");
+    }
+    // The decoder's levels, from decoder.upsamples: residual blocks, each
+    // level but the last closed by a Resample (temporal with a time_conv).
+    std::vector<std::vector<int64_t>> levels(1);  // each block's output width
+    std::vector<bool> temporal_upsample;
+    for (int i = 0;; ++i) {
+        const std::string p = "decoder.upsamples." + std::to_string(i) + ".";
+        if (weights.has(p + "residual.2.weight")) {
+            const std::vector<int64_t>* s = conv3d_shape(p + "residual.2.weight");
+            if (!s) return fail(p + "residual.2.weight is not a 5-D convolution weight");
+            levels.back().push_back((*s)[0]);
+        } else if (weights.has(p + "resample.1.weight")) {
+            temporal_upsample.push_back(weights.has(p + "time_conv.weight"));
+            levels.emplace_back();
+        } else if (weights.has(p + "to_qkv.weight")) {
+            return fail(p + "to_qkv: attention inside the decoder's levels (attn_scales) is not Wan 2.1's layout");
+        } else {
+            break;
+        }
+    }
+    if (levels.size() > kMaxLevels) {
+        return fail(std::to_string(levels.size()) + " decoder levels; Wan 2.1's layout has at most " +
+                    std::to_string(kMaxLevels));
+    }
+    const size_t blocks = levels.front().size();
+    if (blocks == 0) return fail("no decoder.upsamples.0.residual.2.weight: the decoder has no levels");
+    for (size_t i = 0; i < levels.size(); ++i) {
+        if (levels[i].empty() || levels[i].size() != blocks) {
+            return fail("decoder level " + std::to_string(i) + " has " + std::to_string(levels[i].size()) +
+                        " residual blocks where level 0 has " + std::to_string(blocks));
+        }
+    }
+    c.res_blocks = static_cast<int>(blocks) - 1;
+    c.has_encoder = weights.has("encoder.conv1.weight");
+    if (c.has_encoder) {
+        const std::vector<int64_t>* enc_in = conv3d_shape("encoder.conv1.weight");
+        if (!enc_in) return fail("encoder.conv1.weight is not a 5-D convolution weight");
+        c.dim = (*enc_in)[0];
+    } else {
+        c.dim = levels.back().front();  // dim_mult[0] is 1 in every Wan VAE
+    }
+    const size_t L = levels.size();
+    c.dim_mult.clear();
+    for (size_t j = 0; j < L; ++j) {
+        const int64_t width = levels[L - 1 - j].front();
+        if (width % c.dim != 0) {
+            return fail("decoder level " + std::to_string(L - 1 - j) + " is " + std::to_string(width) +
+                        " channels wide, not a multiple of the base width " + std::to_string(c.dim));
+        }
+        c.dim_mult.push_back(width / c.dim);
+    }
+    c.temporal_downsample.assign(temporal_upsample.rbegin(), temporal_upsample.rend());
+    // The encoder's resamples mirror the decoder's (the original builds the
+    // decoder from the encoder's temperal_downsample reversed).
+    for (size_t i = 0; c.has_encoder && i + 1 < L; ++i) {
+        const std::string p = "encoder.downsamples." + std::to_string((i + 1) * c.res_blocks + i) + ".";
+        if (!weights.has(p + "resample.1.weight")) {
+            return fail("no " + p + "resample.1.weight: the encoder's levels differ from the decoder's (" +
+                        std::to_string(c.res_blocks) + " residual blocks each)");
+        }
+        if (weights.has(p + "time_conv.weight") != c.temporal_downsample[i]) {
+            return fail(p + "time_conv: the encoder's temporal downsampling differs from the decoder's upsampling");
+        }
+    }
+    return Status::Ok();
+}
+
+void WanVae::declare(io::WeightDeclarer& w) {
+    const WanVaeConfig& c = config_;
+    blocks_ = std::make_unique<Blocks>();
+    Blocks& b = *blocks_;
+    const size_t L = c.dim_mult.size();
+    if (c.has_encoder) {
+        std::vector<int64_t> dims = {c.dim};  // the original's [dim * u for u in [1] + dim_mult]
+        for (int64_t m : c.dim_mult) dims.push_back(c.dim * m);
+        b.enc_in = declare_causal(w, "encoder.conv1", 3, dims[0], kTemporalKernel, 3, 1);
+        int n = 0;
+        for (size_t i = 0; i < L; ++i) {
+            int64_t in = dims[i];
+            const int64_t out = dims[i + 1];
+            for (int j = 0; j < c.res_blocks; ++j, ++n) {
+                b.enc_layers.push_back(
+                    {declare_residual(w, "encoder.downsamples." + std::to_string(n) + ".", in, out), std::nullopt, ""});
+                in = out;
+            }
+            if (i + 1 < L) {
+                const std::string p = "encoder.downsamples." + std::to_string(n) + ".";
+                Resample r;
+                r.conv = nn::declare_conv2d(w, p + "resample.1", out, out, 3, 2, 0);
+                if (c.temporal_downsample[i]) r.time_conv = declare_causal(w, p + "time_conv", out, out, 3, 1, 0);
+                b.enc_layers.push_back({std::nullopt, r, ""});
+                ++n;
+            }
+            if (!b.enc_layers.empty()) b.enc_layers.back().cut = "encoder.downsamples." + std::to_string(n - 1);
+        }
+        const int64_t top = dims.back();
+        b.enc_mid = declare_middle(w, "encoder.", top);
+        b.enc_head_norm = declare_rms(w, "encoder.head.0.gamma", top, false);
+        b.enc_head = declare_causal(w, "encoder.head.2", top, 2 * c.z_dim, kTemporalKernel, 3, 1);
+        b.quant = declare_causal(w, "conv1", 2 * c.z_dim, 2 * c.z_dim, 1, 1, 0);
+    }
+    b.post_quant = declare_causal(w, "conv2", c.z_dim, c.z_dim, 1, 1, 0);
+    // The original's [dim * u for u in [dim_mult[-1]] + dim_mult[::-1]].
+    std::vector<int64_t> dims = {c.dim * c.dim_mult.back()};
+    for (size_t j = L; j-- > 0;) dims.push_back(c.dim * c.dim_mult[j]);
+    b.dec_in = declare_causal(w, "decoder.conv1", c.z_dim, dims[0], kTemporalKernel, 3, 1);
+    b.dec_mid = declare_middle(w, "decoder.", dims[0]);
+    int n = 0;
+    for (size_t i = 0; i < L; ++i) {
+        // After an upsampler, which halves the channels.
+        int64_t in = i > 0 ? dims[i] / 2 : dims[i];
+        const int64_t out = dims[i + 1];
+        for (int j = 0; j <= c.res_blocks; ++j, ++n) {
+            b.dec_layers.push_back(
+                {declare_residual(w, "decoder.upsamples." + std::to_string(n) + ".", in, out), std::nullopt, ""});
+            in = out;
+        }
+        if (i + 1 < L) {
+            const std::string p = "decoder.upsamples." + std::to_string(n) + ".";
+            Resample r;
+            r.conv = nn::declare_conv2d(w, p + "resample.1", out, out / 2, 3, 1, 1);
+            if (c.temporal_downsample[L - 2 - i])
+                r.time_conv = declare_causal(w, p + "time_conv", out, 2 * out, 3, 1, 0);
+            b.dec_layers.push_back({std::nullopt, r, ""});
+            ++n;
+        }
+        b.dec_layers.back().cut = "decoder.upsamples." + std::to_string(n - 1);
+    }
+    b.dec_head_norm = declare_rms(w, "decoder.head.0.gamma", dims.back(), false);
+    b.dec_head = declare_causal(w, "decoder.head.2", dims.back(), 3, kTemporalKernel, 3, 1);
+}
+
+ggml_tensor* WanVae::build_decoder(ggml_context* ctx, ggml_tensor* latent, nn::ComputeTarget target, bool clip,
+                                   const std::vector<ggml_tensor*>& history_in,
+                                   std::vector<ggml_tensor*>* history_out) const {
+    const Blocks& b = *blocks_;
+    Time time;
+    time.clip = clip;
+    time.starts_clip = history_in.empty();
+    time.history_in = &history_in;
+    // The normalised latent back to the VAE's: z * std + mean.
+    ggml_tensor* z =
+        ggml_add(ctx, ggml_mul(ctx, latent, channel_constants(ctx, kLatentsStd)), channel_constants(ctx, kLatentsMean));
+    ggml_tensor* h = causal_conv(ctx, target, b.post_quant, z, time);
+    h = causal_conv(ctx, target, b.dec_in, h, time);
+    h = nn::mark_cut(middle(ctx, target, b.dec_mid, h, time), "decoder.middle");
+    for (const Layer& layer : b.dec_layers) {
+        h = layer.residual ? residual(ctx, target, *layer.residual, h, time)
+                           : upsample(ctx, target, *layer.resample, h, time);
+        if (!layer.cut.empty()) h = nn::mark_cut(h, layer.cut);
+    }
+    h = causal_conv(ctx, target, b.dec_head, rms_norm_channels(ctx, b.dec_head_norm, h, true), time);
+    if (!time.fits || !time.all_used()) return nullptr;
+    if (history_out) *history_out = std::move(time.history_out);
+    return h;
+}
+
+ggml_tensor* WanVae::build_encoder(ggml_context* ctx, ggml_tensor* image, nn::ComputeTarget target, bool clip,
+                                   LatentEncoding encoding) const {
+    const Blocks& b = *blocks_;
+    Time time;
+    time.clip = clip;
+    ggml_tensor* h = causal_conv(ctx, target, b.enc_in, image, time);
+    for (const Layer& layer : b.enc_layers) {
+        h = layer.residual ? residual(ctx, target, *layer.residual, h, time)
+                           : downsample(ctx, target, *layer.resample, h, time);
+        if (!layer.cut.empty()) h = nn::mark_cut(h, layer.cut);
+    }
+    h = nn::mark_cut(middle(ctx, target, b.enc_mid, h, time), "encoder.middle");
+    h = causal_conv(ctx, target, b.enc_head, rms_norm_channels(ctx, b.enc_head_norm, h, true), time);
+    h = causal_conv(ctx, target, b.quant, h, time);
+    // (mu - mean) / std.
+    const int64_t zc = config_.z_dim;
+    ggml_tensor* mean = ggml_div(ctx, ggml_sub(ctx, channel_range(ctx, h, 0, zc), channel_constants(ctx, kLatentsMean)),
+                                 channel_constants(ctx, kLatentsStd));
+    if (encoding == LatentEncoding::Mean) return mean;
+    // A Gaussian through (x - m) / s: its log variance less log s^2.
+    ChannelValues log_var2 = {};
+    for (size_t i = 0; i < log_var2.size(); ++i) log_var2[i] = 2.0f * std::log(kLatentsStd[i]);
+    ggml_tensor* log_var = ggml_sub(ctx, channel_range(ctx, h, zc, zc), channel_constants(ctx, log_var2));
+    return ggml_concat(ctx, mean, log_var, 2);
+}
+
+ggml_tensor* WanVae::decode(ggml_context* ctx, ggml_tensor* latent, nn::ComputeTarget target) const {
+    return build_decoder(ctx, latent, target, false, {}, nullptr);
+}
+
+ggml_tensor* WanVae::encode(ggml_context* ctx, ggml_tensor* image, nn::ComputeTarget target,
+                            LatentEncoding encoding) const {
+    return build_encoder(ctx, image, target, false, encoding);
+}
+
+WanVaeChunk WanVae::decode_chunk(ggml_context* ctx, ggml_tensor* latent, const std::vector<ggml_tensor*>& history,
+                                 nn::ComputeTarget target) const {
+    WanVaeChunk chunk;
+    chunk.frames = build_decoder(ctx, latent, target, true, history, &chunk.history);
+    if (!chunk.frames) return {};
+    return chunk;
+}
+
+ggml_tensor* WanVae::encode_clip(ggml_context* ctx, ggml_tensor* video, nn::ComputeTarget target,
+                                 LatentEncoding encoding) const {
+    // The original encodes chunks of 1, 4, 4, ... frames and never sees the
+    // frames after the last whole chunk.
+    const int64_t factor = config_.temporal_downscale();
+    const int64_t frames = 1 + (video->ne[3] - 1) / factor * factor;
+    if (frames < video->ne[3]) video = frame_range(ctx, video, 0, frames);
+    return build_encoder(ctx, video, target, true, encoding);
+}
+
+}  // namespace kiln::models

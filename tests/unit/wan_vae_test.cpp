@@ -1,0 +1,288 @@
+// Wan 2.1's VAE against the PyTorch reference (training/reference/wan_vae.py,
+// transcribed from wan/modules/vae.py) on the tiny fixture of
+// training/make_wan_vae_fixtures.py: one-frame encode and decode through the
+// AutoencoderNetwork interface (block by block at the cut markers), a clip
+// decoded whole and chunk by chunk through the causal history, a clip
+// encoded whole, the configuration read from the weights, and bad files
+// refused with the tensor named.
+#include "models/nets/wan_vae.h"
+
+#include <gtest/gtest.h>
+
+#include <array>
+#include <functional>
+
+#include "ggml-alloc.h"
+#include "ggml-backend.h"
+#include "golden.h"
+#include "runtime/graph_session.h"
+#include "runtime/module_weights.h"
+#include "test_files.h"
+
+namespace kiln {
+namespace {
+
+constexpr double kTolerance = 1e-4;
+
+io::ModelFile open_file(const std::string& path) {
+    auto file = io::ModelFile::open({path});
+    if (!file.ok()) throw std::runtime_error(file.error().message);
+    return std::move(file).value();
+}
+
+struct DeclaredVae {
+    std::unique_ptr<runtime::ModuleWeights> weights;
+    std::unique_ptr<models::WanVae> vae;
+    const models::WanVae* operator->() const { return vae.get(); }
+};
+
+class WanVaeGolden : public ::testing::Test {
+  protected:
+    io::ModelFile weights = open_file(test::golden_path("models/wan_vae_tiny.safetensors"));
+    io::ModelFile io = open_file(test::golden_path("models/wan_vae_tiny_io.safetensors"));
+    std::unique_ptr<runtime::Compute> compute = test::golden_cpu();
+
+    DeclaredVae vae() {
+        DeclaredVae d;
+        d.weights = std::make_unique<runtime::ModuleWeights>(weights, "", GGML_TYPE_F32);
+        auto v = models::WanVae::create(*d.weights);
+        if (!v.ok()) throw std::runtime_error(v.error().message);
+        d.vae = std::move(v).value();
+        // The CausalConv3d weights are 5-D in the file; ModuleWeights folds them for ggml.
+        const Status loaded = d.weights->load(compute->weights_backend());
+        if (!loaded.ok()) throw std::runtime_error(loaded.error().message);
+        return d;
+    }
+
+    // Runs `build` on the fixture's `input`; returns its output. With
+    // `blocks`, also compares each cut-marked block with the fixture's
+    // block.<name>.
+    std::vector<float> run(const std::string& input,
+                           const std::function<ggml_tensor*(ggml_context*, ggml_tensor*)>& build,
+                           const std::vector<std::string>& blocks = {}) {
+        runtime::GraphSession session;
+        const auto v = test::fixture_tensor(io, input);
+        ggml_tensor* in = session.input(GGML_TYPE_F32, test::ggml_ne(v.shape), v.values.data());
+        ggml_tensor* out = build(session.ctx(), in);
+        EXPECT_NE(out, nullptr);
+        if (!out) return {};
+        EXPECT_TRUE(session.run(*compute, out, !blocks.empty()).ok());
+        for (const std::string& name : blocks) {
+            const ggml_tensor* cut = session.find("cut:" + name);
+            EXPECT_NE(cut, nullptr) << name;
+            if (!cut) continue;
+            EXPECT_LT(test::relative_error(runtime::GraphSession::read(cut),
+                                           test::fixture_tensor(io, "block." + name).values),
+                      kTolerance)
+                << name;
+        }
+        return runtime::GraphSession::read(out);
+    }
+
+    // The fixture's clip.z decoded in chunks of `sizes` latent frames, each
+    // chunk a graph of its own taking the history the previous one left.
+    std::vector<float> decode_in_chunks(const models::WanVae& vae, const std::vector<int64_t>& sizes) {
+        const auto z = test::fixture_tensor(io, "clip.z");  // [T, 16, h, w]
+        const int64_t C = z.shape[1], h = z.shape[2], w = z.shape[3];
+        std::vector<float> frames;
+        std::vector<std::vector<float>> history;
+        std::vector<std::array<int64_t, 4>> history_ne;
+        int64_t first = 0;
+        for (int64_t count : sizes) {
+            runtime::GraphSession session;
+            ggml_tensor* latent = session.input(GGML_TYPE_F32, {w, h, C, count},
+                                                z.values.data() + static_cast<size_t>(first * C * h * w));
+            std::vector<ggml_tensor*> history_in;
+            for (size_t i = 0; i < history.size(); ++i) {
+                const auto& ne = history_ne[i];
+                history_in.push_back(session.input(GGML_TYPE_F32, {ne[0], ne[1], ne[2], ne[3]}, history[i].data()));
+            }
+            const models::WanVaeChunk chunk =
+                vae.decode_chunk(session.ctx(), latent, history_in, nn::ComputeTarget::Cpu);
+            if (!chunk.frames) {
+                ADD_FAILURE() << "decode_chunk refused the history of the chunk before";
+                return {};
+            }
+            EXPECT_EQ(chunk.frames->ne[3], first == 0 ? 1 + 4 * (count - 1) : 4 * count);
+            ggml_tensor* out = chunk.packed(session.ctx());
+            EXPECT_TRUE(session.run(*compute, out).ok());
+            const std::vector<float> values = runtime::GraphSession::read(out);
+            size_t at = static_cast<size_t>(ggml_nelements(chunk.frames));
+            frames.insert(frames.end(), values.begin(), values.begin() + static_cast<long>(at));
+            history.clear();
+            history_ne.clear();
+            for (const ggml_tensor* t : chunk.history) {
+                const size_t n = static_cast<size_t>(ggml_nelements(t));
+                history.emplace_back(values.begin() + static_cast<long>(at),
+                                     values.begin() + static_cast<long>(at + n));
+                history_ne.push_back({t->ne[0], t->ne[1], t->ne[2], t->ne[3]});
+                at += n;
+            }
+            EXPECT_EQ(at, values.size());
+            first += count;
+        }
+        return frames;
+    }
+};
+
+TEST_F(WanVaeGolden, ConfigurationIsReadFromTheWeights) {
+    auto v = vae();
+    const models::WanVaeConfig& c = v->config();
+    EXPECT_EQ(c.dim, 4);
+    EXPECT_EQ(c.dim_mult, (std::vector<int64_t>{1, 2, 3, 4}));
+    EXPECT_EQ(c.res_blocks, 2);
+    EXPECT_EQ(c.temporal_downsample, (std::vector<bool>{false, true, true}));
+    EXPECT_EQ(c.z_dim, 16);
+    EXPECT_TRUE(c.has_encoder);
+    EXPECT_EQ(c.temporal_downscale(), 4);
+    EXPECT_EQ(v->format().latent_channels, 16);
+    EXPECT_EQ(v->format().image_channels, 3);
+    EXPECT_EQ(v->format().downscale, 8);
+    EXPECT_TRUE(v->format().has_encoder);
+}
+
+TEST_F(WanVaeGolden, OneFrameEncodeMatchesReference) {
+    auto v = vae();
+    const auto mean = run("image",
+                          [&](ggml_context* ctx, ggml_tensor* in) {
+                              return v->encode(ctx, in, nn::ComputeTarget::Cpu, models::LatentEncoding::Mean);
+                          },
+                          {"encoder.downsamples.2", "encoder.downsamples.5", "encoder.downsamples.8",
+                           "encoder.downsamples.10", "encoder.middle"});
+    EXPECT_LT(test::relative_error(mean, test::fixture_tensor(io, "encoded").values), kTolerance);
+    const auto moments = run("image", [&](ggml_context* ctx, ggml_tensor* in) {
+        return v->encode(ctx, in, nn::ComputeTarget::Cpu, models::LatentEncoding::Moments);
+    });
+    ASSERT_EQ(moments.size(), 2 * mean.size());
+    // Per batch item: 16 channels of the mean, then 16 of the log variance.
+    const size_t item = mean.size() / 2;
+    std::vector<float> moment_mean, log_var;
+    for (size_t b = 0; b < 2; ++b) {
+        const auto first = moments.begin() + static_cast<long>(2 * b * item);
+        moment_mean.insert(moment_mean.end(), first, first + static_cast<long>(item));
+        log_var.insert(log_var.end(), first + static_cast<long>(item), first + static_cast<long>(2 * item));
+    }
+    EXPECT_EQ(moment_mean, mean);
+    EXPECT_LT(test::relative_error(log_var, test::fixture_tensor(io, "encoded.log_var").values), kTolerance);
+}
+
+TEST_F(WanVaeGolden, OneFrameDecodeMatchesReference) {
+    auto v = vae();
+    const auto image =
+        run("z", [&](ggml_context* ctx, ggml_tensor* in) { return v->decode(ctx, in, nn::ComputeTarget::Cpu); },
+            {"decoder.middle", "decoder.upsamples.3", "decoder.upsamples.7", "decoder.upsamples.11",
+             "decoder.upsamples.14"});
+    EXPECT_LT(test::relative_error(image, test::fixture_tensor(io, "decoded").values), kTolerance);
+}
+
+TEST_F(WanVaeGolden, ClipDecodedWholeMatchesTheReferenceChunkedDecode) {
+    auto v = vae();
+    const auto frames = run(
+        "clip.z", [&](ggml_context* ctx, ggml_tensor* in) { return v->decode_clip(ctx, in, nn::ComputeTarget::Cpu); });
+    const auto want = test::fixture_tensor(io, "clip.decoded");
+    ASSERT_EQ(want.shape[0], 9);
+    EXPECT_LT(test::relative_error(frames, want.values), kTolerance);
+}
+
+TEST_F(WanVaeGolden, ClipDecodedChunkByChunkMatchesTheReference) {
+    auto v = vae();
+    const auto want = test::fixture_tensor(io, "clip.decoded").values;
+    // One latent frame a chunk, as the original decodes; then uneven chunks.
+    EXPECT_LT(test::relative_error(decode_in_chunks(*v.vae, {1, 1, 1}), want), kTolerance);
+    EXPECT_LT(test::relative_error(decode_in_chunks(*v.vae, {2, 1}), want), kTolerance);
+}
+
+TEST_F(WanVaeGolden, ClipEncodeMatchesReference) {
+    auto v = vae();
+    const auto latent = run("clip.video", [&](ggml_context* ctx, ggml_tensor* in) {
+        return v->encode_clip(ctx, in, nn::ComputeTarget::Cpu, models::LatentEncoding::Mean);
+    });
+    EXPECT_LT(test::relative_error(latent, test::fixture_tensor(io, "clip.encoded").values), kTolerance);
+}
+
+TEST_F(WanVaeGolden, HistoryOfAnotherSizeIsRefused) {
+    auto v = vae();
+    // Graphs built, never run.
+    runtime::GraphSession session;
+    ggml_context* ctx = session.ctx();
+    ggml_tensor* latent = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, 3, 2, 16, 1);
+    const models::WanVaeChunk chunk = v->decode_chunk(ctx, latent, {}, nn::ComputeTarget::Cpu);
+    ASSERT_NE(chunk.frames, nullptr);
+    ASSERT_FALSE(chunk.history.empty());
+    std::vector<ggml_tensor*> history;
+    for (const ggml_tensor* t : chunk.history) history.push_back(ggml_new_tensor(ctx, GGML_TYPE_F32, 4, t->ne));
+    EXPECT_NE(v->decode_chunk(ctx, latent, history, nn::ComputeTarget::Cpu).frames, nullptr);
+    ggml_tensor* wider = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, 4, 2, 16, 1);  // not the size the history is for
+    EXPECT_EQ(v->decode_chunk(ctx, wider, history, nn::ComputeTarget::Cpu).frames, nullptr);
+    history.push_back(history.back());  // one more than the chunk leaves
+    EXPECT_EQ(v->decode_chunk(ctx, latent, history, nn::ComputeTarget::Cpu).frames, nullptr);
+    history.resize(history.size() - 2);  // one fewer
+    EXPECT_EQ(v->decode_chunk(ctx, latent, history, nn::ComputeTarget::Cpu).frames, nullptr);
+}
+
+// The fixture's weights less `dropped` (and with `reshaped` given another
+// shape), as a file of its own.
+std::string altered_copy(const test::TempDir& dir, const std::string& dropped, const std::string& reshaped = "") {
+    const io::ModelFile file = open_file(test::golden_path("models/wan_vae_tiny.safetensors"));
+    std::vector<test::SafetensorsEntry> entries;
+    for (const io::TensorInfo& t : file.tensors()) {
+        if (t.name == dropped) continue;
+        test::SafetensorsEntry e = test::copy_entry(file, t, t.name);
+        if (t.name == reshaped) e.shape = {e.shape[0] * e.shape[1], 1, e.shape[2], e.shape[3], e.shape[4]};
+        entries.push_back(std::move(e));
+    }
+    return dir.write("wan_vae.safetensors", test::build_safetensors(entries));
+}
+
+TEST(WanVae, AMissingTensorIsNamed) {
+    test::TempDir dir;
+    const io::ModelFile file = open_file(altered_copy(dir, "decoder.upsamples.5.residual.6.bias"));
+    runtime::ModuleWeights weights(file, "", GGML_TYPE_F32);
+    auto vae = models::WanVae::create(weights);
+    ASSERT_TRUE(vae.ok()) << vae.error().message;
+    // One problem, the missing tensor by name.
+    EXPECT_EQ(weights.declaration_status().error().message, "missing tensor 'decoder.upsamples.5.residual.6.bias'");
+}
+
+TEST(WanVae, AWrongShapeIsNamed) {
+    test::TempDir dir;
+    const io::ModelFile file = open_file(altered_copy(dir, "", "encoder.head.2.weight"));
+    runtime::ModuleWeights weights(file, "", GGML_TYPE_F32);
+    ASSERT_TRUE(models::WanVae::create(weights).ok());
+    const std::string message = weights.declaration_status().error().message;
+    EXPECT_EQ(message.find("tensor 'encoder.head.2.weight' has shape"), 0u) << message;
+    EXPECT_EQ(message.find("more problems"), std::string::npos) << message;
+}
+
+TEST(WanVae, AFileWithoutTheTensorsTheLayoutIsReadFromIsRefused) {
+    test::TempDir dir;
+    {
+        const io::ModelFile file = open_file(altered_copy(dir, "decoder.conv1.weight"));
+        runtime::ModuleWeights weights(file, "", GGML_TYPE_F32);
+        auto refused = models::WanVae::create(weights);
+        ASSERT_FALSE(refused.ok());
+        EXPECT_EQ(refused.error().kind, ErrorKind::BadFile);
+        EXPECT_NE(refused.error().message.find("decoder.conv1.weight"), std::string::npos) << refused.error().message;
+    }
+    {
+        // The decoder's first upsampler loses its time_conv: the encoder's
+        // last downsampler still has one.
+        const io::ModelFile file = open_file(altered_copy(dir, "decoder.upsamples.3.time_conv.weight"));
+        runtime::ModuleWeights weights(file, "", GGML_TYPE_F32);
+        auto refused = models::WanVae::create(weights);
+        ASSERT_FALSE(refused.ok());
+        EXPECT_NE(refused.error().message.find("encoder.downsamples.8.time_conv"), std::string::npos)
+            << refused.error().message;
+    }
+}
+
+TEST(WanVae, AnSdVaeIsRefused) {
+    const io::ModelFile file = open_file(test::golden_path("pipeline/flux_tiny/ae.safetensors"));
+    runtime::ModuleWeights weights(file, "", GGML_TYPE_F32);
+    auto refused = models::WanVae::create(weights);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_NE(refused.error().message.find("no decoder.conv1.weight"), std::string::npos) << refused.error().message;
+}
+
+}  // namespace
+}  // namespace kiln
