@@ -89,6 +89,10 @@ struct TextEncoderUse {
     // layer but the last, without the final norm; Z-Image's).
     std::string chat_prefix;
     std::string chat_suffix;
+    // LLM: the hidden states of chat_prefix's tokens are dropped after the
+    // encoder, so the context is the prompt and chat_suffix (Qwen-Image: its
+    // system turn, diffusers' prompt_template_encode_start_idx of 34 tokens).
+    bool drop_prefix = false;
     // LLM: the special tokens the template is written in, each of which the
     // tokenizer must have as one added token (Qwen's <|im_start|>, Mistral's
     // [INST]): another model's tokenizer is refused when the model loads.

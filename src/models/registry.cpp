@@ -6,6 +6,7 @@
 #include "models/families/chroma.h"
 #include "models/families/flux.h"
 #include "models/families/flux2.h"
+#include "models/families/qwen_image.h"
 #include "models/families/sd1.h"
 #include "models/families/sd2.h"
 #include "models/families/sd3.h"
@@ -31,6 +32,7 @@ const std::vector<const Family*>& families() {
         &sd35_large_turbo_family(),
         &sd35_medium_family(),
         &sd3_medium_family(),
+        &qwen_image_family(),
     };
     return kFamilies;
 }

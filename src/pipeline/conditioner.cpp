@@ -120,7 +120,11 @@ Result<EncodedChunks> encode_llm(const TextEncoder& encoder, const text::LlmToke
     out.chunks = 1;
     apply_token_weights(out.hidden.data(), static_cast<int>(length), static_cast<int>(encoder.width()),
                         input.weights.data());
-    if (use.zero_pad_to > length) {
+    if (input.dropped > 0) {
+        out.hidden.erase(out.hidden.begin(), out.hidden.begin() + input.dropped * encoder.width());
+        out.length = length - input.dropped;
+    }
+    if (use.zero_pad_to > out.length) {
         out.hidden.resize(static_cast<size_t>(use.zero_pad_to) * static_cast<size_t>(encoder.width()), 0.0f);
         out.length = use.zero_pad_to;
     }
@@ -132,9 +136,10 @@ Result<EncodedChunks> encode_llm(const TextEncoder& encoder, const text::LlmToke
 int64_t context_length(const Model& model, const std::string* prompt) {
     for (const TextEncoder& te : model.text_encoders()) {
         if (te.use->layout != models::PromptLayout::ChatTemplate) continue;
-        if (!prompt) return te.use->plan_tokens;
-        const auto tokens = static_cast<int64_t>(llm_prompt(model.llm_tokenizer(), *te.use, *prompt).ids.size());
-        return std::max<int64_t>(tokens, te.use->zero_pad_to);
+        // The prefix alone says how many tokens are dropped.
+        const LlmPrompt input = llm_prompt(model.llm_tokenizer(), *te.use, prompt ? *prompt : std::string());
+        const int64_t tokens = prompt ? static_cast<int64_t>(input.ids.size()) : te.use->plan_tokens;
+        return std::max<int64_t>(tokens - input.dropped, te.use->zero_pad_to);
     }
     return single_chunk_tokens(model);
 }
@@ -148,6 +153,7 @@ LlmPrompt llm_prompt(const text::LlmTokenizer& tokenizer, const models::TextEnco
         out.weights.insert(out.weights.end(), piece.size(), weight);
     };
     append(use.chat_prefix, 1.0f);
+    if (use.drop_prefix) out.dropped = static_cast<int64_t>(out.ids.size());
     for (const auto& [text, weight] : parse_prompt_attention(prompt)) {
         if (weight == kBreakWeight && text == "BREAK") continue;
         append(text, weight);

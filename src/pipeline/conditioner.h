@@ -49,12 +49,16 @@ struct LlmPrompt {
     std::vector<int32_t> ids;
     std::vector<float> weights;  // per token
     std::vector<float> real;     // per token with max_length; empty without
+    // The leading tokens whose hidden states the context leaves out
+    // (TextEncoderUse::drop_prefix: chat_prefix's); 0 without.
+    int64_t dropped = 0;
 };
 LlmPrompt llm_prompt(const text::LlmTokenizer& tokenizer, const models::TextEncoderUse& use, const std::string& prompt);
 
 // The diffusion network's context length for a job: an LLM's prompt length
-// under its chat template (null `prompt`: the family's plan_tokens), else
-// single_chunk_tokens() (a prompt of one CLIP chunk, T5's fixed length).
+// under its chat template (null `prompt`: the family's plan_tokens), less
+// the dropped prefix, else single_chunk_tokens() (a prompt of one CLIP chunk,
+// T5's fixed length).
 int64_t context_length(const Model& model, const std::string* prompt);
 
 // A job's T5 options. sd-cli's, for a family that masks T5's padding

@@ -84,7 +84,9 @@ Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, 
     for (const TextEncoder& encoder : model.text_encoders()) {
         // A chat template encodes one prompt at a time (conditioner.cpp).
         const bool whole_prompt = encoder.use->layout == models::PromptLayout::ChatTemplate;
-        const int64_t length = whole_prompt ? context_tokens
+        // The encoder also reads the prefix the context leaves out.
+        const int64_t dropped = whole_prompt ? llm_prompt(model.llm_tokenizer(), *encoder.use, "").dropped : 0;
+        const int64_t length = whole_prompt ? context_tokens + dropped
                                : encoder.use->layout == models::PromptLayout::FixedLength
                                    ? encoder.use->max_length
                                    : encoder.network->max_length();

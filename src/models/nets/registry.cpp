@@ -12,6 +12,7 @@
 #include "models/nets/taesd.h"
 #include "models/nets/unet.h"
 #include "models/nets/vae.h"
+#include "models/nets/wan_vae.h"
 #include "models/nets/z_image_dit.h"
 
 namespace kiln::models {
@@ -66,6 +67,8 @@ const std::vector<NetworkEntry>& entries() {
         // SD3 and Flux blocks have norm1.linear); create() also wants
         // txt_norm.weight.
         {NetworkKind::QwenImageDit, {"transformer_blocks.0.img_mod.1.weight"}, create<QwenImageDit>},
+        // The original module tree's names (wan_2.1_vae.safetensors, qwen_image_vae.safetensors).
+        {NetworkKind::WanVae, {"decoder.conv1.weight"}, create<WanVae>},
     };
     return list;
 }

@@ -32,6 +32,7 @@ enum class NetworkKind {
     Flux2Vae,      // models/nets/flux2_vae: FLUX.2's autoencoder (a normalised 128-channel latent)
     Mmdit,         // models/nets/mmdit: SD3's and SD3.5's MMDiT (MMDiT-X)
     QwenImageDit,  // models/nets/qwen_image_dit: Qwen-Image's MMDiT (and the Edit models')
+    WanVae,        // models/nets/wan_vae: Wan 2.1's causal 3D VAE (Qwen-Image's, one frame)
 };
 
 // What the family asks of a network beyond its weights.
