@@ -67,8 +67,10 @@ const std::vector<NetworkEntry>& entries() {
         // SD3 and Flux blocks have norm1.linear); create() also wants
         // txt_norm.weight.
         {NetworkKind::QwenImageDit, {"transformer_blocks.0.img_mod.1.weight"}, create<QwenImageDit>},
-        // The original module tree's names (wan_2.1_vae.safetensors, qwen_image_vae.safetensors).
-        {NetworkKind::WanVae, {"decoder.conv1.weight"}, create<WanVae>},
+        // The original module tree's names (wan_2.1_vae.safetensors,
+        // qwen_image_vae.safetensors); also the KL decoder's, so an SD or Flux
+        // autoencoder given for a Wan VAE reaches WanVae's error naming what it lacks.
+        {NetworkKind::WanVae, {"decoder.conv1.weight", "decoder.conv_in.weight"}, create<WanVae>},
     };
     return list;
 }
