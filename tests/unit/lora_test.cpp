@@ -459,6 +459,15 @@ ModelPaths z_image_paths() {
     p.llm = golden_path("pipeline/z_image_tiny/qwen3.safetensors");
     return p;
 }
+ModelPaths qwen_image_paths() {
+    ModelPaths p;
+    const std::string dir = golden_path("pipeline/qwen_image_tiny/");
+    p.diffusion_model = dir + "qwen_image_dit.safetensors";
+    p.vae = dir + "qwen_image_vae.safetensors";
+    p.llm = dir + "qwen_2.5_vl.safetensors";
+    p.tokenizer = "llm=" + dir + "tokenizer";
+    return p;
+}
 
 struct Expected {
     const char* key;      // a layer name as adapter files write it
@@ -544,6 +553,20 @@ TEST(LoraTargetsOfEveryFamily, KohyaDiffusersAndCheckpointNamesFindTheirWeights)
                        {"diffusion_model.layers.1.attention.to_out.0", "layers.1.attention.out.weight", 0, 64},
                        {"lora_unet_noise_refiner_0_feed_forward_w1", "noise_refiner.0.feed_forward.w1.weight", 0, -1},
                        {"diffusion_model.layers.0.attention.qkv", "layers.0.attention.qkv.weight", 0, 192},
+                   });
+
+    // Qwen-Image's DiT is in diffusers' names: PEFT's (transformer.), ComfyUI's
+    // (diffusion_model., as the Lightning LoRAs) and kohya's find its own weights.
+    auto qwen = load_parts(qwen_image_paths(), LoraApplyMode::Auto);
+    ASSERT_TRUE(qwen);
+    expect_targets(*qwen,
+                   {
+                       {"transformer.transformer_blocks.0.attn.to_q", "transformer_blocks.0.attn.to_q.weight", 0, 64},
+                       {"diffusion_model.transformer_blocks.1.attn.add_k_proj",
+                        "transformer_blocks.1.attn.add_k_proj.weight", 0, 64},
+                       {"lora_unet_transformer_blocks_0_img_mlp_net_0_proj",
+                        "transformer_blocks.0.img_mlp.net.0.proj.weight", 0, -1},
+                       {"transformer.transformer_blocks.1.txt_mod.1", "transformer_blocks.1.txt_mod.1.weight", 0, -1},
                    });
 }
 
