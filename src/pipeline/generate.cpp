@@ -835,8 +835,8 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
     if (request.flow_shift && model.prediction() != Prediction::Flow) {
         KILN_LOG_WARN("--flow-shift does nothing for %s: not a flow model", model.family_label().c_str());
     }
-    const T5Options& masks = request.t5_options;
-    if ((!masks.dit_mask || masks.t5_mask || masks.pad_tokens >= 0) && !model.masks_text_padding()) {
+    const T5Options& t5 = request.t5_options;
+    if ((!t5.dit_mask || t5.t5_mask || t5.pad_tokens >= 0) && !model.masks_text_padding()) {
         KILN_LOG_WARN("the --chroma-* options do nothing for %s: it does not mask T5's padding (Chroma does)",
                       model.family_label().c_str());
     }

@@ -9,7 +9,9 @@ constexpr SdCliStance kRefused = SdCliStance::Refused;
 constexpr const char* kConvPath = "kiln picks each convolution's path itself";
 constexpr const char* kVideo = "is for sd-cli's video families (Wan, SVD, LTX, AnimateDiff); kiln makes images only";
 constexpr const char* kPhotoMaker = "is for sd-cli's PhotoMaker; kiln has no PhotoMaker";
-constexpr const char* kQwenImage = "is for sd-cli's Qwen-Image family, which kiln does not have yet";
+constexpr const char* kQwenImage =
+    "is for sd-cli's Qwen-Image-Edit and Layered models (the vision tower, Edit-2511's zero-condition timestep, "
+    "layers), which kiln does not run yet; Qwen-Image itself runs without it";
 constexpr const char* kDetailer =
     "is for sd-cli's detailer pass (detect, then inpaint each detection), which kiln does not have";
 constexpr const char* kIpAdapter = "is for sd-cli's IP-Adapter image prompts, which kiln does not have";

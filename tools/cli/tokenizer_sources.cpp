@@ -14,6 +14,14 @@ const std::vector<TokenizerSource>& tokenizer_sources() {
          "SDXL (CLIP-G; the same BPE as CLIP-L)"},
         {"t5xxl", "google/t5-v1_1-xxl", "main", {"spiece.model"}, "Flux, Chroma (T5-XXL)"},
         {"qwen3", "Qwen/Qwen3-4B", "main", {"tokenizer.json"}, "Z-Image (Qwen3-4B)"},
+        // Named as the LLM encoder names its architecture, the cache folder
+        // the loader looks in (pipeline/model.cpp).
+        {"qwen2", "Qwen/Qwen2.5-VL-7B-Instruct", "main", {"tokenizer.json"}, "Qwen-Image (Qwen2.5-VL-7B)"},
+        {"llama",
+         "mistralai/Mistral-Small-3.2-24B-Instruct-2506",
+         "main",
+         {"tekken.json"},
+         "FLUX.2-dev (Mistral Small 3.2, a Llama)"},
     };
     return table;
 }
