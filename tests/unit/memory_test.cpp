@@ -962,6 +962,29 @@ TEST_F(Memory, Flux2DevSameImageUnderEveryBudgetAndThePlanAgrees) {
         {0.75, 0.6});
 }
 
+// Qwen-Image at full width (tests/fixtures/qwen_image_medium.spec: the
+// 3072-wide DiT with 2 of its 60 blocks, Qwen2.5-VL-7B's text model at its
+// full width, heads and FFN with 2 of its 28 layers and a 1024-token
+// vocabulary instead of 152064 (the tiny fixture tokenizer's ids fit in it;
+// the vocabulary only sizes the embedding, of which one row per token is
+// read), and the full Wan 2.1 VAE; 2.6 GB as F16, in ComfyUI's all-in-one
+// names). The same invariants: the DiT cut after each block, the LLM after
+// each layer. The unconstrained peak holds both modules' weights (the LLM's
+// are two thirds of the DiT's), and each DiT block with its compute is 30%
+// of it, so the budgets are 42% of the peak (the LLM whole, the DiT in 2
+// segments) and 35% (both in 2 segments). Not 50%: there the DiT's two
+// segments do not both fit, the run keeps less of the first one's weights
+// than the room left and peaks at the LLM's 0.91 GiB, where kiln plan
+// forecasts the whole budget (1.13 GiB) as streamed weights kept: 24% above
+// the run, past the 15% expect_plan_matches_run allows (on the safe side).
+TEST_F(Memory, QwenImageSameImageUnderEveryBudgetAndThePlanAgrees) {
+    test::TempDir dir;
+    expect_same_image_under_shrinking_budgets(
+        spec_job(dir, "qwen_image_medium.spec", "qwen_image_medium.safetensors",
+                 "llm=" + std::string(KILN_GOLDEN_DIR) + "/pipeline/z_image_tiny/tokenizer", 1.0f),
+        {0.42, 0.35});
+}
+
 // SD3.5 Large at full width (tests/fixtures/sd35_large_medium.spec: the
 // 2432-wide MMDiT with 4 of its 38 joint blocks and a 64 x 64 position
 // embedding, CLIP-L, CLIP-G and T5-XXL at their widths with 2 layers each,
