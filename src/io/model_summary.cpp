@@ -28,6 +28,8 @@ constexpr ComponentRule kRules[] = {
     {"text_encoders.t5xxl.", "t5xxl", ComponentKind::TextEncoder},
     {"text_encoders.qwen3_4b.", "qwen3_4b", ComponentKind::TextEncoder},
     {"text_encoders.mistral3_24b.", "mistral3_24b", ComponentKind::TextEncoder},
+    {"text_encoders.qwen25_7b.", "qwen25_7b", ComponentKind::TextEncoder},
+    {"vae.", "vae", ComponentKind::Vae},
     // Diffusers folders (ModelFile prefixes each tensor with its subfolder).
     {"unet/", "unet", ComponentKind::DiffusionModel},
     {"transformer/", "transformer", ComponentKind::DiffusionModel},
@@ -57,16 +59,18 @@ const char* bare_component(std::string_view name, ComponentKind* kind) {
         return "text_encoder";
     }
     // A vision-language model's text encoder (Mistral3ForConditionalGeneration,
-    // FLUX.2-dev's text_encoder/: language_model.*); its vision tower and
-    // projector are part of the file, never read.
+    // FLUX.2-dev's text_encoder/: language_model.*; Qwen2.5-VL's visual.*);
+    // its vision tower and projector are part of the file, never read.
     if (starts_with(name, "language_model.") || starts_with(name, "model.language_model.") ||
         starts_with(name, "vision_tower.") || starts_with(name, "model.vision_tower.") ||
-        starts_with(name, "multi_modal_projector.") || starts_with(name, "model.multi_modal_projector.")) {
+        starts_with(name, "multi_modal_projector.") || starts_with(name, "model.multi_modal_projector.") ||
+        starts_with(name, "visual.") || starts_with(name, "model.visual.")) {
         *kind = ComponentKind::TextEncoder;
         return "text_encoder";
     }
+    // Wan 2.1's VAE has its 1x1x1 convolutions between encoder and decoder at the top.
     if (starts_with(name, "encoder.") || starts_with(name, "decoder.") || starts_with(name, "quant_conv") ||
-        starts_with(name, "post_quant_conv")) {
+        starts_with(name, "post_quant_conv") || starts_with(name, "conv1.") || starts_with(name, "conv2.")) {
         *kind = ComponentKind::Vae;
         return "vae";
     }
@@ -87,7 +91,10 @@ const char* bare_component(std::string_view name, ComponentKind* kind) {
         starts_with(name, "noise_refiner.") || starts_with(name, "context_refiner.") || starts_with(name, "layers.") ||
         starts_with(name, "x_embedder.") || starts_with(name, "all_x_embedder.") ||
         starts_with(name, "cap_embedder.") || starts_with(name, "t_embedder.") || starts_with(name, "final_layer.") ||
-        starts_with(name, "all_final_layer.") || name == "x_pad_token" || name == "cap_pad_token") {
+        starts_with(name, "all_final_layer.") || name == "x_pad_token" || name == "cap_pad_token" ||
+        // Qwen-Image's DiT (diffusers' names).
+        starts_with(name, "time_text_embed.") || starts_with(name, "txt_norm.") || starts_with(name, "norm_out.") ||
+        starts_with(name, "proj_out.")) {
         *kind = ComponentKind::DiffusionModel;
         return "diffusion_model";
     }

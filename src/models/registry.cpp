@@ -46,6 +46,13 @@ std::string recognised_label(const FileSet& files) {
     if (files.find_suffix("self_attn.q_norm.weight") || files.find_suffix("attn_q_norm.weight")) {
         return "Qwen3 (an LLM text encoder)";
     }
+    // Qwen2's attention has biases and no QK norms (Qwen2.5-VL's text model).
+    if (files.find_suffix("self_attn.q_proj.bias") || files.find_suffix("attn_q.bias")) {
+        return "Qwen2 (an LLM text encoder)";
+    }
+    if (files.find_suffix("decoder.conv1.weight") && files.find_suffix("decoder.head.2.weight")) {
+        return "Wan 2.1 VAE";
+    }
     if (files.find_suffix("SelfAttention.relative_attention_bias.weight") ||
         files.find_suffix("enc.blk.0.attn_rel_b.weight")) {
         return "T5 (a text encoder)";

@@ -204,11 +204,12 @@ void expect_lines(const std::string& out, std::initializer_list<const char*> lin
 
 TEST_F(QwenImageFullSize, InfoNamesEveryFile) {
     expect_lines(info(bf16().dit), {"family: Qwen-Image", "total: 1933 tensors, 38.05 GiB"});
-    // ComfyUI's Qwen2.5-VL file: the text model is the text encoder (339 tensors:
-    // the embedding, 28 layers of 12, the final norm, lm_head); the vision
-    // tower's 390 tensors are not part of it.
-    expect_lines(info(bf16().llm), {"text encoder: text_encoder\n    339 tensors", "total: 729 tensors"});
-    expect_lines(info(*vae_), {"VAE: vae", "total: 194 tensors"});
+    // ComfyUI's Qwen2.5-VL file is one text encoder: the text model (339
+    // tensors: the embedding, 28 layers of 12, the final norm, lm_head) and
+    // the vision tower's 390, which a text-to-image job never reads.
+    expect_lines(info(bf16().llm), {"family: Qwen2 (an LLM text encoder)",
+                                    "text encoder: text_encoder\n    729 tensors", "total: 729 tensors"});
+    expect_lines(info(*vae_), {"family: Wan 2.1 VAE", "VAE: vae\n    194 tensors", "total: 194 tensors"});
     // The DiT GGUF: the 14 matrices of each of the 60 blocks Q4_K.
     expect_lines(info(gguf().dit),
                  {"general.architecture = qwen_image", "family: Qwen-Image", "total: 1933 tensors", "Q4_K x840"});
