@@ -18,6 +18,7 @@
 
 #include "golden.h"
 #include "image/image_io.h"
+#include "models/families/qwen_image.h"
 #include "models/nets/qwen_image_dit.h"
 #include "pipeline/conditioner.h"
 #include "pipeline/generate.h"
@@ -324,6 +325,24 @@ TEST_F(QwenImagePipelineCli, WrongOrMissingPartsAreOneClearError) {
         EXPECT_EQ(std::count(bad.err.begin(), bad.err.end(), '\n'), 1) << c.what << ": " << bad.err;
         for (const std::string& s : c.says) EXPECT_NE(bad.err.find(s), std::string::npos) << c.what << ": " << bad.err;
         std::filesystem::remove(out);
+    }
+}
+
+// With Qwen's real vocabulary (llama.cpp's Qwen2 GGUF and Qwen3's
+// tokenizer.json, the same byte-level BPE), the system turn kiln drops is
+// diffusers' prompt_template_encode_start_idx: 34 tokens.
+TEST(QwenImageTemplate, TheDroppedSystemTurnIsDiffusersThirtyFourTokens) {
+    const std::string root = std::string(KILN_FIXTURES_DIR) + "/../../third_party/";
+    const models::TextEncoderUse& use = models::qwen_image_family().conditioning.encoders.front();
+    std::vector<int32_t> first;
+    for (const std::string path : {root + "llama-vocab/ggml-vocab-qwen2.gguf", root + "llm-tokenizer-qwen3"}) {
+        auto tokenizer = text::LlmTokenizer::load(path);
+        ASSERT_TRUE(tokenizer.ok()) << path << ": " << tokenizer.error().message << " (scripts/setup.sh provisions it)";
+        const LlmPrompt prompt = llm_prompt(*tokenizer, use, "a shop sign that says \"kiln\"");
+        EXPECT_EQ(prompt.dropped, 34) << path;
+        EXPECT_EQ(prompt.ids.front(), 151644) << path;  // <|im_start|>
+        if (first.empty()) first = prompt.ids;
+        EXPECT_EQ(prompt.ids, first) << path;
     }
 }
 
