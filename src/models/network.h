@@ -30,6 +30,7 @@ namespace kiln::models {
 class DiffusionNetwork;
 class TextEncoderNetwork;
 class AutoencoderNetwork;
+class VisionEncoderNetwork;
 class ControlNet;
 
 class Network {
@@ -40,6 +41,7 @@ class Network {
     virtual const DiffusionNetwork* as_diffusion() const { return nullptr; }
     virtual const TextEncoderNetwork* as_text_encoder() const { return nullptr; }
     virtual const AutoencoderNetwork* as_autoencoder() const { return nullptr; }
+    virtual const VisionEncoderNetwork* as_vision_encoder() const { return nullptr; }
 
     // LoRA: whether files trained for the model change this network's
     // weights (a preview decoder's and a ControlNet's are never targets).
@@ -199,6 +201,13 @@ class DiffusionNetwork : public Network {
 
 // ---- Text encoders ----------------------------------------------------------
 
+// An image's tokens in a prompt: rows x cols of them from token `first` on, row-major.
+struct TokenGrid {
+    int64_t first = 0;
+    int64_t rows = 0;
+    int64_t cols = 0;
+};
+
 // How a family uses a text encoder (models::TextEncoderUse), as far as its
 // graph is concerned.
 struct TextEncodeShape {
@@ -218,6 +227,11 @@ struct TextEncodeShape {
     // An LLM: HF's hidden_states[k] for each k, joined along the features
     // (FLUX.2 klein's 9, 18, 27); empty: the `layer` as above.
     std::vector<int> hidden_states;
+    // An LLM: images in the prompt (Qwen-Image-Edit's), each a grid of
+    // tokens; their embeddings are extra_embeddings' rows, grid after grid
+    // (HF's masked_scatter of a vision tower's rows over the image pads),
+    // and every position turns by multimodal RoPE (HF's get_rope_index).
+    std::vector<TokenGrid> image_grids;
 };
 
 struct TextEncoderTensors {
@@ -273,6 +287,36 @@ class AutoencoderNetwork : public Network {
     // latent_channels (x2 for Moments), B]. Requires format().has_encoder.
     virtual ggml_tensor* encode(ggml_context* ctx, ggml_tensor* image, nn::ComputeTarget target,
                                 LatentEncoding encoding) const = 0;
+};
+
+// ---- Vision encoders -----------------------------------------------------------
+
+// An image a vision encoder reads: ne [width, height, 3], values in [0, 1],
+// sides multiples of size_unit().
+struct VisionEncodeShape {
+    int64_t width = 0;
+    int64_t height = 0;
+    const float* image = nullptr;  // the network makes its own inputs from it
+    bool flash_attention = false;
+    nn::ComputeTarget target = nn::ComputeTarget::Cpu;
+};
+
+struct VisionEncoderTensors {
+    ggml_tensor* out = nullptr;  // ne [out_width, tokens]
+};
+
+// An image encoder whose rows join a text encoder's input (Qwen2.5-VL's vision
+// tower in Qwen-Image-Edit's prompt).
+class VisionEncoderNetwork : public Network {
+  public:
+    const VisionEncoderNetwork* as_vision_encoder() const override { return this; }
+    bool takes_lora() const override { return false; }
+    virtual int64_t out_width() const = 0;
+    // Image sides are multiples of this many pixels.
+    virtual int64_t size_unit() const = 0;
+    // Output rows for an image of width x height.
+    virtual int64_t tokens(int64_t width, int64_t height) const = 0;
+    virtual VisionEncoderTensors build(nn::GraphInputs& inputs, const VisionEncodeShape& shape) const = 0;
 };
 
 }  // namespace kiln::models

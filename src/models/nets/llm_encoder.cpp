@@ -1,6 +1,8 @@
 #include "models/nets/llm_encoder.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <tuple>
 
@@ -92,7 +94,65 @@ Result<std::optional<double>> metadata_value(const io::ModelFile& file, const st
     return std::optional<double>(value);
 }
 
+// HF's mrope_section for Qwen2.5-VL (head_dim 128), as proportions of the
+// head's rotation pairs where the file does not say.
+constexpr std::array<int, 3> kQwenVlRopeSections = {16, 24, 24};
+
+Status read_rope_sections(const io::ModelFile& file, const std::string& key, const std::string& where, LlmConfig& c) {
+    const int pairs = static_cast<int>(c.head_dim / 2);
+    auto it = file.metadata().find(key);
+    if (it == file.metadata().end()) {
+        const int whole = kQwenVlRopeSections[0] + kQwenVlRopeSections[1] + kQwenVlRopeSections[2];
+        c.rope_sections[0] = pairs * kQwenVlRopeSections[0] / whole;
+        c.rope_sections[1] = pairs * kQwenVlRopeSections[1] / whole;
+        c.rope_sections[2] = pairs - c.rope_sections[0] - c.rope_sections[1];
+        return Status::Ok();
+    }
+    // A GGUF array, or "16,24,24" as text in a safetensors header.
+    std::vector<double> values;
+    if (it->second.kind == io::MetaValue::Kind::Array) {
+        for (const io::MetaValue& v : it->second.array) values.push_back(std::strtod(v.to_string().c_str(), nullptr));
+    } else {
+        std::string text = it->second.to_string();
+        for (size_t at = 0; at <= text.size();) {
+            const size_t comma = std::min(text.find(',', at), text.size());
+            values.push_back(std::strtod(text.substr(at, comma - at).c_str(), nullptr));
+            at = comma + 1;
+        }
+    }
+    int sum = 0;
+    for (size_t i = 0; i < values.size(); ++i) {
+        if (!(values[i] >= 0 && values[i] <= pairs) || values[i] != std::floor(values[i]) || (i >= 3 && values[i] != 0))
+            sum = -1;
+        if (i < 3 && sum >= 0) c.rope_sections[i] = static_cast<int>(values[i]), sum += c.rope_sections[i];
+    }
+    if (values.size() < 3 || sum != pairs) {
+        return Error::bad_file(
+            where + ": metadata " + key + " is '" + it->second.to_string() +
+            "', not three sections (time, row, column) that add up to head_dim / 2 = " + std::to_string(pairs));
+    }
+    return Status::Ok();
+}
+
 }  // namespace
+
+std::vector<int32_t> llm_multimodal_positions(int64_t length, const std::vector<TokenGrid>& grids) {
+    std::vector<int32_t> pos(static_cast<size_t>(4 * length), 0);
+    auto set = [&](int64_t token, int64_t t, int64_t r, int64_t c) {
+        pos[static_cast<size_t>(token)] = static_cast<int32_t>(t);
+        pos[static_cast<size_t>(length + token)] = static_cast<int32_t>(r);
+        pos[static_cast<size_t>(2 * length + token)] = static_cast<int32_t>(c);
+    };
+    int64_t token = 0, next = 0;  // next: the position the next text token takes
+    for (const TokenGrid& g : grids) {
+        for (; token < g.first; ++token, ++next) set(token, next, next, next);
+        for (int64_t r = 0; r < g.rows; ++r)
+            for (int64_t c = 0; c < g.cols; ++c) set(token++, next, next + r, next + c);
+        next += std::max(g.rows, g.cols);
+    }
+    for (; token < length; ++token, ++next) set(token, next, next, next);
+    return pos;
+}
 
 std::string LlmConfig::arch_name() const {
     switch (arch) {
@@ -275,6 +335,8 @@ Result<std::unique_ptr<LlmEncoder>> LlmEncoder::create(io::WeightDeclarer& weigh
                    file.metadata_string(meta + "attention.layer_norm_rms_epsilon", "") + ", not in (0, 1)");
     }
 
+    KILN_TRY(read_rope_sections(file, meta + "rope.dimension_sections", where, c));
+
     if (unused_last_layers >= c.layers) {
         return Error::invalid_request(where + ": unused_last_layers " + std::to_string(unused_last_layers) +
                                       " but the file has " + std::to_string(c.layers) + " layers");
@@ -328,6 +390,11 @@ ggml_tensor* LlmEncoder::self_attention(ggml_context* ctx, const Layer& layer, g
     auto heads_rotated = [&](ggml_tensor* t, int64_t heads, ggml_tensor* norm) {
         t = ggml_reshape_4d(ctx, t, c.head_dim, heads, n, batch);
         if (norm) t = ggml_mul(ctx, ggml_rms_norm(ctx, t, c.norm_eps), norm);
+        if (options.positions->ne[0] == 4 * n) {
+            int sections[GGML_MROPE_SECTIONS] = {c.rope_sections[0], c.rope_sections[1], c.rope_sections[2], 0};
+            return ggml_rope_multi(ctx, t, options.positions, nullptr, static_cast<int>(c.head_dim), sections,
+                                   GGML_ROPE_TYPE_MROPE, 0, c.rope_theta, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f);
+        }
         return ggml_rope_ext(ctx, t, options.positions, nullptr, static_cast<int>(c.head_dim),
                              c.rope_neox ? GGML_ROPE_TYPE_NEOX : 0, 0, c.rope_theta, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f);
     };
@@ -356,7 +423,12 @@ ggml_tensor* LlmEncoder::encode(ggml_context* ctx, ggml_tensor* tokens, const Ll
     const int64_t run = options.layers > 0 ? options.layers : declared_layers();
     GGML_ASSERT(run <= declared_layers() && "LlmOptions::layers exceeds the declared layers");
     GGML_ASSERT(options.positions && options.positions->type == GGML_TYPE_I32 &&
-                ggml_nelements(options.positions) == n && "LlmOptions::positions must hold n I32 positions");
+                (ggml_nelements(options.positions) == n ||
+                 (ggml_nelements(options.positions) == 4 * n && batch == 1 && c.rope_neox)) &&
+                "LlmOptions::positions must hold n (or 4 n multimodal) I32 positions");
+    GGML_ASSERT((!options.extra_rows ||
+                 (options.rows_at && options.replace && batch == 1 && options.extra_rows->ne[0] == c.width)) &&
+                "LlmOptions::extra_rows needs rows_at and replace, one sequence, rows of the width");
     GGML_ASSERT(options.mask && options.mask->ne[0] == n && options.mask->ne[1] == n && options.mask->ne[2] == 1 &&
                 (options.mask->ne[3] == 1 || options.mask->ne[3] == batch) &&
                 "LlmOptions::mask must be [n, n] or [n, n, 1, batch]");
@@ -369,6 +441,13 @@ ggml_tensor* LlmEncoder::encode(ggml_context* ctx, ggml_tensor* tokens, const Ll
         GGML_ASSERT(k >= 0 && k < run && "LlmOptions::stacked_outputs names a layer that does not run");
     }
     ggml_tensor* x = ggml_get_rows(ctx, token_embedding_, ggml_reshape_1d(ctx, tokens, n * batch));  // [w, n*B]
+    if (options.extra_rows) {
+        // Exactly the rows where replace is 1 and the embeddings elsewhere
+        // (a product with 1 or 0 and a sum with 0 change no value).
+        ggml_tensor* rows = ggml_get_rows(ctx, options.extra_rows, options.rows_at);
+        ggml_tensor* keep = ggml_scale_bias(ctx, options.replace, -1.0f, 1.0f);
+        x = ggml_add(ctx, ggml_mul(ctx, x, keep), ggml_mul(ctx, rows, options.replace));
+    }
     x = ggml_reshape_3d(ctx, x, c.width, n, batch);
     std::vector<ggml_tensor*> outputs(static_cast<size_t>(run), nullptr);
     for (int64_t i = 0; i < run; ++i) {
@@ -399,6 +478,7 @@ TextEncoderTensors LlmEncoder::build(nn::GraphInputs& s, const TextEncodeShape& 
     g.tokens = s.input(GGML_TYPE_I32, {length, shape.batch}, nullptr, "tokens");
     std::vector<int32_t> positions(static_cast<size_t>(length));
     for (int64_t i = 0; i < length; ++i) positions[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+    if (!shape.image_grids.empty()) positions = llm_multimodal_positions(length, shape.image_grids);
     std::vector<float> mask = llm_causal_mask(length);
     if (shape.key_mask) {
         // Padding after the prompt: no query attends to it (HF's attention_mask).
@@ -409,7 +489,23 @@ TextEncoderTensors LlmEncoder::build(nn::GraphInputs& s, const TextEncodeShape& 
         }
     }
     LlmOptions options;
-    options.positions = s.input(GGML_TYPE_I32, {length}, positions.data(), "positions");
+    options.positions = s.input(GGML_TYPE_I32, {static_cast<int64_t>(positions.size())}, positions.data(), "positions");
+    if (!shape.image_grids.empty()) {
+        // The image tokens take the extra rows in order, grid after grid.
+        std::vector<int32_t> rows_at(static_cast<size_t>(length), 0);
+        std::vector<float> replace(static_cast<size_t>(length), 0.0f);
+        int32_t row = 0;
+        for (const TokenGrid& g : shape.image_grids) {
+            for (int64_t t = g.first; t < g.first + g.rows * g.cols; ++t, ++row) {
+                rows_at[static_cast<size_t>(t)] = row;
+                replace[static_cast<size_t>(t)] = 1.0f;
+            }
+        }
+        GGML_ASSERT(row == shape.extra_rows && "TextEncodeShape: the image grids' tokens are the extra rows");
+        options.extra_rows = s.input(GGML_TYPE_F32, {config_.width, row}, shape.extra_embeddings, "image_rows");
+        options.rows_at = s.input(GGML_TYPE_I32, {length}, rows_at.data(), "image_rows_at");
+        options.replace = s.input(GGML_TYPE_F32, {1, length}, replace.data(), "image_rows_mask");
+    }
     options.mask = s.input(GGML_TYPE_F32, {length, length}, mask.data(), "causal_mask");
     options.final_norm = shape.final_norm && declared_layers() == config_.layers;
     // HF's hidden_states[k] is the output of layer k - 1.

@@ -63,6 +63,7 @@
 // precision (ggml_prec_set_acc), as in t5_encoder.h.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -98,6 +99,13 @@ struct LlmConfig {
     // Rope on (i, i + head_dim / 2) pairs, as HF rotates; false: adjacent
     // pairs, for the q/k rows llama.cpp's converter permutes for llama.
     bool rope_neox = true;
+    // Multimodal RoPE (Qwen2.5-VL): of each head's head_dim / 2 rotation
+    // pairs, the first rope_sections[0] turn by the token's time position,
+    // the next [1] by its row, the next [2] by its column (HF's mrope_section,
+    // [16, 24, 24] for head_dim 128). From `<arch>.rope.dimension_sections`,
+    // else those proportions of head_dim / 2. A text-only prompt, whose three
+    // positions are equal, is the plain NeoX rope.
+    std::array<int, 3> rope_sections{};
 
     // llama.cpp's name: "qwen3", "qwen2", "llama".
     std::string arch_name() const;
@@ -114,13 +122,29 @@ struct LlmOptions {
     // along the features in this order, instead of the last layer's (FLUX.2
     // klein stacks HF's hidden_states 9, 18 and 27: layers 8, 17, 26).
     std::vector<int> stacked_outputs;
-    // Required. I32 ne [n]: the positions 0..n-1 (rope's), a host input.
+    // Required. I32 ne [n]: the positions 0..n-1 (rope's), a host input; or
+    // ne [4 n]: multimodal positions (time, row, column rows of n, then n
+    // unused), rotated by config().rope_sections.
     ggml_tensor* positions = nullptr;
+    // Optional. F32 ne [width, rows] and ne [n] I32 / F32 ne [1, n]: the
+    // rows replace the token embeddings where `replace` is 1 (`rows_at`
+    // says which row: a vision tower's output in place of image pads).
+    ggml_tensor* extra_rows = nullptr;
+    ggml_tensor* rows_at = nullptr;
+    ggml_tensor* replace = nullptr;
     // Required. F32 ne [n keys, n queries] (or [n, n, 1, batch] for masks
     // that differ per prompt): added to the scaled scores of every head;
     // llm_causal_mask(n) for one unpadded prompt, a host input.
     ggml_tensor* mask = nullptr;
 };
+
+// Multimodal RoPE positions for a prompt of `length` tokens with image
+// grids in it (HF Qwen2.5-VL's get_rope_index for images): 4 rows of
+// `length` (time, row, column, then zeros). A text token's three positions
+// are its running index; an image's tokens share the time of the text token
+// they follow and add their row and column to it; the text after an image
+// goes on from its largest position plus one.
+std::vector<int32_t> llm_multimodal_positions(int64_t length, const std::vector<TokenGrid>& grids);
 
 // n * n values, element [q * n + k] (ggml ne [n keys, n queries]): 0 for
 // k <= q, -inf for keys after the query.

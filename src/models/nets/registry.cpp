@@ -7,6 +7,7 @@
 #include "models/nets/flux_dit.h"
 #include "models/nets/llm_encoder.h"
 #include "models/nets/mmdit.h"
+#include "models/nets/qwen25_vl_vision.h"
 #include "models/nets/qwen_image_dit.h"
 #include "models/nets/t5_encoder.h"
 #include "models/nets/taesd.h"
@@ -71,6 +72,9 @@ const std::vector<NetworkEntry>& entries() {
         // qwen_image_vae.safetensors); also the KL decoder's, so an SD or Flux
         // autoencoder given for a Wan VAE reaches WanVae's error naming what it lacks.
         {NetworkKind::WanVae, {"decoder.conv1.weight", "decoder.conv_in.weight"}, create<WanVae>},
+        // HF's Conv3d patch embedding (under "visual." in a Qwen2.5-VL file)
+        // and llama.cpp's mmproj name for its first temporal kernel.
+        {NetworkKind::QwenVision, {"patch_embed.proj.weight", "v.patch_embd.weight"}, create<QwenVisionEncoder>},
     };
     return list;
 }
