@@ -62,6 +62,10 @@ typedef struct {
     const char* clip_g_path;          /* --clip_g (SDXL's OpenCLIP ViT-bigG), or NULL */
     const char* t5xxl_path;           /* --t5xxl (Flux's and Chroma's T5-XXL), or NULL */
     const char* llm_path;             /* --llm (Z-Image's Qwen3-4B), or NULL */
+    /* --llm_vision: Qwen2.5-VL's vision tower for Qwen-Image-Edit's reference images (llama.cpp's mmproj GGUF,
+     * or HF's visual.*), or NULL: the --llm file's visual.* when it has them */
+    const char* llm_vision_path;
+    int qwen_image_zero_cond_t;       /* Qwen-Image-Edit-2511's reference tokens at timestep 0 (else from the file) */
     const char* control_net_path;     /* --control-net: a ControlNet for the UNet (SD1.x, SD2.x, SDXL), or NULL */
     /* --tokenizer: CLIP's tokenizer, or per encoder "t5xxl=PATH,llm=PATH,clip_l=PATH"; NULL: the model's */
     const char* tokenizer_path;

@@ -152,6 +152,7 @@ kiln::Result<kiln::pipeline::ModelOptions> model_options(const kiln_context_para
     }
     options.lora_dir = str(params->lora_model_dir);
     options.taesd_preview_only = params->taesd_preview_only != 0;
+    options.zero_cond_t = params->qwen_image_zero_cond_t != 0;
     if (params->lora_apply_mode) {
         auto mode = kiln::pipeline::parse_lora_apply_mode(params->lora_apply_mode);
         if (!mode.ok()) return Error::invalid_request("--lora-apply-mode: " + mode.error().message);
@@ -387,6 +388,7 @@ kiln_status kiln_context_create(const kiln_context_params* params, kiln_context*
         paths.clip_g = str(params->clip_g_path);
         paths.t5xxl = str(params->t5xxl_path);
         paths.llm = str(params->llm_path);
+        paths.llm_vision = str(params->llm_vision_path);
         paths.tokenizer = str(params->tokenizer_path);
         paths.embeddings = str(params->embeddings_dir);
         paths.control_net = str(params->control_net_path);

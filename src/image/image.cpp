@@ -102,10 +102,24 @@ double filter_value(ResizeFilter filter, double x) {
         x = std::fabs(x);
         return x < 1.0 ? 1.0 - x : 0.0;
     }
+    if (filter == ResizeFilter::Bicubic) {  // Pillow's bicubic_filter, a = -0.5
+        constexpr double a = -0.5;
+        x = std::fabs(x);
+        if (x < 1.0) return ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0;
+        if (x < 2.0) return (((x - 5.0) * x + 8.0) * x - 4.0) * a;
+        return 0.0;
+    }
     return -3.0 <= x && x < 3.0 ? sinc(x) * sinc(x / 3.0) : 0.0;
 }
 
-double filter_support(ResizeFilter filter) { return filter == ResizeFilter::Bilinear ? 1.0 : 3.0; }
+double filter_support(ResizeFilter filter) {
+    switch (filter) {
+        case ResizeFilter::Bilinear: return 1.0;
+        case ResizeFilter::Bicubic: return 2.0;
+        case ResizeFilter::Lanczos3: return 3.0;
+    }
+    return 3.0;
+}
 
 // Pixel centres sit at i + 0.5 in both grids, so the image edges line up.
 // When shrinking, the filter is stretched by the scale (area-aware).

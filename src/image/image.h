@@ -53,6 +53,8 @@ enum class ResizeFilter {
     // Triangle (linear) filter. For masks: no overshoot, so a binary mask
     // only gains intermediate values at its edges.
     Bilinear,
+    // Pillow's bicubic (a = -0.5), the Qwen2-VL image processor's filter.
+    Bicubic,
     // Lanczos with a = 3, the filter A1111 uses for init images: sharpest
     // result, slight ringing at hard edges (clamped to [0, 255]).
     Lanczos3,

@@ -46,7 +46,11 @@ struct ModuleSpec {
     std::optional<io::ModelComponent> diffusers_component;
     // A text encoder a job runs without when no file holds it: zeros stand
     // for its hidden states (SD3's T5-XXL; TextEncoderUse::max_length rows).
+    // A vision tower (Qwen-Image-Edit's) only edit jobs need.
     bool optional = false;
+    // Also taken from the file given by this flag (Qwen2.5-VL's vision
+    // tower, visual.*, inside the LLM's file given as --llm).
+    std::string also_in_flag;
 };
 
 // How a prompt becomes an encoder's tokens; each layout has its tokenizer
@@ -120,6 +124,20 @@ struct TextEncoderUse {
     // diffusion network's context width (SD3: CLIP-L and CLIP-G in group 0,
     // T5 in group 1).
     int token_group = 0;
+    // LLM, edit models (Qwen-Image-Edit): with reference images (-r) the
+    // prompt shows them too, each through the vision module `vision_module`
+    // (diffusers' QwenImageEditPlusPipeline): images_prefix, then for image
+    // i = 1, 2, ... image_prompt with "{}" replaced by i and its image_pad
+    // token standing for the vision module's rows of that image, then the
+    // prompt and chat_suffix. images_prefix's tokens are dropped as
+    // chat_prefix's are (drop_prefix). Each image enters the vision module
+    // resized to about vision_area pixels, its aspect kept (diffusers'
+    // CONDITION_IMAGE_SIZE, then the Qwen2-VL processor's sides).
+    std::string vision_module;
+    std::string images_prefix;
+    std::string image_prompt;
+    std::string image_pad;
+    int vision_area = 0;
     // A CLIP in HF's naming that is an OpenCLIP tower (SD3's CLIP-G in
     // Stability's and ComfyUI's files): GELU, not OpenAI's quick GELU, and
     // its text_projection.weight projects the pooled output.
@@ -222,6 +240,8 @@ struct Family {
     // Reference images (-r, Flux.1-Kontext) are image tokens the DiT
     // attends to; families that were not trained on them refuse them.
     bool reference_images = false;
+    // The most reference images a job may give (0: no limit of the family's).
+    int max_reference_images = 0;
     // The size stride is not a constant of the family: it is the VAE's
     // downscale times the diffusion network's own (2^(levels-1) for a UNet),
     // read from the loaded networks (pipeline/model.h, size_stride()).

@@ -103,16 +103,27 @@ Result<EncodedChunks> encode_t5(const TextEncoder& encoder, const text::T5Tokeni
 // template, as sd-cli makes them: one sequence with a causal mask, then the
 // token weights applied to the rows with the mean restored.
 Result<EncodedChunks> encode_llm(const TextEncoder& encoder, const text::LlmTokenizer& tokenizer,
-                                 const std::string& prompt) {
+                                 const std::string& prompt, const std::vector<PromptImage>& images) {
     const models::TextEncoderUse& use = *encoder.use;
-    const LlmPrompt input = llm_prompt(tokenizer, use, prompt);
+    LlmPrompt input;
+    LlmImagePrompt with_images;
+    if (!images.empty() && !use.vision_module.empty()) {  // an edit job: the images in the prompt
+        with_images = llm_image_prompt(tokenizer, use, prompt, images);
+        input.ids = with_images.ids;
+        input.weights = with_images.weights;
+        input.dropped = with_images.dropped;
+    } else {
+        input = llm_prompt(tokenizer, use, prompt);
+    }
     const auto length = static_cast<int64_t>(input.ids.size());
     if (length > kMaxLlmTokens) {
         return Error::invalid_request("the prompt is " + std::to_string(length) + " tokens under the " + use.module +
-                                      " chat template; at most " + std::to_string(kMaxLlmTokens) + " are encoded");
+                                      " chat template" + (with_images.grids.empty() ? "" : ", its images included") +
+                                      "; at most " + std::to_string(kMaxLlmTokens) + " are encoded");
     }
     TextEncoderGraph g = build_text_encoder_graph(encoder, input.ids.data(), length, 1, use.default_layer,
-                                                  input.real.empty() ? nullptr : input.real.data());
+                                                  input.real.empty() ? nullptr : input.real.data(), with_images.grids,
+                                                  with_images.rows.empty() ? nullptr : with_images.rows.data());
     KILN_TRY(g.session->run(*encoder.executor, g.out));
     EncodedChunks out;
     out.hidden = runtime::GraphSession::read(g.out);
@@ -170,8 +181,8 @@ LlmPrompt llm_prompt(const text::LlmTokenizer& tokenizer, const models::TextEnco
     return out;
 }
 
-Result<Conditioning> encode_prompt(Model& model, const std::string& prompt, int clip_skip,
-                                   const T5Options& t5_options) {
+Result<Conditioning> encode_prompt(Model& model, const std::string& prompt, int clip_skip, const T5Options& t5_options,
+                                   const std::vector<PromptImage>& images) {
     Conditioning c;
     std::vector<EncoderStates> states;
     for (const TextEncoder& encoder : model.text_encoders()) {
@@ -182,7 +193,7 @@ Result<Conditioning> encode_prompt(Model& model, const std::string& prompt, int 
                 encoded = encode_t5(encoder, model.t5_tokenizer(), prompt, t5_options, &c.token_valid);
                 break;
             case models::PromptLayout::ChatTemplate:
-                encoded = encode_llm(encoder, model.llm_tokenizer(), prompt);
+                encoded = encode_llm(encoder, model.llm_tokenizer(), prompt, images);
                 break;
         }
         if (!encoded.ok()) return encoded.error();

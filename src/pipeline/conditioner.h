@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "pipeline/model.h"
+#include "pipeline/prompt_images.h"
 #include "util/result.h"
 
 namespace kiln::pipeline {
@@ -95,7 +96,9 @@ void join_encoder_states(std::vector<EncoderStates>& states, int64_t context_wid
 // layer `clip_skip` from the end (<= 0: the family's default), in as many
 // 77-token chunks as the prompt takes (CLIP); T5 and LLM encoders ignore
 // clip_skip.
+// `images`: an edit job's reference images as its LLM sees them
+// (pipeline/prompt_images.h), for a family whose LLM use shows them.
 Result<Conditioning> encode_prompt(Model& model, const std::string& prompt, int clip_skip,
-                                   const T5Options& t5_options = {});
+                                   const T5Options& t5_options = {}, const std::vector<PromptImage>& images = {});
 
 }  // namespace kiln::pipeline

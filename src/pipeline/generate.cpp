@@ -877,7 +877,23 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
     }
     const Clock::time_point encoding_start = Clock::now();
     if (on_phase) on_phase(JobPhase::Encode, 0);
-    auto cond = encode_prompt(model, tagged->prompt, request.clip_skip, request.t5_options);
+    // An edit model's -r images also enter its prompt, the negative's too
+    // (diffusers' QwenImageEditPlusPipeline), through its vision tower: once.
+    std::vector<PromptImage> prompt_images;
+    if (model.has_vision()) {
+        for (const TextEncoder& te : model.text_encoders()) {
+            if (te.use->vision_module.empty()) continue;
+            for (size_t i = 0; i < request.ref_images.size(); ++i) {
+                auto encoded = encode_prompt_image(model, request.ref_images[i], te.use->vision_area);
+                if (!encoded.ok()) return encoded.error().in_context("reference image " + std::to_string(i + 1) + ": ");
+                KILN_LOG_VERBOSE("reference image %zu: %lldx%lld tokens in the prompt", i + 1,
+                                 static_cast<long long>(encoded->grid_cols),
+                                 static_cast<long long>(encoded->grid_rows));
+                prompt_images.push_back(std::move(encoded).value());
+            }
+        }
+    }
+    auto cond = encode_prompt(model, tagged->prompt, request.clip_skip, request.t5_options, prompt_images);
     if (!cond.ok()) return cond.error();
     std::optional<Conditioning> uncond;
     if (use_cfg) {
@@ -887,7 +903,8 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
             std::fill(uncond->hidden.begin(), uncond->hidden.end(), 0.0f);
             std::fill(uncond->pooled.begin(), uncond->pooled.end(), 0.0f);
         } else {
-            auto encoded = encode_prompt(model, request.negative_prompt, request.clip_skip, request.t5_options);
+            auto encoded =
+                encode_prompt(model, request.negative_prompt, request.clip_skip, request.t5_options, prompt_images);
             if (!encoded.ok()) return encoded.error();
             uncond = std::move(encoded).value();
         }

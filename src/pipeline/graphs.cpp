@@ -19,7 +19,8 @@ const T* or_zeros(const T* data, size_t count, std::vector<T>& zeros) {
 }  // namespace
 
 TextEncoderGraph build_text_encoder_graph(const TextEncoder& encoder, const int32_t* ids, int64_t length, int64_t batch,
-                                          int layer, const float* key_mask) {
+                                          int layer, const float* key_mask,
+                                          const std::vector<models::TokenGrid>& image_grids, const float* rows) {
     TextEncoderGraph g;
     g.session = std::make_unique<runtime::GraphSession>();
     SessionInputs inputs(*g.session);
@@ -31,6 +32,11 @@ TextEncoderGraph build_text_encoder_graph(const TextEncoder& encoder, const int3
     shape.pooled = encoder.use->pooled;
     shape.key_mask = key_mask;
     shape.hidden_states = encoder.use->hidden_states;
+    if (!image_grids.empty()) {
+        shape.image_grids = image_grids;
+        shape.extra_embeddings = rows;
+        for (const models::TokenGrid& grid : image_grids) shape.extra_rows += grid.rows * grid.cols;
+    }
     const EmbeddingTable& extra = encoder.embeddings;
     if (extra.rows() > 0) {
         shape.extra_embeddings = extra.vectors.data();

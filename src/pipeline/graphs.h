@@ -25,9 +25,12 @@ struct TextEncoderGraph {
 // `ids`: length * batch token ids (null: zeros); `layer`: clip skip (CLIP
 // only; an LLM reads the layers its module declared); a CLIP reads its
 // textual-inversion rows from encoder.embeddings; `key_mask`: length *
-// batch, 1 real 0 padding (T5 only; null: none).
+// batch, 1 real 0 padding (T5 only; null: none). An LLM's image rows
+// (models::TextEncodeShape::image_grids; `rows` their rows in order).
 TextEncoderGraph build_text_encoder_graph(const TextEncoder& encoder, const int32_t* ids, int64_t length, int64_t batch,
-                                          int layer, const float* key_mask = nullptr);
+                                          int layer, const float* key_mask = nullptr,
+                                          const std::vector<models::TokenGrid>& image_grids = {},
+                                          const float* rows = nullptr);
 
 // The diffusion network's graph of one evaluation: the inputs its network
 // made (set the per-evaluation ones with session->set_input) and its output.

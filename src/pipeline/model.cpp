@@ -436,6 +436,7 @@ Status Model::load_networks(const ModelPaths& paths, const ModelOptions& options
                                                                   {&paths.clip_g, "--clip_g"},
                                                                   {&paths.t5xxl, "--t5xxl"},
                                                                   {&paths.llm, "--llm"},
+                                                                  {&paths.llm_vision, "--llm_vision"},
                                                                   {&paths.vae, "--vae"}};
     for (const auto& [path, flag] : flagged) {
         if (!path->empty()) given.push_back({*path, flag});
@@ -497,15 +498,19 @@ Status Model::load_networks(const ModelPaths& paths, const ModelOptions& options
             module->prefix = *prefix;
         }
         for (size_t i = given.size(); i-- > 0 && !module->file;) {
-            if (!given[i].flag.empty() && given[i].flag != spec.flag) continue;
+            if (!given[i].flag.empty() && given[i].flag != spec.flag && given[i].flag != spec.also_in_flag) continue;
             if (auto prefix = find_prefix(*files_[i], spec.network, spec.prefixes)) {
                 module->file = files_[i].get();
                 module->prefix = *prefix;
             }
         }
         if (!module->file && spec.optional) {
-            KILN_LOG_WARN("%s: no %s given (%s); it runs without it, zeros in place of its text states",
-                          family_label_.c_str(), spec.name.c_str(), spec.flag.c_str());
+            // A text encoder's absence changes every image; a vision tower's
+            // only edit jobs, which say so (pipeline/request.cpp).
+            if (spec.role == models::ModuleRole::TextEncoder && spec.network != models::NetworkKind::QwenVision) {
+                KILN_LOG_WARN("%s: no %s given (%s); it runs without it, zeros in place of its text states",
+                              family_label_.c_str(), spec.name.c_str(), spec.flag.c_str());
+            }
             continue;
         }
         if (!module->file) {
@@ -518,6 +523,7 @@ Status Model::load_networks(const ModelPaths& paths, const ModelOptions& options
         // Only the layers the family reads are declared (Z-Image's
         // hidden_states[-2] never needs the LLM's last layer's weights).
         models::NetworkOptions network_options;
+        network_options.zero_cond_t = options.zero_cond_t;
         for (const models::TextEncoderUse& use : family_->conditioning.encoders) {
             if (use.module == spec.name) network_options.hf_named_openclip = use.hf_named_openclip;
             if (use.module != spec.name || use.layout != models::PromptLayout::ChatTemplate) continue;
@@ -529,6 +535,7 @@ Status Model::load_networks(const ModelPaths& paths, const ModelOptions& options
             return s.error().as(ErrorKind::BadFile).in_context(module->file->sources().front().path + ": ");
         if (spec.role == models::ModuleRole::Diffusion) diffusion_ = module.get();
         if (spec.role == models::ModuleRole::Vae) vae_ = module.get();
+        if (spec.network == models::NetworkKind::QwenVision) vision_ = module.get();
         modules_.push_back(std::move(module));
     }
     for (const models::TextEncoderUse& use : family_->conditioning.encoders) {
@@ -553,7 +560,8 @@ Status Model::load_networks(const ModelPaths& paths, const ModelOptions& options
             continue;
         }
         for (const models::ModuleSpec& spec : family_->modules) {
-            if (spec.flag != given[i].flag && find_prefix(*files_[i], spec.network, spec.prefixes)) {
+            if (spec.flag != given[i].flag && spec.also_in_flag != given[i].flag &&
+                find_prefix(*files_[i], spec.network, spec.prefixes)) {
                 KILN_LOG_WARN("%s (%s): its %s is not used", given[i].path.c_str(), given[i].flag.c_str(),
                               spec.name.c_str());
             }
@@ -687,7 +695,12 @@ Status Model::place_modules(const ModelOptions& options) {
     const ggml_backend_buffer_type_t cpu = ggml_backend_cpu_buffer_type();
     module_bytes_ = {{"diffusion", 0}, {"te", 0}, {"vae", 0}};
     if (control_) module_bytes_["control"] = 0;
-    for (const auto& module : modules_) module_bytes_[module->role()] += module->weights().allocation_size(cpu);
+    // A vision tower serves edit jobs only: its weights stay in RAM (or the
+    // mapped file) and stream to its role's device when one runs, so they
+    // take no part in placing the role's (below).
+    for (const auto& module : modules_) {
+        if (module.get() != vision_) module_bytes_[module->role()] += module->weights().allocation_size(cpu);
+    }
     auto placement = pipeline::place_modules(options.placement, module_bytes_, runtime::list_devices(),
                                              runtime::host_available_bytes());
     if (!placement.ok()) return placement.error();
@@ -706,11 +719,18 @@ Status Model::place_modules(const ModelOptions& options) {
     for (Module* m : by_priority_) {
         // A module's executor is named by its role ("te"), or role and
         // network when a role has several ("te.clip_g").
-        const auto same_role = std::count_if(modules_.begin(), modules_.end(),
-                                             [&](const auto& other) { return other->spec.role == m->spec.role; });
-        m->executor_name = same_role > 1 ? std::string(m->role()) + "." + m->spec.name : std::string(m->role());
+        const auto same_role = std::count_if(modules_.begin(), modules_.end(), [&](const auto& other) {
+            return other->spec.role == m->spec.role && other.get() != vision_;
+        });
+        m->executor_name =
+            same_role > 1 || m == vision_ ? std::string(m->role()) + "." + m->spec.name : std::string(m->role());
         m->placement =
             &*std::find_if(placement_.begin(), placement_.end(), [&](const auto& x) { return x.module == m->role(); });
+        if (m == vision_) {  // its role's device, its own record: params in RAM
+            vision_placement_ = *m->placement;
+            vision_placement_.params = runtime::ParamsLocation::Host;
+            m->placement = &vision_placement_;
+        }
         auto dev = device_of(m->placement->compute_device);
         if (!dev.ok()) return dev.error();
         auto compute = runtime::Compute::create(*dev, options.threads);

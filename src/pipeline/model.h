@@ -43,6 +43,7 @@ struct ModelPaths {
     std::string clip_g;              // --clip_g
     std::string t5xxl;               // --t5xxl
     std::string llm;                 // --llm: an LLM text encoder (Z-Image's Qwen3-4B)
+    std::string llm_vision;          // --llm_vision: the LLM's vision tower (Qwen-Image-Edit's Qwen2.5-VL)
     // --tokenizer: PATH (CLIP's), or per encoder "t5xxl=PATH,llm=PATH,clip_l=PATH".
     std::string tokenizer;
     std::string embeddings;   // --embd-dir: textual-inversion embeddings
@@ -74,6 +75,9 @@ struct ModelOptions {
     // --taesd-preview-only: the tiny autoencoder makes previews only; the
     // final image still comes from the VAE.
     bool taesd_preview_only = false;
+    // --qwen-image-zero-cond-t: Qwen-Image-Edit-2511's reference tokens at
+    // timestep 0, for files that do not say so (__index_timestep_zero__).
+    bool zero_cond_t = false;
     // The job auto-fit checks its placement against (0: the model's
     // defaults), and its hires fix (pipeline/request.h).
     int job_width = 0;
@@ -210,6 +214,12 @@ class Model {
     nn::ComputeTarget diffusion_target() const { return diffusion_->target; }
     nn::ComputeTarget vae_target() const { return vae_->target; }
     runtime::Executor& vae_compute() { return *vae_->executor; }
+    // The LLM's vision tower (Qwen-Image-Edit's, a "te" module): only when
+    // has_vision(), from --llm_vision or the --llm file's visual.*.
+    bool has_vision() const { return vision_ != nullptr; }
+    const models::VisionEncoderNetwork& vision() const { return *vision_->network->as_vision_encoder(); }
+    runtime::Executor& vision_compute() { return *vision_->executor; }
+    nn::ComputeTarget vision_target() const { return vision_->target; }
     // --taesd's decoder, a module of the "vae" role (placed and budgeted with
     // the VAE); only when has_taesd().
     bool has_taesd() const { return taesd_ != nullptr; }
@@ -345,6 +355,8 @@ class Model {
     Module* vae_ = nullptr;
     Module* control_ = nullptr;
     Module* taesd_ = nullptr;
+    Module* vision_ = nullptr;
+    ModulePlacement vision_placement_;  // its role's device, params in RAM (Model::place_modules)
     bool taesd_preview_only_ = false;
     std::atomic<bool> cancel_{false};
     std::atomic<bool> interrupt_{false};

@@ -155,6 +155,41 @@ Status check_sigmas(const std::vector<float>& sigmas, bool flow, const std::stri
     return Status::Ok();
 }
 
+// An edit model's reference images also enter its prompt through a vision
+// tower (Qwen-Image-Edit): the tower must be loaded and the tokenizer must
+// have the tokens its template writes.
+Status check_prompt_images(const Model& model) {
+    for (const TextEncoder& te : model.text_encoders()) {
+        const models::TextEncoderUse& use = *te.use;
+        if (use.vision_module.empty()) continue;
+        if (!model.has_vision()) {
+            return Error::invalid_request(
+                "-r/--ref-image: " + model.family_label() +
+                "-Edit reads its reference images with Qwen2.5-VL's vision tower, and none was given: pass "
+                "--llm_vision (llama.cpp's mmproj GGUF, e.g. Qwen2.5-VL-7B-Instruct-mmproj) or an --llm file that "
+                "holds visual.* (ComfyUI's qwen_2.5_vl_7b.safetensors)");
+        }
+        if (model.vision().out_width() != te.network->width()) {
+            return Error::invalid_request("-r/--ref-image: the vision tower's rows are " +
+                                          std::to_string(model.vision().out_width()) + " wide but the " + use.module +
+                                          " text encoder is " + std::to_string(te.network->width()) +
+                                          " wide: they are not one Qwen2.5-VL");
+        }
+        // The special tokens of the image's text (<|...|>).
+        for (size_t at = use.image_prompt.find("<|"); at != std::string::npos; at = use.image_prompt.find("<|", at)) {
+            const size_t end = use.image_prompt.find("|>", at);
+            const std::string token = use.image_prompt.substr(at, end + 2 - at);
+            at = end + 2;
+            if (model.llm_tokenizer().token_id(token) < 0) {
+                return Error::invalid_request("-r/--ref-image: the " + use.module + " tokenizer has no " + token +
+                                              " token, which " + model.family_label() +
+                                              "-Edit's prompt writes (use Qwen2.5-VL's tokenizer)");
+            }
+        }
+    }
+    return Status::Ok();
+}
+
 }  // namespace
 
 Result<ValidatedRequest> validate_request(const Model& model, const GenerationRequest& r) {
@@ -346,10 +381,15 @@ Result<ValidatedRequest> validate_request(const Model& model, const GenerationRe
             return Error::invalid_request("-r/--ref-image: " + model.family_label() +
                                           " takes no reference images (Flux.1-Kontext-dev does)");
         }
-        if (r.ref_images.size() > kMaxReferenceImages) {
-            return Error::invalid_request("-r/--ref-image: at most " + std::to_string(kMaxReferenceImages) +
-                                          " reference images, got " + std::to_string(r.ref_images.size()));
+        const int family_max = model.family().max_reference_images;
+        const size_t max_refs = family_max > 0 ? static_cast<size_t>(family_max) : kMaxReferenceImages;
+        if (r.ref_images.size() > max_refs) {
+            return Error::invalid_request(
+                "-r/--ref-image: " + (family_max > 0 ? model.family_label() + " takes" : std::string("kiln takes")) +
+                " at most " + std::to_string(max_refs) + " reference images, got " +
+                std::to_string(r.ref_images.size()));
         }
+        KILN_TRY(check_prompt_images(model));
         for (const image::Image& ref : r.ref_images) {
             if (ref.width < stride || ref.height < stride || ref.width > image::kMaxDimension ||
                 ref.height > image::kMaxDimension) {

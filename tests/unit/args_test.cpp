@@ -88,8 +88,12 @@ TEST(Args, SdCliPlacementAndPathSwitches) {
 TEST(Args, SdCliAliasesAndOptionsOfMissingFeatures) {
     EXPECT_EQ(parse_ok({"--tae", "taesd.safetensors"}).taesd, "taesd.safetensors");
     EXPECT_EQ(parse_ok({"--qwen2vl", "qwen.gguf"}).llm, "qwen.gguf");
+    EXPECT_EQ(parse_ok({"--qwen2vl_vision", "mmproj.gguf"}).llm_vision, "mmproj.gguf");
+    EXPECT_EQ(parse_ok({"--llm_vision", "mmproj.gguf"}).llm_vision, "mmproj.gguf");
+    EXPECT_TRUE(parse_ok({"--model-args", "qwen_image_zero_cond_t=true"}).qwen_image_zero_cond_t);
+    EXPECT_TRUE(parse_ok({"--qwen-image-zero-cond-t"}).qwen_image_zero_cond_t);
     for (const char* flag : {"--photo-maker", "--video-frames", "--high-noise-steps", "--cache-preset",
-                             "--img-cfg-scale", "--tensor-type-rules", "--circular", "--llm_vision"}) {
+                             "--img-cfg-scale", "--tensor-type-rules", "--circular", "--qwen-image-layers"}) {
         const UsageError e = parse_error({"-p", "x", flag, "1"});
         EXPECT_EQ(e.message.rfind(std::string(flag) + " is ", 0), 0u) << e.message;
         EXPECT_NE(e.message.find("kiln"), std::string::npos) << e.message;

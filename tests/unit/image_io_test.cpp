@@ -826,6 +826,7 @@ TEST(ImagePixels, ResizeIsPilsResize) {
     } cases[] = {
         {*rgb, 3, 17, 50, ResizeFilter::Lanczos3, "pil_lanczos_17x50.png"},
         {*rgb, 3, 100, 9, ResizeFilter::Bilinear, "pil_bilinear_100x9.png"},
+        {*rgb, 3, 41, 23, ResizeFilter::Bicubic, "pil_bicubic_41x23.png"},
         {*rgb, 1, 7, 5, ResizeFilter::Lanczos3, "pil_grey_lanczos_7x5.png"},
         {*rgba, 4, 30, 61, ResizeFilter::Lanczos3, "pil_rgba_lanczos_30x61.png"},
     };

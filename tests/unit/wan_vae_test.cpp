@@ -3,18 +3,22 @@
 // training/make_wan_vae_fixtures.py: one-frame encode and decode through the
 // AutoencoderNetwork interface (block by block at the cut markers), a clip
 // decoded whole and chunk by chunk through the causal history, a clip
-// encoded whole, the configuration read from the weights, and bad files
-// refused with the tensor named.
+// encoded whole, the configuration read from the weights, bad files refused
+// with the tensor named, the CPU's banded decode against the whole one, and
+// the full-size decode's compute memory on the CPU.
 #include "models/nets/wan_vae.h"
 
 #include <gtest/gtest.h>
 
 #include <array>
 #include <functional>
+#include <iostream>
+#include <optional>
 
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
 #include "golden.h"
+#include "random_model.h"
 #include "runtime/graph_session.h"
 #include "runtime/module_weights.h"
 #include "test_files.h"
@@ -274,6 +278,69 @@ TEST(WanVae, AFileWithoutTheTensorsTheLayoutIsReadFromIsRefused) {
         EXPECT_NE(refused.error().message.find("encoder.downsamples.8.time_conv"), std::string::npos)
             << refused.error().message;
     }
+}
+
+// The compute memory of a one-frame decode of a w x h latent on the CPU
+// target, measured as the planner measures a graph (runtime/executor.cpp):
+// ggml-alloc's measure, with the weights and the latent placed outside the
+// compute buffer (a placeholder buffer marks them).
+size_t decode_compute_bytes(const models::WanVae& vae, int64_t w, int64_t h) {
+    runtime::GraphSession session;
+    std::vector<float> zeros(static_cast<size_t>(w * h * 16));
+    ggml_tensor* latent = session.input(GGML_TYPE_F32, {w, h, 16, 1}, zeros.data());
+    ggml_cgraph* graph = session.graph(vae.decode(session.ctx(), latent, nn::ComputeTarget::Cpu));
+    ggml_backend_buffer_t placeholder = ggml_backend_buft_alloc_buffer(ggml_backend_cpu_buffer_type(), 1);
+    std::vector<ggml_tensor*> placed;
+    for (int i = 0; i < ggml_graph_n_nodes(graph); ++i) {
+        for (ggml_tensor* src : ggml_graph_node(graph, i)->src) {
+            if (src && src->op == GGML_OP_NONE && !src->view_src && !src->buffer) {
+                src->buffer = placeholder;
+                placed.push_back(src);
+            }
+        }
+    }
+    ggml_gallocr_t allocator = ggml_gallocr_new(ggml_backend_cpu_buffer_type());
+    size_t bytes = 0;
+    ggml_gallocr_reserve_n_size(allocator, graph, nullptr, nullptr, &bytes);
+    ggml_gallocr_free(allocator);
+    for (ggml_tensor* t : placed) t->buffer = nullptr;
+    ggml_backend_buffer_free(placeholder);
+    return bytes;
+}
+
+// Qwen-Image's VAE at full size (tests/fixtures/qwen_image_vae.spec, a
+// sparse file: shapes only, nothing read) decodes 1024x1024 in under 1.5 GiB
+// of compute on the CPU (issue 26's goal, SD's VAE's figure). As one graph it
+// took 1.5 GiB exactly: a 1 GiB block of attention scores (16384 tokens), and
+// the top level's normalised inputs, each 384 MiB, beside its activations.
+// Measured (2026-12-06): 1024x1024 1.50 GiB -> 874 MiB, 512x512 397 MiB ->
+// 301 MiB.
+TEST(WanVae, FullSizeDecodeFitsUnderOneAndAHalfGiBOnTheCpu) {
+    test::TempDir dir;
+    const std::string path = dir.file("qwen_image_vae.safetensors");
+    ASSERT_TRUE(test::write_sparse_model(std::string(KILN_FIXTURES_DIR) + "/qwen_image_vae.spec", path).ok());
+    const io::ModelFile file = open_file(path);
+    runtime::ModuleWeights weights(file, "", std::nullopt);
+    auto vae = models::WanVae::create(weights);
+    ASSERT_TRUE(vae.ok()) << vae.error().message;
+    ASSERT_EQ((*vae)->config().dim, 96);
+    const size_t full = decode_compute_bytes(**vae, 128, 128);
+    std::cout << "Wan VAE decode compute on the CPU: 1024x1024 " << full << " bytes, 512x512 "
+              << decode_compute_bytes(**vae, 64, 64) << " bytes\n";
+    EXPECT_LT(full, size_t{3} << 29);  // 1.5 GiB
+}
+
+// The banded forms (the RMS norm folded into each band's unfold, the
+// upsamplers folded into theirs) give the whole graph's numbers: with bands
+// of one row the tiny fixture goes through them everywhere.
+TEST_F(WanVaeGolden, OneFrameDecodeInBandsIsTheWholeDecode) {
+    auto v = vae();
+    const auto whole =
+        run("z", [&](ggml_context* ctx, ggml_tensor* in) { return v->decode(ctx, in, nn::ComputeTarget::Cpu); });
+    const auto banded =
+        run("z", [&](ggml_context* ctx, ggml_tensor* in) { return v->decode(ctx, in, nn::ComputeTarget::Cpu, 1); });
+    EXPECT_EQ(banded, whole);
+    EXPECT_LT(test::relative_error(banded, test::fixture_tensor(io, "decoded").values), kTolerance);
 }
 
 TEST(WanVae, AnSdVaeIsRefused) {

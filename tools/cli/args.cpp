@@ -208,6 +208,8 @@ std::optional<std::string> apply_model_args(Options& o, const std::string& list)
             o.chroma_enable_t5_mask = on;
         } else if (key == "diffusion_flash_attn" || key == "flash_attn") {
             o.diffusion_fa = on;
+        } else if (key == "qwen_image_zero_cond_t") {
+            o.qwen_image_zero_cond_t = on;
         } else if (key == "offload_params_to_cpu") {
             o.offload_to_cpu = on;
         } else if (key == "clip_on_cpu" || key == "vae_on_cpu" || key == "control_net_cpu") {
@@ -262,6 +264,15 @@ const std::vector<Flag>& flags() {
         {nullptr, "--llm", "PATH", "standalone LLM text encoder weights (Z-Image's Qwen3-4B: GGUF or safetensors)",
          path_setter(&Options::llm)},
         {nullptr, "--qwen2vl", "PATH", "alias of --llm (sd-cli's older name)", path_setter(&Options::llm)},
+        {nullptr, "--llm_vision", "PATH",
+         "Qwen2.5-VL's vision tower for Qwen-Image-Edit's -r images (llama.cpp's mmproj GGUF; not needed when --llm "
+         "holds visual.*)",
+         path_setter(&Options::llm_vision)},
+        {nullptr, "--qwen2vl_vision", "PATH", "alias of --llm_vision (sd-cli's older name)",
+         path_setter(&Options::llm_vision)},
+        {nullptr, "--qwen-image-zero-cond-t", nullptr,
+         "Qwen-Image-Edit-2511's reference tokens at timestep 0 (found in files that carry __index_timestep_zero__)",
+         switch_setter(&Options::qwen_image_zero_cond_t)},
         {nullptr, "--tokenizer", "PATH",
          "CLIP tokenizer data (tokenizer.json, vocab.json + merges.txt, or a folder), or per encoder "
          "t5xxl=PATH (spiece.model or a T5 tokenizer.json), llm=PATH (a GGUF, tokenizer.json or vocab.json) and "
@@ -1084,8 +1095,25 @@ struct HelpGroup {
 const std::vector<HelpGroup>& help_groups() {
     static const std::vector<HelpGroup> groups = {
         {"model files",
-         {"--mode", "--model", "--diffusion-model", "--vae", "--vae-format", "--clip_l", "--clip_g", "--t5xxl", "--llm",
-          "--qwen2vl", "--tokenizer", "--embd-dir", "--lora-model-dir", "--lora-apply-mode", "--type", "--model-args",
+         {"--mode",
+          "--model",
+          "--diffusion-model",
+          "--vae",
+          "--vae-format",
+          "--clip_l",
+          "--clip_g",
+          "--t5xxl",
+          "--llm",
+          "--qwen2vl",
+          "--llm_vision",
+          "--qwen2vl_vision",
+          "--qwen-image-zero-cond-t",
+          "--tokenizer",
+          "--embd-dir",
+          "--lora-model-dir",
+          "--lora-apply-mode",
+          "--type",
+          "--model-args",
           "--prediction"}},
         {"generation",
          {"--prompt",

@@ -41,6 +41,8 @@ struct Options {
     std::string clip_g;
     std::string t5xxl;
     std::string llm;  // --llm
+    std::string llm_vision;               // --llm_vision: Qwen2.5-VL's vision tower (an mmproj GGUF)
+    bool qwen_image_zero_cond_t = false;  // --qwen-image-zero-cond-t
     std::string tokenizer;
     std::string embeddings_dir;  // --embd-dir
     std::string control_net;     // --control-net

@@ -12,6 +12,8 @@ kiln_context_params context_params_of(const Options& options) {
     cp.clip_g_path = optional(options.clip_g);
     cp.t5xxl_path = optional(options.t5xxl);
     cp.llm_path = optional(options.llm);
+    cp.llm_vision_path = optional(options.llm_vision);
+    cp.qwen_image_zero_cond_t = options.qwen_image_zero_cond_t ? 1 : 0;
     cp.tokenizer_path = optional(options.tokenizer);
     cp.embeddings_dir = optional(options.embeddings_dir);
     cp.control_net_path = optional(options.control_net);

@@ -10,8 +10,8 @@ constexpr const char* kConvPath = "kiln picks each convolution's path itself";
 constexpr const char* kVideo = "is for sd-cli's video families (Wan, SVD, LTX, AnimateDiff); kiln makes images only";
 constexpr const char* kPhotoMaker = "is for sd-cli's PhotoMaker; kiln has no PhotoMaker";
 constexpr const char* kQwenImage =
-    "is for sd-cli's Qwen-Image-Edit and Layered models (the vision tower, Edit-2511's zero-condition timestep, "
-    "layers), which kiln does not run yet; Qwen-Image itself runs without it";
+    "is for sd-cli's Qwen-Image-Layered models, which kiln does not run yet; Qwen-Image and its Edit models run "
+    "without it";
 constexpr const char* kDetailer =
     "is for sd-cli's detailer pass (detect, then inpaint each detection), which kiln does not have";
 constexpr const char* kIpAdapter = "is for sd-cli's IP-Adapter image prompts, which kiln does not have";
@@ -67,9 +67,6 @@ const std::vector<SdCliOption>& sd_cli_options_without_kiln_flag() {
         {"--pm-id-images-dir", true, kRefused, kPhotoMaker},
         {"--pm-id-embed-path", true, kRefused, kPhotoMaker},
         {"--pm-style-strength", true, kRefused, kPhotoMaker},
-        {"--llm_vision", true, kRefused, kQwenImage},
-        {"--qwen2vl_vision", true, kRefused, kQwenImage},
-        {"--qwen-image-zero-cond-t", false, kRefused, kQwenImage},
         {"--qwen-image-layers", true, kRefused, kQwenImage},
         {"--ad-model", true, kRefused, kDetailer},
         {"--ad-prompt", true, kRefused, kDetailer},

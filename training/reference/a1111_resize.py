@@ -87,13 +87,15 @@ def main():
     source.save(os.path.join(OUT, "input.png"))
     for mode, width, height in CASES:
         resize_image(mode, source, width, height).save(os.path.join(OUT, f"mode{mode}_{width}x{height}.png"))
-    # PIL's resize itself, which kiln's resize_image reproduces: both
-    # filters, shrinking one side while growing the other, grey and RGBA
+    # PIL's resize itself, which kiln's resize_image reproduces: each
+    # filter, shrinking one side while growing the other, grey and RGBA
     # (PIL resizes RGBA through premultiplied RGBa).
     rgba = rgba_image(source)
     rgba.save(os.path.join(OUT, "input_rgba.png"))
     source.resize((17, 50), resample=LANCZOS).save(os.path.join(OUT, "pil_lanczos_17x50.png"))
     source.resize((100, 9), resample=Image.BILINEAR).save(os.path.join(OUT, "pil_bilinear_100x9.png"))
+    # The Qwen2-VL image processor's filter (Qwen-Image-Edit's prompt images).
+    source.resize((41, 23), resample=Image.BICUBIC).save(os.path.join(OUT, "pil_bicubic_41x23.png"))
     source.convert("L").resize((7, 5), resample=LANCZOS).save(os.path.join(OUT, "pil_grey_lanczos_7x5.png"))
     rgba.resize((30, 61), resample=LANCZOS).save(os.path.join(OUT, "pil_rgba_lanczos_30x61.png"))
 

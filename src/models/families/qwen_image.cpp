@@ -25,6 +25,19 @@ TextEncoderUse qwen25_vl_use() {
     use.chat_suffix = "<|im_end|>\n<|im_start|>assistant\n";
     use.drop_prefix = true;
     use.template_tokens = {"<|im_start|>", "<|im_end|>"};
+    // Edit (2509, 2511; diffusers' QwenImageEditPlusPipeline): the edit
+    // system turn (diffusers drops its 64 tokens), then each -r image as
+    // "Picture i: " and its vision tokens, the image at 384 x 384 pixels'
+    // area for the vision tower.
+    use.vision_module = "llm_vision";
+    use.images_prefix =
+        "<|im_start|>system\nDescribe the key features of the input image (color, shape, size, texture, objects, "
+        "background), then explain how the user's text instruction should alter or modify the image. Generate a new "
+        "image that meets the user's requirements while maintaining consistency with the original input where "
+        "appropriate.<|im_end|>\n<|im_start|>user\n";
+    use.image_prompt = "Picture {}: <|vision_start|><|image_pad|><|vision_end|>";
+    use.image_pad = "<|image_pad|>";
+    use.vision_area = 384 * 384;
     // A prompt of about 100 words under the template, its system turn included.
     use.plan_tokens = 194;
     return use;
@@ -36,7 +49,21 @@ Family make() {
     f.detect = detect;
     f.modules = {{"llm", ModuleRole::TextEncoder, NetworkKind::Llm, {}, "--llm", {}},
                  {"qwen_image", ModuleRole::Diffusion, NetworkKind::QwenImageDit, {}, "--diffusion-model", {}},
-                 {"vae", ModuleRole::Vae, NetworkKind::WanVae, {}, "--vae", {}}};
+                 {"vae", ModuleRole::Vae, NetworkKind::WanVae, {}, "--vae", {}},
+                 // Edit jobs' vision tower: sd-cli's --llm_vision (an mmproj
+                 // GGUF), or visual.* in the --llm file (ComfyUI's, HF's).
+                 {"llm_vision",
+                  ModuleRole::TextEncoder,
+                  NetworkKind::QwenVision,
+                  {},
+                  "--llm_vision",
+                  {},
+                  /*optional=*/true,
+                  /*also_in_flag=*/"--llm"}};
+    // Qwen-Image-Edit: -r images join the image tokens as reference latents
+    // (and the prompt, through the vision tower); 2509 takes up to three.
+    f.reference_images = true;
+    f.max_reference_images = 3;
     f.conditioning.encoders = {qwen25_vl_use()};
     // The VAE normalises its latent per channel itself (Wan 2.1's mean and std).
     f.latent.channels = 16;

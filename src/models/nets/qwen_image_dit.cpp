@@ -189,7 +189,8 @@ Result<std::unique_ptr<QwenImageDit>> QwenImageDit::create(io::WeightDeclarer& w
         return bad("time_text_embed.addition_t_embedding (Qwen-Image-Layered's extra condition) is not supported");
     std::unique_ptr<QwenImageDit> dit(new QwenImageDit());
     QwenImageConfig& c = dit->config_;
-    c.zero_cond_t = zero_cond_t;
+    // ComfyUI's Edit-2511 files carry an empty __index_timestep_zero__ to say so.
+    c.zero_cond_t = zero_cond_t || weights.has("__index_timestep_zero__");
     auto shape = [&](const std::string& name, size_t dims) -> Result<std::vector<int64_t>> {
         const io::TensorInfo* t = weights.info(name);
         if (!t) return bad("missing " + name);

@@ -18,8 +18,10 @@
 // [4 x 16, hidden], the blocks counted. RoPE axes (16, 56, 56) over (frame,
 // row, column), theta 10000, for heads of 128; another head width needs
 // metadata "kiln.qwen_image.axes_dim". Qwen-Image-Edit-2511's zero_cond_t
-// (the references' tokens modulated at t = 0) is not in the weights: the
-// family asks for it at create.
+// (the references' tokens modulated at t = 0) changes no weight: ComfyUI's
+// 2511 files carry an empty __index_timestep_zero__ tensor to say so, and
+// for other files the caller asks for it at create (sd-cli's
+// --qwen-image-zero-cond-t).
 //
 // Token layout of one evaluation: the text tokens, the image's patches
 // (row-major), then each reference latent's. Positions (frame, row, col), as
@@ -95,7 +97,8 @@ class QwenImageDit final : public DiffusionNetwork {
   public:
     // Error (BadFile) if the tensors under the declarer's prefix are not a
     // Qwen-Image DiT, naming the tensor. `zero_cond_t`: Edit-2511's
-    // modulation of the reference tokens (QwenImageConfig::zero_cond_t).
+    // modulation of the reference tokens (QwenImageConfig::zero_cond_t),
+    // also set by the file's __index_timestep_zero__.
     static Result<std::unique_ptr<QwenImageDit>> create(io::WeightDeclarer& weights, bool zero_cond_t = false);
     ~QwenImageDit() override;
     const QwenImageConfig& config() const { return config_; }

@@ -39,6 +39,12 @@ Result<std::unique_ptr<Network>> create_llm(io::WeightDeclarer& weights, const N
     return std::unique_ptr<Network>(std::move(net).value());
 }
 
+Result<std::unique_ptr<Network>> create_qwen_image_dit(io::WeightDeclarer& weights, const NetworkOptions& options) {
+    auto net = QwenImageDit::create(weights, options.zero_cond_t);
+    if (!net.ok()) return net.error();
+    return std::unique_ptr<Network>(std::move(net).value());
+}
+
 const std::vector<NetworkEntry>& entries() {
     static const std::vector<NetworkEntry> list = {
         {NetworkKind::ClipText,
@@ -67,7 +73,7 @@ const std::vector<NetworkEntry>& entries() {
         // img_mod is Qwen-Image's name alone among the DiTs' (diffusers'
         // SD3 and Flux blocks have norm1.linear); create() also wants
         // txt_norm.weight.
-        {NetworkKind::QwenImageDit, {"transformer_blocks.0.img_mod.1.weight"}, create<QwenImageDit>},
+        {NetworkKind::QwenImageDit, {"transformer_blocks.0.img_mod.1.weight"}, create_qwen_image_dit},
         // The original module tree's names (wan_2.1_vae.safetensors,
         // qwen_image_vae.safetensors); also the KL decoder's, so an SD or Flux
         // autoencoder given for a Wan VAE reaches WanVae's error naming what it lacks.

@@ -50,6 +50,9 @@ struct NetworkOptions {
     // An LLM's rope theta and epsilon where its file says nothing
     // (TextEncoderUse::llm_defaults).
     LlmFileDefaults llm_defaults;
+    // Qwen-Image's DiT: Edit-2511's zero-condition timestep for the
+    // references (QwenImageConfig::zero_cond_t) even where the file has no marker.
+    bool zero_cond_t = false;
 };
 
 struct NetworkEntry {

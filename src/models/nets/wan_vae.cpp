@@ -1,11 +1,15 @@
 #include "models/nets/wan_vae.h"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <optional>
 #include <string>
 
 #include "nn/attention.h"
+#include "nn/concat_rows_cpu.h"
+#include "nn/conv_cpu.h"
+#include "nn/im2col_cpu.h"
 
 namespace kiln::models {
 namespace {
@@ -27,6 +31,12 @@ constexpr int64_t kHistoryFrames = kTemporalKernel - 1;
 // The original's Decoder3d halves the input of levels 1 to 3 only (after an
 // upsampler's convolution to half the channels): no Wan VAE has more levels.
 constexpr size_t kMaxLevels = 4;
+// At most this many bands to a banded convolution, as nn/layers.cpp's: the
+// graph's node count stays within a constant factor of the unbanded one's.
+constexpr int64_t kMaxBands = 64;
+// The attention scores the CPU makes at once (unet_encoder.cpp's size: a
+// block and its operands stay in the cache).
+constexpr int64_t kCpuScoresBlockBytes = 8ll << 20;
 
 // A CausalConv3d: ne [kw, kh, kt, in * out] (PyTorch's [out, in, kt, kh, kw]).
 struct CausalConv {
@@ -80,6 +90,12 @@ struct Time {
     std::vector<ggml_tensor*> history_out;
     size_t next = 0;
     bool fits = true;
+    // On the CPU, the patches a banded convolution unfolds at once, and how
+    // large an input must be before its RMS norm is made a band at a time
+    // (norm_silu_conv) and an upsample is folded into its convolution's
+    // unfold (nn::conv2d_of_upsample_2x). Not about time: the one setting
+    // the builders below share besides it.
+    int64_t max_patch_bytes = WanVae::kMaxPatchBytes;
 
     // The history of the next temporal convolution, whose input is x: null for zeros.
     ggml_tensor* past(const ggml_tensor* x) {
@@ -218,23 +234,86 @@ ggml_tensor* rms_norm_channels(ggml_context* ctx, const RmsNorm& n, ggml_tensor*
     return ggml_cont(ctx, ggml_permute(ctx, h, 2, 0, 1, 3));
 }
 
-ggml_tensor* residual(ggml_context* ctx, nn::ComputeTarget target, const Residual& r, ggml_tensor* x, Time& time) {
-    ggml_tensor* shortcut = r.shortcut ? causal_conv(ctx, target, *r.shortcut, x, time) : x;
-    ggml_tensor* h = causal_conv(ctx, target, r.conv1, rms_norm_channels(ctx, r.norm1, x, true), time);
-    h = causal_conv(ctx, target, r.conv2, rms_norm_channels(ctx, r.norm2, h, true), time);
-    return ggml_add(ctx, h, shortcut);
+// conv(silu(rms_norm(x))) on the CPU a band of output rows at a time, for a
+// 3x3 (or any odd square) convolution with stride 1 and "same" padding. The
+// norm is per pixel, so each band normalises only its input rows (the band
+// and `padding` rows either side, as the unfold reads them): the normalised
+// image, as large as x (384 MiB at the top level of a 1024x1024 decode), is
+// never made whole, and neither are its transposes. The same numbers as the
+// whole graph: each pixel's norm, the patches and each output row's product
+// are computed as they are there. `added_to`: null, or a tensor of the
+// output's shape (a residual block's shortcut or input; never x, whose rows
+// later bands still read) that each band is added into in place, so the
+// sum is not a tensor of its own; its values are then gone.
+ggml_tensor* norm_silu_conv_in_bands(ggml_context* ctx, const RmsNorm& n, const nn::Conv2d& layer, ggml_tensor* x,
+                                     int64_t max_patch_bytes, ggml_tensor* added_to) {
+    ggml_tensor* w = layer.weight;
+    const int64_t W = x->ne[0], H = x->ne[1], N = x->ne[3];
+    const int p = layer.padding;
+    const int64_t K = w->ne[0] * w->ne[1] * w->ne[2];
+    ggml_tensor* kernel = nn::kernel_matrix_for_cpu(ctx, w);
+    const int64_t row_bytes = std::max<int64_t>(1, K * W * N * static_cast<int64_t>(sizeof(float)));
+    const int64_t band_rows = std::clamp<int64_t>(max_patch_bytes / row_bytes, (H + kMaxBands - 1) / kMaxBands, H);
+    std::vector<ggml_tensor*> bands;
+    for (int64_t first = 0; first < H; first += band_rows) {
+        const int64_t rows = std::min(band_rows, H - first);
+        // Input rows [top, bottom): the unfold's own zero padding stands for
+        // the rows beyond the image's edges, as it does for the whole image.
+        const int64_t top = std::max<int64_t>(0, first - p), bottom = std::min(H, first + rows + p);
+        ggml_tensor* in = ggml_view_4d(ctx, x, W, bottom - top, x->ne[2], N, x->nb[1], x->nb[2], x->nb[3],
+                                       static_cast<size_t>(top) * x->nb[1]);
+        ggml_tensor* patches = nn::im2col_f32_cpu(ctx, w, rms_norm_channels(ctx, n, in, true), 1, p, first - top, rows);
+        ggml_tensor* band = nn::pixels_by_channels_to_image(ctx, ggml_reshape_2d(ctx, patches, K, W * rows * N), kernel,
+                                                            W, rows, N, layer.bias);
+        if (added_to) {
+            // added_to + band (the same bits as ggml_add(band, added_to)).
+            added_to = ggml_acc_inplace(ctx, added_to, band, added_to->nb[1], added_to->nb[2], added_to->nb[3],
+                                        static_cast<size_t>(first) * added_to->nb[1]);
+        } else {
+            bands.push_back(band);
+        }
+    }
+    return added_to ? added_to : nn::concat_rows_cpu(ctx, bands);
 }
 
-// Single-head self-attention over each frame's pixels.
-ggml_tensor* attention(ggml_context* ctx, const Attention& a, ggml_tensor* x) {
+// A CausalConv3d of silu(rms_norm(x)), plus `added_to` when not null: in
+// bands (norm_silu_conv_in_bands) where x is large, on the CPU, for one-frame
+// clips (a clip's frames are each temporal slice's convolution, summed);
+// otherwise the ops in full.
+ggml_tensor* norm_silu_conv(ggml_context* ctx, nn::ComputeTarget target, const RmsNorm& n, const CausalConv& c,
+                            ggml_tensor* x, Time& time, ggml_tensor* added_to) {
+    const bool odd_same = c.weight->ne[0] == c.weight->ne[1] && c.weight->ne[0] == 2 * c.padding + 1;
+    const auto f32_contiguous = [](const ggml_tensor* t) { return t->type == GGML_TYPE_F32 && ggml_is_contiguous(t); };
+    const bool fold = target == nn::ComputeTarget::Cpu && (c.kt == 1 || !time.clip) && odd_same && f32_contiguous(x) &&
+                      (!added_to || f32_contiguous(added_to)) &&
+                      ggml_nelements(x) * static_cast<int64_t>(sizeof(float)) > time.max_patch_bytes;
+    if (!fold) {
+        ggml_tensor* y = causal_conv(ctx, target, c, rms_norm_channels(ctx, n, x, true), time);
+        return added_to ? ggml_add(ctx, y, added_to) : y;
+    }
+    return norm_silu_conv_in_bands(ctx, n, kernel_slice(ctx, c, c.kt - 1, true), x, time.max_patch_bytes, added_to);
+}
+
+ggml_tensor* residual(ggml_context* ctx, nn::ComputeTarget target, const Residual& r, ggml_tensor* x, Time& time) {
+    ggml_tensor* shortcut = r.shortcut ? causal_conv(ctx, target, *r.shortcut, x, time) : x;
+    ggml_tensor* h = norm_silu_conv(ctx, target, r.norm1, r.conv1, x, time, nullptr);
+    return norm_silu_conv(ctx, target, r.norm2, r.conv2, h, time, shortcut);
+}
+
+// Single-head self-attention over each frame's pixels. On the CPU the scores
+// go a block of queries at a time (nn/attention.h): a 1024x1024 image's
+// 128x128 latent is 16384 tokens, whose scores are 1 GiB whole.
+ggml_tensor* attention(ggml_context* ctx, nn::ComputeTarget target, const Attention& a, ggml_tensor* x) {
     const int64_t W = x->ne[0], H = x->ne[1], C = x->ne[2], N = x->ne[3];
     ggml_tensor* h = ggml_cont(ctx, ggml_permute(ctx, x, 1, 2, 0, 3));  // [C, W, H, N]: tokens
     h = ggml_mul(ctx, ggml_rms_norm(ctx, h, kRmsEps), ggml_reshape_1d(ctx, a.norm.gamma, C));
     h = ggml_reshape_3d(ctx, h, C, W * H, N);
     const nn::Linear qkv = nn::conv1x1_as_linear(ctx, a.to_qkv);  // q, k, v: output channels in thirds
-    ggml_tensor* out = nn::attention(
-        ctx, nn::linear(ctx, nn::linear_rows(ctx, qkv, 0, C), h), nn::linear(ctx, nn::linear_rows(ctx, qkv, C, C), h),
-        nn::linear(ctx, nn::linear_rows(ctx, qkv, 2 * C, C), h), nn::AttentionOptions{1, false, false});
+    nn::AttentionOptions options{1, false, false};
+    if (target == nn::ComputeTarget::Cpu) options.scores_block_bytes = kCpuScoresBlockBytes;
+    ggml_tensor* out = nn::attention(ctx, nn::linear(ctx, nn::linear_rows(ctx, qkv, 0, C), h),
+                                     nn::linear(ctx, nn::linear_rows(ctx, qkv, C, C), h),
+                                     nn::linear(ctx, nn::linear_rows(ctx, qkv, 2 * C, C), h), options);
     out = nn::linear(ctx, nn::conv1x1_as_linear(ctx, a.proj), out);
     out = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_4d(ctx, out, C, W, H, N), 2, 0, 1, 3));
     return ggml_add(ctx, x, out);
@@ -242,7 +321,7 @@ ggml_tensor* attention(ggml_context* ctx, const Attention& a, ggml_tensor* x) {
 
 ggml_tensor* middle(ggml_context* ctx, nn::ComputeTarget target, const Middle& m, ggml_tensor* x, Time& time) {
     x = residual(ctx, target, m.first, x, time);
-    x = attention(ctx, m.attention, x);
+    x = attention(ctx, target, m.attention, x);
     return residual(ctx, target, m.last, x, time);
 }
 
@@ -271,7 +350,7 @@ ggml_tensor* upsample(ggml_context* ctx, nn::ComputeTarget target, const Resampl
             x = ggml_concat(ctx, frame_range(ctx, x, 0, 1), doubled, 3);
         }
     }
-    return nn::conv2d_of_upsample_2x(ctx, target, r.conv, x);
+    return nn::conv2d_of_upsample_2x(ctx, target, r.conv, x, time.max_patch_bytes);
 }
 
 // The encoder's Resample: padded right and bottom by one, a stride-2 3x3
@@ -489,11 +568,12 @@ void WanVae::declare(io::WeightDeclarer& w) {
 }
 
 ggml_tensor* WanVae::build_decoder(ggml_context* ctx, ggml_tensor* latent, nn::ComputeTarget target, bool clip,
-                                   const std::vector<ggml_tensor*>& history_in,
-                                   std::vector<ggml_tensor*>* history_out) const {
+                                   const std::vector<ggml_tensor*>& history_in, std::vector<ggml_tensor*>* history_out,
+                                   int64_t max_patch_bytes) const {
     const Blocks& b = *blocks_;
     Time time;
     time.clip = clip;
+    time.max_patch_bytes = max_patch_bytes;
     time.starts_clip = history_in.empty();
     time.history_in = &history_in;
     // The normalised latent back to the VAE's: z * std + mean.
@@ -507,7 +587,7 @@ ggml_tensor* WanVae::build_decoder(ggml_context* ctx, ggml_tensor* latent, nn::C
                            : upsample(ctx, target, *layer.resample, h, time);
         if (!layer.cut.empty()) h = nn::mark_cut(h, layer.cut);
     }
-    h = causal_conv(ctx, target, b.dec_head, rms_norm_channels(ctx, b.dec_head_norm, h, true), time);
+    h = norm_silu_conv(ctx, target, b.dec_head_norm, b.dec_head, h, time, nullptr);
     if (!time.fits || !time.all_used()) return nullptr;
     if (history_out) *history_out = std::move(time.history_out);
     return h;
@@ -525,7 +605,7 @@ ggml_tensor* WanVae::build_encoder(ggml_context* ctx, ggml_tensor* image, nn::Co
         if (!layer.cut.empty()) h = nn::mark_cut(h, layer.cut);
     }
     h = nn::mark_cut(middle(ctx, target, b.enc_mid, h, time), "encoder.middle");
-    h = causal_conv(ctx, target, b.enc_head, rms_norm_channels(ctx, b.enc_head_norm, h, true), time);
+    h = norm_silu_conv(ctx, target, b.enc_head_norm, b.enc_head, h, time, nullptr);
     h = causal_conv(ctx, target, b.quant, h, time);
     // (mu - mean) / std.
     const int64_t zc = config_.z_dim;
@@ -541,6 +621,11 @@ ggml_tensor* WanVae::build_encoder(ggml_context* ctx, ggml_tensor* image, nn::Co
 
 ggml_tensor* WanVae::decode(ggml_context* ctx, ggml_tensor* latent, nn::ComputeTarget target) const {
     return build_decoder(ctx, latent, target, false, {}, nullptr);
+}
+
+ggml_tensor* WanVae::decode(ggml_context* ctx, ggml_tensor* latent, nn::ComputeTarget target,
+                            int64_t max_patch_bytes) const {
+    return build_decoder(ctx, latent, target, false, {}, nullptr, max_patch_bytes);
 }
 
 ggml_tensor* WanVae::encode(ggml_context* ctx, ggml_tensor* image, nn::ComputeTarget target,

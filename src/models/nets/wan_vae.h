@@ -105,6 +105,20 @@ class WanVae final : public AutoencoderNetwork {
     // latent ne [w, h, 16, B] <-> image ne [W, H, 3, B] in [-1, 1].
     const AutoencoderFormat& format() const override { return format_; }
     ggml_tensor* decode(ggml_context* ctx, ggml_tensor* latent, nn::ComputeTarget target) const override;
+
+    // On the CPU, the F32 patches a convolution unfolds at once (as
+    // nn::conv2d's), and the input size past which a residual block's or
+    // the head's "RMS norm, SiLU, convolution" goes a band of rows at a
+    // time, the normalised input never made whole, and an upsampler's
+    // nearest 2x is folded into its convolution's unfold. The graph's
+    // compute memory at 1024x1024 is then under 1.5 GiB (8 MiB blocks of
+    // attention scores too): what is held is a level's activations and one
+    // band's work.
+    static constexpr int64_t kMaxPatchBytes = 64ll << 20;
+    // decode() with another band size: the same numbers for any (tests make
+    // it small so that a tiny image goes through the bands).
+    ggml_tensor* decode(ggml_context* ctx, ggml_tensor* latent, nn::ComputeTarget target,
+                        int64_t max_patch_bytes) const;
     // Moments: the normalised mean, then the log variance less log std^2
     // (the same Gaussian seen through the normalisation).
     ggml_tensor* encode(ggml_context* ctx, ggml_tensor* image, nn::ComputeTarget target,
@@ -135,8 +149,8 @@ class WanVae final : public AutoencoderNetwork {
     // `clip` false: each batch item a one-frame clip. The decoder's history
     // as decode_chunk's; null when `history_in` does not fit.
     ggml_tensor* build_decoder(ggml_context* ctx, ggml_tensor* latent, nn::ComputeTarget target, bool clip,
-                               const std::vector<ggml_tensor*>& history_in,
-                               std::vector<ggml_tensor*>* history_out) const;
+                               const std::vector<ggml_tensor*>& history_in, std::vector<ggml_tensor*>* history_out,
+                               int64_t max_patch_bytes = kMaxPatchBytes) const;
     ggml_tensor* build_encoder(ggml_context* ctx, ggml_tensor* image, nn::ComputeTarget target, bool clip,
                                LatentEncoding encoding) const;
 
