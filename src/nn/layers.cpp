@@ -37,6 +37,10 @@ namespace {
 // The most bytes of F32 patches a convolution on the CPU unfolds at once.
 // Bands this size still give sgemm thousands of pixel rows per product.
 constexpr int64_t kMaxPatchBytesOnCpu = 64ll << 20;
+// On a device: ggml's im2col and product, a band of output rows at a time
+// when the patches would be over this; F32 patches up to this size whole.
+constexpr int64_t kMaxPatchBytesOnDevice = 64ll << 20;
+constexpr int64_t kMaxF32PatchBytesOnDevice = 64ll << 20;
 constexpr int64_t kMaxBands = 64;
 
 }  // namespace
@@ -128,6 +132,127 @@ int64_t f32_bytes(const ggml_tensor* x) { return ggml_nelements(x) * static_cast
 
 }  // namespace
 
+ggml_tensor* conv2d_on_device_in_row_bands(ggml_context* ctx, const Conv2d& layer, int64_t in_w, int64_t in_h,
+                                           int64_t batch, const InputRows& input_rows, int64_t max_patch_bytes,
+                                           ggml_tensor* added_to) {
+    ggml_tensor* w = layer.weight;
+    const int s = layer.stride, p = layer.padding;
+    const int64_t KH = w->ne[1], OC = w->ne[3], N = batch;
+    const int64_t OW = (in_w + 2 * p - w->ne[0]) / s + 1;
+    const int64_t OH = (in_h + 2 * p - KH) / s + 1;
+    const int64_t K = w->ne[0] * w->ne[1] * w->ne[2];
+    ggml_tensor* kernel = ggml_reshape_2d(ctx, w, K, OC);
+    // F32 patches with the kernel first. An F16 kernel whose whole unfold
+    // would be large takes F16 patches (the patches first), as it did when
+    // the convolution was made whole: the same products (ggml multiplies an
+    // F16 kernel by its operand rounded to F16 either way) in half the bytes.
+    const bool f16_patches = w->type == GGML_TYPE_F16 && K * OW * OH * N * 4 > kMaxF32PatchBytesOnDevice;
+    const int64_t row_bytes = std::max<int64_t>(1, K * OW * N * (f16_patches ? 2 : 4));
+    const int64_t band_rows = std::clamp<int64_t>(max_patch_bytes / row_bytes, (OH + kMaxBands - 1) / kMaxBands, OH);
+    // The band's output rows [first, first + rows) as ne [OW, rows, OC, N],
+    // with the bias: ggml's im2col of the input rows they read (the kernel's
+    // halo included; the zero padding beyond the image's top and bottom edge
+    // explicit, since im2col pads both edges alike), then the product.
+    auto band = [&](int64_t first, int64_t rows) {
+        ggml_tensor* in = nullptr;
+        int vertical_padding = p;
+        if (rows == OH) {
+            in = input_rows(0, in_h);
+        } else {
+            const int64_t lo = first * s - p, hi = (first + rows - 1) * s - p + KH;
+            const int64_t top = std::max<int64_t>(0, lo), bottom = std::min(in_h, hi);
+            GGML_ASSERT(top < bottom);
+            in = input_rows(top, bottom);
+            const int pad_top = static_cast<int>(top - lo), pad_bottom = static_cast<int>(hi - bottom);
+            if (pad_top == pad_bottom && ggml_is_contiguous(in)) {
+                vertical_padding = pad_top;
+            } else {
+                // Contiguous (as im2col takes it on a GPU), with the zero rows.
+                in = ggml_pad_ext(ctx, in, 0, 0, pad_top, pad_bottom, 0, 0, 0, 0);
+                vertical_padding = 0;
+            }
+        }
+        GGML_ASSERT(in->ne[0] == in_w && in->ne[3] == N);
+        ggml_tensor* y;
+        if (!f16_patches) {
+            ggml_tensor* patches = ggml_im2col(ctx, w, in, s, s, p, vertical_padding, 1, 1, /*is_2D=*/true,
+                                               GGML_TYPE_F32);                               // [K, OW, rows, N]
+            y = ggml_mul_mat(ctx, kernel, ggml_reshape_2d(ctx, patches, K, OW * rows * N));  // [OC, OW*rows*N]
+            y = ggml_reshape_4d(ctx, y, OC, OW, rows, N);                                    // [OC, OW, rows, N]
+            y = ggml_cont(ctx, ggml_permute(ctx, y, 2, 0, 1, 3));                            // [OW, rows, OC, N]
+        } else {
+            ggml_tensor* patches = ggml_im2col(ctx, w, in, s, s, p, vertical_padding, 1, 1, /*is_2D=*/true,
+                                               GGML_TYPE_F16);                               // [K, OW, rows, N]
+            y = ggml_mul_mat(ctx, ggml_reshape_2d(ctx, patches, K, OW * rows * N), kernel);  // [OW*rows*N, OC]
+            y = ggml_reshape_4d(ctx, y, OW, rows, N, OC);                                    // [OW, rows, N, OC]
+            y = ggml_cont(ctx, ggml_permute(ctx, y, 0, 1, 3, 2));                            // [OW, rows, OC, N]
+        }
+        GGML_ASSERT(y->ne[1] == rows);
+        return add_channel_bias(ctx, y, layer.bias);
+    };
+    if (band_rows >= OH) {
+        ggml_tensor* y = band(0, OH);
+        return added_to ? ggml_add(ctx, y, added_to) : y;
+    }
+    if (added_to && (added_to->type != GGML_TYPE_F32 || !ggml_is_contiguous(added_to))) {
+        // ggml_set writes into a contiguous F32 tensor only.
+        return ggml_add(ctx, conv2d_on_device_in_row_bands(ctx, layer, in_w, in_h, batch, input_rows, max_patch_bytes),
+                        added_to);
+    }
+    // Each band goes into the output as it is made (ggml_set, in place: a
+    // copy of the band's rows alone), so the bands are never all held; with
+    // `added_to`, the band plus added_to's rows (the same float additions
+    // as ggml_add) goes into added_to.
+    ggml_tensor* out = added_to;
+    for (int64_t first = 0; first < OH; first += band_rows) {
+        const int64_t rows = std::min(band_rows, OH - first);
+        ggml_tensor* y = band(first, rows);
+        if (added_to) {
+            ggml_tensor* old = ggml_view_4d(ctx, out, OW, rows, OC, N, out->nb[1], out->nb[2], out->nb[3],
+                                            static_cast<size_t>(first) * out->nb[1]);
+            y = ggml_add(ctx, y, old);
+        } else if (!out) {
+            // The first band, padded with zero rows to the output's size.
+            out = ggml_pad(ctx, y, 0, static_cast<int>(OH - rows), 0, 0);
+            continue;
+        }
+        out =
+            ggml_set_inplace(ctx, out, y, out->nb[1], out->nb[2], out->nb[3], static_cast<size_t>(first) * out->nb[1]);
+    }
+    return out;
+}
+
+namespace {
+
+// Rows [top, bottom) of x ne [W, H, C, N], a view.
+ggml_tensor* row_range(ggml_context* ctx, ggml_tensor* x, int64_t top, int64_t bottom) {
+    if (top == 0 && bottom == x->ne[1]) return x;
+    return ggml_view_4d(ctx, x, x->ne[0], bottom - top, x->ne[2], x->ne[3], x->nb[1], x->nb[2], x->nb[3],
+                        static_cast<size_t>(top) * x->nb[1]);
+}
+
+}  // namespace
+
+ggml_tensor* conv2d_device_in_row_bands(ggml_context* ctx, const Conv2d& layer, ggml_tensor* x, int64_t max_patch_bytes,
+                                        bool upsample_2x) {
+    if (!upsample_2x) {
+        return conv2d_on_device_in_row_bands(
+            ctx, layer, x->ne[0], x->ne[1], x->ne[3],
+            [&](int64_t top, int64_t bottom) { return row_range(ctx, x, top, bottom); }, max_patch_bytes);
+    }
+    return conv2d_on_device_in_row_bands(
+        ctx, layer, 2 * x->ne[0], 2 * x->ne[1], x->ne[3],
+        [&](int64_t top, int64_t bottom) {
+            // Upsampled rows [top, bottom): x's rows [top / 2, (bottom + 1) / 2)
+            // upsampled, less a first or last row of the pair it does not need.
+            ggml_tensor* up = upsample_nearest_2x(ctx, row_range(ctx, x, top / 2, (bottom + 1) / 2));
+            if (top % 2 == 0 && bottom % 2 == 0) return up;
+            return ggml_view_4d(ctx, up, up->ne[0], bottom - top, up->ne[2], up->ne[3], up->nb[1], up->nb[2], up->nb[3],
+                                static_cast<size_t>(top % 2) * up->nb[1]);
+        },
+        max_patch_bytes);
+}
+
 ggml_tensor* conv2d_cpu_in_row_bands(ggml_context* ctx, const Conv2d& layer, ggml_tensor* x, int64_t max_patch_bytes) {
     return conv_in_row_bands(ctx, layer, x, max_patch_bytes, BandInput{});
 }
@@ -143,6 +268,17 @@ ggml_tensor* conv2d_of_group_norm_silu(ggml_context* ctx, ComputeTarget target, 
                                        ggml_tensor* added_to) {
     const bool fold = worth_folding(target, layer, f32_bytes(x), max_patch_bytes) && x->type == GGML_TYPE_F32 &&
                       ggml_is_contiguous(x) && norm.weight->type == GGML_TYPE_F32 && norm.bias->type == GGML_TYPE_F32;
+    if (target == ComputeTarget::Device && !is_pointwise(layer)) {
+        // On a device the banded convolution adds each band into added_to
+        // in place (the same bits as ggml_add), so the convolution's output
+        // is not a tensor beside the sum. Its input rows are the normalised
+        // tensor's, never added_to's.
+        ggml_tensor* h = ggml_silu_inplace(ctx, group_norm(ctx, norm, x, groups, eps));
+        return conv2d_on_device_in_row_bands(
+            ctx, layer, h->ne[0], h->ne[1], h->ne[3],
+            [&](int64_t top, int64_t bottom) { return row_range(ctx, h, top, bottom); }, kMaxPatchBytesOnDevice,
+            added_to);
+    }
     if (!fold) {
         ggml_tensor* y = conv2d(ctx, target, layer, ggml_silu_inplace(ctx, group_norm(ctx, norm, x, groups, eps)));
         return added_to ? ggml_add(ctx, added_to, y) : y;
@@ -166,6 +302,9 @@ ggml_tensor* conv2d_of_group_norm_silu(ggml_context* ctx, ComputeTarget target, 
 
 ggml_tensor* conv2d_of_upsample_2x(ggml_context* ctx, ComputeTarget target, const Conv2d& layer, ggml_tensor* x,
                                    int64_t max_patch_bytes) {
+    if (target == ComputeTarget::Device && !is_pointwise(layer) && x->type == GGML_TYPE_F32) {
+        return conv2d_device_in_row_bands(ctx, layer, x, max_patch_bytes, /*upsample_2x=*/true);
+    }
     if (!worth_folding(target, layer, 4 * f32_bytes(x), max_patch_bytes) || x->type != GGML_TYPE_F32 ||
         x->nb[0] != sizeof(float)) {
         return conv2d(ctx, target, layer, upsample_nearest_2x(ctx, x));
@@ -186,6 +325,14 @@ ggml_tensor* conv2d(ggml_context* ctx, ComputeTarget target, const Conv2d& layer
     if (pointwise && on_cpu && f32_bytes(x) > kMaxPatchBytesOnCpu) {
         return conv2d_cpu_in_row_bands(ctx, layer, x, kMaxPatchBytesOnCpu);
     }
+    // On a device a large one goes in bands of rows (ggml's im2col of a 1x1
+    // kernel is the channels-first transpose the product below takes): the
+    // transposed input and the product are a band at a time, not each as
+    // large as the input and the output (SDXL's VAE at 1024x1024: the top
+    // level's shortcut, 1 GiB in).
+    if (pointwise && !on_cpu && x->type == GGML_TYPE_F32 && f32_bytes(x) > kMaxPatchBytesOnDevice) {
+        return conv2d_device_in_row_bands(ctx, layer, x, kMaxPatchBytesOnDevice);
+    }
     if (pointwise) {
         // A 1x1 convolution is a matrix product over channels; skip im2col.
         const int64_t W = x->ne[0], H = x->ne[1], C = x->ne[2];
@@ -201,30 +348,7 @@ ggml_tensor* conv2d(ggml_context* ctx, ComputeTarget target, const Conv2d& layer
         return add_channel_bias(ctx, ggml_reshape_4d(ctx, y, W, H, OC, N), layer.bias);
     }
     if (on_cpu) return conv2d_cpu_in_row_bands(ctx, layer, x, kMaxPatchBytesOnCpu);
-    const int64_t OW = (x->ne[0] + 2 * layer.padding - w->ne[0]) / layer.stride + 1;
-    const int64_t OH = conv_output_rows(w, x, layer.stride, layer.padding);
-    const int64_t K = w->ne[0] * w->ne[1] * w->ne[2];
-    ggml_tensor* kernel = ggml_reshape_2d(ctx, w, K, OC);
-    // On a device, F32 patches with the kernel first; they cost twice the
-    // memory of F16 ones, so an F16 kernel keeps F16 patches when those are
-    // large (a full-size VAE decoder's top level: over a gigabyte in F32).
-    constexpr int64_t kMaxF32PatchBytesOnDevice = 64ll << 20;
-    const bool f32_kernel = w->type == GGML_TYPE_F32 || w->type == GGML_TYPE_BF16;
-    ggml_tensor* y;
-    if (f32_kernel || K * OW * OH * N * 4 <= kMaxF32PatchBytesOnDevice) {
-        ggml_tensor* patches = ggml_im2col(ctx, w, x, layer.stride, layer.stride, layer.padding, layer.padding, 1, 1,
-                                           /*is_2D=*/true, GGML_TYPE_F32);             // [K, OW, OH, N]
-        y = ggml_mul_mat(ctx, kernel, ggml_reshape_2d(ctx, patches, K, OW * OH * N));  // [OC, OW*OH*N]
-        y = ggml_reshape_4d(ctx, y, OC, OW, OH, N);                                    // [OC, OW, OH, N]
-        y = ggml_cont(ctx, ggml_permute(ctx, y, 2, 0, 1, 3));                          // [OW, OH, OC, N]
-    } else {
-        ggml_tensor* patches = ggml_im2col(ctx, w, x, layer.stride, layer.stride, layer.padding, layer.padding, 1, 1,
-                                           /*is_2D=*/true, GGML_TYPE_F16);             // [K, OW, OH, N]
-        y = ggml_mul_mat(ctx, ggml_reshape_2d(ctx, patches, K, OW * OH * N), kernel);  // [OW*OH*N, OC]
-        y = ggml_reshape_4d(ctx, y, OW, OH, N, OC);                                    // [OW, OH, N, OC]
-        y = ggml_cont(ctx, ggml_permute(ctx, y, 0, 1, 3, 2));                          // [OW, OH, OC, N]
-    }
-    return add_channel_bias(ctx, y, layer.bias);
+    return conv2d_device_in_row_bands(ctx, layer, x, kMaxPatchBytesOnDevice);
 }
 
 Linear conv1x1_as_linear(ggml_context* ctx, const Conv2d& layer) {

@@ -7,6 +7,7 @@
 // sequences and ne = [W, H, C, N] for images, as ggml's conv ops expect.
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include "ggml.h"
@@ -48,6 +49,29 @@ ggml_tensor* conv2d(ggml_context* ctx, ComputeTarget target, const Conv2d& layer
 // bands, so a very large image's bands exceed the limit). conv2d uses 64 MiB;
 // the same numbers for any limit.
 ggml_tensor* conv2d_cpu_in_row_bands(ggml_context* ctx, const Conv2d& layer, ggml_tensor* x, int64_t max_patch_bytes);
+// conv2d on a device: ggml's im2col and mul_mat (ops every backend has), a
+// band of output rows at a time when the patches would be over
+// `max_patch_bytes` (at least one row, at most 64 bands): each band unfolds
+// only the input rows it reads, its product goes into the output with
+// ggml_set, and its patches are freed before the next band's are made.
+// `upsample_2x`: of upsample_nearest_2x(x), each band upsampling only its
+// rows, the upsample never made whole. conv2d uses 64 MiB; each output row
+// is the same products for any limit.
+ggml_tensor* conv2d_device_in_row_bands(ggml_context* ctx, const Conv2d& layer, ggml_tensor* x, int64_t max_patch_bytes,
+                                        bool upsample_2x = false);
+// The rows [top, bottom) of a convolution's input (any layout, F32):
+// ne [in_w, bottom - top, C, N].
+using InputRows = std::function<ggml_tensor*(int64_t top, int64_t bottom)>;
+// The banded device convolution of an input made a band of rows at a time
+// by `input_rows` (a per-pixel norm of x's rows, say), of in_w x in_h
+// pixels and `batch` images. `added_to`: null, or a tensor of the output's
+// shape (never one input_rows reads) that the result is added to; banded,
+// each band's sum goes into added_to's rows in place (its values are then
+// gone), so the sum is not a tensor of its own. The same numbers as
+// ggml_add(convolution, added_to).
+ggml_tensor* conv2d_on_device_in_row_bands(ggml_context* ctx, const Conv2d& layer, int64_t in_w, int64_t in_h,
+                                           int64_t batch, const InputRows& input_rows, int64_t max_patch_bytes,
+                                           ggml_tensor* added_to = nullptr);
 // A 1x1 convolution (stride 1, no padding) is a linear layer over channels:
 // this one, its weights viewed as ne [in, out], for activations already laid
 // out as tokens. Same numbers as conv2d, without the two transposes conv2d

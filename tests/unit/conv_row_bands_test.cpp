@@ -1,12 +1,15 @@
 // Convolutions on the CPU in bands of output rows (nn::conv2d_cpu_in_row_bands,
 // nn::concat_rows_cpu): the same numbers as the whole convolution for every
 // band height, against a direct convolution written out here, and a compute
-// buffer that holds one band's patches instead of all of them.
+// buffer that holds one band's patches instead of all of them. The device
+// target's bands (nn::conv2d_device_in_row_bands: ggml's own ops, computed
+// here on ggml's CPU backend) likewise, with and without the 2x upsample.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "ggml-alloc.h"
@@ -157,6 +160,158 @@ TEST(ConvRowBands, ComputeBufferHoldsOneBandsPatches) {
     // the output as it is made, so the bands are never all held beside it.
     const int64_t output = s.out * s.w * s.h * 4;
     EXPECT_LE(banded.compute_bytes, size_t(whole_patches / 8 + output + 2 * output / 8)) << whole.compute_bytes;
+    EXPECT_LT(banded.compute_bytes * 3, whole.compute_bytes);
+}
+
+// The device target's convolution of random values (of their nearest 2x
+// upsample when `upsample`), with at most `max_patch_bytes` of patches a
+// band, computed on ggml's CPU backend.
+struct DeviceResult {
+    std::vector<float> y;
+    size_t compute_bytes = 0;
+    int im2cols = 0;
+    int customs = 0;   // kiln's CPU ops: none on the device path
+    int upscales = 0;  // each band upsamples its own rows
+    int64_t ow = 0, oh = 0;
+    std::vector<float> x, weight, bias;  // the values, the kernel as rounded to its type
+};
+
+DeviceResult run_device(const Shape& s, ggml_type kernel_type, bool upsample, int64_t max_patch_bytes) {
+    ggml_init_params params{};
+    params.mem_size = 8192 * ggml_tensor_overhead() + ggml_graph_overhead_custom(8192, false);
+    params.no_alloc = true;
+    ggml_context* weights_ctx = ggml_init(params);
+    ggml_context* ctx = ggml_init(params);
+    Conv2d layer;
+    layer.weight = ggml_new_tensor_4d(weights_ctx, kernel_type, s.kernel, s.kernel, s.in, s.out);
+    layer.bias = ggml_new_tensor_1d(weights_ctx, GGML_TYPE_F32, s.out);
+    layer.stride = s.stride;
+    layer.padding = s.padding;
+    ggml_tensor* x = ggml_new_tensor_4d(weights_ctx, GGML_TYPE_F32, s.w, s.h, s.in, s.n);
+    ggml_backend_t cpu = ggml_backend_cpu_init();
+    ggml_backend_cpu_set_n_threads(cpu, 2);
+    ggml_backend_buffer_t inputs = ggml_backend_alloc_ctx_tensors(weights_ctx, cpu);
+    DeviceResult r;
+    r.x = random_values(ggml_nelements(x), 1);
+    r.weight = random_values(ggml_nelements(layer.weight), 2);
+    r.bias = random_values(s.out, 3);
+    ggml_backend_tensor_set(x, r.x.data(), 0, ggml_nbytes(x));
+    if (kernel_type == GGML_TYPE_F16) {
+        std::vector<ggml_fp16_t> half(r.weight.size());
+        ggml_fp32_to_fp16_row(r.weight.data(), half.data(), static_cast<int64_t>(half.size()));
+        ggml_fp16_to_fp32_row(half.data(), r.weight.data(), static_cast<int64_t>(half.size()));
+        ggml_backend_tensor_set(layer.weight, half.data(), 0, ggml_nbytes(layer.weight));
+    } else {
+        ggml_backend_tensor_set(layer.weight, r.weight.data(), 0, ggml_nbytes(layer.weight));
+    }
+    ggml_backend_tensor_set(layer.bias, r.bias.data(), 0, ggml_nbytes(layer.bias));
+
+    ggml_tensor* y = conv2d_device_in_row_bands(ctx, layer, x, max_patch_bytes, upsample);
+    ggml_cgraph* graph = ggml_new_graph_custom(ctx, 8192, false);
+    ggml_build_forward_expand(graph, y);
+    for (int i = 0; i < ggml_graph_n_nodes(graph); ++i) {
+        const ggml_tensor* node = ggml_graph_node(graph, i);
+        r.im2cols += node->op == GGML_OP_IM2COL;
+        r.customs += node->op == GGML_OP_CUSTOM;
+        r.upscales += node->op == GGML_OP_UPSCALE;
+    }
+    ggml_gallocr_t allocator = ggml_gallocr_new(ggml_backend_get_default_buffer_type(cpu));
+    EXPECT_TRUE(ggml_gallocr_alloc_graph(allocator, graph));
+    r.compute_bytes = ggml_gallocr_get_buffer_size(allocator, 0);
+    EXPECT_EQ(ggml_backend_graph_compute(cpu, graph), GGML_STATUS_SUCCESS);
+    EXPECT_EQ(y->ne[2], s.out);
+    EXPECT_EQ(y->ne[3], s.n);
+    r.ow = y->ne[0];
+    r.oh = y->ne[1];
+    r.y.resize(static_cast<size_t>(ggml_nelements(y)));
+    ggml_backend_tensor_get(y, r.y.data(), 0, ggml_nbytes(y));
+    ggml_gallocr_free(allocator);
+    ggml_backend_buffer_free(inputs);
+    ggml_backend_free(cpu);
+    ggml_free(ctx);
+    ggml_free(weights_ctx);
+    return r;
+}
+
+// The input a direct convolution of `r` reads: x, or x upsampled.
+std::vector<float> nearest_2x(const Shape& s, const std::vector<float>& x) {
+    std::vector<float> up(x.size() * 4);
+    for (int64_t plane = 0; plane < s.n * s.in; ++plane)
+        for (int64_t h = 0; h < 2 * s.h; ++h)
+            for (int64_t w = 0; w < 2 * s.w; ++w)
+                up[(plane * 2 * s.h + h) * 2 * s.w + w] = x[(plane * s.h + h / 2) * s.w + w / 2];
+    return up;
+}
+
+TEST(ConvRowBandsOnDevice, EveryBandHeightGivesTheWholeConvolutionsNumbers) {
+    const Shape shapes[] = {
+        {24, 19, 8, 6, 2, 3, 1, 1},  // SD's 3x3 convolution, CFG's batch of two, odd height
+        {23, 17, 5, 4, 1, 3, 2, 1},  // the UNet's stride-2 downsample
+        {16, 13, 3, 5, 1, 3, 2, 0},  // the VAE's downsample (padded before, none here)
+        {12, 11, 4, 3, 1, 5, 1, 2},  // larger kernel and padding
+        {15, 9, 4, 3, 2, 3, 1, 0},   // no padding, odd sizes
+        {9, 7, 3, 4, 1, 4, 2, 1},    // an even kernel with stride 2: bands' halos overlap unevenly
+    };
+    for (const Shape& s : shapes) {
+        for (ggml_type type : {GGML_TYPE_F32, GGML_TYPE_F16}) {
+            for (bool upsample : {false, true}) {
+                const std::string what = std::string(ggml_type_name(type)) + (upsample ? " upsampled " : " ") +
+                                         std::to_string(s.w) + "x" + std::to_string(s.h) + " k" +
+                                         std::to_string(s.kernel) + " s" + std::to_string(s.stride) + " p" +
+                                         std::to_string(s.padding);
+                const DeviceResult whole = run_device(s, type, upsample, int64_t{1} << 40);
+                EXPECT_EQ(whole.im2cols, 1) << what;
+                EXPECT_EQ(whole.customs, 0) << what;
+                // The whole convolution against PyTorch's, loop by loop (an
+                // F16 kernel takes its operand rounded to F16).
+                Shape direct = s;
+                if (upsample) direct.w *= 2, direct.h *= 2;
+                const std::vector<double> want = direct_convolution(direct, upsample ? nearest_2x(s, whole.x) : whole.x,
+                                                                    whole.weight, whole.bias, whole.ow, whole.oh);
+                ASSERT_EQ(want.size(), whole.y.size()) << what;
+                double worst = 0;
+                for (size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::abs(want[i] - whole.y[i]));
+                EXPECT_LT(worst, type == GGML_TYPE_F16 ? 3e-2 : 2e-4) << what;
+                const int64_t row_bytes = s.in * s.kernel * s.kernel * whole.ow * s.n * 4;
+                for (int64_t band_rows : {int64_t{1}, int64_t{2}, int64_t{3}, whole.oh - 1}) {
+                    const DeviceResult banded = run_device(s, type, upsample, band_rows * row_bytes);
+                    EXPECT_EQ(banded.im2cols, (whole.oh + band_rows - 1) / band_rows) << what << ", " << band_rows;
+                    EXPECT_EQ(banded.customs, 0) << what;
+                    if (upsample) EXPECT_EQ(banded.upscales, banded.im2cols) << what;
+                    ASSERT_EQ(banded.y.size(), whole.y.size()) << what;
+                    EXPECT_EQ(std::memcmp(banded.y.data(), whole.y.data(), whole.y.size() * sizeof(float)), 0)
+                        << what << ", " << band_rows << " rows a band";
+                }
+            }
+        }
+    }
+}
+
+// An F16 kernel whose whole unfold is over 64 MiB in F32 takes F16 patches
+// (the patches first in the product); its bands do too, with the same numbers.
+TEST(ConvRowBandsOnDevice, LargeF16UnfoldInBandsGivesTheWholeConvolutionsNumbers) {
+    const Shape s{192, 160, 64, 4, 1, 3, 1, 1};  // 67.5 MiB of F32 patches whole
+    const DeviceResult whole = run_device(s, GGML_TYPE_F16, false, int64_t{1} << 40);
+    const DeviceResult banded = run_device(s, GGML_TYPE_F16, false, 4ll << 20);
+    EXPECT_EQ(whole.im2cols, 1);
+    EXPECT_EQ(banded.im2cols, 9);  // 2 bytes a patch value: 4 MiB is 18 rows
+    ASSERT_EQ(banded.y.size(), whole.y.size());
+    EXPECT_EQ(std::memcmp(banded.y.data(), whole.y.data(), whole.y.size() * sizeof(float)), 0);
+    EXPECT_LT(banded.compute_bytes * 4, whole.compute_bytes);
+}
+
+// A VAE decoder's top-level upsampler in small: the compute buffer holds
+// the output and one band's patches and upsampled rows, not the upsample
+// and all the patches.
+TEST(ConvRowBandsOnDevice, ComputeBufferHoldsOneBandsPatches) {
+    const Shape s{64, 48, 32, 16, 1, 3, 1, 1};
+    const int64_t whole_patches = s.in * 9 * 4 * s.w * s.h * 4;  // 13.5 MiB
+    const DeviceResult whole = run_device(s, GGML_TYPE_F32, true, int64_t{1} << 40);
+    const DeviceResult banded = run_device(s, GGML_TYPE_F32, true, whole_patches / 16);
+    EXPECT_EQ(banded.im2cols, 16);
+    EXPECT_GE(whole.compute_bytes, size_t(whole_patches));
+    const int64_t output = s.out * 4 * s.w * s.h * 4;
+    EXPECT_LE(banded.compute_bytes, size_t(whole_patches / 8 + output + output / 4)) << whole.compute_bytes;
     EXPECT_LT(banded.compute_bytes * 3, whole.compute_bytes);
 }
 

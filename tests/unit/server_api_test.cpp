@@ -158,6 +158,42 @@ TEST(ServerApi, OpenAiGenerationsEditsAndModels) {
     EXPECT_EQ(server.stop(SIGTERM), 0);
 }
 
+// An edit model (Qwen-Image-Edit's tiny parts, tests/unit/qwen_image_edit_test.cpp):
+// OpenAI's edit takes the image as a reference and makes the CLI's -r image;
+// past the limit, a 400 before any decoding.
+TEST(ServerApi, EditModelsTakeTheImagesAsReferences) {
+    const std::string parts = test::golden_path("pipeline/qwen_image_edit_tiny/");
+    const std::string flags = test::tiny_edit_model_flags();
+    ServerProcess server(flags);
+    ASSERT_TRUE(server.started()) << server.log();
+    httplib::Client client("127.0.0.1", server.port());
+    client.set_read_timeout(120, 0);
+    const std::vector<uint8_t> png = test::read_bytes(parts + "ref.png");
+    const std::string ref(png.begin(), png.end());
+    httplib::MultipartFormDataItems form = {
+        {"image[]", ref, "ref.png", "image/png"},
+        {"prompt", "make the cat blue", "", ""},
+        {"size", "64x48", "", ""},
+        {"steps", "2", "", ""},
+        {"seed", "11", "", ""},
+    };
+    auto edited = client.Post("/v1/images/edits", form);
+    ASSERT_TRUE(edited);
+    ASSERT_EQ(edited->status, 200) << edited->body;
+    const image::Image out = test::decode_base64_image(body_json(edited)["data"][0]["b64_json"]);
+    const image::Image cli =
+        test::cli_image(flags, "-p \"make the cat blue\" -W 64 -H 48 --steps 2 -s 11 -r " + parts + "ref.png");
+    ASSERT_EQ(cli.width, 64);
+    EXPECT_EQ(out.pixels, cli.pixels);
+
+    for (int i = 0; i < 8; ++i) form.push_back({"image[]", ref, "ref.png", "image/png"});
+    auto too_many = client.Post("/v1/images/edits", form);
+    ASSERT_TRUE(too_many);
+    EXPECT_EQ(too_many->status, 400);
+    EXPECT_EQ(error_param(too_many), "image") << too_many->body;
+    EXPECT_EQ(server.stop(SIGTERM), 0);
+}
+
 TEST(ServerApi, A1111Txt2ImgImg2ImgAndLists) {
     ServerProcess server(test::tiny_server_flags() + " --max-steps 5000");
     ASSERT_TRUE(server.started()) << server.log();

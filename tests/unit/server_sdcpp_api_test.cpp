@@ -10,6 +10,7 @@
 
 #include "server_test_support.h"
 #include "test_files.h"
+#include "util/base64.h"
 
 namespace kiln {
 namespace {
@@ -32,6 +33,39 @@ json poll_until(httplib::Client& client, const std::string& id, const std::strin
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     return last;
+}
+
+// ref_images (base64, as sd-server takes them) reach an edit model: the CLI's -r image.
+TEST(ServerSdcppApi, RefImagesReachAnEditModel) {
+    ServerProcess server(test::tiny_edit_model_flags());
+    ASSERT_TRUE(server.started()) << server.log();
+    httplib::Client client("127.0.0.1", server.port());
+    const std::string ref = test::golden_path("pipeline/qwen_image_edit_tiny/ref.png");
+    const json body = {{"prompt", "make the cat blue"},
+                       {"width", 64},
+                       {"height", 48},
+                       {"seed", 11},
+                       {"ref_images", json::array({base64_encode(test::read_bytes(ref))})},
+                       {"sample_params", {{"sample_steps", 2}}}};
+    auto posted = client.Post("/sdcpp/v1/img_gen", body.dump(), "application/json");
+    ASSERT_TRUE(posted);
+    ASSERT_EQ(posted->status, 202) << posted->body;
+    const json done = poll_until(client, body_json(posted)["id"], "completed");
+    ASSERT_EQ(done["status"], "completed") << done.dump();
+    const image::Image served = test::decode_base64_image(done["result"]["images"][0]["b64_json"]);
+    const image::Image cli = test::cli_image(test::tiny_edit_model_flags(),
+                                             "-p \"make the cat blue\" -W 64 -H 48 --steps 2 -s 11 -r " + ref);
+    ASSERT_EQ(cli.width, 64);
+    EXPECT_EQ(served.pixels, cli.pixels);
+
+    json too_many = body;
+    too_many["ref_images"] = json::array();
+    for (int i = 0; i < 9; ++i) too_many["ref_images"].push_back("not even base64");
+    auto refused = client.Post("/sdcpp/v1/img_gen", too_many.dump(), "application/json");
+    ASSERT_TRUE(refused);
+    EXPECT_EQ(refused->status, 400) << refused->body;
+    EXPECT_NE(refused->body.find("at most 8"), std::string::npos) << refused->body;
+    EXPECT_EQ(server.stop(SIGTERM), 0);
 }
 
 TEST(ServerSdcppApi, CapabilitiesDescribeTheDefaultModel) {

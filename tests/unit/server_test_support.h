@@ -21,6 +21,16 @@ inline std::string tiny_server_flags() {
     return "-t 1 -m " + golden_path("models/sd1_tiny.safetensors") + " " + tokenizer_flag();
 }
 
+// Qwen-Image-Edit's tiny parts (tests/unit/qwen_image_edit_test.cpp), with
+// the vision tower: a model that takes reference images.
+inline std::string tiny_edit_model_flags() {
+    const std::string parts = golden_path("pipeline/qwen_image_edit_tiny/");
+    return "-t 1 -m " + golden_path("pipeline/qwen_image_tiny/qwen_image_dit.safetensors") + " --vae " +
+           golden_path("pipeline/qwen_image_tiny/qwen_image_vae.safetensors") + " --llm " + parts +
+           "qwen_2.5_vl.safetensors --llm_vision " + parts + "qwen_2.5_vl_vision.safetensors --tokenizer llm=" + parts +
+           "tokenizer";
+}
+
 inline json body_json(const httplib::Result& r) { return r ? json::parse(r->body, nullptr, false) : json(); }
 
 // The field a 400 names, from the error body.

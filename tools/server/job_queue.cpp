@@ -328,6 +328,12 @@ void JobQueue::run(const std::shared_ptr<Job>& job) {
     gp.strength = r.strength;
     gp.init_latent_resize = r.init_latent_resize ? 1 : 0;
     gp.mask = r.mask.get();
+    std::vector<kiln_image> refs;  // the structs, over the request's pixels
+    for (const SharedImage& ref : r.ref_images) refs.push_back(*ref);
+    gp.ref_images = refs.empty() ? nullptr : refs.data();
+    gp.n_ref_images = static_cast<int>(refs.size());
+    gp.disable_auto_resize_ref_image = r.auto_resize_ref_images ? 0 : 1;
+    gp.increase_ref_index = r.increase_ref_index ? 1 : 0;
     gp.progress = &JobQueue::on_progress;
     gp.progress_user_data = &target;
     gp.phase = &JobQueue::on_phase;

@@ -55,6 +55,11 @@ struct JobRequest {
     // width x height (kiln_generation_params.init_latent_resize).
     bool init_latent_resize = false;
     SharedImage mask;                   // RGB, white repaints; needs init_image
+    // Reference images (Flux.1-Kontext, Qwen-Image-Edit: kiln -r), as sd-cli's
+    // --disable-auto-resize-ref-image and --increase-ref-index take them.
+    std::vector<SharedImage> ref_images;
+    bool auto_resize_ref_images = true;
+    bool increase_ref_index = false;
     std::string output_format = "png";  // png, jpeg or webp
 
     // Live previews: "none", "proj", "tae", "vae", or "" for the server's --preview,

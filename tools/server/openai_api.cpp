@@ -3,6 +3,7 @@
 // them (Open WebUI, SillyTavern) work when pointed at this server.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
 #include "json_body.h"
 #include "request_fields.h"
@@ -11,6 +12,11 @@
 
 namespace kiln::server {
 namespace {
+
+// Families whose DiT takes reference images: OpenAI's edit is theirs.
+bool takes_reference_images(const std::string& family) {
+    return family.find("Kontext") != std::string::npos || family.rfind("Qwen-Image", 0) == 0;
+}
 
 // OpenAI's own model names mean "whatever this server generates with": SDKs
 // send them by default.
@@ -125,21 +131,49 @@ void add_openai_routes(httplib::Server& server, ServerState& state) {
                 throw RequestError{400, "body", "body: expected multipart/form-data (image, mask, prompt, ...)"};
             }
             json fields = json::object();
-            const httplib::MultipartFormData* image = nullptr;
+            std::vector<const httplib::MultipartFormData*> images;  // gpt-image-1 takes several: image[]
             const httplib::MultipartFormData* mask = nullptr;
             for (const auto& [name, part] : req.files) {
                 if (name == "image" || name == "image[]") {
-                    if (!image) image = &part;
+                    images.push_back(&part);
                 } else if (name == "mask") {
                     mask = &part;
                 } else {
                     fields[name] = form_value(name, part.content);
                 }
             }
-            if (!image) throw RequestError{400, "image", "image: required (the image to edit, as a file part)"};
+            if (images.empty()) throw RequestError{400, "image", "image: required (the image to edit, as a file part)"};
             const ServerLimits& limits = state.options.limits;
             OpenAiRequest request = parse_common(state, fields);
-            SharedImage init = decode_upload("image", image->content, limits);
+            // An edit model (Flux.1-Kontext, Qwen-Image-Edit) takes the
+            // images as references and edits by the prompt; a mask, or any
+            // other model, repaints the image itself.
+            if (!mask && takes_reference_images(state.models.resolve(request.job.model, "model").family)) {
+                if (images.size() > static_cast<size_t>(limits.max_ref_images)) {
+                    throw RequestError{400, "image",
+                                       "image: at most " + std::to_string(limits.max_ref_images) + " images, got " +
+                                           std::to_string(images.size())};
+                }
+                for (const httplib::MultipartFormData* part : images) {
+                    request.job.ref_images.push_back(without_alpha(decode_upload("image", part->content, limits)));
+                }
+                // size auto: about 1024x1024 pixels in the first image's aspect (diffusers' edit pipelines).
+                if (request.job.width == 0) {
+                    const kiln_image& first = *request.job.ref_images.front();
+                    const double ratio = static_cast<double>(first.width) / first.height;
+                    auto side = [](double x) { return std::max(16, static_cast<int>(std::lround(x / 16)) * 16); };
+                    request.job.width = side(std::sqrt(1024.0 * 1024.0 * ratio));
+                    request.job.height = side(std::sqrt(1024.0 * 1024.0 / ratio));
+                }
+                answer(state, req, res, std::move(request));
+                return;
+            }
+            if (images.size() > 1) {
+                throw RequestError{400, "image",
+                                   "image: one image to repaint (" + std::to_string(images.size()) +
+                                       " given); several are for edit models' references"};
+            }
+            SharedImage init = decode_upload("image", images.front()->content, limits);
             if (mask) {
                 request.job.mask = mask_of(decode_upload("mask", mask->content, limits), true);
             } else if (init->channels == 4) {

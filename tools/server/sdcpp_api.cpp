@@ -135,8 +135,8 @@ JobRequest parse_img_gen(ServerState& state, const httplib::Request& req) {
     r.seed = read_integer(j, "seed", -1, -1, INT64_MAX);
     r.batch = static_cast<int>(read_integer(j, "batch_count", 1, 1, limits.max_batch));
     r.embed_metadata = read_bool(j, "embed_image_metadata", true);
-    read_bool(j, "auto_resize_ref_image", true);
-    read_bool(j, "increase_ref_index", false);
+    r.auto_resize_ref_images = read_bool(j, "auto_resize_ref_image", true);
+    r.increase_ref_index = read_bool(j, "increase_ref_index", false);
     read_number(j, "control_strength", 0.9, 0, 10);
     read_number(j, "ip_adapter_strength", 1.0, 0, 10);
     if (j.contains("init_image") && !j["init_image"].is_null()) {
@@ -145,7 +145,19 @@ JobRequest parse_img_gen(ServerState& state, const httplib::Request& req) {
     if (j.contains("mask_image") && !j["mask_image"].is_null()) {
         r.mask = mask_of(read_base64_image(j["mask_image"], "mask_image", limits), false);
     }
-    refuse_if_given(j, "ref_images", "reference images are not taken by kiln's server yet (kiln -r takes them)");
+    if (j.contains("ref_images") && !j["ref_images"].is_null()) {
+        const json& refs = j["ref_images"];
+        if (!refs.is_array()) throw RequestError{400, "ref_images", "ref_images: expected an array of images"};
+        if (refs.size() > static_cast<size_t>(limits.max_ref_images)) {
+            throw RequestError{400, "ref_images",
+                               "ref_images: at most " + std::to_string(limits.max_ref_images) + " images, got " +
+                                   std::to_string(refs.size())};
+        }
+        for (size_t i = 0; i < refs.size(); ++i) {
+            const std::string field = "ref_images[" + std::to_string(i) + "]";
+            r.ref_images.push_back(without_alpha(read_base64_image(refs[i], field, limits)));
+        }
+    }
     refuse_if_given(j, "control_image", "ControlNet is not taken by kiln's server yet (kiln --control-net takes it)");
     refuse_if_given(j, "ip_adapter_image", "is for IP-Adapter, which kiln does not have");
     read_sample_params(r, j, limits);
@@ -273,9 +285,9 @@ json capabilities(ServerState& state) {
           {"custom_sigmas", json::array()},
           {"upscale_tile_size", 128}}}};
     const json features = {
-        {"init_image", true},  {"mask_image", true},    {"control_image", false},   {"ip_adapter_image", false},
-        {"ref_images", false}, {"lora", true},          {"vae_tiling", true},       {"hires", true},
-        {"cache", true},       {"cancel_queued", true}, {"cancel_generating", true}};
+        {"init_image", true}, {"mask_image", true},    {"control_image", false},   {"ip_adapter_image", false},
+        {"ref_images", true}, {"lora", true},          {"vae_tiling", true},       {"hires", true},
+        {"cache", true},      {"cancel_queued", true}, {"cancel_generating", true}};
     const json formats = {"png", "jpeg", "webp"};
     json samplers = json::array(), schedulers = json::array();
     for (const SamplerName& s : sampler_names()) samplers.push_back(s.kiln);

@@ -17,6 +17,7 @@ struct ServerLimits {
     int max_height = 2048;
     int max_steps = 150;
     int max_batch = 8;                            // images per request (A1111: batch_size x n_iter; OpenAI: n)
+    int max_ref_images = 8;                       // reference images per request, refused before decoding
     size_t max_body_bytes = size_t(64) << 20;     // refused with 413 from Content-Length, before reading
     size_t max_prompt_chars = 16384;              // prompt and negative prompt, in bytes of UTF-8
     uint64_t max_image_pixels = 4096ull * 4096;  // an uploaded init image or mask, refused from its header

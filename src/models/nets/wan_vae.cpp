@@ -287,6 +287,22 @@ ggml_tensor* norm_silu_conv(ggml_context* ctx, nn::ComputeTarget target, const R
     const bool fold = target == nn::ComputeTarget::Cpu && (c.kt == 1 || !time.clip) && odd_same && f32_contiguous(x) &&
                       (!added_to || f32_contiguous(added_to)) &&
                       ggml_nelements(x) * static_cast<int64_t>(sizeof(float)) > time.max_patch_bytes;
+    if (target == nn::ComputeTarget::Device && (c.kt == 1 || !time.clip) && x->type == GGML_TYPE_F32) {
+        // On a device, ggml's own ops a band at a time (nn/layers.h): each
+        // band normalises only the input rows its unfold reads, so neither
+        // the normalised image nor its transposes are made whole; the same
+        // numbers, the norm being per pixel.
+        return nn::conv2d_on_device_in_row_bands(
+            ctx, kernel_slice(ctx, c, c.kt - 1, true), x->ne[0], x->ne[1], x->ne[3],
+            [&](int64_t top, int64_t bottom) {
+                ggml_tensor* rows = top == 0 && bottom == x->ne[1]
+                                        ? x
+                                        : ggml_view_4d(ctx, x, x->ne[0], bottom - top, x->ne[2], x->ne[3], x->nb[1],
+                                                       x->nb[2], x->nb[3], static_cast<size_t>(top) * x->nb[1]);
+                return rms_norm_channels(ctx, n, rows, true);
+            },
+            time.max_patch_bytes, added_to);
+    }
     if (!fold) {
         ggml_tensor* y = causal_conv(ctx, target, c, rms_norm_channels(ctx, n, x, true), time);
         return added_to ? ggml_add(ctx, y, added_to) : y;
