@@ -9,6 +9,7 @@
 // the requests an edit model cannot serve, each one clear error.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "golden.h"
@@ -244,6 +245,33 @@ TEST_F(QwenImageEdit, RequestsItCannotServeAreOneClearError) {
     // The model serves the next job.
     auto images = generate(*model_, edit_job());
     EXPECT_TRUE(images.ok());
+}
+
+// sd-cli's docs/qwen_image_edit.md command line with the tiny parts (local
+// paths, the fixture job's size, steps and seed): the reference job's image.
+// Without the tower: one error line, exit 1 or 2, no output file.
+TEST(QwenImageEditCli, SdCliCommandLine) {
+    test::TempDir dir;
+    const std::string line = std::string(KILN_BIN) + " --diffusion-model " + image_part("qwen_image_dit.safetensors") +
+                             " --vae " + image_part("qwen_image_vae.safetensors") + " --llm " +
+                             edit_part("qwen_2.5_vl.safetensors") + " --tokenizer llm=" + edit_part("tokenizer") +
+                             " --cfg-scale 2.5 --sampling-method euler -v --offload-to-cpu --diffusion-fa "
+                             "--flow-shift 3 -r " +
+                             edit_part("ref.png") + " -p 'make the cat blue' -W 64 -H 48 --steps 3 -s 11 -t 1 ";
+    const std::string out = dir.file("edit.png");
+    auto ok = test::run_command(line + "--llm_vision " + edit_part("qwen_2.5_vl_vision.safetensors") + " -o " + out);
+    ASSERT_EQ(ok.exit_code, 0) << ok.err;
+    auto img = image::read_image(out);
+    ASSERT_TRUE(img.ok()) << img.error().message;
+    const io::ModelFile io = *io::ModelFile::open({edit_part("qwen_image_edit_tiny_job.safetensors")});
+    EXPECT_LE(difference_from_reference(*img, io), 4);
+
+    const std::string bad = dir.file("bad.png");
+    auto refused = test::run_command(line + "-o " + bad);
+    EXPECT_TRUE(refused.exit_code == 1 || refused.exit_code == 2) << refused.exit_code;
+    EXPECT_EQ(std::count(refused.err.begin(), refused.err.end(), '\n'), 1) << refused.err;
+    EXPECT_NE(refused.err.find("--llm_vision"), std::string::npos) << refused.err;
+    EXPECT_FALSE(std::filesystem::exists(bad));
 }
 
 }  // namespace
