@@ -216,8 +216,9 @@ struct TextEncodeShape {
     int layer = 1;           // hidden states counted from the end (clip skip)
     bool final_norm = true;  // the final layer norm on that layer
     bool pooled = false;     // also the pooled, projected vector (CLIP)
-    // CLIP's textual-inversion rows: `extra_rows` vectors of width() for
-    // the ids after the vocabulary, pooling at `pooled_token` (their EOS).
+    // `extra_rows` vectors of width(): CLIP's textual-inversion rows for the
+    // ids after the vocabulary, pooling at `pooled_token` (their EOS); an
+    // LLM's image rows (image_grids, below).
     const float* extra_embeddings = nullptr;
     int64_t extra_rows = 0;
     int32_t pooled_token = -1;

@@ -141,9 +141,9 @@ struct LlmOptions {
 // Multimodal RoPE positions for a prompt of `length` tokens with image
 // grids in it (HF Qwen2.5-VL's get_rope_index for images): 4 rows of
 // `length` (time, row, column, then zeros). A text token's three positions
-// are its running index; an image's tokens share the time of the text token
-// they follow and add their row and column to it; the text after an image
-// goes on from its largest position plus one.
+// are its running index; an image's tokens all take as time the position
+// the next text token would have, and add their row and column to it; the
+// text after an image goes on from its largest position plus one.
 std::vector<int32_t> llm_multimodal_positions(int64_t length, const std::vector<TokenGrid>& grids);
 
 // n * n values, element [q * n + k] (ggml ne [n keys, n queries]): 0 for
