@@ -25,6 +25,11 @@ std::optional<int> index_after(std::string_view name, std::string_view marker) {
 
 std::optional<ModelFamily> detect_diffusers_family(const std::vector<TensorInfo>& tensors) {
     std::optional<int64_t> text_width;
+    // Qwen-Image's pipelines (QwenImagePipeline, QwenImageEditPlusPipeline):
+    // their VAE is Wan 2.1's, under its own names (name_map.h).
+    for (const TensorInfo& t : tensors) {
+        if (t.name == "transformer/transformer_blocks.0.img_mod.1.weight") return ModelFamily::QwenImage;
+    }
     // A DiT pipeline (FluxPipeline: transformer/, T5 in text_encoder_2/):
     // its transformer and T5 keep their names (their networks read them);
     // its VAE and CLIP are SD's and take SD's renames.

@@ -230,7 +230,10 @@ Status ModelFile::add_folder(const std::string& path) {
         if (!(*it)[0].is_string() || (*it)[0].get<std::string>() == "null") continue;
         const std::string sub = path + "/" + it.key();
         if (it.key().find('/') != std::string::npos || path_status(sub).kind != PathKind::Folder) continue;
-        if (it.key().rfind("tokenizer", 0) == 0 || it.key() == "scheduler" || it.key() == "feature_extractor") continue;
+        // Nor do processors (Qwen-Image-Edit's processor/: Qwen2VLProcessor's configs).
+        if (it.key().rfind("tokenizer", 0) == 0 || it.key() == "scheduler" || it.key() == "feature_extractor" ||
+            it.key() == "processor" || it.key() == "image_processor")
+            continue;
         KILN_TRY(add_component_folder(sub, it.key()));
         ++components;
     }

@@ -148,6 +148,98 @@ const RuleTable& vae_rules() {
     return rules;
 }
 
+// Wan 2.1's VAE (Qwen-Image's): the original module tree (wan/modules/vae.py,
+// as Wan2.1_VAE.pth, ComfyUI's qwen_image_vae.safetensors and
+// models/nets/wan_vae.h name it) vs diffusers' AutoencoderKLQwenImage /
+// AutoencoderKLWan (scripts/convert_wan_to_diffusers.py, convert_vae). Both
+// sides hold the same tensors with the same shapes (the RMS norms' gamma
+// [C, 1, 1, 1], the attention's [C, 1, 1]; the 5-D causal convolutions);
+// only the names differ.
+//
+// A residual block: RMS norm, SiLU, conv, RMS norm, SiLU, dropout, conv
+// (residual.{0, 2, 3, 6}), with a 1x1x1 shortcut where the widths differ.
+const RuleTable& wan_vae_resnet_rules() {
+    static const RuleTable rules = {
+        {"residual.0.", "norm1."}, {"residual.2.", "conv1."},       {"residual.3.", "norm2."},
+        {"residual.6.", "conv2."}, {"shortcut.", "conv_shortcut."},
+    };
+    return rules;
+}
+
+// A Resample: its 2-D convolution (resample.0 is the padding or the
+// nearest 2x, with no weights) and, on temporal levels, its time_conv.
+const RuleTable& wan_vae_resample_rules() {
+    static const RuleTable rules = {
+        {"resample.1.", "resample.1."},
+        {"time_conv.", "time_conv."},
+    };
+    return rules;
+}
+
+// The encoder's downsamples are one flat list of residual blocks and
+// resamples on both sides (diffusers' encoder.down_blocks.N is the
+// original's encoder.downsamples.N), so an index is either.
+const RuleTable& wan_vae_encoder_layer_rules() {
+    static const RuleTable rules = [] {
+        RuleTable r = wan_vae_resnet_rules();
+        for (const Rule& rule : wan_vae_resample_rules()) r.push_back(rule);
+        return r;
+    }();
+    return rules;
+}
+
+// The middle's single-head attention: RMS norm, 1x1 qkv, 1x1 projection.
+const RuleTable& wan_vae_attention_rules() {
+    static const RuleTable rules = {
+        {"norm.", "norm."},
+        {"to_qkv.", "to_qkv."},
+        {"proj.", "proj."},
+    };
+    return rules;
+}
+
+// The whole VAE: Wan 2.1's and Qwen-Image's layout, 4 levels, 2 residual
+// blocks per encoder level and 3 per decoder level. The decoder's
+// upsamples are one flat list in the original (per level its 3 residual
+// blocks, then a Resample but after the last level: upsamples.0-2, 3,
+// 4-6, 7, ...) and nested in diffusers (up_blocks.L.resnets.J,
+// up_blocks.L.upsamplers.0), both from the lowest resolution.
+const RuleTable& wan_vae_rules() {
+    static const RuleTable rules = [] {
+        constexpr int levels = 4;
+        constexpr int decoder_layers = 3;
+        const RuleTable* res = &wan_vae_resnet_rules();
+        RuleTable r;
+        for (const char* part : {"encoder.", "decoder."}) {
+            const std::string p = part;
+            r.push_back({p + "conv1.", p + "conv_in."});
+            r.push_back({p + "middle.0.", p + "mid_block.resnets.0.", res});
+            r.push_back({p + "middle.1.", p + "mid_block.attentions.0.", &wan_vae_attention_rules()});
+            r.push_back({p + "middle.2.", p + "mid_block.resnets.1.", res});
+            r.push_back({p + "head.0.", p + "norm_out."});
+            r.push_back({p + "head.2.", p + "conv_out."});
+        }
+        r.push_back({"encoder.downsamples.#.", "encoder.down_blocks.#.", &wan_vae_encoder_layer_rules()});
+        for (int level = 0; level < levels; ++level) {
+            const std::string up_block = "decoder.up_blocks." + std::to_string(level) + ".";
+            const int first = level * (decoder_layers + 1);
+            for (int j = 0; j < decoder_layers; ++j) {
+                r.push_back({"decoder.upsamples." + std::to_string(first + j) + ".",
+                             up_block + "resnets." + std::to_string(j) + ".", res});
+            }
+            if (level + 1 < levels) {
+                r.push_back({"decoder.upsamples." + std::to_string(first + decoder_layers) + ".",
+                             up_block + "upsamplers.0.", &wan_vae_resample_rules()});
+            }
+        }
+        // The 1x1x1 convolutions around the latent.
+        r.push_back({"conv1.", "quant_conv."});
+        r.push_back({"conv2.", "post_quant_conv."});
+        return r;
+    }();
+    return rules;
+}
+
 // HF CLIPTextModel under its ldm prefix: the ldm checkpoints keep the HF names.
 const RuleTable& hf_clip_rules() {
     static const RuleTable rules = {{"text_model.", "text_model."}};
@@ -369,6 +461,8 @@ std::string_view diffusers_folder(ModelComponent component) {
 }
 
 std::string_view ldm_prefix(ModelFamily family, ModelComponent component) {
+    // Qwen-Image: only the VAE has a table; the DiT and the LLM keep their names.
+    if (family == ModelFamily::QwenImage) return component == ModelComponent::Vae ? "first_stage_model." : "";
     switch (component) {
         case ModelComponent::Unet: return "model.diffusion_model.";
         case ModelComponent::Vae: return "first_stage_model.";
@@ -377,6 +471,7 @@ std::string_view ldm_prefix(ModelFamily family, ModelComponent component) {
                 case ModelFamily::SD1: return "cond_stage_model.transformer.";
                 case ModelFamily::SD2: return "cond_stage_model.model.";
                 case ModelFamily::SDXL: return "conditioner.embedders.0.transformer.";
+                case ModelFamily::QwenImage: break;
             }
             return {};
         case ModelComponent::TextEncoder2: return family == ModelFamily::SDXL ? "conditioner.embedders.1.model." : "";
@@ -406,7 +501,7 @@ NameMap::NameMap(ModelFamily family, const UnetLayout& unet) : tables_(std::make
     const RuleTable* text1 = family == ModelFamily::SD2 ? &open_clip_rules() : &hf_clip_rules();
     const std::array<std::pair<ModelComponent, const RuleTable*>, 4> components = {{
         {ModelComponent::Unet, &tables_->unet},
-        {ModelComponent::Vae, &vae_rules()},
+        {ModelComponent::Vae, family == ModelFamily::QwenImage ? &wan_vae_rules() : &vae_rules()},
         {ModelComponent::TextEncoder, text1},
         {ModelComponent::TextEncoder2, &open_clip_rules()},
     }};
@@ -449,10 +544,12 @@ const NameMap& default_name_map(ModelFamily family) {
     static const NameMap sd1(ModelFamily::SD1);
     static const NameMap sd2(ModelFamily::SD2);
     static const NameMap sdxl(ModelFamily::SDXL);
+    static const NameMap qwen_image(ModelFamily::QwenImage);
     switch (family) {
         case ModelFamily::SD1: return sd1;
         case ModelFamily::SD2: return sd2;
         case ModelFamily::SDXL: break;
+        case ModelFamily::QwenImage: return qwen_image;
     }
     return sdxl;
 }

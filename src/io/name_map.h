@@ -6,7 +6,8 @@
 // Diffusers folders name the same tensors per component (unet/, vae/,
 // text_encoder/, text_encoder_2/) with diffusers / HF transformers names
 // ("down_blocks.0.resnets.0.norm1.weight"). This file converts names in both
-// directions for SD1.x, SD2.x and SDXL. It maps names only; where the data
+// directions for SD1.x, SD2.x and SDXL, and for Qwen-Image's VAE (Wan 2.1's:
+// diffusers' AutoencoderKLQwenImage vs the original module tree). It maps names only; where the data
 // must change too (OpenCLIP's fused q/k/v, its transposed text projection) the
 // result says how, and the loader does it.
 //
@@ -23,7 +24,12 @@
 
 namespace kiln::io {
 
-enum class ModelFamily { SD1, SD2, SDXL };
+// QwenImage: Qwen-Image's folders (diffusers' QwenImagePipeline and its
+// edit pipelines), of which only vae/ is renamed: AutoencoderKLQwenImage is
+// Wan 2.1's VAE in diffusers' names, mapped to the original module tree's
+// (models/nets/wan_vae.h) under "first_stage_model.". Its transformer/ and
+// text_encoder/ keep their names, which kiln's networks read.
+enum class ModelFamily { SD1, SD2, SDXL, QwenImage };
 
 // A diffusers pipeline folder's parts. TextEncoder2 exists in SDXL only.
 enum class ModelComponent { Unet, Vae, TextEncoder, TextEncoder2 };

@@ -49,6 +49,9 @@ Family make() {
     f.detect = detect;
     f.modules = {{"llm", ModuleRole::TextEncoder, NetworkKind::Llm, {}, "--llm", {}},
                  {"qwen_image", ModuleRole::Diffusion, NetworkKind::QwenImageDit, {}, "--diffusion-model", {}},
+                 // In diffusers' names (AutoencoderKLQwenImage) only inside
+                 // a diffusers folder (io/name_map.h): alone, its
+                 // decoder.conv_in marks it as the original names do.
                  {"vae", ModuleRole::Vae, NetworkKind::WanVae, {}, "--vae", {}},
                  // Edit jobs' vision tower: sd-cli's --llm_vision (an mmproj
                  // GGUF), or visual.* in the --llm file (ComfyUI's, HF's).
@@ -60,6 +63,12 @@ Family make() {
                   {},
                   /*optional=*/true,
                   /*also_in_flag=*/"--llm"}};
+    // Its diffusers folders (Qwen/Qwen-Image, Qwen-Image-Edit-2509):
+    // transformer/ and text_encoder/ (Qwen2_5_VLForConditionalGeneration,
+    // the text model under model. or model.language_model., the vision
+    // tower under visual. or model.visual.) keep their names; vae/ takes
+    // Wan 2.1's original names.
+    f.diffusers_family = io::ModelFamily::QwenImage;
     // Qwen-Image-Edit: -r images join the image tokens as reference latents
     // (and the prompt, through the vision tower); 2509 takes up to three.
     f.reference_images = true;
