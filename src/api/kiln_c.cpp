@@ -808,15 +808,20 @@ kiln_status kiln_plan(kiln_context* ctx, const kiln_generation_params* params, c
         if (!passes.ok()) return fail(error, passes.error());
         auto forecast =
             kiln::pipeline::forecast_job(*ctx->model, job->width, job->height, cfg, params->flash_attention != 0,
-                                         r->prompt.empty() ? nullptr : &r->prompt, *passes);
+                                         r->prompt.empty() ? nullptr : &r->prompt, *passes, r->negative_prompt);
         if (!forecast.ok()) return fail(error, forecast.error());
         const std::string images = images_held->bytes()
                                        ? "images: " + kiln::human_bytes(images_held->bytes()) + " in RAM (" +
                                              ctx->model->host_ledger().device_name() + "'s books)\n"
                                        : std::string();
-        *text = copy_string("job: " + std::to_string(job->width) + "x" + std::to_string(job->height) +
-                            (cfg ? ", CFG batch of two\n" : "\n") + images +
-                            kiln::pipeline::describe_forecast(*ctx->model, *forecast));
+        const std::string cfg_text = !cfg ? ""
+                                     : forecast->cfg_contexts
+                                         ? ", CFG passes one after the other (contexts of " +
+                                               std::to_string(forecast->cfg_contexts->first) + " and " +
+                                               std::to_string(forecast->cfg_contexts->second) + " tokens)"
+                                         : ", CFG batch of two";
+        *text = copy_string("job: " + std::to_string(job->width) + "x" + std::to_string(job->height) + cfg_text + "\n" +
+                            images + kiln::pipeline::describe_forecast(*ctx->model, *forecast));
         if (fits) *fits = !forecast->fits ? 0 : forecast->streams_from_disk ? 2 : 1;
         return KILN_OK;
     } catch (const std::bad_alloc&) {

@@ -6,6 +6,9 @@
 
 #include "pipeline/conditioner.h"
 #include "pipeline/graphs.h"
+#include "pipeline/prompt_images.h"
+#include "pipeline/reference_images.h"
+#include "pipeline/session_inputs.h"
 #include "pipeline/vae_tiling.h"
 #include "runtime/graph_session.h"
 #include "util/format.h"
@@ -21,6 +24,18 @@ constexpr double kSlowDiskBytesPerSecond = 0.5e9;
 // mapped file in: the rest goes to the kernel, other processes and the
 // pages the job itself touches (auto-fit keeps a tenth free as well).
 constexpr double kPageCacheShare = 0.9;
+
+// Where the params of the module that ran `m` live; none for a module that
+// placement does not know. A vision tower computes on its role's device
+// with its params in RAM (Model::place_modules), whatever the role's are.
+std::optional<runtime::ParamsLocation> params_of(Model& model, const ModuleForecast& m) {
+    if (model.has_vision() && m.module == model.vision_compute().module()) return runtime::ParamsLocation::Host;
+    const std::string module = m.module.substr(0, m.module.find('.'));  // "te.t5xxl" is placed as "te"
+    auto placed = std::find_if(model.placement().begin(), model.placement().end(),
+                               [&](const ModulePlacement& p) { return p.module == module; });
+    if (placed == model.placement().end()) return std::nullopt;
+    return placed->params;
+}
 
 // Which runs read their weights from disk. A module reads the mapped model
 // file through the page cache (outside RAM's books) when its params are "on
@@ -39,21 +54,69 @@ void mark_disk_streaming(Model& model, JobForecast& out) {
     const uint64_t usable = static_cast<uint64_t>(static_cast<double>(limit) * kPageCacheShare);
     const uint64_t room = usable > held ? usable - held : 0;
     for (ModuleForecast& m : out.modules) {
-        const std::string module = m.module.substr(0, m.module.find('.'));  // "te.t5xxl" is placed as "te"
-        auto placed = std::find_if(model.placement().begin(), model.placement().end(),
-                                   [&](const ModulePlacement& p) { return p.module == module; });
-        if (placed == model.placement().end() || m.run.weight_bytes <= room) continue;
-        const bool mapped_on_cpu =
-            m.device == ram.device_name() && (placed->params == runtime::ParamsLocation::Host ||
-                                              placed->params == runtime::ParamsLocation::ComputeDevice);
-        if (placed->params == runtime::ParamsLocation::Disk || (mapped_on_cpu && !model.converts_weights())) {
+        const std::optional<runtime::ParamsLocation> params = params_of(model, m);
+        if (!params || m.run.weight_bytes <= room) continue;
+        const bool mapped_on_cpu = m.device == ram.device_name() && (*params == runtime::ParamsLocation::Host ||
+                                                                     *params == runtime::ParamsLocation::ComputeDevice);
+        if (*params == runtime::ParamsLocation::Disk || (mapped_on_cpu && !model.converts_weights())) {
             m.streamed_from_disk = m.run.weight_bytes;
         } else if (mapped_on_cpu) {
             m.run.fits = false;
         }
         out.fits = out.fits && m.run.fits;
-        out.streams_from_disk = out.streams_from_disk || (m.module == "diffusion" && m.streamed_from_disk > 0);
+        if (m.module == "diffusion" && m.streamed_from_disk > 0) {
+            out.streams_from_disk = true;
+            // CFG's passes one after the other read the file once each.
+            out.streamed_per_step =
+                std::max(out.streamed_per_step, m.streamed_from_disk * static_cast<uint64_t>(m.runs_per_step));
+        }
     }
+}
+
+// Which runs upload their weights to a device again at every run: those cut
+// into segments on a device that does not hold their params (on the CPU the
+// params are read where they are). What the budget keeps of the last run's
+// compute copies is not uploaded again, so the figure is an upper bound.
+void mark_device_streaming(Model& model, JobForecast& out) {
+    for (ModuleForecast& m : out.modules) {
+        const std::optional<runtime::ParamsLocation> params = params_of(model, m);
+        if (m.run.segments > 1 && m.device != model.host_ledger().device_name() && params &&
+            *params != runtime::ParamsLocation::ComputeDevice) {
+            m.streamed_to_device = m.run.weight_bytes;
+        }
+    }
+}
+
+// One prompt as the job's text encoding sees it.
+struct PromptTokens {
+    int64_t encoded = 0;                         // the tokens an LLM encodes under its chat template (0 without one)
+    int64_t context = 0;                         // the diffusion network's context rows
+    std::vector<models::TokenGrid> image_grids;  // the reference images' in the LLM's input
+};
+
+// `prompt` (null: the family's plan_tokens) with the edit job's reference
+// images in it (`images`: their grids only; an LLM use without a vision
+// module shows none), as conditioner.cpp's encode_llm builds it.
+PromptTokens prompt_tokens(const Model& model, const std::string* prompt, const std::vector<PromptImage>& images) {
+    PromptTokens out;
+    out.context = context_length(model, prompt);
+    for (const TextEncoder& encoder : model.text_encoders()) {
+        const models::TextEncoderUse& use = *encoder.use;
+        if (use.layout != models::PromptLayout::ChatTemplate) continue;
+        const LlmPrompt plain = llm_prompt(model.llm_tokenizer(), use, prompt ? *prompt : std::string());
+        // The encoder also reads the prefix the context leaves out.
+        out.encoded = out.context + plain.dropped;
+        if (images.empty() || use.vision_module.empty()) return out;
+        const LlmImagePrompt input =
+            llm_image_prompt(model.llm_tokenizer(), use, prompt ? *prompt : std::string(), images);
+        out.encoded = static_cast<int64_t>(input.ids.size());
+        // Without a prompt, the words of a typical one (plan_tokens less the template's).
+        if (!prompt) out.encoded += std::max<int64_t>(0, use.plan_tokens - static_cast<int64_t>(plain.ids.size()));
+        out.context = std::max<int64_t>(out.encoded - input.dropped, use.zero_pad_to);
+        out.image_grids = input.grids;
+        return out;
+    }
+    return out;
 }
 
 std::string seconds_at(uint64_t bytes, double bytes_per_second) {
@@ -63,7 +126,8 @@ std::string seconds_at(uint64_t bytes, double bytes_per_second) {
 }  // namespace
 
 Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, bool flash_attention,
-                                 const std::string* prompt, const JobPasses& passes) {
+                                 const std::string* prompt, const JobPasses& passes,
+                                 const std::string& negative_prompt) {
     const int64_t batch = cfg ? 2 : 1;
     const models::AutoencoderFormat& vc = model.vae().format();
     const int64_t lw = width / vc.downscale, lh = height / vc.downscale;
@@ -80,19 +144,70 @@ Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, 
         out.modules.push_back(std::move(m));
         return Status::Ok();
     };
-    const int64_t context_tokens = context_length(model, prompt);
+    // An edit model's reference images enter its LLM's prompt (the
+    // negative's too) through its vision tower, each once, before the text
+    // encoders run (generate). The plan needs their grids, not their rows.
+    std::vector<PromptImage> prompt_images;
+    if (model.has_vision()) {
+        const models::VisionEncoderNetwork& tower = model.vision();
+        for (const TextEncoder& encoder : model.text_encoders()) {
+            if (encoder.use->vision_module.empty()) continue;
+            for (size_t i = 0; i < passes.reference_images.size(); ++i) {
+                const auto [given_w, given_h] = passes.reference_images[i];
+                auto sizes =
+                    vision_sizes(given_w, given_h, encoder.use->vision_area, static_cast<int>(tower.size_unit()));
+                if (!sizes.ok()) return sizes.error().in_context("reference image " + std::to_string(i + 1) + ": ");
+                const int64_t w = sizes->tower.width, h = sizes->tower.height;
+                // The tower makes its patches from the pixels as it builds: zeros do.
+                const std::vector<float> pixels(static_cast<size_t>(3 * w * h), 0.0f);
+                runtime::GraphSession session;
+                SessionInputs inputs(session);
+                models::VisionEncodeShape shape;
+                shape.width = w;
+                shape.height = h;
+                shape.image = pixels.data();
+                shape.target = model.vision_target();
+                const models::VisionEncoderTensors t = tower.build(inputs, shape);
+                KILN_TRY(add(model.vision_compute(), session, t.out, "reference image encode"));
+                PromptImage image;
+                image.grid_rows = h / tower.size_unit();
+                image.grid_cols = w / tower.size_unit();
+                prompt_images.push_back(std::move(image));
+            }
+        }
+    }
+    // The prompt's and, with CFG, the negative prompt's lengths (an empty
+    // negative is the prompt's zeroed for a family that zeroes it).
+    const PromptTokens cond = prompt_tokens(model, prompt, prompt_images);
+    const bool zeroed_negative = model.family().conditioning.zero_empty_negative && negative_prompt.empty();
+    const PromptTokens uncond = cfg && !zeroed_negative ? prompt_tokens(model, &negative_prompt, prompt_images) : cond;
     for (const TextEncoder& encoder : model.text_encoders()) {
-        // A chat template encodes one prompt at a time (conditioner.cpp).
+        // A chat template encodes one prompt at a time (conditioner.cpp):
+        // the longer's figures hold for both.
         const bool whole_prompt = encoder.use->layout == models::PromptLayout::ChatTemplate;
-        // The encoder also reads the prefix the context leaves out.
-        const int64_t dropped = whole_prompt ? llm_prompt(model.llm_tokenizer(), *encoder.use, "").dropped : 0;
-        const int64_t length = whole_prompt ? context_tokens + dropped
+        const PromptTokens& longer = uncond.encoded > cond.encoded ? uncond : cond;
+        const int64_t length = whole_prompt ? longer.encoded
                                : encoder.use->layout == models::PromptLayout::FixedLength
                                    ? encoder.use->max_length
                                    : encoder.network->max_length();
+        const std::vector<models::TokenGrid> no_images;
         TextEncoderGraph g =
-            build_text_encoder_graph(encoder, nullptr, length, whole_prompt ? 1 : batch, encoder.use->default_layer);
+            build_text_encoder_graph(encoder, nullptr, length, whole_prompt ? 1 : batch, encoder.use->default_layer,
+                                     nullptr, whole_prompt ? longer.image_grids : no_images);
         KILN_TRY(add(*encoder.executor, *g.session, g.out, ""));
+    }
+    // The diffusion network's context length. CFG's two contexts of
+    // different lengths are batched only by a UNet's cross-attention, and
+    // only when one's CLIP chunks repeat to the other's (generate's
+    // match_context_lengths); otherwise the passes run one after the other.
+    int64_t context_tokens = cond.context;
+    bool cfg_apart = false;
+    if (cfg && uncond.context != cond.context) {
+        const int64_t longer = std::max(cond.context, uncond.context);
+        const int64_t shorter = std::min(cond.context, uncond.context);
+        cfg_apart = model.diffusion().capabilities().joint_attention || shorter == 0 || longer % shorter != 0;
+        context_tokens = longer;
+        if (cfg_apart) out.cfg_contexts = std::make_pair(cond.context, uncond.context);
     }
     // The VAE, encoding an image of w x h pixels or decoding a w x h
     // latent; one that does not fit is retried in tiles (generate).
@@ -116,13 +231,26 @@ Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, 
         KILN_TRY(add_vae(/*decode=*/false, passes.init_encode_size->first, passes.init_encode_size->second,
                          "init image encode"));
     }
+    // Kontext's and an edit model's reference images, each encoded at its
+    // size (generate), their latents beside the image's tokens in every
+    // evaluation of the DiT.
+    std::vector<models::LatentSize> reference_latents;
+    const int stride = model.size_stride();
+    for (const auto& [given_w, given_h] : passes.reference_images) {
+        ReferenceSize at{given_w, given_h};
+        if (passes.auto_resize_references) at = auto_reference_size(given_w, given_h, width, height, stride);
+        const int w = at.width / stride * stride, h = at.height / stride * stride;
+        KILN_TRY(add_vae(/*decode=*/false, w, h, "reference image encode"));
+        reference_latents.push_back({w / vc.downscale, h / vc.downscale});
+    }
     // Chroma's DiT takes the padding mask as an input of its own.
     const bool masked = model.masks_text_padding();
     // With a ControlNet, it runs before the UNet at every step, at the same
     // batch, and the UNet takes its residuals as inputs.
     const bool control = model.has_control_net();
     auto add_unet_at = [&](int64_t w, int64_t h, int64_t b, const std::string& pass) -> Status {
-        models::DiffusionShape shape{w, h, b, context_tokens, flash_attention, {}, masked};
+        models::DiffusionShape shape{w, h, b, context_tokens, flash_attention, reference_latents, masked};
+        shape.increase_ref_index = passes.increase_ref_index;
         if (control) {
             add_control_residuals(model, shape, 1.0f);
             auto c = build_control_graph(model, shape);
@@ -145,16 +273,22 @@ Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, 
         if (!g.ok()) return g.error();
         return add(model.diffusion_compute(), *g->session, g->out, pass);
     };
-    // A CFG batch that does not fit runs as two passes of one (generate).
+    // A CFG batch that does not fit, or whose contexts differ in length,
+    // runs as two passes of one (generate), each reading the weights.
     auto add_unet = [&](int64_t w, int64_t h, const std::string& pass) -> Status {
         const size_t before = out.modules.size();
-        KILN_TRY(add_unet_at(w, h, batch, pass));
-        const bool batch_fits = std::all_of(out.modules.begin() + static_cast<long>(before), out.modules.end(),
-                                            [](const ModuleForecast& m) { return m.run.fits; });
-        if (batch_fits || batch != 2) return Status::Ok();
-        out.modules.resize(before);
+        if (!cfg_apart) {
+            KILN_TRY(add_unet_at(w, h, batch, pass));
+            const bool batch_fits = std::all_of(out.modules.begin() + static_cast<long>(before), out.modules.end(),
+                                                [](const ModuleForecast& m) { return m.run.fits; });
+            if (batch_fits || batch != 2) return Status::Ok();
+            out.modules.resize(before);
+        }
         KILN_TRY(add_unet_at(w, h, 1, pass));
-        for (size_t i = before; i < out.modules.size(); ++i) out.modules[i].separate_cfg = true;
+        for (size_t i = before; i < out.modules.size(); ++i) {
+            out.modules[i].separate_cfg = true;
+            out.modules[i].runs_per_step = 2;
+        }
         return Status::Ok();
     };
     KILN_TRY(add_unet(lw, lh, ""));
@@ -209,12 +343,17 @@ Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, 
         out.fits = out.fits && cpu->peak <= cpu->limit;
     }
     mark_disk_streaming(model, out);
+    mark_device_streaming(model, out);
     return out;
 }
 
 Result<JobPasses> passes_of(const GenerationRequest& request, const ValidatedRequest& job) {
     JobPasses passes;
     if (request.init_image) passes.init_encode_size = {request.init_image->width, request.init_image->height};
+    for (const image::Image& reference : request.ref_images)
+        passes.reference_images.emplace_back(reference.width, reference.height);
+    passes.auto_resize_references = request.auto_resize_ref_images;
+    passes.increase_ref_index = request.increase_ref_index;
     if (is_block_cache(request.cache.mode)) {
         passes.block_stages =
             models::BlockSplit{models::BlockStage::Whole, request.cache.front_blocks, request.cache.back_blocks};
@@ -241,17 +380,28 @@ std::string describe_forecast(const Model& model, const JobForecast& forecast) {
         start = end + 1;
     }
     out += "modules:\n";
+    // Two passes because the contexts differ: say which.
+    const std::string contexts = forecast.cfg_contexts
+                                     ? " (the prompt's " + std::to_string(forecast.cfg_contexts->first) +
+                                           " context tokens and the negative prompt's " +
+                                           std::to_string(forecast.cfg_contexts->second) + ")"
+                                     : std::string();
     for (const ModuleForecast& m : forecast.modules) {
         const auto& r = m.run;
-        out +=
-            "  " + m.module + (m.pass.empty() ? std::string() : " (" + m.pass + ")") + " on " + m.device + ": " +
-            (m.tiled ? std::string("in tiles, ") : std::string()) +
-            (m.separate_cfg ? std::string("CFG passes one at a time, ") : std::string()) +
-            (r.segments == 1 ? std::string("whole graph") : std::to_string(r.segments) + " segments") + ", compute " +
-            human_bytes(r.whole_workspace) + " whole, hungriest part " + human_bytes(r.largest_segment) + " (" +
-            r.largest_segment_name + ")" +
-            (m.streamed_from_disk ? ", reads its " + human_bytes(m.streamed_from_disk) + " of weights from disk" : "") +
-            (r.fits ? "" : " - DOES NOT FIT") + "\n";
+        const std::string per_step = m.runs_per_step == 2 ? " twice a step" : "";
+        out += "  " + m.module + (m.pass.empty() ? std::string() : " (" + m.pass + ")") + " on " + m.device + ": " +
+               (m.tiled ? std::string("in tiles, ") : std::string()) +
+               (r.segments == 1 ? std::string("whole graph") : std::to_string(r.segments) + " segments") +
+               (m.separate_cfg ? ", CFG passes one at a time" + contexts : std::string()) + ", compute " +
+               human_bytes(r.whole_workspace) + " whole, hungriest part " + human_bytes(r.largest_segment) + " (" +
+               r.largest_segment_name + ")" +
+               (m.streamed_to_device ? ", uploads up to " + human_bytes(m.streamed_to_device) + " of weights" +
+                                           (per_step.empty() ? " a run" : per_step)
+                                     : "") +
+               (m.streamed_from_disk
+                    ? ", reads its " + human_bytes(m.streamed_from_disk) + " of weights from disk" + per_step
+                    : "") +
+               (r.fits ? "" : " - DOES NOT FIT") + "\n";
     }
     if (forecast.upscaler) {
         const auto& [name, m] = *forecast.upscaler;
@@ -272,16 +422,18 @@ std::string describe_forecast(const Model& model, const JobForecast& forecast) {
                (d.budget ? "budget " + human_bytes(*d.budget) : "no budget") + ", limit now " + human_bytes(d.limit) +
                "\n";
     }
-    uint64_t per_step = 0;
+    uint64_t per_run = 0;
     for (const ModuleForecast& m : forecast.modules) {
-        if (m.module == "diffusion") per_step = std::max(per_step, m.streamed_from_disk);
+        if (m.module == "diffusion") per_run = std::max(per_run, m.streamed_from_disk);
     }
+    const uint64_t per_step = forecast.streamed_per_step;
     if (!forecast.fits) {
         out += "fits: no\n";
     } else if (forecast.streams_from_disk) {
-        out += "fits: only by streaming: every step reads " + human_bytes(per_step) +
-               " of the diffusion model's weights from disk again, about " +
-               seconds_at(per_step, kFastDiskBytesPerSecond) + " a step at 2 GB/s (NVMe) and " +
+        out += "fits: only by streaming: every step reads " + human_bytes(per_run) +
+               " of the diffusion model's weights from disk again" +
+               (per_step > per_run ? ", once for each of CFG's two passes (" + human_bytes(per_step) + ")" : "") +
+               ", about " + seconds_at(per_step, kFastDiskBytesPerSecond) + " a step at 2 GB/s (NVMe) and " +
                seconds_at(per_step, kSlowDiskBytesPerSecond) + " at 0.5 GB/s (SATA), on top of the compute\n";
     } else {
         out += "fits: yes\n";

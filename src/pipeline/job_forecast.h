@@ -1,8 +1,9 @@
 // `kiln plan` / `--dry-run`: what a generation job would need where, without
 // running it. The text encoder, ControlNet (when the model has one), UNet
-// (CFG batch of two) and VAE decoder graphs of the job, and the VAE encoder
-// and hires pass when it has them, are built and planned by each module's
-// executor at the device's current limit; nothing is uploaded or computed.
+// (CFG batch of two, or its two passes one after the other) and VAE decoder
+// graphs of the job, and the VAE encoder, reference images and hires pass
+// when it has them, are built and planned by each module's executor at the
+// device's current limit; nothing is uploaded or computed.
 #pragma once
 
 #include <map>
@@ -21,14 +22,24 @@ struct ModuleForecast {
     std::string module;  // "te", "diffusion", "control", "vae"
     std::string device;  // where it computes
     runtime::RunForecast run;
-    bool tiled = false;         // the VAE would not fit whole: figures for one tile
-    bool separate_cfg = false;  // the UNet's CFG batch of two would not fit: figures for one pass
-    std::string pass;           // "" for the job's own size; "init image encode", "hires pass", ...
+    bool tiled = false;  // the VAE would not fit whole: figures for one tile
+    // CFG's two passes run one after the other: the batch of two would not
+    // fit, or their contexts differ in length (JobForecast::cfg_contexts).
+    // Figures for one pass (the longer's).
+    bool separate_cfg = false;
+    // How often a denoising step runs this graph: 2 with separate_cfg, so
+    // the weights it streams (below) are read twice a step.
+    int runs_per_step = 1;
+    std::string pass;  // "" for the job's own size; "init image encode", "hires pass", ...
     // Weights this run reads from disk: its params are on disk, or they are
     // the mapped model file and RAM cannot hold them beside the job (the
     // page cache lets them go before the next run: every step, for the
     // diffusion model). 0: they stay in memory.
     uint64_t streamed_from_disk = 0;
+    // Weights this run uploads to its device at most: it runs in segments
+    // with its params elsewhere (RAM, disk, another device), so the weights
+    // the budget cannot keep from the last run are uploaded again. 0: none.
+    uint64_t streamed_to_device = 0;
 };
 
 // What a job runs besides its text encoding, one denoising pass and a decode
@@ -38,6 +49,14 @@ struct JobPasses {
     // (the output's, or another with GenerationRequest::init_latent_resize).
     std::optional<std::pair<int, int>> init_encode_size;
     const ValidatedHires* hires = nullptr;  // the hires fix: its encode (pixel upscalers), UNet and decode
+    // The reference images (-r) as given, {width, height} each: Kontext's
+    // and an edit model's, VAE-encoded at auto_reference_size of the
+    // output's size (or their own, without auto_resize_references) for the
+    // DiT, and with a vision tower (Model::has_vision) also encoded by it
+    // for the LLM's prompt.
+    std::vector<std::pair<int, int>> reference_images;
+    bool auto_resize_references = true;
+    bool increase_ref_index = false;
     // The hires fix's model upscaler (its name and memory), held in RAM for
     // the whole job; the caller measures it (Upscaler::memory).
     std::optional<std::pair<std::string, UpscalerMemory>> upscaler;
@@ -70,19 +89,33 @@ struct JobForecast {
     // Fits, but only by reading weights from disk at every step
     // (ModuleForecast::streamed_from_disk of a diffusion run).
     bool streams_from_disk = false;
+    // What a step reads from disk then: the diffusion model's weights, once
+    // for each run a step makes (ModuleForecast::runs_per_step).
+    uint64_t streamed_per_step = 0;
+    // Set when CFG's passes cannot be batched: {the prompt's, the negative
+    // prompt's} context tokens, which differ. A DiT's joint attention cannot
+    // batch contexts of different lengths (a UNet's cross-attention can
+    // where one's CLIP chunks repeat to the other's), so every step runs the
+    // two passes one after the other at batch 1 (generate's run_diffusion).
+    std::optional<std::pair<int64_t, int64_t>> cfg_contexts;
 };
 
 // The passes `request` runs besides the plain one, as validated into `job`
 // (which the result points into): the init image's encode, the hires fix,
-// and its model upscaler, measured (its weights are read, tens of MB, so
-// that its tile graph can be). Errors: the upscaler's file.
+// its model upscaler, measured (its weights are read, tens of MB, so that
+// its tile graph can be), and the reference images' sizes. Errors: the
+// upscaler's file.
 Result<JobPasses> passes_of(const GenerationRequest& request, const ValidatedRequest& job);
 
-// `cfg`: the UNet runs the conditional and unconditional passes as one batch.
+// `cfg`: the UNet runs the conditional and unconditional passes, as one
+// batch where their contexts have one length.
 // `prompt`: the job's prompt, whose length under an LLM's chat template is
-// the LLM's and the DiT's context length (null: the family's plan_tokens).
+// the LLM's and the DiT's context length (null: the family's plan_tokens);
+// `negative_prompt` the same for the unconditional pass (with cfg).
+// Errors: a graph's planning, a reference image the vision tower refuses.
 Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, bool flash_attention,
-                                 const std::string* prompt = nullptr, const JobPasses& passes = {});
+                                 const std::string* prompt = nullptr, const JobPasses& passes = {},
+                                 const std::string& negative_prompt = {});
 
 // The placement, per-device peaks, per-module segment counts and the
 // verdict, with what streaming from disk costs a step when it must.
