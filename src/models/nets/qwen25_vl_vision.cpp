@@ -133,6 +133,12 @@ Result<std::unique_ptr<QwenVisionEncoder>> QwenVisionEncoder::create(io::WeightD
     }
     c.width = patch->shape[0];
     c.patch = patch->shape.back();
+    // Qwen2-VL's and Qwen2.5-VL's patches are 14 pixels; far smaller ones
+    // would make the window mask (patches squared) unbounded.
+    if (c.patch < 8 || c.patch > 64) {
+        return bad(std::string(patch_name(c.naming)) + " has shape " + patch->shape_string() + ": patches of " +
+                   std::to_string(c.patch) + " pixels, not 8 to 64 (Qwen2.5-VL's are 14)");
+    }
     c.blocks = 0;
     while (file.find(prefix + block_tensor(c.naming, c.blocks, Part::Norm1))) ++c.blocks;
     if (c.blocks == 0) return bad("no blocks (" + block_tensor(c.naming, 0, Part::Norm1) + " is missing)");
@@ -151,9 +157,9 @@ Result<std::unique_ptr<QwenVisionEncoder>> QwenVisionEncoder::create(io::WeightD
     if (!in || !out) return bad("no patch merger (" + (in ? merger_out : merger_in) + " is missing)");
     const int64_t merged = in->shape.size() == 2 ? in->shape[1] : 0;
     c.merge = static_cast<int64_t>(std::llround(std::sqrt(static_cast<double>(merged) / c.width)));
-    if (merged <= 0 || c.merge < 1 || c.merge * c.merge * c.width != merged) {
+    if (merged <= 0 || c.merge < 1 || c.merge > 4 || c.merge * c.merge * c.width != merged) {
         return bad(merger_in + " has shape " + in->shape_string() + ", not [m, width x merge^2] with width " +
-                   std::to_string(c.width));
+                   std::to_string(c.width) + " and merge 1 to 4");
     }
     if (out->shape.size() != 2 || out->shape[0] <= 0) {
         return bad(merger_out + " has shape " + out->shape_string() + ", not [out_width, " + std::to_string(merged) +
