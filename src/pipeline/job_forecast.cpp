@@ -394,14 +394,14 @@ std::string describe_forecast(const Model& model, const JobForecast& forecast) {
                (r.segments == 1 ? std::string("whole graph") : std::to_string(r.segments) + " segments") +
                (m.separate_cfg ? ", CFG passes one at a time" + contexts : std::string()) + ", compute " +
                human_bytes(r.whole_workspace) + " whole, hungriest part " + human_bytes(r.largest_segment) + " (" +
-               r.largest_segment_name + ")" +
+               r.largest_segment_name + ")" + (r.fits ? "" : " - DOES NOT FIT") +
                (m.streamed_to_device ? ", uploads up to " + human_bytes(m.streamed_to_device) + " of weights" +
                                            (per_step.empty() ? " a run" : per_step)
                                      : "") +
                (m.streamed_from_disk
                     ? ", reads its " + human_bytes(m.streamed_from_disk) + " of weights from disk" + per_step
                     : "") +
-               (r.fits ? "" : " - DOES NOT FIT") + "\n";
+               "\n";
     }
     if (forecast.upscaler) {
         const auto& [name, m] = *forecast.upscaler;
