@@ -75,6 +75,9 @@ struct DiffusionCapabilities {
     // covers pos_embed_max_size patches); 0: no limit of its own.
     int64_t max_latent_side = 0;
     bool guidance = false;           // a distilled-guidance embedding (--guidance)
+    // A video network: x holds DiffusionShape::frames latent frames per batch
+    // item (Wan); others take one frame.
+    bool video = false;
     bool skip_layers = false;        // skip-layer guidance's pass (--slg-scale)
     bool text_mask = false;          // can mask the text padding out of attention
     bool reference_images = false;   // reference latents as extra tokens (-r) are understood
@@ -131,6 +134,11 @@ struct DiffusionShape {
     float control_strength = 1.0f;
     BlockSplit split;  // cache_blocks networks only
     nn::ComputeTarget target = nn::ComputeTarget::Cpu;
+    // Latent frames of a video network (capabilities().video); 1 otherwise.
+    // x and out are then ne [W, H, frames * channels, batch]: each batch item
+    // channel after channel, each channel frame after frame (the original's
+    // [C, T, H, W]).
+    int64_t frames = 1;
 };
 
 // The inputs the caller sets before each evaluation; those a network does
