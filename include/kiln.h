@@ -161,6 +161,7 @@ typedef struct {
     int taesd;          /* 1 when a tiny autoencoder (--taesd) is loaded; without one KILN_PREVIEW_TAE decodes with the VAE */
     /* the size the family is trained at (width and height above may come from the file's kiln.default.* metadata) */
     int trained_width, trained_height;
+    int video; /* 1: a video model (Wan): kiln_generate makes clips (video_frames frames each) */
 } kiln_model_info;
 void kiln_context_info(const kiln_context* ctx, kiln_model_info* info);
 
@@ -301,11 +302,16 @@ typedef struct {
     int disable_file_hashes;
     kiln_phase_callback phase; /* or NULL */
     void* phase_user_data;
+    /* A video model's frames per clip (sd-cli's --video-frames), made 4k + 1 as sd-cli makes them;
+     * 0: 1. An image model refuses any other count than 1. */
+    int video_frames;
 } kiln_generation_params;
 
 void kiln_generation_params_init(kiln_generation_params* params);
 
-/* Generates params->batch_count images into *images (free with kiln_images_free).
+/* Generates params->batch_count images into *images (free with kiln_images_free);
+ * for a video model (kiln_model_info.video), batch_count clips: every frame of
+ * the first clip, then the next's, each frame with the clip's parameters.
  * The request is validated before anything runs (KILN_ERROR_INVALID_REQUEST). */
 kiln_status kiln_generate(kiln_context* ctx, const kiln_generation_params* params, kiln_image** images, int* n_images,
                           char** error);
@@ -348,6 +354,13 @@ kiln_status kiln_upscaler_memory(kiln_upscaler* upscaler, int width, int height,
  * image->parameters as an A1111 "parameters" text chunk. The file appears
  * only when complete. */
 kiln_status kiln_image_save(const kiln_image* image, const char* path, char** error);
+/* Writes n_frames frames (RGB, one size) at `fps` frames a second as a video chosen by the
+ * extension, as sd-cli writes them: .avi (MJPEG), .webm (VP8), .webp (animated), or a name with
+ * one integer field such as frame_%03d.png (one image per frame, numbered from first_index).
+ * frames[0].parameters goes into the container's metadata (each image's, for a sequence). The
+ * file appears only when complete; a sequence that fails part-way leaves none of its frames. */
+kiln_status kiln_video_save(const kiln_image* frames, int n_frames, int fps, int first_index, const char* path,
+                            char** error);
 /* Reads an image file (PNG, JPEG, WebP) as RGB; free with kiln_images_free(image, 1).
  * Images of more than 8192x8192 pixels are refused from their header, before
  * decoding; kiln_image_load_limited sets that limit (0: the default). */

@@ -33,6 +33,7 @@ PACKAGES=(
     nlohmann-json3-dev       # JSON headers (safetensors, model_index.json)
     libcpp-httplib-dev       # kiln serve's HTTP server (tools/server)
     libpng-dev libjpeg62-turbo-dev libwebp-dev zlib1g-dev  # image files (src/image)
+    libvpx-dev libwebm-dev   # video files: VP8 for .webm, libwebm's parser reads its tags (src/image/webm_vp8)
     libcurl4-openssl-dev libssl-dev  # kiln pull: HTTPS downloads, SHA-256 checks (tools/cli/hub_client, sha256)
 )
 if ((!RUN_ONLY)); then
@@ -41,6 +42,7 @@ if ((!RUN_ONLY)); then
         libgtest-dev libgmock-dev googletest
         clang libclang-rt-14-dev # libFuzzer targets in tests/fuzz
         glslc                    # KILN_VULKAN's configure check meets Debian's glslc (tests/build)
+        ffmpeg                   # ffprobe/ffmpeg decode the videos kiln writes (tests/unit/video_file_test)
     )
 fi
 # npm fetches the package that carries ggml's history; a machine may already

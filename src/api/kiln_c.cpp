@@ -11,6 +11,7 @@
 
 #include "image/image_io.h"
 #include "image/png_metadata.h"
+#include "image/video_file.h"
 #include "io/gguf_writer.h"
 #include "io/model_report.h"
 #include "io/tensor_convert.h"
@@ -223,6 +224,7 @@ kiln::Result<kiln::pipeline::GenerationRequest> generation_request(const kiln_ge
     r.cfg_scale = params->cfg_scale;
     r.seed = params->seed;
     r.batch_count = params->batch_count;
+    if (params->video_frames != 0) r.video_frames = params->video_frames;
     r.sampler = str(params->sampler);
     r.scheduler = str(params->scheduler);
     r.clip_skip = params->clip_skip;
@@ -436,6 +438,7 @@ void kiln_context_info(const kiln_context* ctx, kiln_model_info* info) {
     info->taesd = ctx->model->has_taesd() ? 1 : 0;
     info->trained_width = ctx->model->family().defaults.width;
     info->trained_height = ctx->model->family().defaults.height;
+    info->video = ctx->model->diffusion().capabilities().video ? 1 : 0;
 }
 
 void kiln_generation_params_init(kiln_generation_params* params) {
@@ -566,17 +569,22 @@ kiln_status kiln_generate(kiln_context* ctx, const kiln_generation_params* param
             ctx->model->release_caches();  // a failed job gives back what it took
             return fail(error, result.error());
         }
-        auto* out = static_cast<kiln_image*>(std::calloc(result->size(), sizeof(kiln_image)));
+        // An image per result, or a clip's frames.
+        std::vector<std::pair<const kiln::image::Image*, const kiln::image::GenerationInfo*>> frames;
+        for (const auto& g : *result) {
+            if (g.frames.empty()) frames.emplace_back(&g.image, &g.info);
+            for (const auto& frame : g.frames) frames.emplace_back(&frame, &g.info);
+        }
+        auto* out = static_cast<kiln_image*>(std::calloc(frames.size(), sizeof(kiln_image)));
         if (!out) return out_of_memory(error, "returning the images");
-        for (size_t i = 0; i < result->size(); ++i) {
-            const auto& g = (*result)[i];
-            if (!export_image(g.image, kiln::image::format_a1111_parameters(g.info), &out[i])) {
-                kiln_images_free(out, static_cast<int>(result->size()));
+        for (size_t i = 0; i < frames.size(); ++i) {
+            if (!export_image(*frames[i].first, kiln::image::format_a1111_parameters(*frames[i].second), &out[i])) {
+                kiln_images_free(out, static_cast<int>(frames.size()));
                 return out_of_memory(error, "returning the images");
             }
         }
         *images = out;
-        *n_images = static_cast<int>(result->size());
+        *n_images = static_cast<int>(frames.size());
         return KILN_OK;
     } catch (const std::bad_alloc&) {
         ctx->model->release_caches();
@@ -599,6 +607,23 @@ kiln_status kiln_image_save(const kiln_image* image, const char* path, char** er
     kiln::image::ImageWriteOptions options;
     if (image->parameters) options.text[kiln::image::kParametersKeyword] = image->parameters;
     auto status = kiln::image::write_image(path, *img, options);
+    if (!status.ok()) return fail(error, status.error());
+    return KILN_OK;
+}
+
+kiln_status kiln_video_save(const kiln_image* frames, int n_frames, int fps, int first_index, const char* path,
+                            char** error) {
+    if (!frames || n_frames < 1) return fail(error, kiln::Error::invalid_request(std::string(path) + ": no frames"));
+    std::vector<kiln::image::Image> clip;
+    for (int i = 0; i < n_frames; ++i) {
+        auto img = import_image(&frames[i]);
+        if (!img.ok()) {
+            return fail(error, img.error().in_context(std::string(path) + ": frame " + std::to_string(i) + ": "));
+        }
+        clip.push_back(std::move(img).value());
+    }
+    auto status =
+        kiln::image::write_video(path, clip, fps, frames[0].parameters ? frames[0].parameters : "", first_index);
     if (!status.ok()) return fail(error, status.error());
     return KILN_OK;
 }
@@ -712,6 +737,19 @@ kiln_status kiln_image_resize(const kiln_image* image, int width, int height, ki
 
 kiln_status kiln_image_read_parameters(const char* path, char** text, char** error) {
     *text = nullptr;
+    // A video's container comment; a .webp that is a still image has its parameters as an image's.
+    if (kiln::image::is_video_path(path)) {
+        auto parameters = kiln::image::read_video_parameters(path);
+        if (parameters.ok() && !parameters->empty()) {
+            *text = copy_string(*parameters);
+            return KILN_OK;
+        }
+        const std::string lower = kiln::ascii_lower(path);
+        const bool webp = lower.size() >= 5 && lower.compare(lower.size() - 5, 5, ".webp") == 0;
+        if (!parameters.ok() && !webp) {
+            return fail(error, parameters.error().as(kiln::ErrorKind::BadFile));
+        }
+    }
     auto chunks = kiln::image::read_image_text(path);
     if (!chunks.ok()) return fail(error, chunks.error().as(kiln::ErrorKind::BadFile));
     auto it = chunks->find(kiln::image::kParametersKeyword);
@@ -820,8 +858,9 @@ kiln_status kiln_plan(kiln_context* ctx, const kiln_generation_params* params, c
                                                std::to_string(forecast->cfg_contexts->first) + " and " +
                                                std::to_string(forecast->cfg_contexts->second) + " tokens)"
                                          : ", CFG batch of two";
-        *text = copy_string("job: " + std::to_string(job->width) + "x" + std::to_string(job->height) + cfg_text + "\n" +
-                            images + kiln::pipeline::describe_forecast(*ctx->model, *forecast));
+        const std::string frames = job->video ? ", " + std::to_string(job->frames) + " frames" : "";
+        *text = copy_string("job: " + std::to_string(job->width) + "x" + std::to_string(job->height) + frames +
+                            cfg_text + "\n" + images + kiln::pipeline::describe_forecast(*ctx->model, *forecast));
         if (fits) *fits = !forecast->fits ? 0 : forecast->streams_from_disk ? 2 : 1;
         return KILN_OK;
     } catch (const std::bad_alloc&) {

@@ -659,6 +659,8 @@ bool write_all(int fd, const uint8_t* data, size_t size) {
     return true;
 }
 
+}  // namespace
+
 Status write_file_atomically(const std::string& path, const std::vector<uint8_t>& bytes) {
     const std::string part = path + ".part";
     const int fd = ::open(part.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
@@ -689,8 +691,6 @@ Status write_file_atomically(const std::string& path, const std::vector<uint8_t>
     }
     return Status::Ok();
 }
-
-}  // namespace
 
 const char* image_format_name(ImageFormat format) {
     switch (format) {

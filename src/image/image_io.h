@@ -97,6 +97,12 @@ Result<std::vector<uint8_t>> encode_image(const Image& image, ImageFormat format
 // removed and `path` is left as it was.
 Status write_image(const std::string& path, const Image& image, const ImageWriteOptions& options = {});
 
+// Writes `bytes` to `path` the way write_image does: to `path + ".part"`,
+// flushed, then renamed over `path`; on any failure the .part file is
+// removed and `path` is left as it was. For every file kiln writes whole
+// (images, videos), so none is ever seen half-written.
+Status write_file_atomically(const std::string& path, const std::vector<uint8_t>& bytes);
+
 // The whole file, with read_image's checks and messages for missing, empty,
 // directory, special (FIFO, device, socket: refused before any read) and
 // oversized files (over `max_bytes`).

@@ -11,6 +11,7 @@
 
 #include "image/image_io.h"
 #include "image/png_metadata.h"
+#include "image/video_file.h"
 
 namespace kiln::image {
 namespace {
@@ -256,8 +257,29 @@ Result<std::string> metadata_report(const std::string& path, const MetadataRepor
     auto bytes = read_file_bytes(path);
     if (!bytes.ok()) return bytes.error();
     json report;
-    Result<json> entries = Error::bad_file(path + ": not a PNG or JPEG file (-M metadata reads those two)");
-    if (bytes->size() >= 8 && std::memcmp(bytes->data(), "\x89PNG\r\n\x1a\n", 8) == 0) {
+    Result<json> entries =
+        Error::bad_file(path + ": not a PNG, JPEG or video file (-M metadata reads PNG, JPEG, AVI, WebM and WebP)");
+    const auto riff = [&](const char* form) {
+        return bytes->size() >= 12 && std::memcmp(bytes->data(), "RIFF", 4) == 0 &&
+               std::memcmp(bytes->data() + 8, form, 4) == 0;
+    };
+    const bool webm = bytes->size() >= 4 && std::memcmp(bytes->data(), "\x1a\x45\xdf\xa3", 4) == 0;
+    if (riff("AVI ") || riff("WEBP") || webm) {
+        // A video's one metadata entry: the parameters in its container's comment (video_file.h).
+        report["format"] = riff("AVI ") ? "AVI" : webm ? "WebM" : "WebP";
+        auto parameters = read_video_parameters(path);
+        if (parameters.ok()) {
+            entries = json::array();
+            if (!parameters->empty()) {
+                entries->push_back({{"entry_type", "chunk"},
+                                    {"name", "comment"},
+                                    {"parameters", *parameters},
+                                    {"metadata_like", true}});
+            }
+        } else {
+            entries = parameters.error();
+        }
+    } else if (bytes->size() >= 8 && std::memcmp(bytes->data(), "\x89PNG\r\n\x1a\n", 8) == 0) {
         report["format"] = "PNG";
         entries = png_entries(*bytes, options.raw);
     } else if (bytes->size() >= 2 && (*bytes)[0] == 0xFF && (*bytes)[1] == 0xD8) {

@@ -85,6 +85,10 @@ struct TextEncoderUse {
     // sd-cli does by default), all but `mask_pad_tokens` pad tokens after EOS.
     bool mask_padding = false;
     int mask_pad_tokens = 1;
+    // T5: the padding is masked inside T5 and its rows of the hidden states
+    // are zeros (Wan: the prompt's states then zero rows to max_length, as
+    // Wan's T5 encoder and DiT pad them).
+    bool zero_padding = false;
     // LLM: the prompt is wrapped in the family's chat template, chat_prefix +
     // prompt + chat_suffix, and encoded whole (no chunks, no padding, a
     // causal mask); A1111 weights apply to the prompt's own tokens only, as

@@ -278,6 +278,25 @@ struct AutoencoderFormat {
     int64_t latent_channels = 4;  // of the latent the sampler works on
     int downscale = 8;            // image pixels per latent pixel, along each side
     bool has_encoder = true;
+    // A video autoencoder (decode_chunk): frames per latent frame after the
+    // first, whose latent frame is the first frame alone (Wan's 4); 0: an
+    // image autoencoder.
+    int temporal_downscale = 0;
+};
+
+// One chunk of a clip's decode (a video autoencoder's decode_chunk).
+struct ClipChunk {
+    ggml_tensor* frames = nullptr;  // ne [W, H, 3, frames]
+    // The causal history after this chunk: what the next chunk's
+    // decode_chunk takes, in this order and with these shapes.
+    std::vector<ggml_tensor*> history;
+    // frames, then each history tensor, flattened into one ne [n] tensor
+    // (a graph has one output).
+    ggml_tensor* packed(ggml_context* ctx) const {
+        ggml_tensor* flat = ggml_reshape_1d(ctx, frames, ggml_nelements(frames));
+        for (ggml_tensor* h : history) flat = ggml_concat(ctx, flat, ggml_reshape_1d(ctx, h, ggml_nelements(h)), 0);
+        return flat;
+    }
 };
 
 // What an encoder graph gives: the latent distribution's mean, or its mean
@@ -296,6 +315,17 @@ class AutoencoderNetwork : public Network {
     // latent_channels (x2 for Moments), B]. Requires format().has_encoder.
     virtual ggml_tensor* encode(ggml_context* ctx, ggml_tensor* image, nn::ComputeTarget target,
                                 LatentEncoding encoding) const = 0;
+    // A video autoencoder (format().temporal_downscale > 0): latent frames
+    // ne [w, h, latent_channels, T] continuing a clip, given the history the
+    // previous chunk left (empty at the clip's start), decoded to 1 +
+    // temporal_downscale (T - 1) frames at the start, temporal_downscale T
+    // later; chunks of any length give the whole clip's frames, so memory
+    // stays flat as clips grow. All null when `history` does not fit.
+    virtual ClipChunk decode_chunk(ggml_context* ctx, ggml_tensor* latent, const std::vector<ggml_tensor*>& history,
+                                   nn::ComputeTarget target) const {
+        (void)ctx, (void)latent, (void)history, (void)target;
+        return {};
+    }
 };
 
 // ---- Vision encoders -----------------------------------------------------------

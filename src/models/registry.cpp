@@ -11,6 +11,7 @@
 #include "models/families/sd2.h"
 #include "models/families/sd3.h"
 #include "models/families/sdxl.h"
+#include "models/families/wan.h"
 #include "models/families/z_image.h"
 
 namespace kiln::models {
@@ -33,6 +34,7 @@ const std::vector<const Family*>& families() {
         &sd35_medium_family(),
         &sd3_medium_family(),
         &qwen_image_family(),
+        &wan_family(),
     };
     return kFamilies;
 }

@@ -14,6 +14,7 @@ Status auto_fit(Model& model, const ModelOptions& options) {
         // With a hires fix, its second pass at the larger size too; a fix the
         // job's validation will refuse is left to it.
         JobPasses passes;
+        passes.video = model.diffusion().capabilities().video;  // a clip's decode, a frame at a time
         std::optional<ValidatedRequest> planned;
         if (options.job_hires) {
             GenerationRequest job;

@@ -78,7 +78,7 @@ Result<EncodedChunks> encode_t5(const TextEncoder& encoder, const text::T5Tokeni
     const text::PaddedTokens tokens = tokenizer.encode_padded(prompt, max_length, /*pad=*/true);
     const auto length = static_cast<int64_t>(tokens.ids.size());
     const std::vector<float> real(tokens.mask.begin(), tokens.mask.end());  // text and EOS
-    const bool t5_mask = use.mask_padding && options.t5_mask;
+    const bool t5_mask = (use.mask_padding && options.t5_mask) || use.zero_padding;
     TextEncoderGraph g =
         build_text_encoder_graph(encoder, tokens.ids.data(), length, 1, 0, t5_mask ? real.data() : nullptr);
     KILN_TRY(g.session->run(*encoder.executor, g.out));
@@ -86,6 +86,12 @@ Result<EncodedChunks> encode_t5(const TextEncoder& encoder, const text::T5Tokeni
     out.hidden = runtime::GraphSession::read(g.out);
     out.length = length;
     out.chunks = 1;
+    if (use.zero_padding) {
+        const auto width = static_cast<size_t>(encoder.width());
+        for (size_t t = 0; t < real.size(); ++t) {
+            if (real[t] == 0.0f) std::fill_n(out.hidden.begin() + t * width, width, 0.0f);
+        }
+    }
     if (use.mask_padding && options.dit_mask) {
         valid->assign(real.begin(), real.end());
         int extra = options.pad_tokens >= 0 ? options.pad_tokens : use.mask_pad_tokens;

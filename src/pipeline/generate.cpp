@@ -1,6 +1,7 @@
 #include "pipeline/generate.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -112,7 +113,7 @@ Result<std::vector<float>> run_diffusion_batch(
     const NetworkStep step = step_at(model, p, sigma);
     const Scalings& s = step.scalings;
     const float t = step.timestep;
-    const int64_t plane = p.latent_w * p.latent_h;
+    const int64_t plane = p.latent_w * p.latent_h * p.latent_frames;
     const int64_t latent_values = plane * out_ch;
     std::vector<float> input(static_cast<size_t>(plane * in_ch * batch), 0.0f);
     for (int64_t b = 0; b < batch; ++b) {
@@ -136,6 +137,7 @@ Result<std::vector<float>> run_diffusion_batch(
         models::DiffusionShape shape{p.latent_w,        p.latent_h,  batch,         tokens,
                                      p.flash_attention, p.ref_sizes, !valid.empty()};
         shape.increase_ref_index = p.increase_ref_index;
+        shape.frames = p.latent_frames;
         shape.skip_blocks = skip_blocks;
         shape.split = split;
         if (!p.control_hint.empty()) add_control_residuals(model, shape, p.control_strength);
@@ -232,7 +234,8 @@ Result<std::vector<float>> run_pass(Model& model, const std::vector<float>& x, f
     split.stage = models::BlockStage::Rest;
     auto rest = run_diffusion_batch(model, x, sigma, p, context, tokens, y, valid, batch, graphs, {}, split, &stream);
     if (!rest.ok()) return rest.error();
-    const size_t prediction = static_cast<size_t>(p.latent_w * p.latent_h * out_channels(model) * batch);
+    const size_t prediction =
+        static_cast<size_t>(p.latent_w * p.latent_h * p.latent_frames * out_channels(model) * batch);
     if (rest->size() != prediction + stream.size()) return Error{"a block stage's output has the wrong size"};
     caches.blocks->computed(pass, step,
                             std::vector<float>(rest->begin() + static_cast<std::ptrdiff_t>(prediction), rest->end()),
@@ -250,7 +253,7 @@ Result<std::vector<float>> run_pass(Model& model, const std::vector<float>& x, f
 Result<std::vector<float>> run_diffusion(Model& model, const std::vector<float>& x, float sigma, const SamplingRun& p,
                                          const Conditioning& cond, const Conditioning* uncond, int step,
                                          DiffusionGraphs& graph, StepCaches& caches) {
-    const int64_t latent_values = p.latent_w * p.latent_h * out_channels(model);
+    const int64_t latent_values = p.latent_w * p.latent_h * p.latent_frames * out_channels(model);
     if (static_cast<int64_t>(x.size()) != latent_values) {
         return Error{"latent has the wrong size for the diffusion network"};
     }
@@ -416,11 +419,72 @@ Result<image::Image> decode_latent(Model& model, const std::vector<float>& laten
     return decode_latent_vae(model, latent, p, tiling);
 }
 
+// A video's scaled latent [C, T, h, w] decoded a latent frame at a time
+// (the original's chunks), each chunk taking the causal history the one
+// before left: the VAE's memory is one chunk's whatever the clip's length.
+Result<std::vector<image::Image>> decode_clip(Model& model, const std::vector<float>& latent,
+                                              const ValidatedRequest& p) {
+    const models::AutoencoderNetwork& vae = model.vae();
+    const int64_t channels = vae.format().latent_channels, frames = p.latent_frames;
+    const size_t plane = static_cast<size_t>(p.latent_w * p.latent_h);
+    if (latent.size() != plane * channels * frames) return Error{"the video latent has the wrong size"};
+    std::vector<image::Image> clip;
+    std::vector<std::vector<float>> history;
+    std::vector<std::array<int64_t, 4>> history_shapes;
+    std::vector<float> frame(plane * channels);
+    for (int64_t t = 0; t < frames; ++t) {
+        if (model.cancel_requested()) return Error::cancelled("cancelled");
+        for (int64_t c = 0; c < channels; ++c) {
+            const float* src = latent.data() + (c * frames + t) * plane;
+            float* dst = frame.data() + c * plane;
+            for (size_t i = 0; i < plane; ++i) dst[i] = src[i] / model.latent_scale() + model.latent_shift();
+        }
+        auto g = build_clip_chunk_graph(model, p.latent_w, p.latent_h, history_shapes);
+        if (!g.ok()) return g.error();
+        g->session->set_input(g->latent, frame.data());
+        for (size_t i = 0; i < history.size(); ++i) g->session->set_input(g->history[i], history[i].data());
+        KILN_TRY(g->session->run(model.vae_compute(), g->out));
+        const std::vector<float> values = runtime::GraphSession::read(g->out);
+        const size_t frame_values = static_cast<size_t>(p.width) * p.height * 3;
+        size_t at = 0;
+        for (int64_t f = 0; f < g->chunk.frames->ne[3]; ++f, at += frame_values) {
+            auto img = pixels_to_image(std::vector<float>(values.begin() + at, values.begin() + at + frame_values), p,
+                                       /*unit_range=*/false, "VAE decoder");
+            if (!img.ok()) return img.error();
+            clip.push_back(std::move(img).value());
+        }
+        history.clear();
+        history_shapes.clear();
+        for (const ggml_tensor* h : g->chunk.history) {
+            const size_t n = static_cast<size_t>(ggml_nelements(h));
+            history.emplace_back(values.begin() + at, values.begin() + at + n);
+            history_shapes.push_back({h->ne[0], h->ne[1], h->ne[2], h->ne[3]});
+            at += n;
+        }
+    }
+    return clip;
+}
+
+// A video's first latent frame [C, h, w] of its latent [C, T, h, w]: the
+// first frame alone (what previews show).
+std::vector<float> first_latent_frame(const std::vector<float>& latent, const ValidatedRequest& p) {
+    const size_t plane = static_cast<size_t>(p.latent_w * p.latent_h);
+    const size_t channels = latent.size() / (plane * p.latent_frames);
+    std::vector<float> first(plane * channels);
+    for (size_t c = 0; c < channels; ++c) {
+        std::copy_n(latent.begin() + c * p.latent_frames * plane, plane, first.begin() + c * plane);
+    }
+    return first;
+}
+
 // One preview of `latent` (scaled) as request.preview.mode says: the
 // family's projection at the latent's size, or a decode at the image's size.
 // A failure is warned about once per job (`warned`) and skipped.
-Result<image::Image> make_preview(Model& model, const std::vector<float>& latent, const ValidatedRequest& p,
+Result<image::Image> make_preview(Model& model, const std::vector<float>& clip_or_image, const ValidatedRequest& p,
                                   const GenerationRequest& request, bool& warned) {
+    // A video's preview is its first frame.
+    const std::vector<float> first = p.video ? first_latent_frame(clip_or_image, p) : std::vector<float>{};
+    const std::vector<float>& latent = p.video ? first : clip_or_image;
     Result<image::Image> preview = Error{"no latent to preview yet"};
     switch (request.preview.mode) {
         case PreviewMode::Proj:
@@ -613,7 +677,8 @@ Result<std::vector<float>> sample_latent(Model& model, const SamplingRun& run, s
                                          const Conditioning& cond, const Conditioning* uncond, Rng& rng,
                                          const ProgressFn& progress, bool* passes_apart,
                                          StepCacheReport* cache_report) {
-    const size_t extra = static_cast<size_t>(run.latent_w * run.latent_h * (in_channels(model) - out_channels(model)));
+    const size_t extra = static_cast<size_t>(run.latent_w * run.latent_h * run.latent_frames *
+                                             (in_channels(model) - out_channels(model)));
     if (!run.concat.empty() && run.concat.size() != extra) return Error{"inpainting inputs have the wrong size"};
     if (run.keep_weight.size() != run.keep_latent.size() ||
         (!run.keep_weight.empty() && run.keep_weight.size() != x.size())) {
@@ -960,6 +1025,7 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
     }
     run.latent_w = p.latent_w;
     run.latent_h = p.latent_h;
+    run.latent_frames = p.latent_frames;
     run.cfg_scale = p.cfg;
     run.sampler = p.sampler;
     run.sigmas = sigmas;
@@ -1046,7 +1112,7 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
         }
         return *file_hashes;
     };
-    const size_t latent_size = static_cast<size_t>(p.latent_w) * p.latent_h * out_channels(model);
+    const size_t latent_size = static_cast<size_t>(p.latent_w) * p.latent_h * p.latent_frames * out_channels(model);
     std::vector<GeneratedImage> results;
     for (int i = 0; i < request.batch_count; ++i) {
         const int64_t seed = request.seed + i;
@@ -1109,18 +1175,25 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
         // interrupted, no later image of the batch), as A1111.
         const bool interrupted = model.cut_short();
         if (on_phase) on_phase(p.hires && !interrupted ? JobPhase::Hires : JobPhase::Decode, i);
-        auto img = p.hires && !interrupted ? hires_pass(model, request, p, *latent, run, *cond, uncond,
-                                                        hires_upscaler.get(), *rng, sampler_rng, progress,
-                                                        [&](int total) {
-                                                            if (on_step) on_step(i, 0, total);
-                                                            step_start = Clock::now();
-                                                        })
-                                           : decode_latent(model, *latent, p, request.vae_tiling);
-        if (!img.ok()) return img.error();
+        GeneratedImage g;
+        if (p.video) {
+            auto clip = decode_clip(model, *latent, p);
+            if (!clip.ok()) return clip.error();
+            g.frames = std::move(clip).value();
+            g.image = g.frames.front();
+        } else {
+            auto img = p.hires && !interrupted ? hires_pass(model, request, p, *latent, run, *cond, uncond,
+                                                            hires_upscaler.get(), *rng, sampler_rng, progress,
+                                                            [&](int total) {
+                                                                if (on_step) on_step(i, 0, total);
+                                                                step_start = Clock::now();
+                                                            })
+                                               : decode_latent(model, *latent, p, request.vae_tiling);
+            if (!img.ok()) return img.error();
+            g.image = std::move(img).value();
+        }
         (p.hires ? times.hires_s : times.vae_s) += seconds_since(finish_start);
 
-        GeneratedImage g;
-        g.image = std::move(img).value();
         image::GenerationInfo& info = g.info;
         info.prompt = request.prompt;
         info.negative_prompt = request.negative_prompt;
@@ -1132,6 +1205,7 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
         info.width = p.width;
         info.height = p.height;
         info.model = model.name();
+        if (p.video) info.extra.emplace_back("Frames", std::to_string(p.frames));
         if (request.file_hashes && !hashes_of_files().first.empty()) {
             info.extra.emplace_back("Model hash", hashes_of_files().first);
         }

@@ -25,8 +25,9 @@
 namespace kiln::pipeline {
 
 struct GeneratedImage {
-    image::Image image;          // RGB
+    image::Image image;          // RGB; a video job's first frame
     image::GenerationInfo info;  // for the PNG "parameters" chunk
+    std::vector<image::Image> frames;  // a video job's clip (ValidatedRequest::video); empty for an image
 };
 
 // Called with step 0 when an image's sampling starts, then after each
@@ -80,6 +81,7 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
 struct SamplingRun {
     int64_t latent_w = 0;
     int64_t latent_h = 0;
+    int64_t latent_frames = 1;  // a video network's (models::DiffusionShape::frames)
     float cfg_scale = 7.0f;  // 1: no unconditional pass
     SamplerKind sampler = SamplerKind::EulerA;
     std::vector<float> sigmas;  // from get_sigmas, possibly shortened for img2img

@@ -134,6 +134,23 @@ VaeGraph build_vae_decode_graph(const Model& model, int64_t latent_w, int64_t la
     return g;
 }
 
+Result<ClipChunkGraph> build_clip_chunk_graph(const Model& model, int64_t latent_w, int64_t latent_h,
+                                              const std::vector<std::array<int64_t, 4>>& history_shapes) {
+    const int64_t channels = model.vae().format().latent_channels;
+    ClipChunkGraph g;
+    g.session = std::make_unique<runtime::GraphSession>();
+    std::vector<float> zeros(static_cast<size_t>(latent_w * latent_h * channels), 0.0f);
+    g.latent = g.session->input(GGML_TYPE_F32, {latent_w, latent_h, channels, 1}, zeros.data(), "latent");
+    for (const auto& ne : history_shapes) {
+        zeros.assign(static_cast<size_t>(ne[0] * ne[1] * ne[2] * ne[3]), 0.0f);
+        g.history.push_back(g.session->input(GGML_TYPE_F32, {ne[0], ne[1], ne[2], ne[3]}, zeros.data(), "history"));
+    }
+    g.chunk = model.vae().decode_chunk(g.session->ctx(), g.latent, g.history, model.vae_target());
+    if (!g.chunk.frames) return Error{"the VAE cannot decode this clip's latent frames (it decodes images only)"};
+    g.out = model.vae_weights().apply_patches(g.session->ctx(), g.chunk.packed(g.session->ctx()));
+    return g;
+}
+
 VaeGraph build_taesd_decode_graph(const Model& model, int64_t latent_w, int64_t latent_h, const float* latent) {
     const int64_t channels = model.taesd().config().latent_channels;
     VaeGraph g;

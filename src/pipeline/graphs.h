@@ -5,6 +5,7 @@
 // (planning and benchmarks only need the shapes).
 #pragma once
 
+#include <array>
 #include <memory>
 #include <vector>
 
@@ -71,6 +72,20 @@ struct VaeGraph {
     ggml_tensor* out = nullptr;
 };
 VaeGraph build_vae_decode_graph(const Model& model, int64_t latent_w, int64_t latent_h, const float* latent);
+// One latent frame of a video's decode (AutoencoderNetwork::decode_chunk):
+// the VAE latent ne [w, h, channels, 1] and the previous chunk's history,
+// of `history_shapes` (none at the clip's start); out is the chunk's frames
+// then its history, packed (models::ClipChunk::packed). An error when the
+// VAE decodes no clips or the history does not fit.
+struct ClipChunkGraph {
+    std::unique_ptr<runtime::GraphSession> session;
+    ggml_tensor* latent = nullptr;
+    std::vector<ggml_tensor*> history;
+    models::ClipChunk chunk;
+    ggml_tensor* out = nullptr;
+};
+Result<ClipChunkGraph> build_clip_chunk_graph(const Model& model, int64_t latent_w, int64_t latent_h,
+                                              const std::vector<std::array<int64_t, 4>>& history_shapes);
 // --taesd's decoder on the scaled latent: an image ne [W, H, 3, 1] in about [0, 1].
 VaeGraph build_taesd_decode_graph(const Model& model, int64_t latent_w, int64_t latent_h, const float* latent);
 // `encoding`: the latent distribution's mean, or its mean then its log

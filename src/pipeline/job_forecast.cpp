@@ -227,6 +227,18 @@ Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, 
         out.modules.back().tiled = true;
         return Status::Ok();
     };
+    // A clip's decode: its first latent frame, then (a longer clip) a later
+    // one with the history the first left, the hungrier of the two.
+    auto add_clip_decode = [&](int64_t w, int64_t h, int64_t frames) -> Status {
+        auto first = build_clip_chunk_graph(model, w, h, {});
+        if (!first.ok()) return first.error();
+        if (frames == 1) return add(model.vae_compute(), *first->session, first->out, "");
+        std::vector<std::array<int64_t, 4>> history;
+        for (const ggml_tensor* t : first->chunk.history) history.push_back({t->ne[0], t->ne[1], t->ne[2], t->ne[3]});
+        auto later = build_clip_chunk_graph(model, w, h, history);
+        if (!later.ok()) return later.error();
+        return add(model.vae_compute(), *later->session, later->out, "");
+    };
     if (passes.init_encode_size) {
         KILN_TRY(add_vae(/*decode=*/false, passes.init_encode_size->first, passes.init_encode_size->second,
                          "init image encode"));
@@ -251,6 +263,7 @@ Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, 
     auto add_unet_at = [&](int64_t w, int64_t h, int64_t b, const std::string& pass) -> Status {
         models::DiffusionShape shape{w, h, b, context_tokens, flash_attention, reference_latents, masked};
         shape.increase_ref_index = passes.increase_ref_index;
+        shape.frames = passes.latent_frames;
         if (control) {
             add_control_residuals(model, shape, 1.0f);
             auto c = build_control_graph(model, shape);
@@ -292,7 +305,11 @@ Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, 
         return Status::Ok();
     };
     KILN_TRY(add_unet(lw, lh, ""));
-    KILN_TRY(add_vae(/*decode=*/true, lw, lh, ""));
+    if (passes.video) {
+        KILN_TRY(add_clip_decode(lw, lh, passes.latent_frames));
+    } else {
+        KILN_TRY(add_vae(/*decode=*/true, lw, lh, ""));
+    }
     if (const ValidatedHires* h = passes.hires) {
         // A pixel upscaler's result is encoded again at the hires size.
         if (h->upscaler != HiresUpscaler::Latent)
@@ -354,6 +371,8 @@ Result<JobPasses> passes_of(const GenerationRequest& request, const ValidatedReq
         passes.reference_images.emplace_back(reference.width, reference.height);
     passes.auto_resize_references = request.auto_resize_ref_images;
     passes.increase_ref_index = request.increase_ref_index;
+    passes.video = job.video;
+    passes.latent_frames = job.latent_frames;
     if (is_block_cache(request.cache.mode)) {
         passes.block_stages =
             models::BlockSplit{models::BlockStage::Whole, request.cache.front_blocks, request.cache.back_blocks};

@@ -64,6 +64,11 @@ struct JobPasses {
     // and cached stages (models::BlockStage) instead of whole evaluations,
     // each planned with its own inputs. The hires pass runs whole.
     std::optional<models::BlockSplit> block_stages;
+    // A video model's clip (ValidatedRequest::video): its latent frames in
+    // every evaluation, and the decode a latent frame at a time, the later
+    // chunks with the history the one before left.
+    bool video = false;
+    int64_t latent_frames = 1;
 };
 
 struct DeviceForecast {

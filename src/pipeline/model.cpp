@@ -122,9 +122,11 @@ Result<std::unique_ptr<text::T5Tokenizer>> load_t5_tokenizer_at(const std::strin
 // T5's tokenizer: --tokenizer t5xxl=PATH; the T5 file's own (GGUF
 // tokenizer.ggml.*, as -M convert writes it); a diffusers folder's
 // tokenizer_N/ beside text_encoder_N/; spiece.model, tokenizer_2/ or t5_tokenizer/ beside the T5
-// file. The error says where kiln looked.
+// file; kiln pull's cache (`cache_name`: "t5xxl", or "umt5" for umT5's 256k
+// vocabulary). The error says where kiln looked.
 Result<std::unique_ptr<text::T5Tokenizer>> load_t5_tokenizer(const std::string& flag_path, const io::ModelFile& t5_file,
-                                                             const std::string& t5_prefix) {
+                                                             const std::string& t5_prefix,
+                                                             const std::string& cache_name) {
     if (!flag_path.empty()) return load_t5_tokenizer_at(flag_path);
     if (meta(t5_file, "tokenizer.ggml.model")) {
         auto t = text::T5Tokenizer::from_gguf_metadata(t5_file);
@@ -140,7 +142,7 @@ Result<std::unique_ptr<text::T5Tokenizer>> load_t5_tokenizer(const std::string& 
             candidates.push_back(dir.parent_path() / ("tokenizer_" + s.component.substr(13)));
         for (const char* name : {"spiece.model", "tokenizer_2", "t5_tokenizer"}) candidates.push_back(dir / name);
     }
-    for (const fs::path& folder : cached_tokenizer_folders({"t5xxl"})) candidates.push_back(folder);
+    for (const fs::path& folder : cached_tokenizer_folders({cache_name.c_str()})) candidates.push_back(folder);
     std::string looked;
     for (const fs::path& c : candidates) {
         const PathKind kind = path_status(c.string()).kind;
@@ -150,8 +152,8 @@ Result<std::unique_ptr<text::T5Tokenizer>> load_t5_tokenizer(const std::string& 
     return Error::bad_file(t5_file.sources().front().path +
                            ": the T5 text encoder needs its tokenizer and the file carries none (looked in: " + looked +
                            "); pass --tokenizer t5xxl=PATH (spiece.model, a T5 tokenizer.json or its folder), fetch it "
-                           "once with 'kiln pull --tokenizer t5xxl', or convert the T5 once with -M convert "
-                           "--tokenizer t5xxl=PATH to carry it");
+                           "once with 'kiln pull --tokenizer " +
+                           cache_name + "', or convert the T5 once with -M convert --tokenizer t5xxl=PATH to carry it");
 }
 
 // A number from the metadata, checked against [min, max]; the error names
@@ -253,7 +255,8 @@ Result<std::unique_ptr<Model>> Model::load(const ModelPaths& paths, const ModelO
         for (const auto& module : m->modules_) {
             if (module->network.get() == te.network) t5_module = module.get();
         }
-        auto t5_tokenizer = load_t5_tokenizer(tokenizer_paths->t5, *t5_module->file, t5_module->prefix);
+        const std::string cache_name = te.network->label() == "umT5" ? "umt5" : "t5xxl";
+        auto t5_tokenizer = load_t5_tokenizer(tokenizer_paths->t5, *t5_module->file, t5_module->prefix, cache_name);
         if (!t5_tokenizer.ok()) return t5_tokenizer.error().as(ErrorKind::BadFile);
         m->t5_tokenizer_ = std::move(t5_tokenizer).value();
         KILN_TRY(m->check_tokenizer_fits(te));

@@ -34,6 +34,42 @@ Status check_network_size(const Model& model, int width, int height, const std::
     return Status::Ok();
 }
 
+// --video-frames: a video model's frames, made 4k + 1 as sd-cli makes them
+// ((n - 1) / 4 * 4 + 1: the VAE's first latent frame is one frame, each
+// later one temporal_downscale frames), and what a clip cannot take.
+Status check_video_frames(const Model& model, const GenerationRequest& r, ValidatedRequest& p) {
+    p.video = model.diffusion().capabilities().video;
+    if (!p.video) {
+        if (r.video_frames && *r.video_frames != 1) {
+            return Error::invalid_request("--video-frames is for video models (Wan); " + model.family_label() +
+                                          " makes images");
+        }
+        return Status::Ok();
+    }
+    const int frames = r.video_frames.value_or(1);
+    if (frames < 1 || frames > kMaxVideoFrames) {
+        return Error::invalid_request("--video-frames must be in [1, " + std::to_string(kMaxVideoFrames) + "], got " +
+                                      std::to_string(frames));
+    }
+    const int step = model.vae().format().temporal_downscale;
+    if (step <= 0) {
+        return Error::invalid_request(model.family_label() +
+                                      " makes video but its VAE decodes single images: give "
+                                      "the family's video VAE with --vae");
+    }
+    p.frames = (frames - 1) / step * step + 1;
+    p.latent_frames = (p.frames - 1) / step + 1;
+    if (p.frames != frames) {
+        KILN_LOG_WARN("--video-frames %d: the model makes %d k + 1 frames; making %d", frames, step, p.frames);
+    }
+    if (r.init_image || r.mask || r.hires || r.control_image || !r.ref_images.empty()) {
+        return Error::invalid_request(model.family_label() +
+                                      " jobs are text-to-video here: -i, --mask, --hires, --control-image and -r "
+                                      "are not taken yet");
+    }
+    return Status::Ok();
+}
+
 // The hires fix's sizes, steps and upscaler; `p` is the first pass's.
 Result<ValidatedHires> validate_hires(const Model& model, const GenerationRequest& r, const ValidatedRequest& p) {
     const HiresFix& h = *r.hires;
@@ -265,6 +301,7 @@ Result<ValidatedRequest> validate_request(const Model& model, const GenerationRe
     KILN_TRY(check_network_size(model, p.width, p.height, "width and height"));
     p.latent_w = p.width / model.vae().format().downscale;
     p.latent_h = p.height / model.vae().format().downscale;
+    KILN_TRY(check_video_frames(model, r, p));
 
     p.steps = r.steps != 0 ? r.steps : d.steps;
     if (p.steps < 1 || p.steps > kMaxSteps) {

@@ -128,6 +128,10 @@ struct GenerationRequest {
     // (--disable-image-metadata): hashing a large checkpoint the first time
     // reads all of it, for nothing.
     bool file_hashes = true;
+    // A video model's job (Wan): --video-frames, at least 1 (unset: 1, as
+    // sd-cli), made 4k + 1 as sd-cli makes it (the VAE's first latent frame
+    // is one frame, each later one four); an image model refuses it.
+    std::optional<int> video_frames;
 };
 
 // A hires fix with its sizes worked out.
@@ -151,6 +155,11 @@ struct ValidatedRequest {
     SchedulerKind scheduler = SchedulerKind::Discrete;
     float guidance = 0.0f;  // the DiT's distilled guidance (0: the network takes none)
     std::optional<ValidatedHires> hires;
+    // A video model's: the frames it makes (4k + 1) and its latent frames
+    // (k + 1); an image model's job is one frame.
+    int frames = 1;
+    int64_t latent_frames = 1;
+    bool video = false;  // the model is a video model: the job's result is a clip
 };
 
 // Errors (each an invalid request naming the field and what is accepted):

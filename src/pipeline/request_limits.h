@@ -18,5 +18,7 @@ constexpr size_t kMaxReferenceImages = 8;
 constexpr float kMaxHiresScale = 8.0f;
 constexpr float kMaxControlStrength = 10.0f;
 constexpr int kMaxPreviewInterval = kMaxSteps;
+// --video-frames: Wan's clips are 81 frames; 1025 is 257 latent frames.
+constexpr int kMaxVideoFrames = 1025;
 
 }  // namespace kiln::pipeline

@@ -69,13 +69,14 @@ Status serve_rpc(const RpcServeOptions& options) {
     // refuses messages over the limit before ggml allocates for them.
     auto backend_port = free_loopback_port();
     if (!backend_port.ok()) return backend_port.error();
-    KILN_TRY(start_rpc_front(options.host, options.port, *backend_port, rpc_message_limit(*max_alloc)));
+    // Said before the port opens: a client (or a test) that sees it open has been warned of.
     if (!is_loopback(options.host)) {
         KILN_LOG_WARN(
-            "listening on %s: ggml's RPC protocol has no authentication; anyone who can reach port %d can use "
+            "will listen on %s: ggml's RPC protocol has no authentication; anyone who can reach port %d can use "
             "this machine's %s and its memory. Serve only on a trusted network.",
             options.host.c_str(), options.port, ggml_backend_dev_name(*device));
     }
+    KILN_TRY(start_rpc_front(options.host, options.port, *backend_port, rpc_message_limit(*max_alloc)));
     const std::string endpoint = options.host + ":" + std::to_string(options.port);
     const size_t threads =
         options.threads > 0 ? static_cast<size_t>(options.threads) : std::max(1u, std::thread::hardware_concurrency());

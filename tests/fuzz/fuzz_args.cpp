@@ -13,7 +13,7 @@
 
 #include "args.h"
 #include "fuzz_check.h"
-#include "output_pattern.h"
+#include "util/output_pattern.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::vector<std::string> args;
@@ -35,7 +35,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         return 0;
     }
     const auto& options = std::get<kiln::cli::Options>(parsed);
-    auto pattern = kiln::cli::OutputPattern::parse(options.output);
+    auto pattern = kiln::OutputPattern::parse(options.output);
     if (pattern.ok()) {
         for (int i = 0; i < 3; ++i) KILN_FUZZ_CHECK(!pattern->path(i, 3).empty() || options.output.empty());
     } else {

@@ -92,7 +92,7 @@ TEST(Args, SdCliAliasesAndOptionsOfMissingFeatures) {
     EXPECT_EQ(parse_ok({"--llm_vision", "mmproj.gguf"}).llm_vision, "mmproj.gguf");
     EXPECT_TRUE(parse_ok({"--model-args", "qwen_image_zero_cond_t=true"}).qwen_image_zero_cond_t);
     EXPECT_TRUE(parse_ok({"--qwen-image-zero-cond-t"}).qwen_image_zero_cond_t);
-    for (const char* flag : {"--photo-maker", "--video-frames", "--high-noise-steps", "--cache-preset",
+    for (const char* flag : {"--photo-maker", "--clip_vision", "--high-noise-steps", "--cache-preset",
                              "--img-cfg-scale", "--tensor-type-rules", "--circular", "--qwen-image-layers"}) {
         const UsageError e = parse_error({"-p", "x", flag, "1"});
         EXPECT_EQ(e.message.rfind(std::string(flag) + " is ", 0), 0u) << e.message;
@@ -146,9 +146,14 @@ TEST(Args, SdCliSamplingOptions) {
 TEST(Args, Modes) {
     EXPECT_EQ(parse_ok({"-M", "convert"}).command, Command::Convert);
     EXPECT_EQ(parse_ok({"--mode", "img_gen"}).command, Command::Generate);
-    EXPECT_EQ(parse_error({"-M", "paint"}).message, "--mode: unknown mode 'paint' (valid: img_gen, convert, metadata, upscale)");
-    EXPECT_EQ(parse_error({"-M", "vid_gen"}).message,
-              "--mode: mode 'vid_gen' is not available in this version of kiln");
+    EXPECT_EQ(parse_error({"-M", "paint"}).message,
+              "--mode: unknown mode 'paint' (valid: img_gen, vid_gen, convert, metadata, upscale)");
+    const Options video = parse_ok({"-M", "vid_gen", "--video-frames", "33", "--fps", "24"});
+    EXPECT_EQ(video.command, Command::Generate);
+    EXPECT_TRUE(video.video_mode);
+    EXPECT_EQ(video.video_frames, 33);
+    EXPECT_EQ(video.fps, 24);
+    EXPECT_FALSE(parse_ok({"-M", "img_gen"}).video_mode);
 }
 
 TEST(Args, LastLoggingOptionWins) {

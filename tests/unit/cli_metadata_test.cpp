@@ -117,7 +117,7 @@ TEST_F(CliMetadata, OtherFilesAreOneError) {
     std::ofstream(text) << "not an image";
     auto r = run_command(metadata("-i " + text));
     EXPECT_EQ(r.exit_code, 1);
-    EXPECT_NE(r.err.find(text + ": not a PNG or JPEG file"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(text + ": not a PNG, JPEG or video file"), std::string::npos) << r.err;
 
     // A PNG cut inside a chunk.
     std::ifstream in(png_, std::ios::binary);

@@ -144,14 +144,20 @@ const std::vector<double>& record(const Records& records, const std::string& nam
     return it->second;
 }
 
-int difference_from_reference(const image::Image& img, const io::ModelFile& io, const std::string& key) {
+int difference_from_reference(const image::Image& img, const io::ModelFile& io, const std::string& key, int frame) {
     const auto want = fixture_tensor(io, key);
     const size_t plane = static_cast<size_t>(img.width) * img.height;
-    if (want.values.size() != plane * 3 || img.channels != 3) return 255;
+    // [1, 3, H, W], or a clip's [1, 3, F, H, W] of which `frame`.
+    const size_t frames = want.shape.size() == 5 ? static_cast<size_t>(want.shape[2]) : 1;
+    if (want.values.size() != plane * 3 * frames || img.channels != 3 || frame < 0 ||
+        static_cast<size_t>(frame) >= frames) {
+        return 255;
+    }
     int worst = 0;
     for (size_t i = 0; i < plane; ++i) {
         for (size_t c = 0; c < 3; ++c) {
-            const float v = std::clamp((want.values[c * plane + i] + 1.0f) * 0.5f, 0.0f, 1.0f);
+            const float v = std::clamp(
+                (want.values[(c * frames + static_cast<size_t>(frame)) * plane + i] + 1.0f) * 0.5f, 0.0f, 1.0f);
             worst = std::max(worst, std::abs(static_cast<int>(std::lround(v * 255.0f)) - img.pixels[i * 3 + c]));
         }
     }

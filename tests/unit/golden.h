@@ -55,9 +55,10 @@ double relative_error(const std::vector<float>& actual, const std::vector<float>
 // the stored weights widened) and one thread (one summation order).
 pipeline::ModelOptions golden_model_options();
 // The largest 8-bit difference between kiln's image and the reference image
-// `key` of a golden job ([1, 3, H, W] in [-1, 1], rounded as the PNG is);
-// 255 when the sizes differ.
-int difference_from_reference(const image::Image& img, const io::ModelFile& io, const std::string& key = "image");
+// `key` of a golden job ([1, 3, H, W] in [-1, 1], rounded as the PNG is;
+// or frame `frame` of a clip's [1, 3, F, H, W]); 255 when the sizes differ.
+int difference_from_reference(const image::Image& img, const io::ModelFile& io, const std::string& key = "image",
+                              int frame = 0);
 
 // Text fixtures of tests/golden/sampling: "<name> <count> <values...>" per
 // line, '#' comments (training/make_sampling_fixtures.py).

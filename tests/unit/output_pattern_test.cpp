@@ -1,5 +1,5 @@
 // -o names and patterns: one integer field and "%%", nothing else.
-#include "output_pattern.h"
+#include "util/output_pattern.h"
 
 #include <gtest/gtest.h>
 

@@ -391,7 +391,8 @@ TEST(Pull, BadRequestsExitWithUsageErrors) {
     for (const Case& c : std::vector<Case>{
              {"pull", "name a repository"},
              {"pull a/b/c", "not a repository name"},
-             {"pull --tokenizer clip-x", "unknown tokenizer 'clip-x' (valid: clip-l, clip-g, t5xxl, qwen3, qwen2, llama)"},
+             {"pull --tokenizer clip-x",
+              "unknown tokenizer 'clip-x' (valid: clip-l, clip-g, t5xxl, qwen3, qwen2, llama, umt5)"},
              {"pull acme/tiny --tokenizer clip-l", "give one"},
              {"pull --tokenizer clip-l --revision v2", "--include and --revision apply to a repository pull"},
              {"pull acme/tiny --revision ../x", "is not a revision"},

@@ -101,8 +101,7 @@ class WanVaeGolden : public ::testing::Test {
                 const auto& ne = history_ne[i];
                 history_in.push_back(session.input(GGML_TYPE_F32, {ne[0], ne[1], ne[2], ne[3]}, history[i].data()));
             }
-            const models::WanVaeChunk chunk =
-                vae.decode_chunk(session.ctx(), latent, history_in, nn::ComputeTarget::Cpu);
+            const models::ClipChunk chunk = vae.decode_chunk(session.ctx(), latent, history_in, nn::ComputeTarget::Cpu);
             if (!chunk.frames) {
                 ADD_FAILURE() << "decode_chunk refused the history of the chunk before";
                 return {};
@@ -210,7 +209,7 @@ TEST_F(WanVaeGolden, HistoryOfAnotherSizeIsRefused) {
     runtime::GraphSession session;
     ggml_context* ctx = session.ctx();
     ggml_tensor* latent = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, 3, 2, 16, 1);
-    const models::WanVaeChunk chunk = v->decode_chunk(ctx, latent, {}, nn::ComputeTarget::Cpu);
+    const models::ClipChunk chunk = v->decode_chunk(ctx, latent, {}, nn::ComputeTarget::Cpu);
     ASSERT_NE(chunk.frames, nullptr);
     ASSERT_FALSE(chunk.history.empty());
     std::vector<ggml_tensor*> history;

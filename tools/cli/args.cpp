@@ -225,8 +225,8 @@ std::optional<std::string> apply_model_args(Options& o, const std::string& list)
 const std::vector<Flag>& flags() {
     static const std::vector<Flag> table = {
         {"-M", "--mode", "MODE",
-         "run mode: img_gen (default), convert, metadata (list what an image file carries: -i or --image), or "
-         "upscale (-i with --upscale-model)",
+         "run mode: img_gen (default), vid_gen (a video model's clip: Wan), convert, metadata (list what an image "
+         "or video file carries: -i or --image), or upscale (-i with --upscale-model)",
          [](Options& o, const std::string& v) -> std::optional<std::string> {
              if (v == "img_gen" || v == "txt2img" || v == "img2img") {
                  o.command = Command::Generate;
@@ -237,9 +237,10 @@ const std::vector<Flag>& flags() {
              } else if (v == "upscale") {
                  o.command = Command::Upscale;
              } else if (v == "vid_gen") {
-                 return "mode '" + v + "' is not available in this version of kiln";
+                 o.command = Command::Generate;
+                 o.video_mode = true;
              } else {
-                 return "unknown mode '" + v + "' (valid: img_gen, convert, metadata, upscale)";
+                 return "unknown mode '" + v + "' (valid: img_gen, vid_gen, convert, metadata, upscale)";
              }
              return std::nullopt;
          }},
@@ -303,7 +304,8 @@ const std::vector<Flag>& flags() {
          text_file_setter(&Options::negative_prompt)},
         {"-o", "--output", "PATH",
          "output image (default output.png; .png added to a name without .png, .jpg or .webp); a batch is "
-         "NAME_0.png, NAME_1.png, ... or fills one %d / %03d field; with -M convert, the GGUF to write",
+         "NAME_0.png, NAME_1.png, ... or fills one %d / %03d field; with -M vid_gen, the video (default "
+         "output.avi: .avi, .webm, .webp) or a frame pattern (frame_%03d.png); with -M convert, the GGUF to write",
          [](Options& o, const std::string& v) -> std::optional<std::string> {
              if (v.empty()) return std::string("expected a path, got an empty string");
              o.output = v;
@@ -361,6 +363,10 @@ const std::vector<Flag>& flags() {
          int_setter(&Options::height, 8, 16384)},
         {nullptr, "--steps", "N", "denoising steps (default: the model's)", int_setter(&Options::steps, 1, 10000)},
         {"-b", "--batch-count", "N", "number of images to generate", int_setter(&Options::batch_count, 1, 10000)},
+        {nullptr, "--video-frames", "N",
+         "a video model's frames per clip, made 4k + 1 as sd-cli makes them (default 1: an image)",
+         int_setter(&Options::video_frames, 1, 1000000)},
+        {nullptr, "--fps", "N", "frames a second of the video file (default 16)", int_setter(&Options::fps, 1, 1000)},
         {"-t", "--threads", "N", "CPU threads (default: all cores)", int_setter(&Options::threads, 1, 1024)},
         {"-s", "--seed", "N", "RNG seed; -1 picks one at random (default 42)",
          [](Options& o, const std::string& v) -> std::optional<std::string> {
@@ -1124,6 +1130,8 @@ const std::vector<HelpGroup>& help_groups() {
           "--height",
           "--steps",
           "--batch-count",
+          "--video-frames",
+          "--fps",
           "--seed",
           "--cfg-scale",
           "--guidance",

@@ -56,6 +56,11 @@ struct Options {
     std::string output = "output.png";
     bool embed_metadata = true;  // false: --disable-image-metadata
     int output_begin_idx = 0;  // --output-begin-idx
+    // -M vid_gen: a video model's clip (default output output.avi);
+    // --video-frames (0: the model's 1) and --fps of the video file.
+    bool video_mode = false;
+    int video_frames = 0;
+    int fps = 16;
     bool output_given = false;  // -o was passed (-M convert requires it)
     std::string init_image;  // -i/--init-img; with -M metadata (also --image): the image to read
     std::string mask;

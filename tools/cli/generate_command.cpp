@@ -13,13 +13,14 @@
 #include "context_params.h"
 #include "default_model.h"
 #include "image/metadata_report.h"
+#include "image/video_file.h"
 #include "kiln.h"
-#include "output_pattern.h"
 #include "output_target.h"
 #include "plan_suggestions.h"
 #include "upscale_command.h"
 #include "util/format.h"
 #include "util/log.h"
+#include "util/output_pattern.h"
 
 namespace kiln::cli {
 namespace {
@@ -151,6 +152,34 @@ std::string hires_upscaler_path(const Options& options) {
     return name;
 }
 
+// A video model's clips (kiln_generate's frames, clip after clip): each a
+// video file or, with a field in -o, one image per frame.
+int save_clips(const Options& options, const std::string& output_name, const OutputPattern& output,
+               const kiln_image* frames, int count) {
+    const int clips = options.batch_count, per_clip = count / clips;
+    int exit_code = kExitOk;
+    for (int c = 0; c < clips; ++c) {
+        std::vector<kiln_image> clip(frames + static_cast<ptrdiff_t>(c) * per_clip,
+                                     frames + static_cast<ptrdiff_t>(c + 1) * per_clip);
+        if (!options.embed_metadata) {
+            for (kiln_image& frame : clip) frame.parameters = nullptr;
+        }
+        // A frame pattern names one clip's frames (-b 1: checked before the job).
+        const std::string path = output.has_field() ? output_name : output.path(c, clips);
+        ErrorText error;
+        if (kiln_status save = kiln_video_save(clip.data(), per_clip, options.fps, options.output_begin_idx,
+                                               path.c_str(), &error.text);
+            save != KILN_OK) {
+            KILN_LOG_ERROR("%s", error.c_str());
+            exit_code = exit_code_of(save);
+            continue;
+        }
+        KILN_LOG_INFO("saved %s (%d frames, %ux%u, %d fps)", path.c_str(), per_clip, clip[0].width, clip[0].height,
+                      options.fps);
+    }
+    return exit_code;
+}
+
 }  // namespace
 
 int run_generate(const Options& options) {
@@ -170,9 +199,27 @@ int run_generate(const Options& options) {
     if (options.taesd_preview_only && options.taesd.empty()) {
         KILN_LOG_WARN("--taesd-preview-only does nothing without --taesd");
     }
-    auto output = OutputPattern::parse(options.output, options.output_begin_idx);
+    // -M vid_gen writes a video (sd-cli's default output.avi) or, with a
+    // field in the name, one image per frame.
+    const std::string output_name = options.video_mode && !options.output_given ? "output.avi" : options.output;
+    auto output = OutputPattern::parse(output_name, options.output_begin_idx, options.video_mode);
     if (!output) {
         KILN_LOG_ERROR("-o: %s", output.error().message.c_str());
+        return kExitUsage;
+    }
+    const bool clip = options.video_mode || options.video_frames > 1;
+    if (clip && output->has_field() && options.batch_count > 1) {
+        KILN_LOG_ERROR(
+            "-o %s: a frame pattern names one clip's frames; -b %d clips need a video name (.avi, .webm, "
+            ".webp)",
+            output_name.c_str(), options.batch_count);
+        return kExitUsage;
+    }
+    if (clip && !output->has_field() && options.video_frames > 1 && !image::is_video_path(output->path(0, 1))) {
+        KILN_LOG_ERROR(
+            "-o %s: a clip of %d frames needs a video name (.avi, .webm, .webp) or a frame pattern "
+            "(frame_%%03d.png)",
+            output_name.c_str(), options.video_frames);
         return kExitUsage;
     }
     // Where the images go, before minutes of loading and sampling.
@@ -230,6 +277,13 @@ int run_generate(const Options& options) {
         kiln_context*& ctx;
         ~FreeContext() { kiln_context_free(ctx); }
     } free_context{ctx};
+    kiln_model_info model_info;
+    kiln_context_info(ctx, &model_info);
+    if (options.video_mode && !model_info.video) {
+        KILN_LOG_ERROR("-M vid_gen: %s makes images, not video (Wan models make video); use -M img_gen",
+                       model_info.family);
+        return kExitUsage;
+    }
 
     kiln_image* init = nullptr;
     kiln_image* mask = nullptr;
@@ -291,6 +345,7 @@ int run_generate(const Options& options) {
     gp.cfg_scale = options.cfg_scale_given ? options.cfg_scale : -1.0f;
     gp.seed = seed;
     gp.batch_count = options.batch_count;
+    gp.video_frames = options.video_frames;
     gp.sampler = options.sampling_method.empty() ? nullptr : options.sampling_method.c_str();
     gp.scheduler = options.scheduler.empty() ? nullptr : options.scheduler.c_str();
     gp.rng = options.rng.c_str();
@@ -412,6 +467,12 @@ int run_generate(const Options& options) {
             kiln_images_free(images, count);  // no image is written half-done
             return code;
         }
+    }
+    // A video model's clips go to a video file or a frame pattern; a clip of one frame to an image name is an image.
+    if (model_info.video && (count > options.batch_count || output->has_field() || image::is_video_path(output_name))) {
+        exit_code = save_clips(options, output_name, *output, images, count);
+        kiln_images_free(images, count);
+        return exit_code;
     }
     for (int i = 0; i < count; ++i) {
         const std::string path = output->path(i, count);

@@ -7,7 +7,9 @@ constexpr SdCliStance kIgnored = SdCliStance::Ignored;
 constexpr SdCliStance kRefused = SdCliStance::Refused;
 
 constexpr const char* kConvPath = "kiln picks each convolution's path itself";
-constexpr const char* kVideo = "is for sd-cli's video families (Wan, SVD, LTX, AnimateDiff); kiln makes images only";
+constexpr const char* kVideo =
+    "is for sd-cli's video features kiln does not have yet (image-to-video, Wan 2.2's experts, VACE, other video "
+    "families); kiln's Wan makes text-to-video";
 constexpr const char* kPhotoMaker = "is for sd-cli's PhotoMaker; kiln has no PhotoMaker";
 constexpr const char* kQwenImage =
     "is for sd-cli's Qwen-Image-Layered models, which kiln does not run yet; Qwen-Image and its Edit models run "
@@ -41,8 +43,6 @@ const std::vector<SdCliOption>& sd_cli_options_without_kiln_flag() {
         {"--high-noise-diffusion-model", true, kRefused, kVideo},
         {"--end-img", true, kRefused, kVideo},
         {"--control-video", true, kRefused, kVideo},
-        {"--video-frames", true, kRefused, kVideo},
-        {"--fps", true, kRefused, kVideo},
         {"--high-noise-steps", true, kRefused, kVideo},
         {"--high-noise-cfg-scale", true, kRefused, kVideo},
         {"--high-noise-img-cfg-scale", true, kRefused, kVideo},

@@ -22,6 +22,10 @@ const std::vector<TokenizerSource>& tokenizer_sources() {
          "main",
          {"tekken.json"},
          "FLUX.2-dev (Mistral Small 3.2, a Llama)"},
+        // umT5's own repository, whose name Wan's code and model folders use
+        // for it (Wan-AI's repositories carry a copy under google/umt5-xxl/):
+        // its sentencepiece model, with byte fallback.
+        {"umt5", "google/umt5-xxl", "main", {"spiece.model"}, "Wan 2.1 (umT5-XXL)"},
     };
     return table;
 }

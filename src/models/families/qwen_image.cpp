@@ -1,5 +1,7 @@
 #include "models/families/qwen_image.h"
 
+#include "models/families/wan.h"
+
 namespace kiln::models {
 namespace {
 
@@ -74,18 +76,8 @@ Family make() {
     f.reference_images = true;
     f.max_reference_images = 3;
     f.conditioning.encoders = {qwen25_vl_use()};
-    // The VAE normalises its latent per channel itself (Wan 2.1's mean and std).
-    f.latent.channels = 16;
-    f.latent.scale = 1.0f;
-    f.latent.shift = 0.0f;
-    // ComfyUI's Wan21 latent format (latent_formats.py), on the normalised latent.
-    f.latent.rgb_factors = {{-0.1299f, -0.1692f, 0.2932f},  {0.0671f, 0.0406f, 0.0442f},  {0.3568f, 0.2548f, 0.1747f},
-                            {0.0372f, 0.2344f, 0.1420f},    {0.0313f, 0.0189f, -0.0328f}, {0.0296f, -0.0956f, -0.0665f},
-                            {-0.3477f, -0.4059f, -0.2925f}, {0.0166f, 0.1902f, 0.1975f},  {-0.0412f, 0.0267f, -0.1364f},
-                            {-0.1293f, 0.0740f, 0.1636f},   {0.0680f, 0.3019f, 0.1128f},  {0.0032f, 0.0581f, 0.0639f},
-                            {-0.1251f, 0.0927f, 0.1699f},   {0.0060f, -0.0633f, 0.0005f}, {0.3477f, 0.2275f, 0.2950f},
-                            {0.1984f, 0.0913f, 0.1861f}};
-    f.latent.rgb_bias = {-0.1835f, -0.0868f, -0.3360f};
+    // Wan 2.1's VAE, which normalises its latent per channel itself.
+    f.latent = wan21_latent_format();
     f.schedule.prediction = Prediction::Flow;
     // sd-cli's docs/qwen_image.md runs it with --flow-shift 3: the flow
     // table's time shifted by a factor of 3, as SD3's and Z-Image's.

@@ -13,6 +13,7 @@
 #include "models/nets/taesd.h"
 #include "models/nets/unet.h"
 #include "models/nets/vae.h"
+#include "models/nets/wan_dit.h"
 #include "models/nets/wan_vae.h"
 #include "models/nets/z_image_dit.h"
 
@@ -53,7 +54,9 @@ const std::vector<NetworkEntry>& entries() {
         {NetworkKind::Unet, {"input_blocks.0.0.weight"}, create<Unet>},
         {NetworkKind::Vae, {"decoder.conv_in.weight"}, create<Vae>},
         {NetworkKind::T5,
-         {"encoder.block.0.layer.0.SelfAttention.q.weight", "enc.blk.0.attn_q.weight"},
+         // HF's, llama.cpp's, and Wan's own names for umT5.
+         {"encoder.block.0.layer.0.SelfAttention.q.weight", "enc.blk.0.attn_q.weight",
+          "blocks.0.pos_embedding.embedding.weight"},
          create<T5Encoder>},
         {NetworkKind::FluxDit, {"double_blocks.0.img_attn.qkv.weight", "x_embedder.weight"}, create<FluxDit>},
         // HF names (Qwen3ForCausalLM's "model." becomes part of the prefix,
@@ -81,6 +84,9 @@ const std::vector<NetworkEntry>& entries() {
         // HF's Conv3d patch embedding (under "visual." in a Qwen2.5-VL file)
         // and llama.cpp's mmproj name for its first temporal kernel.
         {NetworkKind::QwenVision, {"patch_embed.proj.weight", "v.patch_embd.weight"}, create<QwenVisionEncoder>},
+        // The cross-attention's QK norm is Wan's name alone (diffusers' Wan
+        // has attn2.norm_k); an I2V file has it too and reaches WanDit's error.
+        {NetworkKind::WanDit, {"blocks.0.cross_attn.norm_k.weight"}, create<WanDit>},
     };
     return list;
 }

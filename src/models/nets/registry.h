@@ -34,6 +34,7 @@ enum class NetworkKind {
     QwenImageDit,  // models/nets/qwen_image_dit: Qwen-Image's MMDiT (and the Edit models')
     WanVae,        // models/nets/wan_vae: Wan 2.1's causal 3D VAE (Qwen-Image's, one frame)
     QwenVision,    // models/nets/qwen25_vl_vision: Qwen2.5-VL's vision tower (Qwen-Image-Edit's prompt images)
+    WanDit,        // models/nets/wan_dit: Wan 2.1 / 2.2's text-to-video transformer
 };
 
 // What the family asks of a network beyond its weights.

@@ -10,7 +10,7 @@ namespace {
 
 constexpr float kNormEps = 1e-6f;
 
-// The tensors of one block, in both namings.
+// The tensors of one block, in every naming.
 enum class Part { Q, K, V, O, RelativeBias, AttentionNorm, Gate, Up, Down, FeedForwardNorm };
 
 std::string block_tensor(T5Config::Naming naming, int64_t block, Part part) {
@@ -31,6 +31,22 @@ std::string block_tensor(T5Config::Naming naming, int64_t block, Part part) {
         }
         return "enc.blk." + i + "." + leaf + ".weight";
     }
+    if (naming == T5Config::Naming::Wan) {
+        const char* leaf = "";
+        switch (part) {
+            case Part::Q: leaf = "attn.q"; break;
+            case Part::K: leaf = "attn.k"; break;
+            case Part::V: leaf = "attn.v"; break;
+            case Part::O: leaf = "attn.o"; break;
+            case Part::RelativeBias: leaf = "pos_embedding.embedding"; break;
+            case Part::AttentionNorm: leaf = "norm1"; break;
+            case Part::Gate: leaf = "ffn.gate.0"; break;
+            case Part::Up: leaf = "ffn.fc1"; break;
+            case Part::Down: leaf = "ffn.fc2"; break;
+            case Part::FeedForwardNorm: leaf = "norm2"; break;
+        }
+        return "blocks." + i + "." + leaf + ".weight";
+    }
     const std::string attn = "encoder.block." + i + ".layer.0.";
     const std::string ff = "encoder.block." + i + ".layer.1.";
     switch (part) {
@@ -49,7 +65,25 @@ std::string block_tensor(T5Config::Naming naming, int64_t block, Part part) {
 }
 
 std::string final_norm_name(T5Config::Naming naming) {
-    return naming == T5Config::Naming::LlamaCpp ? "enc.output_norm.weight" : "encoder.final_layer_norm.weight";
+    switch (naming) {
+        case T5Config::Naming::LlamaCpp: return "enc.output_norm.weight";
+        case T5Config::Naming::Wan: return "norm.weight";
+        case T5Config::Naming::HuggingFace: break;
+    }
+    return "encoder.final_layer_norm.weight";
+}
+
+// Wan's embedding is named as OpenCLIP's; its block 0 position table tells them apart.
+constexpr const char* kWanEmbedding = "token_embedding.weight";
+
+// "0, 2 and 5"
+std::string block_list(const std::vector<int64_t>& blocks) {
+    std::string out;
+    for (size_t i = 0; i < blocks.size(); ++i) {
+        if (i > 0) out += i + 1 == blocks.size() ? " and " : ", ";
+        out += std::to_string(blocks[i]);
+    }
+    return out;
 }
 
 // A product that may not round through f16 (the header's f16 overflow note).
@@ -81,11 +115,14 @@ struct T5Encoder::Block {
                 *o = nullptr;  // q/k/v ne [d_model, inner], o [inner, d_model]
     ggml_tensor* ff_norm = nullptr;
     ggml_tensor *gate = nullptr, *up = nullptr, *down = nullptr;  // wi_0, wi_1, wo
+    ggml_tensor* relative_bias = nullptr;  // umT5: this block's own table, F32 ne [heads, buckets]; T5: null
 };
 
 bool T5Encoder::looks_like_t5(const io::ModelFile& file, const std::string& prefix) {
-    return file.find(prefix + block_tensor(T5Config::Naming::HuggingFace, 0, Part::RelativeBias)) ||
-           file.find(prefix + block_tensor(T5Config::Naming::LlamaCpp, 0, Part::RelativeBias));
+    for (T5Config::Naming naming : {T5Config::Naming::HuggingFace, T5Config::Naming::LlamaCpp, T5Config::Naming::Wan}) {
+        if (file.find(prefix + block_tensor(naming, 0, Part::RelativeBias))) return true;
+    }
+    return false;
 }
 
 Result<std::unique_ptr<T5Encoder>> T5Encoder::create(io::WeightDeclarer& weights) {
@@ -104,12 +141,18 @@ Result<std::unique_ptr<T5Encoder>> T5Encoder::create(io::WeightDeclarer& weights
             break;
         }
     }
+    if (embedding.empty() && file.find(prefix + kWanEmbedding) &&
+        file.find(prefix + block_tensor(T5Config::Naming::Wan, 0, Part::RelativeBias))) {
+        embedding = kWanEmbedding;
+    }
     if (embedding.empty()) {
         return Error::bad_file("no T5 encoder under '" + prefix +
                                "' (no token embedding: shared.weight, encoder.embed_tokens.weight or "
                                "token_embd.weight)");
     }
-    c.naming = embedding == "token_embd.weight" ? T5Config::Naming::LlamaCpp : T5Config::Naming::HuggingFace;
+    c.naming = embedding == "token_embd.weight" ? T5Config::Naming::LlamaCpp
+               : embedding == kWanEmbedding     ? T5Config::Naming::Wan
+                                                : T5Config::Naming::HuggingFace;
     auto find = [&](int64_t block, Part part) { return file.find(prefix + block_tensor(c.naming, block, part)); };
     auto name = [&](int64_t block, Part part) { return block_tensor(c.naming, block, part); };
 
@@ -126,9 +169,8 @@ Result<std::unique_ptr<T5Encoder>> T5Encoder::create(io::WeightDeclarer& weights
             "gated-GELU one (wi_0, wi_1) is supported");
     }
     if (!hf && !find(0, Part::Gate) && find(0, Part::Up)) {
-        return bad(
-            "enc.blk.0.ffn_up.weight without enc.blk.0.ffn_gate.weight is a T5 v1.0 (ReLU) feed-forward; "
-            "only v1.1's gated-GELU one is supported");
+        return bad(name(0, Part::Up) + " without " + name(0, Part::Gate) +
+                   " is a T5 v1.0 (ReLU) feed-forward; only v1.1's gated-GELU one is supported");
     }
 
     const io::TensorInfo* rel = find(0, Part::RelativeBias);
@@ -144,6 +186,17 @@ Result<std::unique_ptr<T5Encoder>> T5Encoder::create(io::WeightDeclarer& weights
 
     while (find(c.layers, Part::Q)) ++c.layers;
     if (c.layers == 0) return bad("no blocks (" + name(0, Part::Q) + " is missing)");
+    // T5 shares block 0's table; umT5 gives every block its own. Anything
+    // between is neither, most likely a file cut or renamed wrongly, and
+    // guessing would compute a different network.
+    std::vector<int64_t> with_table, without_table;
+    for (int64_t i = 0; i < c.layers; ++i) (find(i, Part::RelativeBias) ? with_table : without_table).push_back(i);
+    c.per_block_position_bias = without_table.empty() && c.layers > 1;
+    if (with_table.size() > 1 && !without_table.empty()) {
+        return bad("block " + std::to_string(without_table.front()) + " has no relative position table (" +
+                   name(without_table.front(), Part::RelativeBias) + ") but blocks " + block_list(with_table) +
+                   " have their own: umT5 has one in every block, T5 in block 0 alone");
+    }
     const io::TensorInfo* q = find(0, Part::Q);
     if (q->shape.size() != 2 || q->shape[0] % c.heads != 0) {
         return bad(name(0, Part::Q) + " has shape " + q->shape_string() + ", not [heads * d_kv, d_model] for " +
@@ -174,8 +227,10 @@ void T5Encoder::declare(io::WeightDeclarer& w, const std::string& embedding_name
     const T5Config& c = config_;
     const int64_t inner = c.heads * c.d_kv;
     token_embedding_ = w.require(embedding_name, {c.vocab, c.d_model});
-    // F32: its rows are added to the scores.
-    relative_bias_ = w.require_f32(block_tensor(c.naming, 0, Part::RelativeBias), {c.buckets, c.heads});
+    // F32: their rows are added to the scores.
+    if (!c.per_block_position_bias) {
+        relative_bias_ = w.require_f32(block_tensor(c.naming, 0, Part::RelativeBias), {c.buckets, c.heads});
+    }
     for (int64_t i = 0; i < c.layers; ++i) {
         auto b = std::make_shared<Block>();
         auto req = [&](Part part, std::vector<int64_t> shape) {
@@ -190,6 +245,9 @@ void T5Encoder::declare(io::WeightDeclarer& w, const std::string& embedding_name
         b->gate = req(Part::Gate, {c.d_ff, c.d_model});
         b->up = req(Part::Up, {c.d_ff, c.d_model});
         b->down = req(Part::Down, {c.d_model, c.d_ff});
+        if (c.per_block_position_bias) {
+            b->relative_bias = w.require_f32(block_tensor(c.naming, i, Part::RelativeBias), {c.buckets, c.heads});
+        }
         blocks_.push_back(b);
     }
     final_norm_ = w.require(final_norm_name(c.naming), {c.d_model});
@@ -222,16 +280,15 @@ std::vector<int32_t> T5Encoder::relative_buckets(int64_t n) const {
     return out;
 }
 
-ggml_tensor* T5Encoder::attention_bias(ggml_context* ctx, const T5Options& options, int64_t n, int64_t batch) const {
+ggml_tensor* T5Encoder::attention_bias(ggml_context* ctx, ggml_tensor* table, const T5Options& options,
+                                       ggml_tensor* key_mask, int64_t n, int64_t batch) const {
     const int64_t heads = config_.heads;
     // Rows of the table [heads, buckets] at each (key, query) bucket: [heads, n keys, n queries].
-    ggml_tensor* rows = ggml_get_rows(ctx, relative_bias_, ggml_reshape_1d(ctx, options.relative_buckets, n * n));
+    ggml_tensor* rows = ggml_get_rows(ctx, table, ggml_reshape_1d(ctx, options.relative_buckets, n * n));
     rows = ggml_reshape_3d(ctx, rows, heads, n, n);
     ggml_tensor* bias = ggml_cont(ctx, ggml_permute(ctx, rows, 2, 0, 1, 3));  // [n keys, n queries, heads]
-    if (!options.key_mask) return bias;
-    // log(1) = 0 for real keys, log(0) = -inf for padding.
-    ggml_tensor* mask = ggml_reshape_4d(ctx, ggml_log(ctx, options.key_mask), n, 1, 1, batch);
-    return ggml_add(ctx, ggml_repeat_4d(ctx, bias, n, n, heads, batch), mask);  // [n, n, heads, batch]
+    if (!key_mask) return bias;
+    return ggml_add(ctx, ggml_repeat_4d(ctx, bias, n, n, heads, batch), key_mask);  // [n, n, heads, batch]
 }
 
 ggml_tensor* T5Encoder::self_attention(ggml_context* ctx, const Block& block, ggml_tensor* h, ggml_tensor* bias) const {
@@ -262,9 +319,17 @@ ggml_tensor* T5Encoder::encode(ggml_context* ctx, ggml_tensor* tokens, const T5O
                 "T5Options::relative_buckets must hold relative_buckets(n)");
     ggml_tensor* x = ggml_get_rows(ctx, token_embedding_, ggml_reshape_1d(ctx, tokens, n * batch));  // [d, n*B]
     x = ggml_reshape_3d(ctx, x, c.d_model, n, batch);
-    ggml_tensor* bias = attention_bias(ctx, options, n, batch);
+    // log(1) = 0 for real keys, log(0) = -inf for padding.
+    ggml_tensor* key_mask =
+        options.key_mask ? ggml_reshape_4d(ctx, ggml_log(ctx, options.key_mask), n, 1, 1, batch) : nullptr;
+    // T5's one bias serves every block; umT5's are made block by block, in
+    // the block's segment, so none has to outlive its block.
+    ggml_tensor* shared_bias =
+        relative_bias_ ? attention_bias(ctx, relative_bias_, options, key_mask, n, batch) : nullptr;
     for (int64_t i = 0; i < c.layers; ++i) {
         const Block& b = *blocks_[static_cast<size_t>(i)];
+        ggml_tensor* bias =
+            b.relative_bias ? attention_bias(ctx, b.relative_bias, options, key_mask, n, batch) : shared_bias;
         x = ggml_add(ctx, x, self_attention(ctx, b, rms_norm(ctx, x, b.attention_norm), bias));
         ggml_tensor* h = rms_norm(ctx, x, b.ff_norm);
         ggml_tensor* gated = ggml_mul(ctx, gelu_tanh(ctx, product_f32(ctx, b.gate, h)), product_f32(ctx, b.up, h));

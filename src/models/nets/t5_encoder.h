@@ -1,33 +1,45 @@
 // T5 v1.1 text encoder (Flux's and SD3's T5-XXL; any size of v1.1: small,
-// base, large, XL, XXL). Sizes come from the weights: vocabulary and width
-// from the token embedding, heads and relative-position buckets from block 0's
-// relative_attention_bias [buckets, heads], head width from the query
-// projection, feed-forward width from wi_0, block count by counting blocks.
+// base, large, XL, XXL) and umT5 (Wan's umT5-XXL): T5 v1.1 with a relative
+// position table in every block instead of block 0's alone. Sizes come from
+// the weights: vocabulary and width from the token embedding, heads and
+// relative-position buckets from block 0's relative position table
+// [buckets, heads], head width from the query projection, feed-forward width
+// from the gate, block count by counting blocks. Which variant a file holds
+// follows from its tables: block 0's alone is T5 (one table shared by every
+// block), one in every block is umT5 (each block adds its own; label()
+// "umT5"), any other set is an error naming the first block out of line.
 // Only the gated-GELU feed-forward of v1.1 is supported; a v1.0 file (ReLU,
 // one `wi`) is an error naming the tensor that shows it.
 //
-// Two tensor namings, detected from the file (both under `prefix`, which may
+// Three tensor namings, detected from the file (all under `prefix`, which may
 // be empty):
-//   HF transformers (t5xxl_fp16.safetensors, ComfyUI's all-in-one files under
-//   "text_encoders.t5xxl.transformer."): `shared.weight` or
-//   `encoder.embed_tokens.weight`, `encoder.block.N.layer.0.SelfAttention.
-//   {q,k,v,o}.weight`, block 0's `...SelfAttention.relative_attention_bias.weight`,
-//   `encoder.block.N.layer.0.layer_norm.weight`, `encoder.block.N.layer.1.
-//   DenseReluDense.{wi_0,wi_1,wo}.weight`, `encoder.block.N.layer.1.layer_norm.weight`,
-//   `encoder.final_layer_norm.weight`;
-//   llama.cpp's GGUF names (the community's T5 GGUF files): `token_embd.weight`,
-//   `enc.blk.N.attn_{q,k,v,o}.weight`, `enc.blk.0.attn_rel_b.weight`,
-//   `enc.blk.N.attn_norm.weight`, `enc.blk.N.ffn_gate.weight` (wi_0),
-//   `ffn_up` (wi_1), `ffn_down` (wo), `enc.blk.N.ffn_norm.weight`,
-//   `enc.output_norm.weight`.
+//   HF transformers (t5xxl_fp16.safetensors, umt5_xxl_fp16.safetensors,
+//   ComfyUI's all-in-one files under "text_encoders.t5xxl.transformer."):
+//   `shared.weight` or `encoder.embed_tokens.weight`, `encoder.block.N.layer.0.
+//   SelfAttention.{q,k,v,o}.weight`, `...SelfAttention.relative_attention_bias.weight`
+//   (block 0's; umT5: every block's), `encoder.block.N.layer.0.layer_norm.weight`,
+//   `encoder.block.N.layer.1.DenseReluDense.{wi_0,wi_1,wo}.weight`,
+//   `encoder.block.N.layer.1.layer_norm.weight`, `encoder.final_layer_norm.weight`;
+//   llama.cpp's GGUF names (the community's T5 and umT5 GGUF files, city96's
+//   umt5-xxl-encoder-*.gguf): `token_embd.weight`, `enc.blk.N.attn_{q,k,v,o}.weight`,
+//   `enc.blk.N.attn_rel_b.weight` (block 0's; umT5: every block's),
+//   `enc.blk.N.attn_norm.weight`, `enc.blk.N.ffn_gate.weight` (wi_0), `ffn_up`
+//   (wi_1), `ffn_down` (wo), `enc.blk.N.ffn_norm.weight`, `enc.output_norm.weight`;
+//   Wan's original module tree (models_t5_umt5-xxl-enc-bf16.pth, umT5 only):
+//   `token_embedding.weight`, `blocks.N.attn.{q,k,v,o}.weight`,
+//   `blocks.N.pos_embedding.embedding.weight`, `blocks.N.norm1.weight`,
+//   `blocks.N.ffn.gate.0.weight` (wi_0), `ffn.fc1` (wi_1), `ffn.fc2` (wo),
+//   `blocks.N.norm2.weight`, `norm.weight`. Its embedding's name is also
+//   OpenCLIP's, so this naming is taken only with block 0's position table
+//   beside it.
 //
-// The computation (T5 paper, HF modeling_t5): per block, pre-norm RMSNorm
-// (no mean subtraction, eps 1e-6, a scale and no bias), self-attention whose
-// scores are q.k WITHOUT 1/sqrt(d_kv) scaling plus the relative position
-// bias (block 0's table at the bidirectional bucket of key - query, added in
-// every block) plus the key mask, then the feed-forward
-// wo(gelu_tanh(wi_0 x) * wi_1 x); residual adds; no biases anywhere; a final
-// RMSNorm.
+// The computation (T5 paper, HF modeling_t5 and modeling_umt5, Wan's
+// wan/modules/t5.py): per block, pre-norm RMSNorm (no mean subtraction, eps
+// 1e-6, a scale and no bias), self-attention whose scores are q.k WITHOUT
+// 1/sqrt(d_kv) scaling plus the relative position bias (the block's table,
+// T5: block 0's, at the bidirectional bucket of key - query) plus the key
+// mask, then the feed-forward wo(gelu_tanh(wi_0 x) * wi_1 x); residual adds;
+// no biases anywhere; a final RMSNorm.
 //
 // f16 overflow: T5-XXL's activations (the feed-forward's above all) exceed
 // f16's range. The residual stream is F32 throughout, and the products whose
@@ -52,8 +64,11 @@
 namespace kiln::models {
 
 struct T5Config {
-    enum class Naming { HuggingFace, LlamaCpp };
+    enum class Naming { HuggingFace, LlamaCpp, Wan };
     Naming naming = Naming::HuggingFace;
+    // umT5: every block has its own relative position table; T5: block 0's
+    // serves all.
+    bool per_block_position_bias = false;
     int64_t vocab = 0;
     int64_t d_model = 0;
     int64_t d_kv = 0;  // width of one head; heads * d_kv need not be d_model
@@ -79,16 +94,18 @@ struct T5Options {
 
 class T5Encoder final : public TextEncoderNetwork {
   public:
-    // Whether `prefix` holds a T5 encoder in either naming: checks for block
-    // 0's relative position table, `encoder.block.0.layer.0.SelfAttention.
-    // relative_attention_bias.weight` (HF) or `enc.blk.0.attn_rel_b.weight`
-    // (llama.cpp), which no other network kiln reads has. Says nothing about
-    // whether the rest is complete (create() does).
+    // Whether `prefix` holds a T5 or umT5 encoder in any naming: checks for
+    // block 0's relative position table, `encoder.block.0.layer.0.SelfAttention.
+    // relative_attention_bias.weight` (HF), `enc.blk.0.attn_rel_b.weight`
+    // (llama.cpp) or `blocks.0.pos_embedding.embedding.weight` (Wan), which no
+    // other network kiln reads has. Says nothing about whether the rest is
+    // complete (create() does).
     static bool looks_like_t5(const io::ModelFile& file, const std::string& prefix);
 
     // Reads the configuration from the tensors under `prefix` and declares
     // the weights. Errors: no T5 there (naming the tensors looked for), a v1.0
-    // (ungated) feed-forward, inconsistent sizes; a wrong shape further on is
+    // (ungated) feed-forward, position tables in some blocks but not all
+    // (naming the block), inconsistent sizes; a wrong shape further on is
     // reported by weights().load(), naming the tensor.
     static Result<std::unique_ptr<T5Encoder>> create(io::WeightDeclarer& weights);
 
@@ -113,21 +130,23 @@ class T5Encoder final : public TextEncoderNetwork {
     // TextEncoderNetwork.
     int64_t width() const override { return config_.d_model; }
     int64_t vocab() const override { return config_.vocab; }
-    std::string label() const override { return "T5"; }
+    std::string label() const override { return config_.per_block_position_bias ? "umT5" : "T5"; }
     TextEncoderTensors build(nn::GraphInputs& inputs, const TextEncodeShape& shape) const override;
 
   private:
     struct Block;
     T5Encoder() = default;
     void declare(io::WeightDeclarer& w, const std::string& embedding_name);
-    // [n keys, n queries, heads, batch or 1]: the position bias plus the key
-    // mask, added to every block's scores.
-    ggml_tensor* attention_bias(ggml_context* ctx, const T5Options& options, int64_t n, int64_t batch) const;
+    // [n keys, n queries, heads, batch or 1]: the position bias of `table`
+    // plus the key mask (log of options.key_mask, ne [n, 1, 1, batch]; null:
+    // none), added to a block's scores.
+    ggml_tensor* attention_bias(ggml_context* ctx, ggml_tensor* table, const T5Options& options, ggml_tensor* key_mask,
+                                int64_t n, int64_t batch) const;
     ggml_tensor* self_attention(ggml_context* ctx, const Block& block, ggml_tensor* h, ggml_tensor* bias) const;
 
     T5Config config_;
     ggml_tensor* token_embedding_ = nullptr;  // ne [d_model, vocab]
-    ggml_tensor* relative_bias_ = nullptr;    // F32 ne [heads, buckets]
+    ggml_tensor* relative_bias_ = nullptr;    // T5: block 0's table, F32 ne [heads, buckets]; umT5: null
     std::vector<std::shared_ptr<Block>> blocks_;
     ggml_tensor* final_norm_ = nullptr;
 };

@@ -399,12 +399,6 @@ int64_t WanVaeConfig::temporal_downscale() const {
     return factor;
 }
 
-ggml_tensor* WanVaeChunk::packed(ggml_context* ctx) const {
-    ggml_tensor* flat = ggml_reshape_1d(ctx, frames, ggml_nelements(frames));
-    for (ggml_tensor* h : history) flat = ggml_concat(ctx, flat, ggml_reshape_1d(ctx, h, ggml_nelements(h)), 0);
-    return flat;
-}
-
 struct WanVae::Blocks {
     // Encoder.
     CausalConv enc_in;
@@ -430,7 +424,7 @@ Result<std::unique_ptr<WanVae>> WanVae::create(io::WeightDeclarer& weights) {
     KILN_TRY(vae->read_config(weights));
     vae->declare(weights);
     const WanVaeConfig& c = vae->config_;
-    vae->format_ = {3, c.z_dim, c.downscale(), c.has_encoder};
+    vae->format_ = {3, c.z_dim, c.downscale(), c.has_encoder, static_cast<int>(c.temporal_downscale())};
     return vae;
 }
 
@@ -649,9 +643,9 @@ ggml_tensor* WanVae::encode(ggml_context* ctx, ggml_tensor* image, nn::ComputeTa
     return build_encoder(ctx, image, target, false, encoding);
 }
 
-WanVaeChunk WanVae::decode_chunk(ggml_context* ctx, ggml_tensor* latent, const std::vector<ggml_tensor*>& history,
-                                 nn::ComputeTarget target) const {
-    WanVaeChunk chunk;
+ClipChunk WanVae::decode_chunk(ggml_context* ctx, ggml_tensor* latent, const std::vector<ggml_tensor*>& history,
+                               nn::ComputeTarget target) const {
+    ClipChunk chunk;
     chunk.frames = build_decoder(ctx, latent, target, true, history, &chunk.history);
     if (!chunk.frames) return {};
     return chunk;

@@ -81,17 +81,6 @@ struct WanVaeConfig {
     int64_t temporal_downscale() const;
 };
 
-// One chunk of a clip's decode.
-struct WanVaeChunk {
-    ggml_tensor* frames = nullptr;  // ne [W, H, 3, frames]
-    // The causal history after this chunk: what the next chunk's
-    // decode_chunk takes, in this order and with these shapes.
-    std::vector<ggml_tensor*> history;
-    // frames, then each history tensor, flattened into one ne [n] tensor
-    // (a graph has one output).
-    ggml_tensor* packed(ggml_context* ctx) const;
-};
-
 class WanVae final : public AutoencoderNetwork {
   public:
     // Error (BadFile) naming what is missing or inconsistent among the
@@ -126,12 +115,12 @@ class WanVae final : public AutoencoderNetwork {
 
     // Clips, time along ne[3]. latent: ne [w, h, 16, T], T consecutive
     // normalised latent frames of one clip; `history`: the previous chunk's
-    // WanVaeChunk::history (as inputs of those shapes), or empty when this
+    // ClipChunk::history (as inputs of those shapes), or empty when this
     // chunk starts the clip. Its frames: 1 + 4 (T - 1) at the clip's start,
     // else 4 T (temporal_downscale() for 4). All null when `history` is not
     // a chunk's history for latents of this size.
-    WanVaeChunk decode_chunk(ggml_context* ctx, ggml_tensor* latent, const std::vector<ggml_tensor*>& history,
-                             nn::ComputeTarget target) const;
+    ClipChunk decode_chunk(ggml_context* ctx, ggml_tensor* latent, const std::vector<ggml_tensor*>& history,
+                           nn::ComputeTarget target) const override;
     ggml_tensor* decode_clip(ggml_context* ctx, ggml_tensor* latent, nn::ComputeTarget target) const {
         return decode_chunk(ctx, latent, {}, target).frames;
     }

@@ -1,17 +1,18 @@
 // The name (or name pattern) given to -o for generated images, named as
-// sd-cli names them. A pattern holds at most one integer field in printf's
+// sd-cli names them (and a video's image sequence, image/video_file.h). A pattern holds at most one integer field in printf's
 // spelling ("out_%d.png", "out_%03d.png") and any number of "%%" for a
 // literal percent sign. The field is filled by kiln itself, never by printf:
 // no other conversion can reach a format function. A name whose extension is
-// not an image format kiln writes (.png, .jpg, .jpeg, .webp) gets ".png"
-// ("out" -> "out.png", "out.v2" -> "out.v2.png").
+// not an image format kiln writes (.png, .jpg, .jpeg, .webp; for a video,
+// .avi and .webm too) gets ".png" ("out" -> "out.png", "out.v2" ->
+// "out.v2.png"). A video's frame pattern numbers its frames.
 #pragma once
 
 #include <string>
 
 #include "util/result.h"
 
-namespace kiln::cli {
+namespace kiln {
 
 class OutputPattern {
   public:
@@ -19,7 +20,9 @@ class OutputPattern {
     // ("%d", "%i", "%u", optionally with '0' and a width of at most 9);
     // the error names the pattern and what is wrong. `first_index` is
     // --output-begin-idx (>= 0).
-    static Result<OutputPattern> parse(const std::string& text, int first_index = 0);
+    // With `video` (-M vid_gen), .avi and .webm names are kept too.
+    static Result<OutputPattern> parse(const std::string& text, int first_index = 0, bool video = false);
+    bool has_field() const { return has_field_; }
 
     // The name of image `index` of `count`, n = first_index + index: with a
     // field, the field holds n; without one, a batch of more than one image
@@ -35,4 +38,4 @@ class OutputPattern {
     int first_index_ = 0;
 };
 
-}  // namespace kiln::cli
+}  // namespace kiln

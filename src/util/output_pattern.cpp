@@ -1,10 +1,10 @@
-#include "output_pattern.h"
+#include "util/output_pattern.h"
 
 #include <algorithm>
 
 #include "util/format.h"
 
-namespace kiln::cli {
+namespace kiln {
 namespace {
 
 // Where `name`'s extension starts (its last '.' after the last '/'), or npos.
@@ -13,17 +13,18 @@ size_t extension_start(const std::string& name) {
     return dot == std::string::npos || (slash != std::string::npos && dot < slash) ? std::string::npos : dot;
 }
 
-bool writes_format(const std::string& name) {
+bool writes_format(const std::string& name, bool video) {
     const size_t dot = extension_start(name);
     if (dot == std::string::npos) return false;
     const std::string ext = ascii_lower(name.substr(dot));
-    return ext == ".png" || ext == ".jpg" || ext == ".jpeg" || ext == ".webp";
+    return ext == ".png" || ext == ".jpg" || ext == ".jpeg" || ext == ".webp" ||
+           (video && (ext == ".avi" || ext == ".webm"));
 }
 
 }  // namespace
 
-Result<OutputPattern> OutputPattern::parse(const std::string& given, int first_index) {
-    const std::string text = writes_format(given) ? given : given + ".png";
+Result<OutputPattern> OutputPattern::parse(const std::string& given, int first_index, bool video) {
+    const std::string text = writes_format(given, video) ? given : given + ".png";
     OutputPattern pattern;
     pattern.first_index_ = first_index;
     auto fail = [&](const std::string& what) {
@@ -81,4 +82,4 @@ std::string OutputPattern::path(int index, int count) const {
     return name.substr(0, dot) + "_" + n + name.substr(dot);
 }
 
-}  // namespace kiln::cli
+}  // namespace kiln

@@ -1,0 +1,391 @@
+#include "models/nets/wan_dit.h"
+
+#include <string>
+#include <vector>
+
+#include "models/nets/block_stages.h"
+#include "nn/attention.h"
+#include "nn/modulation.h"
+#include "nn/patches.h"
+#include "nn/rope.h"
+#include "nn/shapes.h"
+
+namespace kiln::models {
+namespace {
+
+constexpr float kEps = 1e-6f;           // WanModel's eps: every LayerNorm and the QK RMSNorms
+constexpr int64_t kHeadWidth = 128;     // dim / num_heads of every released Wan
+constexpr float kRopeTheta = 10000.0f;  // rope_params' theta
+constexpr const char* kHeadsKey = "kiln.wan.heads";
+
+// A self- or cross-attention (WanSelfAttention, WanT2VCrossAttention).
+struct Attention {
+    nn::Linear q, k, v, o;
+    ggml_tensor* norm_q = nullptr;  // [dim]: RMSNorm over the whole width, not per head
+    ggml_tensor* norm_k = nullptr;
+};
+
+struct Block {
+    ggml_tensor* modulation = nullptr;  // ne [dim, 6, 1]
+    Attention self_attn, cross_attn;
+    nn::Norm norm3;  // cross_attn_norm: a LayerNorm with affine
+    nn::Linear ffn_in, ffn_out;
+};
+
+// What every block of one evaluation shares.
+struct Shared {
+    ggml_tensor* cos = nullptr;  // rope planes, ne [head_dim, 1, tokens, 1]
+    ggml_tensor* sin = nullptr;
+    nn::AttentionOptions attn;
+    nn::ComputeTarget target = nn::ComputeTarget::Cpu;
+    int64_t heads = 1;
+    ggml_tensor* e0 = nullptr;       // time_projection's six vectors, ne [dim, 6, B]
+    ggml_tensor* context = nullptr;  // text_embedding of the padded context, ne [dim, kWanTextLength, B]
+};
+
+// x ne [width, L, B] through a projection and the RMSNorm over its whole width.
+ggml_tensor* normed(ggml_context* ctx, const nn::Linear& proj, ggml_tensor* norm, ggml_tensor* x) {
+    return nn::rms_norm(ctx, nn::linear(ctx, proj, x), norm, kEps);
+}
+
+ggml_tensor* self_attention(ggml_context* ctx, const Shared& s, const Attention& a, ggml_tensor* x) {
+    // Normed over the width, then each head's adjacent pairs turned.
+    auto rotated = [&](const nn::Linear& proj, ggml_tensor* norm) {
+        ggml_tensor* y = normed(ctx, proj, norm, x);
+        y = ggml_reshape_4d(ctx, y, y->ne[0] / s.heads, s.heads, y->ne[1], y->ne[2]);
+        return nn::rope_pairs(ctx, y, s.cos, s.sin);
+    };
+    ggml_tensor* out =
+        nn::attention(ctx, rotated(a.q, a.norm_q), rotated(a.k, a.norm_k), nn::linear(ctx, a.v, x), s.attn);
+    return nn::linear(ctx, a.o, out);
+}
+
+ggml_tensor* cross_attention(ggml_context* ctx, const Shared& s, const Attention& a, ggml_tensor* x) {
+    ggml_tensor* out = nn::attention(ctx, normed(ctx, a.q, a.norm_q, x), normed(ctx, a.k, a.norm_k, s.context),
+                                     nn::linear(ctx, a.v, s.context), s.attn);
+    return nn::linear(ctx, a.o, out);
+}
+
+// WanAttentionBlock.forward on the tokens ne [dim, L, B].
+ggml_tensor* block(ggml_context* ctx, const Shared& s, const Block& b, ggml_tensor* x) {
+    // modulation + e0, chunked: (shift, scale, gate) of the self-attention, then of the FFN.
+    const nn::ModulationTable table = nn::ModulationTable::from_chunks(ctx, ggml_add(ctx, s.e0, b.modulation));
+    const nn::ShiftScaleGate attn_mod = nn::shift_scale_gate(ctx, table, 0);
+    const nn::ShiftScaleGate ffn_mod = nn::shift_scale_gate(ctx, table, 3);
+    x = nn::gated_add(ctx, x, self_attention(ctx, s, b.self_attn, nn::modulate_layer_norm(ctx, x, attn_mod, kEps)),
+                      attn_mod.gate);
+    x = ggml_add(ctx, x, cross_attention(ctx, s, b.cross_attn, nn::layer_norm(ctx, b.norm3, x, kEps)));
+    ggml_tensor* h = nn::linear(ctx, b.ffn_in, nn::modulate_layer_norm(ctx, x, ffn_mod, kEps));
+    return nn::gated_add(ctx, x, nn::linear(ctx, b.ffn_out, nn::gelu_tanh(ctx, s.target, h)), ffn_mod.gate);
+}
+
+// ne [W, H, frames * C, B] (each item channel after channel, each channel
+// frame after frame) -> ne [W, H, C, frames * B]: every frame an image.
+ggml_tensor* frames_as_images(ggml_context* ctx, ggml_tensor* x, int64_t channels, int64_t frames) {
+    const int64_t W = x->ne[0], H = x->ne[1], B = x->ne[3];
+    if (frames == 1) return x;
+    x = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_4d(ctx, x, W * H, frames, channels, B), 0, 2, 1, 3));
+    return ggml_reshape_4d(ctx, x, W, H, channels, frames * B);
+}
+
+// The inverse of frames_as_images.
+ggml_tensor* images_as_frames(ggml_context* ctx, ggml_tensor* x, int64_t frames) {
+    const int64_t W = x->ne[0], H = x->ne[1], C = x->ne[2], B = x->ne[3] / frames;
+    if (frames == 1) return x;
+    x = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_4d(ctx, x, W * H, C, frames, B), 0, 2, 1, 3));
+    return ggml_reshape_4d(ctx, x, W, H, frames * C, B);
+}
+
+}  // namespace
+
+std::vector<int> WanDitConfig::rope_axes() const {
+    const int d = static_cast<int>(head_dim());
+    return {d - 4 * (d / 6), 2 * (d / 6), 2 * (d / 6)};
+}
+
+std::vector<int64_t> wan_rope_shape(const WanDitConfig& c, WanGrid grid) { return {c.head_dim(), grid.tokens(), 2}; }
+
+std::vector<float> wan_rope_table(const WanDitConfig& c, WanGrid grid) {
+    std::vector<int64_t> positions;
+    positions.reserve(static_cast<size_t>(3 * grid.tokens()));
+    for (int64_t f = 0; f < grid.frames; ++f)
+        for (int64_t r = 0; r < grid.h; ++r)
+            for (int64_t col = 0; col < grid.w; ++col) positions.insert(positions.end(), {f, r, col});
+    return nn::rope_axes_table(positions, c.rope_axes(), kRopeTheta);
+}
+
+struct WanDit::Blocks {
+    ggml_tensor* patch_kernel = nullptr;  // patch_embedding.weight, ne [p, p, 1, in_channels * dim]
+    ggml_tensor* patch_bias = nullptr;
+    nn::Linear text_in, text_out;  // text_embedding.0, .2
+    nn::MlpEmbedder time;          // time_embedding.0, .2
+    nn::Linear time_projection;    // time_projection.1
+    std::vector<Block> blocks;
+    nn::Linear head;
+    ggml_tensor* head_modulation = nullptr;  // ne [dim, 2, 1]
+};
+
+WanDit::WanDit() = default;
+WanDit::~WanDit() = default;
+
+Result<std::unique_ptr<WanDit>> WanDit::create(io::WeightDeclarer& weights) {
+    const io::ModelFile& file = weights.file();
+    const std::string where = "Wan DiT under '" + weights.prefix() + "'";
+    auto bad = [&](const std::string& what) { return Error::bad_file(where + ": " + what); };
+    if (!weights.has("patch_embedding.weight") || !weights.has("blocks.0.cross_attn.norm_k.weight"))
+        return bad("no patch_embedding / blocks.0.cross_attn.norm_k (not a Wan DiT)");
+    if (weights.has("img_emb.proj.0.weight") || weights.has("blocks.0.cross_attn.k_img.weight")) {
+        return bad(
+            "image-to-video Wan models (img_emb, cross_attn.k_img: Wan 2.1 I2V and FLF2V) are not supported yet; "
+            "pass a text-to-video model");
+    }
+    std::unique_ptr<WanDit> dit(new WanDit());
+    WanDitConfig& c = dit->config_;
+    auto shape = [&](const std::string& name, size_t dims) -> Result<std::vector<int64_t>> {
+        const io::TensorInfo* t = weights.info(name);
+        if (!t) return bad("missing " + name);
+        bool positive = t->shape.size() == dims;
+        for (int64_t d : t->shape) positive = positive && d > 0;
+        if (!positive)
+            return bad(name + " has shape " + t->shape_string() + ", expected " + std::to_string(dims) + " dimensions");
+        return t->shape;
+    };
+    auto patch = shape("patch_embedding.weight", 5);
+    if (!patch.ok()) return patch.error();
+    c.dim = (*patch)[0];
+    c.in_channels = (*patch)[1];
+    if ((*patch)[2] != 1 || (*patch)[3] != (*patch)[4]) {
+        return bad("patch_embedding.weight is " + weights.info("patch_embedding.weight")->shape_string() +
+                   ": patches of 1 frame and p x p pixels are supported (every release's 1 x 2 x 2)");
+    }
+    c.patch = static_cast<int>((*patch)[3]);
+    auto text = shape("text_embedding.0.weight", 2);
+    if (!text.ok()) return text.error();
+    c.text_dim = (*text)[1];
+    auto time = shape("time_embedding.0.weight", 2);
+    if (!time.ok()) return time.error();
+    c.freq_dim = (*time)[1];
+    if (c.freq_dim % 2 != 0)
+        return bad("time_embedding.0.weight takes " + std::to_string(c.freq_dim) +
+                   " sinusoidal features, expected an even count");
+    auto ffn = shape("blocks.0.ffn.0.weight", 2);
+    if (!ffn.ok()) return ffn.error();
+    c.ffn_dim = (*ffn)[0];
+    auto head = shape("head.head.weight", 2);
+    if (!head.ok()) return head.error();
+    const int64_t patch_area = static_cast<int64_t>(c.patch) * c.patch;
+    if ((*head)[0] % patch_area != 0) {
+        return bad("head.head.weight is " + weights.info("head.head.weight")->shape_string() +
+                   ", expected a multiple of " + std::to_string(patch_area) + " outputs (channels per patch)");
+    }
+    c.out_channels = (*head)[0] / patch_area;
+    if (c.in_channels < c.out_channels) {
+        return bad("patch_embedding takes " + std::to_string(c.in_channels) + " channels but head.head gives " +
+                   std::to_string(c.out_channels));
+    }
+    c.layers = 0;
+    while (weights.has("blocks." + std::to_string(c.layers) + ".modulation")) ++c.layers;
+
+    auto heads = file.metadata_integer(kHeadsKey, 1, c.dim);
+    if (!heads.ok()) return bad(heads.error().message);
+    if (*heads) {
+        c.heads = **heads;
+    } else if (c.dim % kHeadWidth == 0) {
+        c.heads = c.dim / kHeadWidth;
+    } else {
+        return bad("width " + std::to_string(c.dim) + " is not a whole number of Wan's heads of 128; set metadata " +
+                   kHeadsKey);
+    }
+    // rope_apply needs whole pairs, and at least one for the row and the column.
+    if (c.dim % c.heads != 0 || c.head_dim() % 2 != 0 || c.head_dim() < 6) {
+        return bad(std::to_string(c.heads) + " heads do not split the width " + std::to_string(c.dim) +
+                   " into heads of an even width of at least 6");
+    }
+    dit->declare(weights);
+
+    DiffusionCapabilities& can = dit->capabilities_;
+    can.label = "Wan DiT";
+    can.video = true;
+    can.in_channels = c.in_channels;
+    can.out_channels = c.out_channels;
+    can.context_width = c.text_dim;
+    can.size_stride = c.patch;
+    can.max_latent_side = kWanRopePositions * c.patch;
+    // Not a joint attention, but what the flag is for holds: the padding to
+    // 512 rows is attended, so a context repeated to another's length would
+    // change the prediction; passes of different lengths run apart.
+    can.joint_attention = true;
+    can.cache_blocks = c.layers;
+    return dit;
+}
+
+void WanDit::declare(io::WeightDeclarer& w) {
+    const WanDitConfig& c = config_;
+    blocks_ = std::make_unique<Blocks>();
+    Blocks& b = *blocks_;
+    const int64_t D = c.dim, p = c.patch;
+    b.patch_kernel = w.require("patch_embedding.weight", {D, c.in_channels, 1, p, p});
+    b.patch_bias = w.require("patch_embedding.bias", {D});
+    b.text_in = nn::declare_linear(w, "text_embedding.0", c.text_dim, D);
+    b.text_out = nn::declare_linear(w, "text_embedding.2", D, D);
+    b.time = {nn::declare_linear(w, "time_embedding.0", c.freq_dim, D),
+              nn::declare_linear(w, "time_embedding.2", D, D)};
+    b.time_projection = nn::declare_linear(w, "time_projection.1", D, 6 * D);
+    auto attention = [&](const std::string& stem) {
+        Attention a;
+        a.q = nn::declare_linear(w, stem + ".q", D, D);
+        a.k = nn::declare_linear(w, stem + ".k", D, D);
+        a.v = nn::declare_linear(w, stem + ".v", D, D);
+        a.o = nn::declare_linear(w, stem + ".o", D, D);
+        // Multiplied in element-wise: held in F32 whatever --type says.
+        a.norm_q = w.require_f32(stem + ".norm_q.weight", {D});
+        a.norm_k = w.require_f32(stem + ".norm_k.weight", {D});
+        return a;
+    };
+    for (int i = 0; i < c.layers; ++i) {
+        const std::string stem = "blocks." + std::to_string(i) + ".";
+        Block block;
+        // The original adds it to e0 in float32.
+        block.modulation = w.require_f32(stem + "modulation", {1, 6, D});
+        block.self_attn = attention(stem + "self_attn");
+        block.cross_attn = attention(stem + "cross_attn");
+        block.norm3 = {w.require_f32(stem + "norm3.weight", {D}), w.require_f32(stem + "norm3.bias", {D})};
+        block.ffn_in = nn::declare_linear(w, stem + "ffn.0", D, c.ffn_dim);
+        block.ffn_out = nn::declare_linear(w, stem + "ffn.2", c.ffn_dim, D);
+        b.blocks.push_back(block);
+    }
+    b.head = nn::declare_linear(w, "head.head", D, p * p * c.out_channels);
+    b.head_modulation = w.require_f32("head.modulation", {1, 2, D});
+}
+
+Result<ggml_tensor*> WanDit::build(ggml_context* ctx, const WanDitInputs& in, const WanDitBuildOptions& options) const {
+    const WanDitConfig& c = config_;
+    const Blocks& b = *blocks_;
+    auto fail = [](const std::string& what) -> Error { return Error{"Wan DiT inputs: " + what}; };
+    if (!in.x || !in.timesteps || !in.context || !in.rope) return fail("x, timesteps, context and rope are required");
+    const int64_t B = in.x->ne[3], p = c.patch, C = c.in_channels;
+    if (in.x->ne[2] % C != 0 || in.x->ne[0] % p != 0 || in.x->ne[1] % p != 0) {
+        return fail("x is " + nn::ne_string(in.x) + ", expected [W, H, frames x " + std::to_string(C) + ", B] with W" +
+                    " and H multiples of " + std::to_string(p));
+    }
+    const WanGrid grid{in.x->ne[2] / C, in.x->ne[1] / p, in.x->ne[0] / p};
+    if (grid.frames > kWanRopePositions || grid.h > kWanRopePositions || grid.w > kWanRopePositions) {
+        return fail("x is " + nn::ne_string(in.x) + ": Wan's RoPE covers " + std::to_string(kWanRopePositions) +
+                    " frames and patches along each side");
+    }
+    if (!nn::has_ne(in.timesteps, {B}) || in.timesteps->type != GGML_TYPE_F32)
+        return fail("timesteps must be F32 ne [" + std::to_string(B) + "]");
+    const int64_t T = in.context->ne[1];
+    if (in.context->ne[0] != c.text_dim || T < 1 || T > kWanTextLength || in.context->ne[2] != B ||
+        in.context->ne[3] != 1) {
+        return fail("context is " + nn::ne_string(in.context) + ", expected [" + std::to_string(c.text_dim) +
+                    ", tokens, " + std::to_string(B) + "] with 1 to " + std::to_string(kWanTextLength) + " tokens");
+    }
+    const std::vector<int64_t> rope_ne = wan_rope_shape(c, grid);
+    if (in.rope->type != GGML_TYPE_F32 || !nn::has_ne(in.rope, rope_ne)) {
+        return fail("rope is " + nn::ne_string(in.rope) + ", these tokens need F32 " + nn::ne_string(rope_ne) +
+                    " (wan_rope_table)");
+    }
+    const int64_t N = grid.tokens();
+    const std::string stage_problem = stage_inputs_problem(options.split, in.stream, in.residual, c.dim, N, B);
+    if (!stage_problem.empty()) return fail(stage_problem);
+
+    Shared s;
+    s.heads = c.heads;
+    s.target = options.target;
+    const int64_t hd = c.head_dim();
+    s.cos = ggml_view_4d(ctx, in.rope, hd, 1, N, 1, in.rope->nb[1], in.rope->nb[1], in.rope->nb[2], 0);
+    s.sin = ggml_view_4d(ctx, in.rope, hd, 1, N, 1, in.rope->nb[1], in.rope->nb[1], in.rope->nb[2], in.rope->nb[2]);
+    s.attn.heads = static_cast<int>(c.heads);
+    s.attn.flash = options.flash_attention;
+
+    // e = time_embedding(sinusoidal_embedding_1d(freq_dim, 1000 sigma)): the
+    // same [cos, sin] of t 10000^(-i / half) as BFL's embedding.
+    ggml_tensor* e =
+        nn::mlp_embed(ctx, b.time, nn::bfl_time_embedding(ctx, in.timesteps, static_cast<int>(c.freq_dim)));
+    s.e0 = ggml_reshape_3d(ctx, nn::linear(ctx, b.time_projection, ggml_silu(ctx, e)), c.dim, 6, B);
+
+    // The context padded with zero rows to 512 before text_embedding, as the
+    // original pads it: every stage's blocks read it.
+    ggml_tensor* context = ggml_pad(ctx, in.context, 0, static_cast<int>(kWanTextLength - T), 0, 0);
+    s.context = nn::linear(ctx, b.text_out, nn::gelu_tanh(ctx, options.target, nn::linear(ctx, b.text_in, context)));
+
+    // Tokens: the Conv3d with a 1 x p x p kernel is a linear map of each
+    // frame's p x p patches, features (c, ph, pw) as its kernel reads them.
+    ggml_tensor* x = nullptr;
+    if (stage_embeds(options.split)) {
+        ggml_tensor* patches = nn::patchify(ctx, frames_as_images(ctx, in.x, C, grid.frames), static_cast<int>(p),
+                                            nn::PatchFeatures::ChannelSlowest);  // [C p p, h w, frames B]
+        ggml_tensor* kernel = ggml_reshape_2d(ctx, b.patch_kernel, C * p * p, c.dim);
+        x = ggml_add(ctx, ggml_mul_mat(ctx, kernel, patches), b.patch_bias);
+        x = ggml_reshape_3d(ctx, x, c.dim, N, B);  // (frame, row, column) order
+    }
+    auto run = [&](int64_t i, ggml_tensor* h) {
+        return nn::mark_cut(block(ctx, s, b.blocks[static_cast<size_t>(i)], h), "blocks." + std::to_string(i));
+    };
+    StageResults kept;
+    x = run_block_stage(ctx, options.split, c.layers, x, in.stream, in.residual, run, kept);
+    if (options.split.stage == BlockStage::Front) return block_stage_output(ctx, options.split, x, nullptr, kept);
+
+    // Head: head.modulation + e (no SiLU), chunked (shift, scale).
+    ggml_tensor* e3 = ggml_reshape_3d(ctx, e, c.dim, 1, B);
+    auto head_mod = [&](int64_t k) {
+        return ggml_add(ctx, e3, ggml_view_1d(ctx, b.head_modulation, c.dim, k * b.head_modulation->nb[1]));
+    };
+    nn::ShiftScaleGate final_mod;
+    final_mod.shift = head_mod(0);
+    final_mod.scale1 = nn::one_plus(ctx, head_mod(1));
+    ggml_tensor* out = nn::linear(ctx, b.head, nn::modulate_layer_norm(ctx, x, final_mod, kEps));
+    // unpatchify: each token's features (pt, ph, pw, c), channel fastest.
+    out = ggml_reshape_3d(ctx, out, out->ne[0], grid.h * grid.w, grid.frames * B);
+    out = nn::unpatchify(ctx, out, grid.w, grid.h, static_cast<int>(p), nn::PatchFeatures::ChannelFastest);
+    return block_stage_output(ctx, options.split, x, images_as_frames(ctx, out, grid.frames), kept);
+}
+
+Status WanDit::check_conditioning(const ConditioningShape& shape) const {
+    const WanDitConfig& c = config_;
+    for (const EncoderOutput& e : shape.encoders) {
+        if (e.context && e.width != c.text_dim) {
+            return Error::bad_file("the " + e.module + " text encoder (" + e.label + ") gives " +
+                                   std::to_string(e.width) + " features per token but the " + shape.family_label +
+                                   " DiT's text_embedding takes " + std::to_string(c.text_dim) +
+                                   " (Wan reads umT5-XXL's hidden states: pass the one made for it)");
+        }
+    }
+    if (shape.latent_channels != c.out_channels) {
+        return Error::bad_file("the VAE gives " + std::to_string(shape.latent_channels) + "-channel latents but the " +
+                               shape.family_label + " DiT predicts " + std::to_string(c.out_channels) +
+                               " (Wan 2.1 and the A14B models take Wan 2.1's 16-channel VAE, TI2V-5B Wan 2.2's "
+                               "48-channel one)");
+    }
+    return Status::Ok();
+}
+
+Result<DiffusionTensors> WanDit::build(nn::GraphInputs& s, const DiffusionShape& shape) const {
+    const WanDitConfig& c = config_;
+    if (shape.frames < 1) return Error{"DiT graph: " + std::to_string(shape.frames) + " latent frames"};
+    DiffusionTensors g;
+    const int64_t b = shape.batch;
+    WanDitInputs in;
+    in.x = g.x =
+        s.input(GGML_TYPE_F32, {shape.latent_w, shape.latent_h, shape.frames * c.in_channels, b}, nullptr, "x");
+    in.timesteps = g.timesteps = s.input(GGML_TYPE_F32, {b}, nullptr, "timesteps");
+    in.context = g.context = s.input(GGML_TYPE_F32, {c.text_dim, shape.tokens, b}, nullptr, "context");
+    // Whole patches (else build() says what is wrong).
+    const WanGrid grid{shape.frames, shape.latent_h / c.patch, shape.latent_w / c.patch};
+    const std::vector<float> rope = wan_rope_table(c, grid);
+    in.rope = s.input(GGML_TYPE_F32, wan_rope_shape(c, grid), rope.data(), "rope");
+    WanDitBuildOptions options;
+    options.flash_attention = shape.flash_attention;
+    options.target = shape.target;
+    options.split = shape.split;
+    make_stage_inputs(s, shape.split, c.dim, grid.tokens(), b, g);
+    in.stream = g.stream;
+    in.residual = g.residual;
+    auto out = build(s.ctx(), in, options);
+    if (!out.ok()) return Error{"DiT graph: " + out.error().message};
+    g.out = *out;
+    return g;
+}
+
+}  // namespace kiln::models

@@ -1,0 +1,207 @@
+#!/usr/bin/python3
+"""Writes a tiny random-weight Wan 2.1 text-to-video model in its released parts and the golden results
+of a whole text-to-video job on it, computed with the PyTorch references in training/reference/ (no kiln
+code): the end-to-end truth for kiln's Wan pipeline (tests/unit/wan_pipeline_test.cpp).
+
+Run with Debian's python3-torch and python3-sentencepiece:
+    /usr/bin/python3 training/make_wan_pipeline_fixtures.py
+
+Reads tests/golden/text/umt5_like_spiece.model (the tokenizer: a unigram model with byte fallback, trained
+by make_umt5_tokenizer_fixture.py; pad 0 and EOS 1 as umT5's) and tests/golden/models/wan_vae_tiny.safetensors
+(Wan 2.1's VAE in the original names, make_wan_vae_fixtures.py's; 8x smaller along each side, 4x along time),
+which the test passes as they are. Writes, relative to the repository root (in tests/golden/pipeline/):
+  wan_tiny/umt5.safetensors  a tiny umT5 (reference/umt5.py, Wan's T5Encoder with a table per block) in
+      HF's UMT5EncoderModel names (as ComfyUI's umt5_xxl_fp16.safetensors), F16: make_umt5_fixtures.py's
+      widths with the vocabulary of the SentencePiece model below (500)
+  wan_tiny/wan_dit.safetensors  the DiT (reference/wan_dit.py) in the original names, no prefix, F16,
+      metadata kiln.wan.heads "3": make_wan_dit_fixtures.py's widths (48 in 3 heads of 16, 2 blocks,
+      patch 1x2x2) with 16 latent channels in and out (the VAE's) and the tiny umT5's width as text_dim
+  wan_tiny_t2v.safetensors  the job (F32 but the I32 tokens): t5.tokens [1, 512], t5.hidden [1, 512, 32]
+      (the prompt's rows, then zeros), t5.uncond_tokens, t5.uncond_hidden (the negative prompt ""),
+      noise [1, 16, 2, 6, 8], sigmas [4], velocity0 [1, 16, 2, 6, 8] (the guided velocity of the first
+      step), latent [1, 16, 2, 6, 8] (final), video [1, 3, 5, 48, 64] (decoded, in [-1, 1], not clamped)
+
+The job (sd-cli's Wan command line): -M vid_gen, prompt "a red cat on a blue square", negative prompt "",
+64x48 (W x H: the latent is 8 wide and 6 high), --video-frames 5 (two latent frames: the first alone, then
+four), seed 11, --rng cuda, 3 steps, euler, cfg 6, --flow-shift 3.
+  - text (Wan's T5EncoderModel): the SentencePiece ids of the prompt, then EOS (1), padded with 0 to 512;
+    umT5 with the padding masked (its keys at the dtype's lowest value); the context is the prompt's rows
+    (EOS included: Wan's seq_lens counts the mask), which WanModel pads with zero rows to its text_len
+    of 512 before its text embedding; the negative prompt the same way;
+  - noise: webui's Philox randn (kiln's --rng cuda) of the 16 x 2 x 6 x 8 latent in that order (channel,
+    frame, row, column: the original's [C, F, H, W]), one draw, seed 11;
+  - schedule ("discrete" on the flow table, shift 3): t = linspace(999, 0, 3), s = (t + 1) / 1000,
+    sigma = 3 s / (1 + 2 s), rounded to float32, then 0;
+  - the DiT at t = 1000 sigma gives the velocity v; v = u + 6 (c - u) (sd-cli's classifier-free
+    guidance); Euler: x <- x + (sigma_next - sigma) v, from x = noise * sigma_0;
+  - decode (reference/wan_vae.py's WanVAE_.decode: the latent frames one at a time through the causal
+    cache) with the VAE's own normalisation: 5 frames.
+
+Every stage runs in float64 on the stored weights; deterministic (byte-identical files).
+"""
+
+import math
+import os
+import sys
+
+import sentencepiece as spm
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import make_model_fixtures as mmf  # noqa: E402
+import make_umt5_fixtures as mu  # noqa: E402
+import make_wan_dit_fixtures as mwd  # noqa: E402
+import make_wan_vae_fixtures as mw  # noqa: E402
+from reference import safetensors_io  # noqa: E402
+from reference import wan_dit as ref  # noqa: E402
+from reference import wan_vae as wan  # noqa: E402
+from reference.sampling import PhiloxGenerator  # noqa: E402
+from reference.umt5 import UMT5Encoder, hf_name  # noqa: E402
+
+ROOT = os.path.dirname(HERE)
+OUT = os.path.join(ROOT, "tests", "golden", "pipeline")
+PARTS = os.path.join(OUT, "wan_tiny")
+SPIECE_SOURCE = os.path.join(ROOT, "tests", "golden", "text", "umt5_like_spiece.model")
+VAE_SOURCE = os.path.join(ROOT, "tests", "golden", "models", "wan_vae_tiny.safetensors")
+JOB = "wan_tiny_t2v.safetensors"
+SEED = 6100
+
+PROMPT = "a red cat on a blue square"
+NEGATIVE = ""
+WIDTH, HEIGHT = 64, 48
+FRAMES = 5  # 1 + 4 (LATENT_FRAMES - 1)
+LATENT_FRAMES = 2
+NOISE_SEED = 11
+STEPS = 3
+CFG = 6.0
+SHIFT_FACTOR = 3.0
+TEXT_LEN = 512  # Wan's text_len: umT5's padded length and the DiT's context rows
+PAD, EOS = 0, 1
+LATENT_CHANNELS = 16
+MAX_TOTAL_BYTES = 2 * 1000 * 1000
+
+
+def read_tokenizer():
+    sp = spm.SentencePieceProcessor(model_file=SPIECE_SOURCE)
+    assert (sp.pad_id(), sp.eos_id()) == (PAD, EOS), (sp.pad_id(), sp.eos_id())
+    return sp
+
+
+def write_umt5(vocab):
+    cfg = dict(mu.UMT5, vocab=vocab)
+    model = UMT5Encoder(**cfg)
+    gen = torch.Generator().manual_seed(SEED + 1)
+    stored = {k: mu.init_value(k, v.shape, gen).to(torch.float16).contiguous() for k, v in model.state_dict().items()}
+    model.load_state_dict({k: v.double() for k, v in stored.items()})
+    safetensors_io.save_file({hf_name(k): v for k, v in stored.items()}, os.path.join(PARTS, "umt5.safetensors"))
+    return model.double().eval(), cfg["dim"]
+
+
+def write_dit(text_dim):
+    cfg = dict(mwd.TINY, in_dim=LATENT_CHANNELS, out_dim=LATENT_CHANNELS, text_dim=text_dim)
+    model = ref.WanModel(**cfg)
+    gen = torch.Generator().manual_seed(SEED + 2)
+    stored = {k: mwd.init_value(k, tuple(v.shape), gen).to(torch.float16).contiguous()
+              for k, v in model.state_dict().items()}
+    assert {k: tuple(v.shape) for k, v in stored.items()} == ref.wan_dit_tensor_shapes(cfg)
+    model.load_state_dict({k: v.double() for k, v in stored.items()}, strict=True)
+    safetensors_io.save_file(stored, os.path.join(PARTS, "wan_dit.safetensors"), dict(mwd.DIT_METADATA))
+    return model.double().eval()
+
+
+def read_vae():
+    weights, _ = safetensors_io.load_file(VAE_SOURCE)
+    vae = wan.WanVAE_(**mw.TINY)
+    vae.load_state_dict({k: v.to(torch.float64) for k, v in weights.items()}, strict=True)
+    return vae.double().eval()
+
+
+def flow_sigmas():
+    out = []
+    for t in torch.linspace(999, 0, STEPS, dtype=torch.float64).tolist():
+        s = (t + 1) / 1000
+        out.append(float(torch.tensor(SHIFT_FACTOR * s / (1 + (SHIFT_FACTOR - 1) * s), dtype=torch.float32)))
+    return out + [0.0]
+
+
+def encode(umt5, sp, prompt):
+    """Wan's T5EncoderModel: the ids, EOS, the padding to 512 masked; the padding's rows zero."""
+    ids = sp.encode(prompt) + [EOS]
+    real = len(ids)
+    tokens = torch.tensor([ids + [PAD] * (TEXT_LEN - real)], dtype=torch.int32)
+    mask = (torch.arange(TEXT_LEN) < real).to(torch.float64)[None]
+    out, _ = umt5(tokens, mask)
+    out[:, real:] = 0
+    return tokens, out, real
+
+
+def run_job(dit, umt5, vae, sp):
+    io = {}
+    tokens, hidden, real = encode(umt5, sp, PROMPT)
+    uncond_tokens, uncond_hidden, uncond_real = encode(umt5, sp, NEGATIVE)
+    assert uncond_real == 1  # EOS alone
+    io["t5.tokens"] = tokens
+    io["t5.hidden"] = mmf.f32(hidden)
+    io["t5.uncond_tokens"] = uncond_tokens
+    io["t5.uncond_hidden"] = mmf.f32(uncond_hidden)
+
+    sigmas = flow_sigmas()
+    io["sigmas"] = torch.tensor(sigmas, dtype=torch.float32)
+    lw, lh = WIDTH // 8, HEIGHT // 8
+    shape = (1, LATENT_CHANNELS, LATENT_FRAMES, lh, lw)
+    noise = torch.tensor(PhiloxGenerator(NOISE_SEED).randn(math.prod(shape)), dtype=torch.float32)
+    io["noise"] = noise.reshape(shape)
+    # The reference sees the stored (F32) contexts, their prompt rows as Wan passes them.
+    cond, uncond = io["t5.hidden"].double(), io["t5.uncond_hidden"].double()
+    x = io["noise"].double() * sigmas[0]
+    for i in range(STEPS):
+        sigma = torch.tensor([sigmas[i]], dtype=torch.float64)
+        c = ref.predict(dit, x, sigma, cond, [real])
+        u = ref.predict(dit, x, sigma, uncond, [uncond_real])
+        v = u + CFG * (c - u)
+        if i == 0:
+            io["velocity0"] = mmf.f32(v)
+        x = x + (sigmas[i + 1] - sigmas[i]) * v
+    io["latent"] = mmf.f32(x)
+    video = wan.decode_normalized(vae, x)
+    assert video.shape == (1, 3, FRAMES, HEIGHT, WIDTH), video.shape
+    io["video"] = mmf.f32(video)
+    return io
+
+
+def save_job(io):
+    meta = {"prompt": PROMPT, "negative_prompt": NEGATIVE, "seed": str(NOISE_SEED), "steps": str(STEPS),
+            "width": str(WIDTH), "height": str(HEIGHT), "video_frames": str(FRAMES), "cfg_scale": repr(CFG),
+            "sampler": "euler", "scheduler": "discrete", "flow_shift": repr(SHIFT_FACTOR), "rng": "cuda",
+            "model": "wan_tiny/wan_dit.safetensors", "generator": "training/make_wan_pipeline_fixtures.py"}
+    path = os.path.join(OUT, JOB)
+    safetensors_io.save_file(io, path, metadata=meta)
+    print("wrote %s (%d bytes)" % (os.path.relpath(path, ROOT), os.path.getsize(path)))
+    for k, v in io.items():
+        if v.is_floating_point():
+            print("  %-20s %-22s mean %+.4f std %.4f min %+.4f max %+.4f" % (
+                k, mmf.shape_str(v), v.double().mean(), v.double().std(), v.min(), v.max()))
+
+
+def main():
+    torch.set_num_threads(1)  # reductions in one fixed order: reproducible bytes
+    os.makedirs(PARTS, exist_ok=True)
+    sp = read_tokenizer()
+    umt5, width = write_umt5(sp.get_piece_size())
+    dit = write_dit(width)
+    vae = read_vae()
+    with torch.no_grad():
+        save_job(run_job(dit, umt5, vae, sp))
+    total = os.path.getsize(os.path.join(OUT, JOB))
+    for name in sorted(os.listdir(PARTS)):
+        p = os.path.join(PARTS, name)
+        total += os.path.getsize(p)
+        print("wrote %s (%d bytes)" % (os.path.relpath(p, ROOT), os.path.getsize(p)))
+    print("total %d bytes; prompt ids %s" % (total, sp.encode(PROMPT)))
+    assert total < MAX_TOTAL_BYTES, total
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,346 @@
+"""PyTorch reference for Wan's video diffusion transformer (Alibaba's Wan team;
+Wan 2.1 and Wan 2.2 text-to-video), ``WanModel`` with ``model_type='t2v'``,
+transcribed from the original code, ``wan/modules/model.py`` of
+github.com/Wan-Video/Wan2.1 (``sinusoidal_embedding_1d``, ``rope_params``,
+``rope_apply``, ``WanRMSNorm``, ``WanLayerNorm``, ``WanSelfAttention``,
+``WanT2VCrossAttention``, ``WanAttentionBlock``, ``Head``, ``WanModel``'s
+``__init__``, ``forward`` and ``unpatchify``). Wan 2.2's file
+(github.com/Wan-Video/Wan2.2) has the same layers and names; its blocks take
+one timestep per token (``t`` of shape [B, seq_len], for TI2V's first
+frame), which for a text-to-video evaluation is the same timestep at every
+token: the numbers of the per-item form transcribed here.
+
+Parameter names are the original module tree's, so
+``WanModel(**WAN21_1_3B).state_dict()`` has the names and shapes of
+``Wan2.1-T2V-1.3B`` (and of ComfyUI's ``wan2.1_t2v_1.3B_fp16.safetensors``,
+which prefixes them with ``model.diffusion_model.``):
+``patch_embedding``, ``text_embedding.{0,2}``, ``time_embedding.{0,2}``,
+``time_projection.1``, ``blocks.N.{modulation, self_attn.{q,k,v,o,norm_q,
+norm_k}, norm3, cross_attn.{q,k,v,o,norm_q,norm_k}, ffn.{0,2}}``,
+``head.head``, ``head.modulation``. ``wan_dit_tensor_shapes(cfg)`` lists
+them from the configuration alone.
+
+The network, as the original computes it (t is the timestep in [0, 1000]:
+the flow sigma times 1000, as Wan's schedulers give it):
+
+- ``e = time_embedding(sinusoidal_embedding_1d(freq_dim, t))``: [cos, sin]
+  of ``t * 10000 ** (-i / (freq_dim / 2))``, then Linear, SiLU, Linear;
+  ``e0 = time_projection(e)`` (SiLU, Linear to 6 * dim), six vectors.
+- Tokens: ``patch_embedding``, a Conv3d with kernel = stride = patch (1, 2,
+  2) over the latent [C, F, H, W], flattened in (f, h, w) order.
+- Context: each item's [L, text_dim] rows are padded with ZERO rows to
+  ``text_len`` = 512 before ``text_embedding`` (Linear, GELU tanh, Linear),
+  so the padded rows become text_embedding(0) and the cross-attention,
+  which has no mask (``context_lens`` is None), attends to them.
+- Block: ``modulation`` [1, 6, dim] + e0 -> (shift, scale, gate) of the
+  self-attention, then of the FFN;
+  ``x += gate_sa * self_attn(LN(x) * (1 + scale_sa) + shift_sa)`` with q and
+  k RMS-normed over the whole width (norm_q, norm_k with weights, eps 1e-6)
+  and rotated by the 3-D RoPE; ``x += cross_attn(norm3(x), context)``
+  (norm3 a LayerNorm with affine, cross_attn_norm=True; q from x, k and v
+  from the context, norm_q / norm_k, no RoPE, no gate);
+  ``x += gate_ffn * ffn(LN(x) * (1 + scale_ffn) + shift_ffn)`` with
+  ``ffn = Linear(dim, ffn_dim), GELU tanh, Linear(ffn_dim, dim)``. LN is a
+  LayerNorm without affine, eps 1e-6.
+- Head: ``head.modulation`` [1, 2, dim] + e (the embedding before the
+  projection, no SiLU) -> (shift, scale); ``head.head(LN(x) * (1 + scale) +
+  shift)`` gives ``prod(patch) * out_dim`` features per token, in the order
+  (pt, ph, pw, c) (``unpatchify``'s einsum 'fhwpqrc->cfphqwr').
+- RoPE (``rope_apply``): head_dim d in d / 2 complex pairs (adjacent
+  features, ``view_as_complex`` of ``reshape(..., -1, 2)``); the first
+  ``d/2 - 2 (d/2 // 3)`` pairs turn with the frame, the next ``d/2 // 3``
+  with the row, the last ``d/2 // 3`` with the column; pair j of an axis of
+  ``n`` features (``rope_params(1024, n)``) turns by ``pos * 10000 ** (-2j /
+  n)``. Frames, rows and columns count from 0.
+
+What differs from the original, none of it in the numbers of a float64 run:
+
+- The original's ``.float()`` casts (WanRMSNorm, WanLayerNorm, the
+  sinusoidal embedding, rope_apply's result, forward's output) are there for
+  bfloat16 runs; here they keep float64 (``_wide``), so the whole reference
+  runs in the inputs' dtype. ``amp.autocast`` contexts and the dtype
+  assertions that go with them are left out.
+- ``flash_attention`` is plain softmax(q k^T / sqrt(d)) v per head, masking
+  keys at or past ``k_lens`` as the varlen kernel does.
+- Only ``model_type='t2v'`` (no ``img_emb``, no ``WanI2VCrossAttention``).
+"""
+
+import math
+
+import torch
+import torch.nn as nn
+
+TEXT_LEN = 512  # WanModel's text_len (T5_CONTEXT_TOKEN_NUMBER)
+EPS = 1e-6
+THETA = 10000
+ROPE_POSITIONS = 1024  # rope_params(1024, ...)
+
+# The released text-to-video configurations (WanModel's arguments).
+WAN21_1_3B = dict(patch_size=(1, 2, 2), in_dim=16, dim=1536, ffn_dim=8960, freq_dim=256, text_dim=4096, out_dim=16,
+                  num_heads=12, num_layers=30)
+WAN21_14B = dict(patch_size=(1, 2, 2), in_dim=16, dim=5120, ffn_dim=13824, freq_dim=256, text_dim=4096, out_dim=16,
+                 num_heads=40, num_layers=40)
+WAN22_5B = dict(patch_size=(1, 2, 2), in_dim=48, dim=3072, ffn_dim=14336, freq_dim=256, text_dim=4096, out_dim=48,
+                num_heads=24, num_layers=30)
+
+
+def _wide(x):
+    """The original's x.float(), which keeps a float64 reference in float64."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
+def wan_dit_tensor_shapes(cfg):
+    """{name: shape} of a t2v WanModel (PyTorch order), from the configuration alone."""
+    dim, ffn, p = cfg["dim"], cfg["ffn_dim"], cfg["patch_size"]
+    s = {}
+
+    def linear(name, n_in, n_out):
+        s[name + ".weight"] = (n_out, n_in)
+        s[name + ".bias"] = (n_out,)
+
+    s["patch_embedding.weight"] = (dim, cfg["in_dim"]) + tuple(p)
+    s["patch_embedding.bias"] = (dim,)
+    linear("text_embedding.0", cfg["text_dim"], dim)
+    linear("text_embedding.2", dim, dim)
+    linear("time_embedding.0", cfg["freq_dim"], dim)
+    linear("time_embedding.2", dim, dim)
+    linear("time_projection.1", dim, 6 * dim)
+    for i in range(cfg["num_layers"]):
+        b = "blocks.%d." % i
+        s[b + "modulation"] = (1, 6, dim)
+        for attn in ("self_attn", "cross_attn"):
+            for proj in ("q", "k", "v", "o"):
+                linear(b + attn + "." + proj, dim, dim)
+            s[b + attn + ".norm_q.weight"] = (dim,)
+            s[b + attn + ".norm_k.weight"] = (dim,)
+        s[b + "norm3.weight"] = (dim,)
+        s[b + "norm3.bias"] = (dim,)
+        linear(b + "ffn.0", dim, ffn)
+        linear(b + "ffn.2", ffn, dim)
+    linear("head.head", dim, math.prod(p) * cfg["out_dim"])
+    s["head.modulation"] = (1, 2, dim)
+    return s
+
+
+# ------------------------------------------------------------ embeddings
+
+
+def sinusoidal_embedding_1d(dim, position):
+    assert dim % 2 == 0
+    half = dim // 2
+    position = position.type(torch.float64)
+    sinusoid = torch.outer(position, torch.pow(10000, -torch.arange(half).to(position).div(half)))
+    return torch.cat([torch.cos(sinusoid), torch.sin(sinusoid)], dim=1)
+
+
+def rope_params(max_seq_len, dim, theta=THETA):
+    assert dim % 2 == 0
+    freqs = torch.outer(torch.arange(max_seq_len),
+                        1.0 / torch.pow(theta, torch.arange(0, dim, 2).to(torch.float64).div(dim)))
+    return torch.polar(torch.ones_like(freqs), freqs)
+
+
+def rope_freqs(head_dim):
+    """WanModel's self.freqs: [1024, head_dim / 2] complex."""
+    d = head_dim
+    return torch.cat([rope_params(ROPE_POSITIONS, d - 4 * (d // 6)),
+                      rope_params(ROPE_POSITIONS, 2 * (d // 6)),
+                      rope_params(ROPE_POSITIONS, 2 * (d // 6))], dim=1)
+
+
+def grid_freqs(freqs, f, h, w):
+    """rope_apply's freqs_i: the factors of every token of an f x h x w grid, [f h w, head_dim / 2]."""
+    c = freqs.shape[1]
+    parts = freqs.split([c - 2 * (c // 3), c // 3, c // 3], dim=1)
+    return torch.cat([
+        parts[0][:f].view(f, 1, 1, -1).expand(f, h, w, -1),
+        parts[1][:h].view(1, h, 1, -1).expand(f, h, w, -1),
+        parts[2][:w].view(1, 1, w, -1).expand(f, h, w, -1)
+    ], dim=-1).reshape(f * h * w, -1)
+
+
+def rope_apply(x, grid_sizes, freqs):
+    """x [B, L, n, d]: the first f h w tokens of each item rotated, the rest (padding) kept."""
+    n = x.size(2)
+    output = []
+    for i, (f, h, w) in enumerate(grid_sizes.tolist()):
+        seq_len = f * h * w
+        x_i = torch.view_as_complex(x[i, :seq_len].to(torch.float64).reshape(seq_len, n, -1, 2))
+        freqs_i = grid_freqs(freqs, f, h, w).reshape(seq_len, 1, -1)
+        x_i = torch.view_as_real(x_i * freqs_i).flatten(2)
+        output.append(torch.cat([x_i, x[i, seq_len:].to(torch.float64)]))
+    return torch.stack(output).to(x.dtype)
+
+
+# ------------------------------------------------------------ layers
+
+
+def flash_attention(q, k, v, k_lens=None):
+    """q [B, Lq, n, d], k and v [B, Lk, n, d] -> [B, Lq, n, d]; keys at or past k_lens[b] ignored."""
+    scores = torch.einsum("bqnd,bknd->bnqk", q, k) / math.sqrt(q.shape[-1])
+    if k_lens is not None:
+        keep = torch.arange(k.shape[1])[None, :] < k_lens[:, None]  # [B, Lk]
+        scores = scores.masked_fill(~keep[:, None, None, :], float("-inf"))
+    return torch.einsum("bnqk,bknd->bqnd", torch.softmax(scores, dim=-1), v)
+
+
+class WanRMSNorm(nn.Module):
+
+    def __init__(self, dim, eps=1e-5):
+        super().__init__()
+        self.dim = dim
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return self._norm(_wide(x)).type_as(x) * self.weight
+
+    def _norm(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+
+
+class WanLayerNorm(nn.LayerNorm):
+
+    def __init__(self, dim, eps=EPS, elementwise_affine=False):
+        super().__init__(dim, elementwise_affine=elementwise_affine, eps=eps)
+
+    def forward(self, x):
+        return super().forward(_wide(x)).type_as(x)
+
+
+class WanSelfAttention(nn.Module):
+
+    def __init__(self, dim, num_heads, qk_norm=True, eps=EPS):
+        assert dim % num_heads == 0
+        super().__init__()
+        self.dim = dim
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.q = nn.Linear(dim, dim)
+        self.k = nn.Linear(dim, dim)
+        self.v = nn.Linear(dim, dim)
+        self.o = nn.Linear(dim, dim)
+        self.norm_q = WanRMSNorm(dim, eps=eps) if qk_norm else nn.Identity()
+        self.norm_k = WanRMSNorm(dim, eps=eps) if qk_norm else nn.Identity()
+
+    def forward(self, x, seq_lens, grid_sizes, freqs):
+        b, s, n, d = *x.shape[:2], self.num_heads, self.head_dim
+        q = self.norm_q(self.q(x)).view(b, s, n, d)
+        k = self.norm_k(self.k(x)).view(b, s, n, d)
+        v = self.v(x).view(b, s, n, d)
+        x = flash_attention(rope_apply(q, grid_sizes, freqs), rope_apply(k, grid_sizes, freqs), v, k_lens=seq_lens)
+        return self.o(x.flatten(2))
+
+
+class WanT2VCrossAttention(WanSelfAttention):
+
+    def forward(self, x, context, context_lens):
+        b, n, d = x.size(0), self.num_heads, self.head_dim
+        q = self.norm_q(self.q(x)).view(b, -1, n, d)
+        k = self.norm_k(self.k(context)).view(b, -1, n, d)
+        v = self.v(context).view(b, -1, n, d)
+        x = flash_attention(q, k, v, k_lens=context_lens)
+        return self.o(x.flatten(2))
+
+
+class WanAttentionBlock(nn.Module):
+
+    def __init__(self, dim, ffn_dim, num_heads, qk_norm=True, cross_attn_norm=True, eps=EPS):
+        super().__init__()
+        self.norm1 = WanLayerNorm(dim, eps)
+        self.self_attn = WanSelfAttention(dim, num_heads, qk_norm, eps)
+        self.norm3 = WanLayerNorm(dim, eps, elementwise_affine=True) if cross_attn_norm else nn.Identity()
+        self.cross_attn = WanT2VCrossAttention(dim, num_heads, qk_norm, eps)
+        self.norm2 = WanLayerNorm(dim, eps)
+        self.ffn = nn.Sequential(nn.Linear(dim, ffn_dim), nn.GELU(approximate="tanh"), nn.Linear(ffn_dim, dim))
+        self.modulation = nn.Parameter(torch.randn(1, 6, dim) / dim**0.5)
+
+    def forward(self, x, e, seq_lens, grid_sizes, freqs, context, context_lens):
+        e = (self.modulation + e).chunk(6, dim=1)
+        y = self.self_attn(_wide(self.norm1(x)) * (1 + e[1]) + e[0], seq_lens, grid_sizes, freqs)
+        x = x + y * e[2]
+        x = x + self.cross_attn(self.norm3(x), context, context_lens)
+        y = self.ffn(_wide(self.norm2(x)) * (1 + e[4]) + e[3])
+        return x + y * e[5]
+
+
+class Head(nn.Module):
+
+    def __init__(self, dim, out_dim, patch_size, eps=EPS):
+        super().__init__()
+        self.norm = WanLayerNorm(dim, eps)
+        self.head = nn.Linear(dim, math.prod(patch_size) * out_dim)
+        self.modulation = nn.Parameter(torch.randn(1, 2, dim) / dim**0.5)
+
+    def forward(self, x, e):
+        e = (self.modulation + e.unsqueeze(1)).chunk(2, dim=1)
+        return self.head(self.norm(x) * (1 + e[1]) + e[0])
+
+
+class WanModel(nn.Module):
+
+    def __init__(self, patch_size=(1, 2, 2), text_len=TEXT_LEN, in_dim=16, dim=2048, ffn_dim=8192, freq_dim=256,
+                 text_dim=4096, out_dim=16, num_heads=16, num_layers=32, qk_norm=True, cross_attn_norm=True,
+                 eps=EPS):
+        super().__init__()
+        self.patch_size = patch_size
+        self.text_len = text_len
+        self.dim = dim
+        self.freq_dim = freq_dim
+        self.out_dim = out_dim
+        self.patch_embedding = nn.Conv3d(in_dim, dim, kernel_size=patch_size, stride=patch_size)
+        self.text_embedding = nn.Sequential(nn.Linear(text_dim, dim), nn.GELU(approximate="tanh"),
+                                            nn.Linear(dim, dim))
+        self.time_embedding = nn.Sequential(nn.Linear(freq_dim, dim), nn.SiLU(), nn.Linear(dim, dim))
+        self.time_projection = nn.Sequential(nn.SiLU(), nn.Linear(dim, dim * 6))
+        self.blocks = nn.ModuleList([
+            WanAttentionBlock(dim, ffn_dim, num_heads, qk_norm, cross_attn_norm, eps) for _ in range(num_layers)
+        ])
+        self.head = Head(dim, out_dim, patch_size, eps)
+        assert (dim % num_heads) == 0 and (dim // num_heads) % 2 == 0
+        self.freqs = rope_freqs(dim // num_heads)
+
+    def forward(self, x, t, context, seq_len, blocks=None):
+        """x: list of [C_in, F, H, W]; t: [B] timesteps in [0, 1000]; context: list of [L_i, text_dim]
+        (L_i <= 512). Returns the list of [C_out, F, H, W] predictions; `blocks`, when a dict, gets
+        'blocks.N': the tokens [B, seq_len, dim] after block N."""
+        x = [self.patch_embedding(u.unsqueeze(0)) for u in x]
+        grid_sizes = torch.stack([torch.tensor(u.shape[2:], dtype=torch.long) for u in x])
+        x = [u.flatten(2).transpose(1, 2) for u in x]
+        seq_lens = torch.tensor([u.size(1) for u in x], dtype=torch.long)
+        assert seq_lens.max() <= seq_len
+        x = torch.cat([torch.cat([u, u.new_zeros(1, seq_len - u.size(1), u.size(2))], dim=1) for u in x])
+
+        e = self.time_embedding(sinusoidal_embedding_1d(self.freq_dim, t).to(x.dtype))
+        e0 = self.time_projection(e).unflatten(1, (6, self.dim))
+
+        context_lens = None
+        context = self.text_embedding(
+            torch.stack([torch.cat([u, u.new_zeros(self.text_len - u.size(0), u.size(1))]) for u in context]))
+
+        for i, block in enumerate(self.blocks):
+            x = block(x, e0, seq_lens, grid_sizes, self.freqs, context, context_lens)
+            if blocks is not None:
+                blocks["blocks.%d" % i] = x
+        x = self.head(x, e)
+        return self.unpatchify(x, grid_sizes)
+
+    def unpatchify(self, x, grid_sizes):
+        c = self.out_dim
+        out = []
+        for u, v in zip(x, grid_sizes.tolist()):
+            u = u[:math.prod(v)].view(*v, *self.patch_size, c)
+            u = torch.einsum("fhwpqrc->cfphqwr", u)
+            u = u.reshape(c, *[i * j for i, j in zip(v, self.patch_size)])
+            out.append(u)
+        return out
+
+
+def predict(model, x, sigma, context, context_lengths=None, blocks=None):
+    """kiln's view of one evaluation: x [B, C, F, H, W], sigma [B] in [0, 1] (t = 1000 sigma), context
+    [B, L, text_dim] of which item b's first context_lengths[b] rows (all when None) are its prompt.
+    Returns [B, C_out, F, H, W]."""
+    lengths = context_lengths or [context.shape[1]] * x.shape[0]
+    seq_len = math.prod(s // p for s, p in zip(x.shape[2:], model.patch_size))
+    out = model([u for u in x], sigma * 1000, [c[:n] for c, n in zip(context, lengths)], seq_len, blocks=blocks)
+    return torch.stack(out)
