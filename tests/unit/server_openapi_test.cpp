@@ -44,6 +44,8 @@ const std::set<std::string> kDocumentedPaths = {"/kiln/v1/jobs",
 // (tools/server/request_fields.cpp). Update it with the parser: a field read
 // there and missing from the document fails EveryFieldTheParserReadsIsDocumented.
 const std::set<std::string> kParsedFields = {"model",
+                                             "video_frames",
+                                             "fps",
                                              "vae",
                                              "clip_l",
                                              "clip_g",

@@ -31,6 +31,14 @@ inline std::string tiny_edit_model_flags() {
            "tokenizer";
 }
 
+// kiln serve on the tiny Wan of tests/golden/pipeline/wan_tiny (a video model).
+inline std::string tiny_video_model_flags() {
+    return "-t 1 -m " + golden_path("pipeline/wan_tiny/wan_dit.safetensors") + " --vae " +
+           golden_path("models/wan_vae_tiny.safetensors") + " --t5xxl " +
+           golden_path("pipeline/wan_tiny/umt5.safetensors") +
+           " --tokenizer t5xxl=" + golden_path("text/umt5_like_spiece.model");
+}
+
 inline json body_json(const httplib::Result& r) { return r ? json::parse(r->body, nullptr, false) : json(); }
 
 // The field a 400 names, from the error body.

@@ -2,6 +2,8 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <optional>
 #include <random>
 #include <utility>
@@ -54,6 +56,51 @@ kiln_preview_mode preview_mode_of(const JobRequest& request, const ServerOptions
     kiln_model_info info;
     kiln_context_info(ctx, &info);
     return info.latent_preview ? KILN_PREVIEW_PROJ : KILN_PREVIEW_NONE;
+}
+
+// A clip's file format (JobRequest::output_format): webm and avi always; webp
+// is a video when the job makes clips (video_frames), else a still image.
+bool is_video_format_of(const JobRequest& r) {
+    return r.output_format == "webm" || r.output_format == "avi" || (r.output_format == "webp" && r.video_frames > 1);
+}
+
+// A video model's frames (kiln_generate's, clip after clip) as one video
+// file per clip: kiln_video_save writes files, so each goes through a
+// temporary file that is read back and removed.
+kiln_status encode_clips(const Job& job, const kiln_image* frames, int count, std::vector<JobImage>& results,
+                         std::string& error) {
+    const JobRequest& r = job.request;
+    const int clips = std::max(1, r.batch), per_clip = count / clips;
+    for (int c = 0; c < clips; ++c) {
+        std::vector<kiln_image> clip(frames + static_cast<ptrdiff_t>(c) * per_clip,
+                                     frames + static_cast<ptrdiff_t>(c + 1) * per_clip);
+        if (!r.embed_metadata) {
+            for (kiln_image& frame : clip) frame.parameters = nullptr;
+        }
+        const std::filesystem::path file = std::filesystem::temp_directory_path() /
+                                           ("kiln-clip-" + job.id + "-" + std::to_string(c) + "." + r.output_format);
+        char* message = nullptr;
+        const kiln_status status = kiln_video_save(clip.data(), per_clip, r.fps, 0, file.c_str(), &message);
+        error = message ? message : "";
+        kiln_free_string(message);
+        if (status != KILN_OK) return status;
+        std::ifstream in(file, std::ios::binary);
+        JobImage out;
+        out.bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+        in.close();
+        std::error_code ignored;
+        std::filesystem::remove(file, ignored);
+        if (out.bytes.empty()) {
+            error = "reading back the clip " + file.string() + " failed";
+            return KILN_ERROR_INTERNAL;
+        }
+        out.parameters = clip[0].parameters ? clip[0].parameters : "";
+        out.seed = r.seed + c;
+        out.width = clip[0].width;
+        out.height = clip[0].height;
+        results.push_back(std::move(out));
+    }
+    return KILN_OK;
 }
 
 }  // namespace
@@ -386,6 +433,7 @@ void JobQueue::run(const std::shared_ptr<Job>& job) {
         target.preview_interval = std::max(1, gp.preview_interval);
     }
 
+    gp.video_frames = r.video_frames;
     kiln_image* images = nullptr;
     int count = 0;
     char* message = nullptr;
@@ -393,7 +441,9 @@ void JobQueue::run(const std::shared_ptr<Job>& job) {
     std::string error = message ? message : "";
     kiln_free_string(message);
     std::vector<JobImage> results;
-    for (int i = 0; status == KILN_OK && i < count; ++i) {
+    const bool clips = is_video_format_of(r);
+    if (status == KILN_OK && clips) status = encode_clips(*job, images, count, results, error);
+    for (int i = 0; status == KILN_OK && !clips && i < count; ++i) {
         JobImage out;
         uint8_t* bytes = nullptr;
         size_t size = 0;

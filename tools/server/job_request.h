@@ -60,7 +60,11 @@ struct JobRequest {
     std::vector<SharedImage> ref_images;
     bool auto_resize_ref_images = true;
     bool increase_ref_index = false;
-    std::string output_format = "png";  // png, jpeg or webp
+    std::string output_format = "png";  // png, jpeg or webp; a clip's: webm, avi or webp (animated)
+    // A video model's clips (kiln_generation_params.video_frames; 0: the
+    // model's one frame) at fps frames a second in their files.
+    int video_frames = 0;
+    int fps = 16;
 
     // Live previews: "none", "proj", "tae", "vae", or "" for the server's --preview,
     // every preview_interval-th step (0: the server's --preview-interval).

@@ -34,10 +34,22 @@ JobRequest parse_native(ServerState& state, const httplib::Request& req) {
     }
     if (j.contains("mask") && !j["mask"].is_null())
         r.mask = mask_of(read_base64_image(j["mask"], "mask", limits), false);
-    r.output_format = read_string(j, "output_format", "png");
-    if (r.output_format != "png" && r.output_format != "jpeg" && r.output_format != "webp") {
+    // A video model's clip (kiln -M vid_gen): its frames and the file's frame rate; a clip of more
+    // than one frame is a video file (WebM by default: browsers play it).
+    r.video_frames = static_cast<int>(read_integer(j, "video_frames", 0, 1, kMaxVideoFrames));
+    r.fps = static_cast<int>(read_integer(j, "fps", 16, 1, 1000));
+    const bool clip = r.video_frames > 1;
+    r.output_format = read_string(j, "output_format", clip ? "webm" : "png");
+    if (r.output_format != "png" && r.output_format != "jpeg" && r.output_format != "webp" &&
+        r.output_format != "webm" && r.output_format != "avi") {
         throw RequestError{400, "output_format",
-                           "output_format: unknown format '" + r.output_format + "' (valid: png, jpeg, webp)"};
+                           "output_format: unknown format '" + r.output_format +
+                               "' (valid: png, jpeg, webp; for a video: webm, avi, webp)"};
+    }
+    if (clip && (r.output_format == "png" || r.output_format == "jpeg")) {
+        throw RequestError{400, "output_format",
+                           "output_format: a clip of " + std::to_string(r.video_frames) +
+                               " frames is a video file: webm, avi or webp (animated), not " + r.output_format};
     }
     set_preview(r, "preview", read_string(j, "preview"));
     r.preview_interval = static_cast<int>(read_integer(j, "preview_interval", 0, 1, kMaxPreviewInterval));
@@ -49,7 +61,11 @@ JobRequest parse_native(ServerState& state, const httplib::Request& req) {
 }
 
 const char* content_type_of(const std::string& format) {
-    return format == "jpeg" ? "image/jpeg" : format == "webp" ? "image/webp" : "image/png";
+    return format == "jpeg"   ? "image/jpeg"
+           : format == "webp" ? "image/webp"
+           : format == "webm" ? "video/webm"
+           : format == "avi"  ? "video/x-msvideo"
+                              : "image/png";
 }
 
 // A query parameter as the body readers see a field: a number, or absent (null).
@@ -156,7 +172,7 @@ void add_native_routes(httplib::Server& server, ServerState& state) {
                                              });
         });
     });
-    server.Get(R"(/kiln/v1/results/([0-9a-f]+)/(\d+)\.(png|jpeg|webp))",
+    server.Get(R"(/kiln/v1/results/([0-9a-f]+)/(\d+)\.(png|jpeg|webp|webm|avi))",
                [&state](const httplib::Request& req, httplib::Response& res) {
                    guarded(res, [&] {
                        auto job = job_of(state, req.matches[1]);

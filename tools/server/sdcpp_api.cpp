@@ -340,10 +340,14 @@ void add_sdcpp_routes(httplib::Server& server, ServerState& state) {
                        {"poll_url", "/sdcpp/v1/jobs/" + job->id}});
         });
     });
-    server.Post(
-        "/sdcpp/v1/vid_gen", [](const httplib::Request&, httplib::Response& res, const httplib::ContentReader&) {
-            guarded(res, [&] { throw RequestError{400, "", "vid_gen: kiln makes images only (no video family yet)"}; });
-        });
+    server.Post("/sdcpp/v1/vid_gen",
+                [](const httplib::Request&, httplib::Response& res, const httplib::ContentReader&) {
+                    guarded(res, [&] {
+                        throw RequestError{400, "",
+                                           "vid_gen: this route is not served yet; a video model's (Wan) clips are "
+                                           "kiln's job API's: POST /kiln/v1/jobs with video_frames"};
+                    });
+                });
     server.Get(R"(/sdcpp/v1/jobs/([^/]+))", [&state](const httplib::Request& req, httplib::Response& res) {
         guarded(res, [&] { send_json(res, 200, describe(state, *job_of(state, req.matches[1]))); });
     });
