@@ -45,7 +45,8 @@ const char* bare_component(std::string_view name, ComponentKind* kind) {
     // Text encoders first: T5's "encoder.block." would otherwise look like a VAE.
     if (starts_with(name, "text_model.") || starts_with(name, "transformer.resblocks.") ||
         starts_with(name, "token_embedding") || starts_with(name, "positional_embedding") ||
-        starts_with(name, "text_projection") || starts_with(name, "encoder.block.") || starts_with(name, "shared.")) {
+        starts_with(name, "text_projection") || starts_with(name, "encoder.block.") ||
+        starts_with(name, "encoder.final_layer_norm.") || starts_with(name, "shared.")) {
         *kind = ComponentKind::TextEncoder;
         return "text_encoder";
     }
@@ -94,7 +95,10 @@ const char* bare_component(std::string_view name, ComponentKind* kind) {
         starts_with(name, "all_final_layer.") || name == "x_pad_token" || name == "cap_pad_token" ||
         // Qwen-Image's DiT (diffusers' names).
         starts_with(name, "time_text_embed.") || starts_with(name, "txt_norm.") || starts_with(name, "norm_out.") ||
-        starts_with(name, "proj_out.")) {
+        starts_with(name, "proj_out.") ||
+        // Wan's DiT (the original names).
+        starts_with(name, "patch_embedding.") || starts_with(name, "text_embedding.") ||
+        starts_with(name, "time_projection.") || starts_with(name, "head.")) {
         *kind = ComponentKind::DiffusionModel;
         return "diffusion_model";
     }

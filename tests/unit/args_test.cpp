@@ -154,6 +154,7 @@ TEST(Args, Modes) {
     EXPECT_EQ(video.video_frames, 33);
     EXPECT_EQ(video.fps, 24);
     EXPECT_FALSE(parse_ok({"-M", "img_gen"}).video_mode);
+    EXPECT_EQ(parse_ok({"plan", "-M", "vid_gen"}).command, Command::Plan);
 }
 
 TEST(Args, LastLoggingOptionWins) {

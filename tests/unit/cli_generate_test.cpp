@@ -311,7 +311,7 @@ TEST(CliGenerate, ModelThatIsNoKnownFamilyIsAClearError) {
     EXPECT_EQ(r.err, "error: " + junk +
                          ": not a model family kiln runs (found: unknown; runs: SD1.x, SD2.x, SDXL, Flux.1-dev, "
                          "Flux.1-schnell, Chroma, Z-Image-Turbo, Z-Image, FLUX.2-klein, FLUX.2-klein-base, FLUX.2-dev, "
-                         "SD3.5-Large, SD3.5-Large-Turbo, SD3.5-Medium, SD3-Medium, Qwen-Image)\n");
+                         "SD3.5-Large, SD3.5-Large-Turbo, SD3.5-Medium, SD3-Medium, Qwen-Image, Wan)\n");
     EXPECT_FALSE(exists(dir.file("out.png")));
 }
 

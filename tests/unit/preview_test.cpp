@@ -75,8 +75,8 @@ TEST(PreviewFactors, EveryFamilyHasItsLatentFormatsProjection) {
                     << f->name;
             }
             EXPECT_EQ(l.rgb_bias, kFluxBias) << f->name;
-        } else if (f->name == "Qwen-Image") {
-            // ComfyUI's Wan21 rows: the first and last, and its own bias.
+        } else if (f->name == "Qwen-Image" || f->name == "Wan") {
+            // ComfyUI's Wan21 rows (Qwen-Image decodes with Wan 2.1's VAE): the first and last, and its own bias.
             EXPECT_EQ(l.channels, 16) << f->name;
             EXPECT_EQ(l.rgb_factors.front(), (std::array<float, 3>{-0.1299f, -0.1692f, 0.2932f})) << f->name;
             EXPECT_EQ(l.rgb_factors.back(), (std::array<float, 3>{0.1984f, 0.0913f, 0.1861f})) << f->name;

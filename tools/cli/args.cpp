@@ -228,8 +228,10 @@ const std::vector<Flag>& flags() {
          "run mode: img_gen (default), vid_gen (a video model's clip: Wan), convert, metadata (list what an image "
          "or video file carries: -i or --image), or upscale (-i with --upscale-model)",
          [](Options& o, const std::string& v) -> std::optional<std::string> {
+             // kiln plan -M vid_gen plans that job: the mode names the job, plan stays.
+             const bool planning = o.command == Command::Plan;
              if (v == "img_gen" || v == "txt2img" || v == "img2img") {
-                 o.command = Command::Generate;
+                 if (!planning) o.command = Command::Generate;
              } else if (v == "convert") {
                  o.command = Command::Convert;
              } else if (v == "metadata") {
@@ -237,7 +239,7 @@ const std::vector<Flag>& flags() {
              } else if (v == "upscale") {
                  o.command = Command::Upscale;
              } else if (v == "vid_gen") {
-                 o.command = Command::Generate;
+                 if (!planning) o.command = Command::Generate;
                  o.video_mode = true;
              } else {
                  return "unknown mode '" + v + "' (valid: img_gen, vid_gen, convert, metadata, upscale)";
