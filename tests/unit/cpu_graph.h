@@ -34,4 +34,28 @@ inline CpuGraphResult compute_on_cpu(ggml_backend_t cpu, ggml_context* ctx, cons
     return r;
 }
 
+// The compute buffer ggml-alloc plans for `graph` (its activations; the
+// leaves it reads, the weights and inputs, are kept out with a placeholder
+// buffer): measured, never run, so a full-size network's graph is measured
+// without its weights.
+inline size_t planned_compute_bytes(ggml_cgraph* graph) {
+    ggml_backend_buffer_t placeholder = ggml_backend_buft_alloc_buffer(ggml_backend_cpu_buffer_type(), 1);
+    std::vector<ggml_tensor*> placed;
+    for (int i = 0; i < ggml_graph_n_nodes(graph); ++i) {
+        for (ggml_tensor* src : ggml_graph_node(graph, i)->src) {
+            if (src && src->op == GGML_OP_NONE && !src->view_src && !src->buffer) {
+                src->buffer = placeholder;
+                placed.push_back(src);
+            }
+        }
+    }
+    ggml_gallocr_t allocator = ggml_gallocr_new(ggml_backend_cpu_buffer_type());
+    size_t bytes = 0;
+    ggml_gallocr_reserve_n_size(allocator, graph, nullptr, nullptr, &bytes);
+    ggml_gallocr_free(allocator);
+    for (ggml_tensor* t : placed) t->buffer = nullptr;
+    ggml_backend_buffer_free(placeholder);
+    return bytes;
+}
+
 }  // namespace kiln::test

@@ -9,6 +9,7 @@
 #include <iostream>
 #include <string>
 
+#include "cpu_graph.h"
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
 #include "models/nets/vae.h"
@@ -25,24 +26,7 @@ size_t decode_compute_bytes(const models::Vae& vae, int64_t w, int64_t h, nn::Co
     const int64_t c = vae.config().latent_channels;
     std::vector<float> zeros(static_cast<size_t>(w * h * c));
     ggml_tensor* latent = session.input(GGML_TYPE_F32, {w, h, c, 1}, zeros.data());
-    ggml_cgraph* graph = session.graph(vae.build_decoder(session.ctx(), latent, target));
-    ggml_backend_buffer_t placeholder = ggml_backend_buft_alloc_buffer(ggml_backend_cpu_buffer_type(), 1);
-    std::vector<ggml_tensor*> placed;
-    for (int i = 0; i < ggml_graph_n_nodes(graph); ++i) {
-        for (ggml_tensor* src : ggml_graph_node(graph, i)->src) {
-            if (src && src->op == GGML_OP_NONE && !src->view_src && !src->buffer) {
-                src->buffer = placeholder;
-                placed.push_back(src);
-            }
-        }
-    }
-    ggml_gallocr_t allocator = ggml_gallocr_new(ggml_backend_cpu_buffer_type());
-    size_t bytes = 0;
-    ggml_gallocr_reserve_n_size(allocator, graph, nullptr, nullptr, &bytes);
-    ggml_gallocr_free(allocator);
-    for (ggml_tensor* t : placed) t->buffer = nullptr;
-    ggml_backend_buffer_free(placeholder);
-    return bytes;
+    return test::planned_compute_bytes(session.graph(vae.build_decoder(session.ctx(), latent, target)));
 }
 
 // Measured (2026-12-06), 1024x1024: device 7.25 GiB with whole convolutions

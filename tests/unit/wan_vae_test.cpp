@@ -15,6 +15,7 @@
 #include <iostream>
 #include <optional>
 
+#include "cpu_graph.h"
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
 #include "golden.h"
@@ -288,24 +289,7 @@ size_t decode_compute_bytes(const models::WanVae& vae, int64_t w, int64_t h,
     runtime::GraphSession session;
     std::vector<float> zeros(static_cast<size_t>(w * h * 16));
     ggml_tensor* latent = session.input(GGML_TYPE_F32, {w, h, 16, 1}, zeros.data());
-    ggml_cgraph* graph = session.graph(vae.decode(session.ctx(), latent, target));
-    ggml_backend_buffer_t placeholder = ggml_backend_buft_alloc_buffer(ggml_backend_cpu_buffer_type(), 1);
-    std::vector<ggml_tensor*> placed;
-    for (int i = 0; i < ggml_graph_n_nodes(graph); ++i) {
-        for (ggml_tensor* src : ggml_graph_node(graph, i)->src) {
-            if (src && src->op == GGML_OP_NONE && !src->view_src && !src->buffer) {
-                src->buffer = placeholder;
-                placed.push_back(src);
-            }
-        }
-    }
-    ggml_gallocr_t allocator = ggml_gallocr_new(ggml_backend_cpu_buffer_type());
-    size_t bytes = 0;
-    ggml_gallocr_reserve_n_size(allocator, graph, nullptr, nullptr, &bytes);
-    ggml_gallocr_free(allocator);
-    for (ggml_tensor* t : placed) t->buffer = nullptr;
-    ggml_backend_buffer_free(placeholder);
-    return bytes;
+    return test::planned_compute_bytes(session.graph(vae.decode(session.ctx(), latent, target)));
 }
 
 // Qwen-Image's VAE at full size (tests/fixtures/qwen_image_vae.spec, a
