@@ -347,6 +347,22 @@ TEST_F(WanVaeGolden, OneFrameDecodeInBandsIsTheWholeDecode) {
     EXPECT_LT(test::relative_error(banded, test::fixture_tensor(io, "decoded").values), kTolerance);
 }
 
+// A clip's chunk too: with bands of one row every temporal slice's
+// convolution goes a band at a time, each added into the sum in place.
+TEST_F(WanVaeGolden, ClipDecodeInBandsIsTheWholeDecode) {
+    auto v = vae();
+    const auto chunk = [&](int64_t max_patch_bytes) {
+        return [&, max_patch_bytes](ggml_context* ctx, ggml_tensor* in) {
+            return v->decode_chunk(ctx, in, {}, nn::ComputeTarget::Cpu, max_patch_bytes).frames;
+        };
+    };
+    const auto whole = run("clip.z", chunk(models::WanVae::kMaxPatchBytes));
+    const auto banded = run("clip.z", chunk(1));
+    ASSERT_EQ(banded.size(), whole.size());
+    EXPECT_LT(test::relative_error(banded, whole), 1e-6);
+    EXPECT_LT(test::relative_error(banded, test::fixture_tensor(io, "clip.decoded").values), kTolerance);
+}
+
 // On the device target too (its graph computed here on the CPU): bands of
 // one row, the RMS norm made a band at a time and each upsampler's rows
 // upsampled a band at a time, give the whole graph's numbers.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -204,6 +205,9 @@ nn::Conv2d kernel_slice(ggml_context* ctx, const CausalConv& c, int k, bool with
     return conv;
 }
 
+ggml_tensor* conv_in_bands(ggml_context* ctx, const nn::Conv2d& layer, ggml_tensor* x, int64_t max_patch_bytes,
+                           ggml_tensor* added_to, const std::function<ggml_tensor*(ggml_tensor*)>& prepare);
+
 // A CausalConv3d on x ne [W, H, C, T]. One-frame clips see only the last
 // temporal slice (the frames before are zeros). A clip's frames see the
 // history (or zeros) then themselves: the sum of each slice's 2-D
@@ -215,10 +219,23 @@ ggml_tensor* causal_conv(ggml_context* ctx, nn::ComputeTarget target, const Caus
     const int64_t T = x->ne[3];
     ggml_tensor* past = time.past(x);
     ggml_tensor* padded = past ? ggml_concat(ctx, past, x, 3) : ggml_pad_ext(ctx, x, 0, 0, 0, 0, 0, 0, last, 0);
+    // On the CPU a large clip's slices go a band of rows at a time, each
+    // added into the sum in place: their unfolds of every frame at once are
+    // what a clip's decode would otherwise hold (GiBs at 832x480).
+    const bool odd_same = c.weight->ne[0] == c.weight->ne[1] && c.weight->ne[0] == 2 * c.padding + 1;
+    const bool bands = target == nn::ComputeTarget::Cpu && odd_same && padded->type == GGML_TYPE_F32 &&
+                       ggml_nelements(x) * static_cast<int64_t>(sizeof(float)) > time.max_patch_bytes;
     ggml_tensor* out = nullptr;
     for (int k = last; k >= 0; --k) {
         if (!past && k + T <= last) continue;
-        ggml_tensor* y = nn::conv2d(ctx, target, kernel_slice(ctx, c, k, k == last), frame_range(ctx, padded, k, T));
+        const nn::Conv2d slice = kernel_slice(ctx, c, k, k == last);
+        ggml_tensor* frames = frame_range(ctx, padded, k, T);
+        if (bands) {
+            out = conv_in_bands(ctx, slice, frames, time.max_patch_bytes, out,
+                                [&](ggml_tensor* rows) { return ggml_cont(ctx, rows); });
+            continue;
+        }
+        ggml_tensor* y = nn::conv2d(ctx, target, slice, frames);
         out = out ? ggml_add(ctx, out, y) : y;
     }
     time.keep(ggml_cont(ctx, frame_range(ctx, padded, T, kHistoryFrames)));
@@ -234,8 +251,10 @@ ggml_tensor* rms_norm_channels(ggml_context* ctx, const RmsNorm& n, ggml_tensor*
     return ggml_cont(ctx, ggml_permute(ctx, h, 2, 0, 1, 3));
 }
 
-// conv(silu(rms_norm(x))) on the CPU a band of output rows at a time, for a
-// 3x3 (or any odd square) convolution with stride 1 and "same" padding. The
+// conv(prepare(x)) on the CPU a band of output rows at a time, for a 3x3 (or
+// any odd square) convolution with stride 1 and "same" padding, where
+// prepare is per pixel (silu(rms_norm(x)): norm_silu_conv_in_bands; or a
+// copy of the rows). The
 // norm is per pixel, so each band normalises only its input rows (the band
 // and `padding` rows either side, as the unfold reads them): the normalised
 // image, as large as x (384 MiB at the top level of a 1024x1024 decode), is
@@ -245,8 +264,8 @@ ggml_tensor* rms_norm_channels(ggml_context* ctx, const RmsNorm& n, ggml_tensor*
 // output's shape (a residual block's shortcut or input; never x, whose rows
 // later bands still read) that each band is added into in place, so the
 // sum is not a tensor of its own; its values are then gone.
-ggml_tensor* norm_silu_conv_in_bands(ggml_context* ctx, const RmsNorm& n, const nn::Conv2d& layer, ggml_tensor* x,
-                                     int64_t max_patch_bytes, ggml_tensor* added_to) {
+ggml_tensor* conv_in_bands(ggml_context* ctx, const nn::Conv2d& layer, ggml_tensor* x, int64_t max_patch_bytes,
+                           ggml_tensor* added_to, const std::function<ggml_tensor*(ggml_tensor*)>& prepare) {
     ggml_tensor* w = layer.weight;
     const int64_t W = x->ne[0], H = x->ne[1], N = x->ne[3];
     const int p = layer.padding;
@@ -262,7 +281,7 @@ ggml_tensor* norm_silu_conv_in_bands(ggml_context* ctx, const RmsNorm& n, const 
         const int64_t top = std::max<int64_t>(0, first - p), bottom = std::min(H, first + rows + p);
         ggml_tensor* in = ggml_view_4d(ctx, x, W, bottom - top, x->ne[2], N, x->nb[1], x->nb[2], x->nb[3],
                                        static_cast<size_t>(top) * x->nb[1]);
-        ggml_tensor* patches = nn::im2col_f32_cpu(ctx, w, rms_norm_channels(ctx, n, in, true), 1, p, first - top, rows);
+        ggml_tensor* patches = nn::im2col_f32_cpu(ctx, w, prepare(in), 1, p, first - top, rows);
         ggml_tensor* band = nn::pixels_by_channels_to_image(ctx, ggml_reshape_2d(ctx, patches, K, W * rows * N), kernel,
                                                             W, rows, N, layer.bias);
         if (added_to) {
@@ -274,6 +293,12 @@ ggml_tensor* norm_silu_conv_in_bands(ggml_context* ctx, const RmsNorm& n, const 
         }
     }
     return added_to ? added_to : nn::concat_rows_cpu(ctx, bands);
+}
+
+ggml_tensor* norm_silu_conv_in_bands(ggml_context* ctx, const RmsNorm& n, const nn::Conv2d& layer, ggml_tensor* x,
+                                     int64_t max_patch_bytes, ggml_tensor* added_to) {
+    return conv_in_bands(ctx, layer, x, max_patch_bytes, added_to,
+                         [&](ggml_tensor* rows) { return rms_norm_channels(ctx, n, rows, true); });
 }
 
 // A CausalConv3d of silu(rms_norm(x)), plus `added_to` when not null: in
@@ -645,8 +670,13 @@ ggml_tensor* WanVae::encode(ggml_context* ctx, ggml_tensor* image, nn::ComputeTa
 
 ClipChunk WanVae::decode_chunk(ggml_context* ctx, ggml_tensor* latent, const std::vector<ggml_tensor*>& history,
                                nn::ComputeTarget target) const {
+    return decode_chunk(ctx, latent, history, target, kMaxPatchBytes);
+}
+
+ClipChunk WanVae::decode_chunk(ggml_context* ctx, ggml_tensor* latent, const std::vector<ggml_tensor*>& history,
+                               nn::ComputeTarget target, int64_t max_patch_bytes) const {
     ClipChunk chunk;
-    chunk.frames = build_decoder(ctx, latent, target, true, history, &chunk.history);
+    chunk.frames = build_decoder(ctx, latent, target, true, history, &chunk.history, max_patch_bytes);
     if (!chunk.frames) return {};
     return chunk;
 }

@@ -119,8 +119,13 @@ class WanVae final : public AutoencoderNetwork {
     // chunk starts the clip. Its frames: 1 + 4 (T - 1) at the clip's start,
     // else 4 T (temporal_downscale() for 4). All null when `history` is not
     // a chunk's history for latents of this size.
+    // On the CPU its convolutions over a large chunk's frames go a band of
+    // rows at a time, as decode()'s do (kMaxPatchBytes; the overload takes
+    // another band size: the same numbers for any).
     ClipChunk decode_chunk(ggml_context* ctx, ggml_tensor* latent, const std::vector<ggml_tensor*>& history,
                            nn::ComputeTarget target) const override;
+    ClipChunk decode_chunk(ggml_context* ctx, ggml_tensor* latent, const std::vector<ggml_tensor*>& history,
+                           nn::ComputeTarget target, int64_t max_patch_bytes) const;
     ggml_tensor* decode_clip(ggml_context* ctx, ggml_tensor* latent, nn::ComputeTarget target) const {
         return decode_chunk(ctx, latent, {}, target).frames;
     }
