@@ -68,16 +68,19 @@ struct Job {
     // ("latent", "lanczos").
     std::string hires;
     pipeline::StepCacheOptions cache;  // --cache-mode
+    int video_frames = 0;              // a video model's job: --video-frames; 0: an image job
 };
 
 struct Outcome {
-    std::vector<uint8_t> pixels;
+    std::vector<uint8_t> pixels;     // a clip's: every frame's, one after the other
+    int frames = 1;                  // a clip's frames
     uint64_t peak = 0;               // the device's managed peak
     std::optional<uint64_t> budget;  // the device's budget
     int segments = 0;                // the UNet's groups in its last run
     int unet_builds = 0, unet_hits = 0;
     int te_builds = 0, vae_builds = 0;
-    int unet_runs = 0;  // UNet graph runs: one per step batched, two with separate CFG passes
+    int te_segments = 0;  // the first text encoder's groups in its last run
+    int unet_runs = 0;    // UNet graph runs: one per step batched, two with separate CFG passes
     int prefetches = 0;
     int control_segments = 0;  // the ControlNet's groups in its last run
     int cache_skipped = 0;     // evaluations the step cache skipped
@@ -147,6 +150,7 @@ pipeline::GenerationRequest request_for(const Job& job) {
         r.hires = h;
     }
     r.cache = job.cache;
+    if (job.video_frames > 0) r.video_frames = job.video_frames;
     return r;
 }
 
@@ -158,7 +162,14 @@ Result<Outcome> run_job(const Job& job) {
     if (!images.ok()) return images.error();
     Outcome o;
     o.cache_skipped = timings.cache.skipped;
-    o.pixels = images->front().image.pixels;
+    const pipeline::GeneratedImage& result = images->front();
+    o.pixels = result.image.pixels;
+    if (!result.frames.empty()) {
+        o.frames = static_cast<int>(result.frames.size());
+        o.pixels.clear();
+        for (const image::Image& frame : result.frames)
+            o.pixels.insert(o.pixels.end(), frame.pixels.begin(), frame.pixels.end());
+    }
     const auto& rpc = *(*model)->ledgers().at(dev());
     o.peak = rpc.peak();
     o.budget = rpc.budget();
@@ -168,6 +179,7 @@ Result<Outcome> run_job(const Job& job) {
     o.unet_hits = unet.plans().hits();
     o.unet_runs = unet.stats().runs;
     o.te_builds = (*model)->text_encoders().front().executor->plans().builds();
+    o.te_segments = (*model)->text_encoders().front().executor->stats().last_segments;
     o.vae_builds = (*model)->vae_compute().plans().builds();
     o.prefetches = unet.store().stats().prefetches;
     if ((*model)->has_control_net()) o.control_segments = (*model)->control_compute().stats().last_segments;
@@ -858,13 +870,17 @@ Job flux_job(const test::TempDir& dir) {
 // `fractions` of its peak (a half and a third unless a DiT's blocks are too
 // large a share of it) cut the DiT and give the same image, the managed peak
 // within the budget and kiln plan agreeing; 0.4% of the peak is below the
-// DiT's largest block and is one out-of-memory error.
-void expect_same_image_under_shrinking_budgets(const Job& base, std::vector<double> fractions = {0.5, 0.3}) {
+// DiT's largest block and is one out-of-memory error. A video job's every
+// frame is compared. `te_cut_in`: how many of those budgets must also cut
+// the (first) text encoder.
+void expect_same_image_under_shrinking_budgets(const Job& base, std::vector<double> fractions = {0.5, 0.3},
+                                               int te_cut_in = 0) {
     auto reference = run_job(base);
     ASSERT_TRUE(reference.ok()) << reference.error().message;
     EXPECT_EQ(reference->segments, 1);
+    EXPECT_EQ(reference->frames, std::max(1, base.video_frames));
     const double peak_mib = static_cast<double>(reference->peak) / (1024.0 * 1024.0);
-    int segmented = 0, most_segments = 1, failed = 0;
+    int segmented = 0, most_segments = 1, failed = 0, te_segmented = 0;
     fractions.push_back(0.004);
     for (double fraction : fractions) {
         Job job = base;
@@ -877,14 +893,17 @@ void expect_same_image_under_shrinking_budgets(const Job& base, std::vector<doub
             if (fraction > 0.004) ADD_FAILURE() << r.error().message;
             continue;
         }
+        EXPECT_EQ(r->frames, reference->frames);
         EXPECT_EQ(r->pixels, reference->pixels) << "(a) the image differs from the unconstrained run";
         ASSERT_TRUE(r->budget.has_value());
         EXPECT_LE(r->peak, *r->budget) << "(b) managed peak above the budget";
         EXPECT_GE(r->segments, most_segments) << "(c) fewer segments under a smaller budget";
         most_segments = std::max(most_segments, r->segments);
         segmented += r->segments > 1;
+        te_segmented += r->te_segments > 1;
     }
     EXPECT_GE(segmented, 2) << "every budget but the smallest must cut the DiT";
+    EXPECT_GE(te_segmented, te_cut_in) << "these budgets must cut the text encoder too";
     EXPECT_EQ(failed, 1) << "only the smallest budget is below the DiT's largest block";
 }
 
@@ -983,6 +1002,33 @@ TEST_F(Memory, QwenImageSameImageUnderEveryBudgetAndThePlanAgrees) {
         spec_job(dir, "qwen_image_medium.spec", "qwen_image_medium.safetensors",
                  "llm=" + std::string(KILN_GOLDEN_DIR) + "/pipeline/z_image_tiny/tokenizer", 1.0f),
         {0.42, 0.35});
+}
+
+// Wan 2.1 text-to-video at full width (tests/fixtures/wan_medium.spec: the
+// 1.3B DiT, 1536 wide in 12 heads with an FFN of 8960, with 12 of its 30
+// blocks; umT5-XXL at its full width (4096, 64 heads of 64, FFN 10240, a
+// position table in every layer) with 2 of its 24 layers and a 512-token
+// vocabulary (the tiny SentencePiece model's 500 pieces fit in it); the full
+// Wan 2.1 VAE; 2.2 GB as F16, in ComfyUI-like all-in-one names): a clip of
+// 5 frames (two latent frames of 8 x 8) at cfg 6, every frame the same under
+// every budget, the DiT cut after each block and umT5 after each layer.
+// Each umT5 layer is 372 MiB of weights, and its compute over 512 tokens 232
+// MiB: its hungriest segment needs 620 MiB, more than a DiT of 2 blocks
+// (227 MiB whole), which no budget that runs umT5 would cut; hence 12 blocks
+// (1.09 GiB, 88.5 MiB each). The unconstrained peak (2127 MiB) holds both
+// modules' weights (umT5's 740 MiB). Measured: at 52% and 47% of it the DiT
+// runs in 2 segments and umT5 whole; at 43% (914 MiB, the run's peak 893
+// MiB) and 38% (808 MiB, 804 MiB) both run in 2 segments. Not below 34%
+// (725 MiB): kiln plan plans umT5's encode as a batch of the two prompts,
+// whose hungriest segment needs 724 MiB, where the run encodes each prompt
+// alone; at 32% (680 MiB) the plan says it does not fit and the run fits
+// (peak 627 MiB); at 29% (617 MiB) the run fails too.
+TEST_F(Memory, WanSameFramesUnderEveryBudgetAndThePlanAgrees) {
+    test::TempDir dir;
+    Job job = spec_job(dir, "wan_medium.spec", "wan_medium.safetensors",
+                       "t5xxl=" + std::string(KILN_GOLDEN_DIR) + "/text/umt5_like_spiece.model", 6.0f);
+    job.video_frames = 5;
+    expect_same_image_under_shrinking_budgets(job, {0.43, 0.38}, 2);
 }
 
 // SD3.5 Large at full width (tests/fixtures/sd35_large_medium.spec: the
