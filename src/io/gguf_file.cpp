@@ -3,6 +3,8 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <string_view>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -11,6 +13,51 @@
 
 namespace kiln::io {
 namespace {
+
+// GGUF stores a rank per tensor; ggml's own parser stops at GGML_MAX_DIMS
+// (4), but gguf-py writes any rank, and ComfyUI-GGUF's Wan, HunyuanVideo and
+// LTX files keep 3-D convolution kernels 5-D (city96's fix_5d_tensors.py).
+// kiln's tensors carry PyTorch shapes of any rank, so 5-D ones load as
+// safetensors' do; 8 leaves room and still bounds the header.
+constexpr uint32_t kMaxFileDims = 8;
+
+// Gives each tensor named by a kComfyOriginalShapeKey key (header) that shape, after
+// checking it holds the same number of values.
+Status apply_original_shapes(ParsedFile& parsed) {
+    std::unordered_map<std::string, TensorInfo*> by_name;
+    for (TensorInfo& t : parsed.tensors) by_name[t.name] = &t;
+    for (const auto& [key, value] : parsed.metadata) {
+        if (key.compare(0, kComfyOriginalShapeKey.size(), kComfyOriginalShapeKey) != 0) continue;
+        auto it = by_name.find(key.substr(kComfyOriginalShapeKey.size()));
+        if (it == by_name.end()) continue;  // as ComfyUI-GGUF: only tensors the file has
+        TensorInfo& t = *it->second;
+        const std::string where = "invalid GGUF file: " + escaped(key);
+        if (value.kind != MetaValue::Kind::Array || value.array.empty() || value.array.size() > kMaxFileDims) {
+            return Error{where + " is not a shape (an array of 1 to " + std::to_string(kMaxFileDims) + " integers)"};
+        }
+        std::vector<int64_t> shape;
+        int64_t count = 1;
+        for (const MetaValue& d : value.array) {
+            const bool integer = d.kind == MetaValue::Kind::Int || d.kind == MetaValue::Kind::UInt;
+            const int64_t dim = d.kind == MetaValue::Kind::UInt ? static_cast<int64_t>(d.u) : d.i;
+            if (!integer || dim <= 0 || (d.kind == MetaValue::Kind::UInt && d.u > INT64_MAX) ||
+                count > std::numeric_limits<int64_t>::max() / dim) {
+                return Error{where + " is not a shape of positive integers"};
+            }
+            count *= dim;
+            shape.push_back(dim);
+        }
+        if (count != t.element_count()) {
+            TensorInfo wanted = t;
+            wanted.shape = shape;
+            return Error{where + " gives " + wanted.shape_string() + " (" + std::to_string(count) +
+                         " values) for tensor '" + escaped(t.name) + "', which holds " + t.shape_string() + " (" +
+                         std::to_string(t.element_count()) + " values)"};
+        }
+        t.shape = std::move(shape);
+    }
+    return Status::Ok();
+}
 
 // kiln's own GGUF header reader. ggml's (gguf_init_from_reader) checks every
 // tensor name against all earlier ones with strcmp, so a header of n tensors
@@ -115,11 +162,11 @@ class GgufReader {
             if (!names.insert(info.name).second) return fail("duplicate tensor name '" + escaped(info.name) + "'");
             uint32_t n_dims = 0;
             if (!read(n_dims)) return fail("file ends inside the shape of " + where);
-            if (n_dims > GGML_MAX_DIMS) {
+            if (n_dims > kMaxFileDims) {
                 return fail(where + " has " + std::to_string(n_dims) + " dimensions (at most " +
-                            std::to_string(GGML_MAX_DIMS) + ")");
+                            std::to_string(kMaxFileDims) + ")");
             }
-            int64_t ne[GGML_MAX_DIMS] = {1, 1, 1, 1};
+            int64_t ne[kMaxFileDims] = {1, 1, 1, 1, 1, 1, 1, 1};
             int64_t product = 1;  // of the non-zero dims
             for (uint32_t d = 0; d < n_dims; ++d) {
                 if (!read(ne[d])) return fail("file ends inside the shape of " + where);
@@ -156,7 +203,7 @@ class GgufReader {
             bool empty = false;
             for (uint32_t d = 0; d < n_dims; ++d) empty = empty || ne[d] == 0;
             info.dtype = dtype_from_ggml(ggml);
-            int dims = GGML_MAX_DIMS;
+            int dims = static_cast<int>(std::max<uint32_t>(n_dims, GGML_MAX_DIMS));
             while (dims > 1 && ne[dims - 1] == 1) --dims;
             for (int d = dims - 1; d >= 0; --d) info.shape.push_back(ne[d]);
             info.nbytes = empty ? 0 : blocks * ggml_type_size(ggml);
@@ -299,6 +346,7 @@ Result<ParsedFile> parse_gguf(const uint8_t* data, size_t size, const std::strin
     if (!looks_like_gguf(data, size)) return Error{label + ": not a GGUF file (no GGUF magic)"};
     auto parsed = GgufReader(data, size).run();
     if (!parsed) return Error{label + ": " + parsed.error().message};
+    if (Status s = apply_original_shapes(*parsed); !s.ok()) return Error{label + ": " + s.error().message};
     return parsed;
 }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "gguf.h"
+#include "io/gguf_file.h"
 #include "io/tensor_convert.h"
 #include "util/format.h"
 
@@ -125,10 +126,6 @@ Status write_gguf(const ModelFile& model, const std::string& path, const GgufWri
             return Error{"tensor '" + t.name + "': name longer than GGUF allows (" + std::to_string(GGML_MAX_NAME - 1) +
                          " bytes)"};
         }
-        if (t.shape.size() > GGML_MAX_DIMS) {
-            return Error{"tensor '" + t.name + "': " + std::to_string(t.shape.size()) + " dimensions; GGUF allows " +
-                         std::to_string(GGML_MAX_DIMS)};
-        }
     }
 
     // Tensor descriptions only (no_alloc): the data is streamed after the header.
@@ -136,16 +133,38 @@ Status write_gguf(const ModelFile& model, const std::string& path, const GgufWri
     std::unique_ptr<ggml_context, void (*)(ggml_context*)> meta_ctx(ggml_init(params), ggml_free);
     std::unique_ptr<gguf_context, void (*)(gguf_context*)> gguf(gguf_init_empty(), gguf_free);
     if (!meta_ctx || !gguf) return Error{path + ": out of memory preparing the GGUF header"};
-    KILN_TRY(copy_metadata(gguf.get(), model.metadata(), path));
+    // Shapes recorded under kComfyOriginalShapeKey were applied when the
+    // model was read; the tensors are written in those shapes.
+    Metadata own = model.metadata();
+    for (auto it = own.begin(); it != own.end();) {
+        it = it->first.compare(0, kComfyOriginalShapeKey.size(), kComfyOriginalShapeKey) == 0 ? own.erase(it)
+                                                                                              : std::next(it);
+    }
+    KILN_TRY(copy_metadata(gguf.get(), own, path));
     KILN_TRY(copy_metadata(gguf.get(), options.extra_metadata, path));
 
     std::vector<ggml_type> types;
     for (const TensorInfo& t : tensors) {
         const ggml_type type = compute_type(t, options.type);
+        // ggml tensors have at most 4 dimensions: a deeper one (a 3-D
+        // convolution's 5-D kernel) keeps its inner three and folds the rest
+        // into the fourth, its shape recorded as ComfyUI-GGUF records one.
         int64_t ne[GGML_MAX_DIMS] = {1, 1, 1, 1};
-        for (size_t d = 0; d < t.shape.size(); ++d) ne[d] = t.shape[t.shape.size() - 1 - d];
-        ggml_tensor* tensor =
-            ggml_new_tensor(meta_ctx.get(), type, std::max<int>(1, static_cast<int>(t.shape.size())), ne);
+        for (size_t d = 0; d < t.shape.size(); ++d) {
+            ne[std::min<size_t>(d, GGML_MAX_DIMS - 1)] *= t.shape[t.shape.size() - 1 - d];
+        }
+        if (t.shape.size() > GGML_MAX_DIMS) {
+            std::vector<int32_t> shape;
+            for (int64_t d : t.shape) {
+                if (d > INT32_MAX)
+                    return Error{"tensor '" + t.name + "': dimension " + std::to_string(d) + " too large"};
+                shape.push_back(static_cast<int32_t>(d));
+            }
+            const std::string key = std::string(kComfyOriginalShapeKey) + t.name;
+            gguf_set_arr_data(gguf.get(), key.c_str(), GGUF_TYPE_INT32, shape.data(), shape.size());
+        }
+        ggml_tensor* tensor = ggml_new_tensor(meta_ctx.get(), type,
+                                              std::clamp<int>(static_cast<int>(t.shape.size()), 1, GGML_MAX_DIMS), ne);
         ggml_set_name(tensor, t.name.c_str());
         gguf_add_tensor(gguf.get(), tensor);
         types.push_back(type);

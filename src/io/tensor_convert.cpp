@@ -133,6 +133,12 @@ ggml_type compute_type(const TensorInfo& tensor, std::optional<ggml_type> reques
         case DType::BOOL: natural = GGML_TYPE_I32; break;
         default: natural = dtype_to_ggml(tensor.dtype).value_or(GGML_TYPE_F32); break;
     }
+    if (ggml_is_quantized(natural) && !tensor.shape.empty() && tensor.shape.back() % ggml_blck_size(natural) != 0) {
+        // Quantized in rows other than its own (a ComfyUI-GGUF tensor stored
+        // as rows of 256, io/gguf_file.cpp): ggml cannot compute with it as
+        // it is, so it is dequantized, as ComfyUI-GGUF does.
+        return tensor.shape.size() < 2 ? GGML_TYPE_F32 : GGML_TYPE_F16;
+    }
     if (!dtype_is_float(tensor.dtype)) return natural;
     // Vectors (biases, norms) are tiny and sensitive: always F32.
     if (tensor.shape.size() < 2) return GGML_TYPE_F32;

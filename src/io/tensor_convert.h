@@ -26,7 +26,9 @@ std::string weight_type_names();
 // norms) are always F32: they are tiny, and ggml's element-wise ops want F32.
 // With `requested`, float tensors of two or more dimensions whose rows fill
 // whole quantization blocks take the requested type; odd-sized rows keep
-// their plain float type.
+// their plain float type. A quantized tensor whose rows do not fill its
+// blocks (stored in other rows: ComfyUI-GGUF's reshaped tensors) is
+// dequantized to F16 (F32 for vectors).
 ggml_type compute_type(const TensorInfo& tensor, std::optional<ggml_type> requested = std::nullopt);
 
 // Converts the tensor's bytes (`tensor.nbytes` at `src`) to `target`. Errors

@@ -71,8 +71,17 @@ ggml_tensor* ModuleWeights::declare(const std::string& name, const std::vector<i
     if (!t) {
         errors_.push_back("missing tensor '" + full + "'");
     } else {
-        bool match = t->shape.size() == shape.size();
-        for (size_t i = 0; match && i < shape.size(); ++i) match = shape[i] < 0 || shape[i] == t->shape[i];
+        // Aligned from the innermost dimension: leading dimensions of 1 hold
+        // no data, and writers differ on them (ggml's GGUF writer drops
+        // them, so Wan's [1, 6, dim] modulation can arrive as [6, dim]).
+        bool match = true;
+        const size_t rank = std::max(shape.size(), t->shape.size());
+        for (size_t i = 0; match && i < rank; ++i) {
+            const int64_t want = i < shape.size() ? shape[shape.size() - 1 - i] : 1;
+            const int64_t have = i < t->shape.size() ? t->shape[t->shape.size() - 1 - i] : 1;
+            match = want < 0 || want == have;
+            if (match && i < shape.size()) actual[shape.size() - 1 - i] = have;
+        }
         if (!match) {
             errors_.push_back("tensor '" + full + "' has shape " + t->shape_string() + ", expected " +
                               shape_text(shape));
@@ -83,7 +92,6 @@ ggml_tensor* ModuleWeights::declare(const std::string& name, const std::vector<i
                               "; weights must be floating point or quantized");
             t = nullptr;
         } else {
-            actual = t->shape;
             type = force_type ? *force_type : io::compute_type(*t, weight_type_);
         }
     }
@@ -115,6 +123,12 @@ Status ModuleWeights::declaration_status() const {
     return Error::bad_file(message);
 }
 
+void mark_weight_buffer(ggml_backend_buffer_t buffer) {
+    if (buffer && !ggml_backend_buffer_is_host(buffer)) {
+        ggml_backend_buffer_set_usage(buffer, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    }
+}
+
 Status ModuleWeights::load(ggml_backend_t backend) {
     if (Status s = declaration_status(); !s.ok()) return s.error().in_context(file_.sources().front().path + ": ");
     if (buffer_ || !mapped_.empty()) return Status::Ok();
@@ -122,6 +136,7 @@ Status ModuleWeights::load(ggml_backend_t backend) {
     buffer_ = ggml_backend_alloc_ctx_tensors(ctx_, backend);
     if (!buffer_ && !declared_.empty())
         return Error::out_of_memory("out of memory allocating " + prefix_ + "* weights");
+    mark_weight_buffer(buffer_);
     for (auto& [tensor, info] : declared_) KILN_TRY(fill(tensor, *info, tensor));
     return Status::Ok();
 }
@@ -203,6 +218,7 @@ Status ModuleWeights::load_params(ParamsLocation location, ggml_backend_t comput
             "out of memory allocating " + prefix_ + "* weights in " +
             (location == ParamsLocation::Host ? std::string("RAM") : ggml_backend_buft_name(params_buft)));
     }
+    mark_weight_buffer(host_buffer_);
     for (auto& [tensor, info] : declared_) KILN_TRY(fill(by_tensor_[tensor].second, *info, tensor));
     return Status::Ok();
 }

@@ -30,6 +30,13 @@ namespace kiln::runtime {
 
 enum class ParamsLocation { ComputeDevice, Host, OtherDevice, Disk };
 
+// Marks a buffer of weights on a device as ggml's weights usage, which is
+// what lets ggml's RPC client send a large tensor as its hash to a server
+// that keeps a tensor cache (kiln rpc-server --cache). Host buffers are left
+// unmarked: ggml's scheduler would then run their ops on the backend
+// holding the weights, where kiln's CPU compute lets BLAS take them.
+void mark_weight_buffer(ggml_backend_buffer_t buffer);
+
 // "device", "cpu", "other device", "disk".
 const char* params_location_name(ParamsLocation location);
 

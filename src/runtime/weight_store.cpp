@@ -91,6 +91,7 @@ Status WeightStore::allocate(WeightBlock& block) {
         return Error::out_of_memory("out of memory on " + ledger_.device_name() + " allocating " +
                                     human_bytes(block.bytes) + " of weights");
     }
+    mark_weight_buffer(block.buffer);
     ggml_tallocr talloc = ggml_tallocr_new(block.buffer);
     for (ggml_tensor* w : block.tensors) {
         w->data = nullptr;  // views of it in old graphs are re-initialised by their allocator

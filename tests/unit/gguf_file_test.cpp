@@ -2,11 +2,13 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <memory>
 
 #include "gguf.h"
 #include "io/model_file.h"
+#include "io/tensor_convert.h"
 #include "test_files.h"
 
 namespace kiln::io {
@@ -212,6 +214,94 @@ TEST(Gguf, OwnHeaderReaderKeepsGgmlsRules) {
     EXPECT_EQ(error_of(hand_gguf({}, {"a\x1b[31m"}, {0})), "(no error)");
     const std::string long_name = error_of(hand_gguf({}, {std::string(GGML_MAX_NAME, 'n')}, {0}));
     EXPECT_EQ(long_name.rfind("x.gguf: invalid GGUF file: tensor 'nnn", 0), 0u) << long_name;
+}
+
+// city96's fix_5d_tensors.py writes Wan's patch_embedding with rank 5, which
+// ggml's own parser refuses; kiln reads ranks up to 8 (a header written by
+// hand, one F32 tensor of ne [2, 2, 1, 3, 4]).
+TEST(Gguf, TensorsOfMoreThanFourDimensionsKeepTheirShape) {
+    auto file_with_rank = [](const std::vector<uint64_t>& ne) {
+        std::vector<uint8_t> bytes = {'G', 'G', 'U', 'F'};
+        test::put_u32(bytes, 3);
+        test::put_u64(bytes, 1);
+        test::put_u64(bytes, 0);
+        test::put_u64(bytes, 1);
+        test::put_bytes(bytes, "w");
+        test::put_u32(bytes, static_cast<uint32_t>(ne.size()));
+        uint64_t count = 1;
+        for (uint64_t n : ne) {
+            test::put_u64(bytes, n);
+            count *= n;
+        }
+        test::put_u32(bytes, GGML_TYPE_F32);
+        test::put_u64(bytes, 0);
+        bytes.resize((bytes.size() + 31) / 32 * 32 + count * 4, 0);
+        return bytes;
+    };
+    const auto five = file_with_rank({2, 2, 1, 3, 4});
+    auto parsed = parse_gguf(five.data(), five.size(), "x.gguf");
+    ASSERT_TRUE(parsed.ok()) << parsed.error().message;
+    EXPECT_EQ(parsed->tensors[0].shape, (std::vector<int64_t>{4, 3, 1, 2, 2}));
+    EXPECT_EQ(parsed->tensors[0].nbytes, 48u * 4);
+    const auto nine = file_with_rank({1, 1, 1, 1, 1, 1, 1, 1, 2});
+    auto refused = parse_gguf(nine.data(), nine.size(), "x.gguf");
+    ASSERT_FALSE(refused.ok());
+    EXPECT_EQ(refused.error().message, "x.gguf: invalid GGUF file: tensor 'w' has 9 dimensions (at most 8)");
+}
+
+// ComfyUI-GGUF's SD1.x and SDXL files keep a convolution of 320 x 4 x 3 x 3
+// as Q8_0 rows of 256 and its shape under comfy.gguf.orig_shape.<name>: kiln
+// reads it in that shape and dequantizes it (its rows are not Q8_0's).
+TEST(Gguf, ComfyOriginalShapesAreAppliedAndSuchTensorsDequantized) {
+    auto write = [](const test::TempDir& dir, const std::vector<int32_t>& shape, std::vector<float>& values) {
+        ggml_init_params params{1 << 20, nullptr, false};
+        std::unique_ptr<ggml_context, void (*)(ggml_context*)> ctx(ggml_init(params), ggml_free);
+        std::unique_ptr<gguf_context, void (*)(gguf_context*)> gguf(gguf_init_empty(), gguf_free);
+        ggml_tensor* t = ggml_new_tensor_2d(ctx.get(), GGML_TYPE_Q8_0, 256, 45);
+        ggml_set_name(t, "conv_in.weight");
+        values.resize(256 * 45);
+        for (size_t i = 0; i < values.size(); ++i) values[i] = std::sin(0.37f * static_cast<float>(i));
+        ggml_quantize_chunk(GGML_TYPE_Q8_0, values.data(), t->data, 0, 45, 256, nullptr);
+        ggml_get_type_traits(GGML_TYPE_Q8_0)->to_float(t->data, values.data(), 256 * 45);  // what Q8_0 holds
+        gguf_set_arr_data(gguf.get(), "comfy.gguf.orig_shape.conv_in.weight", GGUF_TYPE_INT32, shape.data(),
+                          shape.size());
+        gguf_add_tensor(gguf.get(), t);
+        const std::string path = dir.file("sdxl.gguf");
+        EXPECT_TRUE(gguf_write_to_file(gguf.get(), path.c_str(), false));
+        return path;
+    };
+    test::TempDir dir;
+    std::vector<float> values;
+    auto model = ModelFile::open({write(dir, {320, 4, 3, 3}, values)});
+    ASSERT_TRUE(model.ok()) << model.error().message;
+    const TensorInfo* conv = model->find("conv_in.weight");
+    ASSERT_NE(conv, nullptr);
+    EXPECT_EQ(conv->shape, (std::vector<int64_t>{320, 4, 3, 3}));
+    EXPECT_EQ(dtype_name(conv->dtype), "Q8_0");
+    ASSERT_EQ(compute_type(*conv), GGML_TYPE_F16);
+    auto converted = convert_tensor(*conv, model->data(*conv), GGML_TYPE_F16);
+    ASSERT_TRUE(converted.ok()) << converted.error().message;
+    ASSERT_EQ(converted->size(), values.size() * 2);
+    const auto* half = reinterpret_cast<const ggml_fp16_t*>(converted->data());
+    for (size_t i = 0; i < values.size(); ++i) {
+        ASSERT_EQ(ggml_fp16_to_fp32(half[i]), ggml_fp16_to_fp32(ggml_fp32_to_fp16(values[i]))) << i;
+    }
+
+    auto error_of = [&](const std::vector<int32_t>& shape) {
+        test::TempDir bad_dir;
+        std::vector<float> unused;
+        auto bad = ModelFile::open({write(bad_dir, shape, unused)});
+        return bad.ok() ? std::string("(no error)") : bad.error().message;
+    };
+    const std::string wrong_count = error_of({320, 4, 3, 4});
+    EXPECT_NE(wrong_count.find("invalid GGUF file: comfy.gguf.orig_shape.conv_in.weight gives [320, 4, 3, 4] "
+                               "(15360 values) for tensor 'conv_in.weight', which holds [45, 256] (11520 values)"),
+              std::string::npos)
+        << wrong_count;
+    const std::string negative = error_of({-320, -4, 3, 3});
+    EXPECT_NE(negative.find("comfy.gguf.orig_shape.conv_in.weight is not a shape of positive integers"),
+              std::string::npos)
+        << negative;
 }
 
 }  // namespace

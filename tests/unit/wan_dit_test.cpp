@@ -19,6 +19,7 @@
 
 #include "declared_network.h"
 #include "golden.h"
+#include "io/gguf_writer.h"
 #include "models/nets/registry.h"
 #include "random_model.h"
 #include "runtime/device_budget.h"
@@ -271,6 +272,22 @@ TEST_F(WanDitTiny, ClipMatchesReferenceBlockByBlock) { EXPECT_EQ(expect_matches(
 
 // One frame of 2 x 3 patches (a 4 x 6 latent, taller than wide): text-to-image.
 TEST_F(WanDitTiny, OneFrameMatchesReference) { EXPECT_EQ(expect_matches("image.", false, kTolerance), 2); }
+
+// GGUF has no 5-D tensors in ggml's writer: kiln's folds the patch
+// embedding's kernel to 4-D and records its shape as ComfyUI-GGUF does
+// (comfy.gguf.orig_shape.*), and reads it back 5-D, as it reads city96's
+// rank-5 tensors (GgufFile tests).
+TEST_F(WanDitTiny, GgufWrittenByKilnGivesTheReference) {
+    test::TempDir dir;
+    const std::string path = dir.file("wan.gguf");
+    ASSERT_TRUE(io::write_gguf(weights, path, {}).ok());
+    auto gguf = io::ModelFile::open({path});
+    ASSERT_TRUE(gguf.ok()) << gguf.error().message;
+    EXPECT_EQ(gguf->find("patch_embedding.weight")->shape, weights.find("patch_embedding.weight")->shape);
+    EXPECT_EQ(gguf->metadata().count("comfy.gguf.orig_shape.patch_embedding.weight"), 1u);
+    weights = std::move(gguf).value();
+    EXPECT_EQ(expect_matches("", false, kTolerance), 2);
+}
 
 TEST_F(WanDitTiny, FlashAttentionMatchesReference) {
     EXPECT_EQ(expect_matches("", true, kFlashTolerance), 2);
