@@ -451,10 +451,13 @@ kiln_status kiln_list_devices(const char* rpc_servers, char** text, char** error
 /* `kiln rpc-server`: serves `device` (NULL: the CPU) on host:port over ggml's
  * RPC protocol with n_threads (<= 0: every core). A client's buffer larger
  * than max_alloc ("2G", "512M" as for --max-vram; NULL: the device's total
- * memory) is refused. Blocks for the life of the server and returns only on
+ * memory) is refused. With cache_dir (NULL: none), tensors of 10 MiB or more
+ * that a client sends are kept there by hash, and a client sending one
+ * again sends only its hash (ggml's RPC tensor cache); the folder is made
+ * when missing. Blocks for the life of the server and returns only on
  * failure. */
-kiln_status kiln_rpc_server_run(const char* host, int port, const char* device, int n_threads,
-                                const char* max_alloc, char** error);
+kiln_status kiln_rpc_server_run(const char* host, int port, const char* device, int n_threads, const char* max_alloc,
+                                const char* cache_dir, char** error);
 const char* kiln_version(void);
 
 /* The kernel set OpenBLAS runs ("Haswell", "SkylakeX"; "" without OpenBLAS). */

@@ -919,13 +919,14 @@ kiln_status kiln_list_devices(const char* rpc_servers, char** text, char** error
 }
 
 kiln_status kiln_rpc_server_run(const char* host, int port, const char* device, int n_threads, const char* max_alloc,
-                                char** error) {
+                                const char* cache_dir, char** error) {
     kiln::runtime::RpcServeOptions options;
     options.host = str(host);
     options.port = port;
     if (device) options.device = device;
     options.threads = n_threads;
     options.max_alloc = str(max_alloc);
+    options.cache_dir = str(cache_dir);
     kiln::log_capture_ggml();
     const kiln::Status served = kiln::runtime::serve_rpc(options);
     return served.ok() ? KILN_OK : fail(error, served.error());

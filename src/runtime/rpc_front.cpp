@@ -41,14 +41,16 @@ int connect_backend(int port) {
     return -1;
 }
 
-// Client to server: each piece through the guard, then on to ggml.
-void relay_requests(int client, int backend, uint64_t limit, const std::string& peer) {
+// Client to server: each piece through the guard, then on to ggml. Adds
+// the bytes received to `received`.
+void relay_requests(int client, int backend, uint64_t limit, const std::string& peer, uint64_t& received) {
     uint8_t buffer[1 << 16];
     RpcMessageGuard guard(limit);
     for (;;) {
         const ssize_t n = ::recv(client, buffer, sizeof buffer, 0);
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0) return;
+        received += static_cast<uint64_t>(n);
         const size_t allowed = guard.feed(buffer, static_cast<size_t>(n));
         if (allowed > 0 && !send_all(backend, buffer, allowed)) return;
         if (const auto& refused = guard.refused()) {
@@ -61,13 +63,14 @@ void relay_requests(int client, int backend, uint64_t limit, const std::string& 
     }
 }
 
-// Server to client, as it comes.
-void relay_answers(int backend, int client) {
+// Server to client, as it comes; adds the bytes sent to `sent`.
+void relay_answers(int backend, int client, uint64_t* sent) {
     uint8_t buffer[1 << 16];
     for (;;) {
         const ssize_t n = ::recv(backend, buffer, sizeof buffer, 0);
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0 || !send_all(client, buffer, static_cast<size_t>(n))) break;
+        *sent += static_cast<uint64_t>(n);
     }
     // Nothing more can reach the client: end its side too, which also ends
     // the requests' relay if ggml hung up first.
@@ -81,12 +84,17 @@ void serve_connection(int client, int backend_port, uint64_t limit, std::string 
         ::close(client);
         return;
     }
-    std::thread answers(relay_answers, backend, client);
-    relay_requests(client, backend, limit, peer);
+    uint64_t received = 0, sent = 0;
+    std::thread answers(relay_answers, backend, client, &sent);
+    relay_requests(client, backend, limit, peer, received);
     // The client is gone or refused: ggml reads the end of its requests,
     // answers those before it and closes, which ends the answers' relay.
     ::shutdown(backend, SHUT_WR);
     answers.join();
+    // What a connection cost the network (a client's second job sends less
+    // when the tensor cache has its weights).
+    KILN_LOG_INFO("rpc-server: %s disconnected; received %s, sent %s", peer.c_str(), human_bytes(received).c_str(),
+                  human_bytes(sent).c_str());
     ::close(backend);
     ::close(client);
 }

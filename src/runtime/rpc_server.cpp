@@ -10,13 +10,14 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <thread>
 
 #include "ggml-rpc.h"
-#include "runtime/proxy_device.h"
-#include "runtime/rpc_front.h"
 #include "runtime/device_budget.h"
 #include "runtime/devices.h"
+#include "runtime/proxy_device.h"
+#include "runtime/rpc_front.h"
 #include "util/format.h"
 #include "util/log.h"
 
@@ -65,6 +66,14 @@ Status serve_rpc(const RpcServeOptions& options) {
     if (!device) return Error::invalid_request("--device: " + device.error().message);
     auto max_alloc = max_alloc_bytes(options.max_alloc, *device);
     if (!max_alloc.ok()) return max_alloc.error();
+    if (!options.cache_dir.empty()) {
+        std::error_code ec;
+        std::filesystem::create_directories(options.cache_dir, ec);
+        if (ec || !std::filesystem::is_directory(options.cache_dir) || access(options.cache_dir.c_str(), W_OK) != 0) {
+            return Error::invalid_request("--cache-dir: cannot write to the folder '" + options.cache_dir +
+                                          "': " + (ec ? ec.message() : std::strerror(errno)));
+        }
+    }
     // Clients reach ggml's server through the front (rpc_front.h), which
     // refuses messages over the limit before ggml allocates for them.
     auto backend_port = free_loopback_port();
@@ -80,9 +89,10 @@ Status serve_rpc(const RpcServeOptions& options) {
     const std::string endpoint = options.host + ":" + std::to_string(options.port);
     const size_t threads =
         options.threads > 0 ? static_cast<size_t>(options.threads) : std::max(1u, std::thread::hardware_concurrency());
-    KILN_LOG_INFO("kiln rpc-server: serving %s (%s) on %s with %zu threads; buffers up to %s (--max-alloc)",
+    const std::string cache = options.cache_dir.empty() ? "no tensor cache" : "tensor cache in " + options.cache_dir;
+    KILN_LOG_INFO("kiln rpc-server: serving %s (%s) on %s with %zu threads; buffers up to %s (--max-alloc); %s",
                   ggml_backend_dev_name(*device), ggml_backend_dev_description(*device), endpoint.c_str(), threads,
-                  human_bytes(*max_alloc).c_str());
+                  human_bytes(*max_alloc).c_str(), cache.c_str());
     std::fflush(stdout);
     // A client that closes its socket while the server still writes to it
     // must cost that client's connection only: without this, the write
@@ -93,7 +103,8 @@ Status serve_rpc(const RpcServeOptions& options) {
     rules.max_alloc = *max_alloc;
     ggml_backend_dev_t dev = proxy_device(*device, rules);
     const std::string backend = "127.0.0.1:" + std::to_string(*backend_port);
-    ggml_backend_rpc_start_server(backend.c_str(), /*cache_dir=*/nullptr, threads, 1, &dev);
+    ggml_backend_rpc_start_server(backend.c_str(), options.cache_dir.empty() ? nullptr : options.cache_dir.c_str(),
+                                  threads, 1, &dev);
     // ggml returns only when it could not set up (or keep) the listening socket.
     return Error{"rpc-server: the ggml RPC server on " + endpoint + " stopped (see the messages above)"};
 }

@@ -17,6 +17,10 @@ struct RpcServeOptions {
     // --max-alloc: the largest buffer a client may allocate, as for
     // --max-vram ("2G", "512M"); empty: the device's total memory.
     std::string max_alloc;
+    // -c / --cache-dir: where ggml's RPC server keeps the large tensors
+    // clients send, by hash, so a client's next upload of one sends the hash
+    // alone; made when missing. Empty: no cache.
+    std::string cache_dir;
 };
 
 // Serves until the process ends; returns only on failure. Errors: an

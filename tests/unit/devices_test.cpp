@@ -13,13 +13,18 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <sstream>
 #include <thread>
 
 #include "image/image_io.h"
+#include "io/model_file.h"
 #include "pipeline/module_roles.h"
 #include "pixel_difference.h"
 #include "rpc_child.h"
+#include "runtime/module_weights.h"
 #include "test_files.h"
 
 namespace kiln {
@@ -259,6 +264,69 @@ TEST(Devices, RpcServerOnLoopbackDoesNotWarn) {
     server.stop();
     EXPECT_EQ((server.out() + server.err()).find("no authentication"), std::string::npos);
     EXPECT_NE(server.out().find("serving CPU"), std::string::npos) << server.out();
+}
+
+// kiln rpc-server --cache-dir keeps a large weight a client sends (ggml's
+// RPC tensor cache: 10 MiB and more, in buffers marked as weights), and a
+// client sending the same weight again sends its hash only; the server then
+// fills the tensor from its cache file. The test overwrites that file in
+// between, so the second upload's values show where they came from.
+TEST(Devices, RpcTensorCacheFillsAWeightSentBeforeFromItsHash) {
+    TempDir cache;
+    const int port = free_port();
+    ASSERT_GT(port, 0);
+    KilnChild server(
+        {"rpc-server", "--port", std::to_string(port), "-t", "1", "--cache-dir", cache.path() + "/tensors"});
+    ASSERT_TRUE(server.wait_listening(port)) << server.out() << server.err();
+    EXPECT_NE(server.out().find("tensor cache in " + cache.path() + "/tensors"), std::string::npos) << server.out();
+    ASSERT_TRUE(runtime::add_rpc_servers("127.0.0.1:" + std::to_string(port)).ok());
+    auto device = runtime::find_device("RPC0");
+    ASSERT_TRUE(device.ok()) << device.error().message;
+    std::unique_ptr<ggml_backend, void (*)(ggml_backend_t)> backend(ggml_backend_dev_init(*device, nullptr),
+                                                                    ggml_backend_free);
+    ASSERT_NE(backend, nullptr);
+
+    std::vector<float> values(size_t{4} << 20);  // 16 MiB
+    for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i % 1000) * 0.5f;
+    std::vector<uint8_t> bytes(values.size() * 4);
+    std::memcpy(bytes.data(), values.data(), bytes.size());
+    TempDir dir;
+    auto file =
+        io::ModelFile::open({dir.write("w.safetensors", test::build_safetensors({{"w", "F32", {1024, 4096}, bytes}}))});
+    ASSERT_TRUE(file.ok()) << file.error().message;
+    auto upload = [&] {
+        runtime::ModuleWeights weights(*file, "", std::nullopt);
+        ggml_tensor* w = weights.require("w", {1024, 4096});
+        EXPECT_TRUE(weights.load(backend.get()).ok());
+        std::vector<float> back(values.size());
+        ggml_backend_tensor_get(w, back.data(), 0, bytes.size());
+        return back;
+    };
+    ASSERT_EQ(upload(), values);
+
+    std::vector<std::filesystem::path> kept;
+    for (const auto& entry : std::filesystem::directory_iterator(cache.path() + "/tensors"))
+        kept.push_back(entry.path());
+    ASSERT_EQ(kept.size(), 1u);
+    EXPECT_EQ(std::filesystem::file_size(kept[0]), bytes.size());
+    std::vector<float> doubled = values;
+    for (float& v : doubled) v *= 2.0f;
+    {
+        std::ofstream out(kept[0], std::ios::binary | std::ios::trunc);
+        out.write(reinterpret_cast<const char*>(doubled.data()), static_cast<std::streamsize>(bytes.size()));
+    }
+    EXPECT_EQ(upload(), doubled) << "the second upload sent the hash and the server read its cache";
+}
+
+TEST(Devices, RpcServerCacheFolderThatCannotBeMadeIsAUsageError) {
+    TempDir dir;
+    const std::string blocker = dir.write("file", std::string_view("not a folder"));
+    auto r = run_command(kiln("rpc-server --port 1 --cache-dir " + blocker + "/rpc"));
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_EQ(r.err.rfind("error: --cache-dir: cannot write to the folder '" + blocker + "/rpc': ", 0), 0u) << r.err;
+    r = run_command("env -u HOME -u KILN_CACHE " + kiln("rpc-server --port 1 -c"));
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_EQ(r.err, "error: --cache: neither KILN_CACHE nor HOME is set; give the folder with --cache-dir DIR\n");
 }
 
 TEST(Devices, RpcServerBadFlagsAreUsageErrors) {

@@ -782,6 +782,16 @@ const std::vector<Flag>& rpc_server_flags() {
              o.rpc_max_alloc = v;
              return std::nullopt;
          }},
+        {"-c", "--cache", nullptr,
+         "keep the large tensors (10 MiB and more) clients send, by hash, in $KILN_CACHE/rpc (else "
+         "~/.cache/kiln/rpc): a client's next upload of one sends only its hash",
+         switch_setter(&Options::rpc_cache)},
+        {nullptr, "--cache-dir", "DIR", "the tensor cache's folder (turns the cache on; made when missing)",
+         [](Options& o, const std::string& v) -> std::optional<std::string> {
+             if (v.empty()) return std::string("expected a folder, got an empty string");
+             o.rpc_cache_dir = v;
+             return std::nullopt;
+         }},
     };
     return table;
 }
