@@ -43,6 +43,7 @@ if ((!RUN_ONLY)); then
         clang libclang-rt-14-dev # libFuzzer targets in tests/fuzz
         glslc                    # KILN_VULKAN's configure check meets Debian's glslc (tests/build)
         ffmpeg                   # ffprobe/ffmpeg decode the videos kiln writes (tests/unit/video_file_test)
+        iproute2                 # ip and tc build the namespaced cluster of tests/net/multi_host.sh
     )
 fi
 # npm fetches the package that carries ggml's history; a machine may already
