@@ -288,15 +288,9 @@ struct AutoencoderFormat {
 struct ClipChunk {
     ggml_tensor* frames = nullptr;  // ne [W, H, 3, frames]
     // The causal history after this chunk: what the next chunk's
-    // decode_chunk takes, in this order and with these shapes.
+    // decode_chunk takes, in this order and with these shapes. The graph
+    // keeps them beside `frames` (runtime::GraphSession::add_output).
     std::vector<ggml_tensor*> history;
-    // frames, then each history tensor, flattened into one ne [n] tensor
-    // (a graph has one output).
-    ggml_tensor* packed(ggml_context* ctx) const {
-        ggml_tensor* flat = ggml_reshape_1d(ctx, frames, ggml_nelements(frames));
-        for (ggml_tensor* h : history) flat = ggml_concat(ctx, flat, ggml_reshape_1d(ctx, h, ggml_nelements(h)), 0);
-        return flat;
-    }
 };
 
 // What an encoder graph gives: the latent distribution's mean, or its mean

@@ -14,7 +14,11 @@ Status auto_fit(Model& model, const ModelOptions& options) {
         // With a hires fix, its second pass at the larger size too; a fix the
         // job's validation will refuse is left to it.
         JobPasses passes;
-        passes.video = model.diffusion().capabilities().video;  // a clip's decode, a frame at a time
+        // A clip's decode, a latent frame at a time: the frames after the
+        // first carry the causal history and need the most, so the guess is
+        // checked against a clip of two latent frames.
+        passes.video = model.diffusion().capabilities().video;
+        if (passes.video) passes.latent_frames = 2;
         std::optional<ValidatedRequest> planned;
         if (options.job_hires) {
             GenerationRequest job;

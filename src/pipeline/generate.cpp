@@ -446,8 +446,7 @@ Result<std::vector<image::Image>> decode_clip(Model& model, const std::vector<fl
         KILN_TRY(g->session->run(model.vae_compute(), g->out));
         const std::vector<float> values = runtime::GraphSession::read(g->out);
         const size_t frame_values = static_cast<size_t>(p.width) * p.height * 3;
-        size_t at = 0;
-        for (int64_t f = 0; f < g->chunk.frames->ne[3]; ++f, at += frame_values) {
+        for (size_t at = 0; at + frame_values <= values.size(); at += frame_values) {
             auto img = pixels_to_image(std::vector<float>(values.begin() + at, values.begin() + at + frame_values), p,
                                        /*unit_range=*/false, "VAE decoder");
             if (!img.ok()) return img.error();
@@ -456,10 +455,8 @@ Result<std::vector<image::Image>> decode_clip(Model& model, const std::vector<fl
         history.clear();
         history_shapes.clear();
         for (const ggml_tensor* h : g->chunk.history) {
-            const size_t n = static_cast<size_t>(ggml_nelements(h));
-            history.emplace_back(values.begin() + at, values.begin() + at + n);
+            history.push_back(runtime::GraphSession::read(h));
             history_shapes.push_back({h->ne[0], h->ne[1], h->ne[2], h->ne[3]});
-            at += n;
         }
     }
     return clip;

@@ -139,15 +139,16 @@ Result<ClipChunkGraph> build_clip_chunk_graph(const Model& model, int64_t latent
     const int64_t channels = model.vae().format().latent_channels;
     ClipChunkGraph g;
     g.session = std::make_unique<runtime::GraphSession>();
-    std::vector<float> zeros(static_cast<size_t>(latent_w * latent_h * channels), 0.0f);
-    g.latent = g.session->input(GGML_TYPE_F32, {latent_w, latent_h, channels, 1}, zeros.data(), "latent");
+    // Inputs without data (zeros until set_input): a plan never fills them.
+    g.latent = g.session->input(GGML_TYPE_F32, {latent_w, latent_h, channels, 1}, nullptr, "latent");
     for (const auto& ne : history_shapes) {
-        zeros.assign(static_cast<size_t>(ne[0] * ne[1] * ne[2] * ne[3]), 0.0f);
-        g.history.push_back(g.session->input(GGML_TYPE_F32, {ne[0], ne[1], ne[2], ne[3]}, zeros.data(), "history"));
+        g.history.push_back(g.session->input(GGML_TYPE_F32, {ne[0], ne[1], ne[2], ne[3]}, nullptr, "history"));
     }
     g.chunk = model.vae().decode_chunk(g.session->ctx(), g.latent, g.history, model.vae_target());
     if (!g.chunk.frames) return Error{"the VAE cannot decode this clip's latent frames (it decodes images only)"};
-    g.out = model.vae_weights().apply_patches(g.session->ctx(), g.chunk.packed(g.session->ctx()));
+    // The history is read where the graph leaves it, not copied into the output.
+    for (ggml_tensor* h : g.chunk.history) g.session->add_output(h);
+    g.out = model.vae_weights().apply_patches(g.session->ctx(), g.chunk.frames);
     return g;
 }
 

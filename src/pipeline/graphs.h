@@ -74,9 +74,10 @@ struct VaeGraph {
 VaeGraph build_vae_decode_graph(const Model& model, int64_t latent_w, int64_t latent_h, const float* latent);
 // One latent frame of a video's decode (AutoencoderNetwork::decode_chunk):
 // the VAE latent ne [w, h, channels, 1] and the previous chunk's history,
-// of `history_shapes` (none at the clip's start); out is the chunk's frames
-// then its history, packed (models::ClipChunk::packed). An error when the
-// VAE decodes no clips or the history does not fit.
+// of `history_shapes` (none at the clip's start), both zeros until set; out
+// is the chunk's frames, and chunk.history, the graph's other outputs, is
+// readable after the run. An error when the VAE decodes no clips or the
+// history does not fit.
 struct ClipChunkGraph {
     std::unique_ptr<runtime::GraphSession> session;
     ggml_tensor* latent = nullptr;

@@ -191,8 +191,11 @@ Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, 
                                    ? encoder.use->max_length
                                    : encoder.network->max_length();
         const std::vector<models::TokenGrid> no_images;
+        // T5 and umT5 encode one prompt at a time too (encode_t5); CLIP's
+        // chunks of one prompt run as a batch, planned as one per CFG pass.
+        const bool one_sequence = whole_prompt || encoder.use->layout == models::PromptLayout::FixedLength;
         TextEncoderGraph g =
-            build_text_encoder_graph(encoder, nullptr, length, whole_prompt ? 1 : batch, encoder.use->default_layer,
+            build_text_encoder_graph(encoder, nullptr, length, one_sequence ? 1 : batch, encoder.use->default_layer,
                                      nullptr, whole_prompt ? longer.image_grids : no_images);
         KILN_TRY(add(*encoder.executor, *g.session, g.out, ""));
     }

@@ -139,6 +139,10 @@ std::vector<int> Executor::carried_out(const GraphPlan& plan, int first, int end
             if (r >= begin && r < stop) out.insert(r);
         }
     }
+    // Outputs are read after the last group.
+    for (int o : plan.outputs) {
+        if (o >= begin && o < stop && stop < plan.n_nodes) out.insert(o);
+    }
     return {out.begin(), out.end()};
 }
 
@@ -156,6 +160,9 @@ Executor::CarriedLayout Executor::layout_carried(ggml_cgraph* graph, const Graph
     for (int k = 0; k < plan.n_nodes; ++k) {
         for (int r : plan.reads[k]) last_reader[r] = std::max(last_reader[r], group_of[k]);
     }
+    // An output is read after the run: one an earlier group computes stays
+    // to the end (the last group's own stay in its workspace).
+    for (int o : plan.outputs) last_reader[o] = static_cast<int>(groups.size()) - 1;
     struct Placed {
         uint64_t offset, size;
         int from, to;

@@ -114,6 +114,10 @@ GraphPlan build_graph_plan(ggml_cgraph* graph, const ModuleWeights& weights) {
         auto it = node_index.find(t);
         plan.base_node[i] = it == node_index.end() ? -1 : it->second;
     }
+    for (int i = 0; i < n; ++i) {
+        const bool output = ggml_graph_node(graph, i)->flags & GGML_TENSOR_FLAG_OUTPUT;
+        if (output && plan.base_node[i] >= 0) plan.outputs.push_back(plan.base_node[i]);
+    }
     plan.reads.resize(n);
     for (int i = 0; i < n; ++i) {
         for_each_source(ggml_graph_node(graph, i), [&](ggml_tensor* src) {

@@ -41,6 +41,9 @@ struct GraphPlan {
     std::vector<int> base_node;
     // Per node, the nodes (bases) it reads from.
     std::vector<std::vector<int>> reads;
+    // The nodes (bases) flagged as graph outputs: read after the run, so
+    // kept to the end (GraphSession::add_output).
+    std::vector<int> outputs;
     bool valid = false;
     std::string invalid_reason;  // why segments cannot be used (whole-graph only)
 };

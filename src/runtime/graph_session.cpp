@@ -66,7 +66,13 @@ uint64_t GraphSession::input_bytes(ggml_backend_buffer_type_t buft) const {
 }
 
 void GraphSession::upload_inputs() {
-    for (auto& [tensor, data] : inputs_) ggml_backend_tensor_set(tensor, data.data(), 0, data.size());
+    for (auto& [tensor, data] : inputs_) {
+        if (data.empty()) {
+            ggml_backend_tensor_memset(tensor, 0, 0, ggml_nbytes(tensor));
+        } else {
+            ggml_backend_tensor_set(tensor, data.data(), 0, data.size());
+        }
+    }
 }
 
 ggml_tensor* GraphSession::input(ggml_type type, const std::vector<int64_t>& ne, const void* data, const char* name) {
@@ -74,19 +80,25 @@ ggml_tensor* GraphSession::input(ggml_type type, const std::vector<int64_t>& ne,
     ggml_set_input(t);
     if (name) ggml_set_name(t, name);
     const auto* bytes = static_cast<const uint8_t*>(data);
-    inputs_.emplace_back(t, std::vector<uint8_t>(bytes, bytes + ggml_nbytes(t)));
+    inputs_.emplace_back(t, bytes ? std::vector<uint8_t>(bytes, bytes + ggml_nbytes(t)) : std::vector<uint8_t>{});
     return t;
 }
 
 void GraphSession::set_input(ggml_tensor* tensor, const void* data) {
     for (auto& [t, bytes] : inputs_) {
-        if (t == tensor) std::memcpy(bytes.data(), data, bytes.size());
+        if (t != tensor) continue;
+        bytes.resize(ggml_nbytes(t));
+        std::memcpy(bytes.data(), data, bytes.size());
     }
 }
 
 ggml_cgraph* GraphSession::graph(ggml_tensor* output, bool keep_cuts) {
     if (!graph_) {
         graph_ = ggml_new_graph_custom(ctx_, max_nodes_, false);
+        for (ggml_tensor* extra : extra_outputs_) {
+            ggml_set_output(extra);
+            ggml_build_forward_expand(graph_, extra);
+        }
         ggml_set_output(output);
         ggml_build_forward_expand(graph_, output);
         if (keep_cuts) {

@@ -26,11 +26,17 @@ class GraphSession {
     ggml_context* ctx() const { return ctx_; }
 
     // An input tensor of `type` with ggml shape `ne` (innermost first); `data`
-    // (ggml_nbytes of it) is copied now and uploaded at run().
+    // (ggml_nbytes of it) is copied now and uploaded at run(). Null data
+    // uploads zeros and holds no copy (a graph built only to be planned).
     ggml_tensor* input(ggml_type type, const std::vector<int64_t>& ne, const void* data, const char* name = nullptr);
 
-    // Replaces the data an input tensor uploads at the next run() (same size).
+    // Replaces the data an input tensor uploads at the next run() (its ggml_nbytes).
     void set_input(ggml_tensor* tensor, const void* data);
+
+    // A tensor besides the output that the caller reads after a run (a
+    // video decode's causal history): part of the graph, never overwritten
+    // by it, and kept across segments by the executor. Before graph().
+    void add_output(ggml_tensor* tensor) { extra_outputs_.push_back(tensor); }
 
     // Builds the graph that ends at `output` (once: later calls reuse it)
     // and runs it. A rerun on the same compute, with nothing else computed
@@ -65,6 +71,7 @@ class GraphSession {
   private:
     ggml_context* ctx_ = nullptr;
     ggml_cgraph* graph_ = nullptr;
+    std::vector<ggml_tensor*> extra_outputs_;
     size_t max_nodes_;
     uint64_t id_;  // distinguishes this session's graph from any other, even at the same address
     std::vector<std::pair<ggml_tensor*, std::vector<uint8_t>>> inputs_;
