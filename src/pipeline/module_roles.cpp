@@ -1,5 +1,7 @@
 #include "pipeline/module_roles.h"
 
+#include <algorithm>
+
 #include "runtime/devices.h"
 #include "util/format.h"
 
@@ -52,11 +54,29 @@ Result<std::map<std::string, std::string>> parse_module_assignments(std::string_
     const std::string valid_modules = "valid modules: " + join_list(known_modules()) +
                                       "; aliases: unet, dit, transformer, " +
                                       "clip, text_encoder, cond_stage, controlnet";
-    auto resolve_device = [&](const std::string& name) -> Result<std::string> {
+    auto resolve_one = [&](const std::string& name) -> Result<std::string> {
         for (const std::string& d : device_names) {
             if (ascii_lower(d) == ascii_lower(name)) return d;
         }
         return Error{f + ": unknown device '" + name + "' (" + valid_devices + ")"};
+    };
+    // sd-cli's "A&B" (a module's blocks split across devices): each name is
+    // checked, then the list is refused, since kiln runs a module on one
+    // device.
+    auto resolve_device = [&](const std::string& name) -> Result<std::string> {
+        if (name.find('&') == std::string::npos) return resolve_one(name);
+        if (f != "--backend") return Error{f + ": '" + name + "': takes one place per module, not a list ('&')"};
+        std::vector<std::string> listed;
+        for (const std::string& part : split_list(name, '&')) {
+            auto device = resolve_one(trim_space(part));
+            if (!device) return device.error();
+            if (std::find(listed.begin(), listed.end(), *device) != listed.end()) {
+                return Error{f + ": '" + name + "' lists " + *device + " twice"};
+            }
+            listed.push_back(*device);
+        }
+        return Error{f + ": '" + name + "': splitting one module across devices (sd-cli's layer split) is not " +
+                     "built in kiln; give one device per module (docs/devices.md)"};
     };
 
     const std::string whole = trim_space(spec);

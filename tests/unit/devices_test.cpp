@@ -22,6 +22,7 @@
 #include "image/image_io.h"
 #include "io/model_file.h"
 #include "pipeline/module_roles.h"
+#include "pipeline/placement.h"
 #include "pixel_difference.h"
 #include "rpc_child.h"
 #include "runtime/module_weights.h"
@@ -102,6 +103,20 @@ TEST(Devices, MalformedAssignments) {
     EXPECT_NE(parse_backend_assignments("cpu,cuda0", kDevices).error().message.find("give one device"),
               std::string::npos);
     EXPECT_FALSE(parse_backend_assignments("", kDevices).ok());
+}
+
+// sd-cli's layer split ("diffusion=cuda0&cuda1") is not built: the list is
+// checked name by name, then refused with one error saying so.
+TEST(Devices, DeviceListsAreCheckedThenRefused) {
+    auto error_of = [](const std::string& spec) { return parse_backend_assignments(spec, kDevices).error().message; };
+    EXPECT_EQ(error_of("diffusion=cuda0&rpc0"),
+              "--backend: 'cuda0&rpc0': splitting one module across devices (sd-cli's layer split) is not built in "
+              "kiln; give one device per module (docs/devices.md)");
+    EXPECT_EQ(error_of("diffusion=rpc0&RPC0"), "--backend: 'rpc0&RPC0' lists RPC0 twice");
+    EXPECT_EQ(error_of("te=cuda0&cuda9").rfind("--backend: unknown device 'cuda9' (valid devices: ", 0), 0u);
+    EXPECT_EQ(error_of("diffusion=cuda0&disk").rfind("--backend: unknown device 'disk' (valid devices: ", 0), 0u);
+    EXPECT_EQ(pipeline::parse_params_backend("diffusion=cpu&disk", kDevices).error().message,
+              "--params-backend: 'cpu&disk': takes one place per module, not a list ('&')");
 }
 
 TEST(Devices, RegisteredDevices) {

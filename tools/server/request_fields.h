@@ -10,6 +10,7 @@
 
 #include "job_request.h"
 #include "model_registry.h"
+#include "pipeline/request_limits.h"
 #include "server_options.h"
 
 namespace kiln::server {
@@ -72,8 +73,8 @@ void set_scheduler(JobRequest& request, const std::string& field, const std::str
 
 // kiln.h's range of kiln_generation_params.preview_interval is [1, 10000].
 constexpr int kMaxPreviewInterval = 10000;
-// video_frames: kiln's --video-frames range (pipeline/request_limits.h).
-constexpr int kMaxVideoFrames = 1025;
+// video_frames: kiln's --video-frames range.
+using pipeline::kMaxVideoFrames;
 
 // kiln's live preview modes by the names --preview takes ("none", "proj",
 // "tae", "vae"); nullopt for any other.
