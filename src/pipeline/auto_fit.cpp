@@ -1,5 +1,8 @@
 #include "pipeline/auto_fit.h"
 
+#include <set>
+#include <string>
+
 #include "pipeline/job_forecast.h"
 #include "pipeline/request.h"
 #include "util/log.h"
@@ -37,6 +40,14 @@ Status auto_fit(Model& model, const ModelOptions& options) {
                 forecast_job(model, width, height, /*cfg=*/true, /*flash_attention=*/false, nullptr, passes);
             if (!forecast.ok() || forecast->fits) break;
             if ((*it)->placement->params != runtime::ParamsLocation::ComputeDevice) continue;
+            // Only a module on a device that is short moves (with modules
+            // spread over GPUs, another device's may have all they need).
+            std::set<std::string> short_devices;
+            for (const ModuleForecast& m : forecast->modules)
+                if (!m.run.fits) short_devices.insert(m.device);
+            for (const DeviceForecast& d : forecast->devices)
+                if (d.needed > d.limit) short_devices.insert(d.device);
+            if (!short_devices.empty() && !short_devices.count((*it)->placement->compute_device)) continue;
             KILN_LOG_VERBOSE("auto-fit: a %dx%d job%s does not fit; %s weights move to RAM", width, height,
                              planned ? " with its hires pass" : "", (*it)->executor_name.c_str());
             KILN_TRY(model.keep_params_in_ram(**it));

@@ -104,10 +104,16 @@ Result<std::vector<ModulePlacement>> place_each_module(const PlacementRequest& r
     const uint64_t room = device_limit(*gpu, request.budgets);
     const uint64_t keep_free = std::max<uint64_t>(2ull << 30, host_available / 10);
     uint64_t host_room = host_available > keep_free ? host_available - keep_free : 0;
-    std::map<std::string, uint64_t> other_room;
+    // The other GPUs: room left, and the largest compute reserve of a
+    // module that computes there (modules run one at a time).
+    struct OtherGpu {
+        uint64_t room = 0;
+        uint64_t reserve = 0;
+    };
+    std::map<std::string, OtherGpu> other_room;
     for (const DeviceInfo& d : devices) {
         if (&d != gpu && d.type == DeviceInfo::Gpu) {
-            other_room[d.name] = device_limit(d, request.budgets);
+            other_room[d.name].room = device_limit(d, request.budgets);
         }
     }
     // Modules run one at a time: the device keeps room for the hungriest
@@ -124,9 +130,25 @@ Result<std::vector<ModulePlacement>> place_each_module(const PlacementRequest& r
         p.compute_device = gpu->name;
         const uint64_t w = bytes_of(m);
         const uint64_t stage = static_cast<uint64_t>(static_cast<double>(w) * staging_share(m));
+        // Another GPU where the module fits whole with its compute: it
+        // computes there, its weights resident, rather than streaming them
+        // to the first GPU.
+        auto spare_gpu = [&]() -> std::pair<const std::string, OtherGpu>* {
+            const uint64_t reserve = static_cast<uint64_t>(static_cast<double>(w) * compute_reserve_share(m));
+            for (auto& entry : other_room) {
+                if (w + std::max(reserve, entry.second.reserve) <= entry.second.room) return &entry;
+            }
+            return nullptr;
+        };
         if (!request.offload_to_cpu && placed + w + compute_reserve + staging <= room) {
             p.params = ParamsLocation::ComputeDevice;
             placed += w;
+        } else if (auto* other = request.offload_to_cpu ? nullptr : spare_gpu()) {
+            p.compute_device = other->first;
+            p.params = ParamsLocation::ComputeDevice;
+            other->second.room -= w;
+            other->second.reserve = std::max(other->second.reserve,
+                                             static_cast<uint64_t>(static_cast<double>(w) * compute_reserve_share(m)));
         } else if (w <= host_room || request.offload_to_cpu) {
             // --offload-to-cpu is sd-cli's: the weights live in RAM, whatever
             // room auto-fit would keep free there (the plan says when RAM
@@ -136,11 +158,11 @@ Result<std::vector<ModulePlacement>> place_each_module(const PlacementRequest& r
             staging += stage;
         } else {
             p.params = ParamsLocation::Disk;
-            for (auto& [name, free] : other_room) {
-                if (w <= free) {
+            for (auto& [name, other] : other_room) {
+                if (w + other.reserve <= other.room) {
                     p.params = ParamsLocation::OtherDevice;
                     p.params_device = name;
-                    free -= w;
+                    other.room -= w;
                     break;
                 }
             }

@@ -3,12 +3,14 @@
 // --offload-to-cpu, or chosen by auto-fit.
 //
 // Auto-fit (on unless --backend or --params-backend is given): the GPU-type
-// device with the largest budget computes every module. Modules are placed
-// in priority order diffusion, ControlNet, text encoder, VAE; each one's weights go to
+// device with the largest budget computes the modules. They are placed in
+// priority order diffusion, ControlNet, text encoder, VAE; each one goes to
 // the first place with room: that GPU (leaving its compute reserve and
-// staging room for the higher-priority modules already offloaded), RAM
-// (keeping max(2 GiB, 10% of what is available) free), another GPU, disk.
-// With no GPU-type device everything runs on the CPU.
+// staging room for the higher-priority modules already offloaded); another
+// GPU where its weights and compute reserve fit, which then computes it;
+// else the first GPU computes it with its weights in RAM (keeping max(2 GiB,
+// 10% of what is available) free), on another GPU, or on disk. With no
+// GPU-type device everything runs on the CPU.
 #pragma once
 
 #include <cstdint>

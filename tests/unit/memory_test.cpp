@@ -745,6 +745,35 @@ TEST_F(Memory, AutoFitUsesTheGpuTypeDevice) {
     EXPECT_NE(off.out.find("diffusion: computes on CPU"), std::string::npos) << off.out;
 }
 
+// Auto-fit with two GPU-type devices of different budgets: the larger
+// computes the UNet and keeps it; the text encoder, for which the VAE's
+// compute reserve leaves no room beside it, computes on the other device
+// with its weights there; the VAE computes on the first from RAM. kiln plan
+// shows that placement, the job runs with it, and the image is the one a
+// single device makes (both servers run ggml's CPU kernels).
+TEST_F(Memory, AutoFitSpreadsModulesOverTwoDevices) {
+    if (!on_rpc()) GTEST_SKIP() << "needs the loopback RPC device";
+    test::RpcServer second;
+    ASSERT_TRUE(second.ok()) << second.log();
+    test::TempDir dir;
+    auto one = test::run_command(kiln_cli(device_flags() + " -p x -o " + dir.file("one.png")));
+    ASSERT_EQ(one.exit_code, 0) << one.err;
+    // The default model: UNet 3.36 MiB, text encoder 0.95 MiB, VAE 1.83 MiB
+    // (compute reserve 8 times that, 14.6 MiB).
+    const std::string two =
+        " --rpc-servers " + server_->endpoint() + "," + second.endpoint() + " --max-vram RPC0=18.5M,RPC1=16M -p x";
+    auto plan = test::run_command(kiln_cli("plan" + two));
+    ASSERT_EQ(plan.exit_code, 0) << plan.out << plan.err;
+    for (const char* line : {"diffusion: computes on RPC0, weights on RPC0", "te: computes on RPC1, weights on RPC1",
+                             "vae: computes on RPC0, weights in RAM", "fits: yes"}) {
+        EXPECT_NE(plan.out.find(line), std::string::npos) << line << "\n" << plan.out;
+    }
+    auto run = test::run_command(kiln_cli(two + " -v -o " + dir.file("two.png")));
+    ASSERT_EQ(run.exit_code, 0) << run.err;
+    EXPECT_NE(run.out.find("te: computes on RPC1, weights on RPC1"), std::string::npos) << run.out;
+    EXPECT_EQ(test::read_bytes(dir.file("one.png")), test::read_bytes(dir.file("two.png")));
+}
+
 // Auto-fit checks the whole job: with --hires, the second pass at twice the
 // size too. Under a budget the 64x64 job fits with every weight on the
 // device, auto-fit moves them to RAM once its 128x128 hires pass is counted.

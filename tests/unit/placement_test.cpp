@@ -142,16 +142,45 @@ TEST(Placement, AutoFitOffloadsInPriorityOrderUnderABudget) {
     p = place(r, devices);
     EXPECT_EQ(p["diffusion"].params, ParamsLocation::Host);
     // No RAM either: another GPU, then disk. The GPU with the largest budget
-    // computes (CUDA0's 1 GiB against CUDA1's 512 MiB free).
+    // computes the UNet (CUDA0's 1 GiB against CUDA1's 512 MiB free); the
+    // text encoder fits CUDA1 whole with its compute, so CUDA1 computes it;
+    // the VAE's compute (8 times its weights) does not fit there beside it,
+    // so CUDA0 computes it from weights kept on CUDA1.
     p = place(r,
               {device("CUDA0", DeviceInfo::Gpu, 24 * kGiB), device("CUDA1", DeviceInfo::Gpu, 512 * kMiB),
                device("CPU", DeviceInfo::Cpu, 0)},
               /*ram=*/0);
-    for (const char* m : {"diffusion", "te", "vae"}) EXPECT_EQ(p[m].compute_device, "CUDA0") << m;
+    EXPECT_EQ(p["diffusion"].compute_device, "CUDA0");
     EXPECT_EQ(p["diffusion"].params, ParamsLocation::Disk);  // larger than CUDA1
-    EXPECT_EQ(p["te"].params, ParamsLocation::OtherDevice);
-    EXPECT_EQ(p["te"].params_device, "CUDA1");
+    EXPECT_EQ(p["te"].compute_device, "CUDA1");
+    EXPECT_EQ(p["te"].params, ParamsLocation::ComputeDevice);
+    EXPECT_EQ(p["vae"].compute_device, "CUDA0");
     EXPECT_EQ(p["vae"].params, ParamsLocation::OtherDevice);
+    EXPECT_EQ(p["vae"].params_device, "CUDA1");
+}
+
+// Two GPUs, the larger too small for everything: a module that fits the
+// other one whole computes there; with --offload-to-cpu nothing moves.
+TEST(Placement, AutoFitComputesAModuleOnAnotherGpuWhereItFits) {
+    const std::vector<DeviceInfo> devices = {device("CUDA0", DeviceInfo::Gpu, 3 * kGiB),
+                                             device("CUDA1", DeviceInfo::Gpu, 2 * kGiB),
+                                             device("CPU", DeviceInfo::Cpu, 32 * kGiB)};
+    auto p = place({}, devices);
+    EXPECT_EQ(p["diffusion"].compute_device, "CUDA0");
+    EXPECT_EQ(p["diffusion"].params, ParamsLocation::ComputeDevice);
+    // CUDA0 keeps the UNet and the largest compute reserve (the VAE's): the
+    // text encoder goes to CUDA1, and the VAE (160 MiB, 1.25 GiB of compute) too.
+    for (const char* m : {"te", "vae"}) {
+        EXPECT_EQ(p[m].compute_device, "CUDA1") << m;
+        EXPECT_EQ(p[m].params, ParamsLocation::ComputeDevice) << m;
+    }
+    PlacementRequest offload;
+    offload.offload_to_cpu = true;
+    p = place(offload, devices);
+    for (const char* m : {"diffusion", "te", "vae"}) {
+        EXPECT_EQ(p[m].compute_device, "CUDA0") << m;
+        EXPECT_EQ(p[m].params, ParamsLocation::Host) << m;
+    }
 }
 
 TEST(Placement, ExplicitFlagsTurnAutoFitOff) {
