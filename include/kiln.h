@@ -199,6 +199,9 @@ typedef enum {
 /* Called as a job enters a phase: the phase and the image it is for (0 for ENCODE). */
 typedef void (*kiln_phase_callback)(kiln_phase phase, int image, void* user_data);
 
+/* A video's decode: image index, frames decoded so far, the clip's frames. */
+typedef void (*kiln_decode_callback)(int image, int frames_done, int frames, void* user_data);
+
 typedef struct {
     const char* prompt;
     const char* negative_prompt;
@@ -305,6 +308,10 @@ typedef struct {
     /* A video model's frames per clip (sd-cli's --video-frames), made 4k + 1 as sd-cli makes them;
      * 0: 1. An image model refuses any other count than 1. */
     int video_frames;
+    /* A clip's decode (after KILN_PHASE_DECODE), a latent frame at a time: called after each with
+     * the frames decoded so far and the clip's frame count. Or NULL. */
+    kiln_decode_callback decode;
+    void* decode_user_data;
 } kiln_generation_params;
 
 void kiln_generation_params_init(kiln_generation_params* params);

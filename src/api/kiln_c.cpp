@@ -564,7 +564,13 @@ kiln_status kiln_generate(kiln_context* ctx, const kiln_generation_params* param
                 params->phase(static_cast<kiln_phase>(phase), image, params->phase_user_data);
             };
         }
-        auto result = kiln::pipeline::generate(*ctx->model, *r, on_step, nullptr, on_preview, on_phase);
+        kiln::pipeline::DecodeCallback on_decode;
+        if (params->decode) {
+            on_decode = [params](int image, int done, int frames) {
+                params->decode(image, done, frames, params->decode_user_data);
+            };
+        }
+        auto result = kiln::pipeline::generate(*ctx->model, *r, on_step, nullptr, on_preview, on_phase, on_decode);
         if (!result.ok()) {
             ctx->model->release_caches();  // a failed job gives back what it took
             return fail(error, result.error());

@@ -422,8 +422,9 @@ Result<image::Image> decode_latent(Model& model, const std::vector<float>& laten
 // A video's scaled latent [C, T, h, w] decoded a latent frame at a time
 // (the original's chunks), each chunk taking the causal history the one
 // before left: the VAE's memory is one chunk's whatever the clip's length.
-Result<std::vector<image::Image>> decode_clip(Model& model, const std::vector<float>& latent,
-                                              const ValidatedRequest& p) {
+// `decoded` hears the frame count after each chunk.
+Result<std::vector<image::Image>> decode_clip(Model& model, const std::vector<float>& latent, const ValidatedRequest& p,
+                                              const std::function<void(int)>& decoded) {
     const models::AutoencoderNetwork& vae = model.vae();
     const int64_t channels = vae.format().latent_channels, frames = p.latent_frames;
     const size_t plane = static_cast<size_t>(p.latent_w * p.latent_h);
@@ -458,6 +459,7 @@ Result<std::vector<image::Image>> decode_clip(Model& model, const std::vector<fl
             history.push_back(runtime::GraphSession::read(h));
             history_shapes.push_back({h->ne[0], h->ne[1], h->ne[2], h->ne[3]});
         }
+        decoded(static_cast<int>(clip.size()));
     }
     return clip;
 }
@@ -883,7 +885,8 @@ void add_hires_info(const HiresFix& request, const ValidatedHires& h, image::Gen
 
 Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationRequest& request,
                                              const StepCallback& on_step, GenerationTimings* timings,
-                                             const PreviewCallback& on_preview, const PhaseCallback& on_phase) {
+                                             const PreviewCallback& on_preview, const PhaseCallback& on_phase,
+                                             const DecodeCallback& on_decode) {
     auto planned = validate_request(model, request);
     if (!planned.ok()) return planned.error();
     auto images_held = reserve_request_images(model, request);
@@ -1174,7 +1177,9 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
         if (on_phase) on_phase(p.hires && !interrupted ? JobPhase::Hires : JobPhase::Decode, i);
         GeneratedImage g;
         if (p.video) {
-            auto clip = decode_clip(model, *latent, p);
+            auto clip = decode_clip(model, *latent, p, [&](int done) {
+                if (on_decode) on_decode(i, done, p.frames);
+            });
             if (!clip.ok()) return clip.error();
             g.frames = std::move(clip).value();
             g.image = g.frames.front();

@@ -37,6 +37,9 @@ using StepCallback = std::function<void(int image, int step, int total)>;
 // encoding (image 0), an image's decode, an image's hires fix.
 enum class JobPhase { Encode = 1, Decode = 2, Hires = 3 };
 using PhaseCallback = std::function<void(JobPhase phase, int image)>;
+// A video's decode, after each latent frame: the clip's frames decoded so
+// far and its frame count.
+using DecodeCallback = std::function<void(int image, int frames_done, int frames)>;
 
 // What a step cache did in one sampling run: of `evaluations` denoiser
 // calls, `skipped` reused or forecast the network's work (its middle blocks,
@@ -69,12 +72,13 @@ struct GenerationTimings {
 // made after every request.preview.interval-th step of each image (steps
 // count from 1, as on_step's) and handed to it; its time is no step's. A
 // preview that fails to decode is a warning, not a failed job. `on_phase`
-// hears of the phases besides sampling.
+// hears of the phases besides sampling, `on_decode` of a clip's decode.
 Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationRequest& request,
                                              const StepCallback& on_step = nullptr,
                                              GenerationTimings* timings = nullptr,
                                              const PreviewCallback& on_preview = nullptr,
-                                             const PhaseCallback& on_phase = nullptr);
+                                             const PhaseCallback& on_phase = nullptr,
+                                             const DecodeCallback& on_decode = nullptr);
 
 // The sampling loop alone, for callers that bring their own conditioning
 // and starting latent (tests compare it with the reference sampler).

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <thread>
 
@@ -215,6 +216,8 @@ TEST(ServerApi, VideoJobsReturnTheClipAsAVideoFile) {
     const auto events = test::read_events(server.port(), id);
     ASSERT_FALSE(events.empty());
     EXPECT_EQ(events.back(), "done");
+    // 5 frames are 2 latent frames: a decode event after each.
+    EXPECT_EQ(std::count(events.begin(), events.end(), "decode"), 2);
     const json state = body_json(client.Get("/kiln/v1/jobs/" + id));
     ASSERT_EQ(state["results"].size(), 1u) << state.dump();
     const json& result = state["results"][0];

@@ -294,6 +294,8 @@ TEST_F(WanPipelineCli, VidGenWritesTheReferenceClip) {
     const std::string pattern = dir_->file("frame_%03d.png");
     auto ok = test::run_command(sd_cli_line() + "-o " + pattern);
     ASSERT_EQ(ok.exit_code, 0) << ok.err;
+    // The decode's progress: its last line, whatever the pace.
+    EXPECT_NE((ok.out + ok.err).find("image 1/1: decoded 5/5 frames"), std::string::npos) << ok.out << ok.err;
     for (int f = 0; f < kFrames; ++f) {
         char name[32];
         std::snprintf(name, sizeof name, "frame_%03d.png", f);

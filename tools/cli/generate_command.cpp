@@ -74,6 +74,22 @@ struct Progress {
         } else {
             KILN_LOG_INFO("image %d/%d: %s", image + 1, self->images, what);
         }
+        self->last_line = std::chrono::steady_clock::now();
+    }
+
+    // A clip's decode, a latent frame at a time: redrawn on a terminal, a
+    // line every few seconds off one, and the last always.
+    static void on_decode(int image, int done, int frames, void* user_data) {
+        auto* self = static_cast<Progress*>(user_data);
+        const auto now = std::chrono::steady_clock::now();
+        if (self->terminal) {
+            std::printf("\r  image %d/%d  decoded %d/%d frames   ", image + 1, self->images, done, frames);
+            if (done == frames) std::printf("\n");
+            std::fflush(stdout);
+        } else if (done == frames || std::chrono::duration<double>(now - self->last_line).count() >= kLineSeconds) {
+            self->last_line = now;
+            KILN_LOG_INFO("image %d/%d: decoded %d/%d frames", image + 1, self->images, done, frames);
+        }
     }
 };
 
@@ -389,6 +405,8 @@ int run_generate(const Options& options) {
         gp.progress_user_data = &progress;
         gp.phase = &Progress::on_phase;
         gp.phase_user_data = &progress;
+        gp.decode = &Progress::on_decode;
+        gp.decode_user_data = &progress;
     }
     gp.hires = options.hires ? 1 : 0;
     gp.hires_scale = options.hires_scale;

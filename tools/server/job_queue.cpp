@@ -385,6 +385,8 @@ void JobQueue::run(const std::shared_ptr<Job>& job) {
     gp.progress_user_data = &target;
     gp.phase = &JobQueue::on_phase;
     gp.phase_user_data = &target;
+    gp.decode = &JobQueue::on_decode;
+    gp.decode_user_data = &target;
     gp.hires = r.hires ? 1 : 0;
     gp.hires_scale = r.hires_scale;
     gp.hires_width = r.hires_width;
@@ -523,6 +525,14 @@ void JobQueue::on_phase(kiln_phase phase, int image, void* user_data) {
     if (target->held_step) self.add_step_event(*target->job, *std::exchange(target->held_step, std::nullopt), "");
     const char* name = phase == KILN_PHASE_ENCODE ? "encode" : phase == KILN_PHASE_DECODE ? "decode" : "hires";
     self.add_event(*target->job, "phase", {{"phase", name}, {"image", image}});
+}
+
+void JobQueue::on_decode(int image, int done, int frames, void* user_data) {
+    auto* target = static_cast<ProgressTarget*>(user_data);
+    JobQueue& self = *target->queue;
+    std::lock_guard<std::mutex> lock(self.mutex_);
+    self.add_event(*target->job, "decode", {{"image", image}, {"frames_done", done}, {"frames", frames}});
+    if (target->job->cancel_requested) kiln_cancel(target->ctx);
 }
 
 void JobQueue::on_preview(int image, int step, const kiln_image* preview, void* user_data) {

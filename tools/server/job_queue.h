@@ -125,6 +125,7 @@ class JobQueue {
     void drop_previews(Job& job);                                                    // locked
     static void on_progress(int image, int step, int steps, void* user_data);
     static void on_phase(kiln_phase phase, int image, void* user_data);
+    static void on_decode(int image, int done, int frames, void* user_data);
     static void on_preview(int image, int step, const kiln_image* preview, void* user_data);
 
     ModelRegistry& models_;
