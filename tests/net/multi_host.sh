@@ -117,7 +117,7 @@ check "the second job sent at least 12 MiB less" "(( first - second >= 12 * 1024
 
 # 3: host B killed mid-job. The job runs long enough to be caught computing
 # (its first connection to B is kiln's own handshake check, the second ggml's).
-job "$ADDR_B" "$WORK/b.png" --steps 200 &
+job "$ADDR_B" "$WORK/b.png" --steps 1000 &
 client=$!
 for _ in $(seq 300); do
     (($(grep -c "disconnected" "$WORK/b.log") >= 1)) && (($(tx_bytes b) > 8 * 1024 * 1024)) && break
