@@ -98,6 +98,7 @@ kiln_status encode_clips(const Job& job, const kiln_image* frames, int count, st
         out.seed = r.seed + c;
         out.width = clip[0].width;
         out.height = clip[0].height;
+        out.frames = per_clip;
         results.push_back(std::move(out));
     }
     return KILN_OK;

@@ -28,6 +28,7 @@ struct JobImage {
     std::string parameters;      // A1111's parameters text
     int64_t seed = 0;
     uint32_t width = 0, height = 0;
+    int frames = 0;  // a clip's frame count (0: a still image)
 };
 
 // One server-sent event: its type (queued, started, phase, step, done, failed, cancelled) and data.

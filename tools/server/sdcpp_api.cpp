@@ -1,10 +1,11 @@
 // sd-server's native API under /sdcpp/v1, as stable-diffusion.cpp's server
-// documents it: capabilities, img_gen jobs (202, then polled), their status
-// and cancel. The request body is sd.cpp's own (sample_params, hires,
-// vae_tiling_params, lora[], ...) and maps onto kiln's jobs; what kiln does
-// not have (IP-Adapter, reference and control images here, video) is
-// refused by name. kiln adds one field: "model", a name GET /kiln/v1/models
-// lists (sd-server serves one model; without it, the default).
+// documents it: capabilities, img_gen and vid_gen jobs (202, then polled),
+// their status and cancel. The request body is sd.cpp's own (sample_params,
+// hires, vae_tiling_params, lora[], ...) and maps onto kiln's jobs; what
+// kiln does not have (IP-Adapter, control images here; a clip's start and
+// end images, control frames and high-noise model) is refused by name. kiln
+// adds one field: "model", a name GET /kiln/v1/models lists (sd-server
+// serves one model; without it, the default).
 #include <cmath>
 #include <filesystem>
 
@@ -68,12 +69,14 @@ void read_sample_params(JobRequest& r, const json& body, const ServerLimits& lim
     });
 }
 
-void read_vae_tiling(JobRequest& r, const json& body) {
+void read_vae_tiling(JobRequest& r, const json& body, bool video) {
     const json v = object_at(body, "vae_tiling_params");
+    const std::string clips = video ? "kiln decodes a clip a latent frame at a time, untiled" : "kiln makes images";
     nested("vae_tiling_params", [&] {
         r.vae_tiling = read_bool(v, "enabled", false);
+        if (video && r.vae_tiling) throw RequestError{400, "enabled", "enabled: " + clips};
         if (read_bool(v, "temporal_tiling", false)) {
-            throw RequestError{400, "temporal_tiling", "temporal_tiling: is for video VAEs; kiln makes images"};
+            throw RequestError{400, "temporal_tiling", "temporal_tiling: is for video VAEs; " + clips};
         }
         const int x = static_cast<int>(read_integer(v, "tile_size_x", 0, 0, 4096));
         const int y = static_cast<int>(read_integer(v, "tile_size_y", 0, 0, 4096));
@@ -84,7 +87,7 @@ void read_vae_tiling(JobRequest& r, const json& body) {
         r.vae_tile_overlap = static_cast<float>(read_number(v, "target_overlap", 0.5, 0, 0.99));
         r.vae_relative_tile_w = static_cast<float>(read_number(v, "rel_size_x", 0, 0, 4096));
         r.vae_relative_tile_h = static_cast<float>(read_number(v, "rel_size_y", 0, 0, 4096));
-        refuse_if_given(v, "extra_tiling_args", "is for video VAEs; kiln makes images");
+        refuse_if_given(v, "extra_tiling_args", "is for video VAEs; " + clips);
         return 0;
     });
 }
@@ -163,7 +166,7 @@ JobRequest parse_img_gen(ServerState& state, const httplib::Request& req) {
     read_sample_params(r, j, limits);
     read_loras(r, j);
     read_hires(r, j, limits);
-    read_vae_tiling(r, j);
+    read_vae_tiling(r, j, false);
     read_step_cache(r, j);
     r.output_format = read_string(j, "output_format", "png");
     if (r.output_format == "jpg") r.output_format = "jpeg";
@@ -174,6 +177,57 @@ JobRequest parse_img_gen(ServerState& state, const httplib::Request& req) {
     read_integer(j, "output_compression", 100, 0, 100);
     check_limits(r, limits);
     return r;
+}
+
+// POST /sdcpp/v1/vid_gen's body: one clip of video_frames frames (made 4k + 1
+// by the pipeline) in a video file. A model that makes images is a 400.
+JobRequest parse_vid_gen(ServerState& state, const httplib::Request& req) {
+    const json j = parse_json_body(req);
+    const ServerLimits& limits = state.options.limits;
+    JobRequest r;
+    const auto model = state.models.resolve(read_string(j, "model"), "model");
+    r.model = model.name;
+    if (!state.plans.defaults(model, {}, "model").video) {
+        throw RequestError{400, "model", "model: " + r.model + " makes images, not clips (POST /sdcpp/v1/img_gen)"};
+    }
+    r.prompt = read_string(j, "prompt");
+    r.negative_prompt = read_string(j, "negative_prompt");
+    r.clip_skip = static_cast<int>(read_integer(j, "clip_skip", -1, -1, 12));
+    r.width = static_cast<int>(read_integer(j, "width", 0, 0, limits.max_width));
+    r.height = static_cast<int>(read_integer(j, "height", 0, 0, limits.max_height));
+    read_number(j, "strength", 0.75, 0.0001, 1);  // an init image's: refused below
+    r.seed = read_integer(j, "seed", -1, -1, INT64_MAX);
+    r.video_frames = static_cast<int>(read_integer(j, "video_frames", 1, 1, kMaxVideoFrames));
+    r.fps = static_cast<int>(read_integer(j, "fps", 16, 1, 1000));
+    read_number(j, "moe_boundary", 0.875, 0, 1);  // the high-noise model's switch: none here
+    read_number(j, "vace_strength", 1.0, 0, 10);  // VACE's: control_frames are refused
+    refuse_if_given(j, "init_image", "image-to-video (Wan I2V) is not built in kiln");
+    refuse_if_given(j, "end_image", "first-last-frame video (Wan FLF2V) is not built in kiln");
+    refuse_if_given(j, "control_frames", "VACE's control frames are not built in kiln");
+    const json high = object_at(j, "high_noise_sample_params");
+    nested("high_noise_sample_params", [&] {
+        if (read_integer(high, "sample_steps", -1, -1, limits.max_steps) > 0) {
+            throw RequestError{400, "sample_steps",
+                               "sample_steps: Wan 2.2's high-noise model (A14B) is not built in kiln; give -1"};
+        }
+        return 0;
+    });
+    read_sample_params(r, j, limits);
+    read_loras(r, j);
+    read_vae_tiling(r, j, true);
+    read_step_cache(r, j);
+    r.output_format = read_string(j, "output_format", "webm");
+    if (r.output_format != "webm" && r.output_format != "webp" && r.output_format != "avi") {
+        throw RequestError{400, "output_format",
+                           "output_format: unknown format '" + r.output_format + "' (valid: webm, webp, avi)"};
+    }
+    read_integer(j, "output_compression", 100, 0, 100);
+    check_limits(r, limits);
+    return r;
+}
+
+const char* mime_type_of(const std::string& format) {
+    return format == "webm" ? "video/webm" : format == "avi" ? "video/x-msvideo" : "image/webp";
 }
 
 // sd-server's names for kiln's job states.
@@ -196,8 +250,9 @@ json seconds_or_null(double unix_seconds) {
 json describe(ServerState& state, const Job& job) {
     const json kiln_view = state.jobs.describe(job, false);
     return state.jobs.with_lock([&] {
+        const bool clip = job.request.video_frames > 0;
         json out = {{"id", job.id},
-                    {"kind", "img_gen"},
+                    {"kind", clip ? "vid_gen" : "img_gen"},
                     {"status", status_of(job.state)},
                     {"created", static_cast<long long>(job.created)},
                     {"started", seconds_or_null(job.started)},
@@ -205,7 +260,15 @@ json describe(ServerState& state, const Job& job) {
                     {"queue_position", kiln_view.value("position", 0)},
                     {"result", nullptr},
                     {"error", nullptr}};
-        if (job.state == JobState::Done) {
+        if (job.state == JobState::Done && clip && !job.results.empty()) {
+            // One container file: the clip's frames, at fps.
+            const JobImage& file = job.results.front();
+            out["result"] = {{"output_format", job.request.output_format},
+                             {"mime_type", mime_type_of(job.request.output_format)},
+                             {"fps", job.request.fps},
+                             {"frame_count", file.frames},
+                             {"b64_json", base64_encode(file.bytes)}};
+        } else if (job.state == JobState::Done) {
             json images = json::array();
             for (size_t i = 0; i < job.results.size(); ++i) {
                 images.push_back({{"index", i}, {"b64_json", base64_encode(job.results[i].bytes)}});
@@ -289,6 +352,23 @@ json capabilities(ServerState& state) {
         {"ref_images", true}, {"lora", true},          {"vae_tiling", true},       {"hires", true},
         {"cache", true},      {"cancel_queued", true}, {"cancel_generating", true}};
     const json formats = {"png", "jpeg", "webp"};
+    // A video model (Wan) also takes vid_gen: its defaults are img_gen's
+    // with a clip's fields, in a video file.
+    json video_defaults = defaults;
+    for (const char* image_only : {"batch_count", "auto_resize_ref_image", "increase_ref_index", "control_strength",
+                                   "ip_adapter_strength", "hires"})
+        video_defaults.erase(image_only);
+    video_defaults["video_frames"] = 33;
+    video_defaults["fps"] = 16;
+    video_defaults["moe_boundary"] = 0.875;
+    video_defaults["vace_strength"] = 1.0;
+    video_defaults["output_format"] = "webm";
+    video_defaults["high_noise_sample_params"] = defaults["sample_params"];
+    video_defaults["high_noise_sample_params"]["sample_steps"] = -1;
+    const json video_formats = {"webm", "webp", "avi"};
+    const json video_features = {{"init_image", false}, {"end_image", false},    {"control_frames", false},
+                                 {"high_noise", false}, {"lora", true},          {"vae_tiling", false},
+                                 {"cache", true},       {"cancel_queued", true}, {"cancel_generating", true}};
     json samplers = json::array(), schedulers = json::array();
     for (const SamplerName& s : sampler_names()) samplers.push_back(s.kiln);
     for (const SchedulerName& s : scheduler_names()) {
@@ -300,26 +380,32 @@ json capabilities(ServerState& state) {
     }
     json upscalers = json::array({{{"name", "None"}}});
     for (const HiresUpscalerName& builtin : kHiresUpscalers) upscalers.push_back({{"name", builtin.a1111}});
-    return {{"model", model},
-            {"current_mode", "img_gen"},
-            {"supported_modes", {"img_gen"}},
-            {"defaults", defaults},
-            {"output_formats", formats},
-            {"features", features},
-            {"defaults_by_mode", {{"img_gen", defaults}}},
-            {"output_formats_by_mode", {{"img_gen", formats}}},
-            {"features_by_mode", {{"img_gen", features}}},
-            {"samplers", samplers},
-            {"schedulers", schedulers},
-            {"loras", loras},
-            {"upscalers", upscalers},
-            {"limits",
-             {{"min_width", 8},
-              {"max_width", limits.max_width},
-              {"min_height", 8},
-              {"max_height", limits.max_height},
-              {"max_batch_count", limits.max_batch},
-              {"max_queue_size", state.options.max_queue}}}};
+    json out = {{"model", model},
+                {"current_mode", info.video ? "vid_gen" : "img_gen"},
+                {"supported_modes", info.video ? json{"img_gen", "vid_gen"} : json{"img_gen"}},
+                {"defaults", info.video ? video_defaults : defaults},
+                {"output_formats", info.video ? video_formats : formats},
+                {"features", info.video ? video_features : features},
+                {"defaults_by_mode", {{"img_gen", defaults}}},
+                {"output_formats_by_mode", {{"img_gen", formats}}},
+                {"features_by_mode", {{"img_gen", features}}},
+                {"samplers", samplers},
+                {"schedulers", schedulers},
+                {"loras", loras},
+                {"upscalers", upscalers},
+                {"limits",
+                 {{"min_width", 8},
+                  {"max_width", limits.max_width},
+                  {"min_height", 8},
+                  {"max_height", limits.max_height},
+                  {"max_batch_count", limits.max_batch},
+                  {"max_queue_size", state.options.max_queue}}}};
+    if (info.video) {
+        out["defaults_by_mode"]["vid_gen"] = video_defaults;
+        out["output_formats_by_mode"]["vid_gen"] = video_formats;
+        out["features_by_mode"]["vid_gen"] = video_features;
+    }
+    return out;
 }
 
 }  // namespace
@@ -328,26 +414,22 @@ void add_sdcpp_routes(httplib::Server& server, ServerState& state) {
     server.Get("/sdcpp/v1/capabilities", [&state](const httplib::Request&, httplib::Response& res) {
         guarded(res, [&] { send_json(res, 200, capabilities(state)); });
     });
-    server.Post("/sdcpp/v1/img_gen", [&state](const httplib::Request& req, httplib::Response& res) {
-        guarded(res, [&] {
-            int position = 0;
-            auto job = submit_job(state, parse_img_gen(state, req), &position);
-            send_json(res, 202,
-                      {{"id", job->id},
-                       {"kind", "img_gen"},
-                       {"status", "queued"},
-                       {"created", static_cast<long long>(job->created)},
-                       {"poll_url", "/sdcpp/v1/jobs/" + job->id}});
-        });
-    });
-    server.Post("/sdcpp/v1/vid_gen",
-                [](const httplib::Request&, httplib::Response& res, const httplib::ContentReader&) {
-                    guarded(res, [&] {
-                        throw RequestError{400, "",
-                                           "vid_gen: this route is not served yet; a video model's (Wan) clips are "
-                                           "kiln's job API's: POST /kiln/v1/jobs with video_frames"};
+    // img_gen and vid_gen: the job queued, 202 with where to poll it.
+    for (const auto& [kind, parse] : {std::pair{"img_gen", &parse_img_gen}, std::pair{"vid_gen", &parse_vid_gen}}) {
+        server.Post(std::string("/sdcpp/v1/") + kind,
+                    [&state, kind = kind, parse = parse](const httplib::Request& req, httplib::Response& res) {
+                        guarded(res, [&] {
+                            int position = 0;
+                            auto job = submit_job(state, parse(state, req), &position);
+                            send_json(res, 202,
+                                      {{"id", job->id},
+                                       {"kind", kind},
+                                       {"status", "queued"},
+                                       {"created", static_cast<long long>(job->created)},
+                                       {"poll_url", "/sdcpp/v1/jobs/" + job->id}});
+                        });
                     });
-                });
+    }
     server.Get(R"(/sdcpp/v1/jobs/([^/]+))", [&state](const httplib::Request& req, httplib::Response& res) {
         guarded(res, [&] { send_json(res, 200, describe(state, *job_of(state, req.matches[1]))); });
     });
