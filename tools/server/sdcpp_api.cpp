@@ -124,6 +124,23 @@ void read_loras(JobRequest& r, const json& body) {
     }
 }
 
+// output_format, one of `valid` (the first without it; "jpg" is "jpeg"),
+// and output_compression, checked (kiln's encoders take no quality).
+void read_output_format(JobRequest& r, const json& j, std::initializer_list<const char*> valid) {
+    r.output_format = read_string(j, "output_format", *valid.begin());
+    if (r.output_format == "jpg") r.output_format = "jpeg";
+    std::string names;
+    for (const char* v : valid) {
+        if (r.output_format == v) {
+            read_integer(j, "output_compression", 100, 0, 100);
+            return;
+        }
+        names += (names.empty() ? "" : ", ") + std::string(v);
+    }
+    throw RequestError{400, "output_format",
+                       "output_format: unknown format '" + r.output_format + "' (valid: " + names + ")"};
+}
+
 JobRequest parse_img_gen(ServerState& state, const httplib::Request& req) {
     const json j = parse_json_body(req);
     const ServerLimits& limits = state.options.limits;
@@ -168,13 +185,7 @@ JobRequest parse_img_gen(ServerState& state, const httplib::Request& req) {
     read_hires(r, j, limits);
     read_vae_tiling(r, j, false);
     read_step_cache(r, j);
-    r.output_format = read_string(j, "output_format", "png");
-    if (r.output_format == "jpg") r.output_format = "jpeg";
-    if (r.output_format != "png" && r.output_format != "jpeg" && r.output_format != "webp") {
-        throw RequestError{400, "output_format",
-                           "output_format: unknown format '" + r.output_format + "' (valid: png, jpeg, webp)"};
-    }
-    read_integer(j, "output_compression", 100, 0, 100);
+    read_output_format(r, j, {"png", "jpeg", "webp"});
     check_limits(r, limits);
     return r;
 }
@@ -216,12 +227,7 @@ JobRequest parse_vid_gen(ServerState& state, const httplib::Request& req) {
     read_loras(r, j);
     read_vae_tiling(r, j, true);
     read_step_cache(r, j);
-    r.output_format = read_string(j, "output_format", "webm");
-    if (r.output_format != "webm" && r.output_format != "webp" && r.output_format != "avi") {
-        throw RequestError{400, "output_format",
-                           "output_format: unknown format '" + r.output_format + "' (valid: webm, webp, avi)"};
-    }
-    read_integer(j, "output_compression", 100, 0, 100);
+    read_output_format(r, j, {"webm", "webp", "avi"});
     check_limits(r, limits);
     return r;
 }
