@@ -133,10 +133,10 @@ Result<std::vector<ModulePlacement>> place_each_module(const PlacementRequest& r
         // Another GPU where the module fits whole with its compute: it
         // computes there, its weights resident, rather than streaming them
         // to the first GPU.
+        const uint64_t own_reserve = static_cast<uint64_t>(static_cast<double>(w) * compute_reserve_share(m));
         auto spare_gpu = [&]() -> std::pair<const std::string, OtherGpu>* {
-            const uint64_t reserve = static_cast<uint64_t>(static_cast<double>(w) * compute_reserve_share(m));
             for (auto& entry : other_room) {
-                if (w + std::max(reserve, entry.second.reserve) <= entry.second.room) return &entry;
+                if (w + std::max(own_reserve, entry.second.reserve) <= entry.second.room) return &entry;
             }
             return nullptr;
         };
@@ -147,8 +147,7 @@ Result<std::vector<ModulePlacement>> place_each_module(const PlacementRequest& r
             p.compute_device = other->first;
             p.params = ParamsLocation::ComputeDevice;
             other->second.room -= w;
-            other->second.reserve = std::max(other->second.reserve,
-                                             static_cast<uint64_t>(static_cast<double>(w) * compute_reserve_share(m)));
+            other->second.reserve = std::max(other->second.reserve, own_reserve);
         } else if (w <= host_room || request.offload_to_cpu) {
             // --offload-to-cpu is sd-cli's: the weights live in RAM, whatever
             // room auto-fit would keep free there (the plan says when RAM
