@@ -82,7 +82,9 @@ typedef struct {
     const char* weight_type;          /* --type ("f32", "q8_0", ...), or NULL to keep the file's */
     const char* prediction;           /* "eps", "v", or NULL (the model's) */
     const char* rpc_servers;          /* --rpc-servers "host:port[,host:port]": remote ggml devices, or NULL */
-    const char* backend;              /* --backend "rpc0" or "diffusion=rpc0,te=cpu,vae=cpu", or NULL (CPU) */
+    const char* backend;              /* --backend "rpc0" or "diffusion=rpc0,te=cpu,vae=cpu", or NULL (CPU);
+                                       * "diffusion=rpc0&rpc1" splits a module's blocks across devices */
+    const char* split_mode;           /* --split-mode "layer" (default), "row", or "diffusion=row,te=layer" */
     int n_threads;                    /* <= 0: all cores */
     /* The memory system (docs/memory.md). Zero means the default everywhere. */
     const char* params_backend;    /* --params-backend "cpu", "disk", a device, or module=location pairs */

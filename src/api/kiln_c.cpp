@@ -169,6 +169,11 @@ kiln::Result<kiln::pipeline::ModelOptions> model_options(const kiln_context_para
         // One device for everything parses as every module on it.
         options.placement.backend = std::move(placement).value();
     }
+    if (params->split_mode && *params->split_mode) {
+        auto modes = kiln::pipeline::parse_split_mode(params->split_mode);
+        if (!modes.ok()) return modes.error().as(ErrorKind::InvalidRequest);
+        options.placement.split_mode = std::move(modes).value();
+    }
     if (params->params_backend && *params->params_backend) {
         auto where =
             kiln::pipeline::parse_params_backend(params->params_backend, kiln::runtime::registered_device_names());

@@ -768,6 +768,16 @@ Result<std::vector<float>> sample_latent(Model& model, const SamplingRun& run, s
     KILN_LOG_VERBOSE("diffusion plans: %d built, %d reused; %d segmented run(s), %d segment(s) in the last",
                      unet.plans().builds() - builds_before, unet.plans().hits() - hits_before,
                      after.segmented_runs - before.segmented_runs, after.last_segments);
+    if (const auto devices = unet.split_devices(); devices.size() > 1) {
+        for (const runtime::Executor* device : devices) {
+            const auto [first, end] = device->segment_range();
+            if (first == end) continue;
+            KILN_LOG_VERBOSE(
+                "diffusion layer split: %s ran segments %d-%d in %d group(s), receiving %s a run in %.1f ms",
+                device->store().ledger().device_name().c_str(), first, end - 1, device->stats().last_segments,
+                human_bytes(device->stats().crossing_bytes).c_str(), device->stats().crossing_seconds * 1000.0);
+        }
+    }
     return result;
 }
 

@@ -332,6 +332,12 @@ Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, 
         // workspace, grown to the larger run.
         std::map<std::string, uint64_t> left_behind;
         for (const ModuleForecast& m : out.modules) {
+            // A layer split's later devices hold their own ranges.
+            for (const runtime::SplitShareForecast& share : m.run.split) {
+                if (share.device == name && share.device != m.device) {
+                    d.peak = std::max(d.peak, std::min(d.limit, d.weights_kept + share.peak));
+                }
+            }
             if (m.device != name) continue;
             uint64_t others = 0;
             for (const auto& [module, bytes] : left_behind) others += module == m.module ? 0 : bytes;
@@ -424,6 +430,21 @@ std::string describe_forecast(const Model& model, const JobForecast& forecast) {
                     ? ", reads its " + human_bytes(m.streamed_from_disk) + " of weights from disk" + per_step
                     : "") +
                "\n";
+        for (const runtime::SplitShareForecast& share : r.split) {
+            out +=
+                "    layer split: " + share.device + " " +
+                (share.first_segment.empty()
+                     ? std::string("takes no share (no room beyond the compute reserve)")
+                     : "runs '" + share.first_segment + "'..'" + share.last_segment + "', " +
+                           human_bytes(share.weight_bytes) + " of weights, " +
+                           (share.segments == 1 ? std::string("whole") : std::to_string(share.segments) + " segments") +
+                           ", peak " + human_bytes(share.peak) + " of " + human_bytes(share.limit) +
+                           (share.crossing_bytes ? ", receives " + human_bytes(share.crossing_bytes) + " a run" +
+                                                       (per_step.empty() ? "" : " (" + per_step.substr(1) + ")")
+                                                 : std::string()) +
+                           (share.fits ? "" : " - DOES NOT FIT")) +
+                "\n";
+        }
     }
     if (forecast.upscaler) {
         const auto& [name, m] = *forecast.upscaler;

@@ -732,6 +732,7 @@ Status Model::place_modules(const ModelOptions& options) {
         if (m == vision_) {  // its role's device, its own record: params in RAM
             vision_placement_ = *m->placement;
             vision_placement_.params = runtime::ParamsLocation::Host;
+            vision_placement_.split_devices.clear();
             m->placement = &vision_placement_;
         }
         auto dev = device_of(m->placement->compute_device);
@@ -750,6 +751,7 @@ Status Model::place_modules(const ModelOptions& options) {
         executor_options.cancel = &cancel_;
         m->executor = std::make_unique<runtime::Executor>(m->executor_name, std::move(compute).value(), m->weights(),
                                                           *store, executor_options);
+        KILN_TRY(add_split_devices(*m, options.threads));
         KILN_TRY(place_params(*m, m->placement->params));
     }
     for (TextEncoder& te : text_encoders_) {
@@ -774,6 +776,39 @@ Status Model::place_modules(const ModelOptions& options) {
                              runtime::params_location_name(weights.params_location()));
             return Status::Ok();
         });
+    }
+    return Status::Ok();
+}
+
+Status Model::add_split_devices(Module& m, int threads) {
+    const ModulePlacement& p = *m.placement;
+    if (p.split_devices.empty()) return Status::Ok();
+    std::vector<ggml_backend_dev_t> devices;
+    for (const std::string& name : p.split_devices) {
+        auto dev = device_of(name);
+        if (!dev.ok()) return dev.error();
+        auto compute = runtime::Compute::create(*dev, threads);
+        if (!compute.ok()) return compute.error();
+        ledger_for(name, *dev);
+        auto& store = stores_[name];
+        if (!store) store = runtime::shared_store(name, *dev, budgets_.for_device(name), (*compute)->buffer_type());
+        m.executor->add_split_device(std::move(compute).value(), *store);
+        devices.push_back(*dev);
+    }
+    if (p.row_split_asked) {
+        // ggml offers row split through a backend's split buffer type (CUDA's);
+        // kiln's executor does not place weights in one yet.
+        std::string offered;
+        for (ggml_backend_dev_t dev : devices) {
+            ggml_backend_reg_t reg = dev ? ggml_backend_dev_backend_reg(dev) : nullptr;
+            if (reg && ggml_backend_reg_get_proc_address(reg, "ggml_backend_split_buffer_type")) {
+                offered = ggml_backend_reg_name(reg);
+            }
+        }
+        KILN_LOG_WARN("--split-mode row: %s; %s runs as a layer split",
+                      offered.empty() ? "none of the listed devices offers a split buffer type (ggml has one for CUDA)"
+                                      : (offered + "'s split buffers are not used by kiln yet").c_str(),
+                      m.executor_name.c_str());
     }
     return Status::Ok();
 }

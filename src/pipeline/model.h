@@ -320,6 +320,8 @@ class Model {
     Status place_modules(const ModelOptions& options);
     Status place_params(Module& module, runtime::ParamsLocation where);
     Result<ggml_backend_dev_t> device_of(const std::string& name) const;
+    // Layer split: the executor's later devices (--backend diffusion=A&B).
+    Status add_split_devices(Module& m, int threads);
     // The device's books, shared with every other model of the process.
     runtime::DeviceLedger& ledger_for(const std::string& name, ggml_backend_dev_t dev);
 

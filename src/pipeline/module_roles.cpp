@@ -54,20 +54,25 @@ Result<std::map<std::string, std::string>> parse_module_assignments(std::string_
     const std::string valid_modules = "valid modules: " + join_list(known_modules()) +
                                       "; aliases: unet, dit, transformer, " +
                                       "clip, text_encoder, cond_stage, controlnet";
+    const std::string noun = f == "--split-mode" ? "mode" : "device";
     auto resolve_one = [&](const std::string& name) -> Result<std::string> {
         for (const std::string& d : device_names) {
             if (ascii_lower(d) == ascii_lower(name)) return d;
         }
-        return Error{f + ": unknown device '" + name + "' (" + valid_devices + ")"};
+        if (f == "--backend" && ascii_lower(name) == "disk") {
+            return Error{f + ": 'disk' holds weights (--params-backend), it computes nothing (" + valid_devices + ")"};
+        }
+        return Error{f + ": unknown " + noun + " '" + name + "' (" + valid_devices + ")"};
     };
-    // sd-cli's "A&B" (a module's blocks split across devices): each name is
-    // checked, then the list is refused, since kiln runs a module on one
-    // device.
+    // sd-cli's "A&B" (a module's blocks split across devices, in that
+    // order): each name is checked once; the value keeps the registry's
+    // spellings joined by '&'.
     auto resolve_device = [&](const std::string& name) -> Result<std::string> {
         if (name.find('&') == std::string::npos) return resolve_one(name);
         if (f != "--backend") return Error{f + ": '" + name + "': takes one place per module, not a list ('&')"};
         std::vector<std::string> listed;
         for (const std::string& part : split_list(name, '&')) {
+            if (trim_space(part).empty()) return Error{f + ": '" + name + "' has an empty device in its list"};
             auto device = resolve_one(trim_space(part));
             if (!device) return device.error();
             if (std::find(listed.begin(), listed.end(), *device) != listed.end()) {
@@ -75,8 +80,9 @@ Result<std::map<std::string, std::string>> parse_module_assignments(std::string_
             }
             listed.push_back(*device);
         }
-        return Error{f + ": '" + name + "': splitting one module across devices (sd-cli's layer split) is not " +
-                     "built in kiln; give one device per module (docs/devices.md)"};
+        std::string joined;
+        for (const std::string& d : listed) joined += (joined.empty() ? "" : "&") + d;
+        return joined;
     };
 
     const std::string whole = trim_space(spec);
@@ -105,6 +111,9 @@ Result<std::map<std::string, std::string>> parse_module_assignments(std::string_
         if (device_text.empty()) return Error{f + ": " + module_text + "= needs a device (" + valid_devices + ")"};
         auto device = resolve_device(device_text);
         if (!device) return device.error();
+        if (device->find('&') != std::string::npos && module != "diffusion" && module != "te") {
+            return Error{f + ": '" + trim_space(pair) + "': only diffusion and te can be split across devices"};
+        }
         out[module] = *device;
     }
     return out;

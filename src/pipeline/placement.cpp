@@ -56,7 +56,31 @@ Result<std::map<std::string, std::string>> parse_params_backend(std::string_view
     return parse_module_assignments("--params-backend", spec, values);
 }
 
+Result<std::map<std::string, std::string>> parse_split_mode(std::string_view spec) {
+    return parse_module_assignments("--split-mode", spec, {"layer", "row"});
+}
+
 namespace {
+
+std::string join_devices(const std::vector<std::string>& devices) {
+    std::string out;
+    for (const std::string& d : devices) out += (out.empty() ? "" : "&") + d;
+    return out;
+}
+
+// "A&B" from --backend: the module computes on A, and on B for a layer
+// split when it is one that splits; a bare "--backend A&B" names every
+// module, and those that do not split run on A.
+void apply_split(ModulePlacement& p, const PlacementRequest& request) {
+    if (p.compute_device.find('&') == std::string::npos) return;
+    std::vector<std::string> devices = split_list(p.compute_device, '&');
+    p.compute_device = devices.front();
+    if (p.module != "diffusion" && p.module != "te") return;
+    p.split_devices.assign(devices.begin() + 1, devices.end());
+    if (auto mode = request.split_mode.find(p.module); mode != request.split_mode.end()) {
+        p.row_split_asked = mode->second == "row";
+    }
+}
 
 Result<std::vector<ModulePlacement>> place_each_module(const PlacementRequest& request, const ModuleBytes& bytes,
                                                        const std::vector<DeviceInfo>& devices,
@@ -76,11 +100,15 @@ Result<std::vector<ModulePlacement>> place_each_module(const PlacementRequest& r
             ModulePlacement p;
             p.module = m;
             if (auto it = request.backend.find(m); it != request.backend.end()) p.compute_device = it->second;
+            apply_split(p, request);
             std::string value = request.offload_to_cpu ? "CPU" : p.compute_device;
             if (auto it = request.params_backend.find(m); it != request.params_backend.end()) value = it->second;
             auto where = params_location_of(value, p.compute_device, p.params_device);
             if (!where.ok()) return where.error();
             p.params = *where;
+            // A split module's weights cannot all live on its first device:
+            // each device holds copies of its range, staged from RAM.
+            if (!p.split_devices.empty() && p.params == ParamsLocation::ComputeDevice) p.params = ParamsLocation::Host;
             out.push_back(p);
         }
         return out;
@@ -140,6 +168,36 @@ Result<std::vector<ModulePlacement>> place_each_module(const PlacementRequest& r
             }
             return nullptr;
         };
+        // A module too large for any one GPU, split across the first and
+        // the others with room beside their compute reserves (sd-cli's
+        // auto-fit does the same for diffusion and te): the GPUs it takes,
+        // their share of it now counted, or none when they cannot hold it.
+        auto split_over_gpus = [&](uint64_t bytes, uint64_t reserve) -> std::vector<std::string> {
+            if (m != "diffusion" && m != "te") return {};
+            const uint64_t first_room =
+                room > placed + compute_reserve + staging ? room - placed - compute_reserve - staging : 0;
+            uint64_t total = first_room;
+            std::vector<std::pair<std::string, uint64_t>> takers;
+            for (const auto& [name, other] : other_room) {
+                const uint64_t keep = std::max(reserve, other.reserve);
+                if (other.room > keep) {
+                    takers.emplace_back(name, other.room - keep);
+                    total += other.room - keep;
+                }
+            }
+            if (takers.empty() || bytes > total) return {};
+            std::vector<std::string> names;
+            for (const auto& [name, free] : takers) {
+                const auto share = static_cast<uint64_t>(static_cast<double>(bytes) * static_cast<double>(free) /
+                                                         static_cast<double>(total));
+                other_room[name].room -= share;
+                other_room[name].reserve = std::max(other_room[name].reserve, reserve);
+                names.push_back(name);
+            }
+            placed += static_cast<uint64_t>(static_cast<double>(bytes) * static_cast<double>(first_room) /
+                                            static_cast<double>(total));
+            return names;
+        };
         if (!request.offload_to_cpu && placed + w + compute_reserve + staging <= room) {
             p.params = ParamsLocation::ComputeDevice;
             placed += w;
@@ -148,6 +206,11 @@ Result<std::vector<ModulePlacement>> place_each_module(const PlacementRequest& r
             p.params = ParamsLocation::ComputeDevice;
             other->second.room -= w;
             other->second.reserve = std::max(other->second.reserve, own_reserve);
+        } else if (auto split = request.offload_to_cpu ? std::vector<std::string>{} : split_over_gpus(w, own_reserve);
+                   !split.empty()) {
+            p.split_devices = split;
+            p.params = w <= host_room ? ParamsLocation::Host : ParamsLocation::Disk;
+            if (p.params == ParamsLocation::Host) host_room -= w;
         } else if (w <= host_room || request.offload_to_cpu) {
             // --offload-to-cpu is sd-cli's: the weights live in RAM, whatever
             // room auto-fit would keep free there (the plan says when RAM
@@ -181,6 +244,7 @@ Result<std::vector<ModulePlacement>> place_modules(const PlacementRequest& reque
     for (ModulePlacement& p : *placed) {
         if (!request.on_cpu.count(p.module)) continue;
         p.compute_device = "CPU";
+        p.split_devices.clear();
         p.params_device.clear();
         p.params = ParamsLocation::ComputeDevice;  // RAM, or the mapped file
         if (auto it = request.params_backend.find(p.module); it != request.params_backend.end()) {
@@ -204,7 +268,10 @@ std::string describe_placement(const std::vector<ModulePlacement>& placement, co
             case runtime::ParamsLocation::OtherDevice: where = "on " + p.params_device; break;
             case runtime::ParamsLocation::Disk: where = "on disk"; break;
         }
-        out += p.module + ": computes on " + p.compute_device + ", weights " + where + " (" + human_bytes(w) + ")\n";
+        const std::string devices = p.split_devices.empty()
+                                        ? p.compute_device
+                                        : p.compute_device + "&" + join_devices(p.split_devices) + " (layer split)";
+        out += p.module + ": computes on " + devices + ", weights " + where + " (" + human_bytes(w) + ")\n";
     }
     return out;
 }

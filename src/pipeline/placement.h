@@ -8,9 +8,11 @@
 // the first place with room: that GPU (leaving its compute reserve and
 // staging room for the higher-priority modules already offloaded); another
 // GPU where its weights and compute reserve fit, which then computes it;
-// else the first GPU computes it with its weights in RAM (keeping max(2 GiB,
-// 10% of what is available) free), on another GPU, or on disk. With no
-// GPU-type device everything runs on the CPU.
+// for diffusion and te, a layer split over the first GPU and the others
+// whose rooms together hold it (weights in RAM, or on disk when RAM cannot
+// hold them); else the first GPU computes it with its weights in RAM
+// (keeping max(2 GiB, 10% of what is available) free), on another GPU, or
+// on disk. With no GPU-type device everything runs on the CPU.
 #pragma once
 
 #include <cstdint>
@@ -31,10 +33,17 @@ struct ModulePlacement {
     std::string compute_device = "CPU";  // ggml's device name
     runtime::ParamsLocation params = runtime::ParamsLocation::ComputeDevice;
     std::string params_device;  // for ParamsLocation::OtherDevice
+    // Layer split (--backend diffusion=A&B): the devices after
+    // compute_device that run the later ranges of the module's blocks. The
+    // params then live off the devices (RAM unless --params-backend says
+    // disk or another device) and each device holds copies of its range.
+    std::vector<std::string> split_devices;
+    bool row_split_asked = false;  // --split-mode row (runs as a layer split: docs/devices.md)
 };
 
 struct PlacementRequest {
-    std::map<std::string, std::string> backend;         // --backend: module -> device
+    std::map<std::string, std::string> backend;         // --backend: module -> device, or "A&B" (split)
+    std::map<std::string, std::string> split_mode;      // --split-mode: module -> "layer" | "row"
     std::map<std::string, std::string> params_backend;  // --params-backend: module -> cpu|disk|device
     bool offload_to_cpu = false;                        // --offload-to-cpu: every module's params in RAM
     bool auto_fit = true;                               // --auto-fit (off when backend/params_backend given)
@@ -56,6 +65,10 @@ using ModuleBytes = std::map<std::string, uint64_t>;
 Result<std::vector<ModulePlacement>> place_modules(const PlacementRequest& request, const ModuleBytes& bytes,
                                                    const std::vector<runtime::DeviceInfo>& devices,
                                                    uint64_t host_available);
+
+// Parses --split-mode: "layer" or "row" for every module, or module=mode
+// pairs ("diffusion=row,te=layer").
+Result<std::map<std::string, std::string>> parse_split_mode(std::string_view spec);
 
 // Parses --params-backend: "cpu", "disk" or a device for every module, or
 // module=value pairs (module names as for --backend).

@@ -1,6 +1,7 @@
 #include "runtime/executor.h"
 
 #include <algorithm>
+#include <chrono>
 #include <set>
 #include <unordered_set>
 
@@ -29,6 +30,24 @@ uint64_t alloc_size(ggml_backend_buffer_type_t buft, const ggml_tensor* t) {
     return (ggml_backend_buft_get_alloc_size(buft, &copy) + alignment - 1) / alignment * alignment;
 }
 
+// Re-derives a view's placement from its source (sources first).
+void refresh_view(ggml_tensor* t) {
+    if (!t->view_src) return;
+    refresh_view(t->view_src);
+    if (!t->view_src->buffer) return;
+    t->data = nullptr;
+    t->buffer = nullptr;
+    ggml_backend_view_init(t);
+}
+
+uint64_t block_bytes(const std::vector<WeightBlock*>& blocks) {
+    uint64_t total = 0;
+    for (const WeightBlock* b : blocks) total += b->bytes;
+    return total;
+}
+
+}  // namespace
+
 // Saves tensors' placements and restores them when destroyed.
 class PlacementRestore {
   public:
@@ -48,24 +67,6 @@ class PlacementRestore {
     };
     std::vector<Saved> saved_;
 };
-
-// Re-derives a view's placement from its source (sources first).
-void refresh_view(ggml_tensor* t) {
-    if (!t->view_src) return;
-    refresh_view(t->view_src);
-    if (!t->view_src->buffer) return;
-    t->data = nullptr;
-    t->buffer = nullptr;
-    ggml_backend_view_init(t);
-}
-
-uint64_t block_bytes(const std::vector<WeightBlock*>& blocks) {
-    uint64_t total = 0;
-    for (const WeightBlock* b : blocks) total += b->bytes;
-    return total;
-}
-
-}  // namespace
 
 Executor::Executor(std::string module, std::unique_ptr<Compute> compute, ModuleWeights& weights, WeightStore& store,
                    ExecutorOptions options)
@@ -99,10 +100,14 @@ void Executor::drop_workspace() {
 void Executor::release_workspace() {
     forget_carried();
     drop_workspace();
+    for (auto& device : split_) device->release_workspace();
 }
 
 void Executor::forget_carried() {
     carried_nodes_.clear();
+    bound_mirrors_.clear();
+    mirror_buffer_ = nullptr;
+    mirror_base_ = nullptr;
     carried_session_ = 0;
     allocated_session_ = 0;
 }
@@ -149,8 +154,16 @@ std::vector<int> Executor::carried_out(const GraphPlan& plan, int first, int end
 Executor::CarriedLayout Executor::layout_carried(ggml_cgraph* graph, const GraphPlan& plan,
                                                  const std::vector<Group>& groups) const {
     CarriedLayout layout;
-    if (groups.size() < 2) return layout;
-    std::vector<int> group_of(plan.n_nodes, 0);
+    const int n = static_cast<int>(plan.segments.size());
+    const bool everything = range_.first == 0 && range_.end == n;
+    if (groups.size() < 2 && everything) return layout;
+    // Nodes before the range belong to other devices; a node read after it
+    // is read by another device, after this one's workspace has moved on,
+    // so it is kept like one read by a later group.
+    const int after = static_cast<int>(groups.size());
+    const int range_begin = plan.segments[range_.first].begin, range_stop = plan.segments[range_.end - 1].end;
+    std::vector<int> group_of(plan.n_nodes, -1);
+    for (int i = range_stop; i < plan.n_nodes; ++i) group_of[i] = after;
     for (size_t g = 0; g < groups.size(); ++g) {
         for (int i = plan.segments[groups[g].first].begin; i < plan.segments[groups[g].end - 1].end; ++i) {
             group_of[i] = static_cast<int>(g);
@@ -161,15 +174,16 @@ Executor::CarriedLayout Executor::layout_carried(ggml_cgraph* graph, const Graph
         for (int r : plan.reads[k]) last_reader[r] = std::max(last_reader[r], group_of[k]);
     }
     // An output is read after the run: one an earlier group computes stays
-    // to the end (the last group's own stay in its workspace).
-    for (int o : plan.outputs) last_reader[o] = static_cast<int>(groups.size()) - 1;
+    // to the end (the last group's own stay in its workspace, unless another
+    // device's range follows).
+    for (int o : plan.outputs) last_reader[o] = range_.end == n ? after - 1 : after;
     struct Placed {
         uint64_t offset, size;
         int from, to;
     };
     std::vector<Placed> placed;
     const ggml_backend_buffer_type_t buft = compute_->buffer_type();
-    for (int i = 0; i < plan.n_nodes; ++i) {
+    for (int i = range_begin; i < range_stop; ++i) {
         if (plan.base_node[i] != i || last_reader[i] <= group_of[i]) continue;
         const uint64_t size = alloc_size(buft, ggml_graph_node(graph, i));
         const int from = group_of[i], to = last_reader[i];
@@ -236,12 +250,17 @@ uint64_t Executor::measure(ggml_cgraph* graph, const GraphPlan& plan, int first,
     return bytes;
 }
 
-void Executor::define_blocks(const GraphPlan& plan) {
+void Executor::define_blocks(const GraphPlan& plan, const std::vector<Executor*>& others) {
     if (weights_.params_location() == ParamsLocation::ComputeDevice) return;
-    for (size_t s = 0; s < plan.segments.size(); ++s) {
+    for (int s = range_.first; s < range_.end; ++s) {
         std::vector<ggml_tensor*> tensors;
-        for (int leaf : plan.segments[s].weights) tensors.push_back(leafs_[leaf]);
-        store_.define_block(weights_, tensors, static_cast<int>(s));
+        for (int leaf : plan.segments[s].weights) {
+            ggml_tensor* t = leafs_[leaf];
+            const bool elsewhere =
+                std::any_of(others.begin(), others.end(), [&](const Executor* e) { return e->store_.block_of(t); });
+            if (!elsewhere) tensors.push_back(t);
+        }
+        store_.define_block(weights_, tensors, s);
     }
 }
 
@@ -263,10 +282,12 @@ uint64_t Executor::group_cost(ggml_cgraph* graph, const GraphPlan& plan, int fir
 
 Result<Executor::Choice> Executor::choose_groups(ggml_cgraph* graph, const GraphPlan& plan, uint64_t room,
                                                  RunForecast* forecast) {
-    const int n = static_cast<int>(plan.segments.size());
-    const uint64_t whole = group_cost(graph, plan, 0, n, 0);
-    if (forecast) forecast->whole_workspace = measure(graph, plan, 0, n);
-    const bool can_segment = plan.valid && options_.segmented && n > 1;
+    const int lo = range_.first, hi = range_.end;
+    // A split device's range keeps what later devices read even when it runs whole.
+    const CarriedLayout whole_layout = layout_carried(graph, plan, {{lo, hi}});
+    const uint64_t whole = group_cost(graph, plan, lo, hi, whole_layout.size);
+    if (forecast) forecast->whole_workspace = measure(graph, plan, lo, hi);
+    const bool can_segment = plan.valid && options_.segmented && hi - lo > 1;
     if (whole <= room || !can_segment) {
         if (forecast) {
             forecast->largest_segment = forecast->peak = whole;
@@ -281,7 +302,7 @@ Result<Executor::Choice> Executor::choose_groups(ggml_cgraph* graph, const Graph
                                         store_.ledger().device_name() + " to run whole" + why + ", the budget leaves " +
                                         human_bytes(room));
         }
-        return Choice{{{0, n}}, {}};
+        return Choice{{{lo, hi}}, whole_layout};
     }
 
     // Greedy: each group takes segments while they fit with `carried` bytes
@@ -289,17 +310,17 @@ Result<Executor::Choice> Executor::choose_groups(ggml_cgraph* graph, const Graph
     // so start from the finest grouping's and iterate to a grouping whose
     // carried buffer is no larger than the one it was planned with.
     std::vector<Group> fine;
-    for (int s = 0; s < n; ++s) fine.push_back({s, s + 1});
+    for (int s = lo; s < hi; ++s) fine.push_back({s, s + 1});
     const uint64_t fine_carried = layout_carried(graph, plan, fine).size;
     auto greedy = [&](uint64_t carried, int* failed) {
         std::vector<Group> groups;
-        for (int first = 0; first < n;) {
+        for (int first = lo; first < hi;) {
             if (group_cost(graph, plan, first, first + 1, carried) > room) {
                 *failed = first;
                 return groups;
             }
             int end = first + 1;
-            while (end < n && group_cost(graph, plan, first, end + 1, carried) <= room) ++end;
+            while (end < hi && group_cost(graph, plan, first, end + 1, carried) <= room) ++end;
             groups.push_back({first, end});
             first = end;
         }
@@ -323,18 +344,18 @@ Result<Executor::Choice> Executor::choose_groups(ggml_cgraph* graph, const Graph
     }
     if (!best && failed < 0) {  // the finest grouping always fits its own carried buffer
         best = Choice{fine, layout_carried(graph, plan, fine)};
-        for (int s = 0; s < n && failed < 0; ++s) {
+        for (int s = lo; s < hi && failed < 0; ++s) {
             if (group_cost(graph, plan, s, s + 1, best->carried.size) > room) failed = s;
         }
     }
     if (failed >= 0 || !best) {
-        const int s = failed >= 0 ? failed : 0;
+        const int s = failed >= 0 ? failed : lo;
         const uint64_t need = group_cost(graph, plan, s, s + 1, fine_carried);
         if (forecast) {
             forecast->fits = false;
             forecast->largest_segment = forecast->peak = need;
             forecast->largest_segment_name = plan.segments[s].name;
-            forecast->segments = n;
+            forecast->segments = hi - lo;
             return Choice{fine, layout_carried(graph, plan, fine)};
         }
         if (measure(graph, plan, s, s + 1) == UINT64_MAX) {
@@ -354,7 +375,7 @@ Result<Executor::Choice> Executor::choose_groups(ggml_cgraph* graph, const Graph
             const uint64_t single = group_cost(graph, plan, g.first, g.end, best->carried.size);
             forecast->peak = std::max(forecast->peak, single);
         }
-        for (int s = 0; s < n; ++s) {
+        for (int s = lo; s < hi; ++s) {
             const uint64_t single = group_cost(graph, plan, s, s + 1, best->carried.size);
             if (single > forecast->largest_segment) {
                 forecast->largest_segment = single;
@@ -368,7 +389,7 @@ Result<Executor::Choice> Executor::choose_groups(ggml_cgraph* graph, const Graph
 Status Executor::bind_carried(GraphSession& session, ggml_cgraph* graph, const CarriedLayout& layout) {
     forget_carried();
     // Nothing of this graph may stay placed in the buffer being replaced.
-    if (ggml_backend_buffer_t old = session.kept_buffer()) {
+    if (ggml_backend_buffer_t old = session.kept_buffer(kept_slot_)) {
         for (int i = 0; i < ggml_graph_n_nodes(graph); ++i) {
             ggml_tensor* node = ggml_graph_node(graph, i);
             if (node->buffer == old) {
@@ -377,15 +398,16 @@ Status Executor::bind_carried(GraphSession& session, ggml_cgraph* graph, const C
             }
         }
     }
-    session.adopt_kept_buffer(nullptr, store_.ledger());
+    session.adopt_kept_buffer(nullptr, store_.ledger(), kept_slot_);
     carried_session_ = session.id();
-    if (layout.nodes.empty()) return Status::Ok();
-    ggml_backend_buffer_t buffer = ggml_backend_buft_alloc_buffer(compute_->buffer_type(), layout.size);
+    const uint64_t mirrors_at = kept_bytes(layout) - mirrors_.size;
+    if (kept_bytes(layout) == 0) return Status::Ok();
+    ggml_backend_buffer_t buffer = ggml_backend_buft_alloc_buffer(compute_->buffer_type(), kept_bytes(layout));
     if (!buffer) {
         return Error::out_of_memory("out of memory on " + store_.ledger().device_name() + " allocating " +
-                                    human_bytes(layout.size) + " of kept activations for " + module_);
+                                    human_bytes(kept_bytes(layout)) + " of kept activations for " + module_);
     }
-    session.adopt_kept_buffer(buffer, store_.ledger());
+    session.adopt_kept_buffer(buffer, store_.ledger(), kept_slot_);
     auto* base = static_cast<uint8_t*>(ggml_backend_buffer_get_base(buffer));
     for (size_t k = 0; k < layout.nodes.size(); ++k) {
         ggml_tensor* t = ggml_graph_node(graph, layout.nodes[k]);
@@ -397,7 +419,15 @@ Status Executor::bind_carried(GraphSession& session, ggml_cgraph* graph, const C
         }
     }
     carried_nodes_ = layout.nodes;
+    mirror_buffer_ = buffer;
+    mirror_base_ = base + mirrors_at;
     return Status::Ok();
+}
+
+uint64_t Executor::kept_bytes(const CarriedLayout& layout) const {
+    if (mirrors_.size == 0) return layout.size;
+    const uint64_t alignment = ggml_backend_buft_get_alignment(compute_->buffer_type());
+    return (layout.size + alignment - 1) / alignment * alignment + mirrors_.size;
 }
 
 Status Executor::run_group(ggml_cgraph* graph, const GraphPlan& plan, const std::vector<Group>& groups, int index,
@@ -440,6 +470,8 @@ Status Executor::run_group(ggml_cgraph* graph, const GraphPlan& plan, const std:
 
     const bool whole = group.first == 0 && group.end == n;
     ggml_cgraph* sub = whole ? graph : subgraph(graph, begin, stop);
+    PlacementRestore mirrored;  // declared after `unpin`: restored first
+    place_mirrors(graph, plan, sub, mirrored);
     bool grew = false;
     auto fitted = compute_->sched_for(sub, &grew);
     if (!fitted.ok()) return fitted.error();
@@ -520,7 +552,7 @@ Status Executor::run_group(ggml_cgraph* graph, const GraphPlan& plan, const std:
         // runs, leaving the view pointing at a freed buffer.
         std::vector<char> kept(plan.n_nodes, 0);
         for (int i : carried_nodes_) kept[i] = 1;
-        for (int i = 0; i < stop; ++i) {
+        for (int i = plan.segments[range_.first].begin; i < stop; ++i) {
             ggml_tensor* node = ggml_graph_node(graph, i);
             if (kept[i]) continue;
             node->data = nullptr;
@@ -557,39 +589,66 @@ Status Executor::run(GraphSession& session, ggml_tensor* output) {
     const GraphPlan& plan = same_graph ? plans_.rerun(*planned_) : plans_.get(graph, weights_);
     if (!same_graph) {
         leafs_ = graph_leafs(graph);
-        define_blocks(plan);
+        split_segments(graph, plan);
         planned_session_ = session.id();
         planned_ = &plan;
     }
     DeviceLedger& ledger = store_.ledger();
-    const uint64_t limit = ledger.limit();
     const EvictionHint start_of_pass{&weights_, 0, static_cast<int>(plan.segments.size())};
-    // Every allocation makes its room first, so the ledger never passes the limit.
-    auto room_for = [&](uint64_t bytes, const char* what) -> Status {
-        if (store_.make_room(bytes, limit, start_of_pass)) return Status::Ok();
-        return Error::out_of_memory("out of memory: " + module_ + " needs " + human_bytes(bytes) + " on " +
-                                    ledger.device_name() + " for " + what + ", the budget leaves " +
-                                    human_bytes(sub_or_zero(limit, ledger.managed())));
-    };
     if (!session.inputs_bound()) {
-        KILN_TRY(room_for(session.input_bytes(compute_->buffer_type()), "its inputs"));
+        const uint64_t bytes = session.input_bytes(compute_->buffer_type());
+        if (!store_.make_room(bytes, ledger.limit(), start_of_pass)) {
+            return Error::out_of_memory("out of memory: " + module_ + " needs " + human_bytes(bytes) + " on " +
+                                        ledger.device_name() + " for its inputs, the budget leaves " +
+                                        human_bytes(sub_or_zero(ledger.limit(), ledger.managed())));
+        }
         KILN_TRY(session.bind_inputs(compute_->buffer_type(), ledger));
     }
     session.upload_inputs();
+    const std::vector<Executor*> devices = all_devices();
+    for (Executor* device : devices) {
+        if (device->range_.first == device->range_.end) continue;  // more devices than segments
+        if (Status s = device->run_range(session, graph, plan, devices); !s.ok()) {
+            allocated_session_ = 0;
+            return s;
+        }
+    }
+    return Status::Ok();
+}
 
-    const uint64_t kept = session.id() == carried_session_ && session.kept_buffer()
-                              ? ggml_backend_buffer_get_size(session.kept_buffer())
+Status Executor::run_range(GraphSession& session, ggml_cgraph* graph, const GraphPlan& plan,
+                           const std::vector<Executor*>& devices) {
+    busy_ = true;
+    struct Idle {
+        bool& busy;
+        ~Idle() { busy = false; }
+    } idle{busy_};
+    DeviceLedger& ledger = store_.ledger();
+    const uint64_t limit = ledger.limit();
+    const EvictionHint start_of_pass{&weights_, range_.first, static_cast<int>(plan.segments.size())};
+    mirrors_ = devices.size() > 1 ? find_mirrors(graph, plan) : Mirrors{};
+    const uint64_t kept = session.id() == carried_session_ && session.kept_buffer(kept_slot_)
+                              ? ggml_backend_buffer_get_size(session.kept_buffer(kept_slot_))
                               : 0;
     const uint64_t fixed = sub_or_zero(ledger.managed(), store_.reclaimable_bytes() + workspace_registered_ + kept);
-    auto choice = choose_groups(graph, plan, sub_or_zero(limit, fixed), nullptr);
+    auto choice = choose_groups(graph, plan, sub_or_zero(limit, fixed + mirrors_.size), nullptr);
     if (!choice.ok()) return choice.error();
     const std::vector<Group>& groups = choice->groups;
 
-    if (carried_session_ != session.id() || choice->carried.nodes != carried_nodes_) {
-        const uint64_t replaced = session.kept_buffer() ? ggml_backend_buffer_get_size(session.kept_buffer()) : 0;
-        KILN_TRY(room_for(sub_or_zero(choice->carried.size, replaced), "kept activations"));
+    if (carried_session_ != session.id() || choice->carried.nodes != carried_nodes_ ||
+        mirrors_.tensors != bound_mirrors_) {
+        const uint64_t replaced =
+            session.kept_buffer(kept_slot_) ? ggml_backend_buffer_get_size(session.kept_buffer(kept_slot_)) : 0;
+        const uint64_t need = sub_or_zero(kept_bytes(choice->carried), replaced);
+        if (!store_.make_room(need, limit, start_of_pass)) {
+            return Error::out_of_memory("out of memory: " + module_ + " needs " + human_bytes(need) + " on " +
+                                        ledger.device_name() + " for kept activations, the budget leaves " +
+                                        human_bytes(sub_or_zero(limit, ledger.managed())));
+        }
         KILN_TRY(bind_carried(session, graph, choice->carried));
+        bound_mirrors_ = mirrors_.tensors;
     }
+    KILN_TRY(fill_mirrors(devices));
 
     if (options_.cancel && options_.cancel->load()) {
         allocated_session_ = 0;
@@ -598,8 +657,9 @@ Status Executor::run(GraphSession& session, ggml_tensor* output) {
     ++stats_.runs;
     stats_.last_segments = static_cast<int>(groups.size());
     if (groups.size() > 1) ++stats_.segmented_runs;
-    KILN_LOG_DEBUG("%s: %zu group(s) of %zu segments, limit %s on %s", module_.c_str(), groups.size(),
-                   plan.segments.size(), human_bytes(limit).c_str(), ledger.device_name().c_str());
+    KILN_LOG_DEBUG("%s: %zu group(s) of segments %d..%d of %zu, limit %s on %s", module_.c_str(), groups.size(),
+                   range_.first, range_.end - 1, plan.segments.size(), human_bytes(limit).c_str(),
+                   ledger.device_name().c_str());
     for (size_t g = 0; g < groups.size(); ++g) {
         if (Status s = run_group(graph, plan, groups, static_cast<int>(g), limit); !s.ok()) {
             allocated_session_ = 0;
@@ -613,21 +673,246 @@ Result<RunForecast> Executor::forecast(GraphSession& session, ggml_tensor* outpu
     ggml_cgraph* graph = session.graph(output);
     const GraphPlan& plan = plans_.get(graph, weights_);
     leafs_ = graph_leafs(graph);
-    define_blocks(plan);
+    split_segments(graph, plan);
     planned_ = nullptr;  // leafs_ are this graph's now
+    auto f = forecast_range(session, graph, plan, /*holds_inputs=*/true);
+    if (!f.ok() || split_.empty()) return f;
+    for (Executor* device : all_devices()) {
+        SplitShareForecast share;
+        share.device = device->store_.ledger().device_name();
+        share.limit = device->store_.ledger().limit();
+        if (device->range_.first < device->range_.end) {
+            auto own = device == this ? f : device->forecast_range(session, graph, plan, false);
+            if (!own.ok()) return own.error();
+            share.first_segment = plan.segments[device->range_.first].name;
+            share.last_segment = plan.segments[device->range_.end - 1].name;
+            share.weight_bytes = own->weight_bytes;
+            share.crossing_bytes = device->mirrors_.size;
+            share.segments = own->segments;
+            share.peak = own->peak;
+            share.fits = own->fits;
+            f->fits = f->fits && own->fits;
+        }
+        f->split.push_back(share);
+    }
+    return f;
+}
+
+Result<RunForecast> Executor::forecast_range(GraphSession& session, ggml_cgraph* graph, const GraphPlan& plan,
+                                             bool holds_inputs) {
     DeviceLedger& ledger = store_.ledger();
     RunForecast f;
     f.limit = ledger.limit();
     f.fixed = sub_or_zero(ledger.managed(), store_.reclaimable_bytes());  // idle: its own workspace counts too
     // The run places its inputs before it plans.
-    if (!session.inputs_bound()) f.fixed += session.input_bytes(compute_->buffer_type());
-    const int n = static_cast<int>(plan.segments.size());
-    f.weight_bytes = weights_.params_location() == ParamsLocation::ComputeDevice ? weights_.declared_bytes()
-                                                                                 : block_bytes(blocks_for(plan, 0, n));
-    auto choice = choose_groups(graph, plan, sub_or_zero(f.limit, f.fixed), &f);
+    if (holds_inputs && !session.inputs_bound()) f.fixed += session.input_bytes(compute_->buffer_type());
+    mirrors_ = split_.empty() && kept_slot_ == 0 ? Mirrors{} : find_mirrors(graph, plan);
+    f.weight_bytes = weights_.params_location() == ParamsLocation::ComputeDevice
+                         ? weights_.declared_bytes()
+                         : block_bytes(blocks_for(plan, range_.first, range_.end));
+    auto choice = choose_groups(graph, plan, sub_or_zero(f.limit, f.fixed + mirrors_.size), &f);
     if (!choice.ok()) return choice.error();
     f.segments = static_cast<int>(choice->groups.size());
     return f;
+}
+
+void Executor::add_split_device(std::unique_ptr<Compute> compute, WeightStore& store) {
+    split_.push_back(std::make_unique<Executor>(module_, std::move(compute), weights_, store, options_));
+    split_.back()->kept_slot_ = split_.size();
+}
+
+std::vector<Executor*> Executor::all_devices() {
+    std::vector<Executor*> devices{this};
+    for (auto& device : split_) devices.push_back(device.get());
+    return devices;
+}
+
+std::vector<const Executor*> Executor::split_devices() const {
+    std::vector<const Executor*> devices{this};
+    for (const auto& device : split_) devices.push_back(device.get());
+    return devices;
+}
+
+void Executor::split_segments(ggml_cgraph* graph, const GraphPlan& plan) {
+    const int n = static_cast<int>(plan.segments.size());
+    const std::vector<Executor*> devices = all_devices();
+    for (Executor* device : devices) device->range_ = {n, n};
+    range_ = {0, n};
+    if (!split_.empty() && (!plan.valid || n < 2)) {
+        if (!split_fallback_said_) {
+            KILN_LOG_WARN("%s: the graph cannot be split across devices (%s); it runs on %s alone", module_.c_str(),
+                          plan.valid ? "it has one segment" : plan.invalid_reason.c_str(),
+                          store_.ledger().device_name().c_str());
+            split_fallback_said_ = true;
+        }
+    } else if (auto known = split_ranges_.find(n); known != split_ranges_.end()) {
+        // A graph like one split before (another size, the other CFG pass):
+        // the same cut, so each weight stays with the device that holds it.
+        for (size_t k = 0; k < devices.size(); ++k) devices[k]->range_ = known->second[k];
+    } else if (!split_.empty()) {
+        // Contiguous ranges whose weights are in proportion to the devices'
+        // room; each weight counts in the first segment that reads it.
+        std::vector<uint64_t> before(static_cast<size_t>(n) + 1, 0);  // weight bytes of segments [0, s)
+        std::unordered_set<const ggml_tensor*> counted;
+        for (int s = 0; s < n; ++s) {
+            uint64_t bytes = 0;
+            for (int leaf : plan.segments[s].weights) {
+                if (counted.insert(leafs_[leaf]).second) bytes += ggml_nbytes(leafs_[leaf]);
+            }
+            before[s + 1] = before[s] + bytes;
+        }
+        // Each device's room for weights: its limit less the compute of the
+        // hungriest segment (the compute reserve; kept activations are small
+        // next to it).
+        uint64_t reserve = 0;
+        for (int s = 0; s < n; ++s) reserve = std::max(reserve, measure(graph, plan, s, s + 1));
+        std::vector<double> share;
+        double total_limit = 0;
+        for (Executor* device : devices) {
+            share.push_back(static_cast<double>(sub_or_zero(device->store_.ledger().limit(), reserve)));
+            total_limit += share.back();
+        }
+        int first = 0;
+        double cumulative = 0;
+        for (size_t k = 0; k < devices.size(); ++k) {
+            int end = n;
+            if (k + 1 < devices.size()) {
+                cumulative += total_limit > 0 ? share[k] / total_limit : 1.0 / static_cast<double>(devices.size());
+                const double target = cumulative * static_cast<double>(before[n]);
+                end = first;
+                while (end < n && static_cast<double>(before[end + 1]) <= target) ++end;
+                // The boundary nearer the target, and at least one segment each while they last.
+                if (end < n &&
+                    target - static_cast<double>(before[end]) > static_cast<double>(before[end + 1]) - target) {
+                    ++end;
+                }
+                if (end == first && first < n) ++end;
+            }
+            devices[k]->range_ = {first, end};
+            if (first < end) {
+                KILN_LOG_VERBOSE("%s: layer split: %s runs segments '%s'..'%s' (%s of weights)", module_.c_str(),
+                                 devices[k]->store_.ledger().device_name().c_str(), plan.segments[first].name.c_str(),
+                                 plan.segments[end - 1].name.c_str(), human_bytes(before[end] - before[first]).c_str());
+            }
+            first = end;
+        }
+        for (Executor* device : devices) split_ranges_[n].push_back(device->range_);
+    }
+    for (Executor* device : devices) {
+        std::vector<Executor*> others;
+        for (Executor* other : devices) {
+            if (other != device) others.push_back(other);
+        }
+        device->leafs_ = leafs_;
+        device->define_blocks(plan, others);
+    }
+}
+
+Executor::Mirrors Executor::find_mirrors(ggml_cgraph* graph, const GraphPlan& plan) const {
+    Mirrors mirrors;
+    if (range_.first == range_.end) return mirrors;
+    const int begin = plan.segments[range_.first].begin, stop = plan.segments[range_.end - 1].end;
+    std::unordered_set<const ggml_tensor*> inside, seen;
+    for (int i = begin; i < stop; ++i) inside.insert(ggml_graph_node(graph, i));
+    const ggml_backend_buffer_type_t buft = compute_->buffer_type();
+    auto consider = [&](ggml_tensor* t) {
+        while (t && !inside.count(t) && t->view_src) t = t->view_src;
+        if (!t || inside.count(t) || !seen.insert(t).second) return;
+        const bool foreign = weights_.owns(t) ? store_.block_of(t) == nullptr
+                                              : kept_slot_ > 0;  // an input, or a node of an earlier range
+        if (!foreign) return;
+        const uint64_t alignment = ggml_backend_buft_get_alignment(buft);
+        mirrors.tensors.push_back(t);
+        mirrors.offsets.push_back(mirrors.size);
+        mirrors.size += (alloc_size(buft, t) + alignment - 1) / alignment * alignment;
+    };
+    for (int i = begin; i < stop; ++i) {
+        ggml_tensor* node = ggml_graph_node(graph, i);
+        for (ggml_tensor* src : node->src) consider(src);
+        consider(node->view_src);
+    }
+    return mirrors;
+}
+
+Status Executor::fill_mirrors(const std::vector<Executor*>& devices) {
+    stats_.crossing_bytes = 0;
+    const auto start = std::chrono::steady_clock::now();
+    struct Timed {
+        double& seconds;
+        std::chrono::steady_clock::time_point start;
+        ~Timed() { seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); }
+    } timed{stats_.crossing_seconds, start};
+    for (size_t k = 0; k < mirrors_.tensors.size(); ++k) {
+        ggml_tensor* from = mirrors_.tensors[k];
+        // A weight another device's store holds may have been evicted there
+        // since it ran: that store makes it resident for the copy.
+        WeightStore* owner = nullptr;
+        WeightBlock* block = nullptr;
+        for (Executor* device : devices) {
+            if ((block = device->store_.block_of(from))) {
+                owner = &device->store_;
+                break;
+            }
+        }
+        struct Unpin {
+            WeightStore* store;
+            WeightBlock* block;
+            ~Unpin() {
+                if (store) store->release({block});
+            }
+        } unpin{nullptr, nullptr};
+        if (owner && !block->resident()) {
+            Executor* holder =
+                *std::find_if(devices.begin(), devices.end(), [&](Executor* d) { return &d->store_ == owner; });
+            owner->pin({block});
+            unpin = {owner, block};
+            if (!owner->make_room(block->bytes, owner->ledger().limit(), {&weights_, block->order, 1})) {
+                return Error::out_of_memory("out of memory: " + module_ + " reads a weight held on " +
+                                            owner->ledger().device_name() + " that no longer fits there");
+            }
+            KILN_TRY(owner->load({block}, holder->compute_->device_backend()));
+        }
+        if (!from->buffer) return Error{module_ + ": '" + std::string(ggml_get_name(from)) + "' is not placed"};
+        ggml_tensor to = *from;
+        to.view_src = nullptr;
+        to.buffer = mirror_buffer_;
+        to.data = mirror_base_ + mirrors_.offsets[k];
+        ggml_backend_tensor_copy(from, &to);
+        stats_.crossing_bytes += ggml_nbytes(from);
+    }
+    return Status::Ok();
+}
+
+void Executor::place_mirrors(ggml_cgraph* graph, const GraphPlan& plan, ggml_cgraph* sub,
+                             PlacementRestore& restore) const {
+    if (mirrors_.tensors.empty()) return;
+    std::unordered_set<const ggml_tensor*> mirrored(mirrors_.tensors.begin(), mirrors_.tensors.end());
+    // The graph before this range is other devices' work: nothing of it may
+    // look placed here (ggml's RPC client sends the group's whole ancestry,
+    // placements included, to this device's server).
+    for (int i = 0; i < plan.segments[range_.first].begin; ++i) {
+        ggml_tensor* node = ggml_graph_node(graph, i);
+        restore.save(node);
+        if (!mirrored.count(node)) {
+            node->data = nullptr;
+            node->buffer = nullptr;
+        }
+    }
+    for (size_t k = 0; k < mirrors_.tensors.size(); ++k) {
+        ggml_tensor* t = mirrors_.tensors[k];
+        restore.save(t);
+        t->data = mirror_base_ + mirrors_.offsets[k];
+        t->buffer = mirror_buffer_;
+    }
+    // The group's leafs that view a mirrored tensor follow it.
+    for (int i = 0; i < sub->n_leafs; ++i) {
+        ggml_tensor* leaf = sub->leafs[i];
+        ggml_tensor* base = leaf;
+        while (base->view_src) base = base->view_src;
+        if (base == leaf || !mirrored.count(base)) continue;
+        for (ggml_tensor* v = leaf; v != base; v = v->view_src) restore.save(v);
+        refresh_view(leaf);
+    }
 }
 
 }  // namespace kiln::runtime

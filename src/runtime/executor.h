@@ -6,6 +6,13 @@
 // computes, and keeps the activations later segments read ("carried"
 // tensors) in a buffer of their own. Same inputs, same image, whatever the
 // budget: segments run exactly the nodes of the whole graph, in its order.
+//
+// Layer split (add_split_device): the graph's segments are cut into
+// contiguous ranges, one per device, sized by the devices' budgets; each
+// range runs on its device under the same rules (segments, prefetch,
+// budgets), and the tensors a range reads from another device (the residual
+// stream at the boundary, the graph's inputs) are copied once per run into
+// its kept buffer.
 #pragma once
 
 #include <atomic>
@@ -27,6 +34,8 @@
 
 namespace kiln::runtime {
 
+class PlacementRestore;  // executor.cpp
+
 struct ExecutorOptions {
     bool segmented = true;  // --disable-segmented-compute turns it off
     bool prefetch = true;   // --disable-prefetch turns it off
@@ -36,6 +45,18 @@ struct ExecutorOptions {
 };
 
 // What a run would need, for `kiln plan` and the executor's own decisions.
+// One device's share of a layer split, as `kiln plan` prints it.
+struct SplitShareForecast {
+    std::string device;
+    std::string first_segment, last_segment;  // empty: the device has no share
+    uint64_t weight_bytes = 0;
+    uint64_t crossing_bytes = 0;  // copied in from other devices per run
+    int segments = 0;             // groups it runs at this limit
+    uint64_t peak = 0;
+    uint64_t limit = 0;
+    bool fits = true;
+};
+
 struct RunForecast {
     uint64_t weight_bytes = 0;     // all weights the graph reads
     uint64_t whole_workspace = 0;  // compute buffers of the whole graph on the device
@@ -46,6 +67,9 @@ struct RunForecast {
     bool fits = true;
     uint64_t limit = 0;  // managed bytes the device allows
     uint64_t fixed = 0;  // managed bytes the run cannot evict (other modules' params, inputs)
+    // A layer split's shares, in device order (empty: one device). The
+    // fields above are then the first device's.
+    std::vector<SplitShareForecast> split;
 };
 
 struct ExecutorStats {
@@ -55,6 +79,8 @@ struct ExecutorStats {
     int segmented_runs = 0;
     int last_segments = 0;
     uint64_t peak_workspace = 0;
+    uint64_t crossing_bytes = 0;  // copied in from other devices by the last run (layer split)
+    double crossing_seconds = 0;  // the time those copies took (the run waits for them)
 };
 
 class Executor {
@@ -82,9 +108,21 @@ class Executor {
     // Frees the workspace (the module is done for now).
     void release_workspace();
 
+    // Layer split: `compute` (on another device, whose store is `store`)
+    // runs the next contiguous range of every graph's segments. The
+    // module's params must live off its compute device (RAM, another
+    // device or disk): each device's store makes compute copies of its
+    // range's weights. Before the first run.
+    void add_split_device(std::unique_ptr<Compute> compute, WeightStore& store);
+    // This executor and its split devices, in order (one when not split).
+    std::vector<const Executor*> split_devices() const;
+    // The segments [first, end) this executor ran last (all of them unless split).
+    std::pair<int, int> segment_range() const { return {range_.first, range_.end}; }
+
     const std::string& module() const { return module_; }
     Compute& compute() { return *compute_; }
     WeightStore& store() { return store_; }
+    const WeightStore& store() const { return store_; }
     const PlanCache& plans() const { return plans_; }
     const ExecutorStats& stats() const { return stats_; }
 
@@ -104,6 +142,14 @@ class Executor {
         std::vector<Group> groups;
         CarriedLayout carried;
     };
+    // What a split device reads from other devices (the residual stream
+    // entering its range, inputs, weights another device holds): each
+    // tensor's copy sits in the kept buffer after the carried activations.
+    struct Mirrors {
+        std::vector<ggml_tensor*> tensors;  // bases (no views)
+        std::vector<uint64_t> offsets;
+        uint64_t size = 0;
+    };
     // Compute-buffer bytes of segments [first, end) on the device,
     // estimated on the CPU (no device is asked) and cached per layout.
     uint64_t measure(ggml_cgraph* graph, const GraphPlan& plan, int first, int end);
@@ -116,14 +162,46 @@ class Executor {
     Status run_group(ggml_cgraph* graph, const GraphPlan& plan, const std::vector<Group>& groups, int index,
                      uint64_t limit);
     Status bind_carried(GraphSession& session, ggml_cgraph* graph, const CarriedLayout& layout);
+    // Runs the segments of range_ (inputs already bound and uploaded).
+    // `devices`: every device of the split, to find who holds a weight.
+    Status run_range(GraphSession& session, ggml_cgraph* graph, const GraphPlan& plan,
+                     const std::vector<Executor*>& devices);
+    Result<RunForecast> forecast_range(GraphSession& session, ggml_cgraph* graph, const GraphPlan& plan,
+                                       bool holds_inputs);
+    // Cuts the plan's segments into one range per device (range_ of each).
+    void split_segments(ggml_cgraph* graph, const GraphPlan& plan);
+    Mirrors find_mirrors(ggml_cgraph* graph, const GraphPlan& plan) const;
+    // Copies what the mirrors stand for into them (once per run).
+    Status fill_mirrors(const std::vector<Executor*>& devices);
+    // Points the mirrored tensors (and the group's leafs that view them) at
+    // their copies, and unplaces the graph before range_, until `restore`
+    // is destroyed.
+    void place_mirrors(ggml_cgraph* graph, const GraphPlan& plan, ggml_cgraph* sub, PlacementRestore& restore) const;
+    // Bytes of the kept buffer: carried activations, then the mirrors.
+    uint64_t kept_bytes(const CarriedLayout& layout) const;
+    std::vector<Executor*> all_devices();
     void forget_carried();
-    void define_blocks(const GraphPlan& plan);
+    // Defines the blocks of range_'s segments, leaving out weights that
+    // another split device's store already holds.
+    void define_blocks(const GraphPlan& plan, const std::vector<Executor*>& others);
     ggml_cgraph* subgraph(ggml_cgraph* graph, int begin, int end);
     // Gives the workspace back to the device (the scheduler starts empty).
     void drop_workspace();
 
     std::string module_;
     std::function<Status()> loader_;
+    // Layer split: the devices after this one, and the segments each runs.
+    std::vector<std::unique_ptr<Executor>> split_;
+    struct SegmentRange {
+        int first = 0, end = 0;
+    } range_;
+    std::map<int, std::vector<SegmentRange>> split_ranges_;  // by the number of segments: the cut made first
+    size_t kept_slot_ = 0;                                   // this device's place in the split
+    Mirrors mirrors_;                                        // of the session that ran last
+    std::vector<ggml_tensor*> bound_mirrors_;                // the mirrors the kept buffer has room for
+    ggml_backend_buffer_t mirror_buffer_ = nullptr;
+    uint8_t* mirror_base_ = nullptr;
+    bool split_fallback_said_ = false;
     std::unique_ptr<Compute> compute_;
     ModuleWeights& weights_;
     WeightStore& store_;

@@ -22,7 +22,9 @@ GraphSession::GraphSession(size_t max_nodes) : max_nodes_(max_nodes), id_(g_next
 }
 
 GraphSession::~GraphSession() {
-    if (kept_buffer_) adopt_kept_buffer(nullptr, *kept_ledger_);
+    for (size_t slot = 0; slot < kept_.size(); ++slot) {
+        if (kept_[slot].buffer) adopt_kept_buffer(nullptr, *kept_[slot].ledger, slot);
+    }
     if (input_buffer_) {
         input_ledger_->release(ggml_backend_buffer_get_size(input_buffer_));
         ggml_backend_buffer_free(input_buffer_);
@@ -46,13 +48,15 @@ Status GraphSession::bind_inputs(ggml_backend_buffer_type_t buft, DeviceLedger& 
     return Status::Ok();
 }
 
-void GraphSession::adopt_kept_buffer(ggml_backend_buffer_t buffer, DeviceLedger& ledger) {
-    if (kept_buffer_) {
-        kept_ledger_->release(ggml_backend_buffer_get_size(kept_buffer_));
-        ggml_backend_buffer_free(kept_buffer_);
+void GraphSession::adopt_kept_buffer(ggml_backend_buffer_t buffer, DeviceLedger& ledger, size_t slot) {
+    if (slot >= kept_.size()) kept_.resize(slot + 1);
+    Kept& kept = kept_[slot];
+    if (kept.buffer) {
+        kept.ledger->release(ggml_backend_buffer_get_size(kept.buffer));
+        ggml_backend_buffer_free(kept.buffer);
     }
-    kept_buffer_ = buffer;
-    kept_ledger_ = &ledger;
+    kept.buffer = buffer;
+    kept.ledger = &ledger;
     if (buffer) ledger.add(ggml_backend_buffer_get_size(buffer));
 }
 

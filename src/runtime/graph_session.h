@@ -59,9 +59,13 @@ class GraphSession {
     void upload_inputs();
     // Takes ownership of the buffer holding the activations a segmented run
     // keeps between segments (counted in `ledger` until replaced or the
-    // session ends): the tensors in it belong to this session's graph.
-    void adopt_kept_buffer(ggml_backend_buffer_t buffer, DeviceLedger& ledger);
-    ggml_backend_buffer_t kept_buffer() const { return kept_buffer_; }
+    // session ends): the tensors in it belong to this session's graph. A
+    // layer split keeps one per device: `slot` is the device's place in the
+    // split (0 for the first or only device).
+    void adopt_kept_buffer(ggml_backend_buffer_t buffer, DeviceLedger& ledger, size_t slot = 0);
+    ggml_backend_buffer_t kept_buffer(size_t slot = 0) const {
+        return slot < kept_.size() ? kept_[slot].buffer : nullptr;
+    }
 
     // The graph's tensor called `name` ("cut:input_blocks.3"), or nullptr.
     ggml_tensor* find(const std::string& name) const;
@@ -77,8 +81,11 @@ class GraphSession {
     std::vector<std::pair<ggml_tensor*, std::vector<uint8_t>>> inputs_;
     ggml_backend_buffer_t input_buffer_ = nullptr;
     DeviceLedger* input_ledger_ = nullptr;
-    ggml_backend_buffer_t kept_buffer_ = nullptr;
-    DeviceLedger* kept_ledger_ = nullptr;
+    struct Kept {
+        ggml_backend_buffer_t buffer = nullptr;
+        DeviceLedger* ledger = nullptr;
+    };
+    std::vector<Kept> kept_;
 };
 
 }  // namespace kiln::runtime

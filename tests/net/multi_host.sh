@@ -8,7 +8,11 @@
 #      gives, byte for byte;
 #   2. the tensor cache: the job's second run sends fewer bytes, counted on
 #      the client's veth interface, at least the model's large weight less;
-#   3. a host killed mid-job: one error line naming it, no output file, and
+#   3. layer split (the UNet's and the text encoder's blocks cut between the
+#      two hosts): the image of the job on one host, byte for byte,
+#      unconstrained and under budgets that cut each host's range into
+#      segments, each host's managed peak within its budget;
+#   4. a host killed mid-job: one error line naming it, no output file, and
 #      the next job, on the other host, runs and gives the same image.
 # Usage: tests/net/multi_host.sh KILN_BINARY FIXTURES_DIR WRITE_SPEC_MODEL [RATE]
 #   WRITE_SPEC_MODEL: the build's kiln_write_spec_model (tests/net/write_spec_model.cpp);
@@ -115,12 +119,36 @@ check "the second job's image is the first's" "cmp -s $WORK/a1.png $WORK/a2.png"
 check "the tensor cache kept the 12 MiB embedding" "[[ \$(ls $WORK/cache-a | wc -l) -ge 1 ]]"
 check "the second job sent at least 12 MiB less" "(( first - second >= 12 * 1024 * 1024 ))"
 
-# 3: host B killed mid-job. The job runs long enough to be caught computing
+# 3: layer split across the two hosts, against the same job on host A alone
+# (the VAE on the client's CPU in both, so the hosts' peaks are the split
+# modules' own).
+job "$ADDR_A" "$WORK/one-host.png" --steps 2 --backend 'diffusion=RPC0,te=RPC0,vae=CPU'
+SPLIT=(--steps 2 --backend 'diffusion=RPC0&RPC1,te=RPC0&RPC1,vae=CPU' -v)
+job "$ADDR_A:$PORT,$ADDR_B" "$WORK/split.png" "${SPLIT[@]}"
+check "layer split across the hosts gives the one-host image" "cmp -s $WORK/one-host.png $WORK/split.png"
+# A device's managed peak in KiB from the -v log ("memory: RPC1 peak 1.50 MiB").
+peak_kib() {
+    grep -o "memory: $2 peak [0-9.]* [KMG]*i*B" "$1" | awk '{u=$5; v=$4; m=(u=="GiB")?1048576:(u=="MiB")?1024:(u=="KiB")?1:1/1024; printf "%d", v*m}'
+}
+p0=$(peak_kib "$WORK/split.png.log" RPC0) p1=$(peak_kib "$WORK/split.png.log" RPC1)
+echo "layer split peaks: RPC0 ${p0} KiB, RPC1 ${p1} KiB"
+check "both hosts held a share" "(( p0 > 0 && p1 > 0 ))"
+b0=$((p0 * 6 / 10)) b1=$((p1 * 6 / 10))
+job "$ADDR_A:$PORT,$ADDR_B" "$WORK/split-cut.png" "${SPLIT[@]}" --max-vram "RPC0=${b0}K,RPC1=${b1}K"
+grep "layer split: RPC[01] ran" "$WORK/split-cut.png.log"
+check "layer split under budgets that cut each range gives the same image" "cmp -s $WORK/one-host.png $WORK/split-cut.png"
+check "each host ran its range in segments" \
+    "(( \$(grep -Ec 'diffusion layer split: RPC[01] ran segments [0-9]+-[0-9]+ in ([2-9]|[1-9][0-9]+) group' $WORK/split-cut.png.log) == 2 ))"
+check "each host's peak stayed within its budget" \
+    "(( \$(peak_kib $WORK/split-cut.png.log RPC0) <= b0 && \$(peak_kib $WORK/split-cut.png.log RPC1) <= b1 ))"
+
+# 4: host B killed mid-job. The job runs long enough to be caught computing
 # (its first connection to B is kiln's own handshake check, the second ggml's).
+seen=$(grep -c "disconnected" "$WORK/b.log") sent=$(tx_bytes b)
 job "$ADDR_B" "$WORK/b.png" --steps 1000 &
 client=$!
 for _ in $(seq 300); do
-    (($(grep -c "disconnected" "$WORK/b.log") >= 1)) && (($(tx_bytes b) > 8 * 1024 * 1024)) && break
+    (($(grep -c "disconnected" "$WORK/b.log") > seen)) && (($(tx_bytes b) - sent > 8 * 1024 * 1024)) && break
     sleep 0.1
 done
 kill -9 "${SERVERS[1]}"

@@ -105,16 +105,24 @@ TEST(Devices, MalformedAssignments) {
     EXPECT_FALSE(parse_backend_assignments("", kDevices).ok());
 }
 
-// sd-cli's layer split ("diffusion=cuda0&cuda1") is not built: the list is
-// checked name by name, then refused with one error saying so.
-TEST(Devices, DeviceListsAreCheckedThenRefused) {
+// sd-cli's layer split ("diffusion=cuda0&cuda1"): the list is checked name
+// by name and kept in order, in the registry's spelling.
+TEST(Devices, DeviceListsAreCheckedNameByName) {
+    auto split = parse_backend_assignments("diffusion=cuda0&rpc0,te=rpc0", kDevices);
+    ASSERT_TRUE(split.ok()) << split.error().message;
+    EXPECT_EQ(split->at("diffusion"), "CUDA0&RPC0");
+    EXPECT_EQ(split->at("te"), "RPC0");
     auto error_of = [](const std::string& spec) { return parse_backend_assignments(spec, kDevices).error().message; };
-    EXPECT_EQ(error_of("diffusion=cuda0&rpc0"),
-              "--backend: 'cuda0&rpc0': splitting one module across devices (sd-cli's layer split) is not built in "
-              "kiln; give one device per module (docs/devices.md)");
     EXPECT_EQ(error_of("diffusion=rpc0&RPC0"), "--backend: 'rpc0&RPC0' lists RPC0 twice");
     EXPECT_EQ(error_of("te=cuda0&cuda9").rfind("--backend: unknown device 'cuda9' (valid devices: ", 0), 0u);
-    EXPECT_EQ(error_of("diffusion=cuda0&disk").rfind("--backend: unknown device 'disk' (valid devices: ", 0), 0u);
+    EXPECT_EQ(error_of("diffusion=cuda0&disk")
+                  .rfind("--backend: 'disk' holds weights (--params-backend), it "
+                         "computes nothing (valid devices: ",
+                         0),
+              0u);
+    EXPECT_EQ(error_of("diffusion=cuda0&"), "--backend: 'cuda0&' has an empty device in its list");
+    EXPECT_EQ(error_of("vae=cuda0&rpc0"),
+              "--backend: 'vae=cuda0&rpc0': only diffusion and te can be split across devices");
     EXPECT_EQ(pipeline::parse_params_backend("diffusion=cpu&disk", kDevices).error().message,
               "--params-backend: 'cpu&disk': takes one place per module, not a list ('&')");
 }

@@ -59,6 +59,7 @@ std::string sample_value(const std::string& name, const std::string& prompt_file
         {"--height", "512"},
         {"--vae-tile-size", "32"},
         {"--vae-tile-overlap", "0.5"},
+        {"--split-mode", "layer"},
     };
     if (name == "--prompt-file" || name == "--negative-prompt-file") return prompt_file;
     auto it = values.find(name);
@@ -195,9 +196,13 @@ TEST(SdCliOptions, IgnoredSwitchesTakeNoValueAndRefusalsNameTheFeature) {
     ASSERT_TRUE(std::holds_alternative<UsageError>(vae_format));
     EXPECT_NE(std::get<UsageError>(vae_format).message.find("cannot override it with 'flux'"), std::string::npos);
 
-    auto split = parse_args({"--split-mode", "row"});
-    ASSERT_TRUE(std::holds_alternative<UsageError>(split));
-    EXPECT_NE(std::get<UsageError>(split).message.find("across several GPUs"), std::string::npos);
+    auto split = parse_args({"--split-mode", "diffusion=row,te=layer"});
+    ASSERT_TRUE(std::holds_alternative<Options>(split)) << std::get<UsageError>(split).message;
+    EXPECT_EQ(std::get<Options>(split).split_mode, "diffusion=row,te=layer");
+    auto diagonal = parse_args({"--split-mode", "diagonal"});
+    ASSERT_TRUE(std::holds_alternative<UsageError>(diagonal));
+    EXPECT_EQ(std::get<UsageError>(diagonal).message,
+              "--split-mode: unknown mode 'diagonal' (valid values: layer, row)");
 
     auto sigmas = parse_args({"--hires-sigmas", "[0.85, 0.7,0.42,0]"});
     ASSERT_TRUE(std::holds_alternative<Options>(sigmas));

@@ -12,6 +12,7 @@
 
 #include "hub_client.h"
 #include "kiln.h"
+#include "pipeline/placement.h"
 #include "runtime/device_budget.h"
 #include "sd_cli_options.h"
 #include "tokenizer_sources.h"
@@ -664,10 +665,21 @@ const std::vector<Flag>& flags() {
          checked_setter(&Options::rpc_servers, KILN_VALUE_RPC_SERVERS)},
         {nullptr, "--backend", "SPEC",
          "compute device for every module (cuda0), or per module: diffusion=rpc0,te=cpu,vae=cpu "
-         "(modules: diffusion, te, vae, clip_vision)",
+         "(modules: diffusion, te, vae, clip_vision); diffusion=rpc0&rpc1 splits the module's blocks across "
+         "devices (layer split; diffusion and te)",
          [](Options& o, const std::string& v) -> std::optional<std::string> {
              if (v.empty()) return std::string("expected a device or module=device pairs, got an empty string");
              o.backend = v;
+             return std::nullopt;
+         }},
+        {nullptr, "--split-mode", "MODE",
+         "how a module listed with several devices is split: layer (default) or row, for every module or "
+         "per module: diffusion=row,te=layer; row runs as layer split where the devices offer no split buffers",
+         [](Options& o, const std::string& v) -> std::optional<std::string> {
+             auto modes = pipeline::parse_split_mode(v);
+             // The message names the flag already; the caller adds it again.
+             if (!modes.ok()) return modes.error().message.substr(std::string("--split-mode: ").size());
+             o.split_mode = v;
              return std::nullopt;
          }},
         {nullptr, "--params-backend", "SPEC",

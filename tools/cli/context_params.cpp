@@ -27,6 +27,7 @@ kiln_context_params context_params_of(const Options& options) {
     cp.rpc_servers = optional(options.rpc_servers);
     cp.backend = optional(options.backend);
     cp.params_backend = optional(options.params_backend);
+    cp.split_mode = optional(options.split_mode);
     cp.offload_to_cpu = options.offload_to_cpu ? 1 : 0;
     cp.modules_on_cpu = optional(options.modules_on_cpu);
     cp.disable_auto_fit = options.auto_fit ? 0 : 1;

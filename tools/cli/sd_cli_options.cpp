@@ -90,9 +90,6 @@ const std::vector<SdCliOption>& sd_cli_options_without_kiln_flag() {
          "take --cfg-scale alone, sd-cli's default)"},
         {"--tensor-type-rules", true, kRefused,
          "is sd-cli's weight types per tensor pattern; kiln's --type sets one type for every matrix"},
-        {"--split-mode", true, kRefused,
-         "is sd-cli's split of one module across several GPUs; kiln places each module on one device "
-         "(--backend) and cuts it into segments to fit (docs/memory.md)"},
         {"--uncond-diffusion-model", true, kRefused,
          "is for sd-cli's Ideogram 4, whose unconditional pass has a model of its own; kiln does not have that "
          "family"},
