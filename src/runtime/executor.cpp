@@ -836,6 +836,16 @@ Executor::Mirrors Executor::find_mirrors(ggml_cgraph* graph, const GraphPlan& pl
 
 Status Executor::fill_mirrors(const std::vector<Executor*>& devices) {
     stats_.crossing_bytes = 0;
+    // A device may still be computing what a mirror copies (ggml's RPC
+    // client returns before its server has run a graph): a byte read from
+    // each source waits for that, so the time below is the copies' own.
+    std::unordered_set<ggml_backend_buffer_t> settled;
+    for (ggml_tensor* from : mirrors_.tensors) {
+        if (!from->buffer || ggml_backend_buffer_is_host(from->buffer) || !settled.insert(from->buffer).second)
+            continue;
+        uint8_t byte = 0;
+        ggml_backend_tensor_get(from, &byte, 0, 1);
+    }
     const auto start = std::chrono::steady_clock::now();
     struct Timed {
         double& seconds;

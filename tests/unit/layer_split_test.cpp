@@ -9,7 +9,7 @@
 //     stay within the budgets and kiln plan names each device's range;
 //   - auto-fit splits a module no one device holds, as kiln plan says;
 //   - --split-mode row: the fallback to layer split is said, the image is the
-//     layer split's;
+//     layer split's; a run-time LoRA on a split module;
 //   - bad device lists are usage errors naming the problem.
 #include <gtest/gtest.h>
 
@@ -162,6 +162,27 @@ TEST_F(LayerSplit, RowSplitFallsBackToLayerSplit) {
         << row.out << row.err;
     EXPECT_EQ((layer.out + layer.err).find("--split-mode"), std::string::npos) << layer.out << layer.err;
     EXPECT_EQ(test::read_bytes(dir_.file("layer.png")), test::read_bytes(dir_.file("row.png")));
+}
+
+// A LoRA applied at run time adds weights the split module's devices hold
+// like its own: each device takes the adapters its range reads, and the
+// image is the one-device image (which the LoRA changes). --split-mode row
+// asks for the same.
+TEST_F(LayerSplit, RuntimeLoraOnASplitModule) {
+    const std::string job = servers() + " -m " + KILN_GOLDEN_DIR + "/models/sd1_tiny.safetensors --tokenizer " +
+                            KILN_FIXTURES_DIR + "/tiny_tokenizer --lora-model-dir " + KILN_GOLDEN_DIR +
+                            "/lora --lora-apply-mode at_runtime -W 32 -H 32 --steps 2 --seed 4 --backend ";
+    const std::string lora = " -p '<lora:sd1_lora_kohya:1> a red circle' -o ";
+    auto plain = test::run_command(kiln_cli(job + "diffusion=RPC0,te=CPU -p 'a red circle' -o " + dir_.file("0.png")));
+    auto one = test::run_command(
+        kiln_cli(job + "diffusion=RPC0,te=CPU --params-backend diffusion=cpu" + lora + dir_.file("1.png")));
+    auto split =
+        test::run_command(kiln_cli(job + "'diffusion=RPC0&RPC1,te=CPU' --split-mode row" + lora + dir_.file("2.png")));
+    ASSERT_EQ(plain.exit_code, 0) << plain.err;
+    ASSERT_EQ(one.exit_code, 0) << one.err;
+    ASSERT_EQ(split.exit_code, 0) << split.err;
+    EXPECT_NE(test::read_bytes(dir_.file("0.png")), test::read_bytes(dir_.file("1.png"))) << "the LoRA changed nothing";
+    EXPECT_EQ(test::read_bytes(dir_.file("1.png")), test::read_bytes(dir_.file("2.png")));
 }
 
 TEST_F(LayerSplit, BadDeviceListsAreUsageErrors) {

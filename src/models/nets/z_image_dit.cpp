@@ -366,18 +366,15 @@ Status ZImageDit::declare(io::WeightDeclarer& w) {
     };
     auto vector = [&](const std::string& name, int64_t n) { return w.require(names(name), {n}); };
     // Pad tokens are [1, dim] in the released files; [dim] is accepted too.
-    auto token = [&](const std::string& name) {
-        const io::TensorInfo* info = w.info(name);
-        if (info && info->shape.size() == 1) return w.require_f32(name, {c.dim});
-        return w.require_f32(name, {1, c.dim});
-    };
     b.x_embedder = linear("x_embedder", c.in_channels, c.dim);
     b.t_in = linear("t_embedder.mlp.0", c.t_freq_dim, c.t_mid);
     b.t_out = linear("t_embedder.mlp.2", c.t_mid, c.t_embed_dim);
     b.cap_norm = vector("cap_embedder.0.weight", c.cap_dim);
     b.cap_in = linear("cap_embedder.1", c.cap_dim, c.dim);
-    b.x_pad_token = token("x_pad_token");
-    b.cap_pad_token = token("cap_pad_token");
+    // [1, dim] in the release, [dim] in ComfyUI-GGUF's files: shapes match
+    // modulo leading 1s.
+    b.x_pad_token = w.require_f32("x_pad_token", {c.dim});
+    b.cap_pad_token = w.require_f32("cap_pad_token", {c.dim});
     auto declare_block = [&](const std::string& stem, bool modulated) {
         Block k;
         const std::string p = stem + ".";
