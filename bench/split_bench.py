@@ -12,9 +12,10 @@ layers), at 128x128, cfg 1, their text encoders and VAE on kiln's CPU:
   split: --backend "diffusion=RPC0&RPC1", each host holding the copies of
          its range (the weights in kiln's RAM, sent once a job).
 Each is run with 1 and 3 steps; the difference, halved, is one step: its time
-(kiln -v's "N steps in S s"), the bytes that crossed the client's veths, and
-for the split the time spent copying what crosses a range boundary (kiln -v's
-"receiving X a run in Y ms", per device). Writes docs/split_bench.{json,png}.
+(kiln -v's "N steps in S s") and the bytes that crossed the client's veths.
+For the split, the time spent copying what crosses a range boundary is the
+3-step job's last step's (kiln -v's "receiving X a run in Y ms", summed over
+the devices). Writes docs/split_bench.{json,png}.
 
     sudo /usr/bin/python3 bench/split_bench.py      # root: it makes namespaces
 
@@ -67,8 +68,9 @@ def run_job(model, tokenizer, endpoints, flags, steps):
     m = re.search(r"(\d+) steps in ([0-9.]+) s", text)
     if not m:
         sys.exit("no step timing in kiln's output:\n" + text)
+    # The copies of the last run (one a step at cfg 1), summed over the devices.
     copies = sum(float(ms) for ms in re.findall(r"receiving [^ ]+ [KMG]?i?B a run in ([0-9.]+) ms", text)) / 1000
-    return float(m.group(2)), link_bytes() - before, copies * steps
+    return float(m.group(2)), link_bytes() - before, copies
 
 
 def main():
@@ -118,7 +120,7 @@ def main():
                     step = (three[0] - one[0]) / 2
                     row = {"model": name, "link": link, "placement": placement, "step_s": step,
                            "bytes_per_step": (three[1] - one[1]) / 2 if link != "loopback" else None,
-                           "copy_s_per_step": (three[2] - one[2]) / 2 if placement == "split" else 0.0}
+                           "copy_s_per_step": three[2] if placement == "split" else 0.0}
                     print(row, flush=True)
                     rows.append(row)
             os.remove(model)
