@@ -35,6 +35,8 @@ const std::vector<std::string>& known_modules() {
     return modules;
 }
 
+bool module_can_split(const std::string& module) { return module == "diffusion" || module == "te"; }
+
 std::string normalize_module_name(std::string_view name) {
     std::string key;
     for (char c : name) {
@@ -111,7 +113,7 @@ Result<std::map<std::string, std::string>> parse_module_assignments(std::string_
         if (device_text.empty()) return Error{f + ": " + module_text + "= needs a device (" + valid_devices + ")"};
         auto device = resolve_device(device_text);
         if (!device) return device.error();
-        if (device->find('&') != std::string::npos && module != "diffusion" && module != "te") {
+        if (device->find('&') != std::string::npos && !module_can_split(module)) {
             return Error{f + ": '" + trim_space(pair) + "': only diffusion and te can be split across devices"};
         }
         out[module] = *device;

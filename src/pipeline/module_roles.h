@@ -16,6 +16,10 @@ namespace kiln::pipeline {
 // The model modules that can be placed: "diffusion", "te", "vae", "clip_vision", "control".
 const std::vector<std::string>& known_modules();
 
+// Whether a module's blocks can be split across devices (sd-cli's layer
+// split takes diffusion and te).
+bool module_can_split(const std::string& module);
+
 // The canonical module name for `name`, or "" when it names no module.
 // Case-insensitive and blind to '-' and '_' (clip_vision = clip-vision =
 // ClipVision). Aliases: unet, dit, transformer -> diffusion; clip,

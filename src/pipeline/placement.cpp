@@ -75,7 +75,7 @@ void apply_split(ModulePlacement& p, const PlacementRequest& request) {
     if (p.compute_device.find('&') == std::string::npos) return;
     std::vector<std::string> devices = split_list(p.compute_device, '&');
     p.compute_device = devices.front();
-    if (p.module != "diffusion" && p.module != "te") return;
+    if (!module_can_split(p.module)) return;
     p.split_devices.assign(devices.begin() + 1, devices.end());
     if (auto mode = request.split_mode.find(p.module); mode != request.split_mode.end()) {
         p.row_split_asked = mode->second == "row";
@@ -173,7 +173,7 @@ Result<std::vector<ModulePlacement>> place_each_module(const PlacementRequest& r
         // auto-fit does the same for diffusion and te): the GPUs it takes,
         // their share of it now counted, or none when they cannot hold it.
         auto split_over_gpus = [&](uint64_t bytes, uint64_t reserve) -> std::vector<std::string> {
-            if (m != "diffusion" && m != "te") return {};
+            if (!module_can_split(m)) return {};
             const uint64_t first_room =
                 room > placed + compute_reserve + staging ? room - placed - compute_reserve - staging : 0;
             uint64_t total = first_room;
