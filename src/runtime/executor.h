@@ -8,7 +8,7 @@
 // budget: segments run exactly the nodes of the whole graph, in its order.
 //
 // Layer split (add_split_device): the graph's segments are cut into
-// contiguous ranges, one per device, sized by the devices' budgets; each
+// contiguous ranges, one per device, sized by the devices' room; each
 // range runs on its device under the same rules (segments, prefetch,
 // budgets), and the tensors a range reads from another device (the residual
 // stream at the boundary, the graph's inputs) are copied once per run into
@@ -44,7 +44,6 @@ struct ExecutorOptions {
     const std::atomic<bool>* cancel = nullptr;
 };
 
-// What a run would need, for `kiln plan` and the executor's own decisions.
 // One device's share of a layer split, as `kiln plan` prints it.
 struct SplitShareForecast {
     std::string device;
@@ -57,6 +56,7 @@ struct SplitShareForecast {
     bool fits = true;
 };
 
+// What a run would need, for `kiln plan` and the executor's own decisions.
 struct RunForecast {
     uint64_t weight_bytes = 0;     // all weights the graph reads
     uint64_t whole_workspace = 0;  // compute buffers of the whole graph on the device
