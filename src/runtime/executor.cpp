@@ -821,10 +821,9 @@ Executor::Mirrors Executor::find_mirrors(ggml_cgraph* graph, const GraphPlan& pl
         const bool foreign = weights_.owns(t) ? store_.block_of(t) == nullptr
                                               : kept_slot_ > 0;  // an input, or a node of an earlier range
         if (!foreign) return;
-        const uint64_t alignment = ggml_backend_buft_get_alignment(buft);
         mirrors.tensors.push_back(t);
         mirrors.offsets.push_back(mirrors.size);
-        mirrors.size += (alloc_size(buft, t) + alignment - 1) / alignment * alignment;
+        mirrors.size += alloc_size(buft, t);  // aligned already
     };
     for (int i = begin; i < stop; ++i) {
         ggml_tensor* node = ggml_graph_node(graph, i);
