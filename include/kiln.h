@@ -57,6 +57,9 @@ void kiln_set_log_callback(kiln_log_callback callback, void* user_data);
 typedef struct {
     const char* model_path;           /* -m: checkpoint or diffusers folder */
     const char* diffusion_model_path; /* --diffusion-model, or NULL */
+    /* --high-noise-diffusion-model: Wan 2.2 A14B's high-noise expert (diffusion_model_path is the low-noise
+     * one), or NULL */
+    const char* high_noise_diffusion_model_path;
     const char* vae_path;             /* --vae, or NULL */
     const char* clip_l_path;          /* --clip_l, or NULL */
     const char* clip_g_path;          /* --clip_g (SDXL's OpenCLIP ViT-bigG), or NULL */
@@ -314,6 +317,15 @@ typedef struct {
      * the frames decoded so far and the clip's frame count. Or NULL. */
     kiln_decode_callback decode;
     void* decode_user_data;
+    /* Wan 2.2 A14B's high-noise expert (high_noise_diffusion_model_path), as sd-cli's --high-noise-* flags:
+     * its steps (< 0, the default: the first of `steps` whose sigma is at least moe_boundary; N >= 0: N
+     * steps before `steps`), cfg scale (< 0: cfg_scale), sampler (NULL: sampler) and eta (< 0: the
+     * sampler's); --moe-boundary, a flow sigma in [0, 1] (default 0.875, Wan 2.2 T2V's). */
+    int high_noise_steps;
+    float high_noise_cfg_scale;
+    const char* high_noise_sampler;
+    float high_noise_eta;
+    float moe_boundary;
 } kiln_generation_params;
 
 void kiln_generation_params_init(kiln_generation_params* params);

@@ -37,6 +37,17 @@ four), seed 11, --rng cuda, 3 steps, euler, cfg 6, --flow-shift 3.
   - decode (reference/wan_vae.py's WanVAE_.decode: the latent frames one at a time through the causal
     cache) with the VAE's own normalisation: 5 frames.
 
+Wan 2.2 A14B's two experts, the same job but for the schedule and the guidance:
+  wan_tiny/wan_dit_high_noise.safetensors  a second DiT of the same widths and other weights, the high-noise
+      expert (--high-noise-diffusion-model; wan_dit.safetensors is then the low-noise one)
+  wan_tiny_a14b.safetensors  the job: noise, sigmas [5], latent, video as above
+  - sd-cli's command line: --steps 2 --high-noise-steps 2 (the schedule has 4 steps, the expert samples the
+    first 2, as sd.cpp's generate_video splits its sigmas), --high-noise-cfg-scale 4, cfg 6, euler for both;
+    --steps 4 with --moe-boundary 0.8 splits the same schedule at the same step (sigma 0.6 is the first
+    below 0.8);
+  - steps 0 and 1 with the expert and cfg 4, steps 2 and 3 with the low-noise DiT and cfg 6, Euler
+    throughout on the one latent.
+
 Every stage runs in float64 on the stored weights; deterministic (byte-identical files).
 """
 
@@ -66,6 +77,8 @@ PARTS = os.path.join(OUT, "wan_tiny")
 SPIECE_SOURCE = os.path.join(ROOT, "tests", "golden", "text", "umt5_like_spiece.model")
 VAE_SOURCE = os.path.join(ROOT, "tests", "golden", "models", "wan_vae_tiny.safetensors")
 JOB = "wan_tiny_t2v.safetensors"
+A14B_JOB = "wan_tiny_a14b.safetensors"
+A14B_STEPS, A14B_HIGH_STEPS, A14B_HIGH_CFG = 4, 2, 4.0
 SEED = 6100
 
 PROMPT = "a red cat on a blue square"
@@ -99,15 +112,15 @@ def write_umt5(vocab):
     return model.double().eval(), cfg["dim"]
 
 
-def write_dit(text_dim):
+def write_dit(text_dim, name="wan_dit.safetensors", seed=SEED + 2):
     cfg = dict(mwd.TINY, in_dim=LATENT_CHANNELS, out_dim=LATENT_CHANNELS, text_dim=text_dim)
     model = ref.WanModel(**cfg)
-    gen = torch.Generator().manual_seed(SEED + 2)
+    gen = torch.Generator().manual_seed(seed)
     stored = {k: mwd.init_value(k, tuple(v.shape), gen).to(torch.float16).contiguous()
               for k, v in model.state_dict().items()}
     assert {k: tuple(v.shape) for k, v in stored.items()} == ref.wan_dit_tensor_shapes(cfg)
     model.load_state_dict({k: v.double() for k, v in stored.items()}, strict=True)
-    safetensors_io.save_file(stored, os.path.join(PARTS, "wan_dit.safetensors"), dict(mwd.DIT_METADATA))
+    safetensors_io.save_file(stored, os.path.join(PARTS, name), dict(mwd.DIT_METADATA))
     return model.double().eval()
 
 
@@ -118,9 +131,9 @@ def read_vae():
     return vae.double().eval()
 
 
-def flow_sigmas():
+def flow_sigmas(steps=STEPS):
     out = []
-    for t in torch.linspace(999, 0, STEPS, dtype=torch.float64).tolist():
+    for t in torch.linspace(999, 0, steps, dtype=torch.float64).tolist():
         s = (t + 1) / 1000
         out.append(float(torch.tensor(SHIFT_FACTOR * s / (1 + (SHIFT_FACTOR - 1) * s), dtype=torch.float32)))
     return out + [0.0]
@@ -171,12 +184,32 @@ def run_job(dit, umt5, vae, sp):
     return io
 
 
-def save_job(io):
+def run_a14b_job(high_dit, low_dit, t2v, vae):
+    """The A14B job on the T2V job's prompts and noise: the expert's steps, then the low-noise DiT's."""
+    io = {"noise": t2v["noise"]}
+    sigmas = flow_sigmas(A14B_STEPS)
+    io["sigmas"] = torch.tensor(sigmas, dtype=torch.float32)
+    cond, uncond = t2v["t5.hidden"].double(), t2v["t5.uncond_hidden"].double()
+    real = int((t2v["t5.tokens"] != PAD).sum())
+    x = io["noise"].double() * sigmas[0]
+    for i in range(A14B_STEPS):
+        dit, cfg = (high_dit, A14B_HIGH_CFG) if i < A14B_HIGH_STEPS else (low_dit, CFG)
+        sigma = torch.tensor([sigmas[i]], dtype=torch.float64)
+        c = ref.predict(dit, x, sigma, cond, [real])
+        u = ref.predict(dit, x, sigma, uncond, [1])
+        x = x + (sigmas[i + 1] - sigmas[i]) * (u + cfg * (c - u))
+    io["latent"] = mmf.f32(x)
+    io["video"] = mmf.f32(wan.decode_normalized(vae, x))
+    return io
+
+
+def save_job(io, name=JOB, extra=None):
     meta = {"prompt": PROMPT, "negative_prompt": NEGATIVE, "seed": str(NOISE_SEED), "steps": str(STEPS),
             "width": str(WIDTH), "height": str(HEIGHT), "video_frames": str(FRAMES), "cfg_scale": repr(CFG),
             "sampler": "euler", "scheduler": "discrete", "flow_shift": repr(SHIFT_FACTOR), "rng": "cuda",
             "model": "wan_tiny/wan_dit.safetensors", "generator": "training/make_wan_pipeline_fixtures.py"}
-    path = os.path.join(OUT, JOB)
+    meta.update(extra or {})
+    path = os.path.join(OUT, name)
     safetensors_io.save_file(io, path, metadata=meta)
     print("wrote %s (%d bytes)" % (os.path.relpath(path, ROOT), os.path.getsize(path)))
     for k, v in io.items():
@@ -191,10 +224,16 @@ def main():
     sp = read_tokenizer()
     umt5, width = write_umt5(sp.get_piece_size())
     dit = write_dit(width)
+    high_dit = write_dit(width, "wan_dit_high_noise.safetensors", SEED + 3)
     vae = read_vae()
     with torch.no_grad():
-        save_job(run_job(dit, umt5, vae, sp))
-    total = os.path.getsize(os.path.join(OUT, JOB))
+        t2v = run_job(dit, umt5, vae, sp)
+        save_job(t2v)
+        save_job(run_a14b_job(high_dit, dit, t2v, vae), A14B_JOB,
+                 {"steps": str(A14B_STEPS - A14B_HIGH_STEPS), "high_noise_steps": str(A14B_HIGH_STEPS),
+                  "high_noise_cfg_scale": repr(A14B_HIGH_CFG), "high_noise_sampler": "euler",
+                  "high_noise_model": "wan_tiny/wan_dit_high_noise.safetensors"})
+    total = os.path.getsize(os.path.join(OUT, JOB)) + os.path.getsize(os.path.join(OUT, A14B_JOB))
     for name in sorted(os.listdir(PARTS)):
         p = os.path.join(PARTS, name)
         total += os.path.getsize(p)

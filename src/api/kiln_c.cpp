@@ -230,6 +230,13 @@ kiln::Result<kiln::pipeline::GenerationRequest> generation_request(const kiln_ge
     r.seed = params->seed;
     r.batch_count = params->batch_count;
     if (params->video_frames != 0) r.video_frames = params->video_frames;
+    r.high_noise.steps = params->high_noise_steps < 0 ? -1 : params->high_noise_steps;
+    // NaN: refused by validation, by name.
+    if (params->high_noise_cfg_scale >= 0 || std::isnan(params->high_noise_cfg_scale))
+        r.high_noise.cfg_scale = params->high_noise_cfg_scale;
+    r.high_noise.sampler = str(params->high_noise_sampler);
+    if (params->high_noise_eta >= 0 || std::isnan(params->high_noise_eta)) r.high_noise.eta = params->high_noise_eta;
+    r.high_noise.moe_boundary = params->moe_boundary;
     r.sampler = str(params->sampler);
     r.scheduler = str(params->scheduler);
     r.clip_skip = params->clip_skip;
@@ -394,6 +401,7 @@ kiln_status kiln_context_create(const kiln_context_params* params, kiln_context*
         paths.clip_l = str(params->clip_l_path);
         paths.clip_g = str(params->clip_g_path);
         paths.t5xxl = str(params->t5xxl_path);
+        paths.high_noise_diffusion_model = str(params->high_noise_diffusion_model_path);
         paths.llm = str(params->llm_path);
         paths.llm_vision = str(params->llm_vision_path);
         paths.tokenizer = str(params->tokenizer_path);
@@ -465,6 +473,11 @@ void kiln_generation_params_init(kiln_generation_params* params) {
     params->hires_scale = hires.scale;
     params->hires_denoising_strength = hires.denoising_strength;
     params->hires_upscale_tile_size = hires.upscale_tile;
+    const kiln::pipeline::HighNoiseSampling high_noise;
+    params->high_noise_steps = high_noise.steps;
+    params->high_noise_cfg_scale = -1.0f;
+    params->high_noise_eta = -1.0f;
+    params->moe_boundary = high_noise.moe_boundary;
 }
 
 void kiln_upscaler_params_init(kiln_upscaler_params* params) {

@@ -51,6 +51,10 @@ struct ModuleSpec {
     // Also taken from the file given by this flag (Qwen2.5-VL's vision
     // tower, visual.*, inside the LLM's file given as --llm).
     std::string also_in_flag;
+    // Wan 2.2 A14B's high-noise expert: a second diffusion network of the
+    // main one's shape, from the file its flag gives and no other, that
+    // samples the schedule's first steps (pipeline/experts.h). Optional.
+    bool high_noise = false;
 };
 
 // How a prompt becomes an encoder's tokens; each layout has its tokenizer

@@ -66,6 +66,9 @@ struct DiffusionCapabilities {
     int64_t in_channels = 4;    // latent planes of x (more than out_channels: an inpainting model's concat)
     int64_t out_channels = 4;   // planes of its prediction: the latent's channels
     int64_t context_width = 0;  // width of each text token
+    // Width of the stream of tokens its blocks carry (a DiT's dim): what
+    // tells two releases of one family apart (Wan 1.3B 1536, 14B 5120); 0: not said.
+    int64_t hidden_width = 0;
     // Width of the vector input (SDXL's label_emb, Flux's pooled CLIP-L): 0 for none.
     int64_t vector_width = 0;
     // Image sizes must be multiples of this many latent pixels (a UNet's

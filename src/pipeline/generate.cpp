@@ -781,6 +781,62 @@ Result<std::vector<float>> sample_latent(Model& model, const SamplingRun& run, s
     return result;
 }
 
+namespace {
+
+// Sampling with Wan 2.2 A14B's experts (pipeline/experts.h): the high-noise
+// expert's first `high_steps` steps with its sampler, guidance and eta, then
+// the main network's from the sigma where it stopped, on the same noise
+// generator; progress counts the schedule's steps across both. Without
+// expert steps, one run.
+Result<std::vector<float>> sample_with_experts(Model& model, const SamplingRun& run, const ValidatedRequest& p,
+                                               int high_steps, std::vector<float> x, const Conditioning& cond,
+                                               const Conditioning* uncond, Rng& rng, const ProgressFn& progress,
+                                               bool* passes_apart, StepCacheReport* cache_report) {
+    if (high_steps <= 0) {
+        return sample_latent(model, run, std::move(x), cond, uncond, rng, progress, passes_apart, cache_report);
+    }
+    const int total = static_cast<int>(run.sigmas.size()) - 1;
+    const auto counted_from = [&](int first) -> ProgressFn {
+        if (!progress) return nullptr;
+        return [&progress, first, total](int step, int) { progress(first + step, total); };
+    };
+    SamplingRun high = run;
+    high.sigmas.assign(run.sigmas.begin(), run.sigmas.begin() + high_steps + 1);
+    high.sampler = p.high_noise_sampler;
+    high.cfg_scale = p.high_noise_cfg;
+    high.eta = p.high_noise_eta.value_or(default_eta(p.high_noise_sampler));
+    StepCacheReport high_report;
+    bool high_apart = false;
+    {
+        HighNoiseExpertScope expert(model);
+        auto sampled =
+            sample_latent(model, high, std::move(x), cond, uncond, rng, counted_from(0), &high_apart, &high_report);
+        if (!sampled.ok()) return sampled;
+        x = std::move(sampled).value();
+    }
+    KILN_LOG_VERBOSE("high-noise expert: steps 1-%d of %d; the main network takes over at sigma %g", high_steps, total,
+                     static_cast<double>(run.sigmas[static_cast<size_t>(high_steps)]));
+    if (passes_apart) *passes_apart = high_apart;
+    if (cache_report) *cache_report = high_report;
+    if (high_steps == total || model.cut_short()) return x;
+    SamplingRun low = run;
+    low.sigmas.assign(run.sigmas.begin() + high_steps, run.sigmas.end());
+    low.cache_step_offset = run.cache_step_offset + high_steps;
+    StepCacheReport low_report;
+    bool low_apart = false;
+    auto sampled =
+        sample_latent(model, low, std::move(x), cond, uncond, rng, counted_from(high_steps), &low_apart, &low_report);
+    if (passes_apart) *passes_apart = *passes_apart || low_apart;
+    if (cache_report) {
+        cache_report->mode = low_report.mode;
+        cache_report->skipped += low_report.skipped;
+        cache_report->evaluations += low_report.evaluations;
+    }
+    return sampled;
+}
+
+}  // namespace
+
 std::string a1111_sampler_name(const std::string& sampler) {
     static const std::pair<const char*, const char*> kNames[] = {
         {"euler", "Euler"},
@@ -934,7 +990,8 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
     if (!tagged.ok()) return tagged.error();
     KILN_TRY(apply_loras(model, tagged->loras));
 
-    const bool use_cfg = p.cfg != 1.0f;
+    // The unconditional pass runs when either expert's guidance needs it.
+    const bool use_cfg = p.cfg != 1.0f || (p.high_noise_steps > 0 && p.high_noise_cfg != 1.0f);
     // The hires fix's model upscaler, loaded once for the batch and before
     // anything runs: a file or a RAM budget it does not fit fails fast.
     std::unique_ptr<Upscaler> hires_upscaler;
@@ -1128,6 +1185,8 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
         return *file_hashes;
     };
     const size_t latent_size = static_cast<size_t>(p.latent_w) * p.latent_h * p.latent_frames * out_channels(model);
+    // The high-noise expert's steps of the schedule as it runs (image-to-image cuts its front).
+    const int high_noise_steps = std::max(0, p.high_noise_steps - run.cache_step_offset);
     std::vector<GeneratedImage> results;
     for (int i = 0; i < request.batch_count; ++i) {
         const int64_t seed = request.seed + i;
@@ -1173,8 +1232,9 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
         step_start = sampling_start;
         bool passes_apart = false;
         StepCacheReport cache_report;
-        auto latent = sample_latent(model, run, std::move(x), *cond, uncond ? &*uncond : nullptr, sampler_rng, progress,
-                                    &passes_apart, &cache_report);
+        auto latent =
+            sample_with_experts(model, run, p, high_noise_steps, std::move(x), *cond, uncond ? &*uncond : nullptr,
+                                sampler_rng, progress, &passes_apart, &cache_report);
         times.cfg_passes_apart = times.cfg_passes_apart || passes_apart;
         if (!latent.ok()) return latent.error();
         // NaN or Inf in weights, embeddings or the latent scale would give a
@@ -1223,6 +1283,13 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
         info.height = p.height;
         info.model = model.name();
         if (p.video) info.extra.emplace_back("Frames", std::to_string(p.frames));
+        if (high_noise_steps > 0) {
+            info.extra.emplace_back("High noise model", model.high_noise_expert_name());
+            info.extra.emplace_back("High noise steps", std::to_string(high_noise_steps));
+            info.extra.emplace_back("High noise sampler",
+                                    a1111_sampler_name(std::string(sampler_name(p.high_noise_sampler))));
+            info.extra.emplace_back("High noise CFG scale", format_number(p.high_noise_cfg));
+        }
         if (request.file_hashes && !hashes_of_files().first.empty()) {
             info.extra.emplace_back("Model hash", hashes_of_files().first);
         }

@@ -37,6 +37,10 @@ std::optional<runtime::ParamsLocation> params_of(Model& model, const ModuleForec
     return placed->params;
 }
 
+// A run of the diffusion network, or of Wan 2.2 A14B's high-noise expert
+// ("diffusion.high_noise"): each runs at every step of its share.
+bool is_diffusion(const ModuleForecast& m) { return m.module.substr(0, m.module.find('.')) == "diffusion"; }
+
 // Which runs read their weights from disk. A module reads the mapped model
 // file through the page cache (outside RAM's books) when its params are "on
 // disk" (--params-backend disk, or auto-fit's choice when RAM cannot hold
@@ -64,7 +68,7 @@ void mark_disk_streaming(Model& model, JobForecast& out) {
             m.run.fits = false;
         }
         out.fits = out.fits && m.run.fits;
-        if (m.module == "diffusion" && m.streamed_from_disk > 0) {
+        if (is_diffusion(m) && m.streamed_from_disk > 0) {
             out.streams_from_disk = true;
             // CFG's passes one after the other read the file once each.
             out.streamed_per_step =
@@ -128,7 +132,14 @@ std::string seconds_at(uint64_t bytes, double bytes_per_second) {
 Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, bool flash_attention,
                                  const std::string* prompt, const JobPasses& passes,
                                  const std::string& negative_prompt) {
-    const int64_t batch = cfg ? 2 : 1;
+    // Wan 2.2 A14B: the high-noise expert's steps, then (unless it takes
+    // them all) the main network's; the negative prompt is encoded when
+    // either runs CFG.
+    const bool expert = model.has_high_noise_expert() && passes.high_noise_steps > 0;
+    const bool main_runs = !expert || passes.high_noise_steps < passes.steps;
+    cfg = main_runs && cfg;
+    const bool any_cfg = cfg || (expert && passes.high_noise_cfg);
+    const int64_t batch = any_cfg ? 2 : 1;
     const models::AutoencoderFormat& vc = model.vae().format();
     const int64_t lw = width / vc.downscale, lh = height / vc.downscale;
     JobForecast out;
@@ -180,7 +191,8 @@ Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, 
     // negative is the prompt's zeroed for a family that zeroes it).
     const PromptTokens cond = prompt_tokens(model, prompt, prompt_images);
     const bool zeroed_negative = model.family().conditioning.zero_empty_negative && negative_prompt.empty();
-    const PromptTokens uncond = cfg && !zeroed_negative ? prompt_tokens(model, &negative_prompt, prompt_images) : cond;
+    const PromptTokens uncond =
+        any_cfg && !zeroed_negative ? prompt_tokens(model, &negative_prompt, prompt_images) : cond;
     for (const TextEncoder& encoder : model.text_encoders()) {
         // A chat template encodes one prompt at a time (conditioner.cpp):
         // the longer's figures hold for both.
@@ -205,7 +217,7 @@ Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, 
     // match_context_lengths); otherwise the passes run one after the other.
     int64_t context_tokens = cond.context;
     bool cfg_apart = false;
-    if (cfg && uncond.context != cond.context) {
+    if (any_cfg && uncond.context != cond.context) {
         const int64_t longer = std::max(cond.context, uncond.context);
         const int64_t shorter = std::min(cond.context, uncond.context);
         cfg_apart = model.diffusion().capabilities().joint_attention || shorter == 0 || longer % shorter != 0;
@@ -291,13 +303,14 @@ Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, 
     };
     // A CFG batch that does not fit, or whose contexts differ in length,
     // runs as two passes of one (generate), each reading the weights.
-    auto add_unet = [&](int64_t w, int64_t h, const std::string& pass) -> Status {
+    auto add_unet = [&](int64_t w, int64_t h, const std::string& pass, bool with_cfg) -> Status {
         const size_t before = out.modules.size();
+        if (!with_cfg) return add_unet_at(w, h, 1, pass);
         if (!cfg_apart) {
-            KILN_TRY(add_unet_at(w, h, batch, pass));
+            KILN_TRY(add_unet_at(w, h, 2, pass));
             const bool batch_fits = std::all_of(out.modules.begin() + static_cast<long>(before), out.modules.end(),
                                                 [](const ModuleForecast& m) { return m.run.fits; });
-            if (batch_fits || batch != 2) return Status::Ok();
+            if (batch_fits) return Status::Ok();
             out.modules.resize(before);
         }
         KILN_TRY(add_unet_at(w, h, 1, pass));
@@ -307,7 +320,12 @@ Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, 
         }
         return Status::Ok();
     };
-    KILN_TRY(add_unet(lw, lh, ""));
+    if (expert) {
+        HighNoiseExpertScope high_noise(model);
+        KILN_TRY(add_unet(lw, lh, "", passes.high_noise_cfg));
+        out.expert_steps = std::make_pair(passes.high_noise_steps, passes.steps);
+    }
+    if (main_runs) KILN_TRY(add_unet(lw, lh, "", cfg));
     if (passes.video) {
         KILN_TRY(add_clip_decode(lw, lh, passes.latent_frames));
     } else {
@@ -317,7 +335,7 @@ Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, 
         // A pixel upscaler's result is encoded again at the hires size.
         if (h->upscaler != HiresUpscaler::Latent)
             KILN_TRY(add_vae(/*decode=*/false, h->width, h->height, "hires encode"));
-        KILN_TRY(add_unet(h->latent_w, h->latent_h, "hires pass"));
+        KILN_TRY(add_unet(h->latent_w, h->latent_h, "hires pass", cfg));
         KILN_TRY(add_vae(/*decode=*/true, h->latent_w, h->latent_h, "hires pass"));
     }
     for (const auto& [name, ledger] : model.ledgers()) {
@@ -382,6 +400,9 @@ Result<JobPasses> passes_of(const GenerationRequest& request, const ValidatedReq
     passes.increase_ref_index = request.increase_ref_index;
     passes.video = job.video;
     passes.latent_frames = job.latent_frames;
+    passes.high_noise_steps = job.high_noise_steps;
+    passes.steps = job.steps;
+    passes.high_noise_cfg = job.high_noise_cfg != 1.0f;
     if (is_block_cache(request.cache.mode)) {
         passes.block_stages =
             models::BlockSplit{models::BlockStage::Whole, request.cache.front_blocks, request.cache.back_blocks};
@@ -446,6 +467,16 @@ std::string describe_forecast(const Model& model, const JobForecast& forecast) {
                 "\n";
         }
     }
+    if (forecast.expert_steps) {
+        const auto [high, total] = *forecast.expert_steps;
+        out += "  time share: diffusion.high_noise samples steps 1-" + std::to_string(high) + " of " +
+               std::to_string(total) +
+               (high < total ? ", then diffusion (the low-noise expert) the rest; one expert's weights at a time "
+                               "are needed on the device, and a budget that cannot keep both evicts the first's "
+                               "copies as the second's come in"
+                             : "; the low-noise expert does not run") +
+               "\n";
+    }
     if (forecast.upscaler) {
         const auto& [name, m] = *forecast.upscaler;
         out += "  upscaler " + name + " on CPU: weights " + human_bytes(m.weights) + ", compute " +
@@ -467,7 +498,7 @@ std::string describe_forecast(const Model& model, const JobForecast& forecast) {
     }
     uint64_t per_run = 0;
     for (const ModuleForecast& m : forecast.modules) {
-        if (m.module == "diffusion") per_run = std::max(per_run, m.streamed_from_disk);
+        if (is_diffusion(m)) per_run = std::max(per_run, m.streamed_from_disk);
     }
     const uint64_t per_step = forecast.streamed_per_step;
     if (!forecast.fits) {

@@ -69,6 +69,12 @@ struct JobPasses {
     // chunks with the history the one before left.
     bool video = false;
     int64_t latent_frames = 1;
+    // Wan 2.2 A14B (pipeline/experts.h): the high-noise expert's share of
+    // the job's `steps`, planned before the main network, and whether it runs
+    // CFG's two passes (its own --high-noise-cfg-scale). 0: no expert runs.
+    int high_noise_steps = 0;
+    int steps = 0;
+    bool high_noise_cfg = false;
 };
 
 struct DeviceForecast {
@@ -103,6 +109,9 @@ struct JobForecast {
     // where one's CLIP chunks repeat to the other's), so every step runs the
     // two passes one after the other at batch 1 (generate's run_diffusion).
     std::optional<std::pair<int64_t, int64_t>> cfg_contexts;
+    // Wan 2.2 A14B: {the high-noise expert's steps, the job's steps}; the
+    // experts take turns on their device (JobPasses::high_noise_steps).
+    std::optional<std::pair<int, int>> expert_steps;
 };
 
 // The passes `request` runs besides the plain one, as validated into `job`
@@ -112,8 +121,8 @@ struct JobForecast {
 // upscaler's file.
 Result<JobPasses> passes_of(const GenerationRequest& request, const ValidatedRequest& job);
 
-// `cfg`: the UNet runs the conditional and unconditional passes, as one
-// batch where their contexts have one length.
+// `cfg`: the UNet (the main diffusion network) runs the conditional and
+// unconditional passes, as one batch where their contexts have one length.
 // `prompt`: the job's prompt, whose length under an LLM's chat template is
 // the LLM's and the DiT's context length (null: the family's plan_tokens);
 // `negative_prompt` the same for the unconditional pass (with cfg).

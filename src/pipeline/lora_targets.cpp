@@ -27,14 +27,14 @@ void LoraTargets::add(const std::string& key, size_t target) {
     if (!inserted && it->second != target) it->second = SIZE_MAX;  // two weights answer to it: never guess
 }
 
-LoraTargets::LoraTargets(Model& model) {
+LoraTargets::LoraTargets(Model& model, bool high_noise_expert) {
     const io::ModelFamily family = model.family().diffusers_family;
     // The SD name tables: the UNet's paths and HF CLIP's (also Flux's CLIP-L).
     const std::optional<io::UnetLayout> layout = model.diffusion().unet_layout();
     const io::NameMap names = layout ? io::NameMap(family, *layout) : io::NameMap(family);
     for (const auto& owned : model.modules()) {
         Module& module = *owned;
-        if (!module.network->takes_lora()) continue;
+        if (!module.network->takes_lora() || module.spec.high_noise != high_noise_expert) continue;
         const bool diffusion = module.spec.role == models::ModuleRole::Diffusion;
         const io::ModelComponent component =
             module.spec.diffusers_component

@@ -30,8 +30,9 @@ struct LoraTarget {
 
 class LoraTargets {
   public:
-    // Indexes every matrix and convolution weight of every module.
-    explicit LoraTargets(Model& model);
+    // Indexes every matrix and convolution weight of every module but Wan
+    // 2.2 A14B's high-noise expert, or (high_noise_expert) of the expert alone.
+    LoraTargets(Model& model, bool high_noise_expert);
     // The weight a file's layer name means, or nullptr.
     const LoraTarget* find(const std::string& layer_key) const;
     size_t size() const { return targets_.size(); }

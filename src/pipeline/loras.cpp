@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <map>
+#include <optional>
+#include <string_view>
 
 #include "ggml.h"
 #include "io/file_hashes.h"
@@ -118,7 +120,9 @@ void clear_loras(Model& model) {
 
 Status install(Model& model, const std::vector<std::pair<std::string, LoraRequest>>& active,
                std::vector<AdapterFile>& files) {
-    LoraTargets targets(model);
+    const LoraTargets targets(model, /*high_noise_expert=*/false);
+    std::optional<LoraTargets> expert_targets;
+    if (model.has_high_noise_expert()) expert_targets.emplace(model, /*high_noise_expert=*/true);
     std::vector<WeightChanges> weights;
     std::map<const ggml_tensor*, size_t> weight_index;
     std::map<const ggml_tensor*, const io::TensorInfo*> infos;
@@ -134,7 +138,7 @@ Status install(Model& model, const std::vector<std::pair<std::string, LoraReques
         std::vector<std::string> unmatched = f.unused;
         int matched = 0;
         for (const LayerAdapter& layer : f.layers) {
-            const LoraTarget* t = targets.find(layer.key);
+            const LoraTarget* t = (request.high_noise ? *expert_targets : targets).find(layer.key);
             if (!t) {
                 unmatched.push_back(layer.key);
                 continue;
@@ -325,6 +329,11 @@ Result<PromptLoras> extract_lora_tags(const std::string& prompt) {
         }
         LoraRequest request;
         request.name = trim(fields[0]);
+        static constexpr std::string_view kHighNoise = "|high_noise|";
+        if (request.name.compare(0, kHighNoise.size(), kHighNoise) == 0) {
+            request.high_noise = true;
+            request.name = trim(request.name.substr(kHighNoise.size()));
+        }
         if (request.name.empty()) return Error::invalid_request("prompt: " + tag + " names no LoRA");
         if (request.name.front() == '/' || request.name.find("..") != std::string::npos) {
             return Error::invalid_request("prompt: " + tag + ": a LoRA name is a file under --lora-model-dir, not a path out of it");
@@ -337,8 +346,9 @@ Result<PromptLoras> extract_lora_tags(const std::string& prompt) {
             if (!w.ok()) return w.error();
             request.strength = *w;
         }
-        auto same = std::find_if(out.loras.begin(), out.loras.end(),
-                                 [&](const LoraRequest& r) { return r.name == request.name; });
+        auto same = std::find_if(out.loras.begin(), out.loras.end(), [&](const LoraRequest& r) {
+            return r.name == request.name && r.high_noise == request.high_noise;
+        });
         if (same != out.loras.end()) {
             same->strength += request.strength;
         } else {
@@ -395,11 +405,16 @@ Status apply_loras(Model& model, const std::vector<LoraRequest>& loras) {
     std::string key;
     for (const LoraRequest& r : loras) {
         if (r.strength == 0.0f) continue;
+        if (r.high_noise && !model.has_high_noise_expert()) {
+            return Error::invalid_request("<lora:|high_noise|" + r.name +
+                                          "> is for Wan 2.2 A14B's high-noise expert, and this " +
+                                          model.family_label() + " model has none (--high-noise-diffusion-model)");
+        }
         auto path = find_lora_file(model.lora_dir(), r.name);
         if (!path.ok()) return path.error();
         char strength[32];
         std::snprintf(strength, sizeof(strength), "%a", static_cast<double>(r.strength));
-        key += *path + "\t" + strength + "\n";
+        key += std::string(r.high_noise ? "high_noise\t" : "") + *path + "\t" + strength + "\n";
         active.emplace_back(*path, r);
     }
     if (key == model.applied_loras()) return Status::Ok();

@@ -27,6 +27,10 @@ namespace kiln::pipeline {
 struct LoraRequest {
     std::string name;  // as in the tag: a file stem under --lora-model-dir
     float strength = 1.0f;
+    // sd-cli's <lora:|high_noise|NAME:W>: for Wan 2.2 A14B's high-noise
+    // expert alone (the lightx2v LoRAs come in a high- and a low-noise
+    // file); a plain tag changes the other modules, never the expert.
+    bool high_noise = false;
 };
 
 struct PromptLoras {
@@ -40,7 +44,8 @@ struct PromptLoras {
 
 // Removes every <lora:NAME> / <lora:NAME:WEIGHT> tag (A1111's syntax: the
 // weight defaults to 1, may be negative; a later tag of the same name adds
-// to it as A1111 does). Errors (invalid request): a tag without a name, a
+// to it as A1111 does), and sd-cli's <lora:|high_noise|NAME:WEIGHT>. Errors
+// (invalid request): a tag without a name, a
 // weight that is not a finite number, or a name that is a path out of the
 // folder ("..", an absolute path).
 Result<PromptLoras> extract_lora_tags(const std::string& prompt);
@@ -55,7 +60,8 @@ const char* lora_apply_mode_name(LoraApplyMode mode);
 // no --lora-model-dir, a name with no file there (invalid request, naming
 // both); a file that cannot be read or whose layers match no weight of the
 // model (bad file); no room on the device for the adapter weights (out of
-// memory). On an error the model is left with no LoRA.
+// memory); a high-noise LoRA for a model without the expert (invalid
+// request). On an error the model is left with no LoRA.
 Status apply_loras(Model& model, const std::vector<LoraRequest>& loras);
 
 // The file a LoRA name means: NAME.safetensors, .sft, .ckpt, .pt or .gguf

@@ -434,13 +434,15 @@ Status Model::check_tokenizer_fits(const TextEncoder& encoder) const {
 Status Model::load_networks(const ModelPaths& paths, const ModelOptions& options) {
     std::vector<GivenFile> given;
     for (const std::string& p : paths.model) given.push_back({p, ""});
-    const std::pair<const std::string*, const char*> flagged[] = {{&paths.diffusion_model, "--diffusion-model"},
-                                                                  {&paths.clip_l, "--clip_l"},
-                                                                  {&paths.clip_g, "--clip_g"},
-                                                                  {&paths.t5xxl, "--t5xxl"},
-                                                                  {&paths.llm, "--llm"},
-                                                                  {&paths.llm_vision, "--llm_vision"},
-                                                                  {&paths.vae, "--vae"}};
+    const std::pair<const std::string*, const char*> flagged[] = {
+        {&paths.diffusion_model, "--diffusion-model"},
+        {&paths.high_noise_diffusion_model, "--high-noise-diffusion-model"},
+        {&paths.clip_l, "--clip_l"},
+        {&paths.clip_g, "--clip_g"},
+        {&paths.t5xxl, "--t5xxl"},
+        {&paths.llm, "--llm"},
+        {&paths.llm_vision, "--llm_vision"},
+        {&paths.vae, "--vae"}};
     for (const auto& [path, flag] : flagged) {
         if (!path->empty()) given.push_back({*path, flag});
     }
@@ -500,7 +502,9 @@ Status Model::load_networks(const ModelPaths& paths, const ModelOptions& options
             module->file = files_[i].get();
             module->prefix = *prefix;
         }
-        for (size_t i = given.size(); i-- > 0 && !module->file;) {
+        // The high-noise expert comes from its own flag alone: the main
+        // network's file holds a DiT of the same kind.
+        for (size_t i = given.size(); i-- > 0 && !module->file && !spec.high_noise;) {
             if (!given[i].flag.empty() && given[i].flag != spec.flag && given[i].flag != spec.also_in_flag) continue;
             if (auto prefix = find_prefix(*files_[i], spec.network, spec.prefixes)) {
                 module->file = files_[i].get();
@@ -536,7 +540,7 @@ Status Model::load_networks(const ModelPaths& paths, const ModelOptions& options
         }
         if (Status s = create_network(*module, network_options, options.weight_type); !s.ok())
             return s.error().as(ErrorKind::BadFile).in_context(module->file->sources().front().path + ": ");
-        if (spec.role == models::ModuleRole::Diffusion) diffusion_ = module.get();
+        if (spec.role == models::ModuleRole::Diffusion) (spec.high_noise ? high_noise_ : diffusion_) = module.get();
         if (spec.role == models::ModuleRole::Vae) vae_ = module.get();
         if (spec.network == models::NetworkKind::QwenVision) vision_ = module.get();
         modules_.push_back(std::move(module));
@@ -551,18 +555,22 @@ Status Model::load_networks(const ModelPaths& paths, const ModelOptions& options
         text_encoders_.push_back({&use, (*module)->network->as_text_encoder(), nullptr, (*module)->params.get()});
     }
     KILN_TRY(check_conditioning());
+    KILN_TRY(check_high_noise_expert());
     if (!paths.control_net.empty()) KILN_TRY(load_control_net(paths.control_net, options));
     // A file given for one module that also holds others: say which were not taken from it.
     for (size_t i = 0; i < given.size(); ++i) {
         if (given[i].flag.empty()) continue;
-        const bool taken = std::any_of(family_->modules.begin(), family_->modules.end(),
-                                       [&](const models::ModuleSpec& spec) { return spec.flag == given[i].flag; });
-        if (!taken) {
+        const auto own = std::find_if(family_->modules.begin(), family_->modules.end(),
+                                      [&](const models::ModuleSpec& spec) { return spec.flag == given[i].flag; });
+        if (own == family_->modules.end()) {
             KILN_LOG_WARN("%s (%s): %s takes no such part; the file is not used", given[i].path.c_str(),
                           given[i].flag.c_str(), family_label_.c_str());
             continue;
         }
         for (const models::ModuleSpec& spec : family_->modules) {
+            // The file's own network is no other module's part (a DiT given
+            // as one Wan 2.2 expert is the other expert's kind).
+            if (spec.network == own->network) continue;
             if (spec.flag != given[i].flag && spec.also_in_flag != given[i].flag &&
                 find_prefix(*files_[i], spec.network, spec.prefixes)) {
                 KILN_LOG_WARN("%s (%s): its %s is not used", given[i].path.c_str(), given[i].flag.c_str(),
@@ -631,6 +639,27 @@ Status Model::check_conditioning() const {
                                   te.use->context, te.use->pooled, te.use->token_group});
     }
     return diffusion().check_conditioning(shape);
+}
+
+std::string Model::high_noise_expert_name() const {
+    return fs::path(high_noise_->file->sources().front().path).stem().string();
+}
+
+Status Model::check_high_noise_expert() const {
+    if (!high_noise_) return Status::Ok();
+    const models::DiffusionCapabilities& main = diffusion_->network->as_diffusion()->capabilities();
+    const models::DiffusionCapabilities& expert = high_noise_->network->as_diffusion()->capabilities();
+    auto shape = [](const models::DiffusionCapabilities& c) {
+        return std::to_string(c.hidden_width) + " wide, " + std::to_string(c.in_channels) + " latent channels in, " +
+               std::to_string(c.out_channels) + " out, a context " + std::to_string(c.context_width) + " wide";
+    };
+    if (high_noise_->spec.network != diffusion_->spec.network || shape(main) != shape(expert)) {
+        return Error::bad_file(high_noise_->file->sources().front().path +
+                               " (--high-noise-diffusion-model): the high-noise expert is a " + expert.label + " " +
+                               shape(expert) + "; the --diffusion-model's " + main.label + " is " + shape(main) +
+                               " (the two experts of one release, such as Wan 2.2 A14B's, are alike)");
+    }
+    return Status::Ok();
 }
 
 Status Model::read_metadata(const ModelOptions& options) {
@@ -722,11 +751,14 @@ Status Model::place_modules(const ModelOptions& options) {
     for (Module* m : by_priority_) {
         // A module's executor is named by its role ("te"), or role and
         // network when a role has several ("te.clip_g").
+        // The vision tower and the high-noise expert are named apart
+        // ("te.vision", "diffusion.high_noise"); the main networks keep their role's name.
+        const auto named_apart = [&](const Module* x) { return x == vision_ || x == high_noise_; };
         const auto same_role = std::count_if(modules_.begin(), modules_.end(), [&](const auto& other) {
-            return other->spec.role == m->spec.role && other.get() != vision_;
+            return other->spec.role == m->spec.role && !named_apart(other.get());
         });
         m->executor_name =
-            same_role > 1 || m == vision_ ? std::string(m->role()) + "." + m->spec.name : std::string(m->role());
+            same_role > 1 || named_apart(m) ? std::string(m->role()) + "." + m->spec.name : std::string(m->role());
         m->placement =
             &*std::find_if(placement_.begin(), placement_.end(), [&](const auto& x) { return x.module == m->role(); });
         if (m == vision_) {  // its role's device, its own record: params in RAM

@@ -38,6 +38,9 @@ namespace kiln::pipeline {
 struct ModelPaths {
     std::vector<std::string> model;  // -m: checkpoint(s) or a diffusers folder
     std::string diffusion_model;     // --diffusion-model
+    // --high-noise-diffusion-model: Wan 2.2 A14B's high-noise expert (the
+    // low-noise one is --diffusion-model).
+    std::string high_noise_diffusion_model;
     std::string vae;                 // --vae
     std::string clip_l;              // --clip_l
     std::string clip_g;              // --clip_g
@@ -205,13 +208,27 @@ class Model {
     }
     // The diffusion network (a UNet, a DiT) by its interface: what it takes
     // is capabilities(), never its kind.
-    const models::DiffusionNetwork& diffusion() const { return *diffusion_->network->as_diffusion(); }
-    const runtime::ModuleWeights& diffusion_weights() const { return diffusion_->weights(); }
+    // While the high-noise expert is in use (use_high_noise_expert), these
+    // four are the expert's: the steps it samples run the same code.
+    const models::DiffusionNetwork& diffusion() const { return *sampling()->network->as_diffusion(); }
+    const runtime::ModuleWeights& diffusion_weights() const { return sampling()->weights(); }
     // The family's autoencoder by its interface (models/network.h).
     const models::AutoencoderNetwork& vae() const { return *vae_->network->as_autoencoder(); }
     const runtime::ModuleWeights& vae_weights() const { return vae_->weights(); }
-    runtime::Executor& diffusion_compute() { return *diffusion_->executor; }
-    nn::ComputeTarget diffusion_target() const { return diffusion_->target; }
+    runtime::Executor& diffusion_compute() { return *sampling()->executor; }
+    nn::ComputeTarget diffusion_target() const { return sampling()->target; }
+    // Wan 2.2 A14B's high-noise expert (--high-noise-diffusion-model): a
+    // second diffusion module ("diffusion.high_noise") of the main one's
+    // shape, placed with it, its weights and copies in the same books, so a
+    // budget that holds one expert evicts it when the other starts
+    // (pipeline/experts.h).
+    bool has_high_noise_expert() const { return high_noise_ != nullptr; }
+    void use_high_noise_expert(bool on) { high_noise_in_use_ = on && high_noise_ != nullptr; }
+    bool high_noise_expert_in_use() const { return high_noise_in_use_; }
+    // The high-noise expert's executor and its file's stem (image metadata);
+    // only with has_high_noise_expert().
+    runtime::Executor& high_noise_compute() { return *high_noise_->executor; }
+    std::string high_noise_expert_name() const;
     nn::ComputeTarget vae_target() const { return vae_->target; }
     runtime::Executor& vae_compute() { return *vae_->executor; }
     // The LLM's vision tower (Qwen-Image-Edit's, a "te" module): only when
@@ -354,6 +371,13 @@ class Model {
     // Params kept on a device, by executor name: the ledger and the bytes.
     std::map<std::string, std::pair<runtime::DeviceLedger*, uint64_t>> reserved_params_;
     Module* diffusion_ = nullptr;
+    Module* high_noise_ = nullptr;
+    bool high_noise_in_use_ = false;
+    // The diffusion module a sampling step runs: the main one, or the high-noise expert in use.
+    const Module* sampling() const { return high_noise_in_use_ ? high_noise_ : diffusion_; }
+    Module* sampling() { return high_noise_in_use_ ? high_noise_ : diffusion_; }
+    // The high-noise expert is the main network's kind, shape and width (BadFile otherwise).
+    Status check_high_noise_expert() const;
     Module* vae_ = nullptr;
     Module* control_ = nullptr;
     Module* taesd_ = nullptr;

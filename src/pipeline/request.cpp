@@ -308,6 +308,15 @@ Result<ValidatedRequest> validate_request(const Model& model, const GenerationRe
         return Error::invalid_request("steps must be in [1, " + std::to_string(kMaxSteps) + "], got " +
                                       std::to_string(p.steps));
     }
+    // --high-noise-steps N: N steps of the high-noise expert before --steps (sd-cli's schedule).
+    if (model.has_high_noise_expert() && r.high_noise.steps > 0 && r.sigmas.empty()) {
+        if (r.high_noise.steps > kMaxSteps - p.steps) {
+            return Error::invalid_request("--steps and --high-noise-steps must make at most " +
+                                          std::to_string(kMaxSteps) + " steps, got " + std::to_string(p.steps) +
+                                          " and " + std::to_string(r.high_noise.steps));
+        }
+        p.steps += r.high_noise.steps;
+    }
     if (!r.sigmas.empty()) {
         KILN_TRY(
             check_sigmas(r.sigmas, model.noise_schedule(p.width, p.height, p.steps, std::nullopt)->flow(), "--sigmas"));
@@ -471,6 +480,7 @@ Result<ValidatedRequest> validate_request(const Model& model, const GenerationRe
                                       model.family_label() + "'s " + std::to_string(model.latent_channels()) +
                                       "-channel latent (use --preview vae)");
     }
+    KILN_TRY(validate_high_noise(model, r, p));
     return p;
 }
 

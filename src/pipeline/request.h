@@ -11,6 +11,7 @@
 
 #include "image/image.h"
 #include "pipeline/conditioner.h"
+#include "pipeline/experts.h"
 #include "pipeline/hires_fix.h"
 #include "pipeline/latent_resize.h"
 #include "pipeline/preview.h"
@@ -132,6 +133,8 @@ struct GenerationRequest {
     // sd-cli), made 4k + 1 as sd-cli makes it (the VAE's first latent frame
     // is one frame, each later one four); an image model refuses it.
     std::optional<int> video_frames;
+    // Wan 2.2 A14B's high-noise expert's sampling (pipeline/experts.h).
+    HighNoiseSampling high_noise;
 };
 
 // A hires fix with its sizes worked out.
@@ -160,6 +163,13 @@ struct ValidatedRequest {
     int frames = 1;
     int64_t latent_frames = 1;
     bool video = false;  // the model is a video model: the job's result is a clip
+    // Wan 2.2 A14B (pipeline/experts.h): the high-noise expert samples the
+    // schedule's first high_noise_steps of `steps` with its own sampler, cfg
+    // and eta (unset: the sampler's default); 0: the main network samples all.
+    int high_noise_steps = 0;
+    SamplerKind high_noise_sampler = SamplerKind::Euler;
+    float high_noise_cfg = 1.0f;
+    std::optional<float> high_noise_eta;
 };
 
 // Errors (each an invalid request naming the field and what is accepted):

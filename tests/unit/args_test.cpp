@@ -83,6 +83,28 @@ TEST(Args, SdCliPlacementAndPathSwitches) {
     EXPECT_NE(parse_error({"--mmap=yes"}).message.find("--mmap"), std::string::npos);
 }
 
+// Wan 2.2 A14B's flags, as sd-cli spells them.
+TEST(Args, HighNoiseExpertFlags) {
+    const Options o =
+        parse_ok({"--high-noise-diffusion-model", "high.gguf", "--high-noise-steps", "8", "--high-noise-cfg-scale",
+                  "3.5", "--high-noise-sampling-method", "euler", "--high-noise-eta", "0.5", "--moe-boundary", "0.9"});
+    EXPECT_EQ(o.high_noise_diffusion_model, "high.gguf");
+    EXPECT_EQ(o.high_noise_steps, 8);
+    EXPECT_EQ(o.high_noise_cfg_scale, 3.5f);
+    EXPECT_EQ(o.high_noise_sampling_method, "euler");
+    EXPECT_EQ(o.high_noise_eta, 0.5f);
+    EXPECT_EQ(o.moe_boundary, 0.9f);
+    EXPECT_EQ(parse_ok({}).high_noise_steps, -1);
+    EXPECT_EQ(parse_error({"--moe-boundary", "1.5"}).message,
+              "--moe-boundary: expected a number from 0 to 1, got '1.5'");
+    EXPECT_EQ(parse_error({"--high-noise-steps", "-2"}).message.rfind("--high-noise-steps: ", 0), 0u);
+    EXPECT_EQ(parse_error({"--high-noise-sampling-method", "warp"}).message.rfind("--high-noise-sampling-method: ", 0),
+              0u);
+    // Guidance the experts do not take: accepted and ignored, as sd-cli ignores it for Wan.
+    EXPECT_EQ(parse_ok({"--high-noise-guidance", "3.5"}).ignored_sd_cli_options,
+              std::vector<std::string>{"--high-noise-guidance"});
+}
+
 // sd-cli's aliases, and its options for features kiln lacks: a usage error
 // that names the option and the feature, not "unknown option".
 TEST(Args, SdCliAliasesAndOptionsOfMissingFeatures) {
@@ -92,7 +114,7 @@ TEST(Args, SdCliAliasesAndOptionsOfMissingFeatures) {
     EXPECT_EQ(parse_ok({"--llm_vision", "mmproj.gguf"}).llm_vision, "mmproj.gguf");
     EXPECT_TRUE(parse_ok({"--model-args", "qwen_image_zero_cond_t=true"}).qwen_image_zero_cond_t);
     EXPECT_TRUE(parse_ok({"--qwen-image-zero-cond-t"}).qwen_image_zero_cond_t);
-    for (const char* flag : {"--photo-maker", "--clip_vision", "--high-noise-steps", "--cache-preset",
+    for (const char* flag : {"--photo-maker", "--clip_vision", "--high-noise-slg-scale", "--cache-preset",
                              "--img-cfg-scale", "--tensor-type-rules", "--circular", "--qwen-image-layers"}) {
         const UsageError e = parse_error({"-p", "x", flag, "1"});
         EXPECT_EQ(e.message.rfind(std::string(flag) + " is ", 0), 0u) << e.message;
@@ -109,7 +131,7 @@ TEST(Args, SdCliSamplingOptions) {
     EXPECT_FLOAT_EQ(o.vae_relative_tile_w, 0.5f);
     EXPECT_FLOAT_EQ(o.vae_relative_tile_h, 2.0f);
     EXPECT_FLOAT_EQ(parse_ok({"--vae-relative-tile-size", "3"}).vae_relative_tile_h, 3.0f);
-    EXPECT_EQ(parse_error({"--eta", "1.5"}).message, "--eta: expected a number in [0, 1], got '1.5'");
+    EXPECT_EQ(parse_error({"--eta", "1.5"}).message, "--eta: expected a number from 0 to 1, got '1.5'");
     EXPECT_EQ(parse_error({"--sigmas", "1,,0"}).message, "--sigmas: an empty value in '1,,0'");
     EXPECT_EQ(parse_error({"--sigmas", "1,x"}).message, "--sigmas: 'x' is not a number");
     EXPECT_EQ(parse_error({"--sampler-rng", "mt19937"}).message,

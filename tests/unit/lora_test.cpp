@@ -476,7 +476,7 @@ struct Expected {
 };
 
 void expect_targets(Model& model, const std::vector<Expected>& expected) {
-    LoraTargets targets(model);
+    LoraTargets targets(model, /*high_noise_expert=*/false);
     for (const Expected& e : expected) {
         SCOPED_TRACE(e.key);
         const LoraTarget* t = targets.find(e.key);

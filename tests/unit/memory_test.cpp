@@ -69,6 +69,10 @@ struct Job {
     std::string hires;
     pipeline::StepCacheOptions cache;  // --cache-mode
     int video_frames = 0;              // a video model's job: --video-frames; 0: an image job
+    // Wan 2.2 A14B: --high-noise-diffusion-model ("" for none) and --high-noise-steps.
+    std::string high_noise_model;
+    int high_noise_steps = -1;
+    bool te_on_cpu = false;  // the text encoder computes on the CPU, not the device
 };
 
 struct Outcome {
@@ -83,6 +87,7 @@ struct Outcome {
     int unet_runs = 0;    // UNet graph runs: one per step batched, two with separate CFG passes
     int prefetches = 0;
     int control_segments = 0;  // the ControlNet's groups in its last run
+    int high_noise_segments = 0;  // Wan 2.2 A14B's high-noise expert's groups in its last run
     int cache_skipped = 0;     // evaluations the step cache skipped
 };
 
@@ -101,7 +106,7 @@ bool on_rpc() { return dev().rfind("RPC", 0) == 0; }
 pipeline::ModelOptions options_for(const Job& job) {
     pipeline::ModelOptions o;
     o.threads = 1;
-    o.placement.backend = {{"diffusion", dev()}, {"te", dev()}, {"vae", "CPU"}};
+    o.placement.backend = {{"diffusion", dev()}, {"te", job.te_on_cpu ? "CPU" : dev()}, {"vae", "CPU"}};
     o.placement.params_backend = job.params;
     if (!job.budget.empty()) o.placement.budgets = runtime::parse_max_vram(job.budget).value();
     o.executor.prefetch = job.prefetch;
@@ -115,13 +120,16 @@ pipeline::ModelOptions options_for(const Job& job) {
     return o;
 }
 
-Result<std::unique_ptr<Model>> load(const Job& job) {
+pipeline::ModelPaths paths_for(const Job& job) {
     pipeline::ModelPaths paths;
     paths.model = {job.model};
     paths.tokenizer = job.tokenizer;
     paths.control_net = job.control_net;
-    return load_model(paths, options_for(job));
+    paths.high_noise_diffusion_model = job.high_noise_model;
+    return paths;
 }
+
+Result<std::unique_ptr<Model>> load(const Job& job) { return load_model(paths_for(job), options_for(job)); }
 
 pipeline::GenerationRequest request_for(const Job& job) {
     pipeline::GenerationRequest r;
@@ -151,6 +159,7 @@ pipeline::GenerationRequest request_for(const Job& job) {
     }
     r.cache = job.cache;
     if (job.video_frames > 0) r.video_frames = job.video_frames;
+    r.high_noise.steps = job.high_noise_steps;
     return r;
 }
 
@@ -183,6 +192,7 @@ Result<Outcome> run_job(const Job& job) {
     o.vae_builds = (*model)->vae_compute().plans().builds();
     o.prefetches = unet.store().stats().prefetches;
     if ((*model)->has_control_net()) o.control_segments = (*model)->control_compute().stats().last_segments;
+    if ((*model)->has_high_noise_expert()) o.high_noise_segments = (*model)->high_noise_compute().stats().last_segments;
     return o;
 }
 
@@ -398,12 +408,9 @@ TEST_F(Memory, LargerModelSameImageUnderEveryBudget) {
 // (predicted from CPU-side measures before anything is placed; the run adds
 // its small input buffers). The run's outcome, or its error.
 Result<Outcome> expect_plan_matches_run(const Job& job) {
-    pipeline::ModelPaths paths;
-    paths.model = {job.model};
-    paths.tokenizer = job.tokenizer;
     pipeline::ModelOptions o = options_for(job);
     o.plan_only = true;
-    auto planned = load_model(paths, o);
+    auto planned = load_model(paths_for(job), o);
     if (!planned.ok()) return planned.error();
     const std::string prompt = kPrompt;
     const pipeline::GenerationRequest request = request_for(job);
@@ -415,10 +422,14 @@ Result<Outcome> expect_plan_matches_run(const Job& job) {
     if (!forecast.ok()) return forecast.error();
     const std::string text = pipeline::describe_forecast(**planned, *forecast);
     const pipeline::ModuleForecast* unet = nullptr;
+    const pipeline::ModuleForecast* expert = nullptr;
     for (const auto& m : forecast->modules) {
         if (m.module == "diffusion") unet = &m;
+        if (m.module == "diffusion.high_noise") expert = &m;
     }
     EXPECT_NE(unet, nullptr) << text;
+    EXPECT_EQ(expert != nullptr, !job.high_noise_model.empty()) << text;
+    const int expert_segments = expert ? expert->run.segments : 0;
     // The planned model goes first: models of one process share the
     // device's books, so it would take room from the run.
     const bool fits = forecast->fits;
@@ -429,6 +440,7 @@ Result<Outcome> expect_plan_matches_run(const Job& job) {
     EXPECT_EQ(fits, run.ok()) << text << (run.ok() ? "" : run.error().message);
     if (!run.ok() || !unet) return run;
     EXPECT_EQ(segments, run->segments) << text;
+    EXPECT_EQ(expert_segments, run->high_noise_segments) << text;
     uint64_t predicted = 0;
     for (const auto& d : devices) {
         if (d.device == dev()) predicted = d.peak;
@@ -1058,6 +1070,71 @@ TEST_F(Memory, WanSameFramesUnderEveryBudgetAndThePlanAgrees) {
                        "t5xxl=" + std::string(KILN_GOLDEN_DIR) + "/text/umt5_like_spiece.model", 6.0f);
     job.video_frames = 5;
     expect_same_image_under_shrinking_budgets(job, {0.43, 0.38}, 2);
+}
+
+// Wan 2.2 A14B's two experts under one budget: tests/fixtures/wan_medium.spec
+// with 4 of its DiT's blocks as the low-noise expert (with umT5 and the VAE,
+// in its all-in-one file) and the same DiT in the original names as the
+// high-noise one (a file of its own, so other weights), 403 MiB of weights
+// each; umT5 on the CPU, so the device holds the experts alone. One step
+// each (--steps 1 --high-noise-steps 1), cfg 6, a clip of 5 frames. At 70%
+// of the unconstrained peak (which keeps both experts' copies) the budget
+// holds one expert and its compute, not two: each still runs whole, the
+// expert's copies evicted as the low-noise DiT's come in; at 30% each runs
+// in segments. Every frame is the unconstrained run's, the managed peak
+// within the budget and kiln plan predicting both experts' segments and the
+// peak.
+TEST_F(Memory, WanA14bExpertsTakeTurnsUnderOneBudget) {
+    test::TempDir dir;
+    std::ifstream spec(std::string(KILN_FIXTURES_DIR) + "/wan_medium.spec");
+    std::string low, high, line;
+    const std::string dit = "model.diffusion_model.";
+    while (std::getline(spec, line)) {
+        const size_t at = line.find("blocks.");
+        if (line.rfind(dit, 0) == 0 && at != std::string::npos && std::stoi(line.substr(at + 7)) >= 4) continue;
+        low += line + "\n";
+        if (line.rfind(dit, 0) == 0) high += line.substr(dit.size()) + "\n";
+    }
+    Job job;
+    job.model = dir.file("wan_low_noise.safetensors");
+    job.high_noise_model = dir.file("wan_high_noise.safetensors");
+    ASSERT_TRUE(test::write_random_model(dir.write("low.spec", low), job.model).ok());
+    ASSERT_TRUE(test::write_random_model(dir.write("high.spec", high), job.high_noise_model).ok());
+    job.tokenizer = "t5xxl=" + std::string(KILN_GOLDEN_DIR) + "/text/umt5_like_spiece.model";
+    job.cfg = 6.0f;
+    job.steps = 1;
+    job.high_noise_steps = 1;
+    job.video_frames = 5;
+    job.te_on_cpu = true;
+    auto reference = run_job(job);
+    ASSERT_TRUE(reference.ok()) << reference.error().message;
+    EXPECT_EQ(reference->segments, 1);
+    EXPECT_EQ(reference->high_noise_segments, 1);
+    // The expert alone makes another clip: it did run.
+    Job low_only = job;
+    low_only.high_noise_model.clear();
+    low_only.steps = 2;
+    auto without = run_job(low_only);
+    ASSERT_TRUE(without.ok()) << without.error().message;
+    EXPECT_NE(without->pixels, reference->pixels);
+    const double peak_mib = static_cast<double>(reference->peak) / (1024.0 * 1024.0);
+    for (double fraction : {0.7, 0.3}) {
+        Job cut = job;
+        cut.budget = mib(peak_mib * fraction);
+        SCOPED_TRACE("budget " + cut.budget);
+        auto r = expect_plan_matches_run(cut);
+        ASSERT_TRUE(r.ok()) << r.error().message;
+        EXPECT_EQ(r->pixels, reference->pixels) << "the clip differs from the unconstrained run";
+        ASSERT_TRUE(r->budget.has_value());
+        EXPECT_LE(r->peak, *r->budget) << "managed peak above the budget";
+        if (fraction > 0.5) {
+            EXPECT_EQ(r->segments, 1) << "room for one expert: each runs whole, in turn";
+            EXPECT_EQ(r->high_noise_segments, 1);
+        } else {
+            EXPECT_GT(r->segments, 1);
+            EXPECT_GT(r->high_noise_segments, 1);
+        }
+    }
 }
 
 // SD3.5 Large at full width (tests/fixtures/sd35_large_medium.spec: the

@@ -60,6 +60,7 @@ std::string sample_value(const std::string& name, const std::string& prompt_file
         {"--vae-tile-size", "32"},
         {"--vae-tile-overlap", "0.5"},
         {"--split-mode", "layer"},
+        {"--high-noise-sampling-method", "euler"},
     };
     if (name == "--prompt-file" || name == "--negative-prompt-file") return prompt_file;
     auto it = values.find(name);

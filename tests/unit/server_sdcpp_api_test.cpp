@@ -223,8 +223,8 @@ TEST(ServerSdcppApi, BadBodiesGet400NamingTheField) {
 // vid_gen with a video model (the tiny Wan): 202, polled to "completed"
 // with one WebM file of the clip's frames (5 frames: 4k + 1), its fps and
 // MIME type, as sd-server's document shows; the capabilities offer
-// vid_gen; what kiln lacks (a start or end image, control frames, the
-// high-noise model, tiled clips) is a 400 naming the field.
+// vid_gen; what kiln lacks (a start or end image, control frames, tiled
+// clips) and bad high-noise fields are a 400 naming the field.
 TEST(ServerSdcppApi, VidGenJobCompletesWithAWebmClip) {
     ServerProcess server(test::tiny_video_model_flags());
     ASSERT_TRUE(server.started()) << server.log();
@@ -268,7 +268,10 @@ TEST(ServerSdcppApi, VidGenJobCompletesWithAWebmClip) {
         {{{"end_image", "iVBORw0KGgo="}}, "end_image"},
         {{{"init_image", "iVBORw0KGgo="}}, "init_image"},
         {{{"control_frames", json::array({"iVBORw0KGgo="})}}, "control_frames"},
-        {{{"high_noise_sample_params", {{"sample_steps", 10}}}}, "high_noise_sample_params.sample_steps"},
+        {{{"high_noise_sample_params", {{"sample_steps", -2}}}}, "high_noise_sample_params.sample_steps"},
+        {{{"high_noise_sample_params", {{"guidance", {{"slg", {{"scale", 2.5}}}}}}}},
+         "high_noise_sample_params.guidance.slg.scale"},
+        {{{"moe_boundary", 1.5}}, "moe_boundary"},
         {{{"vae_tiling_params", {{"enabled", true}}}}, "vae_tiling_params.enabled"},
         {{{"output_format", "png"}}, "output_format"},
         {{{"video_frames", 0}}, "video_frames"},
@@ -280,6 +283,54 @@ TEST(ServerSdcppApi, VidGenJobCompletesWithAWebmClip) {
         ASSERT_TRUE(r);
         EXPECT_EQ(r->status, 400) << bad.dump() << " " << r->body;
         EXPECT_EQ(error_param(r), param) << r->body;
+    }
+    EXPECT_EQ(server.stop(SIGTERM), 0);
+}
+
+// sd-server's Wan 2.2 A14B job: a server started with the high-noise
+// expert takes high_noise_sample_params and makes the clip kiln -M vid_gen
+// makes with the same flags, frame for frame.
+TEST(ServerSdcppApi, VidGenRunsWan22ExpertsAsTheCliDoes) {
+    const std::string flags = test::tiny_video_model_flags() + " --high-noise-diffusion-model " +
+                              test::golden_path("pipeline/wan_tiny/wan_dit_high_noise.safetensors");
+    ServerProcess server(flags);
+    ASSERT_TRUE(server.started()) << server.log();
+    httplib::Client client("127.0.0.1", server.port());
+    client.set_read_timeout(120, 0);
+    const json body = {
+        {"prompt", "a red cat"},
+        {"width", 64},
+        {"height", 48},
+        {"seed", 11},
+        {"video_frames", 5},
+        {"fps", 8},
+        {"sample_params", {{"sample_steps", 2}, {"sample_method", "euler"}, {"guidance", {{"txt_cfg", 6.0}}}}},
+        {"high_noise_sample_params",
+         {{"sample_steps", 2}, {"sample_method", "euler"}, {"guidance", {{"txt_cfg", 4.0}}}}}};
+    auto posted = client.Post("/sdcpp/v1/vid_gen", body.dump(), "application/json");
+    ASSERT_TRUE(posted);
+    ASSERT_EQ(posted->status, 202) << posted->body;
+    const json done = poll_until(client, body_json(posted)["id"], "completed");
+    ASSERT_EQ(done["status"], "completed") << done.dump();
+    test::TempDir dir;
+    const std::vector<uint8_t> file =
+        base64_decode(done["result"]["b64_json"].get<std::string>()).value_or(std::vector<uint8_t>{});
+    dir.write("served.webm", std::string_view(reinterpret_cast<const char*>(file.data()), file.size()));
+    auto cli = test::run_command(std::string(KILN_BIN) + " " + flags +
+                                 " -M vid_gen -p \"a red cat\" -W 64 -H 48 --steps 2 --cfg-scale 6 "
+                                 "--high-noise-steps 2 --high-noise-cfg-scale 4 --high-noise-sampling-method euler "
+                                 "-s 11 --video-frames 5 --fps 8 -o " +
+                                 dir.file("cli.webm"));
+    ASSERT_EQ(cli.exit_code, 0) << cli.err;
+    for (const char* name : {"served", "cli"}) {
+        auto ffmpeg = test::run_command("ffmpeg -v error -i " + dir.file(std::string(name) + ".webm") +
+                                        " -start_number 0 " + dir.file(std::string(name) + "_%d.png"));
+        ASSERT_EQ(ffmpeg.exit_code, 0) << ffmpeg.err << " (ffmpeg: run scripts/setup.sh)";
+    }
+    for (int f = 0; f < 5; ++f) {
+        const std::vector<uint8_t> want = test::read_bytes(dir.file("cli_" + std::to_string(f) + ".png"));
+        EXPECT_FALSE(want.empty()) << f;
+        EXPECT_EQ(test::read_bytes(dir.file("served_" + std::to_string(f) + ".png")), want) << "frame " << f;
     }
     EXPECT_EQ(server.stop(SIGTERM), 0);
 }

@@ -232,11 +232,35 @@ Status widen_tensor(const std::string& path, const std::string& name, const std:
     return Status::Ok();
 }
 
+// Wan 2.2 T2V A14B's experts as QuantStack's Wan2.2-T2V-A14B-{High,Low}Noise-Q4_K_M.gguf:
+// the 14B's names and shapes (each expert is a Wan 2.1 14B), city96's tools
+// with llama-quantize's Q4_K_M rule on the blocks' matrices (Q4_K, and Q6_K
+// for the value projections and the FFN's down projection of the first and
+// last eighth of the blocks and every third between: use_more_bits), the
+// rest as in the Q8_0 file.
+test::SparseGgufOptions dit_q4_k_m_gguf_options() {
+    test::SparseGgufOptions o = dit_q8_0_gguf_options();
+    const auto q8_0_type = o.type;
+    o.type = [q8_0_type](const std::string& name, const std::vector<int64_t>& shape, ggml_type given) {
+        const ggml_type base = q8_0_type(name, shape, given);
+        if (base != GGML_TYPE_Q8_0) return base;
+        const int block = std::stoi(name.substr(7)), blocks = 40;
+        const bool more_bits = block < blocks / 8 || block >= 7 * blocks / 8 || (block - blocks / 8) % 3 == 2;
+        const bool v_or_down = name.find(".v.weight") != std::string::npos || name.find("ffn.2.") != std::string::npos;
+        return v_or_down && more_bits ? GGML_TYPE_Q6_K : GGML_TYPE_Q4_K;
+    };
+    o.metadata = {{"general.architecture", std::string("wan")},
+                  {"general.quantization_version", uint32_t{2}},
+                  {"general.file_type", uint32_t{15}}};  // LLAMA_FTYPE_MOSTLY_Q4_K_M
+    return o;
+}
+
 // The files a user downloads, written sparse once for the suite.
 struct Files {
     std::string dit_14b, umt5, vae;       // wan2.1_t2v_14B_fp16, umt5_xxl_fp16, wan_2.1_vae
     std::string dit_14b_q8_0, umt5_q8_0;  // city96's GGUFs
     std::string dit_1_3b, dit_5b;         // wan2.1_t2v_1.3B_fp16, wan2.2_ti2v_5B_fp16
+    std::string a14b_high_q4_k_m, a14b_low_q4_k_m;  // Wan 2.2 A14B's experts
 };
 
 class WanFullSize : public ::testing::Test {
@@ -244,11 +268,15 @@ class WanFullSize : public ::testing::Test {
     static void SetUpTestSuite() {
         dir_ = new test::TempDir();
         setup_error_ = new std::string();
-        files_ =
-            new Files{dir_->file("wan2.1_t2v_14B_fp16.safetensors"), dir_->file("umt5_xxl_fp16.safetensors"),
-                      dir_->file("wan_2.1_vae.safetensors"),         dir_->file("wan2.1-t2v-14b-Q8_0.gguf"),
-                      dir_->file("umt5-xxl-encoder-Q8_0.gguf"),      dir_->file("wan2.1_t2v_1.3B_fp16.safetensors"),
-                      dir_->file("wan2.2_ti2v_5B_fp16.safetensors")};
+        files_ = new Files{dir_->file("wan2.1_t2v_14B_fp16.safetensors"),
+                           dir_->file("umt5_xxl_fp16.safetensors"),
+                           dir_->file("wan_2.1_vae.safetensors"),
+                           dir_->file("wan2.1-t2v-14b-Q8_0.gguf"),
+                           dir_->file("umt5-xxl-encoder-Q8_0.gguf"),
+                           dir_->file("wan2.1_t2v_1.3B_fp16.safetensors"),
+                           dir_->file("wan2.2_ti2v_5B_fp16.safetensors"),
+                           dir_->file("Wan2.2-T2V-A14B-HighNoise-Q4_K_M.gguf"),
+                           dir_->file("Wan2.2-T2V-A14B-LowNoise-Q4_K_M.gguf")};
         if (!std::ifstream(spiece()).good()) {
             *setup_error_ = spiece() + " is missing";
             return;
@@ -269,6 +297,10 @@ class WanFullSize : public ::testing::Test {
             test::write_sparse_gguf(fixture("umt5_xxl.spec"), f.umt5_q8_0, umt5_q8_0_gguf_options()),
             test::write_sparse_model(fixture("wan21_t2v_1_3b.spec"), f.dit_1_3b),
             test::write_sparse_model(fixture("wan22_ti2v_5b.spec"), f.dit_5b),
+            test::write_sparse_gguf(*four_d, f.a14b_high_q4_k_m, dit_q4_k_m_gguf_options()),
+            widen_tensor(f.a14b_high_q4_k_m, "patch_embedding.weight", {2, 2, 1, 16, 5120}),
+            test::write_sparse_gguf(*four_d, f.a14b_low_q4_k_m, dit_q4_k_m_gguf_options()),
+            widen_tensor(f.a14b_low_q4_k_m, "patch_embedding.weight", {2, 2, 1, 16, 5120}),
         };
         for (const Status& s : written) {
             if (!s.ok()) *setup_error_ += s.error().message + "\n";
@@ -609,6 +641,24 @@ TEST_F(WanFullSize, Plan1_3BAt8GiB) {
     const PlanSet set{"1.3B fp16", files().dit_1_3b, files().umt5, "", "2.65 GiB", "10.58 GiB", 2.65};
     check_plans(set, files().vae, {8},
                 [](int, const std::string& out) { EXPECT_EQ(test::plan_segments(out, "diffusion"), 1) << out; });
+}
+
+// Wan 2.2 T2V A14B, the Q4_K_M pair with umt5-xxl-encoder-Q8_0.gguf, sd-cli's
+// 20 steps split at --moe-boundary 0.875: both experts planned on the device,
+// one after the other, neither kept there at a budget below the pair.
+TEST_F(WanFullSize, PlanA14bQ4_K_MPairUnderEveryBudget) {
+    expect_lines(info_ok(files().a14b_high_q4_k_m), {"family: Wan", "total: 1095 tensors", "Q4_K x"});
+    const PlanSet set{"A14B Q4_K_M pair",
+                      files().a14b_low_q4_k_m,
+                      files().umt5_q8_0,
+                      " --high-noise-diffusion-model " + files().a14b_high_q4_k_m,
+                      "",
+                      "5.62 GiB",
+                      8.0};
+    check_plans(set, files().vae, {24, 16, 12, 8}, [](int, const std::string& out) {
+        EXPECT_GT(test::plan_segments(out, "diffusion.high_noise"), 0) << out;
+        EXPECT_NE(out.find("time share: diffusion.high_noise samples steps 1-"), std::string::npos) << out;
+    });
 }
 
 }  // namespace

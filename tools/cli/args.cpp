@@ -88,6 +88,19 @@ auto bounded_float_setter(float Options::*field, float min, float max) {
     };
 }
 
+// The same, for a flag whose absence means "the default" (--eta).
+auto bounded_optional_setter(std::optional<float> Options::*field, float min, float max) {
+    return [field, min, max](Options& o, const std::string& v) -> std::optional<std::string> {
+        char* end = nullptr;
+        const float f = std::strtof(v.c_str(), &end);
+        if (v.empty() || *end != '\0' || !(f >= min && f <= max)) {
+            return "expected a number from " + format_number(min) + " to " + format_number(max) + ", got '" + v + "'";
+        }
+        o.*field = f;
+        return std::nullopt;
+    };
+}
+
 auto string_setter(std::string Options::*field) {
     return [field](Options& o, const std::string& v) -> std::optional<std::string> {
         o.*field = v;
@@ -251,6 +264,9 @@ const std::vector<Flag>& flags() {
          path_setter(&Options::model)},
         {nullptr, "--diffusion-model", "PATH", "standalone diffusion model (UNet/transformer) weights",
          path_setter(&Options::diffusion_model)},
+        {nullptr, "--high-noise-diffusion-model", "PATH",
+         "Wan 2.2 A14B's high-noise expert, which samples the first steps (--diffusion-model: the low-noise one)",
+         path_setter(&Options::high_noise_diffusion_model)},
         {nullptr, "--vae", "PATH", "standalone VAE weights", path_setter(&Options::vae)},
         {nullptr, "--vae-format", "FORMAT",
          "auto only: kiln reads a VAE's latent format (channels, scale, shift) from its weights",
@@ -483,14 +499,22 @@ const std::vector<Flag>& flags() {
         {nullptr, "--eta", "X",
          "noise share of the stochastic steps in [0, 1]: DDIM's eta, TCD's gamma, the ancestral samplers' "
          "(default: 0 for ddim_trailing and tcd, 1 for euler_a and dpm++2s_a)",
-         [](Options& o, const std::string& v) -> std::optional<std::string> {
-             char* end = nullptr;
-             const float f = std::strtof(v.c_str(), &end);
-             if (v.empty() || *end != '\0' || !(f >= 0.0f && f <= 1.0f))
-                 return "expected a number in [0, 1], got '" + v + "'";
-             o.eta = f;
-             return std::nullopt;
-         }},
+         bounded_optional_setter(&Options::eta, 0.0f, 1.0f)},
+        {nullptr, "--high-noise-steps", "N",
+         "the high-noise expert's steps, run before --steps; -1 (default): the steps of --steps whose sigma is at "
+         "least --moe-boundary",
+         int_setter(&Options::high_noise_steps, -1, 10000)},
+        {nullptr, "--high-noise-cfg-scale", "X", "the high-noise expert's guidance scale (default: --cfg-scale's)",
+         bounded_optional_setter(&Options::high_noise_cfg_scale, 0.0f, static_cast<float>(kMaxCfgScale))},
+        {nullptr, "--high-noise-sampling-method", "NAME",
+         "the high-noise expert's sampler (default: --sampling-method's)",
+         checked_setter(&Options::high_noise_sampling_method, KILN_VALUE_SAMPLER)},
+        {nullptr, "--high-noise-eta", "X", "the high-noise expert's --eta (default: its sampler's)",
+         bounded_optional_setter(&Options::high_noise_eta, 0.0f, 1.0f)},
+        {nullptr, "--moe-boundary", "X",
+         "the flow sigma at which the low-noise expert takes over when --high-noise-steps is -1 (default 0.875, "
+         "Wan 2.2 T2V's)",
+         bounded_float_setter(&Options::moe_boundary, 0.0f, 1.0f)},
         {nullptr, "--timestep-shift", "N",
          "NitroFusion's SDXL models: the UNet sees timestep round(t * N / 1000) (sd-cli's; NitroSD-Realism "
          "about 250, NitroSD-Vibrant 500; default 0, none)",
@@ -1128,6 +1152,7 @@ const std::vector<HelpGroup>& help_groups() {
          {"--mode",
           "--model",
           "--diffusion-model",
+          "--high-noise-diffusion-model",
           "--vae",
           "--vae-format",
           "--clip_l",
@@ -1172,9 +1197,26 @@ const std::vector<HelpGroup>& help_groups() {
           "--diffusion-fa",
           "--fa"}},
         {"sampling",
-         {"--sampling-method", "--scheduler", "--rng", "--sampler-rng", "--eta", "--timestep-shift", "--sigmas",
-          "--slg-scale", "--skip-layers", "--skip-layer-start", "--skip-layer-end", "--cache-mode", "--cache-option",
-          "--scm-mask", "--scm-policy"}},
+         {"--sampling-method",
+          "--scheduler",
+          "--rng",
+          "--sampler-rng",
+          "--eta",
+          "--timestep-shift",
+          "--sigmas",
+          "--slg-scale",
+          "--skip-layers",
+          "--skip-layer-start",
+          "--skip-layer-end",
+          "--cache-mode",
+          "--cache-option",
+          "--scm-mask",
+          "--scm-policy",
+          "--high-noise-steps",
+          "--high-noise-cfg-scale",
+          "--high-noise-sampling-method",
+          "--high-noise-eta",
+          "--moe-boundary"}},
         {"img2img, inpainting and ControlNet",
          {"--init-img", "--image", "--mask", "--strength", "--max-image-pixels", "--control-net", "--control-image",
           "--control-strength", "--canny"}},

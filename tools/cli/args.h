@@ -36,6 +36,7 @@ struct Options {
     // Model files.
     std::string model;  // -m/--model: a full checkpoint or a diffusers folder
     std::string diffusion_model;
+    std::string high_noise_diffusion_model;  // --high-noise-diffusion-model (Wan 2.2 A14B)
     std::string vae;
     std::string clip_l;
     std::string clip_g;
@@ -92,6 +93,14 @@ struct Options {
     std::string rng = "cuda";
     std::string sampler_rng;     // --sampler-rng; empty: --rng's stream
     std::optional<float> eta;    // --eta; unset: the sampler's
+    // Wan 2.2 A14B's high-noise expert: --high-noise-steps (-1: from
+    // --moe-boundary), --high-noise-cfg-scale (unset: --cfg-scale's),
+    // --high-noise-sampling-method (empty: --sampling-method's), --high-noise-eta.
+    int high_noise_steps = -1;
+    std::optional<float> high_noise_cfg_scale;
+    std::string high_noise_sampling_method;
+    std::optional<float> high_noise_eta;
+    float moe_boundary = 0.875f;
     int timestep_shift = 0;      // --timestep-shift
     float slg_scale = 0.0f;      // --slg-scale and the skip-layer options
     std::vector<int> skip_layers = {7, 8, 9};

@@ -7,6 +7,7 @@ kiln_context_params context_params_of(const Options& options) {
     kiln_context_params cp;
     kiln_context_params_init(&cp);
     cp.diffusion_model_path = optional(options.diffusion_model);
+    cp.high_noise_diffusion_model_path = optional(options.high_noise_diffusion_model);
     cp.vae_path = optional(options.vae);
     cp.clip_l_path = optional(options.clip_l);
     cp.clip_g_path = optional(options.clip_g);

@@ -367,6 +367,12 @@ int run_generate(const Options& options) {
     gp.rng = options.rng.c_str();
     gp.sampler_rng = options.sampler_rng.empty() ? nullptr : options.sampler_rng.c_str();
     gp.eta = options.eta.value_or(-1.0f);
+    gp.high_noise_steps = options.high_noise_steps;
+    gp.high_noise_cfg_scale = options.high_noise_cfg_scale.value_or(-1.0f);
+    gp.high_noise_sampler =
+        options.high_noise_sampling_method.empty() ? nullptr : options.high_noise_sampling_method.c_str();
+    gp.high_noise_eta = options.high_noise_eta.value_or(-1.0f);
+    gp.moe_boundary = options.moe_boundary;
     gp.timestep_shift = options.timestep_shift;
     gp.slg_scale = options.slg_scale;
     gp.skip_layers = options.skip_layers.data();

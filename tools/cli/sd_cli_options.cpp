@@ -8,8 +8,13 @@ constexpr SdCliStance kRefused = SdCliStance::Refused;
 
 constexpr const char* kConvPath = "kiln picks each convolution's path itself";
 constexpr const char* kVideo =
-    "is for sd-cli's video features kiln does not have yet (image-to-video, Wan 2.2's experts, VACE, other video "
-    "families); kiln's Wan makes text-to-video";
+    "is for sd-cli's video features kiln does not have yet (image-to-video, VACE, other video families); kiln's "
+    "Wan makes text-to-video, Wan 2.2 A14B's experts included";
+constexpr const char* kNoExpertGuidance =
+    "is image or distilled guidance, which Wan 2.2's experts do not take (sd-cli's does nothing with it either); "
+    "--high-noise-cfg-scale is their guidance";
+constexpr const char* kNoExpertSlg =
+    "is skip-layer guidance, which kiln's Wan DiT does not take (it refuses --slg-scale too)";
 constexpr const char* kPhotoMaker = "is for sd-cli's PhotoMaker; kiln has no PhotoMaker";
 constexpr const char* kQwenImage =
     "is for sd-cli's Qwen-Image-Layered models, which kiln does not run yet; Qwen-Image and its Edit models run "
@@ -40,20 +45,14 @@ const std::vector<SdCliOption>& sd_cli_options_without_kiln_flag() {
          "-M convert keeps the release's tensor names, which kiln and sd-cli both read"},
 
         {"--clip_vision", true, kRefused, kVideo},
-        {"--high-noise-diffusion-model", true, kRefused, kVideo},
         {"--end-img", true, kRefused, kVideo},
         {"--control-video", true, kRefused, kVideo},
-        {"--high-noise-steps", true, kRefused, kVideo},
-        {"--high-noise-cfg-scale", true, kRefused, kVideo},
-        {"--high-noise-img-cfg-scale", true, kRefused, kVideo},
-        {"--high-noise-guidance", true, kRefused, kVideo},
-        {"--high-noise-slg-scale", true, kRefused, kVideo},
-        {"--high-noise-skip-layer-start", true, kRefused, kVideo},
-        {"--high-noise-skip-layer-end", true, kRefused, kVideo},
-        {"--high-noise-eta", true, kRefused, kVideo},
-        {"--high-noise-sampling-method", true, kRefused, kVideo},
-        {"--high-noise-skip-layers", true, kRefused, kVideo},
-        {"--moe-boundary", true, kRefused, kVideo},
+        {"--high-noise-img-cfg-scale", true, kIgnored, kNoExpertGuidance},
+        {"--high-noise-guidance", true, kIgnored, kNoExpertGuidance},
+        {"--high-noise-slg-scale", true, kRefused, kNoExpertSlg},
+        {"--high-noise-skip-layer-start", true, kRefused, kNoExpertSlg},
+        {"--high-noise-skip-layer-end", true, kRefused, kNoExpertSlg},
+        {"--high-noise-skip-layers", true, kRefused, kNoExpertSlg},
         {"--vace-strength", true, kRefused, kVideo},
         {"--motion-module", true, kRefused, kVideo},
         {"--audio-vae", true, kRefused, kVideo},

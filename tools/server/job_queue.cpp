@@ -368,6 +368,11 @@ void JobQueue::run(const std::shared_ptr<Job>& job) {
     gp.steps = r.steps;
     gp.cfg_scale = r.cfg_scale;
     gp.eta = r.eta;
+    gp.high_noise_steps = r.high_noise_steps;
+    gp.high_noise_cfg_scale = r.high_noise_cfg_scale;
+    gp.high_noise_sampler = r.high_noise_sampler.empty() ? nullptr : r.high_noise_sampler.c_str();
+    gp.high_noise_eta = r.high_noise_eta;
+    gp.moe_boundary = r.moe_boundary;
     gp.seed = r.seed;
     gp.batch_count = r.batch;
     gp.sampler = r.sampler.empty() ? nullptr : r.sampler.c_str();

@@ -46,6 +46,13 @@ struct JobRequest {
     int batch = 1;
     float cfg_scale = -1.0f;  // < 0: the model's default
     float eta = -1.0f;        // A1111's and sd-cli's eta, [0, 1] (kiln_generation_params.eta); < 0: the sampler's
+    // Wan 2.2 A14B's high-noise expert (kiln_generation_params' high_noise_*
+    // and moe_boundary): sd-server's high_noise_sample_params.
+    int high_noise_steps = -1;
+    float high_noise_cfg_scale = -1.0f;
+    std::string high_noise_sampler;  // kiln's name; "": the job's sampler
+    float high_noise_eta = -1.0f;
+    float moe_boundary = 0.875f;
     int64_t seed = -1;        // -1: the server picks one (reported with the results)
     std::string sampler;      // kiln's name ("euler_a"); "": the model's default
     std::string scheduler;    // kiln's name ("karras"); "": the model's default

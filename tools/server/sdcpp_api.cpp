@@ -3,7 +3,7 @@
 // their status and cancel. The request body is sd.cpp's own (sample_params,
 // hires, vae_tiling_params, lora[], ...) and maps onto kiln's jobs; what
 // kiln does not have (IP-Adapter, control images here; a clip's start and
-// end images, control frames and high-noise model) is refused by name. kiln
+// end images and control frames) is refused by name. kiln
 // adds one field: "model", a name GET /kiln/v1/models lists (sd-server
 // serves one model; without it, the default).
 #include <cmath>
@@ -108,9 +108,8 @@ void read_loras(JobRequest& r, const json& body) {
             if (path.empty() || path.find_first_of(":<>") != std::string::npos) {
                 throw RequestError{400, "path", "path: expected a LoRA name, got '" + path + "'"};
             }
-            if (read_bool(entry, "is_high_noise", false)) {
-                throw RequestError{400, "is_high_noise", "is_high_noise: is for video's high-noise model"};
-            }
+            // The high-noise expert's LoRA: sd-cli's <lora:|high_noise|NAME:W>.
+            const std::string expert = read_bool(entry, "is_high_noise", false) ? "|high_noise|" : "";
             const double weight = read_number(entry, "multiplier", 1.0, -100, 100);
             const std::string ext = std::filesystem::path(path).extension().string();
             if (ext == ".safetensors" || ext == ".sft" || ext == ".ckpt" || ext == ".pt" || ext == ".gguf") {
@@ -118,7 +117,7 @@ void read_loras(JobRequest& r, const json& body) {
             }
             char tag[64];
             std::snprintf(tag, sizeof tag, ":%g>", weight);
-            r.prompt += " <lora:" + path + tag;
+            r.prompt += " <lora:" + expert + path + tag;
             return 0;
         });
     }
@@ -210,17 +209,33 @@ JobRequest parse_vid_gen(ServerState& state, const httplib::Request& req) {
     r.seed = read_integer(j, "seed", -1, -1, INT64_MAX);
     r.video_frames = static_cast<int>(read_integer(j, "video_frames", 1, 1, kMaxVideoFrames));
     r.fps = static_cast<int>(read_integer(j, "fps", 16, 1, 1000));
-    read_number(j, "moe_boundary", 0.875, 0, 1);  // the high-noise model's switch: none here
+    r.moe_boundary = static_cast<float>(read_number(j, "moe_boundary", 0.875, 0, 1));
     read_number(j, "vace_strength", 1.0, 0, 10);  // VACE's: control_frames are refused
     refuse_if_given(j, "init_image", "image-to-video (Wan I2V) is not built in kiln");
     refuse_if_given(j, "end_image", "first-last-frame video (Wan FLF2V) is not built in kiln");
     refuse_if_given(j, "control_frames", "VACE's control frames are not built in kiln");
+    // Wan 2.2 A14B's high-noise expert (kiln serve --high-noise-diffusion-model),
+    // as sd-server reads them; its schedule is the job's.
     const json high = object_at(j, "high_noise_sample_params");
     nested("high_noise_sample_params", [&] {
-        if (read_integer(high, "sample_steps", -1, -1, limits.max_steps) > 0) {
-            throw RequestError{400, "sample_steps",
-                               "sample_steps: Wan 2.2's high-noise model (A14B) is not built in kiln; give -1"};
+        r.high_noise_steps = static_cast<int>(read_integer(high, "sample_steps", -1, -1, limits.max_steps));
+        r.high_noise_eta = static_cast<float>(read_number(high, "eta", -1, 0, 1));
+        const std::string method = read_string(high, "sample_method");
+        if (!method.empty()) {
+            JobRequest expert;
+            set_sampler(expert, "sample_method", method);
+            r.high_noise_sampler = expert.sampler;
         }
+        const json guidance = nested("guidance", [&] { return object_at(high, "guidance"); });
+        nested("guidance", [&] {
+            r.high_noise_cfg_scale = static_cast<float>(read_number(guidance, "txt_cfg", -1, 0, 1000));
+            const json slg = object_at(guidance, "slg");
+            return nested("slg", [&] {
+                if (read_number(slg, "scale", 0, 0, 1000) != 0)
+                    throw RequestError{400, "scale", "scale: skip-layer guidance is not for Wan's DiT"};
+                return 0;
+            });
+        });
         return 0;
     });
     read_sample_params(r, j, limits);

@@ -33,6 +33,13 @@ Family make() {
     f.modules = {{"t5xxl", ModuleRole::TextEncoder, NetworkKind::T5, {}, "--t5xxl", {}},
                  {"wan", ModuleRole::Diffusion, NetworkKind::WanDit, {}, "--diffusion-model", {}},
                  {"vae", ModuleRole::Vae, NetworkKind::WanVae, {}, "--vae", {}}};
+    // Wan 2.2 A14B: the high-noise expert (wan2.2_t2v_high_noise_14B_*),
+    // while --diffusion-model gives the low-noise one.
+    ModuleSpec high_noise{"high_noise", ModuleRole::Diffusion,          NetworkKind::WanDit,
+                          {},           "--high-noise-diffusion-model", {}};
+    high_noise.optional = true;
+    high_noise.high_noise = true;
+    f.modules.push_back(high_noise);
     f.conditioning.encoders = {umt5_use()};
     f.latent = wan21_latent_format();
     f.schedule.prediction = Prediction::Flow;

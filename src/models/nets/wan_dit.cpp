@@ -209,6 +209,7 @@ Result<std::unique_ptr<WanDit>> WanDit::create(io::WeightDeclarer& weights) {
     can.in_channels = c.in_channels;
     can.out_channels = c.out_channels;
     can.context_width = c.text_dim;
+    can.hidden_width = c.dim;
     can.size_stride = c.patch;
     can.max_latent_side = kWanRopePositions * c.patch;
     // Not a joint attention, but what the flag is for holds: the padding to
