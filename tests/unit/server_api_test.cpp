@@ -238,11 +238,8 @@ TEST(ServerApi, VideoJobsReturnTheClipAsAVideoFile) {
         std::string(KILN_BIN) + " " + flags +
         " -M vid_gen -p \"a red cat\" -W 64 -H 48 --steps 2 -s 11 --video-frames 5 --fps 8 -o " + cli_path);
     ASSERT_EQ(cli.exit_code, 0) << cli.err;
-    for (const char* name : {"served", "cli"}) {
-        auto ffmpeg = test::run_command("ffmpeg -v error -i " + dir.file(std::string(name) + ".webm") +
-                                        " -start_number 0 " + dir.file(std::string(name) + "_%d.png"));
-        ASSERT_EQ(ffmpeg.exit_code, 0) << ffmpeg.err << " (ffmpeg: run scripts/setup.sh)";
-    }
+    for (const std::string name : {"served", "cli"})
+        ASSERT_EQ(test::decode_video_frames(dir.file(name + ".webm"), dir.file(name)), "");
     for (int f = 0; f < 5; ++f) {
         auto want = image::read_image(dir.file("cli_" + std::to_string(f) + ".png"));
         auto got = image::read_image(dir.file("served_" + std::to_string(f) + ".png"));

@@ -322,11 +322,8 @@ TEST(ServerSdcppApi, VidGenRunsWan22ExpertsAsTheCliDoes) {
                                  "-s 11 --video-frames 5 --fps 8 -o " +
                                  dir.file("cli.webm"));
     ASSERT_EQ(cli.exit_code, 0) << cli.err;
-    for (const char* name : {"served", "cli"}) {
-        auto ffmpeg = test::run_command("ffmpeg -v error -i " + dir.file(std::string(name) + ".webm") +
-                                        " -start_number 0 " + dir.file(std::string(name) + "_%d.png"));
-        ASSERT_EQ(ffmpeg.exit_code, 0) << ffmpeg.err << " (ffmpeg: run scripts/setup.sh)";
-    }
+    for (const std::string name : {"served", "cli"})
+        ASSERT_EQ(test::decode_video_frames(dir.file(name + ".webm"), dir.file(name)), "");
     for (int f = 0; f < 5; ++f) {
         const std::vector<uint8_t> want = test::read_bytes(dir.file("cli_" + std::to_string(f) + ".png"));
         EXPECT_FALSE(want.empty()) << f;

@@ -10,6 +10,7 @@
 #include "golden.h"
 #include "image/image_io.h"
 #include "server_process.h"
+#include "test_files.h"
 
 namespace kiln::test {
 
@@ -37,6 +38,13 @@ inline std::string tiny_video_model_flags() {
            golden_path("models/wan_vae_tiny.safetensors") + " --t5xxl " +
            golden_path("pipeline/wan_tiny/umt5.safetensors") +
            " --tokenizer t5xxl=" + golden_path("text/umt5_like_spiece.model");
+}
+
+// A clip's frames decoded with ffmpeg into PREFIX_0.png, PREFIX_1.png, ...:
+// "" or ffmpeg's error (scripts/setup.sh installs it).
+inline std::string decode_video_frames(const std::string& video, const std::string& prefix) {
+    auto ffmpeg = run_command("ffmpeg -v error -i " + video + " -start_number 0 " + prefix + "_%d.png");
+    return ffmpeg.exit_code == 0 ? "" : "ffmpeg: " + ffmpeg.err + " (run scripts/setup.sh)";
 }
 
 inline json body_json(const httplib::Result& r) { return r ? json::parse(r->body, nullptr, false) : json(); }

@@ -76,26 +76,25 @@ auto float_setter(float Options::*field) {
 // like these only when they take effect (--skip-layer-start without
 // --slg-scale, --hires-denoising-strength without --hires), and a value no
 // run could take must not pass silently because this run ignores it.
+std::optional<std::string> parse_bounded_float(const std::string& v, float min, float max, float* out) {
+    char* end = nullptr;
+    *out = std::strtof(v.c_str(), &end);
+    if (v.empty() || *end != '\0' || !(*out >= min && *out <= max)) {
+        return "expected a number from " + format_number(min) + " to " + format_number(max) + ", got '" + v + "'";
+    }
+    return std::nullopt;
+}
+
 auto bounded_float_setter(float Options::*field, float min, float max) {
-    return [field, min, max](Options& o, const std::string& v) -> std::optional<std::string> {
-        char* end = nullptr;
-        const float f = std::strtof(v.c_str(), &end);
-        if (v.empty() || *end != '\0' || !(f >= min && f <= max)) {
-            return "expected a number from " + format_number(min) + " to " + format_number(max) + ", got '" + v + "'";
-        }
-        o.*field = f;
-        return std::nullopt;
-    };
+    return
+        [field, min, max](Options& o, const std::string& v) { return parse_bounded_float(v, min, max, &(o.*field)); };
 }
 
 // The same, for a flag whose absence means "the default" (--eta).
 auto bounded_optional_setter(std::optional<float> Options::*field, float min, float max) {
     return [field, min, max](Options& o, const std::string& v) -> std::optional<std::string> {
-        char* end = nullptr;
-        const float f = std::strtof(v.c_str(), &end);
-        if (v.empty() || *end != '\0' || !(f >= min && f <= max)) {
-            return "expected a number from " + format_number(min) + " to " + format_number(max) + ", got '" + v + "'";
-        }
+        float f = 0.0f;
+        if (auto err = parse_bounded_float(v, min, max, &f)) return err;
         o.*field = f;
         return std::nullopt;
     };
