@@ -48,6 +48,17 @@ Wan 2.2 A14B's two experts, the same job but for the schedule and the guidance:
   - steps 0 and 1 with the expert and cfg 4, steps 2 and 3 with the low-noise DiT and cfg 6, Euler
     throughout on the one latent.
 
+Wan 2.2 I2V (image-to-video, the A14B experts' input without CLIP): -i is the clip's first frame.
+  wan_tiny/wan_dit_i2v.safetensors  a DiT of the same widths taking 36 planes: the noise latent's 16, a mask's 4
+      and the first frame's latent's 16 (Wan 2.2 I2V-A14B's in_dim)
+  wan_tiny_i2v.safetensors  the job: image [48, 64, 3] (the -i image's 8-bit values, as F32), condition
+      [1, 20, 2, 6, 8] (mask then latent), noise, sigmas, latent, video as above
+  - the condition as Wan's WanI2V.generate builds it: the clip [image, zeros x 4] (the image's 8-bit values
+    v / 127.5 - 1, kiln's reading of an image file) encoded by the VAE (its normalised mean), and the mask 1
+    on the first latent frame's 4 planes, 0 on the second's;
+  - the T2V job's prompts, noise, schedule (3 steps, shift 3), cfg 6 and Euler, the DiT seeing
+    [x, condition] along the channels in both passes.
+
 Every stage runs in float64 on the stored weights; deterministic (byte-identical files).
 """
 
@@ -78,6 +89,7 @@ SPIECE_SOURCE = os.path.join(ROOT, "tests", "golden", "text", "umt5_like_spiece.
 VAE_SOURCE = os.path.join(ROOT, "tests", "golden", "models", "wan_vae_tiny.safetensors")
 JOB = "wan_tiny_t2v.safetensors"
 A14B_JOB = "wan_tiny_a14b.safetensors"
+I2V_JOB = "wan_tiny_i2v.safetensors"
 A14B_STEPS, A14B_HIGH_STEPS, A14B_HIGH_CFG = 4, 2, 4.0
 SEED = 6100
 
@@ -112,8 +124,8 @@ def write_umt5(vocab):
     return model.double().eval(), cfg["dim"]
 
 
-def write_dit(text_dim, name="wan_dit.safetensors", seed=SEED + 2):
-    cfg = dict(mwd.TINY, in_dim=LATENT_CHANNELS, out_dim=LATENT_CHANNELS, text_dim=text_dim)
+def write_dit(text_dim, name="wan_dit.safetensors", seed=SEED + 2, in_dim=LATENT_CHANNELS):
+    cfg = dict(mwd.TINY, in_dim=in_dim, out_dim=LATENT_CHANNELS, text_dim=text_dim)
     model = ref.WanModel(**cfg)
     gen = torch.Generator().manual_seed(seed)
     stored = {k: mwd.init_value(k, tuple(v.shape), gen).to(torch.float16).contiguous()
@@ -203,6 +215,42 @@ def run_a14b_job(high_dit, low_dit, t2v, vae):
     return io
 
 
+def first_frame():
+    """A smooth 8-bit RGB picture (H, W, 3): what the test writes as the -i file."""
+    ys = torch.arange(HEIGHT, dtype=torch.float64)[:, None]
+    xs = torch.arange(WIDTH, dtype=torch.float64)[None, :]
+    r = 128 + 100 * torch.sin(xs / 9.0) * torch.cos(ys / 13.0)
+    g = (60 + 3 * xs).expand(HEIGHT, WIDTH)
+    b = (250 - 4 * ys).expand(HEIGHT, WIDTH)
+    return torch.stack([r, g, b], dim=-1).round().clamp(0, 255)
+
+
+def run_i2v_job(dit, t2v, vae):
+    """Image-to-video on the T2V job's prompts, noise and schedule."""
+    image = first_frame()
+    io = {"image": image.to(torch.float32), "noise": t2v["noise"], "sigmas": t2v["sigmas"]}
+    clip = torch.zeros(1, 3, FRAMES, HEIGHT, WIDTH, dtype=torch.float64)
+    clip[0, :, 0] = (image / 127.5 - 1.0).permute(2, 0, 1)
+    mu, _ = wan.encode_normalized(vae, clip)
+    mask = torch.zeros(1, 4, LATENT_FRAMES, HEIGHT // 8, WIDTH // 8, dtype=torch.float64)
+    mask[:, :, 0] = 1.0
+    condition = torch.cat([mask, mu], dim=1)
+    io["condition"] = mmf.f32(condition)
+    sigmas = t2v["sigmas"].tolist()
+    cond, uncond = t2v["t5.hidden"].double(), t2v["t5.uncond_hidden"].double()
+    real = int((t2v["t5.tokens"] != PAD).sum())
+    x = io["noise"].double() * sigmas[0]
+    for i in range(STEPS):
+        sigma = torch.tensor([sigmas[i]], dtype=torch.float64)
+        xy = torch.cat([x, condition], dim=1)
+        c = ref.predict(dit, xy, sigma, cond, [real])
+        u = ref.predict(dit, xy, sigma, uncond, [1])
+        x = x + (sigmas[i + 1] - sigmas[i]) * (u + CFG * (c - u))
+    io["latent"] = mmf.f32(x)
+    io["video"] = mmf.f32(wan.decode_normalized(vae, x))
+    return io
+
+
 def save_job(io, name=JOB, extra=None):
     meta = {"prompt": PROMPT, "negative_prompt": NEGATIVE, "seed": str(NOISE_SEED), "steps": str(STEPS),
             "width": str(WIDTH), "height": str(HEIGHT), "video_frames": str(FRAMES), "cfg_scale": repr(CFG),
@@ -225,6 +273,7 @@ def main():
     umt5, width = write_umt5(sp.get_piece_size())
     dit = write_dit(width)
     high_dit = write_dit(width, "wan_dit_high_noise.safetensors", SEED + 3)
+    i2v_dit = write_dit(width, "wan_dit_i2v.safetensors", SEED + 4, in_dim=LATENT_CHANNELS + 4 + LATENT_CHANNELS)
     vae = read_vae()
     with torch.no_grad():
         t2v = run_job(dit, umt5, vae, sp)
@@ -233,7 +282,8 @@ def main():
                  {"steps": str(A14B_STEPS - A14B_HIGH_STEPS), "high_noise_steps": str(A14B_HIGH_STEPS),
                   "high_noise_cfg_scale": repr(A14B_HIGH_CFG), "high_noise_sampler": "euler",
                   "high_noise_model": "wan_tiny/wan_dit_high_noise.safetensors"})
-    total = os.path.getsize(os.path.join(OUT, JOB)) + os.path.getsize(os.path.join(OUT, A14B_JOB))
+        save_job(run_i2v_job(i2v_dit, t2v, vae), I2V_JOB, {"model": "wan_tiny/wan_dit_i2v.safetensors"})
+    total = sum(os.path.getsize(os.path.join(OUT, job)) for job in (JOB, A14B_JOB, I2V_JOB))
     for name in sorted(os.listdir(PARTS)):
         p = os.path.join(PARTS, name)
         total += os.path.getsize(p)

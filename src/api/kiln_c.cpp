@@ -19,6 +19,7 @@
 #include "models/registry.h"
 #include "pipeline/auto_fit.h"
 #include "pipeline/generate.h"
+#include "pipeline/image_to_video.h"
 #include "pipeline/job_forecast.h"
 #include "pipeline/loras.h"
 #include "pipeline/module_roles.h"
@@ -452,6 +453,8 @@ void kiln_context_info(const kiln_context* ctx, kiln_model_info* info) {
     info->trained_width = ctx->model->family().defaults.width;
     info->trained_height = ctx->model->family().defaults.height;
     info->video = ctx->model->diffusion().capabilities().video ? 1 : 0;
+    info->first_frame = kiln::pipeline::takes_first_frame(*ctx->model) ? 1 : 0;
+    info->high_noise_expert = ctx->model->has_high_noise_expert() ? 1 : 0;
 }
 
 void kiln_generation_params_init(kiln_generation_params* params) {

@@ -323,6 +323,14 @@ class AutoencoderNetwork : public Network {
         (void)ctx, (void)latent, (void)history, (void)target;
         return {};
     }
+    // A video autoencoder: a clip ne [W, H, image_channels, 1 + temporal_downscale k]
+    // in [-1, 1] -> its latent ne [w, h, latent_channels (x2 for Moments), 1 + k]
+    // (the pipeline's scale and shift not applied). Null when it encodes images only.
+    virtual ggml_tensor* encode_clip(ggml_context* ctx, ggml_tensor* video, nn::ComputeTarget target,
+                                     LatentEncoding encoding) const {
+        (void)ctx, (void)video, (void)target, (void)encoding;
+        return nullptr;
+    }
 };
 
 // ---- Vision encoders -----------------------------------------------------------

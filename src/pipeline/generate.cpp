@@ -13,8 +13,10 @@
 #include "pipeline/block_cache.h"
 #include "pipeline/condition_cache.h"
 #include "pipeline/graphs.h"
+#include "pipeline/image_to_video.h"
 #include "pipeline/latent_resize.h"
 #include "pipeline/loras.h"
+#include "pipeline/pixel_planes.h"
 #include "pipeline/reference_images.h"
 #include "pipeline/schedulers.h"
 #include "pipeline/size_conditioning.h"
@@ -367,30 +369,6 @@ Result<image::Image> pixels_to_image(const std::vector<float>& pixels, const Val
         }
     }
     return img;
-}
-
-// The range of rgb_planes' values: the VAE's [-1, 1], or the ControlNet's [0, 1].
-enum class PixelRange { Signed, Unit };
-
-// `source` as planar RGB floats at width x height (resized when its size differs).
-Result<std::vector<float>> rgb_planes(const image::Image& source, int width, int height, PixelRange range) {
-    auto rgb = image::convert_channels(source, 3);
-    if (!rgb.ok()) return rgb.error();
-    image::Image img = std::move(rgb).value();
-    if (img.width != width || img.height != height) {
-        auto resized = image::resize_image(img, width, height);
-        if (!resized.ok()) return resized.error();
-        img = std::move(resized).value();
-    }
-    const size_t plane = static_cast<size_t>(width) * height;
-    std::vector<float> pixels(plane * 3);
-    for (size_t i = 0; i < plane; ++i) {
-        for (size_t ch = 0; ch < 3; ++ch) {
-            const uint8_t v = img.pixels[i * 3 + ch];
-            pixels[ch * plane + i] = range == PixelRange::Signed ? v / 127.5f - 1.0f : v / 255.0f;
-        }
-    }
-    return pixels;
 }
 
 // The model's VAE on the scaled latent.
@@ -1062,7 +1040,7 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
         sigmas = std::move(scheduled).value();
     }
     std::optional<std::vector<float>> init_latent;
-    if (request.init_image) {
+    if (request.init_image && !p.first_frame) {
         if (!model.vae().format().has_encoder)
             return Error{"this model's VAE has no encoder: image-to-image needs one"};
         // A sample of the init image's latent distribution, drawn from the
@@ -1094,6 +1072,11 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
         auto prepared =
             prepare_inpainting(model, *request.init_image, *request.mask, *init_latent, p, request.vae_tiling, run);
         if (!prepared.ok()) return prepared.error();
+    }
+    if (p.first_frame) {
+        auto condition = first_frame_condition(model, *request.init_image, p);
+        if (!condition.ok()) return condition.error();
+        run.concat = std::move(condition).value();
     }
     run.latent_w = p.latent_w;
     run.latent_h = p.latent_h;
@@ -1293,7 +1276,9 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
         if (request.file_hashes && !hashes_of_files().first.empty()) {
             info.extra.emplace_back("Model hash", hashes_of_files().first);
         }
-        if (request.init_image) info.extra.emplace_back("Denoising strength", format_number(request.strength));
+        if (request.init_image && !p.first_frame) {
+            info.extra.emplace_back("Denoising strength", format_number(request.strength));
+        }
         if (request.eta) info.extra.emplace_back("Eta", format_number(*request.eta));
         if (p.hires) add_hires_info(*request.hires, *p.hires, info);
         if (request.mask) info.extra.emplace_back("Mask", "yes");

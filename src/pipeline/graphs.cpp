@@ -152,6 +152,18 @@ Result<ClipChunkGraph> build_clip_chunk_graph(const Model& model, int64_t latent
     return g;
 }
 
+Result<VaeGraph> build_clip_encode_graph(const Model& model, int64_t width, int64_t height, int64_t frames,
+                                         const float* pixels) {
+    VaeGraph g;
+    g.session = std::make_unique<runtime::GraphSession>();
+    ggml_tensor* in = g.session->input(GGML_TYPE_F32, {width, height, 3, frames}, pixels, "clip");
+    ggml_tensor* latent =
+        model.vae().encode_clip(g.session->ctx(), in, model.vae_target(), models::LatentEncoding::Mean);
+    if (!latent) return Error{"the VAE cannot encode clips (it encodes images only)"};
+    g.out = model.vae_weights().apply_patches(g.session->ctx(), latent);
+    return g;
+}
+
 VaeGraph build_taesd_decode_graph(const Model& model, int64_t latent_w, int64_t latent_h, const float* latent) {
     const int64_t channels = model.taesd().config().latent_channels;
     VaeGraph g;

@@ -87,6 +87,11 @@ struct ClipChunkGraph {
 };
 Result<ClipChunkGraph> build_clip_chunk_graph(const Model& model, int64_t latent_w, int64_t latent_h,
                                               const std::vector<std::array<int64_t, 4>>& history_shapes);
+// A clip's encode in one graph (AutoencoderNetwork::encode_clip, the
+// latent's mean): pixels ne [W, H, 3, frames] in [-1, 1], or null (zeros
+// until set: a plan never fills them). An error when the VAE encodes images only.
+Result<VaeGraph> build_clip_encode_graph(const Model& model, int64_t width, int64_t height, int64_t frames,
+                                         const float* pixels);
 // --taesd's decoder on the scaled latent: an image ne [W, H, 3, 1] in about [0, 1].
 VaeGraph build_taesd_decode_graph(const Model& model, int64_t latent_w, int64_t latent_h, const float* latent);
 // `encoding`: the latent distribution's mean, or its mean then its log

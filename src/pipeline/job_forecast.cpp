@@ -254,6 +254,11 @@ Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, 
         if (!later.ok()) return later.error();
         return add(model.vae_compute(), *later->session, later->out, "");
     };
+    if (passes.first_frame) {
+        auto g = build_clip_encode_graph(model, width, height, passes.frames, nullptr);
+        if (!g.ok()) return g.error();
+        KILN_TRY(add(model.vae_compute(), *g->session, g->out, "first frame encode"));
+    }
     if (passes.init_encode_size) {
         KILN_TRY(add_vae(/*decode=*/false, passes.init_encode_size->first, passes.init_encode_size->second,
                          "init image encode"));
@@ -393,7 +398,11 @@ Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, 
 
 Result<JobPasses> passes_of(const GenerationRequest& request, const ValidatedRequest& job) {
     JobPasses passes;
-    if (request.init_image) passes.init_encode_size = {request.init_image->width, request.init_image->height};
+    if (request.init_image && !job.first_frame) {
+        passes.init_encode_size = {request.init_image->width, request.init_image->height};
+    }
+    passes.first_frame = job.first_frame;
+    passes.frames = job.frames;
     for (const image::Image& reference : request.ref_images)
         passes.reference_images.emplace_back(reference.width, reference.height);
     passes.auto_resize_references = request.auto_resize_ref_images;

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "pipeline/image_to_video.h"
 #include "pipeline/loras.h"
 #include "pipeline/model.h"
 #include "pipeline/prompt_weights.h"
@@ -62,10 +63,16 @@ Status check_video_frames(const Model& model, const GenerationRequest& r, Valida
     if (p.frames != frames) {
         KILN_LOG_WARN("--video-frames %d: the model makes %d k + 1 frames; making %d", frames, step, p.frames);
     }
-    if (r.init_image || r.mask || r.hires || r.control_image || !r.ref_images.empty()) {
+    p.first_frame = takes_first_frame(model);
+    if (r.mask || r.hires || r.control_image || !r.ref_images.empty() || (r.init_image && !p.first_frame)) {
         return Error::invalid_request(model.family_label() +
-                                      " jobs are text-to-video here: -i, --mask, --hires, --control-image and -r "
-                                      "are not taken yet");
+                                      " jobs take -i only as an image-to-video DiT's first frame (this one is "
+                                      "text-to-video); --mask, --hires, --control-image and -r are not taken yet");
+    }
+    if (p.first_frame && !r.init_image) {
+        return Error::invalid_request("this " + model.family_label() +
+                                      " DiT is image-to-video (its input takes a first frame's latent and mask): "
+                                      "pass the first frame with -i");
     }
     return Status::Ok();
 }
@@ -252,7 +259,7 @@ Result<ValidatedRequest> validate_request(const Model& model, const GenerationRe
     }
     p.width = r.width > 0 ? r.width : d.width;
     p.height = r.height > 0 ? r.height : d.height;
-    if (r.init_image) {
+    if (r.init_image && !takes_first_frame(model)) {
         // Image-to-image works at the init image's size (stable-diffusion.cpp's rule).
         const image::Image& init = *r.init_image;
         if (r.init_latent_resize) {

@@ -163,6 +163,8 @@ struct ValidatedRequest {
     int frames = 1;
     int64_t latent_frames = 1;
     bool video = false;  // the model is a video model: the job's result is a clip
+    // Image-to-video (pipeline/image_to_video.h): -i is the clip's first frame, not image-to-image.
+    bool first_frame = false;
     // Wan 2.2 A14B (pipeline/experts.h): the high-noise expert samples the
     // schedule's first high_noise_steps of `steps` with its own sampler, cfg
     // and eta (unset: the sampler's default); 0: the main network samples all.

@@ -22,6 +22,7 @@
 #include "pipeline/request.h"
 #include "random_model.h"
 #include "test_files.h"
+#include "wan_tiny.h"
 
 namespace kiln::pipeline {
 namespace {
@@ -29,18 +30,13 @@ namespace {
 using test::difference_from_reference;
 using test::golden_path;
 
-constexpr const char* kPrompt = "a red cat on a blue square";
-constexpr int kWidth = 64, kHeight = 48, kFrames = 5;
-
-std::string part(const std::string& name) { return golden_path("pipeline/wan_tiny/" + name); }
+using test::wan_tiny_part;
+constexpr const char* kPrompt = test::kWanTinyPrompt;
+constexpr int kWidth = test::kWanTinyWidth, kHeight = test::kWanTinyHeight, kFrames = test::kWanTinyFrames;
 
 ModelPaths a14b_parts() {
-    ModelPaths paths;
-    paths.diffusion_model = part("wan_dit.safetensors");
-    paths.high_noise_diffusion_model = part("wan_dit_high_noise.safetensors");
-    paths.t5xxl = part("umt5.safetensors");
-    paths.vae = golden_path("models/wan_vae_tiny.safetensors");
-    paths.tokenizer = "t5xxl=" + golden_path("text/umt5_like_spiece.model");
+    ModelPaths paths = test::wan_tiny_parts();
+    paths.high_noise_diffusion_model = wan_tiny_part("wan_dit_high_noise.safetensors");
     return paths;
 }
 
@@ -308,7 +304,7 @@ TEST(WanA14bWithoutExpert, AHighNoiseLoraIsRefused) {
 TEST(WanA14bWithoutExpert, AnExpertOfAnotherShapeIsABadFile) {
     const test::TempDir dir;
     // The tiny DiT at width 128 (one head of 128) instead of 48.
-    auto tiny = io::ModelFile::open({part("wan_dit.safetensors")});
+    auto tiny = io::ModelFile::open({wan_tiny_part("wan_dit.safetensors")});
     ASSERT_TRUE(tiny.ok()) << tiny.error().message;
     std::string spec;
     for (const io::TensorInfo& t : tiny->tensors()) {
@@ -340,25 +336,15 @@ TEST(WanA14bWithoutExpert, AnExpertOfAnotherShapeIsABadFile) {
 // sd-cli's Wan 2.2 A14B command line, unchanged but for the tiny parts.
 TEST(WanA14bCli, SdCliLineWritesTheReferenceClip) {
     const test::TempDir dir;
-    const std::string line = std::string(KILN_BIN) + " -M vid_gen --diffusion-model " + part("wan_dit.safetensors") +
-                             " --high-noise-diffusion-model " + part("wan_dit_high_noise.safetensors") + " --vae " +
-                             golden_path("models/wan_vae_tiny.safetensors") + " --t5xxl " + part("umt5.safetensors") +
-                             " --tokenizer t5xxl=" + golden_path("text/umt5_like_spiece.model") + " -p '" + kPrompt +
-                             "' --cfg-scale 6.0 --sampling-method euler --steps 2 --high-noise-cfg-scale 4 "
-                             "--high-noise-sampling-method euler --high-noise-steps 2 -W " +
-                             std::to_string(kWidth) + " -H " + std::to_string(kHeight) + " --video-frames " +
-                             std::to_string(kFrames) + " --flow-shift 3.0 -s 11 -t 1 --type f32 ";
+    const std::string line = test::wan_tiny_sd_cli_line(
+        "wan_dit.safetensors", "--steps 2 --high-noise-diffusion-model " +
+                                   wan_tiny_part("wan_dit_high_noise.safetensors") +
+                                   " --high-noise-cfg-scale 4 --high-noise-sampling-method euler --high-noise-steps 2");
     auto io = io::ModelFile::open({golden_path("pipeline/wan_tiny_a14b.safetensors")});
     ASSERT_TRUE(io.ok());
     auto ok = test::run_command(line + "-o " + dir.file("f_%03d.png"));
     ASSERT_EQ(ok.exit_code, 0) << ok.err;
-    for (int f = 0; f < kFrames; ++f) {
-        char name[32];
-        std::snprintf(name, sizeof name, "f_%03d.png", f);
-        auto img = image::read_image(dir.file(name));
-        ASSERT_TRUE(img.ok()) << img.error().message;
-        EXPECT_LE(difference_from_reference(*img, *io, "video", f), 1) << name;
-    }
+    test::expect_reference_frames(dir, "f_", *io);
     // The plan of the same line shows the time share.
     auto plan = test::run_command(line + "--dry-run");
     ASSERT_EQ(plan.exit_code, 0) << plan.err;

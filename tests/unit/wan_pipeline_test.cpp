@@ -22,6 +22,7 @@
 #include "pipeline/request.h"
 #include "pipeline/schedulers.h"
 #include "test_files.h"
+#include "wan_tiny.h"
 
 namespace kiln::pipeline {
 namespace {
@@ -31,25 +32,11 @@ using test::fixture_tensor;
 using test::golden_path;
 using test::relative_error;
 
-constexpr const char* kPrompt = "a red cat on a blue square";
-constexpr int kWidth = 64, kHeight = 48;  // the VAE's 8x: a latent 8 wide and 6 high
-constexpr int kFrames = 5, kLatentFrames = 2;
+using test::wan_tiny_part;
+constexpr const char* kPrompt = test::kWanTinyPrompt;
+constexpr int kWidth = test::kWanTinyWidth, kHeight = test::kWanTinyHeight;
+constexpr int kFrames = test::kWanTinyFrames, kLatentFrames = 2;
 constexpr int64_t kTextWidth = 32;  // the tiny umT5's
-
-std::string part(const std::string& name) { return golden_path("pipeline/wan_tiny/" + name); }
-std::string vae_path() { return golden_path("models/wan_vae_tiny.safetensors"); }
-std::string spiece_path() { return golden_path("text/umt5_like_spiece.model"); }
-
-// The parts as a user passes them: --diffusion-model, --t5xxl, --vae and
-// --tokenizer t5xxl=spiece.model.
-ModelPaths parts() {
-    ModelPaths paths;
-    paths.diffusion_model = part("wan_dit.safetensors");
-    paths.t5xxl = part("umt5.safetensors");
-    paths.vae = vae_path();
-    paths.tokenizer = "t5xxl=" + spiece_path();
-    return paths;
-}
 
 io::ModelFile* open_job() {
     auto io = io::ModelFile::open({golden_path("pipeline/wan_tiny_t2v.safetensors")});
@@ -73,7 +60,7 @@ GenerationRequest tiny_job() {
 class WanPipeline : public ::testing::Test {
   protected:
     static void SetUpTestSuite() {
-        auto loaded = Model::load(parts(), test::golden_model_options());
+        auto loaded = Model::load(test::wan_tiny_parts(), test::golden_model_options());
         ASSERT_TRUE(loaded.ok()) << loaded.error().message;
         model_ = std::move(loaded).value().release();
         io_ = open_job();
@@ -273,15 +260,7 @@ class WanPipelineCli : public ::testing::Test {
         io_ = nullptr;
     }
 
-    // sd-cli's docs/wan.md command line on the tiny parts at the job's size,
-    // frames, steps and seed, computed in F32 as the reference is.
-    static std::string sd_cli_line() {
-        return std::string(KILN_BIN) + " -M vid_gen --diffusion-model " + part("wan_dit.safetensors") + " --vae " +
-               vae_path() + " --t5xxl " + part("umt5.safetensors") + " --tokenizer t5xxl=" + spiece_path() + " -p '" +
-               kPrompt + "' --cfg-scale 6.0 --sampling-method euler -W " + std::to_string(kWidth) + " -H " +
-               std::to_string(kHeight) + " --video-frames " + std::to_string(kFrames) +
-               " --flow-shift 3.0 --steps 3 -s 11 -t 1 --type f32 ";
-    }
+    static std::string sd_cli_line() { return test::wan_tiny_sd_cli_line("wan_dit.safetensors", "--steps 3"); }
 
     static test::TempDir* dir_;
     static io::ModelFile* io_;
@@ -296,13 +275,7 @@ TEST_F(WanPipelineCli, VidGenWritesTheReferenceClip) {
     ASSERT_EQ(ok.exit_code, 0) << ok.err;
     // The decode's progress: its last line, whatever the pace.
     EXPECT_NE((ok.out + ok.err).find("image 1/1: decoded 5/5 frames"), std::string::npos) << ok.out << ok.err;
-    for (int f = 0; f < kFrames; ++f) {
-        char name[32];
-        std::snprintf(name, sizeof name, "frame_%03d.png", f);
-        auto img = image::read_image(dir_->file(name));
-        ASSERT_TRUE(img.ok()) << img.error().message;
-        EXPECT_LE(difference_from_reference(*img, *io_, "video", f), 1) << name;
-    }
+    test::expect_reference_frames(*dir_, "frame_", *io_);
     EXPECT_FALSE(std::filesystem::exists(dir_->file("frame_005.png")));
     // sd-cli's default container, with the job's parameters in it.
     const std::string avi = dir_->file("clip.avi");

@@ -211,7 +211,11 @@ JobRequest parse_vid_gen(ServerState& state, const httplib::Request& req) {
     r.fps = static_cast<int>(read_integer(j, "fps", 16, 1, 1000));
     r.moe_boundary = static_cast<float>(read_number(j, "moe_boundary", 0.875, 0, 1));
     read_number(j, "vace_strength", 1.0, 0, 10);  // VACE's: control_frames are refused
-    refuse_if_given(j, "init_image", "image-to-video (Wan I2V) is not built in kiln");
+    // An image-to-video DiT's first frame (Wan 2.2 I2V); a text-to-video one refuses it by name.
+    if (j.contains("init_image") && !j["init_image"].is_null() &&
+        !(j["init_image"].is_string() && j["init_image"].get<std::string>().empty())) {
+        r.init_image = without_alpha(read_base64_image(j["init_image"], "init_image", limits));
+    }
     refuse_if_given(j, "end_image", "first-last-frame video (Wan FLF2V) is not built in kiln");
     refuse_if_given(j, "control_frames", "VACE's control frames are not built in kiln");
     // Wan 2.2 A14B's high-noise expert (kiln serve --high-noise-diffusion-model),
@@ -387,9 +391,15 @@ json capabilities(ServerState& state) {
     video_defaults["high_noise_sample_params"] = defaults["sample_params"];
     video_defaults["high_noise_sample_params"]["sample_steps"] = -1;
     const json video_formats = {"webm", "webp", "avi"};
-    const json video_features = {{"init_image", false}, {"end_image", false},    {"control_frames", false},
-                                 {"high_noise", false}, {"lora", true},          {"vae_tiling", false},
-                                 {"cache", true},       {"cancel_queued", true}, {"cancel_generating", true}};
+    const json video_features = {{"init_image", info.first_frame != 0},
+                                 {"end_image", false},
+                                 {"control_frames", false},
+                                 {"high_noise", info.high_noise_expert != 0},
+                                 {"lora", true},
+                                 {"vae_tiling", false},
+                                 {"cache", true},
+                                 {"cancel_queued", true},
+                                 {"cancel_generating", true}};
     json samplers = json::array(), schedulers = json::array();
     for (const SamplerName& s : sampler_names()) samplers.push_back(s.kiln);
     for (const SchedulerName& s : scheduler_names()) {

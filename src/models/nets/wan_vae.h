@@ -133,7 +133,7 @@ class WanVae final : public AutoencoderNetwork {
     // later frames that do not fill a group of 4 are left out, as the
     // original's chunking leaves them.
     ggml_tensor* encode_clip(ggml_context* ctx, ggml_tensor* video, nn::ComputeTarget target,
-                             LatentEncoding encoding) const;
+                             LatentEncoding encoding) const override;
 
   private:
     struct Blocks;

@@ -1,0 +1,61 @@
+// The tiny random Wan of training/make_wan_pipeline_fixtures.py, as the Wan
+// pipeline tests pass it: its parts, the job's prompt and size, sd-cli's
+// command line on them, and the frames a CLI run wrote compared with a
+// reference job's.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string>
+
+#include "golden.h"
+#include "image/image_io.h"
+#include "pipeline/model.h"
+#include "test_files.h"
+
+namespace kiln::test {
+
+constexpr const char* kWanTinyPrompt = "a red cat on a blue square";
+constexpr int kWanTinyWidth = 64, kWanTinyHeight = 48;  // the VAE's 8x: a latent 8 wide and 6 high
+constexpr int kWanTinyFrames = 5;                       // two latent frames
+
+inline std::string wan_tiny_part(const std::string& name) { return golden_path("pipeline/wan_tiny/" + name); }
+inline std::string wan_tiny_vae() { return golden_path("models/wan_vae_tiny.safetensors"); }
+inline std::string wan_tiny_spiece() { return golden_path("text/umt5_like_spiece.model"); }
+
+// The parts as a user passes them: --diffusion-model DIT, --t5xxl, --vae and
+// --tokenizer t5xxl=spiece.model.
+inline pipeline::ModelPaths wan_tiny_parts(const std::string& dit = "wan_dit.safetensors") {
+    pipeline::ModelPaths paths;
+    paths.diffusion_model = wan_tiny_part(dit);
+    paths.t5xxl = wan_tiny_part("umt5.safetensors");
+    paths.vae = wan_tiny_vae();
+    paths.tokenizer = "t5xxl=" + wan_tiny_spiece();
+    return paths;
+}
+
+// sd-cli's docs/wan.md command line on the parts at the job's size, frames
+// and seed, cfg 6, euler, shift 3, computed in F32 as the references are;
+// `flags` adds the steps and the rest.
+inline std::string wan_tiny_sd_cli_line(const std::string& dit, const std::string& flags) {
+    return std::string(KILN_BIN) + " -M vid_gen --diffusion-model " + wan_tiny_part(dit) + " --vae " + wan_tiny_vae() +
+           " --t5xxl " + wan_tiny_part("umt5.safetensors") + " --tokenizer t5xxl=" + wan_tiny_spiece() + " -p '" +
+           kWanTinyPrompt + "' --cfg-scale 6.0 --sampling-method euler -W " + std::to_string(kWanTinyWidth) + " -H " +
+           std::to_string(kWanTinyHeight) + " --video-frames " + std::to_string(kWanTinyFrames) +
+           " --flow-shift 3.0 -s 11 -t 1 --type f32 " + flags + " ";
+}
+
+// The frames PREFIX000.png ... a run wrote into `dir`, each within one 8-bit
+// level of the reference job's "video".
+inline void expect_reference_frames(const TempDir& dir, const std::string& prefix, const io::ModelFile& job) {
+    for (int f = 0; f < kWanTinyFrames; ++f) {
+        char name[64];
+        std::snprintf(name, sizeof name, "%s%03d.png", prefix.c_str(), f);
+        auto img = image::read_image(dir.file(name));
+        ASSERT_TRUE(img.ok()) << img.error().message;
+        EXPECT_LE(difference_from_reference(*img, job, "video", f), 1) << name;
+    }
+}
+
+}  // namespace kiln::test
