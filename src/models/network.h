@@ -287,7 +287,7 @@ struct AutoencoderFormat {
     int temporal_downscale = 0;
 };
 
-// One chunk of a clip's decode (a video autoencoder's decode_chunk).
+// One chunk of a clip's decode or encode (a video autoencoder's decode_chunk, encode_chunk).
 struct ClipChunk {
     ggml_tensor* frames = nullptr;  // ne [W, H, 3, frames]
     // The causal history after this chunk: what the next chunk's
@@ -330,6 +330,15 @@ class AutoencoderNetwork : public Network {
                                      LatentEncoding encoding) const {
         (void)ctx, (void)video, (void)target, (void)encoding;
         return nullptr;
+    }
+    // The same a chunk at a time: the clip's first frame (empty `history`),
+    // then temporal_downscale frames at a time with the history the chunk
+    // before left; frames is each chunk's latent frame (ClipChunk's frames
+    // then hold the latent). All null when the chunk or history does not fit.
+    virtual ClipChunk encode_chunk(ggml_context* ctx, ggml_tensor* video, const std::vector<ggml_tensor*>& history,
+                                   nn::ComputeTarget target, LatentEncoding encoding) const {
+        (void)ctx, (void)video, (void)history, (void)target, (void)encoding;
+        return {};
     }
 };
 

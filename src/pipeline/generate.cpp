@@ -420,7 +420,7 @@ Result<std::vector<image::Image>> decode_clip(Model& model, const std::vector<fl
         }
         auto g = build_clip_chunk_graph(model, p.latent_w, p.latent_h, history_shapes);
         if (!g.ok()) return g.error();
-        g->session->set_input(g->latent, frame.data());
+        g->session->set_input(g->input, frame.data());
         // Each piece is freed once the session holds its copy: RAM holds the
         // history (3.5 GiB at 832x480) once, not twice.
         for (size_t i = 0; i < history.size(); ++i) {

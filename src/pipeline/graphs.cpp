@@ -134,34 +134,45 @@ VaeGraph build_vae_decode_graph(const Model& model, int64_t latent_w, int64_t la
     return g;
 }
 
-Result<ClipChunkGraph> build_clip_chunk_graph(const Model& model, int64_t latent_w, int64_t latent_h,
-                                              const std::vector<std::array<int64_t, 4>>& history_shapes) {
-    const int64_t channels = model.vae().format().latent_channels;
+namespace {
+
+// A clip chunk's graph around its input and history inputs (no data: zeros
+// until set_input, which a plan never calls); `build` makes the chunk.
+template <typename Build>
+Result<ClipChunkGraph> clip_chunk_graph(const Model& model, const std::vector<int64_t>& input_ne,
+                                        const std::vector<std::array<int64_t, 4>>& history_shapes, Build&& build) {
     ClipChunkGraph g;
     g.session = std::make_unique<runtime::GraphSession>();
-    // Inputs without data (zeros until set_input): a plan never fills them.
-    g.latent = g.session->input(GGML_TYPE_F32, {latent_w, latent_h, channels, 1}, nullptr, "latent");
+    g.input = g.session->input(GGML_TYPE_F32, input_ne, nullptr, "input");
     for (const auto& ne : history_shapes) {
         g.history.push_back(g.session->input(GGML_TYPE_F32, {ne[0], ne[1], ne[2], ne[3]}, nullptr, "history"));
     }
-    g.chunk = model.vae().decode_chunk(g.session->ctx(), g.latent, g.history, model.vae_target());
-    if (!g.chunk.frames) return Error{"the VAE cannot decode this clip's latent frames (it decodes images only)"};
+    g.chunk = build(g.session->ctx(), g.input, g.history);
+    if (!g.chunk.frames) return Error{"the VAE cannot take this clip's chunk (it takes images only)"};
     // The history is read where the graph leaves it, not copied into the output.
     for (ggml_tensor* h : g.chunk.history) g.session->add_output(h);
     g.out = model.vae_weights().apply_patches(g.session->ctx(), g.chunk.frames);
     return g;
 }
 
-Result<VaeGraph> build_clip_encode_graph(const Model& model, int64_t width, int64_t height, int64_t frames,
-                                         const float* pixels) {
-    VaeGraph g;
-    g.session = std::make_unique<runtime::GraphSession>();
-    ggml_tensor* in = g.session->input(GGML_TYPE_F32, {width, height, 3, frames}, pixels, "clip");
-    ggml_tensor* latent =
-        model.vae().encode_clip(g.session->ctx(), in, model.vae_target(), models::LatentEncoding::Mean);
-    if (!latent) return Error{"the VAE cannot encode clips (it encodes images only)"};
-    g.out = model.vae_weights().apply_patches(g.session->ctx(), latent);
-    return g;
+}  // namespace
+
+Result<ClipChunkGraph> build_clip_chunk_graph(const Model& model, int64_t latent_w, int64_t latent_h,
+                                              const std::vector<std::array<int64_t, 4>>& history_shapes) {
+    const int64_t channels = model.vae().format().latent_channels;
+    return clip_chunk_graph(model, {latent_w, latent_h, channels, 1}, history_shapes,
+                            [&](ggml_context* ctx, ggml_tensor* latent, const std::vector<ggml_tensor*>& history) {
+                                return model.vae().decode_chunk(ctx, latent, history, model.vae_target());
+                            });
+}
+
+Result<ClipChunkGraph> build_clip_encode_chunk_graph(const Model& model, int64_t width, int64_t height, int64_t frames,
+                                                     const std::vector<std::array<int64_t, 4>>& history_shapes) {
+    return clip_chunk_graph(model, {width, height, 3, frames}, history_shapes,
+                            [&](ggml_context* ctx, ggml_tensor* pixels, const std::vector<ggml_tensor*>& history) {
+                                return model.vae().encode_chunk(ctx, pixels, history, model.vae_target(),
+                                                                models::LatentEncoding::Mean);
+                            });
 }
 
 VaeGraph build_taesd_decode_graph(const Model& model, int64_t latent_w, int64_t latent_h, const float* latent) {

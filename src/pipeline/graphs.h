@@ -72,26 +72,25 @@ struct VaeGraph {
     ggml_tensor* out = nullptr;
 };
 VaeGraph build_vae_decode_graph(const Model& model, int64_t latent_w, int64_t latent_h, const float* latent);
-// One latent frame of a video's decode (AutoencoderNetwork::decode_chunk):
-// the VAE latent ne [w, h, channels, 1] and the previous chunk's history,
-// of `history_shapes` (none at the clip's start), both zeros until set; out
-// is the chunk's frames, and chunk.history, the graph's other outputs, is
-// readable after the run. An error when the VAE decodes no clips or the
+// One chunk of a video's decode or encode (AutoencoderNetwork::decode_chunk,
+// encode_chunk): the input (a decode's VAE latent ne [w, h, channels, 1],
+// an encode's pixels ne [W, H, 3, frames] in [-1, 1]) and the previous
+// chunk's history, of `history_shapes` (none at the clip's start), all
+// zeros until set; out is the chunk's frames (an encode's latent, the
+// distribution's mean), and chunk.history, the graph's other outputs, is
+// readable after the run. An error when the VAE takes no clips or the
 // history does not fit.
 struct ClipChunkGraph {
     std::unique_ptr<runtime::GraphSession> session;
-    ggml_tensor* latent = nullptr;
+    ggml_tensor* input = nullptr;
     std::vector<ggml_tensor*> history;
     models::ClipChunk chunk;
     ggml_tensor* out = nullptr;
 };
 Result<ClipChunkGraph> build_clip_chunk_graph(const Model& model, int64_t latent_w, int64_t latent_h,
                                               const std::vector<std::array<int64_t, 4>>& history_shapes);
-// A clip's encode in one graph (AutoencoderNetwork::encode_clip, the
-// latent's mean): pixels ne [W, H, 3, frames] in [-1, 1], or null (zeros
-// until set: a plan never fills them). An error when the VAE encodes images only.
-Result<VaeGraph> build_clip_encode_graph(const Model& model, int64_t width, int64_t height, int64_t frames,
-                                         const float* pixels);
+Result<ClipChunkGraph> build_clip_encode_chunk_graph(const Model& model, int64_t width, int64_t height, int64_t frames,
+                                                     const std::vector<std::array<int64_t, 4>>& history_shapes);
 // --taesd's decoder on the scaled latent: an image ne [W, H, 3, 1] in about [0, 1].
 VaeGraph build_taesd_decode_graph(const Model& model, int64_t latent_w, int64_t latent_h, const float* latent);
 // `encoding`: the latent distribution's mean, or its mean then its log

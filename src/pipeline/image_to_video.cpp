@@ -1,6 +1,7 @@
 #include "pipeline/image_to_video.h"
 
 #include <algorithm>
+#include <array>
 
 #include "pipeline/graphs.h"
 #include "pipeline/model.h"
@@ -20,18 +21,38 @@ bool takes_first_frame(const Model& model) {
 Result<std::vector<float>> first_frame_condition(Model& model, const image::Image& image, const ValidatedRequest& p) {
     auto first = rgb_planes(image, p.width, p.height, PixelRange::Signed);
     if (!first.ok()) return first.error().in_context("-i (the first frame): ");
-    // ne [W, H, 3, frames]: the image, then zeros (mid grey in [-1, 1]), as Wan pads the clip.
-    std::vector<float> clip(first->size() * static_cast<size_t>(p.frames), 0.0f);
-    std::copy(first->begin(), first->end(), clip.begin());
-    auto g = build_clip_encode_graph(model, p.width, p.height, p.frames, clip.data());
-    if (!g.ok()) return g.error();
-    KILN_TRY(g->session->run(model.vae_compute(), g->out));
-    const std::vector<float> latent = runtime::GraphSession::read(g->out);  // ne [w, h, C, T]
     const int64_t channels = model.latent_channels(), frames = p.latent_frames;
     const int64_t masks = model.vae().format().temporal_downscale;
     const size_t plane = static_cast<size_t>(p.latent_w * p.latent_h);
-    if (latent.size() != plane * static_cast<size_t>(channels * frames)) {
-        return Error{"the VAE's encode of the first frame's clip has the wrong size"};
+    // The clip [image, zeros (mid grey in [-1, 1]), ...] as Wan pads it, a
+    // chunk at a time (the image, then `masks` frames of zeros each), each
+    // with the history the one before left: the encode's memory is one
+    // chunk's whatever the clip's length. `latent` is ne [w, h, C] per frame.
+    std::vector<float> latent;
+    std::vector<std::vector<float>> history;
+    std::vector<std::array<int64_t, 4>> history_shapes;
+    const std::vector<float> zeros(first->size() * static_cast<size_t>(masks), 0.0f);
+    for (int64_t t = 0; t < frames; ++t) {
+        if (model.cancel_requested()) return Error::cancelled("cancelled");
+        auto g = build_clip_encode_chunk_graph(model, p.width, p.height, t == 0 ? 1 : masks, history_shapes);
+        if (!g.ok()) return g.error();
+        g->session->set_input(g->input, t == 0 ? first->data() : zeros.data());
+        for (size_t i = 0; i < history.size(); ++i) {
+            g->session->set_input(g->history[i], history[i].data());
+            std::vector<float>().swap(history[i]);
+        }
+        KILN_TRY(g->session->run(model.vae_compute(), g->out));
+        const std::vector<float> values = runtime::GraphSession::read(g->out);
+        if (values.size() != plane * static_cast<size_t>(channels)) {
+            return Error{"the VAE's encode of the first frame's clip has the wrong size"};
+        }
+        latent.insert(latent.end(), values.begin(), values.end());
+        history.clear();
+        history_shapes.clear();
+        for (const ggml_tensor* h : g->chunk.history) {
+            history.push_back(runtime::GraphSession::read(h));
+            history_shapes.push_back({h->ne[0], h->ne[1], h->ne[2], h->ne[3]});
+        }
     }
     std::vector<float> condition(plane * static_cast<size_t>((masks + channels) * frames), 0.0f);
     for (int64_t m = 0; m < masks; ++m) {

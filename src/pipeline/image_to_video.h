@@ -3,8 +3,8 @@
 // planes more than its output takes them as a condition, as Wan's
 // WanI2V.generate builds it:
 //   - the clip [image, zeros...] of the job's frames at its size (the image
-//     resized when it is another), encoded by the VAE in one graph: the
-//     latent's mean [C, T, h, w];
+//     resized when it is another), encoded by the VAE a chunk at a time as
+//     the original's encode loops: the latent's mean [C, T, h, w];
 //   - a mask [temporal_downscale, T, h, w]: 1 on the first latent frame (the
 //     image's, repeated over its temporal_downscale frames), 0 after;
 //   - the DiT's input is then [noise latent, mask, image latent] along the

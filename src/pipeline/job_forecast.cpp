@@ -254,10 +254,22 @@ Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, 
         if (!later.ok()) return later.error();
         return add(model.vae_compute(), *later->session, later->out, "");
     };
+    // Image-to-video's first frame, encoded a chunk at a time as the decode
+    // goes: the first chunk, then (a longer clip) a later one with the
+    // history the first left, the hungrier of the two.
     if (passes.first_frame) {
-        auto g = build_clip_encode_graph(model, width, height, passes.frames, nullptr);
-        if (!g.ok()) return g.error();
-        KILN_TRY(add(model.vae_compute(), *g->session, g->out, "first frame encode"));
+        auto first = build_clip_encode_chunk_graph(model, width, height, 1, {});
+        if (!first.ok()) return first.error();
+        if (passes.latent_frames == 1) {
+            KILN_TRY(add(model.vae_compute(), *first->session, first->out, "first frame encode"));
+        } else {
+            std::vector<std::array<int64_t, 4>> history;
+            for (const ggml_tensor* t : first->chunk.history)
+                history.push_back({t->ne[0], t->ne[1], t->ne[2], t->ne[3]});
+            auto later = build_clip_encode_chunk_graph(model, width, height, vc.temporal_downscale, history);
+            if (!later.ok()) return later.error();
+            KILN_TRY(add(model.vae_compute(), *later->session, later->out, "first frame encode"));
+        }
     }
     if (passes.init_encode_size) {
         KILN_TRY(add_vae(/*decode=*/false, passes.init_encode_size->first, passes.init_encode_size->second,
@@ -402,7 +414,6 @@ Result<JobPasses> passes_of(const GenerationRequest& request, const ValidatedReq
         passes.init_encode_size = {request.init_image->width, request.init_image->height};
     }
     passes.first_frame = job.first_frame;
-    passes.frames = job.frames;
     for (const image::Image& reference : request.ref_images)
         passes.reference_images.emplace_back(reference.width, reference.height);
     passes.auto_resize_references = request.auto_resize_ref_images;

@@ -75,10 +75,9 @@ struct JobPasses {
     int high_noise_steps = 0;
     int steps = 0;
     bool high_noise_cfg = false;
-    // Image-to-video (ValidatedRequest::first_frame): the clip of `frames`
-    // frames at the job's size, encoded in one graph before sampling.
+    // Image-to-video (ValidatedRequest::first_frame): the clip at the job's
+    // size, encoded a chunk at a time before sampling.
     bool first_frame = false;
-    int frames = 1;
 };
 
 struct DeviceForecast {

@@ -84,34 +84,36 @@ class WanVaeGolden : public ::testing::Test {
         return runtime::GraphSession::read(out);
     }
 
-    // The fixture's clip.z decoded in chunks of `sizes` latent frames, each
-    // chunk a graph of its own taking the history the previous one left.
-    std::vector<float> decode_in_chunks(const models::WanVae& vae, const std::vector<int64_t>& sizes) {
-        const auto z = test::fixture_tensor(io, "clip.z");  // [T, 16, h, w]
+    // The fixture's `input` ([T, C, h, w]) cut along T into chunks of
+    // `sizes` frames, each chunk a graph of its own (`chunk_of`) taking the
+    // history the previous one left; the chunks' outputs one after the other.
+    using ChunkOf = std::function<models::ClipChunk(ggml_context*, ggml_tensor*, const std::vector<ggml_tensor*>&)>;
+    std::vector<float> run_in_chunks(const std::string& input, const std::vector<int64_t>& sizes,
+                                     const ChunkOf& chunk_of) {
+        const auto z = test::fixture_tensor(io, input);
         const int64_t C = z.shape[1], h = z.shape[2], w = z.shape[3];
-        std::vector<float> frames;
+        std::vector<float> out;
         std::vector<std::vector<float>> history;
         std::vector<std::array<int64_t, 4>> history_ne;
         int64_t first = 0;
         for (int64_t count : sizes) {
             runtime::GraphSession session;
-            ggml_tensor* latent = session.input(GGML_TYPE_F32, {w, h, C, count},
-                                                z.values.data() + static_cast<size_t>(first * C * h * w));
+            ggml_tensor* in = session.input(GGML_TYPE_F32, {w, h, C, count},
+                                            z.values.data() + static_cast<size_t>(first * C * h * w));
             std::vector<ggml_tensor*> history_in;
             for (size_t i = 0; i < history.size(); ++i) {
                 const auto& ne = history_ne[i];
                 history_in.push_back(session.input(GGML_TYPE_F32, {ne[0], ne[1], ne[2], ne[3]}, history[i].data()));
             }
-            const models::ClipChunk chunk = vae.decode_chunk(session.ctx(), latent, history_in, nn::ComputeTarget::Cpu);
+            const models::ClipChunk chunk = chunk_of(session.ctx(), in, history_in);
             if (!chunk.frames) {
-                ADD_FAILURE() << "decode_chunk refused the history of the chunk before";
+                ADD_FAILURE() << "the chunk of " << count << " frames after " << first << " was refused";
                 return {};
             }
-            EXPECT_EQ(chunk.frames->ne[3], first == 0 ? 1 + 4 * (count - 1) : 4 * count);
             for (ggml_tensor* t : chunk.history) session.add_output(t);
             EXPECT_TRUE(session.run(*compute, chunk.frames).ok());
             const std::vector<float> values = runtime::GraphSession::read(chunk.frames);
-            frames.insert(frames.end(), values.begin(), values.end());
+            out.insert(out.end(), values.begin(), values.end());
             history.clear();
             history_ne.clear();
             for (const ggml_tensor* t : chunk.history) {
@@ -120,7 +122,19 @@ class WanVaeGolden : public ::testing::Test {
             }
             first += count;
         }
-        return frames;
+        return out;
+    }
+
+    // The fixture's clip.z decoded in chunks of `sizes` latent frames.
+    std::vector<float> decode_in_chunks(const models::WanVae& vae, const std::vector<int64_t>& sizes) {
+        bool starts = true;
+        return run_in_chunks("clip.z", sizes, [&](ggml_context* ctx, ggml_tensor* latent, const auto& history) {
+            models::ClipChunk chunk = vae.decode_chunk(ctx, latent, history, nn::ComputeTarget::Cpu);
+            const int64_t count = latent->ne[3];
+            if (chunk.frames) EXPECT_EQ(chunk.frames->ne[3], starts ? 1 + 4 * (count - 1) : 4 * count);
+            starts = false;
+            return chunk;
+        });
     }
 };
 
@@ -197,6 +211,32 @@ TEST_F(WanVaeGolden, ClipEncodeMatchesReference) {
         return v->encode_clip(ctx, in, nn::ComputeTarget::Cpu, models::LatentEncoding::Mean);
     });
     EXPECT_LT(test::relative_error(latent, test::fixture_tensor(io, "clip.encoded").values), kTolerance);
+}
+
+// The original's encode loop: the first frame, then four at a time, each
+// chunk with the history the one before left: the whole clip's latent.
+TEST_F(WanVaeGolden, ClipEncodedChunkByChunkMatchesTheReference) {
+    auto v = vae();
+    const auto want = test::fixture_tensor(io, "clip.encoded");
+    const int64_t frames = test::fixture_tensor(io, "clip.video").shape[0];
+    std::vector<int64_t> sizes = {1};
+    while (1 + 4 * static_cast<int64_t>(sizes.size()) <= frames) sizes.push_back(4);
+    ASSERT_GE(sizes.size(), 3u) << "a clip of at least two later chunks";
+    const auto latent =
+        run_in_chunks("clip.video", sizes, [&](ggml_context* ctx, ggml_tensor* in, const auto& history) {
+            return v->encode_chunk(ctx, in, history, nn::ComputeTarget::Cpu, models::LatentEncoding::Mean);
+        });
+    EXPECT_LT(test::relative_error(latent, want.values), kTolerance);
+    // A later chunk is four frames, no other count.
+    runtime::GraphSession session;
+    ggml_tensor* one = ggml_new_tensor_4d(session.ctx(), GGML_TYPE_F32, 24, 16, 3, 1);
+    ggml_tensor* three = ggml_new_tensor_4d(session.ctx(), GGML_TYPE_F32, 24, 16, 3, 3);
+    const models::ClipChunk start =
+        v->encode_chunk(session.ctx(), one, {}, nn::ComputeTarget::Cpu, models::LatentEncoding::Mean);
+    ASSERT_NE(start.frames, nullptr);
+    EXPECT_EQ(v->encode_chunk(session.ctx(), three, start.history, nn::ComputeTarget::Cpu, models::LatentEncoding::Mean)
+                  .frames,
+              nullptr);
 }
 
 TEST_F(WanVaeGolden, HistoryOfAnotherSizeIsRefused) {

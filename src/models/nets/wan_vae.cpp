@@ -397,23 +397,36 @@ ggml_tensor* upsample(ggml_context* ctx, nn::ComputeTarget target, const Resampl
 // The encoder's Resample: padded right and bottom by one, a stride-2 3x3
 // convolution; with a time_conv, a clip of 1 + 2k frames becomes 1 + k: its
 // first frame alone (as the original's first chunk skips time_conv), then
-// the time_conv with stride 2 and no padding over all of them.
-ggml_tensor* downsample(ggml_context* ctx, nn::ComputeTarget target, const Resample& r, ggml_tensor* x,
-                        const Time& time) {
+// the time_conv with stride 2 and no padding over all of them. A later
+// chunk of 2k frames becomes k: the time_conv over the frame before it (the
+// last of its history, as the original's feat_cache keeps it) and its own.
+ggml_tensor* downsample(ggml_context* ctx, nn::ComputeTarget target, const Resample& r, ggml_tensor* x, Time& time) {
     x = nn::conv2d(ctx, target, r.conv, ggml_pad(ctx, x, 1, 1, 0, 0));
+    if (!r.time_conv || !time.clip) return x;
+    ggml_tensor* past = time.past(x);
+    if (!time.starts_clip && !past) {
+        time.fits = false;
+        return x;
+    }
+    ggml_tensor* frames = time.starts_clip ? x : ggml_concat(ctx, frame_range(ctx, past, kHistoryFrames - 1, 1), x, 3);
     const int64_t T = x->ne[3];
-    if (!r.time_conv || !time.clip || T < kTemporalKernel) return x;
-    const int64_t outputs = (T - kTemporalKernel) / 2 + 1;
+    // The history is the chunk's last two frames (the first chunk's one frame twice).
+    time.keep(ggml_cont(ctx, T >= kHistoryFrames ? frame_range(ctx, x, T - kHistoryFrames, kHistoryFrames)
+                                                 : ggml_concat(ctx, x, x, 3)));
+    const int64_t inputs = frames->ne[3];
+    if (inputs < kTemporalKernel) return x;
+    const int64_t outputs = (inputs - kTemporalKernel) / 2 + 1;
     const CausalConv& c = *r.time_conv;
     ggml_tensor* out = nullptr;
     for (int k = c.kt - 1; k >= 0; --k) {
         // Frames k, k + 2, ...
-        ggml_tensor* strided = ggml_cont(ctx, ggml_view_4d(ctx, x, x->ne[0], x->ne[1], x->ne[2], outputs, x->nb[1],
-                                                           x->nb[2], 2 * x->nb[3], static_cast<size_t>(k) * x->nb[3]));
+        ggml_tensor* strided = ggml_cont(
+            ctx, ggml_view_4d(ctx, frames, frames->ne[0], frames->ne[1], frames->ne[2], outputs, frames->nb[1],
+                              frames->nb[2], 2 * frames->nb[3], static_cast<size_t>(k) * frames->nb[3]));
         ggml_tensor* y = nn::conv2d(ctx, target, kernel_slice(ctx, c, k, k == c.kt - 1), strided);
         out = out ? ggml_add(ctx, out, y) : y;
     }
-    return ggml_concat(ctx, frame_range(ctx, x, 0, 1), out, 3);
+    return time.starts_clip ? ggml_concat(ctx, frame_range(ctx, x, 0, 1), out, 3) : out;
 }
 
 }  // namespace
@@ -629,10 +642,13 @@ ggml_tensor* WanVae::build_decoder(ggml_context* ctx, ggml_tensor* latent, nn::C
 }
 
 ggml_tensor* WanVae::build_encoder(ggml_context* ctx, ggml_tensor* image, nn::ComputeTarget target, bool clip,
-                                   LatentEncoding encoding) const {
+                                   LatentEncoding encoding, const std::vector<ggml_tensor*>& history_in,
+                                   std::vector<ggml_tensor*>* history_out) const {
     const Blocks& b = *blocks_;
     Time time;
     time.clip = clip;
+    time.starts_clip = history_in.empty();
+    time.history_in = &history_in;
     ggml_tensor* h = causal_conv(ctx, target, b.enc_in, image, time);
     for (const Layer& layer : b.enc_layers) {
         h = layer.residual ? residual(ctx, target, *layer.residual, h, time)
@@ -642,6 +658,8 @@ ggml_tensor* WanVae::build_encoder(ggml_context* ctx, ggml_tensor* image, nn::Co
     h = nn::mark_cut(middle(ctx, target, b.enc_mid, h, time), "encoder.middle");
     h = norm_silu_conv(ctx, target, b.enc_head_norm, b.enc_head, h, time, nullptr);
     h = causal_conv(ctx, target, b.quant, h, time);
+    if (!time.fits || !time.all_used()) return nullptr;
+    if (history_out) *history_out = std::move(time.history_out);
     // (mu - mean) / std.
     const int64_t zc = config_.z_dim;
     ggml_tensor* mean = ggml_div(ctx, ggml_sub(ctx, channel_range(ctx, h, 0, zc), channel_constants(ctx, kLatentsMean)),
@@ -665,7 +683,7 @@ ggml_tensor* WanVae::decode(ggml_context* ctx, ggml_tensor* latent, nn::ComputeT
 
 ggml_tensor* WanVae::encode(ggml_context* ctx, ggml_tensor* image, nn::ComputeTarget target,
                             LatentEncoding encoding) const {
-    return build_encoder(ctx, image, target, false, encoding);
+    return build_encoder(ctx, image, target, false, encoding, {}, nullptr);
 }
 
 ClipChunk WanVae::decode_chunk(ggml_context* ctx, ggml_tensor* latent, const std::vector<ggml_tensor*>& history,
@@ -688,7 +706,17 @@ ggml_tensor* WanVae::encode_clip(ggml_context* ctx, ggml_tensor* video, nn::Comp
     const int64_t factor = config_.temporal_downscale();
     const int64_t frames = 1 + (video->ne[3] - 1) / factor * factor;
     if (frames < video->ne[3]) video = frame_range(ctx, video, 0, frames);
-    return build_encoder(ctx, video, target, true, encoding);
+    return build_encoder(ctx, video, target, true, encoding, {}, nullptr);
+}
+
+ClipChunk WanVae::encode_chunk(ggml_context* ctx, ggml_tensor* video, const std::vector<ggml_tensor*>& history,
+                               nn::ComputeTarget target, LatentEncoding encoding) const {
+    const int64_t factor = config_.temporal_downscale();
+    if (video->ne[3] != (history.empty() ? 1 : factor)) return {};
+    ClipChunk chunk;
+    chunk.frames = build_encoder(ctx, video, target, true, encoding, history, &chunk.history);
+    if (!chunk.frames) return {};
+    return chunk;
 }
 
 }  // namespace kiln::models

@@ -47,7 +47,10 @@
 //    causal history the previous chunk left (none at the clip's start), and
 //    gives the history this chunk leaves; chunks of any length give the
 //    numbers of the whole clip. decode_clip() is one chunk, the whole clip.
-//  - encode_clip() encodes a whole clip in one graph.
+//  - encode_clip() encodes a whole clip in one graph; encode_chunk() its
+//    first frame, then four frames at a time with the history the chunk
+//    before left, as the original's encode loops: the same latent, with
+//    memory that stays flat as the clip grows.
 // In these graphs the time axis is ne[3] (a clip's batch is 1).
 //
 // The latent the pipeline sees is normalised per channel, inside encode and
@@ -134,6 +137,8 @@ class WanVae final : public AutoencoderNetwork {
     // original's chunking leaves them.
     ggml_tensor* encode_clip(ggml_context* ctx, ggml_tensor* video, nn::ComputeTarget target,
                              LatentEncoding encoding) const override;
+    ClipChunk encode_chunk(ggml_context* ctx, ggml_tensor* video, const std::vector<ggml_tensor*>& history,
+                           nn::ComputeTarget target, LatentEncoding encoding) const override;
 
   private:
     struct Blocks;
@@ -145,8 +150,11 @@ class WanVae final : public AutoencoderNetwork {
     ggml_tensor* build_decoder(ggml_context* ctx, ggml_tensor* latent, nn::ComputeTarget target, bool clip,
                                const std::vector<ggml_tensor*>& history_in, std::vector<ggml_tensor*>* history_out,
                                int64_t max_patch_bytes = kMaxPatchBytes) const;
+    // A clip's chunk continues from `history_in` (empty: the clip's start)
+    // and leaves its history in `history_out`; null when the history does not fit.
     ggml_tensor* build_encoder(ggml_context* ctx, ggml_tensor* image, nn::ComputeTarget target, bool clip,
-                               LatentEncoding encoding) const;
+                               LatentEncoding encoding, const std::vector<ggml_tensor*>& history_in,
+                               std::vector<ggml_tensor*>* history_out) const;
 
     WanVaeConfig config_;
     AutoencoderFormat format_;
