@@ -116,7 +116,7 @@ std::string to_json(const GenerationBenchmark& b) {
     j << "  \"benchmark\": \"kiln-bench\",\n";
     j << "  \"job\": {\"model\": " << json_quote(b.model) << ", \"family\": " << json_quote(b.family)
       << ", \"prompt\": " << json_quote(b.prompt) << ", \"width\": " << b.width << ", \"height\": " << b.height
-      << ", \"steps\": " << b.steps << ", \"cfg_scale\": " << json_number(b.cfg_scale)
+      << ", \"frames\": " << b.frames << ", \"steps\": " << b.steps << ", \"cfg_scale\": " << json_number(b.cfg_scale)
       << ", \"sampler\": " << json_quote(b.sampler) << ", \"scheduler\": " << json_quote(b.scheduler)
       << ", \"seed\": " << b.seed << ", \"threads\": " << b.threads
       << ", \"flash_attention\": " << (b.flash_attention ? "true" : "false") << ", \"runs\": " << b.runs.size()
@@ -202,8 +202,9 @@ std::string to_markdown(const GenerationBenchmark& b) {
     const double flops = s.unet_flops_per_step;
     const std::string& net = b.diffusion_label;
     std::ostringstream m;
-    m << "### kiln-bench: " << b.model << " (" << b.family << "), " << b.width << "x" << b.height << ", " << b.steps
-      << " steps, " << b.sampler << ", cfg " << b.cfg_scale << ", seed " << b.seed << ", " << b.threads
+    m << "### kiln-bench: " << b.model << " (" << b.family << "), " << b.width << "x" << b.height
+      << (b.frames > 1 ? "x" + std::to_string(b.frames) + " frames" : std::string()) << ", " << b.steps << " steps, "
+      << b.sampler << ", cfg " << b.cfg_scale << ", seed " << b.seed << ", " << b.threads
       << (b.threads == 1 ? " thread" : " threads") << (b.flash_attention ? ", flash attention" : "")
       << (b.cfg_scale != 1.0f && !b.cfg_batched ? ", CFG passes apart" : "")
       << (b.unet_segments > 1 ? ", " + net + " in " + std::to_string(b.unet_segments) + " segments" : std::string())

@@ -36,6 +36,7 @@ struct GenerationBenchmark {
     std::string placement;                 // pipeline::describe_placement
     std::string prompt;
     int width = 0, height = 0, steps = 0;
+    int frames = 1;  // a video model's clip: its frames (4k + 1)
     float cfg_scale = 0;
     std::string sampler, scheduler;
     int64_t seed = 0;

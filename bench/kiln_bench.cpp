@@ -24,6 +24,7 @@
 #include "pipeline/model.h"
 #include "pipeline/module_roles.h"
 #include "pipeline/placement.h"
+#include "pipeline/request.h"
 #include "process_stats.h"
 #include "report_text.h"
 #include "runtime/device_budget.h"
@@ -45,6 +46,7 @@ struct BenchOptions {
     int width = 0;            // 0: the model's default
     int height = 0;           // 0: the model's default
     int steps = 0;            // 0: the model's default
+    int video_frames = 0;     // a video model's --video-frames; 0: one frame
     float cfg_scale = -1.0f;  // < 0: the model's default
     std::string sampler;      // "": the model's default
     std::string scheduler;    // "": the model's default
@@ -98,6 +100,8 @@ std::vector<BenchFlag> bench_flags(BenchOptions& o) {
          [&o](const std::string& v) { return parse_float(v, 0.0f, 100.0f, &o.cfg_scale); }},
         {nullptr, "--sampling-method", "NAME", "sampler (default: the model's)", text_setter(&o.sampler, "a sampler")},
         {nullptr, "--scheduler", "NAME", "scheduler (default: the model's)", text_setter(&o.scheduler, "a scheduler")},
+        {nullptr, "--video-frames", "N", "a video model's frames per clip, made 4k + 1 (default 1)",
+         [&o](const std::string& v) { return parse_int(v, 1, 1025, &o.video_frames); }},
         {"-s", "--seed", "N", "seed (default 42)",
          [&o](const std::string& v) { return parse_int64(v, 0, INT64_MAX, &o.seed); }},
         {"-t", "--threads", "N", "CPU threads (default: every core)",
@@ -253,6 +257,13 @@ int run(const std::vector<std::string>& args) {
     request.seed = o.seed;
     request.flash_attention = o.flash_attention;
     request.batch_cfg = o.batch_cfg;
+    if (o.video_frames > 0) request.video_frames = o.video_frames;
+    auto validated = pipeline::validate_request(model, request);
+    if (!validated) {
+        KILN_LOG_ERROR("%s", validated.error().message.c_str());
+        return kExitUsage;
+    }
+    b.frames = validated->frames;
     // Part 5 of issue 6, from the first run: what it takes to start denoising.
     bool first_run = true;
     const pipeline::StepCallback on_step = [&](int image, int step, int) {
@@ -314,8 +325,8 @@ int run(const std::vector<std::string>& args) {
     // is as long as its prompt, so apart, the unconditional pass has the
     // negative prompt's length: its graph is averaged in when it differs.
     b.diffusion_label = model.diffusion().capabilities().label;
-    const UnetStepGraph unet =
-        build_unet_step_graph(model, b.width, b.height, b.cfg_batched, o.flash_attention, &request.prompt);
+    const UnetStepGraph unet = build_unet_step_graph(model, b.width, b.height, b.cfg_batched, o.flash_attention,
+                                                     &request.prompt, validated->latent_frames);
     std::vector<ggml_cgraph*> step_graphs;
     uint64_t step_flops = 0;
     if (unet.graph) {
@@ -324,7 +335,8 @@ int run(const std::vector<std::string>& args) {
     }
     UnetStepGraph uncond;
     if (unet.graph && b.cfg_scale != 1.0f && !b.cfg_batched) {
-        uncond = build_unet_step_graph(model, b.width, b.height, false, o.flash_attention, &request.negative_prompt);
+        uncond = build_unet_step_graph(model, b.width, b.height, false, o.flash_attention, &request.negative_prompt,
+                                       validated->latent_frames);
         if (uncond.graph && runtime::graph_flops(uncond.graph) != step_flops) {
             step_graphs.push_back(uncond.graph);
             step_flops += runtime::graph_flops(uncond.graph);

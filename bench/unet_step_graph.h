@@ -25,7 +25,8 @@ struct UnetStepGraph {
 // the length kiln plan assumes). Needs the model's weight tensors declared,
 // not loaded (a plan-only load will do), and the LLM's tokenizer for a
 // prompt. graph is null when the network refuses the shapes.
+// A video network's step covers `latent_frames` latent frames.
 UnetStepGraph build_unet_step_graph(const pipeline::Model& model, int width, int height, bool cfg, bool flash_attention,
-                                    const std::string* prompt);
+                                    const std::string* prompt, int64_t latent_frames = 1);
 
 }  // namespace kiln::bench

@@ -3,6 +3,7 @@
 #include <set>
 #include <string>
 
+#include "pipeline/image_to_video.h"
 #include "pipeline/job_forecast.h"
 #include "pipeline/request.h"
 #include "util/log.h"
@@ -22,6 +23,13 @@ Status auto_fit(Model& model, const ModelOptions& options) {
         // checked against a clip of two latent frames.
         passes.video = model.diffusion().capabilities().video;
         if (passes.video) passes.latent_frames = 2;
+        passes.first_frame = takes_first_frame(model);
+        // Both of Wan 2.2 A14B's experts, one after the other.
+        if (model.has_high_noise_expert()) {
+            passes.high_noise_steps = 1;
+            passes.steps = 2;
+            passes.high_noise_cfg = true;
+        }
         std::optional<ValidatedRequest> planned;
         if (options.job_hires) {
             GenerationRequest job;
