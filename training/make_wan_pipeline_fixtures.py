@@ -196,20 +196,29 @@ def run_job(dit, umt5, vae, sp):
     return io
 
 
+def sample_on_t2v_prompts(t2v, sigmas, dit_of_step, condition=None):
+    """Euler with CFG from the T2V job's noise over `sigmas`, on its prompt and negative prompt: step i with
+    the DiT and cfg dit_of_step(i) gives, seeing `condition` (when given) beside x along the channels."""
+    cond, uncond = t2v["t5.hidden"].double(), t2v["t5.uncond_hidden"].double()
+    real = int((t2v["t5.tokens"] != PAD).sum())
+    x = t2v["noise"].double() * sigmas[0]
+    for i in range(len(sigmas) - 1):
+        dit, cfg = dit_of_step(i)
+        sigma = torch.tensor([sigmas[i]], dtype=torch.float64)
+        xy = x if condition is None else torch.cat([x, condition], dim=1)
+        c = ref.predict(dit, xy, sigma, cond, [real])
+        u = ref.predict(dit, xy, sigma, uncond, [1])
+        x = x + (sigmas[i + 1] - sigmas[i]) * (u + cfg * (c - u))
+    return x
+
+
 def run_a14b_job(high_dit, low_dit, t2v, vae):
     """The A14B job on the T2V job's prompts and noise: the expert's steps, then the low-noise DiT's."""
     io = {"noise": t2v["noise"]}
     sigmas = flow_sigmas(A14B_STEPS)
     io["sigmas"] = torch.tensor(sigmas, dtype=torch.float32)
-    cond, uncond = t2v["t5.hidden"].double(), t2v["t5.uncond_hidden"].double()
-    real = int((t2v["t5.tokens"] != PAD).sum())
-    x = io["noise"].double() * sigmas[0]
-    for i in range(A14B_STEPS):
-        dit, cfg = (high_dit, A14B_HIGH_CFG) if i < A14B_HIGH_STEPS else (low_dit, CFG)
-        sigma = torch.tensor([sigmas[i]], dtype=torch.float64)
-        c = ref.predict(dit, x, sigma, cond, [real])
-        u = ref.predict(dit, x, sigma, uncond, [1])
-        x = x + (sigmas[i + 1] - sigmas[i]) * (u + cfg * (c - u))
+    x = sample_on_t2v_prompts(
+        t2v, sigmas, lambda i: (high_dit, A14B_HIGH_CFG) if i < A14B_HIGH_STEPS else (low_dit, CFG))
     io["latent"] = mmf.f32(x)
     io["video"] = mmf.f32(wan.decode_normalized(vae, x))
     return io
@@ -236,16 +245,7 @@ def run_i2v_job(dit, t2v, vae):
     mask[:, :, 0] = 1.0
     condition = torch.cat([mask, mu], dim=1)
     io["condition"] = mmf.f32(condition)
-    sigmas = t2v["sigmas"].tolist()
-    cond, uncond = t2v["t5.hidden"].double(), t2v["t5.uncond_hidden"].double()
-    real = int((t2v["t5.tokens"] != PAD).sum())
-    x = io["noise"].double() * sigmas[0]
-    for i in range(STEPS):
-        sigma = torch.tensor([sigmas[i]], dtype=torch.float64)
-        xy = torch.cat([x, condition], dim=1)
-        c = ref.predict(dit, xy, sigma, cond, [real])
-        u = ref.predict(dit, xy, sigma, uncond, [1])
-        x = x + (sigmas[i + 1] - sigmas[i]) * (u + CFG * (c - u))
+    x = sample_on_t2v_prompts(t2v, t2v["sigmas"].tolist(), lambda i: (dit, CFG), condition)
     io["latent"] = mmf.f32(x)
     io["video"] = mmf.f32(wan.decode_normalized(vae, x))
     return io

@@ -62,30 +62,18 @@ std::string extra(const GeneratedImage& g, const std::string& key) {
     return "";
 }
 
-class WanA14b : public ::testing::Test {
+class WanA14b : public test::WanTinySuite {
   protected:
     static void SetUpTestSuite() {
         dir_ = new test::TempDir();
         ModelOptions options = test::golden_model_options();
         options.lora_dir = dir_->path();
-        auto loaded = Model::load(a14b_parts(), options);
-        ASSERT_TRUE(loaded.ok()) << loaded.error().message;
-        model_ = std::move(loaded).value().release();
-        auto io = io::ModelFile::open({golden_path("pipeline/wan_tiny_a14b.safetensors")});
-        ASSERT_TRUE(io.ok()) << io.error().message;
-        io_ = new io::ModelFile(std::move(io).value());
+        load(a14b_parts(), options, "wan_tiny_a14b.safetensors");
     }
     static void TearDownTestSuite() {
-        delete model_;
-        delete io_;
+        WanTinySuite::TearDownTestSuite();
         delete dir_;
-        model_ = nullptr;
-        io_ = nullptr;
         dir_ = nullptr;
-    }
-    void SetUp() override {
-        ASSERT_NE(model_, nullptr);
-        ASSERT_NE(io_, nullptr);
     }
     void expect_reference_clip(const GeneratedImage& clip) {
         ASSERT_EQ(clip.frames.size(), static_cast<size_t>(kFrames));
@@ -94,12 +82,8 @@ class WanA14b : public ::testing::Test {
         }
     }
 
-    static Model* model_;
-    static io::ModelFile* io_;
     static test::TempDir* dir_;
 };
-Model* WanA14b::model_ = nullptr;
-io::ModelFile* WanA14b::io_ = nullptr;
 test::TempDir* WanA14b::dir_ = nullptr;
 
 TEST_F(WanA14b, TheExpertIsASecondDiffusionModule) {
@@ -248,12 +232,7 @@ TEST_F(WanA14b, HighNoiseLorasChangeTheExpertAlone) {
 }
 
 TEST_F(WanA14b, BadExpertRequestsAreRefusedByName) {
-    struct Case {
-        const char* what;
-        GenerationRequest request;
-        const char* says;
-    };
-    std::vector<Case> cases;
+    std::vector<test::RefusedRequest> cases;
     GenerationRequest r = a14b_job();
     r.high_noise.moe_boundary = 1.5f;
     cases.push_back({"a boundary above 1", r, "--moe-boundary must be a number in [0, 1]"});
@@ -270,12 +249,7 @@ TEST_F(WanA14b, BadExpertRequestsAreRefusedByName) {
     r.steps = 9000;
     r.high_noise.steps = 2000;
     cases.push_back({"too many steps in all", r, "--steps and --high-noise-steps must make at most 10000"});
-    for (const Case& c : cases) {
-        auto v = validate_request(*model_, c.request);
-        ASSERT_FALSE(v.ok()) << c.what;
-        EXPECT_EQ(v.error().kind, ErrorKind::InvalidRequest) << c.what;
-        EXPECT_NE(v.error().message.find(c.says), std::string::npos) << c.what << ": " << v.error().message;
-    }
+    test::expect_refused(*model_, cases);
 }
 
 // A model without the expert: the high-noise LoRA is refused, the flags

@@ -38,25 +38,10 @@ image::Image first_frame(const io::ModelFile& io) {
     return img;
 }
 
-class WanI2v : public ::testing::Test {
+class WanI2v : public test::WanTinySuite {
   protected:
     static void SetUpTestSuite() {
-        auto loaded = Model::load(test::wan_tiny_parts("wan_dit_i2v.safetensors"), test::golden_model_options());
-        ASSERT_TRUE(loaded.ok()) << loaded.error().message;
-        model_ = std::move(loaded).value().release();
-        auto io = io::ModelFile::open({golden_path("pipeline/wan_tiny_i2v.safetensors")});
-        ASSERT_TRUE(io.ok()) << io.error().message;
-        io_ = new io::ModelFile(std::move(io).value());
-    }
-    static void TearDownTestSuite() {
-        delete model_;
-        delete io_;
-        model_ = nullptr;
-        io_ = nullptr;
-    }
-    void SetUp() override {
-        ASSERT_NE(model_, nullptr);
-        ASSERT_NE(io_, nullptr);
+        load(test::wan_tiny_parts("wan_dit_i2v.safetensors"), test::golden_model_options(), "wan_tiny_i2v.safetensors");
     }
     GenerationRequest job() const {
         GenerationRequest r;
@@ -69,12 +54,7 @@ class WanI2v : public ::testing::Test {
         r.init_image = first_frame(*io_);
         return r;
     }
-
-    static Model* model_;
-    static io::ModelFile* io_;
 };
-Model* WanI2v::model_ = nullptr;
-io::ModelFile* WanI2v::io_ = nullptr;
 
 TEST_F(WanI2v, TheConditionIsWansMaskAndFirstFrameLatent) {
     EXPECT_TRUE(takes_first_frame(*model_));

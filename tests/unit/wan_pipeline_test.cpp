@@ -57,30 +57,12 @@ GenerationRequest tiny_job() {
     return r;
 }
 
-class WanPipeline : public ::testing::Test {
+class WanPipeline : public test::WanTinySuite {
   protected:
     static void SetUpTestSuite() {
-        auto loaded = Model::load(test::wan_tiny_parts(), test::golden_model_options());
-        ASSERT_TRUE(loaded.ok()) << loaded.error().message;
-        model_ = std::move(loaded).value().release();
-        io_ = open_job();
+        load(test::wan_tiny_parts(), test::golden_model_options(), "wan_tiny_t2v.safetensors");
     }
-    static void TearDownTestSuite() {
-        delete model_;
-        delete io_;
-        model_ = nullptr;
-        io_ = nullptr;
-    }
-    void SetUp() override {
-        ASSERT_NE(model_, nullptr);
-        ASSERT_NE(io_, nullptr);
-    }
-
-    static Model* model_;
-    static io::ModelFile* io_;
 };
-Model* WanPipeline::model_ = nullptr;
-io::ModelFile* WanPipeline::io_ = nullptr;
 
 TEST_F(WanPipeline, IsWanWithSdClisDefaults) {
     EXPECT_EQ(model_->family_label(), "Wan");
@@ -194,12 +176,7 @@ TEST_F(WanPipeline, FrameCountsAreMade4kPlus1) {
 }
 
 TEST_F(WanPipeline, RequestsAClipCannotTakeAreRefused) {
-    struct Case {
-        const char* what;
-        GenerationRequest request;
-        const char* says;
-    };
-    std::vector<Case> cases;
+    std::vector<test::RefusedRequest> cases;
     for (int frames : {0, -3, 10000}) {
         GenerationRequest r = tiny_job();
         r.video_frames = frames;
@@ -211,12 +188,7 @@ TEST_F(WanPipeline, RequestsAClipCannotTakeAreRefused) {
     GenerationRequest refs = tiny_job();
     refs.ref_images.push_back(image::make_image(kWidth, kHeight, 3));
     cases.push_back({"a reference image", refs, "text-to-video"});
-    for (const Case& c : cases) {
-        auto v = validate_request(*model_, c.request);
-        ASSERT_FALSE(v.ok()) << c.what;
-        EXPECT_EQ(v.error().kind, ErrorKind::InvalidRequest) << c.what;
-        EXPECT_NE(v.error().message.find(c.says), std::string::npos) << c.what << ": " << v.error().message;
-    }
+    test::expect_refused(*model_, cases);
 }
 
 // kiln plan's forecast runs the clip's graphs: the DiT over every latent

@@ -8,10 +8,12 @@
 
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "golden.h"
 #include "image/image_io.h"
 #include "pipeline/model.h"
+#include "pipeline/request.h"
 #include "test_files.h"
 
 namespace kiln::test {
@@ -55,6 +57,50 @@ inline void expect_reference_frames(const TempDir& dir, const std::string& prefi
         auto img = image::read_image(dir.file(name));
         ASSERT_TRUE(img.ok()) << img.error().message;
         EXPECT_LE(difference_from_reference(*img, job, "video", f), 1) << name;
+    }
+}
+
+// A suite on one tiny Wan model and one reference job
+// (tests/golden/pipeline/JOB), loaded once by the derived suite's
+// SetUpTestSuite (load()); every test asserts both loaded.
+class WanTinySuite : public ::testing::Test {
+  protected:
+    static void load(const pipeline::ModelPaths& paths, const pipeline::ModelOptions& options, const std::string& job) {
+        auto loaded = pipeline::Model::load(paths, options);
+        ASSERT_TRUE(loaded.ok()) << loaded.error().message;
+        model_ = std::move(loaded).value().release();
+        auto io = io::ModelFile::open({golden_path("pipeline/" + job)});
+        ASSERT_TRUE(io.ok()) << io.error().message;
+        io_ = new io::ModelFile(std::move(io).value());
+    }
+    static void TearDownTestSuite() {
+        delete model_;
+        delete io_;
+        model_ = nullptr;
+        io_ = nullptr;
+    }
+    void SetUp() override {
+        ASSERT_NE(model_, nullptr);
+        ASSERT_NE(io_, nullptr);
+    }
+
+    inline static pipeline::Model* model_ = nullptr;
+    inline static io::ModelFile* io_ = nullptr;
+};
+
+// Requests the model must refuse, each an invalid request whose message
+// holds `says`.
+struct RefusedRequest {
+    const char* what;
+    pipeline::GenerationRequest request;
+    const char* says;
+};
+inline void expect_refused(const pipeline::Model& model, const std::vector<RefusedRequest>& cases) {
+    for (const RefusedRequest& c : cases) {
+        auto v = pipeline::validate_request(model, c.request);
+        ASSERT_FALSE(v.ok()) << c.what;
+        EXPECT_EQ(v.error().kind, ErrorKind::InvalidRequest) << c.what;
+        EXPECT_NE(v.error().message.find(c.says), std::string::npos) << c.what << ": " << v.error().message;
     }
 }
 
