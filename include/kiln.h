@@ -68,6 +68,9 @@ typedef struct {
     /* --llm_vision: Qwen2.5-VL's vision tower for Qwen-Image-Edit's reference images (llama.cpp's mmproj GGUF,
      * or HF's visual.*), or NULL: the --llm file's visual.* when it has them */
     const char* llm_vision_path;
+    /* --clip_vision: CLIP vision (clip_vision_h.safetensors) for Wan 2.1's image-to-video and
+     * first-last-frame DiTs, or NULL */
+    const char* clip_vision_path;
     int qwen_image_zero_cond_t;       /* Qwen-Image-Edit-2511's reference tokens at timestep 0 (else from the file) */
     const char* control_net_path;     /* --control-net: a ControlNet for the UNet (SD1.x, SD2.x, SDXL), or NULL */
     /* --tokenizer: CLIP's tokenizer, or per encoder "t5xxl=PATH,llm=PATH,clip_l=PATH"; NULL: the model's */
@@ -242,6 +245,8 @@ typedef struct {
      * 0: init_image is the output's size. */
     int init_latent_resize;
     const kiln_image* mask;       /* inpainting (needs init_image): white repaints, black keeps; or NULL */
+    /* --end-img: an image-to-video clip's last frame (init_image its first), or NULL */
+    const kiln_image* end_image;
     int vae_tiling;               /* decode/encode the VAE in tiles */
     int vae_tile_size;            /* latent pixels per tile side (default 32) */
     float vae_tile_overlap;       /* share of a tile overlapping its neighbour, [0, 1) (default 0.5) */

@@ -59,6 +59,35 @@ Wan 2.2 I2V (image-to-video, the A14B experts' input without CLIP): -i is the cl
   - the T2V job's prompts, noise, schedule (3 steps, shift 3), cfg 6 and Euler, the DiT seeing
     [x, condition] along the channels in both passes.
 
+Wan 2.1 I2V and FLF2V (image-to-video and first-last-frame-to-video, which also read their images with CLIP
+ViT-H/14's vision tower: reference/clip_vision.py; --clip_vision clip_vision_h.safetensors):
+  wan_tiny/clip_vision.safetensors  a tiny CLIPVisionModelWithProjection in the names of ComfyUI's
+      clip_vision_h.safetensors, F16, metadata kiln.clip.heads "2": the real geometry (224 x 224 in patches
+      of 14: 257 tokens), width 32, 3 layers, 2 heads, MLP 64, projection 16 (real: 1280, 32, 16, 5120, 1024)
+  wan_tiny/wan_dit_i2v21.safetensors  a DiT of the same widths, model_type 'i2v' (in_dim 36): the blocks'
+      cross-attention adds k_img, v_img, norm_k_img, and img_emb.proj.{0,1,3,4} maps CLIP tokens of width 32
+      (real: 1280) to context rows put before the text's
+  wan_tiny/wan_dit_flf2v.safetensors  the same, model_type 'flf2v': img_emb.emb_pos [1, 514, 32] besides
+  wan_tiny_i2v21.safetensors  the job: image, clip_features [1, 257, 32], condition, noise, sigmas, latent,
+      video as the I2V job's
+  wan_tiny_flf2v.safetensors  the job: image (the first frame), end_image [48, 64, 3] (the last, another
+      smooth picture), clip_features [2, 257, 32] (first, last), condition, noise, sigmas, latent, video
+  - CLIP as Wan's CLIPModel.visual (wan/modules/clip.py): the [-1, 1] image stretched to 224 x 224 (bicubic,
+    align_corners=False, no antialias, no crop), back to [0, 1], CLIP's mean and std; the tokens after all
+    layers but the last (use_31_block), without post_layernorm. FLF2V encodes [first, last] as a batch of
+    two, which img_emb reads as one item of 514 tokens (plus emb_pos);
+  - the condition as WanI2V.generate / WanFLF2V.generate build it: the clip [image, zeros x 4] or [first,
+    zeros x 3, last] encoded in one go (its normalised mean); the mask 1 per given pixel frame, the first
+    frame's repeated 4 times, read 4 per latent frame: I2V 1 on latent frame 0; FLF2V also 1 on the last
+    latent frame's mask plane 3 (its last pixel frame);
+  - the I2V job's prompts, noise, schedule, cfg and Euler, the DiT seeing [x, condition] and the CLIP tokens
+    in both passes (Wan's arg_c and arg_null both carry clip_fea). The CLIP tower runs on its F32-rounded
+    pixels and the DiT on the stored clip_features.
+  Before writing, the script checks that an image already 224 x 224 is only normalised (bicubic at scale 1
+  is the identity, bit for bit), that the I2V DiT with CLIP tokens of zeros differs from its weights run as
+  a t2v model (the image path is live), that flf2v's img_emb reads [2, 257, d] as [1, 514, d], and that
+  the released models' name lists come out at their sizes (CLIP-vision-H 632M, Wan2.1-I2V-14B 16.4B).
+
 Every stage runs in float64 on the stored weights; deterministic (byte-identical files).
 """
 
@@ -76,6 +105,7 @@ import make_model_fixtures as mmf  # noqa: E402
 import make_umt5_fixtures as mu  # noqa: E402
 import make_wan_dit_fixtures as mwd  # noqa: E402
 import make_wan_vae_fixtures as mw  # noqa: E402
+from reference import clip_vision as clipv  # noqa: E402
 from reference import safetensors_io  # noqa: E402
 from reference import wan_dit as ref  # noqa: E402
 from reference import wan_vae as wan  # noqa: E402
@@ -90,6 +120,8 @@ VAE_SOURCE = os.path.join(ROOT, "tests", "golden", "models", "wan_vae_tiny.safet
 JOB = "wan_tiny_t2v.safetensors"
 A14B_JOB = "wan_tiny_a14b.safetensors"
 I2V_JOB = "wan_tiny_i2v.safetensors"
+I2V21_JOB = "wan_tiny_i2v21.safetensors"
+FLF2V_JOB = "wan_tiny_flf2v.safetensors"
 A14B_STEPS, A14B_HIGH_STEPS, A14B_HIGH_CFG = 4, 2, 4.0
 SEED = 6100
 
@@ -105,7 +137,12 @@ SHIFT_FACTOR = 3.0
 TEXT_LEN = 512  # Wan's text_len: umT5's padded length and the DiT's context rows
 PAD, EOS = 0, 1
 LATENT_CHANNELS = 16
-MAX_TOTAL_BYTES = 2 * 1000 * 1000
+COND_CHANNELS = LATENT_CHANNELS + 4 + LATENT_CHANNELS  # the image models' in_dim: noise, mask, image latent
+# CLIP ViT-H/14's geometry (224 / 14: 16 x 16 patches and the class token, 257 tokens), tiny widths.
+CLIP_TINY = dict(image_size=224, patch_size=14, width=32, layers=3, heads=2, intermediate=64, projection=16)
+CLIP_METADATA = {"kiln.clip.heads": str(CLIP_TINY["heads"])}
+CLIP_TOKENS = (CLIP_TINY["image_size"] // CLIP_TINY["patch_size"]) ** 2 + 1
+MAX_TOTAL_BYTES = 3 * 1000 * 1000
 
 
 def read_tokenizer():
@@ -124,16 +161,49 @@ def write_umt5(vocab):
     return model.double().eval(), cfg["dim"]
 
 
-def write_dit(text_dim, name="wan_dit.safetensors", seed=SEED + 2, in_dim=LATENT_CHANNELS):
-    cfg = dict(mwd.TINY, in_dim=in_dim, out_dim=LATENT_CHANNELS, text_dim=text_dim)
-    model = ref.WanModel(**cfg)
+def dit_init_value(name, shape, gen):
+    """mwd.init_value, but for the image models' img_emb: its LayerNorm scales near 1 (mwd's rule finds norms
+    by name, "proj.0" and "proj.4" are LayerNorms too) and flf2v's emb_pos ~ N(0, 0.5) (not as a weight
+    matrix: the original's are learnt positions of O(1) tokens). Names of a t2v model draw as before."""
+    if name in ("img_emb.proj.0.weight", "img_emb.proj.4.weight"):
+        return 1.0 + 0.1 * torch.randn(shape, generator=gen)
+    if name == "img_emb.emb_pos":
+        return 0.5 * torch.randn(shape, generator=gen)
+    return mwd.init_value(name, shape, gen)
+
+
+def write_dit(text_dim, name="wan_dit.safetensors", seed=SEED + 2, in_dim=LATENT_CHANNELS, **image):
+    """`image`: model_type ('i2v' or 'flf2v') and clip_dim of a Wan 2.1 image model."""
+    cfg = dict(mwd.TINY, in_dim=in_dim, out_dim=LATENT_CHANNELS, text_dim=text_dim, **image)
+    return store(ref.WanModel(**cfg), dit_init_value, ref.wan_dit_tensor_shapes(cfg), seed, name,
+                 mwd.DIT_METADATA)
+
+
+def store(model, init_value, shapes, seed, name, metadata):
+    """Draws the model's weights with init_value, writes them as F16 to wan_tiny/NAME and returns the model on
+    the stored values in float64; `shapes` is the name list the reference's shape function gives."""
     gen = torch.Generator().manual_seed(seed)
-    stored = {k: mwd.init_value(k, tuple(v.shape), gen).to(torch.float16).contiguous()
+    stored = {k: init_value(k, tuple(v.shape), gen).to(torch.float16).contiguous()
               for k, v in model.state_dict().items()}
-    assert {k: tuple(v.shape) for k, v in stored.items()} == ref.wan_dit_tensor_shapes(cfg)
+    assert {k: tuple(v.shape) for k, v in stored.items()} == shapes
     model.load_state_dict({k: v.double() for k, v in stored.items()}, strict=True)
-    safetensors_io.save_file(stored, os.path.join(PARTS, name), dict(mwd.DIT_METADATA))
+    safetensors_io.save_file(stored, os.path.join(PARTS, name), dict(metadata))
     return model.double().eval()
+
+
+def clip_init_value(name, shape, gen):
+    """mmf.init_value (LayerNorm scales 1 + N(0, 0.1), biases N(0, 0.05), matrices N(0, 1 / fan_in), the position
+    table N(0, 0.5)), and the class token like the positions: an O(1) token (mmf's rule would take the 1-D
+    class_embedding for a bias)."""
+    if name.endswith("class_embedding"):
+        return 0.5 * torch.randn(shape, generator=gen)
+    return mmf.init_value(name, shape, gen)
+
+
+def write_clip_vision(seed=SEED + 7):
+    """A tiny CLIPVisionModelWithProjection in clip_vision_h.safetensors' names, F16."""
+    return store(clipv.ClipVisionModel(**CLIP_TINY), clip_init_value, clipv.clip_vision_tensor_shapes(CLIP_TINY),
+                 seed, "clip_vision.safetensors", CLIP_METADATA)
 
 
 def read_vae():
@@ -196,9 +266,10 @@ def run_job(dit, umt5, vae, sp):
     return io
 
 
-def sample_on_t2v_prompts(t2v, sigmas, dit_of_step, condition=None):
+def sample_on_t2v_prompts(t2v, sigmas, dit_of_step, condition=None, clip_fea=None):
     """Euler with CFG from the T2V job's noise over `sigmas`, on its prompt and negative prompt: step i with
-    the DiT and cfg dit_of_step(i) gives, seeing `condition` (when given) beside x along the channels."""
+    the DiT and cfg dit_of_step(i) gives, seeing `condition` (when given) beside x along the channels and
+    the CLIP tokens `clip_fea` (when given) in both passes (Wan's arg_c and arg_null both carry clip_fea)."""
     cond, uncond = t2v["t5.hidden"].double(), t2v["t5.uncond_hidden"].double()
     real = int((t2v["t5.tokens"] != PAD).sum())
     x = t2v["noise"].double() * sigmas[0]
@@ -206,8 +277,8 @@ def sample_on_t2v_prompts(t2v, sigmas, dit_of_step, condition=None):
         dit, cfg = dit_of_step(i)
         sigma = torch.tensor([sigmas[i]], dtype=torch.float64)
         xy = x if condition is None else torch.cat([x, condition], dim=1)
-        c = ref.predict(dit, xy, sigma, cond, [real])
-        u = ref.predict(dit, xy, sigma, uncond, [1])
+        c = ref.predict(dit, xy, sigma, cond, [real], clip_fea=clip_fea)
+        u = ref.predict(dit, xy, sigma, uncond, [1], clip_fea=clip_fea)
         x = x + (sigmas[i + 1] - sigmas[i]) * (u + cfg * (c - u))
     return x
 
@@ -234,21 +305,143 @@ def first_frame():
     return torch.stack([r, g, b], dim=-1).round().clamp(0, 255)
 
 
+def last_frame():
+    """A second smooth 8-bit RGB picture (H, W, 3), other waves and ramps: the FLF2V job's end image."""
+    ys = torch.arange(HEIGHT, dtype=torch.float64)[:, None]
+    xs = torch.arange(WIDTH, dtype=torch.float64)[None, :]
+    r = (210 - 2 * xs).expand(HEIGHT, WIDTH)
+    g = 128 + 90 * torch.cos(xs / 7.0) * torch.sin(ys / 11.0 + 0.5)
+    b = (30 + 4 * ys).expand(HEIGHT, WIDTH)
+    return torch.stack([r, g, b], dim=-1).round().clamp(0, 255)
+
+
+def image_pixels(image):
+    """An 8-bit picture (H, W, 3) as Wan reads it: [1, 3, H, W] in [-1, 1] (kiln's v / 127.5 - 1)."""
+    return (image / 127.5 - 1.0).permute(2, 0, 1)[None]
+
+
+def image_condition(vae, first, last=None):
+    """[1, 20, LATENT_FRAMES, h, w]: the mask's 4 planes, then the latent (the VAE's normalised mean) of the
+    clip [first, zeros...] (WanI2V.generate) or [first, zeros..., last] (WanFLF2V.generate), encoded in one
+    go. The mask as the originals build it: 1 per pixel frame given, the first frame's value repeated 4
+    times (the first latent frame stands for one pixel frame), then read 4 frames per latent frame."""
+    clip = torch.zeros(1, 3, FRAMES, HEIGHT, WIDTH, dtype=torch.float64)
+    clip[0, :, 0] = image_pixels(first)[0]
+    if last is not None:
+        clip[0, :, -1] = image_pixels(last)[0]
+    mu, _ = wan.encode_normalized(vae, clip)
+    h, w = HEIGHT // 8, WIDTH // 8
+    msk = torch.ones(1, FRAMES, h, w, dtype=torch.float64)
+    msk[:, 1:] = 0
+    if last is not None:
+        msk[:, -1] = 1
+    msk = torch.concat([torch.repeat_interleave(msk[:, 0:1], repeats=4, dim=1), msk[:, 1:]], dim=1)
+    msk = msk.view(1, msk.shape[1] // 4, 4, h, w).transpose(1, 2)[0]  # [4, LATENT_FRAMES, h, w]
+    # what that comes to: latent frame 0 all 1; the last latent frame 1 on mask plane 3 only when `last`
+    want = torch.zeros(4, LATENT_FRAMES, h, w, dtype=torch.float64)
+    want[:, 0] = 1
+    if last is not None:
+        want[3, -1] = 1
+    assert torch.equal(msk, want)
+    return torch.cat([msk[None], mu], dim=1)
+
+
 def run_i2v_job(dit, t2v, vae):
     """Image-to-video on the T2V job's prompts, noise and schedule."""
     image = first_frame()
     io = {"image": image.to(torch.float32), "noise": t2v["noise"], "sigmas": t2v["sigmas"]}
-    clip = torch.zeros(1, 3, FRAMES, HEIGHT, WIDTH, dtype=torch.float64)
-    clip[0, :, 0] = (image / 127.5 - 1.0).permute(2, 0, 1)
-    mu, _ = wan.encode_normalized(vae, clip)
-    mask = torch.zeros(1, 4, LATENT_FRAMES, HEIGHT // 8, WIDTH // 8, dtype=torch.float64)
-    mask[:, :, 0] = 1.0
-    condition = torch.cat([mask, mu], dim=1)
+    condition = image_condition(vae, image)
     io["condition"] = mmf.f32(condition)
     x = sample_on_t2v_prompts(t2v, t2v["sigmas"].tolist(), lambda i: (dit, CFG), condition)
     io["latent"] = mmf.f32(x)
     io["video"] = mmf.f32(wan.decode_normalized(vae, x))
     return io
+
+
+def run_i2v21_job(dit, clip, t2v, vae):
+    """Wan 2.1 image-to-video: the I2V job with CLIP. The CLIP tower sees F32-rounded pixels and the DiT the
+    stored (F32) features, so the job's golden is exactly its stages on the stored inputs."""
+    image = first_frame()
+    io = {"image": image.to(torch.float32)}
+    pixels = clipv.wan_clip_pixels(image_pixels(image))
+    io["clip_features"] = mmf.f32(clipv.wan_clip_features(clip, mmf.f32(pixels).double()))
+    assert io["clip_features"].shape == (1, CLIP_TOKENS, CLIP_TINY["width"])
+    condition = image_condition(vae, image)
+    io.update({"condition": mmf.f32(condition), "noise": t2v["noise"], "sigmas": t2v["sigmas"]})
+    x = sample_on_t2v_prompts(t2v, t2v["sigmas"].tolist(), lambda i: (dit, CFG), condition,
+                              io["clip_features"].double())
+    io["latent"] = mmf.f32(x)
+    io["video"] = mmf.f32(wan.decode_normalized(vae, x))
+    return io
+
+
+def run_flf2v_job(dit, clip, t2v, vae):
+    """Wan 2.1 first-last-frame-to-video (WanFLF2V.generate): the CLIP tokens of both frames, [2, 257, W]
+    (clip.visual of the list [first, last]), which img_emb reads as one item of 514; the clip [first,
+    zeros x 3, last] encoded; the same prompts, noise, schedule, cfg and Euler."""
+    first, last = first_frame(), last_frame()
+    io = {"image": first.to(torch.float32), "end_image": last.to(torch.float32)}
+    pixels = clipv.wan_clip_pixels(torch.cat([image_pixels(first), image_pixels(last)]))
+    io["clip_features"] = mmf.f32(clipv.wan_clip_features(clip, mmf.f32(pixels).double()))
+    assert io["clip_features"].shape == (2, CLIP_TOKENS, CLIP_TINY["width"])
+    condition = image_condition(vae, first, last)
+    io.update({"condition": mmf.f32(condition), "noise": t2v["noise"], "sigmas": t2v["sigmas"]})
+    x = sample_on_t2v_prompts(t2v, t2v["sigmas"].tolist(), lambda i: (dit, CFG), condition,
+                              io["clip_features"].double())
+    io["latent"] = mmf.f32(x)
+    io["video"] = mmf.f32(wan.decode_normalized(vae, x))
+    return io
+
+
+# ------------------------------------------------------------ self-checks
+
+
+def check_clip_pixels():
+    """An image already 224 x 224 is not resampled: the bicubic kernel at a whole-pixel offset is (0, 1, 0, 0),
+    so the ViT's input is the normalisation alone, bit for bit."""
+    gen = torch.Generator().manual_seed(3)
+    image = torch.rand(2, 3, 224, 224, generator=gen, dtype=torch.float64) * 2 - 1
+    mean = torch.tensor(clipv.MEAN, dtype=torch.float64).view(1, 3, 1, 1)
+    std = torch.tensor(clipv.STD, dtype=torch.float64).view(1, 3, 1, 1)
+    assert torch.equal(clipv.wan_clip_pixels(image), (image.mul(0.5).add(0.5) - mean) / std)
+
+
+def check_real_sizes():
+    """The shape lists of the released models come out at their published sizes: CLIP ViT-H/14's vision
+    tower with its projection (632M) and Wan2.1-I2V-14B (16.4B: T2V-14B's blocks with k_img, v_img,
+    norm_k_img, and img_emb); FLF2V-14B is I2V-14B and emb_pos."""
+    n = sum(math.prod(v) for v in clipv.clip_vision_tensor_shapes(clipv.CLIP_VISION_H).values())
+    assert 630e6 < n < 635e6, n
+    mmf.log("real size from the name list: CLIP-vision-H %.1fM parameters" % (n / 1e6))
+    i2v = sum(math.prod(v) for v in ref.wan_dit_tensor_shapes(ref.WAN21_I2V_14B).values())
+    assert 16.3e9 < i2v < 16.5e9, i2v
+    flf2v = sum(math.prod(v) for v in ref.wan_dit_tensor_shapes(ref.WAN21_FLF2V_14B).values())
+    assert flf2v - i2v == ref.FLF_CONTEXT_TOKENS * ref.CLIP_DIM
+    mmf.log("real size from the name list: Wan2.1-I2V-14B %.3fB parameters" % (i2v / 1e9))
+
+
+def check_image_models(i2v, flf2v, t2v_job):
+    """The image path is live: the I2V model with CLIP tokens of zeros (img_emb then gives LayerNorm biases,
+    not zeros) differs from the same weights run as a t2v model (text cross-attention only); flf2v's
+    img_emb reads [2, 257, d] as one item of 514 tokens, the first frame's first, plus emb_pos; the masks
+    """
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(1, COND_CHANNELS, LATENT_FRAMES, HEIGHT // 8, WIDTH // 8, generator=gen, dtype=torch.float64)
+    sigma = torch.tensor([0.75], dtype=torch.float64)
+    cond = t2v_job["t5.hidden"].double()
+    real = int((t2v_job["t5.tokens"] != PAD).sum())
+    t2v = ref.WanModel(**dict(mwd.TINY, in_dim=COND_CHANNELS, out_dim=LATENT_CHANNELS, text_dim=cond.shape[-1]))
+    image_only = ("img_emb.", "cross_attn.k_img.", "cross_attn.v_img.", "cross_attn.norm_k_img.")
+    t2v.load_state_dict({k: v for k, v in i2v.state_dict().items() if not any(p in k for p in image_only)},
+                        strict=True)
+    t2v = t2v.double().eval()
+    zeros = torch.zeros(1, CLIP_TOKENS, CLIP_TINY["width"], dtype=torch.float64)
+    plain = ref.predict(t2v, x, sigma, cond, [real])
+    with_image = ref.predict(i2v, x, sigma, cond, [real], clip_fea=zeros)
+    assert not torch.allclose(plain, with_image, atol=1e-3), "the image cross-attention changes nothing"
+    pair = torch.randn(2, CLIP_TOKENS, CLIP_TINY["width"], generator=gen, dtype=torch.float64)
+    want = flf2v.img_emb.proj(torch.cat([pair[0], pair[1]])[None] + flf2v.img_emb.emb_pos)
+    assert torch.equal(flf2v.img_emb(pair), want)
 
 
 def save_job(io, name=JOB, extra=None):
@@ -269,11 +462,18 @@ def save_job(io, name=JOB, extra=None):
 def main():
     torch.set_num_threads(1)  # reductions in one fixed order: reproducible bytes
     os.makedirs(PARTS, exist_ok=True)
+    check_clip_pixels()
+    check_real_sizes()
     sp = read_tokenizer()
     umt5, width = write_umt5(sp.get_piece_size())
     dit = write_dit(width)
     high_dit = write_dit(width, "wan_dit_high_noise.safetensors", SEED + 3)
-    i2v_dit = write_dit(width, "wan_dit_i2v.safetensors", SEED + 4, in_dim=LATENT_CHANNELS + 4 + LATENT_CHANNELS)
+    i2v_dit = write_dit(width, "wan_dit_i2v.safetensors", SEED + 4, in_dim=COND_CHANNELS)
+    clip = write_clip_vision()
+    i2v21_dit = write_dit(width, "wan_dit_i2v21.safetensors", SEED + 5, in_dim=COND_CHANNELS, model_type="i2v",
+                          clip_dim=CLIP_TINY["width"])
+    flf2v_dit = write_dit(width, "wan_dit_flf2v.safetensors", SEED + 6, in_dim=COND_CHANNELS, model_type="flf2v",
+                          clip_dim=CLIP_TINY["width"])
     vae = read_vae()
     with torch.no_grad():
         t2v = run_job(dit, umt5, vae, sp)
@@ -283,7 +483,12 @@ def main():
                   "high_noise_cfg_scale": repr(A14B_HIGH_CFG), "high_noise_sampler": "euler",
                   "high_noise_model": "wan_tiny/wan_dit_high_noise.safetensors"})
         save_job(run_i2v_job(i2v_dit, t2v, vae), I2V_JOB, {"model": "wan_tiny/wan_dit_i2v.safetensors"})
-    total = sum(os.path.getsize(os.path.join(OUT, job)) for job in (JOB, A14B_JOB, I2V_JOB))
+        check_image_models(i2v21_dit, flf2v_dit, t2v)
+        save_job(run_i2v21_job(i2v21_dit, clip, t2v, vae), I2V21_JOB,
+                 {"model": "wan_tiny/wan_dit_i2v21.safetensors", "clip_vision": "wan_tiny/clip_vision.safetensors"})
+        save_job(run_flf2v_job(flf2v_dit, clip, t2v, vae), FLF2V_JOB,
+                 {"model": "wan_tiny/wan_dit_flf2v.safetensors", "clip_vision": "wan_tiny/clip_vision.safetensors"})
+    total = sum(os.path.getsize(os.path.join(OUT, job)) for job in (JOB, A14B_JOB, I2V_JOB, I2V21_JOB, FLF2V_JOB))
     for name in sorted(os.listdir(PARTS)):
         p = os.path.join(PARTS, name)
         total += os.path.getsize(p)

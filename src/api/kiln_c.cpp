@@ -254,6 +254,11 @@ kiln::Result<kiln::pipeline::GenerationRequest> generation_request(const kiln_ge
         if (!img.ok()) return img.error().in_context("init image: ");
         r.init_image = std::move(img).value();
     }
+    if (params->end_image) {
+        auto img = import_image(params->end_image);
+        if (!img.ok()) return img.error().in_context("--end-img: ");
+        r.end_image = std::move(img).value();
+    }
     if (params->vae_tiling) {
         r.vae_tiling = kiln::pipeline::VaeTiling{params->vae_tile_size, params->vae_tile_overlap,
                                                  params->vae_relative_tile_w, params->vae_relative_tile_h};
@@ -405,6 +410,7 @@ kiln_status kiln_context_create(const kiln_context_params* params, kiln_context*
         paths.high_noise_diffusion_model = str(params->high_noise_diffusion_model_path);
         paths.llm = str(params->llm_path);
         paths.llm_vision = str(params->llm_vision_path);
+        paths.clip_vision = str(params->clip_vision_path);
         paths.tokenizer = str(params->tokenizer_path);
         paths.embeddings = str(params->embeddings_dir);
         paths.control_net = str(params->control_net_path);

@@ -93,6 +93,11 @@ struct DiffusionCapabilities {
     // splits into front, middle and back, when the network builds the
     // BlockStage parts of an evaluation; 0: it builds whole evaluations only.
     int64_t cache_blocks = 0;
+    // Image context (Wan 2.1 I2V, FLF2V): the width of a vision encoder's
+    // rows it reads beside the text (0: none), and of how many images (the
+    // first frame; FLF2V the first and the last), their rows one after the other.
+    int64_t image_context_width = 0;
+    int image_context_images = 0;
 };
 
 // The part of one evaluation a graph computes. A block-level step cache runs
@@ -142,6 +147,8 @@ struct DiffusionShape {
     // channel after channel, each channel frame after frame (the original's
     // [C, T, H, W]).
     int64_t frames = 1;
+    // Rows of the image context per batch item (image_context_width networks).
+    int64_t image_context_rows = 0;
 };
 
 // The inputs the caller sets before each evaluation; those a network does
@@ -158,6 +165,7 @@ struct DiffusionTensors {
     std::vector<ggml_tensor*> control;  // ne [w, h, c, batch] each
     ggml_tensor* stream = nullptr;      // BlockStage Rest and Cached: the stream after the front blocks
     ggml_tensor* residual = nullptr;    // BlockStage Cached: the middle blocks' residual, the stream's shape
+    ggml_tensor* image_context = nullptr;  // ne [image_context_width, image_context_rows, batch]
     ggml_tensor* out = nullptr;         // ne [W, H, out_channels, batch]; other stages: see BlockStage
 };
 
@@ -358,8 +366,9 @@ struct VisionEncoderTensors {
     ggml_tensor* out = nullptr;  // ne [out_width, tokens]
 };
 
-// An image encoder whose rows join a text encoder's input (Qwen2.5-VL's vision
-// tower in Qwen-Image-Edit's prompt).
+// An image encoder: its rows join a text encoder's input (Qwen2.5-VL's vision
+// tower in Qwen-Image-Edit's prompt) or the diffusion network's image context
+// (CLIP vision in Wan 2.1's image-to-video).
 class VisionEncoderNetwork : public Network {
   public:
     const VisionEncoderNetwork* as_vision_encoder() const override { return this; }
@@ -367,6 +376,8 @@ class VisionEncoderNetwork : public Network {
     virtual int64_t out_width() const = 0;
     // Image sides are multiples of this many pixels.
     virtual int64_t size_unit() const = 0;
+    // The one side it takes, square (CLIP's 224); 0: any multiples of size_unit().
+    virtual int64_t input_side() const { return 0; }
     // Output rows for an image of width x height.
     virtual int64_t tokens(int64_t width, int64_t height) const = 0;
     virtual VisionEncoderTensors build(nn::GraphInputs& inputs, const VisionEncodeShape& shape) const = 0;

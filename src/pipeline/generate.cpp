@@ -61,6 +61,7 @@ struct StepCaches {
 // The diffusion network's input and output channels.
 int64_t in_channels(const Model& model) { return model.diffusion().capabilities().in_channels; }
 int64_t out_channels(const Model& model) { return model.diffusion().capabilities().out_channels; }
+int64_t image_context_width(const Model& model) { return model.diffusion().capabilities().image_context_width; }
 
 // The network's timestep and scalings at `sigma` (SamplingRun::shifted_timestep).
 NetworkStep step_at(const Model& model, const SamplingRun& p, float sigma) {
@@ -140,6 +141,8 @@ Result<std::vector<float>> run_diffusion_batch(
                                      p.flash_attention, p.ref_sizes, !valid.empty()};
         shape.increase_ref_index = p.increase_ref_index;
         shape.frames = p.latent_frames;
+        shape.image_context_rows =
+            p.image_context.empty() ? 0 : static_cast<int64_t>(p.image_context.size()) / image_context_width(model);
         shape.skip_blocks = skip_blocks;
         shape.split = split;
         if (!p.control_hint.empty()) add_control_residuals(model, shape, p.control_strength);
@@ -165,6 +168,13 @@ Result<std::vector<float>> run_diffusion_batch(
         std::vector<float> refs;
         for (int64_t b = 0; b < batch; ++b) refs.insert(refs.end(), p.refs[i].begin(), p.refs[i].end());
         g.session->set_input(g.refs[i], refs.data());
+    }
+    if (g.image_context) {
+        std::vector<float> rows;
+        for (int64_t b = 0; b < batch; ++b) rows.insert(rows.end(), p.image_context.begin(), p.image_context.end());
+        if (static_cast<int64_t>(rows.size()) != ggml_nelements(g.image_context))
+            return Error{"the DiT's image context has the wrong size"};
+        g.session->set_input(g.image_context, rows.data());
     }
     for (auto [tensor, values] : {std::pair{g.stream, stream}, std::pair{g.residual, residual}}) {
         if (!tensor) continue;
@@ -1074,9 +1084,15 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
         if (!prepared.ok()) return prepared.error();
     }
     if (p.first_frame) {
-        auto condition = first_frame_condition(model, *request.init_image, p);
+        const image::Image* last = request.end_image ? &*request.end_image : nullptr;
+        auto condition = first_frame_condition(model, *request.init_image, last, p);
         if (!condition.ok()) return condition.error();
         run.concat = std::move(condition).value();
+        if (takes_image_context(model)) {
+            auto rows = image_context(model, *request.init_image, last);
+            if (!rows.ok()) return rows.error();
+            run.image_context = std::move(rows).value();
+        }
     }
     run.latent_w = p.latent_w;
     run.latent_h = p.latent_h;

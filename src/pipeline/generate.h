@@ -96,6 +96,9 @@ struct SamplingRun {
     // and masked-image latent), in_channels - out_channels planes; empty
     // fills them with "repaint everything" (mask 1, masked image 0).
     std::vector<float> concat;
+    // The DiT's image context, one batch item's (Wan 2.1 I2V and FLF2V:
+    // CLIP vision's rows; pipeline/image_to_video.h); every item reads it.
+    std::vector<float> image_context;
     // Latent masking for a regular UNet: where keep_weight is 1 the
     // denoised estimate is replaced by keep_latent (the init image).
     std::vector<float> keep_weight;

@@ -18,6 +18,22 @@ const T* or_zeros(const T* data, size_t count, std::vector<T>& zeros) {
 
 }  // namespace
 
+Result<VisionGraph> build_vision_graph(const Model& model, const float* image, int64_t width, int64_t height) {
+    VisionGraph g;
+    g.session = std::make_unique<runtime::GraphSession>();
+    SessionInputs inputs(*g.session);
+    std::vector<float> zeros;
+    models::VisionEncodeShape shape;
+    shape.width = width;
+    shape.height = height;
+    shape.image = or_zeros(image, static_cast<size_t>(3 * width * height), zeros);
+    shape.target = model.vision_target();
+    g.out = model.vision().build(inputs, shape).out;
+    if (!g.out)
+        return Error{"the vision tower takes no " + std::to_string(width) + "x" + std::to_string(height) + " image"};
+    return g;
+}
+
 TextEncoderGraph build_text_encoder_graph(const TextEncoder& encoder, const int32_t* ids, int64_t length, int64_t batch,
                                           int layer, const float* key_mask,
                                           const std::vector<models::TokenGrid>& image_grids, const float* rows) {

@@ -33,6 +33,15 @@ TextEncoderGraph build_text_encoder_graph(const TextEncoder& encoder, const int3
                                           const std::vector<models::TokenGrid>& image_grids = {},
                                           const float* rows = nullptr);
 
+// The vision tower (Model::has_vision) over one image ne [width, height, 3]
+// with values in [0, 1] (null: zeros), at sides the tower takes; out ne
+// [out_width, tokens]. An error when the tower refuses the size.
+struct VisionGraph {
+    std::unique_ptr<runtime::GraphSession> session;
+    ggml_tensor* out = nullptr;
+};
+Result<VisionGraph> build_vision_graph(const Model& model, const float* image, int64_t width, int64_t height);
+
 // The diffusion network's graph of one evaluation: the inputs its network
 // made (set the per-evaluation ones with session->set_input) and its output.
 struct DiffusionGraph : models::DiffusionTensors {

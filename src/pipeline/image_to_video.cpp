@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 
+#include "image/plane_resize.h"
 #include "pipeline/graphs.h"
 #include "pipeline/model.h"
 #include "pipeline/pixel_planes.h"
@@ -18,25 +19,40 @@ bool takes_first_frame(const Model& model) {
            can.in_channels == can.out_channels + vae.temporal_downscale + vae.latent_channels;
 }
 
-Result<std::vector<float>> first_frame_condition(Model& model, const image::Image& image, const ValidatedRequest& p) {
+Result<std::vector<float>> first_frame_condition(Model& model, const image::Image& image, const image::Image* last,
+                                                 const ValidatedRequest& p) {
     auto first = rgb_planes(image, p.width, p.height, PixelRange::Signed);
     if (!first.ok()) return first.error().in_context("-i (the first frame): ");
+    std::vector<float> last_planes;
+    if (last) {
+        auto planes = rgb_planes(*last, p.width, p.height, PixelRange::Signed);
+        if (!planes.ok()) return planes.error().in_context("--end-img (the last frame): ");
+        last_planes = std::move(planes).value();
+    }
     const int64_t channels = model.latent_channels(), frames = p.latent_frames;
     const int64_t masks = model.vae().format().temporal_downscale;
     const size_t plane = static_cast<size_t>(p.latent_w * p.latent_h);
-    // The clip [image, zeros (mid grey in [-1, 1]), ...] as Wan pads it, a
-    // chunk at a time (the image, then `masks` frames of zeros each), each
-    // with the history the one before left: the encode's memory is one
-    // chunk's whatever the clip's length. `latent` is ne [w, h, C] per frame.
+    // The clip [image, zeros (mid grey in [-1, 1]), ..., last image when
+    // given] as Wan pads it, a chunk at a time (the image, then `masks`
+    // frames each), each with the history the one before left: the encode's
+    // memory is one chunk's whatever the clip's length. `latent` is ne [w,
+    // h, C] per frame.
     std::vector<float> latent;
     std::vector<std::vector<float>> history;
     std::vector<std::array<int64_t, 4>> history_shapes;
     const std::vector<float> zeros(first->size() * static_cast<size_t>(masks), 0.0f);
+    std::vector<float> last_chunk;
+    if (last) {  // the last chunk's frames: zeros, then the last image
+        last_chunk = zeros;
+        std::copy(last_planes.begin(), last_planes.end(),
+                  last_chunk.end() - static_cast<std::ptrdiff_t>(first->size()));
+    }
     for (int64_t t = 0; t < frames; ++t) {
         if (model.cancel_requested()) return Error::cancelled("cancelled");
         auto g = build_clip_encode_chunk_graph(model, p.width, p.height, t == 0 ? 1 : masks, history_shapes);
         if (!g.ok()) return g.error();
-        g->session->set_input(g->input, t == 0 ? first->data() : zeros.data());
+        const bool last_frames = last && t > 0 && t + 1 == frames;
+        g->session->set_input(g->input, t == 0 ? first->data() : last_frames ? last_chunk.data() : zeros.data());
         for (size_t i = 0; i < history.size(); ++i) {
             g->session->set_input(g->history[i], history[i].data());
             std::vector<float>().swap(history[i]);
@@ -58,6 +74,10 @@ Result<std::vector<float>> first_frame_condition(Model& model, const image::Imag
     for (int64_t m = 0; m < masks; ++m) {
         std::fill_n(condition.begin() + static_cast<std::ptrdiff_t>(m * frames * plane), plane, 1.0f);
     }
+    if (last) {  // the last latent frame's last pixel frame is the given one
+        std::fill_n(condition.begin() + static_cast<std::ptrdiff_t>(((masks - 1) * frames + frames - 1) * plane), plane,
+                    1.0f);
+    }
     for (int64_t c = 0; c < channels; ++c) {
         for (int64_t t = 0; t < frames; ++t) {
             const auto from = latent.begin() + static_cast<std::ptrdiff_t>((t * channels + c) * plane);
@@ -67,6 +87,48 @@ Result<std::vector<float>> first_frame_condition(Model& model, const image::Imag
         }
     }
     return condition;
+}
+
+bool takes_image_context(const Model& model) { return model.diffusion().capabilities().image_context_width > 0; }
+
+int64_t image_context_rows(const Model& model) {
+    if (!takes_image_context(model)) return 0;
+    // Without the tower (a plan of the DiT alone), CLIP-vision-H's: the class
+    // token and 16 x 16 patches of 14 pixels.
+    constexpr int64_t kClipVisionHRows = 257;
+    int64_t rows = kClipVisionHRows;
+    if (model.has_vision()) {
+        const int64_t side = model.vision().input_side();
+        rows = model.vision().tokens(side, side);
+    }
+    return model.diffusion().capabilities().image_context_images * rows;
+}
+
+Result<std::vector<float>> image_context(Model& model, const image::Image& first, const image::Image* last) {
+    const models::VisionEncoderNetwork& tower = model.vision();
+    const int64_t side = tower.input_side();
+    if (side <= 0) return Error{"the vision tower takes no fixed square: it cannot read an image-to-video frame"};
+    std::vector<const image::Image*> images = {&first};
+    if (model.diffusion().capabilities().image_context_images == 2) {
+        if (!last) return Error::invalid_request("this DiT reads the first and the last frame: pass --end-img");
+        images.push_back(last);
+    }
+    std::vector<float> rows;
+    for (const image::Image* image : images) {
+        const char* what = image == &first ? "-i (the first frame): " : "--end-img (the last frame): ";
+        auto planes = rgb_planes(*image, image->width, image->height, PixelRange::Unit);
+        if (!planes.ok()) return planes.error().in_context(what);
+        // Bicubic is linear with weights that sum to 1, so resizing [0, 1]
+        // values is Wan's resize of [-1, 1] ones followed by its mul(0.5).add(0.5).
+        const std::vector<float> pixels = image::resize_planes_bicubic(*planes, 3, image->width, image->height,
+                                                                       static_cast<int>(side), static_cast<int>(side));
+        auto g = build_vision_graph(model, pixels.data(), side, side);
+        if (!g.ok()) return g.error();
+        KILN_TRY(g->session->run(model.vision_compute(), g->out));
+        const std::vector<float> values = runtime::GraphSession::read(g->out);
+        rows.insert(rows.end(), values.begin(), values.end());
+    }
+    return rows;
 }
 
 }  // namespace kiln::pipeline

@@ -9,6 +9,13 @@
 //     image's, repeated over its temporal_downscale frames), 0 after;
 //   - the DiT's input is then [noise latent, mask, image latent] along the
 //     channels, for the conditional and the unconditional pass alike.
+// First-last-frame (--end-img, Wan's WanFLF2V.generate): the clip is [image,
+// zeros..., last image] and the mask is also 1 on the last pixel frame's
+// plane of the last latent frame (the mask's last plane there).
+// Wan 2.1's I2V and FLF2V DiTs also read an image context: CLIP vision's
+// rows of the first frame (FLF2V: then of the last), each image stretched to
+// the tower's square with torch's bicubic as Wan's CLIPModel.visual does
+// (sd-cli crops the centre square instead; kiln follows Wan's release).
 #pragma once
 
 #include <vector>
@@ -24,8 +31,21 @@ struct ValidatedRequest;
 // Whether the model's diffusion network takes a first frame (above).
 bool takes_first_frame(const Model& model);
 
-// The condition planes of `image` as the clip's first frame: mask then
-// latent, channel after channel, each frame after frame (SamplingRun::concat).
-Result<std::vector<float>> first_frame_condition(Model& model, const image::Image& image, const ValidatedRequest& p);
+// The condition planes of `image` as the clip's first frame (and `last`, when
+// given, as its last): mask then latent, channel after channel, each frame
+// after frame (SamplingRun::concat).
+Result<std::vector<float>> first_frame_condition(Model& model, const image::Image& image, const image::Image* last,
+                                                 const ValidatedRequest& p);
+
+// Whether the model's DiT reads an image context (Wan 2.1 I2V, FLF2V), and
+// its rows per batch item (of image_context_images images; CLIP-vision-H's
+// when no tower is loaded).
+bool takes_image_context(const Model& model);
+int64_t image_context_rows(const Model& model);
+
+// The image context of one batch item, ne [width, image_context_rows]: the
+// first frame's rows, then the last's for a DiT that reads two images.
+// Requires Model::has_vision().
+Result<std::vector<float>> image_context(Model& model, const image::Image& first, const image::Image* last);
 
 }  // namespace kiln::pipeline

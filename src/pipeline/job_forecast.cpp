@@ -6,9 +6,9 @@
 
 #include "pipeline/conditioner.h"
 #include "pipeline/graphs.h"
+#include "pipeline/image_to_video.h"
 #include "pipeline/prompt_images.h"
 #include "pipeline/reference_images.h"
-#include "pipeline/session_inputs.h"
 #include "pipeline/vae_tiling.h"
 #include "runtime/graph_session.h"
 #include "util/format.h"
@@ -170,16 +170,9 @@ Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, 
                 if (!sizes.ok()) return sizes.error().in_context("reference image " + std::to_string(i + 1) + ": ");
                 const int64_t w = sizes->tower.width, h = sizes->tower.height;
                 // The tower makes its patches from the pixels as it builds: zeros do.
-                const std::vector<float> pixels(static_cast<size_t>(3 * w * h), 0.0f);
-                runtime::GraphSession session;
-                SessionInputs inputs(session);
-                models::VisionEncodeShape shape;
-                shape.width = w;
-                shape.height = h;
-                shape.image = pixels.data();
-                shape.target = model.vision_target();
-                const models::VisionEncoderTensors t = tower.build(inputs, shape);
-                KILN_TRY(add(model.vision_compute(), session, t.out, "reference image encode"));
+                auto g = build_vision_graph(model, nullptr, w, h);
+                if (!g.ok()) return g.error();
+                KILN_TRY(add(model.vision_compute(), *g->session, g->out, "reference image encode"));
                 PromptImage image;
                 image.grid_rows = h / tower.size_unit();
                 image.grid_cols = w / tower.size_unit();
@@ -270,6 +263,14 @@ Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, 
             if (!later.ok()) return later.error();
             KILN_TRY(add(model.vae_compute(), *later->session, later->out, "first frame encode"));
         }
+        // Wan 2.1 I2V and FLF2V: CLIP vision reads the frame (and the last),
+        // one square at a time.
+        if (takes_image_context(model) && model.has_vision()) {
+            const int64_t side = model.vision().input_side();
+            auto g = build_vision_graph(model, nullptr, side, side);
+            if (!g.ok()) return g.error();
+            KILN_TRY(add(model.vision_compute(), *g->session, g->out, "first frame CLIP vision"));
+        }
     }
     if (passes.init_encode_size) {
         KILN_TRY(add_vae(/*decode=*/false, passes.init_encode_size->first, passes.init_encode_size->second,
@@ -296,6 +297,7 @@ Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, 
         models::DiffusionShape shape{w, h, b, context_tokens, flash_attention, reference_latents, masked};
         shape.increase_ref_index = passes.increase_ref_index;
         shape.frames = passes.latent_frames;
+        shape.image_context_rows = passes.first_frame ? image_context_rows(model) : 0;
         if (control) {
             add_control_residuals(model, shape, 1.0f);
             auto c = build_control_graph(model, shape);

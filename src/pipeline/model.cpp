@@ -29,6 +29,12 @@ const io::MetaValue* meta(const io::ModelFile& file, const std::string& key) {
     return it == file.metadata().end() ? nullptr : &it->second;
 }
 
+// A vision tower: Qwen-Image-Edit's (te.vision) or CLIP vision (Wan 2.1
+// image-to-video's); either is the model's one vision module.
+bool is_vision_tower(models::NetworkKind kind) {
+    return kind == models::NetworkKind::QwenVision || kind == models::NetworkKind::ClipVision;
+}
+
 // A model file and the flag that named it ("" for -m).
 struct GivenFile {
     std::string path;
@@ -442,6 +448,7 @@ Status Model::load_networks(const ModelPaths& paths, const ModelOptions& options
         {&paths.t5xxl, "--t5xxl"},
         {&paths.llm, "--llm"},
         {&paths.llm_vision, "--llm_vision"},
+        {&paths.clip_vision, "--clip_vision"},
         {&paths.vae, "--vae"}};
     for (const auto& [path, flag] : flagged) {
         if (!path->empty()) given.push_back({*path, flag});
@@ -514,7 +521,7 @@ Status Model::load_networks(const ModelPaths& paths, const ModelOptions& options
         if (!module->file && spec.optional) {
             // A text encoder's absence changes every image; a vision tower's
             // only edit jobs, which say so (pipeline/request.cpp).
-            if (spec.role == models::ModuleRole::TextEncoder && spec.network != models::NetworkKind::QwenVision) {
+            if (spec.role == models::ModuleRole::TextEncoder && !is_vision_tower(spec.network)) {
                 KILN_LOG_WARN("%s: no %s given (%s); it runs without it, zeros in place of its text states",
                               family_label_.c_str(), spec.name.c_str(), spec.flag.c_str());
             }
@@ -542,7 +549,7 @@ Status Model::load_networks(const ModelPaths& paths, const ModelOptions& options
             return s.error().as(ErrorKind::BadFile).in_context(module->file->sources().front().path + ": ");
         if (spec.role == models::ModuleRole::Diffusion) (spec.high_noise ? high_noise_ : diffusion_) = module.get();
         if (spec.role == models::ModuleRole::Vae) vae_ = module.get();
-        if (spec.network == models::NetworkKind::QwenVision) vision_ = module.get();
+        if (is_vision_tower(spec.network)) vision_ = module.get();
         modules_.push_back(std::move(module));
     }
     for (const models::TextEncoderUse& use : family_->conditioning.encoders) {
@@ -556,6 +563,7 @@ Status Model::load_networks(const ModelPaths& paths, const ModelOptions& options
     }
     KILN_TRY(check_conditioning());
     KILN_TRY(check_high_noise_expert());
+    KILN_TRY(check_image_context());
     if (!paths.control_net.empty()) KILN_TRY(load_control_net(paths.control_net, options));
     // A file given for one module that also holds others: say which were not taken from it.
     for (size_t i = 0; i < given.size(); ++i) {
@@ -658,6 +666,28 @@ Status Model::check_high_noise_expert() const {
                                " (--high-noise-diffusion-model): the high-noise expert is a " + expert.label + " " +
                                shape(expert) + "; the --diffusion-model's " + main.label + " is " + shape(main) +
                                " (the two experts of one release, such as Wan 2.2 A14B's, are alike)");
+    }
+    return Status::Ok();
+}
+
+// Wan 2.1's I2V and FLF2V DiTs read CLIP vision's rows of the first frame:
+// the tower given must make rows of the width img_emb takes. A job without
+// it is refused when it asks (pipeline/request.cpp), not the model.
+Status Model::check_image_context() const {
+    const int64_t width = diffusion_->network->as_diffusion()->capabilities().image_context_width;
+    if (!vision_ || vision_->spec.network != models::NetworkKind::ClipVision) return Status::Ok();
+    if (width == 0) {
+        KILN_LOG_WARN(
+            "%s (--clip_vision): this %s DiT reads no image context (only Wan 2.1's I2V and FLF2V do); "
+            "the file is not used",
+            vision_->file->sources().front().path.c_str(), family_label_.c_str());
+        return Status::Ok();
+    }
+    const int64_t rows = vision_->network->as_vision_encoder()->out_width();
+    if (rows != width) {
+        return Error::bad_file(vision_->file->sources().front().path + " (--clip_vision): its rows are " +
+                               std::to_string(rows) + " wide but the DiT's img_emb takes " + std::to_string(width) +
+                               " (Wan 2.1 image-to-video reads CLIP-vision-H, clip_vision_h.safetensors)");
     }
     return Status::Ok();
 }

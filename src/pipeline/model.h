@@ -47,6 +47,7 @@ struct ModelPaths {
     std::string t5xxl;               // --t5xxl
     std::string llm;                 // --llm: an LLM text encoder (Z-Image's Qwen3-4B)
     std::string llm_vision;          // --llm_vision: the LLM's vision tower (Qwen-Image-Edit's Qwen2.5-VL)
+    std::string clip_vision;         // --clip_vision: CLIP vision (Wan 2.1 image-to-video's)
     // --tokenizer: PATH (CLIP's), or per encoder "t5xxl=PATH,llm=PATH,clip_l=PATH".
     std::string tokenizer;
     std::string embeddings;   // --embd-dir: textual-inversion embeddings
@@ -231,8 +232,9 @@ class Model {
     std::string high_noise_expert_name() const;
     nn::ComputeTarget vae_target() const { return vae_->target; }
     runtime::Executor& vae_compute() { return *vae_->executor; }
-    // The LLM's vision tower (Qwen-Image-Edit's, a "te" module): only when
-    // has_vision(), from --llm_vision or the --llm file's visual.*.
+    // The vision tower, a "te" module: the LLM's (Qwen-Image-Edit's, from
+    // --llm_vision or the --llm file's visual.*) or CLIP vision (Wan 2.1
+    // image-to-video's, from --clip_vision); only when has_vision().
     bool has_vision() const { return vision_ != nullptr; }
     const models::VisionEncoderNetwork& vision() const { return *vision_->network->as_vision_encoder(); }
     runtime::Executor& vision_compute() { return *vision_->executor; }
@@ -378,6 +380,7 @@ class Model {
     Module* sampling() { return high_noise_in_use_ ? high_noise_ : diffusion_; }
     // The high-noise expert is the main network's kind, shape and width (BadFile otherwise).
     Status check_high_noise_expert() const;
+    Status check_image_context() const;
     Module* vae_ = nullptr;
     Module* control_ = nullptr;
     Module* taesd_ = nullptr;

@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "pipeline/conditioner.h"
-#include "pipeline/session_inputs.h"
+#include "pipeline/graphs.h"
 
 namespace kiln::pipeline {
 namespace {
@@ -71,17 +71,11 @@ Result<PromptImage> encode_prompt_image(Model& model, const image::Image& image,
             pixels[static_cast<size_t>(c * plane + i)] = rgb->pixels[static_cast<size_t>(i * 3 + c)] / 255.0f;
         }
     }
-    runtime::GraphSession session;
-    SessionInputs inputs(session);
-    models::VisionEncodeShape shape;
-    shape.width = w;
-    shape.height = h;
-    shape.image = pixels.data();
-    shape.target = model.vision_target();
-    const models::VisionEncoderTensors t = tower.build(inputs, shape);
-    KILN_TRY(session.run(model.vision_compute(), t.out));
+    auto g = build_vision_graph(model, pixels.data(), w, h);
+    if (!g.ok()) return g.error();
+    KILN_TRY(g->session->run(model.vision_compute(), g->out));
     PromptImage out;
-    out.rows = runtime::GraphSession::read(t.out);
+    out.rows = runtime::GraphSession::read(g->out);
     out.grid_rows = h / tower.size_unit();
     out.grid_cols = w / tower.size_unit();
     return out;

@@ -41,6 +41,10 @@ Status check_network_size(const Model& model, int width, int height, const std::
 Status check_video_frames(const Model& model, const GenerationRequest& r, ValidatedRequest& p) {
     p.video = model.diffusion().capabilities().video;
     if (!p.video) {
+        if (r.end_image) {
+            return Error::invalid_request("--end-img is the last frame of an image-to-video clip; " +
+                                          model.family_label() + " makes images");
+        }
         if (r.video_frames && *r.video_frames != 1) {
             return Error::invalid_request("--video-frames is for video models (Wan); " + model.family_label() +
                                           " makes images");
@@ -73,6 +77,31 @@ Status check_video_frames(const Model& model, const GenerationRequest& r, Valida
         return Error::invalid_request("this " + model.family_label() +
                                       " DiT is image-to-video (its input takes a first frame's latent and mask): "
                                       "pass the first frame with -i");
+    }
+    if (r.end_image && !p.first_frame) {
+        return Error::invalid_request("--end-img is the last frame of an image-to-video DiT's clip; this " +
+                                      model.family_label() + " DiT is text-to-video");
+    }
+    if (r.end_image && p.latent_frames < 2) {
+        return Error::invalid_request("--end-img: a clip of " + std::to_string(p.frames) +
+                                      " frame has no last frame apart from its first; ask for --video-frames " +
+                                      std::to_string(1 + step) + " or more");
+    }
+    if (r.end_image) {
+        if (Status s = image::validate_image(*r.end_image, "--end-img"); !s.ok())
+            return s.error().as(ErrorKind::InvalidRequest);
+    }
+    p.last_frame = r.end_image.has_value();
+    const models::DiffusionCapabilities& can = model.diffusion().capabilities();
+    if (can.image_context_width > 0 && !model.has_vision()) {
+        return Error::invalid_request("this " + model.family_label() +
+                                      " DiT (Wan 2.1 I2V or FLF2V: img_emb) reads the first frame through CLIP "
+                                      "vision: pass --clip_vision (clip_vision_h.safetensors)");
+    }
+    if (can.image_context_images == 2 && !r.end_image) {
+        return Error::invalid_request("this " + model.family_label() +
+                                      " DiT is first-last-frame-to-video (FLF2V: img_emb.emb_pos): pass the last "
+                                      "frame with --end-img");
     }
     return Status::Ok();
 }
@@ -498,6 +527,7 @@ uint64_t request_image_bytes(const GenerationRequest& request) {
     };
     uint64_t total = 0;
     if (request.init_image) total += bytes(*request.init_image);
+    if (request.end_image) total += bytes(*request.end_image);
     if (request.mask) total += bytes(*request.mask);
     for (const image::Image& ref : request.ref_images) total += bytes(ref);
     return total;

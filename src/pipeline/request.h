@@ -81,6 +81,9 @@ struct GenerationRequest {
     // different width or height is an error) and how much of the schedule to
     // run (1 = all of it, like txt2img).
     std::optional<image::Image> init_image;
+    // First-last-frame video (--end-img): the clip's last frame, with
+    // init_image its first (pipeline/image_to_video.h).
+    std::optional<image::Image> end_image;
     float strength = 0.75f;
     // A1111's resize_mode 3, "Just resize (latent upscale)": the init image
     // keeps its own size (a multiple of the size stride), is encoded there,
@@ -165,6 +168,7 @@ struct ValidatedRequest {
     bool video = false;  // the model is a video model: the job's result is a clip
     // Image-to-video (pipeline/image_to_video.h): -i is the clip's first frame, not image-to-image.
     bool first_frame = false;
+    bool last_frame = false;  // and --end-img its last
     // Wan 2.2 A14B (pipeline/experts.h): the high-noise expert samples the
     // schedule's first high_noise_steps of `steps` with its own sampler, cfg
     // and eta (unset: the sampler's default); 0: the main network samples all.

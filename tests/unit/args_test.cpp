@@ -114,7 +114,9 @@ TEST(Args, SdCliAliasesAndOptionsOfMissingFeatures) {
     EXPECT_EQ(parse_ok({"--llm_vision", "mmproj.gguf"}).llm_vision, "mmproj.gguf");
     EXPECT_TRUE(parse_ok({"--model-args", "qwen_image_zero_cond_t=true"}).qwen_image_zero_cond_t);
     EXPECT_TRUE(parse_ok({"--qwen-image-zero-cond-t"}).qwen_image_zero_cond_t);
-    for (const char* flag : {"--photo-maker", "--clip_vision", "--high-noise-slg-scale", "--cache-preset",
+    EXPECT_EQ(parse_ok({"--clip_vision", "clip_vision_h.safetensors"}).clip_vision, "clip_vision_h.safetensors");
+    EXPECT_EQ(parse_ok({"--end-img", "last.png"}).end_image, "last.png");
+    for (const char* flag : {"--photo-maker", "--control-video", "--high-noise-slg-scale", "--cache-preset",
                              "--img-cfg-scale", "--tensor-type-rules", "--circular", "--qwen-image-layers"}) {
         const UsageError e = parse_error({"-p", "x", flag, "1"});
         EXPECT_EQ(e.message.rfind(std::string(flag) + " is ", 0), 0u) << e.message;

@@ -369,8 +369,9 @@ TEST_F(WanDitTiny, NetworkInputsAndBlockStagesGiveTheReference) {
 }
 
 // Wan 2.1's I2V and FLF2V files (a CLIP image projection, image keys and
-// values in every cross-attention) are refused at create.
-TEST_F(WanDitTiny, ImageToVideoFilesAreRefused) {
+// values in every cross-attention) read an image context of img_emb's
+// width; a file with half of them, or an emb_pos of an odd row count, is refused.
+TEST_F(WanDitTiny, ImageToVideoFilesReadAnImageContext) {
     test::TempDir dir;
     auto with = [&](const std::vector<std::pair<std::string, std::vector<int64_t>>>& extra) {
         std::vector<test::SafetensorsEntry> entries = entries_of(weights);
@@ -381,24 +382,49 @@ TEST_F(WanDitTiny, ImageToVideoFilesAreRefused) {
         }
         return entries;
     };
-    const io::ModelFile i2v = write(dir, "i2v.safetensors",
-                                    with({{"img_emb.proj.0.weight", {1280}},
-                                          {"img_emb.proj.1.weight", {1280, 1280}},
-                                          {"blocks.0.cross_attn.k_img.weight", {48, 48}},
-                                          {"blocks.0.cross_attn.norm_k_img.weight", {48}}}));
-    const models::NetworkEntry& entry = models::network_entry(models::NetworkKind::WanDit);
-    EXPECT_TRUE(marked(i2v, entry)) << "an I2V file reaches WanDit's error";
-    auto refused = test::declare_network<models::WanDit>(i2v, "", std::nullopt);
-    ASSERT_FALSE(refused.ok());
-    EXPECT_EQ(refused.error().kind, ErrorKind::BadFile);
-    EXPECT_EQ(refused.error().message,
-              "Wan DiT under '': image-to-video Wan models (img_emb, cross_attn.k_img: Wan 2.1 I2V and FLF2V) are "
-              "not supported yet; pass a text-to-video model");
+    std::vector<std::pair<std::string, std::vector<int64_t>>> image_parts = {
+        {"img_emb.proj.0.weight", {1280}},       {"img_emb.proj.0.bias", {1280}},
+        {"img_emb.proj.1.weight", {1280, 1280}}, {"img_emb.proj.1.bias", {1280}},
+        {"img_emb.proj.3.weight", {48, 1280}},   {"img_emb.proj.3.bias", {48}},
+        {"img_emb.proj.4.weight", {48}},         {"img_emb.proj.4.bias", {48}}};
+    for (int i = 0; i < 2; ++i) {
+        const std::string stem = "blocks." + std::to_string(i) + ".cross_attn.";
+        for (const char* proj : {"k_img", "v_img"}) {
+            image_parts.push_back({stem + proj + ".weight", {48, 48}});
+            image_parts.push_back({stem + proj + ".bias", {48}});
+        }
+        image_parts.push_back({stem + "norm_k_img.weight", {48}});
+    }
+    const io::ModelFile i2v = write(dir, "i2v.safetensors", with(image_parts));
+    EXPECT_TRUE(marked(i2v, models::network_entry(models::NetworkKind::WanDit)));
+    auto dit = test::declare_network<models::WanDit>(i2v, "", std::nullopt);
+    ASSERT_TRUE(dit.ok()) << dit.error().message;
+    EXPECT_EQ((*dit)->capabilities().image_context_width, 1280);
+    EXPECT_EQ((*dit)->capabilities().image_context_images, 1);
+
+    auto flf2v_parts = image_parts;
+    flf2v_parts.push_back({"img_emb.emb_pos", {1, 514, 1280}});
+    auto flf2v =
+        test::declare_network<models::WanDit>(write(dir, "flf2v.safetensors", with(flf2v_parts)), "", std::nullopt);
+    ASSERT_TRUE(flf2v.ok()) << flf2v.error().message;
+    EXPECT_EQ((*flf2v)->capabilities().image_context_images, 2);
+    EXPECT_EQ((*flf2v)->config().image_context_rows, 514);
+
+    auto odd_parts = image_parts;
+    odd_parts.push_back({"img_emb.emb_pos", {1, 257, 1280}});
+    auto odd = test::declare_network<models::WanDit>(write(dir, "odd.safetensors", with(odd_parts)), "", std::nullopt);
+    ASSERT_FALSE(odd.ok());
+    EXPECT_EQ(odd.error().kind, ErrorKind::BadFile);
+    EXPECT_NE(odd.error().message.find("img_emb.emb_pos is [1, 257, 1280], expected [1, an even number of rows"),
+              std::string::npos)
+        << odd.error().message;
     const io::ModelFile keys_only =
         write(dir, "k_img.safetensors", with({{"blocks.0.cross_attn.k_img.weight", {48, 48}}}));
-    auto also = test::declare_network<models::WanDit>(keys_only, "", std::nullopt);
-    ASSERT_FALSE(also.ok());
-    EXPECT_NE(also.error().message.find("image-to-video Wan models"), std::string::npos) << also.error().message;
+    auto half = test::declare_network<models::WanDit>(keys_only, "", std::nullopt);
+    ASSERT_FALSE(half.ok());
+    EXPECT_EQ(half.error().message,
+              "Wan DiT under '': img_emb and blocks.N.cross_attn.k_img come together (Wan 2.1 I2V, FLF2V); it has "
+              "one of them");
 }
 
 TEST_F(WanDitTiny, ConditioningThatDoesNotFitIsRefused) {

@@ -31,12 +31,7 @@ constexpr const char* kPrompt = test::kWanTinyPrompt;
 constexpr int kWidth = test::kWanTinyWidth, kHeight = test::kWanTinyHeight, kFrames = test::kWanTinyFrames;
 
 // The job's -i image: the reference's 8-bit values.
-image::Image first_frame(const io::ModelFile& io) {
-    const auto values = fixture_tensor(io, "image");  // [48, 64, 3]
-    image::Image img = image::make_image(kWidth, kHeight, 3);
-    for (size_t i = 0; i < img.pixels.size(); ++i) img.pixels[i] = static_cast<uint8_t>(values.values[i]);
-    return img;
-}
+image::Image first_frame(const io::ModelFile& io) { return test::wan_tiny_frame(io, "image"); }
 
 class WanI2v : public test::WanTinySuite {
   protected:
@@ -62,7 +57,7 @@ TEST_F(WanI2v, TheConditionIsWansMaskAndFirstFrameLatent) {
     auto v = validate_request(*model_, job());
     ASSERT_TRUE(v.ok()) << v.error().message;
     EXPECT_TRUE(v->first_frame);
-    auto condition = first_frame_condition(*model_, *job().init_image, *v);
+    auto condition = first_frame_condition(*model_, *job().init_image, nullptr, *v);
     ASSERT_TRUE(condition.ok()) << condition.error().message;
     EXPECT_LT(relative_error(*condition, fixture_tensor(*io_, "condition").values), 1e-4);
 }

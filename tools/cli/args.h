@@ -43,6 +43,7 @@ struct Options {
     std::string t5xxl;
     std::string llm;  // --llm
     std::string llm_vision;               // --llm_vision: Qwen2.5-VL's vision tower (an mmproj GGUF)
+    std::string clip_vision;              // --clip_vision: CLIP vision (Wan 2.1 image-to-video's)
     bool qwen_image_zero_cond_t = false;  // --qwen-image-zero-cond-t
     std::string tokenizer;
     std::string embeddings_dir;  // --embd-dir
@@ -64,6 +65,7 @@ struct Options {
     int fps = 16;
     bool output_given = false;  // -o was passed (-M convert requires it)
     std::string init_image;  // -i/--init-img; with -M metadata (also --image): the image to read
+    std::string end_image;   // --end-img: an image-to-video clip's last frame
     std::string mask;
     long long max_image_pixels = 0;  // --max-image-pixels; 0: the C API's default (8192x8192)
     int width = 0;                   // 0: the model's default

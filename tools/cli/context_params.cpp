@@ -14,6 +14,7 @@ kiln_context_params context_params_of(const Options& options) {
     cp.t5xxl_path = optional(options.t5xxl);
     cp.llm_path = optional(options.llm);
     cp.llm_vision_path = optional(options.llm_vision);
+    cp.clip_vision_path = optional(options.clip_vision);
     cp.qwen_image_zero_cond_t = options.qwen_image_zero_cond_t ? 1 : 0;
     cp.tokenizer_path = optional(options.tokenizer);
     cp.embeddings_dir = optional(options.embeddings_dir);

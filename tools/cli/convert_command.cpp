@@ -12,8 +12,8 @@ namespace {
 
 std::vector<std::string> model_paths(const Options& o) {
     std::vector<std::string> paths;
-    for (const std::string* p :
-         {&o.model, &o.diffusion_model, &o.clip_l, &o.clip_g, &o.t5xxl, &o.llm, &o.llm_vision, &o.vae}) {
+    for (const std::string* p : {&o.model, &o.diffusion_model, &o.clip_l, &o.clip_g, &o.t5xxl, &o.llm, &o.llm_vision,
+                                 &o.clip_vision, &o.vae}) {
         if (!p->empty()) paths.push_back(*p);
     }
     return paths;

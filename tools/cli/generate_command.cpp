@@ -304,19 +304,19 @@ int run_generate(const Options& options) {
     kiln_image* init = nullptr;
     kiln_image* mask = nullptr;
     kiln_image* control = nullptr;
+    kiln_image* end = nullptr;
     std::vector<kiln_image*> refs;
     struct FreeImages {
         kiln_image*& init;
         kiln_image*& mask;
         kiln_image*& control;
+        kiln_image*& end;
         std::vector<kiln_image*>& refs;
         ~FreeImages() {
-            kiln_images_free(init, init ? 1 : 0);
-            kiln_images_free(mask, mask ? 1 : 0);
-            kiln_images_free(control, control ? 1 : 0);
+            for (kiln_image* image : {init, mask, control, end}) kiln_images_free(image, image ? 1 : 0);
             for (kiln_image* r : refs) kiln_images_free(r, 1);
         }
-    } free_images{init, mask, control, refs};
+    } free_images{init, mask, control, end, refs};
     // Reads an image flag's file; on failure logs the error after `label`.
     auto load_image = [&](const std::string& path, const char* label, kiln_image** image) -> kiln_status {
         ErrorText error;
@@ -330,6 +330,9 @@ int run_generate(const Options& options) {
     }
     if (!options.mask.empty()) {
         if (kiln_status st = load_image(options.mask, "", &mask); st != KILN_OK) return exit_code_of(st);
+    }
+    if (!options.end_image.empty()) {
+        if (kiln_status st = load_image(options.end_image, "--end-img: ", &end); st != KILN_OK) return exit_code_of(st);
     }
     if (!options.control_image.empty()) {
         if (kiln_status st = load_image(options.control_image, "--control-image: ", &control); st != KILN_OK)
@@ -386,6 +389,7 @@ int run_generate(const Options& options) {
     gp.init_image = init;
     gp.strength = options.strength;
     gp.mask = mask;
+    gp.end_image = end;
     gp.vae_tiling = options.vae_tiling ? 1 : 0;
     gp.vae_tile_size = options.vae_tile_size;
     gp.vae_tile_overlap = options.vae_tile_overlap;

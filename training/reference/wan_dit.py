@@ -1,10 +1,13 @@
 """PyTorch reference for Wan's video diffusion transformer (Alibaba's Wan team;
-Wan 2.1 and Wan 2.2 text-to-video), ``WanModel`` with ``model_type='t2v'``,
-transcribed from the original code, ``wan/modules/model.py`` of
-github.com/Wan-Video/Wan2.1 (``sinusoidal_embedding_1d``, ``rope_params``,
-``rope_apply``, ``WanRMSNorm``, ``WanLayerNorm``, ``WanSelfAttention``,
-``WanT2VCrossAttention``, ``WanAttentionBlock``, ``Head``, ``WanModel``'s
-``__init__``, ``forward`` and ``unpatchify``). Wan 2.2's file
+Wan 2.1 and Wan 2.2), ``WanModel`` with ``model_type`` 't2v' (text-to-video;
+also Wan 2.2's I2V-A14B, whose 36 input planes carry the condition but which
+has no CLIP), 'i2v' (Wan 2.1 image-to-video) and 'flf2v' (Wan 2.1
+first-last-frame-to-video), transcribed from the original code,
+``wan/modules/model.py`` of github.com/Wan-Video/Wan2.1
+(``sinusoidal_embedding_1d``, ``rope_params``, ``rope_apply``, ``WanRMSNorm``,
+``WanLayerNorm``, ``WanSelfAttention``, ``WanT2VCrossAttention``,
+``WanI2VCrossAttention``, ``WanAttentionBlock``, ``Head``, ``MLPProj``,
+``WanModel``'s ``__init__``, ``forward`` and ``unpatchify``). Wan 2.2's file
 (github.com/Wan-Video/Wan2.2) has the same layers and names; its blocks take
 one timestep per token (``t`` of shape [B, seq_len], for TI2V's first
 frame), which for a text-to-video evaluation is the same timestep at every
@@ -17,8 +20,11 @@ which prefixes them with ``model.diffusion_model.``):
 ``patch_embedding``, ``text_embedding.{0,2}``, ``time_embedding.{0,2}``,
 ``time_projection.1``, ``blocks.N.{modulation, self_attn.{q,k,v,o,norm_q,
 norm_k}, norm3, cross_attn.{q,k,v,o,norm_q,norm_k}, ffn.{0,2}}``,
-``head.head``, ``head.modulation``. ``wan_dit_tensor_shapes(cfg)`` lists
-them from the configuration alone.
+``head.head``, ``head.modulation``. The image models ('i2v', 'flf2v') add
+``blocks.N.cross_attn.{k_img, v_img, norm_k_img}`` and
+``img_emb.proj.{0,1,3,4}`` (LayerNorm, Linear, GELU, Linear, LayerNorm), and
+'flf2v' ``img_emb.emb_pos`` [1, 514, 1280]. ``wan_dit_tensor_shapes(cfg)`` lists them from the
+configuration alone (``cfg['model_type']``, default 't2v').
 
 The network, as the original computes it (t is the timestep in [0, 1000]:
 the flow sigma times 1000, as Wan's schedulers give it):
@@ -42,6 +48,18 @@ the flow sigma times 1000, as Wan's schedulers give it):
   ``x += gate_ffn * ffn(LN(x) * (1 + scale_ffn) + shift_ffn)`` with
   ``ffn = Linear(dim, ffn_dim), GELU tanh, Linear(ffn_dim, dim)``. LN is a
   LayerNorm without affine, eps 1e-6.
+- Image models: the CLIP tokens (``clip_fea``: CLIP ViT-H/14's tokens after
+  its 31st of 32 layers, [B, 257, 1280], reference/clip_vision.py) become
+  context rows ``img_emb(clip_fea)`` = LayerNorm, Linear, GELU (erf),
+  Linear to dim, LayerNorm (eps 1e-5, with affine), put BEFORE the 512 text
+  rows. flf2v's clip_fea holds the first and the last frame's tokens, [2B,
+  257, 1280]; ``img_emb`` reads them as one item of 514 tokens (``view(-1,
+  514, d)``) and adds ``emb_pos`` before the projection. The cross-attention
+  (``WanI2VCrossAttention``) splits the context again: q attends to the text
+  rows with k, v, norm_k (as t2v's) and to the image rows with k_img, v_img,
+  norm_k_img (no mask), and ``o`` maps the sum of the two results. The
+  condition (a mask's 4 planes and the image latent's 16) enters as input
+  planes of ``patch_embedding`` (in_dim 36); the caller concatenates it.
 - Head: ``head.modulation`` [1, 2, dim] + e (the embedding before the
   projection, no SiLU) -> (shift, scale); ``head.head(LN(x) * (1 + scale) +
   shift)`` gives ``prod(patch) * out_dim`` features per token, in the order
@@ -62,7 +80,11 @@ What differs from the original, none of it in the numbers of a float64 run:
   assertions that go with them are left out.
 - ``flash_attention`` is plain softmax(q k^T / sqrt(d)) v per head, masking
   keys at or past ``k_lens`` as the varlen kernel does.
-- Only ``model_type='t2v'`` (no ``img_emb``, no ``WanI2VCrossAttention``).
+- ``MLPProj``'s in_dim (and emb_pos's width) is 1280 in the original; here
+  it is ``clip_dim`` (default 1280), so a tiny CLIP can feed a tiny model.
+- The condition ``y`` is not a separate argument of ``forward``: the caller
+  concatenates it to x along the channels, as the original's first line does.
+- No ``model_type='vace'``.
 """
 
 import math
@@ -74,12 +96,16 @@ TEXT_LEN = 512  # WanModel's text_len (T5_CONTEXT_TOKEN_NUMBER)
 EPS = 1e-6
 THETA = 10000
 ROPE_POSITIONS = 1024  # rope_params(1024, ...)
+CLIP_DIM = 1280  # MLPProj's in_dim, hard-coded in the original: CLIP ViT-H/14's width
+FLF_CONTEXT_TOKENS = 2 * 257  # FIRST_LAST_FRAME_CONTEXT_TOKEN_NUMBER: two images' CLS + 16 x 16 patches
 
 # The released text-to-video configurations (WanModel's arguments).
 WAN21_1_3B = dict(patch_size=(1, 2, 2), in_dim=16, dim=1536, ffn_dim=8960, freq_dim=256, text_dim=4096, out_dim=16,
                   num_heads=12, num_layers=30)
 WAN21_14B = dict(patch_size=(1, 2, 2), in_dim=16, dim=5120, ffn_dim=13824, freq_dim=256, text_dim=4096, out_dim=16,
                  num_heads=40, num_layers=40)
+WAN21_I2V_14B = dict(WAN21_14B, model_type="i2v", in_dim=36)  # Wan2.1-I2V-14B-480P / -720P
+WAN21_FLF2V_14B = dict(WAN21_14B, model_type="flf2v", in_dim=36)  # Wan2.1-FLF2V-14B-720P
 WAN22_5B = dict(patch_size=(1, 2, 2), in_dim=48, dim=3072, ffn_dim=14336, freq_dim=256, text_dim=4096, out_dim=48,
                 num_heads=24, num_layers=30)
 
@@ -90,8 +116,11 @@ def _wide(x):
 
 
 def wan_dit_tensor_shapes(cfg):
-    """{name: shape} of a t2v WanModel (PyTorch order), from the configuration alone."""
+    """{name: shape} of a WanModel (PyTorch order), from the configuration alone (model_type 't2v' unless
+    cfg says 'i2v' or 'flf2v'; clip_dim 1280 unless given)."""
     dim, ffn, p = cfg["dim"], cfg["ffn_dim"], cfg["patch_size"]
+    image = cfg.get("model_type", "t2v") in ("i2v", "flf2v")
+    clip_dim = cfg.get("clip_dim", CLIP_DIM)
     s = {}
 
     def linear(name, n_in, n_out):
@@ -113,12 +142,23 @@ def wan_dit_tensor_shapes(cfg):
                 linear(b + attn + "." + proj, dim, dim)
             s[b + attn + ".norm_q.weight"] = (dim,)
             s[b + attn + ".norm_k.weight"] = (dim,)
+        if image:
+            linear(b + "cross_attn.k_img", dim, dim)
+            linear(b + "cross_attn.v_img", dim, dim)
+            s[b + "cross_attn.norm_k_img.weight"] = (dim,)
         s[b + "norm3.weight"] = (dim,)
         s[b + "norm3.bias"] = (dim,)
         linear(b + "ffn.0", dim, ffn)
         linear(b + "ffn.2", ffn, dim)
     linear("head.head", dim, math.prod(p) * cfg["out_dim"])
     s["head.modulation"] = (1, 2, dim)
+    if image:
+        s["img_emb.proj.0.weight"] = s["img_emb.proj.0.bias"] = (clip_dim,)  # LayerNorm(clip_dim)
+        linear("img_emb.proj.1", clip_dim, clip_dim)
+        linear("img_emb.proj.3", clip_dim, dim)
+        s["img_emb.proj.4.weight"] = s["img_emb.proj.4.bias"] = (dim,)  # LayerNorm(dim)
+        if cfg.get("model_type") == "flf2v":
+            s["img_emb.emb_pos"] = (1, FLF_CONTEXT_TOKENS, clip_dim)
     return s
 
 
@@ -243,14 +283,47 @@ class WanT2VCrossAttention(WanSelfAttention):
         return self.o(x.flatten(2))
 
 
+class WanI2VCrossAttention(WanSelfAttention):
+    """The image models' cross-attention: the context is [image tokens, 512 text rows]; q attends to each part
+    with its own k and v, the text part with k, v (and context_lens), the image part with k_img, v_img (and
+    norm_k_img, no mask), and o maps the sum of the two results."""
+
+    def __init__(self, dim, num_heads, qk_norm=True, eps=EPS):
+        super().__init__(dim, num_heads, qk_norm, eps)
+        self.k_img = nn.Linear(dim, dim)
+        self.v_img = nn.Linear(dim, dim)
+        self.norm_k_img = WanRMSNorm(dim, eps=eps) if qk_norm else nn.Identity()
+
+    def forward(self, x, context, context_lens):
+        image_context_length = context.shape[1] - TEXT_LEN  # 257 (i2v) or 514 (flf2v)
+        context_img = context[:, :image_context_length]
+        context = context[:, image_context_length:]
+        b, n, d = x.size(0), self.num_heads, self.head_dim
+        q = self.norm_q(self.q(x)).view(b, -1, n, d)
+        k = self.norm_k(self.k(context)).view(b, -1, n, d)
+        v = self.v(context).view(b, -1, n, d)
+        k_img = self.norm_k_img(self.k_img(context_img)).view(b, -1, n, d)
+        v_img = self.v_img(context_img).view(b, -1, n, d)
+        img_x = flash_attention(q, k_img, v_img, k_lens=None)
+        x = flash_attention(q, k, v, k_lens=context_lens)
+        return self.o(x.flatten(2) + img_x.flatten(2))
+
+
+CROSS_ATTENTION_CLASSES = {  # the original's WAN_CROSSATTENTION_CLASSES
+    "t2v_cross_attn": WanT2VCrossAttention,
+    "i2v_cross_attn": WanI2VCrossAttention,
+}
+
+
 class WanAttentionBlock(nn.Module):
 
-    def __init__(self, dim, ffn_dim, num_heads, qk_norm=True, cross_attn_norm=True, eps=EPS):
+    def __init__(self, dim, ffn_dim, num_heads, qk_norm=True, cross_attn_norm=True, eps=EPS,
+                 cross_attn_type="t2v_cross_attn"):
         super().__init__()
         self.norm1 = WanLayerNorm(dim, eps)
         self.self_attn = WanSelfAttention(dim, num_heads, qk_norm, eps)
         self.norm3 = WanLayerNorm(dim, eps, elementwise_affine=True) if cross_attn_norm else nn.Identity()
-        self.cross_attn = WanT2VCrossAttention(dim, num_heads, qk_norm, eps)
+        self.cross_attn = CROSS_ATTENTION_CLASSES[cross_attn_type](dim, num_heads, qk_norm, eps)
         self.norm2 = WanLayerNorm(dim, eps)
         self.ffn = nn.Sequential(nn.Linear(dim, ffn_dim), nn.GELU(approximate="tanh"), nn.Linear(ffn_dim, dim))
         self.modulation = nn.Parameter(torch.randn(1, 6, dim) / dim**0.5)
@@ -277,12 +350,33 @@ class Head(nn.Module):
         return self.head(self.norm(x) * (1 + e[1]) + e[0])
 
 
+class MLPProj(nn.Module):
+    """img_emb: the CLIP tokens [B, 257, clip_dim] to context rows [B, 257, dim]; flf2v's adds a learnt
+    position to each of the 2 x 257 tokens of its two images, read as one item."""
+
+    def __init__(self, in_dim, out_dim, flf_pos_emb=False):
+        super().__init__()
+        self.proj = nn.Sequential(nn.LayerNorm(in_dim), nn.Linear(in_dim, in_dim), nn.GELU(),
+                                  nn.Linear(in_dim, out_dim), nn.LayerNorm(out_dim))
+        if flf_pos_emb:  # the original: torch.zeros(1, FIRST_LAST_FRAME_CONTEXT_TOKEN_NUMBER, 1280)
+            self.emb_pos = nn.Parameter(torch.zeros(1, FLF_CONTEXT_TOKENS, in_dim))
+
+    def forward(self, image_embeds):
+        if hasattr(self, "emb_pos"):
+            bs, n, d = image_embeds.shape
+            image_embeds = image_embeds.view(-1, 2 * n, d)  # [2B, 257, d] (first, last of each item) -> [B, 514, d]
+            image_embeds = image_embeds + self.emb_pos
+        return self.proj(image_embeds)
+
+
 class WanModel(nn.Module):
 
-    def __init__(self, patch_size=(1, 2, 2), text_len=TEXT_LEN, in_dim=16, dim=2048, ffn_dim=8192, freq_dim=256,
-                 text_dim=4096, out_dim=16, num_heads=16, num_layers=32, qk_norm=True, cross_attn_norm=True,
-                 eps=EPS):
+    def __init__(self, model_type="t2v", patch_size=(1, 2, 2), text_len=TEXT_LEN, in_dim=16, dim=2048,
+                 ffn_dim=8192, freq_dim=256, text_dim=4096, out_dim=16, num_heads=16, num_layers=32, qk_norm=True,
+                 cross_attn_norm=True, eps=EPS, clip_dim=CLIP_DIM):
         super().__init__()
+        assert model_type in ("t2v", "i2v", "flf2v")
+        self.model_type = model_type
         self.patch_size = patch_size
         self.text_len = text_len
         self.dim = dim
@@ -293,17 +387,25 @@ class WanModel(nn.Module):
                                             nn.Linear(dim, dim))
         self.time_embedding = nn.Sequential(nn.Linear(freq_dim, dim), nn.SiLU(), nn.Linear(dim, dim))
         self.time_projection = nn.Sequential(nn.SiLU(), nn.Linear(dim, dim * 6))
+        cross_attn_type = "t2v_cross_attn" if model_type == "t2v" else "i2v_cross_attn"
         self.blocks = nn.ModuleList([
-            WanAttentionBlock(dim, ffn_dim, num_heads, qk_norm, cross_attn_norm, eps) for _ in range(num_layers)
+            WanAttentionBlock(dim, ffn_dim, num_heads, qk_norm, cross_attn_norm, eps, cross_attn_type)
+            for _ in range(num_layers)
         ])
         self.head = Head(dim, out_dim, patch_size, eps)
         assert (dim % num_heads) == 0 and (dim // num_heads) % 2 == 0
         self.freqs = rope_freqs(dim // num_heads)
+        if model_type in ("i2v", "flf2v"):  # after head, as the original: the state dict's order
+            self.img_emb = MLPProj(clip_dim, dim, flf_pos_emb=model_type == "flf2v")
 
-    def forward(self, x, t, context, seq_len, blocks=None):
-        """x: list of [C_in, F, H, W]; t: [B] timesteps in [0, 1000]; context: list of [L_i, text_dim]
-        (L_i <= 512). Returns the list of [C_out, F, H, W] predictions; `blocks`, when a dict, gets
-        'blocks.N': the tokens [B, seq_len, dim] after block N."""
+    def forward(self, x, t, context, seq_len, clip_fea=None, blocks=None):
+        """x: list of [C_in, F, H, W] (for i2v / flf2v the noise latent and the condition y already
+        concatenated along the channels); t: [B] timesteps in [0, 1000]; context: list of [L_i, text_dim]
+        (L_i <= 512); clip_fea: the CLIP tokens [B, 257, clip_dim] (i2v) or [2B, 257, clip_dim] (flf2v: each
+        item's first and last frame) of an image model. Returns the list of [C_out, F, H, W] predictions;
+        `blocks`, when a dict, gets 'blocks.N': the tokens [B, seq_len, dim] after block N."""
+        if self.model_type in ("i2v", "flf2v"):
+            assert clip_fea is not None  # as the original: its image cross-attention needs the image tokens
         x = [self.patch_embedding(u.unsqueeze(0)) for u in x]
         grid_sizes = torch.stack([torch.tensor(u.shape[2:], dtype=torch.long) for u in x])
         x = [u.flatten(2).transpose(1, 2) for u in x]
@@ -317,6 +419,9 @@ class WanModel(nn.Module):
         context_lens = None
         context = self.text_embedding(
             torch.stack([torch.cat([u, u.new_zeros(self.text_len - u.size(0), u.size(1))]) for u in context]))
+        if clip_fea is not None:
+            context_clip = self.img_emb(clip_fea)  # [B, 257 (x 2), dim]
+            context = torch.concat([context_clip, context], dim=1)
 
         for i, block in enumerate(self.blocks):
             x = block(x, e0, seq_lens, grid_sizes, self.freqs, context, context_lens)
@@ -336,11 +441,14 @@ class WanModel(nn.Module):
         return out
 
 
-def predict(model, x, sigma, context, context_lengths=None, blocks=None):
-    """kiln's view of one evaluation: x [B, C, F, H, W], sigma [B] in [0, 1] (t = 1000 sigma), context
-    [B, L, text_dim] of which item b's first context_lengths[b] rows (all when None) are its prompt.
-    Returns [B, C_out, F, H, W]."""
+def predict(model, x, sigma, context, context_lengths=None, blocks=None, clip_fea=None):
+    """kiln's view of one evaluation: x [B, C, F, H, W] (an image model's condition concatenated along C),
+    sigma [B] in [0, 1] (t = 1000 sigma), context [B, L, text_dim] of which item b's first
+    context_lengths[b] rows (all when None) are its prompt, clip_fea the CLIP tokens of an image model
+    ([B, 257, clip_dim] for i2v; for flf2v [2B, 257, clip_dim], each item's first then last frame, as
+    Wan's clip.visual gives them for a batch of one). Returns [B, C_out, F, H, W]."""
     lengths = context_lengths or [context.shape[1]] * x.shape[0]
     seq_len = math.prod(s // p for s, p in zip(x.shape[2:], model.patch_size))
-    out = model([u for u in x], sigma * 1000, [c[:n] for c, n in zip(context, lengths)], seq_len, blocks=blocks)
+    out = model([u for u in x], sigma * 1000, [c[:n] for c, n in zip(context, lengths)], seq_len, clip_fea=clip_fea,
+                blocks=blocks)
     return torch.stack(out)

@@ -40,6 +40,12 @@ Family make() {
     high_noise.optional = true;
     high_noise.high_noise = true;
     f.modules.push_back(high_noise);
+    // Wan 2.1 I2V and FLF2V: CLIP vision reads the first (and last) frame
+    // for the DiT's image context (sd-cli's --clip_vision,
+    // clip_vision_h.safetensors); only jobs on those DiTs need it.
+    ModuleSpec clip_vision{"clip_vision", ModuleRole::TextEncoder, NetworkKind::ClipVision, {}, "--clip_vision", {}};
+    clip_vision.optional = true;
+    f.modules.push_back(clip_vision);
     f.conditioning.encoders = {umt5_use()};
     f.latent = wan21_latent_format();
     f.schedule.prediction = Prediction::Flow;

@@ -1,6 +1,7 @@
 #include "models/nets/registry.h"
 
 #include "models/nets/clip_text.h"
+#include "models/nets/clip_vision.h"
 #include "models/nets/controlnet.h"
 #include "models/nets/flux2_dit.h"
 #include "models/nets/flux2_vae.h"
@@ -85,8 +86,10 @@ const std::vector<NetworkEntry>& entries() {
         // and llama.cpp's mmproj name for its first temporal kernel.
         {NetworkKind::QwenVision, {"patch_embed.proj.weight", "v.patch_embd.weight"}, create<QwenVisionEncoder>},
         // The cross-attention's QK norm is Wan's name alone (diffusers' Wan
-        // has attn2.norm_k); an I2V file has it too and reaches WanDit's error.
+        // has attn2.norm_k).
         {NetworkKind::WanDit, {"blocks.0.cross_attn.norm_k.weight"}, create<WanDit>},
+        // HF's CLIPVisionModel names (ComfyUI's clip_vision_h.safetensors).
+        {NetworkKind::ClipVision, {"vision_model.embeddings.patch_embedding.weight"}, create<ClipVisionEncoder>},
     };
     return list;
 }

@@ -34,7 +34,8 @@ enum class NetworkKind {
     QwenImageDit,  // models/nets/qwen_image_dit: Qwen-Image's MMDiT (and the Edit models')
     WanVae,        // models/nets/wan_vae: Wan 2.1's causal 3D VAE (Qwen-Image's, one frame)
     QwenVision,    // models/nets/qwen25_vl_vision: Qwen2.5-VL's vision tower (Qwen-Image-Edit's prompt images)
-    WanDit,        // models/nets/wan_dit: Wan 2.1 / 2.2's text-to-video transformer
+    WanDit,        // models/nets/wan_dit: Wan 2.1 / 2.2's video transformer
+    ClipVision,    // models/nets/clip_vision: CLIP's vision tower (Wan 2.1 image-to-video's --clip_vision)
 };
 
 // What the family asks of a network beyond its weights.

@@ -14,15 +14,19 @@ namespace kiln::models {
 namespace {
 
 constexpr float kEps = 1e-6f;           // WanModel's eps: every LayerNorm and the QK RMSNorms
+constexpr float kImageEmbeddingEps = 1e-5f;  // MLPProj's nn.LayerNorm default
 constexpr int64_t kHeadWidth = 128;     // dim / num_heads of every released Wan
 constexpr float kRopeTheta = 10000.0f;  // rope_params' theta
 constexpr const char* kHeadsKey = "kiln.wan.heads";
 
-// A self- or cross-attention (WanSelfAttention, WanT2VCrossAttention).
+// A self- or cross-attention (WanSelfAttention, WanT2VCrossAttention;
+// WanI2VCrossAttention with k_img, v_img and norm_k_img).
 struct Attention {
     nn::Linear q, k, v, o;
     ggml_tensor* norm_q = nullptr;  // [dim]: RMSNorm over the whole width, not per head
     ggml_tensor* norm_k = nullptr;
+    nn::Linear k_img, v_img;
+    ggml_tensor* norm_k_img = nullptr;
 };
 
 struct Block {
@@ -41,6 +45,7 @@ struct Shared {
     int64_t heads = 1;
     ggml_tensor* e0 = nullptr;       // time_projection's six vectors, ne [dim, 6, B]
     ggml_tensor* context = nullptr;  // text_embedding of the padded context, ne [dim, kWanTextLength, B]
+    ggml_tensor* image_context = nullptr;  // img_emb of CLIP vision's rows, ne [dim, rows, B]; null: T2V
 };
 
 // x ne [width, L, B] through a projection and the RMSNorm over its whole width.
@@ -61,8 +66,15 @@ ggml_tensor* self_attention(ggml_context* ctx, const Shared& s, const Attention&
 }
 
 ggml_tensor* cross_attention(ggml_context* ctx, const Shared& s, const Attention& a, ggml_tensor* x) {
-    ggml_tensor* out = nn::attention(ctx, normed(ctx, a.q, a.norm_q, x), normed(ctx, a.k, a.norm_k, s.context),
-                                     nn::linear(ctx, a.v, s.context), s.attn);
+    ggml_tensor* q = normed(ctx, a.q, a.norm_q, x);
+    ggml_tensor* out =
+        nn::attention(ctx, q, normed(ctx, a.k, a.norm_k, s.context), nn::linear(ctx, a.v, s.context), s.attn);
+    if (s.image_context) {
+        // The image rows in an attention of their own, added before o.
+        out = ggml_add(ctx, out,
+                       nn::attention(ctx, q, normed(ctx, a.k_img, a.norm_k_img, s.image_context),
+                                     nn::linear(ctx, a.v_img, s.image_context), s.attn));
+    }
     return nn::linear(ctx, a.o, out);
 }
 
@@ -123,6 +135,10 @@ struct WanDit::Blocks {
     std::vector<Block> blocks;
     nn::Linear head;
     ggml_tensor* head_modulation = nullptr;  // ne [dim, 2, 1]
+    // img_emb (MLPProj): proj.0 LayerNorm, proj.1 Linear, GELU, proj.3 Linear, proj.4 LayerNorm.
+    nn::Norm image_norm_in, image_norm_out;
+    nn::Linear image_in, image_out;
+    ggml_tensor* image_positions = nullptr;  // img_emb.emb_pos (FLF2V), ne [clip_dim, rows, 1]
 };
 
 WanDit::WanDit() = default;
@@ -134,11 +150,6 @@ Result<std::unique_ptr<WanDit>> WanDit::create(io::WeightDeclarer& weights) {
     auto bad = [&](const std::string& what) { return Error::bad_file(where + ": " + what); };
     if (!weights.has("patch_embedding.weight") || !weights.has("blocks.0.cross_attn.norm_k.weight"))
         return bad("no patch_embedding / blocks.0.cross_attn.norm_k (not a Wan DiT)");
-    if (weights.has("img_emb.proj.0.weight") || weights.has("blocks.0.cross_attn.k_img.weight")) {
-        return bad(
-            "image-to-video Wan models (img_emb, cross_attn.k_img: Wan 2.1 I2V and FLF2V) are not supported yet; "
-            "pass a text-to-video model");
-    }
     std::unique_ptr<WanDit> dit(new WanDit());
     WanDitConfig& c = dit->config_;
     auto shape = [&](const std::string& name, size_t dims) -> Result<std::vector<int64_t>> {
@@ -185,6 +196,23 @@ Result<std::unique_ptr<WanDit>> WanDit::create(io::WeightDeclarer& weights) {
     }
     c.layers = 0;
     while (weights.has("blocks." + std::to_string(c.layers) + ".modulation")) ++c.layers;
+    if (weights.has("img_emb.proj.0.weight") != weights.has("blocks.0.cross_attn.k_img.weight"))
+        return bad("img_emb and blocks.N.cross_attn.k_img come together (Wan 2.1 I2V, FLF2V); it has one of them");
+    if (weights.has("img_emb.proj.0.weight")) {
+        auto clip = shape("img_emb.proj.0.weight", 1);
+        if (!clip.ok()) return clip.error();
+        c.clip_dim = (*clip)[0];
+        if (weights.has("img_emb.emb_pos")) {
+            auto positions = shape("img_emb.emb_pos", 3);
+            if (!positions.ok()) return positions.error();
+            if ((*positions)[0] != 1 || (*positions)[2] != c.clip_dim || (*positions)[1] % 2 != 0) {
+                return bad("img_emb.emb_pos is " + weights.info("img_emb.emb_pos")->shape_string() +
+                           ", expected [1, an even number of rows (two images'), " + std::to_string(c.clip_dim) + "]");
+            }
+            c.image_context_images = 2;
+            c.image_context_rows = (*positions)[1];
+        }
+    }
 
     auto heads = file.metadata_integer(kHeadsKey, 1, c.dim);
     if (!heads.ok()) return bad(heads.error().message);
@@ -217,6 +245,8 @@ Result<std::unique_ptr<WanDit>> WanDit::create(io::WeightDeclarer& weights) {
     // change the prediction; passes of different lengths run apart.
     can.joint_attention = true;
     can.cache_blocks = c.layers;
+    can.image_context_width = c.clip_dim;
+    can.image_context_images = c.clip_dim > 0 ? c.image_context_images : 0;
     return dit;
 }
 
@@ -232,7 +262,7 @@ void WanDit::declare(io::WeightDeclarer& w) {
     b.time = {nn::declare_linear(w, "time_embedding.0", c.freq_dim, D),
               nn::declare_linear(w, "time_embedding.2", D, D)};
     b.time_projection = nn::declare_linear(w, "time_projection.1", D, 6 * D);
-    auto attention = [&](const std::string& stem) {
+    auto attention = [&](const std::string& stem, bool image) {
         Attention a;
         a.q = nn::declare_linear(w, stem + ".q", D, D);
         a.k = nn::declare_linear(w, stem + ".k", D, D);
@@ -241,6 +271,11 @@ void WanDit::declare(io::WeightDeclarer& w) {
         // Multiplied in element-wise: held in F32 whatever --type says.
         a.norm_q = w.require_f32(stem + ".norm_q.weight", {D});
         a.norm_k = w.require_f32(stem + ".norm_k.weight", {D});
+        if (image) {
+            a.k_img = nn::declare_linear(w, stem + ".k_img", D, D);
+            a.v_img = nn::declare_linear(w, stem + ".v_img", D, D);
+            a.norm_k_img = w.require_f32(stem + ".norm_k_img.weight", {D});
+        }
         return a;
     };
     for (int i = 0; i < c.layers; ++i) {
@@ -248,8 +283,8 @@ void WanDit::declare(io::WeightDeclarer& w) {
         Block block;
         // The original adds it to e0 in float32.
         block.modulation = w.require_f32(stem + "modulation", {1, 6, D});
-        block.self_attn = attention(stem + "self_attn");
-        block.cross_attn = attention(stem + "cross_attn");
+        block.self_attn = attention(stem + "self_attn", false);
+        block.cross_attn = attention(stem + "cross_attn", c.clip_dim > 0);
         block.norm3 = {w.require_f32(stem + "norm3.weight", {D}), w.require_f32(stem + "norm3.bias", {D})};
         block.ffn_in = nn::declare_linear(w, stem + "ffn.0", D, c.ffn_dim);
         block.ffn_out = nn::declare_linear(w, stem + "ffn.2", c.ffn_dim, D);
@@ -257,6 +292,14 @@ void WanDit::declare(io::WeightDeclarer& w) {
     }
     b.head = nn::declare_linear(w, "head.head", D, p * p * c.out_channels);
     b.head_modulation = w.require_f32("head.modulation", {1, 2, D});
+    if (c.clip_dim > 0) {
+        b.image_norm_in = nn::declare_norm(w, "img_emb.proj.0", c.clip_dim);
+        b.image_in = nn::declare_linear(w, "img_emb.proj.1", c.clip_dim, c.clip_dim);
+        b.image_out = nn::declare_linear(w, "img_emb.proj.3", c.clip_dim, D);
+        b.image_norm_out = nn::declare_norm(w, "img_emb.proj.4", D);
+        if (c.image_context_rows > 0)
+            b.image_positions = w.require_f32("img_emb.emb_pos", {1, c.image_context_rows, c.clip_dim});
+    }
 }
 
 Result<ggml_tensor*> WanDit::build(ggml_context* ctx, const WanDitInputs& in, const WanDitBuildOptions& options) const {
@@ -287,6 +330,20 @@ Result<ggml_tensor*> WanDit::build(ggml_context* ctx, const WanDitInputs& in, co
         return fail("rope is " + nn::ne_string(in.rope) + ", these tokens need F32 " + nn::ne_string(rope_ne) +
                     " (wan_rope_table)");
     }
+    if (c.clip_dim > 0) {
+        const ggml_tensor* img = in.image_context;
+        const bool rows_ok =
+            img && img->ne[1] >= 1 && (c.image_context_rows == 0 || img->ne[1] == c.image_context_rows);
+        if (!rows_ok || img->ne[0] != c.clip_dim || img->ne[2] != B || img->ne[3] != 1) {
+            return fail("image_context is " + (img ? nn::ne_string(img) : std::string("missing")) + ", expected [" +
+                        std::to_string(c.clip_dim) + ", " +
+                        (c.image_context_rows ? std::to_string(c.image_context_rows) : std::string("rows")) + ", " +
+                        std::to_string(B) + "] (CLIP vision's rows of the first frame" +
+                        (c.image_context_images == 2 ? " and the last" : "") + ")");
+        }
+    } else if (in.image_context) {
+        return fail("image_context given to a DiT without img_emb (a text-to-video model)");
+    }
     const int64_t N = grid.tokens();
     const std::string stage_problem = stage_inputs_problem(options.split, in.stream, in.residual, c.dim, N, B);
     if (!stage_problem.empty()) return fail(stage_problem);
@@ -310,6 +367,14 @@ Result<ggml_tensor*> WanDit::build(ggml_context* ctx, const WanDitInputs& in, co
     // original pads it: every stage's blocks read it.
     ggml_tensor* context = ggml_pad(ctx, in.context, 0, static_cast<int>(kWanTextLength - T), 0, 0);
     s.context = nn::linear(ctx, b.text_out, nn::gelu_tanh(ctx, options.target, nn::linear(ctx, b.text_in, context)));
+    if (c.clip_dim > 0) {
+        // img_emb (MLPProj): emb_pos added to the two images' rows first (FLF2V).
+        ggml_tensor* img = in.image_context;
+        if (b.image_positions) img = ggml_add(ctx, img, b.image_positions);
+        img = nn::linear(ctx, b.image_in, nn::layer_norm(ctx, b.image_norm_in, img, kImageEmbeddingEps));
+        img = nn::linear(ctx, b.image_out, ggml_gelu_erf(ctx, img));
+        s.image_context = nn::layer_norm(ctx, b.image_norm_out, img, kImageEmbeddingEps);
+    }
 
     // Tokens: the Conv3d with a 1 x p x p kernel is a linear map of each
     // frame's p x p patches, features (c, ph, pw) as its kernel reads them.
@@ -376,6 +441,10 @@ Result<DiffusionTensors> WanDit::build(nn::GraphInputs& s, const DiffusionShape&
     const WanGrid grid{shape.frames, shape.latent_h / c.patch, shape.latent_w / c.patch};
     const std::vector<float> rope = wan_rope_table(c, grid);
     in.rope = s.input(GGML_TYPE_F32, wan_rope_shape(c, grid), rope.data(), "rope");
+    if (c.clip_dim > 0) {
+        in.image_context = g.image_context =
+            s.input(GGML_TYPE_F32, {c.clip_dim, shape.image_context_rows, b}, nullptr, "image_context");
+    }
     WanDitBuildOptions options;
     options.flash_attention = shape.flash_attention;
     options.target = shape.target;

@@ -1,7 +1,7 @@
-// Wan's video diffusion transformer (Alibaba's Wan 2.1 and Wan 2.2
-// text-to-video: T2V-1.3B, T2V-14B, the A14B experts, TI2V-5B), as the
-// original wan/modules/model.py defines WanModel with model_type 't2v'
-// (PyTorch reference: training/reference/wan_dit.py). One stream of video
+// Wan's video diffusion transformer (Alibaba's Wan 2.1 and Wan 2.2:
+// T2V-1.3B, T2V-14B, the A14B experts, TI2V-5B, Wan 2.1's I2V and FLF2V), as
+// the original wan/modules/model.py defines WanModel with model_type 't2v',
+// 'i2v' and 'flf2v' (PyTorch reference: training/reference/wan_dit.py). One stream of video
 // tokens: the latent [C, F, H, W] of each batch item cut into 1 x 2 x 2
 // patches by patch_embedding (a Conv3d, kernel = stride = patch: a linear map
 // of each patch's (c, ph, pw) features), tokens in (frame, row, column)
@@ -46,9 +46,15 @@
 // counted. Heads: dim / 128 (every release's head width), or metadata
 // "kiln.wan.heads" (small test models). in_dim larger than out_dim is a
 // concatenated condition (Wan 2.2 I2V-A14B: 16 noise, 4 mask and 16 image
-// channels), the caller's to fill. Wan 2.1's I2V and FLF2V files (a CLIP
-// image projection img_emb.* and cross_attn.k_img / v_img) are refused:
-// their image context is not implemented.
+// channels), the caller's to fill.
+//
+// Image context (Wan 2.1 I2V and FLF2V: img_emb.* and cross_attn.k_img /
+// v_img / norm_k_img): CLIP vision's hidden states of the first frame (FLF2V:
+// of the first then the last frame, plus img_emb.emb_pos) go through img_emb
+// (LayerNorm, Linear, GELU, Linear, LayerNorm) and sit before the text rows;
+// each cross-attention attends to the text and, with k_img and v_img, to
+// the image rows apart (no mask) and adds the two before its output
+// projection (WanI2VCrossAttention).
 #pragma once
 
 #include <memory>
@@ -76,6 +82,13 @@ struct WanDitConfig {
     int64_t text_dim = 4096;
     int64_t freq_dim = 256;
     int layers = 30;
+    // Width of the image context's rows (CLIP vision's, 1280); 0: no image context.
+    int64_t clip_dim = 0;
+    // Images whose rows the image context holds: 2 for FLF2V (emb_pos covers
+    // both), else 1.
+    int image_context_images = 1;
+    // FLF2V: rows of img_emb.emb_pos, which the image context must have; 0: any.
+    int64_t image_context_rows = 0;
 
     int64_t head_dim() const { return dim / heads; }
     // Features of a head that turn with the frame, the row and the column.
@@ -104,6 +117,9 @@ struct WanDitInputs {
     // prompt rows, then zeros.
     ggml_tensor* context = nullptr;
     ggml_tensor* rope = nullptr;  // F32 ne wan_rope_shape(): wan_rope_table()
+    // clip_dim > 0: ne [clip_dim, rows, B], CLIP vision's rows of the image
+    // (FLF2V: the first frame's, then the last's).
+    ggml_tensor* image_context = nullptr;
     // BlockStage Rest and Cached (WanDitBuildOptions::split): the stream
     // after the front blocks and the middle blocks' residual, ne [dim,
     // tokens, B].
@@ -121,8 +137,7 @@ struct WanDitBuildOptions {
 class WanDit final : public DiffusionNetwork {
   public:
     // Error (BadFile) if the tensors under the declarer's prefix are not a
-    // Wan text-to-video DiT (an image-to-video one included), naming what
-    // is wrong.
+    // Wan DiT, naming what is wrong.
     static Result<std::unique_ptr<WanDit>> create(io::WeightDeclarer& weights);
     ~WanDit() override;
     const WanDitConfig& config() const { return config_; }
