@@ -8,9 +8,11 @@
 #include <chrono>
 #include <thread>
 
+#include "image/image_io.h"
 #include "server_test_support.h"
 #include "test_files.h"
 #include "util/base64.h"
+#include "wan_tiny.h"
 
 namespace kiln {
 namespace {
@@ -19,6 +21,24 @@ using test::body_json;
 using test::error_param;
 using test::json;
 using test::ServerProcess;
+
+// The served clip (a completed vid_gen job's webm) and the one `kiln FLAGS
+// CLI_FLAGS` writes, decoded by ffmpeg: the same five frames, byte for byte.
+void expect_cli_frames(const json& done, const std::string& flags, const std::string& cli_flags) {
+    test::TempDir dir;
+    const std::vector<uint8_t> file =
+        base64_decode(done["result"]["b64_json"].get<std::string>()).value_or(std::vector<uint8_t>{});
+    dir.write("served.webm", std::string_view(reinterpret_cast<const char*>(file.data()), file.size()));
+    auto cli = test::run_command(std::string(KILN_BIN) + " " + flags + " " + cli_flags + " -o " + dir.file("cli.webm"));
+    ASSERT_EQ(cli.exit_code, 0) << cli.err;
+    for (const std::string name : {"served", "cli"})
+        ASSERT_EQ(test::decode_video_frames(dir.file(name + ".webm"), dir.file(name)), "");
+    for (int f = 0; f < 5; ++f) {
+        const std::vector<uint8_t> want = test::read_bytes(dir.file("cli_" + std::to_string(f) + ".png"));
+        EXPECT_FALSE(want.empty()) << f;
+        EXPECT_EQ(test::read_bytes(dir.file("served_" + std::to_string(f) + ".png")), want) << "frame " << f;
+    }
+}
 
 // Polls GET /sdcpp/v1/jobs/{id} until its status is `status` or a final one;
 // counts attempts, not time, so a busy machine only makes it slower.
@@ -312,23 +332,49 @@ TEST(ServerSdcppApi, VidGenRunsWan22ExpertsAsTheCliDoes) {
     ASSERT_EQ(posted->status, 202) << posted->body;
     const json done = poll_until(client, body_json(posted)["id"], "completed");
     ASSERT_EQ(done["status"], "completed") << done.dump();
+    expect_cli_frames(done, flags,
+                      "-M vid_gen -p \"a red cat\" -W 64 -H 48 --steps 2 --cfg-scale 6 --high-noise-steps 2 "
+                      "--high-noise-cfg-scale 4 --high-noise-sampling-method euler -s 11 --video-frames 5 --fps 8");
+    EXPECT_EQ(server.stop(SIGTERM), 0);
+}
+
+// sd-server's Wan 2.1 FLF2V job: init_image and end_image, on a server
+// started with --clip_vision, make the CLI's clip with -i and --end-img.
+TEST(ServerSdcppApi, VidGenMakesFirstLastFrameClipsAsTheCliDoes) {
+    const std::string part = test::golden_path("pipeline/wan_tiny/");
+    const std::string flags = "-t 1 -m " + part + "wan_dit_flf2v.safetensors --vae " +
+                              test::golden_path("models/wan_vae_tiny.safetensors") + " --t5xxl " + part +
+                              "umt5.safetensors --tokenizer t5xxl=" + test::golden_path("text/umt5_like_spiece.model") +
+                              " --clip_vision " + part + "clip_vision.safetensors";
     test::TempDir dir;
-    const std::vector<uint8_t> file =
-        base64_decode(done["result"]["b64_json"].get<std::string>()).value_or(std::vector<uint8_t>{});
-    dir.write("served.webm", std::string_view(reinterpret_cast<const char*>(file.data()), file.size()));
-    auto cli = test::run_command(std::string(KILN_BIN) + " " + flags +
-                                 " -M vid_gen -p \"a red cat\" -W 64 -H 48 --steps 2 --cfg-scale 6 "
-                                 "--high-noise-steps 2 --high-noise-cfg-scale 4 --high-noise-sampling-method euler "
-                                 "-s 11 --video-frames 5 --fps 8 -o " +
-                                 dir.file("cli.webm"));
-    ASSERT_EQ(cli.exit_code, 0) << cli.err;
-    for (const std::string name : {"served", "cli"})
-        ASSERT_EQ(test::decode_video_frames(dir.file(name + ".webm"), dir.file(name)), "");
-    for (int f = 0; f < 5; ++f) {
-        const std::vector<uint8_t> want = test::read_bytes(dir.file("cli_" + std::to_string(f) + ".png"));
-        EXPECT_FALSE(want.empty()) << f;
-        EXPECT_EQ(test::read_bytes(dir.file("served_" + std::to_string(f) + ".png")), want) << "frame " << f;
-    }
+    auto job = io::ModelFile::open({test::golden_path("pipeline/wan_tiny_flf2v.safetensors")});
+    ASSERT_TRUE(job.ok());
+    ASSERT_TRUE(image::write_image(dir.file("first.png"), test::wan_tiny_frame(*job, "image")).ok());
+    ASSERT_TRUE(image::write_image(dir.file("last.png"), test::wan_tiny_frame(*job, "end_image")).ok());
+    ServerProcess server(flags);
+    ASSERT_TRUE(server.started()) << server.log();
+    httplib::Client client("127.0.0.1", server.port());
+    client.set_read_timeout(120, 0);
+    auto features = client.Get("/sdcpp/v1/capabilities");
+    ASSERT_TRUE(features);
+    EXPECT_NE(features->body.find("\"end_image\":true"), std::string::npos) << features->body;
+    const json body = {{"prompt", "a red cat"},
+                       {"width", 64},
+                       {"height", 48},
+                       {"seed", 11},
+                       {"video_frames", 5},
+                       {"fps", 8},
+                       {"init_image", base64_encode(test::read_bytes(dir.file("first.png")))},
+                       {"end_image", base64_encode(test::read_bytes(dir.file("last.png")))},
+                       {"sample_params", {{"sample_steps", 2}, {"sample_method", "euler"}}}};
+    auto posted = client.Post("/sdcpp/v1/vid_gen", body.dump(), "application/json");
+    ASSERT_TRUE(posted);
+    ASSERT_EQ(posted->status, 202) << posted->body;
+    const json done = poll_until(client, body_json(posted)["id"], "completed");
+    ASSERT_EQ(done["status"], "completed") << done.dump();
+    expect_cli_frames(done, flags,
+                      "-M vid_gen -p \"a red cat\" -W 64 -H 48 --steps 2 -s 11 --video-frames 5 --fps 8 -i " +
+                          dir.file("first.png") + " --end-img " + dir.file("last.png"));
     EXPECT_EQ(server.stop(SIGTERM), 0);
 }
 

@@ -381,6 +381,7 @@ void JobQueue::run(const std::shared_ptr<Job>& job) {
     gp.strength = r.strength;
     gp.init_latent_resize = r.init_latent_resize ? 1 : 0;
     gp.mask = r.mask.get();
+    gp.end_image = r.end_image.get();
     std::vector<kiln_image> refs;  // the structs, over the request's pixels
     for (const SharedImage& ref : r.ref_images) refs.push_back(*ref);
     gp.ref_images = refs.empty() ? nullptr : refs.data();

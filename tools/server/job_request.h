@@ -62,6 +62,7 @@ struct JobRequest {
     // width x height (kiln_generation_params.init_latent_resize).
     bool init_latent_resize = false;
     SharedImage mask;                   // RGB, white repaints; needs init_image
+    SharedImage end_image;              // an image-to-video clip's last frame (init_image its first)
     // Reference images (Flux.1-Kontext, Qwen-Image-Edit: kiln -r), as sd-cli's
     // --disable-auto-resize-ref-image and --increase-ref-index take them.
     std::vector<SharedImage> ref_images;

@@ -211,12 +211,12 @@ JobRequest parse_vid_gen(ServerState& state, const httplib::Request& req) {
     r.fps = static_cast<int>(read_integer(j, "fps", 16, 1, 1000));
     r.moe_boundary = static_cast<float>(read_number(j, "moe_boundary", 0.875, 0, 1));
     read_number(j, "vace_strength", 1.0, 0, 10);  // VACE's: control_frames are refused
-    // An image-to-video DiT's first frame (Wan 2.2 I2V); a text-to-video one refuses it by name.
-    if (j.contains("init_image") && !j["init_image"].is_null() &&
-        !(j["init_image"].is_string() && j["init_image"].get<std::string>().empty())) {
-        r.init_image = without_alpha(read_base64_image(j["init_image"], "init_image", limits));
+    // An image-to-video DiT's first and last frames (Wan 2.1 I2V and FLF2V,
+    // Wan 2.2 I2V); a text-to-video one refuses them by name.
+    for (auto [field, image] : {std::pair{"init_image", &r.init_image}, std::pair{"end_image", &r.end_image}}) {
+        if (j.contains(field) && !j[field].is_null() && !(j[field].is_string() && j[field].get<std::string>().empty()))
+            *image = without_alpha(read_base64_image(j[field], field, limits));
     }
-    refuse_if_given(j, "end_image", "first-last-frame video (Wan FLF2V) is not built in kiln");
     refuse_if_given(j, "control_frames", "VACE's control frames are not built in kiln");
     // Wan 2.2 A14B's high-noise expert (kiln serve --high-noise-diffusion-model),
     // as sd-server reads them; its schedule is the job's.
@@ -392,7 +392,7 @@ json capabilities(ServerState& state) {
     video_defaults["high_noise_sample_params"]["sample_steps"] = -1;
     const json video_formats = {"webm", "webp", "avi"};
     const json video_features = {{"init_image", info.first_frame != 0},
-                                 {"end_image", false},
+                                 {"end_image", info.first_frame != 0},
                                  {"control_frames", false},
                                  {"high_noise", info.high_noise_expert != 0},
                                  {"lora", true},
