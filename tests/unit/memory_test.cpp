@@ -73,6 +73,9 @@ struct Job {
     std::string high_noise_model;
     int high_noise_steps = -1;
     bool te_on_cpu = false;  // the text encoder computes on the CPU, not the device
+    // Image-to-video: --clip_vision ("" for none), and a first frame (-i) when set.
+    std::string clip_vision;
+    bool first_frame = false;
 };
 
 struct Outcome {
@@ -126,6 +129,7 @@ pipeline::ModelPaths paths_for(const Job& job) {
     paths.tokenizer = job.tokenizer;
     paths.control_net = job.control_net;
     paths.high_noise_diffusion_model = job.high_noise_model;
+    paths.clip_vision = job.clip_vision;
     return paths;
 }
 
@@ -160,6 +164,11 @@ pipeline::GenerationRequest request_for(const Job& job) {
     r.cache = job.cache;
     if (job.video_frames > 0) r.video_frames = job.video_frames;
     r.high_noise.steps = job.high_noise_steps;
+    if (job.first_frame) {
+        image::Image ramp = image::make_image(job.size, job.size, 3);
+        for (size_t i = 0; i < ramp.pixels.size(); ++i) ramp.pixels[i] = static_cast<uint8_t>(i * 7 % 251);
+        r.init_image = std::move(ramp);
+    }
     r.file_hashes = false;  // the images' "Model hash" would read each GB-sized model file once
     return r;
 }
@@ -1129,6 +1138,62 @@ TEST_F(Memory, WanA14bExpertsTakeTurnsUnderOneBudget) {
             EXPECT_GT(r->high_noise_segments, 1);
         }
     }
+}
+
+// Wan 2.1 image-to-video under one budget: tests/fixtures/wan_medium.spec's
+// DiT with 4 of its blocks made an I2V DiT (36 input planes, img_emb over
+// the 32-wide rows of the Wan goldens' tiny CLIP vision, k_img, v_img and
+// norm_k_img in every cross-attention: 487 MiB of weights), umT5 on the
+// CPU. A clip of 5 frames from a first frame at cfg 6, one step: every
+// frame the unconstrained run's at 40% of its peak, where the DiT runs in
+// segments that each read the image context (at 50% too), the managed peak
+// within the budget and kiln plan agreeing. Not 30%: the first block's
+// segment carries the embedders (147 MiB of weights), more than that
+// budget, and kiln plan says so as the run does.
+TEST_F(Memory, WanI2vSameFramesUnderEveryBudgetAndThePlanAgrees) {
+    test::TempDir dir;
+    std::ifstream spec(std::string(KILN_FIXTURES_DIR) + "/wan_medium.spec");
+    std::string i2v, line;
+    const std::string dit = "model.diffusion_model.";
+    while (std::getline(spec, line)) {
+        const size_t at = line.find("blocks.");
+        if (line.rfind(dit, 0) == 0 && at != std::string::npos && std::stoi(line.substr(at + 7)) >= 4) continue;
+        if (line == dit + "patch_embedding.weight F16 1536 16 1 2 2")
+            line = dit + "patch_embedding.weight F16 1536 36 1 2 2";
+        i2v += line + "\n";
+        const size_t norm = line.find(".cross_attn.norm_k.weight");
+        if (line.rfind(dit, 0) == 0 && norm != std::string::npos) {
+            const std::string stem = line.substr(0, norm) + ".cross_attn.";
+            for (const char* proj : {"k_img", "v_img"})
+                i2v += stem + proj + ".weight F16 1536 1536\n" + stem + proj + ".bias F16 1536\n";
+            i2v += stem + "norm_k_img.weight F16 1536\n";
+        }
+    }
+    for (const char* part :
+         {"proj.0.weight F16 32", "proj.0.bias F16 32", "proj.1.weight F16 32 32", "proj.1.bias F16 32",
+          "proj.3.weight F16 1536 32", "proj.3.bias F16 1536", "proj.4.weight F16 1536", "proj.4.bias F16 1536"})
+        i2v += dit + "img_emb." + part + "\n";
+    Job job;
+    job.model = dir.file("wan_i2v_medium.safetensors");
+    ASSERT_TRUE(test::write_random_model(dir.write("i2v.spec", i2v), job.model).ok());
+    job.clip_vision = std::string(KILN_GOLDEN_DIR) + "/pipeline/wan_tiny/clip_vision.safetensors";
+    job.first_frame = true;
+    job.tokenizer = "t5xxl=" + std::string(KILN_GOLDEN_DIR) + "/text/umt5_like_spiece.model";
+    job.cfg = 6.0f;
+    job.steps = 1;
+    job.video_frames = 5;
+    job.te_on_cpu = true;
+    auto reference = run_job(job);
+    ASSERT_TRUE(reference.ok()) << reference.error().message;
+    EXPECT_EQ(reference->segments, 1);
+    Job cut = job;
+    cut.budget = mib(static_cast<double>(reference->peak) / (1024.0 * 1024.0) * 0.4);
+    auto r = expect_plan_matches_run(cut);
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    EXPECT_EQ(r->pixels, reference->pixels) << "the clip differs from the unconstrained run";
+    ASSERT_TRUE(r->budget.has_value());
+    EXPECT_LE(r->peak, *r->budget) << "managed peak above the budget";
+    EXPECT_GT(r->segments, 1);
 }
 
 // SD3.5 Large at full width (tests/fixtures/sd35_large_medium.spec: the
