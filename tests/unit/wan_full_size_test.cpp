@@ -35,6 +35,7 @@
 #include <sstream>
 
 #include "gguf.h"
+#include "image/image_io.h"
 #include "models/nets/t5_encoder.h"
 #include "models/nets/wan_dit.h"
 #include "pipeline/model.h"
@@ -261,6 +262,7 @@ struct Files {
     std::string dit_14b_q8_0, umt5_q8_0;  // city96's GGUFs
     std::string dit_1_3b, dit_5b;         // wan2.1_t2v_1.3B_fp16, wan2.2_ti2v_5B_fp16
     std::string a14b_high_q4_k_m, a14b_low_q4_k_m;  // Wan 2.2 A14B's experts
+    std::string dit_i2v_14b, clip_vision_h;         // wan2.1_i2v_480p_14B_fp16, clip_vision_h
 };
 
 class WanFullSize : public ::testing::Test {
@@ -276,7 +278,9 @@ class WanFullSize : public ::testing::Test {
                            dir_->file("wan2.1_t2v_1.3B_fp16.safetensors"),
                            dir_->file("wan2.2_ti2v_5B_fp16.safetensors"),
                            dir_->file("Wan2.2-T2V-A14B-HighNoise-Q4_K_M.gguf"),
-                           dir_->file("Wan2.2-T2V-A14B-LowNoise-Q4_K_M.gguf")};
+                           dir_->file("Wan2.2-T2V-A14B-LowNoise-Q4_K_M.gguf"),
+                           dir_->file("wan2.1_i2v_480p_14B_fp16.safetensors"),
+                           dir_->file("clip_vision_h.safetensors")};
         if (!std::ifstream(spiece()).good()) {
             *setup_error_ = spiece() + " is missing";
             return;
@@ -301,6 +305,8 @@ class WanFullSize : public ::testing::Test {
             widen_tensor(f.a14b_high_q4_k_m, "patch_embedding.weight", {2, 2, 1, 16, 5120}),
             test::write_sparse_gguf(*four_d, f.a14b_low_q4_k_m, dit_q4_k_m_gguf_options()),
             widen_tensor(f.a14b_low_q4_k_m, "patch_embedding.weight", {2, 2, 1, 16, 5120}),
+            test::write_sparse_model(fixture("wan21_i2v_14b.spec"), f.dit_i2v_14b),
+            test::write_sparse_model(fixture("clip_vision_h.spec"), f.clip_vision_h),
         };
         for (const Status& s : written) {
             if (!s.ok()) *setup_error_ += s.error().message + "\n";
@@ -658,6 +664,27 @@ TEST_F(WanFullSize, PlanA14bQ4_K_MPairUnderEveryBudget) {
     check_plans(set, files().vae, {24, 16, 12, 8}, [](int, const std::string& out) {
         EXPECT_GT(test::plan_segments(out, "diffusion.high_noise"), 0) << out;
         EXPECT_NE(out.find("time share: diffusion.high_noise samples steps 1-"), std::string::npos) << out;
+    });
+}
+
+// Wan 2.1 I2V-14B fp16 (32.8 GB: the 14B with its image parts) with
+// clip_vision_h.safetensors and a first frame: the plan encodes the frame
+// with the VAE and reads it with CLIP vision (its weights in RAM, computing
+// on the device) before the DiT, whose 30.55 GiB stream from disk.
+TEST_F(WanFullSize, PlanI2v14bWithClipVisionUnderEveryBudget) {
+    expect_lines(info_ok(files().clip_vision_h), {"total: 520 tensors"});
+    const std::string first = dir_->file("first.png");
+    ASSERT_TRUE(image::write_image(first, image::make_image(832, 480, 3, 90)).ok());
+    const PlanSet set{"I2V 14B fp16",
+                      files().dit_i2v_14b,
+                      files().umt5_q8_0,
+                      " --clip_vision " + files().clip_vision_h + " -i " + first,
+                      "30.55 GiB",
+                      "5.62 GiB",
+                      30.55};
+    check_plans(set, files().vae, {24, 16, 12, 8}, [](int, const std::string& out) {
+        EXPECT_NE(out.find("te.clip_vision (first frame CLIP vision) on RPC0"), std::string::npos) << out;
+        EXPECT_NE(out.find("vae (first frame encode) on RPC0"), std::string::npos) << out;
     });
 }
 
