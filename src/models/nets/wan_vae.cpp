@@ -15,13 +15,26 @@
 namespace kiln::models {
 namespace {
 
-constexpr int64_t kLatentChannels = 16;
-using ChannelValues = std::array<float, kLatentChannels>;
-// WanVAE's latent statistics (wan/modules/vae.py).
-constexpr ChannelValues kLatentsMean = {-0.7571f, -0.7089f, -0.9113f, 0.1075f,  -0.1745f, 0.9653f,  -0.1517f, 1.5508f,
-                                        0.4134f,  -0.0715f, 0.5517f,  -0.3632f, -0.1922f, -0.9497f, 0.2503f,  -0.2921f};
-constexpr ChannelValues kLatentsStd = {2.8184f, 1.4541f, 2.3275f, 2.6558f, 1.2196f, 1.7708f, 2.6052f, 2.0743f,
-                                       3.2687f, 2.1526f, 2.8652f, 1.5579f, 1.6382f, 1.1253f, 2.8251f, 1.9160f};
+using ChannelValues = std::vector<float>;
+// WanVAE's latent statistics (Wan 2.1's wan/modules/vae.py).
+const ChannelValues kWan21Mean = {-0.7571f, -0.7089f, -0.9113f, 0.1075f,  -0.1745f, 0.9653f,  -0.1517f, 1.5508f,
+                                  0.4134f,  -0.0715f, 0.5517f,  -0.3632f, -0.1922f, -0.9497f, 0.2503f,  -0.2921f};
+const ChannelValues kWan21Std = {2.8184f, 1.4541f, 2.3275f, 2.6558f, 1.2196f, 1.7708f, 2.6052f, 2.0743f,
+                                 3.2687f, 2.1526f, 2.8652f, 1.5579f, 1.6382f, 1.1253f, 2.8251f, 1.9160f};
+// Wan2_2_VAE's (Wan 2.2's wan/modules/vae2_2.py).
+const ChannelValues kWan22Mean = {-0.2289f, -0.0052f, -0.1323f, -0.2339f, -0.2799f, 0.0174f,  0.1838f,  0.1557f,
+                                  -0.1382f, 0.0542f,  0.2813f,  0.0891f,  0.1570f,  -0.0098f, 0.0375f,  -0.1825f,
+                                  -0.2246f, -0.1207f, -0.0698f, 0.5109f,  0.2665f,  -0.2108f, -0.2158f, 0.2502f,
+                                  -0.2055f, -0.0322f, 0.1109f,  0.1567f,  -0.0729f, 0.0899f,  -0.2799f, -0.1230f,
+                                  -0.0313f, -0.1649f, 0.0117f,  0.0723f,  -0.2839f, -0.2083f, -0.0520f, 0.3748f,
+                                  0.0152f,  0.1957f,  0.1433f,  -0.2944f, 0.3573f,  -0.0548f, -0.1681f, -0.0667f};
+const ChannelValues kWan22Std = {
+    0.4765f, 1.0364f, 0.4514f, 1.1677f, 0.5313f, 0.4990f, 0.4818f, 0.5013f, 0.8158f, 1.0344f, 0.5894f, 1.0901f,
+    0.6885f, 0.6165f, 0.8454f, 0.4978f, 0.5759f, 0.3523f, 0.7135f, 0.6804f, 0.5833f, 1.4146f, 0.8986f, 0.5659f,
+    0.7069f, 0.5338f, 0.4889f, 0.4917f, 0.4069f, 0.4999f, 0.6866f, 0.4093f, 0.5709f, 0.6065f, 0.6415f, 0.4944f,
+    0.5726f, 1.2042f, 0.5458f, 1.6887f, 0.3971f, 1.0600f, 0.3943f, 0.5537f, 0.5444f, 0.4089f, 0.7468f, 0.7744f};
+const ChannelValues& latent_mean(bool wan22) { return wan22 ? kWan22Mean : kWan21Mean; }
+const ChannelValues& latent_std(bool wan22) { return wan22 ? kWan22Std : kWan21Std; }
 // RMS_norm is F.normalize (x / max(|x|, 1e-12)) times sqrt(C): an RMS norm
 // whose epsilon only keeps a zero vector finite.
 constexpr float kRmsEps = 1e-12f;
@@ -74,11 +87,25 @@ struct Resample {
     std::optional<CausalConv> time_conv;
 };
 
-// One module of encoder.downsamples or decoder.upsamples.
+// Wan 2.2's level shortcut, added to a level's output from its input:
+// AvgDown3D in the encoder (each output channel the average of `group`
+// consecutive values of the input's channels by time offset, row offset,
+// column offset), DupUp3D in the decoder (its inverse, each value
+// duplicated), over `time` frames and `space` x `space` pixels.
+struct LevelShortcut {
+    bool up = false;
+    int64_t in = 0, out = 0;
+    int time = 1, space = 1;
+};
+
+// One module of encoder.downsamples or decoder.upsamples (Wan 2.2: of their
+// levels' downsamples / upsamples).
 struct Layer {
     std::optional<Residual> residual;
     std::optional<Resample> resample;
     std::string cut;  // the level ends here: a cut marker of this name
+    bool starts_level = false;
+    std::optional<LevelShortcut> shortcut;  // Wan 2.2: added after this layer, the level's last
 };
 
 // How ne[3] of a graph's activations reads, and the causal history a clip
@@ -177,16 +204,16 @@ ggml_tensor* channel_range(ggml_context* ctx, ggml_tensor* x, int64_t first, int
                                        static_cast<size_t>(first) * x->nb[2]));
 }
 
-// The 16 values as ne [1, 1, 16, 1], to broadcast over a latent. Built from
-// one-value aranges ([v, v + 0.5) holds v alone): constants of the code, not
-// of the weights, with no input for the caller to fill.
+// The latent's values as ne [1, 1, C, 1], to broadcast over a latent. Built
+// from one-value aranges ([v, v + 0.5) holds v alone): constants of the code,
+// not of the weights, with no input for the caller to fill.
 ggml_tensor* channel_constants(ggml_context* ctx, const ChannelValues& values) {
     ggml_tensor* v = nullptr;
     for (float value : values) {
         ggml_tensor* one = ggml_arange(ctx, value, value + 0.5f, 1.0f);
         v = v ? ggml_concat(ctx, v, one, 0) : one;
     }
-    return ggml_reshape_4d(ctx, v, 1, 1, kLatentChannels, 1);
+    return ggml_reshape_4d(ctx, v, 1, 1, static_cast<int64_t>(values.size()), 1);
 }
 
 // Temporal slice k of a CausalConv3d as a 2-D convolution (its weight made
@@ -335,8 +362,13 @@ ggml_tensor* norm_silu_conv(ggml_context* ctx, nn::ComputeTarget target, const R
     return norm_silu_conv_in_bands(ctx, n, kernel_slice(ctx, c, c.kt - 1, true), x, time.max_patch_bytes, added_to);
 }
 
-ggml_tensor* residual(ggml_context* ctx, nn::ComputeTarget target, const Residual& r, ggml_tensor* x, Time& time) {
-    ggml_tensor* shortcut = r.shortcut ? causal_conv(ctx, target, *r.shortcut, x, time) : x;
+// `keep_input`: x is read again after the block (Wan 2.2's level shortcut),
+// so the sum is not made in place in it.
+ggml_tensor* residual(ggml_context* ctx, nn::ComputeTarget target, const Residual& r, ggml_tensor* x, Time& time,
+                      bool keep_input = false) {
+    ggml_tensor* shortcut = r.shortcut   ? causal_conv(ctx, target, *r.shortcut, x, time)
+                            : keep_input ? ggml_cont(ctx, x)
+                                         : x;
     ggml_tensor* h = norm_silu_conv(ctx, target, r.norm1, r.conv1, x, time, nullptr);
     return norm_silu_conv(ctx, target, r.norm2, r.conv2, h, time, shortcut);
 }
@@ -429,6 +461,131 @@ ggml_tensor* downsample(ggml_context* ctx, nn::ComputeTarget target, const Resam
     return time.starts_clip ? ggml_concat(ctx, frame_range(ctx, x, 0, 1), out, 3) : out;
 }
 
+// Wan 2.2's patchify: ne [W, H, C, T] -> ne [W / p, H / p, C p p, T], each
+// channel's p x p pixels (row offset q, column offset r) becoming channels
+// (c, r, q), q fastest (einops' "b c f (h q) (w r) -> b (c r q) f h w").
+ggml_tensor* patchify(ggml_context* ctx, ggml_tensor* x, int p) {
+    if (p == 1) return x;
+    const int64_t W = x->ne[0], H = x->ne[1], C = x->ne[2], T = x->ne[3], n = C * T;
+    x = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_4d(ctx, x, p, W / p, H, n), 2, 0, 1, 3));  // [W/p, H, r, n]
+    x = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_4d(ctx, x, W / p, p, H / p, p * n), 0, 2, 1, 3));
+    return ggml_reshape_4d(ctx, x, W / p, H / p, C * p * p, T);  // [W/p, H/p, q, (r, c)], T
+}
+
+// Its inverse: ne [w, h, C p p, T] -> ne [w p, h p, C, T].
+ggml_tensor* unpatchify(ggml_context* ctx, ggml_tensor* x, int p) {
+    if (p == 1) return x;
+    const int64_t w = x->ne[0], h = x->ne[1], C = x->ne[2] / (p * p), T = x->ne[3], n = C * T;
+    x = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_4d(ctx, x, w, h, p, p * n), 0, 2, 1, 3));  // [w, q, h, (r, n)]
+    x = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_4d(ctx, x, w, h * p, p, n), 1, 2, 0, 3));  // [r, w, H, n]
+    return ggml_reshape_4d(ctx, x, w * p, h * p, C, T);
+}
+
+// AvgDown3D on a level's input ne [W, H, C, T]: the configurations it takes
+// (WanVae::read_config) average whole 2x2 pixel blocks, so its channels are
+// (c, time offset) of the 2x2 average pool, or their mean over the time
+// offsets where the width stays. A clip of an odd frame count has a zero
+// frame put before it, as the original pads; one-frame clips are each such.
+ggml_tensor* average_down(ggml_context* ctx, const LevelShortcut& s, ggml_tensor* x, const Time& time) {
+    ggml_tensor* pooled =
+        s.space == 1 ? x : ggml_pool_2d(ctx, x, GGML_OP_POOL_AVG, s.space, s.space, s.space, s.space, 0.0f, 0.0f);
+    if (s.time == 1) return pooled;
+    const int64_t w = pooled->ne[0], h = pooled->ne[1], C = pooled->ne[2];
+    if (time.clip && pooled->ne[3] % 2 == 1) pooled = ggml_pad_ext(ctx, pooled, 0, 0, 0, 0, 0, 0, 1, 0);
+    if (!time.clip) {
+        // Each item: a zero frame, then itself.
+        if (s.out == s.in) return ggml_scale(ctx, pooled, 0.5f);
+        const int64_t N = pooled->ne[3];
+        ggml_tensor* item = ggml_reshape_4d(ctx, pooled, w * h, 1, C, N);
+        ggml_tensor* pair = ggml_concat(ctx, ggml_scale(ctx, item, 0.0f), item, 1);  // [wh, a, C, N]
+        return ggml_reshape_4d(ctx, pair, w, h, 2 * C, N);
+    }
+    const int64_t pairs = pooled->ne[3] / 2;
+    ggml_tensor* frames = ggml_reshape_4d(ctx, pooled, w * h, C, 2, pairs);  // [wh, c, a, t']
+    if (s.out == s.in) {
+        ggml_tensor* even =
+            ggml_view_4d(ctx, frames, w * h, C, 1, pairs, frames->nb[1], frames->nb[2], frames->nb[3], 0);
+        ggml_tensor* odd =
+            ggml_view_4d(ctx, frames, w * h, C, 1, pairs, frames->nb[1], frames->nb[2], frames->nb[3], frames->nb[2]);
+        return ggml_reshape_4d(ctx, ggml_scale(ctx, ggml_add(ctx, even, odd), 0.5f), w, h, C, pairs);
+    }
+    return ggml_reshape_4d(ctx, ggml_cont(ctx, ggml_permute(ctx, frames, 0, 2, 1, 3)), w, h, 2 * C, pairs);
+}
+
+// DupUp3D on a level's input ne [W, H, C, T]: output channel o at time
+// offset a, row offset b, column offset d is input channel
+// (o * factor + component) / repeats, component (a space + b) space + d;
+// the clip's first chunk drops the first time - 1 frames (one-frame clips
+// keep their last time copy alone).
+ggml_tensor* duplicate_up(ggml_context* ctx, const LevelShortcut& s, ggml_tensor* x, const Time& time) {
+    const int64_t W = x->ne[0], H = x->ne[1], T = x->ne[3], Cout = s.out;
+    const int64_t factor = static_cast<int64_t>(s.time) * s.space * s.space, repeats = Cout * factor / s.in;
+    const int64_t step = factor / repeats;  // input channels per output channel
+    const int sp = s.space;
+    auto source = [&](int64_t component) {
+        const int64_t first = component / repeats;
+        if (step == 1 && first == 0) return x;
+        return ggml_cont(ctx, ggml_view_4d(ctx, x, W, H, Cout, T, x->nb[1], x->nb[2] * step, x->nb[3],
+                                           static_cast<size_t>(first) * x->nb[2]));
+    };
+    auto plane = [&](int a) {  // ne [W sp, H sp, Cout, T]: time offset a
+        ggml_tensor* rows = nullptr;
+        for (int b = 0; b < sp; ++b) {
+            ggml_tensor* cols = nullptr;
+            for (int d = 0; d < sp; ++d) {
+                ggml_tensor* c = ggml_reshape_4d(ctx, source((a * sp + b) * sp + d), 1, W, H * Cout * T, 1);
+                cols = cols ? ggml_concat(ctx, cols, c, 0) : c;
+            }
+            ggml_tensor* r = ggml_reshape_4d(ctx, cols, W * sp, 1, H, Cout * T);
+            rows = rows ? ggml_concat(ctx, rows, r, 1) : r;
+        }
+        return ggml_reshape_4d(ctx, rows, W * sp, H * sp, Cout, T);
+    };
+    if (!time.clip) return plane(s.time - 1);
+    ggml_tensor* frames = nullptr;
+    for (int a = 0; a < s.time; ++a) {
+        ggml_tensor* p = ggml_reshape_4d(ctx, plane(a), W * sp * H * sp, Cout, 1, T);
+        frames = frames ? ggml_concat(ctx, frames, p, 2) : p;
+    }
+    frames = ggml_reshape_4d(ctx, frames, W * sp, H * sp, Cout, s.time * T);
+    if (!time.starts_clip || s.time == 1) return frames;
+    return frame_range(ctx, frames, s.time - 1, s.time * T - (s.time - 1));
+}
+
+// The levels of the encoder (`decoder` false) or decoder, each layer in
+// turn; Wan 2.2's level shortcuts are added where their level ends.
+ggml_tensor* run_levels(ggml_context* ctx, nn::ComputeTarget target, const std::vector<Layer>& layers, bool decoder,
+                        ggml_tensor* h, Time& time) {
+    ggml_tensor* level_input = nullptr;
+    for (const Layer& layer : layers) {
+        if (layer.starts_level) level_input = h;
+        if (layer.residual) {
+            // The level's first block reads the input its shortcut reads later.
+            h = residual(ctx, target, *layer.residual, h, time, layer.starts_level);
+        } else {
+            h = decoder ? upsample(ctx, target, *layer.resample, h, time)
+                        : downsample(ctx, target, *layer.resample, h, time);
+        }
+        if (layer.shortcut) {
+            ggml_tensor* s = layer.shortcut->up ? duplicate_up(ctx, *layer.shortcut, level_input, time)
+                                                : average_down(ctx, *layer.shortcut, level_input, time);
+            h = ggml_add(ctx, h, s);
+        }
+        if (!layer.cut.empty()) h = nn::mark_cut(h, layer.cut);
+    }
+    return h;
+}
+
+// A 5-D convolution weight's shape, or null when `name` is missing, not 5-D
+// or has an empty dimension.
+const std::vector<int64_t>* conv3d_shape_of(const io::WeightDeclarer& weights, const std::string& name) {
+    const io::TensorInfo* t = weights.info(name);
+    if (!t || t->shape.size() != 5) return nullptr;
+    for (int64_t d : t->shape)
+        if (d <= 0) return nullptr;
+    return &t->shape;
+}
+
 }  // namespace
 
 int64_t WanVaeConfig::temporal_downscale() const {
@@ -467,20 +624,15 @@ Result<std::unique_ptr<WanVae>> WanVae::create(io::WeightDeclarer& weights) {
 }
 
 Status WanVae::read_config(const io::WeightDeclarer& weights) {
+    if (weights.has("decoder.upsamples.0.upsamples.0.residual.2.weight")) return read_wan22_config(weights);
     const std::string where = "Wan VAE under '" + weights.prefix() + "'";
     auto fail = [&](const std::string& what) { return Error::bad_file(where + ": " + what); };
-    auto conv3d_shape = [&](const std::string& name) -> const std::vector<int64_t>* {
-        const io::TensorInfo* t = weights.info(name);
-        if (!t || t->shape.size() != 5) return nullptr;
-        for (int64_t d : t->shape)
-            if (d <= 0) return nullptr;
-        return &t->shape;
-    };
+    auto conv3d_shape = [&](const std::string& name) { return conv3d_shape_of(weights, name); };
     WanVaeConfig& c = config_;
     const std::vector<int64_t>* dec_in = conv3d_shape("decoder.conv1.weight");
     if (!dec_in) return fail("no decoder.conv1.weight [out, 16, 3, 3, 3] (not a Wan 2.1 VAE?)");
     c.z_dim = (*dec_in)[1];
-    if (c.z_dim != kLatentChannels) {
+    if (c.z_dim != static_cast<int64_t>(kWan21Mean.size())) {
         return fail("decoder.conv1.weight takes " + std::to_string(c.z_dim) +
                     " latent channels; Wan 2.1's latent statistics are for 16");
     }
@@ -534,6 +686,7 @@ Status WanVae::read_config(const io::WeightDeclarer& weights) {
         }
         c.dim_mult.push_back(width / c.dim);
     }
+    c.dec_dim = c.dim;
     c.temporal_downsample.assign(temporal_upsample.rbegin(), temporal_upsample.rend());
     // The encoder's resamples mirror the decoder's (the original builds the
     // decoder from the encoder's temperal_downsample reversed).
@@ -550,7 +703,181 @@ Status WanVae::read_config(const io::WeightDeclarer& weights) {
     return Status::Ok();
 }
 
+// Wan 2.2's layout: decoder.upsamples.N.upsamples.M, M below the level's
+// residual blocks, M after them the level's Resample; encoder.downsamples
+// the same; the statistics and the shortcuts fix what else it may be.
+Status WanVae::read_wan22_config(const io::WeightDeclarer& weights) {
+    const std::string where = "Wan 2.2 VAE under '" + weights.prefix() + "'";
+    auto fail = [&](const std::string& what) { return Error::bad_file(where + ": " + what); };
+    auto conv3d_shape = [&](const std::string& name) { return conv3d_shape_of(weights, name); };
+    WanVaeConfig& c = config_;
+    c.wan22 = true;
+    const std::vector<int64_t>* dec_in = conv3d_shape("decoder.conv1.weight");
+    if (!dec_in) return fail("no decoder.conv1.weight [out, 48, 3, 3, 3]");
+    c.z_dim = (*dec_in)[1];
+    if (c.z_dim != static_cast<int64_t>(kWan22Mean.size())) {
+        return fail("decoder.conv1.weight takes " + std::to_string(c.z_dim) +
+                    " latent channels; Wan 2.2's latent statistics are for 48");
+    }
+    const std::vector<int64_t>* head = conv3d_shape("decoder.head.2.weight");
+    const int64_t pixels = head ? (*head)[0] : 0;
+    c.patch = static_cast<int>(std::lround(std::sqrt(static_cast<double>(pixels) / 3.0)));
+    if (c.patch < 1 || 3 * c.patch * c.patch != pixels)
+        return fail("decoder.head.2.weight gives no 3 x p x p patchified pixels");
+    std::vector<int64_t> widths;  // each decoder level's output width
+    std::vector<bool> temporal_upsample;
+    int blocks = 0;
+    for (int i = 0;; ++i) {
+        const std::string p = "decoder.upsamples." + std::to_string(i) + ".upsamples.";
+        int j = 0;
+        while (weights.has(p + std::to_string(j) + ".residual.2.weight")) ++j;
+        if (j == 0) break;
+        if (i == 0) blocks = j;
+        if (j != blocks) {
+            return fail("decoder level " + std::to_string(i) + " has " + std::to_string(j) +
+                        " residual blocks where level 0 has " + std::to_string(blocks));
+        }
+        const std::vector<int64_t>* conv = conv3d_shape(p + "0.residual.2.weight");
+        if (!conv) return fail(p + "0.residual.2.weight is not a 5-D convolution weight");
+        widths.push_back((*conv)[0]);
+        const std::string resample = p + std::to_string(j) + ".";
+        if (weights.has(resample + "resample.1.weight"))
+            temporal_upsample.push_back(weights.has(resample + "time_conv.weight"));
+        if (temporal_upsample.size() != widths.size() && temporal_upsample.size() + 1 != widths.size())
+            return fail("decoder level " + std::to_string(i) + " follows a level without a Resample");
+    }
+    const size_t L = widths.size();
+    if (L < 2 || temporal_upsample.size() != L - 1)
+        return fail("the decoder's levels must end in a Resample, all but the last");
+    c.res_blocks = blocks - 1;
+    c.dec_dim = widths.back();  // dim_mult[0] is 1
+    c.dim_mult.assign(L, 0);
+    for (size_t i = 0; i < L; ++i) {
+        if (widths[i] % c.dec_dim != 0) return fail("decoder level widths are not multiples of the last level's");
+        c.dim_mult[L - 1 - i] = widths[i] / c.dec_dim;
+    }
+    if ((*dec_in)[0] != c.dec_dim * c.dim_mult.back())
+        return fail("decoder.conv1.weight's output width is not its first level's");
+    c.temporal_downsample.assign(temporal_upsample.rbegin(), temporal_upsample.rend());
+    // DupUp3D: output channel o reads input channel o (factor / repeats) + component / repeats.
+    std::vector<int64_t> dec_dims = {(*dec_in)[0]};
+    dec_dims.insert(dec_dims.end(), widths.begin(), widths.end());
+    for (size_t i = 0; i + 1 < L; ++i) {
+        const int64_t in = dec_dims[i], out = dec_dims[i + 1], factor = (temporal_upsample[i] ? 2 : 1) * 4;
+        if ((out * factor) % in != 0 || factor % (out * factor / in) != 0)
+            return fail("decoder level " + std::to_string(i) + " goes from " + std::to_string(in) + " to " +
+                        std::to_string(out) + " channels, which Wan 2.2's DupUp3D shortcut does not");
+    }
+    c.has_encoder = weights.has("encoder.conv1.weight");
+    if (!c.has_encoder) {
+        c.dim = c.dec_dim;
+        return Status::Ok();
+    }
+    const std::vector<int64_t>* enc_in = conv3d_shape("encoder.conv1.weight");
+    if (!enc_in || (*enc_in)[1] != pixels)
+        return fail("encoder.conv1.weight does not take the " + std::to_string(pixels) + " patchified channels");
+    c.dim = (*enc_in)[0];
+    std::vector<int64_t> dims = {c.dim};
+    for (int64_t m : c.dim_mult) dims.push_back(c.dim * m);
+    for (size_t i = 0; i < L; ++i) {
+        const std::string p = "encoder.downsamples." + std::to_string(i) + ".downsamples.";
+        const bool down = i + 1 < L;
+        if (!weights.has(p + std::to_string(c.res_blocks - 1) + ".residual.2.weight") ||
+            weights.has(p + std::to_string(c.res_blocks) + ".resample.1.weight") != down) {
+            return fail("encoder level " + std::to_string(i) + " is not the decoder's mirror (" +
+                        std::to_string(c.res_blocks) + " residual blocks, then a Resample but on the last level)");
+        }
+        if (down && weights.has(p + std::to_string(c.res_blocks) + ".time_conv.weight") != c.temporal_downsample[i])
+            return fail(p + std::to_string(c.res_blocks) + ".time_conv: the encoder's temporal downsampling differs");
+        // AvgDown3D as average_down computes it: a 2x2 pool per channel, the
+        // time offsets kept apart (twice the width) or averaged (the same).
+        const bool doubles = down && c.temporal_downsample[i];
+        const bool fits =
+            down ? (dims[i + 1] == dims[i] || (doubles && dims[i + 1] == 2 * dims[i])) : dims[i + 1] == dims[i];
+        if (!fits) {
+            return fail("encoder level " + std::to_string(i) + " goes from " + std::to_string(dims[i]) + " to " +
+                        std::to_string(dims[i + 1]) + " channels, which Wan 2.2's AvgDown3D shortcut does not");
+        }
+    }
+    return Status::Ok();
+}
+
+void WanVae::declare_wan22(io::WeightDeclarer& w) {
+    const WanVaeConfig& c = config_;
+    blocks_ = std::make_unique<Blocks>();
+    Blocks& b = *blocks_;
+    const size_t L = c.dim_mult.size();
+    const int64_t pixels = 3 * c.patch * c.patch;
+    auto level = [](std::vector<Layer>& layers, const std::string& stem, int blocks, io::WeightDeclarer& weights,
+                    int64_t in, int64_t out) {
+        for (int j = 0; j < blocks; ++j) {
+            Layer layer;
+            layer.residual = declare_residual(weights, stem + std::to_string(j) + ".", in, out);
+            layer.starts_level = j == 0;
+            layers.push_back(std::move(layer));
+            in = out;
+        }
+    };
+    if (c.has_encoder) {
+        std::vector<int64_t> dims = {c.dim};
+        for (int64_t m : c.dim_mult) dims.push_back(c.dim * m);
+        b.enc_in = declare_causal(w, "encoder.conv1", pixels, dims[0], kTemporalKernel, 3, 1);
+        for (size_t i = 0; i < L; ++i) {
+            const std::string stem = "encoder.downsamples." + std::to_string(i) + ".downsamples.";
+            const int64_t out = dims[i + 1];
+            const bool down = i + 1 < L;
+            level(b.enc_layers, stem, c.res_blocks, w, dims[i], out);
+            if (down) {
+                const std::string p = stem + std::to_string(c.res_blocks) + ".";
+                Resample r;
+                r.conv = nn::declare_conv2d(w, p + "resample.1", out, out, 3, 2, 0);
+                if (c.temporal_downsample[i]) r.time_conv = declare_causal(w, p + "time_conv", out, out, 3, 1, 0);
+                Layer layer;
+                layer.resample = r;
+                b.enc_layers.push_back(std::move(layer));
+            }
+            // Every level's AvgDown3D, the last's the identity.
+            b.enc_layers.back().shortcut =
+                LevelShortcut{false, dims[i], out, down && c.temporal_downsample[i] ? 2 : 1, down ? 2 : 1};
+            b.enc_layers.back().cut = "encoder.downsamples." + std::to_string(i);
+        }
+        const int64_t top = dims.back();
+        b.enc_mid = declare_middle(w, "encoder.", top);
+        b.enc_head_norm = declare_rms(w, "encoder.head.0.gamma", top, false);
+        b.enc_head = declare_causal(w, "encoder.head.2", top, 2 * c.z_dim, kTemporalKernel, 3, 1);
+        b.quant = declare_causal(w, "conv1", 2 * c.z_dim, 2 * c.z_dim, 1, 1, 0);
+    }
+    b.post_quant = declare_causal(w, "conv2", c.z_dim, c.z_dim, 1, 1, 0);
+    std::vector<int64_t> dims = {c.dec_dim * c.dim_mult.back()};
+    for (size_t j = L; j-- > 0;) dims.push_back(c.dec_dim * c.dim_mult[j]);
+    b.dec_in = declare_causal(w, "decoder.conv1", c.z_dim, dims[0], kTemporalKernel, 3, 1);
+    b.dec_mid = declare_middle(w, "decoder.", dims[0]);
+    for (size_t i = 0; i < L; ++i) {
+        const std::string stem = "decoder.upsamples." + std::to_string(i) + ".upsamples.";
+        const int64_t out = dims[i + 1];
+        const bool up = i + 1 < L;
+        level(b.dec_layers, stem, c.res_blocks + 1, w, dims[i], out);
+        if (up) {
+            const bool temporal = c.temporal_downsample[L - 2 - i];
+            const std::string p = stem + std::to_string(c.res_blocks + 1) + ".";
+            Resample r;
+            r.conv = nn::declare_conv2d(w, p + "resample.1", out, out, 3, 1, 1);
+            if (temporal) r.time_conv = declare_causal(w, p + "time_conv", out, 2 * out, 3, 1, 0);
+            Layer layer;
+            layer.resample = r;
+            b.dec_layers.push_back(std::move(layer));
+            b.dec_layers.back().shortcut = LevelShortcut{true, dims[i], out, temporal ? 2 : 1, 2};
+        } else {
+            b.dec_layers[b.dec_layers.size() - static_cast<size_t>(c.res_blocks + 1)].starts_level = false;
+        }
+        b.dec_layers.back().cut = "decoder.upsamples." + std::to_string(i);
+    }
+    b.dec_head_norm = declare_rms(w, "decoder.head.0.gamma", dims.back(), false);
+    b.dec_head = declare_causal(w, "decoder.head.2", dims.back(), pixels, kTemporalKernel, 3, 1);
+}
+
 void WanVae::declare(io::WeightDeclarer& w) {
+    if (config_.wan22) return declare_wan22(w);
     const WanVaeConfig& c = config_;
     blocks_ = std::make_unique<Blocks>();
     Blocks& b = *blocks_;
@@ -625,20 +952,17 @@ ggml_tensor* WanVae::build_decoder(ggml_context* ctx, ggml_tensor* latent, nn::C
     time.starts_clip = history_in.empty();
     time.history_in = &history_in;
     // The normalised latent back to the VAE's: z * std + mean.
-    ggml_tensor* z =
-        ggml_add(ctx, ggml_mul(ctx, latent, channel_constants(ctx, kLatentsStd)), channel_constants(ctx, kLatentsMean));
+    const bool wan22 = config_.wan22;
+    ggml_tensor* z = ggml_add(ctx, ggml_mul(ctx, latent, channel_constants(ctx, latent_std(wan22))),
+                              channel_constants(ctx, latent_mean(wan22)));
     ggml_tensor* h = causal_conv(ctx, target, b.post_quant, z, time);
     h = causal_conv(ctx, target, b.dec_in, h, time);
     h = nn::mark_cut(middle(ctx, target, b.dec_mid, h, time), "decoder.middle");
-    for (const Layer& layer : b.dec_layers) {
-        h = layer.residual ? residual(ctx, target, *layer.residual, h, time)
-                           : upsample(ctx, target, *layer.resample, h, time);
-        if (!layer.cut.empty()) h = nn::mark_cut(h, layer.cut);
-    }
+    h = run_levels(ctx, target, b.dec_layers, true, h, time);
     h = norm_silu_conv(ctx, target, b.dec_head_norm, b.dec_head, h, time, nullptr);
     if (!time.fits || !time.all_used()) return nullptr;
     if (history_out) *history_out = std::move(time.history_out);
-    return h;
+    return unpatchify(ctx, h, config_.patch);
 }
 
 ggml_tensor* WanVae::build_encoder(ggml_context* ctx, ggml_tensor* image, nn::ComputeTarget target, bool clip,
@@ -649,12 +973,8 @@ ggml_tensor* WanVae::build_encoder(ggml_context* ctx, ggml_tensor* image, nn::Co
     time.clip = clip;
     time.starts_clip = history_in.empty();
     time.history_in = &history_in;
-    ggml_tensor* h = causal_conv(ctx, target, b.enc_in, image, time);
-    for (const Layer& layer : b.enc_layers) {
-        h = layer.residual ? residual(ctx, target, *layer.residual, h, time)
-                           : downsample(ctx, target, *layer.resample, h, time);
-        if (!layer.cut.empty()) h = nn::mark_cut(h, layer.cut);
-    }
+    ggml_tensor* h = causal_conv(ctx, target, b.enc_in, patchify(ctx, image, config_.patch), time);
+    h = run_levels(ctx, target, b.enc_layers, false, h, time);
     h = nn::mark_cut(middle(ctx, target, b.enc_mid, h, time), "encoder.middle");
     h = norm_silu_conv(ctx, target, b.enc_head_norm, b.enc_head, h, time, nullptr);
     h = causal_conv(ctx, target, b.quant, h, time);
@@ -662,12 +982,14 @@ ggml_tensor* WanVae::build_encoder(ggml_context* ctx, ggml_tensor* image, nn::Co
     if (history_out) *history_out = std::move(time.history_out);
     // (mu - mean) / std.
     const int64_t zc = config_.z_dim;
-    ggml_tensor* mean = ggml_div(ctx, ggml_sub(ctx, channel_range(ctx, h, 0, zc), channel_constants(ctx, kLatentsMean)),
-                                 channel_constants(ctx, kLatentsStd));
+    const ChannelValues& std_dev = latent_std(config_.wan22);
+    ggml_tensor* mean =
+        ggml_div(ctx, ggml_sub(ctx, channel_range(ctx, h, 0, zc), channel_constants(ctx, latent_mean(config_.wan22))),
+                 channel_constants(ctx, std_dev));
     if (encoding == LatentEncoding::Mean) return mean;
     // A Gaussian through (x - m) / s: its log variance less log s^2.
-    ChannelValues log_var2 = {};
-    for (size_t i = 0; i < log_var2.size(); ++i) log_var2[i] = 2.0f * std::log(kLatentsStd[i]);
+    ChannelValues log_var2(std_dev.size());
+    for (size_t i = 0; i < log_var2.size(); ++i) log_var2[i] = 2.0f * std::log(std_dev[i]);
     ggml_tensor* log_var = ggml_sub(ctx, channel_range(ctx, h, zc, zc), channel_constants(ctx, log_var2));
     return ggml_concat(ctx, mean, log_var, 2);
 }

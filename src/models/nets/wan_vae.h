@@ -1,6 +1,8 @@
 // Wan 2.1's VAE (Alibaba's Wan team, wan/modules/vae.py): a causal 3D
 // autoencoder that Wan 2.1 video models use on clips and Qwen-Image on one
-// frame. 8x smaller along each side, 4x along time, 16 latent channels:
+// frame. 8x smaller along each side, 4x along time, 16 latent channels.
+// Wan 2.2's (wan/modules/vae2_2.py, TI2V-5B's) is the same machinery 16x
+// smaller along each side with 48 channels (WanVaeConfig::wan22). Wan 2.1's:
 //
 //   encoder:  CausalConv3d(3, dim) - levels of residual blocks, each level
 //             but the last ending in a Resample (a stride-2 2-D convolution;
@@ -55,10 +57,10 @@
 //
 // The latent the pipeline sees is normalised per channel, inside encode and
 // decode (as models/nets/flux2_vae does with its batch-norm statistics):
-// z = (mu - mean) / std, and decode takes z * std + mean, with Wan 2.1's
-// published statistics (WanVAE's `mean` and `std` in wan/modules/vae.py, 16
-// values each; not in the weights file; Qwen-Image's VAE uses the same).
-// No other scale or shift.
+// z = (mu - mean) / std, and decode takes z * std + mean, with the published
+// statistics (WanVAE's `mean` and `std` in wan/modules/vae.py, 16 values
+// each, Qwen-Image's VAE using the same; Wan2_2_VAE's 48 in vae2_2.py; not in
+// the weights files). No other scale or shift.
 #pragma once
 
 #include <memory>
@@ -78,8 +80,16 @@ struct WanVaeConfig {
     std::vector<bool> temporal_downsample;  // per encoder resample: (false, true, true)
     int64_t z_dim = 16;                     // latent channels
     bool has_encoder = true;
-    // Image pixels per latent pixel along each side: 2^(levels - 1).
-    int downscale() const { return 1 << (dim_mult.size() - 1); }
+    // Wan 2.2's layout (wan/modules/vae2_2.py, the TI2V-5B's VAE): the image
+    // patchified 2x2 into 12 channels before the encoder and after the
+    // decoder, each level with a parameter-free shortcut from its input
+    // (AvgDown3D, DupUp3D), a decoder of its own base width, resamples that
+    // keep the width, 48 latent channels.
+    bool wan22 = false;
+    int patch = 1;
+    int64_t dec_dim = 96;  // the decoder's base width (Wan 2.1: dim)
+    // Image pixels per latent pixel along each side: patch 2^(levels - 1).
+    int downscale() const { return patch << (dim_mult.size() - 1); }
     // Frames per latent frame after the first: 2^(temporal resamples).
     int64_t temporal_downscale() const;
 };
@@ -144,7 +154,9 @@ class WanVae final : public AutoencoderNetwork {
     struct Blocks;
     WanVae();
     Status read_config(const io::WeightDeclarer& weights);
+    Status read_wan22_config(const io::WeightDeclarer& weights);
     void declare(io::WeightDeclarer& w);
+    void declare_wan22(io::WeightDeclarer& w);
     // `clip` false: each batch item a one-frame clip. The decoder's history
     // as decode_chunk's; null when `history_in` does not fit.
     ggml_tensor* build_decoder(ggml_context* ctx, ggml_tensor* latent, nn::ComputeTarget target, bool clip,
