@@ -88,6 +88,41 @@ ViT-H/14's vision tower: reference/clip_vision.py; --clip_vision clip_vision_h.s
   a t2v model (the image path is live), that flf2v's img_emb reads [2, 257, d] as [1, 514, d], and that
   the released models' name lists come out at their sizes (CLIP-vision-H 632M, Wan2.1-I2V-14B 16.4B).
 
+Wan 2.2 TI2V-5B (text-to-video and its image-to-video mode, one 't2v' DiT on Wan 2.2's 48-channel latent; its VAE
+16x smaller per side, 4x along time: tests/golden/models/wan22_vae_tiny.safetensors, make_wan22_vae_fixtures.py's,
+read as it is, reference/wan22_vae.py):
+  wan_tiny/wan_dit_ti2v.safetensors  a DiT of the same widths with in_dim = out_dim = 48 (TI2V-5B's)
+  wan_tiny_ti2v_t2v.safetensors  the job: noise [1, 48, 2, 4, 4], sigmas [4], latent [1, 48, 2, 4, 4], video
+      [1, 3, 5, 64, 64]; metadata width and height 64, vae "models/wan22_vae_tiny.safetensors"
+  wan_tiny_ti2v_i2v.safetensors  the job: image [64, 64, 3] (8-bit values as F32), first_latent [1, 48, 1, 4, 4],
+      noise, sigmas, latent, video as above; the same metadata
+  - text-to-video (WanTI2V.t2v): 64x64 (a 4 x 4 latent, 2 x 2 patch tokens per latent frame), 5 frames (2 latent
+    frames), the T2V job's prompts, schedule (3 steps, shift 3), cfg 6 and Euler; noise: Philox randn of the
+    48 x 2 x 4 x 4 latent in (c, f, h, w) order, one draw, seed 11; decoded by Wan 2.2's VAE (normalised, not
+    clamped). t2v's mask2 (masks_like(noise, zero=False)) is all ones: every token has the step's t, the DiT's
+    one-per-item form.
+  - image-to-video (WanTI2V.i2v), the same job but: the image's latent z = the VAE's encode of the one-frame clip
+    [image] (v / 127.5 - 1; its normalised mean, [1, 48, 1, 4, 4]); mask2 = masks_like([noise], zero=True)'s
+    second mask: ones like the latent, 0 on the first latent frame (every channel); the start x = (1 - mask2) z
+    + mask2 (noise sigma_0); each step (both CFG passes) gives the DiT per-token timesteps, the original's
+    temp_ts = (mask2[0][0][:, ::2, ::2] * t).flatten() (channel 0's mask at each 2 x 2 patch's top-left latent
+    pixel, (f, h, w) order: 0 on the first latent frame's 4 tokens, t = 1000 sigma on the other 4; seq_len is the
+    token count, so no padding entries); after each Euler step x = (1 - mask2) z + mask2 x, so the DiT sees z as
+    the first frame at every step and the final latent's first frame is z exactly (the decode gets it as is).
+    The DiT runs on the stored (F32) first_latent.
+  What kiln's jobs do that the original does not: Euler on the flow sigmas in place of UniPC (the original's
+  default, sample_solver='unipc'; the mask is re-imposed after each solver step either way), and the negative
+  prompt "" as given (WanTI2V replaces "" by config.sample_neg_prompt). The original's i2v picks the output size
+  from max_area and the image's aspect (best_output_size(iw, ih, 32, 32, max_area): multiples of patch x VAE
+  stride = 32), resizes the image by max(ow / iw, oh / ih) (PIL LANCZOS) and centre-crops it; here the image is
+  already the job's 64 x 64 (best_output_size(64, 64, 32, 32, 64 * 64) = (64, 64), scale 1, and PIL's resize to
+  the same size is a copy), so kiln's job has no resize. The original reads pixels as to_tensor's v / 255 in
+  float32, then (p - 0.5) / 0.5; here v / 127.5 - 1 in float64. Its decode clamps to [-1, 1]; these videos are not
+  clamped.
+  Before the jobs, the script checks that the DiT given per-token t all equal to sigma gives bit for bit its
+  one-per-item result (output and blocks), and that the i2v timesteps (first frame at 0) change the output;
+  the i2v job checks that the DiT's input has z as its first frame at every step and so does the final latent.
+
 Every stage runs in float64 on the stored weights; deterministic (byte-identical files).
 """
 
@@ -103,10 +138,12 @@ sys.path.insert(0, HERE)
 
 import make_model_fixtures as mmf  # noqa: E402
 import make_umt5_fixtures as mu  # noqa: E402
+import make_wan22_vae_fixtures as mw22  # noqa: E402
 import make_wan_dit_fixtures as mwd  # noqa: E402
 import make_wan_vae_fixtures as mw  # noqa: E402
 from reference import clip_vision as clipv  # noqa: E402
 from reference import safetensors_io  # noqa: E402
+from reference import wan22_vae as wan22  # noqa: E402
 from reference import wan_dit as ref  # noqa: E402
 from reference import wan_vae as wan  # noqa: E402
 from reference.sampling import PhiloxGenerator  # noqa: E402
@@ -117,11 +154,14 @@ OUT = os.path.join(ROOT, "tests", "golden", "pipeline")
 PARTS = os.path.join(OUT, "wan_tiny")
 SPIECE_SOURCE = os.path.join(ROOT, "tests", "golden", "text", "umt5_like_spiece.model")
 VAE_SOURCE = os.path.join(ROOT, "tests", "golden", "models", "wan_vae_tiny.safetensors")
+VAE22_SOURCE = os.path.join(ROOT, "tests", "golden", "models", "wan22_vae_tiny.safetensors")
 JOB = "wan_tiny_t2v.safetensors"
 A14B_JOB = "wan_tiny_a14b.safetensors"
 I2V_JOB = "wan_tiny_i2v.safetensors"
 I2V21_JOB = "wan_tiny_i2v21.safetensors"
 FLF2V_JOB = "wan_tiny_flf2v.safetensors"
+TI2V_T2V_JOB = "wan_tiny_ti2v_t2v.safetensors"
+TI2V_I2V_JOB = "wan_tiny_ti2v_i2v.safetensors"
 A14B_STEPS, A14B_HIGH_STEPS, A14B_HIGH_CFG = 4, 2, 4.0
 SEED = 6100
 
@@ -142,7 +182,11 @@ COND_CHANNELS = LATENT_CHANNELS + 4 + LATENT_CHANNELS  # the image models' in_di
 CLIP_TINY = dict(image_size=224, patch_size=14, width=32, layers=3, heads=2, intermediate=64, projection=16)
 CLIP_METADATA = {"kiln.clip.heads": str(CLIP_TINY["heads"])}
 CLIP_TOKENS = (CLIP_TINY["image_size"] // CLIP_TINY["patch_size"]) ** 2 + 1
-MAX_TOTAL_BYTES = 3 * 1000 * 1000
+# TI2V-5B (Wan 2.2's 48-channel VAE: 16x smaller per side, 4x in time; the DiT's patches 2 x 2 as ever)
+TI2V_CHANNELS = wan22.WAN22_VAE["z_dim"]  # 48: TI2V-5B's in_dim and out_dim
+TI2V_SIZE = 64  # width and height: a 4 x 4 latent, 2 x 2 patch tokens per latent frame
+TI2V_STRIDE = 16
+MAX_TOTAL_BYTES = 4 * 1000 * 1000
 
 
 def read_tokenizer():
@@ -172,9 +216,10 @@ def dit_init_value(name, shape, gen):
     return mwd.init_value(name, shape, gen)
 
 
-def write_dit(text_dim, name="wan_dit.safetensors", seed=SEED + 2, in_dim=LATENT_CHANNELS, **image):
+def write_dit(text_dim, name="wan_dit.safetensors", seed=SEED + 2, in_dim=LATENT_CHANNELS, out_dim=LATENT_CHANNELS,
+              **image):
     """`image`: model_type ('i2v' or 'flf2v') and clip_dim of a Wan 2.1 image model."""
-    cfg = dict(mwd.TINY, in_dim=in_dim, out_dim=LATENT_CHANNELS, text_dim=text_dim, **image)
+    cfg = dict(mwd.TINY, in_dim=in_dim, out_dim=out_dim, text_dim=text_dim, **image)
     return store(ref.WanModel(**cfg), dit_init_value, ref.wan_dit_tensor_shapes(cfg), seed, name,
                  mwd.DIT_METADATA)
 
@@ -209,6 +254,14 @@ def write_clip_vision(seed=SEED + 7):
 def read_vae():
     weights, _ = safetensors_io.load_file(VAE_SOURCE)
     vae = wan.WanVAE_(**mw.TINY)
+    vae.load_state_dict({k: v.to(torch.float64) for k, v in weights.items()}, strict=True)
+    return vae.double().eval()
+
+
+def read_vae22():
+    """Wan 2.2's tiny VAE (make_wan22_vae_fixtures.py's, F32), read as it is stored."""
+    weights, _ = safetensors_io.load_file(VAE22_SOURCE)
+    vae = wan22.WanVAE22(**mw22.TINY)
     vae.load_state_dict({k: v.to(torch.float64) for k, v in weights.items()}, strict=True)
     return vae.double().eval()
 
@@ -266,21 +319,42 @@ def run_job(dit, umt5, vae, sp):
     return io
 
 
-def sample_on_t2v_prompts(t2v, sigmas, dit_of_step, condition=None, clip_fea=None):
-    """Euler with CFG from the T2V job's noise over `sigmas`, on its prompt and negative prompt: step i with
-    the DiT and cfg dit_of_step(i) gives, seeing `condition` (when given) beside x along the channels and
-    the CLIP tokens `clip_fea` (when given) in both passes (Wan's arg_c and arg_null both carry clip_fea)."""
+def sample_on_t2v_prompts(t2v, sigmas, dit_of_step, condition=None, clip_fea=None, noise=None, first_latent=None,
+                          seen=None):
+    """Euler with CFG from the T2V job's noise (or `noise`) over `sigmas`, on its prompt and negative prompt:
+    step i with the DiT and cfg dit_of_step(i) gives, seeing `condition` (when given) beside x along the
+    channels and the CLIP tokens `clip_fea` (when given) in both passes (Wan's arg_c and arg_null both carry
+    clip_fea). `first_latent` (TI2V's image-to-video, WanTI2V.i2v): the latent's first frame is that latent,
+    at the start and after every step, and the DiT sees its tokens at t = 0 (ti2v_first_frame_mask). `seen`,
+    when a list, gets each step's DiT input."""
     cond, uncond = t2v["t5.hidden"].double(), t2v["t5.uncond_hidden"].double()
     real = int((t2v["t5.tokens"] != PAD).sum())
-    x = t2v["noise"].double() * sigmas[0]
+    x = (t2v["noise"] if noise is None else noise).double() * sigmas[0]
+    if first_latent is not None:
+        mask2 = ti2v_first_frame_mask(x)
+        token_mask = mask2[:, 0, :, ::2, ::2].flatten(1)  # [1, seq_len]: i2v's mask2[0][0][:, ::2, ::2]
+        x = (1 - mask2) * first_latent + mask2 * x
     for i in range(len(sigmas) - 1):
         dit, cfg = dit_of_step(i)
         sigma = torch.tensor([sigmas[i]], dtype=torch.float64)
+        t_tokens = None if first_latent is None else token_mask * sigmas[i]
         xy = x if condition is None else torch.cat([x, condition], dim=1)
-        c = ref.predict(dit, xy, sigma, cond, [real], clip_fea=clip_fea)
-        u = ref.predict(dit, xy, sigma, uncond, [1], clip_fea=clip_fea)
+        if seen is not None:
+            seen.append(xy)
+        c = ref.predict(dit, xy, sigma, cond, [real], clip_fea=clip_fea, t_tokens=t_tokens)
+        u = ref.predict(dit, xy, sigma, uncond, [1], clip_fea=clip_fea, t_tokens=t_tokens)
         x = x + (sigmas[i + 1] - sigmas[i]) * (u + cfg * (c - u))
+        if first_latent is not None:
+            x = (1 - mask2) * first_latent + mask2 * x
     return x
+
+
+def ti2v_first_frame_mask(latent):
+    """WanTI2V.i2v's mask2 (masks_like([noise], zero=True), no generator): ones like the latent, the first
+    latent frame 0 in every channel."""
+    mask = torch.ones_like(latent)
+    mask[:, :, 0] = 0
+    return mask
 
 
 def run_a14b_job(high_dit, low_dit, t2v, vae):
@@ -393,6 +467,56 @@ def run_flf2v_job(dit, clip, t2v, vae):
     return io
 
 
+def ti2v_noise():
+    """Philox randn of the [1, 48, 2, 4, 4] latent in (c, f, h, w) order, one draw, seed 11 (as the T2V job's)."""
+    shape = (1, TI2V_CHANNELS, LATENT_FRAMES, TI2V_SIZE // TI2V_STRIDE, TI2V_SIZE // TI2V_STRIDE)
+    return torch.tensor(PhiloxGenerator(NOISE_SEED).randn(math.prod(shape)), dtype=torch.float32).reshape(shape)
+
+
+def ti2v_image():
+    """A smooth 8-bit RGB picture (64, 64, 3): the TI2V image-to-video job's -i file."""
+    ys = torch.arange(TI2V_SIZE, dtype=torch.float64)[:, None]
+    xs = torch.arange(TI2V_SIZE, dtype=torch.float64)[None, :]
+    r = 128 + 100 * torch.sin(xs / 9.0) * torch.cos(ys / 13.0)
+    g = (40 + 3 * xs).expand(TI2V_SIZE, TI2V_SIZE)
+    b = (240 - 3 * ys).expand(TI2V_SIZE, TI2V_SIZE)
+    return torch.stack([r, g, b], dim=-1).round().clamp(0, 255)
+
+
+def run_ti2v_t2v_job(dit, t2v, vae22):
+    """TI2V-5B text-to-video (WanTI2V.t2v: its mask2 is all ones, so every token has the step's t): the T2V
+    job's prompts, schedule, cfg and Euler on a 48-channel latent, decoded by Wan 2.2's VAE."""
+    io = {"noise": ti2v_noise(), "sigmas": t2v["sigmas"]}
+    x = sample_on_t2v_prompts(t2v, t2v["sigmas"].tolist(), lambda i: (dit, CFG), noise=io["noise"])
+    io["latent"] = mmf.f32(x)
+    video = wan22.decode_normalized(vae22, x)
+    assert video.shape == (1, 3, FRAMES, TI2V_SIZE, TI2V_SIZE), video.shape
+    io["video"] = mmf.f32(video)
+    return io
+
+
+def run_ti2v_i2v_job(dit, t2v, vae22):
+    """TI2V-5B image-to-video (WanTI2V.i2v) with Euler: the image's latent z as the first latent frame, kept
+    at every step, its tokens at t = 0. The DiT runs on exactly the stored (F32) first_latent."""
+    image = ti2v_image()
+    io = {"image": image.to(torch.float32)}
+    z = wan22.encode_normalized(vae22, image_pixels(image)[:, :, None])  # the one-frame clip [image]
+    assert z.shape == (1, TI2V_CHANNELS, 1, TI2V_SIZE // TI2V_STRIDE, TI2V_SIZE // TI2V_STRIDE), z.shape
+    io.update({"first_latent": mmf.f32(z), "noise": ti2v_noise(), "sigmas": t2v["sigmas"]})
+    z = io["first_latent"].double()
+    seen = []
+    x = sample_on_t2v_prompts(t2v, t2v["sigmas"].tolist(), lambda i: (dit, CFG), noise=io["noise"], first_latent=z,
+                              seen=seen)
+    # the DiT's input holds z as its first frame at every step, and so does the final latent
+    assert len(seen) == STEPS and all(torch.equal(u[:, :, :1], z) for u in seen)
+    assert torch.equal(x[:, :, :1], z)
+    assert not torch.equal(seen[0][:, :, 1:], seen[1][:, :, 1:])  # the rest is sampled
+    io["latent"] = mmf.f32(x)
+    io["video"] = mmf.f32(wan22.decode_normalized(vae22, x))
+    assert io["video"].shape == (1, 3, FRAMES, TI2V_SIZE, TI2V_SIZE)
+    return io
+
+
 # ------------------------------------------------------------ self-checks
 
 
@@ -444,6 +568,30 @@ def check_image_models(i2v, flf2v, t2v_job):
     assert torch.equal(flf2v.img_emb(pair), want)
 
 
+def check_per_token_t(dit, t2v_job):
+    """Wan 2.2's per-token t: every token at the item's sigma gives exactly the one-per-item result (block
+    outputs too); TI2V's i2v timesteps (the first latent frame's tokens at 0) change every token's output
+    (the attention mixes them), and the first frame's as a t = 0 evaluation of those tokens would."""
+    gen = torch.Generator().manual_seed(5)
+    lat = TI2V_SIZE // TI2V_STRIDE
+    x = torch.randn(1, TI2V_CHANNELS, LATENT_FRAMES, lat, lat, generator=gen, dtype=torch.float64)
+    cond = t2v_job["t5.hidden"].double()
+    real = int((t2v_job["t5.tokens"] != PAD).sum())
+    seq_len = LATENT_FRAMES * (lat // 2) ** 2
+    sigma = torch.tensor([0.75], dtype=torch.float64)
+    blocks_item, blocks_token = {}, {}
+    per_item = ref.predict(dit, x, sigma, cond, [real], blocks=blocks_item)
+    per_token = ref.predict(dit, x, sigma, cond, [real], blocks=blocks_token,
+                            t_tokens=torch.full((1, seq_len), 0.75, dtype=torch.float64))
+    assert torch.equal(per_item, per_token), (per_item - per_token).abs().max()
+    assert all(torch.equal(blocks_item[k], blocks_token[k]) for k in blocks_item)
+    mask = ti2v_first_frame_mask(x)[:, 0, :, ::2, ::2].flatten(1)
+    assert mask.tolist() == [[0.0] * (seq_len // LATENT_FRAMES) + [1.0] * (seq_len // LATENT_FRAMES)]
+    clean_first = ref.predict(dit, x, sigma, cond, [real], t_tokens=mask * 0.75)
+    assert not torch.allclose(clean_first[:, :, 1:], per_item[:, :, 1:], atol=1e-6)
+    assert not torch.allclose(clean_first[:, :, :1], per_item[:, :, :1], atol=1e-6)
+
+
 def save_job(io, name=JOB, extra=None):
     meta = {"prompt": PROMPT, "negative_prompt": NEGATIVE, "seed": str(NOISE_SEED), "steps": str(STEPS),
             "width": str(WIDTH), "height": str(HEIGHT), "video_frames": str(FRAMES), "cfg_scale": repr(CFG),
@@ -474,7 +622,9 @@ def main():
                           clip_dim=CLIP_TINY["width"])
     flf2v_dit = write_dit(width, "wan_dit_flf2v.safetensors", SEED + 6, in_dim=COND_CHANNELS, model_type="flf2v",
                           clip_dim=CLIP_TINY["width"])
+    ti2v_dit = write_dit(width, "wan_dit_ti2v.safetensors", SEED + 8, in_dim=TI2V_CHANNELS, out_dim=TI2V_CHANNELS)
     vae = read_vae()
+    vae22 = read_vae22()
     with torch.no_grad():
         t2v = run_job(dit, umt5, vae, sp)
         save_job(t2v)
@@ -488,7 +638,13 @@ def main():
                  {"model": "wan_tiny/wan_dit_i2v21.safetensors", "clip_vision": "wan_tiny/clip_vision.safetensors"})
         save_job(run_flf2v_job(flf2v_dit, clip, t2v, vae), FLF2V_JOB,
                  {"model": "wan_tiny/wan_dit_flf2v.safetensors", "clip_vision": "wan_tiny/clip_vision.safetensors"})
-    total = sum(os.path.getsize(os.path.join(OUT, job)) for job in (JOB, A14B_JOB, I2V_JOB, I2V21_JOB, FLF2V_JOB))
+        check_per_token_t(ti2v_dit, t2v)
+        ti2v_meta = {"width": str(TI2V_SIZE), "height": str(TI2V_SIZE), "model": "wan_tiny/wan_dit_ti2v.safetensors",
+                     "vae": "models/wan22_vae_tiny.safetensors"}
+        save_job(run_ti2v_t2v_job(ti2v_dit, t2v, vae22), TI2V_T2V_JOB, ti2v_meta)
+        save_job(run_ti2v_i2v_job(ti2v_dit, t2v, vae22), TI2V_I2V_JOB, ti2v_meta)
+    jobs = (JOB, A14B_JOB, I2V_JOB, I2V21_JOB, FLF2V_JOB, TI2V_T2V_JOB, TI2V_I2V_JOB)
+    total = sum(os.path.getsize(os.path.join(OUT, job)) for job in jobs)
     for name in sorted(os.listdir(PARTS)):
         p = os.path.join(PARTS, name)
         total += os.path.getsize(p)

@@ -98,6 +98,10 @@ struct DiffusionCapabilities {
     // first frame; FLF2V the first and the last), their rows one after the other.
     int64_t image_context_width = 0;
     int image_context_images = 0;
+    // The first latent frame's tokens can take timestep 0 while the rest
+    // take the job's (Wan 2.2's per-token timesteps, TI2V-5B's image-to-video:
+    // DiffusionShape::clean_first_frame).
+    bool clean_first_frame = false;
 };
 
 // The part of one evaluation a graph computes. A block-level step cache runs
@@ -149,6 +153,8 @@ struct DiffusionShape {
     int64_t frames = 1;
     // Rows of the image context per batch item (image_context_width networks).
     int64_t image_context_rows = 0;
+    // The first latent frame is clean: its tokens take timestep 0 (clean_first_frame networks).
+    bool clean_first_frame = false;
 };
 
 // The inputs the caller sets before each evaluation; those a network does

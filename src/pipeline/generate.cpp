@@ -143,6 +143,7 @@ Result<std::vector<float>> run_diffusion_batch(
         shape.frames = p.latent_frames;
         shape.image_context_rows =
             p.image_context.empty() ? 0 : static_cast<int64_t>(p.image_context.size()) / image_context_width(model);
+        shape.clean_first_frame = p.clean_first_frame;
         shape.skip_blocks = skip_blocks;
         shape.split = split;
         if (!p.control_hint.empty()) add_control_residuals(model, shape, p.control_strength);
@@ -1050,7 +1051,7 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
         sigmas = std::move(scheduled).value();
     }
     std::optional<std::vector<float>> init_latent;
-    if (request.init_image && !p.first_frame) {
+    if (request.init_image && !p.first_frame && !p.first_latent) {
         if (!model.vae().format().has_encoder)
             return Error{"this model's VAE has no encoder: image-to-image needs one"};
         // A sample of the init image's latent distribution, drawn from the
@@ -1093,6 +1094,24 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
             if (!rows.ok()) return rows.error();
             run.image_context = std::move(rows).value();
         }
+    }
+    if (p.first_latent) {
+        // Wan's masks_like(zero=True): the first latent frame is the image's,
+        // at the start and after every step (each channel's planes are frame
+        // after frame, the first frame's first).
+        auto encoded = first_frame_latent(model, *request.init_image, p);
+        if (!encoded.ok()) return encoded.error();
+        const size_t plane = static_cast<size_t>(p.latent_w * p.latent_h),
+                     frames = static_cast<size_t>(p.latent_frames);
+        const size_t size = plane * frames * static_cast<size_t>(model.latent_channels());
+        run.keep_weight.assign(size, 0.0f);
+        run.keep_latent.assign(size, 0.0f);
+        for (size_t c = 0; c < static_cast<size_t>(model.latent_channels()); ++c) {
+            std::fill_n(run.keep_weight.begin() + static_cast<std::ptrdiff_t>(c * frames * plane), plane, 1.0f);
+            std::copy_n(encoded->begin() + static_cast<std::ptrdiff_t>(c * plane), plane,
+                        run.keep_latent.begin() + static_cast<std::ptrdiff_t>(c * frames * plane));
+        }
+        run.clean_first_frame = true;
     }
     run.latent_w = p.latent_w;
     run.latent_h = p.latent_h;
@@ -1198,6 +1217,11 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
         Rng& sampler_rng = own_sampler_rng ? *own_sampler_rng : *rng;
         std::vector<float> x = rng->randn(latent_size);
         noise_to_first_sigma(x, init_latent ? &*init_latent : nullptr, sigmas.front(), flow);
+        if (run.clean_first_frame) {  // TI2V: the first latent frame starts as the image's
+            for (size_t k = 0; k < x.size(); ++k) {
+                if (run.keep_weight[k] == 1.0f) x[k] = run.keep_latent[k];
+            }
+        }
         // The latent the next preview shows: the last denoiser call's
         // estimate, or its noisy input as the network saw it (sd-cli's
         // noised_input, x * c_in).
@@ -1292,7 +1316,7 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
         if (request.file_hashes && !hashes_of_files().first.empty()) {
             info.extra.emplace_back("Model hash", hashes_of_files().first);
         }
-        if (request.init_image && !p.first_frame) {
+        if (request.init_image && !p.first_frame && !p.first_latent) {
             info.extra.emplace_back("Denoising strength", format_number(request.strength));
         }
         if (request.eta) info.extra.emplace_back("Eta", format_number(*request.eta));

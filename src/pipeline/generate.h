@@ -99,6 +99,9 @@ struct SamplingRun {
     // The DiT's image context, one batch item's (Wan 2.1 I2V and FLF2V:
     // CLIP vision's rows; pipeline/image_to_video.h); every item reads it.
     std::vector<float> image_context;
+    // The first latent frame is the given image's (keep_weight holds it): the
+    // DiT sees its tokens at timestep 0 (DiffusionShape::clean_first_frame).
+    bool clean_first_frame = false;
     // Latent masking for a regular UNet: where keep_weight is 1 the
     // denoised estimate is replaced by keep_latent (the init image).
     std::vector<float> keep_weight;

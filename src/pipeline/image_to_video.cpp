@@ -89,6 +89,30 @@ Result<std::vector<float>> first_frame_condition(Model& model, const image::Imag
     return condition;
 }
 
+bool takes_first_latent(const Model& model) {
+    const models::DiffusionCapabilities& can = model.diffusion().capabilities();
+    const models::AutoencoderFormat& vae = model.vae().format();
+    // Wan 2.2's latent: TI2V-5B is the one DiT on it, and the one whose
+    // pipeline gives its image this way.
+    constexpr int64_t kWan22LatentChannels = 48;
+    return can.video && can.clean_first_frame && vae.temporal_downscale > 0 && can.in_channels == can.out_channels &&
+           vae.latent_channels == kWan22LatentChannels;
+}
+
+Result<std::vector<float>> first_frame_latent(Model& model, const image::Image& image, const ValidatedRequest& p) {
+    auto planes = rgb_planes(image, p.width, p.height, PixelRange::Signed);
+    if (!planes.ok()) return planes.error().in_context("-i (the first frame): ");
+    auto g = build_clip_encode_chunk_graph(model, p.width, p.height, 1, {});
+    if (!g.ok()) return g.error();
+    g->session->set_input(g->input, planes->data());
+    KILN_TRY(g->session->run(model.vae_compute(), g->out));
+    std::vector<float> latent = runtime::GraphSession::read(g->out);
+    if (latent.size() != static_cast<size_t>(p.latent_w * p.latent_h * model.latent_channels()))
+        return Error{"the VAE's encode of the first frame has the wrong size"};
+    for (float& v : latent) v = (v - model.latent_shift()) * model.latent_scale();
+    return latent;
+}
+
 bool takes_image_context(const Model& model) { return model.diffusion().capabilities().image_context_width > 0; }
 
 int64_t image_context_rows(const Model& model) {

@@ -37,6 +37,15 @@ bool takes_first_frame(const Model& model);
 Result<std::vector<float>> first_frame_condition(Model& model, const image::Image& image, const image::Image* last,
                                                  const ValidatedRequest& p);
 
+// TI2V-5B's image-to-video (Wan 2.2's WanTI2V.i2v): a video DiT whose input
+// is its output's planes alone, on Wan 2.2's 48-channel latent, takes -i as
+// the clip's first latent frame: the VAE's encode of the image at the job's
+// size, which the sampler keeps as it is (SamplingRun::keep_weight) and the
+// DiT sees at timestep 0 (DiffusionShape::clean_first_frame).
+bool takes_first_latent(const Model& model);
+// That latent frame, ne [w, h, C] (scaled as the sampler's latent).
+Result<std::vector<float>> first_frame_latent(Model& model, const image::Image& image, const ValidatedRequest& p);
+
 // Whether the model's DiT reads an image context (Wan 2.1 I2V, FLF2V), and
 // its rows per batch item (of image_context_images images; CLIP-vision-H's
 // when no tower is loaded).

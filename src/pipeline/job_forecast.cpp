@@ -250,6 +250,11 @@ Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, 
     // Image-to-video's first frame, encoded a chunk at a time as the decode
     // goes: the first chunk, then (a longer clip) a later one with the
     // history the first left, the hungrier of the two.
+    if (passes.first_latent) {
+        auto first = build_clip_encode_chunk_graph(model, width, height, 1, {});
+        if (!first.ok()) return first.error();
+        KILN_TRY(add(model.vae_compute(), *first->session, first->out, "first frame encode"));
+    }
     if (passes.first_frame) {
         auto first = build_clip_encode_chunk_graph(model, width, height, 1, {});
         if (!first.ok()) return first.error();
@@ -298,6 +303,7 @@ Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, 
         shape.increase_ref_index = passes.increase_ref_index;
         shape.frames = passes.latent_frames;
         shape.image_context_rows = passes.first_frame ? image_context_rows(model) : 0;
+        shape.clean_first_frame = passes.first_latent;
         if (control) {
             add_control_residuals(model, shape, 1.0f);
             auto c = build_control_graph(model, shape);
@@ -412,10 +418,11 @@ Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, 
 
 Result<JobPasses> passes_of(const GenerationRequest& request, const ValidatedRequest& job) {
     JobPasses passes;
-    if (request.init_image && !job.first_frame) {
+    if (request.init_image && !job.first_frame && !job.first_latent) {
         passes.init_encode_size = {request.init_image->width, request.init_image->height};
     }
     passes.first_frame = job.first_frame;
+    passes.first_latent = job.first_latent;
     for (const image::Image& reference : request.ref_images)
         passes.reference_images.emplace_back(reference.width, reference.height);
     passes.auto_resize_references = request.auto_resize_ref_images;

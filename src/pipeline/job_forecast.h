@@ -78,6 +78,9 @@ struct JobPasses {
     // Image-to-video (ValidatedRequest::first_frame): the clip at the job's
     // size, encoded a chunk at a time before sampling.
     bool first_frame = false;
+    // TI2V's (ValidatedRequest::first_latent): the image encoded as one
+    // frame, and the DiT's first latent frame clean.
+    bool first_latent = false;
 };
 
 struct DeviceForecast {

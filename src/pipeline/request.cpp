@@ -68,10 +68,17 @@ Status check_video_frames(const Model& model, const GenerationRequest& r, Valida
         KILN_LOG_WARN("--video-frames %d: the model makes %d k + 1 frames; making %d", frames, step, p.frames);
     }
     p.first_frame = takes_first_frame(model);
-    if (r.mask || r.hires || r.control_image || !r.ref_images.empty() || (r.init_image && !p.first_frame)) {
+    p.first_latent = r.init_image && takes_first_latent(model);
+    if (r.mask || r.hires || r.control_image || !r.ref_images.empty() ||
+        (r.init_image && !p.first_frame && !p.first_latent)) {
         return Error::invalid_request(model.family_label() +
                                       " jobs take -i only as an image-to-video DiT's first frame (this one is "
                                       "text-to-video); --mask, --hires, --control-image and -r are not taken yet");
+    }
+    if (p.first_latent && p.latent_frames < 2) {
+        return Error::invalid_request("-i is the clip's first frame: a clip of " + std::to_string(p.frames) +
+                                      " frame would be the image alone; ask for --video-frames " +
+                                      std::to_string(1 + step) + " or more");
     }
     if (p.first_frame && !r.init_image) {
         return Error::invalid_request("this " + model.family_label() +
@@ -288,7 +295,7 @@ Result<ValidatedRequest> validate_request(const Model& model, const GenerationRe
     }
     p.width = r.width > 0 ? r.width : d.width;
     p.height = r.height > 0 ? r.height : d.height;
-    if (r.init_image && !takes_first_frame(model)) {
+    if (r.init_image && !takes_first_frame(model) && !takes_first_latent(model)) {
         // Image-to-image works at the init image's size (stable-diffusion.cpp's rule).
         const image::Image& init = *r.init_image;
         if (r.init_latent_resize) {

@@ -169,6 +169,8 @@ struct ValidatedRequest {
     // Image-to-video (pipeline/image_to_video.h): -i is the clip's first frame, not image-to-image.
     bool first_frame = false;
     bool last_frame = false;  // and --end-img its last
+    // TI2V-5B's image-to-video (pipeline/image_to_video.h): -i is the clip's first latent frame.
+    bool first_latent = false;
     // Wan 2.2 A14B (pipeline/experts.h): the high-noise expert samples the
     // schedule's first high_noise_steps of `steps` with its own sampler, cfg
     // and eta (unset: the sampler's default); 0: the main network samples all.

@@ -499,8 +499,8 @@ TEST_F(WanFullSize, LoaderReadsTheUmt5GgufAndThe1_3BUnderComfysPrefix) {
     expect_umt5(**model, models::T5Config::Naming::LlamaCpp);
 }
 
-// Wan 2.2 TI2V-5B's DiT is read, and its 48 channels ask for Wan 2.2's VAE,
-// which kiln does not have: the Wan 2.1 VAE beside it is one clear error.
+// Wan 2.2 TI2V-5B's DiT is read, and its 48 channels ask for Wan 2.2's VAE:
+// the Wan 2.1 VAE beside it is one clear error.
 TEST_F(WanFullSize, Ti2v5BAsksForTheVaeItNeeds) {
     auto model = load_plan_only(files().dit_5b, files().umt5);
     ASSERT_FALSE(model.ok());

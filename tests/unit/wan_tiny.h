@@ -48,10 +48,11 @@ inline std::string wan_tiny_sd_cli_line(const std::string& dit, const std::strin
            " --flow-shift 3.0 -s 11 -t 1 --type f32 " + flags + " ";
 }
 
-// A reference job's 8-bit picture (`key`: "image", "end_image"; [48, 64, 3] as F32).
-inline image::Image wan_tiny_frame(const io::ModelFile& job, const char* key) {
+// A reference job's 8-bit picture (`key`: "image", "end_image"; [height, width, 3] as F32).
+inline image::Image wan_tiny_frame(const io::ModelFile& job, const char* key, int width = kWanTinyWidth,
+                                   int height = kWanTinyHeight) {
     const auto values = fixture_tensor(job, key);
-    image::Image img = image::make_image(kWanTinyWidth, kWanTinyHeight, 3);
+    image::Image img = image::make_image(width, height, 3);
     for (size_t i = 0; i < img.pixels.size(); ++i) img.pixels[i] = static_cast<uint8_t>(values.values[i]);
     return img;
 }

@@ -8,10 +8,13 @@ first-last-frame-to-video), transcribed from the original code,
 ``WanLayerNorm``, ``WanSelfAttention``, ``WanT2VCrossAttention``,
 ``WanI2VCrossAttention``, ``WanAttentionBlock``, ``Head``, ``MLPProj``,
 ``WanModel``'s ``__init__``, ``forward`` and ``unpatchify``). Wan 2.2's file
-(github.com/Wan-Video/Wan2.2) has the same layers and names; its blocks take
-one timestep per token (``t`` of shape [B, seq_len], for TI2V's first
-frame), which for a text-to-video evaluation is the same timestep at every
-token: the numbers of the per-item form transcribed here.
+(github.com/Wan-Video/Wan2.2) has the same layers and names; its forward
+takes one timestep per token (``t`` of shape [B, seq_len], expanding a [B]
+``t`` to that): TI2V-5B's image-to-video (``WanTI2V.i2v``) gives the first
+latent frame's tokens t = 0 and the others the step's t. ``forward`` here
+takes either form: ``t`` [B] runs the per-item path (one embedding per item,
+broadcast over the tokens: for a text-to-video evaluation the same numbers as
+Wan 2.2's expansion), ``t`` [B, seq_len] Wan 2.2's per-token path.
 
 Parameter names are the original module tree's, so
 ``WanModel(**WAN21_1_3B).state_dict()`` has the names and shapes of
@@ -31,7 +34,14 @@ the flow sigma times 1000, as Wan's schedulers give it):
 
 - ``e = time_embedding(sinusoidal_embedding_1d(freq_dim, t))``: [cos, sin]
   of ``t * 10000 ** (-i / (freq_dim / 2))``, then Linear, SiLU, Linear;
-  ``e0 = time_projection(e)`` (SiLU, Linear to 6 * dim), six vectors.
+  ``e0 = time_projection(e)`` (SiLU, Linear to 6 * dim), six vectors. With
+  per-token t (Wan 2.2's model.py): the sinusoid of every token's t
+  (``t.flatten()``, ``unflatten(0, (B, seq_len))``), so e is [B, seq_len,
+  dim] and e0 [B, seq_len, 6, dim] (computed here a token column at a time:
+  see "What differs"); each block adds ``modulation.unsqueeze(0)``
+  to e0 and chunks along dim 2 (shift, scale, gate per token), and the head
+  adds ``modulation.unsqueeze(0)`` to ``e.unsqueeze(2)`` (its shift and scale
+  per token).
 - Tokens: ``patch_embedding``, a Conv3d with kernel = stride = patch (1, 2,
   2) over the latent [C, F, H, W], flattened in (f, h, w) order.
 - Context: each item's [L, text_dim] rows are padded with ZERO rows to
@@ -84,7 +94,16 @@ What differs from the original, none of it in the numbers of a float64 run:
   it is ``clip_dim`` (default 1280), so a tiny CLIP can feed a tiny model.
 - The condition ``y`` is not a separate argument of ``forward``: the caller
   concatenates it to x along the channels, as the original's first line does.
-- No ``model_type='vace'``.
+- No ``model_type='vace'``, nor Wan 2.2's 'ti2v' name: TI2V-5B is a 't2v'
+  model here (in_dim = out_dim = 48); Wan 2.2's forward treats 'ti2v' as
+  't2v' (only 'i2v' asserts a condition).
+- Per-token timesteps: the time embedding and projection run on each token
+  column t[:, l] ([B] rows, as the per-item form) rather than on all B x
+  seq_len rows at once: the same arithmetic, and equal timesteps give bit
+  for bit the per-item numbers (a GEMM's rounding depends on its row count).
+- Wan 2.2's forward always expands a [B] t to [B, seq_len] (its padding
+  tokens too); the [B] form here broadcasts one embedding per item, the same
+  numbers.
 """
 
 import math
@@ -329,7 +348,11 @@ class WanAttentionBlock(nn.Module):
         self.modulation = nn.Parameter(torch.randn(1, 6, dim) / dim**0.5)
 
     def forward(self, x, e, seq_lens, grid_sizes, freqs, context, context_lens):
-        e = (self.modulation + e).chunk(6, dim=1)
+        """e: e0, [B, 6, dim] (one timestep per item) or [B, L, 6, dim] (per token, Wan 2.2)."""
+        if e.dim() == 4:  # Wan 2.2: (modulation.unsqueeze(0) + e).chunk(6, dim=2), each squeezed
+            e = [u.squeeze(2) for u in (self.modulation.unsqueeze(0) + e).chunk(6, dim=2)]
+        else:
+            e = (self.modulation + e).chunk(6, dim=1)
         y = self.self_attn(_wide(self.norm1(x)) * (1 + e[1]) + e[0], seq_lens, grid_sizes, freqs)
         x = x + y * e[2]
         x = x + self.cross_attn(self.norm3(x), context, context_lens)
@@ -346,7 +369,11 @@ class Head(nn.Module):
         self.modulation = nn.Parameter(torch.randn(1, 2, dim) / dim**0.5)
 
     def forward(self, x, e):
-        e = (self.modulation + e.unsqueeze(1)).chunk(2, dim=1)
+        """e: [B, dim] (one timestep per item) or [B, L, dim] (per token, Wan 2.2)."""
+        if e.dim() == 3:  # Wan 2.2: (modulation.unsqueeze(0) + e.unsqueeze(2)).chunk(2, dim=2), each squeezed
+            e = [u.squeeze(2) for u in (self.modulation.unsqueeze(0) + e.unsqueeze(2)).chunk(2, dim=2)]
+        else:
+            e = (self.modulation + e.unsqueeze(1)).chunk(2, dim=1)
         return self.head(self.norm(x) * (1 + e[1]) + e[0])
 
 
@@ -400,7 +427,8 @@ class WanModel(nn.Module):
 
     def forward(self, x, t, context, seq_len, clip_fea=None, blocks=None):
         """x: list of [C_in, F, H, W] (for i2v / flf2v the noise latent and the condition y already
-        concatenated along the channels); t: [B] timesteps in [0, 1000]; context: list of [L_i, text_dim]
+        concatenated along the channels); t: [B] timesteps in [0, 1000], or [B, seq_len] (Wan 2.2: one per
+        token, (f, h, w) order, then the padding's); context: list of [L_i, text_dim]
         (L_i <= 512); clip_fea: the CLIP tokens [B, 257, clip_dim] (i2v) or [2B, 257, clip_dim] (flf2v: each
         item's first and last frame) of an image model. Returns the list of [C_out, F, H, W] predictions;
         `blocks`, when a dict, gets 'blocks.N': the tokens [B, seq_len, dim] after block N."""
@@ -413,8 +441,17 @@ class WanModel(nn.Module):
         assert seq_lens.max() <= seq_len
         x = torch.cat([torch.cat([u, u.new_zeros(1, seq_len - u.size(1), u.size(2))], dim=1) for u in x])
 
-        e = self.time_embedding(sinusoidal_embedding_1d(self.freq_dim, t).to(x.dtype))
-        e0 = self.time_projection(e).unflatten(1, (6, self.dim))
+        if t.dim() == 1:  # one timestep per item: e [B, dim], e0 [B, 6, dim]
+            e = self.time_embedding(sinusoidal_embedding_1d(self.freq_dim, t).to(x.dtype))
+            e0 = self.time_projection(e).unflatten(1, (6, self.dim))
+        else:  # Wan 2.2, one per token: e [B, seq_len, dim], e0 [B, seq_len, 6, dim]
+            assert t.shape == (x.size(0), seq_len), (tuple(t.shape), x.size(0), seq_len)
+            # The original embeds t.flatten() in one go; here each token's column t[:, l] goes through the
+            # per-item form's [B] computation, the same numbers but bit for bit the per-item form's where the
+            # timesteps are equal (a GEMM's rounding depends on its row count).
+            e = torch.stack([self.time_embedding(sinusoidal_embedding_1d(self.freq_dim, u).to(x.dtype))
+                             for u in t.unbind(1)], dim=1)
+            e0 = torch.stack([self.time_projection(u) for u in e.unbind(1)], dim=1).unflatten(2, (6, self.dim))
 
         context_lens = None
         context = self.text_embedding(
@@ -441,14 +478,17 @@ class WanModel(nn.Module):
         return out
 
 
-def predict(model, x, sigma, context, context_lengths=None, blocks=None, clip_fea=None):
+def predict(model, x, sigma, context, context_lengths=None, blocks=None, clip_fea=None, t_tokens=None):
     """kiln's view of one evaluation: x [B, C, F, H, W] (an image model's condition concatenated along C),
     sigma [B] in [0, 1] (t = 1000 sigma), context [B, L, text_dim] of which item b's first
     context_lengths[b] rows (all when None) are its prompt, clip_fea the CLIP tokens of an image model
     ([B, 257, clip_dim] for i2v; for flf2v [2B, 257, clip_dim], each item's first then last frame, as
-    Wan's clip.visual gives them for a batch of one). Returns [B, C_out, F, H, W]."""
+    Wan's clip.visual gives them for a batch of one). t_tokens, when given, replaces sigma: one sigma per
+    patch token, [B, seq_len] in (f, h, w) order (Wan 2.2's per-token timesteps, t = 1000 t_tokens; TI2V's
+    image-to-video gives the first latent frame's tokens 0). Returns [B, C_out, F, H, W]."""
     lengths = context_lengths or [context.shape[1]] * x.shape[0]
     seq_len = math.prod(s // p for s, p in zip(x.shape[2:], model.patch_size))
-    out = model([u for u in x], sigma * 1000, [c[:n] for c, n in zip(context, lengths)], seq_len, clip_fea=clip_fea,
+    t = sigma * 1000 if t_tokens is None else t_tokens * 1000
+    out = model([u for u in x], t, [c[:n] for c, n in zip(context, lengths)], seq_len, clip_fea=clip_fea,
                 blocks=blocks)
     return torch.stack(out)

@@ -44,6 +44,9 @@ struct Shared {
     nn::ComputeTarget target = nn::ComputeTarget::Cpu;
     int64_t heads = 1;
     ggml_tensor* e0 = nullptr;       // time_projection's six vectors, ne [dim, 6, B]
+    // clean_first_frame: e0 at timestep 0, for the first `first_tokens` tokens.
+    ggml_tensor* e0_first = nullptr;
+    int64_t first_tokens = 0;
     ggml_tensor* context = nullptr;  // text_embedding of the padded context, ne [dim, kWanTextLength, B]
     ggml_tensor* image_context = nullptr;  // img_emb of CLIP vision's rows, ne [dim, rows, B]; null: T2V
 };
@@ -78,17 +81,63 @@ ggml_tensor* cross_attention(ggml_context* ctx, const Shared& s, const Attention
     return nn::linear(ctx, a.o, out);
 }
 
+// A sub-block's (shift, scale, gate) for every token: the timestep's, and
+// with a clean first frame the first `first_tokens` tokens' at timestep 0.
+struct TokenModulation {
+    nn::ShiftScaleGate rest, first;
+    int64_t first_tokens = 0;
+};
+
+// f(part, its modulation) over x ne [dim, L, B]: whole, or the first frame's
+// tokens and the rest apart, joined again along the tokens.
+template <class F>
+ggml_tensor* by_tokens(ggml_context* ctx, ggml_tensor* x, const TokenModulation& m, F f) {
+    if (m.first_tokens == 0) return f(x, m.rest);
+    const int64_t D = x->ne[0], L = x->ne[1], B = x->ne[2], first = m.first_tokens;
+    if (first >= L) return f(x, m.first);
+    ggml_tensor* head = ggml_cont(ctx, ggml_view_3d(ctx, x, D, first, B, x->nb[1], x->nb[2], 0));
+    ggml_tensor* tail = ggml_cont(
+        ctx, ggml_view_3d(ctx, x, D, L - first, B, x->nb[1], x->nb[2], static_cast<size_t>(first) * x->nb[1]));
+    return ggml_concat(ctx, f(head, m.first), f(tail, m.rest), 1);
+}
+
+ggml_tensor* modulated_norm(ggml_context* ctx, ggml_tensor* x, const TokenModulation& m) {
+    return by_tokens(ctx, x, m, [&](ggml_tensor* part, const nn::ShiftScaleGate& g) {
+        return nn::modulate_layer_norm(ctx, part, g, kEps);
+    });
+}
+
+// x + gate * y, each token's gate.
+ggml_tensor* gated(ggml_context* ctx, ggml_tensor* x, ggml_tensor* y, const TokenModulation& m) {
+    if (m.first_tokens == 0) return nn::gated_add(ctx, x, y, m.rest.gate);
+    return ggml_add(ctx, x, by_tokens(ctx, y, m, [&](ggml_tensor* part, const nn::ShiftScaleGate& g) {
+                        return ggml_mul(ctx, part, g.gate);
+                    }));
+}
+
+// Sub-block k's (0: the self-attention's, 3: the FFN's) modulation of a block.
+TokenModulation block_modulation(ggml_context* ctx, const Shared& s, const Block& b, int64_t k) {
+    auto of = [&](ggml_tensor* e0) {
+        return nn::shift_scale_gate(ctx, nn::ModulationTable::from_chunks(ctx, ggml_add(ctx, e0, b.modulation)), k);
+    };
+    TokenModulation m;
+    m.rest = of(s.e0);
+    if (s.e0_first) {
+        m.first = of(s.e0_first);
+        m.first_tokens = s.first_tokens;
+    }
+    return m;
+}
+
 // WanAttentionBlock.forward on the tokens ne [dim, L, B].
 ggml_tensor* block(ggml_context* ctx, const Shared& s, const Block& b, ggml_tensor* x) {
     // modulation + e0, chunked: (shift, scale, gate) of the self-attention, then of the FFN.
-    const nn::ModulationTable table = nn::ModulationTable::from_chunks(ctx, ggml_add(ctx, s.e0, b.modulation));
-    const nn::ShiftScaleGate attn_mod = nn::shift_scale_gate(ctx, table, 0);
-    const nn::ShiftScaleGate ffn_mod = nn::shift_scale_gate(ctx, table, 3);
-    x = nn::gated_add(ctx, x, self_attention(ctx, s, b.self_attn, nn::modulate_layer_norm(ctx, x, attn_mod, kEps)),
-                      attn_mod.gate);
+    const TokenModulation attn_mod = block_modulation(ctx, s, b, 0);
+    const TokenModulation ffn_mod = block_modulation(ctx, s, b, 3);
+    x = gated(ctx, x, self_attention(ctx, s, b.self_attn, modulated_norm(ctx, x, attn_mod)), attn_mod);
     x = ggml_add(ctx, x, cross_attention(ctx, s, b.cross_attn, nn::layer_norm(ctx, b.norm3, x, kEps)));
-    ggml_tensor* h = nn::linear(ctx, b.ffn_in, nn::modulate_layer_norm(ctx, x, ffn_mod, kEps));
-    return nn::gated_add(ctx, x, nn::linear(ctx, b.ffn_out, nn::gelu_tanh(ctx, s.target, h)), ffn_mod.gate);
+    ggml_tensor* h = nn::linear(ctx, b.ffn_in, modulated_norm(ctx, x, ffn_mod));
+    return gated(ctx, x, nn::linear(ctx, b.ffn_out, nn::gelu_tanh(ctx, s.target, h)), ffn_mod);
 }
 
 // ne [W, H, frames * C, B] (each item channel after channel, each channel
@@ -247,6 +296,7 @@ Result<std::unique_ptr<WanDit>> WanDit::create(io::WeightDeclarer& weights) {
     can.cache_blocks = c.layers;
     can.image_context_width = c.clip_dim;
     can.image_context_images = c.clip_dim > 0 ? c.image_context_images : 0;
+    can.clean_first_frame = true;
     return dit;
 }
 
@@ -359,9 +409,20 @@ Result<ggml_tensor*> WanDit::build(ggml_context* ctx, const WanDitInputs& in, co
 
     // e = time_embedding(sinusoidal_embedding_1d(freq_dim, 1000 sigma)): the
     // same [cos, sin] of t 10000^(-i / half) as BFL's embedding.
-    ggml_tensor* e =
-        nn::mlp_embed(ctx, b.time, nn::bfl_time_embedding(ctx, in.timesteps, static_cast<int>(c.freq_dim)));
-    s.e0 = ggml_reshape_3d(ctx, nn::linear(ctx, b.time_projection, ggml_silu(ctx, e)), c.dim, 6, B);
+    auto embed = [&](ggml_tensor* t) {
+        return nn::mlp_embed(ctx, b.time, nn::bfl_time_embedding(ctx, t, static_cast<int>(c.freq_dim)));
+    };
+    auto project = [&](ggml_tensor* emb) {
+        return ggml_reshape_3d(ctx, nn::linear(ctx, b.time_projection, ggml_silu(ctx, emb)), c.dim, 6, B);
+    };
+    ggml_tensor* e = embed(in.timesteps);
+    s.e0 = project(e);
+    ggml_tensor* e_first = nullptr;
+    if (options.clean_first_frame) {
+        e_first = embed(ggml_scale(ctx, in.timesteps, 0.0f));
+        s.e0_first = project(e_first);
+        s.first_tokens = grid.h * grid.w;
+    }
 
     // The context padded with zero rows to 512 before text_embedding, as the
     // original pads it: every stage's blocks read it.
@@ -394,14 +455,23 @@ Result<ggml_tensor*> WanDit::build(ggml_context* ctx, const WanDitInputs& in, co
     if (options.split.stage == BlockStage::Front) return block_stage_output(ctx, options.split, x, nullptr, kept);
 
     // Head: head.modulation + e (no SiLU), chunked (shift, scale).
-    ggml_tensor* e3 = ggml_reshape_3d(ctx, e, c.dim, 1, B);
-    auto head_mod = [&](int64_t k) {
-        return ggml_add(ctx, e3, ggml_view_1d(ctx, b.head_modulation, c.dim, k * b.head_modulation->nb[1]));
+    auto head_mod = [&](ggml_tensor* emb) {
+        ggml_tensor* e3 = ggml_reshape_3d(ctx, emb, c.dim, 1, B);
+        auto vector = [&](int64_t k) {
+            return ggml_add(ctx, e3, ggml_view_1d(ctx, b.head_modulation, c.dim, k * b.head_modulation->nb[1]));
+        };
+        nn::ShiftScaleGate m;
+        m.shift = vector(0);
+        m.scale1 = nn::one_plus(ctx, vector(1));
+        return m;
     };
-    nn::ShiftScaleGate final_mod;
-    final_mod.shift = head_mod(0);
-    final_mod.scale1 = nn::one_plus(ctx, head_mod(1));
-    ggml_tensor* out = nn::linear(ctx, b.head, nn::modulate_layer_norm(ctx, x, final_mod, kEps));
+    TokenModulation final_mod;
+    final_mod.rest = head_mod(e);
+    if (e_first) {
+        final_mod.first = head_mod(e_first);
+        final_mod.first_tokens = s.first_tokens;
+    }
+    ggml_tensor* out = nn::linear(ctx, b.head, modulated_norm(ctx, x, final_mod));
     // unpatchify: each token's features (pt, ph, pw, c), channel fastest.
     out = ggml_reshape_3d(ctx, out, out->ne[0], grid.h * grid.w, grid.frames * B);
     out = nn::unpatchify(ctx, out, grid.w, grid.h, static_cast<int>(p), nn::PatchFeatures::ChannelFastest);
@@ -449,6 +519,7 @@ Result<DiffusionTensors> WanDit::build(nn::GraphInputs& s, const DiffusionShape&
     options.flash_attention = shape.flash_attention;
     options.target = shape.target;
     options.split = shape.split;
+    options.clean_first_frame = shape.clean_first_frame;
     make_stage_inputs(s, shape.split, c.dim, grid.tokens(), b, g);
     in.stream = g.stream;
     in.residual = g.residual;

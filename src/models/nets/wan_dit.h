@@ -13,7 +13,10 @@
 // the tokens, k and v from the context, RMS-normed, no RoPE, no gate) and a
 // GELU (tanh) FFN. The head modulates by head.modulation plus the time
 // embedding itself (shift, scale) and gives each token's patch with features
-// (ph, pw, c), channel fastest.
+// (ph, pw, c), channel fastest. Wan 2.2's blocks take a timestep per token;
+// the one use of it, TI2V's image-to-video, gives the first latent frame's
+// tokens 0 and the rest the job's (WanDitBuildOptions::clean_first_frame),
+// so the modulations are made for both and each applied to its tokens.
 //
 // Time: the network takes sigma in [0, 1] (as the other flow DiTs do) and
 // embeds t = 1000 sigma, Wan's timestep: time_embedding of [cos, sin] of
@@ -129,6 +132,10 @@ struct WanDitInputs {
 
 struct WanDitBuildOptions {
     bool flash_attention = false;  // ggml's fused kernel: K/V in F16, not bit-identical
+    // The first latent frame's tokens modulated as at timestep 0, the rest
+    // at `timesteps` (Wan 2.2's per-token t, as TI2V-5B's image-to-video
+    // sets it: the first frame is the given image's latent).
+    bool clean_first_frame = false;
     nn::ComputeTarget target = nn::ComputeTarget::Cpu;
     // The part of the evaluation to build (models/nets/block_stages.h).
     BlockSplit split;
