@@ -170,7 +170,9 @@ typedef struct {
     /* the size the family is trained at (width and height above may come from the file's kiln.default.* metadata) */
     int trained_width, trained_height;
     int video; /* 1: a video model (Wan): kiln_generate makes clips (video_frames frames each) */
-    int first_frame;       /* 1: an image-to-video model: init_image is each clip's first frame (and needed) */
+    /* 1: an image-to-video model: init_image is each clip's first frame (and needed); 2: a model that takes
+     * init_image as the clip's first frame when given (Wan 2.2 TI2V-5B) */
+    int first_frame;
     int high_noise_expert; /* 1: Wan 2.2 A14B's high-noise expert is loaded (the high_noise_* parameters apply) */
 } kiln_model_info;
 void kiln_context_info(const kiln_context* ctx, kiln_model_info* info);

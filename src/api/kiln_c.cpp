@@ -459,7 +459,9 @@ void kiln_context_info(const kiln_context* ctx, kiln_model_info* info) {
     info->trained_width = ctx->model->family().defaults.width;
     info->trained_height = ctx->model->family().defaults.height;
     info->video = ctx->model->diffusion().capabilities().video ? 1 : 0;
-    info->first_frame = kiln::pipeline::takes_first_frame(*ctx->model) ? 1 : 0;
+    info->first_frame = kiln::pipeline::takes_first_frame(*ctx->model)    ? 1
+                        : kiln::pipeline::takes_first_latent(*ctx->model) ? 2
+                                                                          : 0;
     info->high_noise_expert = ctx->model->has_high_noise_expert() ? 1 : 0;
 }
 

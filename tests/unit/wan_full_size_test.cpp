@@ -263,6 +263,7 @@ struct Files {
     std::string dit_1_3b, dit_5b;         // wan2.1_t2v_1.3B_fp16, wan2.2_ti2v_5B_fp16
     std::string a14b_high_q4_k_m, a14b_low_q4_k_m;  // Wan 2.2 A14B's experts
     std::string dit_i2v_14b, clip_vision_h;         // wan2.1_i2v_480p_14B_fp16, clip_vision_h
+    std::string vae22;                              // wan2.2_vae
 };
 
 class WanFullSize : public ::testing::Test {
@@ -280,7 +281,8 @@ class WanFullSize : public ::testing::Test {
                            dir_->file("Wan2.2-T2V-A14B-HighNoise-Q4_K_M.gguf"),
                            dir_->file("Wan2.2-T2V-A14B-LowNoise-Q4_K_M.gguf"),
                            dir_->file("wan2.1_i2v_480p_14B_fp16.safetensors"),
-                           dir_->file("clip_vision_h.safetensors")};
+                           dir_->file("clip_vision_h.safetensors"),
+                           dir_->file("wan2.2_vae.safetensors")};
         if (!std::ifstream(spiece()).good()) {
             *setup_error_ = spiece() + " is missing";
             return;
@@ -307,6 +309,7 @@ class WanFullSize : public ::testing::Test {
             widen_tensor(f.a14b_low_q4_k_m, "patch_embedding.weight", {2, 2, 1, 16, 5120}),
             test::write_sparse_model(fixture("wan21_i2v_14b.spec"), f.dit_i2v_14b),
             test::write_sparse_model(fixture("clip_vision_h.spec"), f.clip_vision_h),
+            test::write_sparse_model(fixture("wan22_vae.spec"), f.vae22),
         };
         for (const Status& s : written) {
             if (!s.ok()) *setup_error_ += s.error().message + "\n";
@@ -684,6 +687,23 @@ TEST_F(WanFullSize, PlanI2v14bWithClipVisionUnderEveryBudget) {
                       30.55};
     check_plans(set, files().vae, {24, 16, 12, 8}, [](int, const std::string& out) {
         EXPECT_NE(out.find("te.clip_vision (first frame CLIP vision) on RPC0"), std::string::npos) << out;
+        EXPECT_NE(out.find("vae (first frame encode) on RPC0"), std::string::npos) << out;
+    });
+}
+
+// Wan 2.2 TI2V-5B fp16 (9.32 GiB) with wan2.2_vae.safetensors and umT5
+// Q8_0, sd-cli's job, then with a first frame (-i), whose one-frame encode
+// is planned before the DiT.
+TEST_F(WanFullSize, PlanTi2v5BUnderEveryBudget) {
+    expect_lines(info_ok(files().vae22), {"total: 196 tensors"});
+    const PlanSet set{"TI2V 5B fp16", files().dit_5b, files().umt5_q8_0, "", "9.32 GiB", "5.62 GiB", 9.32};
+    check_plans(set, files().vae22, {24, 16, 12, 8});
+    const std::string first = dir_->file("first_ti2v.png");
+    ASSERT_TRUE(image::write_image(first, image::make_image(832, 480, 3, 90)).ok());
+    PlanSet with_image = set;
+    with_image.name = "TI2V 5B fp16, -i";
+    with_image.flags = " -i " + first;
+    check_plans(with_image, files().vae22, {12}, [](int, const std::string& out) {
         EXPECT_NE(out.find("vae (first frame encode) on RPC0"), std::string::npos) << out;
     });
 }

@@ -8,8 +8,8 @@ constexpr SdCliStance kRefused = SdCliStance::Refused;
 
 constexpr const char* kConvPath = "kiln picks each convolution's path itself";
 constexpr const char* kVideo =
-    "is for sd-cli's video features kiln does not have yet (VACE, TI2V-5B, other video families); kiln's "
-    "Wan makes text-, image- and first-last-frame-to-video, Wan 2.2 A14B's experts included";
+    "is for sd-cli's video features kiln does not have yet (VACE, other video families); kiln's Wan makes "
+    "text-, image- and first-last-frame-to-video, Wan 2.2 A14B's experts and TI2V-5B included";
 constexpr const char* kNoExpertGuidance =
     "is image or distilled guidance, which Wan 2.2's experts do not take (sd-cli's does nothing with it either); "
     "--high-noise-cfg-scale is their guidance";
