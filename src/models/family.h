@@ -243,6 +243,9 @@ struct Family {
     io::ModelFamily diffusers_family = io::ModelFamily::SD1;
     Conditioning conditioning;
     LatentFormat latent;
+    // The latents of other VAEs the family takes, each picked by its channel
+    // count (Wan 2.2's 48-channel one beside Wan 2.1's 16).
+    std::vector<LatentFormat> other_latents;
     Schedule schedule;
     Defaults defaults;
     // Reference images (-r, Flux.1-Kontext) are image tokens the DiT

@@ -481,7 +481,7 @@ Result<image::Image> make_preview(Model& model, const std::vector<float>& clip_o
     Result<image::Image> preview = Error{"no latent to preview yet"};
     switch (request.preview.mode) {
         case PreviewMode::Proj:
-            preview = project_latent_to_rgb(latent, p.latent_w, p.latent_h, model.family().latent);
+            preview = project_latent_to_rgb(latent, p.latent_w, p.latent_h, model.latent_format());
             break;
         case PreviewMode::Tae:
             if (model.has_taesd()) {

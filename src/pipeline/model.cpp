@@ -692,10 +692,17 @@ Status Model::check_image_context() const {
     return Status::Ok();
 }
 
+const models::LatentFormat& Model::latent_format() const {
+    for (const models::LatentFormat& other : family_->other_latents) {
+        if (vae_ && other.channels == latent_channels()) return other;
+    }
+    return family_->latent;
+}
+
 Status Model::read_metadata(const ModelOptions& options) {
     const io::ModelFile& main = *files_.front();
     defaults_ = family_->defaults;
-    latent_scale_ = family_->latent.scale;
+    latent_scale_ = latent_format().scale;
     auto scale = meta_number(main, "kiln.vae.scale_factor", 1e-6, 1e6);
     if (!scale.ok()) return scale.error();
     if (*scale) latent_scale_ = static_cast<float>(**scale);

@@ -167,7 +167,9 @@ class Model {
     // The family's scale unless the metadata ("kiln.vae.scale_factor") says otherwise.
     float latent_scale() const { return latent_scale_; }
     // latent = (VAE latent - shift) * scale (Flux: 0.1159).
-    float latent_shift() const { return family_->latent.shift; }
+    float latent_shift() const { return latent_format().shift; }
+    // The family's latent format of this model's VAE (Family::other_latents).
+    const models::LatentFormat& latent_format() const;
     // Image sizes must be multiples of this: the VAE's downscale times the
     // UNet's 2^(levels-1) or the DiT's patch size.
     int size_stride() const;
@@ -176,7 +178,7 @@ class Model {
     // Whether --preview proj can show this model's latent: the family's
     // latent-to-RGB factors have one row per latent channel.
     bool has_latent_projection() const {
-        return static_cast<int64_t>(family_->latent.rgb_factors.size()) == latent_channels();
+        return static_cast<int64_t>(latent_format().rgb_factors.size()) == latent_channels();
     }
     // The noise table of a width x height job of `steps` steps: the DDPM's,
     // or the flow schedule with --flow-shift (`flow_shift`) or the family's

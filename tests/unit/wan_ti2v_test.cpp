@@ -74,6 +74,7 @@ class WanTi2v : public test::WanTinySuite {
 TEST_F(WanTi2v, TextToVideoMatchesTheReferenceJob) {
     EXPECT_EQ(model_->latent_channels(), 48);
     EXPECT_EQ(model_->size_stride(), 32);  // the VAE's 16 times the DiT's patch of 2
+    EXPECT_TRUE(model_->has_latent_projection());  // ComfyUI's Wan22 preview factors, 48 rows
     EXPECT_FALSE(takes_first_frame(*model_));
     EXPECT_TRUE(takes_first_latent(*model_));
     expect_frames(job(), *t2v_);

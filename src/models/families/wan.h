@@ -16,5 +16,7 @@ const Family& wan_family();
 // channels itself), with ComfyUI's Wan21 preview projection; Qwen-Image
 // uses the same VAE.
 LatentFormat wan21_latent_format();
+// Wan 2.2's VAE's (TI2V-5B's): 48 channels, its own statistics inside the VAE.
+LatentFormat wan22_latent_format();
 
 }  // namespace kiln::models
