@@ -1095,24 +1095,7 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
             run.image_context = std::move(rows).value();
         }
     }
-    if (p.first_latent) {
-        // Wan's masks_like(zero=True): the first latent frame is the image's,
-        // at the start and after every step (each channel's planes are frame
-        // after frame, the first frame's first).
-        auto encoded = first_frame_latent(model, *request.init_image, p);
-        if (!encoded.ok()) return encoded.error();
-        const size_t plane = static_cast<size_t>(p.latent_w * p.latent_h),
-                     frames = static_cast<size_t>(p.latent_frames);
-        const size_t size = plane * frames * static_cast<size_t>(model.latent_channels());
-        run.keep_weight.assign(size, 0.0f);
-        run.keep_latent.assign(size, 0.0f);
-        for (size_t c = 0; c < static_cast<size_t>(model.latent_channels()); ++c) {
-            std::fill_n(run.keep_weight.begin() + static_cast<std::ptrdiff_t>(c * frames * plane), plane, 1.0f);
-            std::copy_n(encoded->begin() + static_cast<std::ptrdiff_t>(c * plane), plane,
-                        run.keep_latent.begin() + static_cast<std::ptrdiff_t>(c * frames * plane));
-        }
-        run.clean_first_frame = true;
-    }
+    if (p.first_latent) KILN_TRY(keep_first_latent(model, *request.init_image, p, run));
     run.latent_w = p.latent_w;
     run.latent_h = p.latent_h;
     run.latent_frames = p.latent_frames;

@@ -4,6 +4,7 @@
 #include <array>
 
 #include "image/plane_resize.h"
+#include "pipeline/generate.h"
 #include "pipeline/graphs.h"
 #include "pipeline/model.h"
 #include "pipeline/pixel_planes.h"
@@ -111,6 +112,25 @@ Result<std::vector<float>> first_frame_latent(Model& model, const image::Image& 
         return Error{"the VAE's encode of the first frame has the wrong size"};
     for (float& v : latent) v = (v - model.latent_shift()) * model.latent_scale();
     return latent;
+}
+
+Status keep_first_latent(Model& model, const image::Image& image, const ValidatedRequest& p, SamplingRun& run) {
+    auto encoded = first_frame_latent(model, image, p);
+    if (!encoded.ok()) return encoded.error();
+    // Wan's masks_like(zero=True): the first latent frame is the image's, at
+    // the start and after every step (each channel's planes are frame after
+    // frame, the first frame's first).
+    const size_t plane = static_cast<size_t>(p.latent_w * p.latent_h), frames = static_cast<size_t>(p.latent_frames);
+    const size_t channels = static_cast<size_t>(model.latent_channels());
+    run.keep_weight.assign(plane * frames * channels, 0.0f);
+    run.keep_latent.assign(plane * frames * channels, 0.0f);
+    for (size_t c = 0; c < channels; ++c) {
+        const auto at = static_cast<std::ptrdiff_t>(c * frames * plane);
+        std::fill_n(run.keep_weight.begin() + at, plane, 1.0f);
+        std::copy_n(encoded->begin() + static_cast<std::ptrdiff_t>(c * plane), plane, run.keep_latent.begin() + at);
+    }
+    run.clean_first_frame = true;
+    return Status::Ok();
 }
 
 bool takes_image_context(const Model& model) { return model.diffusion().capabilities().image_context_width > 0; }

@@ -26,6 +26,7 @@
 namespace kiln::pipeline {
 
 class Model;
+struct SamplingRun;
 struct ValidatedRequest;
 
 // Whether the model's diffusion network takes a first frame (above).
@@ -45,6 +46,8 @@ Result<std::vector<float>> first_frame_condition(Model& model, const image::Imag
 bool takes_first_latent(const Model& model);
 // That latent frame, ne [w, h, C] (scaled as the sampler's latent).
 Result<std::vector<float>> first_frame_latent(Model& model, const image::Image& image, const ValidatedRequest& p);
+// The run keeping it (keep_weight, keep_latent) with its tokens clean.
+Status keep_first_latent(Model& model, const image::Image& image, const ValidatedRequest& p, SamplingRun& run);
 
 // Whether the model's DiT reads an image context (Wan 2.1 I2V, FLF2V), and
 // its rows per batch item (of image_context_images images; CLIP-vision-H's
