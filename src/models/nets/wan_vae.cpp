@@ -497,7 +497,7 @@ ggml_tensor* average_down(ggml_context* ctx, const LevelShortcut& s, ggml_tensor
         if (s.out == s.in) return ggml_scale(ctx, pooled, 0.5f);
         const int64_t N = pooled->ne[3];
         ggml_tensor* item = ggml_reshape_4d(ctx, pooled, w * h, 1, C, N);
-        ggml_tensor* pair = ggml_concat(ctx, ggml_scale(ctx, item, 0.0f), item, 1);  // [wh, a, C, N]
+        ggml_tensor* pair = ggml_concat(ctx, ggml_fill(ctx, item, 0.0f), item, 1);  // [wh, a, C, N]
         return ggml_reshape_4d(ctx, pair, w, h, 2 * C, N);
     }
     const int64_t pairs = pooled->ne[3] / 2;
