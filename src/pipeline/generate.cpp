@@ -11,6 +11,7 @@
 #include "image/canny.h"
 #include "io/file_hashes.h"
 #include "pipeline/block_cache.h"
+#include "pipeline/clip_decode.h"
 #include "pipeline/condition_cache.h"
 #include "pipeline/graphs.h"
 #include "pipeline/image_to_video.h"
@@ -408,52 +409,23 @@ Result<image::Image> decode_latent(Model& model, const std::vector<float>& laten
     return decode_latent_vae(model, latent, p, tiling);
 }
 
-// A video's scaled latent [C, T, h, w] decoded a latent frame at a time
-// (the original's chunks), each chunk taking the causal history the one
-// before left: the VAE's memory is one chunk's whatever the clip's length.
-// `decoded` hears the frame count after each chunk.
+// A video's scaled latent [C, T, h, w] as its frames (pipeline/clip_decode:
+// a latent frame at a time, whole or in spatial tiles).
 Result<std::vector<image::Image>> decode_clip(Model& model, const std::vector<float>& latent, const ValidatedRequest& p,
+                                              const std::optional<VaeTiling>& tiling,
                                               const std::function<void(int)>& decoded) {
-    const models::AutoencoderNetwork& vae = model.vae();
-    const int64_t channels = vae.format().latent_channels, frames = p.latent_frames;
-    const size_t plane = static_cast<size_t>(p.latent_w * p.latent_h);
-    if (latent.size() != plane * channels * frames) return Error{"the video latent has the wrong size"};
+    std::vector<float> z(latent);
+    for (float& v : z) v = v / model.latent_scale() + model.latent_shift();
+    auto planes = decode_clip_planes(model, z, p.latent_w, p.latent_h, p.latent_frames, tiling, decoded);
+    if (!planes.ok()) return planes.error();
     std::vector<image::Image> clip;
-    std::vector<std::vector<float>> history;
-    std::vector<std::array<int64_t, 4>> history_shapes;
-    std::vector<float> frame(plane * channels);
-    for (int64_t t = 0; t < frames; ++t) {
-        if (model.cancel_requested()) return Error::cancelled("cancelled");
-        for (int64_t c = 0; c < channels; ++c) {
-            const float* src = latent.data() + (c * frames + t) * plane;
-            float* dst = frame.data() + c * plane;
-            for (size_t i = 0; i < plane; ++i) dst[i] = src[i] / model.latent_scale() + model.latent_shift();
-        }
-        auto g = build_clip_chunk_graph(model, p.latent_w, p.latent_h, history_shapes);
-        if (!g.ok()) return g.error();
-        g->session->set_input(g->input, frame.data());
-        // Each piece is freed once the session holds its copy: RAM holds the
-        // history (3.5 GiB at 832x480) once, not twice.
-        for (size_t i = 0; i < history.size(); ++i) {
-            g->session->set_input(g->history[i], history[i].data());
-            std::vector<float>().swap(history[i]);
-        }
-        KILN_TRY(g->session->run(model.vae_compute(), g->out));
-        const std::vector<float> values = runtime::GraphSession::read(g->out);
-        const size_t frame_values = static_cast<size_t>(p.width) * p.height * 3;
-        for (size_t at = 0; at + frame_values <= values.size(); at += frame_values) {
-            auto img = pixels_to_image(std::vector<float>(values.begin() + at, values.begin() + at + frame_values), p,
-                                       /*unit_range=*/false, "VAE decoder");
-            if (!img.ok()) return img.error();
-            clip.push_back(std::move(img).value());
-        }
-        history.clear();
-        history_shapes.clear();
-        for (const ggml_tensor* h : g->chunk.history) {
-            history.push_back(runtime::GraphSession::read(h));
-            history_shapes.push_back({h->ne[0], h->ne[1], h->ne[2], h->ne[3]});
-        }
-        decoded(static_cast<int>(clip.size()));
+    const size_t frame_values = static_cast<size_t>(p.width) * p.height * 3;
+    for (size_t at = 0; at + frame_values <= planes->size(); at += frame_values) {
+        auto img = pixels_to_image(std::vector<float>(planes->begin() + static_cast<std::ptrdiff_t>(at),
+                                                      planes->begin() + static_cast<std::ptrdiff_t>(at + frame_values)),
+                                   p, /*unit_range=*/false, "VAE decoder");
+        if (!img.ok()) return img.error();
+        clip.push_back(std::move(img).value());
     }
     return clip;
 }
@@ -1258,7 +1230,7 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
         if (on_phase) on_phase(p.hires && !interrupted ? JobPhase::Hires : JobPhase::Decode, i);
         GeneratedImage g;
         if (p.video) {
-            auto clip = decode_clip(model, *latent, p, [&](int done) {
+            auto clip = decode_clip(model, *latent, p, request.vae_tiling, [&](int done) {
                 if (on_decode) on_decode(i, done, p.frames);
             });
             if (!clip.ok()) return clip.error();

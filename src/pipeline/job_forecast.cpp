@@ -236,16 +236,27 @@ Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, 
         return Status::Ok();
     };
     // A clip's decode: its first latent frame, then (a longer clip) a later
-    // one with the history the first left, the hungrier of the two.
+    // one with the history the first left, the hungrier of the two; one
+    // that does not fit is planned in tiles, as generate retries it
+    // (pipeline/clip_decode).
     auto add_clip_decode = [&](int64_t w, int64_t h, int64_t frames) -> Status {
-        auto first = build_clip_chunk_graph(model, w, h, {});
-        if (!first.ok()) return first.error();
-        if (frames == 1) return add(model.vae_compute(), *first->session, first->out, "");
-        std::vector<std::array<int64_t, 4>> history;
-        for (const ggml_tensor* t : first->chunk.history) history.push_back({t->ne[0], t->ne[1], t->ne[2], t->ne[3]});
-        auto later = build_clip_chunk_graph(model, w, h, history);
-        if (!later.ok()) return later.error();
-        return add(model.vae_compute(), *later->session, later->out, "");
+        auto chunks_at = [&](int64_t cw, int64_t ch) -> Status {
+            auto first = build_clip_chunk_graph(model, cw, ch, {});
+            if (!first.ok()) return first.error();
+            if (frames == 1) return add(model.vae_compute(), *first->session, first->out, "");
+            std::vector<std::array<int64_t, 4>> history;
+            for (const ggml_tensor* t : first->chunk.history)
+                history.push_back({t->ne[0], t->ne[1], t->ne[2], t->ne[3]});
+            auto later = build_clip_chunk_graph(model, cw, ch, history);
+            if (!later.ok()) return later.error();
+            return add(model.vae_compute(), *later->session, later->out, "");
+        };
+        KILN_TRY(chunks_at(w, h));
+        if (out.modules.back().run.fits || (w <= tile && h <= tile)) return Status::Ok();
+        out.modules.pop_back();
+        KILN_TRY(chunks_at(std::min(w, tile), std::min(h, tile)));
+        out.modules.back().tiled = true;
+        return Status::Ok();
     };
     // Image-to-video's first frame, encoded a chunk at a time as the decode
     // goes: the first chunk, then (a longer clip) a later one with the

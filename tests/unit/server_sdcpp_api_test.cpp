@@ -292,7 +292,7 @@ TEST(ServerSdcppApi, VidGenJobCompletesWithAWebmClip) {
         {{{"high_noise_sample_params", {{"guidance", {{"slg", {{"scale", 2.5}}}}}}}},
          "high_noise_sample_params.guidance.slg.scale"},
         {{{"moe_boundary", 1.5}}, "moe_boundary"},
-        {{{"vae_tiling_params", {{"enabled", true}}}}, "vae_tiling_params.enabled"},
+        {{{"vae_tiling_params", {{"temporal_tiling", true}}}}, "vae_tiling_params.temporal_tiling"},
         {{{"output_format", "png"}}, "output_format"},
         {{{"video_frames", 0}}, "video_frames"},
     };

@@ -563,13 +563,10 @@ test::CommandResult plan(const PlanSet& set, const std::string& vae, const test:
 // job line names the clip; the forecast peak stays within the budget; a DiT
 // larger than the budget is not kept on the device and runs in segments,
 // never fewer at a smaller budget while the text encoder's weights are not
-// kept there; one that streams from disk says how much. The job runs, or it
-// does not fit (kiln plan exits 1) for the one reason this clip has: the
-// VAE's decode of a latent frame (12.17 GiB of compute at 832x480 on the
-// device, its hungriest part 10.6 to 10.8 GiB in 6 segments; no tiling for
-// clips) is larger than what the budget, less the weights auto-fit keeps
-// there, leaves it. Whether a suggestion (--vae-on-cpu) then fits depends on
-// the RAM free at that moment, so it is printed, not checked.
+// kept there; one that streams from disk says how much. The job runs at
+// every budget: a clip's decode that does not fit whole (a latent frame of
+// Wan 2.1's VAE at 832x480 needs 6.61 GiB of compute on the device) is
+// planned in spatial tiles (pipeline/clip_decode), which the plan says.
 void check_plans(const PlanSet& set, const std::string& vae, std::initializer_list<int> budgets,
                  const std::function<void(int gib, const std::string& out)>& more = {}) {
     test::RpcServer server;
@@ -579,11 +576,8 @@ void check_plans(const PlanSet& set, const std::string& vae, std::initializer_li
     for (int gib : budgets) {
         SCOPED_TRACE(std::string(set.name) + ", " + std::to_string(gib) + " GiB");
         auto r = plan(set, vae, server, gib);
-        // kiln plan exits 1 when the job does not fit.
-        ASSERT_TRUE(r.exit_code == 0 || (r.exit_code == 1 && r.out.find("\nfits: no\n") != std::string::npos))
-            << r.exit_code << "\n"
-            << r.out << r.err;
-        EXPECT_EQ(r.exit_code == 0, test::plan_runs(r.out)) << r.out;
+        ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+        EXPECT_TRUE(test::plan_runs(r.out)) << r.out;
         EXPECT_NE(r.out.find("job: 832x480, 33 frames"), std::string::npos) << r.out;
         std::smatch m;
         ASSERT_TRUE(std::regex_search(r.out, m, peak)) << r.out;
@@ -614,26 +608,18 @@ void check_plans(const PlanSet& set, const std::string& vae, std::initializer_li
                     << r.out;
             }
         }
-        if (!test::plan_runs(r.out)) {
-            EXPECT_NE(r.out.find("\nfits: no\n"), std::string::npos) << r.out;
-            const std::string vae_line = line_of(r.out, "  vae on RPC0: ");
-            EXPECT_NE(vae_line.find("DOES NOT FIT"), std::string::npos) << "only the VAE may not fit\n" << r.out;
-            for (const char* module : {"  te on RPC0: ", "  diffusion on RPC0: "})
-                EXPECT_EQ(line_of(r.out, module).find("DOES NOT FIT"), std::string::npos) << r.out;
-        }
+        // At 8 GiB no Wan VAE decodes a latent frame of 832x480 whole.
+        if (gib <= 8) EXPECT_NE(line_of(r.out, "  vae on RPC0: ").find("in tiles"), std::string::npos) << r.out;
         if (more) more(gib, r.out);
     }
 }
 
 // Wan 2.1 T2V 14B fp16 with umT5-XXL fp16: the DiT (26.62 GiB) is larger
 // than this machine's RAM beside the rest, so it streams from disk at every
-// step; with nothing kept on the device, a budget of 16 GiB or more leaves
-// the VAE's clip decode room and the job runs.
+// step.
 TEST_F(WanFullSize, PlanFp16UnderEveryBudget) {
     const PlanSet set{"fp16", files().dit_14b, files().umt5, "", "26.62 GiB", "10.58 GiB", 26.62};
-    check_plans(set, files().vae, {24, 16, 12, 8}, [](int gib, const std::string& out) {
-        if (gib >= 16) EXPECT_TRUE(test::plan_runs(out)) << out;
-    });
+    check_plans(set, files().vae, {24, 16, 12, 8});
 }
 
 // The Q8_0 rows: city96's wan2.1-t2v-14b-Q8_0.gguf (its 400 block
@@ -644,8 +630,8 @@ TEST_F(WanFullSize, PlanQ8_0GgufUnderEveryBudget) {
     check_plans(set, files().vae, {24, 16, 12, 8});
 }
 
-// Wan 2.1 T2V 1.3B fp16 at 8 GiB: the DiT (2.65 GiB) runs whole (the
-// VAE's clip decode is what does not fit there).
+// Wan 2.1 T2V 1.3B fp16 at 8 GiB: the DiT (2.65 GiB) runs whole, the
+// clip's decode in tiles.
 TEST_F(WanFullSize, Plan1_3BAt8GiB) {
     const PlanSet set{"1.3B fp16", files().dit_1_3b, files().umt5, "", "2.65 GiB", "10.58 GiB", 2.65};
     check_plans(set, files().vae, {8},

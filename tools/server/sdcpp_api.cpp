@@ -71,10 +71,10 @@ void read_sample_params(JobRequest& r, const json& body, const ServerLimits& lim
 
 void read_vae_tiling(JobRequest& r, const json& body, bool video) {
     const json v = object_at(body, "vae_tiling_params");
-    const std::string clips = video ? "kiln decodes a clip a latent frame at a time, untiled" : "kiln makes images";
+    const std::string clips =
+        video ? "kiln decodes a clip a latent frame at a time, tiled in space only" : "kiln makes images";
     nested("vae_tiling_params", [&] {
         r.vae_tiling = read_bool(v, "enabled", false);
-        if (video && r.vae_tiling) throw RequestError{400, "enabled", "enabled: " + clips};
         if (read_bool(v, "temporal_tiling", false)) {
             throw RequestError{400, "temporal_tiling", "temporal_tiling: is for video VAEs; " + clips};
         }
@@ -396,7 +396,7 @@ json capabilities(ServerState& state) {
                                  {"control_frames", false},
                                  {"high_noise", info.high_noise_expert != 0},
                                  {"lora", true},
-                                 {"vae_tiling", false},
+                                 {"vae_tiling", true},
                                  {"cache", true},
                                  {"cancel_queued", true},
                                  {"cancel_generating", true}};
