@@ -3,10 +3,11 @@
 performance goal: flat beyond the first chunk).
 
 Writes the full-size Wan 2.1 VAE (tests/fixtures/qwen_image_vae.spec: the same
-weights as wan_2.1_vae.safetensors) as a sparse file (a header, no data: kiln
-plan reads no weights), pairs it with the tiny Wan DiT and umT5 of
-tests/golden/pipeline/wan_tiny, and runs `kiln plan -M vid_gen` at 832x480
-for 1 to 81 frames. Each plan's VAE figure is the compute buffer ggml-alloc
+weights as wan_2.1_vae.safetensors) and Wan 2.2's (tests/fixtures/wan22_vae.spec:
+wan2.2_vae.safetensors, TI2V-5B's) as sparse files (a header, no data: kiln
+plan reads no weights), pairs each with a tiny Wan DiT of its latent's width
+(tests/golden/pipeline/wan_tiny: wan_dit, wan_dit_ti2v) and the tiny umT5, and
+runs `kiln plan -M vid_gen` at 832x480 for 1 to 81 frames. Each plan's VAE figure is the compute buffer ggml-alloc
 plans for the decode's hungriest graph (a latent frame with the history the
 one before left), which is what the run allocates; the whole clip in one
 graph, as a decoder without chunks would build it, grows with the frames.
@@ -29,7 +30,10 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KILN = os.path.join(ROOT, "build", "bin", "kiln")
 GOLDEN = os.path.join(ROOT, "tests", "golden")
-SPEC = os.path.join(ROOT, "tests", "fixtures", "qwen_image_vae.spec")
+# (label, VAE spec, the tiny DiT on its latent)
+VAES = [("Wan 2.1 VAE", os.path.join(ROOT, "tests", "fixtures", "qwen_image_vae.spec"), "wan_dit.safetensors"),
+        ("Wan 2.2 VAE (TI2V-5B)", os.path.join(ROOT, "tests", "fixtures", "wan22_vae.spec"),
+         "wan_dit_ti2v.safetensors")]
 FRAMES = [1, 5, 9, 17, 33, 49, 65, 81]
 WIDTH, HEIGHT = 832, 480
 DTYPE_BYTES = {"F32": 4, "F16": 2, "BF16": 2}
@@ -71,33 +75,39 @@ def main():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = []
+    series = []
     with tempfile.TemporaryDirectory() as tmp:
-        vae = os.path.join(tmp, "wan_2.1_vae.safetensors")
-        write_sparse_safetensors(SPEC, vae)
-        for frames in FRAMES:
-            cmd = [KILN, "plan", "-M", "vid_gen", "--diffusion-model",
-                   os.path.join(GOLDEN, "pipeline", "wan_tiny", "wan_dit.safetensors"), "--t5xxl",
-                   os.path.join(GOLDEN, "pipeline", "wan_tiny", "umt5.safetensors"), "--tokenizer",
-                   "t5xxl=" + os.path.join(GOLDEN, "text", "umt5_like_spiece.model"), "--vae", vae, "-W", str(WIDTH),
-                   "-H", str(HEIGHT), "--video-frames", str(frames), "-p", "a cat"]
-            out = subprocess.run(cmd, capture_output=True, text=True)
-            # Exit 1 is a plan that does not fit this machine: its figures are still the graphs'.
-            if out.returncode not in (0, 1) or "modules:" not in out.stdout:
-                sys.exit("wan_vae_memory: kiln plan failed at %d frames:\n%s%s" % (frames, out.stdout, out.stderr))
-            rows.append({"frames": frames, "vae_compute_bytes": vae_compute(out.stdout)})
-            print("%3d frames: VAE decode compute %.1f MiB" % (frames, rows[-1]["vae_compute_bytes"] / (1 << 20)))
+        for label, spec, dit in VAES:
+            vae = os.path.join(tmp, os.path.basename(spec) + ".safetensors")
+            write_sparse_safetensors(spec, vae)
+            rows = []
+            for frames in FRAMES:
+                cmd = [KILN, "plan", "-M", "vid_gen", "--diffusion-model",
+                       os.path.join(GOLDEN, "pipeline", "wan_tiny", dit), "--t5xxl",
+                       os.path.join(GOLDEN, "pipeline", "wan_tiny", "umt5.safetensors"), "--tokenizer",
+                       "t5xxl=" + os.path.join(GOLDEN, "text", "umt5_like_spiece.model"), "--vae", vae, "-W",
+                       str(WIDTH), "-H", str(HEIGHT), "--video-frames", str(frames), "-p", "a cat"]
+                out = subprocess.run(cmd, capture_output=True, text=True)
+                # Exit 1 is a plan that does not fit this machine: its figures are still the graphs'.
+                if out.returncode not in (0, 1) or "modules:" not in out.stdout:
+                    sys.exit("wan_vae_memory: kiln plan failed at %d frames:\n%s%s" % (frames, out.stdout, out.stderr))
+                rows.append({"frames": frames, "vae_compute_bytes": vae_compute(out.stdout)})
+                print("%s, %3d frames: decode compute %.1f MiB" % (label, frames,
+                                                                    rows[-1]["vae_compute_bytes"] / (1 << 20)))
+            series.append({"vae": label + " (full size)", "plans": rows})
 
     docs = os.path.join(ROOT, "docs")
     with open(os.path.join(docs, "wan_vae_memory.json"), "w") as f:
-        json.dump({"width": WIDTH, "height": HEIGHT, "vae": "Wan 2.1 (full size)", "plans": rows}, f, indent=1)
+        json.dump({"width": WIDTH, "height": HEIGHT, "series": series}, f, indent=1)
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
-    ax.plot([r["frames"] for r in rows], [r["vae_compute_bytes"] / (1 << 30) for r in rows], "o-",
-            label="kiln: a latent frame at a time")
+    for s in series:
+        rows = s["plans"]
+        ax.plot([r["frames"] for r in rows], [r["vae_compute_bytes"] / (1 << 30) for r in rows], "o-",
+                label=s["vae"] + ": a latent frame at a time")
     ax.set_xlabel("frames (%dx%d)" % (WIDTH, HEIGHT))
     ax.set_ylabel("decode compute memory (GiB)")
     ax.set_ylim(bottom=0)
-    ax.set_title("Wan 2.1 VAE decode: compute memory vs clip length")
+    ax.set_title("Wan VAE decode: compute memory vs clip length")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
