@@ -1196,6 +1196,55 @@ TEST_F(Memory, WanI2vSameFramesUnderEveryBudgetAndThePlanAgrees) {
     EXPECT_GT(r->segments, 1);
 }
 
+// Wan 2.2 TI2V-5B's job under one budget: tests/fixtures/wan_medium.spec's
+// DiT with 4 of its blocks on Wan 2.2's 48-channel latent (patch_embedding
+// and head.head for 48 channels), umT5 (on the CPU) and the full-size Wan 2.2
+// VAE (tests/fixtures/wan22_vae.spec, under vae.) in place of Wan 2.1's. A
+// clip of 5 frames at 64x64 from a first frame, one step at cfg 6: the
+// image's latent kept as the first latent frame, its tokens at timestep 0
+// in every segment. At 40% of the unconstrained peak the DiT runs in
+// segments; every frame is the unconstrained run's and kiln plan agrees.
+TEST_F(Memory, WanTi2vSameFramesUnderEveryBudgetAndThePlanAgrees) {
+    test::TempDir dir;
+    std::ifstream spec(std::string(KILN_FIXTURES_DIR) + "/wan_medium.spec");
+    std::ifstream vae(std::string(KILN_FIXTURES_DIR) + "/wan22_vae.spec");
+    std::string ti2v, line;
+    const std::string dit = "model.diffusion_model.";
+    while (std::getline(spec, line)) {
+        const size_t at = line.find("blocks.");
+        if (line.rfind("vae.", 0) == 0) continue;
+        if (line.rfind(dit, 0) == 0 && at != std::string::npos && std::stoi(line.substr(at + 7)) >= 4) continue;
+        if (line == dit + "patch_embedding.weight F16 1536 16 1 2 2")
+            line = dit + "patch_embedding.weight F16 1536 48 1 2 2";
+        if (line == dit + "head.head.weight F16 64 1536") line = dit + "head.head.weight F16 192 1536";
+        if (line == dit + "head.head.bias F16 64") line = dit + "head.head.bias F16 192";
+        ti2v += line + "\n";
+    }
+    while (std::getline(vae, line)) {
+        if (!line.empty() && line[0] != '#') ti2v += "vae." + line + "\n";
+    }
+    Job job;
+    job.model = dir.file("wan_ti2v_medium.safetensors");
+    ASSERT_TRUE(test::write_random_model(dir.write("ti2v.spec", ti2v), job.model).ok());
+    job.first_frame = true;
+    job.tokenizer = "t5xxl=" + std::string(KILN_GOLDEN_DIR) + "/text/umt5_like_spiece.model";
+    job.cfg = 6.0f;
+    job.steps = 1;
+    job.video_frames = 5;
+    job.te_on_cpu = true;
+    auto reference = run_job(job);
+    ASSERT_TRUE(reference.ok()) << reference.error().message;
+    EXPECT_EQ(reference->segments, 1);
+    Job cut = job;
+    cut.budget = mib(static_cast<double>(reference->peak) / (1024.0 * 1024.0) * 0.4);
+    auto r = expect_plan_matches_run(cut);
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    EXPECT_EQ(r->pixels, reference->pixels) << "the clip differs from the unconstrained run";
+    ASSERT_TRUE(r->budget.has_value());
+    EXPECT_LE(r->peak, *r->budget) << "managed peak above the budget";
+    EXPECT_GT(r->segments, 1);
+}
+
 // SD3.5 Large at full width (tests/fixtures/sd35_large_medium.spec: the
 // 2432-wide MMDiT with 4 of its 38 joint blocks and a 64 x 64 position
 // embedding, CLIP-L, CLIP-G and T5-XXL at their widths with 2 layers each,
