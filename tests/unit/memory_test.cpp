@@ -1140,6 +1140,30 @@ TEST_F(Memory, WanA14bExpertsTakeTurnsUnderOneBudget) {
     }
 }
 
+// An image-to-video clip of a medium Wan file (`job.model`): 5 frames from
+// a first frame, one step at cfg 6, umT5 on the CPU, unconstrained and at
+// 40% of that run's peak, where the DiT must run in segments: the same
+// frames, the managed peak within the budget, kiln plan agreeing.
+void expect_image_to_video_under_a_cut(Job job) {
+    job.first_frame = true;
+    job.tokenizer = "t5xxl=" + std::string(KILN_GOLDEN_DIR) + "/text/umt5_like_spiece.model";
+    job.cfg = 6.0f;
+    job.steps = 1;
+    job.video_frames = 5;
+    job.te_on_cpu = true;
+    auto reference = run_job(job);
+    ASSERT_TRUE(reference.ok()) << reference.error().message;
+    EXPECT_EQ(reference->segments, 1);
+    Job cut = job;
+    cut.budget = mib(static_cast<double>(reference->peak) / (1024.0 * 1024.0) * 0.4);
+    auto r = expect_plan_matches_run(cut);
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    EXPECT_EQ(r->pixels, reference->pixels) << "the clip differs from the unconstrained run";
+    ASSERT_TRUE(r->budget.has_value());
+    EXPECT_LE(r->peak, *r->budget) << "managed peak above the budget";
+    EXPECT_GT(r->segments, 1);
+}
+
 // Wan 2.1 image-to-video under one budget: tests/fixtures/wan_medium.spec's
 // DiT with 4 of its blocks made an I2V DiT (36 input planes, img_emb over
 // the 32-wide rows of the Wan goldens' tiny CLIP vision, k_img, v_img and
@@ -1177,23 +1201,7 @@ TEST_F(Memory, WanI2vSameFramesUnderEveryBudgetAndThePlanAgrees) {
     job.model = dir.file("wan_i2v_medium.safetensors");
     ASSERT_TRUE(test::write_random_model(dir.write("i2v.spec", i2v), job.model).ok());
     job.clip_vision = std::string(KILN_GOLDEN_DIR) + "/pipeline/wan_tiny/clip_vision.safetensors";
-    job.first_frame = true;
-    job.tokenizer = "t5xxl=" + std::string(KILN_GOLDEN_DIR) + "/text/umt5_like_spiece.model";
-    job.cfg = 6.0f;
-    job.steps = 1;
-    job.video_frames = 5;
-    job.te_on_cpu = true;
-    auto reference = run_job(job);
-    ASSERT_TRUE(reference.ok()) << reference.error().message;
-    EXPECT_EQ(reference->segments, 1);
-    Job cut = job;
-    cut.budget = mib(static_cast<double>(reference->peak) / (1024.0 * 1024.0) * 0.4);
-    auto r = expect_plan_matches_run(cut);
-    ASSERT_TRUE(r.ok()) << r.error().message;
-    EXPECT_EQ(r->pixels, reference->pixels) << "the clip differs from the unconstrained run";
-    ASSERT_TRUE(r->budget.has_value());
-    EXPECT_LE(r->peak, *r->budget) << "managed peak above the budget";
-    EXPECT_GT(r->segments, 1);
+    expect_image_to_video_under_a_cut(job);
 }
 
 // Wan 2.2 TI2V-5B's job under one budget: tests/fixtures/wan_medium.spec's
@@ -1226,23 +1234,7 @@ TEST_F(Memory, WanTi2vSameFramesUnderEveryBudgetAndThePlanAgrees) {
     Job job;
     job.model = dir.file("wan_ti2v_medium.safetensors");
     ASSERT_TRUE(test::write_random_model(dir.write("ti2v.spec", ti2v), job.model).ok());
-    job.first_frame = true;
-    job.tokenizer = "t5xxl=" + std::string(KILN_GOLDEN_DIR) + "/text/umt5_like_spiece.model";
-    job.cfg = 6.0f;
-    job.steps = 1;
-    job.video_frames = 5;
-    job.te_on_cpu = true;
-    auto reference = run_job(job);
-    ASSERT_TRUE(reference.ok()) << reference.error().message;
-    EXPECT_EQ(reference->segments, 1);
-    Job cut = job;
-    cut.budget = mib(static_cast<double>(reference->peak) / (1024.0 * 1024.0) * 0.4);
-    auto r = expect_plan_matches_run(cut);
-    ASSERT_TRUE(r.ok()) << r.error().message;
-    EXPECT_EQ(r->pixels, reference->pixels) << "the clip differs from the unconstrained run";
-    ASSERT_TRUE(r->budget.has_value());
-    EXPECT_LE(r->peak, *r->budget) << "managed peak above the budget";
-    EXPECT_GT(r->segments, 1);
+    expect_image_to_video_under_a_cut(job);
 }
 
 // SD3.5 Large at full width (tests/fixtures/sd35_large_medium.spec: the
