@@ -68,7 +68,12 @@ async function main() {
     openPage = page;
     const failures = [];
     page.on("pageerror", (e) => failures.push(e.message));
-    page.on("requestfailed", (r) => { if (!r.url().includes("/events")) failures.push("request failed: " + r.url()); });
+    // A poll the test's own reload cuts off (net::ERR_ABORTED) is no page error.
+    let reloading = false;
+    page.on("requestfailed", (r) => {
+      if (reloading && (r.failure() || {}).errorText === "net::ERR_ABORTED") return;
+      if (!r.url().includes("/events")) failures.push("request failed: " + r.url());
+    });
     await page.goto("http://127.0.0.1:" + port + "/");
 
     stage = "the model's defaults and plan";
@@ -181,7 +186,9 @@ async function main() {
 
     stage = "the gallery after a reload";
     // A reload: the gallery comes from the server's outputs folder.
+    reloading = true;
     await page.reload();
+    reloading = false;
     await page.waitForFunction(() => document.querySelectorAll("#gallery figure img[src^='blob:']").length === 2, null, long);
     check((await page.textContent("#gallery-note")).startsWith("2 images"), "the gallery note does not count 2 images");
     check(fs.readdirSync(outputDir).filter((f) => f.endsWith(".png")).length === 2, "the outputs folder does not hold 2 PNGs");
