@@ -2,7 +2,8 @@
 """Writes tests/golden/pipeline/sd3_tiny/diffusers_transformer.safetensors: the
 tiny SD3.5 MMDiT of sd3.5_tiny.safetensors (model.diffusion_model.*, Stability's
 names) in diffusers' SD3Transformer2DModel names, as a diffusers folder's
-transformer/ holds it. The renames are transcribed from diffusers'
+transformer/ holds it; and tests/golden/models/sd35x_tiny_diffusers.safetensors,
+the tiny MMDiT-X (SD3.5 Medium's attn2) of sd35x_tiny.safetensors the same way. The renames are transcribed from diffusers'
 scripts/convert_sd3_to_diffusers.py (convert_sd3_transformer_checkpoint_to_diffusers):
 q, k and v split out of qkv (add_*_proj for the context stream), the final
 layer's and the last block's context modulation swapped from (shift, scale) to
@@ -20,6 +21,7 @@ sys.path.insert(0, os.path.join(HERE, "reference"))
 import safetensors_io  # noqa: E402
 
 GOLDEN = os.path.join(HERE, "..", "tests", "golden", "pipeline", "sd3_tiny")
+MODELS = os.path.join(HERE, "..", "tests", "golden", "models")
 
 
 def swap_scale_shift(weight):
@@ -91,6 +93,14 @@ def main():
     dit = {k[len(prefix):]: v for k, v in everything.items() if k.startswith(prefix)}
     out = os.path.join(GOLDEN, "diffusers_transformer.safetensors")
     safetensors_io.save_file(convert(dit), out, metadata={"kiln.fixture.generator": "training/make_sd3_diffusers_fixture.py"})
+    print("wrote", out, os.path.getsize(out), "bytes")
+    # SD3.5 Medium's MMDiT-X (x_block.attn2 in its first blocks), the DiT
+    # alone as tests/unit/mmdit_test.cpp reads it.
+    mmditx, meta = safetensors_io.load_file(os.path.join(MODELS, "sd35x_tiny.safetensors"))
+    meta = dict(meta or {})
+    meta["kiln.fixture.generator"] = "training/make_sd3_diffusers_fixture.py"
+    out = os.path.join(MODELS, "sd35x_tiny_diffusers.safetensors")
+    safetensors_io.save_file(convert(dict(mmditx)), out, metadata=meta)
     print("wrote", out, os.path.getsize(out), "bytes")
 
 

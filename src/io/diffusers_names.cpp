@@ -134,7 +134,13 @@ void rename_diffusers_controlnet(std::vector<TensorInfo>& tensors) {
 }
 
 void rename_diffusers_tensors(ModelFamily family, std::vector<TensorInfo>& tensors) {
-    const NameMap map(family, detect_unet_layout(tensors));
+    // The VAE's levels from its decoder's up_blocks (a tiny FLUX.2 has 2).
+    int vae_levels = 0;
+    for (const TensorInfo& t : tensors) {
+        if (auto level = index_after(t.name, "vae/decoder.up_blocks."); level && *level < 16)
+            vae_levels = std::max(vae_levels, *level + 1);
+    }
+    const NameMap map(family, detect_unet_layout(tensors), vae_levels > 0 ? vae_levels : 4);
     for (TensorInfo& t : tensors) {
         for (ModelComponent component : kComponents) {
             const std::string folder = std::string(diffusers_folder(component)) + "/";

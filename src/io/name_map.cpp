@@ -104,48 +104,47 @@ const RuleTable& vae_attention_rules() {
     return rules;
 }
 
-// AutoencoderKL, identical in SD1, SD2 and SDXL: 4 levels, 2 resnets per
-// encoder level and 3 per decoder level. Diffusers numbers the decoder's
-// up_blocks from the lowest resolution, ldm numbers decoder.up from the
-// highest, hence the reversal.
-const RuleTable& vae_rules() {
-    static const RuleTable rules = [] {
-        constexpr int levels = 4;
-        constexpr int encoder_layers = 2;
-        constexpr int decoder_layers = 3;
-        RuleTable r;
-        const RuleTable* res = &vae_resnet_rules();
-        for (const char* part : {"encoder.", "decoder."}) {
-            const std::string p = part;
-            r.push_back({p + "conv_in.", p + "conv_in."});
-            r.push_back({p + "mid.block_1.", p + "mid_block.resnets.0.", res});
-            r.push_back({p + "mid.attn_1.", p + "mid_block.attentions.0.", &vae_attention_rules()});
-            r.push_back({p + "mid.block_2.", p + "mid_block.resnets.1.", res});
-            r.push_back({p + "norm_out.", p + "conv_norm_out."});
-            r.push_back({p + "conv_out.", p + "conv_out."});
+// AutoencoderKL, identical in SD1, SD2, SDXL, Flux.1 and FLUX.2: 4 levels
+// (`levels`), 2 resnets per encoder level and 3 per decoder level.
+// Diffusers numbers the decoder's up_blocks from the lowest resolution, ldm
+// numbers decoder.up from the highest, hence the reversal. FLUX.2's
+// AutoencoderKLFlux2 adds its latent statistics (bn.running_mean,
+// bn.running_var) under the same names.
+RuleTable build_vae_rules(int levels) {
+    constexpr int encoder_layers = 2;
+    constexpr int decoder_layers = 3;
+    RuleTable r;
+    const RuleTable* res = &vae_resnet_rules();
+    for (const char* part : {"encoder.", "decoder."}) {
+        const std::string p = part;
+        r.push_back({p + "conv_in.", p + "conv_in."});
+        r.push_back({p + "mid.block_1.", p + "mid_block.resnets.0.", res});
+        r.push_back({p + "mid.attn_1.", p + "mid_block.attentions.0.", &vae_attention_rules()});
+        r.push_back({p + "mid.block_2.", p + "mid_block.resnets.1.", res});
+        r.push_back({p + "norm_out.", p + "conv_norm_out."});
+        r.push_back({p + "conv_out.", p + "conv_out."});
+    }
+    for (int i = 0; i < levels; ++i) {
+        const std::string down = "encoder.down." + std::to_string(i) + ".";
+        const std::string down_blocks = "encoder.down_blocks." + std::to_string(i) + ".";
+        for (int j = 0; j < encoder_layers; ++j) {
+            const std::string n = std::to_string(j) + ".";
+            r.push_back({down + "block." + n, down_blocks + "resnets." + n, res});
         }
-        for (int i = 0; i < levels; ++i) {
-            const std::string down = "encoder.down." + std::to_string(i) + ".";
-            const std::string down_blocks = "encoder.down_blocks." + std::to_string(i) + ".";
-            for (int j = 0; j < encoder_layers; ++j) {
-                const std::string n = std::to_string(j) + ".";
-                r.push_back({down + "block." + n, down_blocks + "resnets." + n, res});
-            }
-            if (i + 1 < levels) r.push_back({down + "downsample.conv.", down_blocks + "downsamplers.0.conv."});
+        if (i + 1 < levels) r.push_back({down + "downsample.conv.", down_blocks + "downsamplers.0.conv."});
 
-            const std::string up = "decoder.up." + std::to_string(levels - 1 - i) + ".";
-            const std::string up_blocks = "decoder.up_blocks." + std::to_string(i) + ".";
-            for (int j = 0; j < decoder_layers; ++j) {
-                const std::string n = std::to_string(j) + ".";
-                r.push_back({up + "block." + n, up_blocks + "resnets." + n, res});
-            }
-            if (i + 1 < levels) r.push_back({up + "upsample.conv.", up_blocks + "upsamplers.0.conv."});
+        const std::string up = "decoder.up." + std::to_string(levels - 1 - i) + ".";
+        const std::string up_blocks = "decoder.up_blocks." + std::to_string(i) + ".";
+        for (int j = 0; j < decoder_layers; ++j) {
+            const std::string n = std::to_string(j) + ".";
+            r.push_back({up + "block." + n, up_blocks + "resnets." + n, res});
         }
-        r.push_back({"quant_conv.", "quant_conv."});
-        r.push_back({"post_quant_conv.", "post_quant_conv."});
-        return r;
-    }();
-    return rules;
+        if (i + 1 < levels) r.push_back({up + "upsample.conv.", up_blocks + "upsamplers.0.conv."});
+    }
+    r.push_back({"quant_conv.", "quant_conv."});
+    r.push_back({"post_quant_conv.", "post_quant_conv."});
+    r.push_back({"bn.", "bn."});
+    return r;
 }
 
 // Wan 2.1's VAE (Qwen-Image's): the original module tree (wan/modules/vae.py,
@@ -490,18 +489,20 @@ UnetLayout UnetLayout::for_family(ModelFamily family) {
 
 struct NameMap::Tables {
     RuleTable unet;
+    RuleTable vae;
     std::vector<ComponentEntry> components;
 };
 
 NameMap::NameMap(ModelFamily family) : NameMap(family, UnetLayout::for_family(family)) {}
 
-NameMap::NameMap(ModelFamily family, const UnetLayout& unet) : tables_(std::make_unique<Tables>()) {
+NameMap::NameMap(ModelFamily family, const UnetLayout& unet, int vae_levels) : tables_(std::make_unique<Tables>()) {
     tables_->unet = build_unet_rules(unet);
+    tables_->vae = build_vae_rules(vae_levels);
     // Which text-encoder convention sits under which prefix.
     const RuleTable* text1 = family == ModelFamily::SD2 ? &open_clip_rules() : &hf_clip_rules();
     const std::array<std::pair<ModelComponent, const RuleTable*>, 4> components = {{
         {ModelComponent::Unet, &tables_->unet},
-        {ModelComponent::Vae, family == ModelFamily::QwenImage ? &wan_vae_rules() : &vae_rules()},
+        {ModelComponent::Vae, family == ModelFamily::QwenImage ? &wan_vae_rules() : &tables_->vae},
         {ModelComponent::TextEncoder, text1},
         {ModelComponent::TextEncoder2, &open_clip_rules()},
     }};

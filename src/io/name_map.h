@@ -88,7 +88,10 @@ struct DiffusersNames {
 class NameMap {
   public:
     explicit NameMap(ModelFamily family);
-    NameMap(ModelFamily family, const UnetLayout& unet);
+    // `vae_levels`: the AutoencoderKL's channel levels, which decide its
+    // decoder's numbering (diffusers counts up_blocks from the lowest
+    // resolution, ldm's decoder.up from the highest). SD's and Flux's have 4.
+    NameMap(ModelFamily family, const UnetLayout& unet, int vae_levels = 4);
     ~NameMap();
     NameMap(NameMap&&) noexcept;
     NameMap& operator=(NameMap&&) noexcept;

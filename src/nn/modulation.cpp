@@ -33,6 +33,13 @@ ShiftScaleGate shift_scale_gate(ggml_context* ctx, const ModulationTable& table,
     return m;
 }
 
+ShiftScaleGate scale_shift(ggml_context* ctx, const ModulationTable& table, int64_t k) {
+    ShiftScaleGate m;
+    m.scale1 = one_plus(ctx, table.at(ctx, k));
+    m.shift = table.at(ctx, k + 1);
+    return m;
+}
+
 ggml_tensor* modulate_layer_norm(ggml_context* ctx, ggml_tensor* x, const ShiftScaleGate& m, float eps) {
     return modulate(ctx, ggml_norm(ctx, x, eps), m.scale1, m.shift);
 }

@@ -39,6 +39,9 @@ struct ShiftScaleGate {
 };
 // Vectors k, k + 1 (and k + 2) of `table` as BFL chunks them.
 ShiftScaleGate shift_scale_gate(ggml_context* ctx, const ModulationTable& table, int64_t k, bool with_gate = true);
+// Vectors k and k + 1 in diffusers' AdaLayerNormContinuous order (scale,
+// shift), as its conversions store a final layer's modulation; no gate.
+ShiftScaleGate scale_shift(ggml_context* ctx, const ModulationTable& table, int64_t k);
 // (1 + scale) * LayerNorm(x) + shift, the LayerNorm without affine.
 ggml_tensor* modulate_layer_norm(ggml_context* ctx, ggml_tensor* x, const ShiftScaleGate& m, float eps);
 

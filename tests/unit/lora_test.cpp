@@ -459,6 +459,14 @@ ModelPaths z_image_paths() {
     p.llm = golden_path("pipeline/z_image_tiny/qwen3.safetensors");
     return p;
 }
+ModelPaths klein_paths() {
+    ModelPaths p;
+    p.diffusion_model = golden_path("models/flux2_tiny.safetensors");
+    p.vae = golden_path("models/flux2_ae_tiny.safetensors");
+    p.llm = golden_path("models/flux2_klein_qwen3_tiny.safetensors");
+    p.tokenizer = "llm=" + golden_path("pipeline/z_image_tiny/tokenizer");
+    return p;
+}
 ModelPaths qwen_image_paths() {
     ModelPaths p;
     const std::string dir = golden_path("pipeline/qwen_image_tiny/");
@@ -554,6 +562,22 @@ TEST(LoraTargetsOfEveryFamily, KohyaDiffusersAndCheckpointNamesFindTheirWeights)
                        {"lora_unet_noise_refiner_0_feed_forward_w1", "noise_refiner.0.feed_forward.w1.weight", 0, -1},
                        {"diffusion_model.layers.0.attention.qkv", "layers.0.attention.qkv.weight", 0, 192},
                    });
+
+    // FLUX.2 [klein] in BFL's names: diffusers' Flux2Transformer2DModel
+    // names (PEFT's, ai-toolkit's) find the double blocks' q, k and v rows
+    // and the single blocks' fused projection whole.
+    auto klein = load_parts(klein_paths(), LoraApplyMode::Auto);
+    ASSERT_TRUE(klein);
+    expect_targets(
+        *klein,
+        {
+            {"transformer.transformer_blocks.0.attn.to_k", "double_blocks.0.img_attn.qkv.weight", 64, 64},
+            {"lora_transformer_transformer_blocks_1_attn_add_v_proj", "double_blocks.1.txt_attn.qkv.weight", 128, 64},
+            {"transformer.transformer_blocks.0.ff_context.linear_in", "double_blocks.0.txt_mlp.0.weight", 0, -1},
+            {"transformer.single_transformer_blocks.1.attn.to_qkv_mlp_proj", "single_blocks.1.linear1.weight", 0, 576},
+            {"transformer.single_transformer_blocks.0.attn.to_out", "single_blocks.0.linear2.weight", 0, -1},
+            {"diffusion_model.double_blocks.1.img_attn.qkv", "double_blocks.1.img_attn.qkv.weight", 0, 192},
+        });
 
     // Qwen-Image's DiT is in diffusers' names: PEFT's (transformer.), ComfyUI's
     // (diffusion_model., as the Lightning LoRAs) and kohya's find its own weights.
@@ -656,8 +680,9 @@ void expect_split_equals_fused(const ModelPaths& paths, const test::TempDir& dir
     EXPECT_LE(max_level_difference(split, merged), 1);
 }
 
-// Flux's single-block linear1 (q, k, v, then the MLP's rows), Z-Image's
-// qkv, and the q/k/v of SDXL's second encoder's fused in_proj.
+// Flux's single-block linear1 (q, k, v, then the MLP's rows), FLUX.2's
+// double-block qkv, Z-Image's qkv, and the q/k/v of SDXL's second
+// encoder's fused in_proj.
 TEST(LoraOfEveryFamily, SplitProjectionsLandOnTheirRowsOfTheFusedWeights) {
     struct Family {
         const char* name;
@@ -674,6 +699,13 @@ TEST(LoraOfEveryFamily, SplitProjectionsLandOnTheirRowsOfTheFusedWeights) {
          64,
          {{"transformer.single_transformer_blocks.1.attn.to_k", 64, 64},
           {"transformer.single_transformer_blocks.1.proj_mlp", 192, 128}}},
+        {"FLUX.2 [klein]",
+         klein_paths(),
+         "diffusion_model.double_blocks.1.img_attn.qkv",
+         192,
+         64,
+         {{"transformer.transformer_blocks.1.attn.to_q", 0, 64},
+          {"transformer.transformer_blocks.1.attn.to_v", 128, 64}}},
         {"Z-Image",
          z_image_paths(),
          "diffusion_model.layers.1.attention.qkv",

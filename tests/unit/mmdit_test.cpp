@@ -5,8 +5,9 @@
 // (no QK norm, Stability's fixed head width), block by block, with a block
 // dropped (skip-layer guidance) and on a grid whose position-embedding crop
 // is off-centre. Also the config read from the weights, the segments the
-// memory system sees, the conditioning join of sd3_infer.get_cond, and the
-// errors for inputs and files that do not fit.
+// memory system sees, the conditioning join of sd3_infer.get_cond, the
+// MMDiT-X in diffusers' names, and the errors for inputs and files that do
+// not fit.
 #include "models/nets/mmdit.h"
 
 #include <gtest/gtest.h>
@@ -151,6 +152,22 @@ TEST_P(MmditGolden, GgufFilesGiveTheSameNetwork) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Stability, MmditGolden, ::testing::Values("sd35_tiny", "sd35x_tiny", "sd3_tiny"));
+
+// The DiT in diffusers' SD3Transformer2DModel names
+// (training/make_sd3_diffusers_fixture.py, transcribed from diffusers'
+// convert_sd3_to_diffusers.py): SD3.5 Medium's MMDiT-X, whose attn2 q, k
+// and v are split and whose last block's context stream and final layer
+// hold (scale, shift), is the same network block by block.
+struct MmditDiffusers : MmditGolden {};
+
+TEST_P(MmditDiffusers, DiffusersNamesGiveTheSameNetwork) {
+    weights = open_file(std::string(GetParam()) + "_diffusers.safetensors");
+    const int depth = static_cast<int>(dit()->config().depth);
+    EXPECT_TRUE(dit()->config().diffusers_names);
+    EXPECT_EQ(expect_matches("x", "out", {}, true), depth);
+}
+
+INSTANTIATE_TEST_SUITE_P(Stability, MmditDiffusers, ::testing::Values("sd35x_tiny"));
 
 TEST(Mmdit, ConfigIsReadFromTheWeights) {
     struct Want {

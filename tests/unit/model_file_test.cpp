@@ -136,6 +136,7 @@ TEST(ModelFile, DiffusersFolderIsOneModelUnderLdmNames) {
     // Both a full-precision and an fp16 variant: the full-precision one is used.
     dir.write("sd/vae/diffusion_pytorch_model.safetensors",
               build_safetensors({{"decoder.up_blocks.0.resnets.0.conv1.weight", "F32", {2}, f32_bytes(2)},
+                                 {"decoder.up_blocks.3.resnets.0.conv1.weight", "F32", {3}, f32_bytes(3)},
                                  {"encoder.mid_block.attentions.0.to_q.weight", "F32", {2, 2}, f32_bytes(4)}}));
     dir.write("sd/vae/diffusion_pytorch_model.fp16.safetensors",
               build_safetensors({{"decoder.up_blocks.0.resnets.0.conv1.weight", "F16", {2}, {0, 0, 0, 0}}}));
@@ -160,8 +161,13 @@ TEST(ModelFile, DiffusersFolderIsOneModelUnderLdmNames) {
     EXPECT_NE(model->find("model.diffusion_model.input_blocks.1.1.transformer_blocks.0.attn2.to_k.weight"), nullptr);
     EXPECT_NE(model->find("model.diffusion_model.input_blocks.2.0.in_layers.0.weight"), nullptr);
     EXPECT_NE(model->find("model.diffusion_model.input_blocks.4.0.in_layers.0.weight"), nullptr);
-    // The decoder's up blocks are numbered the other way round in ldm (the SD VAE has 4 levels).
-    EXPECT_NE(model->find("first_stage_model.decoder.up.3.block.0.conv1.weight"), nullptr);
+    // The decoder's up blocks are numbered the other way round in ldm (the SD VAE has 4 levels,
+    // counted from the file's up_blocks).
+    const TensorInfo* lowest = model->find("first_stage_model.decoder.up.3.block.0.conv1.weight");
+    const TensorInfo* highest = model->find("first_stage_model.decoder.up.0.block.0.conv1.weight");
+    ASSERT_TRUE(lowest && highest);
+    EXPECT_EQ(lowest->shape, (std::vector<int64_t>{2}));
+    EXPECT_EQ(highest->shape, (std::vector<int64_t>{3}));
     const TensorInfo* q = model->find("first_stage_model.encoder.mid.attn_1.q.weight");
     ASSERT_NE(q, nullptr);
     EXPECT_EQ(q->shape, (std::vector<int64_t>{2, 2, 1, 1}));

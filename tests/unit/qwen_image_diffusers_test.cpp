@@ -388,8 +388,8 @@ TEST_F(QwenImageDiffusers, FolderGivesTheSplitFilesImage) {
 }
 
 // --vae (or any part's flag) beside the folder takes that part from its
-// file; without it, a folder missing vae/ is one error naming the VAE and
-// the flag that supplies it.
+// file, in the original names or diffusers'; without it, a folder missing
+// vae/ is one error naming the VAE and the flag that supplies it.
 TEST_F(QwenImageDiffusers, PartsBesideTheFolderOverrideItAndAMissingVaeIsOneClearError) {
     const std::string full = write_folder(dir_, "Qwen-Image/", {});
     ModelPaths paths = folder(full);
@@ -415,6 +415,9 @@ TEST_F(QwenImageDiffusers, PartsBesideTheFolderOverrideItAndAMissingVaeIsOneClea
 
     paths = folder(partial);
     paths.vae = image_part("qwen_image_vae.safetensors");
+    expect_same_image(run(paths, tiny_job()), *split_image_);
+    // A vae/ file alone, in diffusers' names, is renamed as the folder's is.
+    paths.vae = dir_.write("vae/diffusion_pytorch_model.safetensors", test::build_safetensors(diffusers_vae()));
     expect_same_image(run(paths, tiny_job()), *split_image_);
 }
 

@@ -1,13 +1,20 @@
 #include "models/families/flux2.h"
 
+#include <string>
+
 namespace kiln::models {
 namespace {
 
-// A FLUX.2 DiT: its shared modulation layers. Scored above Flux.1's
-// families, whose block names it shares.
+// A FLUX.2 DiT: its shared modulation layers, in BFL's names or diffusers'
+// (Flux2Transformer2DModel: .linear). Scored above Flux.1's families, whose
+// block names it shares.
 bool has_flux2_dit(const FileSet& files) {
-    return files.find_suffix("double_stream_modulation_img.lin.weight") &&
-           files.find_suffix("single_stream_modulation.lin.weight");
+    for (const char* lin : {".lin.weight", ".linear.weight"}) {
+        if (files.find_suffix(std::string("double_stream_modulation_img") + lin) &&
+            files.find_suffix(std::string("single_stream_modulation") + lin))
+            return true;
+    }
+    return false;
 }
 
 // BFL's file and repository names: flux-2-klein-base-4b.safetensors,
@@ -17,7 +24,10 @@ bool named_base(const FileSet& files) {
 }
 
 // [dev] is guidance-distilled: its DiT embeds the guidance; klein's does not.
-bool has_guidance_embedding(const FileSet& files) { return files.find_suffix("guidance_in.in_layer.weight"); }
+bool has_guidance_embedding(const FileSet& files) {
+    return files.find_suffix("guidance_in.in_layer.weight") ||
+           files.find_suffix("time_guidance_embed.guidance_embedder.linear_1.weight");
+}
 
 int detect_klein(const FileSet& files) {
     return has_flux2_dit(files) && !has_guidance_embedding(files) && !named_base(files) ? 5 : 0;
@@ -104,7 +114,8 @@ Family make_flux2() {
     Family f;
     f.modules = {{"llm", ModuleRole::TextEncoder, NetworkKind::Llm, {}, "--llm", {}},
                  {"flux2", ModuleRole::Diffusion, NetworkKind::Flux2Dit, {}, "--diffusion-model", {}},
-                 {"vae", ModuleRole::Vae, NetworkKind::Flux2Vae, {}, "--vae", {}}};
+                 // --vae also in diffusers' names (AutoencoderKLFlux2, a folder's vae/ alone).
+                 {"vae", ModuleRole::Vae, NetworkKind::Flux2Vae, {}, "--vae", io::ModelComponent::Vae}};
     f.latent = flux2_latent_format();
     f.schedule.prediction = Prediction::Flow;
     f.schedule.step_shift = true;  // BFL's compute_empirical_mu; --flow-shift is mu itself, as Flux's

@@ -51,10 +51,9 @@ Family make() {
     f.detect = detect;
     f.modules = {{"llm", ModuleRole::TextEncoder, NetworkKind::Llm, {}, "--llm", {}},
                  {"qwen_image", ModuleRole::Diffusion, NetworkKind::QwenImageDit, {}, "--diffusion-model", {}},
-                 // In diffusers' names (AutoencoderKLQwenImage) only inside
-                 // a diffusers folder (io/name_map.h): alone, its
-                 // decoder.conv_in marks it as the original names do.
-                 {"vae", ModuleRole::Vae, NetworkKind::WanVae, {}, "--vae", {}},
+                 // Also in diffusers' names (AutoencoderKLQwenImage, a
+                 // folder's vae/ alone), renamed by io/name_map.h's table.
+                 {"vae", ModuleRole::Vae, NetworkKind::WanVae, {}, "--vae", io::ModelComponent::Vae},
                  // Edit jobs' vision tower: sd-cli's --llm_vision (an mmproj
                  // GGUF), or visual.* in the --llm file (ComfyUI's, HF's).
                  {"llm_vision",

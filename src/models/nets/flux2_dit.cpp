@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 
+#include "models/nets/bfl_names.h"
 #include "models/nets/block_stages.h"
 #include "nn/attention.h"
 #include "nn/modulation.h"
@@ -20,7 +21,8 @@ constexpr int kTimeEmbedding = 256;
 constexpr int64_t kRefTimeScale = 10;  // encode_image_refs: reference i at t = 10 + 10 i
 
 struct Attention {
-    nn::Linear qkv, proj;
+    FusedLinear qkv;  // q, k, v
+    nn::Linear proj;
     ggml_tensor* q_scale = nullptr;
     ggml_tensor* k_scale = nullptr;
 };
@@ -35,7 +37,8 @@ struct DoubleBlock {
 };
 
 struct SingleBlock {
-    nn::Linear linear1, linear2;  // [3 hidden + 2 mlp, hidden], [hidden, hidden + mlp]
+    FusedLinear linear1;  // q, k, v, the SwiGLU's input: [3 hidden + 2 mlp, hidden]
+    nn::Linear linear2;   // [hidden, hidden + mlp]
     ggml_tensor* q_scale = nullptr;
     ggml_tensor* k_scale = nullptr;
 };
@@ -54,12 +57,12 @@ struct Qkv {
     ggml_tensor *q, *k, *v;
 };
 
-// q, k and v of x through a fused projection whose first 3 hidden rows are
-// q, k, v in BFL's "B L (K H D)" layout (each its own product over its rows),
-// q and k RMS-normed per head.
-Qkv project_qkv(ggml_context* ctx, const Shared& s, const nn::Linear& fused, ggml_tensor* x, ggml_tensor* q_scale,
+// q, k and v of x through a fused projection whose first 3 parts are q, k,
+// v in BFL's "B L (K H D)" layout (each its own product over its rows), q
+// and k RMS-normed per head.
+Qkv project_qkv(ggml_context* ctx, const Shared& s, const FusedLinear& fused, ggml_tensor* x, ggml_tensor* q_scale,
                 ggml_tensor* k_scale) {
-    auto part = [&](int64_t i) { return nn::linear(ctx, nn::linear_rows(ctx, fused, i * s.hidden, s.hidden), x); };
+    auto part = [&](size_t i) { return nn::linear(ctx, fused.part(ctx, i), x); };
     return {nn::head_rms_norm(ctx, part(0), q_scale, s.heads, kNormEps),
             nn::head_rms_norm(ctx, part(1), k_scale, s.heads, kNormEps), part(2)};
 }
@@ -98,9 +101,55 @@ ggml_tensor* single_block(ggml_context* ctx, const Shared& s, const SingleBlock&
                           const nn::ShiftScaleGate& m) {
     ggml_tensor* xm = nn::modulate_layer_norm(ctx, x, m, kNormEps);
     const Qkv qkv = project_qkv(ctx, s, b.linear1, xm, b.q_scale, b.k_scale);
-    ggml_tensor* mlp_in = nn::linear(ctx, nn::linear_rows(ctx, b.linear1, 3 * s.hidden, 2 * s.mlp), xm);
+    ggml_tensor* mlp_in = nn::linear(ctx, b.linear1.part(ctx, 3), xm);
     ggml_tensor* both = ggml_concat(ctx, attention(ctx, s, qkv), ggml_swiglu(ctx, mlp_in), 0);
     return nn::gated_add(ctx, x, nn::linear(ctx, b.linear2, both), m.gate);
+}
+
+// diffusers' Flux2Transformer2DModel, as its scripts/convert_flux2_to_diffusers.py
+// renames BFL's: a double block's qkv split into to_q, to_k, to_v (add_*_proj
+// for the text stream), a single block's linear1 kept whole
+// (attn.to_qkv_mlp_proj), and norm_out.linear holding (scale, shift) where
+// BFL's final adaLN_modulation holds (shift, scale).
+const BflRenames& diffusers_renames() {
+    static const BflRenames renames = [] {
+        BflRenames r;
+        r.global = {
+            {"img_in", {"x_embedder"}},
+            {"txt_in", {"context_embedder"}},
+            {"time_in.in_layer", {"time_guidance_embed.timestep_embedder.linear_1"}},
+            {"time_in.out_layer", {"time_guidance_embed.timestep_embedder.linear_2"}},
+            {"guidance_in.in_layer", {"time_guidance_embed.guidance_embedder.linear_1"}},
+            {"guidance_in.out_layer", {"time_guidance_embed.guidance_embedder.linear_2"}},
+            {"double_stream_modulation_img.lin", {"double_stream_modulation_img.linear"}},
+            {"double_stream_modulation_txt.lin", {"double_stream_modulation_txt.linear"}},
+            {"single_stream_modulation.lin", {"single_stream_modulation.linear"}},
+            {"final_layer.linear", {"proj_out"}},
+            {"final_layer.adaLN_modulation.1", {"norm_out.linear"}},
+        };
+        const BflRenames::Table own = {
+            {"img_mlp.0", {"ff.linear_in"}},
+            {"img_mlp.2", {"ff.linear_out"}},
+            {"txt_mlp.0", {"ff_context.linear_in"}},
+            {"txt_mlp.2", {"ff_context.linear_out"}},
+        };
+        r.double_block = diffusers_joint_attention();
+        r.double_block.insert(r.double_block.end(), own.begin(), own.end());
+        r.single_block = {
+            {"linear1", {"attn.to_qkv_mlp_proj"}},
+            {"linear2", {"attn.to_out"}},
+            {"norm.query_norm.scale", {"attn.norm_q.weight"}},
+            {"norm.key_norm.scale", {"attn.norm_k.weight"}},
+        };
+        return r;
+    }();
+    return renames;
+}
+
+BflNaming naming(bool diffusers) { return BflNaming(diffusers ? &diffusers_renames() : nullptr); }
+
+bool has_diffusers_names(const io::ModelFile& file, const std::string& prefix) {
+    return file.find(prefix + naming(true)("double_stream_modulation_img.lin.weight")) != nullptr;
 }
 
 int64_t token_count(int64_t txt_tokens, Flux2Grid image, const std::vector<Flux2Grid>& refs) {
@@ -137,15 +186,19 @@ struct Flux2Dit::Blocks {
     std::vector<DoubleBlock> doubles;
     std::vector<SingleBlock> singles;
     nn::Linear final_linear, final_mod;
+    bool final_scale_first = false;  // diffusers' norm_out.linear: (scale, shift)
 };
 
 Flux2Dit::Flux2Dit() = default;
 Flux2Dit::~Flux2Dit() = default;
 
 bool Flux2Dit::looks_like_flux2(const io::ModelFile& file, const std::string& prefix) {
-    return file.find(prefix + "double_stream_modulation_img.lin.weight") != nullptr &&
-           file.find(prefix + "single_stream_modulation.lin.weight") != nullptr;
+    const BflNaming names = naming(has_diffusers_names(file, prefix));
+    return file.find(prefix + names("double_stream_modulation_img.lin.weight")) != nullptr &&
+           file.find(prefix + names("single_stream_modulation.lin.weight")) != nullptr;
 }
+
+std::vector<std::string> Flux2Dit::lora_split_names(const std::string& stem) const { return naming(true).parts(stem); }
 
 Result<std::unique_ptr<Flux2Dit>> Flux2Dit::create(io::WeightDeclarer& weights) {
     const io::ModelFile& file = weights.file();
@@ -157,11 +210,15 @@ Result<std::unique_ptr<Flux2Dit>> Flux2Dit::create(io::WeightDeclarer& weights) 
     }
     std::unique_ptr<Flux2Dit> dit(new Flux2Dit());
     Flux2Config& c = dit->config_;
-    auto matrix = [&](const std::string& name) -> Result<std::vector<int64_t>> {
-        const io::TensorInfo* t = file.find(prefix + name);
-        if (!t) return bad("missing " + name);
+    c.diffusers_names = has_diffusers_names(file, prefix);
+    const BflNaming names = naming(c.diffusers_names);
+    // A BFL name's tensor in the file; errors name the file's own names.
+    auto find = [&](const std::string& bfl) { return file.find(prefix + names(bfl)); };
+    auto matrix = [&](const std::string& bfl) -> Result<std::vector<int64_t>> {
+        const io::TensorInfo* t = find(bfl);
+        if (!t) return bad("missing " + names(bfl));
         if (t->shape.size() != 2 || t->shape[0] <= 0 || t->shape[1] <= 0)
-            return bad(name + " has shape " + t->shape_string() + ", expected a matrix");
+            return bad(names(bfl) + " has shape " + t->shape_string() + ", expected a matrix");
         return t->shape;
     };
     auto img_in = matrix("img_in.weight");
@@ -171,11 +228,12 @@ Result<std::unique_ptr<Flux2Dit>> Flux2Dit::create(io::WeightDeclarer& weights) 
     auto txt_in = matrix("txt_in.weight");
     if (!txt_in.ok()) return txt_in.error();
     if ((*txt_in)[0] != c.hidden)
-        return bad("txt_in.weight is " + file.find(prefix + "txt_in.weight")->shape_string() + ", img_in's width is " +
-                   std::to_string(c.hidden));
+        return bad(names("txt_in.weight") + " is " + find("txt_in.weight")->shape_string() + ", " +
+                   names("img_in.weight") + "'s width is " + std::to_string(c.hidden));
     c.context_dim = (*txt_in)[1];
-    const io::TensorInfo* q_scale = file.find(prefix + "double_blocks.0.img_attn.norm.query_norm.scale");
-    if (!q_scale || q_scale->shape.size() != 1) return bad("missing double_blocks.0.img_attn.norm.query_norm.scale");
+    const std::string q_norm = "double_blocks.0.img_attn.norm.query_norm.scale";
+    const io::TensorInfo* q_scale = find(q_norm);
+    if (!q_scale || q_scale->shape.size() != 1) return bad("missing " + names(q_norm));
     const int64_t head_dim = q_scale->shape[0];
     if (head_dim <= 0 || head_dim % 2 != 0 || c.hidden % head_dim != 0) {
         return bad("head width " + std::to_string(head_dim) + " does not divide the width " + std::to_string(c.hidden) +
@@ -186,12 +244,10 @@ Result<std::unique_ptr<Flux2Dit>> Flux2Dit::create(io::WeightDeclarer& weights) 
     if (!mlp_out.ok()) return mlp_out.error();
     c.mlp_hidden = (*mlp_out)[1];
     c.double_blocks = 0;
-    while (file.find(prefix + "double_blocks." + std::to_string(c.double_blocks) + ".img_attn.qkv.weight"))
-        ++c.double_blocks;
+    while (find("double_blocks." + std::to_string(c.double_blocks) + ".img_attn.qkv.weight")) ++c.double_blocks;
     c.single_blocks = 0;
-    while (file.find(prefix + "single_blocks." + std::to_string(c.single_blocks) + ".linear1.weight"))
-        ++c.single_blocks;
-    c.guidance_embed = file.find(prefix + "guidance_in.in_layer.weight") != nullptr;
+    while (find("single_blocks." + std::to_string(c.single_blocks) + ".linear1.weight")) ++c.single_blocks;
+    c.guidance_embed = find("guidance_in.in_layer.weight") != nullptr;
     if (file.metadata().count("kiln.flux2.axes_dim")) {
         auto axes = nn::parse_rope_axes("kiln.flux2.axes_dim", file.metadata_string("kiln.flux2.axes_dim", ""),
                                         "four even positive sizes like 32,32,32,32");
@@ -229,9 +285,11 @@ void Flux2Dit::declare(io::WeightDeclarer& w) {
     blocks_ = std::make_unique<Blocks>();
     Blocks& b = *blocks_;
     const int64_t H = c.hidden, M = c.mlp_hidden, D = c.head_dim();
-    auto linear = [&](const std::string& name, int64_t in, int64_t out) {
-        return nn::declare_linear(w, name, in, out, /*bias=*/false);
+    const BflNaming names = naming(c.diffusers_names);
+    auto linear = [&](const std::string& stem, int64_t in, int64_t out) {
+        return nn::declare_linear(w, names(stem), in, out, /*bias=*/false);
     };
+    auto scale = [&](const std::string& name) { return w.require_f32(names(name), {D}); };
     b.img_in = linear("img_in", c.channels, H);
     b.txt_in = linear("txt_in", c.context_dim, H);
     b.time_in = {linear("time_in.in_layer", kTimeEmbedding, H), linear("time_in.out_layer", H, H)};
@@ -246,10 +304,10 @@ void Flux2Dit::declare(io::WeightDeclarer& w) {
         DoubleBlock block;
         for (auto [st, name] : {std::pair<Stream*, const char*>{&block.img, "img"}, {&block.txt, "txt"}}) {
             const std::string q = p + name;
-            st->attn.qkv = linear(q + "_attn.qkv", H, 3 * H);
+            st->attn.qkv = declare_fused(w, names, q + "_attn.qkv", H, {H, H, H}, /*bias=*/false);
             st->attn.proj = linear(q + "_attn.proj", H, H);
-            st->attn.q_scale = w.require_f32(q + "_attn.norm.query_norm.scale", {D});
-            st->attn.k_scale = w.require_f32(q + "_attn.norm.key_norm.scale", {D});
+            st->attn.q_scale = scale(q + "_attn.norm.query_norm.scale");
+            st->attn.k_scale = scale(q + "_attn.norm.key_norm.scale");
             st->mlp_in = linear(q + "_mlp.0", H, 2 * M);
             st->mlp_out = linear(q + "_mlp.2", M, H);
         }
@@ -258,14 +316,15 @@ void Flux2Dit::declare(io::WeightDeclarer& w) {
     for (int i = 0; i < c.single_blocks; ++i) {
         const std::string p = "single_blocks." + std::to_string(i) + ".";
         SingleBlock block;
-        block.linear1 = linear(p + "linear1", H, 3 * H + 2 * M);
+        block.linear1 = declare_fused(w, names, p + "linear1", H, {H, H, H, 2 * M}, /*bias=*/false);
         block.linear2 = linear(p + "linear2", H + M, H);
-        block.q_scale = w.require_f32(p + "norm.query_norm.scale", {D});
-        block.k_scale = w.require_f32(p + "norm.key_norm.scale", {D});
+        block.q_scale = scale(p + "norm.query_norm.scale");
+        block.k_scale = scale(p + "norm.key_norm.scale");
         b.singles.push_back(block);
     }
     b.final_mod = linear("final_layer.adaLN_modulation.1", H, 2 * H);
     b.final_linear = linear("final_layer.linear", H, c.channels);
+    b.final_scale_first = c.diffusers_names;
 }
 
 Result<ggml_tensor*> Flux2Dit::build(ggml_context* ctx, const Flux2Inputs& in, const Flux2BuildOptions& options) const {
@@ -373,7 +432,10 @@ Result<ggml_tensor*> Flux2Dit::build(ggml_context* ctx, const Flux2Inputs& in, c
     x = run_block_stage(ctx, options.split, D + S, x, in.stream, in.residual, block, kept);
     if (options.split.stage == BlockStage::Front) return block_stage_output(ctx, options.split, x, nullptr, kept);
     // The image's tokens (text and references dropped) through the final layer.
-    const nn::ShiftScaleGate final_mod = nn::shift_scale_gate(ctx, table(b.final_mod, 2), 0, /*with_gate=*/false);
+    const nn::ModulationTable final_table = table(b.final_mod, 2);
+    const nn::ShiftScaleGate final_mod = b.final_scale_first
+                                             ? nn::scale_shift(ctx, final_table, 0)
+                                             : nn::shift_scale_gate(ctx, final_table, 0, /*with_gate=*/false);
     ggml_tensor* out =
         nn::linear(ctx, b.final_linear,
                    nn::modulate_layer_norm(ctx, nn::token_range(ctx, x, T, grid.w * grid.h), final_mod, kNormEps));

@@ -12,6 +12,8 @@
 // double_blocks.0.img_attn.norm.query_norm.scale [head_dim],
 // double_blocks.0.img_mlp.2 [hidden, mlp], the blocks counted. Another
 // head width needs metadata "kiln.flux2.axes_dim" (and "kiln.flux2.theta").
+// diffusers' Flux2Transformer2DModel names (a diffusers folder's
+// transformer/) are read too (models/nets/bfl_names.h).
 //
 // Token layout of one evaluation: the text tokens, the image's latent pixels
 // (row-major), then each reference latent's. Positions (t, h, w, l):
@@ -41,6 +43,7 @@ struct Flux2Config {
     int double_blocks = 5;
     int single_blocks = 20;
     bool guidance_embed = false;  // guidance_in present ([dev])
+    bool diffusers_names = false;  // Flux2Transformer2DModel's names
     std::vector<int> axes_dim = {32, 32, 32, 32};
     float theta = 2000.0f;
 
@@ -86,7 +89,7 @@ std::vector<int64_t> flux2_rope_shape(const Flux2Config& c, int64_t txt_tokens, 
 class Flux2Dit final : public DiffusionNetwork {
   public:
     // Whether the tensors under `prefix` are a FLUX.2 DiT (its shared
-    // modulation layers), not a Flux.1 one.
+    // modulation layers, in BFL's or diffusers' names), not a Flux.1 one.
     static bool looks_like_flux2(const io::ModelFile& file, const std::string& prefix);
     // Error (BadFile) if the tensors under the declarer's prefix are not a
     // FLUX.2 DiT, naming the tensor.
@@ -106,6 +109,9 @@ class Flux2Dit final : public DiffusionNetwork {
     const DiffusionCapabilities& capabilities() const override { return capabilities_; }
     Status check_conditioning(const ConditioningShape& shape) const override;
     Result<DiffusionTensors> build(nn::GraphInputs& inputs, const DiffusionShape& shape) const override;
+    // LoRA: BFL's stems in diffusers' names (PEFT and diffusers-trained
+    // LoRAs), a double block's qkv as its to_q, to_k, to_v.
+    std::vector<std::string> lora_split_names(const std::string& stem) const override;
 
   private:
     struct Blocks;

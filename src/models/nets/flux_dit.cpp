@@ -7,6 +7,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "models/nets/bfl_names.h"
 #include "models/nets/block_stages.h"
 #include "nn/attention.h"
 #include "nn/layers.h"
@@ -24,17 +25,8 @@ constexpr int kTimeEmbedding = 256;
 constexpr int kChromaTimeEmbedding = 16;
 constexpr int kChromaIndexEmbedding = 32;
 
-// A projection whose output is several parts side by side: BFL stores it as
-// one weight (qkv, linear1), diffusers as one weight per part (to_q, to_k,
-// to_v, proj_mlp). part() gives part i as a linear layer either way.
-struct Fused {
-    nn::Linear whole;               // BFL; null weight when split
-    std::vector<nn::Linear> split;  // diffusers, in order
-    std::vector<int64_t> widths;    // output rows of each part
-};
-
 struct Attention {
-    Fused qkv;
+    FusedLinear qkv;
     nn::Linear proj;
     ggml_tensor* q_scale = nullptr;  // norm.query_norm.scale [head_dim]
     ggml_tensor* k_scale = nullptr;  // norm.key_norm.scale [head_dim]
@@ -51,18 +43,11 @@ struct DoubleBlock {
 };
 
 struct SingleBlock {
-    Fused linear1;
+    FusedLinear linear1;
     nn::Linear linear2, mod;
     ggml_tensor* q_scale = nullptr;
     ggml_tensor* k_scale = nullptr;
 };
-
-nn::Linear part(ggml_context* ctx, const Fused& f, size_t i) {
-    if (!f.split.empty()) return f.split[i];
-    int64_t first = 0;
-    for (size_t j = 0; j < i; ++j) first += f.widths[j];
-    return nn::linear_rows(ctx, f.whole, first, f.widths[i]);
-}
 
 // BFL's Modulation: lin(silu(vec)) in `k` chunks of hidden.
 nn::ModulationTable modulation(ggml_context* ctx, const nn::Linear& lin, ggml_tensor* silu_vec, int64_t k) {
@@ -89,9 +74,9 @@ struct StreamQkv {
 };
 
 StreamQkv stream_qkv(ggml_context* ctx, const Shared& s, const Attention& a, ggml_tensor* x) {
-    return {nn::head_rms_norm(ctx, nn::linear(ctx, part(ctx, a.qkv, 0), x), a.q_scale, s.heads, kNormEps),
-            nn::head_rms_norm(ctx, nn::linear(ctx, part(ctx, a.qkv, 1), x), a.k_scale, s.heads, kNormEps),
-            nn::linear(ctx, part(ctx, a.qkv, 2), x)};
+    return {nn::head_rms_norm(ctx, nn::linear(ctx, a.qkv.part(ctx, 0), x), a.q_scale, s.heads, kNormEps),
+            nn::head_rms_norm(ctx, nn::linear(ctx, a.qkv.part(ctx, 1), x), a.k_scale, s.heads, kNormEps),
+            nn::linear(ctx, a.qkv.part(ctx, 2), x)};
 }
 
 // One stream's update after the joint attention: gated projection and MLP.
@@ -122,120 +107,53 @@ ggml_tensor* double_block(ggml_context* ctx, const Shared& s, const DoubleBlock&
 ggml_tensor* single_block(ggml_context* ctx, const Shared& s, const SingleBlock& b, ggml_tensor* x,
                           const nn::ShiftScaleGate& m) {
     ggml_tensor* xm = nn::modulate_layer_norm(ctx, x, m, kNormEps);
-    ggml_tensor* q = nn::head_rms_norm(ctx, nn::linear(ctx, part(ctx, b.linear1, 0), xm), b.q_scale, s.heads, kNormEps);
-    ggml_tensor* k = nn::head_rms_norm(ctx, nn::linear(ctx, part(ctx, b.linear1, 1), xm), b.k_scale, s.heads, kNormEps);
-    ggml_tensor* v = nn::linear(ctx, part(ctx, b.linear1, 2), xm);
-    ggml_tensor* h = nn::gelu_tanh(ctx, s.target, nn::linear(ctx, part(ctx, b.linear1, 3), xm));
+    ggml_tensor* q = nn::head_rms_norm(ctx, nn::linear(ctx, b.linear1.part(ctx, 0), xm), b.q_scale, s.heads, kNormEps);
+    ggml_tensor* k = nn::head_rms_norm(ctx, nn::linear(ctx, b.linear1.part(ctx, 1), xm), b.k_scale, s.heads, kNormEps);
+    ggml_tensor* v = nn::linear(ctx, b.linear1.part(ctx, 2), xm);
+    ggml_tensor* h = nn::gelu_tanh(ctx, s.target, nn::linear(ctx, b.linear1.part(ctx, 3), xm));
     ggml_tensor* out = nn::linear(ctx, b.linear2, ggml_concat(ctx, joint_attention(ctx, s, q, k, v), h, 0));
     return nn::gated_add(ctx, x, out, m.gate);
 }
 
-// The file's names for BFL's: BFL's own (flux1-dev.safetensors, ComfyUI,
-// GGUF), or diffusers' FluxTransformer2DModel (a diffusers folder's
-// transformer/), where the fused projections are split (to_q, to_k, to_v,
-// proj_mlp) and norm_out.linear holds (scale, shift) where BFL's
-// adaLN_modulation holds (shift, scale).
-class Naming {
-  public:
-    explicit Naming(bool diffusers) : diffusers_(diffusers) {}
-    bool diffusers() const { return diffusers_; }
-
-    // A BFL name (a full tensor name, or a layer's stem without ".weight").
-    std::string operator()(const std::string& bfl) const {
-        if (!diffusers_) return bfl;
-        return translate(bfl).front();
-    }
-    // The stems of a fused layer's parts in the file: one (BFL), or diffusers' split.
-    std::vector<std::string> parts(const std::string& bfl_stem) const {
-        if (!diffusers_) return {bfl_stem};
-        return translate(bfl_stem);
-    }
-
-  private:
-    static std::vector<std::string> translate(const std::string& bfl) {
-        static const std::pair<const char*, const char*> kGlobal[] = {
-            {"img_in", "x_embedder"},
-            {"txt_in", "context_embedder"},
-            {"time_in.in_layer", "time_text_embed.timestep_embedder.linear_1"},
-            {"time_in.out_layer", "time_text_embed.timestep_embedder.linear_2"},
-            {"vector_in.in_layer", "time_text_embed.text_embedder.linear_1"},
-            {"vector_in.out_layer", "time_text_embed.text_embedder.linear_2"},
-            {"guidance_in.in_layer", "time_text_embed.guidance_embedder.linear_1"},
-            {"guidance_in.out_layer", "time_text_embed.guidance_embedder.linear_2"},
-            {"final_layer.linear", "proj_out"},
-            {"final_layer.adaLN_modulation.1", "norm_out.linear"},
+// diffusers' FluxTransformer2DModel (a diffusers folder's transformer/), as
+// its scripts/convert_flux_to_diffusers.py renames BFL's: the fused
+// projections split (to_q, to_k, to_v, proj_mlp), and norm_out.linear holding
+// (scale, shift) where BFL's adaLN_modulation holds (shift, scale).
+const BflRenames& diffusers_renames() {
+    static const BflRenames renames = [] {
+        BflRenames r;
+        r.global = {
+            {"img_in", {"x_embedder"}},
+            {"txt_in", {"context_embedder"}},
+            {"time_in.in_layer", {"time_text_embed.timestep_embedder.linear_1"}},
+            {"time_in.out_layer", {"time_text_embed.timestep_embedder.linear_2"}},
+            {"vector_in.in_layer", {"time_text_embed.text_embedder.linear_1"}},
+            {"vector_in.out_layer", {"time_text_embed.text_embedder.linear_2"}},
+            {"guidance_in.in_layer", {"time_text_embed.guidance_embedder.linear_1"}},
+            {"guidance_in.out_layer", {"time_text_embed.guidance_embedder.linear_2"}},
+            {"final_layer.linear", {"proj_out"}},
+            {"final_layer.adaLN_modulation.1", {"norm_out.linear"}},
         };
-        static const std::pair<const char*, std::vector<std::string>> kDouble[] = {
-            {"img_mod.lin", {"norm1.linear"}},
-            {"txt_mod.lin", {"norm1_context.linear"}},
-            {"img_attn.qkv", {"attn.to_q", "attn.to_k", "attn.to_v"}},
-            {"txt_attn.qkv", {"attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj"}},
-            {"img_attn.norm.query_norm.scale", {"attn.norm_q.weight"}},
-            {"img_attn.norm.key_norm.scale", {"attn.norm_k.weight"}},
-            {"txt_attn.norm.query_norm.scale", {"attn.norm_added_q.weight"}},
-            {"txt_attn.norm.key_norm.scale", {"attn.norm_added_k.weight"}},
-            {"img_attn.proj", {"attn.to_out.0"}},
-            {"txt_attn.proj", {"attn.to_add_out"}},
-            {"img_mlp.0", {"ff.net.0.proj"}},
-            {"img_mlp.2", {"ff.net.2"}},
-            {"txt_mlp.0", {"ff_context.net.0.proj"}},
-            {"txt_mlp.2", {"ff_context.net.2"}},
+        const BflRenames::Table own = {
+            {"img_mod.lin", {"norm1.linear"}},        {"txt_mod.lin", {"norm1_context.linear"}},
+            {"img_mlp.0", {"ff.net.0.proj"}},         {"img_mlp.2", {"ff.net.2"}},
+            {"txt_mlp.0", {"ff_context.net.0.proj"}}, {"txt_mlp.2", {"ff_context.net.2"}},
         };
-        static const std::pair<const char*, std::vector<std::string>> kSingle[] = {
+        r.double_block = diffusers_joint_attention();
+        r.double_block.insert(r.double_block.end(), own.begin(), own.end());
+        r.single_block = {
             {"linear1", {"attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp"}},
             {"linear2", {"proj_out"}},
             {"modulation.lin", {"norm.linear"}},
             {"norm.query_norm.scale", {"attn.norm_q.weight"}},
             {"norm.key_norm.scale", {"attn.norm_k.weight"}},
         };
-        // ".weight" / ".bias" after a stem travel along.
-        for (const char* suffix : {"", ".weight", ".bias"}) {
-            const std::string sfx = suffix;
-            if (bfl.size() < sfx.size() || bfl.compare(bfl.size() - sfx.size(), sfx.size(), sfx) != 0) continue;
-            const std::string stem = bfl.substr(0, bfl.size() - sfx.size());
-            for (const auto& [from, to] : kGlobal) {
-                if (stem == from) return {to + sfx};
-            }
-            for (auto [block, table, target] :
-                 {std::tuple{"double_blocks.", &kDouble[0], "transformer_blocks."},
-                  std::tuple{"single_blocks.", &kSingle[0], "single_transformer_blocks."}}) {
-                const std::string b = block;
-                if (stem.rfind(b, 0) != 0) continue;
-                const size_t dot = stem.find('.', b.size());
-                if (dot == std::string::npos) continue;
-                const std::string index = stem.substr(b.size(), dot - b.size());
-                const std::string rest = stem.substr(dot + 1);
-                const size_t count = table == &kDouble[0] ? std::size(kDouble) : std::size(kSingle);
-                for (size_t i = 0; i < count; ++i) {
-                    if (rest != table[i].first) continue;
-                    std::vector<std::string> out;
-                    for (const std::string& t : table[i].second) out.push_back(target + index + "." + t + sfx);
-                    return out;
-                }
-            }
-        }
-        return {bfl};
-    }
-
-    bool diffusers_;
-};
-
-// A fused projection `stem` (BFL) or its split parts (diffusers), declared.
-Fused declare_fused(io::WeightDeclarer& w, const Naming& names, const std::string& stem, int64_t in,
-                    const std::vector<int64_t>& widths, bool bias) {
-    Fused f;
-    f.widths = widths;
-    const std::vector<std::string> stems = names.parts(stem);
-    if (stems.size() == 1) {
-        int64_t total = 0;
-        for (int64_t width : widths) total += width;
-        f.whole = nn::declare_linear(w, stems.front(), in, total, bias);
-        return f;
-    }
-    // diffusers' single blocks have a bias on every part, as BFL's linear1.
-    for (size_t i = 0; i < stems.size(); ++i) f.split.push_back(nn::declare_linear(w, stems[i], in, widths[i], bias));
-    return f;
+        return r;
+    }();
+    return renames;
 }
+
+BflNaming naming(bool diffusers) { return BflNaming(diffusers ? &diffusers_renames() : nullptr); }
 
 // Grid positions of the references (see the header): (h_off, w_off) of each.
 std::vector<std::pair<int64_t, int64_t>> reference_offsets(const std::vector<FluxTokenGrid>& refs) {
@@ -257,7 +175,7 @@ std::vector<std::pair<int64_t, int64_t>> reference_offsets(const std::vector<Flu
 
 }  // namespace
 
-std::vector<std::string> flux_diffusers_names(const std::string& bfl_stem) { return Naming(true).parts(bfl_stem); }
+std::vector<std::string> flux_diffusers_names(const std::string& bfl_stem) { return naming(true).parts(bfl_stem); }
 
 int64_t flux_token_count(int64_t txt_tokens, FluxTokenGrid image, const std::vector<FluxTokenGrid>& refs) {
     int64_t n = txt_tokens + image.w * image.h;
@@ -351,7 +269,7 @@ Result<std::unique_ptr<FluxDit>> FluxDit::create(io::WeightDeclarer& weights) {
     std::unique_ptr<FluxDit> dit(new FluxDit());
     FluxConfig& c = dit->config_;
     c.diffusers_names = file.find(prefix + "x_embedder.weight") != nullptr;
-    const Naming names(c.diffusers_names);
+    const BflNaming names = naming(c.diffusers_names);
     auto find = [&](const std::string& name) { return file.find(prefix + names(name)); };
     auto matrix = [&](const std::string& name) -> const io::TensorInfo* {
         const io::TensorInfo* t = find(name);
@@ -455,7 +373,7 @@ Status FluxDit::declare(io::WeightDeclarer& w) {
     blocks_ = std::make_unique<Blocks>();
     Blocks& b = *blocks_;
     const int64_t h = c.hidden, hd = c.head_dim();
-    const Naming names(c.diffusers_names);
+    const BflNaming names = naming(c.diffusers_names);
     auto linear = [&](const std::string& stem, int64_t in, int64_t out, bool bias = true) {
         return nn::declare_linear(w, names(stem), in, out, bias);
     };
@@ -646,11 +564,8 @@ Result<ggml_tensor*> FluxDit::build(ggml_context* ctx, const FluxInputs& in, con
         for (const SingleBlock& block : b.singles)
             single_mods.push_back(nn::shift_scale_gate(ctx, modulation(ctx, block.mod, silu_vec, 3), 0));
         const nn::ModulationTable final_table = modulation(ctx, b.final_mod, silu_vec, 2);
-        final_mod = nn::shift_scale_gate(ctx, final_table, 0, /*with_gate=*/false);
-        if (b.final_scale_first) {
-            final_mod.shift = final_table.at(ctx, 1);
-            final_mod.scale1 = ggml_scale_bias(ctx, final_table.at(ctx, 0), 1.0f, 1.0f);
-        }
+        final_mod = b.final_scale_first ? nn::scale_shift(ctx, final_table, 0)
+                                        : nn::shift_scale_gate(ctx, final_table, 0, /*with_gate=*/false);
     }
 
     // Tokens: text, then the image's patches and each reference's.

@@ -69,19 +69,26 @@ const std::vector<NetworkEntry>& entries() {
         {NetworkKind::ZImageDit, {"cap_pad_token"}, create<ZImageDit>},
         {NetworkKind::ControlNet, {"input_hint_block.0.weight"}, create<ControlNet>},
         {NetworkKind::Taesd, {"decoder.layers.0.weight", "1.weight"}, create<Taesd>},
-        {NetworkKind::Flux2Dit, {"double_stream_modulation_img.lin.weight"}, create<Flux2Dit>},
-        // The KL decoder's marker, so a FLUX.1 or SD autoencoder given for
-        // FLUX.2 reaches Flux2Vae's error naming what it lacks.
-        {NetworkKind::Flux2Vae, {"decoder.conv_in.weight"}, create<Flux2Vae>},
+        // BFL's names and diffusers' Flux2Transformer2DModel's.
+        {NetworkKind::Flux2Dit,
+         {"double_stream_modulation_img.lin.weight", "double_stream_modulation_img.linear.weight"},
+         create<Flux2Dit>},
+        // The KL decoder's marker in ldm's names, so a FLUX.1 or SD
+        // autoencoder given for FLUX.2 reaches Flux2Vae's error naming what
+        // it lacks, and a file in diffusers' names (decoder.up_blocks) is
+        // renamed first.
+        {NetworkKind::Flux2Vae, {"decoder.up.0.block.0.conv1.weight"}, create<Flux2Vae>},
         {NetworkKind::Mmdit, {"joint_blocks.0.x_block.attn.qkv.weight", "pos_embed.pos_embed"}, create<Mmdit>},
         // img_mod is Qwen-Image's name alone among the DiTs' (diffusers'
         // SD3 and Flux blocks have norm1.linear); create() also wants
         // txt_norm.weight.
         {NetworkKind::QwenImageDit, {"transformer_blocks.0.img_mod.1.weight"}, create_qwen_image_dit},
         // The original module tree's names (wan_2.1_vae.safetensors,
-        // qwen_image_vae.safetensors); also the KL decoder's, so an SD or Flux
-        // autoencoder given for a Wan VAE reaches WanVae's error naming what it lacks.
-        {NetworkKind::WanVae, {"decoder.conv1.weight", "decoder.conv_in.weight"}, create<WanVae>},
+        // qwen_image_vae.safetensors); also the KL decoder's in ldm's names,
+        // so an SD or Flux autoencoder given for a Wan VAE reaches WanVae's
+        // error naming what it lacks, while diffusers' names
+        // (AutoencoderKLQwenImage: decoder.up_blocks) are renamed first.
+        {NetworkKind::WanVae, {"decoder.conv1.weight", "decoder.up.0.block.0.conv1.weight"}, create<WanVae>},
         // HF's Conv3d patch embedding (under "visual." in a Qwen2.5-VL file)
         // and llama.cpp's mmproj name for its first temporal kernel.
         {NetworkKind::QwenVision, {"patch_embed.proj.weight", "v.patch_embd.weight"}, create<QwenVisionEncoder>},

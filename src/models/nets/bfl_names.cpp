@@ -1,0 +1,81 @@
+#include "models/nets/bfl_names.h"
+
+#include <tuple>
+
+namespace kiln::models {
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+const std::vector<std::string>* find_in(const BflRenames::Table& table, const std::string& stem) {
+    for (const auto& [from, to] : table)
+        if (stem == from) return &to;
+    return nullptr;
+}
+
+}  // namespace
+
+const BflRenames::Table& diffusers_joint_attention() {
+    static const BflRenames::Table table = {
+        {"img_attn.qkv", {"attn.to_q", "attn.to_k", "attn.to_v"}},
+        {"txt_attn.qkv", {"attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj"}},
+        {"img_attn.norm.query_norm.scale", {"attn.norm_q.weight"}},
+        {"img_attn.norm.key_norm.scale", {"attn.norm_k.weight"}},
+        {"txt_attn.norm.query_norm.scale", {"attn.norm_added_q.weight"}},
+        {"txt_attn.norm.key_norm.scale", {"attn.norm_added_k.weight"}},
+        {"img_attn.proj", {"attn.to_out.0"}},
+        {"txt_attn.proj", {"attn.to_add_out"}},
+    };
+    return table;
+}
+
+std::vector<std::string> BflNaming::parts(const std::string& bfl) const {
+    if (!diffusers_) return {bfl};
+    for (const std::string suffix : {"", ".weight", ".bias"}) {
+        if (!ends_with(bfl, suffix)) continue;
+        const std::string stem = bfl.substr(0, bfl.size() - suffix.size());
+        auto with_suffix = [&](const std::string& head, const std::vector<std::string>& stems) {
+            std::vector<std::string> out;
+            for (const std::string& s : stems) out.push_back(head + s + suffix);
+            return out;
+        };
+        if (const auto* to = find_in(diffusers_->global, stem)) return with_suffix("", *to);
+        for (const auto& [block, table, target] :
+             {std::tuple{std::string("double_blocks."), &diffusers_->double_block, "transformer_blocks."},
+              std::tuple{std::string("single_blocks."), &diffusers_->single_block, "single_transformer_blocks."}}) {
+            if (stem.rfind(block, 0) != 0) continue;
+            const size_t dot = stem.find('.', block.size());
+            if (dot == std::string::npos) continue;
+            const std::string index = stem.substr(block.size(), dot - block.size());
+            if (const auto* to = find_in(*table, stem.substr(dot + 1))) return with_suffix(target + index + ".", *to);
+        }
+    }
+    return {bfl};
+}
+
+nn::Linear FusedLinear::part(ggml_context* ctx, size_t i) const {
+    if (!split.empty()) return split[i];
+    int64_t first = 0;
+    for (size_t j = 0; j < i; ++j) first += widths[j];
+    return nn::linear_rows(ctx, whole, first, widths[i]);
+}
+
+FusedLinear declare_fused(io::WeightDeclarer& w, const BflNaming& names, const std::string& stem, int64_t in,
+                          const std::vector<int64_t>& widths, bool bias) {
+    FusedLinear f;
+    f.widths = widths;
+    const std::vector<std::string> stems = names.parts(stem);
+    if (stems.size() == 1) {
+        int64_t total = 0;
+        for (int64_t width : widths) total += width;
+        f.whole = nn::declare_linear(w, stems.front(), in, total, bias);
+        return f;
+    }
+    // Each part has the bias the fused weight has (diffusers' split keeps it).
+    for (size_t i = 0; i < stems.size(); ++i) f.split.push_back(nn::declare_linear(w, stems[i], in, widths[i], bias));
+    return f;
+}
+
+}  // namespace kiln::models
