@@ -1,7 +1,8 @@
 // FLUX.2 [klein] at its released sizes, without a weight read: the files
 // written as sparse files from their specs (training/fixtures/
 // make_flux2_specs.py: flux-2-klein-4b and -9b in BF16, FLUX.2's ae in F32,
-// ComfyUI's qwen_3_4b and qwen_3_8b in BF16) and Qwen3's real tokenizer.
+// ComfyUI's qwen_3_4b and qwen_3_8b in BF16; the DiTs in Q4_K and the
+// Qwen3s in llama.cpp's Q4_K_M as GGUFs) and Qwen3's real tokenizer.
 // kiln plan on a loopback RPC device at 12, 8, 6 and 4 GiB: the budget
 // table of docs/flux2.md.
 #include <gtest/gtest.h>
@@ -22,6 +23,7 @@ std::string third_party(const std::string& path) {
     return std::string(KILN_FIXTURES_DIR) + "/../../third_party/" + path;
 }
 std::string qwen3_tokenizer() { return third_party("llm-tokenizer-qwen3"); }
+std::string qwen2_vocab() { return third_party("llama-vocab/ggml-vocab-qwen2.gguf"); }
 
 // flux-2-klein-4b-Q4_K.gguf as ComfyUI-GGUF's tools write a DiT: BFL's names,
 // the blocks' matrices Q4_K, the embedders, modulation layers, final layer and
@@ -56,9 +58,12 @@ class Flux2FullSize : public ::testing::Test {
         for (const Status& written :
              {test::write_sparse_gguf(fixture("flux2_klein_4b.spec"), dir_->file("flux-2-klein-4b-Q4_K.gguf"),
                                       klein_gguf_options()),
-              test::write_sparse_gguf(
-                  fixture("qwen3_4b.spec"), dir_->file("Qwen3-4B-Q4_K_M.gguf"),
-                  test::qwen3_4b_q4_k_m_gguf_options(third_party("llama-vocab/ggml-vocab-qwen2.gguf")))}) {
+              test::write_sparse_gguf(fixture("flux2_klein_9b.spec"), dir_->file("flux-2-klein-9b-Q4_K.gguf"),
+                                      klein_gguf_options()),
+              test::write_sparse_gguf(fixture("qwen3_4b.spec"), dir_->file("Qwen3-4B-Q4_K_M.gguf"),
+                                      test::qwen3_4b_q4_k_m_gguf_options(qwen2_vocab())),
+              test::write_sparse_gguf(fixture("qwen3_8b.spec"), dir_->file("Qwen3-8B-Q4_K_M.gguf"),
+                                      test::qwen3_8b_q4_k_m_gguf_options(qwen2_vocab()))}) {
             ASSERT_TRUE(written.ok()) << written.error().message;
         }
     }
@@ -69,6 +74,9 @@ class Flux2FullSize : public ::testing::Test {
     static Klein klein(const std::string& size) {
         if (size == "4b-q4k") {
             return {"klein 4B Q4_K", dir_->file("flux-2-klein-4b-Q4_K.gguf"), dir_->file("Qwen3-4B-Q4_K_M.gguf")};
+        }
+        if (size == "9b-q4k") {
+            return {"klein 9B Q4_K", dir_->file("flux-2-klein-9b-Q4_K.gguf"), dir_->file("Qwen3-8B-Q4_K_M.gguf")};
         }
         return {"klein " + size, dir_->file("flux-2-klein-" + size + ".safetensors"),
                 dir_->file(std::string(size == "4b" ? "qwen_3_4b" : "qwen_3_8b") + ".safetensors")};
@@ -97,12 +105,13 @@ TEST_F(Flux2FullSize, InfoSeesKlein) {
     EXPECT_EQ(r.out.find("other: other"), std::string::npos) << r.out;
 }
 
-// klein 4B, bf16 and Q4_K (with Qwen3-4B Q4_K_M), fits every budget down
-// to 4 GiB, its DiT cut into more segments as the budget shrinks, the
-// forecast peak within the budget.
+// klein 4B, bf16 and Q4_K (with Qwen3-4B Q4_K_M), and klein 9B Q4_K with
+// llama.cpp's Qwen3-8B Q4_K_M (the GGUFs users of small cards run) fit
+// every budget down to 4 GiB, the DiT cut into more segments as the budget
+// shrinks, the forecast peak within the budget.
 class Flux2FullSizeForms : public Flux2FullSize, public ::testing::WithParamInterface<const char*> {};
 
-TEST_P(Flux2FullSizeForms, Klein4bPlanFitsEveryBudget) {
+TEST_P(Flux2FullSizeForms, PlanFitsEveryBudget) {
     test::RpcServer server;
     ASSERT_TRUE(server.ok()) << server.log();
     const std::regex peak("RPC0: peak ([0-9.]+) (GiB|MiB)");
@@ -123,7 +132,7 @@ TEST_P(Flux2FullSizeForms, Klein4bPlanFitsEveryBudget) {
     EXPECT_GT(previous, 1) << "4 GiB holds less than the DiT: it must stream";
 }
 
-INSTANTIATE_TEST_SUITE_P(Klein4b, Flux2FullSizeForms, ::testing::Values("4b", "4b-q4k"));
+INSTANTIATE_TEST_SUITE_P(Klein, Flux2FullSizeForms, ::testing::Values("4b", "4b-q4k", "9b-q4k"));
 
 // klein 9B at 4 GiB: the first double block with its 1024x1024 attention
 // does not fit, and kiln plan names it; with flash attention it fits.

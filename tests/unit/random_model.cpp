@@ -433,30 +433,45 @@ Status write_random_model(const std::string& spec_path, const std::string& out_p
     return Status::Ok();
 }
 
-SparseGgufOptions qwen3_4b_q4_k_m_gguf_options(const std::string& vocab_gguf) {
+namespace {
+
+// A Qwen3 of 36 layers (4B and 8B both) as llama.cpp's Q4_K_M writes it.
+SparseGgufOptions qwen3_36_layer_q4_k_m(const std::string& name, const std::string& size_label, uint32_t width,
+                                        uint32_t ffn, uint32_t context, float rope_base,
+                                        const std::string& vocab_gguf) {
     SparseGgufOptions o;
     o.rename = qwen3_llama_cpp_name;
     o.type = llama_cpp_q4_k_m(36);
     o.metadata = {
         {"general.architecture", std::string("qwen3")},
         {"general.type", std::string("model")},
-        {"general.name", std::string("Qwen3-4B-Instruct-2507")},
-        {"general.size_label", std::string("4B")},
+        {"general.name", name},
+        {"general.size_label", size_label},
         {"general.file_type", uint32_t{15}},  // LLAMA_FTYPE_MOSTLY_Q4_K_M
         {"general.quantization_version", uint32_t{2}},
         {"qwen3.block_count", uint32_t{36}},
-        {"qwen3.context_length", uint32_t{262144}},
-        {"qwen3.embedding_length", uint32_t{2560}},
-        {"qwen3.feed_forward_length", uint32_t{9728}},
+        {"qwen3.context_length", context},
+        {"qwen3.embedding_length", width},
+        {"qwen3.feed_forward_length", ffn},
         {"qwen3.attention.head_count", uint32_t{32}},
         {"qwen3.attention.head_count_kv", uint32_t{8}},
         {"qwen3.attention.key_length", uint32_t{128}},
         {"qwen3.attention.value_length", uint32_t{128}},
-        {"qwen3.rope.freq_base", 5000000.0f},
+        {"qwen3.rope.freq_base", rope_base},
         {"qwen3.attention.layer_norm_rms_epsilon", 1e-6f},
     };
     o.copy_metadata_from = vocab_gguf;
     return o;
+}
+
+}  // namespace
+
+SparseGgufOptions qwen3_4b_q4_k_m_gguf_options(const std::string& vocab_gguf) {
+    return qwen3_36_layer_q4_k_m("Qwen3-4B-Instruct-2507", "4B", 2560, 9728, 262144, 5000000.0f, vocab_gguf);
+}
+
+SparseGgufOptions qwen3_8b_q4_k_m_gguf_options(const std::string& vocab_gguf) {
+    return qwen3_36_layer_q4_k_m("Qwen3-8B", "8B", 4096, 12288, 40960, 1000000.0f, vocab_gguf);
 }
 
 }  // namespace kiln::test

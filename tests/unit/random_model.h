@@ -94,5 +94,8 @@ std::function<ggml_type(const std::string&, const std::vector<int64_t>&, ggml_ty
 // context 262144, where the original Qwen3-4B has 1e6 and 40960), the
 // tokenizer copied from `vocab_gguf` (llama.cpp's ggml-vocab-qwen2.gguf).
 SparseGgufOptions qwen3_4b_q4_k_m_gguf_options(const std::string& vocab_gguf);
+// Qwen3-8B-Q4_K_M.gguf as llama.cpp writes it (Qwen's own upload: 36 layers
+// 4096 wide, rope base 1e6, context 40960), the tokenizer as above.
+SparseGgufOptions qwen3_8b_q4_k_m_gguf_options(const std::string& vocab_gguf);
 
 }  // namespace kiln::test
