@@ -734,9 +734,11 @@ Result<std::vector<float>> sample_latent(Model& model, const SamplingRun& run, s
             const auto [first, end] = device->segment_range();
             if (first == end) continue;
             KILN_LOG_VERBOSE(
-                "diffusion layer split: %s ran segments %d-%d in %d group(s), receiving %s a run in %.1f ms",
+                "diffusion layer split: %s ran segments %d-%d in %d group(s), receiving %s a run in %.1f ms; "
+                "%d weight block(s) started uploading while the device before it computed",
                 device->store().ledger().device_name().c_str(), first, end - 1, device->stats().last_segments,
-                human_bytes(device->stats().crossing_bytes).c_str(), device->stats().crossing_seconds * 1000.0);
+                human_bytes(device->stats().crossing_bytes).c_str(), device->stats().crossing_seconds * 1000.0,
+                device->stats().handoff_prefetches);
         }
     }
     return result;

@@ -264,6 +264,15 @@ void Executor::define_blocks(const GraphPlan& plan, const std::vector<Executor*>
     }
 }
 
+void Executor::prefetch_handoff(const GraphPlan& plan) {
+    if (!options_.prefetch || !compute_->device_backend() || range_.first == range_.end) return;
+    const std::vector<WeightBlock*> first = blocks_for(plan, range_.first, range_.first + 1);
+    // Into free room only (WeightStore::prefetch): what this device's own
+    // run then needs room for may evict it again, which costs an upload,
+    // never a wrong result.
+    stats_.handoff_prefetches += store_.prefetch(first, compute_->device_backend(), store_.ledger().limit());
+}
+
 std::vector<WeightBlock*> Executor::blocks_for(const GraphPlan& plan, int first, int end) {
     std::vector<WeightBlock*> blocks;
     if (weights_.params_location() == ParamsLocation::ComputeDevice) return blocks;
@@ -533,12 +542,16 @@ Status Executor::run_group(ggml_cgraph* graph, const GraphPlan& plan, const std:
     if (status == GGML_STATUS_SUCCESS && options_.prefetch && compute_->device_backend()) {
         // The next group with weights still to upload (weightless groups and
         // resident weights need nothing).
-        for (size_t next = static_cast<size_t>(index) + 1; next < groups.size(); ++next) {
+        bool started = false;
+        for (size_t next = static_cast<size_t>(index) + 1; next < groups.size() && !started; ++next) {
             const std::vector<WeightBlock*> upcoming = blocks_for(plan, groups[next].first, groups[next].end);
             if (store_.missing_bytes(upcoming) == 0) continue;
             store_.prefetch(upcoming, compute_->device_backend(), limit);
-            break;
+            started = true;
         }
+        // This device's last group: the next device of a layer split starts
+        // on its first segment's weights meanwhile.
+        if (!started && next_device_) next_device_->prefetch_handoff(plan);
     }
     ggml_backend_sched_synchronize(sched);
     allocated_evictions_ = store_.stats().evictions;
@@ -606,6 +619,13 @@ Status Executor::run(GraphSession& session, ggml_tensor* output) {
     }
     session.upload_inputs();
     const std::vector<Executor*> devices = all_devices();
+    // Each device's successor with segments to run (more devices than
+    // segments leaves some without).
+    Executor* following = nullptr;
+    for (auto it = devices.rbegin(); it != devices.rend(); ++it) {
+        (*it)->next_device_ = following;
+        if ((*it)->range_.first < (*it)->range_.end) following = *it;
+    }
     for (Executor* device : devices) {
         if (device->range_.first == device->range_.end) continue;  // more devices than segments
         if (Status s = device->run_range(session, graph, plan, devices); !s.ok()) {

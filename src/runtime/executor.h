@@ -81,6 +81,9 @@ struct ExecutorStats {
     uint64_t peak_workspace = 0;
     uint64_t crossing_bytes = 0;  // copied in from other devices by the last run (layer split)
     double crossing_seconds = 0;  // the time those copies took (the run waits for them)
+    // Layer split: weight blocks of this device's first segment whose upload
+    // started while the device before it computed its last group.
+    int handoff_prefetches = 0;
 };
 
 class Executor {
@@ -157,6 +160,9 @@ class Executor {
     std::vector<int> carried_out(const GraphPlan& plan, int first, int end) const;
     CarriedLayout layout_carried(ggml_cgraph* graph, const GraphPlan& plan, const std::vector<Group>& groups) const;
     std::vector<WeightBlock*> blocks_for(const GraphPlan& plan, int first, int end);
+    // Starts uploading the weights of the first segment of this device's
+    // range into free room, while the device before it computes.
+    void prefetch_handoff(const GraphPlan& plan);
     uint64_t group_cost(ggml_cgraph* graph, const GraphPlan& plan, int first, int end, uint64_t carried);
     Result<Choice> choose_groups(ggml_cgraph* graph, const GraphPlan& plan, uint64_t room, RunForecast* forecast);
     Status run_group(ggml_cgraph* graph, const GraphPlan& plan, const std::vector<Group>& groups, int index,
@@ -197,6 +203,7 @@ class Executor {
     } range_;
     std::map<int, std::vector<SegmentRange>> split_ranges_;  // by the number of segments: the cut made first
     size_t kept_slot_ = 0;                                   // this device's place in the split
+    Executor* next_device_ = nullptr;                        // during a split run: the device whose range comes next
     Mirrors mirrors_;                                        // of the session that ran last
     std::vector<ggml_tensor*> bound_mirrors_;                // the mirrors the kept buffer has room for
     ggml_backend_buffer_t mirror_buffer_ = nullptr;

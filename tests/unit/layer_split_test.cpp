@@ -47,6 +47,15 @@ int groups_on(const std::string& out, const std::string& device) {
     return std::regex_search(out, m, line) ? std::stoi(m[1]) : -1;
 }
 
+// "... RPC1 ran ...; 2 weight block(s) started uploading while the device
+// before it computed" -> 2; -1 when missing.
+int handoff_prefetches(const std::string& out, const std::string& device) {
+    const std::regex line("diffusion layer split: " + device +
+                          " ran [^\\n]*; ([0-9]+) weight block\\(s\\) started uploading while the device before");
+    std::smatch m;
+    return std::regex_search(out, m, line) ? std::stoi(m[1]) : -1;
+}
+
 std::string kib(uint64_t bytes) { return std::to_string(bytes / 1024) + "K"; }
 
 class LayerSplit : public ::testing::Test {
@@ -111,6 +120,15 @@ TEST_F(LayerSplit, FluxOverTwoDevicesIsTheOneDeviceImageUnderEveryBudget) {
     EXPECT_EQ(test::read_bytes(dir_.file("one.png")), test::read_bytes(dir_.file("cut.png")));
     EXPECT_GT(groups_on(cut.out, "RPC0"), 1) << cut.out;
     EXPECT_GT(groups_on(cut.out, "RPC1"), 1) << cut.out;
+    // RPC1's first segment starts uploading while RPC0 computes its last
+    // group (RPC0 has nobody before it); without prefetch, nothing does.
+    EXPECT_GT(handoff_prefetches(cut.out, "RPC1"), 0) << cut.out;
+    EXPECT_EQ(handoff_prefetches(cut.out, "RPC0"), 0) << cut.out;
+    auto serial =
+        test::run_command(kiln_cli(job + split + budgets + " --disable-prefetch -o " + dir_.file("serial.png")));
+    ASSERT_EQ(serial.exit_code, 0) << serial.err;
+    EXPECT_EQ(handoff_prefetches(serial.out, "RPC1"), 0) << serial.out;
+    EXPECT_EQ(test::read_bytes(dir_.file("one.png")), test::read_bytes(dir_.file("serial.png")));
     // (The log rounds to 0.01 MiB.)
     EXPECT_LE(peak_of(cut.out, "RPC0"), budget0 + 8192) << cut.out;
     EXPECT_LE(peak_of(cut.out, "RPC1"), budget1 + 8192) << cut.out;
