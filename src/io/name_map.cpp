@@ -104,8 +104,9 @@ const RuleTable& vae_attention_rules() {
     return rules;
 }
 
-// AutoencoderKL, identical in SD1, SD2, SDXL, Flux.1 and FLUX.2: 4 levels
-// (`levels`), 2 resnets per encoder level and 3 per decoder level.
+// AutoencoderKL, identical in SD1, SD2, SDXL, Flux.1 and FLUX.2: `levels`
+// levels (4 in every release), 2 resnets per encoder level and 3 per decoder
+// level.
 // Diffusers numbers the decoder's up_blocks from the lowest resolution, ldm
 // numbers decoder.up from the highest, hence the reversal. FLUX.2's
 // AutoencoderKLFlux2 adds its latent statistics (bn.running_mean,

@@ -36,7 +36,6 @@ class BflNaming {
   public:
     // BFL's own names when `diffusers` is null.
     explicit BflNaming(const BflRenames* diffusers = nullptr) : diffusers_(diffusers) {}
-    bool diffusers() const { return diffusers_ != nullptr; }
 
     // A BFL name (a whole tensor name, or a layer's stem) in the file: its
     // first part's name where diffusers splits it.
