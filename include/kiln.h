@@ -484,10 +484,13 @@ kiln_status kiln_list_devices(const char* rpc_servers, char** text, char** error
  * memory) is refused. With cache_dir (NULL: none), tensors of 10 MiB or more
  * that a client sends are kept there by hash, and a client sending one
  * again sends only its hash (ggml's RPC tensor cache); the folder is made
- * when missing. Blocks for the life of the server and returns only on
+ * when missing. With reported_memory (a size as max_alloc; NULL: the
+ * device's own), the device tells clients it has that much free and in
+ * total, so they plan for a device of that size; each buffer still comes
+ * from the device. Blocks for the life of the server and returns only on
  * failure. */
 kiln_status kiln_rpc_server_run(const char* host, int port, const char* device, int n_threads, const char* max_alloc,
-                                const char* cache_dir, char** error);
+                                const char* reported_memory, const char* cache_dir, char** error);
 const char* kiln_version(void);
 
 /* The kernel set OpenBLAS runs ("Haswell", "SkylakeX"; "" without OpenBLAS). */

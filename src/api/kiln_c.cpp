@@ -954,13 +954,14 @@ kiln_status kiln_list_devices(const char* rpc_servers, char** text, char** error
 }
 
 kiln_status kiln_rpc_server_run(const char* host, int port, const char* device, int n_threads, const char* max_alloc,
-                                const char* cache_dir, char** error) {
+                                const char* reported_memory, const char* cache_dir, char** error) {
     kiln::runtime::RpcServeOptions options;
     options.host = str(host);
     options.port = port;
     if (device) options.device = device;
     options.threads = n_threads;
     options.max_alloc = str(max_alloc);
+    options.reported_memory = str(reported_memory);
     options.cache_dir = str(cache_dir);
     kiln::log_capture_ggml();
     const kiln::Status served = kiln::runtime::serve_rpc(options);

@@ -67,6 +67,10 @@ ggml_backend_device_i device_interface(const ggml_backend_device_i& real) {
     i.get_name = [](ggml_backend_dev_t dev) { return ggml_backend_dev_name(of(dev).real); };
     i.get_description = [](ggml_backend_dev_t dev) { return ggml_backend_dev_description(of(dev).real); };
     i.get_memory = [](ggml_backend_dev_t dev, size_t* free, size_t* total) {
+        if (const size_t reported = of(dev).rules.reported_memory) {
+            *free = *total = reported;
+            return;
+        }
         ggml_backend_dev_memory(of(dev).real, free, total);
     };
     i.get_type = [](ggml_backend_dev_t dev) { return ggml_backend_dev_type(of(dev).real); };

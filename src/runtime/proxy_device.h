@@ -22,6 +22,9 @@ struct ProxyRules {
     // The largest buffer the proxy's buffer type allocates (its reported max
     // size is the smaller of this and the device's).
     size_t max_alloc = SIZE_MAX;
+    // Non-zero: the free and total memory the device reports (kiln
+    // rpc-server --mem); allocations still come from the real device.
+    size_t reported_memory = 0;
     // Ops the proxy declines although the device supports them; null: none.
     bool (*declines_op)(const ggml_tensor* op) = nullptr;
 };

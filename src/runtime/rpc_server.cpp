@@ -43,6 +43,17 @@ Result<int> free_loopback_port() {
     return static_cast<int>(ntohs(addr.sin_port));
 }
 
+// A size option's bytes ("2G", "512M"; GiB when bare).
+Result<size_t> size_bytes(const std::string& flag, const std::string& spec) {
+    auto gib = parse_gib_amount(spec);
+    if (!gib.ok()) return Error::invalid_request(flag + ": " + gib.error().message);
+    const double bytes = *gib * 1024.0 * 1024.0 * 1024.0;
+    if (!(bytes >= 1.0) || bytes > 1e18) {
+        return Error::invalid_request(flag + ": expected a size from 1K to 1e9G, got '" + spec + "'");
+    }
+    return static_cast<size_t>(bytes);
+}
+
 // --max-alloc in bytes; the device's total memory when not given.
 Result<size_t> max_alloc_bytes(const std::string& spec, ggml_backend_dev_t device) {
     if (spec.empty()) {
@@ -50,13 +61,7 @@ Result<size_t> max_alloc_bytes(const std::string& spec, ggml_backend_dev_t devic
         ggml_backend_dev_memory(device, &free, &total);
         return total > 0 ? total : SIZE_MAX;
     }
-    auto gib = parse_gib_amount(spec);
-    if (!gib.ok()) return Error::invalid_request("--max-alloc: " + gib.error().message);
-    const double bytes = *gib * 1024.0 * 1024.0 * 1024.0;
-    if (!(bytes >= 1.0) || bytes > 1e18) {
-        return Error::invalid_request("--max-alloc: expected a size from 1K to 1e9G, got '" + spec + "'");
-    }
-    return static_cast<size_t>(bytes);
+    return size_bytes("--max-alloc", spec);
 }
 
 }  // namespace
@@ -66,6 +71,12 @@ Status serve_rpc(const RpcServeOptions& options) {
     if (!device) return Error::invalid_request("--device: " + device.error().message);
     auto max_alloc = max_alloc_bytes(options.max_alloc, *device);
     if (!max_alloc.ok()) return max_alloc.error();
+    size_t reported_memory = 0;
+    if (!options.reported_memory.empty()) {
+        auto bytes = size_bytes("--mem", options.reported_memory);
+        if (!bytes.ok()) return bytes.error();
+        reported_memory = *bytes;
+    }
     if (!options.cache_dir.empty()) {
         std::error_code ec;
         std::filesystem::create_directories(options.cache_dir, ec);
@@ -93,6 +104,10 @@ Status serve_rpc(const RpcServeOptions& options) {
     KILN_LOG_INFO("kiln rpc-server: serving %s (%s) on %s with %zu threads; buffers up to %s (--max-alloc); %s",
                   ggml_backend_dev_name(*device), ggml_backend_dev_description(*device), endpoint.c_str(), threads,
                   human_bytes(*max_alloc).c_str(), cache.c_str());
+    if (reported_memory) {
+        KILN_LOG_INFO("kiln rpc-server: reports %s free and total to clients (--mem); buffers still come from %s",
+                      human_bytes(reported_memory).c_str(), ggml_backend_dev_name(*device));
+    }
     std::fflush(stdout);
     // A client that closes its socket while the server still writes to it
     // must cost that client's connection only: without this, the write
@@ -101,6 +116,7 @@ Status serve_rpc(const RpcServeOptions& options) {
     std::signal(SIGPIPE, SIG_IGN);
     ProxyRules rules;
     rules.max_alloc = *max_alloc;
+    rules.reported_memory = reported_memory;
     ggml_backend_dev_t dev = proxy_device(*device, rules);
     const std::string backend = "127.0.0.1:" + std::to_string(*backend_port);
     ggml_backend_rpc_start_server(backend.c_str(), options.cache_dir.empty() ? nullptr : options.cache_dir.c_str(),

@@ -17,6 +17,11 @@ struct RpcServeOptions {
     // --max-alloc: the largest buffer a client may allocate, as for
     // --max-vram ("2G", "512M"); empty: the device's total memory.
     std::string max_alloc;
+    // --mem: the memory the device reports to clients as free and total
+    // ("32G"), so they plan for a device of that size (kiln plan of a card
+    // this machine does not have); each buffer still comes from the device.
+    // Empty: the device's own.
+    std::string reported_memory;
     // -c / --cache-dir: where ggml's RPC server keeps the large tensors
     // clients send, by hash, so a client's next upload of one sends the hash
     // alone; made when missing. Empty: no cache.
@@ -29,7 +34,7 @@ struct RpcServeOptions {
 // A client that closes early costs only its connection (SIGPIPE ignored).
 // A buffer over max_alloc is refused (proxy_device.h), and so is a message
 // that claims more, before anything is allocated for it (rpc_front.h). A
-// bad max_alloc is an invalid request.
+// bad max_alloc or reported_memory is an invalid request.
 Status serve_rpc(const RpcServeOptions& options);
 
 // One line per ggml device: name, type, free and total memory, description.

@@ -141,5 +141,23 @@ TEST_F(Flux2DevFullSize, PlanRunsOnEveryGpuSize) {
     }
 }
 
+// A 32 GiB card, which this machine does not have: the loopback server
+// reports 40 GiB (kiln rpc-server --mem) and the budget is 32. The Q4_K_S
+// DiT (17.97 GiB) stays on the card; the Q8_0 one (32.60 GiB) does not fit
+// beside its compute and streams.
+TEST_F(Flux2DevFullSize, PlanForAThirtyTwoGibCard) {
+    test::RpcServer server({"--mem", "40G"});
+    ASSERT_TRUE(server.ok()) << server.log();
+    auto devices = test::run_command(std::string(KILN_BIN) + " --list-devices --rpc-servers " + server.endpoint());
+    EXPECT_NE(devices.out.find("40.00 GiB"), std::string::npos) << devices.out << devices.err;
+    auto q4 = plan("flux2-dev-Q4_K_S.gguf", server, 32);
+    ASSERT_EQ(q4.exit_code, 0) << q4.out << q4.err;
+    EXPECT_TRUE(test::plan_runs(q4.out)) << q4.out;
+    EXPECT_NE(q4.out.find("diffusion: computes on RPC0, weights on RPC0"), std::string::npos) << q4.out;
+    auto q8 = plan("flux2-dev-Q8_0.gguf", server, 32);
+    ASSERT_EQ(q8.exit_code, 0) << q8.out << q8.err;
+    EXPECT_EQ(q8.out.find("diffusion: computes on RPC0, weights on RPC0"), std::string::npos) << q8.out;
+}
+
 }  // namespace
 }  // namespace kiln

@@ -106,7 +106,7 @@ void KilnChild::stop() {
 std::string KilnChild::out() const { return slurp(out_path_); }
 std::string KilnChild::err() const { return slurp(err_path_); }
 
-RpcServer::RpcServer() {
+RpcServer::RpcServer(const std::vector<std::string>& options) {
     // Another test process may take the free port between free_port() and
     // the child's bind; the port then answers, but not from this child. Only
     // the child's own "serving ... on 127.0.0.1:PORT" line proves the port is
@@ -115,8 +115,9 @@ RpcServer::RpcServer() {
         port_ = free_port();
         if (port_ <= 0) return;
         endpoint_ = "127.0.0.1:" + std::to_string(port_);
-        child_ = std::make_unique<KilnChild>(
-            std::vector<std::string>{"rpc-server", "--port", std::to_string(port_), "-t", "1"});
+        std::vector<std::string> args{"rpc-server", "--port", std::to_string(port_), "-t", "1"};
+        args.insert(args.end(), options.begin(), options.end());
+        child_ = std::make_unique<KilnChild>(args);
         const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
         while (std::chrono::steady_clock::now() < deadline && !child_->exited()) {
             if (child_->out().find("on " + endpoint_) != std::string::npos && accepts_connections(port_)) {

@@ -49,7 +49,8 @@ class KilnChild {
 // `kiln rpc-server` on a free loopback port; "127.0.0.1:PORT" once listening.
 class RpcServer {
   public:
-    RpcServer();
+    // `options`: more of kiln rpc-server's options ("--mem", "40G").
+    explicit RpcServer(const std::vector<std::string>& options = {});
     bool ok() const { return ok_; }
     const std::string& endpoint() const { return endpoint_; }
     std::string log() { return child_->out() + child_->err(); }

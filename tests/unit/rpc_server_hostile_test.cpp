@@ -227,11 +227,13 @@ TEST(RpcServerHostile, AJobOverMaxAllocIsOutOfMemory) {
     EXPECT_FALSE(server.exited()) << server.err();
 }
 
-TEST(RpcServerHostile, ABadMaxAllocIsAUsageError) {
-    for (const char* bad : {"0", "-1", "5X", "nan"}) {
-        auto r = test::run_command(std::string(KILN_BIN) + " rpc-server --port 1 --max-alloc " + bad);
-        EXPECT_EQ(r.exit_code, 2) << bad << ": " << r.err;
-        EXPECT_NE(r.err.find("--max-alloc: "), std::string::npos) << r.err;
+TEST(RpcServerHostile, ABadMaxAllocOrMemIsAUsageError) {
+    for (const char* flag : {"--max-alloc", "--mem"}) {
+        for (const char* bad : {"0", "-1", "5X", "nan", "''"}) {
+            auto r = test::run_command(std::string(KILN_BIN) + " rpc-server --port 1 " + flag + " " + bad);
+            EXPECT_EQ(r.exit_code, 2) << flag << " " << bad << ": " << r.err;
+            EXPECT_NE(r.err.find(std::string(flag) + ": "), std::string::npos) << r.err;
+        }
     }
 }
 

@@ -822,6 +822,15 @@ const std::vector<Flag>& rpc_server_flags() {
              o.rpc_max_alloc = v;
              return std::nullopt;
          }},
+        {nullptr, "--mem", "SIZE",
+         "memory to report to clients as the device's free and total, GiB or with a K/M/G suffix (default: the "
+         "device's own): kiln plan on the client then plans for a device of that size; buffers still come from "
+         "this device",
+         [](Options& o, const std::string& v) -> std::optional<std::string> {
+             if (v.empty()) return std::string("expected a size such as 32G or 512M, got an empty string");
+             o.rpc_mem = v;
+             return std::nullopt;
+         }},
         {"-c", "--cache", nullptr,
          "keep the large tensors (10 MiB and more) clients send, by hash, in $KILN_CACHE/rpc (else "
          "~/.cache/kiln/rpc): a client's next upload of one sends only its hash",

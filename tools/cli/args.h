@@ -166,6 +166,7 @@ struct Options {
     std::string rpc_host = "127.0.0.1";  // an IPv4 address ("localhost" is turned into 127.0.0.1)
     int rpc_port = 50052;                // ggml's rpc-server default
     std::string rpc_max_alloc;           // rpc-server --max-alloc; empty: the device's memory
+    std::string rpc_mem;                 // rpc-server --mem; empty: report the device's own memory
     bool rpc_cache = false;              // rpc-server -c/--cache: a tensor cache in kiln's cache folder
     std::string rpc_cache_dir;           // rpc-server --cache-dir: the tensor cache's folder
     std::string rpc_device;              // "": the CPU

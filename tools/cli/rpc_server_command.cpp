@@ -43,7 +43,8 @@ int run_rpc_server(const Options& options) {
     const kiln_status status = kiln_rpc_server_run(
         options.rpc_host.c_str(), options.rpc_port, options.rpc_device.empty() ? nullptr : options.rpc_device.c_str(),
         options.threads, options.rpc_max_alloc.empty() ? nullptr : options.rpc_max_alloc.c_str(),
-        cache_dir.empty() ? nullptr : cache_dir.c_str(), &error);
+        options.rpc_mem.empty() ? nullptr : options.rpc_mem.c_str(), cache_dir.empty() ? nullptr : cache_dir.c_str(),
+        &error);
     KILN_LOG_ERROR("%s", error ? error : "rpc-server stopped");
     kiln_free_string(error);
     return status == KILN_ERROR_INVALID_REQUEST ? kExitUsage : kExitFailure;
