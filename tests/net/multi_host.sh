@@ -117,7 +117,10 @@ echo "bytes the client sent to $ADDR_A: first job $first, second job $second"
 check "the image across the link is the loopback server's" "cmp -s $WORK/loopback.png $WORK/a1.png"
 check "the second job's image is the first's" "cmp -s $WORK/a1.png $WORK/a2.png"
 check "the tensor cache kept the 12 MiB embedding" "[[ \$(ls $WORK/cache-a | wc -l) -ge 1 ]]"
-check "the second job sent at least 12 MiB less" "(( first - second >= 12 * 1024 * 1024 ))"
+# The cached embedding is 12 MiB; the hash that replaces it and the number of
+# packets the rest takes move the saving by some bytes either way (a run at
+# 234e384 saved 61 bytes less than 12 MiB), so the check asks for 11.
+check "the second job sent at least 11 MiB less" "(( first - second >= 11 * 1024 * 1024 ))"
 
 # 3: layer split across the two hosts, against the same job on host A alone
 # (the VAE on the client's CPU in both, so the hosts' peaks are the split
