@@ -101,6 +101,18 @@ std::vector<uint8_t> image_of(const ModelPaths& paths, const GenerationRequest& 
     return images.ok() ? images->front().image.pixels : std::vector<uint8_t>{};
 }
 
+// The image `paths` make of `r` is the BFL-named split files' of `release`,
+// byte for byte; returns the family `paths` loaded as.
+std::string expect_the_split_files_image(const ModelPaths& paths, const GenerationRequest& r,
+                                         const Release& release = klein()) {
+    std::string family;
+    const auto got = image_of(paths, r, &family);
+    const auto want = image_of(bfl_parts(release), r);
+    EXPECT_FALSE(want.empty());
+    EXPECT_EQ(got, want);
+    return family;
+}
+
 GenerationRequest tiny_job() {
     GenerationRequest r;
     r.prompt = "a red circle";
@@ -127,12 +139,7 @@ TEST(Flux2Diffusers, FolderGivesTheSplitFilesImages) {
     folder.model = {write_folder(dir, "FLUX.2-klein-4B/")};
     for (const GenerationRequest& r : {tiny_job(), edit_job()}) {
         SCOPED_TRACE(r.ref_images.empty() ? "text to image" : "with a reference image");
-        std::string family;
-        const auto from_folder = image_of(folder, r, &family);
-        const auto from_parts = image_of(bfl_parts(), r);
-        ASSERT_FALSE(from_parts.empty());
-        EXPECT_EQ(family, "FLUX.2-klein");
-        EXPECT_EQ(from_folder, from_parts);
+        EXPECT_EQ(expect_the_split_files_image(folder, r), "FLUX.2-klein");
     }
 }
 
@@ -144,12 +151,7 @@ TEST(Flux2Diffusers, DevFolderGivesTheSplitFilesImage) {
     folder.model = {write_folder(dir, "FLUX.2-dev/", dev())};
     GenerationRequest r = tiny_job();
     r.guidance = 2.5f;
-    std::string family;
-    const auto from_folder = image_of(folder, r, &family);
-    const auto from_parts = image_of(bfl_parts(dev()), r);
-    ASSERT_FALSE(from_parts.empty());
-    EXPECT_EQ(family, "FLUX.2-dev");
-    EXPECT_EQ(from_folder, from_parts);
+    EXPECT_EQ(expect_the_split_files_image(folder, r, dev()), "FLUX.2-dev");
 }
 
 // klein base's repository (FLUX.2-klein-base-4B/) gives base's defaults, as
@@ -169,18 +171,14 @@ TEST(Flux2Diffusers, BaseFolderIsKleinBase) {
 TEST(Flux2Diffusers, TransformerFileAloneIsTheSameDit) {
     ModelPaths paths = bfl_parts();
     paths.diffusion_model = model("flux2_tiny_diffusers_transformer.safetensors");
-    const auto diffusers = image_of(paths, tiny_job());
-    ASSERT_FALSE(diffusers.empty());
-    EXPECT_EQ(diffusers, image_of(bfl_parts(), tiny_job()));
+    expect_the_split_files_image(paths, tiny_job());
 }
 
 // The converted autoencoder alone (--vae, a folder's vae/ file) is FLUX.2's.
 TEST(Flux2Diffusers, AutoencoderFileAloneIsTheSameAutoencoder) {
     ModelPaths paths = bfl_parts();
     paths.vae = model("flux2_ae_tiny_diffusers.safetensors");
-    const auto diffusers = image_of(paths, edit_job());
-    ASSERT_FALSE(diffusers.empty());
-    EXPECT_EQ(diffusers, image_of(bfl_parts(), edit_job()));
+    expect_the_split_files_image(paths, edit_job());
 }
 
 // Half a transformer: the file's own name of what is missing.

@@ -1082,6 +1082,16 @@ TEST_F(Memory, WanSameFramesUnderEveryBudgetAndThePlanAgrees) {
     expect_same_image_under_shrinking_budgets(job, {0.43, 0.38}, 2);
 }
 
+// A small clip job on a medium Wan file: 5 frames, one step at cfg 6, umT5 on
+// the CPU with the umT5-like tokenizer.
+void make_small_clip(Job& job) {
+    job.tokenizer = "t5xxl=" + std::string(KILN_GOLDEN_DIR) + "/text/umt5_like_spiece.model";
+    job.cfg = 6.0f;
+    job.steps = 1;
+    job.video_frames = 5;
+    job.te_on_cpu = true;
+}
+
 // Wan 2.2 A14B's two experts under one budget: tests/fixtures/wan_medium.spec
 // with 4 of its DiT's blocks as the low-noise expert (with umT5 and the VAE,
 // in its all-in-one file) and the same DiT in the original names as the
@@ -1110,12 +1120,8 @@ TEST_F(Memory, WanA14bExpertsTakeTurnsUnderOneBudget) {
     job.high_noise_model = dir.file("wan_high_noise.safetensors");
     ASSERT_TRUE(test::write_random_model(dir.write("low.spec", low), job.model).ok());
     ASSERT_TRUE(test::write_random_model(dir.write("high.spec", high), job.high_noise_model).ok());
-    job.tokenizer = "t5xxl=" + std::string(KILN_GOLDEN_DIR) + "/text/umt5_like_spiece.model";
-    job.cfg = 6.0f;
-    job.steps = 1;
+    make_small_clip(job);
     job.high_noise_steps = 1;
-    job.video_frames = 5;
-    job.te_on_cpu = true;
     auto reference = run_job(job);
     ASSERT_TRUE(reference.ok()) << reference.error().message;
     EXPECT_EQ(reference->segments, 1);
@@ -1146,11 +1152,7 @@ TEST_F(Memory, WanA14bExpertsTakeTurnsUnderOneBudget) {
 // frames, the managed peak within the budget, kiln plan agreeing.
 void expect_image_to_video_under_a_cut(Job job) {
     job.first_frame = true;
-    job.tokenizer = "t5xxl=" + std::string(KILN_GOLDEN_DIR) + "/text/umt5_like_spiece.model";
-    job.cfg = 6.0f;
-    job.steps = 1;
-    job.video_frames = 5;
-    job.te_on_cpu = true;
+    make_small_clip(job);
     auto reference = run_job(job);
     ASSERT_TRUE(reference.ok()) << reference.error().message;
     EXPECT_EQ(reference->segments, 1);
