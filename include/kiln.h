@@ -335,6 +335,12 @@ typedef struct {
     const char* high_noise_sampler;
     float high_noise_eta;
     float moe_boundary;
+    /* VACE (a Wan VACE DiT; init_image is then its reference image): sd-cli's --control-video frames,
+     * n_control_frames of them in order (the clip's first frames; resized to its size), or NULL;
+     * --vace-strength, the factor on the VACE hints, [0, 10] (default 1). */
+    const kiln_image* control_frames;
+    int n_control_frames;
+    float vace_strength;
 } kiln_generation_params;
 
 void kiln_generation_params_init(kiln_generation_params* params);

@@ -290,6 +290,16 @@ kiln::Result<kiln::pipeline::GenerationRequest> generation_request(const kiln_ge
         if (!img.ok()) return img.error().in_context("reference image " + std::to_string(i + 1) + ": ");
         r.ref_images.push_back(std::move(img).value());
     }
+    if (params->n_control_frames < 0 || (params->n_control_frames > 0 && !params->control_frames)) {
+        return kiln::Error::invalid_request("control_frames: " + std::to_string(params->n_control_frames) +
+                                            " control frames but no array");
+    }
+    for (int i = 0; i < params->n_control_frames; ++i) {
+        auto img = import_image(&params->control_frames[i]);
+        if (!img.ok()) return img.error().in_context("control frame " + std::to_string(i + 1) + ": ");
+        r.control_frames.push_back(std::move(img).value());
+    }
+    r.vace_strength = params->vace_strength;
     r.auto_resize_ref_images = params->disable_auto_resize_ref_image == 0;
     r.increase_ref_index = params->increase_ref_index != 0;
     r.timestep_shift = params->timestep_shift;
@@ -489,6 +499,7 @@ void kiln_generation_params_init(kiln_generation_params* params) {
     params->high_noise_cfg_scale = -1.0f;
     params->high_noise_eta = -1.0f;
     params->moe_boundary = high_noise.moe_boundary;
+    params->vace_strength = 1.0f;
 }
 
 void kiln_upscaler_params_init(kiln_upscaler_params* params) {

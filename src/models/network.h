@@ -102,6 +102,9 @@ struct DiffusionCapabilities {
     // take the job's (Wan 2.2's per-token timesteps, TI2V-5B's image-to-video:
     // DiffusionShape::clean_first_frame).
     bool clean_first_frame = false;
+    // VACE (Wan 2.1 VACE): the planes per latent frame of the context its
+    // VACE blocks read (pipeline/vace_context.h); 0: none.
+    int64_t vace_channels = 0;
 };
 
 // The part of one evaluation a graph computes. A block-level step cache runs
@@ -155,6 +158,8 @@ struct DiffusionShape {
     int64_t image_context_rows = 0;
     // The first latent frame is clean: its tokens take timestep 0 (clean_first_frame networks).
     bool clean_first_frame = false;
+    // The VACE hints' factor (vace_channels networks; sd-cli's --vace-strength).
+    float vace_strength = 1.0f;
 };
 
 // The inputs the caller sets before each evaluation; those a network does
@@ -172,6 +177,7 @@ struct DiffusionTensors {
     ggml_tensor* stream = nullptr;      // BlockStage Rest and Cached: the stream after the front blocks
     ggml_tensor* residual = nullptr;    // BlockStage Cached: the middle blocks' residual, the stream's shape
     ggml_tensor* image_context = nullptr;  // ne [image_context_width, image_context_rows, batch]
+    ggml_tensor* vace_context = nullptr;   // ne [W, H, frames * vace_channels, batch]
     ggml_tensor* out = nullptr;         // ne [W, H, out_channels, batch]; other stages: see BlockStage
 };
 

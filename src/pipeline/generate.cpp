@@ -23,6 +23,7 @@
 #include "pipeline/size_conditioning.h"
 #include "pipeline/spectrum_forecast.h"
 #include "pipeline/upscaler.h"
+#include "pipeline/vace_context.h"
 #include "pipeline/vae_tiling.h"
 #include "runtime/graph_session.h"
 #include "util/format.h"
@@ -145,6 +146,7 @@ Result<std::vector<float>> run_diffusion_batch(
         shape.image_context_rows =
             p.image_context.empty() ? 0 : static_cast<int64_t>(p.image_context.size()) / image_context_width(model);
         shape.clean_first_frame = p.clean_first_frame;
+        shape.vace_strength = p.vace_strength;
         shape.skip_blocks = skip_blocks;
         shape.split = split;
         if (!p.control_hint.empty()) add_control_residuals(model, shape, p.control_strength);
@@ -177,6 +179,13 @@ Result<std::vector<float>> run_diffusion_batch(
         if (static_cast<int64_t>(rows.size()) != ggml_nelements(g.image_context))
             return Error{"the DiT's image context has the wrong size"};
         g.session->set_input(g.image_context, rows.data());
+    }
+    if (g.vace_context) {
+        std::vector<float> planes;
+        for (int64_t b = 0; b < batch; ++b) planes.insert(planes.end(), p.vace_context.begin(), p.vace_context.end());
+        if (static_cast<int64_t>(planes.size()) != ggml_nelements(g.vace_context))
+            return Error{"the DiT's VACE context has the wrong size"};
+        g.session->set_input(g.vace_context, planes.data());
     }
     for (auto [tensor, values] : {std::pair{g.stream, stream}, std::pair{g.residual, residual}}) {
         if (!tensor) continue;
@@ -414,9 +423,10 @@ Result<image::Image> decode_latent(Model& model, const std::vector<float>& laten
 Result<std::vector<image::Image>> decode_clip(Model& model, const std::vector<float>& latent, const ValidatedRequest& p,
                                               const std::optional<VaeTiling>& tiling,
                                               const std::function<void(int)>& decoded) {
-    std::vector<float> z(latent);
+    std::vector<float> z = without_reference_frames(latent, p);
     for (float& v : z) v = v / model.latent_scale() + model.latent_shift();
-    auto planes = decode_clip_planes(model, z, p.latent_w, p.latent_h, p.latent_frames, tiling, decoded);
+    const int64_t frames = p.latent_frames - (p.vace_reference ? kVaceReferenceFrames : 0);
+    auto planes = decode_clip_planes(model, z, p.latent_w, p.latent_h, frames, tiling, decoded);
     if (!planes.ok()) return planes.error();
     std::vector<image::Image> clip;
     const size_t frame_values = static_cast<size_t>(p.width) * p.height * 3;
@@ -431,13 +441,15 @@ Result<std::vector<image::Image>> decode_clip(Model& model, const std::vector<fl
 }
 
 // A video's first latent frame [C, h, w] of its latent [C, T, h, w]: the
-// first frame alone (what previews show).
+// clip's first frame alone (what previews show; a VACE reference's frame is
+// not the clip's).
 std::vector<float> first_latent_frame(const std::vector<float>& latent, const ValidatedRequest& p) {
     const size_t plane = static_cast<size_t>(p.latent_w * p.latent_h);
     const size_t channels = latent.size() / (plane * p.latent_frames);
+    const size_t first_frame = p.vace_reference ? static_cast<size_t>(kVaceReferenceFrames) : 0;
     std::vector<float> first(plane * channels);
     for (size_t c = 0; c < channels; ++c) {
-        std::copy_n(latent.begin() + c * p.latent_frames * plane, plane, first.begin() + c * plane);
+        std::copy_n(latent.begin() + (c * p.latent_frames + first_frame) * plane, plane, first.begin() + c * plane);
     }
     return first;
 }
@@ -1025,7 +1037,7 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
         sigmas = std::move(scheduled).value();
     }
     std::optional<std::vector<float>> init_latent;
-    if (request.init_image && !p.first_frame && !p.first_latent) {
+    if (request.init_image && !p.init_image_in_clip()) {
         if (!model.vae().format().has_encoder)
             return Error{"this model's VAE has no encoder: image-to-image needs one"};
         // A sample of the init image's latent distribution, drawn from the
@@ -1070,6 +1082,13 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
         }
     }
     if (p.first_latent) KILN_TRY(keep_first_latent(model, *request.init_image, p, run));
+    if (p.vace) {
+        auto context =
+            vace_context(model, request.control_frames, request.init_image ? &*request.init_image : nullptr, p);
+        if (!context.ok()) return context.error();
+        run.vace_context = std::move(context).value();
+        run.vace_strength = request.vace_strength;
+    }
     run.latent_w = p.latent_w;
     run.latent_h = p.latent_h;
     run.latent_frames = p.latent_frames;
@@ -1263,6 +1282,7 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
         info.height = p.height;
         info.model = model.name();
         if (p.video) info.extra.emplace_back("Frames", std::to_string(p.frames));
+        if (p.vace) info.extra.emplace_back("VACE strength", format_number(request.vace_strength));
         if (high_noise_steps > 0) {
             info.extra.emplace_back("High noise model", model.high_noise_expert_name());
             info.extra.emplace_back("High noise steps", std::to_string(high_noise_steps));
@@ -1273,7 +1293,7 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
         if (request.file_hashes && !hashes_of_files().first.empty()) {
             info.extra.emplace_back("Model hash", hashes_of_files().first);
         }
-        if (request.init_image && !p.first_frame && !p.first_latent) {
+        if (request.init_image && !p.init_image_in_clip()) {
             info.extra.emplace_back("Denoising strength", format_number(request.strength));
         }
         if (request.eta) info.extra.emplace_back("Eta", format_number(*request.eta));

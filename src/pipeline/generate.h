@@ -99,6 +99,10 @@ struct SamplingRun {
     // The DiT's image context, one batch item's (Wan 2.1 I2V and FLF2V:
     // CLIP vision's rows; pipeline/image_to_video.h); every item reads it.
     std::vector<float> image_context;
+    // A VACE DiT's context, one batch item's (pipeline/vace_context.h), and
+    // the factor of its hints; every item and pass reads it.
+    std::vector<float> vace_context;
+    float vace_strength = 1.0f;
     // The first latent frame is the given image's (keep_weight holds it): the
     // DiT sees its tokens at timestep 0 (DiffusionShape::clean_first_frame).
     bool clean_first_frame = false;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <functional>
 
 #include "image/plane_resize.h"
 #include "pipeline/generate.h"
@@ -20,6 +21,51 @@ bool takes_first_frame(const Model& model) {
            can.in_channels == can.out_channels + vae.temporal_downscale + vae.latent_channels;
 }
 
+Result<std::vector<float>> encode_clip(Model& model, const ValidatedRequest& p, int64_t latent_frames,
+                                       const std::function<const float*(int64_t)>& chunk_pixels) {
+    const int64_t channels = model.latent_channels(), step = model.vae().format().temporal_downscale;
+    const size_t plane = static_cast<size_t>(p.latent_w * p.latent_h);
+    // Each chunk with the history the one before left: the encode's memory
+    // is one chunk's whatever the clip's length. Each frame's latent is ne
+    // [w, h, C] as the VAE gives it.
+    std::vector<float> frames;
+    std::vector<std::vector<float>> history;
+    std::vector<std::array<int64_t, 4>> history_shapes;
+    for (int64_t t = 0; t < latent_frames; ++t) {
+        if (model.cancel_requested()) return Error::cancelled("cancelled");
+        auto g = build_clip_encode_chunk_graph(model, p.width, p.height, t == 0 ? 1 : step, history_shapes);
+        if (!g.ok()) return g.error();
+        g->session->set_input(g->input, chunk_pixels(t));
+        for (size_t i = 0; i < history.size(); ++i) {
+            g->session->set_input(g->history[i], history[i].data());
+            std::vector<float>().swap(history[i]);
+        }
+        KILN_TRY(g->session->run(model.vae_compute(), g->out));
+        const std::vector<float> values = runtime::GraphSession::read(g->out);
+        if (values.size() != plane * static_cast<size_t>(channels)) {
+            return Error{"the VAE's encode of a clip has the wrong size"};
+        }
+        frames.insert(frames.end(), values.begin(), values.end());
+        history.clear();
+        history_shapes.clear();
+        for (const ggml_tensor* h : g->chunk.history) {
+            history.push_back(runtime::GraphSession::read(h));
+            history_shapes.push_back({h->ne[0], h->ne[1], h->ne[2], h->ne[3]});
+        }
+    }
+    // Frame after frame -> channel after channel, scaled as the sampler's latent.
+    std::vector<float> latent(frames.size());
+    for (int64_t c = 0; c < channels; ++c) {
+        for (int64_t t = 0; t < latent_frames; ++t) {
+            const auto from = frames.begin() + static_cast<std::ptrdiff_t>((t * channels + c) * plane);
+            auto to = latent.begin() + static_cast<std::ptrdiff_t>((c * latent_frames + t) * plane);
+            std::transform(from, from + static_cast<std::ptrdiff_t>(plane), to,
+                           [&](float v) { return (v - model.latent_shift()) * model.latent_scale(); });
+        }
+    }
+    return latent;
+}
+
 Result<std::vector<float>> first_frame_condition(Model& model, const image::Image& image, const image::Image* last,
                                                  const ValidatedRequest& p) {
     auto first = rgb_planes(image, p.width, p.height, PixelRange::Signed);
@@ -30,17 +76,10 @@ Result<std::vector<float>> first_frame_condition(Model& model, const image::Imag
         if (!planes.ok()) return planes.error().in_context("--end-img (the last frame): ");
         last_planes = std::move(planes).value();
     }
-    const int64_t channels = model.latent_channels(), frames = p.latent_frames;
-    const int64_t masks = model.vae().format().temporal_downscale;
+    const int64_t frames = p.latent_frames, masks = model.vae().format().temporal_downscale;
     const size_t plane = static_cast<size_t>(p.latent_w * p.latent_h);
     // The clip [image, zeros (mid grey in [-1, 1]), ..., last image when
-    // given] as Wan pads it, a chunk at a time (the image, then `masks`
-    // frames each), each with the history the one before left: the encode's
-    // memory is one chunk's whatever the clip's length. `latent` is ne [w,
-    // h, C] per frame.
-    std::vector<float> latent;
-    std::vector<std::vector<float>> history;
-    std::vector<std::array<int64_t, 4>> history_shapes;
+    // given] as Wan pads it.
     const std::vector<float> zeros(first->size() * static_cast<size_t>(masks), 0.0f);
     std::vector<float> last_chunk;
     if (last) {  // the last chunk's frames: zeros, then the last image
@@ -48,30 +87,12 @@ Result<std::vector<float>> first_frame_condition(Model& model, const image::Imag
         std::copy(last_planes.begin(), last_planes.end(),
                   last_chunk.end() - static_cast<std::ptrdiff_t>(first->size()));
     }
-    for (int64_t t = 0; t < frames; ++t) {
-        if (model.cancel_requested()) return Error::cancelled("cancelled");
-        auto g = build_clip_encode_chunk_graph(model, p.width, p.height, t == 0 ? 1 : masks, history_shapes);
-        if (!g.ok()) return g.error();
+    auto latent = encode_clip(model, p, frames, [&](int64_t t) {
         const bool last_frames = last && t > 0 && t + 1 == frames;
-        g->session->set_input(g->input, t == 0 ? first->data() : last_frames ? last_chunk.data() : zeros.data());
-        for (size_t i = 0; i < history.size(); ++i) {
-            g->session->set_input(g->history[i], history[i].data());
-            std::vector<float>().swap(history[i]);
-        }
-        KILN_TRY(g->session->run(model.vae_compute(), g->out));
-        const std::vector<float> values = runtime::GraphSession::read(g->out);
-        if (values.size() != plane * static_cast<size_t>(channels)) {
-            return Error{"the VAE's encode of the first frame's clip has the wrong size"};
-        }
-        latent.insert(latent.end(), values.begin(), values.end());
-        history.clear();
-        history_shapes.clear();
-        for (const ggml_tensor* h : g->chunk.history) {
-            history.push_back(runtime::GraphSession::read(h));
-            history_shapes.push_back({h->ne[0], h->ne[1], h->ne[2], h->ne[3]});
-        }
-    }
-    std::vector<float> condition(plane * static_cast<size_t>((masks + channels) * frames), 0.0f);
+        return t == 0 ? first->data() : last_frames ? last_chunk.data() : zeros.data();
+    });
+    if (!latent.ok()) return latent.error();
+    std::vector<float> condition(plane * static_cast<size_t>(masks * frames), 0.0f);
     for (int64_t m = 0; m < masks; ++m) {
         std::fill_n(condition.begin() + static_cast<std::ptrdiff_t>(m * frames * plane), plane, 1.0f);
     }
@@ -79,14 +100,7 @@ Result<std::vector<float>> first_frame_condition(Model& model, const image::Imag
         std::fill_n(condition.begin() + static_cast<std::ptrdiff_t>(((masks - 1) * frames + frames - 1) * plane), plane,
                     1.0f);
     }
-    for (int64_t c = 0; c < channels; ++c) {
-        for (int64_t t = 0; t < frames; ++t) {
-            const auto from = latent.begin() + static_cast<std::ptrdiff_t>((t * channels + c) * plane);
-            auto to = condition.begin() + static_cast<std::ptrdiff_t>(((masks + c) * frames + t) * plane);
-            std::transform(from, from + static_cast<std::ptrdiff_t>(plane), to,
-                           [&](float v) { return (v - model.latent_shift()) * model.latent_scale(); });
-        }
-    }
+    condition.insert(condition.end(), latent->begin(), latent->end());
     return condition;
 }
 

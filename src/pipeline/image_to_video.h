@@ -18,6 +18,8 @@
 // (sd-cli crops the centre square instead; kiln follows Wan's release).
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "image/image.h"
@@ -28,6 +30,14 @@ namespace kiln::pipeline {
 class Model;
 struct SamplingRun;
 struct ValidatedRequest;
+
+// A clip at the job's size through the VAE's encoder a chunk at a time, as
+// Wan's encode loops (the first frame, then temporal_downscale frames each,
+// with the causal history the one before left): `chunk_pixels(t)` gives
+// latent frame t's pixel planes (ne [W, H, 3] per frame, in [-1, 1]). The
+// latent's mean [C, latent_frames, h, w], scaled as the sampler's latent.
+Result<std::vector<float>> encode_clip(Model& model, const ValidatedRequest& p, int64_t latent_frames,
+                                       const std::function<const float*(int64_t)>& chunk_pixels);
 
 // Whether the model's diffusion network takes a first frame (above).
 bool takes_first_frame(const Model& model);

@@ -9,6 +9,7 @@
 #include "pipeline/image_to_video.h"
 #include "pipeline/prompt_images.h"
 #include "pipeline/reference_images.h"
+#include "pipeline/vace_context.h"
 #include "pipeline/vae_tiling.h"
 #include "runtime/graph_session.h"
 #include "util/format.h"
@@ -266,18 +267,19 @@ Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, 
         if (!first.ok()) return first.error();
         KILN_TRY(add(model.vae_compute(), *first->session, first->out, "first frame encode"));
     }
-    if (passes.first_frame) {
+    if (passes.first_frame || passes.vace) {
+        const char* what = passes.vace ? "VACE context encode" : "first frame encode";
         auto first = build_clip_encode_chunk_graph(model, width, height, 1, {});
         if (!first.ok()) return first.error();
-        if (passes.latent_frames == 1) {
-            KILN_TRY(add(model.vae_compute(), *first->session, first->out, "first frame encode"));
+        if (passes.latent_frames - (passes.vace_reference ? kVaceReferenceFrames : 0) == 1) {
+            KILN_TRY(add(model.vae_compute(), *first->session, first->out, what));
         } else {
             std::vector<std::array<int64_t, 4>> history;
             for (const ggml_tensor* t : first->chunk.history)
                 history.push_back({t->ne[0], t->ne[1], t->ne[2], t->ne[3]});
             auto later = build_clip_encode_chunk_graph(model, width, height, vc.temporal_downscale, history);
             if (!later.ok()) return later.error();
-            KILN_TRY(add(model.vae_compute(), *later->session, later->out, "first frame encode"));
+            KILN_TRY(add(model.vae_compute(), *later->session, later->out, what));
         }
         // Wan 2.1 I2V and FLF2V: CLIP vision reads the frame (and the last),
         // one square at a time.
@@ -363,7 +365,7 @@ Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, 
     }
     if (main_runs) KILN_TRY(add_unet(lw, lh, "", cfg));
     if (passes.video) {
-        KILN_TRY(add_clip_decode(lw, lh, passes.latent_frames));
+        KILN_TRY(add_clip_decode(lw, lh, passes.latent_frames - (passes.vace_reference ? kVaceReferenceFrames : 0)));
     } else {
         KILN_TRY(add_vae(/*decode=*/true, lw, lh, ""));
     }
@@ -429,11 +431,13 @@ Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, 
 
 Result<JobPasses> passes_of(const GenerationRequest& request, const ValidatedRequest& job) {
     JobPasses passes;
-    if (request.init_image && !job.first_frame && !job.first_latent) {
+    if (request.init_image && !job.init_image_in_clip()) {
         passes.init_encode_size = {request.init_image->width, request.init_image->height};
     }
     passes.first_frame = job.first_frame;
     passes.first_latent = job.first_latent;
+    passes.vace = job.vace;
+    passes.vace_reference = job.vace_reference;
     for (const image::Image& reference : request.ref_images)
         passes.reference_images.emplace_back(reference.width, reference.height);
     passes.auto_resize_references = request.auto_resize_ref_images;

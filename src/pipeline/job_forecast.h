@@ -81,6 +81,11 @@ struct JobPasses {
     // TI2V's (ValidatedRequest::first_latent): the image encoded as one
     // frame, and the DiT's first latent frame clean.
     bool first_latent = false;
+    // A VACE DiT's job (ValidatedRequest::vace): its context's clips encoded
+    // a chunk at a time before sampling; with a reference image
+    // (vace_reference) latent_frames counts its frame, which is not decoded.
+    bool vace = false;
+    bool vace_reference = false;
 };
 
 struct DeviceForecast {

@@ -7,6 +7,7 @@
 #include "pipeline/loras.h"
 #include "pipeline/model.h"
 #include "pipeline/prompt_weights.h"
+#include "pipeline/vace_context.h"
 #include "util/format.h"
 #include "util/log.h"
 
@@ -35,6 +36,35 @@ Status check_network_size(const Model& model, int width, int height, const std::
     return Status::Ok();
 }
 
+// VACE's inputs: control frames only for a VACE DiT, each a sound image;
+// the strength finite and in range. The reference image's latent frame
+// joins the clip's.
+Status check_vace(const GenerationRequest& r, ValidatedRequest& p) {
+    if (!std::isfinite(r.vace_strength) || r.vace_strength < 0 || r.vace_strength > kMaxVaceStrength) {
+        return Error::invalid_request("--vace-strength must be in [0, " + format_number(kMaxVaceStrength) + "], got " +
+                                      format_number(r.vace_strength));
+    }
+    if (!p.vace) {
+        if (!r.control_frames.empty()) {
+            return Error::invalid_request(
+                "--control-video is for a Wan VACE DiT (vace_blocks, e.g. wan2.1_vace_1.3B); this DiT has no VACE "
+                "blocks");
+        }
+        return Status::Ok();
+    }
+    for (size_t i = 0; i < r.control_frames.size(); ++i) {
+        const std::string what = "--control-video frame " + std::to_string(i + 1);
+        if (Status s = image::validate_image(r.control_frames[i], what); !s.ok())
+            return s.error().as(ErrorKind::InvalidRequest);
+    }
+    if (static_cast<int>(r.control_frames.size()) > p.frames) {
+        KILN_LOG_WARN("--control-video has %zu frames; the clip has %d, so the rest are not used",
+                      r.control_frames.size(), p.frames);
+    }
+    if (p.vace_reference) p.latent_frames += kVaceReferenceFrames;
+    return Status::Ok();
+}
+
 // --video-frames: a video model's frames, made 4k + 1 as sd-cli makes them
 // ((n - 1) / 4 * 4 + 1: the VAE's first latent frame is one frame, each
 // later one temporal_downscale frames), and what a clip cannot take.
@@ -47,6 +77,10 @@ Status check_video_frames(const Model& model, const GenerationRequest& r, Valida
         }
         if (r.video_frames && *r.video_frames != 1) {
             return Error::invalid_request("--video-frames is for video models (Wan); " + model.family_label() +
+                                          " makes images");
+        }
+        if (!r.control_frames.empty()) {
+            return Error::invalid_request("--control-video is for a Wan VACE DiT; " + model.family_label() +
                                           " makes images");
         }
         return Status::Ok();
@@ -69,12 +103,15 @@ Status check_video_frames(const Model& model, const GenerationRequest& r, Valida
     }
     p.first_frame = takes_first_frame(model);
     p.first_latent = r.init_image && takes_first_latent(model);
-    if (r.mask || r.hires || r.control_image || !r.ref_images.empty() ||
-        (r.init_image && !p.first_frame && !p.first_latent)) {
+    p.vace = takes_vace_context(model);
+    p.vace_reference = p.vace && r.init_image;
+    if (r.mask || r.hires || r.control_image || !r.ref_images.empty() || (r.init_image && !p.init_image_in_clip())) {
         return Error::invalid_request(model.family_label() +
-                                      " jobs take -i only as an image-to-video DiT's first frame (this one is "
-                                      "text-to-video); --mask, --hires, --control-image and -r are not taken yet");
+                                      " jobs take -i only as an image-to-video DiT's first frame or a VACE DiT's "
+                                      "reference image (this one is text-to-video); --mask, --hires, "
+                                      "--control-image and -r are not taken yet");
     }
+    KILN_TRY(check_vace(r, p));
     if (p.first_latent && p.latent_frames < 2) {
         return Error::invalid_request("-i is the clip's first frame: a clip of " + std::to_string(p.frames) +
                                       " frame would be the image alone; ask for --video-frames " +
@@ -295,7 +332,7 @@ Result<ValidatedRequest> validate_request(const Model& model, const GenerationRe
     }
     p.width = r.width > 0 ? r.width : d.width;
     p.height = r.height > 0 ? r.height : d.height;
-    if (r.init_image && !takes_first_frame(model) && !takes_first_latent(model)) {
+    if (r.init_image && !takes_first_frame(model) && !takes_first_latent(model) && !takes_vace_context(model)) {
         // Image-to-image works at the init image's size (stable-diffusion.cpp's rule).
         const image::Image& init = *r.init_image;
         if (r.init_latent_resize) {

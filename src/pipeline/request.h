@@ -84,6 +84,11 @@ struct GenerationRequest {
     // First-last-frame video (--end-img): the clip's last frame, with
     // init_image its first (pipeline/image_to_video.h).
     std::optional<image::Image> end_image;
+    // VACE (pipeline/vace_context.h): --control-video's frames in order (the
+    // clip's first frames; init_image is then the reference image) and
+    // --vace-strength, the hints' factor in [0, kMaxVaceStrength].
+    std::vector<image::Image> control_frames;
+    float vace_strength = 1.0f;
     float strength = 0.75f;
     // A1111's resize_mode 3, "Just resize (latent upscale)": the init image
     // keeps its own size (a multiple of the size stride), is encoded there,
@@ -171,6 +176,13 @@ struct ValidatedRequest {
     bool last_frame = false;  // and --end-img its last
     // TI2V-5B's image-to-video (pipeline/image_to_video.h): -i is the clip's first latent frame.
     bool first_latent = false;
+    // A VACE DiT's job (pipeline/vace_context.h); with -i, its reference
+    // image's latent frame leads latent_frames and is not decoded.
+    bool vace = false;
+    bool vace_reference = false;
+    // -i is a video job's own input (a first frame, a first latent or a VACE
+    // reference), not image-to-image's init image.
+    bool init_image_in_clip() const { return first_frame || first_latent || vace_reference; }
     // Wan 2.2 A14B (pipeline/experts.h): the high-noise expert samples the
     // schedule's first high_noise_steps of `steps` with its own sampler, cfg
     // and eta (unset: the sampler's default); 0: the main network samples all.

@@ -20,5 +20,6 @@ constexpr float kMaxControlStrength = 10.0f;
 constexpr int kMaxPreviewInterval = kMaxSteps;
 // --video-frames: Wan's clips are 81 frames; 1025 is 257 latent frames.
 constexpr int kMaxVideoFrames = 1025;
+constexpr float kMaxVaceStrength = 10.0f;  // --vace-strength (sd-server's vace_strength range)
 
 }  // namespace kiln::pipeline

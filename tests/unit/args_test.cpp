@@ -116,7 +116,10 @@ TEST(Args, SdCliAliasesAndOptionsOfMissingFeatures) {
     EXPECT_TRUE(parse_ok({"--qwen-image-zero-cond-t"}).qwen_image_zero_cond_t);
     EXPECT_EQ(parse_ok({"--clip_vision", "clip_vision_h.safetensors"}).clip_vision, "clip_vision_h.safetensors");
     EXPECT_EQ(parse_ok({"--end-img", "last.png"}).end_image, "last.png");
-    for (const char* flag : {"--photo-maker", "--control-video", "--high-noise-slg-scale", "--cache-preset",
+    EXPECT_EQ(parse_ok({"--control-video", "frames/"}).control_video, "frames/");
+    EXPECT_EQ(parse_ok({"--vace-strength", "0.5"}).vace_strength, 0.5f);
+    EXPECT_EQ(parse_error({"--vace-strength", "-1"}).message.rfind("--vace-strength: ", 0), 0u);
+    for (const char* flag : {"--photo-maker", "--motion-module", "--high-noise-slg-scale", "--cache-preset",
                              "--img-cfg-scale", "--tensor-type-rules", "--circular", "--qwen-image-layers"}) {
         const UsageError e = parse_error({"-p", "x", flag, "1"});
         EXPECT_EQ(e.message.rfind(std::string(flag) + " is ", 0), 0u) << e.message;

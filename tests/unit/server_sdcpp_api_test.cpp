@@ -287,7 +287,9 @@ TEST(ServerSdcppApi, VidGenJobCompletesWithAWebmClip) {
     const std::vector<std::pair<json, std::string>> refused = {
         {{{"end_image", "iVBORw0KGgo="}}, "end_image"},
         {{{"init_image", "iVBORw0KGgo="}}, "init_image"},
-        {{{"control_frames", json::array({"iVBORw0KGgo="})}}, "control_frames"},
+        {{{"control_frames", json::array({"iVBORw0KGgo="})}}, "control_frames[0]"},
+        {{{"control_frames", "iVBORw0KGgo="}}, "control_frames"},
+        {{{"vace_strength", 11}}, "vace_strength"},
         {{{"high_noise_sample_params", {{"sample_steps", -2}}}}, "high_noise_sample_params.sample_steps"},
         {{{"high_noise_sample_params", {{"guidance", {{"slg", {{"scale", 2.5}}}}}}}},
          "high_noise_sample_params.guidance.slg.scale"},
@@ -335,6 +337,50 @@ TEST(ServerSdcppApi, VidGenRunsWan22ExpertsAsTheCliDoes) {
     expect_cli_frames(done, flags,
                       "-M vid_gen -p \"a red cat\" -W 64 -H 48 --steps 2 --cfg-scale 6 --high-noise-steps 2 "
                       "--high-noise-cfg-scale 4 --high-noise-sampling-method euler -s 11 --video-frames 5 --fps 8");
+    EXPECT_EQ(server.stop(SIGTERM), 0);
+}
+
+// sd-server's Wan 2.1 VACE job: init_image as the reference image,
+// control_frames and vace_strength make the CLI's clip with -i,
+// --control-video and --vace-strength.
+TEST(ServerSdcppApi, VidGenMakesVaceClipsAsTheCliDoes) {
+    const std::string part = test::golden_path("pipeline/wan_tiny/");
+    const std::string flags = "-t 1 -m " + part + "wan_dit_vace.safetensors --vae " +
+                              test::golden_path("models/wan_vae_tiny.safetensors") + " --t5xxl " + part +
+                              "umt5.safetensors --tokenizer t5xxl=" + test::golden_path("text/umt5_like_spiece.model");
+    test::TempDir dir;
+    auto job = io::ModelFile::open({test::golden_path("pipeline/wan_tiny_vace.safetensors")});
+    ASSERT_TRUE(job.ok());
+    std::filesystem::create_directory(dir.file("control"));
+    json frames = json::array();
+    for (int i = 0; i < 3; ++i) {
+        const std::string path = dir.file("control/" + std::to_string(i) + ".png");
+        ASSERT_TRUE(image::write_image(path, test::wan_tiny_frame(*job, ("control" + std::to_string(i)).c_str())).ok());
+        frames.push_back(base64_encode(test::read_bytes(path)));
+    }
+    ASSERT_TRUE(image::write_image(dir.file("ref.png"), test::wan_tiny_frame(*job, "ref_image")).ok());
+    ServerProcess server(flags);
+    ASSERT_TRUE(server.started()) << server.log();
+    httplib::Client client("127.0.0.1", server.port());
+    client.set_read_timeout(120, 0);
+    const json body = {{"prompt", "a red cat"},
+                       {"width", 64},
+                       {"height", 48},
+                       {"seed", 11},
+                       {"video_frames", 5},
+                       {"fps", 8},
+                       {"init_image", base64_encode(test::read_bytes(dir.file("ref.png")))},
+                       {"control_frames", frames},
+                       {"vace_strength", 0.8},
+                       {"sample_params", {{"sample_steps", 2}, {"sample_method", "euler"}}}};
+    auto posted = client.Post("/sdcpp/v1/vid_gen", body.dump(), "application/json");
+    ASSERT_TRUE(posted);
+    ASSERT_EQ(posted->status, 202) << posted->body;
+    const json done = poll_until(client, body_json(posted)["id"], "completed");
+    ASSERT_EQ(done["status"], "completed") << done.dump();
+    expect_cli_frames(done, flags,
+                      "-M vid_gen -p \"a red cat\" -W 64 -H 48 --steps 2 -s 11 --video-frames 5 --fps 8 -i " +
+                          dir.file("ref.png") + " --control-video " + dir.file("control") + " --vace-strength 0.8");
     EXPECT_EQ(server.stop(SIGTERM), 0);
 }
 

@@ -132,6 +132,17 @@ auto path_setter(std::string Options::*field) {
     };
 }
 
+// A factor on a network's residuals or hints (--control-strength, --vace-strength): 0 to 10.
+auto strength_setter(float Options::*field) {
+    return [field](Options& o, const std::string& v) -> std::optional<std::string> {
+        char* end = nullptr;
+        const double f = std::strtod(v.c_str(), &end);
+        if (v.empty() || *end != '\0' || !(f >= 0 && f <= 10)) return "expected a number from 0 to 10, got '" + v + "'";
+        o.*field = static_cast<float>(f);
+        return std::nullopt;
+    };
+}
+
 // sd-cli's list values ("[7, 8,9]", "14.6,7.8,0"): the comma-separated
 // items, brackets around the list allowed, each trimmed (empty ones kept).
 std::vector<std::string> list_items(const std::string& value) {
@@ -361,6 +372,12 @@ const std::vector<Flag>& flags() {
         {nullptr, "--image", "PATH", "the image -M metadata reads (as -i)", path_setter(&Options::init_image)},
         {nullptr, "--end-img", "PATH", "an image-to-video clip's last frame (first-last-frame video; -i is its first)",
          path_setter(&Options::end_image)},
+        {nullptr, "--control-video", "DIR",
+         "a Wan VACE DiT's control clip: the folder's images in file-name order are its first frames (-i is then "
+         "VACE's reference image)",
+         path_setter(&Options::control_video)},
+        {nullptr, "--vace-strength", "X", "factor on a Wan VACE DiT's hints, 0 to 10 (default 1)",
+         strength_setter(&Options::vace_strength)},
         {nullptr, "--mask", "PATH", "inpainting mask for -i: white repaints, black keeps", path_setter(&Options::mask)},
         {nullptr, "--max-image-pixels", "N",
          "largest -i / --mask image to decode, in pixels (default 67108864 = 8192x8192), checked from the "
@@ -465,15 +482,7 @@ const std::vector<Flag>& flags() {
          "the ControlNet's condition (edges, depth, pose, ...), of the output's aspect ratio",
          path_setter(&Options::control_image)},
         {nullptr, "--control-strength", "X", "factor on the ControlNet's residuals, 0 to 10 (default 0.9)",
-         [](Options& o, const std::string& v) -> std::optional<std::string> {
-             char* end = nullptr;
-             const double f = std::strtod(v.c_str(), &end);
-             if (v.empty() || *end != '\0' || !(f >= 0 && f <= 10)) {
-                 return "expected a number from 0 to 10, got '" + v + "'";
-             }
-             o.control_strength = static_cast<float>(f);
-             return std::nullopt;
-         }},
+         strength_setter(&Options::control_strength)},
         {nullptr, "--canny", nullptr,
          "replace the control image by its edges, as sd-cli's canny preprocessor finds them",
          switch_setter(&Options::canny)},
@@ -1231,9 +1240,9 @@ const std::vector<HelpGroup>& help_groups() {
           "--high-noise-sampling-method",
           "--high-noise-eta",
           "--moe-boundary"}},
-        {"img2img, inpainting and ControlNet",
+        {"img2img, inpainting, ControlNet and VACE",
          {"--init-img", "--image", "--end-img", "--mask", "--strength", "--max-image-pixels", "--control-net",
-          "--control-image", "--control-strength", "--canny"}},
+          "--control-image", "--control-strength", "--canny", "--control-video", "--vace-strength"}},
         {"hires fix and upscaling",
          {"--hires", "--hires-scale", "--hires-width", "--hires-height", "--hires-steps", "--hires-denoising-strength",
           "--hires-upscaler", "--hires-upscalers-dir", "--hires-sigmas", "--hires-upscale-tile-size", "--upscale-model",

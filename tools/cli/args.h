@@ -66,6 +66,10 @@ struct Options {
     bool output_given = false;  // -o was passed (-M convert requires it)
     std::string init_image;  // -i/--init-img; with -M metadata (also --image): the image to read
     std::string end_image;   // --end-img: an image-to-video clip's last frame
+    // VACE: --control-video, a folder of the control clip's frames (read in
+    // file-name order); --vace-strength, the factor on the VACE hints.
+    std::string control_video;
+    float vace_strength = 1.0f;
     std::string mask;
     long long max_image_pixels = 0;  // --max-image-pixels; 0: the C API's default (8192x8192)
     int width = 0;                   // 0: the model's default

@@ -2,9 +2,13 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <optional>
 #include <random>
 #include <regex>
 #include <string>
@@ -112,6 +116,35 @@ struct PreviewWriter {
         KILN_LOG_DEBUG("preview of image %d at step %d: %s", image + 1, step, self->path.c_str());
     }
 };
+
+// --control-video's frames: the folder's PNG, JPEG and WebP files in
+// file-name order (byte order, so frame_010 follows frame_009), as a folder
+// of numbered frames is meant. An error names the folder and the problem.
+std::optional<std::vector<std::string>> control_frame_paths(const std::string& dir) {
+    std::error_code ec;
+    if (!std::filesystem::is_directory(dir, ec)) {
+        KILN_LOG_ERROR("--control-video: '%s' is not a folder (it takes a folder of the control clip's frames)",
+                       dir.c_str());
+        return std::nullopt;
+    }
+    std::vector<std::string> paths;
+    for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+        std::string ext = entry.path().extension().string();
+        for (char& c : ext) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+        if (entry.is_regular_file(ec) && (ext == ".png" || ext == ".jpg" || ext == ".jpeg" || ext == ".webp"))
+            paths.push_back(entry.path().string());
+    }
+    if (ec) {
+        KILN_LOG_ERROR("--control-video: cannot list '%s': %s", dir.c_str(), ec.message().c_str());
+        return std::nullopt;
+    }
+    if (paths.empty()) {
+        KILN_LOG_ERROR("--control-video: '%s' holds no .png, .jpg, .jpeg or .webp frames", dir.c_str());
+        return std::nullopt;
+    }
+    std::sort(paths.begin(), paths.end());
+    return paths;
+}
 
 kiln_preview_mode preview_mode(const std::string& name) {
     if (name == "proj") return KILN_PREVIEW_PROJ;
@@ -305,18 +338,20 @@ int run_generate(const Options& options) {
     kiln_image* mask = nullptr;
     kiln_image* control = nullptr;
     kiln_image* end = nullptr;
-    std::vector<kiln_image*> refs;
+    std::vector<kiln_image*> refs, control_frames;
     struct FreeImages {
         kiln_image*& init;
         kiln_image*& mask;
         kiln_image*& control;
         kiln_image*& end;
         std::vector<kiln_image*>& refs;
+        std::vector<kiln_image*>& control_frames;
         ~FreeImages() {
             for (kiln_image* image : {init, mask, control, end}) kiln_images_free(image, image ? 1 : 0);
             for (kiln_image* r : refs) kiln_images_free(r, 1);
+            for (kiln_image* f : control_frames) kiln_images_free(f, 1);
         }
-    } free_images{init, mask, control, end, refs};
+    } free_images{init, mask, control, end, refs, control_frames};
     // Reads an image flag's file; on failure logs the error after `label`.
     auto load_image = [&](const std::string& path, const char* label, kiln_image** image) -> kiln_status {
         ErrorText error;
@@ -343,9 +378,19 @@ int run_generate(const Options& options) {
         if (kiln_status st = load_image(path, "-r: ", &ref); st != KILN_OK) return exit_code_of(st);
         refs.push_back(ref);
     }
+    if (!options.control_video.empty()) {
+        auto paths = control_frame_paths(options.control_video);
+        if (!paths) return kExitUsage;
+        for (const std::string& path : *paths) {
+            kiln_image* frame = nullptr;
+            if (kiln_status st = load_image(path, "--control-video: ", &frame); st != KILN_OK) return exit_code_of(st);
+            control_frames.push_back(frame);
+        }
+    }
     // kiln_generation_params takes the images as one array.
-    std::vector<kiln_image> ref_array;
+    std::vector<kiln_image> ref_array, control_array;
     for (kiln_image* r : refs) ref_array.push_back(*r);
+    for (kiln_image* f : control_frames) control_array.push_back(*f);
 
     int64_t seed = options.seed;
     if (seed < 0 && !plan_only) {
@@ -408,6 +453,9 @@ int run_generate(const Options& options) {
     gp.max_sequence_length = options.max_sequence_length;
     gp.control_image = control;
     gp.control_strength = options.control_strength;
+    gp.control_frames = control_array.empty() ? nullptr : control_array.data();
+    gp.n_control_frames = static_cast<int>(control_array.size());
+    gp.vace_strength = options.vace_strength;
     gp.control_canny = options.canny ? 1 : 0;
     gp.disable_file_hashes = options.embed_metadata ? 0 : 1;  // no metadata written: no file read to hash
     if (!options.quiet) {

@@ -8,8 +8,8 @@ constexpr SdCliStance kRefused = SdCliStance::Refused;
 
 constexpr const char* kConvPath = "kiln picks each convolution's path itself";
 constexpr const char* kVideo =
-    "is for sd-cli's video features kiln does not have yet (VACE, other video families); kiln's Wan makes "
-    "text-, image- and first-last-frame-to-video, Wan 2.2 A14B's experts and TI2V-5B included";
+    "is for sd-cli's video features kiln does not have yet (other video families); kiln's Wan makes "
+    "text-, image- and first-last-frame-to-video and VACE, Wan 2.2 A14B's experts and TI2V-5B included";
 constexpr const char* kNoExpertGuidance =
     "is image or distilled guidance, which Wan 2.2's experts do not take (sd-cli's does nothing with it either); "
     "--high-noise-cfg-scale is their guidance";
@@ -44,14 +44,12 @@ const std::vector<SdCliOption>& sd_cli_options_without_kiln_flag() {
         {"--convert-name", false, kIgnored,
          "-M convert keeps the release's tensor names, which kiln and sd-cli both read"},
 
-        {"--control-video", true, kRefused, kVideo},
         {"--high-noise-img-cfg-scale", true, kIgnored, kNoExpertGuidance},
         {"--high-noise-guidance", true, kIgnored, kNoExpertGuidance},
         {"--high-noise-slg-scale", true, kRefused, kNoExpertSlg},
         {"--high-noise-skip-layer-start", true, kRefused, kNoExpertSlg},
         {"--high-noise-skip-layer-end", true, kRefused, kNoExpertSlg},
         {"--high-noise-skip-layers", true, kRefused, kNoExpertSlg},
-        {"--vace-strength", true, kRefused, kVideo},
         {"--motion-module", true, kRefused, kVideo},
         {"--audio-vae", true, kRefused, kVideo},
         {"--embeddings-connectors", true, kRefused, kVideo},

@@ -387,6 +387,11 @@ void JobQueue::run(const std::shared_ptr<Job>& job) {
     gp.ref_images = refs.empty() ? nullptr : refs.data();
     gp.n_ref_images = static_cast<int>(refs.size());
     gp.disable_auto_resize_ref_image = r.auto_resize_ref_images ? 0 : 1;
+    std::vector<kiln_image> control_frames;
+    for (const SharedImage& frame : r.control_frames) control_frames.push_back(*frame);
+    gp.control_frames = control_frames.empty() ? nullptr : control_frames.data();
+    gp.n_control_frames = static_cast<int>(control_frames.size());
+    gp.vace_strength = r.vace_strength;
     gp.increase_ref_index = r.increase_ref_index ? 1 : 0;
     gp.progress = &JobQueue::on_progress;
     gp.progress_user_data = &target;

@@ -68,6 +68,10 @@ struct JobRequest {
     std::vector<SharedImage> ref_images;
     bool auto_resize_ref_images = true;
     bool increase_ref_index = false;
+    // A Wan VACE DiT's control clip (kiln --control-video; init_image is then
+    // its reference image) and the factor on its hints.
+    std::vector<SharedImage> control_frames;
+    float vace_strength = 1.0f;
     std::string output_format = "png";  // png, jpeg or webp; a clip's: webm, avi or webp (animated)
     // A video model's clips (kiln_generation_params.video_frames; 0: the
     // model's one frame) at fps frames a second in their files.

@@ -210,14 +210,28 @@ JobRequest parse_vid_gen(ServerState& state, const httplib::Request& req) {
     r.video_frames = static_cast<int>(read_integer(j, "video_frames", 1, 1, kMaxVideoFrames));
     r.fps = static_cast<int>(read_integer(j, "fps", 16, 1, 1000));
     r.moe_boundary = static_cast<float>(read_number(j, "moe_boundary", 0.875, 0, 1));
-    read_number(j, "vace_strength", 1.0, 0, 10);  // VACE's: control_frames are refused
+    r.vace_strength = static_cast<float>(read_number(j, "vace_strength", 1.0, 0, 10));
     // An image-to-video DiT's first and last frames (Wan 2.1 I2V and FLF2V,
     // Wan 2.2 I2V); a text-to-video one refuses them by name.
     for (auto [field, image] : {std::pair{"init_image", &r.init_image}, std::pair{"end_image", &r.end_image}}) {
         if (j.contains(field) && !j[field].is_null() && !(j[field].is_string() && j[field].get<std::string>().empty()))
             *image = without_alpha(read_base64_image(j[field], field, limits));
     }
-    refuse_if_given(j, "control_frames", "VACE's control frames are not built in kiln");
+    // A VACE DiT's control clip, frame after frame (sd-server's control_frames).
+    if (j.contains("control_frames") && !j["control_frames"].is_null()) {
+        const json& frames = j["control_frames"];
+        if (!frames.is_array())
+            throw RequestError{400, "control_frames", "control_frames: expected an array of images"};
+        if (frames.size() > static_cast<size_t>(kMaxVideoFrames)) {
+            throw RequestError{400, "control_frames",
+                               "control_frames: at most " + std::to_string(kMaxVideoFrames) + " frames, got " +
+                                   std::to_string(frames.size())};
+        }
+        for (size_t i = 0; i < frames.size(); ++i) {
+            const std::string field = "control_frames[" + std::to_string(i) + "]";
+            r.control_frames.push_back(without_alpha(read_base64_image(frames[i], field, limits)));
+        }
+    }
     // Wan 2.2 A14B's high-noise expert (kiln serve --high-noise-diffusion-model),
     // as sd-server reads them; its schedule is the job's.
     const json high = object_at(j, "high_noise_sample_params");

@@ -188,6 +188,12 @@ struct WanDit::Blocks {
     nn::Norm image_norm_in, image_norm_out;
     nn::Linear image_in, image_out;
     ggml_tensor* image_positions = nullptr;  // img_emb.emb_pos (FLF2V), ne [clip_dim, rows, 1]
+    // VACE: vace_patch_embedding, vace_blocks.N, vace_blocks.0.before_proj and each one's after_proj.
+    ggml_tensor* vace_patch_kernel = nullptr;  // ne [p, p, 1, vace_in_channels * dim]
+    ggml_tensor* vace_patch_bias = nullptr;
+    std::vector<Block> vace_blocks;
+    nn::Linear vace_before;
+    std::vector<nn::Linear> vace_after;
 };
 
 WanDit::WanDit() = default;
@@ -262,6 +268,25 @@ Result<std::unique_ptr<WanDit>> WanDit::create(io::WeightDeclarer& weights) {
             c.image_context_rows = (*positions)[1];
         }
     }
+    while (weights.has("vace_blocks." + std::to_string(c.vace_layers) + ".modulation")) ++c.vace_layers;
+    if ((c.vace_layers > 0) != weights.has("vace_patch_embedding.weight"))
+        return bad("vace_patch_embedding and vace_blocks.N come together (Wan VACE); it has one of them");
+    if (c.vace_layers > 0) {
+        auto vace_patch = shape("vace_patch_embedding.weight", 5);
+        if (!vace_patch.ok()) return vace_patch.error();
+        if ((*vace_patch)[0] != c.dim || (*vace_patch)[2] != 1 || (*vace_patch)[3] != c.patch ||
+            (*vace_patch)[4] != c.patch) {
+            return bad("vace_patch_embedding.weight is " + weights.info("vace_patch_embedding.weight")->shape_string() +
+                       ", expected [" + std::to_string(c.dim) + ", planes, 1, " + std::to_string(c.patch) + ", " +
+                       std::to_string(c.patch) + "] (patch_embedding's)");
+        }
+        c.vace_in_channels = (*vace_patch)[1];
+        if (c.vace_layers > c.layers) {
+            return bad(std::to_string(c.vace_layers) + " vace_blocks for " + std::to_string(c.layers) +
+                       " blocks: a VACE block follows a main block");
+        }
+        if (c.clip_dim > 0) return bad("VACE blocks on an image-to-video DiT (img_emb) are not a Wan release");
+    }
 
     auto heads = file.metadata_integer(kHeadsKey, 1, c.dim);
     if (!heads.ok()) return bad(heads.error().message);
@@ -293,10 +318,12 @@ Result<std::unique_ptr<WanDit>> WanDit::create(io::WeightDeclarer& weights) {
     // 512 rows is attended, so a context repeated to another's length would
     // change the prediction; passes of different lengths run apart.
     can.joint_attention = true;
-    can.cache_blocks = c.layers;
+    // A VACE stream runs beside the blocks, which the block stages do not carry.
+    can.cache_blocks = c.vace_layers > 0 ? 0 : c.layers;
     can.image_context_width = c.clip_dim;
     can.image_context_images = c.clip_dim > 0 ? c.image_context_images : 0;
     can.clean_first_frame = true;
+    can.vace_channels = c.vace_in_channels;
     return dit;
 }
 
@@ -328,8 +355,7 @@ void WanDit::declare(io::WeightDeclarer& w) {
         }
         return a;
     };
-    for (int i = 0; i < c.layers; ++i) {
-        const std::string stem = "blocks." + std::to_string(i) + ".";
+    auto declare_block = [&](const std::string& stem) {
         Block block;
         // The original adds it to e0 in float32.
         block.modulation = w.require_f32(stem + "modulation", {1, 6, D});
@@ -338,7 +364,18 @@ void WanDit::declare(io::WeightDeclarer& w) {
         block.norm3 = {w.require_f32(stem + "norm3.weight", {D}), w.require_f32(stem + "norm3.bias", {D})};
         block.ffn_in = nn::declare_linear(w, stem + "ffn.0", D, c.ffn_dim);
         block.ffn_out = nn::declare_linear(w, stem + "ffn.2", c.ffn_dim, D);
-        b.blocks.push_back(block);
+        return block;
+    };
+    for (int i = 0; i < c.layers; ++i) b.blocks.push_back(declare_block("blocks." + std::to_string(i) + "."));
+    if (c.vace_layers > 0) {
+        b.vace_patch_kernel = w.require("vace_patch_embedding.weight", {D, c.vace_in_channels, 1, p, p});
+        b.vace_patch_bias = w.require("vace_patch_embedding.bias", {D});
+        for (int n = 0; n < c.vace_layers; ++n) {
+            const std::string stem = "vace_blocks." + std::to_string(n) + ".";
+            b.vace_blocks.push_back(declare_block(stem));
+            b.vace_after.push_back(nn::declare_linear(w, stem + "after_proj", D, D));
+        }
+        b.vace_before = nn::declare_linear(w, "vace_blocks.0.before_proj", D, D);
     }
     b.head = nn::declare_linear(w, "head.head", D, p * p * c.out_channels);
     b.head_modulation = w.require_f32("head.modulation", {1, 2, D});
@@ -394,6 +431,19 @@ Result<ggml_tensor*> WanDit::build(ggml_context* ctx, const WanDitInputs& in, co
     } else if (in.image_context) {
         return fail("image_context given to a DiT without img_emb (a text-to-video model)");
     }
+    if (c.vace_layers > 0) {
+        const ggml_tensor* v = in.vace_context;
+        if (!v || v->ne[0] != in.x->ne[0] || v->ne[1] != in.x->ne[1] || v->ne[2] != grid.frames * c.vace_in_channels ||
+            v->ne[3] != B) {
+            return fail("vace_context is " + (v ? nn::ne_string(v) : std::string("missing")) + ", expected [" +
+                        std::to_string(in.x->ne[0]) + ", " + std::to_string(in.x->ne[1]) + ", " +
+                        std::to_string(grid.frames) + " frames x " + std::to_string(c.vace_in_channels) + ", " +
+                        std::to_string(B) + "] (VACE's context, x's layout)");
+        }
+        if (options.split.stage != BlockStage::Whole) return fail("a VACE DiT builds whole evaluations only");
+    } else if (in.vace_context) {
+        return fail("vace_context given to a DiT without vace_blocks");
+    }
     const int64_t N = grid.tokens();
     const std::string stage_problem = stage_inputs_problem(options.split, in.stream, in.residual, c.dim, N, B);
     if (!stage_problem.empty()) return fail(stage_problem);
@@ -439,16 +489,32 @@ Result<ggml_tensor*> WanDit::build(ggml_context* ctx, const WanDitInputs& in, co
 
     // Tokens: the Conv3d with a 1 x p x p kernel is a linear map of each
     // frame's p x p patches, features (c, ph, pw) as its kernel reads them.
+    auto embed_patches = [&](ggml_tensor* planes, int64_t channels, ggml_tensor* kernel, ggml_tensor* bias) {
+        ggml_tensor* patches =
+            nn::patchify(ctx, frames_as_images(ctx, planes, channels, grid.frames), static_cast<int>(p),
+                         nn::PatchFeatures::ChannelSlowest);  // [C p p, h w, frames B]
+        ggml_tensor* y =
+            ggml_add(ctx, ggml_mul_mat(ctx, ggml_reshape_2d(ctx, kernel, channels * p * p, c.dim), patches), bias);
+        return ggml_reshape_3d(ctx, y, c.dim, N, B);  // (frame, row, column) order
+    };
     ggml_tensor* x = nullptr;
-    if (stage_embeds(options.split)) {
-        ggml_tensor* patches = nn::patchify(ctx, frames_as_images(ctx, in.x, C, grid.frames), static_cast<int>(p),
-                                            nn::PatchFeatures::ChannelSlowest);  // [C p p, h w, frames B]
-        ggml_tensor* kernel = ggml_reshape_2d(ctx, b.patch_kernel, C * p * p, c.dim);
-        x = ggml_add(ctx, ggml_mul_mat(ctx, kernel, patches), b.patch_bias);
-        x = ggml_reshape_3d(ctx, x, c.dim, N, B);  // (frame, row, column) order
+    if (stage_embeds(options.split)) x = embed_patches(in.x, C, b.patch_kernel, b.patch_bias);
+    // VACE: block n's stream, and the main block it follows every `vace_every`.
+    ggml_tensor* vace = nullptr;
+    const int vace_every = c.vace_layers > 0 ? c.layers / c.vace_layers : 0;
+    if (c.vace_layers > 0) {
+        vace = nn::linear(ctx, b.vace_before,
+                          embed_patches(in.vace_context, c.vace_in_channels, b.vace_patch_kernel, b.vace_patch_bias));
+        vace = ggml_add(ctx, vace, x);
     }
     auto run = [&](int64_t i, ggml_tensor* h) {
-        return nn::mark_cut(block(ctx, s, b.blocks[static_cast<size_t>(i)], h), "blocks." + std::to_string(i));
+        h = block(ctx, s, b.blocks[static_cast<size_t>(i)], h);
+        if (vace && i % vace_every == 0 && i / vace_every < c.vace_layers) {
+            const size_t n = static_cast<size_t>(i / vace_every);
+            vace = block(ctx, s, b.vace_blocks[n], vace);
+            h = ggml_add(ctx, h, ggml_scale(ctx, nn::linear(ctx, b.vace_after[n], vace), options.vace_strength));
+        }
+        return nn::mark_cut(h, "blocks." + std::to_string(i));
     };
     StageResults kept;
     x = run_block_stage(ctx, options.split, c.layers, x, in.stream, in.residual, run, kept);
@@ -515,11 +581,17 @@ Result<DiffusionTensors> WanDit::build(nn::GraphInputs& s, const DiffusionShape&
         in.image_context = g.image_context =
             s.input(GGML_TYPE_F32, {c.clip_dim, shape.image_context_rows, b}, nullptr, "image_context");
     }
+    if (c.vace_layers > 0) {
+        in.vace_context = g.vace_context =
+            s.input(GGML_TYPE_F32, {shape.latent_w, shape.latent_h, shape.frames * c.vace_in_channels, b}, nullptr,
+                    "vace_context");
+    }
     WanDitBuildOptions options;
     options.flash_attention = shape.flash_attention;
     options.target = shape.target;
     options.split = shape.split;
     options.clean_first_frame = shape.clean_first_frame;
+    options.vace_strength = shape.vace_strength;
     make_stage_inputs(s, shape.split, c.dim, grid.tokens(), b, g);
     in.stream = g.stream;
     in.residual = g.residual;

@@ -58,6 +58,19 @@
 // each cross-attention attends to the text and, with k_img and v_img, to
 // the image rows apart (no mask) and adds the two before its output
 // projection (WanI2VCrossAttention).
+//
+// VACE (Wan 2.1 VACE 1.3B and 14B: vace_patch_embedding and vace_blocks.N,
+// the original's wan/modules/vace_model.py VaceWanModel; PyTorch reference
+// training/reference/wan_vace.py): a context of vace_in_dim (96) planes per
+// latent frame (pipeline/vace_context.h builds it) is cut into patches as x
+// is; VACE block n, a block of the main kind that starts with before_proj(c)
+// + x (n = 0, x the embedded tokens before any block), gives after_proj(c),
+// the hint added, times the job's strength, to the stream after main block
+// n * (layers / vace blocks) (the original's vace_layers, every second block
+// in both releases). The original runs the VACE blocks first and keeps every
+// hint; here each runs right after its main block, which gives the same
+// numbers and keeps one hint at a time, and a cut after a main block carries
+// the VACE stream with it.
 #pragma once
 
 #include <memory>
@@ -92,6 +105,9 @@ struct WanDitConfig {
     int image_context_images = 1;
     // FLF2V: rows of img_emb.emb_pos, which the image context must have; 0: any.
     int64_t image_context_rows = 0;
+    // VACE: its blocks (0: none) and its context's planes per latent frame.
+    int vace_layers = 0;
+    int64_t vace_in_channels = 0;
 
     int64_t head_dim() const { return dim / heads; }
     // Features of a head that turn with the frame, the row and the column.
@@ -123,6 +139,8 @@ struct WanDitInputs {
     // clip_dim > 0: ne [clip_dim, rows, B], CLIP vision's rows of the image
     // (FLF2V: the first frame's, then the last's).
     ggml_tensor* image_context = nullptr;
+    // vace_layers > 0: ne [W, H, frames * vace_in_channels, B], x's layout.
+    ggml_tensor* vace_context = nullptr;
     // BlockStage Rest and Cached (WanDitBuildOptions::split): the stream
     // after the front blocks and the middle blocks' residual, ne [dim,
     // tokens, B].
@@ -136,6 +154,7 @@ struct WanDitBuildOptions {
     // at `timesteps` (Wan 2.2's per-token t, as TI2V-5B's image-to-video
     // sets it: the first frame is the given image's latent).
     bool clean_first_frame = false;
+    float vace_strength = 1.0f;  // the hints' factor (sd-cli's --vace-strength)
     nn::ComputeTarget target = nn::ComputeTarget::Cpu;
     // The part of the evaluation to build (models/nets/block_stages.h).
     BlockSplit split;
