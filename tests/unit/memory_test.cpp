@@ -76,6 +76,7 @@ struct Job {
     // Image-to-video: --clip_vision ("" for none), and a first frame (-i) when set.
     std::string clip_vision;
     bool first_frame = false;
+    int control_frames = 0;  // a VACE DiT's --control-video frames (-i is then its reference image)
 };
 
 struct Outcome {
@@ -168,6 +169,12 @@ pipeline::GenerationRequest request_for(const Job& job) {
         image::Image ramp = image::make_image(job.size, job.size, 3);
         for (size_t i = 0; i < ramp.pixels.size(); ++i) ramp.pixels[i] = static_cast<uint8_t>(i * 7 % 251);
         r.init_image = std::move(ramp);
+    }
+    for (int f = 0; f < job.control_frames; ++f) {
+        image::Image frame = image::make_image(job.size, job.size, 3);
+        for (size_t i = 0; i < frame.pixels.size(); ++i)
+            frame.pixels[i] = static_cast<uint8_t>((i * (3 + f) + 40 * f) % 253);
+        r.control_frames.push_back(std::move(frame));
     }
     r.file_hashes = false;  // the images' "Model hash" would read each GB-sized model file once
     return r;
@@ -1147,17 +1154,17 @@ TEST_F(Memory, WanA14bExpertsTakeTurnsUnderOneBudget) {
 }
 
 // An image-to-video clip of a medium Wan file (`job.model`): 5 frames from
-// a first frame, one step at cfg 6, umT5 on the CPU, unconstrained and at
-// 40% of that run's peak, where the DiT must run in segments: the same
+// a first frame (a VACE DiT's reference image), one step at cfg 6, umT5 on the CPU, unconstrained and at
+// `fraction` (40%) of that run's peak, where the DiT must run in segments: the same
 // frames, the managed peak within the budget, kiln plan agreeing.
-void expect_image_to_video_under_a_cut(Job job) {
+void expect_image_to_video_under_a_cut(Job job, double fraction = 0.4) {
     job.first_frame = true;
     make_small_clip(job);
     auto reference = run_job(job);
     ASSERT_TRUE(reference.ok()) << reference.error().message;
     EXPECT_EQ(reference->segments, 1);
     Job cut = job;
-    cut.budget = mib(static_cast<double>(reference->peak) / (1024.0 * 1024.0) * 0.4);
+    cut.budget = mib(static_cast<double>(reference->peak) / (1024.0 * 1024.0) * fraction);
     auto r = expect_plan_matches_run(cut);
     ASSERT_TRUE(r.ok()) << r.error().message;
     EXPECT_EQ(r->pixels, reference->pixels) << "the clip differs from the unconstrained run";
@@ -1204,6 +1211,41 @@ TEST_F(Memory, WanI2vSameFramesUnderEveryBudgetAndThePlanAgrees) {
     ASSERT_TRUE(test::write_random_model(dir.write("i2v.spec", i2v), job.model).ok());
     job.clip_vision = std::string(KILN_GOLDEN_DIR) + "/pipeline/wan_tiny/clip_vision.safetensors";
     expect_image_to_video_under_a_cut(job);
+}
+
+// Wan 2.1 VACE under one budget: tests/fixtures/wan_medium.spec's DiT with
+// 4 of its blocks and two VACE blocks of the same layout (vace_blocks.0 with
+// before_proj, both with after_proj: after main blocks 0 and 2), and
+// vace_patch_embedding over 96 planes; umT5 on the CPU. A clip of 5 frames
+// from 3 control frames and a reference image (-i), one step at cfg 6: the
+// context's two clips encoded, its reference frame in every evaluation and
+// dropped before the decode. At 50% of the unconstrained peak the DiT runs
+// in segments, each VACE block with its main block and the VACE stream
+// carried across the cuts; every frame is the unconstrained run's and kiln
+// plan agrees. Not 40%: the first segment holds the embedders, block 0 and
+// VACE block 0 (236 MiB of weights), more than that budget leaves, and kiln
+// plan says so as the run does.
+TEST_F(Memory, WanVaceSameFramesUnderEveryBudgetAndThePlanAgrees) {
+    test::TempDir dir;
+    std::ifstream spec(std::string(KILN_FIXTURES_DIR) + "/wan_medium.spec");
+    std::string vace, line;
+    const std::string dit = "model.diffusion_model.", block0 = dit + "blocks.0.";
+    while (std::getline(spec, line)) {
+        const size_t at = line.find("blocks.");
+        if (line.rfind(dit, 0) == 0 && at != std::string::npos && std::stoi(line.substr(at + 7)) >= 4) continue;
+        vace += line + "\n";
+        if (line.rfind(block0, 0) == 0) {
+            for (const char* n : {"0.", "1."}) vace += dit + "vace_blocks." + n + line.substr(block0.size()) + "\n";
+        }
+    }
+    for (const char* part : {"vace_blocks.0.before_proj", "vace_blocks.0.after_proj", "vace_blocks.1.after_proj"})
+        vace += dit + part + ".weight F16 1536 1536\n" + dit + part + ".bias F16 1536\n";
+    vace += dit + "vace_patch_embedding.weight F16 1536 96 1 2 2\n" + dit + "vace_patch_embedding.bias F16 1536\n";
+    Job job;
+    job.model = dir.file("wan_vace_medium.safetensors");
+    ASSERT_TRUE(test::write_random_model(dir.write("vace.spec", vace), job.model).ok());
+    job.control_frames = 3;
+    expect_image_to_video_under_a_cut(job, 0.5);
 }
 
 // Wan 2.2 TI2V-5B's job under one budget: tests/fixtures/wan_medium.spec's
