@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iostream>
@@ -264,6 +265,7 @@ struct Files {
     std::string a14b_high_q4_k_m, a14b_low_q4_k_m;  // Wan 2.2 A14B's experts
     std::string dit_i2v_14b, clip_vision_h;         // wan2.1_i2v_480p_14B_fp16, clip_vision_h
     std::string vae22;                              // wan2.2_vae
+    std::string dit_vace_14b;                       // wan2.1_vace_14B_fp16
 };
 
 class WanFullSize : public ::testing::Test {
@@ -282,7 +284,8 @@ class WanFullSize : public ::testing::Test {
                            dir_->file("Wan2.2-T2V-A14B-LowNoise-Q4_K_M.gguf"),
                            dir_->file("wan2.1_i2v_480p_14B_fp16.safetensors"),
                            dir_->file("clip_vision_h.safetensors"),
-                           dir_->file("wan2.2_vae.safetensors")};
+                           dir_->file("wan2.2_vae.safetensors"),
+                           dir_->file("wan2.1_vace_14B_fp16.safetensors")};
         if (!std::ifstream(spiece()).good()) {
             *setup_error_ = spiece() + " is missing";
             return;
@@ -310,6 +313,7 @@ class WanFullSize : public ::testing::Test {
             test::write_sparse_model(fixture("wan21_i2v_14b.spec"), f.dit_i2v_14b),
             test::write_sparse_model(fixture("clip_vision_h.spec"), f.clip_vision_h),
             test::write_sparse_model(fixture("wan22_vae.spec"), f.vae22),
+            test::write_sparse_model(fixture("wan21_vace_14b.spec"), f.dit_vace_14b),
         };
         for (const Status& s : written) {
             if (!s.ok()) *setup_error_ += s.error().message + "\n";
@@ -691,6 +695,33 @@ TEST_F(WanFullSize, PlanTi2v5BUnderEveryBudget) {
     with_image.flags = " -i " + first;
     check_plans(with_image, files().vae22, {12}, [](int, const std::string& out) {
         EXPECT_NE(out.find("vae (first frame encode) on RPC0"), std::string::npos) << out;
+    });
+}
+
+// Wan2.1-VACE-14B fp16 (34.7 GB: the 14B and 8 VACE blocks) with umT5
+// Q8_0, a reference image (-i) and a folder of control frames: the plan
+// encodes the context's two clips and the reference with the VAE before the
+// DiT, whose 32.30 GiB stream from disk with its VACE blocks in the main
+// blocks' segments.
+TEST_F(WanFullSize, PlanVace14bUnderEveryBudget) {
+    expect_lines(info_ok(files().dit_vace_14b), {"family: Wan", "total: 1331 tensors"});
+    const std::string reference = dir_->file("vace_reference.png");
+    ASSERT_TRUE(image::write_image(reference, image::make_image(832, 480, 3, 90)).ok());
+    std::filesystem::create_directory(dir_->file("control"));
+    for (int i = 0; i < 3; ++i) {
+        ASSERT_TRUE(image::write_image(dir_->file("control/" + std::to_string(i) + ".png"),
+                                       image::make_image(832, 480, 3, static_cast<uint8_t>(40 * i)))
+                        .ok());
+    }
+    const PlanSet set{"VACE 14B fp16",
+                      files().dit_vace_14b,
+                      files().umt5_q8_0,
+                      " -i " + reference + " --control-video " + dir_->file("control"),
+                      "32.30 GiB",
+                      "5.62 GiB",
+                      32.30};
+    check_plans(set, files().vae, {24, 16, 12, 8}, [](int, const std::string& out) {
+        EXPECT_NE(out.find("vae (VACE context encode) on RPC0"), std::string::npos) << out;
     });
 }
 

@@ -88,6 +88,12 @@ VACE_IN_DIM = 96  # 16 inactive + 16 reactive latent channels + 64 mask planes (
 VAE_STRIDE = (4, 8, 8)  # Wan 2.1's VAE: time, height, width
 
 
+# The released configurations (their config.json): VACE blocks after every second of the 1.3B's 30 blocks,
+# after every fifth of the 14B's 40.
+WAN21_VACE_1_3B = dict(ref.WAN21_1_3B, vace_layers=list(range(0, 30, 2)), vace_in_dim=VACE_IN_DIM)
+WAN21_VACE_14B = dict(ref.WAN21_14B, vace_layers=list(range(0, 40, 5)), vace_in_dim=VACE_IN_DIM)
+
+
 def wan_vace_tensor_shapes(cfg):
     """{name: shape} of a VaceWanModel (t2v main model), from the configuration alone (vace_layers default
     range(0, num_layers, 2), vace_in_dim default 96)."""

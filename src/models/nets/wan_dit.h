@@ -66,8 +66,8 @@
 // is; VACE block n, a block of the main kind that starts with before_proj(c)
 // + x (n = 0, x the embedded tokens before any block), gives after_proj(c),
 // the hint added, times the job's strength, to the stream after main block
-// n * (layers / vace blocks) (the original's vace_layers, every second block
-// in both releases). The original runs the VACE blocks first and keeps every
+// n * (layers / vace blocks) (the original's vace_layers: every second of
+// the 1.3B's 30 blocks, every fifth of the 14B's 40). The original runs the VACE blocks first and keeps every
 // hint; here each runs right after its main block, which gives the same
 // numbers and keeps one hint at a time, and a cut after a main block carries
 // the VACE stream with it.
