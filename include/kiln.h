@@ -174,6 +174,7 @@ typedef struct {
      * init_image as the clip's first frame when given (Wan 2.2 TI2V-5B) */
     int first_frame;
     int high_noise_expert; /* 1: Wan 2.2 A14B's high-noise expert is loaded (the high_noise_* parameters apply) */
+    int vace; /* 1: a Wan VACE DiT: control_frames and vace_strength apply, init_image is its reference image */
 } kiln_model_info;
 void kiln_context_info(const kiln_context* ctx, kiln_model_info* info);
 

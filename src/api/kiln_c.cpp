@@ -25,6 +25,7 @@
 #include "pipeline/module_roles.h"
 #include "pipeline/request.h"
 #include "pipeline/upscaler.h"
+#include "pipeline/vace_context.h"
 #include "runtime/blas_core.h"
 #include "runtime/device_budget.h"
 #include "runtime/devices.h"
@@ -473,6 +474,7 @@ void kiln_context_info(const kiln_context* ctx, kiln_model_info* info) {
                         : kiln::pipeline::takes_first_latent(*ctx->model) ? 2
                                                                           : 0;
     info->high_noise_expert = ctx->model->has_high_noise_expert() ? 1 : 0;
+    info->vace = kiln::pipeline::takes_vace_context(*ctx->model) ? 1 : 0;
 }
 
 void kiln_generation_params_init(kiln_generation_params* params) {

@@ -363,6 +363,9 @@ TEST(ServerSdcppApi, VidGenMakesVaceClipsAsTheCliDoes) {
     ASSERT_TRUE(server.started()) << server.log();
     httplib::Client client("127.0.0.1", server.port());
     client.set_read_timeout(120, 0);
+    auto features = client.Get("/sdcpp/v1/capabilities");
+    ASSERT_TRUE(features);
+    EXPECT_NE(features->body.find("\"control_frames\":true"), std::string::npos) << features->body;
     const json body = {{"prompt", "a red cat"},
                        {"width", 64},
                        {"height", 48},

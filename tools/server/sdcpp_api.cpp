@@ -405,9 +405,9 @@ json capabilities(ServerState& state) {
     video_defaults["high_noise_sample_params"] = defaults["sample_params"];
     video_defaults["high_noise_sample_params"]["sample_steps"] = -1;
     const json video_formats = {"webm", "webp", "avi"};
-    const json video_features = {{"init_image", info.first_frame != 0},
+    const json video_features = {{"init_image", info.first_frame != 0 || info.vace != 0},
                                  {"end_image", info.first_frame == 1},
-                                 {"control_frames", false},
+                                 {"control_frames", info.vace != 0},
                                  {"high_noise", info.high_noise_expert != 0},
                                  {"lora", true},
                                  {"vae_tiling", true},
