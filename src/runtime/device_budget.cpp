@@ -112,6 +112,16 @@ Result<BudgetSpec> parse_max_vram(std::string_view spec) {
     return out;
 }
 
+Result<uint64_t> parse_size_bytes(const std::string& flag, const std::string& spec) {
+    auto gib = parse_gib_amount(spec);
+    if (!gib.ok()) return Error::invalid_request(flag + ": " + gib.error().message);
+    const double bytes = *gib * kGiB;
+    if (!(bytes >= 1024.0) || bytes > 1e18) {
+        return Error::invalid_request(flag + ": expected a size from 1K to 1e9G, got '" + spec + "'");
+    }
+    return static_cast<uint64_t>(bytes);
+}
+
 uint64_t device_free_bytes(ggml_backend_dev_t device) {
     if (!device || ggml_backend_dev_type(device) == GGML_BACKEND_DEVICE_TYPE_CPU) return host_available_bytes();
     size_t free = 0, total = 0;

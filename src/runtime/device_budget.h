@@ -47,6 +47,10 @@ Result<double> parse_gib_amount(std::string_view text);
 // Errors name the flag and the bad part.
 Result<BudgetSpec> parse_max_vram(std::string_view spec);
 
+// A size option's bytes ("2G", "512M"; GiB when bare), from 1K to 1e9G;
+// an invalid request naming `flag` otherwise.
+Result<uint64_t> parse_size_bytes(const std::string& flag, const std::string& spec);
+
 class DeviceLedger {
   public:
     // `budget_gib` as for --max-vram (nullopt: same as 0). The device's free

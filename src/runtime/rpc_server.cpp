@@ -43,17 +43,6 @@ Result<int> free_loopback_port() {
     return static_cast<int>(ntohs(addr.sin_port));
 }
 
-// A size option's bytes ("2G", "512M"; GiB when bare).
-Result<size_t> size_bytes(const std::string& flag, const std::string& spec) {
-    auto gib = parse_gib_amount(spec);
-    if (!gib.ok()) return Error::invalid_request(flag + ": " + gib.error().message);
-    const double bytes = *gib * 1024.0 * 1024.0 * 1024.0;
-    if (!(bytes >= 1.0) || bytes > 1e18) {
-        return Error::invalid_request(flag + ": expected a size from 1K to 1e9G, got '" + spec + "'");
-    }
-    return static_cast<size_t>(bytes);
-}
-
 // --max-alloc in bytes; the device's total memory when not given.
 Result<size_t> max_alloc_bytes(const std::string& spec, ggml_backend_dev_t device) {
     if (spec.empty()) {
@@ -61,7 +50,7 @@ Result<size_t> max_alloc_bytes(const std::string& spec, ggml_backend_dev_t devic
         ggml_backend_dev_memory(device, &free, &total);
         return total > 0 ? total : SIZE_MAX;
     }
-    return size_bytes("--max-alloc", spec);
+    return parse_size_bytes("--max-alloc", spec);
 }
 
 }  // namespace
@@ -73,7 +62,7 @@ Status serve_rpc(const RpcServeOptions& options) {
     if (!max_alloc.ok()) return max_alloc.error();
     size_t reported_memory = 0;
     if (!options.reported_memory.empty()) {
-        auto bytes = size_bytes("--mem", options.reported_memory);
+        auto bytes = parse_size_bytes("--mem", options.reported_memory);
         if (!bytes.ok()) return bytes.error();
         reported_memory = *bytes;
     }

@@ -77,16 +77,17 @@ class Flux2DevFullSize : public ::testing::Test {
         delete dir_;
         dir_ = nullptr;
     }
-    static test::CommandResult plan(const std::string& dit, const test::RpcServer& server, int vram_gib) {
+    static test::CommandResult plan(const std::string& dit, const test::RpcServer& server, int vram_gib,
+                                    const std::string& flags = "") {
         const std::string command = std::string(KILN_BIN) + " plan --diffusion-model " + dir_->file(dit) + " --llm " +
                                     dir_->file("Mistral-Small-3.2-24B-Instruct-2506-Q4_K_M.gguf") + " --vae " +
                                     dir_->file("flux2_ae.safetensors") +
                                     " --tokenizer llm=" + test::golden_path("pipeline/flux2_dev_tiny/tokenizer") +
                                     " --rpc-servers " + server.endpoint() +
                                     " --max-vram RPC0=" + std::to_string(vram_gib) +
-                                    " -W 1024 -H 1024 -p 'a photo of a cat' -t 1 --diffusion-fa";
+                                    " -W 1024 -H 1024 -p 'a photo of a cat' -t 1 --diffusion-fa" + flags;
         auto r = test::run_command(command);
-        std::cout << "--- " << dit << ", " << vram_gib << " GiB GPU\n" << r.out << r.err;
+        std::cout << "--- " << dit << ", " << vram_gib << " GiB GPU" << flags << "\n" << r.out << r.err;
         return r;
     }
     static test::TempDir* dir_;
@@ -157,6 +158,40 @@ TEST_F(Flux2DevFullSize, PlanForAThirtyTwoGibCard) {
     auto q8 = plan("flux2-dev-Q8_0.gguf", server, 32);
     ASSERT_EQ(q8.exit_code, 0) << q8.out << q8.err;
     EXPECT_EQ(q8.out.find("diffusion: computes on RPC0, weights on RPC0"), std::string::npos) << q8.out;
+}
+
+// Machines with 32 and 64 GiB of RAM, which this one is not (kiln plan
+// --ram), beside a 24 GiB card: with 32 GiB available the Q8_0 DiT (32.60
+// GiB) does not stay in RAM and every step reads it from disk; with 64 GiB it
+// is read once and stays. The Q4_K_S DiT stays in RAM on both. A bad size is
+// one usage error, and --ram is kiln plan's alone.
+TEST_F(Flux2DevFullSize, PlanForThirtyTwoAndSixtyFourGibOfRam) {
+    test::RpcServer server;
+    ASSERT_TRUE(server.ok()) << server.log();
+    auto q8_32 = plan("flux2-dev-Q8_0.gguf", server, 24, " --ram 32G");
+    ASSERT_EQ(q8_32.exit_code, 0) << q8_32.out << q8_32.err;
+    EXPECT_NE((q8_32.out + q8_32.err).find("planning for a machine with 32.00 GiB of RAM available"), std::string::npos)
+        << q8_32.out;
+    EXPECT_NE(q8_32.out.find("diffusion: computes on RPC0, weights on disk (32.60 GiB)"), std::string::npos)
+        << q8_32.out;
+    EXPECT_NE(q8_32.out.find("\nfits: only by streaming"), std::string::npos) << q8_32.out;
+    auto q8_64 = plan("flux2-dev-Q8_0.gguf", server, 24, " --ram 64G");
+    ASSERT_EQ(q8_64.exit_code, 0) << q8_64.out << q8_64.err;
+    EXPECT_TRUE(test::plan_runs(q8_64.out)) << q8_64.out;
+    EXPECT_NE(q8_64.out.find("diffusion: computes on RPC0, weights in RAM (32.60 GiB)"), std::string::npos)
+        << q8_64.out;
+    EXPECT_EQ(q8_64.out.find("only by streaming"), std::string::npos) << q8_64.out;
+    auto q4_32 = plan("flux2-dev-Q4_K_S.gguf", server, 24, " --ram 32G");
+    ASSERT_EQ(q4_32.exit_code, 0) << q4_32.out << q4_32.err;
+    EXPECT_EQ(q4_32.out.find("weights on disk (17.97 GiB)"), std::string::npos) << q4_32.out;
+    EXPECT_EQ(q4_32.out.find("only by streaming"), std::string::npos) << q4_32.out;
+
+    for (const char* bad : {"plan --ram lots", "plan --ram 0", "--ram 32G"}) {
+        auto r = test::run_command(std::string(KILN_BIN) + " " + bad + " -p x");
+        EXPECT_EQ(r.exit_code, 2) << bad << ": " << r.err;
+        EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << bad << ": " << r.err;
+        EXPECT_NE(r.err.find("--ram"), std::string::npos) << bad << ": " << r.err;
+    }
 }
 
 }  // namespace

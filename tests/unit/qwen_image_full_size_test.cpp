@@ -345,14 +345,15 @@ std::string line_of(const std::string& out, const std::string& prefix) {
 
 double gib_of(const std::smatch& m) { return std::stod(m[1]) / (m[2] == "MiB" ? 1024.0 : 1.0); }
 
-test::CommandResult plan(const Set& set, const std::string& vae, const test::RpcServer& server, int gib) {
+test::CommandResult plan(const Set& set, const std::string& vae, const test::RpcServer& server, int gib,
+                         const std::string& flags = "") {
     // sd-cli's docs/qwen_image.md job: 1024x1024, cfg 2.5, --diffusion-fa.
     const std::string command = std::string(KILN_BIN) + " plan --diffusion-model " + set.dit + " --llm " + set.llm +
                                 " --vae " + vae + (set.tokenizer.empty() ? "" : " --tokenizer " + set.tokenizer) +
                                 " --rpc-servers " + server.endpoint() + " --max-vram RPC0=" + std::to_string(gib) +
-                                " -W 1024 -H 1024 --cfg-scale 2.5 --diffusion-fa -p 'a photo of a cat' -t 1";
+                                " -W 1024 -H 1024 --cfg-scale 2.5 --diffusion-fa -p 'a photo of a cat' -t 1" + flags;
     auto r = test::run_command(command);
-    std::cout << "--- " << set.name << ", " << gib << " GiB\n" << r.out << r.err;
+    std::cout << "--- " << set.name << ", " << gib << " GiB" << flags << "\n" << r.out << r.err;
     return r;
 }
 
@@ -427,6 +428,30 @@ TEST_F(QwenImageFullSize, PlanRunsUnderEveryBudget) {
             }
         }
     }
+}
+
+// A machine with 32 GiB of RAM, and one with 64 (kiln plan --ram), beside a
+// 16 GiB card: with 32 the bf16 DiT (38.06 GiB) still streams from disk at
+// every step while the LLM (13.17 GiB) stays in RAM; with 64 both stay in
+// RAM and nothing is read again. The GGUF pair stays in RAM with 32.
+TEST_F(QwenImageFullSize, PlanForThirtyTwoAndSixtyFourGibOfRam) {
+    test::RpcServer server;
+    ASSERT_TRUE(server.ok()) << server.log();
+    auto bf_32 = plan(bf16(), *vae_, server, 16, " --ram 32G");
+    ASSERT_EQ(bf_32.exit_code, 0) << bf_32.out << bf_32.err;
+    EXPECT_NE(bf_32.out.find("diffusion: computes on RPC0, weights on disk (38.06 GiB)"), std::string::npos)
+        << bf_32.out;
+    EXPECT_NE(bf_32.out.find("te: computes on RPC0, weights in RAM (13.17 GiB)"), std::string::npos) << bf_32.out;
+    EXPECT_NE(bf_32.out.find("\nfits: only by streaming: every step reads 38.06 GiB"), std::string::npos) << bf_32.out;
+    auto bf_64 = plan(bf16(), *vae_, server, 16, " --ram 64G");
+    ASSERT_EQ(bf_64.exit_code, 0) << bf_64.out << bf_64.err;
+    EXPECT_NE(bf_64.out.find("diffusion: computes on RPC0, weights in RAM (38.06 GiB)"), std::string::npos)
+        << bf_64.out;
+    EXPECT_NE(bf_64.out.find("\nfits: yes\n"), std::string::npos) << bf_64.out;
+    auto gguf_32 = plan(gguf(), *vae_, server, 16, " --ram 32G");
+    ASSERT_EQ(gguf_32.exit_code, 0) << gguf_32.out << gguf_32.err;
+    EXPECT_NE(gguf_32.out.find("\nfits: yes\n"), std::string::npos) << gguf_32.out;
+    EXPECT_EQ(gguf_32.out.find("weights on disk"), std::string::npos) << gguf_32.out;
 }
 
 }  // namespace

@@ -804,6 +804,21 @@ const std::vector<Flag>& info_flags() {
     return table;
 }
 
+// `kiln plan` has one option of its own.
+const std::vector<Flag>& plan_flags() {
+    static const std::vector<Flag> table = {
+        {nullptr, "--ram", "SIZE",
+         "plan for a machine with SIZE of RAM available (GiB or with a K/M/G suffix), not this one: which "
+         "weights stay in RAM and which stream from disk",
+         [](Options& o, const std::string& v) -> std::optional<std::string> {
+             if (v.empty()) return std::string("expected a size such as 32G, got an empty string");
+             o.plan_ram = v;
+             return std::nullopt;
+         }},
+    };
+    return table;
+}
+
 // `kiln rpc-server` has options of its own.
 const std::vector<Flag>& rpc_server_flags() {
     static const std::vector<Flag> table = {
@@ -1068,6 +1083,7 @@ std::variant<Options, UsageError> parse_args(const std::vector<std::string>& arg
         i = 1;
     } else if (!args.empty() && args[0] == "plan") {
         options.command = Command::Plan;
+        for (const Flag& f : plan_flags()) known.push_back(&f);
         i = 1;
     } else if (!args.empty() && args[0] == "pull") {
         options.command = Command::Pull;
@@ -1112,6 +1128,10 @@ std::variant<Options, UsageError> parse_args(const std::vector<std::string>& arg
         const Flag* flag = find_flag(arg, known);
         if (!flag) {
             const SdCliOption* sd_cli = find_sd_cli_option(arg);
+            for (const Flag& f : plan_flags()) {
+                if (!sd_cli && arg == f.long_name)
+                    return UsageError{arg + " is an option of kiln plan", "kiln plan " + arg + " SIZE [options]"};
+            }
             if (!sd_cli) return UsageError{"unknown option '" + arg + "'", suggestion_for(arg, known)};
             if (sd_cli->stance == SdCliStance::Refused) {
                 return UsageError{arg + " " + sd_cli->why, "see docs/sd_cli.md"};
@@ -1338,6 +1358,7 @@ std::string help_text(Command topic) {
         case Command::Plan:
             out << "usage: kiln plan [generation options]   will the job fit, and how? (same as --dry-run)\n"
                    "It takes every option of kiln --help and reads no weight (docs/memory.md).\n\n";
+            print_flags(out, plan_flags());
             for (const HelpGroup& g : help_groups()) {
                 if (std::string(g.title).rfind("memory", 0) == 0) print_named(out, g.flags);
             }

@@ -206,6 +206,8 @@ struct Options {
     // `kiln info`.
     std::vector<std::string> info_paths;
     bool info_list_tensors = false;
+    // kiln plan --ram: plan for a machine with this much RAM available ("32G"); empty: this one's.
+    std::string plan_ram;
 
     // `kiln pull` (docs/pull.md).
     std::string pull_repo;                   // OWNER/NAME

@@ -21,6 +21,8 @@
 #include "kiln.h"
 #include "output_target.h"
 #include "plan_suggestions.h"
+#include "runtime/device_budget.h"
+#include "runtime/host_memory.h"
 #include "upscale_command.h"
 #include "util/format.h"
 #include "util/log.h"
@@ -293,6 +295,18 @@ int run_generate(const Options& options) {
 
     const bool plan_only = options.command == Command::Plan;
     kiln_context_params cp = job_context_params(options, model);
+    if (!options.plan_ram.empty()) {
+        // Before any model is placed: every plan of this process (the
+        // suggestions' too) sees that machine's RAM.
+        auto bytes = runtime::parse_size_bytes("--ram", options.plan_ram);
+        if (!bytes.ok()) {
+            KILN_LOG_ERROR("%s", bytes.error().message.c_str());
+            return kExitUsage;
+        }
+        runtime::assume_host_available_bytes(*bytes);
+        KILN_LOG_INFO("planning for a machine with %s of RAM available (--ram), not this one",
+                      human_bytes(*bytes).c_str());
+    }
 
     // Flags about devices are checked before the (slow) model load:
     // unreachable servers and unknown modules or devices fail fast.
