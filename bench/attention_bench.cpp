@@ -22,6 +22,7 @@ struct Options {
     int runs = 3;
     int threads = 0;
     bool flash = false;
+    int64_t scores_block_mib = 0;  // AttentionOptions::scores_block_bytes, in MiB; 0: the scores whole
 };
 
 bool parse(int argc, char** argv, Options& o) {
@@ -46,10 +47,13 @@ bool parse(int argc, char** argv, Options& o) {
             o.threads = static_cast<int>(v);
         } else if (a == "--flash") {
             o.flash = true;
+        } else if (a == "--scores-block" && next(1, 4096, v)) {
+            o.scores_block_mib = v;
         } else {
             std::fprintf(stderr,
                          "usage: kiln-attention-bench [--tokens N (4608)] [--heads N (24)] [--head-dim N (128)] "
-                         "[--runs N (3)] [-t N] [--flash]\n");
+                         "[--runs N (3)] [-t N] [--flash] [--scores-block MIB (queries in blocks of about MIB of "
+                         "scores)]\n");
             return false;
         }
     }
@@ -79,6 +83,7 @@ int main(int argc, char** argv) {
     kiln::nn::AttentionOptions options;
     options.heads = o.heads;
     options.flash = o.flash;
+    options.scores_block_bytes = o.scores_block_mib << 20;
     ggml_tensor* out = kiln::nn::attention(session.ctx(), q, k, v, options);
 
     std::vector<double> seconds;
@@ -95,8 +100,12 @@ int main(int argc, char** argv) {
     const double median = seconds[seconds.size() / 2];
     // q k^T and the weighted sum of v: 2 N^2 dim multiply-adds each.
     const double flop = 4.0 * static_cast<double>(o.tokens) * static_cast<double>(o.tokens) * static_cast<double>(dim);
-    std::printf("attention, %lld tokens, %d heads of %lld%s, %d threads: %.3f s (median of %d), %.1f GFLOP, %.1f GFLOP/s\n",
-                static_cast<long long>(o.tokens), o.heads, static_cast<long long>(o.head_dim),
-                o.flash ? ", flash" : "", (*compute)->threads(), median, o.runs, flop / 1e9, flop / median / 1e9);
+    const std::string blocks =
+        o.scores_block_mib > 0 ? ", scores in blocks of " + std::to_string(o.scores_block_mib) + " MiB" : "";
+    std::printf(
+        "attention, %lld tokens, %d heads of %lld%s%s, %d threads: %.3f s (median of %d), %.1f GFLOP, %.1f "
+        "GFLOP/s\n",
+        static_cast<long long>(o.tokens), o.heads, static_cast<long long>(o.head_dim), o.flash ? ", flash" : "",
+        blocks.c_str(), (*compute)->threads(), median, o.runs, flop / 1e9, flop / median / 1e9);
     return 0;
 }

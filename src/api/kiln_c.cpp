@@ -926,10 +926,12 @@ char* kiln_memory_report(kiln_context* ctx) {
     auto& m = *ctx->model;
     std::vector<const kiln::runtime::WeightStore*> stores;  // each device's, shared by its modules
     for (const auto& module : m.modules()) {
-        kiln::runtime::Executor* e = module->executor.get();
-        out += e->module() + " compute buffers peak " + kiln::human_bytes(e->stats().peak_workspace) + " on " +
-               e->store().ledger().device_name() + "\n";
-        if (std::find(stores.begin(), stores.end(), &e->store()) == stores.end()) stores.push_back(&e->store());
+        // A module split across devices computes on each: a line per device.
+        for (const kiln::runtime::Executor* e : module->executor->split_devices()) {
+            out += module->executor->module() + " compute buffers peak " +
+                   kiln::human_bytes(e->stats().peak_workspace) + " on " + e->store().ledger().device_name() + "\n";
+            if (std::find(stores.begin(), stores.end(), &e->store()) == stores.end()) stores.push_back(&e->store());
+        }
     }
     // The weight traffic: what streaming under a budget costs.
     for (const kiln::runtime::WeightStore* store : stores) {

@@ -6,6 +6,14 @@
 
 namespace kiln::nn {
 
+// The scores a CPU attention makes at once (AttentionOptions::scores_block_bytes):
+// blocks of 8 MiB leave room for the operands in a 32 MiB L3 (full-size
+// SD1.5 at 512x512, 2 threads: UNet step 13.9 s -> 13.5 s, peak RSS of the
+// first step 2.96 GiB -> 2.21 GiB; Wan 1.3B's self-attention over 14040
+// tokens: 113 GFLOP/s, where ggml's flash kernel makes 87 and the whole
+// 9.5 GB of scores 125).
+constexpr int64_t kCpuScoresBlockBytes = 8ll << 20;
+
 struct AttentionOptions {
     int heads = 1;
     bool causal = false;  // CLIP's text encoder masks future tokens

@@ -120,6 +120,11 @@ TEST_F(LayerSplit, FluxOverTwoDevicesIsTheOneDeviceImageUnderEveryBudget) {
     EXPECT_EQ(test::read_bytes(dir_.file("one.png")), test::read_bytes(dir_.file("cut.png")));
     EXPECT_GT(groups_on(cut.out, "RPC0"), 1) << cut.out;
     EXPECT_GT(groups_on(cut.out, "RPC1"), 1) << cut.out;
+    // Each device of the split reports its own compute buffers.
+    for (const char* device : {"RPC0", "RPC1"}) {
+        const std::regex buffers(std::string("diffusion compute buffers peak [0-9.]+ [KMG]iB on ") + device);
+        EXPECT_TRUE(std::regex_search(cut.out, buffers)) << device << "\n" << cut.out;
+    }
     // RPC1's first segment starts uploading while RPC0 computes its last
     // group (RPC0 has nobody before it); without prefetch, nothing does.
     EXPECT_GT(handoff_prefetches(cut.out, "RPC1"), 0) << cut.out;

@@ -368,6 +368,49 @@ TEST_F(WanDitTiny, NetworkInputsAndBlockStagesGiveTheReference) {
     EXPECT_LT(test::relative_error(cached, whole), 1e-5);
 }
 
+// A clip long enough that its scores (2304 tokens: 61 MiB a self-attention)
+// go a block of queries at a time on the CPU (nn::kCpuScoresBlockBytes):
+// each self-attention's softmax is then several, where a device's graph has
+// one. The blocks' exactness is nn::attention's (attention_test.cpp); here
+// the CPU's clip agrees with the device graph's up to its GELU table.
+TEST_F(WanDitTiny, ALongClipOnTheCpuAttendsInBlocks) {
+    auto d = dit();
+    const models::WanDitConfig& c = d->config();
+    const models::WanGrid grid{3, 24, 32};
+    std::vector<float> x(static_cast<size_t>(grid.w * c.patch * grid.h * c.patch * grid.frames * c.in_channels));
+    for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37f * static_cast<float>(i));
+    const auto context = test::fixture_tensor(io, "context");  // [2, tokens, text_dim]
+    const float sigma = 0.6f;
+    auto run = [&](nn::ComputeTarget target, int& softmaxes) {
+        runtime::GraphSession session;
+        models::WanDitInputs in;
+        in.x = session.input(GGML_TYPE_F32, {grid.w * c.patch, grid.h * c.patch, grid.frames * c.in_channels, 1},
+                             x.data());
+        in.timesteps = session.input(GGML_TYPE_F32, {1}, &sigma);
+        in.context = session.input(GGML_TYPE_F32, {context.shape[2], context.shape[1], 1}, context.values.data());
+        const auto rope = models::wan_rope_table(c, grid);
+        in.rope = session.input(GGML_TYPE_F32, models::wan_rope_shape(c, grid), rope.data());
+        models::WanDitBuildOptions options;
+        options.target = target;
+        auto out = d->build(session.ctx(), in, options);
+        EXPECT_TRUE(out.ok()) << out.error().message;
+        if (!out.ok()) return std::vector<float>{};
+        ggml_cgraph* graph = session.graph(*out);
+        softmaxes = 0;
+        for (int i = 0; i < ggml_graph_n_nodes(graph); ++i)
+            softmaxes += ggml_graph_node(graph, i)->op == GGML_OP_SOFT_MAX;
+        EXPECT_TRUE(session.run(*compute, *out).ok());
+        return runtime::GraphSession::read(*out);
+    };
+    int cpu_softmaxes = 0, device_softmaxes = 0;
+    const std::vector<float> cpu = run(nn::ComputeTarget::Cpu, cpu_softmaxes);
+    const std::vector<float> device = run(nn::ComputeTarget::Device, device_softmaxes);
+    EXPECT_EQ(device_softmaxes, 2 * c.layers) << "a self- and a cross-attention per block";
+    EXPECT_GT(cpu_softmaxes, 2 * device_softmaxes) << "the CPU's self-attentions in blocks of queries";
+    ASSERT_EQ(cpu.size(), device.size());
+    EXPECT_LT(test::relative_error(cpu, device), 1e-2);
+}
+
 // Wan 2.1's I2V and FLF2V files (a CLIP image projection, image keys and
 // values in every cross-attention) read an image context of img_emb's
 // width; a file with half of them, or an emb_pos of an odd row count, is refused.

@@ -281,12 +281,9 @@ Result<UnetEncoderOutputs> build_unet_encoder(ggml_context* ctx, const UnetEncod
     attn.heads = static_cast<int>(c.heads);
     attn.flash = options.flash_attention;
     // On the CPU, large attention scores go through the cache a block at a
-    // time (nn/attention.h); blocks of 8 MiB leave room for the operands in a
-    // 32 MiB L3 (full-size SD1.5 at 512x512, 2 threads: UNet step 13.9 s -> 13.5 s,
-    // peak RSS of the first step 2.96 GiB -> 2.21 GiB).
-    constexpr int64_t kCpuScoresBlockBytes = 8ll << 20;
+    // time (nn/attention.h).
     const nn::ComputeTarget target = options.target;
-    if (target == nn::ComputeTarget::Cpu) attn.scores_block_bytes = kCpuScoresBlockBytes;
+    if (target == nn::ComputeTarget::Cpu) attn.scores_block_bytes = nn::kCpuScoresBlockBytes;
     ggml_tensor* emb = ggml_timestep_embedding(ctx, inputs.timesteps, static_cast<int>(c.model_channels), 10000);
     emb = nn::linear(ctx, e.time2, ggml_silu(ctx, nn::linear(ctx, e.time1, emb)));
     if (inputs.y) {

@@ -459,6 +459,9 @@ Result<ggml_tensor*> WanDit::build(ggml_context* ctx, const WanDitInputs& in, co
     s.sin = ggml_view_4d(ctx, in.rope, hd, 1, N, 1, in.rope->nb[1], in.rope->nb[1], in.rope->nb[2], in.rope->nb[2]);
     s.attn.heads = static_cast<int>(c.heads);
     s.attn.flash = options.flash_attention;
+    // A clip's tokens are many (14040 at 832x480x33: 9.5 GB of scores per
+    // self-attention whole): on the CPU they go a block of queries at a time.
+    if (options.target == nn::ComputeTarget::Cpu) s.attn.scores_block_bytes = nn::kCpuScoresBlockBytes;
 
     // e = time_embedding(sinusoidal_embedding_1d(freq_dim, 1000 sigma)): the
     // same [cos, sin] of t 10000^(-i / half) as BFL's embedding.

@@ -48,9 +48,6 @@ constexpr size_t kMaxLevels = 4;
 // At most this many bands to a banded convolution, as nn/layers.cpp's: the
 // graph's node count stays within a constant factor of the unbanded one's.
 constexpr int64_t kMaxBands = 64;
-// The attention scores the CPU makes at once (unet_encoder.cpp's size: a
-// block and its operands stay in the cache).
-constexpr int64_t kCpuScoresBlockBytes = 8ll << 20;
 
 // A CausalConv3d: ne [kw, kh, kt, in * out] (PyTorch's [out, in, kt, kh, kw]).
 struct CausalConv {
@@ -383,7 +380,7 @@ ggml_tensor* attention(ggml_context* ctx, nn::ComputeTarget target, const Attent
     h = ggml_reshape_3d(ctx, h, C, W * H, N);
     const nn::Linear qkv = nn::conv1x1_as_linear(ctx, a.to_qkv);  // q, k, v: output channels in thirds
     nn::AttentionOptions options{1, false, false};
-    if (target == nn::ComputeTarget::Cpu) options.scores_block_bytes = kCpuScoresBlockBytes;
+    if (target == nn::ComputeTarget::Cpu) options.scores_block_bytes = nn::kCpuScoresBlockBytes;
     ggml_tensor* out = nn::attention(ctx, nn::linear(ctx, nn::linear_rows(ctx, qkv, 0, C), h),
                                      nn::linear(ctx, nn::linear_rows(ctx, qkv, C, C), h),
                                      nn::linear(ctx, nn::linear_rows(ctx, qkv, 2 * C, C), h), options);
