@@ -42,12 +42,7 @@ ModelPaths a14b_parts() {
 
 // The reference job: --steps 2 --high-noise-steps 2 --high-noise-cfg-scale 4, cfg 6.
 GenerationRequest a14b_job() {
-    GenerationRequest r;
-    r.prompt = kPrompt;
-    r.width = kWidth;
-    r.height = kHeight;
-    r.video_frames = kFrames;
-    r.seed = 11;
+    GenerationRequest r = test::wan_tiny_request();
     r.steps = 2;
     r.cfg_scale = 6.0f;
     r.high_noise.steps = 2;

@@ -38,13 +38,7 @@ ModelPaths with_clip_vision(const std::string& dit) {
 class WanImageContextSuite : public test::WanTinySuite {
   protected:
     GenerationRequest job(bool last) const {
-        GenerationRequest r;
-        r.prompt = test::kWanTinyPrompt;
-        r.width = kWidth;
-        r.height = kHeight;
-        r.video_frames = kFrames;
-        r.seed = 11;
-        r.steps = 3;
+        GenerationRequest r = test::wan_tiny_request();
         r.init_image = test::wan_tiny_frame(*io_, "image");
         if (last) r.end_image = test::wan_tiny_frame(*io_, "end_image");
         return r;

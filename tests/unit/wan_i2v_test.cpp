@@ -39,13 +39,7 @@ class WanI2v : public test::WanTinySuite {
         load(test::wan_tiny_parts("wan_dit_i2v.safetensors"), test::golden_model_options(), "wan_tiny_i2v.safetensors");
     }
     GenerationRequest job() const {
-        GenerationRequest r;
-        r.prompt = kPrompt;
-        r.width = kWidth;
-        r.height = kHeight;
-        r.video_frames = kFrames;
-        r.seed = 11;
-        r.steps = 3;
+        GenerationRequest r = test::wan_tiny_request();
         r.init_image = first_frame(*io_);
         return r;
     }

@@ -45,17 +45,7 @@ io::ModelFile* open_job() {
 }
 
 // The job; the negative prompt is "" and cfg the family's default, 6.
-GenerationRequest tiny_job() {
-    GenerationRequest r;
-    r.prompt = kPrompt;
-    r.width = kWidth;
-    r.height = kHeight;
-    r.video_frames = kFrames;
-    r.seed = 11;
-    r.steps = 3;
-    r.rng = RngKind::Cuda;
-    return r;
-}
+GenerationRequest tiny_job() { return test::wan_tiny_request(); }
 
 class WanPipeline : public test::WanTinySuite {
   protected:

@@ -26,6 +26,19 @@ inline std::string wan_tiny_part(const std::string& name) { return golden_path("
 inline std::string wan_tiny_vae() { return golden_path("models/wan_vae_tiny.safetensors"); }
 inline std::string wan_tiny_spiece() { return golden_path("text/umt5_like_spiece.model"); }
 
+// The reference jobs' request: the prompt, 64x48, 5 frames, seed 11, 3 steps
+// (the rest the family's defaults: cfg 6, euler, sd-cli's cuda generator).
+inline pipeline::GenerationRequest wan_tiny_request() {
+    pipeline::GenerationRequest r;
+    r.prompt = kWanTinyPrompt;
+    r.width = kWanTinyWidth;
+    r.height = kWanTinyHeight;
+    r.video_frames = kWanTinyFrames;
+    r.seed = 11;
+    r.steps = 3;
+    return r;
+}
+
 // The parts as a user passes them: --diffusion-model DIT, --t5xxl, --vae and
 // --tokenizer t5xxl=spiece.model.
 inline pipeline::ModelPaths wan_tiny_parts(const std::string& dit = "wan_dit.safetensors") {

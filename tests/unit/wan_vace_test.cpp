@@ -49,14 +49,7 @@ class WanVace : public test::WanTinySuite {
         load(test::wan_tiny_parts(kDit), test::golden_model_options(), "wan_tiny_vace.safetensors");
     }
     GenerationRequest job() const {
-        GenerationRequest r;
-        r.prompt = test::kWanTinyPrompt;
-        r.width = kWidth;
-        r.height = kHeight;
-        r.video_frames = kFrames;
-        r.seed = 11;
-        r.steps = 3;
-        r.rng = RngKind::Cuda;
+        GenerationRequest r = test::wan_tiny_request();
         r.init_image = test::wan_tiny_frame(*io_, "ref_image");
         r.control_frames = control_frames(*io_);
         r.vace_strength = kStrength;
@@ -198,11 +191,7 @@ TEST_F(WanVace, BadVaceRequestsAreRefused) {
 TEST(WanVaceAlone, ATextToVideoDitRefusesControlFrames) {
     auto model = Model::load(test::wan_tiny_parts(), test::golden_model_options());
     ASSERT_TRUE(model.ok()) << model.error().message;
-    GenerationRequest r;
-    r.prompt = test::kWanTinyPrompt;
-    r.width = kWidth;
-    r.height = kHeight;
-    r.video_frames = kFrames;
+    GenerationRequest r = test::wan_tiny_request();
     r.control_frames.push_back(image::make_image(kWidth, kHeight, 3));
     test::expect_refused(**model, {{"control frames", r, "--control-video is for a Wan VACE DiT"}});
 }
