@@ -168,25 +168,19 @@ Result<std::vector<float>> run_diffusion_batch(
         const std::vector<float> guidance(static_cast<size_t>(batch), p.guidance);
         g.session->set_input(g.guidance, guidance.data());
     }
-    for (size_t i = 0; i < g.refs.size(); ++i) {
-        std::vector<float> refs;
-        for (int64_t b = 0; b < batch; ++b) refs.insert(refs.end(), p.refs[i].begin(), p.refs[i].end());
-        g.session->set_input(g.refs[i], refs.data());
-    }
-    if (g.image_context) {
-        std::vector<float> rows;
-        for (int64_t b = 0; b < batch; ++b) rows.insert(rows.end(), p.image_context.begin(), p.image_context.end());
-        if (static_cast<int64_t>(rows.size()) != ggml_nelements(g.image_context))
-            return Error{"the DiT's image context has the wrong size"};
-        g.session->set_input(g.image_context, rows.data());
-    }
-    if (g.vace_context) {
-        std::vector<float> planes;
-        for (int64_t b = 0; b < batch; ++b) planes.insert(planes.end(), p.vace_context.begin(), p.vace_context.end());
-        if (static_cast<int64_t>(planes.size()) != ggml_nelements(g.vace_context))
-            return Error{"the DiT's VACE context has the wrong size"};
-        g.session->set_input(g.vace_context, planes.data());
-    }
+    // Inputs every batch item reads alike: one item's values, repeated.
+    auto set_per_item = [&](ggml_tensor* tensor, const std::vector<float>& item, const char* what) -> Status {
+        std::vector<float> values;
+        values.reserve(item.size() * static_cast<size_t>(batch));
+        for (int64_t b = 0; b < batch; ++b) values.insert(values.end(), item.begin(), item.end());
+        if (static_cast<int64_t>(values.size()) != ggml_nelements(tensor))
+            return Error{std::string("the DiT's ") + what + " has the wrong size"};
+        g.session->set_input(tensor, values.data());
+        return Status::Ok();
+    };
+    for (size_t i = 0; i < g.refs.size(); ++i) KILN_TRY(set_per_item(g.refs[i], p.refs[i], "reference latent"));
+    if (g.image_context) KILN_TRY(set_per_item(g.image_context, p.image_context, "image context"));
+    if (g.vace_context) KILN_TRY(set_per_item(g.vace_context, p.vace_context, "VACE context"));
     for (auto [tensor, values] : {std::pair{g.stream, stream}, std::pair{g.residual, residual}}) {
         if (!tensor) continue;
         if (!values || static_cast<int64_t>(values->size()) != ggml_nelements(tensor))
