@@ -207,9 +207,10 @@ def calculate_dimensions(target_area, ratio):
     return width, height
 
 
-def vl_size(width, height):
-    """(condition width, height) then (VL width, height) for an image width x height, and the merged tokens."""
-    cw, ch = calculate_dimensions(CONDITION_IMAGE_SIZE, width / height)
+def vl_size(width, height, area=CONDITION_IMAGE_SIZE):
+    """(condition width, height) then (VL width, height) for an image width x height resized to about `area`
+    pixels, and the merged tokens."""
+    cw, ch = calculate_dimensions(area, width / height)
     h, w = vl.smart_resize(ch, cw, VL_FACTOR, VL_MIN_PIXELS, VL_MAX_PIXELS)
     return (cw, ch), (w, h), (h // VL_FACTOR) * (w // VL_FACTOR)
 
@@ -304,17 +305,17 @@ def write_tokenizer(folder):
     return tok
 
 
-def image_prompt(n_pads):
+def image_prompt(n_pads, image_template=IMAGE_PROMPT):
     """The prompt's image part as the Qwen2-VL processor expands it: one <|image_pad|> per merged token."""
-    text = IMAGE_PROMPT.format(1)
+    text = image_template.format(1)
     return text.replace("<|image_pad|>", "<|image_pad|>" * n_pads)
 
 
-def templated(prompt, n_pads):
-    return CHAT_PREFIX + image_prompt(n_pads) + prompt + CHAT_SUFFIX
+def templated(prompt, n_pads, image_template=IMAGE_PROMPT):
+    return CHAT_PREFIX + image_prompt(n_pads, image_template) + prompt + CHAT_SUFFIX
 
 
-def check_template(tok, n_pads):
+def check_template(tok, n_pads, image_template=IMAGE_PROMPT):
     """Every special is one token; the system part's ids are a prefix of each templated prompt's; under a
     vocabulary holding each of its words (Qwen's) it is diffusers' 64 tokens. Returns the count dropped here."""
     for special in SPECIALS:
@@ -325,10 +326,12 @@ def check_template(tok, n_pads):
     assert pieces == DIFFUSERS_DROP, pieces
     prefix = tok(CHAT_PREFIX)
     for prompt in (PROMPT, NEGATIVE):
-        whole = tok(templated(prompt, n_pads))
+        whole = tok(templated(prompt, n_pads, image_template))
         assert whole[:len(prefix)] == prefix, prompt
         # Tokenized part by part (the image pads are specials, so nothing merges across): the same ids.
-        parts = prefix + tok("Picture 1: ") + [tok.ids["<|vision_start|>"]] + [tok.ids["<|image_pad|>"]] * n_pads
+        before_image = image_template.format(1).split("<|vision_start|>")[0]
+        parts = prefix + (tok(before_image) if before_image else []) + [tok.ids["<|vision_start|>"]]
+        parts += [tok.ids["<|image_pad|>"]] * n_pads
         parts += [tok.ids["<|vision_end|>"]] + tok(prompt) + tok(CHAT_SUFFIX)
         assert whole == parts, prompt
         assert whole.count(tok.ids["<|image_pad|>"]) == n_pads
@@ -398,7 +401,7 @@ def make_ref_image():
 # ------------------------------------------------------------ the job's stages
 
 
-def vl_preprocess(image):
+def vl_preprocess(image, area=CONDITION_IMAGE_SIZE):
     """PIL RGB image -> (u8 [H, W, 3] of the VL image, pixels float32 [3, H, W] as the tower sees them).
 
     diffusers: condition_images.append(self.image_processor.resize(img, condition_height, condition_width)),
@@ -406,7 +409,7 @@ def vl_preprocess(image):
     transformers' Qwen2VLImageProcessor._preprocess: smart_resize(h, w, factor 28, min_pixels, max_pixels),
     image_transforms.resize (PIL, BICUBIC, on the uint8 array: uint8 out), rescale (x.astype(float64) * (1/255)
     then float32), normalize ((x - mean) / std in float32, OpenAI CLIP's mean/std)."""
-    (cw, ch), (w, h), _ = vl_size(image.width, image.height)
+    (cw, ch), (w, h), _ = vl_size(image.width, image.height, area)
     cond = image.resize((cw, ch), resample=Image.LANCZOS)
     assert vl.smart_resize(ch, cw, VL_FACTOR, VL_MIN_PIXELS, VL_MAX_PIXELS) == (h, w)
     resized = cond.resize((w, h), resample=Image.BICUBIC)
@@ -422,11 +425,11 @@ def normalize_u8(u8):
     return torch.from_numpy(np.ascontiguousarray(x.transpose(2, 0, 1)))
 
 
-def encode_prompt(llm, tok, prompt, rows, dropped, grid):
+def encode_prompt(llm, tok, prompt, rows, dropped, grid, image_template=IMAGE_PROMPT):
     """_get_qwen_prompt_embeds for one image: (tokens [1, n] I32, positions [3, n] I32, hidden [1, n - dropped, 48]).
     The image pads' embeddings are replaced by the tower's rows in order (masked_scatter), M-RoPE positions from
     get_rope_index, causal, hidden_states[-1] (final-normed), the first `dropped` rows cut."""
-    ids = torch.tensor(tok(templated(prompt, rows.shape[0])), dtype=torch.long)
+    ids = torch.tensor(tok(templated(prompt, rows.shape[0], image_template)), dtype=torch.long)
     pad, start = tok.ids["<|image_pad|>"], tok.ids["<|vision_start|>"]
     positions = vl.get_rope_index(ids, torch.tensor([grid]), pad, start, VISION.spatial_merge_size)
     hidden = vl.qwen2_mrope_forward(llm, ids, positions, MROPE_SECTION, rows, pad)

@@ -34,6 +34,7 @@ const std::vector<const Family*>& families() {
         &sd35_medium_family(),
         &sd3_medium_family(),
         &qwen_image_family(),
+        &qwen_image_edit_first_family(),
         &wan_family(),
     };
     return kFamilies;

@@ -280,8 +280,8 @@ Status check_prompt_images(const Model& model) {
         if (use.vision_module.empty()) continue;
         if (!model.has_vision()) {
             return Error::invalid_request(
-                "-r/--ref-image: " + model.family_label() +
-                "-Edit reads its reference images with Qwen2.5-VL's vision tower, and none was given: pass "
+                "-r/--ref-image: an edit on " + model.family_label() +
+                " reads its reference images with Qwen2.5-VL's vision tower, and none was given: pass "
                 "--llm_vision (llama.cpp's mmproj GGUF, e.g. Qwen2.5-VL-7B-Instruct-mmproj) or an --llm file that "
                 "holds visual.* (ComfyUI's qwen_2.5_vl_7b.safetensors)");
         }
@@ -299,7 +299,7 @@ Status check_prompt_images(const Model& model) {
             if (model.llm_tokenizer().token_id(token) < 0) {
                 return Error::invalid_request("-r/--ref-image: the " + use.module + " tokenizer has no " + token +
                                               " token, which " + model.family_label() +
-                                              "-Edit's prompt writes (use Qwen2.5-VL's tokenizer)");
+                                              "'s edit prompt writes (use Qwen2.5-VL's tokenizer)");
             }
         }
     }
@@ -512,8 +512,8 @@ Result<ValidatedRequest> validate_request(const Model& model, const GenerationRe
         if (r.ref_images.size() > max_refs) {
             return Error::invalid_request(
                 "-r/--ref-image: " + (family_max > 0 ? model.family_label() + " takes" : std::string("kiln takes")) +
-                " at most " + std::to_string(max_refs) + " reference images, got " +
-                std::to_string(r.ref_images.size()));
+                " at most " + std::to_string(max_refs) + (max_refs == 1 ? " reference image" : " reference images") +
+                ", got " + std::to_string(r.ref_images.size()));
         }
         KILN_TRY(check_prompt_images(model));
         for (const image::Image& ref : r.ref_images) {

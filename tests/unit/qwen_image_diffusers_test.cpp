@@ -102,6 +102,8 @@ std::vector<SafetensorsEntry> diffusers_vae() {
 struct FolderOptions {
     // Qwen-Image-Edit-2509: the edit parts' LLM with its vision tower, a processor/.
     bool edit = false;
+    // The first Edit release's folder (Qwen/Qwen-Image-Edit): QwenImageEditPipeline.
+    bool first_edit_release = false;
     // The text encoder as newer transformers save it: model.language_model.*, model.visual.*.
     bool newer_hf_names = false;
     bool vae = true;
@@ -109,7 +111,9 @@ struct FolderOptions {
 
 // The tiny parts as a diffusers folder dir/root; returns its path.
 std::string write_folder(const test::TempDir& dir, const std::string& root, const FolderOptions& o) {
-    const std::string pipeline = o.edit ? "QwenImageEditPlusPipeline" : "QwenImagePipeline";
+    const std::string pipeline = !o.edit                ? "QwenImagePipeline"
+                                 : o.first_edit_release ? "QwenImageEditPipeline"
+                                                        : "QwenImageEditPlusPipeline";
     dir.write(root + "model_index.json", R"({"_class_name": ")" + pipeline + R"(", "_diffusers_version": "0.35.1",)" +
                                              (o.edit ? R"( "processor": ["transformers", "Qwen2VLProcessor"],)" : "") +
                                              R"( "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
@@ -434,6 +438,7 @@ TEST_F(QwenImageDiffusers, EditFolderGivesTheSplitFilesImage) {
     const image::Image img = run(folder(path), edit_job(), &model);
     ASSERT_NE(model, nullptr);
     EXPECT_TRUE(model->has_vision());
+    EXPECT_EQ(model->family_label(), "Qwen-Image");
     const Module* llm = module_named(*model, "llm");
     ASSERT_NE(llm, nullptr);
     EXPECT_EQ(llm->prefix, "text_encoder/model.language_model.");
@@ -452,6 +457,22 @@ TEST_F(QwenImageDiffusers, EditFolderGivesTheSplitFilesImage) {
     ASSERT_NE(vision, nullptr);
     EXPECT_EQ(vision->prefix, "text_encoder/visual.");
     expect_same_image(older_img, img);
+}
+
+// The first Edit release's folder: model_index.json's QwenImageEditPipeline
+// picks its own pipeline (training/make_qwen_image_edit_first_fixtures.py's
+// job), though its weights are 2509's in shape.
+TEST_F(QwenImageDiffusers, FirstEditReleaseFolderTakesItsOwnPipeline) {
+    FolderOptions edit;
+    edit.edit = true;
+    edit.first_edit_release = true;
+    const std::string path = write_folder(dir_, "Qwen-Image-Edit/", edit);
+    std::unique_ptr<Model> model;
+    const image::Image img = run(folder(path), edit_job(), &model);
+    ASSERT_NE(model, nullptr);
+    EXPECT_EQ(model->family_label(), "Qwen-Image-Edit");
+    const io::ModelFile job = *io::ModelFile::open({edit_part("qwen_image_edit_first_job.safetensors")});
+    EXPECT_LE(test::difference_from_reference(img, job), 4);
 }
 
 }  // namespace

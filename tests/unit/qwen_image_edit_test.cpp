@@ -6,7 +6,8 @@
 // edit system turn dropped, the negative prompt with the image too, the
 // reference latent beside the image's tokens, and Edit-2511's zero_cond_t.
 // The tower from --llm_vision or inside the --llm file (ComfyUI's layout);
-// the requests an edit model cannot serve, each one clear error.
+// the requests an edit model cannot serve, each one clear error. And the
+// first Edit release's own pipeline (QwenImageEditPipeline).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include "image/image_io.h"
 #include "models/nets/llm_encoder.h"
 #include "models/nets/qwen_image_dit.h"
+#include "models/registry.h"
 #include "pipeline/conditioner.h"
 #include "pipeline/generate.h"
 #include "pipeline/prompt_images.h"
@@ -272,6 +274,87 @@ TEST(QwenImageEditCli, SdCliCommandLine) {
     EXPECT_EQ(std::count(refused.err.begin(), refused.err.end(), '\n'), 1) << refused.err;
     EXPECT_NE(refused.err.find("--llm_vision"), std::string::npos) << refused.err;
     EXPECT_FALSE(std::filesystem::exists(bad));
+}
+
+// ---------------------------------------------------------------------------
+// The first Edit release (diffusers' QwenImageEditPipeline), against
+// training/make_qwen_image_edit_first_fixtures.py: one image, no
+// "Picture 1: ", the vision image at about 1024 x 1024 pixels.
+
+// The DiT under `name` (a link to the tiny DiT): the name is what tells the
+// releases apart.
+models::Detection detect_as(const test::TempDir& dir, const std::string& name) {
+    const std::string link = dir.file(name);
+    std::filesystem::create_symlink(image_part("qwen_image_dit.safetensors"), link);
+    const io::ModelFile file = *io::ModelFile::open({link});
+    models::FileSet set;
+    set.files = {&file};
+    return models::detect_family(set);
+}
+
+TEST(QwenImageEditFirstRelease, TheFileNameTellsTheReleases) {
+    test::TempDir dir;
+    for (const char* first : {"qwen_image_edit_fp8_e4m3fn.safetensors", "Qwen-Image-Edit-bf16.safetensors"})
+        EXPECT_EQ(detect_as(dir, first).label, "Qwen-Image-Edit") << first;
+    for (const char* later : {"qwen_image_edit_2509_fp8_e4m3fn.safetensors", "Qwen-Image-Edit-2511-bf16.safetensors",
+                              "qwen_image_edit_plus.safetensors", "qwen_image_bf16.safetensors"})
+        EXPECT_EQ(detect_as(dir, later).label, "Qwen-Image") << later;
+}
+
+class QwenImageEditFirst : public ::testing::Test {
+  protected:
+    static void SetUpTestSuite() {
+        dir_ = new test::TempDir;
+        ModelPaths paths = parts();
+        paths.diffusion_model = dir_->file("qwen_image_edit_bf16.safetensors");
+        std::filesystem::create_symlink(image_part("qwen_image_dit.safetensors"), paths.diffusion_model);
+        model_ = load(paths).release();
+        io_ = new io::ModelFile(*io::ModelFile::open({edit_part("qwen_image_edit_first_job.safetensors")}));
+    }
+    static void TearDownTestSuite() {
+        delete model_;
+        delete io_;
+        delete dir_;
+    }
+    static test::TempDir* dir_;
+    static Model* model_;
+    static io::ModelFile* io_;
+};
+test::TempDir* QwenImageEditFirst::dir_ = nullptr;
+Model* QwenImageEditFirst::model_ = nullptr;
+io::ModelFile* QwenImageEditFirst::io_ = nullptr;
+
+TEST_F(QwenImageEditFirst, PromptHasTheImageAtTheVaesSizeWithoutPictureOne) {
+    ASSERT_EQ(model_->family_label(), "Qwen-Image-Edit");
+    const TextEncoder& llm = model_->text_encoders().front();
+    auto image = encode_prompt_image(*model_, ref_image(), llm.use->vision_area);
+    ASSERT_TRUE(image.ok()) << image.error().message;
+    // 64 x 48 -> 1184 x 896 (calculate_dimensions at 1024 x 1024) -> 1176 x 896 (smart_resize).
+    EXPECT_EQ(image->grid_cols, 42);
+    EXPECT_EQ(image->grid_rows, 32);
+    EXPECT_LT(relative_error(image->rows, fixture_tensor(*io_, "vl.rows").values), 1e-4);
+
+    const LlmImagePrompt p = llm_image_prompt(model_->llm_tokenizer(), *llm.use, kPrompt, {*image});
+    EXPECT_EQ(std::vector<float>(p.ids.begin(), p.ids.end()), fixture_tensor(*io_, "llm.tokens").values);
+    EXPECT_EQ(p.dropped, static_cast<int64_t>(fixture_tensor(*io_, "llm.dropped").values.at(0)));
+    ASSERT_EQ(p.grids.size(), 1u);
+    const std::vector<int32_t> positions =
+        models::llm_multimodal_positions(static_cast<int64_t>(p.ids.size()), p.grids);
+    const auto want = fixture_tensor(*io_, "llm.positions");  // [3, n]; kiln's has ggml's fourth axis after
+    EXPECT_EQ(std::vector<float>(positions.begin(), positions.begin() + static_cast<int64_t>(want.values.size())),
+              want.values);
+}
+
+TEST_F(QwenImageEditFirst, EditJobMatchesTheReferenceJob) {
+    auto images = generate(*model_, edit_job());
+    ASSERT_TRUE(images.ok()) << images.error().message;
+    EXPECT_LE(difference_from_reference(images->front().image, *io_), 4);
+    // A second image has no place in the first release's prompt.
+    GenerationRequest two = edit_job();
+    two.ref_images.assign(2, ref_image());
+    auto refused = generate(*model_, two);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_NE(refused.error().message.find("at most 1 reference image"), std::string::npos) << refused.error().message;
 }
 
 }  // namespace

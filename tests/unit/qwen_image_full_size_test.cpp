@@ -23,12 +23,16 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <regex>
 #include <sstream>
 
 #include "gguf.h"
+#include "golden.h"
+#include "image/image_io.h"
 #include "models/nets/llm_encoder.h"
 #include "models/nets/qwen_image_dit.h"
 #include "pipeline/model.h"
@@ -452,6 +456,56 @@ TEST_F(QwenImageFullSize, PlanForThirtyTwoAndSixtyFourGibOfRam) {
     ASSERT_EQ(gguf_32.exit_code, 0) << gguf_32.out << gguf_32.err;
     EXPECT_NE(gguf_32.out.find("\nfits: yes\n"), std::string::npos) << gguf_32.out;
     EXPECT_EQ(gguf_32.out.find("weights on disk"), std::string::npos) << gguf_32.out;
+}
+
+// An edit job's plan (-r, a 4:3 photo) with the bf16 DiT under each
+// release's file name, the tower inside ComfyUI's LLM file: the first Edit
+// release (qwen_image_edit_*) runs the vision tower on about 1024 x 1024
+// pixels (1176 x 896: 1344 image rows in the prompt), 2509 on 384 x 384
+// (448 x 308: 176 rows), and the plan counts each.
+TEST_F(QwenImageFullSize, EditPlanSizesTheVisionImageByRelease) {
+    test::RpcServer server;
+    ASSERT_TRUE(server.ok()) << server.log();
+    image::Image photo;
+    photo.width = 1024;
+    photo.height = 768;
+    photo.channels = 3;
+    photo.pixels.assign(static_cast<size_t>(1024 * 768 * 3), 128);
+    const std::string ref = dir_->file("photo.png");
+    ASSERT_TRUE(image::write_image(ref, photo).ok());
+    const std::regex tower_compute(
+        "te\\.llm_vision \\(reference image encode\\) on RPC0: whole graph, compute "
+        "([0-9.]+) (GiB|MiB) whole");
+    const std::regex context("contexts of ([0-9]+) and ([0-9]+) tokens");
+    std::map<std::string, double> tower_gib;
+    std::map<std::string, int> context_tokens;
+    for (const char* name : {"qwen_image_edit_bf16.safetensors", "qwen_image_edit_2509_bf16.safetensors"}) {
+        const std::string link = dir_->file(name);
+        std::filesystem::remove(link);
+        std::filesystem::create_symlink(bf16().dit, link);
+        Set edit = bf16();
+        edit.dit = link;
+        // llama.cpp's Qwen2 test vocabulary lacks Qwen2.5-VL's vision tokens;
+        // the tiny edit tokenizer has them (its ids are a few hundred).
+        edit.tokenizer = "llm=" + test::golden_path("pipeline/qwen_image_edit_tiny/tokenizer");
+        auto r = plan(edit, *vae_, server, 16, " -r " + ref + " -p 'make the cat blue' -v");
+        ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+        const bool first = std::string(name).find("2509") == std::string::npos;
+        EXPECT_NE((r.out + r.err).find(first ? "(Qwen-Image-Edit)" : "(Qwen-Image)"), std::string::npos) << r.err;
+        std::smatch m;
+        ASSERT_TRUE(std::regex_search(r.out, m, tower_compute)) << r.out;
+        tower_gib[name] = gib_of(m);
+        ASSERT_TRUE(std::regex_search(r.out, m, context)) << r.out;
+        context_tokens[name] = std::stoi(m[1]);
+    }
+    const std::string first = "qwen_image_edit_bf16.safetensors", plus = "qwen_image_edit_2509_bf16.safetensors";
+    // The prompt's image rows, and the text about them (under 100 tokens).
+    EXPECT_GT(context_tokens[first], 1344);
+    EXPECT_LT(context_tokens[first], 1344 + 100);
+    EXPECT_GT(context_tokens[plus], 176);
+    EXPECT_LT(context_tokens[plus], 176 + 100);
+    // The tower's attention over 5376 patches against 704: far more compute.
+    EXPECT_GT(tower_gib[first], 10 * tower_gib[plus]);
 }
 
 }  // namespace

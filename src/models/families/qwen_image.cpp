@@ -1,5 +1,9 @@
 #include "models/families/qwen_image.h"
 
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
+
 #include "models/families/wan.h"
 
 namespace kiln::models {
@@ -7,15 +11,43 @@ namespace {
 
 // The DiT's img_mod is Qwen-Image's name alone among the DiTs kiln reads,
 // and txt_norm (the RMSNorm on the encoder's states) its own input.
-int detect(const FileSet& files) {
-    return files.find_suffix("transformer_blocks.0.img_mod.1.weight") && files.find_suffix("txt_norm.weight") ? 3 : 0;
+bool has_qwen_image_dit(const FileSet& files) {
+    return files.find_suffix("transformer_blocks.0.img_mod.1.weight") && files.find_suffix("txt_norm.weight");
+}
+
+// The first Edit release has 2509's weights in shape: its diffusers folder
+// names its pipeline (model_index.json's QwenImageEditPipeline, where 2509
+// and 2511 say QwenImageEditPlusPipeline), and its files are named for it
+// (ComfyUI's qwen_image_edit_fp8_e4m3fn.safetensors, QuantStack's
+// Qwen-Image-Edit-Q4_K_M.gguf): "edit" without a later release's mark.
+bool is_first_edit_release(const FileSet& files) {
+    for (const io::ModelFile* f : files.files) {
+        const std::string pipeline = f->metadata_string("diffusers.pipeline", "");
+        if (!pipeline.empty()) {
+            if (pipeline == "QwenImageEditPipeline") return true;
+            continue;  // a folder's file names say nothing
+        }
+        for (const io::SourceFile& s : f->sources()) {
+            std::string name = std::filesystem::path(s.path).filename().string();
+            std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
+            const bool later = name.find("2509") != std::string::npos || name.find("2511") != std::string::npos ||
+                               name.find("plus") != std::string::npos;
+            if (name.find("edit") != std::string::npos && !later) return true;
+        }
+    }
+    return false;
+}
+
+int detect(const FileSet& files) { return has_qwen_image_dit(files) ? 3 : 0; }
+int detect_first_edit(const FileSet& files) {
+    return has_qwen_image_dit(files) && is_first_edit_release(files) ? 4 : 0;
 }
 
 // diffusers' QwenImagePipeline (and sd-cli): the prompt in Qwen's chat
 // template after Qwen-Image's system turn, encoded whole with a causal mask;
 // HF's hidden_states[-1] (the final-normed last layer), of which the system
 // turn's 34 tokens (prompt_template_encode_start_idx) are dropped.
-TextEncoderUse qwen25_vl_use() {
+TextEncoderUse qwen25_vl_use(bool first_edit) {
     TextEncoderUse use;
     use.module = "llm";
     use.default_layer = 1;
@@ -40,15 +72,22 @@ TextEncoderUse qwen25_vl_use() {
     use.image_prompt = "Picture {}: <|vision_start|><|image_pad|><|vision_end|>";
     use.image_pad = "<|image_pad|>";
     use.vision_area = 384 * 384;
+    if (first_edit) {
+        // The first release (diffusers' QwenImageEditPipeline): the same
+        // system turn, the image without "Picture 1: ", and the vision image
+        // at about 1024 x 1024 pixels, the size that pipeline gives the VAE.
+        use.image_prompt = "<|vision_start|><|image_pad|><|vision_end|>";
+        use.vision_area = 1024 * 1024;
+    }
     // A prompt of about 100 words under the template, its system turn included.
     use.plan_tokens = 194;
     return use;
 }
 
-Family make() {
+Family make(bool first_edit) {
     Family f;
-    f.name = "Qwen-Image";
-    f.detect = detect;
+    f.name = first_edit ? "Qwen-Image-Edit" : "Qwen-Image";
+    f.detect = first_edit ? detect_first_edit : detect;
     f.modules = {{"llm", ModuleRole::TextEncoder, NetworkKind::Llm, {}, "--llm", {}},
                  {"qwen_image", ModuleRole::Diffusion, NetworkKind::QwenImageDit, {}, "--diffusion-model", {}},
                  // Also in diffusers' names (AutoencoderKLQwenImage, a
@@ -71,10 +110,11 @@ Family make() {
     // Wan 2.1's original names.
     f.diffusers_family = io::ModelFamily::QwenImage;
     // Qwen-Image-Edit: -r images join the image tokens as reference latents
-    // (and the prompt, through the vision tower); 2509 takes up to three.
+    // (and the prompt, through the vision tower); 2509 takes up to three,
+    // the first release's template has one image's place.
     f.reference_images = true;
-    f.max_reference_images = 3;
-    f.conditioning.encoders = {qwen25_vl_use()};
+    f.max_reference_images = first_edit ? 1 : 3;
+    f.conditioning.encoders = {qwen25_vl_use(first_edit)};
     // Wan 2.1's VAE, which normalises its latent per channel itself.
     f.latent = wan21_latent_format();
     f.schedule.prediction = Prediction::Flow;
@@ -97,7 +137,12 @@ Family make() {
 }  // namespace
 
 const Family& qwen_image_family() {
-    static const Family family = make();
+    static const Family family = make(false);
+    return family;
+}
+
+const Family& qwen_image_edit_first_family() {
+    static const Family family = make(true);
     return family;
 }
 

@@ -8,6 +8,11 @@
 
 namespace kiln::models {
 
+// Qwen-Image and the Edit releases 2509 and 2511 (diffusers'
+// QwenImageEditPlusPipeline for edit jobs).
 const Family& qwen_image_family();
+// The first Edit release ("Qwen-Image-Edit"; diffusers' QwenImageEditPipeline):
+// the same networks, one input image, its own edit prompt.
+const Family& qwen_image_edit_first_family();
 
 }  // namespace kiln::models
