@@ -85,6 +85,14 @@ UnetLayout detect_unet_layout(const std::vector<TensorInfo>& tensors, std::strin
     return layout;
 }
 
+bool is_diffusers_vae(const std::vector<TensorInfo>& tensors) {
+    return std::any_of(tensors.begin(), tensors.end(), [](const TensorInfo& t) {
+        return (starts_with(t.name, "encoder.") || starts_with(t.name, "decoder.")) &&
+               (t.name.find(".down_blocks.") != std::string::npos || t.name.find(".up_blocks.") != std::string::npos ||
+                t.name.find(".mid_block.") != std::string::npos);
+    });
+}
+
 bool is_diffusers_controlnet(const std::vector<TensorInfo>& tensors) {
     return std::any_of(tensors.begin(), tensors.end(),
                        [](const TensorInfo& t) { return t.name == "controlnet_cond_embedding.conv_in.weight"; });

@@ -32,6 +32,13 @@ UnetLayout detect_unet_layout(const std::vector<TensorInfo>& tensors, std::strin
 // Names nobody maps (extras) stay "component/name".
 void rename_diffusers_tensors(ModelFamily family, std::vector<TensorInfo>& tensors);
 
+// An autoencoder's file in diffusers' names (AutoencoderKL's and
+// AutoencoderKLQwenImage's vae/diffusion_pytorch_model.safetensors): its
+// encoder and decoder keep the ldm roots "encoder." and "decoder." but
+// number diffusers' blocks (down_blocks, up_blocks, mid_block), which no
+// original VAE names.
+bool is_diffusers_vae(const std::vector<TensorInfo>& tensors);
+
 // A ControlNet in diffusers' names (ControlNetModel, its folder or its
 // diffusion_pytorch_model.safetensors): controlnet_cond_embedding.* is there.
 bool is_diffusers_controlnet(const std::vector<TensorInfo>& tensors);

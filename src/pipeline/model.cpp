@@ -481,11 +481,15 @@ Status Model::load_networks(const ModelPaths& paths, const ModelOptions& options
     }
     family_ = detection.family;
     family_label_ = detection.label;
-    // A module's own file in HF or diffusers naming takes the ldm names.
+    // A module's own file in HF or diffusers naming takes the ldm names. A
+    // diffusers VAE's names pass for an unprefixed ldm one's (both start
+    // "encoder.", "decoder."), so its blocks tell.
     for (size_t i = 0; i < given.size(); ++i) {
         for (const models::ModuleSpec& spec : family_->modules) {
             if (given[i].flag != spec.flag || !spec.diffusers_component) continue;
-            if (find_prefix(*files_[i], spec.network, spec.prefixes)) continue;
+            const bool diffusers_vae =
+                spec.diffusers_component == io::ModelComponent::Vae && io::is_diffusers_vae(files_[i]->tensors());
+            if (!diffusers_vae && find_prefix(*files_[i], spec.network, spec.prefixes)) continue;
             files_[i]->rename_as_diffusers_component(family_->diffusers_family, *spec.diffusers_component);
         }
     }

@@ -110,6 +110,21 @@ TEST(DiffusersRoundTrip, Sd2FolderMakesTheSameImageAsTheCheckpoint) {
     EXPECT_LE(test::pixel_difference(a->front().image, b->front().image).max, 1)
         << "pixels differ by more than rounding";
 
+    // The folder's vae/ file alone with --vae beside the checkpoint (as
+    // madebyollin's sdxl-vae-fp16-fix and stabilityai's sd-vae-ft-mse are
+    // published): renamed as in the folder, the same image.
+    pipeline::ModelPaths vae_alone;
+    vae_alone.model = {checkpoint};
+    vae_alone.vae = dir.file("sd2/vae/diffusion_pytorch_model.safetensors");
+    vae_alone.tokenizer = std::string(KILN_FIXTURES_DIR) + "/tiny_tokenizer";
+    pipeline::ModelOptions options;
+    options.threads = 1;
+    auto with_vae = pipeline::Model::load(vae_alone, options);
+    ASSERT_TRUE(with_vae.ok()) << with_vae.error().message;
+    auto d = pipeline::generate(**with_vae, request);
+    ASSERT_TRUE(d.ok()) << d.error().message;
+    EXPECT_TRUE(d->front().image.pixels == a->front().image.pixels) << "the diffusers VAE decodes differently";
+
     // A1111's "Model hash" (io/file_hashes.h): the checkpoint file's; a
     // folder has no one file to hash; none without file hashes.
     const auto has_model_hash = [](const image::GenerationInfo& info) {

@@ -381,7 +381,7 @@ TEST_F(FluxInputs, GgufFilesCarryTheTokenizerAndQuantizedWeightsRun) {
 // A diffusers FluxPipeline folder: transformer/ in diffusers' names
 // (training/make_flux_pipeline_fixtures.py converts the DiT as diffusers'
 // conversion script does), vae/ in diffusers' names, text_encoder/ (CLIP-L),
-// text_encoder_2/ (T5), tokenizer/ and tokenizer_2/.
+// text_encoder_2/ (T5), tokenizer/ and tokenizer_2/; and its vae/ file alone.
 TEST_F(FluxInputs, DiffusersFolderGivesTheSameImage) {
     const std::string root = "FLUX.1-dev/";
     dir_->write(root + "model_index.json",
@@ -410,6 +410,14 @@ TEST_F(FluxInputs, DiffusersFolderGivesTheSameImage) {
     auto img = one_image(paths, tiny_job());
     ASSERT_TRUE(img.ok()) << img.error().message;
     EXPECT_EQ(largest_pixel_difference(*img, *reference_), 0);
+
+    // The folder's vae/ file alone with --vae beside BFL's other parts, as
+    // sd-cli takes it: renamed the same way.
+    ModelPaths vae_alone = bfl_parts();
+    vae_alone.vae = dir_->file(root + "vae/diffusion_pytorch_model.safetensors");
+    auto with_vae = one_image(vae_alone, tiny_job());
+    ASSERT_TRUE(with_vae.ok()) << with_vae.error().message;
+    EXPECT_EQ(largest_pixel_difference(*with_vae, *reference_), 0);
 }
 
 TEST_F(FluxInputs, SchnellIsDetectedAndRefusesReferenceImages) {

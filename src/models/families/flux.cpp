@@ -80,7 +80,9 @@ ModuleSpec flux_dit_module() {
     return {"flux", ModuleRole::Diffusion, NetworkKind::FluxDit, {}, "--diffusion-model", {}};
 }
 
-ModuleSpec flux_vae_module() { return {"vae", ModuleRole::Vae, NetworkKind::Vae, {}, "--vae", {}}; }
+ModuleSpec flux_vae_module() {
+    return {"vae", ModuleRole::Vae, NetworkKind::Vae, {}, "--vae", io::ModelComponent::Vae};
+}
 
 LatentFormat flux_latent_format() {
     LatentFormat l;

@@ -112,7 +112,7 @@ Family make(Variant v) {
                   {}},
                  t5,
                  {"mmdit", ModuleRole::Diffusion, NetworkKind::Mmdit, {}, "--diffusion-model", {}},
-                 {"vae", ModuleRole::Vae, NetworkKind::Vae, {}, "--vae", {}}};
+                 {"vae", ModuleRole::Vae, NetworkKind::Vae, {}, "--vae", io::ModelComponent::Vae}};
     f.conditioning = sd3_conditioning();
     f.latent = sd3_latent_format();
     f.schedule.prediction = Prediction::Flow;

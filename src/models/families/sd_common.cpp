@@ -4,7 +4,7 @@ namespace kiln::models {
 
 ModuleSpec unet_module() { return {"unet", ModuleRole::Diffusion, NetworkKind::Unet, {}, "--diffusion-model", {}}; }
 
-ModuleSpec vae_module() { return {"vae", ModuleRole::Vae, NetworkKind::Vae, {}, "--vae", {}}; }
+ModuleSpec vae_module() { return {"vae", ModuleRole::Vae, NetworkKind::Vae, {}, "--vae", io::ModelComponent::Vae}; }
 
 ModuleSpec single_clip_module(const std::string& name) {
     return {name, ModuleRole::TextEncoder, NetworkKind::ClipText, {}, "--clip_l", {}};
