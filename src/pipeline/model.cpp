@@ -948,6 +948,7 @@ void Model::release_caches() {
 
 void Model::forget_weight_copies() {
     release_caches();
+    encoded_constants_.clear();
     for (auto& [name, store] : stores_) {
         for (auto& module : modules_) store->drop_module(module->weights());
     }

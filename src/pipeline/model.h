@@ -289,8 +289,12 @@ class Model {
     void release_caches();
     // As release_caches(), and forgets which weights the stores' blocks
     // held: a module's extra weights (LoRA) were replaced, and new tensors
-    // may reuse the old ones' addresses.
+    // may reuse the old ones' addresses. The encoded constants go too.
     void forget_weight_copies();
+    // What the weights make of a job's size alone, kept for the next job of
+    // that size (VACE's all-grey inactive clip, pipeline/vace_context.cpp),
+    // by a key that names what it is and the size.
+    std::map<std::string, std::vector<float>>& encoded_constants() { return encoded_constants_; }
 
     // Cancellation (kiln_cancel): any thread may request it; generate()
     // clears it when a job starts and checks it at every denoising step, and
@@ -395,6 +399,7 @@ class Model {
     std::string lora_dir_;
     LoraApplyMode lora_apply_mode_ = LoraApplyMode::Auto;
     std::string applied_loras_;
+    std::map<std::string, std::vector<float>> encoded_constants_;
     std::vector<std::pair<runtime::DeviceLedger*, uint64_t>> lora_reservations_;
 };
 

@@ -9,6 +9,13 @@
 
 namespace kiln::pipeline {
 
+namespace {
+
+// Sizes whose grey clip the model keeps (a few MB each at 832x480x81).
+constexpr size_t kKeptEncodedConstants = 4;
+
+}  // namespace
+
 bool takes_vace_context(const Model& model) { return model.diffusion().capabilities().vace_channels > 0; }
 
 Result<std::vector<float>> vace_context(Model& model, const std::vector<image::Image>& control_frames,
@@ -41,9 +48,20 @@ Result<std::vector<float>> vace_context(Model& model, const std::vector<image::I
         }
         return chunk.data();
     };
-    const std::vector<float> grey(frame_values * static_cast<size_t>(step), 0.0f);
-    auto inactive = encode_clip(model, p, clip_latent_frames, [&](int64_t) { return grey.data(); });
-    if (!inactive.ok()) return inactive.error();
+    // The inactive clip is grey whatever the job gives, so its latent is the
+    // same for every job of this size: encoded once, kept by the model.
+    const std::string grey_key = "VACE grey clip " + std::to_string(p.width) + "x" + std::to_string(p.height) + "x" +
+                                 std::to_string(clip_latent_frames);
+    auto& constants = model.encoded_constants();
+    auto kept = constants.find(grey_key);
+    if (kept == constants.end()) {
+        const std::vector<float> grey(frame_values * static_cast<size_t>(step), 0.0f);
+        auto encoded = encode_clip(model, p, clip_latent_frames, [&](int64_t) { return grey.data(); });
+        if (!encoded.ok()) return encoded.error();
+        if (constants.size() >= kKeptEncodedConstants) constants.clear();
+        kept = constants.emplace(grey_key, std::move(encoded).value()).first;
+    }
+    const std::vector<float>* inactive = &kept->second;
     auto reactive = encode_clip(model, p, clip_latent_frames, control_chunk);
     if (!reactive.ok()) return reactive.error();
     std::vector<float> reference_latent;

@@ -124,9 +124,23 @@ TEST_F(WanVace, TheContextIsWansFromTheControlFramesAndTheReference) {
     EXPECT_TRUE(v->vace_reference);
     EXPECT_EQ(v->frames, kFrames);
     EXPECT_EQ(v->latent_frames, 3);  // the reference's frame, then the clip's two
+    model_->encoded_constants().clear();
     auto context = vace_context(*model_, r.control_frames, &*r.init_image, *v);
     ASSERT_TRUE(context.ok()) << context.error().message;
     EXPECT_LT(relative_error(*context, fixture_tensor(*io_, "vace_context").values), 1e-4);
+    // The grey clip's latent is the model's for the next job of this size,
+    // and what it gives is what encoding it gives.
+    ASSERT_EQ(model_->encoded_constants().size(), 1u);
+    std::vector<float>& kept = model_->encoded_constants().begin()->second;
+    auto again = vace_context(*model_, r.control_frames, &*r.init_image, *v);
+    ASSERT_TRUE(again.ok()) << again.error().message;
+    EXPECT_EQ(*again, *context);
+    // It is read, not encoded again: a changed value shows in the context.
+    kept.front() += 1.0f;
+    auto changed = vace_context(*model_, r.control_frames, &*r.init_image, *v);
+    ASSERT_TRUE(changed.ok());
+    EXPECT_NE(*changed, *context);
+    model_->encoded_constants().clear();
 }
 
 TEST_F(WanVace, TheJobMatchesTheReference) {
