@@ -54,6 +54,22 @@ class Network {
     // row order (diffusers' q, k, v of a DiT's fused projection); `stem`
     // itself when it is not fused.
     virtual std::vector<std::string> lora_split_names(const std::string& stem) const { return {stem}; }
+    // LoRA, the other way round: the layer of another naming that weight
+    // `stem` is part `part` of `parts` (BFL's fused qkv, whose rows
+    // diffusers' to_q, to_k and to_v hold apart), or is whole under another
+    // name (parts 1). LoraTargets takes the part's rows of that layer from
+    // the widths of its sibling parts.
+    struct LoraFusedLayer {
+        std::string stem;
+        int part = 0;
+        int parts = 1;
+    };
+    virtual std::optional<LoraFusedLayer> lora_fused_layer(const std::string& /*stem*/) const { return std::nullopt; }
+    // LoRA: whether the other naming's layer for weight `stem` (either
+    // direction above) holds its rows' two halves the other way round
+    // (diffusers' norm_out.linear is scale then shift, BFL's final
+    // adaLN_modulation shift then scale).
+    virtual bool lora_other_name_swaps_halves(const std::string& /*stem*/) const { return false; }
 };
 
 // ---- Diffusion networks ----------------------------------------------------

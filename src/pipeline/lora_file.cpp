@@ -368,6 +368,60 @@ Result<AdapterFile> read_adapter_file(const std::string& path) {
     return out;
 }
 
+Result<LayerAdapter> adapter_rows(const LayerAdapter& layer, int64_t first, int64_t count, bool swap_halves) {
+    const int64_t total = layer.out_rows();
+    if (first < 0 || count <= 0 || first + count > total || (swap_halves && total % 2 != 0)) {
+        return Error::bad_file("adapter '" + layer.key + "' changes " + std::to_string(total) +
+                               " rows, which cannot hold rows " + std::to_string(first) + "-" +
+                               std::to_string(first + count - 1) + (swap_halves ? " with its halves swapped" : ""));
+    }
+    // Row i of the part is this row of the layer's change.
+    auto source_row = [&](int64_t i) {
+        const int64_t r = first + i;
+        return swap_halves ? (r + total / 2) % total : r;
+    };
+    auto rows_of = [&](const HostTensor& t) {
+        HostTensor out{t.shape, {}};
+        out.shape[0] = count;
+        const size_t width = static_cast<size_t>(t.columns());
+        out.data.reserve(width * static_cast<size_t>(count));
+        for (int64_t i = 0; i < count; ++i) {
+            const auto from = t.data.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(source_row(i)) * width);
+            out.data.insert(out.data.end(), from, from + static_cast<std::ptrdiff_t>(width));
+        }
+        return out;
+    };
+    LayerAdapter part;
+    part.key = layer.key;
+    part.kind = layer.kind;
+    if (layer.dora_scale) {
+        if (layer.dora_scale->rows() != total || layer.dora_scale->columns() != 1) {
+            return Error::bad_file("adapter '" + layer.key +
+                                   "': DoRA magnitudes per input channel on a layer this model keeps as several "
+                                   "weights cannot be split between them");
+        }
+        part.dora_scale = rows_of(*layer.dora_scale);
+    }
+    if (layer.diff_b) part.diff_b = rows_of(*layer.diff_b);
+    if (layer.kind == AdapterKind::BiasOnly) return part;
+    if (layer.kind == AdapterKind::LoRA) {
+        part.down = layer.down;
+        part.up = rows_of(*layer.up);
+        part.alpha = layer.alpha;
+        return part;
+    }
+    auto dense = layer.dense_delta(total, layer.in_columns());
+    if (!dense.ok()) return dense.error();
+    std::vector<int64_t> shape = {total};
+    if (layer.kind == AdapterKind::Full)
+        shape = layer.diff->shape;
+    else
+        shape.push_back(layer.in_columns());
+    part.kind = AdapterKind::Full;
+    part.diff = rows_of(HostTensor{shape, std::move(dense).value()});
+    return part;
+}
+
 Status apply_dora(const LayerAdapter& layer, std::vector<float>& weight, int64_t first_row, int64_t rows,
                   int64_t columns, const std::vector<float>& delta, float strength) {
     const HostTensor& m = *layer.dora_scale;

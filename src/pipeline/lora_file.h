@@ -86,6 +86,15 @@ struct AdapterFile {
 // holds no adapter at all.
 Result<AdapterFile> read_adapter_file(const std::string& path);
 
+// The part of `layer`'s change that lands on rows [first, first + count)
+// of the weight it changes, after the rows' two halves are swapped when
+// `swap_halves`, as an adapter of its own: a LoRA keeps its down and rank
+// (and so its alpha) with those rows of its up; the other kinds become the
+// rows of their dense change (alpha applied). A bias change and per-row
+// DoRA magnitudes are cut alike. Error (bad file): DoRA magnitudes per
+// input channel, whose norm runs over every row and so cannot be cut.
+Result<LayerAdapter> adapter_rows(const LayerAdapter& layer, int64_t first, int64_t count, bool swap_halves);
+
 // DoRA on rows [first_row, first_row + rows) of `weight` (row-major,
 // `columns` wide), as ComfyUI's weight_decompose: c = W + delta (alpha
 // included, strength not); n = the norm of each row of W when dora_scale

@@ -1,6 +1,7 @@
 #include "pipeline/lora_targets.h"
 
-#include <climits>
+#include <algorithm>
+#include <map>
 
 #include "io/name_map.h"
 
@@ -16,15 +17,20 @@ std::string normalized(std::string key) {
 }
 
 bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
+
+// How LoRA files prefix a diffusion network's layer paths: bare, kohya's
+// (lora_unet_, lora_transformer_), ComfyUI's and diffusers'.
+constexpr const char* kDiffusionKeyPrefixes[] = {"", "lora_unet_", "diffusion_model.", "transformer.",
+                                                 "lora_transformer_"};
 bool ends_with(const std::string& s, const std::string& suffix) {
     return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 }  // namespace
 
-void LoraTargets::add(const std::string& key, size_t target) {
-    auto [it, inserted] = by_key_.emplace(normalized(key), target);
-    if (!inserted && it->second != target) it->second = SIZE_MAX;  // two weights answer to it: never guess
+void LoraTargets::add(const std::string& key, const std::vector<size_t>& targets) {
+    auto [it, inserted] = by_key_.emplace(normalized(key), targets);
+    if (!inserted && it->second != targets) it->second.clear();  // two weights answer to it: never guess
 }
 
 LoraTargets::LoraTargets(Model& model, bool high_noise_expert) {
@@ -46,6 +52,11 @@ LoraTargets::LoraTargets(Model& model, bool high_noise_expert) {
         // which may be above where its network reads them from ("...text_model.").
         const std::string& prefix = module.prefix;
         std::unordered_map<std::string, ggml_tensor*> by_name;  // for each layer's bias
+        struct FusedParts {
+            int parts = 0;
+            std::vector<std::pair<int, size_t>> targets;  // part, target
+        };
+        std::map<std::string, FusedParts> fused_parts;  // by the fused layer's stem
         for (const auto& [tensor, info] : module.weights().declared()) by_name[info->name] = tensor;
         for (const auto& [tensor, info] : module.weights().declared()) {
             if (info->shape.size() < 2 || !starts_with(info->name, prefix)) continue;
@@ -66,11 +77,10 @@ LoraTargets::LoraTargets(Model& model, bool high_noise_expert) {
             targets_.push_back(whole);
 
             // The checkpoint's own names, and ComfyUI's "diffusion_model." form.
-            add(prefix + stem, index);
-            if (starts_with(prefix, "model.")) add(prefix.substr(6) + stem, index);
+            add(prefix + stem, {index});
+            if (starts_with(prefix, "model.")) add(prefix.substr(6) + stem, {index});
             if (diffusion) {
-                for (const char* p : {"", "lora_unet_", "diffusion_model.", "transformer.", "lora_transformer_"})
-                    add(p + stem, index);
+                for (const char* p : kDiffusionKeyPrefixes) add(p + stem, {index});
             }
             // Other namings of the same layer: diffusers' and HF's (SD
             // families' name tables), or a DiT's split projections.
@@ -93,9 +103,16 @@ LoraTargets::LoraTargets(Model& model, bool high_noise_expert) {
                     if (split[i] != stem) aliases.emplace_back(split[i], split.size() > 1 ? static_cast<int>(i) : -1);
                 }
             }
+            const bool swapped = diffusion && module.network->lora_other_name_swaps_halves(stem);
             for (const auto& [alias, part] : aliases) {
                 size_t target = index;
-                if (part >= 0) {
+                if (part < 0 && swapped) {
+                    LoraTarget turned = whole;
+                    turned.swap_halves = true;
+                    turned.name = info->name + " (" + alias + ", its halves swapped)";
+                    target = targets_.size();
+                    targets_.push_back(turned);
+                } else if (part >= 0) {
                     // q, k and v are each `in` rows of the fused weight (its
                     // input is the model width); a single block's proj_mlp
                     // takes the rest.
@@ -109,27 +126,68 @@ LoraTargets::LoraTargets(Model& model, bool high_noise_expert) {
                     targets_.push_back(range);
                 }
                 if (diffusion) {
-                    for (const char* p :
-                         {"", "lora_unet_", "unet.", "transformer.", "lora_transformer_", "diffusion_model."})
-                        add(p + alias, target);
+                    for (const char* p : kDiffusionKeyPrefixes) add(p + alias, {target});
+                    add("unet." + alias, {target});
                 } else if (component == io::ModelComponent::TextEncoder2) {
-                    for (const char* p : {"lora_te2_", "text_encoder_2."}) add(p + alias, target);
+                    for (const char* p : {"lora_te2_", "text_encoder_2."}) add(p + alias, {target});
                 } else if (component == io::ModelComponent::TextEncoder) {
-                    for (const char* p : {"lora_te_", "lora_te1_", "text_encoder."}) add(p + alias, target);
+                    for (const char* p : {"lora_te_", "lora_te1_", "text_encoder."}) add(p + alias, {target});
                 }
             }
+            // The other way round: the layer another naming fuses this
+            // weight into (BFL's qkv for diffusers' to_q), or names it.
+            if (!diffusion) continue;
+            if (const auto fused = module.network->lora_fused_layer(stem)) {
+                if (fused->parts == 1) {
+                    LoraTarget renamed = whole;
+                    renamed.swap_halves = swapped;
+                    const size_t target = targets_.size();
+                    targets_.push_back(renamed);
+                    for (const char* p : kDiffusionKeyPrefixes) add(p + fused->stem, {target});
+                } else {
+                    FusedParts& group = fused_parts[fused->stem];
+                    group.parts = fused->parts;
+                    group.targets.emplace_back(fused->part, index);
+                }
+            }
+        }
+        // Each fused layer whose parts are all here: part i takes the rows
+        // after the parts before it.
+        for (const auto& [fused_stem, group] : fused_parts) {
+            std::vector<std::pair<int, size_t>> parts = group.targets;
+            std::sort(parts.begin(), parts.end());
+            bool whole_set = static_cast<int>(parts.size()) == group.parts;
+            for (size_t i = 0; whole_set && i < parts.size(); ++i) whole_set = parts[i].first == static_cast<int>(i);
+            if (!whole_set) continue;
+            int64_t layer_rows = 0;
+            for (const auto& [part, target] : parts) layer_rows += targets_[target].rows;
+            std::vector<size_t> members;
+            int64_t first = 0;
+            for (const auto& [part, target] : parts) {
+                LoraTarget member = targets_[target];
+                member.layer_first_row = first;
+                member.layer_rows = layer_rows;
+                member.name += " (rows " + std::to_string(first) + "-" + std::to_string(first + member.rows - 1) +
+                               " of " + fused_stem + ")";
+                first += member.rows;
+                members.push_back(targets_.size());
+                targets_.push_back(member);
+            }
+            for (const char* p : kDiffusionKeyPrefixes) add(p + fused_stem, members);
         }
     }
 }
 
-const LoraTarget* LoraTargets::find(const std::string& layer_key) const {
+std::vector<const LoraTarget*> LoraTargets::find(const std::string& layer_key) const {
     std::string key = normalized(layer_key);
     for (const char* wrapper : {"base_model_model_"}) {  // PEFT's wrapper around the model
         if (starts_with(key, wrapper)) key = key.substr(std::string(wrapper).size());
     }
-    auto it = by_key_.find(key);
-    if (it == by_key_.end() || it->second == SIZE_MAX) return nullptr;
-    return &targets_[it->second];
+    std::vector<const LoraTarget*> found;
+    if (auto it = by_key_.find(key); it != by_key_.end()) {
+        for (size_t target : it->second) found.push_back(&targets_[target]);
+    }
+    return found;
 }
 
 }  // namespace kiln::pipeline

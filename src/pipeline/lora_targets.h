@@ -7,7 +7,9 @@
 //   the model's own    <prefix><path> as in the checkpoint, ComfyUI's diffusion_model.<path>
 // with '.' and '_' treated alike (kohya writes paths with '_'). A name in a
 // split convention (diffusers' to_q, to_k, to_v, OpenCLIP's q/k/v of a
-// fused in_proj) means a range of rows of the fused weight.
+// fused in_proj) means a range of rows of the fused weight; the other way
+// round, a fused layer's name (BFL's qkv, linear1) on a network whose file
+// splits it means each split weight, with its rows of the layer's change.
 #pragma once
 
 #include <string>
@@ -26,6 +28,13 @@ struct LoraTarget {
     int64_t rows = 0;
     int64_t columns = 0;  // per row: in, or in * kh * kw for a convolution
     ggml_tensor* bias = nullptr;  // the layer's declared bias (the same rows), if it has one
+    // The adapter layer's rows that change this target: [layer_first_row,
+    // layer_first_row + rows) of a layer of layer_rows rows (0: the layer's
+    // rows are the target's), after its two halves are swapped when
+    // swap_halves (pipeline/lora_file.h, adapter_rows).
+    int64_t layer_first_row = 0;
+    int64_t layer_rows = 0;
+    bool swap_halves = false;
 };
 
 class LoraTargets {
@@ -33,14 +42,15 @@ class LoraTargets {
     // Indexes every matrix and convolution weight of every module but Wan
     // 2.2 A14B's high-noise expert, or (high_noise_expert) of the expert alone.
     LoraTargets(Model& model, bool high_noise_expert);
-    // The weight a file's layer name means, or nullptr.
-    const LoraTarget* find(const std::string& layer_key) const;
+    // The weights a file's layer name means: one, each part a file splits
+    // it into, or none.
+    std::vector<const LoraTarget*> find(const std::string& layer_key) const;
     size_t size() const { return targets_.size(); }
 
   private:
-    void add(const std::string& key, size_t target);
+    void add(const std::string& key, const std::vector<size_t>& targets);
     std::vector<LoraTarget> targets_;
-    std::unordered_map<std::string, size_t> by_key_;  // normalized key -> target; SIZE_MAX: ambiguous
+    std::unordered_map<std::string, std::vector<size_t>> by_key_;  // normalized key -> targets; empty: ambiguous
 };
 
 }  // namespace kiln::pipeline

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <optional>
 #include <string_view>
@@ -75,6 +76,22 @@ std::vector<float> in_weight_rows(const std::vector<float>& part, const LoraTarg
     return whole;
 }
 
+// The part of `layer` that lands on `t`: a weight that another naming
+// fuses with others into the layer (its rows of the change), or whose
+// rows' halves that naming holds the other way round.
+Result<LayerAdapter> part_for_target(const std::string& path, const LayerAdapter& layer, const LoraTarget& t) {
+    const int64_t rows = t.layer_rows > 0 ? t.layer_rows : t.rows;
+    if (layer.changes_weight() && (layer.out_rows() != rows || layer.in_columns() != t.columns)) {
+        return Error::bad_file(path + ": adapter '" + layer.key + "' changes a " + std::to_string(layer.out_rows()) +
+                               "x" + std::to_string(layer.in_columns()) + " weight; " + t.name + " is part of a " +
+                               std::to_string(rows) + "x" + std::to_string(t.columns) +
+                               " layer (a LoRA for another model?)");
+    }
+    auto cut = adapter_rows(layer, t.layer_first_row, t.rows, t.swap_halves);
+    if (!cut.ok()) return cut.error().in_context(path + ": ");
+    return cut;
+}
+
 // W + the changes, in W's compute type (requantized when it is quantized).
 Result<std::vector<uint8_t>> merged_weight(const WeightChanges& w) {
     auto base = io::convert_tensor(*w.info, w.module->file->data(*w.info), GGML_TYPE_F32);
@@ -124,6 +141,9 @@ Status install(Model& model, const std::vector<std::pair<std::string, LoraReques
     std::optional<LoraTargets> expert_targets;
     if (model.has_high_noise_expert()) expert_targets.emplace(model, /*high_noise_expert=*/true);
     std::vector<WeightChanges> weights;
+    // The parts of layers cut for the weights they land on (Change points
+    // at them until the patches are made).
+    std::deque<LayerAdapter> parts;
     std::map<const ggml_tensor*, size_t> weight_index;
     std::map<const ggml_tensor*, const io::TensorInfo*> infos;
     for (auto& module : model.modules()) {
@@ -137,51 +157,60 @@ Status install(Model& model, const std::vector<std::pair<std::string, LoraReques
         const AdapterFile& f = files.back();
         std::vector<std::string> unmatched = f.unused;
         int matched = 0;
-        for (const LayerAdapter& layer : f.layers) {
-            const LoraTarget* t = (request.high_noise ? *expert_targets : targets).find(layer.key);
-            if (!t) {
-                unmatched.push_back(layer.key);
+        for (const LayerAdapter& whole_layer : f.layers) {
+            const std::vector<const LoraTarget*> found =
+                (request.high_noise ? *expert_targets : targets).find(whole_layer.key);
+            if (found.empty()) {
+                unmatched.push_back(whole_layer.key);
                 continue;
             }
-            if (layer.diff_b) {
-                if (!t->bias) {
-                    unmatched.push_back(layer.key + ".diff_b (" + t->name + " has no bias)");
-                } else if (layer.diff_b->rows() != t->rows) {
-                    return Error::bad_file(path + ": adapter '" + layer.key + "' changes a bias of " +
-                                           std::to_string(layer.diff_b->rows()) + " values; " + t->name + " has " +
-                                           std::to_string(t->rows) + " rows (a LoRA for another model?)");
-                } else {
-                    auto [it, added] = weight_index.emplace(t->bias, weights.size());
-                    if (added) weights.push_back({t->module, t->bias, infos.at(t->bias), {}});
-                    weights[it->second].changes.push_back({&layer, t, request.strength, /*bias=*/true});
+            for (const LoraTarget* t : found) {
+                // A layer another naming fuses (or turns) lands on this weight
+                // as its part of the change.
+                const LayerAdapter* part = &whole_layer;
+                if (t->layer_rows > 0 || t->swap_halves) {
+                    auto cut = part_for_target(path, whole_layer, *t);
+                    if (!cut.ok()) return cut.error();
+                    parts.push_back(std::move(cut).value());
+                    part = &parts.back();
                 }
+                const LayerAdapter& layer = *part;
+                if (layer.diff_b) {
+                    if (!t->bias) {
+                        unmatched.push_back(layer.key + ".diff_b (" + t->name + " has no bias)");
+                    } else if (layer.diff_b->rows() != t->rows) {
+                        return Error::bad_file(path + ": adapter '" + layer.key + "' changes a bias of " +
+                                               std::to_string(layer.diff_b->rows()) + " values; " + t->name + " has " +
+                                               std::to_string(t->rows) + " rows (a LoRA for another model?)");
+                    } else {
+                        auto [it, added] = weight_index.emplace(t->bias, weights.size());
+                        if (added) weights.push_back({t->module, t->bias, infos.at(t->bias), {}});
+                        weights[it->second].changes.push_back({&layer, t, request.strength, /*bias=*/true});
+                    }
+                }
+                // What the layer's change is multiplied by: a huge strength
+                // (<lora:x:1e30>) or alpha (3e38) overflows float in the
+                // products, found only once the job has run.
+                const double factor = static_cast<double>(request.strength) * layer.scale();
+                if (!(std::fabs(factor) <= kMaxLoraFactor)) {
+                    const std::string message =
+                        "LoRA " + request.name + " (" + path + "): strength " + format_number(request.strength) +
+                        " times adapter '" + layer.key + "''s alpha/rank " + format_number(layer.scale()) +
+                        " is beyond the limit of " + format_number(static_cast<float>(kMaxLoraFactor)) + " either way";
+                    return std::fabs(request.strength) > kMaxLoraFactor ? Error::invalid_request(message)
+                                                                        : Error::bad_file(message);
+                }
+                if (!layer.changes_weight()) continue;
+                if (layer.out_rows() != t->rows || layer.in_columns() != t->columns) {
+                    return Error::bad_file(path + ": adapter '" + layer.key + "' changes a " +
+                                           std::to_string(layer.out_rows()) + "x" + std::to_string(layer.in_columns()) +
+                                           " weight; " + t->name + " is " + std::to_string(t->rows) + "x" +
+                                           std::to_string(t->columns) + " (a LoRA for another model?)");
+                }
+                auto [it, added] = weight_index.emplace(t->weight, weights.size());
+                if (added) weights.push_back({t->module, t->weight, infos.at(t->weight), {}});
+                weights[it->second].changes.push_back({&layer, t, request.strength});
             }
-            // What the layer's change is multiplied by: a huge strength
-            // (<lora:x:1e30>) or alpha (3e38) overflows float in the
-            // products, found only once the job has run.
-            const double factor = static_cast<double>(request.strength) * layer.scale();
-            if (!(std::fabs(factor) <= kMaxLoraFactor)) {
-                const std::string message = "LoRA " + request.name + " (" + path + "): strength " +
-                                            format_number(request.strength) + " times adapter '" + layer.key +
-                                            "''s alpha/rank " + format_number(layer.scale()) +
-                                            " is beyond the limit of " +
-                                            format_number(static_cast<float>(kMaxLoraFactor)) + " either way";
-                return std::fabs(request.strength) > kMaxLoraFactor ? Error::invalid_request(message)
-                                                                     : Error::bad_file(message);
-            }
-            if (!layer.changes_weight()) {
-                ++matched;
-                continue;
-            }
-            if (layer.out_rows() != t->rows || layer.in_columns() != t->columns) {
-                return Error::bad_file(path + ": adapter '" + layer.key + "' changes a " +
-                                       std::to_string(layer.out_rows()) + "x" + std::to_string(layer.in_columns()) +
-                                       " weight; " + t->name + " is " + std::to_string(t->rows) + "x" +
-                                       std::to_string(t->columns) + " (a LoRA for another model?)");
-            }
-            auto [it, added] = weight_index.emplace(t->weight, weights.size());
-            if (added) weights.push_back({t->module, t->weight, infos.at(t->weight), {}});
-            weights[it->second].changes.push_back({&layer, t, request.strength});
             ++matched;
         }
         if (matched == 0) {

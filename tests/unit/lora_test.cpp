@@ -487,8 +487,9 @@ void expect_targets(Model& model, const std::vector<Expected>& expected) {
     LoraTargets targets(model, /*high_noise_expert=*/false);
     for (const Expected& e : expected) {
         SCOPED_TRACE(e.key);
-        const LoraTarget* t = targets.find(e.key);
-        ASSERT_NE(t, nullptr);
+        const std::vector<const LoraTarget*> found = targets.find(e.key);
+        ASSERT_EQ(found.size(), 1u);
+        const LoraTarget* t = found.front();
         EXPECT_EQ(t->name.substr(0, t->name.find(' ')), e.weight);
         EXPECT_EQ(t->first_row, e.first);
         if (e.rows >= 0) EXPECT_EQ(t->rows, e.rows);
@@ -680,51 +681,132 @@ void expect_split_equals_fused(const ModelPaths& paths, const test::TempDir& dir
     EXPECT_LE(max_level_difference(split, merged), 1);
 }
 
-// Flux's single-block linear1 (q, k, v, then the MLP's rows), FLUX.2's
-// double-block qkv, Z-Image's qkv, and the q/k/v of SDXL's second
-// encoder's fused in_proj.
-TEST(LoraOfEveryFamily, SplitProjectionsLandOnTheirRowsOfTheFusedWeights) {
-    struct Family {
-        const char* name;
-        ModelPaths paths;
-        const char* fused_key;
-        int64_t rows, in;
-        std::vector<SplitLayer> parts;
-    };
-    const Family families[] = {
+// One model and one fused layer's change written both ways.
+struct FusedCase {
+    const char* name;
+    ModelPaths paths;
+    const char* fused_key;
+    int64_t rows, in;
+    std::vector<SplitLayer> parts;
+};
+void expect_each_split_equals_fused(const std::vector<FusedCase>& cases) {
+    for (const FusedCase& f : cases) {
+        SCOPED_TRACE(f.name);
+        test::TempDir dir;
+        write_split_and_fused(dir, f.fused_key, f.rows, f.in, f.parts);
+        expect_split_equals_fused(f.paths, dir);
+    }
+}
+
+// The DiTs' fused layers: Flux's single-block linear1 (q, k, v, then the
+// MLP's rows), FLUX.2's double-block qkv, Z-Image's qkv; on the original
+// files, or (diffusers_transformers) on diffusers' transformers, which keep
+// the parts as weights of their own.
+std::vector<FusedCase> dit_fused_cases(bool diffusers_transformers) {
+    ModelPaths flux = flux_paths(), klein = klein_paths(), z = z_image_paths();
+    if (diffusers_transformers) {
+        flux.diffusion_model = golden_path("pipeline/flux_tiny/diffusers_transformer.safetensors");
+        klein.diffusion_model = golden_path("models/flux2_tiny_diffusers_transformer.safetensors");
+        z.diffusion_model = golden_path("pipeline/z_image_tiny/diffusers_transformer.safetensors");
+    }
+    return {
         {"Flux",
-         flux_paths(),
+         flux,
          "lora_unet_single_blocks_1_linear1",
          320,
          64,
          {{"transformer.single_transformer_blocks.1.attn.to_k", 64, 64},
           {"transformer.single_transformer_blocks.1.proj_mlp", 192, 128}}},
         {"FLUX.2 [klein]",
-         klein_paths(),
+         klein,
          "diffusion_model.double_blocks.1.img_attn.qkv",
          192,
          64,
          {{"transformer.transformer_blocks.1.attn.to_q", 0, 64},
           {"transformer.transformer_blocks.1.attn.to_v", 128, 64}}},
         {"Z-Image",
-         z_image_paths(),
+         z,
          "diffusion_model.layers.1.attention.qkv",
          192,
          64,
          {{"diffusion_model.layers.1.attention.to_q", 0, 64}, {"diffusion_model.layers.1.attention.to_v", 128, 64}}},
-        {"SDXL",
-         sdxl_paths(),
-         "conditioner.embedders.1.model.transformer.resblocks.1.attn.in_proj",
-         96,
-         32,
-         {{"lora_te2_text_model_encoder_layers_1_self_attn_k_proj", 32, 32},
-          {"text_encoder_2.text_model.encoder.layers.1.self_attn.v_proj", 64, 32}}},
     };
-    for (const Family& f : families) {
-        SCOPED_TRACE(f.name);
-        test::TempDir dir;
-        write_split_and_fused(dir, f.fused_key, f.rows, f.in, f.parts);
-        expect_split_equals_fused(f.paths, dir);
+}
+
+// The DiTs' fused layers, and the q/k/v of SDXL's second encoder's fused in_proj.
+TEST(LoraOfEveryFamily, SplitProjectionsLandOnTheirRowsOfTheFusedWeights) {
+    std::vector<FusedCase> cases = dit_fused_cases(false);
+    cases.push_back({"SDXL",
+                     sdxl_paths(),
+                     "conditioner.embedders.1.model.transformer.resblocks.1.attn.in_proj",
+                     96,
+                     32,
+                     {{"lora_te2_text_model_encoder_layers_1_self_attn_k_proj", 32, 32},
+                      {"text_encoder_2.text_model.encoder.layers.1.self_attn.v_proj", 64, 32}}});
+    expect_each_split_equals_fused(cases);
+}
+
+// The other way round: DiTs in diffusers' names (a diffusers folder's
+// transformer/) keep q, k, v (and a Flux single block's MLP) as weights of
+// their own, and a LoRA in the original names (kohya's lora_unet_*_qkv,
+// ComfyUI's diffusion_model.*) changes each with its rows of the fused
+// layer's change: the same image as the same change written per part.
+TEST(LoraOfEveryFamily, FusedLayersLandOnTheSplitWeightsOfADiffusersDit) {
+    const std::vector<FusedCase> cases = dit_fused_cases(true);
+    auto model = load_parts(cases.front().paths, LoraApplyMode::Auto);
+    ASSERT_TRUE(model);
+    const LoraTargets targets(*model, /*high_noise_expert=*/false);
+    const auto found = targets.find("lora_unet_single_blocks_1_linear1");
+    ASSERT_EQ(found.size(), 4u);
+    const char* names[] = {"attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp"};
+    const int64_t first_rows[] = {0, 64, 128, 192};
+    for (size_t i = 0; i < found.size(); ++i) {
+        EXPECT_EQ(found[i]->name.rfind("single_transformer_blocks.1." + std::string(names[i]) + ".weight", 0), 0u)
+            << found[i]->name;
+        EXPECT_EQ(found[i]->layer_first_row, first_rows[i]);
+        EXPECT_EQ(found[i]->layer_rows, 320);
+    }
+    expect_each_split_equals_fused(cases);
+}
+
+// The final adaLN's rows are (shift, scale) in BFL's files and (scale,
+// shift) in diffusers' norm_out.linear: one change, written in each naming
+// with its rows in that naming's order, gives one image on either DiT.
+TEST(LoraOfEveryFamily, FinalModulationHalvesFollowEachNaming) {
+    const int64_t rows = 128, in = 64, r = 2;  // 2 x the width 64
+    const auto down = small_values(r * in, 7);
+    const auto up_bytes = small_values(rows * r, 8);
+    const auto* up = reinterpret_cast<const float*>(up_bytes.data());
+    std::vector<float> swapped(static_cast<size_t>(rows * r));
+    for (int64_t row = 0; row < rows; ++row)
+        for (int64_t k = 0; k < r; ++k)
+            swapped[static_cast<size_t>(((row + rows / 2) % rows) * r + k)] = up[row * r + k];
+    const auto* sw = reinterpret_cast<const uint8_t*>(swapped.data());
+    test::TempDir dir;
+    dir.write("bfl.safetensors",
+              test::build_safetensors(
+                  {{"lora_unet_final_layer_adaLN_modulation_1.lora_down.weight", "F32", {r, in}, down},
+                   {"lora_unet_final_layer_adaLN_modulation_1.lora_up.weight", "F32", {rows, r}, up_bytes}}));
+    dir.write("diffusers.safetensors",
+              test::build_safetensors({{"transformer.norm_out.linear.lora_A.weight", "F32", {r, in}, down},
+                                       {"transformer.norm_out.linear.lora_B.weight",
+                                        "F32",
+                                        {rows, r},
+                                        std::vector<uint8_t>(sw, sw + swapped.size() * sizeof(float))}}));
+    ModelPaths diffusers_dit = flux_paths();
+    diffusers_dit.diffusion_model = golden_path("pipeline/flux_tiny/diffusers_transformer.safetensors");
+    const auto none = image_with(flux_paths(), LoraApplyMode::AtRuntime, dir.path(), "");
+    const auto reference = image_with(flux_paths(), LoraApplyMode::AtRuntime, dir.path(), "<lora:bfl:1> ");
+    ASSERT_FALSE(none.empty());
+    EXPECT_GT(max_level_difference(none, reference), 2) << "the LoRA should change the image";
+    EXPECT_LE(max_level_difference(
+                  reference, image_with(flux_paths(), LoraApplyMode::AtRuntime, dir.path(), "<lora:diffusers:1> ")),
+              1);
+    for (const LoraApplyMode mode : {LoraApplyMode::AtRuntime, LoraApplyMode::Immediately}) {
+        for (const char* tag : {"<lora:bfl:1> ", "<lora:diffusers:1> "}) {
+            SCOPED_TRACE(tag);
+            EXPECT_LE(max_level_difference(reference, image_with(diffusers_dit, mode, dir.path(), tag)), 1);
+        }
     }
 }
 

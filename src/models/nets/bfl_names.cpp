@@ -55,6 +55,40 @@ std::vector<std::string> BflNaming::parts(const std::string& bfl) const {
     return {bfl};
 }
 
+std::optional<DiffusionNetwork::LoraFusedLayer> BflNaming::bfl_of(const std::string& diffusers_stem) const {
+    if (!diffusers_) return std::nullopt;
+    auto in = [](const BflRenames::Table& table, const std::string& head, const std::string& stem,
+                 const std::string& bfl_head) -> std::optional<DiffusionNetwork::LoraFusedLayer> {
+        for (const auto& [from, to] : table) {
+            for (size_t i = 0; i < to.size(); ++i) {
+                if (head + to[i] == stem)
+                    return DiffusionNetwork::LoraFusedLayer{bfl_head + from, static_cast<int>(i),
+                                                            static_cast<int>(to.size())};
+            }
+        }
+        return std::nullopt;
+    };
+    if (auto found = in(diffusers_->global, "", diffusers_stem, "")) return found;
+    for (const auto& [block, table, bfl_block] :
+         {std::tuple{std::string("transformer_blocks."), &diffusers_->double_block, "double_blocks."},
+          std::tuple{std::string("single_transformer_blocks."), &diffusers_->single_block, "single_blocks."}}) {
+        if (diffusers_stem.rfind(block, 0) != 0) continue;
+        const size_t dot = diffusers_stem.find('.', block.size());
+        if (dot == std::string::npos) continue;
+        const std::string index = diffusers_stem.substr(block.size(), dot - block.size()) + ".";
+        if (auto found = in(*table, block + index, diffusers_stem, bfl_block + index)) return found;
+    }
+    return std::nullopt;
+}
+
+bool BflNaming::swaps_halves(const std::string& stem) const {
+    if (!diffusers_) return false;
+    for (const std::string& bfl : diffusers_->swapped_halves) {
+        if (stem == bfl || parts(bfl) == std::vector<std::string>{stem}) return true;
+    }
+    return false;
+}
+
 nn::Linear FusedLinear::part(ggml_context* ctx, size_t i) const {
     if (!split.empty()) return split[i];
     int64_t first = 0;

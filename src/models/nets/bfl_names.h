@@ -7,12 +7,14 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "ggml.h"
 #include "io/weight_declarer.h"
+#include "models/network.h"
 #include "nn/layers.h"
 
 namespace kiln::models {
@@ -25,6 +27,9 @@ struct BflRenames {
     Table global;        // names outside the blocks
     Table double_block;  // leaves of double_blocks.N. in transformer_blocks.N.
     Table single_block;  // leaves of single_blocks.N. in single_transformer_blocks.N.
+    // BFL stems whose diffusers weight holds the rows' two halves swapped
+    // (the final adaLN's shift and scale).
+    std::vector<std::string> swapped_halves;
 };
 
 // A double block's joint attention as diffusers' Flux and FLUX.2
@@ -42,6 +47,12 @@ class BflNaming {
     std::string operator()(const std::string& bfl) const { return parts(bfl).front(); }
     // The stems of a layer's parts in the file: one, or diffusers' split.
     std::vector<std::string> parts(const std::string& bfl) const;
+    // The other way: the BFL layer a diffusers stem is (a part of); nullopt
+    // when no rename names it.
+    std::optional<DiffusionNetwork::LoraFusedLayer> bfl_of(const std::string& diffusers_stem) const;
+    // Whether the two namings of layer `stem` (either one's) hold its rows'
+    // halves the other way round.
+    bool swaps_halves(const std::string& stem) const;
 
   private:
     const BflRenames* diffusers_;

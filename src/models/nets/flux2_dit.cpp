@@ -141,6 +141,7 @@ const BflRenames& diffusers_renames() {
             {"norm.query_norm.scale", {"attn.norm_q.weight"}},
             {"norm.key_norm.scale", {"attn.norm_k.weight"}},
         };
+        r.swapped_halves = {"final_layer.adaLN_modulation.1"};
         return r;
     }();
     return renames;
@@ -199,6 +200,12 @@ bool Flux2Dit::looks_like_flux2(const io::ModelFile& file, const std::string& pr
 }
 
 std::vector<std::string> Flux2Dit::lora_split_names(const std::string& stem) const { return naming(true).parts(stem); }
+
+std::optional<DiffusionNetwork::LoraFusedLayer> Flux2Dit::lora_fused_layer(const std::string& stem) const {
+    return config_.diffusers_names ? naming(true).bfl_of(stem) : std::nullopt;
+}
+
+bool Flux2Dit::lora_other_name_swaps_halves(const std::string& stem) const { return naming(true).swaps_halves(stem); }
 
 Result<std::unique_ptr<Flux2Dit>> Flux2Dit::create(io::WeightDeclarer& weights) {
     const io::ModelFile& file = weights.file();

@@ -112,6 +112,9 @@ class Flux2Dit final : public DiffusionNetwork {
     // LoRA: BFL's stems in diffusers' names (PEFT and diffusers-trained
     // LoRAs), a double block's qkv as its to_q, to_k, to_v.
     std::vector<std::string> lora_split_names(const std::string& stem) const override;
+    // In diffusers' names: BFL's layer each weight is (a part of).
+    std::optional<LoraFusedLayer> lora_fused_layer(const std::string& stem) const override;
+    bool lora_other_name_swaps_halves(const std::string& stem) const override;
 
   private:
     struct Blocks;

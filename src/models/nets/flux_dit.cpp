@@ -148,6 +148,7 @@ const BflRenames& diffusers_renames() {
             {"norm.query_norm.scale", {"attn.norm_q.weight"}},
             {"norm.key_norm.scale", {"attn.norm_k.weight"}},
         };
+        r.swapped_halves = {"final_layer.adaLN_modulation.1"};
         return r;
     }();
     return renames;
@@ -176,6 +177,12 @@ std::vector<std::pair<int64_t, int64_t>> reference_offsets(const std::vector<Flu
 }  // namespace
 
 std::vector<std::string> flux_diffusers_names(const std::string& bfl_stem) { return naming(true).parts(bfl_stem); }
+
+std::optional<DiffusionNetwork::LoraFusedLayer> FluxDit::lora_fused_layer(const std::string& stem) const {
+    return config_.diffusers_names ? naming(true).bfl_of(stem) : std::nullopt;
+}
+
+bool FluxDit::lora_other_name_swaps_halves(const std::string& stem) const { return naming(true).swaps_halves(stem); }
 
 int64_t flux_token_count(int64_t txt_tokens, FluxTokenGrid image, const std::vector<FluxTokenGrid>& refs) {
     int64_t n = txt_tokens + image.w * image.h;

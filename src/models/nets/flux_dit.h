@@ -195,6 +195,10 @@ class FluxDit final : public DiffusionNetwork {
     std::vector<std::string> lora_split_names(const std::string& stem) const override {
         return flux_diffusers_names(stem);
     }
+    // In diffusers' names: BFL's layer each weight is (a part of), for
+    // kohya's and ComfyUI's LoRAs.
+    std::optional<LoraFusedLayer> lora_fused_layer(const std::string& stem) const override;
+    bool lora_other_name_swaps_halves(const std::string& stem) const override;
 
   private:
     struct Blocks;

@@ -589,4 +589,18 @@ std::vector<std::string> ZImageDit::lora_split_names(const std::string& stem) co
     return {stem};
 }
 
+std::optional<DiffusionNetwork::LoraFusedLayer> ZImageDit::lora_fused_layer(const std::string& stem) const {
+    if (!config_.diffusers_names) return std::nullopt;
+    const std::string attention = ".attention.";
+    const size_t at = stem.rfind(attention);
+    if (at == std::string::npos) return std::nullopt;
+    const std::string base = stem.substr(0, at + attention.size()), leaf = stem.substr(at + attention.size());
+    const char* parts[] = {"to_q", "to_k", "to_v"};
+    for (int i = 0; i < 3; ++i) {
+        if (leaf == parts[i]) return LoraFusedLayer{base + "qkv", i, 3};
+    }
+    if (leaf == "to_out.0") return LoraFusedLayer{base + "out", 0, 1};
+    return std::nullopt;
+}
+
 }  // namespace kiln::models

@@ -185,6 +185,9 @@ class ZImageDit final : public DiffusionNetwork {
     // Z-Image's single file fuses q/k/v and names the output "out"; Tongyi's
     // and diffusers' names (and the LoRAs trained on them) split them.
     std::vector<std::string> lora_split_names(const std::string& stem) const override;
+    // In diffusers' names, the other way: the single file's layer each
+    // weight is (a part of), for LoRAs in that file's names.
+    std::optional<LoraFusedLayer> lora_fused_layer(const std::string& stem) const override;
 
   private:
     struct Blocks;
