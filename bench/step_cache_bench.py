@@ -101,9 +101,9 @@ def plot(a):
     ax.set_xlabel("PSNR against the uncached image (dB)")
     ax.set_ylabel("sampling speed-up against no cache")
     ax.set_title("kiln step caches on random full-width weights (docs/caching.md)")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)
     fig.tight_layout()
-    fig.savefig(a.out, dpi=110)
+    fig.savefig(a.out, dpi=110, bbox_inches="tight")
     print("wrote", a.out)
 
 
