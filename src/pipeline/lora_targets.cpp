@@ -103,15 +103,20 @@ LoraTargets::LoraTargets(Model& model, bool high_noise_expert) {
                     if (split[i] != stem) aliases.emplace_back(split[i], split.size() > 1 ? static_cast<int>(i) : -1);
                 }
             }
+            // The weight under another naming that holds its rows' halves the
+            // other way round: a target of its own that swaps them.
             const bool swapped = diffusion && module.network->lora_other_name_swaps_halves(stem);
+            auto turned = [&](const std::string& other) {
+                LoraTarget t = whole;
+                t.swap_halves = true;
+                t.name = info->name + " (" + other + ", its halves swapped)";
+                targets_.push_back(t);
+                return targets_.size() - 1;
+            };
             for (const auto& [alias, part] : aliases) {
                 size_t target = index;
                 if (part < 0 && swapped) {
-                    LoraTarget turned = whole;
-                    turned.swap_halves = true;
-                    turned.name = info->name + " (" + alias + ", its halves swapped)";
-                    target = targets_.size();
-                    targets_.push_back(turned);
+                    target = turned(alias);
                 } else if (part >= 0) {
                     // q, k and v are each `in` rows of the fused weight (its
                     // input is the model width); a single block's proj_mlp
@@ -139,10 +144,7 @@ LoraTargets::LoraTargets(Model& model, bool high_noise_expert) {
             if (!diffusion) continue;
             if (const auto fused = module.network->lora_fused_layer(stem)) {
                 if (fused->parts == 1) {
-                    LoraTarget renamed = whole;
-                    renamed.swap_halves = swapped;
-                    const size_t target = targets_.size();
-                    targets_.push_back(renamed);
+                    const size_t target = swapped ? turned(fused->stem) : index;
                     for (const char* p : kDiffusionKeyPrefixes) add(p + fused->stem, {target});
                 } else {
                     FusedParts& group = fused_parts[fused->stem];
