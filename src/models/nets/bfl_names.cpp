@@ -1,7 +1,5 @@
 #include "models/nets/bfl_names.h"
 
-#include <tuple>
-
 namespace kiln::models {
 namespace {
 
@@ -13,6 +11,26 @@ const std::vector<std::string>* find_in(const BflRenames::Table& table, const st
     for (const auto& [from, to] : table)
         if (stem == from) return &to;
     return nullptr;
+}
+
+// The blocks' names in each naming, and their table of renames.
+struct BlockNames {
+    std::string bfl, diffusers;
+    const BflRenames::Table BflRenames::*table;
+};
+const BlockNames kBlocks[] = {{"double_blocks.", "transformer_blocks.", &BflRenames::double_block},
+                              {"single_blocks.", "single_transformer_blocks.", &BflRenames::single_block}};
+
+// "double_blocks.3.img_attn.qkv" under "double_blocks.": index "3.", leaf
+// "img_attn.qkv"; nullopt when `stem` is not under `head`.
+struct BlockLeaf {
+    std::string index, leaf;
+};
+std::optional<BlockLeaf> under_block(const std::string& stem, const std::string& head) {
+    if (stem.rfind(head, 0) != 0) return std::nullopt;
+    const size_t dot = stem.find('.', head.size());
+    if (dot == std::string::npos) return std::nullopt;
+    return BlockLeaf{stem.substr(head.size(), dot + 1 - head.size()), stem.substr(dot + 1)};
 }
 
 }  // namespace
@@ -42,14 +60,11 @@ std::vector<std::string> BflNaming::parts(const std::string& bfl) const {
             return out;
         };
         if (const auto* to = find_in(diffusers_->global, stem)) return with_suffix("", *to);
-        for (const auto& [block, table, target] :
-             {std::tuple{std::string("double_blocks."), &diffusers_->double_block, "transformer_blocks."},
-              std::tuple{std::string("single_blocks."), &diffusers_->single_block, "single_transformer_blocks."}}) {
-            if (stem.rfind(block, 0) != 0) continue;
-            const size_t dot = stem.find('.', block.size());
-            if (dot == std::string::npos) continue;
-            const std::string index = stem.substr(block.size(), dot - block.size());
-            if (const auto* to = find_in(*table, stem.substr(dot + 1))) return with_suffix(target + index + ".", *to);
+        for (const BlockNames& b : kBlocks) {
+            if (const auto at = under_block(stem, b.bfl)) {
+                if (const auto* to = find_in(diffusers_->*b.table, at->leaf))
+                    return with_suffix(b.diffusers + at->index, *to);
+            }
         }
     }
     return {bfl};
@@ -57,26 +72,24 @@ std::vector<std::string> BflNaming::parts(const std::string& bfl) const {
 
 std::optional<DiffusionNetwork::LoraFusedLayer> BflNaming::bfl_of(const std::string& diffusers_stem) const {
     if (!diffusers_) return std::nullopt;
-    auto in = [](const BflRenames::Table& table, const std::string& head, const std::string& stem,
-                 const std::string& bfl_head) -> std::optional<DiffusionNetwork::LoraFusedLayer> {
+    // The table's layer that lists `leaf` as part i of its parts.
+    auto find_part = [](const BflRenames::Table& table, const std::string& leaf,
+                        const std::string& bfl_head) -> std::optional<DiffusionNetwork::LoraFusedLayer> {
         for (const auto& [from, to] : table) {
             for (size_t i = 0; i < to.size(); ++i) {
-                if (head + to[i] == stem)
+                if (to[i] == leaf) {
                     return DiffusionNetwork::LoraFusedLayer{bfl_head + from, static_cast<int>(i),
                                                             static_cast<int>(to.size())};
+                }
             }
         }
         return std::nullopt;
     };
-    if (auto found = in(diffusers_->global, "", diffusers_stem, "")) return found;
-    for (const auto& [block, table, bfl_block] :
-         {std::tuple{std::string("transformer_blocks."), &diffusers_->double_block, "double_blocks."},
-          std::tuple{std::string("single_transformer_blocks."), &diffusers_->single_block, "single_blocks."}}) {
-        if (diffusers_stem.rfind(block, 0) != 0) continue;
-        const size_t dot = diffusers_stem.find('.', block.size());
-        if (dot == std::string::npos) continue;
-        const std::string index = diffusers_stem.substr(block.size(), dot - block.size()) + ".";
-        if (auto found = in(*table, block + index, diffusers_stem, bfl_block + index)) return found;
+    if (auto found = find_part(diffusers_->global, diffusers_stem, "")) return found;
+    for (const BlockNames& b : kBlocks) {
+        if (const auto at = under_block(diffusers_stem, b.diffusers)) {
+            if (auto found = find_part(diffusers_->*b.table, at->leaf, b.bfl + at->index)) return found;
+        }
     }
     return std::nullopt;
 }
