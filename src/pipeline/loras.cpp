@@ -164,12 +164,22 @@ Status install(Model& model, const std::vector<std::pair<std::string, LoraReques
                 unmatched.push_back(whole_layer.key);
                 continue;
             }
+            // A fused layer's parts each take rows of its change: a kind
+            // whose factors cannot be cut (LoHa, LoKr) is made dense once.
+            const LayerAdapter* source = &whole_layer;
+            if (found.size() > 1 && whole_layer.changes_weight() && whole_layer.kind != AdapterKind::LoRA &&
+                whole_layer.kind != AdapterKind::Full) {
+                auto dense = adapter_rows(whole_layer, 0, whole_layer.out_rows(), /*swap_halves=*/false);
+                if (!dense.ok()) return dense.error().in_context(path + ": ");
+                parts.push_back(std::move(dense).value());
+                source = &parts.back();
+            }
             for (const LoraTarget* t : found) {
                 // A layer another naming fuses (or turns) lands on this weight
                 // as its part of the change.
-                const LayerAdapter* part = &whole_layer;
+                const LayerAdapter* part = source;
                 if (t->layer_rows > 0 || t->swap_halves) {
-                    auto cut = part_for_target(path, whole_layer, *t);
+                    auto cut = part_for_target(path, *source, *t);
                     if (!cut.ok()) return cut.error();
                     parts.push_back(std::move(cut).value());
                     part = &parts.back();

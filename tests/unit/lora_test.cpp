@@ -769,6 +769,30 @@ TEST(LoraOfEveryFamily, FusedLayersLandOnTheSplitWeightsOfADiffusersDit) {
     expect_each_split_equals_fused(cases);
 }
 
+// A LoHa on Flux's fused linear1 (its factors cannot be cut by rows, so
+// its change is made dense and each split weight takes its rows): the
+// diffusers transformer gives the BFL file's image.
+TEST(LoraOfEveryFamily, AFusedLohaLandsOnTheSplitWeights) {
+    const int64_t rows = 320, in = 64, r = 2;
+    test::TempDir dir;
+    dir.write("loha.safetensors",
+              test::build_safetensors(
+                  {{"lora_unet_single_blocks_1_linear1.hada_w1_a", "F32", {rows, r}, small_values(rows * r, 11)},
+                   {"lora_unet_single_blocks_1_linear1.hada_w1_b", "F32", {r, in}, small_values(r * in, 12)},
+                   {"lora_unet_single_blocks_1_linear1.hada_w2_a", "F32", {rows, r}, small_values(rows * r, 13)},
+                   {"lora_unet_single_blocks_1_linear1.hada_w2_b", "F32", {r, in}, small_values(r * in, 14)}}));
+    const std::vector<FusedCase> original = dit_fused_cases(false), diffusers = dit_fused_cases(true);
+    const auto none = image_with(original.front().paths, LoraApplyMode::AtRuntime, dir.path(), "");
+    const auto reference = image_with(original.front().paths, LoraApplyMode::AtRuntime, dir.path(), "<lora:loha:4> ");
+    ASSERT_FALSE(none.empty());
+    EXPECT_GT(max_level_difference(none, reference), 2) << "the LoHa should change the image";
+    for (const LoraApplyMode mode : {LoraApplyMode::AtRuntime, LoraApplyMode::Immediately}) {
+        EXPECT_LE(
+            max_level_difference(reference, image_with(diffusers.front().paths, mode, dir.path(), "<lora:loha:4> ")),
+            1);
+    }
+}
+
 // The final adaLN's rows are (shift, scale) in BFL's files and (scale,
 // shift) in diffusers' norm_out.linear: one change, written in each naming
 // with its rows in that naming's order, gives one image on either DiT.
