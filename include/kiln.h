@@ -265,6 +265,10 @@ typedef struct {
      * (sd-cli's default); --increase-ref-index: index them 1, 2, ... instead of side by side at 1 */
     int disable_auto_resize_ref_image;
     int increase_ref_index;
+    /* sd-cli's --circularx and --circulary: the left and right, or the top and bottom, edges of the image
+     * meet, so it tiles seamlessly (--circular: both) */
+    int circular_x;
+    int circular_y;
     /* Chroma's T5 padding mask, as sd-cli's flags: --chroma-disable-dit-mask (none in the DiT's
      * attention), --chroma-enable-t5-mask (also in T5's own), --chroma-t5-mask-pad (pad tokens after
      * EOS the DiT still sees; < 0: 1, the default) */

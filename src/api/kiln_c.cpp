@@ -303,6 +303,7 @@ kiln::Result<kiln::pipeline::GenerationRequest> generation_request(const kiln_ge
     r.vace_strength = params->vace_strength;
     r.auto_resize_ref_images = params->disable_auto_resize_ref_image == 0;
     r.increase_ref_index = params->increase_ref_index != 0;
+    r.seams = kiln::nn::Seams{params->circular_x != 0, params->circular_y != 0};
     r.timestep_shift = params->timestep_shift;
     r.slg.scale = params->slg_scale;
     r.slg.start = params->skip_layer_start;

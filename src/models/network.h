@@ -101,6 +101,9 @@ struct DiffusionCapabilities {
     bool text_mask = false;          // can mask the text padding out of attention
     bool reference_images = false;   // reference latents as extra tokens (-r) are understood
     bool control_residuals = false;  // takes a ControlNet's residuals
+    // Can wrap the image's edges (DiffusionShape::target's seams, sd-cli's
+    // --circular): its convolutions pad across them and its positions repeat.
+    bool seams = false;
     // The text tokens share one attention with the image's (DiTs): a context
     // repeated to another's length would change the result, so contexts of
     // different lengths run their CFG passes apart.

@@ -20,20 +20,36 @@ namespace {
 // op params) tells geometries and bands apart.
 struct Geometry {
     int kw, kh, stride, padding;  // each below 256
-    int64_t first_row;            // below 2^32
+    int64_t first_row;            // below 2^30
+    Seams seams;
 };
+constexpr int64_t kFirstRowLimit = int64_t{1} << 30;
 
 void* pack(Geometry g) {
     const uint64_t bits = static_cast<uint64_t>(g.kw) | static_cast<uint64_t>(g.kh) << 8 |
                           static_cast<uint64_t>(g.stride) << 16 | static_cast<uint64_t>(g.padding) << 24 |
-                          static_cast<uint64_t>(g.first_row) << 32;
+                          static_cast<uint64_t>(g.seams.x) << 32 | static_cast<uint64_t>(g.seams.y) << 33 |
+                          static_cast<uint64_t>(g.first_row) << 34;
     return reinterpret_cast<void*>(static_cast<uintptr_t>(bits));
 }
 
 Geometry unpack(void* userdata) {
     const uint64_t bits = reinterpret_cast<uintptr_t>(userdata);
-    return {static_cast<int>(bits & 0xff), static_cast<int>(bits >> 8 & 0xff), static_cast<int>(bits >> 16 & 0xff),
-            static_cast<int>(bits >> 24 & 0xff), static_cast<int64_t>(bits >> 32)};
+    return {static_cast<int>(bits & 0xff),
+            static_cast<int>(bits >> 8 & 0xff),
+            static_cast<int>(bits >> 16 & 0xff),
+            static_cast<int>(bits >> 24 & 0xff),
+            static_cast<int64_t>(bits >> 34),
+            Seams{(bits >> 32 & 1) != 0, (bits >> 33 & 1) != 0}};
+}
+
+// Index i of a padded axis of n samples: inside, or across a seam the
+// sample on the other side (PyTorch's circular padding: i mod n); -1 for
+// the zero padding.
+int64_t padded_index(int64_t i, int64_t n, bool seam) {
+    if (i >= 0 && i < n) return i;
+    if (!seam) return -1;
+    return ((i % n) + n) % n;
 }
 
 // Thread `ith` of `nth` fills a contiguous range of output rows (one output
@@ -57,14 +73,14 @@ void unfold_rows_with(ggml_tensor* dst, int ith, int nth, const Geometry& g, int
         float* out = static_cast<float*>(dst->data) + r * OW * K;
         for (int64_t ic = 0; ic < IC; ++ic) {
             for (int64_t kh = 0; kh < g.kh; ++kh) {
-                const int64_t ih = oh * g.stride + kh - g.padding;
-                const bool inside = ih >= 0 && ih < IH;
+                const int64_t ih = padded_index(oh * g.stride + kh - g.padding, IH, g.seams.y);
+                const bool inside = ih >= 0;
                 const float* in_row = inside ? read_row(n, ic, ih) : nullptr;
                 for (int64_t kw = 0; kw < g.kw; ++kw) {
                     float* column = out + ic * taps + kh * g.kw + kw;
                     for (int64_t ow = 0; ow < OW; ++ow) {
-                        const int64_t iw = ow * g.stride + kw - g.padding;
-                        column[ow * K] = inside && iw >= 0 && iw < IW ? in_row[iw] : 0.0f;
+                        const int64_t iw = padded_index(ow * g.stride + kw - g.padding, IW, g.seams.x);
+                        column[ow * K] = inside && iw >= 0 ? in_row[iw] : 0.0f;
                     }
                 }
             }
@@ -198,22 +214,22 @@ struct Band {
 };
 
 std::optional<Band> band_of(const ggml_tensor* kernel, const ggml_tensor* x, int stride, int padding,
-                            int64_t first_row, int64_t rows, int64_t scale = 1) {
+                            int64_t first_row, int64_t rows, Seams seams, int64_t scale = 1) {
     const int kw = static_cast<int>(kernel->ne[0]), kh = static_cast<int>(kernel->ne[1]);
     if (x->type != GGML_TYPE_F32 || x->nb[0] != sizeof(float)) return std::nullopt;
     if (std::max({kw, kh, stride, padding}) > 255 || stride < 1 || padding < 0) return std::nullopt;
     const int64_t OW = (scale * x->ne[0] + 2 * padding - kw) / stride + 1;
     const int64_t OH = (scale * x->ne[1] + 2 * padding - kh) / stride + 1;
     if (rows < 0) rows = OH - first_row;
-    if (first_row < 0 || rows < 1 || first_row + rows > OH || first_row >= (int64_t{1} << 32)) return std::nullopt;
-    return Band{{kw, kh, stride, padding, first_row}, kernel->ne[0] * kernel->ne[1] * x->ne[2], OW, rows};
+    if (first_row < 0 || rows < 1 || first_row + rows > OH || first_row >= kFirstRowLimit) return std::nullopt;
+    return Band{{kw, kh, stride, padding, first_row, seams}, kernel->ne[0] * kernel->ne[1] * x->ne[2], OW, rows};
 }
 
 }  // namespace
 
 ggml_tensor* im2col_f32_cpu(ggml_context* ctx, const ggml_tensor* kernel, ggml_tensor* x, int stride, int padding,
-                            int64_t first_row, int64_t rows, ggml_tensor* after) {
-    const auto band = band_of(kernel, x, stride, padding, first_row, rows);
+                            int64_t first_row, int64_t rows, ggml_tensor* after, Seams seams) {
+    const auto band = band_of(kernel, x, stride, padding, first_row, rows, seams);
     if (!band) return nullptr;
     ggml_tensor* args[] = {x, after};
     return ggml_custom_4d(ctx, GGML_TYPE_F32, band->k, band->ow, band->rows, x->ne[3], args, after ? 2 : 1,
@@ -221,8 +237,9 @@ ggml_tensor* im2col_f32_cpu(ggml_context* ctx, const ggml_tensor* kernel, ggml_t
 }
 
 ggml_tensor* im2col_upsampled_2x_f32_cpu(ggml_context* ctx, const ggml_tensor* kernel, ggml_tensor* x, int stride,
-                                         int padding, int64_t first_row, int64_t rows, ggml_tensor* after) {
-    const auto band = band_of(kernel, x, stride, padding, first_row, rows, 2);
+                                         int padding, int64_t first_row, int64_t rows, ggml_tensor* after,
+                                         Seams seams) {
+    const auto band = band_of(kernel, x, stride, padding, first_row, rows, seams, 2);
     if (!band) return nullptr;
     ggml_tensor* args[] = {x, after};
     return ggml_custom_4d(ctx, GGML_TYPE_F32, band->k, band->ow, band->rows, x->ne[3], args, after ? 2 : 1,
@@ -231,8 +248,8 @@ ggml_tensor* im2col_upsampled_2x_f32_cpu(ggml_context* ctx, const ggml_tensor* k
 
 ggml_tensor* im2col_group_norm_silu_f32_cpu(ggml_context* ctx, const ggml_tensor* kernel, ggml_tensor* x,
                                             ggml_tensor* statistics, ggml_tensor* gamma, ggml_tensor* beta, int stride,
-                                            int padding, int64_t first_row, int64_t rows) {
-    const auto band = band_of(kernel, x, stride, padding, first_row, rows);
+                                            int padding, int64_t first_row, int64_t rows, Seams seams) {
+    const auto band = band_of(kernel, x, stride, padding, first_row, rows, seams);
     if (!band || !ggml_is_contiguous(x) || gamma->type != GGML_TYPE_F32 || beta->type != GGML_TYPE_F32 ||
         ggml_nelements(gamma) != x->ne[2] || ggml_nelements(beta) != x->ne[2]) {
         return nullptr;

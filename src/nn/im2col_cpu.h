@@ -11,6 +11,7 @@
 #pragma once
 
 #include "ggml.h"
+#include "nn/seams.h"
 
 namespace kiln::nn {
 
@@ -28,8 +29,13 @@ namespace kiln::nn {
 // `after`: null, or a tensor the graph must compute before this unfold. It
 // is not read; it orders bands whose making interleaves (ggml's graph order
 // follows the sources, first to last).
+//
+// `seams`: across a seam the padding reads the image's other edge (the
+// unfold of ggml_pad_ext_circular's output with no padding), here and in
+// the unfolds below.
 ggml_tensor* im2col_f32_cpu(ggml_context* ctx, const ggml_tensor* kernel, ggml_tensor* x, int stride, int padding,
-                            int64_t first_row = 0, int64_t rows = -1, ggml_tensor* after = nullptr);
+                            int64_t first_row = 0, int64_t rows = -1, ggml_tensor* after = nullptr,
+                            Seams seams = {});
 
 // The same unfold of silu(group_norm(x) * gamma + beta), the normalised
 // tensor never made: each input row is normalised as the unfold reads it,
@@ -39,14 +45,14 @@ ggml_tensor* im2col_f32_cpu(ggml_context* ctx, const ggml_tensor* kernel, ggml_t
 // channel. nullptr for an input or band im2col_f32_cpu does not take.
 ggml_tensor* im2col_group_norm_silu_f32_cpu(ggml_context* ctx, const ggml_tensor* kernel, ggml_tensor* x,
                                             ggml_tensor* statistics, ggml_tensor* gamma, ggml_tensor* beta, int stride,
-                                            int padding, int64_t first_row, int64_t rows = -1);
+                                            int padding, int64_t first_row, int64_t rows = -1, Seams seams = {});
 // The same unfold of ggml_upscale(x, 2, nearest), the upsample never made:
 // the unfold reads each sample of x where the upsample would hold it. Rows
 // and the band are counted in the upsampled image's (and the output's)
 // rows. nullptr for an input or band im2col_f32_cpu does not take.
 ggml_tensor* im2col_upsampled_2x_f32_cpu(ggml_context* ctx, const ggml_tensor* kernel, ggml_tensor* x, int stride,
                                          int padding, int64_t first_row, int64_t rows = -1,
-                                         ggml_tensor* after = nullptr);
+                                         ggml_tensor* after = nullptr, Seams seams = {});
 // ggml_group_norm's per-group numbers of `x` (ne [W, H, C, N], F32, rows
 // contiguous): ne [2, groups, N], each group's mean and 1 / sqrt(variance +
 // eps), summed as ggml's CPU group norm sums them. nullptr for other inputs.

@@ -47,6 +47,19 @@ constexpr int64_t kMaxBands = 64;
 
 namespace {
 
+// x padded by `padding` across its seams (ggml's im2col pads with zeros
+// only), and the zero padding left for im2col on each axis.
+struct SeamPadded {
+    ggml_tensor* x;
+    int pad_x, pad_y;
+};
+SeamPadded pad_across_seams(ggml_context* ctx, ggml_tensor* x, int padding, Seams seams) {
+    if (!seams.any() || padding == 0) return {x, padding, padding};
+    const int px = seams.x ? padding : 0, py = seams.y ? padding : 0;
+    if (x->type != GGML_TYPE_F32) x = ggml_cast(ctx, x, GGML_TYPE_F32);  // ggml pads F32
+    return {ggml_pad_ext_circular(ctx, x, px, px, py, py, 0, 0, 0, 0), padding - px, padding - py};
+}
+
 // What a banded convolution unfolds: its input as it is, the input's group
 // norm and SiLU, or the input's nearest 2x upsample (the last two never made
 // whole: nn/im2col_cpu.h folds them into the unfold).
@@ -61,7 +74,7 @@ struct BandInput {
 // added into in place (a residual block's x + conv(h)), so the output is
 // never a tensor of its own.
 ggml_tensor* conv_in_row_bands(ggml_context* ctx, const Conv2d& layer, ggml_tensor* x, int64_t max_patch_bytes,
-                               const BandInput& input, ggml_tensor* added_to = nullptr) {
+                               const BandInput& input, Seams seams, ggml_tensor* added_to = nullptr) {
     ggml_tensor* w = layer.weight;
     const int64_t scale = input.kind == BandInput::Kind::Upsampled2x ? 2 : 1;
     const int64_t N = x->ne[3];
@@ -92,19 +105,21 @@ ggml_tensor* conv_in_row_bands(ggml_context* ctx, const Conv2d& layer, ggml_tens
         ggml_tensor* patches = nullptr;
         switch (input.kind) {
             case BandInput::Kind::Plain:
-                patches = im2col_f32_cpu(ctx, w, x, layer.stride, layer.padding, first, rows);
+                patches = im2col_f32_cpu(ctx, w, x, layer.stride, layer.padding, first, rows, nullptr, seams);
                 break;
             case BandInput::Kind::GroupNormSilu:
                 patches = im2col_group_norm_silu_f32_cpu(ctx, w, x, statistics, input.norm->weight, input.norm->bias,
-                                                         layer.stride, layer.padding, first, rows);
+                                                         layer.stride, layer.padding, first, rows, seams);
                 break;
             case BandInput::Kind::Upsampled2x:
-                patches = im2col_upsampled_2x_f32_cpu(ctx, w, x, layer.stride, layer.padding, first, rows);
+                patches =
+                    im2col_upsampled_2x_f32_cpu(ctx, w, x, layer.stride, layer.padding, first, rows, nullptr, seams);
                 break;
         }
         if (!patches) {  // an input kiln's unfold does not take: ggml's, whole
             GGML_ASSERT(first == 0 && input.kind == BandInput::Kind::Plain);
-            patches = ggml_im2col(ctx, w, x, layer.stride, layer.stride, layer.padding, layer.padding, 1, 1,
+            const SeamPadded in = pad_across_seams(ctx, x, layer.padding, seams);
+            patches = ggml_im2col(ctx, w, in.x, layer.stride, layer.stride, in.pad_x, in.pad_y, 1, 1,
                                   /*is_2D=*/true, GGML_TYPE_F32);
             ggml_tensor* y = pixels_by_channels_to_image(ctx, ggml_reshape_2d(ctx, patches, K, OW * OH * N), kernel, OW,
                                                          OH, N, layer.bias);
@@ -132,9 +147,17 @@ int64_t f32_bytes(const ggml_tensor* x) { return ggml_nelements(x) * static_cast
 
 }  // namespace
 
+ggml_tensor* pad_right_and_bottom(ggml_context* ctx, ggml_tensor* x, Seams seams) {
+    if (!seams.any()) return ggml_pad(ctx, x, 1, 1, 0, 0);
+    // The wrapped axes first, then zeros on the others.
+    x = ggml_pad_ext_circular(ctx, x, 0, seams.x ? 1 : 0, 0, seams.y ? 1 : 0, 0, 0, 0, 0);
+    if (seams.x && seams.y) return x;
+    return ggml_pad(ctx, x, seams.x ? 0 : 1, seams.y ? 0 : 1, 0, 0);
+}
+
 ggml_tensor* conv2d_on_device_in_row_bands(ggml_context* ctx, const Conv2d& layer, int64_t in_w, int64_t in_h,
                                            int64_t batch, const InputRows& input_rows, int64_t max_patch_bytes,
-                                           ggml_tensor* added_to) {
+                                           ggml_tensor* added_to, Seams seams) {
     ggml_tensor* w = layer.weight;
     const int s = layer.stride, p = layer.padding;
     const int64_t KH = w->ne[1], OC = w->ne[3], N = batch;
@@ -153,10 +176,26 @@ ggml_tensor* conv2d_on_device_in_row_bands(ggml_context* ctx, const Conv2d& laye
     // with the bias: ggml's im2col of the input rows they read (the kernel's
     // halo included; the zero padding beyond the image's top and bottom edge
     // explicit, since im2col pads both edges alike), then the product.
+    // Rows [lo, hi) of the input across the top and bottom seam: the rows
+    // beyond an edge are the other edge's, joined on in order.
+    auto rows_across_seam = [&](int64_t lo, int64_t hi) {
+        ggml_tensor* joined = nullptr;
+        for (int64_t row = lo; row < hi;) {
+            const int64_t start = ((row % in_h) + in_h) % in_h;
+            const int64_t count = std::min(hi - row, in_h - start);
+            ggml_tensor* piece = input_rows(start, start + count);
+            joined = joined ? ggml_concat(ctx, joined, piece, 1) : piece;
+            row += count;
+        }
+        return ggml_is_contiguous(joined) ? joined : ggml_cont(ctx, joined);  // as im2col takes it on a GPU
+    };
     auto band = [&](int64_t first, int64_t rows) {
         ggml_tensor* in = nullptr;
         int vertical_padding = p;
-        if (rows == OH) {
+        if (seams.y && p > 0) {
+            in = rows_across_seam(first * s - p, (first + rows - 1) * s - p + KH);
+            vertical_padding = 0;
+        } else if (rows == OH) {
             in = input_rows(0, in_h);
         } else {
             const int64_t lo = first * s - p, hi = (first + rows - 1) * s - p + KH;
@@ -173,16 +212,22 @@ ggml_tensor* conv2d_on_device_in_row_bands(ggml_context* ctx, const Conv2d& laye
             }
         }
         GGML_ASSERT(in->ne[0] == in_w && in->ne[3] == N);
+        int horizontal_padding = p;
+        if (seams.x && p > 0) {
+            const SeamPadded padded = pad_across_seams(ctx, in, p, Seams{true, false});
+            in = padded.x;
+            horizontal_padding = 0;
+        }
         ggml_tensor* y;
         if (!f16_patches) {
-            ggml_tensor* patches = ggml_im2col(ctx, w, in, s, s, p, vertical_padding, 1, 1, /*is_2D=*/true,
-                                               GGML_TYPE_F32);                               // [K, OW, rows, N]
+            ggml_tensor* patches = ggml_im2col(ctx, w, in, s, s, horizontal_padding, vertical_padding, 1, 1,
+                                               /*is_2D=*/true, GGML_TYPE_F32);               // [K, OW, rows, N]
             y = ggml_mul_mat(ctx, kernel, ggml_reshape_2d(ctx, patches, K, OW * rows * N));  // [OC, OW*rows*N]
             y = ggml_reshape_4d(ctx, y, OC, OW, rows, N);                                    // [OC, OW, rows, N]
             y = ggml_cont(ctx, ggml_permute(ctx, y, 2, 0, 1, 3));                            // [OW, rows, OC, N]
         } else {
-            ggml_tensor* patches = ggml_im2col(ctx, w, in, s, s, p, vertical_padding, 1, 1, /*is_2D=*/true,
-                                               GGML_TYPE_F16);                               // [K, OW, rows, N]
+            ggml_tensor* patches = ggml_im2col(ctx, w, in, s, s, horizontal_padding, vertical_padding, 1, 1,
+                                               /*is_2D=*/true, GGML_TYPE_F16);               // [K, OW, rows, N]
             y = ggml_mul_mat(ctx, ggml_reshape_2d(ctx, patches, K, OW * rows * N), kernel);  // [OW*rows*N, OC]
             y = ggml_reshape_4d(ctx, y, OW, rows, N, OC);                                    // [OW, rows, N, OC]
             y = ggml_cont(ctx, ggml_permute(ctx, y, 0, 1, 3, 2));                            // [OW, rows, OC, N]
@@ -196,7 +241,9 @@ ggml_tensor* conv2d_on_device_in_row_bands(ggml_context* ctx, const Conv2d& laye
     }
     if (added_to && (added_to->type != GGML_TYPE_F32 || !ggml_is_contiguous(added_to))) {
         // ggml_set writes into a contiguous F32 tensor only.
-        return ggml_add(ctx, conv2d_on_device_in_row_bands(ctx, layer, in_w, in_h, batch, input_rows, max_patch_bytes),
+        return ggml_add(ctx,
+                        conv2d_on_device_in_row_bands(ctx, layer, in_w, in_h, batch, input_rows, max_patch_bytes,
+                                                      nullptr, seams),
                         added_to);
     }
     // Each band goes into the output as it is made (ggml_set, in place: a
@@ -234,11 +281,12 @@ ggml_tensor* row_range(ggml_context* ctx, ggml_tensor* x, int64_t top, int64_t b
 }  // namespace
 
 ggml_tensor* conv2d_device_in_row_bands(ggml_context* ctx, const Conv2d& layer, ggml_tensor* x, int64_t max_patch_bytes,
-                                        bool upsample_2x) {
+                                        bool upsample_2x, Seams seams) {
     if (!upsample_2x) {
         return conv2d_on_device_in_row_bands(
             ctx, layer, x->ne[0], x->ne[1], x->ne[3],
-            [&](int64_t top, int64_t bottom) { return row_range(ctx, x, top, bottom); }, max_patch_bytes);
+            [&](int64_t top, int64_t bottom) { return row_range(ctx, x, top, bottom); }, max_patch_bytes, nullptr,
+            seams);
     }
     return conv2d_on_device_in_row_bands(
         ctx, layer, 2 * x->ne[0], 2 * x->ne[1], x->ne[3],
@@ -250,11 +298,12 @@ ggml_tensor* conv2d_device_in_row_bands(ggml_context* ctx, const Conv2d& layer, 
             return ggml_view_4d(ctx, up, up->ne[0], bottom - top, up->ne[2], up->ne[3], up->nb[1], up->nb[2], up->nb[3],
                                 static_cast<size_t>(top % 2) * up->nb[1]);
         },
-        max_patch_bytes);
+        max_patch_bytes, nullptr, seams);
 }
 
-ggml_tensor* conv2d_cpu_in_row_bands(ggml_context* ctx, const Conv2d& layer, ggml_tensor* x, int64_t max_patch_bytes) {
-    return conv_in_row_bands(ctx, layer, x, max_patch_bytes, BandInput{});
+ggml_tensor* conv2d_cpu_in_row_bands(ggml_context* ctx, const Conv2d& layer, ggml_tensor* x, int64_t max_patch_bytes,
+                                     Seams seams) {
+    return conv_in_row_bands(ctx, layer, x, max_patch_bytes, BandInput{}, seams);
 }
 
 // The folds below apply on the CPU where the input they spare would be
@@ -277,7 +326,7 @@ ggml_tensor* conv2d_of_group_norm_silu(ggml_context* ctx, ComputeTarget target, 
         return conv2d_on_device_in_row_bands(
             ctx, layer, h->ne[0], h->ne[1], h->ne[3],
             [&](int64_t top, int64_t bottom) { return row_range(ctx, h, top, bottom); }, kMaxPatchBytesOnDevice,
-            added_to);
+            added_to, target.seams);
     }
     if (!fold) {
         ggml_tensor* y = conv2d(ctx, target, layer, ggml_silu_inplace(ctx, group_norm(ctx, norm, x, groups, eps)));
@@ -296,14 +345,15 @@ ggml_tensor* conv2d_of_group_norm_silu(ggml_context* ctx, ComputeTarget target, 
     };
     const bool accumulate =
         added_to && added_to->type == GGML_TYPE_F32 && ggml_is_contiguous(added_to) && root(added_to) != root(x);
-    ggml_tensor* y = conv_in_row_bands(ctx, layer, x, max_patch_bytes, input, accumulate ? added_to : nullptr);
+    ggml_tensor* y =
+        conv_in_row_bands(ctx, layer, x, max_patch_bytes, input, target.seams, accumulate ? added_to : nullptr);
     return added_to && !accumulate ? ggml_add(ctx, added_to, y) : y;
 }
 
 ggml_tensor* conv2d_of_upsample_2x(ggml_context* ctx, ComputeTarget target, const Conv2d& layer, ggml_tensor* x,
                                    int64_t max_patch_bytes) {
     if (target == ComputeTarget::Device && !is_pointwise(layer) && x->type == GGML_TYPE_F32) {
-        return conv2d_device_in_row_bands(ctx, layer, x, max_patch_bytes, /*upsample_2x=*/true);
+        return conv2d_device_in_row_bands(ctx, layer, x, max_patch_bytes, /*upsample_2x=*/true, target.seams);
     }
     if (!worth_folding(target, layer, 4 * f32_bytes(x), max_patch_bytes) || x->type != GGML_TYPE_F32 ||
         x->nb[0] != sizeof(float)) {
@@ -311,7 +361,7 @@ ggml_tensor* conv2d_of_upsample_2x(ggml_context* ctx, ComputeTarget target, cons
     }
     BandInput input;
     input.kind = BandInput::Kind::Upsampled2x;
-    return conv_in_row_bands(ctx, layer, x, max_patch_bytes, input);
+    return conv_in_row_bands(ctx, layer, x, max_patch_bytes, input, target.seams);
 }
 
 ggml_tensor* conv2d(ggml_context* ctx, ComputeTarget target, const Conv2d& layer, ggml_tensor* x) {
@@ -347,8 +397,8 @@ ggml_tensor* conv2d(ggml_context* ctx, ComputeTarget target, const Conv2d& layer
         y = ggml_cont(ctx, ggml_permute(ctx, y, 1, 0, 2, 3));  // [WH, out, N]
         return add_channel_bias(ctx, ggml_reshape_4d(ctx, y, W, H, OC, N), layer.bias);
     }
-    if (on_cpu) return conv2d_cpu_in_row_bands(ctx, layer, x, kMaxPatchBytesOnCpu);
-    return conv2d_device_in_row_bands(ctx, layer, x, kMaxPatchBytesOnDevice);
+    if (on_cpu) return conv2d_cpu_in_row_bands(ctx, layer, x, kMaxPatchBytesOnCpu, target.seams);
+    return conv2d_device_in_row_bands(ctx, layer, x, kMaxPatchBytesOnDevice, /*upsample_2x=*/false, target.seams);
 }
 
 Linear conv1x1_as_linear(ggml_context* ctx, const Conv2d& layer) {

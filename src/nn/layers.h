@@ -12,6 +12,7 @@
 
 #include "ggml.h"
 #include "io/weight_declarer.h"
+#include "nn/seams.h"
 
 namespace kiln::nn {
 
@@ -36,11 +37,20 @@ struct Conv2d {
 // `bias` false: a convolution without one (PyTorch's bias=False), no .bias tensor.
 Conv2d declare_conv2d(io::WeightDeclarer& w, const std::string& name, int64_t in, int64_t out, int kernel,
                       int stride = 1, int padding = 0, bool bias = true);
-// Where a graph will compute, for layers whose best form differs: on the
-// CPU convolutions unfold into F32 patches that reach BLAS; on a device they
-// use ggml's own im2col and kernels. A build option of each network, set by
-// the caller from placement; never read from the weights.
-enum class ComputeTarget { Cpu, Device };
+// How a graph's layers are built: where they compute, for layers whose best
+// form differs (on the CPU convolutions unfold into F32 patches that reach
+// BLAS; on a device they use ggml's own im2col and kernels), and the image's
+// seams, which every padded convolution reads. A build option of each
+// network, set by the caller from placement and the job; never read from the
+// weights. Compared with a Place, it says where the graph computes.
+struct ComputeTarget {
+    enum Place { Cpu, Device };
+    Place place = Cpu;
+    Seams seams;
+    ComputeTarget(Place where = Cpu, Seams edges = {}) : place(where), seams(edges) {}
+    bool operator==(Place where) const { return place == where; }
+    bool operator!=(Place where) const { return place != where; }
+};
 
 // x: ne [W, H, in, N] -> ne [W', H', out, N]
 ggml_tensor* conv2d(ggml_context* ctx, ComputeTarget target, const Conv2d& layer, ggml_tensor* x);
@@ -48,7 +58,8 @@ ggml_tensor* conv2d(ggml_context* ctx, ComputeTarget target, const Conv2d& layer
 // F32 patches at a time (bands of output rows; at least one row, at most 64
 // bands, so a very large image's bands exceed the limit). conv2d uses 64 MiB;
 // the same numbers for any limit.
-ggml_tensor* conv2d_cpu_in_row_bands(ggml_context* ctx, const Conv2d& layer, ggml_tensor* x, int64_t max_patch_bytes);
+ggml_tensor* conv2d_cpu_in_row_bands(ggml_context* ctx, const Conv2d& layer, ggml_tensor* x, int64_t max_patch_bytes,
+                                     Seams seams = {});
 // conv2d on a device: ggml's im2col and mul_mat (ops every backend has), a
 // band of output rows at a time when the patches would be over
 // `max_patch_bytes` (at least one row, at most 64 bands): each band unfolds
@@ -58,7 +69,7 @@ ggml_tensor* conv2d_cpu_in_row_bands(ggml_context* ctx, const Conv2d& layer, ggm
 // rows, the upsample never made whole. conv2d uses 64 MiB; each output row
 // is the same products for any limit.
 ggml_tensor* conv2d_device_in_row_bands(ggml_context* ctx, const Conv2d& layer, ggml_tensor* x, int64_t max_patch_bytes,
-                                        bool upsample_2x = false);
+                                        bool upsample_2x = false, Seams seams = {});
 // The rows [top, bottom) of a convolution's input (any layout, F32):
 // ne [in_w, bottom - top, C, N].
 using InputRows = std::function<ggml_tensor*(int64_t top, int64_t bottom)>;
@@ -69,9 +80,11 @@ using InputRows = std::function<ggml_tensor*(int64_t top, int64_t bottom)>;
 // each band's sum goes into added_to's rows in place (its values are then
 // gone), so the sum is not a tensor of its own. The same numbers as
 // ggml_add(convolution, added_to).
+// With `seams`, rows above and below the image are read from its other
+// edge, and columns beyond its sides from the other side.
 ggml_tensor* conv2d_on_device_in_row_bands(ggml_context* ctx, const Conv2d& layer, int64_t in_w, int64_t in_h,
                                            int64_t batch, const InputRows& input_rows, int64_t max_patch_bytes,
-                                           ggml_tensor* added_to = nullptr);
+                                           ggml_tensor* added_to = nullptr, Seams seams = {});
 // A 1x1 convolution (stride 1, no padding) is a linear layer over channels:
 // this one, its weights viewed as ne [in, out], for activations already laid
 // out as tokens. Same numbers as conv2d, without the two transposes conv2d
@@ -116,6 +129,11 @@ ggml_tensor* quick_gelu(ggml_context* ctx, ggml_tensor* x);
 // CPU GELU looks x up in an F16 table (about 1e-3 off); on a device it is
 // ggml_gelu, which computes the formula.
 ggml_tensor* gelu_tanh(ggml_context* ctx, ComputeTarget target, ggml_tensor* x);
+
+// x ne [W, H, C, N] with one more column on the right and one more row at
+// the bottom: zeros (the stride-2 downsampler of SD's and Wan's VAE
+// encoders pads so), or across a seam the first column or row.
+ggml_tensor* pad_right_and_bottom(ggml_context* ctx, ggml_tensor* x, Seams seams);
 
 // Nearest-neighbour 2x upsampling of ne [W, H, C, N].
 ggml_tensor* upsample_nearest_2x(ggml_context* ctx, ggml_tensor* x);

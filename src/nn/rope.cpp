@@ -33,8 +33,15 @@ Result<std::vector<int>> parse_rope_axes(const std::string& key, const std::stri
     return axes;
 }
 
+double periodic_frequency(double omega, int64_t period) {
+    if (period <= 0) return omega;
+    constexpr double kTurn = 6.283185307179586;  // 2 pi
+    const double p = static_cast<double>(period);
+    return kTurn * std::round(omega * p / kTurn) / p;
+}
+
 std::vector<float> rope_axes_table(const std::vector<int64_t>& positions, const std::vector<int>& axes_dim,
-                                   float theta) {
+                                   float theta, const std::vector<int64_t>& periods) {
     const auto axes = static_cast<int64_t>(axes_dim.size());
     int64_t D = 0;
     for (int dim : axes_dim) D += dim;
@@ -47,8 +54,9 @@ std::vector<float> rope_axes_table(const std::vector<int64_t>& positions, const 
         for (int64_t axis = 0; axis < axes; ++axis) {
             const int dim = axes_dim[static_cast<size_t>(axis)];
             const double pos = static_cast<double>(positions[static_cast<size_t>(t * axes + axis)]);
+            const int64_t period = periods.empty() ? 0 : periods[static_cast<size_t>(t * axes + axis)];
             for (int j = 0; j < dim / 2; ++j, d += 2) {
-                const double omega = std::pow(static_cast<double>(theta), -2.0 * j / dim);
+                const double omega = periodic_frequency(std::pow(static_cast<double>(theta), -2.0 * j / dim), period);
                 const double angle = pos * omega;
                 const float cs = static_cast<float>(std::cos(angle)), sn = static_cast<float>(std::sin(angle));
                 cos_plane[t * D + d] = cs;

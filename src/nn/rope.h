@@ -33,7 +33,18 @@ ggml_tensor* rope_pairs(ggml_context* ctx, ggml_tensor* x, ggml_tensor* cos, ggm
 // otherwise.
 Result<std::vector<int>> parse_rope_axes(const std::string& key, const std::string& text, const std::string& example);
 
+//
+// `periods` (empty, or one per position): a token's axis with a period P > 0
+// repeats every P positions (an image's seam, nn/seams.h): each frequency
+// is rounded to the nearest whole number of turns over P, so positions p
+// and p + P rotate alike and attention sees the grid as a torus (sd-cli's
+// circular RoPE).
 std::vector<float> rope_axes_table(const std::vector<int64_t>& positions, const std::vector<int>& axes_dim,
-                                   float theta);
+                                   float theta, const std::vector<int64_t>& periods = {});
+
+// The frequency `omega` (radians per position) rounded to the nearest whole
+// number of turns over `period` positions (rope_axes_table's periods);
+// `omega` itself for a period of 0.
+double periodic_frequency(double omega, int64_t period);
 
 }  // namespace kiln::nn

@@ -933,6 +933,7 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
     if (!images_held.ok()) return images_held.error();
     model.clear_cancel();
     const ValidatedRequest& p = *planned;
+    const SeamsScope seams(model, request.seams);
     if (request.guidance && !model.diffusion().capabilities().guidance) {
         KILN_LOG_WARN("--guidance does nothing for %s: its DiT has no guidance embedding (use --cfg-scale)",
                       model.family_label().c_str());

@@ -213,6 +213,10 @@ Result<TokenizerPaths> parse_tokenizer_flag(const std::string& value) {
     return out;
 }
 
+SeamsScope::SeamsScope(Model& model, nn::Seams seams) : model_(model), before_(model.seams_) { model_.seams_ = seams; }
+
+SeamsScope::~SeamsScope() { model_.seams_ = before_; }
+
 Model::~Model() {
     // The books outlive this model (other models share them): give back
     // everything it holds there.

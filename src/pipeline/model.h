@@ -147,6 +147,21 @@ struct TextEncoder {
     }
 };
 
+class Model;
+
+// The job's seams on the model's targets while this lives (Model::seams).
+class SeamsScope {
+  public:
+    SeamsScope(Model& model, nn::Seams seams);
+    ~SeamsScope();
+    SeamsScope(const SeamsScope&) = delete;
+    SeamsScope& operator=(const SeamsScope&) = delete;
+
+  private:
+    Model& model_;
+    nn::Seams before_;
+};
+
 class Model {
   public:
     // Opens the files, detects the family and builds its modules; errors name
@@ -209,6 +224,13 @@ class Model {
         }
         return false;
     }
+    // The job's seams (--circular): while a SeamsScope lives, the targets of
+    // the diffusion network, the ControlNet, the VAE and the tiny autoencoder
+    // carry them, so every graph the job builds (previews, tiles and hires
+    // passes too) wraps the image's edges. The vision tower's and text
+    // encoders' never do: they read input images and prompts.
+    nn::Seams seams() const { return seams_; }
+    nn::ComputeTarget with_seams(nn::ComputeTarget target) const { return {target.place, seams_}; }
     // The diffusion network (a UNet, a DiT) by its interface: what it takes
     // is capabilities(), never its kind.
     // While the high-noise expert is in use (use_high_noise_expert), these
@@ -219,7 +241,7 @@ class Model {
     const models::AutoencoderNetwork& vae() const { return *vae_->network->as_autoencoder(); }
     const runtime::ModuleWeights& vae_weights() const { return vae_->weights(); }
     runtime::Executor& diffusion_compute() { return *sampling()->executor; }
-    nn::ComputeTarget diffusion_target() const { return sampling()->target; }
+    nn::ComputeTarget diffusion_target() const { return with_seams(sampling()->target); }
     // Wan 2.2 A14B's high-noise expert (--high-noise-diffusion-model): a
     // second diffusion module ("diffusion.high_noise") of the main one's
     // shape, placed with it, its weights and copies in the same books, so a
@@ -232,7 +254,7 @@ class Model {
     // only with has_high_noise_expert().
     runtime::Executor& high_noise_compute() { return *high_noise_->executor; }
     std::string high_noise_expert_name() const;
-    nn::ComputeTarget vae_target() const { return vae_->target; }
+    nn::ComputeTarget vae_target() const { return with_seams(vae_->target); }
     runtime::Executor& vae_compute() { return *vae_->executor; }
     // The vision tower, a "te" module: the LLM's (Qwen-Image-Edit's, from
     // --llm_vision or the --llm file's visual.*) or CLIP vision (Wan 2.1
@@ -246,7 +268,7 @@ class Model {
     bool has_taesd() const { return taesd_ != nullptr; }
     const models::Taesd& taesd() const { return static_cast<const models::Taesd&>(*taesd_->network); }
     runtime::Executor& taesd_compute() { return *taesd_->executor; }
-    nn::ComputeTarget taesd_target() const { return taesd_->target; }
+    nn::ComputeTarget taesd_target() const { return with_seams(taesd_->target); }
     // Whether the final image is decoded by the tiny autoencoder (--taesd
     // without --taesd-preview-only, as sd-cli does) instead of the VAE.
     bool taesd_decodes_images() const { return taesd_ && !taesd_preview_only_; }
@@ -255,7 +277,7 @@ class Model {
     const models::ControlNet& control_net() const { return static_cast<const models::ControlNet&>(*control_->network); }
     const runtime::ModuleWeights& control_weights() const { return control_->weights(); }
     runtime::Executor& control_compute() { return *control_->executor; }
-    nn::ComputeTarget control_target() const { return control_->target; }
+    nn::ComputeTarget control_target() const { return with_seams(control_->target); }
     // The ControlNet file's stem, for image metadata.
     std::string control_net_name() const;
     // Every module, text encoders first, then diffusion, then the VAE, then
@@ -326,6 +348,7 @@ class Model {
     bool cut_short() const { return interrupt_requested() || skip_requested(); }
 
   private:
+    friend class SeamsScope;
     Model() = default;
     Status load_networks(const ModelPaths& paths, const ModelOptions& options);
     Status load_control_net(const std::string& path, const ModelOptions& options);
@@ -381,6 +404,7 @@ class Model {
     Module* diffusion_ = nullptr;
     Module* high_noise_ = nullptr;
     bool high_noise_in_use_ = false;
+    nn::Seams seams_;
     // The diffusion module a sampling step runs: the main one, or the high-noise expert in use.
     const Module* sampling() const { return high_noise_in_use_ ? high_noise_ : diffusion_; }
     Module* sampling() { return high_noise_in_use_ ? high_noise_ : diffusion_; }

@@ -449,6 +449,12 @@ Result<ValidatedRequest> validate_request(const Model& model, const GenerationRe
                 model.family_label() + "'s " + model.diffusion().capabilities().label + " does not");
         }
     }
+    if (r.seams.any() && !model.diffusion().capabilities().seams) {
+        return Error::invalid_request(
+            "--circular makes a seamless image with networks that can wrap their edges (SD1.x, SD2.x, SDXL, Flux, "
+            "Chroma, FLUX.2, Z-Image, Qwen-Image); " +
+            model.family_label() + "'s " + model.diffusion().capabilities().label + " cannot");
+    }
     {
         const models::DiffusionCapabilities& can = model.diffusion().capabilities();
         KILN_TRY(validate_step_cache(

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "image/image.h"
+#include "nn/seams.h"
 #include "pipeline/conditioner.h"
 #include "pipeline/experts.h"
 #include "pipeline/hires_fix.h"
@@ -101,6 +102,9 @@ struct GenerationRequest {
     std::optional<image::Image> mask;
     // --vae-tiling: decode and encode in overlapping tiles with blended seams.
     std::optional<VaeTiling> vae_tiling;
+    // --circular, --circularx, --circulary: a seamless image, whose edges
+    // continue each other (nn/seams.h); networks that cannot wrap refuse it.
+    nn::Seams seams;
     // CFG's conditional and unconditional passes run as one batch of two
     // (each weight read once per step) unless the batch does not fit, when
     // they run one after the other. False always runs them separately

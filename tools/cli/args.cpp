@@ -463,6 +463,17 @@ const std::vector<Flag>& flags() {
         {nullptr, "--increase-ref-index", nullptr,
          "give the -r images the position indices 1, 2, ... in order, instead of placing them side by side at 1",
          switch_setter(&Options::increase_ref_index)},
+        {nullptr, "--circular", nullptr,
+         "a seamless image: its left and right edges meet, and its top and bottom (UNet families and the DiTs "
+         "with positions on the image's grid)",
+         [](Options& o, const std::string&) -> std::optional<std::string> {
+             o.circular_x = o.circular_y = true;
+             return std::nullopt;
+         }},
+        {nullptr, "--circularx", nullptr, "a seamless image across its left and right edges",
+         switch_setter(&Options::circular_x)},
+        {nullptr, "--circulary", nullptr, "a seamless image across its top and bottom edges",
+         switch_setter(&Options::circular_y)},
         {nullptr, "--chroma-disable-dit-mask", nullptr,
          "Chroma: let the DiT attend to T5's padding (by default it sees only the text, EOS and one pad token)",
          switch_setter(&Options::chroma_disable_dit_mask)},

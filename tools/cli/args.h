@@ -87,6 +87,8 @@ struct Options {
     std::vector<std::string> ref_images;  // -r/--ref-image, repeatable
     bool disable_auto_resize_ref_image = false;
     bool increase_ref_index = false;
+    bool circular_x = false;  // --circularx, --circular
+    bool circular_y = false;  // --circulary, --circular
     bool chroma_disable_dit_mask = false;
     bool chroma_enable_t5_mask = false;
     int chroma_t5_mask_pad = -1;  // -1: the family's

@@ -461,6 +461,8 @@ int run_generate(const Options& options) {
     gp.n_ref_images = static_cast<int>(ref_array.size());
     gp.disable_auto_resize_ref_image = options.disable_auto_resize_ref_image ? 1 : 0;
     gp.increase_ref_index = options.increase_ref_index ? 1 : 0;
+    gp.circular_x = options.circular_x ? 1 : 0;
+    gp.circular_y = options.circular_y ? 1 : 0;
     gp.chroma_disable_dit_mask = options.chroma_disable_dit_mask ? 1 : 0;
     gp.chroma_enable_t5_mask = options.chroma_enable_t5_mask ? 1 : 0;
     gp.chroma_t5_mask_pad = options.chroma_t5_mask_pad;

@@ -25,7 +25,6 @@ constexpr const char* kIpAdapter = "is for sd-cli's IP-Adapter image prompts, wh
 constexpr const char* kPulid = "is for sd-cli's PuLID identity embeddings, which kiln does not have";
 constexpr const char* kImatrix =
     "is sd-cli's importance matrix for quantizing; kiln's -M convert --type quantizes without one";
-constexpr const char* kCircular = "is sd-cli's circular (seamless) padding, which kiln does not have";
 
 }  // namespace
 
@@ -75,9 +74,6 @@ const std::vector<SdCliOption>& sd_cli_options_without_kiln_flag() {
         {"--pulid-id-weight", true, kRefused, kPulid},
         {"--imat-in", true, kRefused, kImatrix},
         {"--imat-out", true, kRefused, kImatrix},
-        {"--circular", false, kRefused, kCircular},
-        {"--circularx", false, kRefused, kCircular},
-        {"--circulary", false, kRefused, kCircular},
         {"--cache-preset", true, kRefused,
          "is a preset of sd-cli's step caches; kiln takes --cache-mode and --cache-option (docs/caching.md)"},
         {"--img-cfg-scale", true, kRefused,

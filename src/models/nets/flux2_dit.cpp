@@ -167,17 +167,23 @@ std::vector<int64_t> flux2_rope_shape(const Flux2Config& c, int64_t txt_tokens, 
 }
 
 std::vector<float> flux2_rope_table(const Flux2Config& c, int64_t txt_tokens, Flux2Grid image,
-                                    const std::vector<Flux2Grid>& refs) {
+                                    const std::vector<Flux2Grid>& refs, nn::Seams seams) {
     std::vector<int64_t> positions;  // (t, h, w, l) of every token
-    positions.reserve(static_cast<size_t>(4 * token_count(txt_tokens, image, refs)));
+    std::vector<int64_t> periods;    // the same, across seams
+    const size_t values = static_cast<size_t>(4 * token_count(txt_tokens, image, refs));
+    positions.reserve(values);
     for (int64_t l = 0; l < txt_tokens; ++l) positions.insert(positions.end(), {0, 0, 0, l});
+    periods.assign(positions.size(), 0);
     auto add_grid = [&](Flux2Grid g, int64_t t) {
         for (int64_t row = 0; row < g.h; ++row)
-            for (int64_t col = 0; col < g.w; ++col) positions.insert(positions.end(), {t, row, col, 0});
+            for (int64_t col = 0; col < g.w; ++col) {
+                positions.insert(positions.end(), {t, row, col, 0});
+                periods.insert(periods.end(), {0, seams.y ? g.h : 0, seams.x ? g.w : 0, 0});
+            }
     };
     add_grid(image, 0);
     for (size_t i = 0; i < refs.size(); ++i) add_grid(refs[i], kRefTimeScale + kRefTimeScale * static_cast<int64_t>(i));
-    return nn::rope_axes_table(positions, c.axes_dim, c.theta);
+    return nn::rope_axes_table(positions, c.axes_dim, c.theta, seams.any() ? periods : std::vector<int64_t>{});
 }
 
 struct Flux2Dit::Blocks {
@@ -277,6 +283,7 @@ Result<std::unique_ptr<Flux2Dit>> Flux2Dit::create(io::WeightDeclarer& weights) 
     DiffusionCapabilities& can = dit->capabilities_;
     can.label = "DiT";
     can.joint_attention = true;
+    can.seams = true;
     can.in_channels = can.out_channels = c.channels;
     can.context_width = c.context_dim;
     can.size_stride = 1;
@@ -486,7 +493,7 @@ Result<DiffusionTensors> Flux2Dit::build(nn::GraphInputs& s, const DiffusionShap
     const Flux2Grid image{shape.latent_w, shape.latent_h};
     std::vector<Flux2Grid> refs;
     for (const LatentSize& r : shape.refs) refs.push_back({r.w, r.h});
-    const std::vector<float> rope = flux2_rope_table(c, shape.tokens, image, refs);
+    const std::vector<float> rope = flux2_rope_table(c, shape.tokens, image, refs, shape.target.seams);
     in.rope = s.input(GGML_TYPE_F32, flux2_rope_shape(c, shape.tokens, image, refs), rope.data(), "rope");
     Flux2BuildOptions options;
     options.flash_attention = shape.flash_attention;

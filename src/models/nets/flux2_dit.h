@@ -80,9 +80,10 @@ struct Flux2Grid {
 };
 
 // The RoPE table of every token in the layout above, for Flux2Inputs::rope:
-// ne [head_dim, tokens, 2] (nn::rope_axes_table).
+// ne [head_dim, tokens, 2] (nn::rope_axes_table). Across `seams` each
+// grid's rows (and columns) repeat with its own height (and width).
 std::vector<float> flux2_rope_table(const Flux2Config& c, int64_t txt_tokens, Flux2Grid image,
-                                    const std::vector<Flux2Grid>& refs);
+                                    const std::vector<Flux2Grid>& refs, nn::Seams seams = {});
 std::vector<int64_t> flux2_rope_shape(const Flux2Config& c, int64_t txt_tokens, Flux2Grid image,
                                       const std::vector<Flux2Grid>& refs);
 

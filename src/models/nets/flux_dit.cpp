@@ -196,12 +196,16 @@ std::vector<int64_t> flux_rope_shape(const FluxConfig& c, int64_t txt_tokens, Fl
 }
 
 std::vector<float> flux_rope_table(const FluxConfig& c, int64_t txt_tokens, FluxTokenGrid image,
-                                   const std::vector<FluxTokenGrid>& refs, bool increase_ref_index) {
-    // Positions (index, row, col) of every token.
+                                   const std::vector<FluxTokenGrid>& refs, bool increase_ref_index, nn::Seams seams) {
+    // Positions (index, row, col) of every token, and their periods.
     std::vector<std::array<int64_t, 3>> ids(static_cast<size_t>(txt_tokens), {0, 0, 0});
+    std::vector<std::array<int64_t, 3>> periods(static_cast<size_t>(txt_tokens), {0, 0, 0});
     auto add_grid = [&](FluxTokenGrid g, int64_t index, int64_t h_off, int64_t w_off) {
         for (int64_t row = 0; row < g.h; ++row)
-            for (int64_t col = 0; col < g.w; ++col) ids.push_back({index, row + h_off, col + w_off});
+            for (int64_t col = 0; col < g.w; ++col) {
+                ids.push_back({index, row + h_off, col + w_off});
+                periods.push_back({0, seams.y ? g.h : 0, seams.x ? g.w : 0});
+            }
     };
     add_grid(image, 0, 0, 0);
     const auto offsets = reference_offsets(refs);
@@ -213,10 +217,13 @@ std::vector<float> flux_rope_table(const FluxConfig& c, int64_t txt_tokens, Flux
         }
     }
 
-    std::vector<int64_t> positions;
+    std::vector<int64_t> positions, position_periods;
     positions.reserve(ids.size() * 3);
     for (const auto& id : ids) positions.insert(positions.end(), id.begin(), id.end());
-    return nn::rope_axes_table(positions, c.axes_dim, c.theta);  // three axes (create() checks)
+    if (seams.any()) {
+        for (const auto& p : periods) position_periods.insert(position_periods.end(), p.begin(), p.end());
+    }
+    return nn::rope_axes_table(positions, c.axes_dim, c.theta, position_periods);  // three axes (create() checks)
 }
 
 std::vector<float> flux_attention_mask(const std::vector<float>& txt_valid, int64_t image_tokens, int64_t batch) {
@@ -363,6 +370,7 @@ Result<std::unique_ptr<FluxDit>> FluxDit::create(io::WeightDeclarer& weights) {
     DiffusionCapabilities& can = dit->capabilities_;
     can.label = "DiT";
     can.joint_attention = true;
+    can.seams = true;
     can.in_channels = can.out_channels = c.latent_channels;
     can.context_width = c.context_dim;
     can.vector_width = c.vec_dim;
@@ -672,7 +680,8 @@ Result<DiffusionTensors> FluxDit::build(nn::GraphInputs& s, const DiffusionShape
     if (fc.vec_dim > 0) in.pooled = g.y = s.input(GGML_TYPE_F32, {fc.vec_dim, b}, nullptr, "pooled");
     const FluxTokenGrid image = image_grid(fc, shape);
     const std::vector<FluxTokenGrid> ref_grids = reference_grids(fc, shape);
-    const std::vector<float> rope = flux_rope_table(fc, shape.tokens, image, ref_grids, shape.increase_ref_index);
+    const std::vector<float> rope =
+        flux_rope_table(fc, shape.tokens, image, ref_grids, shape.increase_ref_index, shape.target.seams);
     in.rope = s.input(GGML_TYPE_F32, flux_rope_shape(fc, shape.tokens, image, ref_grids), rope.data(), "rope");
     if (shape.mask) {
         const std::vector<float> open(static_cast<size_t>(shape.tokens * b), 1.0f);

@@ -147,8 +147,11 @@ std::vector<std::string> flux_diffusers_names(const std::string& bfl_stem);
 // References: index 1 each, laid out side by side (offsets, sd-cli's and
 // ComfyUI's default); with increase_ref_index (sd-cli's
 // --increase-ref-index), index 1, 2, ... in order, each at row and column 0.
+// Across `seams` each grid's rows (and columns) repeat with its own height
+// (and width): nn::rope_axes_table's periods.
 std::vector<float> flux_rope_table(const FluxConfig& c, int64_t txt_tokens, FluxTokenGrid image,
-                                   const std::vector<FluxTokenGrid>& refs, bool increase_ref_index = false);
+                                   const std::vector<FluxTokenGrid>& refs, bool increase_ref_index = false,
+                                   nn::Seams seams = {});
 std::vector<int64_t> flux_rope_shape(const FluxConfig& c, int64_t txt_tokens, FluxTokenGrid image,
                                      const std::vector<FluxTokenGrid>& refs);
 

@@ -146,7 +146,7 @@ std::vector<int64_t> qwen_image_rope_shape(const QwenImageConfig& c, int64_t txt
 }
 
 std::vector<float> qwen_image_rope_table(const QwenImageConfig& c, int64_t txt_tokens, QwenImageGrid image,
-                                         const std::vector<QwenImageGrid>& refs) {
+                                         const std::vector<QwenImageGrid>& refs, nn::Seams seams) {
     std::vector<QwenImageGrid> grids = {image};
     grids.insert(grids.end(), refs.begin(), refs.end());
     // scale_rope: the text follows the largest half-extent of any image.
@@ -156,16 +156,19 @@ std::vector<float> qwen_image_rope_table(const QwenImageConfig& c, int64_t txt_t
     positions.reserve(static_cast<size_t>(3 * token_count(txt_tokens, image, refs)));
     for (int64_t l = 0; l < txt_tokens; ++l)
         positions.insert(positions.end(), {text_start + l, text_start + l, text_start + l});
+    std::vector<int64_t> periods(positions.size(), 0);  // the same, across seams
     // Each image centred, an odd side one more below zero than above
     // (_compute_video_freqs: neg_freqs[-(h - h // 2):], then pos_freqs[:h // 2]).
     for (size_t frame = 0; frame < grids.size(); ++frame) {
         const QwenImageGrid& g = grids[frame];
         for (int64_t row = 0; row < g.h; ++row)
-            for (int64_t col = 0; col < g.w; ++col)
+            for (int64_t col = 0; col < g.w; ++col) {
                 positions.insert(positions.end(),
                                  {static_cast<int64_t>(frame), row - (g.h - g.h / 2), col - (g.w - g.w / 2)});
+                periods.insert(periods.end(), {0, seams.y ? g.h : 0, seams.x ? g.w : 0});
+            }
     }
-    return nn::rope_axes_table(positions, c.axes_dim, c.theta);
+    return nn::rope_axes_table(positions, c.axes_dim, c.theta, seams.any() ? periods : std::vector<int64_t>{});
 }
 
 struct QwenImageDit::Blocks {
@@ -250,6 +253,7 @@ Result<std::unique_ptr<QwenImageDit>> QwenImageDit::create(io::WeightDeclarer& w
     DiffusionCapabilities& can = dit->capabilities_;
     can.label = "DiT";
     can.joint_attention = true;
+    can.seams = true;
     can.in_channels = can.out_channels = c.channels;
     can.context_width = c.context_dim;
     can.size_stride = c.patch;
@@ -420,7 +424,7 @@ Result<DiffusionTensors> QwenImageDit::build(nn::GraphInputs& s, const Diffusion
     const QwenImageGrid image{shape.latent_w / c.patch, shape.latent_h / c.patch};
     std::vector<QwenImageGrid> refs;
     for (const LatentSize& r : shape.refs) refs.push_back({r.w / c.patch, r.h / c.patch});
-    const std::vector<float> rope = qwen_image_rope_table(c, shape.tokens, image, refs);
+    const std::vector<float> rope = qwen_image_rope_table(c, shape.tokens, image, refs, shape.target.seams);
     in.rope = s.input(GGML_TYPE_F32, qwen_image_rope_shape(c, shape.tokens, image, refs), rope.data(), "rope");
     QwenImageBuildOptions options;
     options.flash_attention = shape.flash_attention;

@@ -88,8 +88,10 @@ struct QwenImageBuildOptions {
 
 // The RoPE table of every token in the layout above, for
 // QwenImageInputs::rope: ne [head_dim, tokens, 2] (nn::rope_axes_table).
+// Across `seams` each image's rows (and columns) repeat with its own height
+// (and width).
 std::vector<float> qwen_image_rope_table(const QwenImageConfig& c, int64_t txt_tokens, QwenImageGrid image,
-                                         const std::vector<QwenImageGrid>& refs);
+                                         const std::vector<QwenImageGrid>& refs, nn::Seams seams = {});
 std::vector<int64_t> qwen_image_rope_shape(const QwenImageConfig& c, int64_t txt_tokens, QwenImageGrid image,
                                            const std::vector<QwenImageGrid>& refs);
 

@@ -46,6 +46,7 @@ Result<std::unique_ptr<Unet>> Unet::create(io::WeightDeclarer& weights) {
     can.vector_width = c.adm_in_channels;
     can.size_stride = 1 << (c.level_channels.size() - 1);
     can.control_residuals = true;
+    can.seams = true;
     return unet;
 }
 

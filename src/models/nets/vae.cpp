@@ -258,7 +258,7 @@ ggml_tensor* Vae::build_encoder_moments(ggml_context* ctx, ggml_tensor* image, n
         for (const ResnetBlock& r : b.down[level]) h = apply_resnet(ctx, target, r, h);
         if (b.downsample[level]) {
             // ldm pads right and bottom by one, then convolves with stride 2 and no padding.
-            h = nn::conv2d(ctx, target, *b.downsample[level], ggml_pad(ctx, h, 1, 1, 0, 0));
+            h = nn::conv2d(ctx, target, *b.downsample[level], nn::pad_right_and_bottom(ctx, h, target.seams));
         }
         h = nn::mark_cut(h, "encoder.down." + std::to_string(level));
     }

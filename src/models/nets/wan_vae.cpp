@@ -247,7 +247,9 @@ ggml_tensor* causal_conv(ggml_context* ctx, nn::ComputeTarget target, const Caus
     // added into the sum in place: their unfolds of every frame at once are
     // what a clip's decode would otherwise hold (GiBs at 832x480).
     const bool odd_same = c.weight->ne[0] == c.weight->ne[1] && c.weight->ne[0] == 2 * c.padding + 1;
-    const bool bands = target == nn::ComputeTarget::Cpu && odd_same && padded->type == GGML_TYPE_F32 &&
+    // (Not across seams: the bands read the rows beyond the image as zeros.)
+    const bool bands = target == nn::ComputeTarget::Cpu && !target.seams.any() && odd_same &&
+                       padded->type == GGML_TYPE_F32 &&
                        ggml_nelements(x) * static_cast<int64_t>(sizeof(float)) > time.max_patch_bytes;
     ggml_tensor* out = nullptr;
     for (int k = last; k >= 0; --k) {
@@ -333,7 +335,8 @@ ggml_tensor* norm_silu_conv(ggml_context* ctx, nn::ComputeTarget target, const R
                             ggml_tensor* x, Time& time, ggml_tensor* added_to) {
     const bool odd_same = c.weight->ne[0] == c.weight->ne[1] && c.weight->ne[0] == 2 * c.padding + 1;
     const auto f32_contiguous = [](const ggml_tensor* t) { return t->type == GGML_TYPE_F32 && ggml_is_contiguous(t); };
-    const bool fold = target == nn::ComputeTarget::Cpu && (c.kt == 1 || !time.clip) && odd_same && f32_contiguous(x) &&
+    const bool fold = target == nn::ComputeTarget::Cpu && !target.seams.any() && (c.kt == 1 || !time.clip) &&
+                      odd_same && f32_contiguous(x) &&
                       (!added_to || f32_contiguous(added_to)) &&
                       ggml_nelements(x) * static_cast<int64_t>(sizeof(float)) > time.max_patch_bytes;
     if (target == nn::ComputeTarget::Device && (c.kt == 1 || !time.clip) && x->type == GGML_TYPE_F32) {
@@ -350,7 +353,7 @@ ggml_tensor* norm_silu_conv(ggml_context* ctx, nn::ComputeTarget target, const R
                                                        x->nb[2], x->nb[3], static_cast<size_t>(top) * x->nb[1]);
                 return rms_norm_channels(ctx, n, rows, true);
             },
-            time.max_patch_bytes, added_to);
+            time.max_patch_bytes, added_to, target.seams);
     }
     if (!fold) {
         ggml_tensor* y = causal_conv(ctx, target, c, rms_norm_channels(ctx, n, x, true), time);
@@ -430,7 +433,7 @@ ggml_tensor* upsample(ggml_context* ctx, nn::ComputeTarget target, const Resampl
 // chunk of 2k frames becomes k: the time_conv over the frame before it (the
 // last of its history, as the original's feat_cache keeps it) and its own.
 ggml_tensor* downsample(ggml_context* ctx, nn::ComputeTarget target, const Resample& r, ggml_tensor* x, Time& time) {
-    x = nn::conv2d(ctx, target, r.conv, ggml_pad(ctx, x, 1, 1, 0, 0));
+    x = nn::conv2d(ctx, target, r.conv, nn::pad_right_and_bottom(ctx, x, target.seams));
     if (!r.time_conv || !time.clip) return x;
     ggml_tensor* past = time.past(x);
     if (!time.starts_clip && !past) {

@@ -179,7 +179,7 @@ std::vector<int64_t> z_image_rope_shape(const ZImageConfig& c, const ZImageToken
     return rope_shape(c, t.grid_w * t.grid_h, t.txt_tokens, t.batch());
 }
 
-std::vector<float> z_image_rope_table(const ZImageConfig& c, const ZImageTokens& t) {
+std::vector<float> z_image_rope_table(const ZImageConfig& c, const ZImageTokens& t, nn::Seams seams) {
     const int64_t D = c.head_dim, S = t.slots(), B = t.batch();
     const int64_t Np = t.image_slots(), n_image = t.grid_w * t.grid_h;
     std::vector<float> table(static_cast<size_t>(2 * D * S * B), 0.0f);
@@ -190,12 +190,16 @@ std::vector<float> z_image_rope_table(const ZImageConfig& c, const ZImageTokens&
         for (int j = 0; j < dim / 2; ++j)
             pairs.emplace_back(axis, std::pow(static_cast<double>(c.theta), -2.0 * j / dim));
     }
-    auto fill = [&](int64_t b, int64_t slot, const std::array<int64_t, 3>& pos) {
+    // Across seams the image's rows and columns repeat (nn::periodic_frequency).
+    const std::array<int64_t, 3> image_periods = {0, seams.y ? t.grid_h : 0, seams.x ? t.grid_w : 0};
+    auto fill = [&](int64_t b, int64_t slot, const std::array<int64_t, 3>& pos, bool image = false) {
         float* cos_row = table.data() + (b * S + slot) * D;
         float* sin_row = cos_row + D * S * B;
         for (size_t j = 0; j < pairs.size() && static_cast<int64_t>(2 * j + 1) < D; ++j) {
+            const size_t axis = pairs[j].first;
+            const double omega = image ? nn::periodic_frequency(pairs[j].second, image_periods[axis]) : pairs[j].second;
             // The original rounds the angle to float32 (precompute_freqs_cis' .float()).
-            const float angle = static_cast<float>(static_cast<double>(pos[pairs[j].first]) * pairs[j].second);
+            const float angle = static_cast<float>(static_cast<double>(pos[axis]) * omega);
             const float cs = static_cast<float>(std::cos(static_cast<double>(angle)));
             const float sn = static_cast<float>(std::sin(static_cast<double>(angle)));
             cos_row[2 * j] = cs;
@@ -208,7 +212,7 @@ std::vector<float> z_image_rope_table(const ZImageConfig& c, const ZImageTokens&
         const int64_t lp = z_image_padded(t.caption_lengths[static_cast<size_t>(b)]);
         for (int64_t i = 0; i < Np; ++i) {
             if (i < n_image) {
-                fill(b, i, {lp + 1, i / t.grid_w, i % t.grid_w});
+                fill(b, i, {lp + 1, i / t.grid_w, i % t.grid_w}, /*image=*/true);
             } else {
                 fill(b, i, {0, 0, 0});
             }
@@ -349,6 +353,7 @@ Result<std::unique_ptr<ZImageDit>> ZImageDit::create(io::WeightDeclarer& weights
     DiffusionCapabilities& can = dit->capabilities_;
     can.label = "DiT";
     can.joint_attention = true;
+    can.seams = true;
     can.in_channels = can.out_channels = c.latent_channels();
     can.context_width = c.cap_dim;
     can.size_stride = c.patch;
@@ -561,7 +566,7 @@ Result<DiffusionTensors> ZImageDit::build(nn::GraphInputs& s, const DiffusionSha
     auto tokens = z_image_tokens(zc, shape.latent_w, shape.latent_h, shape.tokens,
                                  std::vector<int64_t>(static_cast<size_t>(b), shape.tokens));
     if (!tokens.ok()) return Error{"DiT graph: " + tokens.error().message};
-    const std::vector<float> rope = z_image_rope_table(zc, *tokens);
+    const std::vector<float> rope = z_image_rope_table(zc, *tokens, shape.target.seams);
     in.rope = s.input(GGML_TYPE_F32, z_image_rope_shape(zc, *tokens), rope.data(), "rope");
     const std::vector<float> pad = z_image_caption_pad(*tokens);
     in.cap_pad = s.input(GGML_TYPE_F32, z_image_caption_pad_shape(*tokens), pad.data(), "cap_pad");

@@ -111,7 +111,9 @@ Result<ZImageTokens> z_image_tokens(const ZImageConfig& c, int64_t latent_w, int
 // pos_a * theta^(-2j / axes_dim[a]), axis 0's pairs first, rounded to float32
 // as the original's table is, then its cosine and sine taken in double.
 // Batch padding slots are zeros in both planes.
-std::vector<float> z_image_rope_table(const ZImageConfig& c, const ZImageTokens& t);
+// Across `seams` the image's rows (and columns) repeat with the grid's
+// height (and width): nn::periodic_frequency.
+std::vector<float> z_image_rope_table(const ZImageConfig& c, const ZImageTokens& t, nn::Seams seams = {});
 std::vector<int64_t> z_image_rope_shape(const ZImageConfig& c, const ZImageTokens& t);
 
 // ZImageInputs::cap_pad: ne [caption_slots, batch], F32: 1 for a caption slot
