@@ -1,0 +1,221 @@
+// Seamless images (nn/seams.h; sd-cli's --circular, --circularx): the tiny
+// SD1 model's UNet and VAE across seams against PyTorch's reference modules
+// with circular padding (training/make_seams_fixtures.py); the UNet's
+// evaluation turning with its input on the torus, as a network of circular
+// convolutions must; the RoPE tables repeating with the image's period; the
+// DiTs taking the seams; and the networks that cannot wrap refusing them.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "golden.h"
+#include "io/model_file.h"
+#include "models/nets/flux_dit.h"
+#include "nn/rope.h"
+#include "pipeline/graphs.h"
+#include "pipeline/model.h"
+#include "pipeline/request.h"
+#include "runtime/graph_session.h"
+
+namespace kiln {
+namespace {
+
+using models::DiffusionShape;
+using nn::Seams;
+using pipeline::Model;
+using pipeline::ModelPaths;
+using pipeline::SeamsScope;
+using test::golden_path;
+
+std::unique_ptr<Model> load(const ModelPaths& paths) {
+    auto loaded = Model::load(paths, test::golden_model_options());
+    EXPECT_TRUE(loaded.ok()) << loaded.error().message;
+    return loaded.ok() ? std::move(loaded).value() : nullptr;
+}
+
+std::unique_ptr<Model> load_sd1() {
+    ModelPaths paths;
+    paths.model = {golden_path("models/sd1_tiny.safetensors")};
+    paths.tokenizer = std::string(KILN_FIXTURES_DIR) + "/tiny_tokenizer";
+    return load(paths);
+}
+
+// One evaluation of the diffusion network on x, t and context (ggml's order,
+// batch items one after the other).
+std::vector<float> evaluate(Model& model, DiffusionShape shape, const std::vector<float>& x,
+                            const std::vector<float>& t, const std::vector<float>& context) {
+    auto g = pipeline::build_diffusion_graph(model, shape);
+    EXPECT_TRUE(g.ok()) << g.error().message;
+    if (!g.ok()) return {};
+    g->session->set_input(g->x, x.data());
+    g->session->set_input(g->timesteps, t.data());
+    g->session->set_input(g->context, context.data());
+    const Status ran = g->session->run(model.diffusion_compute(), g->out);
+    EXPECT_TRUE(ran.ok()) << ran.error().message;
+    return ran.ok() ? runtime::GraphSession::read(g->out) : std::vector<float>{};
+}
+
+std::vector<float> read_graph(Model& model, pipeline::VaeGraph g) {
+    const Status ran = g.session->run(model.vae_compute(), g.out);
+    EXPECT_TRUE(ran.ok()) << ran.error().message;
+    return ran.ok() ? runtime::GraphSession::read(g.out) : std::vector<float>{};
+}
+
+TEST(Seams, Sd1UnetAndVaeMatchPyTorchsCircularPadding) {
+    auto model = load_sd1();
+    ASSERT_TRUE(model);
+    auto in = io::ModelFile::open({golden_path("models/sd1_tiny_io.safetensors")});
+    auto want = io::ModelFile::open({golden_path("pipeline/sd1_tiny_seams.safetensors")});
+    ASSERT_TRUE(in.ok() && want.ok());
+    const auto x = test::fixture_tensor(*in, "unet.x"), t = test::fixture_tensor(*in, "unet.t"),
+               context = test::fixture_tensor(*in, "unet.context"), z = test::fixture_tensor(*in, "vae.z"),
+               image = test::fixture_tensor(*in, "vae.image");
+    for (const auto& [name, seams] : {std::pair{"xy", Seams{true, true}}, std::pair{"x", Seams{true, false}}}) {
+        const SeamsScope scope(*model, seams);
+        const DiffusionShape shape{16, 16, 2, 77};
+        const std::vector<float> unet = evaluate(*model, shape, x.values, t.values, context.values);
+        const std::vector<float> plain_unet = test::fixture_tensor(*in, "unet.out").values;
+        const std::vector<float> golden_unet = test::fixture_tensor(*want, std::string("unet.out.") + name).values;
+        ASSERT_EQ(unet.size(), golden_unet.size()) << name;
+        EXPECT_LT(test::relative_error(unet, golden_unet), 1e-5) << name;
+        EXPECT_GT(test::relative_error(plain_unet, golden_unet), 1e-2) << name << ": the seams change the UNet";
+
+        const std::vector<float> decoded = read_graph(*model, pipeline::build_vae_decode_graph(*model, 8, 8, z.values.data()));
+        EXPECT_LT(test::relative_error(decoded, test::fixture_tensor(*want, std::string("vae.decoded.") + name).values),
+                  1e-5)
+            << name;
+        const std::vector<float> encoded =
+            read_graph(*model, pipeline::build_vae_encode_graph(*model, 16, 16, image.values.data()));
+        EXPECT_LT(test::relative_error(encoded, test::fixture_tensor(*want, std::string("vae.encoded.") + name).values),
+                  1e-5)
+            << name;
+    }
+    // The scope ends: the next job's graphs pad with zeros again.
+    const std::vector<float> after = evaluate(*model, DiffusionShape{16, 16, 2, 77}, x.values, t.values, context.values);
+    EXPECT_LT(test::relative_error(after, test::fixture_tensor(*in, "unet.out").values), 1e-5);
+}
+
+// x ne [W, H, C, N] rolled by (dx, dy): pixel (w, h) moves to (w + dx, h + dy) mod the size.
+std::vector<float> rolled(const std::vector<float>& x, int64_t W, int64_t H, int64_t dx, int64_t dy) {
+    std::vector<float> out(x.size());
+    const int64_t planes = static_cast<int64_t>(x.size()) / (W * H);
+    for (int64_t p = 0; p < planes; ++p)
+        for (int64_t h = 0; h < H; ++h)
+            for (int64_t w = 0; w < W; ++w)
+                out[static_cast<size_t>((p * H + (h + dy) % H) * W + (w + dx) % W)] =
+                    x[static_cast<size_t>((p * H + h) * W + w)];
+    return out;
+}
+
+// Circular convolutions, position-free attention and group norms over the
+// whole image: on the torus the UNet's prediction for a rolled latent is its
+// prediction rolled (by whole steps of its downsampling). Not so across an
+// edge that is no seam.
+TEST(Seams, UnetPredictionTurnsWithItsInputOnTheTorus) {
+    auto model = load_sd1();
+    ASSERT_TRUE(model);
+    auto in = io::ModelFile::open({golden_path("models/sd1_tiny_io.safetensors")});
+    ASSERT_TRUE(in.ok());
+    const auto x = test::fixture_tensor(*in, "unet.x"), t = test::fixture_tensor(*in, "unet.t"),
+               context = test::fixture_tensor(*in, "unet.context");
+    const DiffusionShape shape{16, 16, 2, 77};
+    auto roll_error = [&](Seams seams, int64_t dx, int64_t dy) {
+        const SeamsScope scope(*model, seams);
+        const std::vector<float> out = evaluate(*model, shape, x.values, t.values, context.values);
+        const std::vector<float> out_of_rolled =
+            evaluate(*model, shape, rolled(x.values, 16, 16, dx, dy), t.values, context.values);
+        return test::relative_error(out_of_rolled, rolled(out, 16, 16, dx, dy));
+    };
+    EXPECT_LT(roll_error(Seams{true, true}, 6, 4), 1e-5);
+    EXPECT_LT(roll_error(Seams{true, false}, 6, 0), 1e-5);
+    EXPECT_GT(roll_error(Seams{true, false}, 0, 4), 1e-2) << "the top and bottom are no seam";
+    EXPECT_GT(roll_error(Seams{}, 6, 0), 1e-2);
+}
+
+// Each frequency of an axis with a period makes whole turns over it: a
+// position and the one a period on rotate alike, so the last column is the
+// first one's neighbour as any two adjacent columns are.
+TEST(Seams, RopeRepeatsWithThePeriod) {
+    const std::vector<int> axes = {4, 8};
+    const int64_t period = 6;
+    std::vector<int64_t> positions, periods;
+    for (int64_t p = 0; p <= 2 * period; ++p) {
+        positions.insert(positions.end(), {3, p});
+        periods.insert(periods.end(), {0, period});
+    }
+    const int64_t n = 2 * period + 1, D = 12;
+    const std::vector<float> table = nn::rope_axes_table(positions, axes, 10000.0f, periods);
+    const std::vector<float> plain = nn::rope_axes_table(positions, axes, 10000.0f);
+    auto value = [&](const std::vector<float>& tb, int64_t plane, int64_t token, int64_t d) {
+        return tb[static_cast<size_t>((plane * n + token) * D + d)];
+    };
+    for (int64_t token = 0; token < n - period; ++token)
+        for (int64_t d = 0; d < D; ++d)
+            for (int64_t plane = 0; plane < 2; ++plane)
+                EXPECT_NEAR(value(table, plane, token, d), value(table, plane, token + period, d), 1e-5)
+                    << token << " " << d;
+    for (int64_t d = 0; d < 4; ++d)  // the axis without a period is untouched
+        EXPECT_EQ(value(table, 0, 5, d), value(plain, 0, 5, d));
+    EXPECT_GT(std::abs(value(table, 1, period, 4 + 2) - value(plain, 1, period, 4 + 2)), 1e-3)
+        << "the plain table does not repeat";
+    // Each frequency is a whole number of turns over the period.
+    for (double omega : {1.0, 0.1, 0.01, 0.3}) {
+        const double turns = nn::periodic_frequency(omega, period) * period / (2 * M_PI);
+        EXPECT_NEAR(turns, std::round(turns), 1e-9) << omega;
+        EXPECT_EQ(nn::periodic_frequency(omega, 0), omega);
+    }
+}
+
+// A DiT's image tokens take the seams (its RoPE table, built by the network
+// from the shape), the text tokens not: Flux's table of a 4x3 grid.
+TEST(Seams, FluxRopeTableWrapsTheImageTokensOnly) {
+    models::FluxConfig c;
+    c.axes_dim = {4, 6, 6};
+    c.hidden = 16 * 4;
+    c.heads = 4;
+    const models::FluxTokenGrid grid{3, 4};
+    const int64_t text = 5, tokens = text + 12, D = 16;
+    const std::vector<float> plain = models::flux_rope_table(c, text, grid, {});
+    const std::vector<float> wrapped = models::flux_rope_table(c, text, grid, {}, false, Seams{true, false});
+    ASSERT_EQ(plain.size(), static_cast<size_t>(2 * D * tokens));
+    ASSERT_EQ(wrapped.size(), plain.size());
+    for (int64_t token = 0; token < text; ++token)
+        for (int64_t d = 0; d < D; ++d)
+            EXPECT_EQ(wrapped[static_cast<size_t>(token * D + d)], plain[static_cast<size_t>(token * D + d)]);
+    // The columns' pairs (axis 2) differ once wrapped; the rows' (axis 1) do not.
+    const int64_t last_token = tokens - 1;
+    bool columns_differ = false;
+    for (int64_t d = 0; d < 10; ++d)
+        EXPECT_EQ(wrapped[static_cast<size_t>(last_token * D + d)], plain[static_cast<size_t>(last_token * D + d)]);
+    for (int64_t d = 10; d < D; ++d)
+        columns_differ |= wrapped[static_cast<size_t>(last_token * D + d)] != plain[static_cast<size_t>(last_token * D + d)];
+    EXPECT_TRUE(columns_differ);
+}
+
+// The networks that cannot wrap their edges refuse the seams by name: SD3's
+// MMDiT (positions from a learned table) here.
+TEST(Seams, NetworksThatCannotWrapRefuseThem) {
+    ModelPaths paths;
+    paths.model = {golden_path("pipeline/sd3_tiny/sd3.5_tiny.safetensors")};
+    paths.clip_l = golden_path("pipeline/flux_tiny/clip_l.safetensors");
+    paths.clip_g = golden_path("pipeline/sd3_tiny/clip_g.safetensors");
+    paths.tokenizer = "clip_l=" + std::string(KILN_FIXTURES_DIR) + "/tiny_tokenizer";
+    auto model = load(paths);
+    ASSERT_TRUE(model);
+    pipeline::GenerationRequest request;
+    request.prompt = "a cat";
+    request.width = request.height = 32;
+    request.seams = Seams{false, true};
+    auto validated = pipeline::validate_request(*model, request);
+    ASSERT_FALSE(validated.ok());
+    EXPECT_NE(validated.error().message.find("--circular"), std::string::npos) << validated.error().message;
+    EXPECT_NE(validated.error().message.find("cannot"), std::string::npos) << validated.error().message;
+    request.seams = Seams{};
+    EXPECT_TRUE(pipeline::validate_request(*model, request).ok());
+}
+
+}  // namespace
+}  // namespace kiln
