@@ -170,6 +170,63 @@ Result<std::vector<float>> run_tiled(const std::vector<float>& input, const Tile
     return out;
 }
 
+namespace {
+
+// Planar [channels, h, w] extended by `mx` columns on either side and `my`
+// rows above and below, read from the other edge (a torus's neighbours).
+std::vector<float> wrapped_planes(const std::vector<float>& in, int64_t channels, int64_t w, int64_t h, int64_t mx,
+                                  int64_t my) {
+    const int64_t W = w + 2 * mx, H = h + 2 * my;
+    std::vector<float> out(static_cast<size_t>(channels * W * H));
+    for (int64_t c = 0; c < channels; ++c)
+        for (int64_t y = 0; y < H; ++y)
+            for (int64_t x = 0; x < W; ++x) {
+                const int64_t sy = ((y - my) % h + h) % h, sx = ((x - mx) % w + w) % w;
+                out[static_cast<size_t>((c * H + y) * W + x)] = in[static_cast<size_t>((c * h + sy) * w + sx)];
+            }
+    return out;
+}
+
+// The middle w x h of planar [channels, h + 2 my, w + 2 mx].
+std::vector<float> cropped_planes(const std::vector<float>& in, int64_t channels, int64_t w, int64_t h, int64_t mx,
+                                  int64_t my) {
+    const int64_t W = w + 2 * mx, H = h + 2 * my;
+    std::vector<float> out(static_cast<size_t>(channels * w * h));
+    for (int64_t c = 0; c < channels; ++c)
+        for (int64_t y = 0; y < h; ++y)
+            std::copy_n(in.begin() + (c * H + y + my) * W + mx, w, out.begin() + (c * h + y) * w);
+    return out;
+}
+
+// run_tiled across the job's seams (Model::seams). A tile's own edges are no
+// seam, so the tiles pad with zeros; instead the input is extended across
+// each seam by half a tile of the other side, tiled, and the extension cut
+// from the output: the image's edges are made with what lies beyond them
+// on the torus, and meet (sd-cli tiles circularly likewise).
+Result<std::vector<float>> run_tiled_across_seams(Model& model, const std::vector<float>& input, TiledMap map,
+                                                  const VaeTiling& tiling, const TileFn& fn, TilingStats* stats) {
+    const nn::Seams seams = model.seams();
+    if (!seams.any()) return run_tiled(input, map, tiling, fn, stats);
+    const int64_t w = map.grid_w, h = map.grid_h;
+    const int64_t mx = seams.x ? std::min(w, std::max<int64_t>(1, tile_side(tiling, tiling.relative_w, w) / 2)) : 0;
+    const int64_t my = seams.y ? std::min(h, std::max<int64_t>(1, tile_side(tiling, tiling.relative_h, h) / 2)) : 0;
+    if (input.size() != static_cast<size_t>(map.in_channels * w * h * map.in_scale * map.in_scale)) {
+        return Error{"VAE tiling: the input has the wrong size"};
+    }
+    const SeamsScope tiles(model, nn::Seams{});
+    TiledMap extended = map;
+    extended.grid_w = w + 2 * mx;
+    extended.grid_h = h + 2 * my;
+    auto out = run_tiled(wrapped_planes(input, map.in_channels, w * map.in_scale, h * map.in_scale, mx * map.in_scale,
+                                        my * map.in_scale),
+                         extended, tiling, fn, stats);
+    if (!out.ok()) return out.error();
+    return cropped_planes(*out, map.out_channels, w * map.out_scale, h * map.out_scale, mx * map.out_scale,
+                          my * map.out_scale);
+}
+
+}  // namespace
+
 Result<std::vector<float>> decode_tiled(Model& model, const std::vector<float>& latent, int64_t latent_w,
                                         int64_t latent_h, const VaeTiling& tiling, TilingStats* stats) {
     KILN_TRY(validate_tiling(tiling));
@@ -189,7 +246,7 @@ Result<std::vector<float>> decode_tiled(Model& model, const std::vector<float>& 
         KILN_TRY(g.session->run(model.vae_compute(), g.out));
         return runtime::GraphSession::read(g.out);
     };
-    return run_tiled(latent, map, tiling, fn, stats);
+    return run_tiled_across_seams(model, latent, map, tiling, fn, stats);
 }
 
 Result<std::vector<float>> encode_tiled(Model& model, const std::vector<float>& image, int64_t width, int64_t height,
@@ -216,7 +273,7 @@ Result<std::vector<float>> encode_tiled(Model& model, const std::vector<float>& 
         KILN_TRY(g.session->run(model.vae_compute(), g.out));
         return runtime::GraphSession::read(g.out);
     };
-    return run_tiled(image, map, tiling, fn, stats);
+    return run_tiled_across_seams(model, image, map, tiling, fn, stats);
 }
 
 }  // namespace kiln::pipeline

@@ -75,6 +75,10 @@ struct TiledMap {
 Result<std::vector<float>> run_tiled(const std::vector<float>& input, const TiledMap& map, const VaeTiling& tiling,
                                      const TileFn& fn, TilingStats* stats = nullptr);
 
+// Across the job's seams (Model::seams) the input is first extended by half
+// a tile from the other side of each seam and the extension cut from the
+// output after: the tiles themselves pad with zeros.
+//
 // latent: planar [latent_channels, latent_h, latent_w], unscaled (already
 // divided by the latent scale) -> image planar [3, H, W] in about [-1, 1]
 // (not clamped), H and W being latent_h and latent_w times the VAE's

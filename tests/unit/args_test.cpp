@@ -127,6 +127,17 @@ TEST(Args, SdCliAliasesAndOptionsOfMissingFeatures) {
     }
 }
 
+TEST(Args, CircularFlagsSetTheSeams) {
+    const Options both = parse_ok({"-p", "x", "--circular"});
+    EXPECT_TRUE(both.circular_x && both.circular_y);
+    const Options x = parse_ok({"-p", "x", "--circularx"});
+    EXPECT_TRUE(x.circular_x && !x.circular_y);
+    const Options y = parse_ok({"-p", "x", "--circulary"});
+    EXPECT_TRUE(!y.circular_x && y.circular_y);
+    const Options none = parse_ok({"-p", "x"});
+    EXPECT_FALSE(none.circular_x || none.circular_y);
+}
+
 TEST(Args, SdCliSamplingOptions) {
     const Options o = parse_ok({"--eta", "0.3", "--sampler-rng", "cpu", "--sigmas", "[14.6, 7.8,3.5,0]",
                                 "--vae-relative-tile-size", "0.5x2", "--force-sdxl-vae-conv-scale"});

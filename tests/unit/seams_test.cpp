@@ -18,6 +18,7 @@
 #include "pipeline/graphs.h"
 #include "pipeline/model.h"
 #include "pipeline/request.h"
+#include "pipeline/vae_tiling.h"
 #include "runtime/graph_session.h"
 
 namespace kiln {
@@ -215,6 +216,48 @@ TEST(Seams, NetworksThatCannotWrapRefuseThem) {
     EXPECT_NE(validated.error().message.find("cannot"), std::string::npos) << validated.error().message;
     request.seams = Seams{};
     EXPECT_TRUE(pipeline::validate_request(*model, request).ok());
+}
+
+// With --vae-tiling the tiles pad with zeros, and the image is extended
+// across each seam by what lies beyond it first: its edges meet as the whole
+// circular decode's do, where tiles that never see the other side leave a
+// jump.
+TEST(Seams, TiledDecodeMakesTheEdgesWithTheOtherSide) {
+    auto model = load_sd1();
+    ASSERT_TRUE(model);
+    const int64_t w = 16, h = 16, W = 32, H = 32;
+    std::vector<float> z(static_cast<size_t>(4 * w * h));
+    for (size_t i = 0; i < z.size(); ++i) z[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i)));
+    const pipeline::VaeTiling tiling{8, 0.5f};
+    const SeamsScope scope(*model, Seams{true, false});
+    const std::vector<float> whole = read_graph(*model, pipeline::build_vae_decode_graph(*model, w, h, z.data()));
+    auto tiled = pipeline::decode_tiled(*model, z, w, h, tiling);
+    ASSERT_TRUE(tiled.ok()) << tiled.error().message;
+    std::vector<float> unaware;
+    {
+        const SeamsScope plain(*model, Seams{});
+        auto t = pipeline::decode_tiled(*model, z, w, h, tiling);
+        ASSERT_TRUE(t.ok());
+        unaware = *t;
+    }
+    // How far the image jumps from its last column to its first, against its
+    // mean step between neighbouring columns.
+    auto seam_jump = [&](const std::vector<float>& image) {
+        double jump = 0, step = 0;
+        for (int64_t c = 0; c < 3; ++c)
+            for (int64_t y = 0; y < H; ++y) {
+                const float* row = image.data() + (c * H + y) * W;
+                jump += std::abs(row[W - 1] - row[0]);
+                for (int64_t x = 0; x + 1 < W; ++x) step += std::abs(row[x + 1] - row[x]) / static_cast<double>(W - 1);
+            }
+        return jump / step;
+    };
+    // The whole circular decode's edges meet as its columns do (about 0.95);
+    // the tiles extended across the seam keep that, tiles that never see
+    // the other side jump (about 1.42).
+    EXPECT_LT(std::abs(seam_jump(*tiled) - seam_jump(whole)), 0.1 * seam_jump(whole));
+    EXPECT_GT(seam_jump(unaware), 1.3 * seam_jump(whole));
+    EXPECT_EQ(model->seams(), (Seams{true, false})) << "the job's seams are back after the tiles";
 }
 
 }  // namespace

@@ -107,6 +107,8 @@ JobRequest parse_a1111(ServerState& state, const json& j, bool img2img) {
     set_sampler(r, has_name ? "sampler_name" : "sampler_index",
                 read_string(j, has_name ? "sampler_name" : "sampler_index"));
     set_scheduler(r, "scheduler", read_string(j, "scheduler"));
+    // A1111's "Tiling": a seamless image across both pairs of edges.
+    r.circular_x = r.circular_y = read_bool(j, "tiling", false);
     if (!img2img) {
         read_hires_fix(r, j, limits);
         return r;

@@ -393,6 +393,8 @@ void JobQueue::run(const std::shared_ptr<Job>& job) {
     gp.n_control_frames = static_cast<int>(control_frames.size());
     gp.vace_strength = r.vace_strength;
     gp.increase_ref_index = r.increase_ref_index ? 1 : 0;
+    gp.circular_x = r.circular_x ? 1 : 0;
+    gp.circular_y = r.circular_y ? 1 : 0;
     gp.progress = &JobQueue::on_progress;
     gp.progress_user_data = &target;
     gp.phase = &JobQueue::on_phase;

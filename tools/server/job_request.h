@@ -68,6 +68,7 @@ struct JobRequest {
     std::vector<SharedImage> ref_images;
     bool auto_resize_ref_images = true;
     bool increase_ref_index = false;
+    bool circular_x = false, circular_y = false;  // a seamless image (sd-cli's --circularx, --circulary)
     // A Wan VACE DiT's control clip (kiln --control-video; init_image is then
     // its reference image) and the factor on its hints.
     std::vector<SharedImage> control_frames;
