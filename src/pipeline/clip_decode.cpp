@@ -78,9 +78,7 @@ Result<std::vector<float>> decode_clip_planes(Model& model, const std::vector<fl
     map.out_channels = 3 * out_frames;
     map.in_scale = 1;
     map.out_scale = vc.downscale;
-    const int64_t tiles =
-        static_cast<int64_t>(tile_starts(w, tile_side(*tiling, tiling->relative_w, w), tiling->overlap).size() *
-                             tile_starts(h, tile_side(*tiling, tiling->relative_h, h), tiling->overlap).size());
+    const int64_t tiles = tiles_across_seams(model, map, *tiling);
     int64_t tile = 0;
     TileFn fn = [&](const std::vector<float>& z, int64_t tw, int64_t th) -> Result<std::vector<float>> {
         auto done = decode_chunks(model, z, tw, th, frames, [&](int64_t t) {
@@ -89,7 +87,7 @@ Result<std::vector<float>> decode_clip_planes(Model& model, const std::vector<fl
         ++tile;
         return done;
     };
-    return run_tiled(latent, map, *tiling, fn, stats);
+    return run_tiled_across_seams(model, latent, map, *tiling, fn, stats);
 }
 
 }  // namespace kiln::pipeline

@@ -452,7 +452,7 @@ Result<ValidatedRequest> validate_request(const Model& model, const GenerationRe
     if (r.seams.any() && !model.diffusion().capabilities().seams) {
         return Error::invalid_request(
             "--circular makes a seamless image with networks that can wrap their edges (SD1.x, SD2.x, SDXL, Flux, "
-            "Chroma, FLUX.2, Z-Image, Qwen-Image); " +
+            "Chroma, FLUX.2, Z-Image, Qwen-Image, Wan); " +
             model.family_label() + "'s " + model.diffusion().capabilities().label + " cannot");
     }
     {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
 
 #include "pipeline/graphs.h"
 #include "runtime/graph_session.h"
@@ -198,21 +199,33 @@ std::vector<float> cropped_planes(const std::vector<float>& in, int64_t channels
     return out;
 }
 
-// run_tiled across the job's seams (Model::seams). A tile's own edges are no
-// seam, so the tiles pad with zeros; instead the input is extended across
-// each seam by half a tile of the other side, tiled, and the extension cut
-// from the output: the image's edges are made with what lies beyond them
-// on the torus, and meet (sd-cli tiles circularly likewise).
-Result<std::vector<float>> run_tiled_across_seams(Model& model, const std::vector<float>& input, TiledMap map,
+// The columns and rows the input is extended by across each seam: half a
+// tile, at least one, at most the side.
+std::pair<int64_t, int64_t> seam_margins(nn::Seams seams, const TiledMap& map, const VaeTiling& tiling) {
+    const int64_t w = map.grid_w, h = map.grid_h;
+    return {seams.x ? std::min(w, std::max<int64_t>(1, tile_side(tiling, tiling.relative_w, w) / 2)) : 0,
+            seams.y ? std::min(h, std::max<int64_t>(1, tile_side(tiling, tiling.relative_h, h) / 2)) : 0};
+}
+
+}  // namespace
+
+int64_t tiles_across_seams(const Model& model, const TiledMap& map, const VaeTiling& tiling) {
+    const auto [mx, my] = seam_margins(model.seams(), map, tiling);
+    const int64_t w = map.grid_w + 2 * mx, h = map.grid_h + 2 * my;
+    return static_cast<int64_t>(tile_starts(w, tile_side(tiling, tiling.relative_w, w), tiling.overlap).size() *
+                                tile_starts(h, tile_side(tiling, tiling.relative_h, h), tiling.overlap).size());
+}
+
+Result<std::vector<float>> run_tiled_across_seams(Model& model, const std::vector<float>& input, const TiledMap& map,
                                                   const VaeTiling& tiling, const TileFn& fn, TilingStats* stats) {
     const nn::Seams seams = model.seams();
     if (!seams.any()) return run_tiled(input, map, tiling, fn, stats);
     const int64_t w = map.grid_w, h = map.grid_h;
-    const int64_t mx = seams.x ? std::min(w, std::max<int64_t>(1, tile_side(tiling, tiling.relative_w, w) / 2)) : 0;
-    const int64_t my = seams.y ? std::min(h, std::max<int64_t>(1, tile_side(tiling, tiling.relative_h, h) / 2)) : 0;
+    const auto [mx, my] = seam_margins(seams, map, tiling);
     if (input.size() != static_cast<size_t>(map.in_channels * w * h * map.in_scale * map.in_scale)) {
         return Error{"VAE tiling: the input has the wrong size"};
     }
+    // A tile's own edges are no seam: the tiles pad with zeros.
     const SeamsScope tiles(model, nn::Seams{});
     TiledMap extended = map;
     extended.grid_w = w + 2 * mx;
@@ -224,8 +237,6 @@ Result<std::vector<float>> run_tiled_across_seams(Model& model, const std::vecto
     return cropped_planes(*out, map.out_channels, w * map.out_scale, h * map.out_scale, mx * map.out_scale,
                           my * map.out_scale);
 }
-
-}  // namespace
 
 Result<std::vector<float>> decode_tiled(Model& model, const std::vector<float>& latent, int64_t latent_w,
                                         int64_t latent_h, const VaeTiling& tiling, TilingStats* stats) {

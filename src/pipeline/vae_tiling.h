@@ -75,10 +75,18 @@ struct TiledMap {
 Result<std::vector<float>> run_tiled(const std::vector<float>& input, const TiledMap& map, const VaeTiling& tiling,
                                      const TileFn& fn, TilingStats* stats = nullptr);
 
-// Across the job's seams (Model::seams) the input is first extended by half
-// a tile from the other side of each seam and the extension cut from the
-// output after: the tiles themselves pad with zeros.
-//
+// run_tiled across the job's seams (Model::seams): a tile's own edges are no
+// seam, so the tiles pad with zeros; instead the input is extended across
+// each seam by half a tile of what lies beyond it on the torus, tiled, and
+// the extension cut from the output, so the image's edges are made with
+// the other side beside them and meet (sd-cli tiles circularly likewise).
+// Without seams, run_tiled. decode_tiled and encode_tiled below tile so.
+Result<std::vector<float>> run_tiled_across_seams(Model& model, const std::vector<float>& input, const TiledMap& map,
+                                                  const VaeTiling& tiling, const TileFn& fn,
+                                                  TilingStats* stats = nullptr);
+// The tiles run_tiled_across_seams runs for `map` (progress reports).
+int64_t tiles_across_seams(const Model& model, const TiledMap& map, const VaeTiling& tiling);
+
 // latent: planar [latent_channels, latent_h, latent_w], unscaled (already
 // divided by the latent scale) -> image planar [3, H, W] in about [-1, 1]
 // (not clamped), H and W being latent_h and latent_w times the VAE's

@@ -14,6 +14,7 @@
 #include "golden.h"
 #include "io/model_file.h"
 #include "models/nets/flux_dit.h"
+#include "models/nets/wan_dit.h"
 #include "nn/rope.h"
 #include "pipeline/graphs.h"
 #include "pipeline/model.h"
@@ -194,6 +195,30 @@ TEST(Seams, FluxRopeTableWrapsTheImageTokensOnly) {
     for (int64_t d = 10; d < D; ++d)
         columns_differ |= wrapped[static_cast<size_t>(last_token * D + d)] != plain[static_cast<size_t>(last_token * D + d)];
     EXPECT_TRUE(columns_differ);
+}
+
+// Wan's video tokens wrap across the rows and columns of each frame, never
+// across frames: a clip is no loop.
+TEST(Seams, WanRopeTableWrapsRowsAndColumnsNotFrames) {
+    models::WanDitConfig c;
+    c.dim = 4 * 24;
+    c.heads = 4;  // head_dim 24: axes 8, 8, 8
+    const models::WanGrid grid{3, 2, 4};
+    ASSERT_EQ(grid.tokens(), 24);
+    const std::vector<int> axes = c.rope_axes();
+    ASSERT_EQ(axes, (std::vector<int>{8, 8, 8}));
+    const std::vector<float> plain = models::wan_rope_table(c, grid);
+    const std::vector<float> wrapped = models::wan_rope_table(c, grid, Seams{true, true});
+    ASSERT_EQ(wrapped.size(), plain.size());
+    const int64_t D = 24, last = grid.tokens() - 1;  // frame 2, row 1, column 3
+    for (int64_t d = 0; d < 8; ++d)
+        EXPECT_EQ(wrapped[static_cast<size_t>(last * D + d)], plain[static_cast<size_t>(last * D + d)]);
+    bool rows = false, columns = false;
+    for (int64_t d = 8; d < 16; ++d)
+        rows |= wrapped[static_cast<size_t>(last * D + d)] != plain[static_cast<size_t>(last * D + d)];
+    for (int64_t d = 16; d < 24; ++d)
+        columns |= wrapped[static_cast<size_t>(last * D + d)] != plain[static_cast<size_t>(last * D + d)];
+    EXPECT_TRUE(rows && columns);
 }
 
 // The networks that cannot wrap their edges refuse the seams by name: SD3's

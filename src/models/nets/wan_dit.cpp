@@ -166,13 +166,16 @@ std::vector<int> WanDitConfig::rope_axes() const {
 
 std::vector<int64_t> wan_rope_shape(const WanDitConfig& c, WanGrid grid) { return {c.head_dim(), grid.tokens(), 2}; }
 
-std::vector<float> wan_rope_table(const WanDitConfig& c, WanGrid grid) {
-    std::vector<int64_t> positions;
+std::vector<float> wan_rope_table(const WanDitConfig& c, WanGrid grid, nn::Seams seams) {
+    std::vector<int64_t> positions, periods;
     positions.reserve(static_cast<size_t>(3 * grid.tokens()));
     for (int64_t f = 0; f < grid.frames; ++f)
         for (int64_t r = 0; r < grid.h; ++r)
-            for (int64_t col = 0; col < grid.w; ++col) positions.insert(positions.end(), {f, r, col});
-    return nn::rope_axes_table(positions, c.rope_axes(), kRopeTheta);
+            for (int64_t col = 0; col < grid.w; ++col) {
+                positions.insert(positions.end(), {f, r, col});
+                if (seams.any()) periods.insert(periods.end(), {0, seams.y ? grid.h : 0, seams.x ? grid.w : 0});
+            }
+    return nn::rope_axes_table(positions, c.rope_axes(), kRopeTheta, periods);
 }
 
 struct WanDit::Blocks {
@@ -321,6 +324,7 @@ Result<std::unique_ptr<WanDit>> WanDit::create(io::WeightDeclarer& weights) {
     // 512 rows is attended, so a context repeated to another's length would
     // change the prediction; passes of different lengths run apart.
     can.joint_attention = true;
+    can.seams = true;
     // A VACE stream runs beside the blocks, which the block stages do not carry.
     can.cache_blocks = c.vace_layers > 0 ? 0 : c.layers;
     can.image_context_width = c.clip_dim;
@@ -581,7 +585,7 @@ Result<DiffusionTensors> WanDit::build(nn::GraphInputs& s, const DiffusionShape&
     in.context = g.context = s.input(GGML_TYPE_F32, {c.text_dim, shape.tokens, b}, nullptr, "context");
     // Whole patches (else build() says what is wrong).
     const WanGrid grid{shape.frames, shape.latent_h / c.patch, shape.latent_w / c.patch};
-    const std::vector<float> rope = wan_rope_table(c, grid);
+    const std::vector<float> rope = wan_rope_table(c, grid, shape.target.seams);
     in.rope = s.input(GGML_TYPE_F32, wan_rope_shape(c, grid), rope.data(), "rope");
     if (c.clip_dim > 0) {
         in.image_context = g.image_context =

@@ -122,7 +122,9 @@ struct WanGrid {
 
 // The RoPE table of the grid's tokens in (frame, row, column) order, for
 // WanDitInputs::rope: ne [head_dim, tokens, 2] (nn::rope_axes_table).
-std::vector<float> wan_rope_table(const WanDitConfig& c, WanGrid grid);
+// Across `seams` the rows (and columns) repeat with the grid's height (and
+// width); frames never wrap.
+std::vector<float> wan_rope_table(const WanDitConfig& c, WanGrid grid, nn::Seams seams = {});
 std::vector<int64_t> wan_rope_shape(const WanDitConfig& c, WanGrid grid);
 
 // The inputs of one evaluation (ggml ne order).
