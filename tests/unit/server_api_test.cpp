@@ -525,6 +525,24 @@ TEST(ServerApi, A1111HiresFixIsTheCliHiresFix) {
     EXPECT_EQ(server.stop(SIGTERM), 0);
 }
 
+// A1111's "tiling" is the CLI's --circular.
+TEST(ServerApi, A1111TilingIsTheCliCircular) {
+    ServerProcess server(test::tiny_server_flags());
+    ASSERT_TRUE(server.started()) << server.log();
+    httplib::Client client("127.0.0.1", server.port());
+    client.set_read_timeout(120, 0);
+    const json job = {
+        {"prompt", "a red circle"}, {"seed", 4}, {"steps", 2}, {"width", 32}, {"height", 32}, {"tiling", true}};
+    auto r = client.Post("/sdapi/v1/txt2img", job.dump(), "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    const image::Image served = test::decode_base64_image(body_json(r)["images"][0]);
+    const std::string cli = "-p \"a red circle\" -W 32 -H 32 --steps 2 -s 4";
+    EXPECT_EQ(served.pixels, test::cli_image(test::tiny_server_flags(), cli + " --circular").pixels);
+    EXPECT_NE(served.pixels, test::cli_image(test::tiny_server_flags(), cli).pixels);
+    EXPECT_EQ(server.stop(SIGTERM), 0);
+}
+
 // docs/server.md's commands as curl sends them: a POST with no body and no
 // Content-Length is answered, not refused.
 // A1111's skip ends the current image of a batch and the job goes on with the next.

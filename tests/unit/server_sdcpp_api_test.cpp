@@ -88,6 +88,37 @@ TEST(ServerSdcppApi, RefImagesReachAnEditModel) {
     EXPECT_EQ(server.stop(SIGTERM), 0);
 }
 
+// circular_x and circular_y (KoboldCpp's names; sd-server takes --circular
+// for the whole server) make the CLI's --circularx image, per request.
+TEST(ServerSdcppApi, CircularFieldsAreTheCliSeams) {
+    ServerProcess server(test::tiny_server_flags());
+    ASSERT_TRUE(server.started()) << server.log();
+    httplib::Client client("127.0.0.1", server.port());
+    const json body = {{"prompt", "a red circle"},
+                       {"width", 32},
+                       {"height", 32},
+                       {"seed", 5},
+                       {"circular_x", true},
+                       {"circular_y", false},
+                       {"sample_params", {{"sample_steps", 2}}}};
+    auto posted = client.Post("/sdcpp/v1/img_gen", body.dump(), "application/json");
+    ASSERT_TRUE(posted);
+    ASSERT_EQ(posted->status, 202) << posted->body;
+    const json done = poll_until(client, body_json(posted)["id"], "completed");
+    ASSERT_EQ(done["status"], "completed") << done.dump();
+    const image::Image served = test::decode_base64_image(done["result"]["images"][0]["b64_json"]);
+    const std::string cli = "-p \"a red circle\" -W 32 -H 32 --steps 2 -s 5";
+    EXPECT_EQ(served.pixels, test::cli_image(test::tiny_server_flags(), cli + " --circularx").pixels);
+    EXPECT_NE(served.pixels, test::cli_image(test::tiny_server_flags(), cli).pixels);
+    json bad = body;
+    bad["circular_x"] = "yes";
+    auto refused = client.Post("/sdcpp/v1/img_gen", bad.dump(), "application/json");
+    ASSERT_TRUE(refused);
+    EXPECT_EQ(refused->status, 400) << refused->body;
+    EXPECT_EQ(error_param(refused), "circular_x") << refused->body;
+    EXPECT_EQ(server.stop(SIGTERM), 0);
+}
+
 TEST(ServerSdcppApi, CapabilitiesDescribeTheDefaultModel) {
     ServerProcess server(test::tiny_server_flags());
     ASSERT_TRUE(server.started()) << server.log();

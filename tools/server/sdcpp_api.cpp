@@ -400,8 +400,8 @@ json capabilities(ServerState& state) {
     // A video model (Wan) also takes vid_gen: its defaults are img_gen's
     // with a clip's fields, in a video file.
     json video_defaults = defaults;
-    for (const char* image_only : {"batch_count", "auto_resize_ref_image", "increase_ref_index", "circular_x",
-                                   "circular_y", "control_strength", "ip_adapter_strength", "hires"})
+    for (const char* image_only : {"batch_count", "auto_resize_ref_image", "increase_ref_index", "control_strength",
+                                   "ip_adapter_strength", "hires"})
         video_defaults.erase(image_only);
     video_defaults["video_frames"] = 33;
     video_defaults["fps"] = 16;
