@@ -172,10 +172,6 @@ ggml_tensor* conv2d_on_device_in_row_bands(ggml_context* ctx, const Conv2d& laye
     const bool f16_patches = w->type == GGML_TYPE_F16 && K * OW * OH * N * 4 > kMaxF32PatchBytesOnDevice;
     const int64_t row_bytes = std::max<int64_t>(1, K * OW * N * (f16_patches ? 2 : 4));
     const int64_t band_rows = std::clamp<int64_t>(max_patch_bytes / row_bytes, (OH + kMaxBands - 1) / kMaxBands, OH);
-    // The band's output rows [first, first + rows) as ne [OW, rows, OC, N],
-    // with the bias: ggml's im2col of the input rows they read (the kernel's
-    // halo included; the zero padding beyond the image's top and bottom edge
-    // explicit, since im2col pads both edges alike), then the product.
     // Rows [lo, hi) of the input across the top and bottom seam: the rows
     // beyond an edge are the other edge's, joined on in order.
     auto rows_across_seam = [&](int64_t lo, int64_t hi) {
@@ -189,6 +185,11 @@ ggml_tensor* conv2d_on_device_in_row_bands(ggml_context* ctx, const Conv2d& laye
         }
         return ggml_is_contiguous(joined) ? joined : ggml_cont(ctx, joined);  // as im2col takes it on a GPU
     };
+    // The band's output rows [first, first + rows) as ne [OW, rows, OC, N],
+    // with the bias: ggml's im2col of the input rows they read (the kernel's
+    // halo included; the zero padding beyond the image's top and bottom edge
+    // explicit, since im2col pads both edges alike, or across the seam the
+    // other edge's rows), then the product.
     auto band = [&](int64_t first, int64_t rows) {
         ggml_tensor* in = nullptr;
         int vertical_padding = p;

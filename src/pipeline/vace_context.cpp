@@ -49,9 +49,11 @@ Result<std::vector<float>> vace_context(Model& model, const std::vector<image::I
         return chunk.data();
     };
     // The inactive clip is grey whatever the job gives, so its latent is the
-    // same for every job of this size: encoded once, kept by the model.
+    // same for every job of this size and seams (the encoder pads across
+    // them): encoded once, kept by the model.
     const std::string grey_key = "VACE grey clip " + std::to_string(p.width) + "x" + std::to_string(p.height) + "x" +
-                                 std::to_string(clip_latent_frames);
+                                 std::to_string(clip_latent_frames) + (model.seams().x ? " wrapped x" : "") +
+                                 (model.seams().y ? " wrapped y" : "");
     auto& constants = model.encoded_constants();
     auto kept = constants.find(grey_key);
     if (kept == constants.end()) {
