@@ -132,6 +132,31 @@ TEST(QwenVision, HuggingFaceNamesMatchTheReference) {
     expect_matches_reference(*tower, *compute, "vision tower, HF names");
 }
 
+// The window blocks attend within each window (a batch per window size:
+// whole windows of 64 patches and the bottom edge's of 32 here), so only the
+// full-attention blocks make scores over all 192 patches.
+TEST(QwenVision, WindowBlocksMakeNoScoresAcrossWindows) {
+    const io::ModelFile file = open_file(golden_path("models/qwen25_vl_vision_tiny.safetensors"));
+    auto compute = test::golden_cpu();
+    const auto tower = load(file, "visual.", *compute);
+    const std::vector<float> pixels(static_cast<size_t>(3 * 168 * 224), 0.5f);
+    runtime::GraphSession session;
+    test::SessionInputs inputs(session);
+    models::VisionEncodeShape shape;
+    shape.width = 224;
+    shape.height = 168;
+    shape.image = pixels.data();
+    const models::VisionEncoderTensors t = tower->build(inputs, shape);
+    ggml_cgraph* graph = ggml_new_graph_custom(session.ctx(), 8192, false);
+    ggml_build_forward_expand(graph, t.out);
+    std::map<int64_t, int> softmaxes;  // keys -> softmax nodes
+    for (int i = 0; i < ggml_graph_n_nodes(graph); ++i) {
+        const ggml_tensor* node = ggml_graph_node(graph, i);
+        if (node->op == GGML_OP_SOFT_MAX) softmaxes[node->ne[0]] += 1;
+    }
+    EXPECT_EQ(softmaxes, (std::map<int64_t, int>{{32, 2}, {64, 2}, {192, 2}}));
+}
+
 TEST(QwenVision, LlamaCppMmprojMatchesTheReference) {
     const io::ModelFile file = open_file(golden_path("models/qwen25_vl_vision_tiny_mmproj.gguf"));
     auto compute = test::golden_cpu();
