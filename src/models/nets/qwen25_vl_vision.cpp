@@ -364,7 +364,7 @@ VisionEncoderTensors QwenVisionEncoder::build(nn::GraphInputs& s, const VisionEn
             auto batch = [&](ggml_tensor* t) {
                 ggml_tensor* rows =
                     ggml_view_2d(ctx, t, t->ne[0], patches * count, t->nb[1], static_cast<size_t>(first) * t->nb[1]);
-                return ggml_reshape_3d(ctx, ggml_cont(ctx, rows), t->ne[0], patches, count);
+                return ggml_reshape_3d(ctx, rows, t->ne[0], patches, count);
             };
             ggml_tensor* a = nn::attention(ctx, batch(q), batch(k), batch(v), attn);
             a = ggml_reshape_2d(ctx, a, c.width, patches * count);
