@@ -8,7 +8,7 @@ namespace kiln::io {
 namespace {
 
 constexpr ModelComponent kComponents[] = {ModelComponent::Unet, ModelComponent::Vae, ModelComponent::TextEncoder,
-                                          ModelComponent::TextEncoder2};
+                                          ModelComponent::TextEncoder2, ModelComponent::Transformer};
 
 bool starts_with(std::string_view s, std::string_view prefix) { return s.substr(0, prefix.size()) == prefix; }
 
@@ -29,6 +29,8 @@ std::optional<ModelFamily> detect_diffusers_family(const std::vector<TensorInfo>
     // their VAE is Wan 2.1's, under its own names (name_map.h).
     for (const TensorInfo& t : tensors) {
         if (t.name == "transformer/transformer_blocks.0.img_mod.1.weight") return ModelFamily::QwenImage;
+        // Wan's pipelines (WanTransformer3DModel's time projection).
+        if (t.name == "transformer/condition_embedder.time_proj.weight") return ModelFamily::Wan;
     }
     // A DiT pipeline (FluxPipeline: transformer/, T5 in text_encoder_2/):
     // its transformer and T5 keep their names (their networks read them);

@@ -14,7 +14,8 @@
 
 namespace kiln::io {
 
-// QwenImage if transformer/ is Qwen-Image's DiT (its img_mod);
+// QwenImage if transformer/ is Qwen-Image's DiT (its img_mod); Wan if it is
+// Wan's (WanTransformer3DModel's condition_embedder);
 // SDXL if there is a text_encoder_2; SD2 if the text encoder is 1024 wide;
 // SD1 if 768 wide; for other widths, SD2 if the UNet's transformer
 // projections are linear, SD1 if they are convolutions; nullopt for other

@@ -238,7 +238,22 @@ Status ModelFile::add_folder(const std::string& path) {
         ++components;
     }
     if (components == 0) return Error{index_path + ": lists no component folder with weights"};
-    if (auto family = detect_diffusers_family(tensors_)) {
+    const auto family = detect_diffusers_family(tensors_);
+    if (family == ModelFamily::Wan && std::any_of(tensors_.begin(), tensors_.end(), [](const TensorInfo& t) {
+            return t.name.rfind("transformer_2/", 0) == 0;
+        })) {
+        // Wan 2.2 A14B's two experts share the DiT's names; kiln takes each
+        // from its own flag.
+        return Error{path +
+                     ": a Wan 2.2 A14B folder holds two experts (transformer/ samples the high-noise steps, "
+                     "transformer_2/ the rest): pass --diffusion-model " +
+                     path +
+                     "/transformer_2 "
+                     "--high-noise-diffusion-model " +
+                     path + "/transformer --vae " + path + "/vae --t5xxl " + path +
+                     "/text_encoder instead of the folder"};
+    }
+    if (family) {
         rename_diffusers_tensors(*family, tensors_);
         by_name_.clear();
         for (size_t i = 0; i < tensors_.size(); ++i) {

@@ -240,6 +240,65 @@ const RuleTable& wan_vae_rules() {
     return rules;
 }
 
+// Wan's DiT (wan/modules/model.py, as the original and ComfyUI's files name
+// it) vs diffusers' WanTransformer3DModel (scripts/convert_wan_to_diffusers.py,
+// TRANSFORMER_KEYS_RENAME_DICT and VACE_TRANSFORMER_KEYS_RENAME_DICT). A
+// block (and a VACE block, whose before_proj and after_proj diffusers calls
+// proj_in and proj_out): the attentions' projections and norms, the image
+// context's key and value (I2V), the feed-forward, the modulation. The
+// original's norm3 (the cross-attention's, with weights) is diffusers'
+// norm2; its weightless norm2 has no tensors.
+const RuleTable& wan_dit_block_rules() {
+    static const RuleTable rules = {
+        {"self_attn.q.", "attn1.to_q."},
+        {"self_attn.k.", "attn1.to_k."},
+        {"self_attn.v.", "attn1.to_v."},
+        {"self_attn.o.", "attn1.to_out.0."},
+        {"self_attn.norm_q.", "attn1.norm_q."},
+        {"self_attn.norm_k.", "attn1.norm_k."},
+        {"cross_attn.q.", "attn2.to_q."},
+        {"cross_attn.k.", "attn2.to_k."},
+        {"cross_attn.v.", "attn2.to_v."},
+        {"cross_attn.o.", "attn2.to_out.0."},
+        {"cross_attn.norm_q.", "attn2.norm_q."},
+        {"cross_attn.norm_k.", "attn2.norm_k."},
+        {"cross_attn.k_img.", "attn2.add_k_proj."},
+        {"cross_attn.v_img.", "attn2.add_v_proj."},
+        {"cross_attn.norm_k_img.", "attn2.norm_added_k."},
+        {"norm3.", "norm2."},
+        {"ffn.0.", "ffn.net.0.proj."},
+        {"ffn.2.", "ffn.net.2."},
+        {"modulation", "scale_shift_table"},
+        {"before_proj.", "proj_in."},
+        {"after_proj.", "proj_out."},
+    };
+    return rules;
+}
+
+// The whole DiT: the embeddings (text, time, the I2V image context's MLP
+// and FLF2V's position embedding), the blocks, VACE's, and the head.
+const RuleTable& wan_dit_rules() {
+    static const RuleTable rules = {
+        {"patch_embedding.", "patch_embedding."},
+        {"vace_patch_embedding.", "vace_patch_embedding."},
+        {"text_embedding.0.", "condition_embedder.text_embedder.linear_1."},
+        {"text_embedding.2.", "condition_embedder.text_embedder.linear_2."},
+        {"time_embedding.0.", "condition_embedder.time_embedder.linear_1."},
+        {"time_embedding.2.", "condition_embedder.time_embedder.linear_2."},
+        {"time_projection.1.", "condition_embedder.time_proj."},
+        {"img_emb.proj.0.", "condition_embedder.image_embedder.norm1."},
+        {"img_emb.proj.1.", "condition_embedder.image_embedder.ff.net.0.proj."},
+        {"img_emb.proj.3.", "condition_embedder.image_embedder.ff.net.2."},
+        {"img_emb.proj.4.", "condition_embedder.image_embedder.norm2."},
+        {"img_emb.emb_pos", "condition_embedder.image_embedder.pos_embed"},
+        {"blocks.#.", "blocks.#.", &wan_dit_block_rules()},
+        {"vace_blocks.#.", "vace_blocks.#.", &wan_dit_block_rules()},
+        {"head.modulation", "scale_shift_table"},
+        {"head.head.", "proj_out."},
+    };
+    return rules;
+}
+
 // HF CLIPTextModel under its ldm prefix: the ldm checkpoints keep the HF names.
 const RuleTable& hf_clip_rules() {
     static const RuleTable rules = {{"text_model.", "text_model."}};
@@ -456,6 +515,7 @@ std::string_view diffusers_folder(ModelComponent component) {
         case ModelComponent::Vae: return "vae";
         case ModelComponent::TextEncoder: return "text_encoder";
         case ModelComponent::TextEncoder2: return "text_encoder_2";
+        case ModelComponent::Transformer: return "transformer";
     }
     return {};
 }
@@ -463,6 +523,11 @@ std::string_view diffusers_folder(ModelComponent component) {
 std::string_view ldm_prefix(ModelFamily family, ModelComponent component) {
     // Qwen-Image: only the VAE has a table; the DiT and the LLM keep their names.
     if (family == ModelFamily::QwenImage) return component == ModelComponent::Vae ? "first_stage_model." : "";
+    // Wan: the DiT and the VAE; the text and image encoders keep their names.
+    if (family == ModelFamily::Wan) {
+        if (component == ModelComponent::Transformer) return "model.diffusion_model.";
+        return component == ModelComponent::Vae ? "first_stage_model." : "";
+    }
     switch (component) {
         case ModelComponent::Unet: return "model.diffusion_model.";
         case ModelComponent::Vae: return "first_stage_model.";
@@ -471,10 +536,12 @@ std::string_view ldm_prefix(ModelFamily family, ModelComponent component) {
                 case ModelFamily::SD1: return "cond_stage_model.transformer.";
                 case ModelFamily::SD2: return "cond_stage_model.model.";
                 case ModelFamily::SDXL: return "conditioner.embedders.0.transformer.";
-                case ModelFamily::QwenImage: break;
+                case ModelFamily::QwenImage:
+                case ModelFamily::Wan: break;
             }
             return {};
         case ModelComponent::TextEncoder2: return family == ModelFamily::SDXL ? "conditioner.embedders.1.model." : "";
+        case ModelComponent::Transformer: return "";
     }
     return {};
 }
@@ -501,11 +568,13 @@ NameMap::NameMap(ModelFamily family, const UnetLayout& unet, int vae_levels) : t
     tables_->vae = build_vae_rules(vae_levels);
     // Which text-encoder convention sits under which prefix.
     const RuleTable* text1 = family == ModelFamily::SD2 ? &open_clip_rules() : &hf_clip_rules();
-    const std::array<std::pair<ModelComponent, const RuleTable*>, 4> components = {{
+    const bool wan_vae = family == ModelFamily::QwenImage || family == ModelFamily::Wan;
+    const std::array<std::pair<ModelComponent, const RuleTable*>, 5> components = {{
         {ModelComponent::Unet, &tables_->unet},
-        {ModelComponent::Vae, family == ModelFamily::QwenImage ? &wan_vae_rules() : &tables_->vae},
+        {ModelComponent::Vae, wan_vae ? &wan_vae_rules() : &tables_->vae},
         {ModelComponent::TextEncoder, text1},
         {ModelComponent::TextEncoder2, &open_clip_rules()},
+        {ModelComponent::Transformer, &wan_dit_rules()},
     }};
     for (const auto& [component, rules] : components) {
         const std::string_view prefix = ldm_prefix(family, component);
@@ -547,11 +616,13 @@ const NameMap& default_name_map(ModelFamily family) {
     static const NameMap sd2(ModelFamily::SD2);
     static const NameMap sdxl(ModelFamily::SDXL);
     static const NameMap qwen_image(ModelFamily::QwenImage);
+    static const NameMap wan(ModelFamily::Wan);
     switch (family) {
         case ModelFamily::SD1: return sd1;
         case ModelFamily::SD2: return sd2;
         case ModelFamily::SDXL: break;
         case ModelFamily::QwenImage: return qwen_image;
+        case ModelFamily::Wan: return wan;
     }
     return sdxl;
 }

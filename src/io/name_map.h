@@ -29,10 +29,17 @@ namespace kiln::io {
 // Wan 2.1's VAE in diffusers' names, mapped to the original module tree's
 // (models/nets/wan_vae.h) under "first_stage_model.". Its transformer/ and
 // text_encoder/ keep their names, which kiln's networks read.
-enum class ModelFamily { SD1, SD2, SDXL, QwenImage };
+// Wan: Wan 2.1's folders (diffusers' WanPipeline, WanImageToVideoPipeline,
+// WanVACEPipeline): transformer/ (WanTransformer3DModel) takes the original
+// DiT's names under "model.diffusion_model." (ComfyUI's single files), vae/
+// Wan 2.1's VAE names as Qwen-Image's; text_encoder/ (UMT5EncoderModel) and
+// image_encoder/ (CLIPVisionModelWithProjection) keep their HF names, which
+// kiln's networks read.
+enum class ModelFamily { SD1, SD2, SDXL, QwenImage, Wan };
 
-// A diffusers pipeline folder's parts. TextEncoder2 exists in SDXL only.
-enum class ModelComponent { Unet, Vae, TextEncoder, TextEncoder2 };
+// A diffusers pipeline folder's parts. TextEncoder2 exists in SDXL only,
+// Transformer (a DiT's transformer/) in Wan's tables only.
+enum class ModelComponent { Unet, Vae, TextEncoder, TextEncoder2, Transformer };
 
 // The diffusers subfolder of a component: "unet", "vae", "text_encoder", "text_encoder_2".
 std::string_view diffusers_folder(ModelComponent component);

@@ -127,7 +127,8 @@ Result<std::unique_ptr<text::T5Tokenizer>> load_t5_tokenizer_at(const std::strin
 
 // T5's tokenizer: --tokenizer t5xxl=PATH; the T5 file's own (GGUF
 // tokenizer.ggml.*, as -M convert writes it); a diffusers folder's
-// tokenizer_N/ beside text_encoder_N/; spiece.model, tokenizer_2/ or t5_tokenizer/ beside the T5
+// tokenizer_N/ beside text_encoder_N/ (tokenizer/ beside text_encoder/:
+// Wan's umT5); spiece.model, tokenizer_2/ or t5_tokenizer/ beside the T5
 // file; kiln pull's cache (`cache_name`: "t5xxl", or "umt5" for umT5's 256k
 // vocabulary). The error says where kiln looked.
 Result<std::unique_ptr<text::T5Tokenizer>> load_t5_tokenizer(const std::string& flag_path, const io::ModelFile& t5_file,
@@ -144,8 +145,12 @@ Result<std::unique_ptr<text::T5Tokenizer>> load_t5_tokenizer(const std::string& 
         const fs::path dir = fs::path(s.path).parent_path();
         // A diffusers folder's text_encoder_N/ holding the T5 (Flux's: 2,
         // SD3's: 3) has tokenizer_N/ beside it.
-        if (s.component.rfind("text_encoder_", 0) == 0 && t5_prefix.rfind(s.component + "/", 0) == 0)
-            candidates.push_back(dir.parent_path() / ("tokenizer_" + s.component.substr(13)));
+        if (s.component.rfind("text_encoder", 0) == 0 && t5_prefix.rfind(s.component + "/", 0) == 0)
+            candidates.push_back(dir.parent_path() / ("tokenizer" + s.component.substr(12)));
+        // Such a text_encoder[_N]/ given alone (--t5xxl FOLDER/text_encoder).
+        const std::string folder = dir.filename().string();
+        if (s.component.empty() && folder.rfind("text_encoder", 0) == 0)
+            candidates.push_back(dir.parent_path() / ("tokenizer" + folder.substr(12)));
         for (const char* name : {"spiece.model", "tokenizer_2", "t5_tokenizer"}) candidates.push_back(dir / name);
     }
     for (const fs::path& folder : cached_tokenizer_folders({cache_name.c_str()})) candidates.push_back(folder);

@@ -4,10 +4,15 @@ namespace kiln::models {
 namespace {
 
 // The DiT's cross-attention with per-projection RMSNorms and its 3-D patch
-// embedding are Wan's alone among the DiTs kiln reads.
+// embedding are Wan's alone among the DiTs kiln reads; in diffusers' names
+// (WanTransformer3DModel, a transformer/ file given alone) attn2's.
 int detect(const FileSet& files) {
-    return files.find_suffix("blocks.0.cross_attn.norm_k.weight") && files.find_suffix("patch_embedding.weight") ? 3
-                                                                                                                 : 0;
+    if (!files.find_suffix("patch_embedding.weight")) return 0;
+    return files.find_suffix("blocks.0.cross_attn.norm_k.weight") ||
+                   (files.find_suffix("blocks.0.attn2.norm_k.weight") &&
+                    files.find_suffix("condition_embedder.time_proj.weight"))
+               ? 3
+               : 0;
 }
 
 // Wan's T5EncoderModel: umT5-XXL over the prompt, EOS and padding to 512
@@ -30,13 +35,16 @@ Family make() {
     f.detect = detect;
     // sd-cli's flags: --t5xxl for umT5 (umt5_xxl_fp16.safetensors in HF's
     // names, city96's GGUFs in llama.cpp's), --diffusion-model, --vae.
-    f.modules = {{"t5xxl", ModuleRole::TextEncoder, NetworkKind::T5, {}, "--t5xxl", {}},
-                 {"wan", ModuleRole::Diffusion, NetworkKind::WanDit, {}, "--diffusion-model", {}},
-                 {"vae", ModuleRole::Vae, NetworkKind::WanVae, {}, "--vae", {}}};
+    // Each DiT and the VAE also in diffusers' names (a folder's transformer/
+    // or vae/ given alone), renamed by io/name_map.h's tables.
+    f.modules = {
+        {"t5xxl", ModuleRole::TextEncoder, NetworkKind::T5, {}, "--t5xxl", {}},
+        {"wan", ModuleRole::Diffusion, NetworkKind::WanDit, {}, "--diffusion-model", io::ModelComponent::Transformer},
+        {"vae", ModuleRole::Vae, NetworkKind::WanVae, {}, "--vae", io::ModelComponent::Vae}};
     // Wan 2.2 A14B: the high-noise expert (wan2.2_t2v_high_noise_14B_*),
     // while --diffusion-model gives the low-noise one.
     ModuleSpec high_noise{"high_noise", ModuleRole::Diffusion,          NetworkKind::WanDit,
-                          {},           "--high-noise-diffusion-model", {}};
+                          {},           "--high-noise-diffusion-model", io::ModelComponent::Transformer};
     high_noise.optional = true;
     high_noise.high_noise = true;
     f.modules.push_back(high_noise);
@@ -46,6 +54,10 @@ Family make() {
     ModuleSpec clip_vision{"clip_vision", ModuleRole::TextEncoder, NetworkKind::ClipVision, {}, "--clip_vision", {}};
     clip_vision.optional = true;
     f.modules.push_back(clip_vision);
+    // Its diffusers folders (Wan-AI/Wan2.1-T2V-1.3B-Diffusers and the
+    // I2V, FLF2V and VACE ones): transformer/ and vae/ take the original
+    // names; text_encoder/ and image_encoder/ keep HF's.
+    f.diffusers_family = io::ModelFamily::Wan;
     f.conditioning.encoders = {umt5_use()};
     f.latent = wan21_latent_format();
     f.other_latents = {wan22_latent_format()};
