@@ -106,6 +106,22 @@ std::vector<SafetensorsEntry> to_diffusers(const SafetensorsEntry& e, const io::
     return out;
 }
 
+std::vector<SafetensorsEntry> wan_vae_in_diffusers_names(const std::string& path) {
+    const io::NameMap map(io::ModelFamily::Wan);
+    auto file = io::ModelFile::open({path});
+    EXPECT_TRUE(file.ok()) << path;
+    std::vector<SafetensorsEntry> out;
+    if (!file.ok()) return out;
+    for (const io::TensorInfo& t : file->tensors()) {
+        std::string folder;
+        auto renamed = to_diffusers(copy_entry(*file, t, "first_stage_model." + t.name), map, &folder);
+        EXPECT_EQ(renamed.size(), 1u) << t.name;
+        EXPECT_EQ(folder, "vae") << t.name;
+        for (auto& d : renamed) out.push_back(std::move(d));
+    }
+    return out;
+}
+
 std::vector<float> toy_denoiser(const std::vector<float>& x, float sigma) {
     const double s = sigma;
     const double scale = 0.25 / (0.25 + s * s);

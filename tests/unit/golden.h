@@ -40,6 +40,10 @@ SafetensorsEntry copy_entry(const io::ModelFile& file, const io::TensorInfo& t, 
 // the tensors it becomes (q/k/v split, transposes, VAE attention reshaped),
 // by io::NameMap `map`; none for names diffusers has no counterpart of.
 std::vector<SafetensorsEntry> to_diffusers(const SafetensorsEntry& e, const io::NameMap& map, std::string* folder);
+// Wan 2.1's VAE file at `path` (the original names, Qwen-Image's too) in
+// diffusers' AutoencoderKLWan / AutoencoderKLQwenImage names, by
+// io/name_map.h's table; each tensor must have one.
+std::vector<SafetensorsEntry> wan_vae_in_diffusers_names(const std::string& path);
 
 // A PyTorch shape as ggml's ne (innermost first).
 std::vector<int64_t> ggml_ne(const std::vector<int64_t>& torch_shape);

@@ -82,21 +82,9 @@ void write_sharded(const test::TempDir& dir, const std::string& folder, const st
     dir.write(folder + stem + ".safetensors.index.json", index + "}}");
 }
 
-// The tiny VAE (original names) in diffusers' AutoencoderKLQwenImage names,
-// by the inverse of the folder's name map.
+// The tiny VAE (original names) in diffusers' AutoencoderKLQwenImage names.
 std::vector<SafetensorsEntry> diffusers_vae() {
-    const io::NameMap map(io::ModelFamily::QwenImage);
-    std::vector<SafetensorsEntry> out;
-    const Part vae = read_part(image_part("qwen_image_vae.safetensors"),
-                               [](const std::string& n) { return "first_stage_model." + n; });
-    for (const SafetensorsEntry& e : vae.tensors) {
-        std::string folder;
-        auto renamed = test::to_diffusers(e, map, &folder);
-        EXPECT_EQ(renamed.size(), 1u) << e.name;
-        EXPECT_EQ(folder, "vae") << e.name;
-        for (auto& d : renamed) out.push_back(std::move(d));
-    }
-    return out;
+    return test::wan_vae_in_diffusers_names(image_part("qwen_image_vae.safetensors"));
 }
 
 struct FolderOptions {

@@ -91,22 +91,6 @@ std::vector<SafetensorsEntry> read_entries(const std::string& path,
     return out;
 }
 
-// The tiny VAE in AutoencoderKLWan's names (Qwen-Image's VAE table: the same
-// layout, checked against diffusers' names in qwen_image_diffusers_test.cpp).
-std::vector<SafetensorsEntry> diffusers_vae() {
-    const io::NameMap map(io::ModelFamily::Wan);
-    std::vector<SafetensorsEntry> out;
-    for (const SafetensorsEntry& e :
-         read_entries(test::wan_tiny_vae(), [](const std::string& n) { return "first_stage_model." + n; })) {
-        std::string folder;
-        auto renamed = test::to_diffusers(e, map, &folder);
-        EXPECT_EQ(renamed.size(), 1u) << e.name;
-        EXPECT_EQ(folder, "vae") << e.name;
-        for (auto& d : renamed) out.push_back(std::move(d));
-    }
-    return out;
-}
-
 // The DiT file `dit` of the tiny parts in two shards of diffusers' names,
 // with their index, under dir/folder.
 void write_transformer(const test::TempDir& dir, const std::string& folder, const std::string& dit) {
@@ -151,7 +135,8 @@ std::string write_folder(const test::TempDir& dir, const std::string& root, cons
     dir.write(root + "text_encoder/model.safetensors", test::read_bytes(wan_tiny_part("umt5.safetensors")));
     dir.write(root + "tokenizer/spiece.model", test::read_bytes(test::wan_tiny_spiece()));
     dir.write(root + "vae/config.json", R"({"_class_name": "AutoencoderKLWan"})");
-    dir.write(root + "vae/diffusion_pytorch_model.safetensors", test::build_safetensors(diffusers_vae()));
+    dir.write(root + "vae/diffusion_pytorch_model.safetensors",
+              test::build_safetensors(test::wan_vae_in_diffusers_names(test::wan_tiny_vae())));
     if (image_encoder) {
         dir.write(root + "image_encoder/config.json", R"({"architectures": ["CLIPVisionModelWithProjection"]})");
         dir.write(root + "image_encoder/model.safetensors",
