@@ -18,7 +18,6 @@
 
 #include "golden.h"
 #include "io/model_file.h"
-#include "io/name_map.h"
 #include "pipeline/generate.h"
 #include "test_files.h"
 #include "wan_tiny.h"
