@@ -133,6 +133,7 @@ std::string seconds_at(uint64_t bytes, double bytes_per_second) {
 Result<JobForecast> forecast_job(Model& model, int width, int height, bool cfg, bool flash_attention,
                                  const std::string* prompt, const JobPasses& passes,
                                  const std::string& negative_prompt) {
+    const SeamsScope seams(model, passes.seams);
     // Wan 2.2 A14B: the high-noise expert's steps, then (unless it takes
     // them all) the main network's; the negative prompt is encoded when
     // either runs CFG.
@@ -442,6 +443,7 @@ Result<JobPasses> passes_of(const GenerationRequest& request, const ValidatedReq
         passes.reference_images.emplace_back(reference.width, reference.height);
     passes.auto_resize_references = request.auto_resize_ref_images;
     passes.increase_ref_index = request.increase_ref_index;
+    passes.seams = request.seams;
     passes.video = job.video;
     passes.latent_frames = job.latent_frames;
     passes.high_noise_steps = job.high_noise_steps;

@@ -57,6 +57,7 @@ struct JobPasses {
     std::vector<std::pair<int, int>> reference_images;
     bool auto_resize_references = true;
     bool increase_ref_index = false;
+    nn::Seams seams;  // --circular: the graphs are the job's, across its seams
     // The hires fix's model upscaler (its name and memory), held in RAM for
     // the whole job; the caller measures it (Upscaler::memory).
     std::optional<std::pair<std::string, UpscalerMemory>> upscaler;
