@@ -1277,6 +1277,12 @@ Result<std::vector<GeneratedImage>> generate(Model& model, const GenerationReque
         info.height = p.height;
         info.model = model.name();
         if (p.video) info.extra.emplace_back("Frames", std::to_string(p.frames));
+        // A1111's "Tiling: True" for both seams; one seam by its axis.
+        if (request.seams.any()) {
+            info.extra.emplace_back("Tiling", request.seams.x && request.seams.y ? "True"
+                                              : request.seams.x                  ? "x"
+                                                                                 : "y");
+        }
         if (p.vace) info.extra.emplace_back("VACE strength", format_number(request.vace_strength));
         if (high_noise_steps > 0) {
             info.extra.emplace_back("High noise model", model.high_noise_expert_name());

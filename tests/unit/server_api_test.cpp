@@ -525,6 +525,37 @@ TEST(ServerApi, A1111HiresFixIsTheCliHiresFix) {
     EXPECT_EQ(server.stop(SIGTERM), 0);
 }
 
+// kiln's job API takes circular_x and circular_y: the CLI's seams, and the
+// image's parameters say so as A1111's "Tiling".
+TEST(ServerApi, NativeCircularFieldsAreTheCliSeams) {
+    ServerProcess server(test::tiny_server_flags());
+    ASSERT_TRUE(server.started()) << server.log();
+    httplib::Client client("127.0.0.1", server.port());
+    const json job = {{"prompt", "a red circle"}, {"width", 32},       {"height", 32}, {"steps", 2}, {"seed", 6},
+                      {"circular_x", true},       {"circular_y", true}};
+    auto posted = client.Post("/kiln/v1/jobs", job.dump(), "application/json");
+    ASSERT_TRUE(posted);
+    ASSERT_EQ(posted->status, 202) << posted->body;
+    const std::string id = body_json(posted)["id"];
+    test::read_events(server.port(), id);
+    auto got = client.Get(("/kiln/v1/jobs/" + id).c_str());
+    ASSERT_TRUE(got);
+    const json state = body_json(got);
+    ASSERT_EQ(state["state"], "done") << state.dump();
+    const json& result = state["results"][0];
+    EXPECT_NE(result["parameters"].get<std::string>().find("Tiling: True"), std::string::npos) << result["parameters"];
+    EXPECT_EQ(
+        test::decode_base64_image(result["image"]).pixels,
+        test::cli_image(test::tiny_server_flags(), "-p \"a red circle\" -W 32 -H 32 --steps 2 -s 6 --circular").pixels);
+    json bad = job;
+    bad["circular_y"] = 3;
+    auto refused = client.Post("/kiln/v1/jobs", bad.dump(), "application/json");
+    ASSERT_TRUE(refused);
+    EXPECT_EQ(refused->status, 400) << refused->body;
+    EXPECT_EQ(error_param(refused), "circular_y") << refused->body;
+    EXPECT_EQ(server.stop(SIGTERM), 0);
+}
+
 // A1111's "tiling" is the CLI's --circular.
 TEST(ServerApi, A1111TilingIsTheCliCircular) {
     ServerProcess server(test::tiny_server_flags());

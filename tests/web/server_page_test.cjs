@@ -3,10 +3,11 @@
 //   - a text-to-image job with a LoRA picked and a hires fix: the bar moves,
 //     the live preview shows, the image lands with its parameters;
 //   - an inpaint job: an init image is chosen, a mask painted on it, and
-//     the job runs with it;
+//     the job runs with it, seamless across its left and right edges;
 //   - two long jobs: the queued one is cancelled from the queue, then the running one;
 //   - after a reload the gallery (the server's --output-dir) holds the
-//     finished images, and "use these settings" fills the form from one.
+//     finished images, and "use these settings" fills the form from one
+//     (its seams included).
 // Screenshots of the main views are left in WORK_DIR (docs/images/web/
 // holds copies). Exits non-zero on any failure.
 "use strict";
@@ -158,16 +159,19 @@ async function main() {
     await page.fill("#strength", "0.9");
     await page.fill("#steps", "200");
     await page.fill("#seed", "12");
+    await page.selectOption("#seamless", "x");  // a seamless image across its left and right edges
     await page.click("#generate");
     await waitForProgress(page);
     await page.waitForFunction(() => document.getElementById("gallery").querySelectorAll("figure").length === 2, null, long);
     const inpainted = await page.getAttribute("#results img", "alt");
-    check(inpainted.includes("Mask: yes") && inpainted.includes("Denoising strength: 0.9") && inpainted.startsWith("a blue square"),
+    check(inpainted.includes("Mask: yes") && inpainted.includes("Denoising strength: 0.9") &&
+          inpainted.includes("Tiling: x") && inpainted.startsWith("a blue square"),
           "the inpaint job's parameters are wrong: " + inpainted);
 
     stage = "the queue";
     // Two long jobs: the second waits in the queue and is cancelled there.
     await page.click("#tab-txt2img");
+    await page.selectOption("#seamless", "");
     await page.fill("#prompt", "a long job");
     await page.fill("#steps", "4000");
     await page.click("#generate");
@@ -197,7 +201,8 @@ async function main() {
     await page.screenshot({ path: path.join(workDir, "web_gallery.png") });
     await page.click("#use-settings");
     check((await page.inputValue("#prompt")) === "a blue square" && (await page.inputValue("#seed")) === "12" &&
-          (await page.inputValue("#steps")) === "200", "'use these settings' did not fill the form from the newest image");
+          (await page.inputValue("#steps")) === "200" && (await page.inputValue("#seamless")) === "x",
+          "'use these settings' did not fill the form from the newest image");
     check(failures.length === 0, "page errors: " + failures.join("; "));
   } catch (e) {
     if (openPage) await openPage.screenshot({ path: path.join(workDir, "failure.png") }).catch(() => {});

@@ -56,6 +56,9 @@ JobRequest parse_native(ServerState& state, const httplib::Request& req) {
     if (j.contains("preview_noisy") && !j["preview_noisy"].is_null())
         r.preview_noisy = read_bool(j, "preview_noisy", false);
     read_step_cache(r, j);
+    // A seamless image or clip (the CLI's --circularx, --circulary).
+    r.circular_x = read_bool(j, "circular_x", false);
+    r.circular_y = read_bool(j, "circular_y", false);
     check_limits(r, limits);
     return r;
 }
