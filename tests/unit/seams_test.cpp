@@ -221,6 +221,109 @@ TEST(Seams, WanRopeTableWrapsRowsAndColumnsNotFrames) {
     EXPECT_TRUE(rows && columns);
 }
 
+// One evaluation of the model's diffusion network at `shape` on fixed
+// inputs (a pattern for the latent, text, vectors and references; sigma
+// 0.6, guidance 3.5).
+std::vector<float> evaluate_pattern(Model& model, const DiffusionShape& shape) {
+    auto g = pipeline::build_diffusion_graph(model, shape);
+    EXPECT_TRUE(g.ok()) << g.error().message;
+    if (!g.ok()) return {};
+    uint32_t seed = 1;
+    auto fill = [&](ggml_tensor* t) {
+        if (!t) return;
+        std::vector<float> v(static_cast<size_t>(ggml_nelements(t)));
+        uint32_t state = seed++ * 2654435761u;
+        for (float& f : v) {
+            state = state * 1664525u + 1013904223u;
+            f = static_cast<float>(state >> 8) / static_cast<float>(1u << 23) - 1.0f;
+        }
+        g->session->set_input(t, v.data());
+    };
+    fill(g->x);
+    fill(g->context);
+    fill(g->y);
+    for (ggml_tensor* r : g->refs) fill(r);
+    for (auto [t, value] : {std::pair{g->timesteps, 0.6f}, std::pair{g->guidance, 3.5f}}) {
+        if (!t) continue;
+        const std::vector<float> v(static_cast<size_t>(ggml_nelements(t)), value);
+        g->session->set_input(t, v.data());
+    }
+    const Status ran = g->session->run(model.diffusion_compute(), g->out);
+    EXPECT_TRUE(ran.ok()) << ran.error().message;
+    return ran.ok() ? runtime::GraphSession::read(g->out) : std::vector<float>{};
+}
+
+// Each DiT that takes the seams builds its positions from them: the
+// evaluation differs across seams and is the plain one without them. (The
+// tables themselves are checked above; this is the network reading them.)
+TEST(Seams, EveryDitThatTakesThemBuildsItsPositionsFromThem) {
+    struct Case {
+        const char* family;
+        ModelPaths paths;
+        DiffusionShape shape;
+    };
+    std::vector<Case> cases;
+    {
+        Case c{"Flux", {}, DiffusionShape{8, 8, 1, 6}};
+        c.paths.diffusion_model = golden_path("pipeline/flux_tiny/flux_dit.safetensors");
+        c.paths.vae = golden_path("pipeline/flux_tiny/ae.safetensors");
+        c.paths.clip_l = golden_path("pipeline/flux_tiny/clip_l.safetensors");
+        c.paths.t5xxl = golden_path("pipeline/flux_tiny/t5xxl.safetensors");
+        c.paths.tokenizer = "clip_l=" + std::string(KILN_FIXTURES_DIR) + "/tiny_tokenizer";
+        c.shape.refs = {{4, 4}};  // Kontext's reference tokens wrap with their own grid
+        cases.push_back(c);
+    }
+    {
+        Case c{"FLUX.2", {}, DiffusionShape{4, 4, 1, 6}};
+        c.paths.diffusion_model = golden_path("models/flux2_tiny.safetensors");
+        c.paths.vae = golden_path("models/flux2_ae_tiny.safetensors");
+        c.paths.llm = golden_path("models/flux2_klein_qwen3_tiny.safetensors");
+        c.paths.tokenizer = "llm=" + golden_path("pipeline/z_image_tiny/tokenizer");
+        cases.push_back(c);
+    }
+    {
+        Case c{"Z-Image", {}, DiffusionShape{8, 8, 1, 5}};
+        c.paths.diffusion_model = golden_path("pipeline/z_image_tiny/z_image_turbo_dit.safetensors");
+        c.paths.vae = golden_path("pipeline/flux_tiny/ae.safetensors");
+        c.paths.llm = golden_path("pipeline/z_image_tiny/qwen3.safetensors");
+        cases.push_back(c);
+    }
+    {
+        Case c{"Qwen-Image", {}, DiffusionShape{8, 6, 1, 7}};
+        c.paths.diffusion_model = golden_path("pipeline/qwen_image_tiny/qwen_image_dit.safetensors");
+        c.paths.llm = golden_path("pipeline/qwen_image_tiny/qwen_2.5_vl.safetensors");
+        c.paths.vae = golden_path("pipeline/qwen_image_tiny/qwen_image_vae.safetensors");
+        c.paths.tokenizer = "llm=" + golden_path("pipeline/qwen_image_tiny/tokenizer");
+        cases.push_back(c);
+    }
+    {
+        Case c{"Wan", {}, DiffusionShape{8, 6, 1, 5}};
+        c.paths.diffusion_model = golden_path("pipeline/wan_tiny/wan_dit.safetensors");
+        c.paths.t5xxl = golden_path("pipeline/wan_tiny/umt5.safetensors");
+        c.paths.vae = golden_path("models/wan_vae_tiny.safetensors");
+        c.paths.tokenizer = "t5xxl=" + golden_path("text/umt5_like_spiece.model");
+        c.shape.frames = 2;
+        cases.push_back(c);
+    }
+    for (const Case& c : cases) {
+        auto model = load(c.paths);
+        ASSERT_TRUE(model) << c.family;
+        EXPECT_TRUE(model->diffusion().capabilities().seams) << c.family;
+        const std::vector<float> plain = evaluate_pattern(*model, c.shape);
+        std::vector<float> wrapped, plain_again;
+        {
+            const SeamsScope scope(*model, Seams{true, true});
+            wrapped = evaluate_pattern(*model, c.shape);
+        }
+        plain_again = evaluate_pattern(*model, c.shape);
+        ASSERT_FALSE(plain.empty()) << c.family;
+        ASSERT_EQ(wrapped.size(), plain.size()) << c.family;
+        // Deterministic graphs: any difference is the positions' (Flux's tiny 4x4 grid: 4.6e-4).
+        EXPECT_GT(test::relative_error(wrapped, plain), 1e-5) << c.family << ": the seams did not reach the positions";
+        EXPECT_EQ(plain_again, plain) << c.family << ": the seams outlived their scope";
+    }
+}
+
 // The networks that cannot wrap their edges refuse the seams by name: SD3's
 // MMDiT (positions from a learned table) here.
 TEST(Seams, NetworksThatCannotWrapRefuseThem) {
