@@ -2,8 +2,9 @@
 // SD1 model's UNet and VAE across seams against PyTorch's reference modules
 // with circular padding (training/make_seams_fixtures.py); the UNet's
 // evaluation turning with its input on the torus, as a network of circular
-// convolutions must; the RoPE tables repeating with the image's period; the
-// DiTs taking the seams; and the networks that cannot wrap refusing them.
+// convolutions must; the RoPE tables repeating with the image's period; each
+// DiT building its positions from the seams; VAE tiling across seams; and the
+// networks that cannot wrap refusing them.
 #include <gtest/gtest.h>
 
 #include <cmath>
