@@ -119,6 +119,42 @@ TEST(ServerSdcppApi, CircularFieldsAreTheCliSeams) {
     EXPECT_EQ(server.stop(SIGTERM), 0);
 }
 
+// kiln serve --circularx, as sd-server's flag: every job's seams unless the
+// request sets its own, on sd-server's API and A1111's alike.
+TEST(ServerSdcppApi, ServeCircularFlagIsEveryJobsDefault) {
+    ServerProcess server(test::tiny_server_flags() + " --circularx");
+    ASSERT_TRUE(server.started()) << server.log();
+    httplib::Client client("127.0.0.1", server.port());
+    client.set_read_timeout(120, 0);
+    auto caps = client.Get("/sdcpp/v1/capabilities");
+    ASSERT_TRUE(caps);
+    EXPECT_EQ(body_json(caps)["defaults_by_mode"]["img_gen"]["circular_x"], true);
+    EXPECT_EQ(body_json(caps)["defaults_by_mode"]["img_gen"]["circular_y"], false);
+    const std::string cli = "-p \"a red circle\" -W 32 -H 32 --steps 2 -s 5";
+    auto served = [&](json body) {
+        body.update({{"prompt", "a red circle"},
+                     {"width", 32},
+                     {"height", 32},
+                     {"seed", 5},
+                     {"sample_params", {{"sample_steps", 2}}}});
+        auto posted = client.Post("/sdcpp/v1/img_gen", body.dump(), "application/json");
+        EXPECT_TRUE(posted && posted->status == 202) << (posted ? posted->body : "no response");
+        if (!posted || posted->status != 202) return image::Image{};
+        const json done = poll_until(client, body_json(posted)["id"], "completed");
+        EXPECT_EQ(done["status"], "completed") << done.dump();
+        return test::decode_base64_image(done["result"]["images"][0]["b64_json"]);
+    };
+    const image::Image seamless_x = test::cli_image(test::tiny_server_flags(), cli + " --circularx");
+    EXPECT_EQ(served(json::object()).pixels, seamless_x.pixels);
+    EXPECT_EQ(served({{"circular_x", false}}).pixels, test::cli_image(test::tiny_server_flags(), cli).pixels);
+    // A1111's API: no "tiling" takes the server's; "tiling" true both seams.
+    const json a1111 = {{"prompt", "a red circle"}, {"seed", 5}, {"steps", 2}, {"width", 32}, {"height", 32}};
+    auto r = client.Post("/sdapi/v1/txt2img", a1111.dump(), "application/json");
+    ASSERT_TRUE(r && r->status == 200) << (r ? r->body : "no response");
+    EXPECT_EQ(test::decode_base64_image(body_json(r)["images"][0]).pixels, seamless_x.pixels);
+    EXPECT_EQ(server.stop(SIGTERM), 0);
+}
+
 TEST(ServerSdcppApi, CapabilitiesDescribeTheDefaultModel) {
     ServerProcess server(test::tiny_server_flags());
     ASSERT_TRUE(server.started()) << server.log();

@@ -36,6 +36,8 @@ int run_serve(const Options& options) {
     if (options.preview_given) so.preview = options.preview;
     so.preview_interval = options.preview_interval;
     so.preview_noisy = options.preview_noisy;
+    so.circular_x = options.circular_x;
+    so.circular_y = options.circular_y;
     if (options.preview_path != Options{}.preview_path) {
         // On stderr, as the server's other warnings: its first line on stdout says where it listens.
         std::fprintf(stderr, "kiln serve: --preview-path is ignored: previews go to clients in the job's events and progress\n");

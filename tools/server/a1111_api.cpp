@@ -107,8 +107,14 @@ JobRequest parse_a1111(ServerState& state, const json& j, bool img2img) {
     set_sampler(r, has_name ? "sampler_name" : "sampler_index",
                 read_string(j, has_name ? "sampler_name" : "sampler_index"));
     set_scheduler(r, "scheduler", read_string(j, "scheduler"));
-    // A1111's "Tiling": a seamless image across both pairs of edges.
-    r.circular_x = r.circular_y = read_bool(j, "tiling", false);
+    // A1111's "Tiling": a seamless image across both pairs of edges (absent:
+    // kiln serve's --circular flags).
+    if (j.contains("tiling") && !j["tiling"].is_null()) {
+        r.circular_x = r.circular_y = read_bool(j, "tiling", false);
+    } else {
+        r.circular_x = state.options.circular_x;
+        r.circular_y = state.options.circular_y;
+    }
     if (!img2img) {
         read_hires_fix(r, j, limits);
         return r;

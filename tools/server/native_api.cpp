@@ -57,8 +57,8 @@ JobRequest parse_native(ServerState& state, const httplib::Request& req) {
         r.preview_noisy = read_bool(j, "preview_noisy", false);
     read_step_cache(r, j);
     // A seamless image or clip (the CLI's --circularx, --circulary).
-    r.circular_x = read_bool(j, "circular_x", false);
-    r.circular_y = read_bool(j, "circular_y", false);
+    r.circular_x = read_bool(j, "circular_x", state.options.circular_x);
+    r.circular_y = read_bool(j, "circular_y", state.options.circular_y);
     check_limits(r, limits);
     return r;
 }

@@ -156,10 +156,10 @@ JobRequest parse_img_gen(ServerState& state, const httplib::Request& req) {
     r.embed_metadata = read_bool(j, "embed_image_metadata", true);
     r.auto_resize_ref_images = read_bool(j, "auto_resize_ref_image", true);
     r.increase_ref_index = read_bool(j, "increase_ref_index", false);
-    // sd-server sets these for the whole server (--circular); here per
-    // request, by KoboldCpp's names for them.
-    r.circular_x = read_bool(j, "circular_x", false);
-    r.circular_y = read_bool(j, "circular_y", false);
+    // sd-server sets these for the whole server (--circular, kiln serve's
+    // default here); a request may set its own, by KoboldCpp's names.
+    r.circular_x = read_bool(j, "circular_x", state.options.circular_x);
+    r.circular_y = read_bool(j, "circular_y", state.options.circular_y);
     read_number(j, "control_strength", 0.9, 0, 10);
     read_number(j, "ip_adapter_strength", 1.0, 0, 10);
     if (j.contains("init_image") && !j["init_image"].is_null()) {
@@ -378,8 +378,8 @@ json capabilities(ServerState& state) {
         {"batch_count", 1},
         {"auto_resize_ref_image", true},
         {"increase_ref_index", false},
-        {"circular_x", false},
-        {"circular_y", false},
+        {"circular_x", state.options.circular_x},
+        {"circular_y", state.options.circular_y},
         {"control_strength", 0.9},
         {"ip_adapter_strength", 1.0},
         {"hires",

@@ -57,6 +57,9 @@ struct ServerOptions {
     std::string preview;
     int preview_interval = 1;
     bool preview_noisy = false;  // --preview-noisy: previews of the noisy latent
+    // --circular, --circularx, --circulary: every job's seams (sd-server's
+    // behaviour), unless the request sets its own.
+    bool circular_x = false, circular_y = false;
     // kiln's context flags (-t, --vae, --tokenizer, --max-vram, ...) for
     // every model; model_path is set per model. The strings belong to the caller.
     kiln_context_params context{};
