@@ -342,9 +342,10 @@ VisionEncoderTensors QwenVisionEncoder::build(nn::GraphInputs& s, const VisionEn
     // order, and the windows of one size (whole ones, and the narrower ones
     // at the right and bottom edges) attend as one batch of their own, so
     // no scores are made between windows (the whole attention's patches
-    // squared: 1.8 GiB at Qwen-Image-Edit's 1024x1024). The patches go into
-    // the groups' order and back by two row gathers, unless there is one
-    // group, which is the window order itself.
+    // squared: 1.8 GiB at the first Edit release's vision area of about
+    // 1024x1024 pixels). The patches go into the groups' order and back by
+    // two row gathers, unless there is one group, which is the window order
+    // itself.
     const WindowGroups groups = window_groups(windows.window_units, m * m);
     ggml_tensor* into_groups = nullptr;
     ggml_tensor* out_of_groups = nullptr;
