@@ -173,29 +173,19 @@ Result<std::vector<float>> run_tiled(const std::vector<float>& input, const Tile
 
 namespace {
 
-// Planar [channels, h, w] extended by `mx` columns on either side and `my`
-// rows above and below, read from the other edge (a torus's neighbours).
-std::vector<float> wrapped_planes(const std::vector<float>& in, int64_t channels, int64_t w, int64_t h, int64_t mx,
-                                  int64_t my) {
-    const int64_t W = w + 2 * mx, H = h + 2 * my;
-    std::vector<float> out(static_cast<size_t>(channels * W * H));
+// The out_w x out_h window of planar [channels, h, w] whose corner is at
+// (x0, y0), read on the torus: with a negative corner and a larger window,
+// the planes extended by what lies beyond their edges; with a positive one
+// and a smaller window, their middle.
+std::vector<float> torus_window(const std::vector<float>& in, int64_t channels, int64_t w, int64_t h, int64_t x0,
+                                int64_t y0, int64_t out_w, int64_t out_h) {
+    std::vector<float> out(static_cast<size_t>(channels * out_w * out_h));
     for (int64_t c = 0; c < channels; ++c)
-        for (int64_t y = 0; y < H; ++y)
-            for (int64_t x = 0; x < W; ++x) {
-                const int64_t sy = ((y - my) % h + h) % h, sx = ((x - mx) % w + w) % w;
-                out[static_cast<size_t>((c * H + y) * W + x)] = in[static_cast<size_t>((c * h + sy) * w + sx)];
+        for (int64_t y = 0; y < out_h; ++y)
+            for (int64_t x = 0; x < out_w; ++x) {
+                const int64_t sy = ((y + y0) % h + h) % h, sx = ((x + x0) % w + w) % w;
+                out[static_cast<size_t>((c * out_h + y) * out_w + x)] = in[static_cast<size_t>((c * h + sy) * w + sx)];
             }
-    return out;
-}
-
-// The middle w x h of planar [channels, h + 2 my, w + 2 mx].
-std::vector<float> cropped_planes(const std::vector<float>& in, int64_t channels, int64_t w, int64_t h, int64_t mx,
-                                  int64_t my) {
-    const int64_t W = w + 2 * mx, H = h + 2 * my;
-    std::vector<float> out(static_cast<size_t>(channels * w * h));
-    for (int64_t c = 0; c < channels; ++c)
-        for (int64_t y = 0; y < h; ++y)
-            std::copy_n(in.begin() + (c * H + y + my) * W + mx, w, out.begin() + (c * h + y) * w);
     return out;
 }
 
@@ -230,12 +220,13 @@ Result<std::vector<float>> run_tiled_across_seams(Model& model, const std::vecto
     TiledMap extended = map;
     extended.grid_w = w + 2 * mx;
     extended.grid_h = h + 2 * my;
-    auto out = run_tiled(wrapped_planes(input, map.in_channels, w * map.in_scale, h * map.in_scale, mx * map.in_scale,
-                                        my * map.in_scale),
+    const int64_t in_w = w * map.in_scale, in_h = h * map.in_scale;
+    auto out = run_tiled(torus_window(input, map.in_channels, in_w, in_h, -mx * map.in_scale, -my * map.in_scale,
+                                      extended.grid_w * map.in_scale, extended.grid_h * map.in_scale),
                          extended, tiling, fn, stats);
     if (!out.ok()) return out.error();
-    return cropped_planes(*out, map.out_channels, w * map.out_scale, h * map.out_scale, mx * map.out_scale,
-                          my * map.out_scale);
+    return torus_window(*out, map.out_channels, extended.grid_w * map.out_scale, extended.grid_h * map.out_scale,
+                        mx * map.out_scale, my * map.out_scale, w * map.out_scale, h * map.out_scale);
 }
 
 Result<std::vector<float>> decode_tiled(Model& model, const std::vector<float>& latent, int64_t latent_w,

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "conv_cases.h"
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
@@ -21,18 +22,8 @@
 namespace kiln::nn {
 namespace {
 
-struct Shape {
-    int64_t w, h, in, out, n;
-    int kernel, stride, padding;
-};
-
-std::vector<float> random_values(size_t count, unsigned seed) {
-    std::mt19937 rng(seed);
-    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
-    std::vector<float> values(count);
-    for (float& v : values) v = uniform(rng);
-    return values;
-}
+using Shape = test::ConvShape;
+using test::random_values;
 
 // PyTorch's Conv2d, loop by loop in double: x [N][C][H][W], weight [OC][C][KH][KW].
 std::vector<double> direct_convolution(const Shape& s, const std::vector<float>& x, const std::vector<float>& weight,

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "conv_cases.h"
 #include "cpu_graph.h"
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
@@ -19,18 +20,8 @@
 namespace kiln::nn {
 namespace {
 
-struct Shape {
-    int64_t w, h, in, out, n;
-    int kernel, stride, padding;
-};
-
-std::vector<float> random_values(size_t count, unsigned seed) {
-    std::mt19937 rng(seed);
-    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
-    std::vector<float> values(count);
-    for (float& v : values) v = uniform(rng);
-    return values;
-}
+using Shape = test::ConvShape;
+using test::random_values;
 
 // PyTorch's Conv2d(padding_mode="circular") on the wrapped axes, zero
 // padding on the others: x [N][C][H][W] of w x h, weight [OC][C][K][K].

@@ -122,6 +122,19 @@ std::vector<SafetensorsEntry> wan_vae_in_diffusers_names(const std::string& path
     return out;
 }
 
+pipeline::ModelPaths model_at(const std::string& path) {
+    pipeline::ModelPaths paths;
+    paths.model = {path};
+    return paths;
+}
+
+const pipeline::Module* module_named(const pipeline::Model& model, const std::string& name) {
+    for (const auto& m : model.modules()) {
+        if (m->spec.name == name) return m.get();
+    }
+    return nullptr;
+}
+
 std::vector<float> toy_denoiser(const std::vector<float>& x, float sigma) {
     const double s = sigma;
     const double scale = 0.25 / (0.25 + s * s);

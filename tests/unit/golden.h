@@ -58,6 +58,10 @@ double relative_error(const std::vector<float>& actual, const std::vector<float>
 // A golden job's model options: F32 weights (the references compute with
 // the stored weights widened) and one thread (one summation order).
 pipeline::ModelOptions golden_model_options();
+// A model given as one path (-m: a file or a diffusers folder).
+pipeline::ModelPaths model_at(const std::string& path);
+// The loaded model's module `name` (a ModuleSpec name), or null.
+const pipeline::Module* module_named(const pipeline::Model& model, const std::string& name);
 // The largest 8-bit difference between kiln's image and the reference image
 // `key` of a golden job ([1, 3, H, W] in [-1, 1], rounded as the PNG is;
 // or frame `frame` of a clip's [1, 3, F, H, W]); 255 when the sizes differ.

@@ -30,6 +30,7 @@ namespace kiln::pipeline {
 namespace {
 
 using test::golden_path;
+using test::module_named;
 using test::SafetensorsEntry;
 
 std::string image_part(const std::string& name) { return golden_path("pipeline/qwen_image_tiny/" + name); }
@@ -172,12 +173,6 @@ ModelPaths split_parts(bool edit) {
     return paths;
 }
 
-ModelPaths folder(const std::string& path) {
-    ModelPaths paths;
-    paths.model = {path};
-    return paths;
-}
-
 GenerationRequest tiny_job() {
     GenerationRequest r;
     r.prompt = "a red cat on a blue square";
@@ -216,13 +211,6 @@ void expect_same_image(const image::Image& got, const image::Image& want) {
     EXPECT_EQ(got.height, want.height);
     EXPECT_EQ(got.channels, want.channels);
     EXPECT_TRUE(got.pixels == want.pixels) << "the folder's image differs from the split files'";
-}
-
-const Module* module_named(const Model& model, const std::string& name) {
-    for (const auto& m : model.modules()) {
-        if (m->spec.name == name) return m.get();
-    }
-    return nullptr;
 }
 
 // ---------------------------------------------------------------------------
@@ -362,7 +350,7 @@ image::Image* QwenImageDiffusers::split_image_ = nullptr;
 TEST_F(QwenImageDiffusers, FolderGivesTheSplitFilesImage) {
     const std::string path = write_folder(dir_, "Qwen-Image/", {});
     std::unique_ptr<Model> model;
-    const image::Image img = run(folder(path), tiny_job(), &model);
+    const image::Image img = run(test::model_at(path), tiny_job(), &model);
     ASSERT_NE(model, nullptr);
     EXPECT_EQ(model->family_label(), "Qwen-Image");
     const Module* vae = module_named(*model, "vae");
@@ -384,7 +372,7 @@ TEST_F(QwenImageDiffusers, FolderGivesTheSplitFilesImage) {
 // vae/ is one error naming the VAE and the flag that supplies it.
 TEST_F(QwenImageDiffusers, PartsBesideTheFolderOverrideItAndAMissingVaeIsOneClearError) {
     const std::string full = write_folder(dir_, "Qwen-Image/", {});
-    ModelPaths paths = folder(full);
+    ModelPaths paths = test::model_at(full);
     paths.vae = image_part("qwen_image_vae.safetensors");
     std::unique_ptr<Model> model;
     expect_same_image(run(paths, tiny_job(), &model), *split_image_);
@@ -397,7 +385,7 @@ TEST_F(QwenImageDiffusers, PartsBesideTheFolderOverrideItAndAMissingVaeIsOneClea
     FolderOptions no_vae;
     no_vae.vae = false;
     const std::string partial = write_folder(dir_, "Qwen-Image-no-vae/", no_vae);
-    auto refused = Model::load(folder(partial), test::golden_model_options());
+    auto refused = Model::load(test::model_at(partial), test::golden_model_options());
     ASSERT_FALSE(refused.ok());
     const std::string& message = refused.error().message;
     EXPECT_NE(message.find("no vae found"), std::string::npos) << message;
@@ -405,7 +393,7 @@ TEST_F(QwenImageDiffusers, PartsBesideTheFolderOverrideItAndAMissingVaeIsOneClea
     EXPECT_NE(message.find("--vae"), std::string::npos) << message;
     EXPECT_EQ(message.find('\n'), std::string::npos) << message;
 
-    paths = folder(partial);
+    paths = test::model_at(partial);
     paths.vae = image_part("qwen_image_vae.safetensors");
     expect_same_image(run(paths, tiny_job()), *split_image_);
     // A vae/ file alone, in diffusers' names, is renamed as the folder's is.
@@ -423,7 +411,7 @@ TEST_F(QwenImageDiffusers, EditFolderGivesTheSplitFilesImage) {
     edit.newer_hf_names = true;
     const std::string path = write_folder(dir_, "Qwen-Image-Edit-2509/", edit);
     std::unique_ptr<Model> model;
-    const image::Image img = run(folder(path), edit_job(), &model);
+    const image::Image img = run(test::model_at(path), edit_job(), &model);
     ASSERT_NE(model, nullptr);
     EXPECT_TRUE(model->has_vision());
     EXPECT_EQ(model->family_label(), "Qwen-Image");
@@ -439,7 +427,7 @@ TEST_F(QwenImageDiffusers, EditFolderGivesTheSplitFilesImage) {
     edit.newer_hf_names = false;
     const std::string older = write_folder(dir_, "Qwen-Image-Edit-2509-older/", edit);
     model.reset();
-    const image::Image older_img = run(folder(older), edit_job(), &model);
+    const image::Image older_img = run(test::model_at(older), edit_job(), &model);
     ASSERT_NE(model, nullptr);
     vision = module_named(*model, "llm_vision");
     ASSERT_NE(vision, nullptr);
@@ -456,7 +444,7 @@ TEST_F(QwenImageDiffusers, FirstEditReleaseFolderTakesItsOwnPipeline) {
     edit.first_edit_release = true;
     const std::string path = write_folder(dir_, "Qwen-Image-Edit/", edit);
     std::unique_ptr<Model> model;
-    const image::Image img = run(folder(path), edit_job(), &model);
+    const image::Image img = run(test::model_at(path), edit_job(), &model);
     ASSERT_NE(model, nullptr);
     EXPECT_EQ(model->family_label(), "Qwen-Image-Edit");
     const io::ModelFile job = *io::ModelFile::open({edit_part("qwen_image_edit_first_job.safetensors")});

@@ -25,6 +25,7 @@
 namespace kiln::pipeline {
 namespace {
 
+using test::module_named;
 using test::SafetensorsEntry;
 using test::wan_tiny_part;
 
@@ -164,26 +165,13 @@ void expect_same_clip(const std::vector<image::Image>& got, const std::vector<im
     for (size_t f = 0; f < want.size(); ++f) EXPECT_TRUE(got[f].pixels == want[f].pixels) << "frame " << f;
 }
 
-ModelPaths folder(const std::string& path) {
-    ModelPaths paths;
-    paths.model = {path};
-    return paths;
-}
-
-const Module* module_named(const Model& model, const std::string& name) {
-    for (const auto& m : model.modules()) {
-        if (m->spec.name == name) return m.get();
-    }
-    return nullptr;
-}
-
 // Wan-AI/Wan2.1-T2V-1.3B-Diffusers' layout: the split files' clip, its
 // tokenizer found in tokenizer/, and the DiT under ComfyUI's prefix.
 TEST(WanDiffusers, TextToVideoFolderGivesTheSplitFilesClip) {
     test::TempDir dir;
     const std::string path = write_folder(dir, "Wan2.1-T2V-Diffusers/", "WanPipeline", "wan_dit.safetensors", false);
     std::unique_ptr<Model> model;
-    const std::vector<image::Image> frames = clip(folder(path), test::wan_tiny_request(), &model);
+    const std::vector<image::Image> frames = clip(test::model_at(path), test::wan_tiny_request(), &model);
     ASSERT_NE(model, nullptr);
     EXPECT_EQ(model->family_label(), "Wan");
     const Module* dit = module_named(*model, "wan");
@@ -221,7 +209,7 @@ TEST(WanDiffusers, VaceFolderGivesTheSplitFilesClip) {
     job.init_image = test::wan_tiny_frame(*job_io, "ref_image");
     for (int i = 0; i < 3; ++i) job.control_frames.push_back(test::wan_tiny_frame(*job_io, ("control" + std::to_string(i)).c_str()));
     job.vace_strength = 0.8f;
-    expect_same_clip(clip(folder(path), job), clip(test::wan_tiny_parts("wan_dit_vace.safetensors"), job));
+    expect_same_clip(clip(test::model_at(path), job), clip(test::wan_tiny_parts("wan_dit_vace.safetensors"), job));
 }
 
 // Wan 2.1 I2V's folder (WanImageToVideoPipeline): the image context's MLP
@@ -236,7 +224,7 @@ TEST(WanDiffusers, ImageToVideoFolderGivesTheSplitFilesClip) {
     GenerationRequest job = test::wan_tiny_request();
     job.init_image = test::wan_tiny_frame(*job_io, "image");
     std::unique_ptr<Model> model;
-    const std::vector<image::Image> frames = clip(folder(path), job, &model);
+    const std::vector<image::Image> frames = clip(test::model_at(path), job, &model);
     ASSERT_NE(model, nullptr);
     const Module* vision = module_named(*model, "clip_vision");
     ASSERT_NE(vision, nullptr);
@@ -258,7 +246,7 @@ TEST(WanDiffusers, TwoExpertFolderSaysHowToPassIt) {
         "scheduler": ["diffusers", "UniPCMultistepScheduler"], "text_encoder": ["transformers", "UMT5EncoderModel"],
         "tokenizer": ["transformers", "T5TokenizerFast"], "transformer": ["diffusers", "WanTransformer3DModel"],
         "transformer_2": ["diffusers", "WanTransformer3DModel"], "vae": ["diffusers", "AutoencoderKLWan"]})");
-    auto refused = Model::load(folder(path), test::golden_model_options());
+    auto refused = Model::load(test::model_at(path), test::golden_model_options());
     ASSERT_FALSE(refused.ok());
     const std::string& message = refused.error().message;
     EXPECT_NE(message.find("--high-noise-diffusion-model " + path + "/transformer"), std::string::npos) << message;
