@@ -86,6 +86,9 @@ typedef struct {
     const char* lora_model_dir;
     const char* lora_apply_mode; /* --lora-apply-mode: "auto" (default), "immediately", "at_runtime" */
     const char* weight_type;          /* --type ("f32", "q8_0", ...), or NULL to keep the file's */
+    /* --tensor-type-rules "PATTERN=TYPE,...": the type of the matrices whose names match a pattern (a regular
+     * expression, the first matching rule decides, before weight_type), or NULL */
+    const char* tensor_type_rules;
     const char* prediction;           /* "eps", "v", or NULL (the model's) */
     const char* rpc_servers;          /* --rpc-servers "host:port[,host:port]": remote ggml devices, or NULL */
     const char* backend;              /* --backend "rpc0" or "diffusion=rpc0,te=cpu,vae=cpu", or NULL (CPU);
@@ -445,14 +448,14 @@ kiln_status kiln_model_describe(const char* path, int list_tensors, char** text,
 typedef void (*kiln_convert_progress)(int done, int total, void* user_data);
 /* Rewrites the model made of `paths` as one GGUF file at out_path, tensor by
  * tensor, converted to weight_type ("q8_0", ...; NULL keeps each tensor's
- * compute type). `tokenizer` is --tokenizer's value or NULL: its t5xxl=PATH
- * (spiece.model, a T5 tokenizer.json or its folder) or llm=PATH (a GGUF,
- * tokenizer.json, vocab.json + merges.txt or their folder) is written into
- * the file (tokenizer.ggml.*), so a converted T5 or LLM needs no --tokenizer;
- * naming both is an invalid request. No file appears unless it is complete. */
+ * compute type) or, for the names a rule of tensor_type_rules matches (as
+ * kiln_context_params' field; NULL for none), the rule's type. `tokenizer` is --tokenizer's value or NULL: its
+ * t5xxl=PATH (spiece.model, a T5 tokenizer.json or its folder) or llm=PATH (a GGUF, tokenizer.json, vocab.json +
+ * merges.txt or their folder) is written into the file (tokenizer.ggml.*), so a converted T5 or LLM needs no
+ * --tokenizer; naming both is an invalid request. No file appears unless it is complete. */
 kiln_status kiln_model_convert(const char* const* paths, int n_paths, const char* out_path, const char* weight_type,
-                               const char* tokenizer, kiln_convert_progress progress, void* user_data,
-                               char** error);
+                               const char* tensor_type_rules, const char* tokenizer, kiln_convert_progress progress,
+                               void* user_data, char** error);
 
 void kiln_free_string(char* text);
 

@@ -143,6 +143,11 @@ kiln::Result<kiln::pipeline::ModelOptions> model_options(const kiln_context_para
         if (!type.ok()) return type.error().as(ErrorKind::InvalidRequest);
         options.weight_type = *type;
     }
+    if (params->tensor_type_rules) {
+        auto rules = kiln::io::TensorTypeRules::parse(params->tensor_type_rules);
+        if (!rules.ok()) return rules.error();
+        options.tensor_type_rules = std::move(rules).value();
+    }
     if (params->prediction) {
         const std::string p = params->prediction;
         if (p == "eps") {
@@ -825,7 +830,8 @@ kiln_status kiln_model_describe(const char* path, int list_tensors, char** text,
 }
 
 kiln_status kiln_model_convert(const char* const* paths, int n_paths, const char* out_path, const char* weight_type,
-                               const char* tokenizer, kiln_convert_progress progress, void* user_data, char** error) {
+                               const char* tensor_type_rules, const char* tokenizer, kiln_convert_progress progress,
+                               void* user_data, char** error) {
     try {
         std::vector<std::string> files;
         for (int i = 0; i < n_paths; ++i) files.push_back(str(paths[i]));
@@ -834,6 +840,11 @@ kiln_status kiln_model_convert(const char* const* paths, int n_paths, const char
             auto type = kiln::io::parse_weight_type(weight_type);
             if (!type.ok()) return fail(error, type.error().as(kiln::ErrorKind::InvalidRequest));
             options.type = *type;
+        }
+        if (tensor_type_rules) {
+            auto rules = kiln::io::TensorTypeRules::parse(tensor_type_rules);
+            if (!rules.ok()) return fail(error, rules.error());
+            options.rules = std::move(rules).value();
         }
         if (tokenizer) {
             auto paths = kiln::pipeline::parse_tokenizer_flag(tokenizer);

@@ -145,7 +145,8 @@ Status write_gguf(const ModelFile& model, const std::string& path, const GgufWri
 
     std::vector<ggml_type> types;
     for (const TensorInfo& t : tensors) {
-        const ggml_type type = compute_type(t, options.type);
+        const std::optional<size_t> rule = options.rules.match({t.name});
+        const ggml_type type = compute_type(t, rule ? options.rules.type(*rule) : options.type);
         // ggml tensors have at most 4 dimensions: a deeper one (a 3-D
         // convolution's 5-D kernel) keeps its inner three and folds the rest
         // into the fourth, its shape recorded as ComfyUI-GGUF records one.

@@ -9,12 +9,14 @@
 #include <string>
 
 #include "io/model_file.h"
+#include "io/tensor_type_rules.h"
 #include "util/result.h"
 
 namespace kiln::io {
 
 struct GgufWriteOptions {
     std::optional<ggml_type> type;  // --type; nullopt keeps each tensor's compute type
+    TensorTypeRules rules;          // --tensor-type-rules, matched on the file's names, before `type`
     // Called after each tensor with (done, total); may be empty.
     std::function<void(size_t, size_t)> progress;
     // Keys written after the model's own metadata, replacing any of the same

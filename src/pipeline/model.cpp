@@ -255,7 +255,7 @@ Result<std::unique_ptr<Model>> Model::load(const ModelPaths& paths, const ModelO
     std::unique_ptr<Model> m(new Model());
     m->lora_dir_ = options.lora_dir;
     m->lora_apply_mode_ = options.lora_apply_mode;
-    m->converts_weights_ = options.weight_type.has_value();
+    m->converts_weights_ = options.weight_type.has_value() || !options.tensor_type_rules.empty();
     KILN_TRY(m->load_networks(paths, options));
     if (!paths.taesd.empty()) KILN_TRY(m->load_taesd(paths.taesd, options));
     KILN_TRY(m->read_metadata(options));
@@ -293,7 +293,33 @@ Result<std::unique_ptr<Model>> Model::load(const ModelPaths& paths, const ModelO
         counts += (counts.empty() ? "" : ", ") + module->spec.name + " " + std::to_string(module->weights().count());
     }
     KILN_LOG_VERBOSE("loaded %s (%s): tensors of %s", m->name_.c_str(), m->family_label_.c_str(), counts.c_str());
+    m->report_tensor_type_rules(options.tensor_type_rules);
     return m;
+}
+
+// What each of --tensor-type-rules' rules took: a rule that matched nothing
+// is most likely a misspelt pattern, so it is a warning.
+void Model::report_tensor_type_rules(const io::TensorTypeRules& rules) const {
+    for (size_t rule = 0; rule < rules.size(); ++rule) {
+        size_t total = 0;
+        std::string where;
+        for (const auto& module : modules_) {
+            const size_t n = module->weights().rule_matches()[rule];
+            if (n == 0) continue;
+            total += n;
+            where += (where.empty() ? "" : ", ") + module->spec.name + " " + std::to_string(n);
+        }
+        if (total == 0) {
+            KILN_LOG_WARN(
+                "--tensor-type-rules: '%s' matches no tensor of %s (rules see names such as "
+                "model.diffusion_model.NAME, first_stage_model.NAME, text_encoders.MODULE.NAME and "
+                "MODULE.NAME; kiln info --tensors lists a file's)",
+                rules.text(rule).c_str(), family_label_.c_str());
+        } else {
+            KILN_LOG_VERBOSE("--tensor-type-rules: '%s' matches tensors of %s", rules.text(rule).c_str(),
+                             where.c_str());
+        }
+    }
 }
 
 // --taesd's decoder: a module of its own in the "vae" role, after the
@@ -307,7 +333,7 @@ Status Model::load_taesd(const std::string& path, const ModelOptions& options) {
     module->spec = {"taesd", models::ModuleRole::Vae, models::NetworkKind::Taesd, {}, "--taesd", {}};
     module->file = files_.back().get();
     module->prefix = "";
-    if (Status s = create_network(*module, {}, options.weight_type); !s.ok())
+    if (Status s = create_network(*module, {}, options); !s.ok())
         return s.error().as(ErrorKind::BadFile).in_context(path + " (--taesd): ");
     const models::Taesd& net = static_cast<const models::Taesd&>(*module->network);
     const int64_t channels = net.config().latent_channels;
@@ -558,7 +584,7 @@ Status Model::load_networks(const ModelPaths& paths, const ModelOptions& options
             network_options.llm_defaults = use.llm_defaults;
             for (int k : use.hidden_states) network_options.first_layers = std::max(network_options.first_layers, k);
         }
-        if (Status s = create_network(*module, network_options, options.weight_type); !s.ok())
+        if (Status s = create_network(*module, network_options, options); !s.ok())
             return s.error().as(ErrorKind::BadFile).in_context(module->file->sources().front().path + ": ");
         if (spec.role == models::ModuleRole::Diffusion) (spec.high_noise ? high_noise_ : diffusion_) = module.get();
         if (spec.role == models::ModuleRole::Vae) vae_ = module.get();
@@ -631,7 +657,7 @@ Status Model::load_control_net(const std::string& path, const ModelOptions& opti
         "controlnet", models::ModuleRole::Control, models::NetworkKind::ControlNet, {}, "--control-net", {}};
     module->file = &file;
     module->prefix = *prefix;
-    if (Status s = create_network(*module, {}, options.weight_type); !s.ok())
+    if (Status s = create_network(*module, {}, options); !s.ok())
         return s.error().as(ErrorKind::BadFile).in_context(where);
     const auto& net = static_cast<const models::ControlNet&>(*module->network);
     if (Status s = diffusion().check_control_net(net, family_label_); !s.ok()) return s.error().in_context(where);
@@ -640,9 +666,34 @@ Status Model::load_control_net(const std::string& path, const ModelOptions& opti
     return Status::Ok();
 }
 
+namespace {
+
+// The spellings --tensor-type-rules sees a module's tensor names under
+// besides the file's: sd-cli's (the prefix its loader gives the module's
+// file) and kiln's own (the module's name, as kiln plan lists it), so that
+// "model.diffusion_model.", "first_stage_model." and "^vae\." each pick a
+// module whatever prefix the file had.
+std::vector<std::string> rule_spellings(const models::ModuleSpec& spec) {
+    std::vector<std::string> prefixes;
+    switch (spec.role) {
+        case models::ModuleRole::Diffusion:
+            prefixes.push_back(spec.high_noise ? "model.high_noise_diffusion_model." : "model.diffusion_model.");
+            break;
+        case models::ModuleRole::Vae: prefixes.push_back("first_stage_model."); break;
+        case models::ModuleRole::TextEncoder: prefixes.push_back("text_encoders." + spec.name + "."); break;
+        case models::ModuleRole::Control: prefixes.push_back("control_model."); break;
+    }
+    prefixes.push_back(spec.name + ".");
+    return prefixes;
+}
+
+}  // namespace
+
 Status Model::create_network(Module& module, const models::NetworkOptions& options,
-                             std::optional<ggml_type> weight_type) const {
-    module.params = std::make_unique<runtime::ModuleWeights>(*module.file, module.prefix, weight_type);
+                             const ModelOptions& model_options) const {
+    io::WeightTypeRequest types{model_options.weight_type, model_options.tensor_type_rules,
+                                rule_spellings(module.spec)};
+    module.params = std::make_unique<runtime::ModuleWeights>(*module.file, module.prefix, std::move(types));
     auto net = models::network_entry(module.spec.network).create(*module.params, options);
     if (!net.ok()) return net.error();
     module.network = std::move(net).value();

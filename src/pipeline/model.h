@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "io/model_file.h"
+#include "io/tensor_type_rules.h"
 #include "models/family.h"
 #include "models/nets/controlnet.h"
 #include "models/nets/registry.h"
@@ -66,6 +67,7 @@ enum class LoraApplyMode {
 
 struct ModelOptions {
     std::optional<ggml_type> weight_type;  // --type
+    io::TensorTypeRules tensor_type_rules;  // --tensor-type-rules, before --type
     std::optional<Prediction> prediction;  // --prediction; default: metadata, else the family's
     int threads = 0;
     // --backend (module -> device), --params-backend, --offload-to-cpu,
@@ -356,7 +358,8 @@ class Model {
     Status load_clip_tokenizer(const std::string& flag_path, const std::string& embeddings_dir);
     // Makes the module's weights and its network from the registry.
     Status create_network(Module& module, const models::NetworkOptions& options,
-                          std::optional<ggml_type> weight_type) const;
+                          const ModelOptions& model_options) const;
+    void report_tensor_type_rules(const io::TensorTypeRules& rules) const;
     // The diffusion network checked against what the encoders and VAE make.
     Status check_conditioning() const;
     Status load_llm_tokenizer(const std::string& flag_path, const TextEncoder& encoder);

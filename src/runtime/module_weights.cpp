@@ -21,8 +21,8 @@ std::string shape_text(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
-ModuleWeights::ModuleWeights(const io::ModelFile& file, std::string prefix, std::optional<ggml_type> weight_type)
-    : file_(file), prefix_(std::move(prefix)), weight_type_(weight_type) {
+ModuleWeights::ModuleWeights(const io::ModelFile& file, std::string prefix, io::WeightTypeRequest types)
+    : file_(file), prefix_(std::move(prefix)), types_(std::move(types)), rule_matches_(types_.rules.size(), 0) {
     ggml_init_params params{ggml_tensor_overhead() * kMaxModuleTensors, nullptr, /*no_alloc=*/true};
     ctx_ = ggml_init(params);
 }
@@ -61,6 +61,16 @@ ggml_tensor* ModuleWeights::require_f32(const std::string& name, const std::vect
     return declare(name, shape, GGML_TYPE_F32);
 }
 
+std::optional<ggml_type> ModuleWeights::requested_type(const std::string& name, const std::string& full) {
+    if (types_.rules.empty()) return types_.all;
+    std::vector<std::string> spellings{full};
+    for (const std::string& prefix : types_.module_prefixes) spellings.push_back(prefix + name);
+    const std::optional<size_t> rule = types_.rules.match(spellings);
+    if (!rule) return types_.all;
+    ++rule_matches_[*rule];
+    return types_.rules.type(*rule);
+}
+
 ggml_tensor* ModuleWeights::declare(const std::string& name, const std::vector<int64_t>& shape,
                                     std::optional<ggml_type> force_type) {
     const std::string full = prefix_ + name;
@@ -92,7 +102,7 @@ ggml_tensor* ModuleWeights::declare(const std::string& name, const std::vector<i
                               "; weights must be floating point or quantized");
             t = nullptr;
         } else {
-            type = force_type ? *force_type : io::compute_type(*t, weight_type_);
+            type = force_type ? *force_type : io::compute_type(*t, requested_type(name, full));
         }
     }
     if (actual.size() > GGML_MAX_DIMS) {

@@ -22,6 +22,7 @@
 
 #include "ggml-backend.h"
 #include "io/model_file.h"
+#include "io/tensor_type_rules.h"
 #include "io/weight_declarer.h"
 #include "runtime/weight_patches.h"
 #include "util/result.h"
@@ -44,8 +45,11 @@ const char* params_location_name(ParamsLocation location);
 class ModuleWeights final : public io::WeightDeclarer {
   public:
     // `prefix` is prepended to every name ("model.diffusion_model.").
-    // `weight_type`: --type, applied to matrices (compute_type's rule).
-    ModuleWeights(const io::ModelFile& file, std::string prefix, std::optional<ggml_type> weight_type);
+    // `types`: --type and --tensor-type-rules, applied to matrices
+    // (compute_type's rule).
+    ModuleWeights(const io::ModelFile& file, std::string prefix, io::WeightTypeRequest types);
+    ModuleWeights(const io::ModelFile& file, std::string prefix, std::optional<ggml_type> weight_type)
+        : ModuleWeights(file, std::move(prefix), io::WeightTypeRequest{weight_type, {}, {}}) {}
     ~ModuleWeights();
     ModuleWeights(const ModuleWeights&) = delete;
     ModuleWeights& operator=(const ModuleWeights&) = delete;
@@ -87,6 +91,8 @@ class ModuleWeights final : public io::WeightDeclarer {
     // Bytes of all declared tensors in their compute types.
     uint64_t declared_bytes() const;
     size_t count() const { return declared_.size(); }
+    // How many declared tensors each of --tensor-type-rules' rules matched.
+    const std::vector<size_t>& rule_matches() const { return rule_matches_; }
 
     // Weights from outside the model file (LoRA factors, merged layers):
     // one set at a time, replaced whole between jobs, the base weights
@@ -125,6 +131,9 @@ class ModuleWeights final : public io::WeightDeclarer {
     Result<const void*> params_data(const ggml_tensor* tensor, std::vector<uint8_t>& staging) const;
 
   private:
+    // The type --type or the first matching rule asks for the tensor `name`
+    // (`full` in the file), counted in rule_matches().
+    std::optional<ggml_type> requested_type(const std::string& name, const std::string& full);
     ggml_tensor* declare(const std::string& name, const std::vector<int64_t>& shape,
                          std::optional<ggml_type> force_type);
     Status load_mapped();
@@ -133,7 +142,8 @@ class ModuleWeights final : public io::WeightDeclarer {
 
     const io::ModelFile& file_;
     std::string prefix_;
-    std::optional<ggml_type> weight_type_;
+    io::WeightTypeRequest types_;
+    std::vector<size_t> rule_matches_;
     ggml_context* ctx_ = nullptr;
     ggml_backend_buffer_t buffer_ = nullptr;
     // On the CPU: the model file's mappings, which weights stored as

@@ -120,7 +120,7 @@ TEST(Args, SdCliAliasesAndOptionsOfMissingFeatures) {
     EXPECT_EQ(parse_ok({"--vace-strength", "0.5"}).vace_strength, 0.5f);
     EXPECT_EQ(parse_error({"--vace-strength", "-1"}).message.rfind("--vace-strength: ", 0), 0u);
     for (const char* flag : {"--photo-maker", "--motion-module", "--high-noise-slg-scale", "--cache-preset",
-                             "--img-cfg-scale", "--tensor-type-rules", "--qwen-image-layers"}) {
+                             "--img-cfg-scale", "--qwen-image-layers"}) {
         const UsageError e = parse_error({"-p", "x", flag, "1"});
         EXPECT_EQ(e.message.rfind(std::string(flag) + " is ", 0), 0u) << e.message;
         EXPECT_NE(e.message.find("kiln"), std::string::npos) << e.message;

@@ -328,6 +328,10 @@ const std::vector<Flag>& flags() {
         {nullptr, "--type", "TYPE",
          "weight type to compute with: f32, f16, bf16, q8_0, q5_0, q5_1, q4_0, q4_1, q2_K..q6_K",
          string_setter(&Options::weight_type)},
+        {nullptr, "--tensor-type-rules", "RULES",
+         "weight type per tensor pattern, before --type: \"^vae\\.=f16,model\\.diffusion_model\\.=q8_0\" (regular "
+         "expressions; docs/weight_types.md)",
+         string_setter(&Options::tensor_type_rules)},
         {"-p", "--prompt", "TEXT", "the prompt", string_setter(&Options::prompt)},
         {"-n", "--negative-prompt", "TEXT", "the negative prompt", string_setter(&Options::negative_prompt)},
         {nullptr, "--prompt-file", "PATH", "read the prompt from a file (its last line break dropped)",
@@ -1222,6 +1226,7 @@ const std::vector<HelpGroup>& help_groups() {
           "--lora-model-dir",
           "--lora-apply-mode",
           "--type",
+          "--tensor-type-rules",
           "--model-args",
           "--prediction"}},
         {"generation",
@@ -1387,7 +1392,7 @@ std::string help_text(Command topic) {
             out << "usage: kiln -M convert -m MODEL -o OUT.gguf [--type TYPE]   (or --diffusion-model, --vae, ... "
                    "for one part)\n\n";
             print_named(out, {"--model", "--diffusion-model", "--vae", "--clip_l", "--clip_g", "--t5xxl", "--llm",
-                              "--tokenizer", "--type", "--output"});
+                              "--tokenizer", "--type", "--tensor-type-rules", "--output"});
             return out.str();
         case Command::Upscale:
             out << "usage: kiln -M upscale -i IMAGE --upscale-model FILE [-o OUT]\n\n";

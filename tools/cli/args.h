@@ -51,6 +51,7 @@ struct Options {
     std::string lora_model_dir;  // --lora-model-dir
     std::string lora_apply_mode; // --lora-apply-mode
     std::string weight_type;     // --type, validated by the io layer
+    std::string tensor_type_rules;  // --tensor-type-rules, validated by the io layer
 
     // Generation.
     std::string prompt;

@@ -24,6 +24,7 @@ kiln_context_params context_params_of(const Options& options) {
     cp.taesd_path = optional(options.taesd);
     cp.taesd_preview_only = options.taesd_preview_only ? 1 : 0;
     cp.weight_type = optional(options.weight_type);
+    cp.tensor_type_rules = optional(options.tensor_type_rules);
     cp.prediction = optional(options.prediction);
     cp.n_threads = options.threads;
     cp.rpc_servers = optional(options.rpc_servers);

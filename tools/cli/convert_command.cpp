@@ -49,6 +49,7 @@ int run_convert(const Options& options) {
     const kiln_status rc =
         kiln_model_convert(c_paths.data(), static_cast<int>(c_paths.size()), options.output.c_str(),
                            options.weight_type.empty() ? nullptr : options.weight_type.c_str(),
+                           options.tensor_type_rules.empty() ? nullptr : options.tensor_type_rules.c_str(),
                            options.tokenizer.empty() ? nullptr : options.tokenizer.c_str(), progress, nullptr, &error);
     if (rc != KILN_OK) {
         const std::string message = error ? error : "unknown error";

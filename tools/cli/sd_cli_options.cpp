@@ -79,8 +79,6 @@ const std::vector<SdCliOption>& sd_cli_options_without_kiln_flag() {
         {"--img-cfg-scale", true, kRefused,
          "is sd-cli's image guidance of instruct-pix2pix models, which kiln does not load (inpainting models "
          "take --cfg-scale alone, sd-cli's default)"},
-        {"--tensor-type-rules", true, kRefused,
-         "is sd-cli's weight types per tensor pattern; kiln's --type sets one type for every matrix"},
         {"--uncond-diffusion-model", true, kRefused,
          "is for sd-cli's Ideogram 4, whose unconditional pass has a model of its own; kiln does not have that "
          "family"},
