@@ -74,12 +74,28 @@ class Network {
 
 // ---- Diffusion networks ----------------------------------------------------
 
+// What the planes of x after the latent's hold, when a network takes more
+// than it predicts (DiffusionCapabilities::in_channels > out_channels), and
+// so how a job fills them from its init image and mask (-i, --mask).
+enum class LatentConcat {
+    None,
+    // SD inpainting UNets: the mask at the latent's size (1 plane), then the
+    // masked image's latent. Without a mask: mask 1, latent 0.
+    MaskThenMaskedImage,
+    // Flux.1-Fill: the masked image's latent, then the pixel mask, each
+    // latent pixel's d x d pixels (d the VAE's downscale) as d^2 planes, row
+    // by row (BFL's "b (h ph) (w pw) -> b (ph pw) h w"). Without a mask:
+    // latent 0, mask 1 (sd-cli's).
+    MaskedImageThenPixelMask,
+};
+
 // What a diffusion network takes, decided from its weights, once. The
 // request validation, the conditioner and generation read these instead of
 // the network's kind.
 struct DiffusionCapabilities {
     const char* label = "DiT";  // "UNet", "DiT": messages
     int64_t in_channels = 4;    // latent planes of x (more than out_channels: an inpainting model's concat)
+    LatentConcat concat = LatentConcat::None;  // what the planes past out_channels hold
     int64_t out_channels = 4;   // planes of its prediction: the latent's channels
     int64_t context_width = 0;  // width of each text token
     // Width of the stream of tokens its blocks carry (a DiT's dim): what
@@ -219,6 +235,7 @@ struct ConditioningShape {
     std::vector<EncoderOutput> encoders;
     bool size_embedding = false;  // SDXL's micro-conditioning joins the pooled vector
     int64_t latent_channels = 4;  // the VAE's
+    int64_t vae_downscale = 8;    // pixels per latent pixel along each side
 };
 
 class DiffusionNetwork : public Network {

@@ -22,6 +22,7 @@ const std::vector<const Family*>& families() {
         &sd2_family(),
         &sdxl_family(),
         &flux_dev_family(),
+        &flux_fill_family(),
         &flux_schnell_family(),
         &chroma_family(),
         &z_image_turbo_family(),

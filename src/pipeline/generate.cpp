@@ -127,9 +127,12 @@ Result<std::vector<float>> run_diffusion_batch(
         if (in_ch > out_ch) {
             if (!p.concat.empty()) {
                 std::copy(p.concat.begin(), p.concat.end(), dst + latent_values);
-            } else {
+            } else if (model.diffusion().capabilities().concat == models::LatentConcat::MaskThenMaskedImage) {
                 // No mask: repaint everything (mask 1, masked image 0).
                 std::fill(dst + latent_values, dst + latent_values + plane, 1.0f);
+            } else if (model.diffusion().capabilities().concat == models::LatentConcat::MaskedImageThenPixelMask) {
+                // No mask: masked image 0, mask 1 (sd-cli's).
+                std::fill(dst + 2 * latent_values, dst + plane * in_ch, 1.0f);
             }
         }
     }
@@ -481,12 +484,10 @@ Result<image::Image> make_preview(Model& model, const std::vector<float>& clip_o
 // `sample_rng`, also a sample of it drawn from that generator, mean + std *
 // noise (ldm's DiagonalGaussianDistribution.sample, as sd-cli and A1111
 // encode an init image) into *sample.
-Result<std::vector<float>> encode_image(Model& model, const image::Image& source, const ValidatedRequest& p,
-                                        const std::optional<VaeTiling>& tiling, Rng* sample_rng = nullptr,
-                                        std::vector<float>* sample = nullptr) {
-    auto planes = rgb_planes(source, p.width, p.height, PixelRange::Signed);
-    if (!planes.ok()) return planes.error();
-    const std::vector<float>& pixels = *planes;
+// `pixels` are planar RGB in [-1, 1] at the job's size.
+Result<std::vector<float>> encode_planes(Model& model, const std::vector<float>& pixels, const ValidatedRequest& p,
+                                         const std::optional<VaeTiling>& tiling, Rng* sample_rng = nullptr,
+                                         std::vector<float>* sample = nullptr) {
     auto encoded = run_vae(model, /*decode=*/false, pixels, p.width, p.height, tiling,
                            sample_rng ? models::LatentEncoding::Moments : models::LatentEncoding::Mean);
     if (!encoded.ok()) return encoded.error();
@@ -504,6 +505,14 @@ Result<std::vector<float>> encode_image(Model& model, const image::Image& source
     }
     for (float& v : latent) v = (v - model.latent_shift()) * model.latent_scale();
     return latent;
+}
+
+Result<std::vector<float>> encode_image(Model& model, const image::Image& source, const ValidatedRequest& p,
+                                        const std::optional<VaeTiling>& tiling, Rng* sample_rng = nullptr,
+                                        std::vector<float>* sample = nullptr) {
+    auto planes = rgb_planes(source, p.width, p.height, PixelRange::Signed);
+    if (!planes.ok()) return planes.error();
+    return encode_planes(model, *planes, p, tiling, sample_rng, sample);
 }
 
 // A grey mask in [0, 1] (1 = repaint) resized to width x height.
@@ -544,30 +553,67 @@ Result<std::vector<float>> latent_mask_plane(const image::Image& mask, const Val
     return latent;
 }
 
-// Fills run.concat (9-channel inpainting UNet: mask, masked-image latent) or
-// run.keep_weight / keep_latent (regular UNet: latent masking, keeping
-// `init_latent`, the init image's latent the job starts from: a sample of its
-// distribution, as sd-cli, A1111 and diffusers keep).
+// Flux.1-Fill's planes after the latent (models::LatentConcat::
+// MaskedImageThenPixelMask), as BFL's prepare_fill makes them: the latent of
+// the init image times (1 - mask), the soft mask as it is (diffusers
+// thresholds it at 0.5 first; the two agree on a black-and-white mask), then
+// the mask's pixels, each latent pixel's d x d block as d^2 planes. BFL
+// encodes a posterior sample drawn from torch's generator, which no other
+// program reproduces; kiln takes the mean, as it does for the UNet's masked
+// image.
+Result<std::vector<float>> fill_concat(Model& model, const image::Image& init, const std::vector<float>& pixel_mask,
+                                       const ValidatedRequest& p, const std::optional<VaeTiling>& tiling) {
+    auto planes = rgb_planes(init, p.width, p.height, PixelRange::Signed);
+    if (!planes.ok()) return planes.error();
+    std::vector<float> masked = std::move(planes).value();
+    const size_t pixels = pixel_mask.size();
+    for (size_t k = 0; k < masked.size(); ++k) masked[k] *= 1.0f - pixel_mask[k % pixels];
+    auto concat = encode_planes(model, masked, p, tiling);
+    if (!concat.ok()) return concat.error();
+    const int64_t d = model.vae().format().downscale;
+    for (int64_t py = 0; py < d; ++py) {
+        for (int64_t px = 0; px < d; ++px) {
+            for (int64_t ly = 0; ly < p.latent_h; ++ly) {
+                for (int64_t lx = 0; lx < p.latent_w; ++lx) {
+                    concat->push_back(pixel_mask[static_cast<size_t>((ly * d + py) * p.width + lx * d + px)]);
+                }
+            }
+        }
+    }
+    return concat;
+}
+
+// Fills run.concat (an inpainting network's extra planes: capabilities().concat)
+// or run.keep_weight / keep_latent (any other network: latent masking,
+// keeping `init_latent`, the init image's latent the job starts from: a
+// sample of its distribution, as sd-cli, A1111 and diffusers keep).
 Status prepare_inpainting(Model& model, const image::Image& init, const image::Image& mask,
                           const std::vector<float>& init_latent, const ValidatedRequest& p,
                           const std::optional<VaeTiling>& tiling, SamplingRun& run) {
     auto latent_mask = latent_mask_plane(mask, p, model.vae().format().downscale);
     if (!latent_mask.ok()) return latent_mask.error();
-    const int64_t in_ch = in_channels(model), out_ch = out_channels(model);
     const size_t plane = static_cast<size_t>(p.latent_w) * p.latent_h;
-    if (in_ch == out_ch) {
-        run.keep_weight.resize(init_latent.size());
-        for (size_t k = 0; k < init_latent.size(); ++k) run.keep_weight[k] = 1.0f - (*latent_mask)[k % plane];
-        run.keep_latent = init_latent;
-        return Status::Ok();
-    }
-    if (in_ch != 2 * out_ch + 1) {
-        return Error{"the UNet has " + std::to_string(in_ch) + " input channels: not an inpainting UNet kiln knows"};
+    auto pixel_mask = mask_plane(mask, p.width, p.height);
+    if (!pixel_mask.ok()) return pixel_mask.error();
+    switch (model.diffusion().capabilities().concat) {
+        case models::LatentConcat::None:
+            if (in_channels(model) != out_channels(model)) {
+                return Error::invalid_request("--mask: the diffusion model's extra inputs are not an inpainting mask");
+            }
+            run.keep_weight.resize(init_latent.size());
+            for (size_t k = 0; k < init_latent.size(); ++k) run.keep_weight[k] = 1.0f - (*latent_mask)[k % plane];
+            run.keep_latent = init_latent;
+            return Status::Ok();
+        case models::LatentConcat::MaskedImageThenPixelMask: {
+            auto concat = fill_concat(model, init, *pixel_mask, p, tiling);
+            if (!concat.ok()) return concat.error();
+            run.concat = std::move(concat).value();
+            return Status::Ok();
+        }
+        case models::LatentConcat::MaskThenMaskedImage: break;
     }
     // The masked image: the init image with the repainted area set to 0 (grey
     // in [-1, 1]) where the mask is at least half on, as diffusers prepares it.
-    auto pixel_mask = mask_plane(mask, p.width, p.height);
-    if (!pixel_mask.ok()) return pixel_mask.error();
     auto rgb = image::convert_channels(init, 3);
     if (!rgb.ok()) return rgb.error();
     image::Image masked = std::move(rgb).value();

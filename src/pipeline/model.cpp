@@ -706,6 +706,7 @@ Status Model::check_conditioning() const {
     shape.family_label = family_label_;
     shape.size_embedding = family_->conditioning.size_embedding;
     shape.latent_channels = vae().format().latent_channels;
+    shape.vae_downscale = vae().format().downscale;
     for (const TextEncoder& te : text_encoders_) {
         shape.encoders.push_back({te.use->module, te.network->label(), te.width(), te.network->pooled_width(),
                                   te.use->context, te.use->pooled, te.use->token_group});

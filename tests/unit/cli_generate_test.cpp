@@ -308,11 +308,12 @@ TEST(CliGenerate, ModelThatIsNoKnownFamilyIsAClearError) {
         dir.write("junk.safetensors", test::build_safetensors({{"foo.weight", "F32", {2}, test::f32_bytes(2)}}));
     auto r = run_command(std::string(KILN_BIN) + " -m " + junk + " -p x -o " + dir.file("out.png"));
     EXPECT_EQ(r.exit_code, 1);
-    EXPECT_EQ(r.err,
-              "error: " + junk +
-                  ": not a model family kiln runs (found: unknown; runs: SD1.x, SD2.x, SDXL, Flux.1-dev, "
-                  "Flux.1-schnell, Chroma, Z-Image-Turbo, Z-Image, FLUX.2-klein, FLUX.2-klein-base, FLUX.2-dev, "
-                  "SD3.5-Large, SD3.5-Large-Turbo, SD3.5-Medium, SD3-Medium, Qwen-Image, Qwen-Image-Edit, Wan)\n");
+    EXPECT_EQ(
+        r.err,
+        "error: " + junk +
+            ": not a model family kiln runs (found: unknown; runs: SD1.x, SD2.x, SDXL, Flux.1-dev, Flux.1-Fill-dev, "
+            "Flux.1-schnell, Chroma, Z-Image-Turbo, Z-Image, FLUX.2-klein, FLUX.2-klein-base, FLUX.2-dev, "
+            "SD3.5-Large, SD3.5-Large-Turbo, SD3.5-Medium, SD3-Medium, Qwen-Image, Qwen-Image-Edit, Wan)\n");
     EXPECT_FALSE(exists(dir.file("out.png")));
 }
 

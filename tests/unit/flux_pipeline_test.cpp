@@ -159,13 +159,8 @@ TEST_F(FluxPipeline, TextToImageMatchesTheReferenceJob) {
 // int(steps * strength) + 1 steps (sd-cli's cut of the schedule).
 TEST_F(FluxPipeline, ImageToImageMixesTheInitLatentBySigma) {
     ASSERT_NE(model_, nullptr);
-    const auto init = fixture_tensor(*io_, "i2i.init_pixels");  // [1, 3, 32, 32]
-    image::Image img = image::make_image(32, 32, 3);
-    for (size_t i = 0; i < 32 * 32; ++i) {
-        for (size_t c = 0; c < 3; ++c) img.pixels[i * 3 + c] = static_cast<uint8_t>(init.values[c * 32 * 32 + i]);
-    }
     GenerationRequest r = job();
-    r.init_image = img;
+    r.init_image = test::fixture_image(*io_, "i2i.init_pixels");
     r.strength = 0.5f;
     auto images = generate(*model_, r);
     ASSERT_TRUE(images.ok()) << images.error().message;

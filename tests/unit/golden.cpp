@@ -173,6 +173,20 @@ const std::vector<double>& record(const Records& records, const std::string& nam
     return it->second;
 }
 
+image::Image fixture_image(const io::ModelFile& io, const std::string& name) {
+    const FixtureTensor t = fixture_tensor(io, name);
+    const int channels = static_cast<int>(t.shape[1]), h = static_cast<int>(t.shape[2]),
+              w = static_cast<int>(t.shape[3]);
+    image::Image img = image::make_image(w, h, channels);
+    const size_t plane = static_cast<size_t>(w) * static_cast<size_t>(h);
+    for (size_t i = 0; i < plane; ++i) {
+        for (size_t c = 0; c < static_cast<size_t>(channels); ++c) {
+            img.pixels[i * channels + c] = static_cast<uint8_t>(t.values[c * plane + i]);
+        }
+    }
+    return img;
+}
+
 int difference_from_reference(const image::Image& img, const io::ModelFile& io, const std::string& key, int frame) {
     const auto want = fixture_tensor(io, key);
     const size_t plane = static_cast<size_t>(img.width) * img.height;

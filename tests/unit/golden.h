@@ -67,6 +67,8 @@ const pipeline::Module* module_named(const pipeline::Model& model, const std::st
 // or frame `frame` of a clip's [1, 3, F, H, W]); 255 when the sizes differ.
 int difference_from_reference(const image::Image& img, const io::ModelFile& io, const std::string& key = "image",
                               int frame = 0);
+// A golden job's input image: the tensor `name`'s [1, C, H, W] 8-bit values.
+image::Image fixture_image(const io::ModelFile& io, const std::string& name);
 
 // Text fixtures of tests/golden/sampling: "<name> <count> <values...>" per
 // line, '#' comments (training/make_sampling_fixtures.py).

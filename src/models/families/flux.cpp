@@ -13,6 +13,16 @@ int detect_dev(const FileSet& files) {
     return has_flux_dit(files) && has_guidance_embedding(files) && !has_chroma_approximator(files) ? 3 : 0;
 }
 
+// Fill's img_in takes 384 features (the 16-channel latent's 64 in 2x2
+// patches, the masked image's 64 and the 8x8 mask's 256), where dev's takes
+// 64 and the Canny and Depth models 128.
+int detect_fill(const FileSet& files) {
+    const io::TensorInfo* img_in = files.find_suffix("img_in.weight");
+    if (!img_in) img_in = files.find_suffix("x_embedder.weight");  // diffusers
+    const bool fill = img_in && img_in->shape.size() == 2 && img_in->shape[1] > 2 * 64;
+    return fill && detect_dev(files) ? 4 : 0;
+}
+
 int detect_schnell(const FileSet& files) {
     return has_flux_dit(files) && !has_guidance_embedding(files) && !has_chroma_approximator(files) ? 3 : 0;
 }
@@ -63,6 +73,18 @@ Family make(bool dev) {
     return f;
 }
 
+// Flux.1-Fill-dev: dev with the masked image and mask as extra inputs
+// (models::LatentConcat::MaskedImageThenPixelMask); BFL's and diffusers'
+// guidance for it is 30.
+Family make_fill() {
+    Family f = make(true);
+    f.name = "Flux.1-Fill-dev";
+    f.detect = detect_fill;
+    f.defaults.guidance = 30.0f;
+    f.reference_images = false;
+    return f;
+}
+
 }  // namespace
 
 bool has_flux_dit(const FileSet& files) {
@@ -102,6 +124,11 @@ LatentFormat flux_latent_format() {
 
 const Family& flux_dev_family() {
     static const Family family = make(true);
+    return family;
+}
+
+const Family& flux_fill_family() {
+    static const Family family = make_fill();
     return family;
 }
 

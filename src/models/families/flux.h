@@ -1,5 +1,6 @@
 // Flux.1 (Black Forest Labs): dev (with the distilled-guidance embedding,
-// also Kontext-dev, which takes reference images) and schnell (without it).
+// also Kontext-dev, which takes reference images), Fill-dev (dev inpainting
+// from a masked image) and schnell (without the guidance embedding).
 // CLIP-L gives the pooled vector, T5-XXL the context, the DiT predicts the
 // rectified-flow velocity on a 16-channel latent.
 #pragma once
@@ -9,6 +10,7 @@
 namespace kiln::models {
 
 const Family& flux_dev_family();
+const Family& flux_fill_family();
 const Family& flux_schnell_family();
 
 // What the Flux families share with Chroma: the T5, DiT and autoencoder

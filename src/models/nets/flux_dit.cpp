@@ -319,6 +319,19 @@ Result<std::unique_ptr<FluxDit>> FluxDit::create(io::WeightDeclarer& weights) {
         return Error::bad_file(where + ": img_in / final_layer widths are not multiples of " + std::to_string(pp));
     }
     c.latent_channels = c.in_channels / pp;
+    // Fill takes the masked image's latent and the pixel mask of each
+    // latent pixel after the latent (16 + 16 + 8x8 planes, 384 features;
+    // check_conditioning holds the mask's planes to the VAE's downscale);
+    // the Canny and Depth models a control image's latent (16 + 16), which
+    // kiln has no input for.
+    const int64_t velocity = c.velocity_channels();
+    if (c.latent_channels != velocity && !c.fill()) {
+        return Error::bad_file(where + ": img_in takes " + std::to_string(c.in_channels) + " features for " +
+                               std::to_string(velocity) + " latent channels; kiln runs Flux.1 (" +
+                               std::to_string(velocity * pp) + ") and Flux.1-Fill (" +
+                               std::to_string((2 * velocity + 64) * pp) + "), not the Canny or Depth models (" +
+                               std::to_string(2 * velocity * pp) + ")");
+    }
     c.chroma = find("distilled_guidance_layer.in_proj.weight") != nullptr;
     c.guidance_embed = !c.chroma && find("guidance_in.in_layer.weight") != nullptr;
     c.qkv_bias = find("double_blocks.0.img_attn.qkv.bias") != nullptr;
@@ -371,14 +384,16 @@ Result<std::unique_ptr<FluxDit>> FluxDit::create(io::WeightDeclarer& weights) {
     can.label = "DiT";
     can.joint_attention = true;
     can.seams = true;
-    can.in_channels = can.out_channels = c.latent_channels;
+    can.in_channels = c.latent_channels;
+    can.out_channels = c.velocity_channels();
+    if (c.fill()) can.concat = LatentConcat::MaskedImageThenPixelMask;
     can.context_width = c.context_dim;
     can.vector_width = c.vec_dim;
     can.size_stride = c.patch;
     can.guidance = c.guidance_embed;
     can.skip_layers = true;
     can.text_mask = true;
-    can.reference_images = true;
+    can.reference_images = !c.fill();  // Kontext's; Fill's image is its concat
     can.cache_blocks = c.double_blocks + c.single_blocks;
     return dit;
 }
@@ -454,10 +469,10 @@ Result<ggml_tensor*> FluxDit::build(ggml_context* ctx, const FluxInputs& in, con
     auto fail = [](const std::string& message) { return Error::invalid_request("Flux: " + message); };
     if (!in.x || !in.timesteps || !in.context || !in.rope) return fail("x, timesteps, context and rope are required");
     const int64_t B = in.x->ne[3];
-    auto check_latent = [&](const ggml_tensor* t, const std::string& name) -> Status {
-        if (t->ne[2] != c.latent_channels) {
+    auto check_latent = [&](const ggml_tensor* t, const std::string& name, int64_t channels) -> Status {
+        if (t->ne[2] != channels) {
             return fail(name + " has " + std::to_string(t->ne[2]) + " channels, the network takes " +
-                        std::to_string(c.latent_channels));
+                        std::to_string(channels));
         }
         if (t->ne[0] % c.patch != 0 || t->ne[1] % c.patch != 0) {
             return fail(name + " size " + std::to_string(t->ne[0]) + "x" + std::to_string(t->ne[1]) +
@@ -467,10 +482,10 @@ Result<ggml_tensor*> FluxDit::build(ggml_context* ctx, const FluxInputs& in, con
             return fail(name + " has batch " + std::to_string(t->ne[3]) + ", x has " + std::to_string(B));
         return Status::Ok();
     };
-    KILN_TRY(check_latent(in.x, "x"));
+    KILN_TRY(check_latent(in.x, "x", c.latent_channels));
     for (size_t i = 0; i < in.refs.size(); ++i) {
         if (!in.refs[i]) return fail("reference latent " + std::to_string(i) + " is null");
-        KILN_TRY(check_latent(in.refs[i], "reference latent " + std::to_string(i)));
+        KILN_TRY(check_latent(in.refs[i], "reference latent " + std::to_string(i), c.velocity_channels()));
     }
     if (!nn::has_ne(in.timesteps, {B})) return fail("timesteps must be ne [" + std::to_string(B) + "]");
     if (in.context->ne[0] != c.context_dim) {
@@ -634,10 +649,17 @@ Status FluxDit::check_conditioning(const ConditioningShape& shape) const {
                                    " wide but the DiT's vector_in takes " + std::to_string(fc.vec_dim));
         }
     }
-    if (shape.latent_channels != fc.latent_channels) {
+    if (shape.latent_channels != fc.velocity_channels()) {
         return Error::bad_file("the VAE has " + std::to_string(shape.latent_channels) + " latent channels but the " +
-                               shape.family_label + " DiT takes " + std::to_string(fc.latent_channels) +
+                               shape.family_label + " DiT takes " + std::to_string(fc.velocity_channels()) +
                                " (an SD VAE with a Flux model? pass Flux's ae)");
+    }
+    const int64_t mask_planes = fc.latent_channels - 2 * fc.velocity_channels();
+    if (fc.fill() && mask_planes != shape.vae_downscale * shape.vae_downscale) {
+        return Error::bad_file("the " + shape.family_label + " DiT takes " + std::to_string(mask_planes) +
+                               " mask planes per latent pixel, but the VAE downscales " +
+                               std::to_string(shape.vae_downscale) + "x (" +
+                               std::to_string(shape.vae_downscale * shape.vae_downscale) + " pixels)");
     }
     return Status::Ok();
 }
@@ -670,7 +692,7 @@ Result<DiffusionTensors> FluxDit::build(nn::GraphInputs& s, const DiffusionShape
     FluxInputs in;
     in.x = g.x = s.input(GGML_TYPE_F32, {shape.latent_w, shape.latent_h, c, b}, nullptr, "x");
     for (size_t i = 0; i < shape.refs.size(); ++i) {
-        g.refs.push_back(s.input(GGML_TYPE_F32, {shape.refs[i].w, shape.refs[i].h, c, b}, nullptr,
+        g.refs.push_back(s.input(GGML_TYPE_F32, {shape.refs[i].w, shape.refs[i].h, fc.velocity_channels(), b}, nullptr,
                                  ("ref" + std::to_string(i)).c_str()));
     }
     in.refs = g.refs;

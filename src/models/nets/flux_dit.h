@@ -73,6 +73,9 @@ struct FluxConfig {
     // latent_channels, except for Fill and Control models, whose inputs
     // carry extra channels).
     int64_t velocity_channels() const { return out_channels / (patch * patch); }
+    // Flux.1-Fill: x carries the masked image's latent and the pixel mask
+    // after the latent (LatentConcat::MaskedImageThenPixelMask).
+    bool fill() const { return latent_channels > 2 * velocity_channels(); }
     // Chroma: modulation vectors the approximator makes, 3 per single block,
     // 12 per double block and 2 for the final layer (344 for 19 + 38 blocks).
     int64_t chroma_modulations() const { return 3 * single_blocks + 12 * double_blocks + 2; }
@@ -83,7 +86,7 @@ struct FluxConfig {
 // patch^2 in all: Fill's 16 + 16 masked-image + 64 mask channels).
 struct FluxInputs {
     ggml_tensor* x = nullptr;          // ne [W, H, latent_channels, B]; W, H multiples of patch
-    std::vector<ggml_tensor*> refs;    // Kontext reference latents, each ne [w_i, h_i, latent_channels, B];
+    std::vector<ggml_tensor*> refs;    // Kontext reference latents, each ne [w_i, h_i, velocity_channels(), B];
                                        // appended as extra image tokens after x's
     ggml_tensor* timesteps = nullptr;  // F32 ne [B]: sigma in [0, 1] (the network multiplies by 1000 as
                                        // BFL's timestep_embedding does)

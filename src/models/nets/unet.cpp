@@ -37,11 +37,21 @@ Result<std::unique_ptr<Unet>> Unet::create(io::WeightDeclarer& weights) {
         c.output_depth.push_back(*depth);
     }
 
+    const bool inpainting = c.in_channels == 2 * c.out_channels + 1;
+    if (c.in_channels != c.out_channels && !inpainting) {
+        // instruct-pix2pix's 8 (latent and the image's latent) among them.
+        return Error::bad_file("UNet under '" + prefix + "': it takes " + std::to_string(c.in_channels) +
+                               " input channels for " + std::to_string(c.out_channels) +
+                               " latent channels; kiln runs plain UNets and inpainting ones (" +
+                               std::to_string(2 * c.out_channels + 1) + "), not instruct-pix2pix (" +
+                               std::to_string(2 * c.out_channels) + ")");
+    }
     KILN_TRY(unet->declare(weights));
     DiffusionCapabilities& can = unet->capabilities_;
     can.label = "UNet";
     can.in_channels = c.in_channels;
     can.out_channels = c.out_channels;
+    if (inpainting) can.concat = LatentConcat::MaskThenMaskedImage;
     can.context_width = c.context_dim;
     can.vector_width = c.adm_in_channels;
     can.size_stride = 1 << (c.level_channels.size() - 1);
