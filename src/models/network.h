@@ -87,6 +87,11 @@ enum class LatentConcat {
     // by row (BFL's "b (h ph) (w pw) -> b (ph pw) h w"). Without a mask:
     // latent 0, mask 1 (sd-cli's).
     MaskedImageThenPixelMask,
+    // Wan's image-to-video and first-last-frame DiTs: a mask of the VAE's
+    // temporal_downscale planes per latent frame, then the latent of the clip
+    // holding the given frames (pipeline/image_to_video.h); every pass the
+    // same.
+    FirstFrameCondition,
 };
 
 // What a diffusion network takes, decided from its weights, once. The
@@ -236,6 +241,7 @@ struct ConditioningShape {
     bool size_embedding = false;  // SDXL's micro-conditioning joins the pooled vector
     int64_t latent_channels = 4;  // the VAE's
     int64_t vae_downscale = 8;    // pixels per latent pixel along each side
+    int64_t vae_temporal_downscale = 0;  // frames per latent frame (a video VAE's); 0: images only
 };
 
 class DiffusionNetwork : public Network {

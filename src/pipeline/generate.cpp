@@ -596,10 +596,9 @@ Status prepare_inpainting(Model& model, const image::Image& init, const image::I
     auto pixel_mask = mask_plane(mask, p.width, p.height);
     if (!pixel_mask.ok()) return pixel_mask.error();
     switch (model.diffusion().capabilities().concat) {
+        case models::LatentConcat::FirstFrameCondition:
+            return Error::invalid_request("--mask: " + model.family_label() + " takes frames, not a mask");
         case models::LatentConcat::None:
-            if (in_channels(model) != out_channels(model)) {
-                return Error::invalid_request("--mask: the diffusion model's extra inputs are not an inpainting mask");
-            }
             run.keep_weight.resize(init_latent.size());
             for (size_t k = 0; k < init_latent.size(); ++k) run.keep_weight[k] = 1.0f - (*latent_mask)[k % plane];
             run.keep_latent = init_latent;

@@ -15,10 +15,7 @@
 namespace kiln::pipeline {
 
 bool takes_first_frame(const Model& model) {
-    const models::DiffusionCapabilities& can = model.diffusion().capabilities();
-    const models::AutoencoderFormat& vae = model.vae().format();
-    return can.video && vae.temporal_downscale > 0 &&
-           can.in_channels == can.out_channels + vae.temporal_downscale + vae.latent_channels;
+    return model.diffusion().capabilities().concat == models::LatentConcat::FirstFrameCondition;
 }
 
 Result<std::vector<float>> encode_clip(Model& model, const ValidatedRequest& p, int64_t latent_frames,

@@ -707,6 +707,7 @@ Status Model::check_conditioning() const {
     shape.size_embedding = family_->conditioning.size_embedding;
     shape.latent_channels = vae().format().latent_channels;
     shape.vae_downscale = vae().format().downscale;
+    shape.vae_temporal_downscale = vae().format().temporal_downscale;
     for (const TextEncoder& te : text_encoders_) {
         shape.encoders.push_back({te.use->module, te.network->label(), te.width(), te.network->pooled_width(),
                                   te.use->context, te.use->pooled, te.use->token_group});

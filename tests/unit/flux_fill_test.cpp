@@ -101,20 +101,10 @@ TEST_F(FluxFill, RefusesReferenceImages) {
     EXPECT_NE(refused.error().message.find("takes no reference images"), std::string::npos) << refused.error().message;
 }
 
-// The Fill DiT with img_in cut to `features` inputs, written to `dir`.
+// The Fill DiT with img_in taking `features` inputs, written to `dir`.
 std::string dit_taking(test::TempDir& dir, int64_t features) {
-    auto file = io::ModelFile::open({part("fill_dit.safetensors")});
-    EXPECT_TRUE(file.ok());
-    std::vector<test::SafetensorsEntry> entries;
-    for (const io::TensorInfo& t : file->tensors()) {
-        test::SafetensorsEntry e = test::copy_entry(*file, t, t.name);
-        if (t.name == "img_in.weight") {
-            e.shape = {t.shape[0], features};
-            e.data.resize(static_cast<size_t>(t.shape[0] * features) * 2);  // F16
-        }
-        entries.push_back(std::move(e));
-    }
-    return dir.write("dit.safetensors", test::build_safetensors(entries, {{"kiln.flux.axes_dim", "8,12,12"}}));
+    return dir.write("dit.safetensors", test::with_tensor_shape(part("fill_dit.safetensors"), "img_in.weight",
+                                                                {64, features}, {{"kiln.flux.axes_dim", "8,12,12"}}));
 }
 
 TEST(FluxFillFiles, ControlModelsAndMismatchedVaesAreRefused) {

@@ -75,6 +75,27 @@ SafetensorsEntry copy_entry(const io::ModelFile& file, const io::TensorInfo& t, 
     return {std::move(name), dtype, t.shape, std::vector<uint8_t>(data, data + t.nbytes)};
 }
 
+std::vector<uint8_t> with_tensor_shape(const std::string& path, const std::string& name,
+                                       const std::vector<int64_t>& shape,
+                                       const std::vector<std::pair<std::string, std::string>>& metadata) {
+    auto file = io::ModelFile::open({path});
+    EXPECT_TRUE(file.ok()) << path;
+    if (!file.ok()) return {};
+    std::vector<SafetensorsEntry> entries;
+    for (const io::TensorInfo& t : file->tensors()) {
+        SafetensorsEntry e = copy_entry(*file, t, t.name);
+        if (t.name == name) {
+            const size_t element = e.data.size() / static_cast<size_t>(t.element_count());
+            int64_t count = 1;
+            for (int64_t d : shape) count *= d;
+            e.shape = shape;
+            e.data.resize(static_cast<size_t>(count) * element, 0);
+        }
+        entries.push_back(std::move(e));
+    }
+    return build_safetensors(entries, metadata);
+}
+
 // HF's CLIPTextModelWithProjection names of an open_clip text tower, with
 // q/k/v split and text_projection transposed (io/name_map.h).
 std::vector<SafetensorsEntry> to_diffusers(const SafetensorsEntry& e, const io::NameMap& map, std::string* folder) {

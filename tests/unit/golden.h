@@ -35,6 +35,12 @@ FixtureTensor fixture_tensor(const io::ModelFile& file, const std::string& name)
 
 // A tensor of `file` (F16, BF16, F32 or I64) as a build_safetensors entry named `name`.
 SafetensorsEntry copy_entry(const io::ModelFile& file, const io::TensorInfo& t, std::string name);
+// The safetensors file at `path` (F16, BF16, F32 or I64 tensors) with the
+// tensor `name` in `shape`, its data cut or padded with zeros to fit, and
+// `metadata`: a file another release's widths would give, for load errors.
+std::vector<uint8_t> with_tensor_shape(const std::string& path, const std::string& name,
+                                       const std::vector<int64_t>& shape,
+                                       const std::vector<std::pair<std::string, std::string>>& metadata = {});
 
 // An ldm-named entry in diffusers' names: its component folder in *folder and
 // the tensors it becomes (q/k/v split, transposes, VAE attention reshaped),

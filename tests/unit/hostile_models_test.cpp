@@ -48,5 +48,25 @@ TEST(HostileModels, IntegerWeightsAreRefusedAtLoadNamingTheTensor) {
     }
 }
 
+// instruct-pix2pix's UNet (the latent and the image's latent: 8 input
+// channels) is not one kiln runs: one error at load, naming what it runs.
+TEST(HostileModels, InstructPix2PixUnetIsRefusedByName) {
+    TempDir dir;
+    const std::string model = dir.write(
+        "pix2pix.safetensors", test::with_tensor_shape(test::golden_path("models/sd1_tiny.safetensors"),
+                                                       "model.diffusion_model.input_blocks.0.0.weight", {32, 8, 3, 3},
+                                                       {{"kiln.clip.heads", "2"}, {"kiln.unet.heads", "2"}}));
+    const std::string out = dir.file("out.png");
+    auto r = run_command(std::string(KILN_BIN) + " -t 1 -m " + model + " --tokenizer " + KILN_FIXTURES_DIR +
+                         "/tiny_tokenizer -p x -W 32 -H 32 --steps 1 -o " + out);
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_NE(r.err.find("it takes 8 input channels for 4 latent channels; kiln runs plain UNets and inpainting ones "
+                         "(9), not instruct-pix2pix (8)"),
+              std::string::npos)
+        << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_FALSE(exists(out));
+}
+
 }  // namespace
 }  // namespace kiln

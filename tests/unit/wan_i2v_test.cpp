@@ -105,6 +105,26 @@ TEST_F(WanI2v, AnImageToVideoJobNeedsItsFirstFrame) {
     EXPECT_NE(v.error().message.find("--mask"), std::string::npos) << v.error().message;
 }
 
+// A DiT whose input is neither the latent nor Wan's first-frame condition
+// (the Fun models' control clip: 16 + 32 channels) is refused when loaded.
+TEST(WanI2vFiles, ControlDitsAreRefusedByName) {
+    test::TempDir dir;
+    const std::string dit =
+        dir.write("wan_fun_control.safetensors",
+                  test::with_tensor_shape(test::wan_tiny_part("wan_dit_i2v.safetensors"), "patch_embedding.weight",
+                                          {48, 48, 1, 2, 2}, {{"kiln.wan.heads", "3"}}));
+    ModelPaths paths = test::wan_tiny_parts();
+    paths.diffusion_model = dit;
+    auto model = Model::load(paths, test::golden_model_options());
+    ASSERT_FALSE(model.ok());
+    EXPECT_EQ(model.error().kind, ErrorKind::BadFile);
+    EXPECT_NE(model.error().message.find("patch_embedding takes 48 channels for head.head's 16; kiln runs Wan's "
+                                         "text-to-video DiTs (16) and its image-to-video and first-last-frame ones "
+                                         "(36)"),
+              std::string::npos)
+        << model.error().message;
+}
+
 // sd-cli's Wan 2.2 I2V line: -i is the first frame.
 TEST(WanI2vCli, SdCliLineWritesTheReferenceClip) {
     const test::TempDir dir;

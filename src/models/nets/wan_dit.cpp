@@ -18,6 +18,7 @@ constexpr float kImageEmbeddingEps = 1e-5f;  // MLPProj's nn.LayerNorm default
 constexpr int64_t kHeadWidth = 128;     // dim / num_heads of every released Wan
 constexpr float kRopeTheta = 10000.0f;  // rope_params' theta
 constexpr const char* kHeadsKey = "kiln.wan.heads";
+constexpr int64_t kWanFramesPerLatent = 4;  // Wan's VAEs compress 4 frames (the first alone) into a latent frame
 
 // A self- or cross-attention (WanSelfAttention, WanT2VCrossAttention;
 // WanI2VCrossAttention with k_img, v_img and norm_k_img).
@@ -248,9 +249,15 @@ Result<std::unique_ptr<WanDit>> WanDit::create(io::WeightDeclarer& weights) {
                    ", expected a multiple of " + std::to_string(patch_area) + " outputs (channels per patch)");
     }
     c.out_channels = (*head)[0] / patch_area;
-    if (c.in_channels < c.out_channels) {
-        return bad("patch_embedding takes " + std::to_string(c.in_channels) + " channels but head.head gives " +
-                   std::to_string(c.out_channels));
+    // Image-to-video and first-last-frame take a mask of the VAE's 4 frames
+    // per latent frame and the clip's latent after the noise (36 = 16 + 4 +
+    // 16); the Fun models' control inputs (48 = 16 + 32) kiln has none for.
+    const int64_t condition = 2 * c.out_channels + kWanFramesPerLatent;
+    if (c.in_channels != c.out_channels && c.in_channels != condition) {
+        return bad("patch_embedding takes " + std::to_string(c.in_channels) + " channels for head.head's " +
+                   std::to_string(c.out_channels) + "; kiln runs Wan's text-to-video DiTs (" +
+                   std::to_string(c.out_channels) + ") and its image-to-video and first-last-frame ones (" +
+                   std::to_string(condition) + ")");
     }
     c.layers = 0;
     while (weights.has("blocks." + std::to_string(c.layers) + ".modulation")) ++c.layers;
@@ -316,6 +323,7 @@ Result<std::unique_ptr<WanDit>> WanDit::create(io::WeightDeclarer& weights) {
     can.video = true;
     can.in_channels = c.in_channels;
     can.out_channels = c.out_channels;
+    if (c.in_channels != c.out_channels) can.concat = LatentConcat::FirstFrameCondition;
     can.context_width = c.text_dim;
     can.hidden_width = c.dim;
     can.size_stride = c.patch;
@@ -569,6 +577,14 @@ Status WanDit::check_conditioning(const ConditioningShape& shape) const {
                                shape.family_label + " DiT predicts " + std::to_string(c.out_channels) +
                                " (Wan 2.1 and the A14B models take Wan 2.1's 16-channel VAE, TI2V-5B Wan 2.2's "
                                "48-channel one)");
+    }
+    if (capabilities_.concat == LatentConcat::FirstFrameCondition &&
+        shape.vae_temporal_downscale != kWanFramesPerLatent) {
+        return Error::bad_file("the " + shape.family_label + " DiT takes a mask of " +
+                               std::to_string(kWanFramesPerLatent) + " frames per latent frame, but the VAE " +
+                               (shape.vae_temporal_downscale > 0
+                                    ? "compresses " + std::to_string(shape.vae_temporal_downscale) + " frames into one"
+                                    : "encodes single images"));
     }
     return Status::Ok();
 }
