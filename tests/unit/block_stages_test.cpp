@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "declared_network.h"
+#include "flux_tiny.h"
 #include "golden.h"
 #include "models/nets/flux2_dit.h"
 #include "models/nets/flux_dit.h"
@@ -164,13 +165,7 @@ std::unique_ptr<Model> load(const ModelPaths& paths) {
 
 // Flux.1-dev's tiny parts (flux_pipeline_test.cpp): 2 double and 2 single blocks.
 TEST(BlockStages, FluxStagesAddUpToTheWholeEvaluation) {
-    ModelPaths paths;
-    paths.diffusion_model = golden_path("pipeline/flux_tiny/flux_dit.safetensors");
-    paths.vae = golden_path("pipeline/flux_tiny/ae.safetensors");
-    paths.clip_l = golden_path("pipeline/flux_tiny/clip_l.safetensors");
-    paths.t5xxl = golden_path("pipeline/flux_tiny/t5xxl.safetensors");
-    paths.tokenizer = "clip_l=" + std::string(KILN_FIXTURES_DIR) + "/tiny_tokenizer";
-    auto model = load(paths);
+    auto model = load(test::flux_tiny_parts());
     ASSERT_TRUE(model);
     const auto* dit = dynamic_cast<const models::FluxDit*>(&model->diffusion());
     ASSERT_NE(dit, nullptr);

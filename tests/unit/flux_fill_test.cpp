@@ -7,6 +7,7 @@
 // a control image (Canny, Depth), and a VAE whose downscale is not the mask's.
 #include <gtest/gtest.h>
 
+#include "flux_tiny.h"
 #include "golden.h"
 #include "pipeline/generate.h"
 #include "test_files.h"
@@ -18,18 +19,6 @@ using test::difference_from_reference;
 using test::fixture_image;
 using test::golden_path;
 
-std::string part(const std::string& name) { return golden_path("pipeline/flux_tiny/" + name); }
-
-ModelPaths fill_parts() {
-    ModelPaths paths;
-    paths.diffusion_model = part("fill_dit.safetensors");
-    paths.vae = part("ae.safetensors");
-    paths.clip_l = part("clip_l.safetensors");
-    paths.t5xxl = part("t5xxl.safetensors");
-    paths.tokenizer = "clip_l=" + std::string(KILN_FIXTURES_DIR) + "/tiny_tokenizer";
-    return paths;
-}
-
 Result<std::unique_ptr<Model>> load(const ModelPaths& paths) {
     ModelOptions options;
     options.weight_type = GGML_TYPE_F32;  // the reference computes with the stored weights widened
@@ -40,7 +29,7 @@ Result<std::unique_ptr<Model>> load(const ModelPaths& paths) {
 class FluxFill : public ::testing::Test {
   protected:
     static void SetUpTestSuite() {
-        auto loaded = load(fill_parts());
+        auto loaded = load(test::flux_tiny_parts("fill_dit.safetensors"));
         ASSERT_TRUE(loaded.ok()) << loaded.error().message;
         model_ = std::move(loaded).value().release();
         io_ = new io::ModelFile(io::ModelFile::open({golden_path("pipeline/flux_tiny_fill.safetensors")}).value());
@@ -103,13 +92,14 @@ TEST_F(FluxFill, RefusesReferenceImages) {
 
 // The Fill DiT with img_in taking `features` inputs, written to `dir`.
 std::string dit_taking(test::TempDir& dir, int64_t features) {
-    return dir.write("dit.safetensors", test::with_tensor_shape(part("fill_dit.safetensors"), "img_in.weight",
-                                                                {64, features}, {{"kiln.flux.axes_dim", "8,12,12"}}));
+    return dir.write("dit.safetensors",
+                     test::with_tensor_shape(test::flux_tiny_part("fill_dit.safetensors"), "img_in.weight",
+                                             {64, features}, {{"kiln.flux.axes_dim", "8,12,12"}}));
 }
 
 TEST(FluxFillFiles, ControlModelsAndMismatchedVaesAreRefused) {
     test::TempDir dir;
-    ModelPaths paths = fill_parts();
+    ModelPaths paths = test::flux_tiny_parts("fill_dit.safetensors");
     // Canny and Depth: the latent and a control image's latent, 2 x 64 features.
     paths.diffusion_model = dit_taking(dir, 128);
     auto canny = load(paths);

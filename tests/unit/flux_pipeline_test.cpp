@@ -9,6 +9,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "flux_tiny.h"
 #include "golden.h"
 #include "image/image_io.h"
 #include "pipeline/conditioner.h"
@@ -25,7 +26,8 @@ using test::fixture_tensor;
 using test::golden_path;
 using test::relative_error;
 
-std::string part(const std::string& name) { return golden_path("pipeline/flux_tiny/" + name); }
+using test::flux_tiny_part;
+using test::flux_tiny_parts;
 
 // Largest difference between two images of the same size (255 when they differ in size).
 int largest_pixel_difference(const image::Image& a, const image::Image& b) {
@@ -35,24 +37,13 @@ int largest_pixel_difference(const image::Image& a, const image::Image& b) {
     return worst;
 }
 
-ModelPaths bfl_parts() {
-    ModelPaths paths;
-    paths.diffusion_model = part("flux_dit.safetensors");
-    paths.vae = part("ae.safetensors");
-    paths.clip_l = part("clip_l.safetensors");
-    paths.t5xxl = part("t5xxl.safetensors");
-    // CLIP's tokenizer by flag; T5's is found in tokenizer_2/ beside the T5 file.
-    paths.tokenizer = "clip_l=" + std::string(KILN_FIXTURES_DIR) + "/tiny_tokenizer";
-    return paths;
-}
-
 class FluxPipeline : public ::testing::Test {
   protected:
     static void SetUpTestSuite() {
         ModelOptions options;
         options.weight_type = GGML_TYPE_F32;  // the reference computes with the stored weights widened
         options.threads = 1;
-        auto loaded = Model::load(bfl_parts(), options);
+        auto loaded = Model::load(flux_tiny_parts(), options);
         ASSERT_TRUE(loaded.ok()) << loaded.error().message;
         model_ = std::move(loaded).value().release();
         auto io = io::ModelFile::open({golden_path("pipeline/flux_tiny_txt2img.safetensors")});
@@ -235,9 +226,9 @@ TEST(ChromaPipeline, TextToImageMatchesTheReferenceJob) {
     auto io = io::ModelFile::open({golden_path("pipeline/chroma_tiny_txt2img.safetensors")});
     ASSERT_TRUE(io.ok());
     ModelPaths paths;
-    paths.diffusion_model = part("chroma_dit.safetensors");
-    paths.t5xxl = part("t5xxl.safetensors");
-    paths.vae = part("ae.safetensors");
+    paths.diffusion_model = flux_tiny_part("chroma_dit.safetensors");
+    paths.t5xxl = flux_tiny_part("t5xxl.safetensors");
+    paths.vae = flux_tiny_part("ae.safetensors");
     ModelOptions options;
     options.weight_type = GGML_TYPE_F32;
     options.threads = 1;
@@ -310,17 +301,17 @@ class FluxInputs : public ::testing::Test {
                                     std::pair{"clip_l.safetensors", "text_encoders.clip_l.transformer."},
                                     std::pair{"t5xxl.safetensors", "text_encoders.t5xxl.transformer."},
                                     std::pair{"ae.safetensors", "vae."}}) {
-            for (auto& e : entries(part(file), prefix)) all.push_back(std::move(e));
+            for (auto& e : entries(flux_tiny_part(file), prefix)) all.push_back(std::move(e));
         }
         dir_->write("flux_aio.safetensors",
                     test::build_safetensors(all, {{"kiln.flux.axes_dim", "8,12,12"}, {"kiln.clip.heads", "2"}}));
         // Flux.1-schnell's layout: no guidance embedding.
         dir_->write("schnell.safetensors",
-                    test::build_safetensors(entries(part("flux_dit.safetensors"), "", "guidance_in."),
+                    test::build_safetensors(entries(flux_tiny_part("flux_dit.safetensors"), "", "guidance_in."),
                                             {{"kiln.flux.axes_dim", "8,12,12"}}));
         // A T5 with no tokenizer anywhere near it.
-        dir_->write("lonely/t5xxl.safetensors", test::read_bytes(part("t5xxl.safetensors")));
-        auto reference = one_image(bfl_parts(), tiny_job());
+        dir_->write("lonely/t5xxl.safetensors", test::read_bytes(flux_tiny_part("t5xxl.safetensors")));
+        auto reference = one_image(flux_tiny_parts(), tiny_job());
         ASSERT_TRUE(reference.ok()) << reference.error().message;
         reference_ = new image::Image(std::move(reference).value());
     }
@@ -330,7 +321,7 @@ class FluxInputs : public ::testing::Test {
     }
     // BFL's parts with the T5 that has no tokenizer near it.
     static Result<std::unique_ptr<Model>> load_lonely_t5() {
-        ModelPaths lonely = bfl_parts();
+        ModelPaths lonely = flux_tiny_parts();
         lonely.t5xxl = dir_->file("lonely/t5xxl.safetensors");
         ModelOptions options;
         options.threads = 1;
@@ -345,7 +336,7 @@ image::Image* FluxInputs::reference_ = nullptr;
 TEST_F(FluxInputs, ComfyUiAllInOneGivesTheSameImage) {
     ModelPaths paths;
     paths.model = {dir_->file("flux_aio.safetensors")};
-    paths.tokenizer = "clip_l=" + clip_tokenizer() + ",t5xxl=" + part("tokenizer_2");
+    paths.tokenizer = "clip_l=" + clip_tokenizer() + ",t5xxl=" + flux_tiny_part("tokenizer_2");
     auto img = one_image(paths, tiny_job());
     ASSERT_TRUE(img.ok()) << img.error().message;
     EXPECT_EQ(largest_pixel_difference(*img, *reference_), 0);
@@ -355,14 +346,14 @@ TEST_F(FluxInputs, ComfyUiAllInOneGivesTheSameImage) {
 // T5 then needs no --tokenizer, and a q8_0 DiT gives nearly the same image.
 TEST_F(FluxInputs, GgufFilesCarryTheTokenizerAndQuantizedWeightsRun) {
     const std::string t5 = dir_->file("t5xxl.gguf");
-    auto convert = test::run_command(std::string(KILN_BIN) + " -M convert -m " + part("t5xxl.safetensors") +
-                                     " --tokenizer t5xxl=" + part("tokenizer_2") + " -o " + t5);
+    auto convert = test::run_command(std::string(KILN_BIN) + " -M convert -m " + flux_tiny_part("t5xxl.safetensors") +
+                                     " --tokenizer t5xxl=" + flux_tiny_part("tokenizer_2") + " -o " + t5);
     ASSERT_EQ(convert.exit_code, 0) << convert.err;
     const std::string dit = dir_->file("flux_dit-Q8_0.gguf");
-    convert = test::run_command(std::string(KILN_BIN) + " -M convert -m " + part("flux_dit.safetensors") +
+    convert = test::run_command(std::string(KILN_BIN) + " -M convert -m " + flux_tiny_part("flux_dit.safetensors") +
                                 " --type q8_0 -o " + dit);
     ASSERT_EQ(convert.exit_code, 0) << convert.err;
-    ModelPaths paths = bfl_parts();
+    ModelPaths paths = flux_tiny_parts();
     paths.t5xxl = t5;
     auto img = one_image(paths, tiny_job());
     ASSERT_TRUE(img.ok()) << img.error().message;
@@ -386,12 +377,12 @@ TEST_F(FluxInputs, DiffusersFolderGivesTheSameImage) {
                     "tokenizer_2": ["transformers", "T5TokenizerFast"],
                     "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"]})");
     dir_->write(root + "transformer/diffusion_pytorch_model.safetensors",
-                test::read_bytes(part("diffusers_transformer.safetensors")));
-    dir_->write(root + "text_encoder/model.safetensors", test::read_bytes(part("clip_l.safetensors")));
-    dir_->write(root + "text_encoder_2/model.safetensors", test::read_bytes(part("t5xxl.safetensors")));
+                test::read_bytes(flux_tiny_part("diffusers_transformer.safetensors")));
+    dir_->write(root + "text_encoder/model.safetensors", test::read_bytes(flux_tiny_part("clip_l.safetensors")));
+    dir_->write(root + "text_encoder_2/model.safetensors", test::read_bytes(flux_tiny_part("t5xxl.safetensors")));
     const io::NameMap map(io::ModelFamily::SD1);
     std::vector<test::SafetensorsEntry> vae;
-    for (const auto& e : entries(part("ae.safetensors"), "first_stage_model.")) {
+    for (const auto& e : entries(flux_tiny_part("ae.safetensors"), "first_stage_model.")) {
         std::string folder;
         for (auto& d : test::to_diffusers(e, map, &folder)) vae.push_back(std::move(d));
     }
@@ -399,7 +390,7 @@ TEST_F(FluxInputs, DiffusersFolderGivesTheSameImage) {
     for (const char* f : {"vocab.json", "merges.txt"}) {
         dir_->write(root + "tokenizer/" + f, test::read_bytes(clip_tokenizer() + "/" + f));
     }
-    dir_->write(root + "tokenizer_2/tokenizer.json", test::read_bytes(part("tokenizer_2/tokenizer.json")));
+    dir_->write(root + "tokenizer_2/tokenizer.json", test::read_bytes(flux_tiny_part("tokenizer_2/tokenizer.json")));
     ModelPaths paths;
     paths.model = {dir_->file(root)};
     auto img = one_image(paths, tiny_job());
@@ -408,7 +399,7 @@ TEST_F(FluxInputs, DiffusersFolderGivesTheSameImage) {
 
     // The folder's vae/ file alone with --vae beside BFL's other parts, as
     // sd-cli takes it: renamed the same way.
-    ModelPaths vae_alone = bfl_parts();
+    ModelPaths vae_alone = flux_tiny_parts();
     vae_alone.vae = dir_->file(root + "vae/diffusion_pytorch_model.safetensors");
     auto with_vae = one_image(vae_alone, tiny_job());
     ASSERT_TRUE(with_vae.ok()) << with_vae.error().message;
@@ -416,7 +407,7 @@ TEST_F(FluxInputs, DiffusersFolderGivesTheSameImage) {
 }
 
 TEST_F(FluxInputs, SchnellIsDetectedAndRefusesReferenceImages) {
-    ModelPaths paths = bfl_parts();
+    ModelPaths paths = flux_tiny_parts();
     paths.diffusion_model = dir_->file("schnell.safetensors");
     ModelOptions options;
     options.threads = 1;
@@ -439,7 +430,7 @@ TEST_F(FluxInputs, SchnellIsDetectedAndRefusesReferenceImages) {
 TEST_F(FluxInputs, KontextReferenceImagesAreAttendedTo) {
     ModelOptions options;
     options.threads = 1;
-    auto model = Model::load(bfl_parts(), options);
+    auto model = Model::load(flux_tiny_parts(), options);
     ASSERT_TRUE(model.ok()) << model.error().message;
     GenerationRequest r = tiny_job();
     image::Image ref = image::make_image(24, 40, 3);
@@ -480,7 +471,7 @@ TEST_F(FluxInputs, KontextReferenceImagesAreAttendedTo) {
 TEST_F(FluxInputs, SkipLayerGuidanceRunsOnItsWindowsSteps) {
     ModelOptions options;
     options.threads = 1;
-    auto model = Model::load(bfl_parts(), options);
+    auto model = Model::load(flux_tiny_parts(), options);
     ASSERT_TRUE(model.ok()) << model.error().message;
     GenerationRequest r = tiny_job();
     r.slg.scale = 2.5f;
@@ -511,7 +502,7 @@ TEST_F(FluxInputs, SkipLayerGuidanceRunsOnItsWindowsSteps) {
 TEST_F(FluxInputs, MissingOrMismatchedPartsAreOneClearError) {
     ModelOptions options;
     options.threads = 1;
-    ModelPaths no_t5 = bfl_parts();
+    ModelPaths no_t5 = flux_tiny_parts();
     no_t5.t5xxl.clear();
     auto missing = Model::load(no_t5, options);
     ASSERT_FALSE(missing.ok());
@@ -529,7 +520,7 @@ TEST_F(FluxInputs, MissingOrMismatchedPartsAreOneClearError) {
     EXPECT_NE(no_tokenizer.error().message.find("kiln pull --tokenizer t5xxl"), std::string::npos)
         << no_tokenizer.error().message;
 
-    ModelPaths sd_vae = bfl_parts();
+    ModelPaths sd_vae = flux_tiny_parts();
     sd_vae.vae = golden_path("models/sd1_tiny.safetensors");
     auto mismatched = Model::load(sd_vae, options);
     ASSERT_FALSE(mismatched.ok());
@@ -542,11 +533,11 @@ TEST_F(FluxInputs, MissingOrMismatchedPartsAreOneClearError) {
 // t5xxl` puts in kiln's cache, the last place searched.
 TEST_F(FluxInputs, LonelyT5FindsItsTokenizerInKilnsCache) {
     test::TempDir cache;
-    cache.write("tokenizers/t5xxl/tokenizer.json", test::read_bytes(part("tokenizer_2/tokenizer.json")));
+    cache.write("tokenizers/t5xxl/tokenizer.json", test::read_bytes(flux_tiny_part("tokenizer_2/tokenizer.json")));
     test::ScopedEnv env("KILN_CACHE", cache.path());
     auto model = load_lonely_t5();
     ASSERT_TRUE(model.ok()) << model.error().message;
-    auto reference = text::T5Tokenizer::load(part("tokenizer_2"));
+    auto reference = text::T5Tokenizer::load(flux_tiny_part("tokenizer_2"));
     ASSERT_TRUE(reference.ok()) << reference.error().message;
     const std::string prompt = "a red circle on a white background";
     EXPECT_EQ((*model)->t5_tokenizer().encode(prompt), reference->encode(prompt));
@@ -554,9 +545,10 @@ TEST_F(FluxInputs, LonelyT5FindsItsTokenizerInKilnsCache) {
 
 TEST_F(FluxInputs, SdCliCommandLineWorks) {
     const std::string out = dir_->file("flux.png");
-    const std::string base = std::string(KILN_BIN) + " --diffusion-model " + part("flux_dit.safetensors") + " --vae " +
-                             part("ae.safetensors") + " --clip_l " + part("clip_l.safetensors") + " --t5xxl " +
-                             part("t5xxl.safetensors") + " --tokenizer clip_l=" + clip_tokenizer() +
+    const std::string base = std::string(KILN_BIN) + " --diffusion-model " + flux_tiny_part("flux_dit.safetensors") +
+                             " --vae " + flux_tiny_part("ae.safetensors") + " --clip_l " +
+                             flux_tiny_part("clip_l.safetensors") + " --t5xxl " + flux_tiny_part("t5xxl.safetensors") +
+                             " --tokenizer clip_l=" + clip_tokenizer() +
                              " -p 'a red cat on a blue square' -W 32 -H 32 --steps 4 -s 11 --cfg-scale 1.0"
                              " --sampling-method euler -t 1 ";
     auto ok = test::run_command(base + "--guidance 3.5 -o " + out);

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "flux_tiny.h"
 #include "golden.h"
 #include "io/model_file.h"
 #include "models/nets/flux_dit.h"
@@ -22,6 +23,7 @@
 #include "pipeline/request.h"
 #include "pipeline/vae_tiling.h"
 #include "runtime/graph_session.h"
+#include "wan_tiny.h"
 
 namespace kiln {
 namespace {
@@ -265,12 +267,7 @@ TEST(Seams, EveryDitThatTakesThemBuildsItsPositionsFromThem) {
     };
     std::vector<Case> cases;
     {
-        Case c{"Flux", {}, DiffusionShape{8, 8, 1, 6}};
-        c.paths.diffusion_model = golden_path("pipeline/flux_tiny/flux_dit.safetensors");
-        c.paths.vae = golden_path("pipeline/flux_tiny/ae.safetensors");
-        c.paths.clip_l = golden_path("pipeline/flux_tiny/clip_l.safetensors");
-        c.paths.t5xxl = golden_path("pipeline/flux_tiny/t5xxl.safetensors");
-        c.paths.tokenizer = "clip_l=" + std::string(KILN_FIXTURES_DIR) + "/tiny_tokenizer";
+        Case c{"Flux", test::flux_tiny_parts(), DiffusionShape{8, 8, 1, 6}};
         c.shape.refs = {{4, 4}};  // Kontext's reference tokens wrap with their own grid
         cases.push_back(c);
     }
@@ -298,11 +295,7 @@ TEST(Seams, EveryDitThatTakesThemBuildsItsPositionsFromThem) {
         cases.push_back(c);
     }
     {
-        Case c{"Wan", {}, DiffusionShape{8, 6, 1, 5}};
-        c.paths.diffusion_model = golden_path("pipeline/wan_tiny/wan_dit.safetensors");
-        c.paths.t5xxl = golden_path("pipeline/wan_tiny/umt5.safetensors");
-        c.paths.vae = golden_path("models/wan_vae_tiny.safetensors");
-        c.paths.tokenizer = "t5xxl=" + golden_path("text/umt5_like_spiece.model");
+        Case c{"Wan", test::wan_tiny_parts(), DiffusionShape{8, 6, 1, 5}};
         c.shape.frames = 2;
         cases.push_back(c);
     }
